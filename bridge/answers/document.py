@@ -1,0 +1,352 @@
+"""The set folder's ``answers.json`` as a versioned document, pure.
+
+No disk and no clock here: ``file`` reads and writes the bytes, and every
+function that changes the document is handed ``now`` (ISO 8601 UTC).  Each
+change returns a new document and leaves the one it was given untouched, so
+a caller can compare before and after.
+
+The document::
+
+    {"askwright": 1, "set": ..., "rev": <writes so far>, "updated": ...,
+     "answers": {<qid>: <record>, ...}}
+
+A record holds at most one pick (``choice`` / ``choices`` / ``order`` /
+``text``), an optional note, attachments and timecodes, the revision of the
+question answered (``q_rev``), how many answers the question has had
+(``rev``), when (``updated``) and where it came from (``source``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import posixpath
+from typing import Any
+
+FORMAT_VERSION = 1
+
+ANSWERED = "answered"
+UNSURE = "unsure"
+NOTE_ONLY = "note_only"
+STATES = (ANSWERED, UNSURE, NOTE_ONLY)
+
+UNSURE_CHOICE = "unsure"
+PICK_FIELDS = ("choice", "choices", "order", "text")
+
+# The server's own limits (question-set format, "What comes back").
+MAX_TIMECODES = 50
+MAX_TIMECODE_TEXT = 500
+MAX_ATTACHMENTS = 20
+MAX_NOTE_OR_TEXT = 20_000
+
+# Records are written in this order so the file reads the same way every
+# time and diffs stay small; unknown keys (a newer minor writer) follow, sorted.
+RECORD_KEY_ORDER = (
+    "qid",
+    "state",
+    "choice",
+    "label",
+    "side",
+    "choices",
+    "order",
+    "text",
+    "matched_guess",
+    "guess_revealed_before_pick",
+    "note",
+    "attachments",
+    "timecodes",
+    "q_rev",
+    "rev",
+    "updated",
+    "source",
+)
+DOC_KEY_ORDER = ("askwright", "set", "rev", "updated", "answers")
+
+
+class AnswersError(ValueError):
+    """``answers.json`` (or a record meant for it) breaks the format."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class UnsupportedVersion(AnswersError):
+    """The file was written in a format version this bridge does not know."""
+
+
+# --- building ---------------------------------------------------------------
+
+
+def empty(set_id: str) -> dict[str, Any]:
+    """The document of a set nobody has answered yet (never written: rev 0)."""
+    return {"askwright": FORMAT_VERSION, "set": set_id, "rev": 0, "updated": None, "answers": {}}
+
+
+def state_of(record: dict[str, Any]) -> str:
+    """``answered``, ``unsure`` or ``note_only``, from the record's pick fields.
+
+    A record with neither a pick nor a note, attachment or timecode says
+    nothing and is refused rather than stored as an empty answer.
+    """
+    if record.get("choice") == UNSURE_CHOICE:
+        return UNSURE
+    if any(record.get(field) is not None for field in PICK_FIELDS):
+        return ANSWERED
+    if (record.get("note") or "").strip() or record.get("attachments") or record.get("timecodes"):
+        return NOTE_ONLY
+    raise AnswersError(f"answer to {record.get('qid')!r} has no pick, note, attachment or timecode")
+
+
+def put_record(doc: dict[str, Any], record: dict[str, Any], now: str) -> dict[str, Any]:
+    """A new document with ``record`` as the answer to its question.
+
+    The latest accepted answer wins, so an existing record is replaced.  The
+    record's ``rev`` continues from the one it replaces unless the caller
+    gives it (the pipeline does after a withdrawal, when it alone knows the
+    count); ``state`` and ``updated`` are filled in here.
+    """
+    qid = record.get("qid")
+    return put_records(doc, {qid if isinstance(qid, str) else "": record}, now)
+
+
+def drop_record(doc: dict[str, Any], qid: str, now: str) -> dict[str, Any]:
+    """A new document without the answer to ``qid`` (a withdrawn answer).
+
+    Dropping what is not there changes nothing: the same document comes
+    back with the same ``rev``, so the file is not rewritten for nothing.
+    """
+    return put_records(doc, {qid: None}, now)
+
+
+def put_records(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], now: str) -> dict[str, Any]:
+    """Many changes as one write: each qid gets its record, or loses it for
+    ``None``.  ``rev`` rises by one however many records change (a batch of
+    answers is one write), and not at all when nothing changes."""
+    _check_now(now)
+    prepared: dict[str, dict[str, Any] | None] = {}
+    for qid, record in records.items():
+        if record is None:
+            if qid in doc["answers"]:
+                prepared[qid] = None
+            continue
+        prepared[qid] = _prepared(doc, record, now)
+    if not prepared:
+        return doc
+    # Only the answers mapping is rebuilt; untouched records are shared, not
+    # copied, so a write costs the same however large the file has grown.
+    answers = dict(doc["answers"])
+    for qid, record in prepared.items():
+        if record is None:
+            del answers[qid]
+        else:
+            answers[qid] = record
+    return _bumped({**doc, "answers": answers}, now)
+
+
+def _prepared(doc: dict[str, Any], record: dict[str, Any], now: str) -> dict[str, Any]:
+    new_record = copy.deepcopy(record)
+    qid = new_record.get("qid")
+    if not isinstance(qid, str) or not qid:
+        raise AnswersError("an answer record needs a non-empty string qid")
+    state = state_of(new_record)
+    if "state" in new_record and new_record["state"] != state:
+        raise AnswersError(f"answer to {qid!r} says state {new_record['state']!r} but its fields make it {state!r}")
+    new_record["state"] = state
+    if "rev" not in new_record:
+        previous = doc["answers"].get(qid)
+        new_record["rev"] = (previous["rev"] if previous else 0) + 1
+    new_record["updated"] = now
+    if "timecodes" in new_record and isinstance(new_record["timecodes"], list):
+        new_record["timecodes"] = [_rounded(tc) for tc in new_record["timecodes"]]
+    _check_record(qid, new_record, f"answer to {qid!r}")
+    _check_limits(qid, new_record)
+    return _ordered_record(new_record)
+
+
+def _bumped(doc: dict[str, Any], now: str) -> dict[str, Any]:
+    doc["rev"] = doc["rev"] + 1
+    doc["updated"] = now
+    return doc
+
+
+def _rounded(timecode: Any) -> Any:
+    # The server keeps timecodes to 0.01 s; an int stays an int.
+    if isinstance(timecode, dict) and isinstance(timecode.get("t"), float):
+        return {**timecode, "t": round(timecode["t"], 2)}
+    return timecode
+
+
+# --- serialising ------------------------------------------------------------
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    """The document as the bytes of ``answers.json``: stable, indented UTF-8.
+
+    Answers are sorted by question id and every record's keys put in one
+    order, so the same document always gives the same bytes.
+    """
+    ordered = {key: doc[key] for key in DOC_KEY_ORDER}
+    ordered["answers"] = {qid: _ordered_record(doc["answers"][qid]) for qid in sorted(doc["answers"])}
+    extras = {key: doc[key] for key in sorted(doc) if key not in DOC_KEY_ORDER}
+    ordered.update(extras)
+    # allow_nan=False: NaN/Infinity are not JSON and other readers would choke.
+    return (json.dumps(ordered, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _ordered_record(record: dict[str, Any]) -> dict[str, Any]:
+    known = {key: record[key] for key in RECORD_KEY_ORDER if key in record}
+    known.update({key: record[key] for key in sorted(record) if key not in RECORD_KEY_ORDER})
+    return known
+
+
+# --- parsing and validation -------------------------------------------------
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The document in ``data``, checked; ``AnswersError`` says what is wrong.
+
+    Unknown keys are kept (a writer of the same major version may add
+    fields); an ``askwright`` version above ours is refused, because a newer
+    format may mean something we would misread.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise AnswersError(f"answers.json is not UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise AnswersError(f"answers.json is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except RecursionError:
+        raise AnswersError("answers.json is nested too deeply") from None
+    if not isinstance(value, dict):
+        raise AnswersError(f"answers.json must hold a JSON object, not {type(value).__name__}")
+    check(value)
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise AnswersError(f"answers.json holds {name}, which is not JSON")
+
+
+def check(doc: dict[str, Any]) -> None:
+    """Raise ``AnswersError`` unless ``doc`` is a well-formed document."""
+    version = doc.get("askwright")
+    if not _is_int(version):
+        raise AnswersError("answers.json: askwright must be the integer format version")
+    if version > FORMAT_VERSION:
+        raise UnsupportedVersion(
+            f"answers.json is format version {version}; this bridge reads version {FORMAT_VERSION} only (upgrade it)"
+        )
+    if version < 1:
+        raise AnswersError(f"answers.json: askwright {version} is not a format version")
+    if not isinstance(doc.get("set"), str) or not doc["set"]:
+        raise AnswersError("answers.json: set must be a non-empty string")
+    if not _is_int(doc.get("rev")) or doc["rev"] < 0:
+        raise AnswersError("answers.json: rev must be an integer, 0 or more")
+    if doc.get("updated") is not None and not isinstance(doc["updated"], str):
+        raise AnswersError("answers.json: updated must be a string")
+    answers = doc.get("answers")
+    if not isinstance(answers, dict):
+        raise AnswersError("answers.json: answers must be an object keyed by question id")
+    for qid, record in answers.items():
+        _check_record(qid, record, f"answers.json: answers.{qid}")
+
+
+def _check_record(qid: str, record: Any, where: str) -> None:
+    if not isinstance(record, dict):
+        raise AnswersError(f"{where} must be an object")
+    if record.get("qid") != qid:
+        raise AnswersError(f"{where}: qid must be {qid!r}")
+    state = record.get("state")
+    if state not in STATES:
+        raise AnswersError(f"{where}: state must be one of {', '.join(STATES)}")
+    picks = [field for field in PICK_FIELDS if record.get(field) is not None]
+    if len(picks) > 1:
+        raise AnswersError(f"{where}: holds more than one pick ({', '.join(picks)})")
+    _check_types(record, where)
+    try:
+        derived = state_of(record)
+    except AnswersError:
+        raise AnswersError(f"{where}: has no pick, note, attachment or timecode") from None
+    if derived != state:
+        raise AnswersError(f"{where}: state {state!r} does not match its fields")
+    for field in ("label", "side"):
+        if record.get(field) is not None and "choice" not in picks:
+            raise AnswersError(f"{where}: {field} belongs with a choice")
+
+
+# field -> (test, what it must be); None is accepted for the optional fields.
+_FIELD_TYPES: dict[str, tuple[Any, str]] = {
+    "choice": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "label": (lambda v: isinstance(v, str), "a string"),
+    "side": (lambda v: isinstance(v, str), "a string"),
+    "choices": (lambda v: _str_list(v) and len(v) > 0, "a non-empty list of strings"),
+    "order": (lambda v: _str_list(v) and len(v) > 0, "a non-empty list of strings"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "matched_guess": (lambda v: isinstance(v, bool), "true or false"),
+    "guess_revealed_before_pick": (lambda v: isinstance(v, bool), "true or false"),
+    "note": (lambda v: isinstance(v, str), "a string"),
+    "attachments": (lambda v: _str_list(v) and all(_is_relative(p) for p in v), "a list of paths inside the set folder"),
+    "timecodes": (lambda v: isinstance(v, list) and all(_is_timecode(tc) for tc in v), 'a list of {"t": seconds, "text": string}'),
+    "source": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _check_types(record: dict[str, Any], where: str) -> None:
+    for field, (test, what) in _FIELD_TYPES.items():
+        value = record.get(field)
+        if value is not None and not test(value):
+            raise AnswersError(f"{where}: {field} must be {what}")
+    for field in ("q_rev", "rev"):
+        if not _is_int(record.get(field)) or record[field] < 1:
+            raise AnswersError(f"{where}: {field} must be an integer, 1 or more")
+    if not isinstance(record.get("updated"), str):
+        raise AnswersError(f"{where}: updated must be a string")
+
+
+def _check_limits(qid: str, record: dict[str, Any]) -> None:
+    # Checked on write only: refusing to *read* a file another writer made
+    # over a limit would hide the person's answers from the agent.
+    where = f"answer to {qid!r}"
+    if len(record.get("timecodes") or ()) > MAX_TIMECODES:
+        raise AnswersError(f"{where}: at most {MAX_TIMECODES} timecodes")
+    if any(len(tc.get("text", "")) > MAX_TIMECODE_TEXT for tc in record.get("timecodes") or ()):
+        raise AnswersError(f"{where}: a timecode's text is {MAX_TIMECODE_TEXT} characters at most")
+    if len(record.get("attachments") or ()) > MAX_ATTACHMENTS:
+        raise AnswersError(f"{where}: at most {MAX_ATTACHMENTS} attachments")
+    for field in ("note", "text"):
+        if len(record.get(field) or "") > MAX_NOTE_OR_TEXT:
+            raise AnswersError(f"{where}: {field} is {MAX_NOTE_OR_TEXT} characters at most")
+
+
+def _check_now(now: str) -> None:
+    if not isinstance(now, str) or not now:
+        raise AnswersError("now must be an ISO 8601 UTC time string")
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass in Python, but true is not a revision.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _is_relative(path: str) -> bool:
+    # read joins these to the set folder; an absolute path or a climb out
+    # would point the agent at a file the person never sent.
+    if not path or path.startswith(("/", "\\")) or "\\" in path:
+        return False
+    return ".." not in posixpath.normpath(path).split("/") and posixpath.normpath(path) != "."
+
+
+def _is_timecode(value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    t = value.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
+        return False
+    return isinstance(value.get("text", ""), str)

@@ -1,0 +1,133 @@
+"""Reading and writing a set folder's ``answers.json``: the only writer code.
+
+Two promises, to the bridge and to anyone else who writes the folder (the
+askwright server, a script):
+
+* Writers serialise on an exclusive ``fcntl.flock`` of ``<set>/.answers.lock``
+  and read-modify-write only while holding it, so no update is lost.
+* The file is only ever replaced whole (temp file in the same folder, fsync,
+  ``os.replace``, fsync of the folder), so a reader never sees a torn file
+  and needs no lock, and a crash leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bridge.answers import document
+
+ANSWERS_NAME = "answers.json"
+LOCK_NAME = ".answers.lock"
+TEMP_PREFIX = ANSWERS_NAME + ".tmp-"
+
+Doc = dict[str, Any]
+
+
+class AnswersFile:
+    """The ``answers.json`` of one set folder."""
+
+    def __init__(self, set_dir: str | os.PathLike[str], set_id: str | None = None):
+        self.set_dir = Path(set_dir)
+        # The id an empty document gets; the folder's name is the usual id
+        # (askwright keeps a set in a folder named after it).
+        self.set_id = set_id or self.set_dir.resolve().name
+        self.path = self.set_dir / ANSWERS_NAME
+        self.lock_path = self.set_dir / LOCK_NAME
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the folder's writer lock.  Not re-entrant: flock on a second
+        descriptor blocks even within one process, so never nest it."""
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def read_bytes(self) -> bytes | None:
+        """The file's bytes, or None when there is no file yet.
+
+        One read of one open file: since writers only rename a complete file
+        over this name, what is read is always some whole version.
+        """
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def load(self) -> Doc:
+        """The current document (an empty one when nothing is written yet);
+        ``document.AnswersError`` when the file breaks the format."""
+        data = self.read_bytes()
+        if data is None:
+            return document.empty(self.set_id)
+        return document.parse(data)
+
+    def update(self, fn: Callable[[Doc, str], Doc], now: str) -> Doc:
+        """Under the lock: load, ``fn(doc, now)``, write the result; return it.
+
+        ``fn`` returns the document unchanged to write nothing, or one whose
+        ``rev`` is exactly one more (``document.put_record`` and
+        ``drop_record`` do this).  Anything else is refused before the disk
+        is touched, so ``rev`` always counts the writes.
+        """
+        with self.locked():
+            current = self.load()
+            new = fn(current, now)
+            if new is current or new == current:
+                return current
+            if new.get("rev") != current["rev"] + 1:
+                raise document.AnswersError(
+                    f"an update must raise rev by one ({current['rev']} -> {current['rev'] + 1}), got {new.get('rev')!r}"
+                )
+            data = document.dumps(new)
+            # Never write what the next reader would refuse.
+            document.parse(data)
+            self._replace(data)
+            return new
+
+    def _replace(self, data: bytes) -> None:
+        """Atomically make ``data`` the file's content.
+
+        On any failure the temp file is removed and the error raised; the old
+        ``answers.json`` is untouched because only the final rename changes it.
+        """
+        temp = self.set_dir / f"{TEMP_PREFIX}{os.getpid()}"
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        # The rename is only durable once the folder's entry is on disk.
+        _fsync_dir(self.set_dir)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

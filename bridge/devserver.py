@@ -1,0 +1,203 @@
+"""A throwaway local Synapse: what ``make demo`` and the test suite run.
+
+It is a real homeserver (the ``matrix-synapse`` package) on 127.0.0.1 with
+SQLite, shared-secret registration, cheap password hashing and rate limits
+relaxed so tests measure the bridge, not the limiter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SERVER_NAME = "localhost"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _relaxed_limits(per_second: float) -> dict[str, Any]:
+    limit = {"per_second": per_second, "burst_count": max(per_second, 10)}
+    return {
+        "rc_message": limit,
+        "rc_registration": limit,
+        "rc_login": {"address": limit, "account": limit, "failed_attempts": limit},
+        "rc_joins": {"local": limit, "remote": limit},
+        "rc_joins_per_room": limit,
+        "rc_invites": {"per_room": limit, "per_user": limit, "per_issuer": limit},
+        "rc_admin_redaction": limit,
+        "rc_room_creation": limit,
+        "rc_presence": {"per_user": limit},
+        "rc_media_create": limit,
+        "rc_reports": limit,
+    }
+
+
+@dataclass
+class Synapse:
+    """One homeserver process with its data under ``data_dir``."""
+
+    data_dir: Path
+    port: int = 0
+    appservice_files: list[str] = field(default_factory=list)
+    rate_limit_per_second: float = 10000
+    extra_config: dict[str, Any] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+    shared_secret: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "homeserver.yaml"
+
+    def write_config(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
+        secret_file = self.data_dir / "shared_secret"
+        if not secret_file.exists():
+            secret_file.write_text(secrets.token_hex(24))
+        self.shared_secret = secret_file.read_text().strip()
+        config: dict[str, Any] = {
+            "server_name": SERVER_NAME,
+            "pid_file": str(self.data_dir / "homeserver.pid"),
+            "listeners": [{
+                "port": self.port,
+                "bind_addresses": ["127.0.0.1"],
+                "type": "http",
+                "tls": False,
+                "x_forwarded": False,
+                "resources": [{"names": ["client"], "compress": False}],
+            }],
+            "database": {"name": "sqlite3", "args": {"database": str(self.data_dir / "homeserver.db")}},
+            "media_store_path": str(self.data_dir / "media"),
+            "signing_key_path": str(self.data_dir / "signing.key"),
+            "log_config": str(self._write_log_config()),
+            "registration_shared_secret": self.shared_secret,
+            "report_stats": False,
+            "trusted_key_servers": [],
+            "suppress_key_server_warning": True,
+            "enable_metrics": False,
+            "bcrypt_rounds": 4,
+            "url_preview_enabled": False,
+            "presence": {"enabled": False},
+            "app_service_config_files": list(self.appservice_files),
+            **_relaxed_limits(self.rate_limit_per_second),
+            **self.extra_config,
+        }
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    def _write_log_config(self) -> Path:
+        path = self.data_dir / "log.yaml"
+        path.write_text(yaml.safe_dump({
+            "version": 1,
+            "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+            "handlers": {"file": {"class": "logging.FileHandler", "formatter": "plain",
+                                  "filename": str(self.data_dir / "homeserver.log")}},
+            "root": {"level": "WARNING", "handlers": ["file"]},
+            "disable_existing_loggers": False,
+        }))
+        return path
+
+    def start(self, timeout: float = 60) -> None:
+        self.write_config()
+        if not (self.data_dir / "signing.key").exists():
+            subprocess.run(
+                [sys.executable, "-m", "synapse.app.homeserver", "-c", str(self.config_path), "--generate-keys"],
+                check=True, capture_output=True,
+            )
+        out = open(self.data_dir / "stdout.log", "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "synapse.app.homeserver", "-c", str(self.config_path)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process and self.process.poll() is not None:
+                log = (self.data_dir / "stdout.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"Synapse exited with {self.process.returncode}:\n{log}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/_matrix/client/versions", timeout=1):
+                    return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.1)
+        raise RuntimeError(f"Synapse did not answer on {self.url} within {timeout} s")
+
+    def stop(self, timeout: float = 20) -> None:
+        if not self.process or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    # -- accounts ---------------------------------------------------------
+
+    def register(self, localpart: str, password: str | None = None, admin: bool = False) -> dict[str, str]:
+        """Register a user with the shared secret; returns user_id, access_token, password."""
+        password = password or secrets.token_urlsafe(12)
+        endpoint = f"{self.url}/_synapse/admin/v1/register"
+        nonce = _http_json("GET", endpoint)["nonce"]
+        # The MAC is over the parts separated by NUL, without a trailing one.
+        mac = hmac.new(self.shared_secret.encode(), digestmod=hashlib.sha1)
+        mac.update(b"\x00".join(p.encode() for p in (nonce, localpart, password, "admin" if admin else "notadmin")))
+        body = {"nonce": nonce, "username": localpart, "password": password, "admin": admin,
+                "mac": mac.hexdigest()}
+        reply = _http_json("POST", endpoint, body)
+        return {"user_id": reply["user_id"], "access_token": reply["access_token"], "password": password,
+                "device_id": reply.get("device_id", "")}
+
+    def create_room(self, token: str, invite: list[str] = (), **extra: Any) -> str:
+        body = {"preset": "private_chat", "invite": list(invite), **extra}
+        return _http_json("POST", f"{self.url}/_matrix/client/v3/createRoom", body, token)["room_id"]
+
+    def join(self, token: str, room: str) -> str:
+        quoted = urllib.request.quote(room, safe="")
+        return _http_json("POST", f"{self.url}/_matrix/client/v3/join/{quoted}", {}, token)["room_id"]
+
+    def __enter__(self) -> "Synapse":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _http_json(method: str, url: str, body: Any = None, token: str | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise RuntimeError(f"{method} {url.split('?')[0]} -> {exc.code}: {detail}") from None

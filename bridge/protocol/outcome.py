@@ -1,0 +1,85 @@
+"""What the bridge says back about an answer: a short notice replying to the
+person's event, carrying the machine-readable outcome
+(``schemas/matrix/dev.superpipeline.question.outcome.v1.json``) so agents
+reading the room learn it too."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+from typing import Any
+
+OUTCOME_KEY = "dev.superpipeline.question.outcome"
+
+
+def outcome_field(*, answer_event_id: str, recorded: bool, question_event_id: str | None = None,
+                  qid: str | None = None, q_rev: int | None = None, via: str | None = None,
+                  layer: str | None = None, reason: str | None = None,
+                  record_rev: int | None = None) -> dict[str, Any]:
+    field: dict[str, Any] = {
+        "schema_version": 1,
+        "answer_event_id": answer_event_id,
+        "outcome": "recorded" if recorded else "refused",
+        "layer": None if recorded else layer,
+        "reason": None if recorded else reason,
+    }
+    optional = {"question_event_id": question_event_id, "qid": qid, "q_rev": q_rev, "via": via,
+                "record_rev": record_rev if recorded else None}
+    field.update({k: v for k, v in optional.items() if v is not None})
+    return field
+
+
+def describe_record(record: dict[str, Any]) -> str:
+    """The pick in a few words, as the person would recognise it."""
+    if record.get("state") == "unsure":
+        return "not sure yet"
+    if "label" in record:
+        picked = str(record["label"])
+    elif "choices" in record:
+        picked = ", ".join(record["choices"])
+    elif "order" in record:
+        picked = " > ".join(record["order"])
+    elif "text" in record:
+        text = str(record["text"])
+        picked = f"“{text[:80]}{'…' if len(text) > 80 else ''}”"
+    else:
+        picked = "a note"
+    if record.get("note") and record.get("state") != "note_only":
+        picked += " (with a note)"
+    return picked
+
+
+def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "msgtype": "m.notice",
+        "body": text,
+        "format": "org.matrix.custom.html",
+        "formatted_body": html.escape(text),
+        "m.relates_to": {"m.in_reply_to": {"event_id": reply_to}},
+        "m.mentions": {},
+        OUTCOME_KEY: outcome,
+    }
+
+
+def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dict[str, Any], title: str,
+                    via: str) -> dict[str, Any]:
+    text = f"Recorded for “{title}”: {describe_record(record)}."
+    if record.get("rev", 1) > 1:
+        text += f" This replaces your earlier answer (answer {record['rev']})."
+    return notice(text, answer_event_id, outcome_field(
+        answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id,
+        qid=record.get("qid"), q_rev=record.get("q_rev"), via=via, record_rev=record.get("rev")))
+
+
+def refused_notice(*, answer_event_id: str, question_event_id: str | None, qid: str | None, layer: str,
+                   reason: str, message: str, via: str) -> dict[str, Any]:
+    text = f"Not recorded: {message}"
+    return notice(text, answer_event_id, outcome_field(
+        answer_event_id=answer_event_id, recorded=False, question_event_id=question_event_id, qid=qid,
+        via=via, layer=layer, reason=reason))
+
+
+def txn_id(*parts: str) -> str:
+    """A transaction id derived from what is sent, so a retry after a crash is
+    deduplicated by the homeserver instead of posting twice."""
+    return "awb" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:40]

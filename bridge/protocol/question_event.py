@@ -1,0 +1,346 @@
+"""One revision of one question -> the ``dev.superpipeline.question.v2`` content.
+
+Pure: the caller uploads media, picks the elicitation id and the option
+order, and sends the result.  The content carries everything a reader needs
+to render the question and to judge an answer (PROTOCOL section 2), and
+nothing that would spoil it: in a study set neither ``correct`` nor an
+option's ``why`` (nor ``rubric`` / ``model_answer``) ever goes out.
+
+Two Matrix limits shape the result:
+
+* Synapse refuses floats and integers of 2**53 or more anywhere in content,
+  so times travel as strings plus integer milliseconds and every value goes
+  through ``no_floats`` before it leaves.
+* An event must stay under 65,536 bytes.  A one-pager never rides in the
+  event (it goes to the question's thread; the event only notes that, and
+  carries ``one_pager_ref`` when the caller has one).  When the event is
+  still too big the readable parts are shortened (``formatted_body`` first,
+  then ``body``); only when the structured fields alone cannot fit is
+  ``QuestionEventTooLarge`` raised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bridge.protocol.render import HTML_FORMAT, render_body, render_html
+from bridge.questionset.model import (
+    OTHER_ID,
+    OTHER_LABEL,
+    UNSURE_ID,
+    UNSURE_LABEL,
+    MediaItem,
+    Option,
+    Question,
+    QuestionSet,
+)
+
+SUITE_EVENT_TYPE = "dev.superpipeline.question.v2"
+SCHEMA_VERSION = 1
+TEXT_MAX = 16000
+ELICITATION_ID_MAX = 200
+
+# Matrix caps the whole PDU at 65,536 bytes of canonical JSON.  The envelope
+# around our content (ids, auth/prev events, hashes, signatures) is usually
+# under 1 KB; 2 KB leaves room for a few extra prev_events.
+EVENT_MAX_BYTES = 65_536
+ENVELOPE_RESERVE = 2_048
+CONTENT_MAX_BYTES = EVENT_MAX_BYTES - ENVELOPE_RESERVE
+
+# Largest integer Synapse accepts in content (canonical JSON's safe range).
+_SAFE_INT = 2**53 - 1
+
+# Per-string caps tried, in order, when the readable parts are too large.
+_SHRINK_LIMITS: tuple[int | None, ...] = (None, 2000, 500, 120, 40)
+
+# Fields of an upload description that may ride on a media item.
+_UPLOAD_INT_FIELDS = ("size", "w", "h", "duration_ms")
+_UPLOAD_STR_FIELDS = ("url", "mimetype", "thumbnail_url")
+
+_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_DECIMAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:s|sec|secs|seconds?)?\s*$")
+
+
+class QuestionEventTooLarge(ValueError):
+    """The structured fields alone do not fit in one Matrix event."""
+
+
+# ---------------------------------------------------------------- public helpers
+
+
+def new_elicitation_id(set_id: str, qid: str, rev: int, salt: str) -> str:
+    """A readable, deterministic id for one posting of one revision.
+
+    Uniqueness comes from ``salt`` (the caller's posting key, e.g. room id
+    plus a post counter): the same inputs give the same id, which is what
+    makes a retried post after a crash recognisable.
+    """
+    material = json.dumps([set_id, qid, rev, salt], ensure_ascii=False).encode("utf-8")
+    digest = hashlib.sha256(material).hexdigest()[:24]
+    readable = f"{_ID_CHARS.sub('_', set_id)[:64]}.{_ID_CHARS.sub('_', qid)[:64]}"
+    eid = f"elc_{readable}.r{int(rev)}.{digest}"
+    return eid if len(eid) <= ELICITATION_ID_MAX else f"elc_{digest}"
+
+
+def option_order(question: Question, seed: str, mode: str = "study") -> list[str]:
+    """The ids of the question's own options in the order to post them.
+
+    A study question is shuffled unless ``shuffle`` is false; a decide set
+    keeps the author's order (``mode="decide"``).  The shuffle sorts by a hash
+    of seed and id, so it is stable across Python versions and runs.
+    """
+    ids = [opt.id for opt in question.options or ()]
+    if mode != "study" or question.shuffle is False:
+        return ids
+    return sorted(ids, key=lambda oid: hashlib.sha256(f"{seed}\x00{oid}".encode()).hexdigest())
+
+
+def no_floats(value: Any) -> Any:
+    """A copy of ``value`` safe for Synapse: every float becomes its decimal
+    string (or an int when integral), out-of-range integers become strings.
+
+    Our own code never puts a float in; this is the last guard so that a
+    float slipping through an extension field cannot get the event refused.
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value if -_SAFE_INT <= value <= _SAFE_INT else str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return {str(k): no_floats(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [no_floats(v) for v in value]
+    raise TypeError(f"{type(value).__name__} cannot go into event content")
+
+
+def content_size(content: Mapping[str, Any]) -> int:
+    """Bytes of ``content`` as Synapse measures it (canonical JSON, UTF-8)."""
+    return len(json.dumps(content, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+
+
+# ---------------------------------------------------------------- the event
+
+
+def build_question_event(
+    qset: QuestionSet,
+    question: Question,
+    *,
+    elicitation_id: str,
+    media: Mapping[str, Mapping[str, Any]] | None = None,
+    subject: Mapping[str, str] | None = None,
+    one_pager_ref: str | None = None,
+    order: Sequence[str] | None = None,
+    text_max: int = TEXT_MAX,
+    poll: bool = False,
+) -> dict[str, Any]:
+    """The question.v2 content for one posting of ``question``.
+
+    ``media`` maps a media item's ``src`` (a figure, which has none, by
+    ``"figure:<index>"``) to its upload description ``{url: "mxc://...",
+    mimetype, size, w, h, duration_ms, thumbnail_url}``.  ``order`` lists the
+    question's own option ids in the order to show them (see
+    ``option_order``); the built-ins always come last.  ``poll`` only changes
+    the instructions (the caller posts the poll).
+    """
+    if not 1 <= len(elicitation_id) <= ELICITATION_ID_MAX:
+        raise ValueError(f"elicitation_id must be 1..{ELICITATION_ID_MAX} characters")
+    if not 1 <= text_max <= TEXT_MAX:
+        raise ValueError(f"text_max must be 1..{TEXT_MAX}")
+    structured: dict[str, Any] = {
+        "msgtype": "m.text",
+        "body": "",
+        "schema_version": SCHEMA_VERSION,
+        "suite_event_type": SUITE_EVENT_TYPE,
+        "elicitation_id": elicitation_id,
+        "set": {"id": qset.id, "title": qset.title, "mode": qset.mode},
+        "question": _question_fields(qset, question, media or {}, order, text_max, one_pager_ref),
+    }
+    bound = subject if subject is not None else (question.subject.model_dump(include={"id", "digest"}) if question.subject else None)
+    if bound is not None:
+        structured["subject"] = {"id": str(bound["id"]), "digest": str(bound["digest"])}
+    structured = no_floats(structured)
+    return _with_readable_parts(structured, poll=poll, background=bool(question.one_pager) or bool(one_pager_ref))
+
+
+def _question_fields(
+    qset: QuestionSet,
+    question: Question,
+    media: Mapping[str, Mapping[str, Any]],
+    order: Sequence[str] | None,
+    text_max: int,
+    one_pager_ref: str | None,
+) -> dict[str, Any]:
+    study = qset.mode == "study"
+    out: dict[str, Any] = {
+        "id": question.id,
+        "rev": question.rev,
+        "kind": question.kind,
+        "title": question.title,
+        "question": question.question,
+    }
+    for name in ("why", "hint"):
+        if getattr(question, name):
+            out[name] = getattr(question, name)
+    if question.look_for:
+        out["look_for"] = list(question.look_for)
+    # In a quiz the guess is not part of the format and could hint at the answer.
+    if question.guess is not None and not study:
+        out["guess"] = question.guess.model_dump(include={"option", "options", "order", "text", "why", "confidence"}, exclude_none=True)
+    if question.sides:
+        out["sides"] = dict(question.sides)
+    if question.show_if is not None:
+        out["show_if"] = {"question": question.show_if.question, "option": list(question.show_if.option)}
+    media_items = _media_items(question.media or [], media)
+    if media_items:
+        out["media"] = media_items
+    out["options"] = _options(question, order)
+    out["text_max"] = text_max
+    if one_pager_ref:
+        out["one_pager_ref"] = one_pager_ref
+    if study:
+        out.update(_study_fields(question))
+    return out
+
+
+def _study_fields(question: Question) -> dict[str, Any]:
+    """What a quiz shows beside the question; never ``rubric``/``model_answer``."""
+    out: dict[str, Any] = {}
+    if question.topic:
+        out["topic"] = question.topic
+    if question.points is not None:
+        points = question.points
+        out["points"] = int(points) if float(points).is_integer() else repr(float(points))
+    if question.bonus is not None:
+        out["bonus"] = question.bonus
+    return out
+
+
+def _options(question: Question, order: Sequence[str] | None) -> list[dict[str, Any]]:
+    own = list(question.options or []) if question.kind != "text" else []
+    if order is not None:
+        own = _reordered(own, order)
+    out = [_option(opt) for opt in own]
+    out.append({"id": UNSURE_ID, "label": UNSURE_LABEL})
+    if question.kind != "text":
+        out.append({"id": OTHER_ID, "label": OTHER_LABEL, "input": "required"})
+    return out
+
+
+def _reordered(options: list[Option], order: Sequence[str]) -> list[Option]:
+    by_id = {opt.id: opt for opt in options}
+    if sorted(order) != sorted(by_id) or len(order) != len(options):
+        raise ValueError("order must list every option id of the question exactly once")
+    return [by_id[oid] for oid in order]
+
+
+def _option(opt: Option) -> dict[str, Any]:
+    # Only id, label and consequence: ``correct`` and ``why`` would give a
+    # quiz away, and unknown extras are not ours to publish.
+    out: dict[str, Any] = {"id": opt.id, "label": opt.label}
+    if opt.consequence:
+        out["consequence"] = opt.consequence
+    return out
+
+
+def _media_items(items: Sequence[MediaItem], uploads: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Media that have been uploaded, in the set's order.
+
+    An item without an upload is left out rather than listed without a URL:
+    a reader can do nothing with it, and the schema can then promise every
+    listed item is fetchable.  The caller decides whether a missing upload
+    should hold the question back.
+    """
+    out: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        key = item.src if item.src is not None else f"figure:{index}"
+        upload = uploads.get(key)
+        if not upload or not isinstance(upload.get("url"), str) or not str(upload["url"]).startswith("mxc://"):
+            continue
+        out.append(_media_item(item, upload))
+    return out
+
+
+def _media_item(item: MediaItem, upload: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: str(upload[k]) for k in _UPLOAD_STR_FIELDS if upload.get(k) is not None}
+    out.setdefault("mimetype", "application/octet-stream")
+    kind = item.type or out["mimetype"].split("/", 1)[0]
+    if kind in ("video", "audio", "image"):
+        out["type"] = kind
+    if item.src:
+        out["name"] = item.src.replace("\\", "/").rsplit("/", 1)[-1]
+    for name in ("label", "alt", "caption"):
+        if getattr(item, name):
+            out[name] = getattr(item, name)
+    for name in _UPLOAD_INT_FIELDS:
+        number = _whole(upload.get(name))
+        if number is not None:
+            out[name] = number
+    out.update(_start(item.start))
+    return out
+
+
+def _whole(value: Any) -> int | None:
+    """A non-negative int from an upload description's number, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    number = round(value)
+    return number if 0 <= number <= _SAFE_INT else None
+
+
+def _start(start: int | float | str | None) -> dict[str, Any]:
+    """``start`` as written (a string) plus ``start_ms`` when it is a plain time."""
+    if start is None or isinstance(start, bool):
+        return {}
+    if isinstance(start, (int, float)):
+        if not math.isfinite(start) or start < 0:
+            return {}
+        return {"start": repr(start) if isinstance(start, float) else str(start), "start_ms": round(start * 1000)}
+    text = start.strip()
+    if not text:
+        return {}
+    match = _DECIMAL.match(text)
+    return {"start": text, **({"start_ms": round(float(match.group(1)) * 1000)} if match else {})}
+
+
+# ---------------------------------------------------------------- size guard
+
+
+def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: bool) -> dict[str, Any]:
+    """Add body/formatted_body, shortening them until the event fits."""
+    floor = dict(structured, body=render_body(structured, limit=_SHRINK_LIMITS[-1], poll=poll, bare=True))
+    if content_size(floor) > CONTENT_MAX_BYTES:
+        raise QuestionEventTooLarge(
+            f"question {structured['question']['id']!r}: its structured fields with the shortest "
+            f"readable body take {content_size(floor)} bytes, over the {CONTENT_MAX_BYTES} an event "
+            "may carry; shorten its options, look_for or why"
+        )
+    for body_limit, html_limit in _attempts():
+        body = render_body(structured, limit=body_limit, poll=poll, background=background)
+        candidate = dict(structured, body=body)
+        if html_limit != "drop":
+            html = render_html(structured, limit=html_limit, poll=poll, background=background)
+            candidate.update(format=HTML_FORMAT, formatted_body=html)
+        if content_size(candidate) <= CONTENT_MAX_BYTES:
+            return candidate
+    return floor
+
+
+def _attempts() -> list[tuple[int | None, int | None | str]]:
+    """(body limit, HTML limit or "drop"), from the full message down.
+
+    The HTML is the nicer copy but not the one every client depends on, so it
+    is shortened first, then the body, then the HTML goes.
+    """
+    attempts: list[tuple[int | None, int | None | str]] = [(None, limit) for limit in _SHRINK_LIMITS]
+    attempts += [(limit, _SHRINK_LIMITS[-1]) for limit in _SHRINK_LIMITS[1:]]
+    attempts += [(limit, "drop") for limit in _SHRINK_LIMITS[1:]]
+    return attempts

@@ -1,0 +1,91 @@
+"""The long-running bridge: wires the store, the homeserver, the poster, the
+folder watcher and one transport (sync loop or appservice) together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from watchfiles import awatch
+
+from bridge.questionset.lint import lint_set_dir
+from bridge.questionset.model import QuestionSet
+from bridge.service.bot import SyncLoop, login
+from bridge.service.config import Config
+from bridge.service.matrix import NioTransport
+from bridge.service.pipeline import Pipeline
+from bridge.service.poster import Poster
+from bridge.service.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
+    """A set the bridge may post: it loads and lints without error."""
+    result = lint_set_dir(set_dir, probe=False)
+    errors = [f"{finding.where}: {finding.message}" for finding in result.errors]
+    if errors or result.model is None:
+        return None, errors or ["the set could not be read"]
+    return result.model, []
+
+
+async def join_rooms(transport: NioTransport, config: Config, stop: asyncio.Event) -> list[str]:
+    wanted = [config.rooms.default, *config.rooms.sets.values()]
+    joined: list[str] = []
+    for room in dict.fromkeys(wanted):
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                joined.append(await transport.join(room))
+                break
+            except Exception as exc:  # noqa: BLE001 - keep trying: the room may not exist or invite us yet
+                log.warning("cannot join %s yet (%s); retrying in %.0f s", room, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60)
+    return joined
+
+
+async def serve(config: Config, stop: asyncio.Event) -> None:
+    store = Store(config.store.path)
+    client = await login(config, store)
+    try:
+        transport = NioTransport(client)
+        rooms = await join_rooms(transport, config, stop)
+        pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
+                            own_users=lambda user: user == client.user_id)
+        for room in rooms:
+            await pipeline.load_members(room)
+        pipeline.flush()  # heal a crash between the store commit and the folder write
+        poster = Poster(store, transport, config.room_for, load_set)
+        await poster.sync_root(config.sets.root)
+        await pipeline.send_notices()
+        tasks = [asyncio.ensure_future(SyncLoop(client, store, pipeline, stop).run()),
+                 asyncio.ensure_future(watch_sets(poster, config.sets.root, stop))]
+        await stop.wait()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await client.close()
+        store.close()
+
+
+async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
+    async for _changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
+                                 watch_filter=lambda _change, path: path.endswith("questions.json")):
+        try:
+            await poster.sync_root(root)
+        except Exception:  # noqa: BLE001 - a bad edit must not stop the bridge
+            log.exception("re-reading the sets failed")
+
+
+def run_forever(config: Config) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,171 @@
+"""The bridge's YAML configuration, validated with pydantic.
+
+The user's file is merged over the commented example's defaults, so a minimal
+file works and every key has one documented meaning.  Secrets may come from
+the environment instead of the file (see ``ENV_SECRETS``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Environment variables that override (or stand in for) secrets in the file.
+ENV_SECRETS = {
+    "ASKWRIGHT_BRIDGE_ACCESS_TOKEN": ("bot", "access_token"),
+    "ASKWRIGHT_BRIDGE_PASSWORD": ("bot", "password"),
+    "ASKWRIGHT_BRIDGE_AS_TOKEN": ("appservice", "as_token"),
+    "ASKWRIGHT_BRIDGE_HS_TOKEN": ("appservice", "hs_token"),
+}
+
+
+class ConfigError(Exception):
+    """One clear sentence naming the key at fault."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Homeserver(_Section):
+    url: str
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
+class Bot(_Section):
+    user_id: str
+    access_token: str | None = None
+    password: str | None = None
+    device_name: str = "askwright-bridge"
+
+    @field_validator("user_id")
+    @classmethod
+    def _mxid(cls, value: str) -> str:
+        if not (value.startswith("@") and ":" in value):
+            raise ValueError("must be a full Matrix user id such as @askbot:example.org")
+        return value
+
+
+class Sets(_Section):
+    root: Path
+
+
+class Rooms(_Section):
+    default: str
+    sets: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("default")
+    @classmethod
+    def _room(cls, value: str) -> str:
+        if not value.startswith(("!", "#")):
+            raise ValueError("must be a room id (!...) or an alias (#...)")
+        return value
+
+
+class Store(_Section):
+    path: Path
+
+
+class Logging(_Section):
+    level: str = "INFO"
+    format: str = "text"
+
+
+class Appservice(_Section):
+    enabled: bool = False
+    id: str = "askwright"
+    url: str = "http://127.0.0.1:29331"
+    listen: str = "127.0.0.1:29331"
+    sender_localpart: str = "askbot"
+    as_token: str | None = None
+    hs_token: str | None = None
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+
+class Config(_Section):
+    homeserver: Homeserver
+    bot: Bot
+    sets: Sets
+    rooms: Rooms
+    answerers: list[str] = Field(default_factory=list)
+    admins: list[str] = Field(default_factory=list)
+    store: Store
+    logging: Logging = Field(default_factory=Logging)
+    appservice: Appservice = Field(default_factory=Appservice)
+
+    @model_validator(mode="after")
+    def _credentials(self) -> "Config":
+        if self.appservice.enabled:
+            localpart = self.bot.user_id[1:].split(":", 1)[0]
+            if localpart != self.appservice.sender_localpart:
+                raise ValueError("bot.user_id must be the appservice's sender_localpart user")
+        elif not (self.bot.access_token or self.bot.password):
+            raise ValueError("bot needs access_token or password (or ASKWRIGHT_BRIDGE_ACCESS_TOKEN)")
+        return self
+
+    def room_for(self, set_id: str) -> str:
+        return self.rooms.sets.get(set_id, self.rooms.default)
+
+    @property
+    def server_name(self) -> str:
+        return self.bot.user_id.split(":", 1)[1]
+
+
+def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Config:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a YAML mapping")
+    return parse_config(raw, base_dir=path.parent, environ=os.environ if environ is None else environ, source=str(path))
+
+
+def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str], source: str = "config") -> Config:
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for var, (section, key) in ENV_SECRETS.items():
+        if environ.get(var):
+            raw.setdefault(section, {})
+            if isinstance(raw[section], dict):
+                raw[section][key] = environ[var]
+    try:
+        config = Config.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "missing":
+            message = "is required"
+        elif first["type"] == "extra_forbidden":
+            message = "is not a known key"
+        raise ConfigError(f"{source}: {key}: {message}") from None
+    # Relative paths are relative to the config file, not the working directory.
+    config.sets.root = (base_dir / config.sets.root).resolve()
+    config.store.path = (base_dir / config.store.path).resolve()
+    return config
+
+
+def world_readable(path: str | Path) -> bool:
+    """True when others can read the file that holds secrets."""
+    try:
+        return bool(Path(path).stat().st_mode & (stat.S_IROTH | stat.S_IRGRP))
+    except OSError:
+        return False

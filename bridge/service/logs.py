@@ -1,0 +1,41 @@
+"""Logging set-up: plain lines or JSON lines, and never a secret."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+
+# Matrix access tokens, appservice tokens and anything after a password key.
+_SECRET = re.compile(r"(syt_[A-Za-z0-9_]+|(?:access_token|as_token|hs_token|password)[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,}]*)")
+
+
+def redact(text: str) -> str:
+    return _SECRET.sub(lambda m: m.group(1)[:4] + "…" if m.group(1).startswith("syt_") else m.group(1) + "[redacted]",
+                       text)
+
+
+class _Redacting(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+class _Json(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + "Z",
+                "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return redact(json.dumps(line, ensure_ascii=False))
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Json() if fmt == "json" else _Redacting("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # nio logs every request at INFO; keep its warnings (429s, retries) only.
+    logging.getLogger("nio").setLevel(logging.WARNING)

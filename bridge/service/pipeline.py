@@ -1,0 +1,209 @@
+"""One pipeline for both transports: a batch of room events in, durable
+answers out.
+
+The order of durability is the bridge's promise (PROTOCOL section 5):
+1. judge every event and commit the outcomes to the store in one transaction
+   (the answer log is the source of truth; touched questions are marked dirty);
+2. project the dirty questions into each set's ``answers.json`` (one locked
+   atomic write per set per batch);
+3. only then let the transport advance (sync token / transaction 200);
+4. tell people what happened; notices not yet sent are retried, never lost.
+A crash between 1 and 2 is healed by ``flush`` on the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from bridge.answers.document import put_records
+from bridge.answers.file import AnswersFile
+from bridge.protocol.judge import Accepted, JudgeContext, judge
+from bridge.protocol.normalize import Candidate, Withdrawal, normalize
+from bridge.protocol.outcome import recorded_notice, refused_notice, txn_id
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.to_record import to_record
+from bridge.service.store import LogEntry, Store
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    user_id: str
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str: ...
+
+    async def joined_members(self, room_id: str) -> set[str]: ...
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+
+
+class _StoreLookup:
+    """The normaliser's view of the past, backed by the store."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def question_by_event(self, event_id: str) -> RecordedQuestion | None:
+        return self.store.question_by_event(event_id)
+
+    def question_by_elicitation(self, elicitation_id: str) -> RecordedQuestion | None:
+        return self.store.question_by_elicitation(elicitation_id)
+
+    def question_by_poll(self, poll_event_id: str) -> RecordedQuestion | None:
+        return self.store.question_by_poll(poll_event_id)
+
+    def answer_reference(self, event_id: str) -> str | None:
+        entry = self.store.accepted_answer(event_id)
+        return entry.question_event_id if entry else None
+
+
+@dataclass
+class BatchResult:
+    accepted: int = 0
+    refused: int = 0
+    withdrawn: int = 0
+    skipped: int = 0
+    written_sets: int = 0
+
+
+@dataclass
+class Pipeline:
+    store: Store
+    transport: Transport
+    answerers: frozenset[str] | None
+    own_users: Callable[[str], bool]
+    clock: Callable[[], str] = utc_now
+    members: dict[str, set[str]] = field(default_factory=dict)
+    on_outcome: Callable[[LogEntry], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.lookup = _StoreLookup(self.store)
+
+    async def load_members(self, room_id: str) -> None:
+        self.members[room_id] = set(await self.transport.joined_members(room_id))
+
+    # -- the batch ---------------------------------------------------------
+
+    def process(self, events: list[dict[str, Any]], *, commit: Callable[[], None] | None = None) -> BatchResult:
+        """Steps 1-3.  ``commit`` runs in the final store transaction, after the
+        folder writes: that is where a transport records its progress."""
+        result = BatchResult()
+        now = self.clock()
+        with self.store.transaction():
+            for event in events:
+                self._one(event, now, result)
+        result.written_sets = self.flush(commit=commit)
+        return result
+
+    def _one(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
+        event_id = event.get("event_id")
+        if not isinstance(event_id, str) or self.store.is_processed(event_id):
+            result.skipped += 1
+            return
+        self._track_membership(event)
+        sender = event.get("sender")
+        if not isinstance(sender, str) or self.own_users(sender):
+            return
+        found = normalize(event, self.lookup)
+        if found is None:
+            return
+        if isinstance(found, Withdrawal):
+            if self.store.withdraw(found.target):
+                self.store.append_log(LogEntry(found.event_id, found.room_id, found.sender, "redaction", "withdrawn",
+                                               ts=_ts(event)))
+                result.withdrawn += 1
+            self.store.mark_processed(event_id, "withdrawn")
+            return
+        self._judge(found, event, now, result)
+
+    def _judge(self, found: Candidate, event: dict[str, Any], now: str, result: BatchResult) -> None:
+        answer, question = found.answer, found.question
+        ctx = JudgeContext(allowed=self.answerers, members=frozenset(self.members.get(answer.room_id, ())),
+                           bridge_user=self.transport.user_id)
+        verdict = judge(question, answer, ctx)
+        set_dir = self.store.set_dir_of(question.event_id) if question else None
+        common = dict(event_id=answer.event_id, room_id=answer.room_id, sender=answer.sender, via=answer.via,
+                      set_id=question.set_id if question else None, set_dir=set_dir,
+                      qid=question.content["question"]["id"] if question else None,
+                      question_event_id=question.event_id if question else None, ts=_ts(event))
+        if isinstance(verdict, Accepted) and question is not None and set_dir:
+            prior = self.store.projection(set_dir, common["qid"])
+            source = {"via": "matrix", "how": answer.via, "room_id": answer.room_id, "event_id": answer.event_id,
+                      "sender": answer.sender, "ts": _ts(event)}
+            record = to_record(question, verdict, prior=prior, source=source, now=now)
+            entry = LogEntry(outcome="accepted", record=record, **common)
+            result.accepted += 1
+        else:
+            entry = LogEntry(outcome="refused", layer=verdict.layer, reason=verdict.reason, message=verdict.message,
+                             **common)
+            result.refused += 1
+        self.store.append_log(entry)
+        self.store.mark_processed(answer.event_id, entry.outcome)
+        if self.on_outcome:
+            self.on_outcome(entry)
+
+    def _track_membership(self, event: dict[str, Any]) -> None:
+        if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):
+            return
+        content = event.get("content") if isinstance(event.get("content"), dict) else {}
+        room = self.members.setdefault(str(event.get("room_id")), set())
+        if content.get("membership") == "join":
+            room.add(event["state_key"])
+        else:
+            room.discard(event["state_key"])
+
+    # -- the folder --------------------------------------------------------
+
+    def flush(self, *, commit: Callable[[], None] | None = None) -> int:
+        """Project every dirty question into its set's answers.json."""
+        dirty = self.store.dirty()
+        by_set: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for set_dir, set_id, qid in dirty:
+            by_set[(set_dir, set_id)].append(qid)
+        now = self.clock()
+        for (set_dir, set_id), qids in by_set.items():
+            records = {qid: self.store.projection(set_dir, qid) for qid in qids}
+            AnswersFile(set_dir, set_id).update(lambda doc, now, records=records: _apply(doc, records, now), now)
+        with self.store.transaction():
+            self.store.clear_dirty(dirty)
+            if commit:
+                commit()
+        return len(by_set)
+
+    # -- telling people ----------------------------------------------------
+
+    async def send_notices(self) -> int:
+        sent = 0
+        for seq, entry in self.store.unacked():
+            content = self._notice_for(entry)
+            await self.transport.send(entry.room_id, "m.room.message", content, txn_id("ack", entry.event_id, str(seq)))
+            with self.store.transaction():
+                self.store.mark_acked(seq)
+            sent += 1
+        return sent
+
+    def _notice_for(self, entry: LogEntry) -> dict[str, Any]:
+        question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
+        if entry.outcome == "accepted" and entry.record is not None and question is not None:
+            record = dict(entry.record)
+            record["rev"] = self.store.projection(entry.set_dir, entry.qid)["rev"] if entry.set_dir else record["rev"]
+            return recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
+                                   record=entry.record, title=question.content["question"]["title"], via=entry.via)
+        return refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
+                              qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
+                              message=entry.message or "the answer could not be read.", via=entry.via)
+
+
+def _apply(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], now: str) -> dict[str, Any]:
+    return put_records(doc, records, now)
+
+
+def _ts(event: dict[str, Any]) -> int:
+    ts = event.get("origin_server_ts")
+    return ts if isinstance(ts, int) else 0

@@ -1,0 +1,119 @@
+"""Keeping the rooms in step with the sets: every open question posted once
+per revision, older revisions marked replaced, closed questions announced.
+
+A post is sent with a transaction id derived from what is posted, so a crash
+between the send and the store's commit re-sends the same transaction and the
+homeserver hands back the same event instead of posting twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bridge.protocol.outcome import txn_id
+from bridge.protocol.question_event import build_question_event, new_elicitation_id, option_order
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.questionset.model import Question, QuestionSet
+from bridge.service.sets import discover
+from bridge.service.store import Store
+
+log = logging.getLogger(__name__)
+
+LoadSet = Callable[[Path], tuple[QuestionSet | None, list[str]]]
+
+
+@dataclass
+class PostReport:
+    posted: list[str] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+    broken: dict[str, list[str]] = field(default_factory=dict)
+
+
+def question_digest(qset: QuestionSet, question: Question) -> str:
+    material = {"set": [qset.id, qset.title, qset.mode], "q": question.model_dump(mode="json", exclude_none=True)}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+class Poster:
+    def __init__(self, store: Store, transport: Any, room_for: Callable[[str], str], load_set: LoadSet,
+                 on_posted: Callable[[RecordedQuestion], None] | None = None):
+        self.store = store
+        self.transport = transport
+        self.room_for = room_for
+        self.load_set = load_set
+        self.on_posted = on_posted
+
+    async def sync_root(self, root: Path) -> PostReport:
+        report = PostReport()
+        for set_dir in discover(root):
+            await self.sync_set(set_dir, report)
+        return report
+
+    async def sync_set(self, set_dir: Path, report: PostReport) -> None:
+        qset, errors = self.load_set(set_dir)
+        if qset is None:
+            report.broken[str(set_dir)] = errors
+            log.error("set %s skipped: it fails lint:\n  %s", set_dir, "\n  ".join(errors))
+            return
+        room = self.room_for(qset.id)
+        current = {q.id: q for q in qset.questions}
+        for question in qset.questions:
+            latest = self.store.latest_posted(qset.id, question.id)
+            if question.is_open:
+                if latest is None or latest.rev != question.rev:
+                    await self._post(qset, question, set_dir, room, report)
+                    if latest is not None and latest.open:
+                        await self._close(latest, f"replaced by revision {question.rev}", report, replaced=True)
+            elif latest is not None and latest.open:
+                await self._close(latest, _closing_words(question), report)
+        for recorded, _poll in self.store.posted_for_set(qset.id):
+            if recorded.open and recorded.qid not in current:
+                await self._close(recorded, "removed from the set", report)
+
+    async def _post(self, qset: QuestionSet, question: Question, set_dir: Path, room: str, report: PostReport) -> None:
+        digest = question_digest(qset, question)
+        elicitation = new_elicitation_id(qset.id, question.id, question.rev, salt=f"{room}\x00{digest}")
+        content = build_question_event(qset, question, elicitation_id=elicitation,
+                                       order=option_order(question, seed=elicitation, mode=qset.mode))
+        event_id = await self.transport.send(room, "m.room.message", content,
+                                             txn_id("post", qset.id, question.id, str(question.rev), digest))
+        recorded = RecordedQuestion(event_id=event_id, room_id=room, set_id=qset.id, content=content)
+        with self.store.transaction():
+            self.store.record_posted(recorded, set_dir=str(set_dir.resolve()), posted_at=int(time.time() * 1000))
+        report.posted.append(f"{qset.id}/{question.id}@{question.rev}")
+        log.info("question posted: %s/%s rev %d as %s in %s", qset.id, question.id, question.rev, event_id, room)
+        if self.on_posted:
+            self.on_posted(recorded)
+
+    async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport, replaced: bool = False) -> None:
+        # The store is updated first: from this moment answers are refused, even
+        # if telling the room fails and is retried on the next pass.
+        with self.store.transaction():
+            self.store.close_question(recorded.event_id)
+        title = recorded.question.get("title", recorded.qid)
+        text = f"“{title}” is {why}; answers to this message are no longer accepted."
+        content = {
+            "msgtype": "m.notice",
+            "body": text,
+            "m.relates_to": {"rel_type": "m.thread", "event_id": recorded.event_id, "is_falling_back": True,
+                             "m.in_reply_to": {"event_id": recorded.event_id}},
+            "dev.superpipeline.question.closed": {"question_event_id": recorded.event_id, "qid": recorded.qid,
+                                                  "why": why},
+        }
+        await self.transport.send(recorded.room_id, "m.room.message", content, txn_id("close", recorded.event_id))
+        report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
+        log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
+
+
+def _closing_words(question: Question) -> str:
+    if question.status == "withdrawn":
+        return f"withdrawn ({question.reason})" if question.reason else "withdrawn"
+    if question.status == "superseded":
+        return f"superseded by “{question.superseded_by}”" if question.superseded_by else "superseded"
+    return "closed"

@@ -1,0 +1,288 @@
+"""The bridge's SQLite store: what it posted, what it has seen, and why.
+
+The answer log is the source of truth; ``answers.json`` is a projection of
+it.  Every batch is committed here before the folder is written, so a crash
+between the two is repaired on start by re-projecting the pending questions.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from bridge.protocol.recorded import RecordedQuestion
+
+# Each entry moves the schema one version forward; never edit a shipped one.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE posted (
+        event_id TEXT PRIMARY KEY,
+        room_id TEXT NOT NULL,
+        set_id TEXT NOT NULL,
+        set_dir TEXT NOT NULL,
+        qid TEXT NOT NULL,
+        rev INTEGER NOT NULL,
+        elicitation_id TEXT NOT NULL UNIQUE,
+        content TEXT NOT NULL,
+        open INTEGER NOT NULL DEFAULT 1,
+        poll_event_id TEXT,
+        posted_at INTEGER NOT NULL
+    );
+    CREATE INDEX posted_by_question ON posted (set_id, qid, rev);
+    CREATE INDEX posted_by_poll ON posted (poll_event_id);
+    CREATE TABLE processed (event_id TEXT PRIMARY KEY, outcome TEXT NOT NULL);
+    CREATE TABLE answer_log (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        event_id TEXT NOT NULL,
+        room_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        set_id TEXT,
+        set_dir TEXT,
+        qid TEXT,
+        question_event_id TEXT,
+        via TEXT NOT NULL,
+        outcome TEXT NOT NULL,          -- accepted | refused | withdrawn
+        layer TEXT,
+        reason TEXT,
+        message TEXT,
+        record TEXT,                    -- the answers.json record, for accepted answers
+        withdrawn INTEGER NOT NULL DEFAULT 0,
+        acked INTEGER NOT NULL DEFAULT 0,
+        ts INTEGER NOT NULL
+    );
+    CREATE INDEX log_by_question ON answer_log (set_dir, qid, outcome);
+    CREATE INDEX log_by_event ON answer_log (event_id);
+    CREATE TABLE dirty (set_dir TEXT NOT NULL, set_id TEXT NOT NULL, qid TEXT NOT NULL,
+                        PRIMARY KEY (set_dir, qid));
+    CREATE TABLE appservice_txn (txn_id TEXT PRIMARY KEY);
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreVersionError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    event_id: str
+    room_id: str
+    sender: str
+    via: str
+    outcome: str
+    set_id: str | None = None
+    set_dir: str | None = None
+    qid: str | None = None
+    question_event_id: str | None = None
+    layer: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    record: dict[str, Any] | None = None
+    ts: int = 0
+
+
+class Store:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self._migrate()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreVersionError(
+                f"{self.path} was written by a newer askwright-bridge (store schema {version}, "
+                f"this version knows {SCHEMA_VERSION}); upgrade the bridge or restore a backup"
+            )
+        for number in range(version, SCHEMA_VERSION):
+            with self.transaction():
+                for statement in _statements(MIGRATIONS[number]):
+                    self.db.execute(statement)
+                self.db.execute(f"PRAGMA user_version={number + 1}")
+
+    def transaction(self) -> "_Transaction":
+        return _Transaction(self.db)
+
+    # -- meta -------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (key, value))
+
+    # -- posted questions ------------------------------------------------
+
+    def record_posted(self, question: RecordedQuestion, *, set_dir: str, posted_at: int,
+                      poll_event_id: str | None = None) -> None:
+        content = question.content
+        self.db.execute(
+            "INSERT OR IGNORE INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
+            " open, poll_event_id, posted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (question.event_id, question.room_id, question.set_id, set_dir, content["question"]["id"],
+             content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
+             poll_event_id, posted_at),
+        )
+
+    def set_poll(self, event_id: str, poll_event_id: str) -> None:
+        self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
+
+    def close_question(self, event_id: str) -> None:
+        self.db.execute("UPDATE posted SET open=0 WHERE event_id=?", (event_id,))
+
+    def question_by_event(self, event_id: str) -> RecordedQuestion | None:
+        return self._one("event_id=?", event_id)
+
+    def question_by_elicitation(self, elicitation_id: str) -> RecordedQuestion | None:
+        return self._one("elicitation_id=?", elicitation_id)
+
+    def question_by_poll(self, poll_event_id: str) -> RecordedQuestion | None:
+        return self._one("poll_event_id=?", poll_event_id)
+
+    def latest_posted(self, set_id: str, qid: str) -> RecordedQuestion | None:
+        row = self.db.execute(
+            f"SELECT {_Q} FROM posted WHERE set_id=? AND qid=? ORDER BY rev DESC, posted_at DESC LIMIT 1",
+            (set_id, qid)).fetchone()
+        return _question(row) if row else None
+
+    def posted_for_set(self, set_id: str) -> list[tuple[RecordedQuestion, str | None]]:
+        rows = self.db.execute(f"SELECT {_Q}, poll_event_id FROM posted WHERE set_id=? ORDER BY posted_at",
+                               (set_id,)).fetchall()
+        return [(_question(row[:-1]), row[-1]) for row in rows]
+
+    def set_dir_of(self, event_id: str) -> str | None:
+        row = self.db.execute("SELECT set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
+        return row[0] if row else None
+
+    def poll_of(self, event_id: str) -> str | None:
+        row = self.db.execute("SELECT poll_event_id FROM posted WHERE event_id=?", (event_id,)).fetchone()
+        return row[0] if row else None
+
+    def count_posted(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM posted").fetchone()[0]
+
+    def _one(self, where: str, value: str) -> RecordedQuestion | None:
+        row = self.db.execute(f"SELECT {_Q} FROM posted WHERE {where}", (value,)).fetchone()
+        return _question(row) if row else None
+
+    # -- events and the answer log ---------------------------------------
+
+    def is_processed(self, event_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM processed WHERE event_id=?", (event_id,)).fetchone() is not None
+
+    def mark_processed(self, event_id: str, outcome: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
+
+    def append_log(self, entry: LogEntry) -> int:
+        cursor = self.db.execute(
+            "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
+            " layer, reason, message, record, ts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
+             entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
+             None if entry.record is None else json.dumps(entry.record), entry.ts),
+        )
+        if entry.outcome in ("accepted", "withdrawn") and entry.set_dir and entry.qid:
+            self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
+                            (entry.set_dir, entry.set_id, entry.qid))
+        return cursor.lastrowid
+
+    def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
+        """Mark the accepted answer from ``event_id`` withdrawn; returns (set_dir, set_id, qid)."""
+        row = self.db.execute(
+            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE event_id=? AND outcome='accepted' AND withdrawn=0"
+            " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
+        if not row:
+            return None
+        self.db.execute("UPDATE answer_log SET withdrawn=1 WHERE seq=?", (row[0],))
+        self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", (row[1], row[2], row[3]))
+        return row[1], row[2], row[3]
+
+    def accepted_answer(self, event_id: str) -> LogEntry | None:
+        row = self.db.execute(
+            "SELECT event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, record, ts"
+            " FROM answer_log WHERE event_id=? AND outcome='accepted' ORDER BY seq DESC LIMIT 1",
+            (event_id,)).fetchone()
+        if not row:
+            return None
+        return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
+
+    def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
+        """The record answers.json should hold for a question: the latest accepted answer not
+        withdrawn, its ``rev`` the number of answers ever accepted for the question."""
+        count = self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
+                                (set_dir, qid)).fetchone()[0]
+        row = self.db.execute(
+            "SELECT record FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
+            " ORDER BY seq DESC LIMIT 1", (set_dir, qid)).fetchone()
+        if not row:
+            return None
+        record = json.loads(row[0])
+        record["rev"] = count
+        return record
+
+    def dirty(self) -> list[tuple[str, str, str]]:
+        return self.db.execute("SELECT set_dir, set_id, qid FROM dirty").fetchall()
+
+    def clear_dirty(self, items: Iterable[tuple[str, str, str]]) -> None:
+        self.db.executemany("DELETE FROM dirty WHERE set_dir=? AND qid=?", [(d, q) for d, _s, q in items])
+
+    def unacked(self) -> list[tuple[int, LogEntry]]:
+        rows = self.db.execute(
+            "SELECT seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer,"
+            " reason, message, record, ts FROM answer_log WHERE acked=0 AND outcome IN ('accepted','refused')"
+            " ORDER BY seq").fetchall()
+        return [(r[0], LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
+                                json.loads(r[13]) if r[13] else None, r[14])) for r in rows]
+
+    def mark_acked(self, seq: int) -> None:
+        self.db.execute("UPDATE answer_log SET acked=1 WHERE seq=?", (seq,))
+
+    def log_counts(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT outcome, COUNT(*) FROM answer_log GROUP BY outcome").fetchall())
+
+    # -- appservice -------------------------------------------------------
+
+    def txn_seen(self, txn_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM appservice_txn WHERE txn_id=?", (txn_id,)).fetchone() is not None
+
+    def mark_txn(self, txn_id: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO appservice_txn(txn_id) VALUES (?)", (txn_id,))
+
+
+_Q = "event_id, room_id, set_id, content, open"
+
+
+def _question(row: tuple) -> RecordedQuestion:
+    return RecordedQuestion(event_id=row[0], room_id=row[1], set_id=row[2], content=json.loads(row[3]),
+                            open=bool(row[4]))
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
