@@ -28,6 +28,11 @@ from bridge.questionset.model import BUILTIN_IDS, UNSURE_ID
 
 Layer = Literal["schema", "recorded"]
 
+# The server's cap on a record's note (question-set format, "What comes back").
+# An option's input and the `note` extension both end up in the note.
+NOTE_MAX = 20_000
+NOTE_JOINER = "\n\n"
+
 
 @dataclass(frozen=True)
 class IncomingAnswer:
@@ -113,6 +118,7 @@ REASONS: dict[str, Layer] = {
     "choice_repeated": "recorded",
     "no_choices": "recorded",
     "rank_incomplete": "recorded",
+    "note_too_long": "recorded",
     # either layer: a bug in the judge itself, never expected
     "unjudgeable": "schema",
 }
@@ -341,7 +347,15 @@ def _judge_option(question: RecordedQuestion, answer: IncomingAnswer, option_id:
         return Refused("recorded", "input_required", f"{_quote(label)} needs a few words from you. Add them as text.")
     # Text beside an option that takes no input is still the person's words:
     # it is kept (as the record's note) rather than refused or dropped.
-    return _accepted(question, answer, option_id=option_id, text=None if _blank(text) else text)
+    text = None if _blank(text) else text
+    note = answer.content.get("note")
+    if text is not None and not _blank(note) and len(text) + len(NOTE_JOINER) + len(note) > NOTE_MAX:
+        return Refused(
+            "recorded",
+            "note_too_long",
+            f"Your text and note together are longer than {NOTE_MAX} characters. Shorten one of them.",
+        )
+    return _accepted(question, answer, option_id=option_id, text=text)
 
 
 def _judge_text_only(question: RecordedQuestion, answer: IncomingAnswer, text: str) -> Accepted | Refused:

@@ -81,14 +81,17 @@ def _edit(event: dict[str, Any], content: dict[str, Any], new: dict[str, Any], l
 
 
 def _question_for(content: dict[str, Any], lookup: Lookup) -> RecordedQuestion | None:
-    relates = content.get("m.relates_to")
-    if isinstance(relates, dict) and isinstance(relates.get("event_id"), str):
-        found = lookup.question_by_event(relates["event_id"])
-        if found:
-            return found
+    # The elicitation id names the posting the person answered; the reference
+    # is then checked against it by the judge.  Only without a known
+    # elicitation id does the reference pick the question.
     elicitation = content.get("elicitation_id")
     if isinstance(elicitation, str):
-        return lookup.question_by_elicitation(elicitation)
+        found = lookup.question_by_elicitation(elicitation)
+        if found:
+            return found
+    relates = content.get("m.relates_to")
+    if isinstance(relates, dict) and isinstance(relates.get("event_id"), str):
+        return lookup.question_by_event(relates["event_id"])
     return None
 
 

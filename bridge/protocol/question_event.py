@@ -164,9 +164,21 @@ def build_question_event(
     }
     bound = subject if subject is not None else (question.subject.model_dump(include={"id", "digest"}) if question.subject else None)
     if bound is not None:
-        structured["subject"] = {"id": str(bound["id"]), "digest": str(bound["digest"])}
+        structured["subject"] = _subject(bound)
     structured = no_floats(structured)
     return _with_readable_parts(structured, poll=poll, background=bool(question.one_pager) or bool(one_pager_ref))
+
+
+def _subject(bound: Mapping[str, Any]) -> dict[str, str]:
+    # An answer must echo the binding exactly, so a binding the schema would
+    # refuse is an error here rather than a question nobody can answer.
+    out: dict[str, str] = {}
+    for name in ("id", "digest"):
+        value = bound.get(name)
+        if not isinstance(value, str) or not 1 <= len(value) <= 512:
+            raise ValueError(f"subject.{name} must be a string of 1..512 characters")
+        out[name] = value
+    return out
 
 
 def _question_fields(

@@ -182,7 +182,8 @@ def _answer_steps(q: Mapping[str, Any], poll: bool) -> list[tuple[str, str | Non
         last = min(count, len(KEYCAPS))
         steps.append((f"or react to it with {KEYCAPS[0]}\u2026{KEYCAPS[last - 1]}", None))
     elif kind == "multi":
-        steps.append(("reply to this message with the numbers of every option you pick, separated by commas, e.g.", "1, 3"))
+        example = "1, 3" if n_set >= 3 else "1, 2"
+        steps.append(("reply to this message with the numbers of every option you pick, separated by commas, e.g.", example))
     elif kind == "rank":
         example = ", ".join(str(i) for i in range(min(n_set, 3), 0, -1))
         steps.append((f"reply to this message with all {n_set} numbers in your order, first = best, separated by commas, e.g.", example))
@@ -192,6 +193,17 @@ def _answer_steps(q: Mapping[str, Any], poll: bool) -> list[tuple[str, str | Non
         steps.append(("for something else reply", "other: <your text>"))
     steps.append(("if you are not sure reply", UNSURE_ID))
     return steps
+
+
+def _quiz_line(q: Mapping[str, Any]) -> str | None:
+    """A quiz question's topic and points, as the review will score it."""
+    bits: list[str] = []
+    if q.get("topic"):
+        bits.append(f"Topic: {q['topic']}")
+    if q.get("points") is not None:
+        points = q["points"]
+        bits.append(f"{points} point{'' if str(points) == '1' else 's'}" + (" (bonus)" if q.get("bonus") else ""))
+    return " · ".join(bits) or None
 
 
 def _background_note(q: Mapping[str, Any], has_one_pager: bool) -> str | None:
@@ -246,6 +258,9 @@ def _body_context(
     subject = content.get("subject")
     if isinstance(subject, Mapping):
         lines.append(f"Approving: {cut(subject.get('id', ''))} (digest {short_digest(str(subject.get('digest', '')))})")
+    quiz = _quiz_line(q)
+    if quiz:
+        lines.append(cut(quiz))
     if q.get("why"):
         lines.append(f"Why I ask: {cut(q['why'])}")
     if q.get("hint"):
@@ -316,6 +331,9 @@ def _html_context(
     if isinstance(subject, Mapping):
         digest = esc(short_digest(str(subject.get("digest", ""))))
         parts.append(f"<blockquote>Approving <code>{cut(subject.get('id', ''))}</code> (digest <code>{digest}</code>)</blockquote>")
+    quiz = _quiz_line(q)
+    if quiz:
+        parts.append(f"<p><em>{cut(quiz)}</em></p>")
     if q.get("why"):
         parts.append(f"<p><em>Why I ask:</em> {cut_tc(q['why'])}</p>")
     if q.get("hint"):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from watchfiles import awatch
 
-from bridge.questionset.lint import lint_set_dir
+from bridge.questionset.load import LoadError
+from bridge.questionset.setdir import load_set_dir
 from bridge.questionset.model import QuestionSet
 from bridge.service.bot import SyncLoop, login
 from bridge.service.config import Config
@@ -24,7 +25,10 @@ log = logging.getLogger(__name__)
 
 def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
     """A set the bridge may post: it loads and lints without error."""
-    result = lint_set_dir(set_dir, probe=False)
+    try:
+        result = load_set_dir(set_dir, probe=False)
+    except LoadError as exc:
+        return None, [exc.message]
     errors = [f"{finding.where}: {finding.message}" for finding in result.errors]
     if errors or result.model is None:
         return None, errors or ["the set could not be read"]

@@ -62,14 +62,6 @@ class Person:
                 found[(content["question"]["id"], content["question"]["rev"])] = event
         return found
 
-    async def wait_questions(self, room_id: str, count: int, timeout: float = 30) -> dict[tuple[str, int], dict]:
-        deadline = time.monotonic() + timeout
-        while True:
-            found = await self.questions(room_id)
-            if len(found) >= count or time.monotonic() > deadline:
-                return found
-            await asyncio.sleep(0.2)
-
     async def notices_for(self, room_id: str, answer_event_id: str) -> list[dict[str, Any]]:
         return [e for e in await self.messages(room_id)
                 if e.get("content", {}).get("dev.superpipeline.question.outcome", {}).get("answer_event_id")
@@ -183,6 +175,21 @@ class Bridge:
             self.kill()
             raise AssertionError("the bridge did not stop within its grace period")
 
+    def check_alive(self) -> None:
+        if self.process and self.process.poll() is not None:
+            raise AssertionError(f"the bridge exited ({self.process.returncode}):\n{self.log_text()[-3000:]}")
+
+    async def wait_questions(self, person: "Person", count: int, timeout: float = 30) -> dict[tuple[str, int], dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            found = await person.questions(self.room_id)
+            if len(found) >= count:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(found)} of {count} questions posted\n{self.log_text()[-3000:]}")
+            await asyncio.sleep(0.2)
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -196,8 +203,7 @@ class Bridge:
             record = self.answers(set_name)["answers"].get(qid)
             if record and record["rev"] >= rev:
                 return record
-            if self.process and self.process.poll() is not None:
-                raise AssertionError(f"the bridge exited ({self.process.returncode}):\n{self.log_text()[-3000:]}")
+            self.check_alive()
             await asyncio.sleep(0.05)
         raise AssertionError(f"no answer rev {rev} for {set_name}/{qid} within {timeout} s\n{self.log_text()[-3000:]}")
 

@@ -467,3 +467,10 @@ def test_every_bundled_example_builds(path: Path, validator: Draft202012Validato
         eid = new_elicitation_id(qset.id, question.id, question.rev, "example")
         content = build_question_event(qset, question, elicitation_id=eid, media=uploads)
         check(content, validator)
+
+
+def test_bad_subject_refused() -> None:
+    with pytest.raises(ValueError, match="subject.digest"):
+        build(decide_set(), "db", subject={"id": "x", "digest": "d" * 513})
+    with pytest.raises(ValueError, match="subject.id"):
+        build(decide_set(), "db", subject={"id": "", "digest": "d"})

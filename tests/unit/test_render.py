@@ -263,3 +263,32 @@ def test_render_is_pure_and_bare_body_keeps_options() -> None:
     bare = render_body(content, bare=True, limit=6)
     assert "1. PostgreSQL" not in bare and "1. Postg\u2026" in bare
     assert "To answer:" in bare and "Why I ask" not in bare
+
+
+def test_quiz_shows_topic_and_points_not_answers() -> None:
+    raw = {
+        "askwright": 1,
+        "id": "quiz",
+        "title": "Articles",
+        "mode": "study",
+        "questions": [
+            {
+                "id": "haus",
+                "kind": "choice",
+                "title": "Haus",
+                "question": "Which article goes with Haus?",
+                "topic": "articles",
+                "points": 2,
+                "bonus": True,
+                "options": [
+                    {"id": "der", "label": "der", "why": "Masculine: WRONG-WHY"},
+                    {"id": "das", "label": "das", "correct": True, "why": "Neuter: RIGHT-WHY"},
+                ],
+            }
+        ],
+    }
+    qset = QuestionSet.model_validate(raw)
+    content = build_question_event(qset, qset.questions[0], elicitation_id="elc_quiz")
+    assert "Topic: articles \u00b7 2 points (bonus)" in content["body"]
+    assert "WHY" not in content["body"] and "WHY" not in content["formatted_body"]
+    assert "My guess" not in content["body"]

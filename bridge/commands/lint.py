@@ -1,0 +1,89 @@
+"""``askwright-bridge lint SET_DIR [--json] [--no-probe]``: check a question set.
+
+Exit status: 0 no error (warnings allowed), 1 errors, 2 the folder or file
+can't be read or isn't a JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from bridge.questionset.lint import LintResult
+from bridge.questionset.load import Finding, LoadError
+from bridge.questionset.setdir import load_set_dir
+
+EXIT_OK = 0
+EXIT_ERRORS = 1
+EXIT_UNREADABLE = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "lint",
+        help="check a question set against the askwright format",
+        description="Check a set folder's questions.json against every rule of the askwright format.",
+    )
+    parser.add_argument("set_dir", metavar="SET_DIR", help="the set folder (or its questions.json)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--no-probe", action="store_true", help="skip the video codec check (ffprobe)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result = load_set_dir(args.set_dir, probe=not args.no_probe)
+    except LoadError as exc:
+        return _unreadable(exc.message, as_json=args.json)
+    if args.json:
+        _write(sys.stdout, json.dumps(result.as_dict(), indent=2) + "\n")
+    else:
+        _write(sys.stdout, render(result))
+    return EXIT_OK if result.ok else EXIT_ERRORS
+
+
+def _unreadable(message: str, *, as_json: bool) -> int:
+    if as_json:
+        document = {"ok": False, "set": None, "errors": [{"where": "questions.json", "message": message}], "warnings": []}
+        _write(sys.stdout, json.dumps(document, indent=2) + "\n")
+    else:
+        _write(sys.stderr, f"askwright-bridge lint: {message}\n")
+    return EXIT_UNREADABLE
+
+
+def render(result: LintResult) -> str:
+    """The readable listing: a summary line, then one line per finding."""
+    name = result.set_id if result.set_id is not None else "(set without an id)"
+    if not result.errors and not result.warnings:
+        return f"{name}: ok, no errors and no warnings\n"
+    lines = [f"{name}: {_count(len(result.errors), 'error')}, {_count(len(result.warnings), 'warning')}"]
+    lines += [_line("error", f) for f in result.errors]
+    lines += [_line("warning", f) for f in result.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _line(level: str, finding: Finding) -> str:
+    # One finding per line, whatever control characters the set's values hold.
+    text = f"  {level:<7}  {finding.where}: {finding.message}"
+    return re.sub(r"[\x00-\x08\x0b-\x1f\x7f\n\r]", lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _write(stream: object, text: str) -> None:
+    """Write text that may carry lone surrogates (JSON allows them) or characters the terminal can't show.
+
+    JSON output is ASCII already (escaped by json.dumps), so this only ever
+    changes the readable listing.
+    """
+    text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    text = text.encode(encoding, "backslashreplace").decode(encoding, "replace")
+    stream.write(text)  # type: ignore[attr-defined]

@@ -1,0 +1,71 @@
+"""``make demo``: the bridge on the embedded default.
+
+Starts a throwaway Synapse on 127.0.0.1 (data under ``.demo/``), registers
+the bridge and a person, makes a room, copies the bundled example sets into
+``.demo/ask`` and runs the bridge on them until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from bridge.devserver import Synapse
+from bridge.resources import examples_dir
+from bridge.service.config import load_config
+from bridge.service.logs import setup_logging
+
+PERSON_PASSWORD = "demo-password"
+
+
+def main(base: Path = Path(".demo")) -> int:
+    base = base.resolve()
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    sets_root = base / "ask"
+    shutil.copytree(examples_dir(), sets_root)
+    synapse = Synapse(base / "synapse")
+    print(f"starting a local Synapse in {synapse.data_dir} ...", flush=True)
+    synapse.start()
+    try:
+        bot = synapse.register("askbot")
+        person = synapse.register("person", password=PERSON_PASSWORD)
+        room_id = synapse.create_room(bot["access_token"], invite=[person["user_id"]], name="Agent questions")
+        synapse.join(person["access_token"], room_id)
+        config_path = base / "config.yaml"
+        config_path.write_text(yaml.safe_dump({
+            "homeserver": {"url": synapse.url},
+            "bot": {"user_id": bot["user_id"], "access_token": bot["access_token"]},
+            "sets": {"root": str(sets_root)},
+            "rooms": {"default": room_id},
+            "store": {"path": str(base / "bridge.sqlite")},
+        }))
+        os.chmod(config_path, 0o600)
+        print(
+            "\n  homeserver   {url}\n  log in as    {user} / {password}\n  room         {room}\n"
+            "  sets         {sets}\n  answers      {sets}/<set>/answers.json"
+            "  (askwright-bridge read {sets}/<set>)\n\nCtrl-C stops the bridge and Synapse.\n".format(
+                url=synapse.url, user=person["user_id"], password=PERSON_PASSWORD, room=room_id, sets=sets_root),
+            flush=True,
+        )
+        setup_logging("INFO")
+        from bridge.service.app import run_forever
+
+        return run_forever(load_config(config_path))
+    finally:
+        synapse.stop()
+        print("Synapse stopped.", flush=True)
+
+
+if __name__ == "__main__":
+    # Ctrl-C and SIGTERM are handled by the bridge's loop; this catches one
+    # that lands before the loop is up.
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(0)

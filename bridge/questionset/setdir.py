@@ -1,0 +1,96 @@
+"""Loading and linting a set folder from disk: the I/O around the pure lint.
+
+Used by ``askwright-bridge lint`` and by the service when it scans sets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from typing import Callable
+
+from bridge.questionset.lint import LintResult, lint
+from bridge.questionset.load import LoadError, parse_json
+from bridge.questionset.media import LocalFilesystem, Probe, Streams
+
+QUESTIONS_FILE = "questions.json"
+PROBE_TIMEOUT_SECONDS = 30
+# Far above any real set; stops a runaway file from being read into memory.
+MAX_QUESTIONS_BYTES = 16 * 1024 * 1024
+
+
+def set_paths(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """(set folder, questions.json) for a set folder, or for the questions.json itself."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return path, os.path.join(path, QUESTIONS_FILE)
+    if os.path.basename(path) == QUESTIONS_FILE:
+        return os.path.dirname(path) or ".", path
+    raise LoadError(f"{path} is not a set folder (a folder holding {QUESTIONS_FILE})")
+
+
+def read_questions(file: str) -> dict:
+    """The parsed object in questions.json; LoadError for anything unreadable."""
+    try:
+        with open(file, "rb") as handle:
+            data = handle.read(MAX_QUESTIONS_BYTES + 1)
+    except FileNotFoundError:
+        raise LoadError(f"{file} does not exist") from None
+    except OSError as exc:
+        raise LoadError(f"{file} can't be read: {exc.strerror or exc}") from None
+    if len(data) > MAX_QUESTIONS_BYTES:
+        raise LoadError(f"{file} is larger than {MAX_QUESTIONS_BYTES // (1024 * 1024)} MB")
+    try:
+        return parse_json(data)
+    except LoadError:
+        raise
+    except RecursionError:
+        raise LoadError(f"{file} is nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer with thousands of digits
+        raise LoadError(f"{file} is not usable JSON: {exc}") from None
+
+
+def ffprobe(executable: str) -> Probe:
+    """A probe that asks ffprobe for the codec of every stream."""
+
+    def probe(path: str) -> Streams | None:
+        command = [executable, "-v", "error", "-show_entries", "stream=codec_type,codec_name", "-of", "json", path]
+        try:
+            done = subprocess.run(command, capture_output=True, timeout=PROBE_TIMEOUT_SECONDS, check=False)
+            streams = json.loads(done.stdout or b"{}").get("streams") if done.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None
+        if not isinstance(streams, list):
+            return None
+        return _streams(streams)
+
+    return probe
+
+
+def _streams(entries: list[object]) -> Streams:
+    by_type: dict[str, list[str]] = {"video": [], "audio": []}
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("codec_type") in by_type:
+            by_type[entry["codec_type"]].append(str(entry.get("codec_name") or "unknown"))
+    return Streams(video=tuple(by_type["video"]), audio=tuple(by_type["audio"]))
+
+
+def find_probe(which: Callable[[str], str | None] = shutil.which) -> Probe | None:
+    """ffprobe when it is on the PATH; without it the codec check is skipped."""
+    executable = which("ffprobe")
+    return ffprobe(executable) if executable else None
+
+
+def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = True) -> LintResult:
+    """Read and lint one set folder.
+
+    ``probe``: True finds ffprobe on the PATH, False/None skips the codec
+    check, or a probe callable to use.  Raises ``LoadError`` when the folder
+    or its questions.json can't be read, isn't JSON or isn't an object.
+    """
+    set_dir, file = set_paths(path)
+    raw = read_questions(file)
+    chosen = find_probe() if probe is True else (probe or None)
+    return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen)
