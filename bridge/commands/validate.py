@@ -114,12 +114,19 @@ def _question_event(event: dict[str, Any]) -> dict[str, Any]:
         raise Unreadable("the question event has no content object")
     # An answer can only be judged against a real question.v2: a broken one
     # would turn every answer into a misleading refusal.
-    problems = schemas.errors(schemas.QUESTION, content)
+    try:
+        problems = schemas.errors(schemas.QUESTION, content)
+    except RecursionError:
+        raise Unreadable("the question event is nested too deeply") from None
     if problems:
         first = min(problems, key=lambda e: (len(e.absolute_path), str(list(e.absolute_path))))
         where = ".".join(str(p) for p in first.absolute_path) or "content"
-        raise Unreadable(f"the question event is not a question.v2 event ({where}: {first.message})")
+        raise Unreadable(f"the question event is not a question.v2 event ({where}: {_short(first.message)})")
     return event
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _check_answer_event(event: dict[str, Any]) -> None:

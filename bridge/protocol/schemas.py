@@ -71,11 +71,26 @@ def iter_errors(event_type: str, instance: Any) -> Iterator[ValidationError]:
     return validator(event_type).iter_errors(instance)
 
 
+@functools.cache
+def depth(event_type: str) -> int | None:
+    """How deep below the root the schema of ``event_type`` looks, or None if unknown."""
+    return inspection_depth(schema(event_type))
+
+
 def errors(event_type: str, instance: Any) -> list[ValidationError]:
-    """All errors at once; empty when valid.  jsonschema runs at most once."""
+    """All errors at once; empty when valid.  jsonschema runs at most once.
+
+    jsonschema puts ``repr(instance)`` into its messages, which overflows the
+    stack on deeply nested values.  So it is shown the instance cut off below
+    the deepest level its schema looks at: the verdict is the same (nothing
+    below that level is inspected) and the repr stays small.
+    """
     fast = predicate(event_type)
     if fast is not None and fast(instance):
         return []
+    levels = depth(event_type)
+    if levels is not None:
+        instance = clip(instance, levels)
     return list(iter_errors(event_type, instance))
 
 
@@ -84,6 +99,27 @@ def is_valid(event_type: str, instance: Any) -> bool:
     if fast is not None:
         return fast(instance)
     return validator(event_type).is_valid(instance)
+
+
+def clip(instance: Any, levels: int) -> Any:
+    """``instance`` with every container more than ``levels`` below the root emptied.
+
+    Containers keep their type (and objects their keys down to ``levels``),
+    so type, required and property checks down to that level see the same thing.
+    """
+    if isinstance(instance, dict):
+        return {k: clip(v, levels - 1) if levels > 0 else _hollow(v) for k, v in instance.items()}
+    if isinstance(instance, list):
+        return [clip(v, levels - 1) if levels > 0 else _hollow(v) for v in instance]
+    return instance
+
+
+def _hollow(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {}
+    if isinstance(value, list):
+        return []
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -112,6 +148,32 @@ def compile_predicate(node: Any) -> Predicate | None:
             return None
         checks.append(check)
     return _all_of(checks)
+
+
+def inspection_depth(node: Any) -> int | None:
+    """The deepest level below the instance that ``node`` inspects (for the mirrored keywords), or None."""
+    if isinstance(node, bool):
+        return 0
+    if not isinstance(node, dict):
+        return None
+    deepest = 0
+    for keyword, value in node.items():
+        if keyword in _ANNOTATIONS:
+            continue
+        if keyword not in _BUILDERS:
+            return None
+        if keyword == "properties" and isinstance(value, dict):
+            subs, step = list(value.values()), 1
+        elif keyword == "anyOf" and isinstance(value, list):
+            subs, step = value, 0
+        else:
+            continue
+        for sub in subs:
+            below = inspection_depth(sub)
+            if below is None:
+                return None
+            deepest = max(deepest, below + step)
+    return deepest
 
 
 def _always(_: Any) -> bool:

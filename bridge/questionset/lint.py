@@ -592,14 +592,17 @@ def _check_guess_rank(ctx: _Lint, guess: dict[str, Any], where: str, ids: list[s
         return
     if sorted(order) != sorted(ids):
         missing = [i for i in ids if i not in order]
-        extra = [p for p in order if p not in ids]
+        extra = sorted({p for p in order if p not in ids})
+        twice = sorted({p for p in order if p in ids and order.count(p) > 1})
         parts = []
         if missing:
             parts.append("missing " + ", ".join(_quote(i) for i in missing))
+        if twice:
+            parts.append("listed twice: " + ", ".join(_quote(p) for p in twice))
         if extra:
             parts.append("not option ids: " + ", ".join(_quote(p) for p in extra))
-        if not parts:
-            parts.append("an option is listed more than once")
+        if not parts:  # only when the options themselves repeat an id
+            parts.append("the options repeat an id")
         ctx.error(f"{where}.order", f"the order must hold every option id exactly once ({'; '.join(parts)})")
 
 
@@ -675,7 +678,11 @@ def _check_media_item(ctx: _Lint, item: dict[str, Any], where: str) -> None:
     kind = _media_kind(ctx, item, src, where)
     resolved = media_rules.resolve(src, ctx.media_roots, ctx.fs)
     if resolved.status == "outside":
-        ctx.error(f"{where}.src", f"{_quote(src)} is outside the set folder and its media roots; move the file there or add its folder to media_roots")
+        ctx.error(
+            f"{where}.src",
+            f"{_quote(src)} is outside the set folder and its media roots; "
+            "move the file there or add its folder to media_roots",
+        )
     elif resolved.status == "missing":
         ctx.error(f"{where}.src", f"{_quote(src)} was not found in the set folder or its media roots")
     if kind == "image" and _blank(_str(item, "alt")):

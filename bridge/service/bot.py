@@ -101,6 +101,15 @@ class SyncLoop:
         self.on_synced = on_synced
 
     async def run(self) -> None:
+        notices = Notifier(self.pipeline, self.stop)
+        notifier = asyncio.ensure_future(notices.run())
+        try:
+            await self._loop(notices)
+        finally:
+            notices.wake()
+            await notifier
+
+    async def _loop(self, notices: "Notifier") -> None:
         backoff = 0.5
         while not self.stop.is_set():
             since = self.store.get_meta(SYNC_TOKEN)
@@ -121,12 +130,41 @@ class SyncLoop:
                 self.pipeline.process(events, commit=lambda: self.store.set_meta(SYNC_TOKEN, token))
                 if self.on_synced:
                     self.on_synced()
-                await self.pipeline.send_notices()
+                notices.wake()
                 backoff = 0.5
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
                 log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                 await _sleep_or_stop(self.stop, backoff)
                 backoff = min(backoff * 2, 30)
+
+
+class Notifier:
+    """Sends the pending notices in the background, so telling people about
+    one batch never delays receiving the next."""
+
+    def __init__(self, pipeline: Any, stop: asyncio.Event):
+        self.pipeline = pipeline
+        self.stop = stop
+        self.pending = asyncio.Event()
+
+    def wake(self) -> None:
+        self.pending.set()
+
+    async def run(self) -> None:
+        backoff = 0.5
+        while True:
+            await self.pending.wait()
+            self.pending.clear()
+            try:
+                await self.pipeline.send_notices()
+                backoff = 0.5
+            except Exception as exc:  # noqa: BLE001 - unsent notices stay in the store for the next pass
+                log.warning("notices not sent yet (%s); retrying in %.1f s", exc, backoff)
+                await _sleep_or_stop(self.stop, backoff)
+                backoff = min(backoff * 2, 30)
+                self.pending.set()
+            if self.stop.is_set():
+                return
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -14,6 +14,7 @@ A crash between 1 and 2 is healed by ``flush`` on the next start.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ class Pipeline:
         now = self.clock()
         with self.store.transaction():
             for event in events:
-                self._one(event, now, result)
+                self._guarded(event, now, result)
         result.written_sets = self.flush(commit=commit)
         return result
 
@@ -121,6 +122,30 @@ class Pipeline:
             self.store.mark_processed(event_id, "withdrawn")
             return
         self._judge(found, event, now, result)
+
+    def _guarded(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
+        """One event whose handling raises is set aside as refused, so it cannot
+        block every later event forever (the transport would redeliver it).
+        Store and disk errors are transient: they fail the batch for a retry."""
+        try:
+            with self.store.savepoint():
+                self._one(event, now, result)
+        except (sqlite3.Error, OSError):
+            raise
+        except Exception:  # noqa: BLE001 - whatever the cause, this event must not stop the stream
+            log.exception("event %s could not be processed; refused as internal_error", event.get("event_id"))
+            self._set_aside(event, result)
+
+    def _set_aside(self, event: dict[str, Any], result: BatchResult) -> None:
+        event_id, room_id, sender = event.get("event_id"), event.get("room_id"), event.get("sender")
+        if not isinstance(event_id, str):
+            return
+        if isinstance(room_id, str) and isinstance(sender, str):
+            self.store.append_log(LogEntry(event_id, room_id, sender, "answer_event", "refused", layer="schema",
+                                           reason="internal_error",
+                                           message="the bridge could not process this event.", ts=_ts(event)))
+        self.store.mark_processed(event_id, "refused")
+        result.refused += 1
 
     def _judge(self, found: Candidate, event: dict[str, Any], now: str, result: BatchResult) -> None:
         answer, question = found.answer, found.question

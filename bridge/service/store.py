@@ -114,6 +114,10 @@ class Store:
     def transaction(self) -> "_Transaction":
         return _Transaction(self.db)
 
+    def savepoint(self) -> "_Savepoint":
+        """Inside a transaction: undo just this part when it raises."""
+        return _Savepoint(self.db)
+
     # -- meta -------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:
@@ -286,3 +290,19 @@ class _Transaction:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+class _Savepoint:
+    """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("SAVEPOINT part")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.db.execute("ROLLBACK TO part")
+        self.db.execute("RELEASE part")

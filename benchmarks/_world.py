@@ -1,0 +1,142 @@
+"""A throwaway world for benchmarks: a local Synapse, a room, a person, a
+bare observer client and the bridge as its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import yaml
+from nio import AsyncClient, RoomSendResponse, SyncResponse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bridge.devserver import Synapse  # noqa: E402
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def question_set(set_id: str, count: int = 1) -> dict[str, Any]:
+    return {
+        "askwright": 1, "id": set_id, "title": f"Benchmark {set_id}",
+        "questions": [{
+            "id": f"q{n}", "kind": "choice", "title": f"Question {n}",
+            "question": f"Which way should item {n} go?", "why": "The benchmark needs an answer.",
+            "options": [{"id": "a", "label": "The first way"}, {"id": "b", "label": "The second way"}],
+            "guess": {"option": "a", "why": "It is the default.", "confidence": "high"},
+        } for n in range(count)],
+    }
+
+
+class World:
+    def __init__(self, base: Path, synapse: Synapse):
+        self.base = base
+        self.synapse = synapse
+        self.bot = synapse.register("askbot")
+        self.person = synapse.register("person")
+        self.observer = synapse.register("observer")
+        self.room_id = synapse.create_room(self.bot["access_token"],
+                                           invite=[self.person["user_id"], self.observer["user_id"]])
+        synapse.join(self.person["access_token"], self.room_id)
+        synapse.join(self.observer["access_token"], self.room_id)
+        self.sets_root = base / "sets"
+        self.sets_root.mkdir(exist_ok=True)
+        self.bridge: subprocess.Popen | None = None
+
+    def client(self, account: dict[str, str]) -> AsyncClient:
+        client = AsyncClient(self.synapse.url, account["user_id"])
+        client.access_token = account["access_token"]
+        return client
+
+    def add_set(self, data: dict[str, Any]) -> Path:
+        folder = self.sets_root / data["id"]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "questions.json").write_text(json.dumps(data))
+        return folder
+
+    def config(self, **extra: Any) -> Path:
+        config = {
+            "homeserver": {"url": self.synapse.url},
+            "bot": {"user_id": self.bot["user_id"], "access_token": self.bot["access_token"]},
+            "sets": {"root": str(self.sets_root)},
+            "rooms": {"default": self.room_id},
+            "store": {"path": str(self.base / "bridge.sqlite")},
+            "logging": {"level": "WARNING"},
+            **extra,
+        }
+        path = self.base / "config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        os.chmod(path, 0o600)
+        return path
+
+    def start_bridge(self, config: Path) -> None:
+        log = open(self.base / "bridge.log", "ab")
+        self.bridge = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(config)],
+                                       stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def stop_bridge(self) -> None:
+        if self.bridge and self.bridge.poll() is None:
+            self.bridge.send_signal(signal.SIGTERM)
+            self.bridge.wait(30)
+
+    async def question_events(self, client: AsyncClient, count: int, timeout: float = 600) -> dict[str, dict]:
+        """qid -> question event, once ``count`` are posted."""
+        deadline = time.monotonic() + timeout
+        found: dict[str, dict] = {}
+        since = None
+        while time.monotonic() < deadline:
+            response = await client.sync(timeout=1000, since=since)
+            if isinstance(response, SyncResponse):
+                since = response.next_batch
+                for room in response.rooms.join.values():
+                    for event in room.timeline.events:
+                        content = event.source.get("content", {})
+                        if content.get("suite_event_type") == "dev.superpipeline.question.v2":
+                            found[f"{content['set']['id']}/{content['question']['id']}"] = event.source
+            if len(found) >= count:
+                return found
+        raise TimeoutError(f"only {len(found)} of {count} questions were posted")
+
+
+def answer(question_event: dict[str, Any], option_id: str) -> dict[str, Any]:
+    content = question_event["content"]
+    return {"msgtype": "m.text", "body": option_id, "schema_version": 1,
+            "suite_event_type": "dev.superpipeline.question.answer.v2",
+            "elicitation_id": content["elicitation_id"], "option_id": option_id,
+            "m.relates_to": {"rel_type": "m.reference", "event_id": question_event["event_id"]}}
+
+
+async def send(client: AsyncClient, room_id: str, content: dict[str, Any]) -> str:
+    response = await client.room_send(room_id, "m.room.message", content)
+    assert isinstance(response, RoomSendResponse), response
+    return response.event_id
+
+
+@asynccontextmanager
+async def world(**synapse_options: Any) -> AsyncIterator[World]:
+    with tempfile.TemporaryDirectory(prefix="askwright-bench-") as tmp:
+        base = Path(tmp)
+        synapse = Synapse(base / "synapse", **synapse_options)
+        synapse.start()
+        w = World(base, synapse)
+        try:
+            yield w
+        finally:
+            w.stop_bridge()
+            synapse.stop()

@@ -1,0 +1,101 @@
+"""Nothing lost, nothing twice: the bridge killed, the homeserver restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+
+import pytest
+
+from helpers.harness import answer_content
+from helpers.sets import all_kinds_set
+
+pytestmark = pytest.mark.integration
+
+QUESTIONS = 8
+
+
+def accepted_in_log(bridge, qid: str) -> int:
+    with sqlite3.connect(bridge.store_path) as db:
+        return db.execute("SELECT COUNT(*) FROM answer_log WHERE qid=? AND outcome='accepted'", (qid,)).fetchone()[0]
+
+
+async def test_kill_9_while_a_person_answers_loses_nothing_and_repeats_nothing(bridge):
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTIONS)
+    branch = questions[("branch", 1)]
+    rng = random.Random(7)
+    total = 40
+    kills_at = sorted(rng.sample(range(5, total - 5), 2))
+    sent = []
+    for n in range(total):
+        pick = "main" if n % 2 else "stable"
+        sent.append(await bridge.alice.send(bridge.room_id, answer_content(branch, option_id=pick)))
+        if n in kills_at:
+            await asyncio.sleep(rng.uniform(0, 0.3))
+            bridge.kill()
+            bridge.start()
+        await asyncio.sleep(0.02)
+    record = await bridge.wait_answer("kinds", "branch", rev=total, timeout=60)
+    assert record["rev"] == total
+    assert record["source"]["event_id"] == sent[-1]
+    assert record["choice"] == ("main" if (total - 1) % 2 else "stable")
+    assert accepted_in_log(bridge, "branch") == total
+    # Every question posted exactly once, across three starts.
+    posted = await bridge.alice.questions(bridge.room_id)
+    events = [e for e in await bridge.alice.messages(bridge.room_id)
+              if e["content"].get("suite_event_type") == "dev.superpipeline.question.v2"]
+    assert len(posted) == len(events) == QUESTIONS
+    assert bridge.starts == 3
+
+
+async def test_answers_sent_while_the_bridge_is_down_land_on_start(bridge):
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTIONS)
+    assert bridge.stop() == 0
+    for pick in ("stable", "main", "stable"):
+        await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id=pick))
+    # More than a sync's default ten events while down: the gap must be filled.
+    for n in range(12):
+        await bridge.alice.send(bridge.room_id, {"msgtype": "m.text", "body": f"chatter {n}"})
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("name", 1)], text="Late name"))
+    bridge.start()
+    record = await bridge.wait_answer("kinds", "branch", rev=3)
+    assert record["choice"] == "stable"
+    assert (await bridge.wait_answer("kinds", "name"))["text"] == "Late name"
+
+
+async def test_synapse_stopped_and_restarted_mid_run(bridge, synapse):
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTIONS)
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    await bridge.wait_answer("kinds", "branch")
+    synapse.stop()
+    await asyncio.sleep(3)
+    bridge.check_alive()
+    synapse.start()
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="stable"))
+    record = await bridge.wait_answer("kinds", "branch", rev=2, timeout=40)
+    assert record["choice"] == "stable"
+    bridge.check_alive()
+
+
+async def test_a_limited_sync_after_downtime_is_back_filled(bridge):
+    """More events while down than one sync returns: the oldest answers must still land."""
+    from bridge.service.bot import SYNC_FILTER
+
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTIONS)
+    assert bridge.stop() == 0
+    first = await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="stable"))
+    for n in range(SYNC_FILTER["room"]["timeline"]["limit"] + 20):
+        await bridge.alice.send(bridge.room_id, {"msgtype": "m.text", "body": f"chatter {n}"})
+    bridge.start()
+    record = await bridge.wait_answer("kinds", "branch", timeout=40)
+    assert record["source"]["event_id"] == first
+    assert "filled a gap" in bridge.log_text()
