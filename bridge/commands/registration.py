@@ -10,6 +10,7 @@ are used as they are.  Both files are written with mode 0600.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import secrets
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from bridge.service.appservice import user_namespace
 from bridge.service.config import Config, ConfigError, load_config
 
 TOKEN_KEYS = ("as_token", "hs_token")
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             setattr(config.appservice, key, value)
         print(f"generated {' and '.join(missing)} and stored them in {config_path}", file=sys.stderr)
         if not kept_comments:
-            print(f"note: {config_path} was rewritten whole; its comments were not kept", file=sys.stderr)
+            print(f"note: {config_path} was rewritten whole, so any comments in it were lost", file=sys.stderr)
     if not config.appservice.enabled:
         print("note: appservice.enabled is false in the config; set it to true to run in appservice mode",
               file=sys.stderr)
@@ -66,14 +68,6 @@ def run(args: argparse.Namespace) -> int:
 
 def new_token() -> str:
     return secrets.token_urlsafe(48)
-
-
-def user_namespace(config: Config) -> list[str]:
-    """The users the bridge claims: its own user and, reserved for users it may
-    act as later, every ``@<id>_...`` user of the server."""
-    server = re.escape(config.server_name)
-    own = re.escape(config.appservice.sender_localpart)
-    return [f"@{own}:{server}", f"@{re.escape(config.appservice.id)}_.*:{server}"]
 
 
 def registration(config: Config) -> dict[str, Any]:
@@ -106,8 +100,8 @@ def store_tokens(path: Path, tokens: dict[str, str]) -> bool:
         raise ValueError("the config is not a YAML mapping")
     wanted = _with_tokens(original, tokens)
     edited = _edit_text(text, tokens)
-    kept = edited is not None and _loads(edited) == wanted
-    write_private(path, edited if kept and edited is not None else yaml.safe_dump(wanted, sort_keys=False))
+    kept = _loads(edited) == wanted
+    write_private(path, edited if kept else yaml.safe_dump(wanted, sort_keys=False))
     return kept
 
 
@@ -129,10 +123,11 @@ _TOP_KEY = re.compile(r"^appservice\s*:\s*(#.*)?$")
 _CHILD = re.compile(r"^(?P<indent>[ \t]+)(?P<key>[A-Za-z_][\w-]*)\s*:")
 
 
-def _edit_text(text: str, tokens: dict[str, str]) -> str | None:
+def _edit_text(text: str, tokens: dict[str, str]) -> str:
     """The config text with each token set inside the block-style
-    ``appservice:`` section (replacing an empty key, else appended to the
-    section), or a new section at the end.  None when the layout is unusual."""
+    ``appservice:`` section (replacing the key's value where the key is there,
+    else appended to the section), or in a new section at the end.  Unusual
+    layouts may come out wrong: the caller checks the result reads back right."""
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if _TOP_KEY.match(line.rstrip("\r\n"))), None)
     if start is None:
@@ -144,27 +139,18 @@ def _edit_text(text: str, tokens: dict[str, str]) -> str | None:
     end = start + 1
     while end < len(lines) and (lines[end].strip() == "" or lines[end][0] in " \t"):
         end += 1
-    last_key = start
-    indent = "  "
-    for i in range(start + 1, end):
-        match = _CHILD.match(lines[i])
-        if match:
-            indent, last_key = match["indent"], i
+    children = [(i, m) for i in range(start + 1, end) if (m := _CHILD.match(lines[i]))]
+    indent = children[0][1]["indent"] if children else "  "
     pending = dict(tokens)
-    for i in range(start + 1, end):
-        match = _CHILD.match(lines[i])
-        if match and match["key"] in pending and len(match["indent"]) == len(indent):
+    for i, match in children:
+        if match["key"] in pending and match["indent"] == indent:
             newline = "\n" if lines[i].endswith("\n") else ""
             lines[i] = f'{indent}{match["key"]}: "{pending.pop(match["key"])}"{newline}'
     if pending:
-        insert_at = last_key + 1
-        # Keep a following continuation of the last key (a nested value) with it.
-        while insert_at < end and lines[insert_at].strip() and not _CHILD.match(lines[insert_at]) \
-                and not lines[insert_at].lstrip().startswith("#"):
-            insert_at += 1
-        if insert_at > 0 and not lines[insert_at - 1].endswith("\n"):
-            lines[insert_at - 1] += "\n"
-        lines[insert_at:insert_at] = [f'{indent}{key}: "{value}"\n' for key, value in pending.items()]
+        last = max((i for i in range(start, end) if lines[i].strip()), default=start)
+        if not lines[last].endswith("\n"):
+            lines[last] += "\n"
+        lines[last + 1:last + 1] = [f'{indent}{key}: "{value}"\n' for key, value in pending.items()]
     return "".join(lines)
 
 
@@ -180,14 +166,6 @@ def write_private(path: Path, text: str) -> None:
         os.chmod(temp, 0o600)
         os.replace(temp, path)
     except BaseException:
-        with _suppress():
+        with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return True

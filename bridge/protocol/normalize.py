@@ -1,20 +1,33 @@
-"""Any Matrix event -> the answer it means (or a withdrawal, or nothing).
+"""Any Matrix event -> the answer it means (or a withdrawal, a note, or nothing).
 
 Every way of answering becomes one ``question.answer.v2`` content so the
-judge sees one shape.  Pure: the few facts it needs from the past (which
-event is a question, what an answer said before it was redacted) come
-through ``Lookup``.
+judge sees one shape (PROTOCOL section 3): an answer event, a vote in the
+question's poll (both the MSC3381 and the stable format), a reply to the
+question or a message in its thread, a keycap reaction, an edit of any of
+these.  What is not a pick but belongs to an answer (a remark in the thread,
+a picture, a timecode) becomes an ``Annotation``; a reply that can't be read
+becomes ``Unreadable`` so the person is told what works.
+
+Pure: the few facts it needs from the past (which event is a question or a
+poll, what an earlier event answered, which file a person's picture was
+saved as) come through ``Lookup``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bridge.protocol.judge import IncomingAnswer
-from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.notes import parse_note
+from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
+from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, read_reply
+from bridge.questionset.model import BUILTIN_IDS
 
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
+POLL_RESPONSE_TYPES = frozenset({"org.matrix.msc3381.poll.response", "m.poll.response"})
+FILE_MSGTYPES = frozenset({"m.image", "m.file", "m.video", "m.audio"})
+TEXT_MSGTYPES = frozenset({"m.text", "m.emote", "m.notice"})
 
 
 class Lookup(Protocol):
@@ -24,16 +37,26 @@ class Lookup(Protocol):
     def answer_reference(self, event_id: str) -> str | None:
         """The question event an earlier accepted answer referred to."""
 
+    def logged_question(self, event_id: str) -> tuple[str, str] | None:
+        """(question event id, via) the bridge logged for an earlier event, whatever came of it."""
+
+    def has_record(self, question: RecordedQuestion) -> bool:
+        """Whether the question's record holds anything yet."""
+
+    def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
+        """(saved path, problem) of a file a person sent; None when it was never fetched."""
+
 
 @dataclass(frozen=True)
 class Candidate:
     answer: IncomingAnswer
     question: RecordedQuestion | None
+    replaces: str | None = None  # an edit: the event it replaces
 
 
 @dataclass(frozen=True)
 class Withdrawal:
-    """The event ``target`` (an answer) was redacted."""
+    """The event ``target`` (an answer, a vote, a reaction, a note) was redacted."""
 
     target: str
     event_id: str
@@ -41,7 +64,47 @@ class Withdrawal:
     sender: str
 
 
-def normalize(event: dict[str, Any], lookup: Lookup) -> Candidate | Withdrawal | None:
+@dataclass(frozen=True)
+class VoteWithdrawal:
+    """An empty poll vote: the sender takes back their vote."""
+
+    question: RecordedQuestion
+    event_id: str
+    room_id: str
+    sender: str
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A gesture at a question that can't be read as an answer; nothing is recorded."""
+
+    answer: IncomingAnswer
+    question: RecordedQuestion
+    message: str
+    reason: str = "unreadable_reply"
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """Words, files or timecodes the person added to their answer."""
+
+    event_id: str
+    room_id: str
+    sender: str
+    ts: int
+    question: RecordedQuestion
+    via: str  # note | attachment | edit
+    note: str | None = None
+    attachments: tuple[str, ...] = ()
+    timecodes: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    problem: str | None = None  # a file that could not be kept: its reason code
+    replaces: str | None = None
+
+
+Found = Candidate | Withdrawal | VoteWithdrawal | Unreadable | Annotation
+
+
+def normalize(event: dict[str, Any], lookup: Lookup) -> Found | None:
     if not isinstance(event, dict):
         return None
     kind = event.get("type")
@@ -56,13 +119,25 @@ def normalize(event: dict[str, Any], lookup: Lookup) -> Candidate | Withdrawal |
         return None
     if not isinstance(content, dict):
         return None
+    if kind in POLL_RESPONSE_TYPES:
+        return _poll_vote(event, content, lookup)
+    if kind == "m.reaction":
+        return _reaction(event, content, lookup)
     if kind == ANSWER_TYPE or (kind == "m.room.message" and content.get("suite_event_type") == ANSWER_TYPE):
         return _answer_event(event, content, lookup, via="answer_event")
-    if kind == "m.room.message" and _is_edit(content):
+    if kind != "m.room.message":
+        return None
+    if _is_edit(content):
         new = content.get("m.new_content")
         if isinstance(new, dict) and new.get("suite_event_type") == ANSWER_TYPE:
             return _edit(event, content, new, lookup)
-    return None
+        if isinstance(new, dict):
+            return _edited_gesture(event, content, new, lookup)
+        return None
+    return _message(event, content, lookup)
+
+
+# ---------------------------------------------------------------- answer events
 
 
 def _answer_event(event: dict[str, Any], content: dict[str, Any], lookup: Lookup, *, via: str) -> Candidate:
@@ -77,7 +152,7 @@ def _edit(event: dict[str, Any], content: dict[str, Any], new: dict[str, Any], l
     merged = dict(new)
     if "m.relates_to" not in merged and reference:
         merged["m.relates_to"] = {"rel_type": "m.reference", "event_id": reference}
-    return Candidate(_incoming(event, merged, "edit"), _question_for(merged, lookup))
+    return Candidate(_incoming(event, merged, "edit"), _question_for(merged, lookup), replaces=original)
 
 
 def _question_for(content: dict[str, Any], lookup: Lookup) -> RecordedQuestion | None:
@@ -95,21 +170,187 @@ def _question_for(content: dict[str, Any], lookup: Lookup) -> RecordedQuestion |
     return None
 
 
+# ---------------------------------------------------------------- polls and reactions
+
+
+def _poll_vote(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Found | None:
+    poll = _related(content, "m.reference")
+    question = lookup.question_by_poll(poll) if poll else None
+    if question is None:
+        return None
+    selections = _selections(content)
+    if selections is None:
+        return None
+    if not selections:
+        return VoteWithdrawal(question, _s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"))
+    # The poll allows one answer; a client sending more is read as MSC3381
+    # says: only the first max_selections (1) count.
+    first = selections[0]
+    if not isinstance(first, str) or not first:
+        return Unreadable(_incoming(event, content, "poll"), question, "This vote names no option of the poll.")
+    return Candidate(_incoming(event, _answer_content(question, Pick(option_id=first), first), "poll"), question)
+
+
+def _selections(content: dict[str, Any]) -> list[Any] | None:
+    # Element sends the MSC3381 shape even on a stable-type poll; the stable
+    # shape (`m.selections`) is taken too, and its MSC draft nesting.
+    for key in ("org.matrix.msc3381.poll.response", "m.poll.response"):
+        value = content.get(key)
+        if isinstance(value, dict) and isinstance(value.get("answers"), list):
+            return value["answers"]
+    if isinstance(content.get("m.selections"), list):
+        return content["m.selections"]
+    return None
+
+
+def _reaction(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Found | None:
+    relates = content.get("m.relates_to")
+    if not isinstance(relates, dict) or relates.get("rel_type") != "m.annotation":
+        return None
+    target, key = relates.get("event_id"), relates.get("key")
+    if not isinstance(target, str) or not isinstance(key, str) or keycap_number(key) is None:
+        return None  # 👍 and friends are not answers
+    question = lookup.question_by_event(target) or lookup.question_by_poll(target)
+    if question is None:
+        return None
+    incoming = _incoming(event, content, "reaction")
+    pick = keycap_pick(key, question)
+    if pick is None or (question.kind not in SINGLE_PICK_KINDS and pick.option_id not in BUILTIN_IDS):
+        return Unreadable(incoming, question, _cant_read(key, question), reason="unreadable_reaction")
+    return Candidate(_incoming(event, _answer_content(question, pick, key), "reaction"), question)
+
+
+# ---------------------------------------------------------------- replies, threads, edits
+
+
+def _message(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Found | None:
+    question, in_thread = _addressed_question(content, lookup)
+    if question is None:
+        return None
+    msgtype = content.get("msgtype")
+    if msgtype in FILE_MSGTYPES:
+        return _attachment(event, content, question, lookup)
+    body = content.get("body")
+    if msgtype not in TEXT_MSGTYPES or not isinstance(body, str):
+        return None
+    return _read_words(event, body, question, lookup, in_thread=in_thread, via="reply")
+
+
+def _edited_gesture(event: dict[str, Any], content: dict[str, Any], new: dict[str, Any], lookup: Lookup) -> Found | None:
+    """An edit of a reply or a note: the new words are read as the original was."""
+    original = content["m.relates_to"]["event_id"]
+    logged = lookup.logged_question(original)
+    question = lookup.question_by_event(logged[0]) if logged else None
+    body = new.get("body")
+    if question is None or not isinstance(body, str) or new.get("msgtype", "m.text") not in TEXT_MSGTYPES:
+        return None
+    in_thread = logged is not None and logged[1] in ("note", "thread")
+    return _read_words(event, body, question, lookup, in_thread=in_thread, via="edit", replaces=original)
+
+
+def _read_words(event: dict[str, Any], body: str, question: RecordedQuestion, lookup: Lookup, *, in_thread: bool,
+                via: str, replaces: str | None = None) -> Found:
+    pick = read_reply(body, question)
+    # In the thread, words on a text question that already has an answer are
+    # a remark about it, not a second answer.
+    if pick is not None and in_thread and question.kind == "text" and pick.option_id is None \
+            and lookup.has_record(question):
+        pick = None
+    if pick is not None:
+        answer = _incoming(event, _answer_content(question, pick, body), via)
+        return Candidate(answer, question, replaces=replaces)
+    if in_thread:
+        note = parse_note(body)
+        return Annotation(_s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"), _ts(event), question,
+                          via="note" if via == "reply" else via, note=note.text or None,
+                          timecodes=tuple(tc.as_record() for tc in note.timecodes), replaces=replaces)
+    return Unreadable(_incoming(event, {"body": body}, via), question, _cant_read(body, question))
+
+
+def _attachment(event: dict[str, Any], content: dict[str, Any], question: RecordedQuestion, lookup: Lookup) -> Annotation:
+    saved = lookup.attachment(_s(event, "event_id"))
+    path, problem = saved if saved is not None else (None, "attachment_not_fetched")
+    # A body that differs from the file name is the caption the person typed.
+    body, filename = content.get("body"), content.get("filename")
+    caption = body if isinstance(body, str) and isinstance(filename, str) and body != filename else None
+    note = parse_note(caption) if caption else None
+    return Annotation(_s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"), _ts(event), question,
+                      via="attachment", note=(note.text or None) if note else None,
+                      attachments=(path,) if path else (),
+                      timecodes=tuple(tc.as_record() for tc in note.timecodes) if note else (),
+                      problem=None if path else (problem or "attachment_not_saved"))
+
+
+def _addressed_question(content: dict[str, Any], lookup: Lookup) -> tuple[RecordedQuestion | None, bool]:
+    """The question a message is about, and whether it was sent in that question's thread."""
+    relates = content.get("m.relates_to")
+    if not isinstance(relates, dict):
+        return None, False
+    if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
+        return lookup.question_by_event(relates["event_id"]), True
+    reply = relates.get("m.in_reply_to")
+    target = reply.get("event_id") if isinstance(reply, dict) else None
+    if isinstance(target, str):
+        return lookup.question_by_event(target) or lookup.question_by_poll(target), False
+    return None, False
+
+
+# ---------------------------------------------------------------- building
+
+
+def _answer_content(question: RecordedQuestion, pick: Pick, body: str) -> dict[str, Any]:
+    """The ``question.answer.v2`` content a gesture at ``question`` stands for.
+
+    The reference and elicitation are the question's own: the person answered
+    the message they saw.  For the same reason a subject-bound question's
+    binding is the one that message showed.
+    """
+    content: dict[str, Any] = {
+        "msgtype": "m.text",
+        "body": body,
+        "schema_version": 1,
+        "suite_event_type": ANSWER_TYPE,
+        "elicitation_id": question.elicitation_id or "",
+        "m.relates_to": {"rel_type": "m.reference", "event_id": question.event_id},
+    }
+    if question.subject_bound and isinstance(question.content.get("subject"), dict):
+        content["subject"] = dict(question.content["subject"])
+    content.update(pick.fields())
+    return content
+
+
+def _cant_read(what: str, question: RecordedQuestion) -> str:
+    shown = " ".join(what.split())
+    shown = shown if len(shown) <= 60 else shown[:59] + "\u2026"
+    title = question.question.get("title") or question.qid or "this question"
+    return f"I couldn't read \u201c{shown}\u201d as an answer to \u201c{title}\u201d. {help_text(question)}"
+
+
 def _incoming(event: dict[str, Any], content: Any, via: str) -> IncomingAnswer:
-    ts = event.get("origin_server_ts")
     return IncomingAnswer(
         event_id=_s(event, "event_id"),
         room_id=_s(event, "room_id"),
         sender=_s(event, "sender"),
-        origin_server_ts=ts if isinstance(ts, int) else 0,
+        origin_server_ts=_ts(event),
         content=content,
         via=via,
     )
 
 
-def _is_edit(content: dict[str, Any]) -> bool:
+def _related(content: dict[str, Any], rel_type: str) -> str | None:
     relates = content.get("m.relates_to")
-    return isinstance(relates, dict) and relates.get("rel_type") == "m.replace" and isinstance(relates.get("event_id"), str)
+    if isinstance(relates, dict) and relates.get("rel_type") == rel_type and isinstance(relates.get("event_id"), str):
+        return relates["event_id"]
+    return None
+
+
+def _is_edit(content: dict[str, Any]) -> bool:
+    return _related(content, "m.replace") is not None
+
+
+def _ts(event: dict[str, Any]) -> int:
+    ts = event.get("origin_server_ts")
+    return ts if isinstance(ts, int) and not isinstance(ts, bool) else 0
 
 
 def _s(event: dict[str, Any], key: str) -> str:

@@ -122,6 +122,16 @@ def _number_of(q: Mapping[str, Any]) -> dict[str, int]:
     return {str(o.get("id")): i for i, o in enumerate(_options(q), start=1)}
 
 
+def _numbered(q: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The options shown as a numbered list.
+
+    A reply to a text question is the answer itself, so a "1" there would be
+    read as text, not as "Not sure": its only option (unsure) is offered in
+    the instructions instead of being numbered.
+    """
+    return [] if q.get("kind") == "text" else _options(q)
+
+
 def _set_options(q: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [o for o in _options(q) if o.get("id") not in (UNSURE_ID, OTHER_ID)]
 
@@ -238,8 +248,9 @@ def render_body(
     lines.append(cut(q.get("question", "")))
     if not bare:
         lines.extend(_body_context(content, q, cut, background))
-    lines.append("")
-    for i, opt in enumerate(_options(q), start=1):
+    if _numbered(q):
+        lines.append("")
+    for i, opt in enumerate(_numbered(q), start=1):
         line = f"{i}. {cut(option_display(q, opt))}"
         if opt.get("consequence") and not bare:
             line += f" \u2014 {cut(opt['consequence'])}"
@@ -357,12 +368,12 @@ def _html_context(
 
 def _html_options(q: Mapping[str, Any], cut: Callable[[Any], str]) -> str:
     items: list[str] = []
-    for opt in _options(q):
+    for opt in _numbered(q):
         item = cut(option_display(q, opt))
         if opt.get("consequence"):
             item += f" \u2014 <em>{cut(opt['consequence'])}</em>"
         items.append(f"<li>{item}</li>")
-    return f"<ol>{''.join(items)}</ol>"
+    return f"<ol>{''.join(items)}</ol>" if items else ""
 
 
 def _html_guess(q: Mapping[str, Any], cut: Callable[[Any], str]) -> list[str]:

@@ -1,5 +1,10 @@
 """The long-running bridge: wires the store, the homeserver, the poster, the
-folder watcher and one transport (sync loop or appservice) together."""
+folder watcher and one transport (sync loop or appservice) together.
+
+Both modes share one start-up path; a *front* supplies what differs: how the
+client gets its credentials, which users are the bridge's own, and how events
+arrive (``SyncLoop`` pulling, or the homeserver pushing transactions).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,15 @@ import asyncio
 import logging
 import signal
 from pathlib import Path
+from typing import Protocol
 
+from nio import AsyncClient
 from watchfiles import awatch
 
 from bridge.questionset.load import LoadError
-from bridge.questionset.setdir import load_set_dir
 from bridge.questionset.model import QuestionSet
+from bridge.questionset.setdir import load_set_dir
+from bridge.service.appservice import AppserviceFront
 from bridge.service.bot import SyncLoop, login
 from bridge.service.config import Config
 from bridge.service.matrix import NioTransport
@@ -21,6 +29,46 @@ from bridge.service.poster import Poster
 from bridge.service.store import Store
 
 log = logging.getLogger(__name__)
+
+
+class Front(Protocol):
+    async def connect(self, stop: asyncio.Event) -> AsyncClient: ...
+
+    def own_user(self, user_id: str) -> bool: ...
+
+    async def open(self, pipeline: Pipeline) -> None:
+        """Called once the pipeline exists, before rooms are joined."""
+
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
+        """Feed events to the pipeline until ``stop``."""
+
+    async def close(self) -> None: ...
+
+
+class BotFront:
+    """Bot mode: an ordinary account on a sync loop."""
+
+    def __init__(self, config: Config, store: Store):
+        self.config = config
+        self.store = store
+        self.client: AsyncClient | None = None
+
+    async def connect(self, stop: asyncio.Event) -> AsyncClient:
+        self.client = await login(self.config, self.store)
+        return self.client
+
+    def own_user(self, user_id: str) -> bool:
+        return self.client is not None and user_id == self.client.user_id
+
+    async def open(self, pipeline: Pipeline) -> None:
+        return None
+
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
+        assert self.client is not None
+        await SyncLoop(self.client, self.store, pipeline, stop).run()
+
+    async def close(self) -> None:
+        return None
 
 
 def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
@@ -51,26 +99,35 @@ async def join_rooms(transport: NioTransport, config: Config, stop: asyncio.Even
     return joined
 
 
+def make_front(config: Config, store: Store) -> Front:
+    return AppserviceFront(config, store) if config.appservice.enabled else BotFront(config, store)
+
+
 async def serve(config: Config, stop: asyncio.Event) -> None:
     store = Store(config.store.path)
-    client = await login(config, store)
+    front = make_front(config, store)
+    client: AsyncClient | None = None
     try:
+        client = await front.connect(stop)
         transport = NioTransport(client)
-        rooms = await join_rooms(transport, config, stop)
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
-                            own_users=lambda user: user == client.user_id)
+                            own_users=front.own_user)
+        await front.open(pipeline)
+        rooms = await join_rooms(transport, config, stop)
         for room in rooms:
             await pipeline.load_members(room)
         pipeline.flush()  # heal a crash between the store commit and the folder write
         poster = Poster(store, transport, config.room_for, load_set)
         await poster.sync_root(config.sets.root)
         await pipeline.send_notices()
-        tasks = [asyncio.ensure_future(SyncLoop(client, store, pipeline, stop).run()),
+        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop)),
                  asyncio.ensure_future(watch_sets(poster, config.sets.root, stop))]
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        await client.close()
+        await front.close()
+        if client is not None:
+            await client.close()
         store.close()
 
 

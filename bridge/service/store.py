@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from bridge.protocol.annotate import fold_records
 from bridge.protocol.recorded import RecordedQuestion
 
 # Each entry moves the schema one version forward; never edit a shipped one.
@@ -60,6 +61,26 @@ MIGRATIONS: list[str] = [
                         PRIMARY KEY (set_dir, qid));
     CREATE TABLE appservice_txn (txn_id TEXT PRIMARY KEY);
     """,
+    # Element's gestures (issue 5): edits point at the event they replace so a
+    # redaction of the original withdraws its edits too; files people send are
+    # downloaded before the batch is judged; question media is uploaded once.
+    """
+    ALTER TABLE answer_log ADD COLUMN replaces TEXT;
+    CREATE INDEX log_by_replaces ON answer_log (replaces);
+    CREATE TABLE attachment (
+        event_id TEXT PRIMARY KEY,
+        set_dir TEXT NOT NULL,
+        qid TEXT NOT NULL,
+        path TEXT,                      -- relative to the set folder, NULL when not saved
+        problem TEXT                    -- why it was not saved (a reason code)
+    );
+    CREATE INDEX attachment_by_question ON attachment (set_dir, qid);
+    CREATE TABLE media_upload (
+        sha256 TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        info TEXT NOT NULL              -- JSON: mimetype, size, w, h, duration_ms
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -84,6 +105,12 @@ class LogEntry:
     message: str | None = None
     record: dict[str, Any] | None = None
     ts: int = 0
+    replaces: str | None = None  # the event an edit replaced
+
+
+# The outcomes that put something into a record: an answer, or a note /
+# file / timecode added to one (which does not count as an answer).
+RECORDING = ("accepted", "annotated")
 
 
 class Store:
@@ -193,26 +220,49 @@ class Store:
     def append_log(self, entry: LogEntry) -> int:
         cursor = self.db.execute(
             "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
-            " layer, reason, message, record, ts) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " layer, reason, message, record, ts, replaces) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
              entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
-             None if entry.record is None else json.dumps(entry.record), entry.ts),
+             None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces),
         )
-        if entry.outcome in ("accepted", "withdrawn") and entry.set_dir and entry.qid:
+        if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
                             (entry.set_dir, entry.set_id, entry.qid))
         return cursor.lastrowid
 
     def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
-        """Mark the accepted answer from ``event_id`` withdrawn; returns (set_dir, set_id, qid)."""
-        row = self.db.execute(
-            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE event_id=? AND outcome='accepted' AND withdrawn=0"
-            " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
-        if not row:
+        """Withdraw what ``event_id`` put into a record, and every edit of it.
+
+        Returns (set_dir, set_id, qid) of the question touched, or None when
+        the event had recorded nothing (a refused answer, a stranger's event).
+        """
+        rows = self.db.execute(
+            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE (event_id=? OR replaces=?) AND withdrawn=0"
+            " AND outcome IN ('accepted','annotated') ORDER BY seq", (event_id, event_id)).fetchall()
+        return self._withdraw_rows(rows)
+
+    def withdraw_votes(self, question_event_id: str, sender: str) -> tuple[str, str, str] | None:
+        """An empty poll vote: withdraw every vote ``sender`` gave in the question's poll."""
+        rows = self.db.execute(
+            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
+            " AND outcome='accepted' AND withdrawn=0 ORDER BY seq", (question_event_id, sender)).fetchall()
+        return self._withdraw_rows(rows)
+
+    def _withdraw_rows(self, rows: list[tuple]) -> tuple[str, str, str] | None:
+        if not rows:
             return None
-        self.db.execute("UPDATE answer_log SET withdrawn=1 WHERE seq=?", (row[0],))
-        self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", (row[1], row[2], row[3]))
-        return row[1], row[2], row[3]
+        for seq, set_dir, set_id, qid in rows:
+            self.db.execute("UPDATE answer_log SET withdrawn=1 WHERE seq=?", (seq,))
+            self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", (set_dir, set_id, qid))
+        _seq, set_dir, set_id, qid = rows[-1]
+        return set_dir, set_id, qid
+
+    def logged_question(self, event_id: str) -> tuple[str, str] | None:
+        """(question event id, via) of the latest log entry about ``event_id``, whatever its outcome."""
+        row = self.db.execute(
+            "SELECT question_event_id, via FROM answer_log WHERE event_id=? AND question_event_id IS NOT NULL"
+            " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def accepted_answer(self, event_id: str) -> LogEntry | None:
         row = self.db.execute(
@@ -224,18 +274,43 @@ class Store:
         return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
 
     def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
-        """The record answers.json should hold for a question: the latest accepted answer not
-        withdrawn, its ``rev`` the number of answers ever accepted for the question."""
+        """The record answers.json should hold for a question.
+
+        The latest accepted answer not withdrawn, with the notes, files and
+        timecodes added after it folded in (or those alone, as a note-only
+        record); its ``rev`` the number of answers ever accepted for the
+        question (a note is not an answer, so a note-only record is rev 1).
+        """
         count = self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
                                 (set_dir, qid)).fetchone()[0]
-        row = self.db.execute(
-            "SELECT record FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
-            " ORDER BY seq DESC LIMIT 1", (set_dir, qid)).fetchone()
-        if not row:
-            return None
-        record = json.loads(row[0])
-        record["rev"] = count
-        return record
+        rows = self.db.execute(
+            "SELECT outcome, record FROM answer_log WHERE set_dir=? AND qid=? AND outcome IN ('accepted','annotated')"
+            " AND withdrawn=0 ORDER BY seq", (set_dir, qid)).fetchall()
+        return fold_records(qid, [(outcome, json.loads(record)) for outcome, record in rows if record], count)
+
+    # -- attachments and uploads ----------------------------------------
+
+    def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
+        """(path, problem) of a file a person sent; None when it was never fetched."""
+        row = self.db.execute("SELECT path, problem FROM attachment WHERE event_id=?", (event_id,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def attachment_count(self, set_dir: str, qid: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM attachment WHERE set_dir=? AND qid=?",
+                               (set_dir, qid)).fetchone()[0]
+
+    def record_attachment(self, event_id: str, set_dir: str, qid: str, path: str | None,
+                          problem: str | None) -> None:
+        self.db.execute("INSERT OR IGNORE INTO attachment(event_id, set_dir, qid, path, problem) VALUES (?,?,?,?,?)",
+                        (event_id, set_dir, qid, path, problem))
+
+    def upload_of(self, sha256: str) -> tuple[str, dict[str, Any]] | None:
+        row = self.db.execute("SELECT url, info FROM media_upload WHERE sha256=?", (sha256,)).fetchone()
+        return (row[0], json.loads(row[1])) if row else None
+
+    def record_upload(self, sha256: str, url: str, info: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR IGNORE INTO media_upload(sha256, url, info) VALUES (?,?,?)",
+                        (sha256, url, json.dumps(info)))
 
     def dirty(self) -> list[tuple[str, str, str]]:
         return self.db.execute("SELECT set_dir, set_id, qid FROM dirty").fetchall()
@@ -246,10 +321,10 @@ class Store:
     def unacked(self) -> list[tuple[int, LogEntry]]:
         rows = self.db.execute(
             "SELECT seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer,"
-            " reason, message, record, ts FROM answer_log WHERE acked=0 AND outcome IN ('accepted','refused')"
-            " ORDER BY seq").fetchall()
+            " reason, message, record, ts, replaces FROM answer_log WHERE acked=0"
+            " AND outcome IN ('accepted','annotated','refused') ORDER BY seq").fetchall()
         return [(r[0], LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
-                                json.loads(r[13]) if r[13] else None, r[14])) for r in rows]
+                                json.loads(r[13]) if r[13] else None, r[14], r[15])) for r in rows]
 
     def mark_acked(self, seq: int) -> None:
         self.db.execute("UPDATE answer_log SET acked=1 WHERE seq=?", (seq,))

@@ -107,7 +107,7 @@ def question_and_pick(draw: st.DrawFn) -> tuple[RecordedQuestion, dict[str, Any]
     options.append({"id": "unsure", "label": "Not sure, ask me later"})
     if kind != "text":
         options.append({"id": "other", "label": "Something else", "input": "required"})
-    text_max = draw(st.integers(40, 16000))
+    text_max = draw(st.integers(200, 16000))
     subject = draw(st.none() | st.fixed_dictionaries({"id": st.text(min_size=1, max_size=20), "digest": st.text(min_size=1, max_size=20)}))
     content: dict[str, Any] = {
         "msgtype": "m.text", "body": "b", "suite_event_type": "dev.superpipeline.question.v2",

@@ -135,10 +135,10 @@ def test_missing_folder_or_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert err.count("askwright-bridge lint: ") == 3 and "Traceback" not in err
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_unreadable_permissions_exit_2(tmp_path: Path) -> None:
-    folder = write_set(tmp_path / "s", CLEAN)
-    (folder / "questions.json").chmod(0)
+def test_unreadable_questions_file_exits_2(tmp_path: Path) -> None:
+    # A directory where the file should be can't be read, even by root.
+    folder = tmp_path / "s"
+    (folder / "questions.json").mkdir(parents=True)
     assert main(["lint", str(folder)]) == 2
 
 
@@ -196,9 +196,9 @@ def test_example_lints_with_no_error_and_no_warning(example: Path, capsys: pytes
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_passes_the_real_codec_probe_when_there_is_one(example: Path) -> None:
-    if find_probe() is None:
-        pytest.skip("ffprobe is not on the PATH")
+def test_example_lints_clean_with_whatever_probe_the_machine_has(example: Path) -> None:
+    # With ffprobe on the PATH this runs the real codec check; without it the
+    # check is skipped by lint itself, as the format says.
     result = load_set_dir(example, probe=True)
     assert result.errors == [] and result.warnings == []
 

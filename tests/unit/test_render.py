@@ -100,6 +100,12 @@ def test_html_shows_everything_a_reader_needs() -> None:
 def test_numbered_options_follow_event_order(kind: str) -> None:
     content = event(question(kind))
     options = content["question"]["options"]
+    if kind == "text":
+        # The reply is the answer itself: nothing is numbered, unsure is spelled out.
+        assert not re.search(r"^\d+\. ", content["body"], flags=re.MULTILINE)
+        assert "<ol>" not in content["formatted_body"]
+        assert "reply unsure" in content["body"]
+        return
     body_numbers = re.findall(r"^(\d+)\. (.+)$", content["body"], flags=re.MULTILINE)
     assert [int(n) for n, _ in body_numbers] == list(range(1, len(options) + 1))
     assert [label.split(" \u2014 ")[0] for _, label in body_numbers] == [o["label"] for o in options]

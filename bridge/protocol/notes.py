@@ -1,0 +1,78 @@
+"""A person's free words beside an answer -> the note and its timecodes.
+
+Pure.  askwright's page ties a remark to a moment of a clip; in a chat the
+person writes it on a line of its own (``1.4 s: the arrow jumps``,
+``0:07 the logo flickers``), so every such line becomes a timecode and the
+other lines stay the note.  The server's limits (question-set format, "What
+comes back") are applied here so a record can never be refused on write.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_TIMECODES = 50
+MAX_TIMECODE_TEXT = 500
+MAX_NOTE = 20_000
+
+# A time at the start of a line: seconds with a unit ("1.4 s", "12sec") or a
+# clock ("0:07", "1:02:03.5"), optionally after "at" or "@", then an optional
+# separator and the remark.  A bare number is not a time: "1. foo" is a list.
+_LINE = re.compile(
+    r"^\s*(?:at\s+|@\s*)?"
+    r"(?:(?P<clock>(?:\d{1,2}:)?\d{1,2}:\d{2}(?:\.\d+)?)|(?P<secs>\d+(?:[.,]\d+)?)\s*(?:s|sec|secs|seconds?)\b)"
+    r"\s*[:\-\u2013\u2014]?\s*(?P<text>.*)$",
+    re.IGNORECASE,
+)
+
+_ELLIPSIS = "\u2026"
+
+
+@dataclass(frozen=True)
+class Timecode:
+    t: float  # seconds, rounded to 0.01
+    text: str
+
+    def as_record(self) -> dict[str, float | str]:
+        return {"t": self.t, "text": self.text}
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str  # the lines that are not timecodes, trimmed ("" when none)
+    timecodes: tuple[Timecode, ...]
+
+
+def parse_note(text: str) -> Note:
+    """Split ``text`` into its timecode lines and the rest.
+
+    Lines past the 50th timecode stay in the note as written rather than
+    being dropped: they are still the person's words.
+    """
+    kept: list[str] = []
+    codes: list[Timecode] = []
+    for line in text.splitlines():
+        code = parse_timecode(line) if len(codes) < MAX_TIMECODES else None
+        if code is None:
+            kept.append(line)
+        else:
+            codes.append(code)
+    return Note(clip("\n".join(kept).strip(), MAX_NOTE), tuple(codes))
+
+
+def parse_timecode(line: str) -> Timecode | None:
+    match = _LINE.match(line)
+    if match is None:
+        return None
+    if match.group("clock"):
+        seconds = 0.0
+        for part in match.group("clock").split(":"):
+            seconds = seconds * 60 + float(part)
+    else:
+        seconds = float(match.group("secs").replace(",", "."))
+    return Timecode(round(seconds, 2), clip(match.group("text").strip(), MAX_TIMECODE_TEXT))
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + _ELLIPSIS
