@@ -271,6 +271,16 @@ def check_recorded(question: RecordedQuestion | None, answer: IncomingAnswer, ct
     return _judge_text_only(question, answer, text)
 
 
+def check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, ctx: JudgeContext) -> Refused | None:
+    """The recorded layer's identity checks alone, for what rides on an answer
+    without being one (a note, a file): same question, room, sender, openness.
+    ``answer.content`` must carry ``m.relates_to.event_id`` and ``elicitation_id``."""
+    try:
+        return _check_identity(question, answer, ctx)
+    except Exception:  # noqa: BLE001 - same contract as judge: never raises
+        return _unjudgeable("recorded")
+
+
 def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, ctx: JudgeContext) -> Refused | None:
     """Is this an answer, by someone who may answer, to this posting of an open question?"""
     content = answer.content
@@ -482,6 +492,7 @@ __all__ = [
     "JudgeContext",
     "REASONS",
     "Refused",
+    "check_identity",
     "check_recorded",
     "check_schema",
     "judge",

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -206,6 +207,21 @@ class Bridge:
             self.check_alive()
             await asyncio.sleep(0.05)
         raise AssertionError(f"no answer rev {rev} for {set_name}/{qid} within {timeout} s\n{self.log_text()[-3000:]}")
+
+
+def store_rows(store_path: Path, sql: str, *params: Any) -> list[tuple]:
+    """Rows from the bridge's store, read-only (safe while the bridge runs)."""
+    db = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True, timeout=10)
+    try:
+        return db.execute(sql, params).fetchall()
+    finally:
+        db.close()
+
+
+def question_posts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every question.v2 message among ``events``, duplicates included."""
+    return [e for e in events
+            if e.get("content", {}).get("suite_event_type") == "dev.superpipeline.question.v2"]
 
 
 def read_set(set_dir: Path, *extra: str) -> dict[str, Any]:

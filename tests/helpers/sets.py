@@ -68,3 +68,33 @@ def all_kinds_set(set_id: str = "kinds") -> dict[str, Any]:
              "guess": _guess(option="approve")},
         ],
     })
+
+
+# One answer for each question of ``all_kinds_set``: qid -> question.answer.v2 fields.
+ALL_KINDS_PICKS: dict[str, dict[str, Any]] = {
+    "branch": dict(option_id="stable"),
+    "platforms": dict(text="linux, win"),
+    "takes": dict(option_id="t2"),
+    "order": dict(text="leak, crash, typo"),
+    "name": dict(text="Borealis"),
+    "risk": dict(option_id="other", text="Depends on the migration"),
+    "ship": dict(option_id="unsure"),
+    "approve": dict(option_id="approve"),
+}
+
+
+def check_all_kinds_read(view: dict[str, Any]) -> None:
+    """``read``'s view after ``ALL_KINDS_PICKS`` landed once each."""
+    got = {a["qid"]: a for a in view["answers"]}
+    assert view["ok"] is True and view["count"] == len(ALL_KINDS_PICKS)
+    assert (got["branch"]["choice"], got["branch"]["label"]) == ("stable", "The stable branch")
+    assert got["branch"]["matched_guess"] is False
+    assert got["platforms"]["choices"] == ["linux", "win"]
+    assert (got["takes"]["choice"], got["takes"]["side"]) == ("t2", "left")
+    assert got["order"]["order"] == ["leak", "crash", "typo"]
+    assert got["name"]["text"] == "Borealis"
+    assert (got["risk"]["choice"], got["risk"]["note"]) == ("other", "Depends on the migration")
+    assert got["ship"]["state"] == "unsure"
+    assert (got["approve"]["choice"], got["approve"]["matched_guess"]) == ("approve", True)
+    for answer in got.values():
+        assert answer["q_rev"] == 1 and answer["stale"] is False and answer["rev"] == 1
