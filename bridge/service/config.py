@@ -133,7 +133,10 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Conf
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "cannot be parsed"
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the config must be a YAML mapping")
     return parse_config(raw, base_dir=path.parent, environ=os.environ if environ is None else environ, source=str(path))

@@ -1,0 +1,88 @@
+"""The config file: the example loads, a bad file names its key and exits 2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge.cli import main
+from bridge.service.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = {
+    "homeserver": {"url": "http://127.0.0.1:8008"},
+    "bot": {"user_id": "@askbot:example.org", "access_token": "secret-token"},
+    "sets": {"root": "./ask"},
+    "rooms": {"default": "!room-id"},
+    "store": {"path": "./bridge.sqlite"},
+}
+
+
+def write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_the_example_config_loads():
+    config = load_config(ROOT / "config.example.yaml", environ={})
+    assert config.homeserver.url == "http://127.0.0.1:8008"
+    assert config.sets.root == (ROOT / "ask").resolve()
+    assert config.answerers == [] and config.appservice.enabled is False
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path):
+    config = load_config(write(tmp_path, GOOD), environ={})
+    assert config.store.path == tmp_path / "bridge.sqlite"
+
+
+def test_a_room_version_12_id_without_server_part_is_accepted(tmp_path):
+    data = {**GOOD, "rooms": {"default": "!Ig0GUkZiMMm93Etf3cbd4B_Fcp62kK212uJK-HZ50rQ"}}
+    assert load_config(write(tmp_path, data), environ={}).rooms.default.startswith("!Ig0")
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda d: d.pop("homeserver"), "homeserver"),
+    (lambda d: d["homeserver"].update(url="127.0.0.1:8008"), "homeserver.url"),
+    (lambda d: d["bot"].update(user_id="askbot"), "bot.user_id"),
+    (lambda d: d["rooms"].update(default="room"), "rooms.default"),
+    (lambda d: d.update(answerers="@a:b"), "answerers"),
+    (lambda d: d.update(colour="blue"), "colour"),
+    (lambda d: d["bot"].pop("access_token"), "(top level)"),
+])
+def test_a_bad_key_is_named(tmp_path, mutate, key):
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in GOOD.items()}
+    mutate(data)
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, data), environ={})
+    assert f": {key}:" in str(caught.value) or key == "(top level)"
+
+
+def test_secrets_can_come_from_the_environment(tmp_path):
+    data = {**GOOD, "bot": {"user_id": "@askbot:example.org"}}
+    config = parse_config(data, base_dir=tmp_path, environ={"ASKWRIGHT_BRIDGE_ACCESS_TOKEN": "from-env"})
+    assert config.bot.access_token == "from-env"
+
+
+@pytest.mark.parametrize("text", ["homeserver: [", "- a list", ""])
+def test_run_with_an_unusable_file_exits_2_with_one_line(tmp_path, capsys, text):
+    path = write(tmp_path, text)
+    assert main(["run", "-c", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err
+
+
+def test_run_with_a_missing_file_exits_2(tmp_path, capsys):
+    assert main(["run", "-c", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_run_names_the_bad_key(tmp_path, capsys):
+    data = {**GOOD, "homeserver": {"url": "ftp://x"}}
+    assert main(["run", "-c", str(write(tmp_path, data))]) == 2
+    err = capsys.readouterr().err
+    assert "homeserver.url" in err and "secret-token" not in err

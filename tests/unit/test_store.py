@@ -1,0 +1,89 @@
+"""The SQLite store: migrations, the answer log's projection, exactly-once bookkeeping."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.store import SCHEMA_VERSION, LogEntry, Store, StoreVersionError
+
+
+def question(event_id="$q", qid="branch", rev=1) -> RecordedQuestion:
+    content = {"elicitation_id": f"elc_{event_id}", "question": {"id": qid, "rev": rev, "title": "T"}}
+    return RecordedQuestion(event_id=event_id, room_id="!r", set_id="s", content=content)
+
+
+def accepted(store: Store, event_id: str, choice: str) -> None:
+    with store.transaction():
+        store.append_log(LogEntry(event_id, "!r", "@p:hs", "answer_event", "accepted", set_id="s", set_dir="/sets/s",
+                                  qid="branch", question_event_id="$q",
+                                  record={"qid": "branch", "choice": choice, "q_rev": 1, "rev": 1}))
+        store.mark_processed(event_id, "accepted")
+
+
+def test_a_new_store_is_at_the_current_schema(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_store_from_a_newer_version_is_refused(tmp_path):
+    path = tmp_path / "s.sqlite"
+    Store(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreVersionError, match="newer askwright-bridge"):
+        Store(path)
+
+
+def test_reopening_keeps_everything(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.record_posted(question(), set_dir="/sets/s", posted_at=1)
+        store.set_meta("sync_token", "s1")
+    store.close()
+    again = Store(tmp_path / "s.sqlite")
+    assert again.question_by_elicitation("elc_$q").event_id == "$q"
+    assert again.get_meta("sync_token") == "s1"
+
+
+def test_projection_is_the_latest_answer_and_rev_counts_them(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    accepted(store, "$a1", "main")
+    accepted(store, "$a2", "stable")
+    record = store.projection("/sets/s", "branch")
+    assert (record["choice"], record["rev"]) == ("stable", 2)
+
+
+def test_a_withdrawal_falls_back_to_the_previous_answer_then_to_none(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    accepted(store, "$a1", "main")
+    accepted(store, "$a2", "stable")
+    with store.transaction():
+        assert store.withdraw("$a2") == ("/sets/s", "s", "branch")
+    assert store.projection("/sets/s", "branch")["choice"] == "main"
+    with store.transaction():
+        store.withdraw("$a1")
+    assert store.projection("/sets/s", "branch") is None
+    with store.transaction():
+        assert store.withdraw("$a1") is None
+
+
+def test_accepted_answers_mark_their_question_dirty_until_flushed(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    accepted(store, "$a1", "main")
+    assert store.dirty() == [("/sets/s", "s", "branch")]
+    with store.transaction():
+        store.clear_dirty(store.dirty())
+    assert store.dirty() == []
+    assert store.is_processed("$a1") and not store.is_processed("$a2")
+
+
+def test_a_failed_transaction_leaves_nothing(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.mark_processed("$a1", "accepted")
+            raise RuntimeError("disk full")
+    assert not store.is_processed("$a1")
