@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import secrets
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -53,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"generated {' and '.join(missing)} and stored them in {config_path}", file=sys.stderr)
         if not kept_comments:
             print(f"note: {config_path} was rewritten whole, so any comments in it were lost", file=sys.stderr)
+    elif stat.S_IMODE(config_path.stat().st_mode) & 0o077:
+        os.chmod(config_path, 0o600)
+        print(f"note: made {config_path} private (mode 0600): it holds the tokens", file=sys.stderr)
     if not config.appservice.enabled:
         print("note: appservice.enabled is false in the config; set it to true to run in appservice mode",
               file=sys.stderr)

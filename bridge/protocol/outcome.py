@@ -62,10 +62,12 @@ def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dict[str, Any], title: str,
-                    via: str) -> dict[str, Any]:
+                    via: str | None, extra: str | None = None) -> dict[str, Any]:
     text = f"Recorded for “{title}”: {describe_record(record)}."
     if record.get("rev", 1) > 1:
         text += f" This replaces your earlier answer (answer {record['rev']})."
+    if extra:
+        text += f" {extra}"
     return notice(text, answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id,
         qid=record.get("qid"), q_rev=record.get("q_rev"), via=via, record_rev=record.get("rev")))
@@ -83,3 +85,32 @@ def txn_id(*parts: str) -> str:
     """A transaction id derived from what is sent, so a retry after a crash is
     deduplicated by the homeserver instead of posting twice."""
     return "awb" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:40]
+
+
+def in_thread(question_event_id: str) -> dict[str, Any]:
+    """An ``m.relates_to`` that puts a message in the question's thread.
+
+    Clients without threads show it as a reply to the question (the fallback).
+    """
+    return {"rel_type": "m.thread", "event_id": question_event_id, "is_falling_back": True,
+            "m.in_reply_to": {"event_id": question_event_id}}
+
+
+def describe_added(added: dict[str, Any]) -> str:
+    """What a note message added, in a few words ("a note, 2 timecodes, 1 file")."""
+    bits: list[str] = []
+    if added.get("note"):
+        bits.append("a note")
+    for key, one, many in (("timecodes", "timecode", "timecodes"), ("attachments", "file", "files")):
+        count = len(added.get(key) or ())
+        if count:
+            bits.append(f"{count} {one if count == 1 else many}")
+    return ", ".join(bits) or "nothing"
+
+
+def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dict[str, Any], title: str, qid: str,
+                     q_rev: int, record_rev: int) -> dict[str, Any]:
+    text = f"Added to your answer to “{title}”: {describe_added(added)}."
+    return notice(text, answer_event_id, outcome_field(
+        answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id, qid=qid, q_rev=q_rev,
+        record_rev=record_rev))

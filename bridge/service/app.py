@@ -21,9 +21,9 @@ from bridge.questionset.load import LoadError
 from bridge.questionset.model import QuestionSet
 from bridge.questionset.setdir import load_set_dir
 from bridge.service.appservice import AppserviceFront
-from bridge.service.bot import SyncLoop, login
-from bridge.service.config import Config
-from bridge.service.matrix import NioTransport
+from bridge.service.bot import SyncLoop, login, prime_sync_token
+from bridge.service.config import Config, ConfigError
+from bridge.service.matrix import MatrixError, NioTransport
 from bridge.service.pipeline import Pipeline
 from bridge.service.poster import Poster
 from bridge.service.store import Store
@@ -61,7 +61,8 @@ class BotFront:
         return self.client is not None and user_id == self.client.user_id
 
     async def open(self, pipeline: Pipeline) -> None:
-        return None
+        assert self.client is not None
+        await prime_sync_token(self.client, self.store)
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
         assert self.client is not None
@@ -109,6 +110,8 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
     client: AsyncClient | None = None
     try:
         client = await front.connect(stop)
+        if stop.is_set():
+            return
         transport = NioTransport(client)
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user)
@@ -148,5 +151,10 @@ def run_forever(config: Config) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(config, stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (ConfigError, MatrixError) as exc:
+        # Credentials the homeserver refuses will not fix themselves: say so and stop.
+        log.error("cannot start: %s", exc)
+        return 1
     return 0

@@ -19,16 +19,19 @@ import hmac
 import json
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 from nio import AsyncClient
 
-from bridge.service.config import Config
+from bridge.service.bot import Notifier
+from bridge.service.config import Config, ConfigError
 from bridge.service.matrix import MatrixError, client_config
-from bridge.service.pipeline import Pipeline
-from bridge.service.store import Store
+
+if TYPE_CHECKING:  # the registration command imports this module and needs none of them
+    from bridge.service.pipeline import Pipeline
+    from bridge.service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,8 @@ class TransactionServer:
         self.pipeline = pipeline
         self.rooms: frozenset[str] = frozenset()
         self.ready = asyncio.Event()
-        self.outcomes = asyncio.Event()  # set when people have notices coming
+        self.notices: Notifier | None = None  # woken when people have notices coming
+        self.one_at_a_time = asyncio.Lock()
         self.runner: web.AppRunner | None = None
 
     def app(self) -> web.Application:
@@ -95,9 +99,10 @@ class TransactionServer:
         if self.runner:
             await self.runner.cleanup()
 
-    def open(self, rooms: list[str]) -> None:
+    def open(self, rooms: list[str], notices: Notifier) -> None:
         """Start accepting transactions; only events of ``rooms`` are bridged."""
         self.rooms = frozenset(rooms)
+        self.notices = notices
         self.ready.set()
 
     # -- requests -----------------------------------------------------------
@@ -126,21 +131,26 @@ class TransactionServer:
             await asyncio.wait_for(self.ready.wait(), READY_WAIT)
         except TimeoutError:
             return _error(503, "M_UNKNOWN", "the bridge is still starting; try again")
+        # Synapse sends one transaction at a time; a stray concurrent resend
+        # must not download or judge the same events twice over.
+        async with self.one_at_a_time:
+            return await self._process(txn_id, events)
+
+    async def _process(self, txn_id: str, events: list[Any]) -> web.Response:
         key = txn_key(txn_id, events)
-        # No await from here to the response: the check, the processing and the
-        # commit cannot interleave with another transaction's.
         if self.store.txn_seen(key):
             log.debug("transaction %s seen before; nothing to do", txn_id)
             return web.json_response({})
         wanted = [e for e in events if isinstance(e, dict) and e.get("room_id") in self.rooms]
         try:
+            await self.pipeline.prepare(wanted)
             result = self.pipeline.process(wanted, commit=lambda: self.store.mark_txn(key))
         except Exception as exc:  # noqa: BLE001 - anything here is worth a retry by the homeserver
             log.warning("transaction %s not processed (%s); the homeserver will send it again", txn_id, exc)
             return _error(500, "M_UNKNOWN", "not processed; send it again")
         log.debug("transaction %s: %d events, %s", txn_id, len(events), result)
-        if result.accepted or result.refused:
-            self.outcomes.set()
+        if self.notices is not None:
+            self.notices.wake()
         return web.json_response({})
 
     async def ping(self, request: web.Request) -> web.Response:
@@ -159,25 +169,6 @@ class TransactionServer:
     async def unrecognised(self, _request: web.Request) -> web.Response:
         return _error(404, "M_UNRECOGNIZED", "unrecognised request")
 
-    # -- telling people -------------------------------------------------------
-
-    async def tell_people(self, stop: asyncio.Event) -> None:
-        """Send notices after transactions, off the request path: a 200 must not
-        wait on the homeserver, which may be waiting on that 200."""
-        backoff = 1.0
-        while not stop.is_set():
-            if not await _either(self.outcomes, stop):
-                return
-            self.outcomes.clear()
-            try:
-                await self.pipeline.send_notices()
-                backoff = 1.0
-            except Exception as exc:  # noqa: BLE001 - unsent notices stay in the store for the next try
-                log.warning("sending notices failed (%s); retrying in %.0f s", exc, backoff)
-                self.outcomes.set()
-                await _sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, 60)
-
 
 class AppserviceFront:
     """Appservice mode for ``app.serve``: the client acts as the bridge's user
@@ -192,7 +183,8 @@ class AppserviceFront:
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         settings = self.config.appservice
         if not (settings.as_token and settings.hs_token):
-            raise MatrixError("appservice.as_token and hs_token are missing (run generate-registration)", None)
+            raise ConfigError("the appservice tokens are not set (keys as_token and hs_token); run "
+                              "`askwright-bridge generate-registration` and load the registration in the homeserver")
         await ensure_user(self.config, stop)
         client = AsyncClient(self.config.homeserver.url, self.config.bot.user_id, config=client_config())
         client.access_token = settings.as_token
@@ -209,10 +201,15 @@ class AppserviceFront:
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
         assert self.server is not None
-        self.server.open(rooms)
-        self.server.outcomes.set()
+        # Notices go out off the request path: a 200 must not wait on the
+        # homeserver, which may itself be waiting on that 200.
+        notices = Notifier(pipeline, stop)
+        notifier = asyncio.ensure_future(notices.run())
+        self.server.open(rooms, notices)
         await ping_homeserver(self.config)
-        await self.server.tell_people(stop)
+        await stop.wait()
+        notices.wake()
+        await notifier
 
     async def close(self) -> None:
         if self.server:
@@ -252,7 +249,7 @@ async def ensure_user(config: Config, stop: asyncio.Event) -> None:
             raise MatrixError("registering the bridge's user (is the registration file loaded by the homeserver, "
                               "with the same as_token?)", _Reply(status, reply))
         if stop.is_set():
-            raise MatrixError("registering the bridge's user", _Reply(status, reply))
+            return  # asked to stop while waiting: ``serve`` goes no further
         log.warning("the homeserver is not reachable yet (%s); retrying in %.0f s", reply.get("error"), delay)
         await _sleep_or_stop(stop, delay)
         delay = min(delay * 2, 30)
@@ -278,15 +275,6 @@ class _Reply:
     def __init__(self, status: int, reply: dict[str, Any]):
         self.status_code = reply.get("errcode") or str(status or "")
         self.message = reply.get("error", "")
-
-
-async def _either(event: asyncio.Event, stop: asyncio.Event) -> bool:
-    """Wait for ``event`` or ``stop``; True when ``event`` is set."""
-    waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())}
-    _done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()
-    return event.is_set() and not stop.is_set()
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

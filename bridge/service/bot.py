@@ -59,6 +59,23 @@ async def login(config: Config, store: Store) -> AsyncClient:
     return client
 
 
+async def prime_sync_token(client: AsyncClient, store: Store) -> None:
+    """A new bridge takes its first sync token before it posts anything, so
+    every answer to its questions comes after the token and is caught up on
+    (history older than the bridge is not its business)."""
+    if store.get_meta(SYNC_TOKEN) is not None:
+        return
+    minimal = {"room": {"timeline": {"limit": 1}}, "presence": {"not_types": ["*"]}}
+    while True:
+        response = await client.sync(timeout=0, sync_filter=minimal)
+        if isinstance(response, SyncResponse):
+            break
+        log.warning("first sync failed (%s); retrying", getattr(response, "message", response))
+        await asyncio.sleep(1)
+    with store.transaction():
+        store.set_meta(SYNC_TOKEN, response.next_batch)
+
+
 def batch_events(response: SyncResponse) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for room_id, room in response.rooms.join.items():
@@ -126,6 +143,9 @@ class SyncLoop:
                     raise MatrixError("sync", response)
                 events = await fill_gaps(self.client, response, since) + batch_events(response)
                 token = response.next_batch
+                # Files people sent are fetched first: judging runs in one store
+                # transaction and does no network I/O.
+                await self.pipeline.prepare(events)
                 # Runs to completion even when a stop is asked for mid-batch.
                 self.pipeline.process(events, commit=lambda: self.store.set_meta(SYNC_TOKEN, token))
                 if self.on_synced:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import quote
 
 from nio import (AsyncClient, AsyncClientConfig, ErrorResponse, JoinedMembersResponse, JoinResponse,
                  RoomPutStateResponse, RoomRedactResponse, RoomSendResponse, UploadResponse)
@@ -62,6 +63,39 @@ class NioTransport:
         if not isinstance(response, JoinResponse):
             raise MatrixError(f"joining {room}", response)
         return response.room_id
+
+    async def download(self, mxc: str, limit: int) -> bytes:
+        """The bytes behind ``mxc``, at most ``limit`` of them.
+
+        The authenticated media API first (Synapse serves new media only
+        there); the legacy one for homeservers that predate it.
+        """
+        from bridge.service.attachments import FileGone, FileTooLarge
+
+        server, _, media_id = mxc.removeprefix("mxc://").partition("/")
+        if not server or not media_id or "/" in media_id:
+            raise FileGone(mxc)
+        quoted = f"{quote(server, safe='')}/{quote(media_id, safe='')}"
+        headers = {"Authorization": f"Bearer {self.client.access_token}"}
+        for path in (f"/_matrix/client/v1/media/download/{quoted}", f"/_matrix/media/v3/download/{quoted}"):
+            response = await self.client.send("GET", path, headers=headers)
+            try:
+                if response.status in (404, 400) and path.startswith("/_matrix/client/v1"):
+                    continue  # an older homeserver without authenticated media
+                if response.status in (404, 403, 400):
+                    raise FileGone(f"{mxc}: HTTP {response.status}")
+                if response.status != 200:
+                    raise MatrixError(f"downloading {mxc}", response)
+                length = response.content_length
+                if length is not None and length > limit:
+                    raise FileTooLarge(mxc)
+                data = await response.content.read(limit + 1)
+                if len(data) > limit:
+                    raise FileTooLarge(mxc)
+                return data
+            finally:
+                response.release()
+        raise FileGone(mxc)
 
     async def upload(self, data: bytes, content_type: str, filename: str) -> str:
         import io

@@ -22,11 +22,14 @@ from typing import Any, Callable, Protocol
 
 from bridge.answers.document import put_records
 from bridge.answers.file import AnswersFile
-from bridge.protocol.judge import Accepted, JudgeContext, judge
-from bridge.protocol.normalize import Candidate, Withdrawal, normalize
-from bridge.protocol.outcome import recorded_notice, refused_notice, txn_id
+from bridge.protocol import annotate
+from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
+from bridge.protocol.normalize import Annotation, Candidate, Unreadable, VoteWithdrawal, Withdrawal, normalize
+from bridge.protocol.outcome import annotated_notice, in_thread, recorded_notice, refused_notice, txn_id
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
+from bridge.service import quiz
+from bridge.service.attachments import prefetch
 from bridge.service.store import LogEntry, Store
 
 log = logging.getLogger(__name__)
@@ -63,6 +66,16 @@ class _StoreLookup:
         entry = self.store.accepted_answer(event_id)
         return entry.question_event_id if entry else None
 
+    def logged_question(self, event_id: str) -> tuple[str, str] | None:
+        return self.store.logged_question(event_id)
+
+    def has_record(self, question: RecordedQuestion) -> bool:
+        set_dir = self.store.set_dir_of(question.event_id)
+        return bool(set_dir and question.qid and self.store.projection(set_dir, question.qid))
+
+    def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
+        return self.store.attachment(event_id)
+
 
 @dataclass
 class BatchResult:
@@ -88,6 +101,21 @@ class Pipeline:
 
     async def load_members(self, room_id: str) -> None:
         self.members[room_id] = set(await self.transport.joined_members(room_id))
+
+    async def prepare(self, events: list[dict[str, Any]]) -> None:
+        """The I/O a batch needs before ``process``: files people sent into a
+        question's thread are downloaded into the set folder (``process`` runs
+        inside a store transaction and must not wait on the network)."""
+        download = getattr(self.transport, "download", None)
+        if download is not None:
+            await prefetch(events, self.store, download, self._may_answer)
+
+    def _may_answer(self, sender: str, room_id: str) -> bool:
+        if self.own_users(sender):
+            return False
+        if self.answerers is not None:
+            return sender in self.answerers
+        return sender in self.members.get(room_id, ())
 
     # -- the batch ---------------------------------------------------------
 
@@ -115,13 +143,18 @@ class Pipeline:
         if found is None:
             return
         if isinstance(found, Withdrawal):
-            if self.store.withdraw(found.target):
-                self.store.append_log(LogEntry(found.event_id, found.room_id, found.sender, "redaction", "withdrawn",
-                                               ts=_ts(event)))
-                result.withdrawn += 1
-            self.store.mark_processed(event_id, "withdrawn")
-            return
-        self._judge(found, event, now, result)
+            self._withdrawn(self.store.withdraw(found.target), found.event_id, found.room_id, found.sender,
+                            "redaction", event, result)
+        elif isinstance(found, VoteWithdrawal):
+            self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender), found.event_id,
+                            found.room_id, found.sender, "poll", event, result)
+        elif isinstance(found, Unreadable):
+            self._log(self._refusal(found.answer, found.question, event, "schema", found.reason, found.message),
+                      result)
+        elif isinstance(found, Annotation):
+            self._annotate(found, now, result)
+        else:
+            self._judge(found, event, now, result)
 
     def _guarded(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
         """One event whose handling raises is set aside as refused, so it cannot
@@ -143,35 +176,101 @@ class Pipeline:
         if isinstance(room_id, str) and isinstance(sender, str):
             self.store.append_log(LogEntry(event_id, room_id, sender, "answer_event", "refused", layer="schema",
                                            reason="internal_error",
-                                           message="the bridge could not process this event.", ts=_ts(event)))
+                                           message="the bridge could not process this message. "
+                                                   "Please try answering again.", ts=_ts(event)))
         self.store.mark_processed(event_id, "refused")
         result.refused += 1
 
+    def _withdrawn(self, touched: tuple[str, str, str] | None, event_id: str, room_id: str, sender: str, via: str,
+                   event: dict[str, Any], result: BatchResult) -> None:
+        if touched:
+            set_dir, set_id, qid = touched
+            self.store.append_log(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
+                                           set_dir=set_dir, qid=qid, ts=_ts(event)))
+            result.withdrawn += 1
+        self.store.mark_processed(event_id, "withdrawn")
+
+    def _context(self, room_id: str) -> JudgeContext:
+        return JudgeContext(allowed=self.answerers, members=frozenset(self.members.get(room_id, ())),
+                            bridge_user=self.transport.user_id)
+
+    def _common(self, answer: IncomingAnswer, question: RecordedQuestion | None, ts: int,
+                replaces: str | None = None) -> dict[str, Any]:
+        return dict(event_id=answer.event_id, room_id=answer.room_id, sender=answer.sender, via=answer.via,
+                    set_id=question.set_id if question else None,
+                    set_dir=self.store.set_dir_of(question.event_id) if question else None,
+                    qid=question.qid if question else None,
+                    question_event_id=question.event_id if question else None, ts=ts, replaces=replaces)
+
+    def _refusal(self, answer: IncomingAnswer, question: RecordedQuestion | None, event: dict[str, Any], layer: str,
+                 reason: str, message: str) -> LogEntry:
+        return LogEntry(outcome="refused", layer=layer, reason=reason, message=message,
+                        **self._common(answer, question, _ts(event)))
+
+    def _log(self, entry: LogEntry, result: BatchResult) -> None:
+        if entry.outcome == "refused":
+            result.refused += 1
+        else:
+            result.accepted += 1
+        self.store.append_log(entry)
+        self.store.mark_processed(entry.event_id, entry.outcome)
+        if self.on_outcome:
+            self.on_outcome(entry)
+
     def _judge(self, found: Candidate, event: dict[str, Any], now: str, result: BatchResult) -> None:
         answer, question = found.answer, found.question
-        ctx = JudgeContext(allowed=self.answerers, members=frozenset(self.members.get(answer.room_id, ())),
-                           bridge_user=self.transport.user_id)
-        verdict = judge(question, answer, ctx)
-        set_dir = self.store.set_dir_of(question.event_id) if question else None
-        common = dict(event_id=answer.event_id, room_id=answer.room_id, sender=answer.sender, via=answer.via,
-                      set_id=question.set_id if question else None, set_dir=set_dir,
-                      qid=question.content["question"]["id"] if question else None,
-                      question_event_id=question.event_id if question else None, ts=_ts(event))
+        verdict = judge(question, answer, self._context(answer.room_id))
+        common = self._common(answer, question, _ts(event), found.replaces)
+        set_dir = common["set_dir"]
         if isinstance(verdict, Accepted) and question is not None and set_dir:
+            if found.replaces:
+                # The edit takes the place of what it edits (and of earlier edits of it).
+                self.store.withdraw(found.replaces)
             prior = self.store.projection(set_dir, common["qid"])
             source = {"via": "matrix", "how": answer.via, "room_id": answer.room_id, "event_id": answer.event_id,
                       "sender": answer.sender, "ts": _ts(event)}
             record = to_record(question, verdict, prior=prior, source=source, now=now)
             entry = LogEntry(outcome="accepted", record=record, **common)
-            result.accepted += 1
         else:
             entry = LogEntry(outcome="refused", layer=verdict.layer, reason=verdict.reason, message=verdict.message,
                              **common)
-            result.refused += 1
-        self.store.append_log(entry)
-        self.store.mark_processed(answer.event_id, entry.outcome)
-        if self.on_outcome:
-            self.on_outcome(entry)
+        self._log(entry, result)
+
+    def _annotate(self, found: Annotation, now: str, result: BatchResult) -> None:
+        """A note, a file or timecodes for the answer: checked like an answer
+        (same question, room, sender, still open), then kept as a delta."""
+        question = found.question
+        answer = IncomingAnswer(found.event_id, found.room_id, found.sender, found.ts, via=found.via, content={
+            "m.relates_to": {"event_id": question.event_id}, "elicitation_id": question.elicitation_id})
+        common = self._common(answer, question, found.ts, found.replaces)
+        refusal = check_identity(question, answer, self._context(found.room_id))
+        problem = (refusal.layer, refusal.reason, refusal.message) if refusal else \
+            self._annotation_problem(found, common["set_dir"], common["qid"])
+        if problem is not None:
+            layer, reason, message = problem
+            self._log(LogEntry(outcome="refused", layer=layer, reason=reason, message=message, **common), result)
+            return
+        if found.replaces:
+            self.store.withdraw(found.replaces)
+        source = {"via": "matrix", "how": found.via, "room_id": found.room_id, "event_id": found.event_id,
+                  "sender": found.sender, "ts": found.ts}
+        added = annotate.delta(note=found.note, attachments=list(found.attachments), timecodes=list(found.timecodes),
+                               q_rev=question.rev or 1, source=source, now=now)
+        self._log(LogEntry(outcome="annotated", record=added, **common), result)
+
+    def _annotation_problem(self, found: Annotation, set_dir: str | None, qid: str | None) -> tuple[str, str, str] | None:
+        if isinstance(found.problem, str):
+            return "recorded", found.problem, _FILE_PROBLEMS.get(found.problem, "The file could not be kept.")
+        if not (found.note or found.attachments or found.timecodes):
+            return "schema", "empty_note", "There was nothing in this message to keep."
+        room = annotate.room_left(self.store.projection(set_dir, qid) if set_dir and qid else None)
+        if found.note and len(found.note) > room["note"]:
+            return "recorded", "note_too_long", "Your notes on this question would pass 20,000 characters."
+        if len(found.attachments) > room["attachments"]:
+            return "recorded", "too_many_attachments", "An answer holds at most 20 files."
+        if len(found.timecodes) > room["timecodes"]:
+            return "recorded", "too_many_timecodes", "An answer holds at most 50 timecodes."
+        return None
 
     def _track_membership(self, event: dict[str, Any]) -> None:
         if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):
@@ -211,18 +310,47 @@ class Pipeline:
             with self.store.transaction():
                 self.store.mark_acked(seq)
             sent += 1
+            if entry.outcome == "accepted":
+                await quiz.send_score_if_complete(entry, self.store, self.transport)
         return sent
 
     def _notice_for(self, entry: LogEntry) -> dict[str, Any]:
         question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
+        via = entry.via if entry.via in _OUTCOME_VIAS else None
         if entry.outcome == "accepted" and entry.record is not None and question is not None:
-            record = dict(entry.record)
-            record["rev"] = self.store.projection(entry.set_dir, entry.qid)["rev"] if entry.set_dir else record["rev"]
-            return recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
-                                   record=entry.record, title=question.content["question"]["title"], via=entry.via)
-        return refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
-                              qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
-                              message=entry.message or "the answer could not be read.", via=entry.via)
+            content = recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
+                                      record=entry.record, title=question.content["question"]["title"], via=via,
+                                      extra=quiz.feedback_for(entry, question))
+        elif entry.outcome == "annotated" and entry.record is not None and question is not None:
+            content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
+                                       added=entry.record, title=question.content["question"]["title"],
+                                       qid=question.qid or "", q_rev=question.rev or 1,
+                                       record_rev=self._record_rev(entry))
+        else:
+            content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
+                                     qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
+                                     message=entry.message or "the answer could not be read.", via=via)
+        if question is not None and entry.via not in ("answer_event", "reply", "edit"):
+            # A vote, a reaction or a note has no message worth quoting in the
+            # timeline: the word back goes to the question's thread.
+            content["m.relates_to"] = in_thread(question.event_id)
+        return content
+
+    def _record_rev(self, entry: LogEntry) -> int:
+        record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        return record["rev"] if record else 1
+
+
+# The `via` values the outcome schema knows; a note or a file is reported without one.
+_OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})
+
+_FILE_PROBLEMS = {
+    "attachment_too_large": "The file is larger than the 20 MB an answer may carry.",
+    "too_many_attachments": "An answer holds at most 20 files.",
+    "attachment_encrypted": "Encrypted files can't be kept; send it in an unencrypted room.",
+    "attachment_not_fetched": "The file could not be downloaded. Please send it again.",
+    "attachment_download_failed": "The file could not be downloaded. Please send it again.",
+}
 
 
 def _apply(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], now: str) -> dict[str, Any]:

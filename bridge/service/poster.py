@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bridge.protocol.outcome import txn_id
+from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
 from bridge.protocol.question_event import build_question_event, new_elicitation_id, option_order
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import Question, QuestionSet
+from bridge.service import media
 from bridge.service.sets import discover
 from bridge.service.store import Store
 
@@ -70,6 +72,13 @@ class Poster:
                     await self._post(qset, question, set_dir, room, report)
                     if latest is not None and latest.open:
                         await self._close(latest, f"replaced by revision {question.rev}", report, replaced=True)
+                elif latest.open:
+                    # A crash between posting the question and its poll or media: finish the job.
+                    await self._ensure_poll(latest)
+                    if question.media and not self.store.get_meta(f"media_posted:{latest.event_id}"):
+                        prepared = await media.prepare(qset, question, set_dir, self.store, self.transport)
+                        await media.post_in_thread(prepared.messages, latest.event_id, room, self.store,
+                                                   self.transport)
             elif latest is not None and latest.open:
                 await self._close(latest, _closing_words(question), report)
         for recorded, _poll in self.store.posted_for_set(qset.id):
@@ -79,8 +88,11 @@ class Poster:
     async def _post(self, qset: QuestionSet, question: Question, set_dir: Path, room: str, report: PostReport) -> None:
         digest = question_digest(qset, question)
         elicitation = new_elicitation_id(qset.id, question.id, question.rev, salt=f"{room}\x00{digest}")
-        content = build_question_event(qset, question, elicitation_id=elicitation,
-                                       order=option_order(question, seed=elicitation, mode=qset.mode))
+        prepared = await media.prepare(qset, question, set_dir, self.store, self.transport) if question.media \
+            else media.PreparedMedia()
+        content = build_question_event(qset, question, elicitation_id=elicitation, media=prepared.uploads,
+                                       order=option_order(question, seed=elicitation, mode=qset.mode),
+                                       poll=wants_poll(question.kind))
         event_id = await self.transport.send(room, "m.room.message", content,
                                              txn_id("post", qset.id, question.id, str(question.rev), digest))
         recorded = RecordedQuestion(event_id=event_id, room_id=room, set_id=qset.id, content=content)
@@ -88,8 +100,22 @@ class Poster:
             self.store.record_posted(recorded, set_dir=str(set_dir.resolve()), posted_at=int(time.time() * 1000))
         report.posted.append(f"{qset.id}/{question.id}@{question.rev}")
         log.info("question posted: %s/%s rev %d as %s in %s", qset.id, question.id, question.rev, event_id, room)
+        await self._ensure_poll(recorded)
+        await media.post_in_thread(prepared.messages, event_id, room, self.store, self.transport)
         if self.on_posted:
             self.on_posted(recorded)
+
+    async def _ensure_poll(self, recorded: RecordedQuestion) -> None:
+        """Post the question's poll once (the transaction id makes a retry the same event)."""
+        if self.store.poll_of(recorded.event_id):
+            return
+        content = poll_start(recorded)
+        if content is None:
+            return
+        poll_id = await self.transport.send(recorded.room_id, POLL_START, content, txn_id("poll", recorded.event_id))
+        with self.store.transaction():
+            self.store.set_poll(recorded.event_id, poll_id)
+        log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport, replaced: bool = False) -> None:
         # The store is updated first: from this moment answers are refused, even
@@ -107,6 +133,11 @@ class Poster:
                                                   "why": why},
         }
         await self.transport.send(recorded.room_id, "m.room.message", content, txn_id("close", recorded.event_id))
+        poll = self.store.poll_of(recorded.event_id)
+        if poll:
+            # Votes after this are refused anyway (the question is closed); ending
+            # the poll shows the person so before they vote.
+            await self.transport.send(recorded.room_id, POLL_END, poll_end(poll, why), txn_id("poll-end", poll))
         report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
         log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
 

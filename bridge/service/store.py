@@ -80,6 +80,12 @@ MIGRATIONS: list[str] = [
         url TEXT NOT NULL,
         info TEXT NOT NULL              -- JSON: mimetype, size, w, h, duration_ms
     );
+    """,    # Operators (issue 10): when each question was last nudged, so a reminder
+    # goes out at most once per period across restarts; management commands
+    # handled, so a replayed batch does not run one twice.
+    """
+    CREATE TABLE reminders (event_id TEXT PRIMARY KEY, last_at INTEGER NOT NULL);
+    CREATE TABLE admin_command (event_id TEXT PRIMARY KEY, handled_at INTEGER NOT NULL);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -113,6 +119,20 @@ class LogEntry:
 RECORDING = ("accepted", "annotated")
 
 
+@dataclass(frozen=True)
+class PostedQuestion:
+    """An open posted question, as reminders need it."""
+
+    event_id: str
+    room_id: str
+    set_id: str
+    set_dir: str
+    qid: str
+    rev: int
+    title: str
+    posted_at: int  # ms since the epoch
+
+
 class Store:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -124,6 +144,27 @@ class Store:
 
     def close(self) -> None:
         self.db.close()
+
+    @classmethod
+    def read_only(cls, path: str | Path) -> "Store":
+        """A store opened for reading only (``status`` while the bridge runs):
+        never created, never migrated.  A store from a newer version is
+        refused like on start; FileNotFoundError when there is none."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(str(path))
+        store = cls.__new__(cls)
+        store.path = path
+        store.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                   check_same_thread=False, timeout=10)
+        version = store.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            store.db.close()
+            raise StoreVersionError(
+                f"{path} was written by a newer askwright-bridge (store schema {version}, "
+                f"this version knows {SCHEMA_VERSION}); upgrade the bridge or restore a backup"
+            )
+        return store
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -331,6 +372,44 @@ class Store:
 
     def log_counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT outcome, COUNT(*) FROM answer_log GROUP BY outcome").fetchall())
+
+    # -- operators: status, reminders, management commands ---------------
+
+    def posted_question_counts(self) -> dict[str, int]:
+        """set id -> how many distinct questions of it were ever posted."""
+        return dict(self.db.execute("SELECT set_id, COUNT(DISTINCT qid) FROM posted GROUP BY set_id").fetchall())
+
+    def open_posted(self, set_id: str | None = None) -> list[PostedQuestion]:
+        where, params = ("AND set_id=?", (set_id,)) if set_id is not None else ("", ())
+        rows = self.db.execute(
+            f"SELECT event_id, room_id, set_id, set_dir, qid, rev, content, posted_at FROM posted WHERE open=1 {where}"
+            " ORDER BY posted_at", params).fetchall()
+        found = []
+        for event_id, room_id, set_id_, set_dir, qid, rev, content, posted_at in rows:
+            title = json.loads(content).get("question", {}).get("title") or qid
+            found.append(PostedQuestion(event_id, room_id, set_id_, set_dir, qid, rev, str(title), posted_at))
+        return found
+
+    def answered_question_events(self) -> set[str]:
+        """Question event ids with an accepted answer that still stands (an
+        ``unsure`` pick included: the person did reply; a note alone is not)."""
+        rows = self.db.execute("SELECT DISTINCT question_event_id FROM answer_log WHERE outcome='accepted'"
+                               " AND withdrawn=0 AND question_event_id IS NOT NULL").fetchall()
+        return {row[0] for row in rows}
+
+    def reminded(self) -> dict[str, int]:
+        """question event id -> when it was last nudged (ms)."""
+        return dict(self.db.execute("SELECT event_id, last_at FROM reminders").fetchall())
+
+    def mark_reminded(self, event_id: str, at_ms: int) -> None:
+        self.db.execute("INSERT INTO reminders(event_id, last_at) VALUES (?, ?)"
+                        " ON CONFLICT(event_id) DO UPDATE SET last_at=excluded.last_at", (event_id, at_ms))
+
+    def command_handled(self, event_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM admin_command WHERE event_id=?", (event_id,)).fetchone() is not None
+
+    def mark_command(self, event_id: str, at_ms: int) -> None:
+        self.db.execute("INSERT OR IGNORE INTO admin_command(event_id, handled_at) VALUES (?, ?)", (event_id, at_ms))
 
     # -- appservice -------------------------------------------------------
 

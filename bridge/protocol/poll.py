@@ -1,0 +1,64 @@
+"""A question's native poll: the start and end events Element renders.
+
+Pure.  Element renders a poll whose event type and content key are both
+``org.matrix.msc3381.poll.start`` (PROTOCOL section 3); the stable ``m.poll``
+key shows as an empty tile, so the MSC names are used throughout.  Answer
+ids are the option ids, so a vote is read with no table of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
+from bridge.protocol.render import option_display, shorten
+
+POLL_START = "org.matrix.msc3381.poll.start"
+POLL_END = "org.matrix.msc3381.poll.end"
+TEXT = "org.matrix.msc1767.text"
+DISCLOSED = "org.matrix.msc3381.poll.disclosed"
+POLL_KEY = "dev.superpipeline.question.poll"
+
+# MSC3381 caps a poll at 20 answers; a longer question is answered by reply.
+MAX_ANSWERS = 20
+_LABEL_MAX = 200
+_QUESTION_MAX = 1000
+
+
+def wants_poll(kind: str | None) -> bool:
+    """Polls are single-choice in Element: only the single-pick kinds get one."""
+    return kind in SINGLE_PICK_KINDS
+
+
+def poll_start(question: RecordedQuestion) -> dict[str, Any] | None:
+    """The poll for a posted question, or None when it can't have one."""
+    if not wants_poll(question.kind) or not 2 <= len(question.options) <= MAX_ANSWERS:
+        return None
+    q = question.question
+    asked = shorten(f"{q.get('title', '')}: {q.get('question', '')}", _QUESTION_MAX)
+    # What the person reads in the poll is what the question message shows
+    # (on a compare, "Left"/"Right" rather than the take names).
+    answers = [{"id": o["id"], TEXT: shorten(option_display(q, o), _LABEL_MAX)} for o in question.options]
+    fallback = asked + "\n" + "\n".join(f"{n}. {a[TEXT]}" for n, a in enumerate(answers, start=1))
+    return {
+        POLL_START: {
+            "kind": DISCLOSED,
+            "max_selections": 1,
+            "question": {TEXT: asked, "body": asked, "msgtype": "m.text"},
+            "answers": answers,
+        },
+        TEXT: fallback,
+        "body": fallback,
+        POLL_KEY: {"question_event_id": question.event_id, "qid": question.qid,
+                   "elicitation_id": question.elicitation_id},
+    }
+
+
+def poll_end(poll_event_id: str, why: str) -> dict[str, Any]:
+    text = f"The poll has ended: the question is {why}."
+    return {
+        "m.relates_to": {"rel_type": "m.reference", "event_id": poll_event_id},
+        POLL_END: {},
+        TEXT: text,
+        "body": text,
+    }

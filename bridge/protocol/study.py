@@ -1,0 +1,95 @@
+"""A study set (a quiz): the word back on each answer, and the score.
+
+Pure.  Whether a pick is right and why is looked up in the *current*
+``questions.json``: the posted event never carries ``correct`` or an
+option's ``why`` (that would give the quiz away).  Text answers are not
+scored here: they are stored for grading against the rubric or model answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from bridge.questionset.model import Question, QuestionSet
+
+NO_TOPIC = "(no topic)"
+
+
+def feedback(question: Question | None, record: dict[str, Any]) -> str | None:
+    """One or two sentences on an answer to a quiz question; None when there is nothing to say."""
+    if question is None:
+        return None
+    if question.kind == "text":
+        if record.get("text") is None:
+            return None
+        return "Your answer is stored for grading" + (" against the rubric." if question.rubric else ".")
+    choice = record.get("choice")
+    picked = question.option(choice) if isinstance(choice, str) else None
+    right = next((o for o in question.options or () if o.correct), None)
+    if picked is None or right is None:
+        return None
+    if picked.id == right.id:
+        return "Right." + (f" {picked.why}" if picked.why else "")
+    text = "Not quite." + (f" {picked.why}" if picked.why else "")
+    return text + f" The answer is \u201c{right.label}\u201d" + (f": {right.why}" if right.why else ".")
+
+
+@dataclass(frozen=True)
+class Score:
+    points: float
+    possible: float
+    by_topic: dict[str, tuple[float, float]]
+    bonus: tuple[float, float]
+    to_grade: int  # text answers waiting for a grader
+
+
+def complete(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> bool:
+    """Every open question has an answer (a note alone is not one)."""
+    questions = qset.open_questions
+    return bool(questions) and all(
+        (answers.get(q.id) or {}).get("state") in ("answered", "unsure") for q in questions)
+
+
+def score(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> Score:
+    main = [0.0, 0.0]
+    bonus = [0.0, 0.0]
+    topics: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    to_grade = 0
+    for question in qset.open_questions:
+        if question.kind == "text":
+            to_grade += (answers.get(question.id) or {}).get("text") is not None
+            continue
+        points = float(question.points or 1)
+        got = points if _right(question, answers.get(question.id)) else 0.0
+        if question.bonus:
+            bonus[0] += got
+            bonus[1] += points
+            continue
+        main[0] += got
+        main[1] += points
+        bucket = topics[question.topic or NO_TOPIC]
+        bucket[0] += got
+        bucket[1] += points
+    return Score(main[0], main[1], {k: (v[0], v[1]) for k, v in sorted(topics.items())}, (bonus[0], bonus[1]),
+                 to_grade)
+
+
+def score_text(qset: QuestionSet, result: Score) -> str:
+    lines = [f"Score for \u201c{qset.title}\u201d: {_n(result.points)} of {_n(result.possible)}."]
+    lines += [f"- {topic}: {_n(got)} of {_n(possible)}" for topic, (got, possible) in result.by_topic.items()]
+    if result.bonus[1]:
+        lines.append(f"Bonus (apart): {_n(result.bonus[0])} of {_n(result.bonus[1])}")
+    if result.to_grade:
+        lines.append(f"{result.to_grade} written answer{'s' if result.to_grade > 1 else ''} wait for grading.")
+    return "\n".join(lines)
+
+
+def _right(question: Question, record: dict[str, Any] | None) -> bool:
+    right = next((o.id for o in question.options or () if o.correct), None)
+    return record is not None and right is not None and record.get("choice") == right
+
+
+def _n(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -1,0 +1,209 @@
+"""A question's media -> the content repository, once, and into its thread.
+
+Each file is uploaded once whatever the number of questions or revisions
+that show it: the store keeps the mxc URL by content hash.  The question
+event carries the URLs (``build_question_event(media=...)``); the files
+themselves go into the question's thread as ``m.image`` / ``m.video`` /
+``m.audio`` / ``m.file`` messages so Element shows them, with the captions
+file of a video beside it.  A drawn figure has no file: it is posted as a
+text rendering of its data, so it is never silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge.protocol.outcome import in_thread, txn_id
+from bridge.protocol.render import esc
+from bridge.questionset.media import LocalFilesystem, captions_for, media_type, mimetype, resolve
+from bridge.questionset.model import MediaItem, Question, QuestionSet
+from bridge.service.store import Store
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_SECONDS = 30
+_MSGTYPES = {"image": "m.image", "video": "m.video", "audio": "m.audio"}
+_FIGURE_TEXT_MAX = 4000
+
+
+@dataclass
+class Upload:
+    """One uploaded file as the question event and the thread message describe it."""
+
+    url: str
+    mimetype: str
+    size: int
+    name: str
+    w: int | None = None
+    h: int | None = None
+    duration_ms: int | None = None
+
+    def description(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"url": self.url, "mimetype": self.mimetype, "size": self.size}
+        out.update({k: v for k, v in (("w", self.w), ("h", self.h), ("duration_ms", self.duration_ms)) if v})
+        return out
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mimetype": self.mimetype, "size": self.size}
+        out.update({k: v for k, v in (("w", self.w), ("h", self.h), ("duration", self.duration_ms)) if v})
+        return out
+
+
+@dataclass
+class PreparedMedia:
+    uploads: dict[str, dict[str, Any]] = field(default_factory=dict)  # for build_question_event(media=...)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # thread messages, without m.relates_to
+
+
+async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: Store, transport: Any) -> PreparedMedia:
+    """Upload (or find uploaded) every media item of ``question``."""
+    out = PreparedMedia()
+    fs = LocalFilesystem(str(set_dir))
+    for index, item in enumerate(question.media or ()):
+        if item.src is None:
+            out.messages.append(figure_message(item, index))
+            continue
+        found = resolve(item.src, list(qset.media_roots), fs)
+        if not found.ok or found.path is None:
+            out.messages.append(_missing_message(item))
+            continue
+        try:
+            upload = await _upload_once(Path(found.path), store, transport)
+        except Exception as exc:  # noqa: BLE001 - one bad file must not keep the question back
+            log.warning("media %s of %s/%s not uploaded: %s", item.src, qset.id, question.id, exc)
+            out.messages.append(_missing_message(item))
+            continue
+        out.uploads[item.src] = upload.description()
+        out.messages.append(media_message(item, upload))
+        captions = captions_for(found, list(qset.media_roots), fs) if media_type(item.src) == "video" else None
+        if captions:
+            try:
+                vtt = await _upload_once(Path(captions), store, transport)
+                out.messages.append(_file_message(vtt, f"Captions for {upload.name}"))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("captions %s not uploaded: %s", captions, exc)
+    return out
+
+
+async def post_in_thread(messages: list[dict[str, Any]], question_event_id: str, room_id: str, store: Store,
+                         transport: Any) -> None:
+    """Post the media messages into the question's thread, once."""
+    key = f"media_posted:{question_event_id}"
+    if not messages or store.get_meta(key):
+        return
+    for index, content in enumerate(messages):
+        content = {**content, "m.relates_to": in_thread(question_event_id)}
+        await transport.send(room_id, "m.room.message", content, txn_id("media", question_event_id, str(index)))
+    with store.transaction():
+        store.set_meta(key, "1")
+
+
+# ---------------------------------------------------------------- messages
+
+
+def media_message(item: MediaItem, upload: Upload) -> dict[str, Any]:
+    kind = item.type or media_type(upload.name) or ""
+    # Element shows ``body`` as the caption when it differs from ``filename``.
+    caption = " \u2014 ".join(s for s in (item.label, item.caption) if s) or item.alt or upload.name
+    content: dict[str, Any] = {"msgtype": _MSGTYPES.get(kind, "m.file"), "body": caption, "filename": upload.name,
+                               "url": upload.url, "info": upload.info()}
+    if item.alt:
+        content["info"]["alt"] = item.alt  # no standard field yet; harmless for clients that ignore it
+    if item.start is not None:
+        content["body"] += f" (from {item.start} s)"
+    return content
+
+
+def _file_message(upload: Upload, caption: str) -> dict[str, Any]:
+    return {"msgtype": "m.file", "body": caption, "filename": upload.name, "url": upload.url, "info": upload.info()}
+
+
+def _missing_message(item: MediaItem) -> dict[str, Any]:
+    text = f"A media file of this question could not be sent: {item.label or item.src}."
+    return {"msgtype": "m.notice", "body": text}
+
+
+def figure_message(item: MediaItem, index: int) -> dict[str, Any]:
+    """A drawn figure as text: its alt, then its data, so the person sees what it shows."""
+    figure = item.figure or {}
+    title = item.alt or figure.get("title") or f"Figure {index + 1}"
+    data = json.dumps(figure, indent=2, ensure_ascii=False, sort_keys=True)
+    if len(data) > _FIGURE_TEXT_MAX:
+        data = data[: _FIGURE_TEXT_MAX - 1] + "\u2026"
+    body = f"Figure: {title}\n{data}"
+    html = f"<p><em>Figure:</em> {esc(str(title))}</p><pre><code>{esc(data).replace('<br>', chr(10))}</code></pre>"
+    return {"msgtype": "m.notice", "body": body, "format": "org.matrix.custom.html", "formatted_body": html}
+
+
+# ---------------------------------------------------------------- uploading
+
+
+async def _upload_once(path: Path, store: Store, transport: Any) -> Upload:
+    data = await asyncio.to_thread(path.read_bytes)
+    digest = hashlib.sha256(data).hexdigest()
+    cached = store.upload_of(digest)
+    if cached is not None:
+        url, info = cached
+        return Upload(url=url, **{**info, "name": path.name})
+    mime = mimetype(path.name)
+    url = await transport.upload(data, mime, path.name)
+    upload = Upload(url=url, mimetype=mime, size=len(data), name=path.name)
+    upload.w, upload.h = image_size(data)
+    if upload.w is None and mime.split("/")[0] in ("video", "audio"):
+        probed = await asyncio.to_thread(probe, str(path))
+        upload.w, upload.h, upload.duration_ms = probed
+    with store.transaction():
+        store.record_upload(digest, url, {"mimetype": mime, "size": len(data), "w": upload.w, "h": upload.h,
+                                          "duration_ms": upload.duration_ms})
+    return upload
+
+
+def image_size(data: bytes) -> tuple[int | None, int | None]:
+    """(width, height) from a PNG or JPEG header; (None, None) for anything else."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        return struct.unpack(">II", data[16:24])
+    if data[:2] == b"\xff\xd8":
+        pos = 2
+        while pos + 9 < len(data):
+            if data[pos] != 0xFF:
+                return None, None
+            marker = data[pos + 1]
+            length = struct.unpack(">H", data[pos + 2 : pos + 4])[0]
+            # SOF0..SOF15 carry the size, except DHT (C4), JPG (C8) and DAC (CC).
+            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+                height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
+                return width, height
+            pos += 2 + length
+    return None, None
+
+
+def probe(path: str) -> tuple[int | None, int | None, int | None]:
+    """(width, height, duration in ms) from ffprobe when it is installed."""
+    executable = shutil.which("ffprobe")
+    if executable is None:
+        return None, None, None
+    command = [executable, "-v", "error", "-show_entries", "stream=width,height:format=duration", "-of", "json", path]
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=PROBE_TIMEOUT_SECONDS, check=False)
+        parsed = json.loads(done.stdout or b"{}")
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None, None, None
+    width = height = None
+    for stream in parsed.get("streams") or ():
+        if isinstance(stream.get("width"), int):
+            width, height = stream["width"], stream.get("height")
+            break
+    try:
+        duration = round(float((parsed.get("format") or {}).get("duration")) * 1000)
+    except (TypeError, ValueError):
+        duration = None
+    return width, height, duration

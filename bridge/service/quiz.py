@@ -1,0 +1,71 @@
+"""Study sets in the room: the word back on each quiz answer and, once every
+question is answered, the score by topic.
+
+The verdict needs ``correct`` and each option's ``why``, which the posted
+event never carries, so they are read from the set's current
+``questions.json`` when the notice is sent (outside any store transaction).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from bridge.protocol.outcome import notice, txn_id
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.study import complete, feedback, score, score_text
+from bridge.questionset.model import QuestionSet
+from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
+from bridge.service.store import LogEntry, Store
+
+log = logging.getLogger(__name__)
+
+
+def load(set_dir: str | None) -> QuestionSet | None:
+    if not set_dir:
+        return None
+    try:
+        return QuestionSet.model_validate(read_questions(str(Path(set_dir) / QUESTIONS_FILE)))
+    except Exception:  # noqa: BLE001 - a broken file only costs the feedback, never the answer
+        log.warning("could not read %s for quiz feedback", set_dir)
+        return None
+
+
+def is_study(question: RecordedQuestion) -> bool:
+    set_info = question.content.get("set")
+    return isinstance(set_info, dict) and set_info.get("mode") == "study"
+
+
+def feedback_for(entry: LogEntry, question: RecordedQuestion) -> str | None:
+    if not is_study(question) or entry.record is None:
+        return None
+    qset = load(entry.set_dir)
+    return feedback(qset.question(question.qid or "") if qset else None, entry.record)
+
+
+async def send_score_if_complete(entry: LogEntry, store: Store, transport: Any) -> None:
+    """Post the score once per complete set of answers (a changed answer re-scores)."""
+    question = store.question_by_event(entry.question_event_id) if entry.question_event_id else None
+    if question is None or not is_study(question) or not entry.set_dir:
+        return
+    qset = load(entry.set_dir)
+    if qset is None:
+        return
+    answers = {q.id: store.projection(entry.set_dir, q.id) or {} for q in qset.open_questions}
+    if not complete(qset, answers):
+        return
+    picks = json.dumps({qid: [a.get("choice"), a.get("text"), a.get("rev")] for qid, a in answers.items()},
+                       sort_keys=True)
+    key = "score:" + hashlib.sha256(f"{entry.set_dir}\x00{picks}".encode()).hexdigest()[:32]
+    if store.get_meta(key):
+        return
+    text = score_text(qset, score(qset, answers))
+    content = notice(text, entry.question_event_id or entry.event_id, {})
+    content.pop("dev.superpipeline.question.outcome", None)
+    content["dev.superpipeline.quiz.score"] = {"set": qset.id}
+    await transport.send(entry.room_id, "m.room.message", content, txn_id("score", key))
+    with store.transaction():
+        store.set_meta(key, "1")

@@ -1,0 +1,203 @@
+"""Appservice mode against a real Synapse that loads the registration written
+by ``generate-registration``: the homeserver pushes, the bridge answers 200
+only once answers are durable, replays and crashes change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from bridge.devserver import SERVER_NAME, Synapse, free_port
+from helpers.harness import Bridge, answer_content, question_posts, read_set, store_rows, unique
+from helpers.sets import ALL_KINDS_PICKS, all_kinds_set, check_all_kinds_read
+
+pytestmark = pytest.mark.integration
+
+LOCALPART = "askbot"
+BOT = f"@{LOCALPART}:{SERVER_NAME}"
+QUESTION_COUNT = 8
+
+
+@pytest.fixture(scope="module")
+def synapse(tmp_path_factory):
+    """A Synapse of its own, started with the registration the real command
+    wrote; shadows the session's bot-mode homeserver for this module."""
+    workdir = tmp_path_factory.mktemp("appservice")
+    hs_port, as_port = free_port(), free_port()
+    config_path = workdir / "config.yaml"
+    config_path.write_text(
+        "# the bridge's identity for these tests\n"
+        + yaml.safe_dump({
+            "homeserver": {"url": f"http://127.0.0.1:{hs_port}"},
+            "bot": {"user_id": BOT},
+            "sets": {"root": "sets"},
+            "rooms": {"default": "!placeholder"},
+            "store": {"path": "bridge.sqlite"},
+            "appservice": {"enabled": True, "id": "askwright", "url": f"http://127.0.0.1:{as_port}",
+                           "listen": f"127.0.0.1:{as_port}", "sender_localpart": LOCALPART},
+        }))
+    registration = workdir / "registration.yaml"
+    subprocess.run([sys.executable, "-m", "bridge", "generate-registration", "-c", str(config_path),
+                    "-o", str(registration)], check=True, capture_output=True)
+    settings = yaml.safe_load(config_path.read_text())["appservice"]
+    written = yaml.safe_load(registration.read_text())
+    assert config_path.read_text().startswith("# the bridge's identity"), "the text edit kept the comment"
+    assert stat.S_IMODE(config_path.stat().st_mode) == stat.S_IMODE(registration.stat().st_mode) == 0o600
+    assert len(settings["as_token"]) >= 64 and settings["as_token"] != settings["hs_token"]
+    assert (written["as_token"], written["hs_token"]) == (settings["as_token"], settings["hs_token"])
+    assert written["rate_limited"] is False and written["sender_localpart"] == LOCALPART
+
+    server = Synapse(workdir / "synapse", port=hs_port, appservice_files=[str(registration)])
+    server.start()
+    server.appservice = settings
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def bridge(synapse, tmp_path, person):
+    """A room alice made and invited the bridge's user to; a bridge in
+    appservice mode, not yet started."""
+    alice = person()
+    room_id = synapse.create_room(alice.token, invite=[BOT])
+    env = Bridge(synapse=synapse, workdir=tmp_path, room_id=room_id, bot={"user_id": BOT, "access_token": None},
+                 extra_config={"appservice": dict(synapse.appservice)})
+    env.sets_root.mkdir()
+    env.alice = alice
+    yield env
+    env.kill()
+
+
+async def started(bridge: Bridge) -> dict[tuple[str, int], dict[str, Any]]:
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    return await bridge.wait_questions(bridge.alice, QUESTION_COUNT)
+
+
+def endpoint(bridge: Bridge, path: str) -> str:
+    return bridge.synapse.appservice["url"] + path
+
+
+def fake_answer(bridge: Bridge, question: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """An answer event as the homeserver would push it, never sent to the room."""
+    return {"type": "m.room.message", "event_id": f"${uuid.uuid4().hex}", "room_id": bridge.room_id,
+            "sender": bridge.alice.user_id, "origin_server_ts": int(time.time() * 1000),
+            "content": answer_content(question, **fields), "unsigned": {"age": 1}}
+
+
+def accepted_count(bridge: Bridge) -> int:
+    return store_rows(bridge.store_path, "SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'")[0][0]
+
+
+async def test_every_kind_lands_as_in_bot_mode(bridge):
+    questions = await started(bridge)
+    assert len(questions) == QUESTION_COUNT
+    for question in questions.values():
+        assert question["sender"] == BOT
+    for qid, fields in ALL_KINDS_PICKS.items():
+        await bridge.alice.send(bridge.room_id, answer_content(questions[(qid, 1)], **fields))
+    for qid in ALL_KINDS_PICKS:
+        await bridge.wait_answer("kinds", qid)
+    check_all_kinds_read(read_set(bridge.sets_root / "kinds"))
+
+
+async def test_a_replayed_transaction_changes_nothing_and_tokens_are_checked(bridge):
+    questions = await started(bridge)
+    token = bridge.synapse.appservice["hs_token"]
+    event = fake_answer(bridge, questions[("branch", 1)], option_id="main")
+    body = {"events": [event]}
+    url = endpoint(bridge, f"/_matrix/app/v1/transactions/replay-{unique('t')}")
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
+        async with http.put(url, json=body) as response:
+            assert (response.status, await response.json()) == (200, {})
+        # The 200 came after the answer was durable: no waiting needed.
+        first = bridge.answers("kinds")
+        assert first["answers"]["branch"]["source"]["event_id"] == event["event_id"]
+        log_count = accepted_count(bridge)
+
+        async with http.put(url, json=body) as response:
+            assert response.status == 200
+        again = f"/transactions/other-{unique('t')}"  # another transaction id, the legacy path, same event
+        async with http.put(endpoint(bridge, again), json=body) as response:
+            assert response.status == 200
+        assert bridge.answers("kinds")["rev"] == first["rev"]
+        assert bridge.answers("kinds")["answers"] == first["answers"]
+        assert accepted_count(bridge) == log_count
+
+        async with http.get(endpoint(bridge, "/health")) as response:
+            assert await response.json() == {"live": True, "ready": True}
+        async with http.post(endpoint(bridge, "/_matrix/app/v1/ping"), json={}) as response:
+            assert (response.status, await response.json()) == (200, {})
+
+    later = fake_answer(bridge, questions[("branch", 1)], option_id="stable")
+    async with aiohttp.ClientSession() as http:
+        for headers, params in (({"Authorization": "Bearer wrong"}, {}), ({}, {}), ({}, {"access_token": "wrong"})):
+            async with http.put(endpoint(bridge, f"/_matrix/app/v1/transactions/{unique('bad')}"),
+                                json={"events": [later]}, headers=headers, params=params) as response:
+                assert response.status == 403
+                assert (await response.json())["errcode"] == "M_FORBIDDEN"
+        assert bridge.answers("kinds")["rev"] == first["rev"]
+        # The legacy query-parameter token is accepted.
+        async with http.put(endpoint(bridge, f"/transactions/{unique('legacy')}"), json={"events": [later]},
+                            params={"access_token": token}) as response:
+            assert response.status == 200
+    assert bridge.answers("kinds")["answers"]["branch"]["choice"] == "stable"
+
+
+async def test_kill_9_while_the_homeserver_pushes_loses_and_repeats_nothing(bridge):
+    questions = await started(bridge)
+    alice, room = bridge.alice, bridge.room_id
+    question = questions[("name", 1)]
+    total = 60
+    sent: list[str] = []
+
+    async def answer_in_a_loop() -> None:
+        for i in range(total):
+            sent.append(await alice.send(room, answer_content(question, text=f"take {i}")))
+            await asyncio.sleep(0.05)
+
+    async def kill_twice() -> None:
+        for after in (15, 35):
+            while len(sent) < after:
+                await asyncio.sleep(0.01)
+            bridge.kill()
+            await asyncio.sleep(0.5)
+            bridge.start()
+
+    began = time.monotonic()
+    await asyncio.gather(answer_in_a_loop(), kill_twice())
+    record = await bridge.wait_answer("kinds", "name", rev=total, timeout=60)
+    settled = time.monotonic() - began
+
+    assert record["rev"] == total
+    assert (record["text"], record["source"]["event_id"]) == (f"take {total - 1}", sent[-1])
+    assert accepted_count(bridge) == total
+    assert store_rows(bridge.store_path, "SELECT event_id FROM answer_log GROUP BY event_id HAVING COUNT(*) > 1") == []
+    logged = {row[0] for row in store_rows(bridge.store_path, "SELECT event_id FROM answer_log")}
+    assert logged == set(sent)
+    assert len(question_posts(await alice.messages(room))) == QUESTION_COUNT
+
+    # Every answer gets exactly one notice, even those whose notice was cut off by a kill.
+    deadline = time.monotonic() + 30
+    while True:
+        events = await alice.messages(room, limit=1000)
+        notices: dict[str, int] = {}
+        for e in events:
+            outcome = e.get("content", {}).get("dev.superpipeline.question.outcome")
+            if outcome:
+                notices[outcome["answer_event_id"]] = notices.get(outcome["answer_event_id"], 0) + 1
+        if len(notices) == total or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.3)
+    assert set(notices) == set(sent)
+    assert set(notices.values()) == {1}
+    print(f"60 answers, two kill -9s: all durable {settled:.1f} s after the first send")

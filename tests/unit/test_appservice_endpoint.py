@@ -1,0 +1,229 @@
+"""The appservice transaction endpoint with a stand-in pipeline, and the
+pipeline's guard against one event that cannot be processed."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+import bridge.service.pipeline as pipeline_module
+from bridge.service import appservice
+from bridge.service.appservice import TransactionServer, txn_key, user_namespace
+from bridge.service.config import parse_config
+from bridge.service.pipeline import BatchResult, Pipeline
+from bridge.service.store import Store
+
+TOKEN = "hs-secret"
+ROOM = "!room:example.org"
+
+
+def config(tmp_path: Path):
+    raw = {
+        "homeserver": {"url": "http://127.0.0.1:8008"},
+        "bot": {"user_id": "@askbot:example.org"},
+        "sets": {"root": "sets"},
+        "rooms": {"default": ROOM},
+        "store": {"path": "bridge.sqlite"},
+        "appservice": {"enabled": True, "as_token": "as-secret", "hs_token": TOKEN, "listen": "127.0.0.1:0"},
+    }
+    return parse_config(raw, base_dir=tmp_path, environ={})
+
+
+class StandIn:
+    """Records what it is given; commits like the real pipeline; can be told to fail."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.batches: list[list[dict[str, Any]]] = []
+        self.fail: Exception | None = None
+
+    async def prepare(self, events: list[dict[str, Any]]) -> None:
+        return None
+
+    def process(self, events: list[dict[str, Any]], *, commit=None) -> BatchResult:
+        if self.fail:
+            raise self.fail
+        self.batches.append(events)
+        with self.store.transaction():
+            if commit:
+                commit()
+        return BatchResult(accepted=len(events))
+
+
+@pytest.fixture
+async def served(tmp_path):
+    store = Store(tmp_path / "bridge.sqlite")
+    stand_in = StandIn(store)
+    server = TransactionServer(config(tmp_path), store, stand_in)  # type: ignore[arg-type]
+    server.open([ROOM], notices=None)  # type: ignore[arg-type]
+    client = TestClient(TestServer(server.app()))
+    await client.start_server()
+    yield client, stand_in, server
+    await client.close()
+    store.close()
+
+
+def event(n: int, room: str = ROOM) -> dict[str, Any]:
+    return {"type": "m.room.message", "event_id": f"$e{n}", "room_id": room, "sender": "@p:example.org",
+            "origin_server_ts": 1, "content": {"msgtype": "m.text", "body": str(n)}}
+
+
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+async def test_a_transaction_is_processed_once(served):
+    client, stand_in, _ = served
+    body = {"events": [event(1), event(2, room="!elsewhere:example.org")]}
+    for _ in range(2):
+        response = await client.put("/_matrix/app/v1/transactions/7", json=body, headers=BEARER)
+        assert (response.status, await response.json()) == (200, {})
+    assert [[e["event_id"] for e in batch] for batch in stand_in.batches] == [["$e1"]]  # only the bridged room
+
+
+async def test_the_legacy_path_and_query_token_work(served):
+    client, stand_in, _ = served
+    response = await client.put("/transactions/8", json={"events": [event(3)]}, params={"access_token": TOKEN})
+    assert response.status == 200 and len(stand_in.batches) == 1
+
+
+@pytest.mark.parametrize("headers,params", [({"Authorization": "Bearer nope"}, {}), ({}, {}),
+                                            ({}, {"access_token": "nope"})])
+async def test_a_wrong_or_missing_token_is_forbidden(served, headers, params):
+    client, stand_in, _ = served
+    for path in ("/_matrix/app/v1/transactions/9", "/transactions/9"):
+        response = await client.put(path, json={"events": [event(4)]}, headers=headers, params=params)
+        assert response.status == 403 and (await response.json())["errcode"] == "M_FORBIDDEN"
+    response = await client.post("/_matrix/app/v1/ping", json={}, headers=headers, params=params)
+    assert response.status == 403
+    assert stand_in.batches == []
+
+
+async def test_a_failure_is_a_500_and_the_resend_is_processed(served):
+    client, stand_in, _ = served
+    stand_in.fail = OSError(28, "No space left on device")
+    response = await client.put("/_matrix/app/v1/transactions/10", json={"events": [event(5)]}, headers=BEARER)
+    assert response.status == 500 and (await response.json())["errcode"] == "M_UNKNOWN"
+    stand_in.fail = None
+    response = await client.put("/_matrix/app/v1/transactions/10", json={"events": [event(5)]}, headers=BEARER)
+    assert response.status == 200 and len(stand_in.batches) == 1
+
+
+async def test_ping_health_and_queries(served):
+    client, _, _ = served
+    assert await (await client.post("/_matrix/app/v1/ping", json={}, headers=BEARER)).json() == {}
+    assert await (await client.get("/health")).json() == {"live": True, "ready": True}
+    for path in ("/_matrix/app/v1/users/@x:example.org", "/_matrix/app/v1/rooms/%23a:example.org"):
+        response = await client.get(path, headers=BEARER)
+        assert response.status == 404 and (await response.json())["errcode"] == "M_NOT_FOUND"
+    assert (await client.get("/_matrix/app/v1/thirdparty/protocol/x", headers=BEARER)).status == 404
+
+
+async def test_bad_bodies_are_refused(served):
+    client, _, _ = served
+    response = await client.put("/_matrix/app/v1/transactions/11", data=b"{", headers=BEARER)
+    assert (await response.json())["errcode"] == "M_NOT_JSON"
+    response = await client.put("/_matrix/app/v1/transactions/11", json={"events": {}}, headers=BEARER)
+    assert (await response.json())["errcode"] == "M_BAD_JSON"
+
+
+async def test_a_transaction_during_start_up_waits_then_gets_503(tmp_path, monkeypatch):
+    monkeypatch.setattr(appservice, "READY_WAIT", 0.1)
+    store = Store(tmp_path / "bridge.sqlite")
+    server = TransactionServer(config(tmp_path), store, StandIn(store))  # type: ignore[arg-type]
+    client = TestClient(TestServer(server.app()))
+    await client.start_server()
+    try:
+        assert await (await client.get("/health")).json() == {"live": True, "ready": False}
+        response = await client.put("/_matrix/app/v1/transactions/1", json={"events": []}, headers=BEARER)
+        assert response.status == 503
+        assert not store.txn_seen(txn_key("1", []))
+    finally:
+        await client.close()
+        store.close()
+
+
+def test_the_key_tells_a_reset_homeservers_transactions_apart():
+    assert txn_key("1", [event(1)]) == txn_key("1", [{**event(1), "unsigned": {"age": 5}}])
+    assert txn_key("1", [event(1)]) != txn_key("1", [event(2)])
+
+
+def test_the_namespace_holds_the_bridge_user_and_its_prefix(tmp_path):
+    import re
+
+    regexes = [re.compile(r) for r in user_namespace(config(tmp_path))]
+    assert any(r.fullmatch("@askbot:example.org") for r in regexes)
+    assert any(r.fullmatch("@askwright_alice:example.org") for r in regexes)
+    assert not any(r.fullmatch("@askbotx:example.org") or r.fullmatch("@askbot:exampleXorg") for r in regexes)
+
+
+# -- one poisoned event ------------------------------------------------------------
+
+class Quiet:
+    user_id = "@askbot:example.org"
+
+    async def send(self, *args: Any) -> str:
+        return "$sent"
+
+    async def joined_members(self, room_id: str) -> set[str]:
+        return set()
+
+
+def test_an_event_that_raises_is_refused_and_the_rest_goes_on(tmp_path, monkeypatch):
+    store = Store(tmp_path / "bridge.sqlite")
+    pipeline = Pipeline(store=store, transport=Quiet(), answerers=None, own_users=lambda u: u == Quiet.user_id)
+    real = pipeline_module.normalize
+    seen: list[str] = []
+
+    def flaky(ev, lookup):
+        seen.append(ev["event_id"])
+        if ev["event_id"] == "$e1":
+            raise KeyError("a shape nobody expected")
+        return real(ev, lookup)
+
+    monkeypatch.setattr(pipeline_module, "normalize", flaky)
+    marker: list[bool] = []
+    result = pipeline.process([event(1), event(2)], commit=lambda: marker.append(True))
+    assert seen == ["$e1", "$e2"] and marker == [True]
+    assert result.refused == 1
+    assert store.is_processed("$e1")  # $e2 is no answer at all: nothing to remember about it
+    rows = store.db.execute("SELECT event_id, outcome, layer, reason FROM answer_log").fetchall()
+    assert rows == [("$e1", "refused", "schema", "internal_error")]
+    # Redelivered, it is not judged again.
+    pipeline.process([event(1)])
+    assert seen == ["$e1", "$e2"]
+    store.close()
+
+
+def test_a_store_error_fails_the_whole_batch(tmp_path, monkeypatch):
+    store = Store(tmp_path / "bridge.sqlite")
+    pipeline = Pipeline(store=store, transport=Quiet(), answerers=None, own_users=lambda u: False)
+
+    def busy(ev, lookup):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(pipeline_module, "normalize", busy)
+    marker: list[bool] = []
+    with pytest.raises(sqlite3.OperationalError):
+        pipeline.process([event(1)], commit=lambda: marker.append(True))
+    assert marker == [] and not store.is_processed("$e1")
+    store.close()
+
+
+async def test_notices_are_woken_after_a_transaction(served):
+    client, _, server = served
+
+    class Bell:
+        rung = 0
+
+        def wake(self) -> None:
+            Bell.rung += 1
+
+    server.notices = Bell()
+    await client.put("/_matrix/app/v1/transactions/12", json={"events": [event(6)]}, headers=BEARER)
+    assert Bell.rung == 1
+    await asyncio.sleep(0)

@@ -1,0 +1,201 @@
+"""The pieces around the normaliser: notes and timecodes, folding notes into
+records, the store's withdrawals, the poll content, quiz feedback, media headers."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+
+from bridge.protocol.annotate import MAX_ATTACHMENTS, delta, fold_records, merge
+from bridge.protocol.notes import MAX_TIMECODE_TEXT, MAX_TIMECODES, parse_note, parse_timecode
+from bridge.protocol.poll import POLL_START, poll_end, poll_start
+from bridge.protocol.study import complete, feedback, score, score_text
+from bridge.questionset.model import QuestionSet
+from bridge.service.attachments import extension
+from bridge.service.media import figure_message, image_size
+from bridge.service.store import LogEntry, Store
+from test_normalize import QUESTIONS
+
+
+# ---------------------------------------------------------------- notes
+
+
+@pytest.mark.parametrize("line, t, text", [
+    ("1.4 s: the arrow jumps", 1.4, "the arrow jumps"), ("1.4s - jumps", 1.4, "jumps"), ("at 2 sec", 2.0, ""),
+    ("0:07 the logo", 7.0, "the logo"), ("1:02:03.5 \u2014 end", 3723.5, "end"), ("@12.345s: x", 12.35, "x"),
+    ("3,5 s: comma", 3.5, "comma"),
+])
+def test_timecode_lines(line, t, text):
+    code = parse_timecode(line)
+    assert code is not None and (code.t, code.text) == (t, text)
+
+
+@pytest.mark.parametrize("line", ["1. a list item", "version 2.0 s", "keep it", "12 seconds later it breaks"[3:]])
+def test_lines_that_are_not_timecodes(line):
+    assert parse_timecode(line) is None
+
+
+def test_limits_on_timecodes():
+    note = parse_note("\n".join(f"{n} s: x" for n in range(60)))
+    assert len(note.timecodes) == MAX_TIMECODES and note.text.count("\n") == 9
+    assert len(parse_note("1 s: " + "y" * 900).timecodes[0].text) == MAX_TIMECODE_TEXT
+
+
+# ---------------------------------------------------------------- folding notes into records
+
+
+SOURCE = {"via": "matrix"}
+
+
+def pick(choice: str) -> dict:
+    return {"qid": "q", "state": "answered", "choice": choice, "q_rev": 1, "rev": 1, "updated": "t", "source": SOURCE}
+
+
+def test_notes_alone_are_note_only_at_rev_1():
+    rows = [("annotated", delta(note="hm", attachments=[], timecodes=[], q_rev=2, source=SOURCE, now="t"))]
+    record = fold_records("q", rows, 0)
+    assert (record["state"], record["note"], record["rev"], record["q_rev"]) == ("note_only", "hm", 1, 2)
+
+
+def test_notes_after_a_pick_fold_in_and_earlier_ones_are_already_part_of_it():
+    early = delta(note="early", attachments=[], timecodes=[], q_rev=1, source=SOURCE, now="t")
+    late = delta(note="late", attachments=["attachments/q-1.png"], timecodes=[{"t": 1.0, "text": ""}], q_rev=1,
+                 source=SOURCE, now="t")
+    rows = [("annotated", early), ("accepted", {**pick("a"), "note": "early"}), ("annotated", late)]
+    record = fold_records("q", rows, 1)
+    assert record["choice"] == "a" and record["note"] == "early\n\nlate"
+    assert record["attachments"] == ["attachments/q-1.png"] and record["timecodes"] == [{"t": 1.0, "text": ""}]
+
+
+def test_nothing_left_is_no_record():
+    assert fold_records("q", [], 3) is None
+
+
+def test_merge_keeps_the_limits():
+    record = {"attachments": [f"attachments/q-{n}" for n in range(MAX_ATTACHMENTS)]}
+    assert len(merge(record, {"attachments": ["attachments/more"]})["attachments"]) == MAX_ATTACHMENTS
+
+
+# ---------------------------------------------------------------- the store
+
+
+def entry(event_id: str, outcome: str, record: dict, via: str = "reply", replaces: str | None = None) -> LogEntry:
+    return LogEntry(event_id, "!r", "@a:hs", via, outcome, set_id="s", set_dir="/sets/s", qid="q",
+                    question_event_id="$q", record=record, replaces=replaces)
+
+
+def test_a_redaction_of_the_original_withdraws_its_edits(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.append_log(entry("$first", "accepted", pick("a")))
+        store.append_log(entry("$second", "accepted", pick("b")))
+        store.append_log(entry("$edit", "accepted", pick("c"), via="edit", replaces="$second"))
+        assert store.projection("/sets/s", "q")["choice"] == "c"
+        assert store.withdraw("$second") == ("/sets/s", "s", "q")
+    record = store.projection("/sets/s", "q")
+    assert (record["choice"], record["rev"]) == ("a", 3)  # falls back; rev counts every answer
+
+
+def test_an_empty_vote_withdraws_only_that_persons_votes(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.append_log(entry("$reply", "accepted", pick("a")))
+        store.append_log(entry("$vote", "accepted", pick("b"), via="poll"))
+        assert store.withdraw_votes("$q", "@a:hs") is not None
+        assert store.withdraw_votes("$q", "@a:hs") is None
+    assert store.projection("/sets/s", "q")["choice"] == "a"
+    assert store.logged_question("$vote") == ("$q", "poll")
+
+
+def test_attachments_are_remembered_once(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.record_attachment("$img", "/sets/s", "q", "attachments/q-1.png", None)
+        store.record_attachment("$img", "/sets/s", "q", "attachments/q-2.png", None)
+        store.record_attachment("$big", "/sets/s", "q", None, "attachment_too_large")
+    assert store.attachment("$img") == ("attachments/q-1.png", None)
+    assert store.attachment_count("/sets/s", "q") == 2 and store.attachment("$none") is None
+
+
+# ---------------------------------------------------------------- polls
+
+
+def test_the_poll_lists_the_options_in_the_events_order_with_the_builtins():
+    content = poll_start(QUESTIONS["takes"])
+    poll = content[POLL_START]
+    assert [a["id"] for a in poll["answers"]] == ["t2", "t5", "unsure", "other"]
+    # On a compare the poll shows the sides, as the message does, not the take names.
+    assert [a["org.matrix.msc1767.text"] for a in poll["answers"]][:2] == ["Left", "Right"]
+    assert poll["max_selections"] == 1 and poll["kind"] == "org.matrix.msc3381.poll.disclosed"
+
+
+def test_no_poll_for_the_kinds_answered_by_reply():
+    assert all(poll_start(QUESTIONS[q]) is None for q in ("platforms", "order", "name"))
+
+
+def test_poll_end_references_the_poll():
+    assert poll_end("$p", "closed")["m.relates_to"] == {"rel_type": "m.reference", "event_id": "$p"}
+
+
+# ---------------------------------------------------------------- quizzes
+
+
+def quiz() -> QuestionSet:
+    return QuestionSet.model_validate({"askwright": 1, "id": "quiz", "title": "Quiz", "mode": "study", "questions": [
+        {"id": "a", "kind": "choice", "title": "A", "question": "A?", "topic": "t1",
+         "options": [{"id": "x", "label": "X", "correct": True, "why": "X is it."},
+                     {"id": "y", "label": "Y", "why": "Y is a trap."}]},
+        {"id": "b", "kind": "choice", "title": "B", "question": "B?", "topic": "t2", "points": 2,
+         "options": [{"id": "x", "label": "X", "correct": True, "why": "Yes."}, {"id": "y", "label": "Y", "why": "No."}]},
+        {"id": "c", "kind": "choice", "title": "C", "question": "C?", "bonus": True,
+         "options": [{"id": "x", "label": "X", "correct": True, "why": "Yes."}, {"id": "y", "label": "Y", "why": "No."}]},
+        {"id": "d", "kind": "text", "title": "D", "question": "D?", "model_answer": "d"},
+    ]})
+
+
+def test_feedback_right_and_wrong():
+    qset = quiz()
+    assert feedback(qset.question("a"), {"choice": "x"}) == "Right. X is it."
+    assert feedback(qset.question("a"), {"choice": "y"}) == "Not quite. Y is a trap. The answer is \u201cX\u201d: X is it."
+    assert feedback(qset.question("d"), {"text": "words"}).startswith("Your answer is stored for grading")
+
+
+def test_score_by_topic_with_the_bonus_apart():
+    qset = quiz()
+    answers = {"a": {"state": "answered", "choice": "x"}, "b": {"state": "answered", "choice": "y"},
+               "c": {"state": "answered", "choice": "x"}}
+    assert not complete(qset, answers)
+    answers["d"] = {"state": "answered", "text": "d"}
+    assert complete(qset, answers)
+    result = score(qset, answers)
+    assert (result.points, result.possible, result.bonus, result.to_grade) == (1, 3, (1, 1), 1)
+    assert result.by_topic == {"t1": (1, 1), "t2": (0, 2)}
+    assert score_text(qset, result).startswith("Score for \u201cQuiz\u201d: 1 of 3.")
+
+
+# ---------------------------------------------------------------- media and files
+
+
+def test_image_size_from_png_and_jpeg_headers():
+    png = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(">II", 640, 480) + b"\x08\x02\x00\x00\x00"
+    assert image_size(png + struct.pack(">I", zlib.crc32(b""))) == (640, 480)
+    jpeg = b"\xff\xd8" + b"\xff\xe0" + struct.pack(">H", 4) + b"\x00\x00" + b"\xff\xc0" + struct.pack(">HBHH", 11, 8, 200, 300) + b"\x00" * 6
+    assert image_size(jpeg) == (300, 200)
+    assert image_size(b"GIF89a") == (None, None)
+
+
+def test_a_figure_is_posted_as_escaped_text():
+    from bridge.questionset.model import MediaItem
+    content = figure_message(MediaItem(figure={"type": "bar", "title": "<b>x</b>"}, alt="Bars <i>"), 0)
+    assert content["msgtype"] == "m.notice" and "Bars <i>" in content["body"]
+    assert "<i>" not in content["formatted_body"] and "<b>x" not in content["formatted_body"]
+
+
+@pytest.mark.parametrize("content, info, ext", [
+    ({"body": "shot.PNG"}, {}, "png"), ({"body": "../../etc/passwd"}, {"mimetype": "image/jpeg"}, "jpg"),
+    ({"body": "x.tar.gz;rm -rf"}, {}, "bin"), ({"body": "noext", "filename": "a.webp"}, {}, "webp"),
+])
+def test_attachment_extensions_are_safe(content, info, ext):
+    assert extension(content, info) == ext
