@@ -21,7 +21,7 @@ from nio import AsyncClient, RoomSendResponse, SyncResponse
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge.devserver import Synapse  # noqa: E402
+from bridge.devserver import SERVER_NAME, Synapse, free_port  # noqa: E402
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -44,15 +44,38 @@ def question_set(set_id: str, count: int = 1) -> dict[str, Any]:
     }
 
 
+AS_LOCALPART = "askwright_bot"
+
+
+def write_registration(base: Path, hs_port: int) -> tuple[Path, dict[str, Any]]:
+    """An appservice config and its registration, written by the real command."""
+    as_port = free_port()
+    config = base / "as-config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": f"http://127.0.0.1:{hs_port}"},
+        "bot": {"user_id": f"@{AS_LOCALPART}:{SERVER_NAME}"},
+        "sets": {"root": "sets"}, "rooms": {"default": "!placeholder"}, "store": {"path": "as.sqlite"},
+        "appservice": {"enabled": True, "id": "askwright", "url": f"http://127.0.0.1:{as_port}",
+                       "listen": f"127.0.0.1:{as_port}", "sender_localpart": AS_LOCALPART},
+    }))
+    registration = base / "registration.yaml"
+    subprocess.run([sys.executable, "-m", "bridge", "generate-registration", "-c", str(config), "-o",
+                    str(registration)], check=True, capture_output=True, cwd=ROOT)
+    return registration, yaml.safe_load(config.read_text())["appservice"]
+
+
 class World:
-    def __init__(self, base: Path, synapse: Synapse):
+    def __init__(self, base: Path, synapse: Synapse, appservice: dict[str, Any] | None = None):
         self.base = base
         self.synapse = synapse
+        self.appservice = appservice
         self.bot = synapse.register("askbot")
         self.person = synapse.register("person")
         self.observer = synapse.register("observer")
-        self.room_id = synapse.create_room(self.bot["access_token"],
-                                           invite=[self.person["user_id"], self.observer["user_id"]])
+        invite = [self.person["user_id"], self.observer["user_id"]]
+        if appservice:
+            invite.append(f"@{AS_LOCALPART}:{SERVER_NAME}")
+        self.room_id = synapse.create_room(self.bot["access_token"], invite=invite)
         synapse.join(self.person["access_token"], self.room_id)
         synapse.join(self.observer["access_token"], self.room_id)
         self.sets_root = base / "sets"
@@ -70,13 +93,17 @@ class World:
         (folder / "questions.json").write_text(json.dumps(data))
         return folder
 
-    def config(self, **extra: Any) -> Path:
+    def config(self, *, appservice: bool = False, **extra: Any) -> Path:
+        bot = ({"user_id": f"@{AS_LOCALPART}:{SERVER_NAME}"} if appservice
+               else {"user_id": self.bot["user_id"], "access_token": self.bot["access_token"]})
+        if appservice:
+            extra["appservice"] = self.appservice
         config = {
             "homeserver": {"url": self.synapse.url},
-            "bot": {"user_id": self.bot["user_id"], "access_token": self.bot["access_token"]},
+            "bot": bot,
             "sets": {"root": str(self.sets_root)},
             "rooms": {"default": self.room_id},
-            "store": {"path": str(self.base / "bridge.sqlite")},
+            "store": {"path": str(self.base / ("as.sqlite" if appservice else "bridge.sqlite"))},
             "logging": {"level": "WARNING"},
             **extra,
         }
@@ -95,8 +122,9 @@ class World:
             self.bridge.send_signal(signal.SIGTERM)
             self.bridge.wait(30)
 
-    async def question_events(self, client: AsyncClient, count: int, timeout: float = 600) -> dict[str, dict]:
-        """qid -> question event, once ``count`` are posted."""
+    async def question_events(self, client: AsyncClient, count: int, timeout: float = 600,
+                              prefix: str = "") -> dict[str, dict]:
+        """"set/qid" -> question event, once ``count`` whose key starts with ``prefix`` are posted."""
         deadline = time.monotonic() + timeout
         found: dict[str, dict] = {}
         since = None
@@ -109,7 +137,7 @@ class World:
                         content = event.source.get("content", {})
                         if content.get("suite_event_type") == "dev.superpipeline.question.v2":
                             found[f"{content['set']['id']}/{content['question']['id']}"] = event.source
-            if len(found) >= count:
+            if sum(key.startswith(prefix) for key in found) >= count:
                 return found
         raise TimeoutError(f"only {len(found)} of {count} questions were posted")
 
@@ -129,12 +157,20 @@ async def send(client: AsyncClient, room_id: str, content: dict[str, Any]) -> st
 
 
 @asynccontextmanager
-async def world(**synapse_options: Any) -> AsyncIterator[World]:
+async def world(*, appservice: bool = False, **synapse_options: Any) -> AsyncIterator[World]:
+    """One Synapse for the whole run; with ``appservice`` it also loads a
+    registration so both modes are measured against the same homeserver."""
     with tempfile.TemporaryDirectory(prefix="askwright-bench-") as tmp:
         base = Path(tmp)
-        synapse = Synapse(base / "synapse", **synapse_options)
+        port = free_port()
+        settings = None
+        files: list[str] = []
+        if appservice:
+            registration, settings = write_registration(base, port)
+            files = [str(registration)]
+        synapse = Synapse(base / "synapse", port=port, appservice_files=files, **synapse_options)
         synapse.start()
-        w = World(base, synapse)
+        w = World(base, synapse, settings)
         try:
             yield w
         finally:

@@ -67,11 +67,12 @@ class Observer:
 
 
 async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any]) -> dict[str, Any]:
+    w.sets_root = w.base / f"sets-{mode}"  # each bridge sees only its own set
     folder = w.add_set(question_set(f"lat-{mode}"))
-    w.start_bridge(w.config(**config_extra))
+    w.start_bridge(w.config(appservice=mode == "appservice", **config_extra))
     person = w.client(w.person)
     observer = Observer(w.client(w.observer))
-    question = (await w.question_events(person, 1))[f"lat-{mode}/q0"]
+    question = (await w.question_events(person, 1, prefix=f"lat-{mode}/"))[f"lat-{mode}/q0"]
     watch = FileWatch(folder / "answers.json")
     watch.start()
     observer.task = asyncio.ensure_future(observer.run())
@@ -113,7 +114,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 async def main(count: int, modes: list[str]) -> list[dict[str, Any]]:
     rows = []
-    async with world() as w:
+    async with world(appservice="appservice" in modes) as w:
         for mode in modes:
             rows.append(await measure(w, mode, count, {}))
     print_table(rows)
@@ -124,7 +125,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--modes", nargs="+", default=["bot", "appservice"], choices=["bot", "appservice"])
     args = parser.parse_args()
-    rows = asyncio.run(main(args.count, ["bot"]))
+    rows = asyncio.run(main(args.count, args.modes))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
