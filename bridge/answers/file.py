@@ -96,26 +96,30 @@ class AnswersFile:
             return new
 
     def _replace(self, data: bytes) -> None:
-        """Atomically make ``data`` the file's content.
+        atomic_replace(self.path, data)
 
-        On any failure the temp file is removed and the error raised; the old
-        ``answers.json`` is untouched because only the final rename changes it.
-        """
-        temp = self.set_dir / f"{TEMP_PREFIX}{os.getpid()}"
+
+def atomic_replace(path: Path, data: bytes) -> None:
+    """Atomically make ``data`` the content of ``path``.
+
+    On any failure the temp file is removed and the error raised; the old
+    file is untouched because only the final rename changes it.
+    """
+    temp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
-        # The rename is only durable once the folder's entry is on disk.
-        _fsync_dir(self.set_dir)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    # The rename is only durable once the folder's entry is on disk.
+    _fsync_dir(path.parent)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,22 +42,42 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    set_dir = Path(args.set_dir)
+    try:
+        view = load_view(Path(args.set_dir), include_all=args.include_all, warn=_warn)
+    except ReadError as exc:
+        return _fail(exc.message)
+    sys.stdout.write(render(view))
+    return EXIT_OK
+
+
+class ReadError(Exception):
+    """The set folder, its questions.json or its answers.json can't be read at all."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def load_view(set_dir: Path, *, include_all: bool, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """What ``read`` prints, as a value: the one code path ``read``, ``wait``
+    and ``status`` share.  ``warn`` hears why questions.json could not be
+    modelled (the answers are listed anyway); ReadError when nothing can be read."""
     try:
         raw = _questions_raw(set_dir)
-        qset = _model_or_warn(raw)
+        qset = _model_or_warn(raw, warn)
         set_id = qset.id if qset else (raw.get("id") if isinstance(raw.get("id"), str) and raw["id"] else None)
         doc = AnswersFile(set_dir, set_id).load()
     except _Unreadable as exc:
-        return _fail(str(exc))
+        raise ReadError(str(exc)) from None
     except AnswersError as exc:
-        return _fail(exc.message)
+        raise ReadError(exc.message) from None
     except OSError as exc:
-        return _fail(f"cannot read {exc.filename or set_dir}: {exc.strerror or exc}")
+        raise ReadError(f"cannot read {exc.filename or set_dir}: {exc.strerror or exc}") from None
+    return read_view(doc, qset, os.path.abspath(set_dir), include_all=include_all)
 
-    view = read_view(doc, qset, os.path.abspath(set_dir), include_all=args.include_all)
-    sys.stdout.write(json.dumps(view, indent=2, ensure_ascii=False) + "\n")
-    return EXIT_OK
+
+def render(view: dict[str, Any]) -> str:
+    return json.dumps(view, indent=2, ensure_ascii=False) + "\n"
 
 
 class _Unreadable(Exception):
@@ -79,25 +100,25 @@ def _questions_raw(set_dir: Path) -> dict[str, Any]:
         raise _Unreadable(f"{path}: {exc.message}") from None
 
 
-def _model_or_warn(raw: dict[str, Any]) -> QuestionSet | None:
+def _model_or_warn(raw: dict[str, Any], warn: Callable[[str], None] | None) -> QuestionSet | None:
     """The model, or None with a warning.
 
     The answers are the person's and still readable when the agent has
     since broken questions.json, so read prints them rather than failing,
-    with status "unknown" and current_rev/stale null; the warning on stderr
-    (stdout keeps the exact shape) says why.
+    with status "unknown" and current_rev/stale null; the warning (on
+    stderr: stdout keeps the exact shape) says why.
     """
     qset, findings = validate_model(raw)
-    if qset is None:
+    if qset is None and warn is not None:
         first = findings[0] if findings else None
         detail = f" ({first.where}: {first.message})" if first else ""
         more = f" and {len(findings) - 1} more" if len(findings) > 1 else ""
-        print(
-            f"askwright-bridge read: warning: questions.json does not fit the format{detail}{more}; "
-            "answers are listed with status unknown",
-            file=sys.stderr,
-        )
+        warn(f"questions.json does not fit the format{detail}{more}; answers are listed with status unknown")
     return qset
+
+
+def _warn(message: str) -> None:
+    print(f"askwright-bridge read: warning: {message}", file=sys.stderr)
 
 
 def _fail(message: str) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sqlite3
 import sys
 
 from bridge.service.config import ConfigError, load_config, world_readable
 from bridge.service.logs import setup_logging
+from bridge.service.store import Store, StoreVersionError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,10 +25,27 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"askwright-bridge: {exc}", file=sys.stderr)
         return 2
+    try:
+        # Migrates the store forward now, or refuses one from a newer bridge
+        # before anything touches the network.
+        Store(config.store.path).close()
+    except StoreVersionError as exc:
+        return _store_refused(exc)
+    except (sqlite3.Error, OSError) as exc:
+        print(f"askwright-bridge: store.path: cannot open {config.store.path} ({exc})", file=sys.stderr)
+        return 2
     setup_logging(config.logging.level, args.log_format or config.logging.format)
     if world_readable(args.config):
         logging.getLogger("bridge").warning("%s is readable by other users and holds secrets; chmod 600 it",
                                             args.config)
     from bridge.service.app import run_forever
 
-    return run_forever(config)
+    try:
+        return run_forever(config)
+    except StoreVersionError as exc:  # the store was replaced under a starting bridge
+        return _store_refused(exc)
+
+
+def _store_refused(exc: StoreVersionError) -> int:
+    print(f"askwright-bridge: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 2

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from nio import AsyncClient
 from watchfiles import awatch
@@ -26,6 +26,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.matrix import MatrixError, NioTransport
 from bridge.service.pipeline import Pipeline
 from bridge.service.poster import Poster
+from bridge.service.operators import Operators
 from bridge.service.store import Store
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,10 @@ class Front(Protocol):
 class BotFront:
     """Bot mode: an ordinary account on a sync loop."""
 
-    def __init__(self, config: Config, store: Store):
+    def __init__(self, config: Config, store: Store, on_synced: Callable[[], None] | None = None):
         self.config = config
         self.store = store
+        self.on_synced = on_synced
         self.client: AsyncClient | None = None
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
@@ -66,7 +68,7 @@ class BotFront:
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
         assert self.client is not None
-        await SyncLoop(self.client, self.store, pipeline, stop).run()
+        await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced).run()
 
     async def close(self) -> None:
         return None
@@ -100,13 +102,16 @@ async def join_rooms(transport: NioTransport, config: Config, stop: asyncio.Even
     return joined
 
 
-def make_front(config: Config, store: Store) -> Front:
-    return AppserviceFront(config, store) if config.appservice.enabled else BotFront(config, store)
+def make_front(config: Config, store: Store, ops: Operators) -> Front:
+    if config.appservice.enabled:
+        return AppserviceFront(config, store, ops)
+    return BotFront(config, store, on_synced=ops.mark_ready)
 
 
 async def serve(config: Config, stop: asyncio.Event) -> None:
     store = Store(config.store.path)
-    front = make_front(config, store)
+    ops = Operators(config, store)
+    front = make_front(config, store, ops)
     client: AsyncClient | None = None
     try:
         client = await front.connect(stop)
@@ -114,13 +119,16 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
             return
         transport = NioTransport(client)
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
-                            own_users=front.own_user)
+                            own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
+                            on_write=ops.on_write, is_command=ops.is_command)
         await front.open(pipeline)
         rooms = await join_rooms(transport, config, stop)
         for room in rooms:
             await pipeline.load_members(room)
         pipeline.flush()  # heal a crash between the store commit and the folder write
-        poster = Poster(store, transport, config.room_for, load_set)
+        poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted)
+        await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
+                        serve_http=not config.appservice.enabled)
         await poster.sync_root(config.sets.root)
         await pipeline.send_notices()
         tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop)),
@@ -128,6 +136,7 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        await ops.close()
         await front.close()
         if client is not None:
             await client.close()

@@ -66,7 +66,8 @@ def _error(status: int, errcode: str, message: str) -> web.Response:
 class TransactionServer:
     """The HTTP side the homeserver talks to."""
 
-    def __init__(self, config: Config, store: Store, pipeline: Pipeline):
+    def __init__(self, config: Config, store: Store, pipeline: Pipeline, ops: Any = None):
+        self.ops = ops
         self.hs_token = config.appservice.hs_token or ""
         self.listen = config.appservice.listen_host_port
         self.store = store
@@ -84,7 +85,10 @@ class TransactionServer:
             app.router.add_get(prefix + "/users/{user_id}", self.not_found)
             app.router.add_get(prefix + "/rooms/{alias}", self.not_found)
         app.router.add_post("/_matrix/app/v1/ping", self.ping)
-        app.router.add_get("/health", self.health)
+        if self.ops is not None:
+            app.add_routes(self.ops.routes())  # /metrics and /health, before the catch-all
+        else:
+            app.router.add_get("/health", self.health)
         app.router.add_route("*", "/{tail:.*}", self.unrecognised)
         return app
 
@@ -149,6 +153,8 @@ class TransactionServer:
             log.warning("transaction %s not processed (%s); the homeserver will send it again", txn_id, exc)
             return _error(500, "M_UNKNOWN", "not processed; send it again")
         log.debug("transaction %s: %d events, %s", txn_id, len(events), result)
+        if self.ops is not None:
+            self.ops.mark_ready()
         if self.notices is not None:
             self.notices.wake()
         return web.json_response({})
@@ -174,9 +180,10 @@ class AppserviceFront:
     """Appservice mode for ``app.serve``: the client acts as the bridge's user
     with the as_token; events arrive over HTTP."""
 
-    def __init__(self, config: Config, store: Store):
+    def __init__(self, config: Config, store: Store, ops: Any = None):
         self.config = config
         self.store = store
+        self.ops = ops
         self.namespace = [re.compile(regex) for regex in user_namespace(config)]
         self.server: TransactionServer | None = None
 
@@ -196,7 +203,7 @@ class AppserviceFront:
 
     async def open(self, pipeline: Pipeline) -> None:
         # Listen before joining: transactions that arrive meanwhile wait for ``run``.
-        self.server = TransactionServer(self.config, self.store, pipeline)
+        self.server = TransactionServer(self.config, self.store, pipeline, self.ops)
         await self.server.start()
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:

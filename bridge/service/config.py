@@ -8,6 +8,7 @@ the environment instead of the file (see ``ENV_SECRETS``).
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,79 @@ class Appservice(_Section):
         return host or "127.0.0.1", int(port)
 
 
+def _host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def _check_listen(value: str) -> str:
+    _host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("must be host:port, such as 127.0.0.1:9464")
+    return value
+
+
+class Metrics(_Section):
+    """Prometheus metrics at /metrics and liveness at /health.  In appservice
+    mode both are served on the appservice listener and ``listen`` is unused."""
+
+    enabled: bool = False
+    listen: str = "127.0.0.1:9464"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        return _check_listen(value)
+
+    @property
+    def listen_host_port(self) -> tuple[str, int]:
+        return _host_port(self.listen)
+
+
+# "90s", "30m", "24h", "2d", "1w"; a bare number is seconds.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds in a duration such as ``30m``, ``24h`` or ``2d``; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration such as 30m, 24h or 2d")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value).lower())
+        if not match:
+            raise ValueError("must be a duration such as 30m, 24h or 2d")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError("must be a duration above zero, such as 30m, 24h or 2d")
+    return seconds
+
+
+class Reminders(_Section):
+    """A nudge in the thread of a question posted ``after`` ago and still
+    unanswered, repeated at most once every ``every``."""
+
+    enabled: bool = False
+    after: str = "24h"
+    every: str = "24h"
+
+    @field_validator("after", "every", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> str:
+        parse_duration(value)  # type: ignore[arg-type]
+        return str(value)
+
+    @property
+    def after_seconds(self) -> float:
+        return parse_duration(self.after)
+
+    @property
+    def every_seconds(self) -> float:
+        return parse_duration(self.every)
+
+
 class Config(_Section):
     homeserver: Homeserver
     bot: Bot
@@ -107,6 +181,8 @@ class Config(_Section):
     store: Store
     logging: Logging = Field(default_factory=Logging)
     appservice: Appservice = Field(default_factory=Appservice)
+    metrics: Metrics = Field(default_factory=Metrics)
+    reminders: Reminders = Field(default_factory=Reminders)
 
     @model_validator(mode="after")
     def _credentials(self) -> "Config":

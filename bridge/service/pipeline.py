@@ -95,6 +95,9 @@ class Pipeline:
     clock: Callable[[], str] = utc_now
     members: dict[str, set[str]] = field(default_factory=dict)
     on_outcome: Callable[[LogEntry], None] | None = None
+    on_batch: Callable[[list[dict[str, Any]]], None] | None = None
+    on_write: Callable[[float], None] | None = None
+    is_command: Callable[[dict[str, Any]], bool] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -123,6 +126,8 @@ class Pipeline:
         """Steps 1-3.  ``commit`` runs in the final store transaction, after the
         folder writes: that is where a transport records its progress."""
         result = BatchResult()
+        if self.on_batch:
+            self.on_batch(events)
         now = self.clock()
         with self.store.transaction():
             for event in events:
@@ -138,6 +143,9 @@ class Pipeline:
         self._track_membership(event)
         sender = event.get("sender")
         if not isinstance(sender, str) or self.own_users(sender):
+            return
+        if self.is_command is not None and self.is_command(event):
+            self.store.mark_processed(event_id, "command")  # a management command, never an answer
             return
         found = normalize(event, self.lookup)
         if found is None:
@@ -293,7 +301,10 @@ class Pipeline:
         now = self.clock()
         for (set_dir, set_id), qids in by_set.items():
             records = {qid: self.store.projection(set_dir, qid) for qid in qids}
+            started = time.monotonic()
             AnswersFile(set_dir, set_id).update(lambda doc, now, records=records: _apply(doc, records, now), now)
+            if self.on_write:
+                self.on_write(time.monotonic() - started)
         with self.store.transaction():
             self.store.clear_dirty(dirty)
             if commit:

@@ -80,7 +80,8 @@ MIGRATIONS: list[str] = [
         url TEXT NOT NULL,
         info TEXT NOT NULL              -- JSON: mimetype, size, w, h, duration_ms
     );
-    """,    # Operators (issue 10): when each question was last nudged, so a reminder
+    """,
+    # Operators (issue 10): when each question was last nudged, so a reminder
     # goes out at most once per period across restarts; management commands
     # handled, so a replayed batch does not run one twice.
     """

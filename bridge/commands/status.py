@@ -1,0 +1,74 @@
+"""``askwright-bridge status -c CONFIG [--json]``: how every set stands.
+
+For each set under ``sets.root``: questions posted (from the store),
+questions open now, answers (a pick), unsure, notes only, pending (open,
+nothing recorded yet) and stale (answering an older revision).  Safe while
+the bridge runs: the store is opened read-only and never migrated.
+
+Exit 0 (a set that can't be read is a row saying why), 2 when the config
+can't be used or the store is from a newer bridge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from typing import Any
+
+from bridge.service.config import ConfigError, load_config
+from bridge.service.setstatus import collect, format_table
+from bridge.service.store import Store, StoreVersionError
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "status",
+        help="how every set stands: posted, answered, unsure, pending, stale",
+        description="For each set under sets.root: questions posted (from the bridge's store), open now, answered "
+                    "(a pick), unsure, notes (a note or files, no pick), pending (open and nothing recorded) and "
+                    "stale (an answer to an older revision).  Exit 0; 2 when the config can't be used.",
+    )
+    parser.add_argument("-c", "--config", required=True, help="the bridge's YAML config file")
+    parser.add_argument("--json", dest="as_json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    try:
+        posted = _posted_counts(config.store.path)
+    except StoreVersionError as exc:
+        return _fail(str(exc))
+    except sqlite3.Error as exc:
+        return _fail(f"{config.store.path}: the store can't be read ({exc})")
+    rows = collect(config.sets.root, posted)
+    if args.as_json:
+        out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows]}
+        sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.write(format_table(rows))
+    return EXIT_OK
+
+
+def _posted_counts(path: Any) -> dict[str, int]:
+    try:
+        store = Store.read_only(path)
+    except FileNotFoundError:
+        return {}  # the bridge has not run yet: nothing posted
+    try:
+        return store.posted_question_counts()
+    finally:
+        store.close()
+
+
+def _fail(message: str) -> int:
+    print(f"askwright-bridge status: {' '.join(message.split())}", file=sys.stderr)
+    return EXIT_CONFIG

@@ -1,0 +1,175 @@
+"""``askwright-bridge wait SET_DIR [--question QID] [--until answered|all]
+[--timeout SECONDS] [--all]``: block until the answers asked for are in
+``answers.json``, then print what ``read`` prints.
+
+The folder is watched (inotify and the like, through watchfiles), not
+polled: the files are read once at the start and again only when
+``answers.json`` or ``questions.json`` changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from watchfiles import watch
+
+from bridge.answers.document import ANSWERED
+from bridge.answers.file import ANSWERS_NAME
+from bridge.answers.read import UNANSWERED, UNKNOWN
+from bridge.commands.read import ReadError, load_view, render
+from bridge.questionset.setdir import QUESTIONS_FILE
+
+EXIT_ARRIVED = 0
+EXIT_UNREADABLE = 2
+EXIT_TIMEOUT = 3
+
+UNTIL_ANSWERED = "answered"
+UNTIL_ALL = "all"
+
+# The watcher wakes this often even when nothing changes, only to notice the
+# deadline (and, once, a write that landed before it started watching).
+TICK_MS = 500
+
+_EPILOG = """\
+what counts as arrived:
+  an answer is a record in state "answered" (a pick) for the question's
+  current revision.  "unsure" and note-only records are not answers here
+  (use `read` to see them), nor is a stale record answering an older
+  revision: after a question is revised, wait waits for the new answer.
+
+  --question QID                that question has an answer
+  --until answered (default)    with --question: as above; without: at least
+                                one open question has an answer (answers that
+                                were already there count: it returns at once)
+  --until all                   every open question has an answer (returns at
+                                once when no question is open); not combined
+                                with --question
+
+output and exit codes:
+  prints exactly what `read SET_DIR [--all]` prints, when the answers arrived
+  (exit 0) and also on timeout (exit 3) so the current state is in hand;
+  exit 2 when the set can't be read or QID is not in questions.json.
+"""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "wait",
+        help="block until answers arrive, then print what read prints",
+        description="Block until the answers named have arrived in a set folder's answers.json, then print "
+                    "them exactly as `read` does.  The folder is watched, not polled.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("set_dir", metavar="SET_DIR", help="the set folder (holds questions.json)")
+    parser.add_argument("--question", metavar="QID", help="wait for this question's answer")
+    parser.add_argument("--until", choices=[UNTIL_ANSWERED, UNTIL_ALL], default=UNTIL_ANSWERED,
+                        help="answered: the question (or any open question) has an answer; "
+                             "all: every open question has one (default: answered)")
+    parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="give up after this many seconds with exit 3 (default: wait as long as it takes)")
+    parser.add_argument("--all", dest="include_all", action="store_true",
+                        help="print like `read --all`: also every question without an answer")
+    return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError("the timeout can't be negative")
+    return value
+
+
+# -- when the answers have arrived (pure) ----------------------------------------
+
+
+def has_answer(entry: dict[str, Any]) -> bool:
+    """A pick for the question as it stands now (stale is null only when
+    questions.json can't be read; the pick is then taken as it is)."""
+    return entry["state"] == ANSWERED and entry["stale"] is not True
+
+
+def arrived(view: dict[str, Any], question: str | None, until: str) -> bool:
+    """Whether a ``read --all`` view holds what ``wait`` is waiting for."""
+    entries = view["answers"]
+    if question is not None:
+        return any(e["qid"] == question and has_answer(e) for e in entries)
+    if until == UNTIL_ALL:
+        if any(e["status"] == UNKNOWN for e in entries):
+            return False  # questions.json can't be read: which are open is not known
+        return all(has_answer(e) for e in entries if e["status"] == "open")
+    return any(e["status"] in ("open", UNKNOWN) and has_answer(e) for e in entries)
+
+
+def as_read(view: dict[str, Any], include_all: bool) -> dict[str, Any]:
+    """The view ``read`` prints: ``read --all``'s without the unanswered
+    entries when --all was not given (one reading of the files serves both
+    the check and the output, so what is printed is what was checked)."""
+    if include_all:
+        return view
+    return {**view, "answers": [e for e in view["answers"] if e["state"] != UNANSWERED]}
+
+
+# -- the command -------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.question is not None and args.until == UNTIL_ALL:
+        return _fail("--until all waits for every open question; leave out --question")
+    set_dir = Path(args.set_dir)
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    try:
+        view = load_view(set_dir, include_all=True, warn=_warn)
+    except ReadError as exc:
+        return _fail(exc.message)
+    if args.question is not None and all(e["qid"] != args.question for e in view["answers"]):
+        return _fail(f"no question {args.question!r} in {set_dir / QUESTIONS_FILE}")
+
+    done = arrived(view, args.question, args.until)
+    if not done and (deadline is None or time.monotonic() < deadline):
+        view, done = _watch(set_dir, view, args.question, args.until, deadline)
+    sys.stdout.write(render(as_read(view, args.include_all)))
+    return EXIT_ARRIVED if done else EXIT_TIMEOUT
+
+
+def _watch(set_dir: Path, view: dict[str, Any], question: str | None, until: str,
+           deadline: float | None) -> tuple[dict[str, Any], bool]:
+    """Re-read on every change of answers.json or questions.json until the
+    answers arrive or the deadline passes; the latest good view and whether
+    it is done.  A file caught mid-rewrite by its writer (questions.json is
+    the agent's, written any way it likes) is read again on its next change."""
+    names = {ANSWERS_NAME, QUESTIONS_FILE}
+    first = True
+    for changes in watch(set_dir, watch_filter=lambda _change, path: os.path.basename(path) in names,
+                         debounce=200, step=20, rust_timeout=TICK_MS, yield_on_timeout=True, recursive=False):
+        # The first wake-up always re-reads: a write between the first check
+        # and the watcher starting would otherwise go unseen.
+        if changes or first:
+            first = False
+            try:
+                view = load_view(set_dir, include_all=True)
+            except ReadError:
+                pass
+            else:
+                if arrived(view, question, until):
+                    return view, True
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    return view, False
+
+
+def _warn(message: str) -> None:
+    print(f"askwright-bridge wait: warning: {message}", file=sys.stderr)
+
+
+def _fail(message: str) -> int:
+    print(f"askwright-bridge wait: {' '.join(message.split())}", file=sys.stderr)
+    return EXIT_UNREADABLE

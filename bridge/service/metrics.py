@@ -1,0 +1,170 @@
+"""Prometheus metrics and the /health endpoint.
+
+Everything lives on a private ``CollectorRegistry`` held by one ``Metrics``
+object, so two bridges (or two tests) in one process never share counters,
+and the exposition carries the bridge's metrics only, not the process-wide
+defaults of whatever else imported prometheus-client.
+
+The pipeline and the transports only call the ``observe_*`` methods and
+``mark_ready``; each is cheap and never raises, because losing a sample is
+better than losing an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+log = logging.getLogger(__name__)
+
+# answers.json writes are one locked fsync'd replace: milliseconds normally,
+# seconds on a struggling disk.
+_WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The bridge's counters, and whether it is ready (has handled its first
+    sync or transaction)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.questions_posted = Counter("askwright_bridge_questions_posted", "Question revisions posted to a room.",
+                                        registry=r)
+        self.answers_accepted = Counter("askwright_bridge_answers_accepted", "Answers accepted into answers.json.",
+                                        registry=r)
+        self.answers_refused = Counter("askwright_bridge_answers_refused", "Answers refused, by layer and reason.",
+                                       ["layer", "reason"], registry=r)
+        self.events_processed = Counter("askwright_bridge_events_processed",
+                                        "Room events handed to the pipeline.", registry=r)
+        self.sync_lag = Gauge("askwright_bridge_sync_lag_seconds",
+                              "Now minus origin_server_ts of the newest event handled.", registry=r)
+        self.errors = Counter("askwright_bridge_errors", "Errors and warnings, by where they happened.", ["where"],
+                              registry=r)
+        self.answers_write = Histogram("askwright_bridge_answers_write_seconds",
+                                       "Time to write one set's answers.json (lock, replace, fsync).",
+                                       buckets=_WRITE_BUCKETS, registry=r)
+        self.ready_gauge = Gauge("askwright_bridge_ready", "1 once the first sync or transaction is handled.",
+                                 registry=r)
+        self._ready = False
+
+    # -- what the bridge reports ---------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def mark_ready(self) -> None:
+        if not self._ready:
+            self._ready = True
+            self.ready_gauge.set(1)
+
+    def mark_not_ready(self) -> None:
+        self._ready = False
+        self.ready_gauge.set(0)
+
+    def observe_posted(self, _question: Any = None) -> None:
+        """One question posted (takes the poster's RecordedQuestion, or nothing)."""
+        self.questions_posted.inc()
+
+    def observe_outcome(self, entry: Any) -> None:
+        """One answer-log entry (the store's LogEntry: outcome, layer, reason)."""
+        outcome = getattr(entry, "outcome", None)
+        if outcome == "accepted":
+            self.answers_accepted.inc()
+        elif outcome == "refused":
+            self.answers_refused.labels(layer=getattr(entry, "layer", None) or "unknown",
+                                        reason=getattr(entry, "reason", None) or "unknown").inc()
+
+    def observe_batch(self, events: Iterable[Any]) -> None:
+        """A batch of room events about to be processed: counts them and sets
+        the lag from the newest ``origin_server_ts`` among them.  An empty
+        batch leaves the lag as it was (nothing newer was handled)."""
+        count = 0
+        newest = None
+        for event in events:
+            count += 1
+            ts = event.get("origin_server_ts") if isinstance(event, dict) else None
+            if isinstance(ts, int) and not isinstance(ts, bool) and (newest is None or ts > newest):
+                newest = ts
+        self.events_processed.inc(count)
+        if newest is not None:
+            self.sync_lag.set(max(0.0, self.clock() - newest / 1000))
+
+    def observe_write(self, seconds: float) -> None:
+        self.answers_write.observe(max(0.0, seconds))
+
+    def observe_error(self, where: str) -> None:
+        self.errors.labels(where=where or "unknown").inc()
+
+    def error_counter(self) -> logging.Handler:
+        """A logging handler counting every WARNING and above into errors_total,
+        labelled with the logger's last name part (``bot``, ``pipeline``,
+        ``poster``, ``app``, ``appservice``): every place that already logs a
+        failure is counted without another call."""
+        return _ErrorCounter(self)
+
+    # -- exposition ------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ErrorCounter(logging.Handler):
+    def __init__(self, metrics: Metrics):
+        super().__init__(level=logging.WARNING)
+        self.metrics = metrics
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.metrics.observe_error(record.name.rsplit(".", 1)[-1])
+
+
+def health_routes(state: Metrics) -> web.RouteTableDef:
+    """GET /metrics (text exposition) and GET /health ({"live", "ready"}; 200
+    when ready, 503 before), to add to any aiohttp application."""
+    routes = web.RouteTableDef()
+
+    @routes.get("/metrics")
+    async def metrics(_request: web.Request) -> web.Response:
+        # CONTENT_TYPE_LATEST carries a charset, which aiohttp wants separately.
+        content_type, _, params = CONTENT_TYPE_LATEST.partition(";")
+        charset = params.partition("charset=")[2].strip() or "utf-8"
+        return web.Response(body=state.exposition(), content_type=content_type.strip(), charset=charset)
+
+    @routes.get("/health")
+    async def health(_request: web.Request) -> web.Response:
+        return web.json_response({"live": True, "ready": state.ready}, status=200 if state.ready else 503)
+
+    return routes
+
+
+def health_app(state: Metrics) -> web.Application:
+    app = web.Application()
+    app.add_routes(health_routes(state))
+    return app
+
+
+async def start_http(listen: str | tuple[str, int], state: Metrics) -> web.AppRunner:
+    """Serve /metrics and /health on ``listen`` ("host:port"); bot mode's
+    listener.  Stop it with ``await runner.cleanup()``."""
+    if isinstance(listen, str):
+        host, _, port = listen.rpartition(":")
+        host, port_number = host or "127.0.0.1", int(port)
+    else:
+        host, port_number = listen
+    runner = web.AppRunner(health_app(state), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port_number)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    log.info("metrics and health on http://%s:%d/metrics and /health", host, port_number)
+    return runner

@@ -1,0 +1,106 @@
+"""How each set stands: what was posted, answered, is still pending or stale.
+
+Shared by ``askwright-bridge status`` and the ``!ask status`` command.  The
+answer side is computed from ``read``'s own view (answers.json checked
+against the current questions.json), never re-derived, so ``status`` and
+``read`` can't disagree; what was posted comes from the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bridge.answers.document import ANSWERED, NOTE_ONLY, UNSURE
+from bridge.answers.read import UNANSWERED
+from bridge.commands.read import ReadError, load_view
+from bridge.questionset.load import LoadError
+from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
+from bridge.service.sets import discover
+
+COLUMNS = ("posted", "open", "answered", "unsure", "notes", "pending", "stale")
+
+
+@dataclass(frozen=True)
+class SetStatus:
+    set_id: str
+    set_dir: str
+    posted: int = 0    # distinct questions the bridge ever posted for this set
+    open: int = 0      # questions open in questions.json now
+    answered: int = 0  # records with a pick
+    unsure: int = 0    # records whose pick is "unsure"
+    notes: int = 0     # records with a note or files but no pick
+    pending: int = 0   # open questions with no record at all
+    stale: int = 0     # records answering an older revision of their question
+    problem: str | None = None  # why the set could not be read; the counts are then 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def count_view(view: dict[str, Any]) -> dict[str, int]:
+    """The answer-side counts of a ``read --all`` view."""
+    entries = view["answers"]
+    return {
+        "open": sum(1 for e in entries if e["status"] == "open"),
+        "answered": sum(1 for e in entries if e["state"] == ANSWERED),
+        "unsure": sum(1 for e in entries if e["state"] == UNSURE),
+        "notes": sum(1 for e in entries if e["state"] == NOTE_ONLY),
+        "pending": sum(1 for e in entries if e["state"] == UNANSWERED and e["status"] == "open"),
+        "stale": sum(1 for e in entries if e["stale"] is True),
+    }
+
+
+def set_status(set_dir: Path, posted: Mapping[str, int]) -> SetStatus:
+    try:
+        view = load_view(set_dir, include_all=True)
+    except ReadError as exc:
+        set_id = set_id_of(set_dir)
+        return SetStatus(set_id, str(set_dir), posted=posted.get(set_id, 0), problem=exc.message)
+    return SetStatus(view["set"], str(set_dir), posted=posted.get(view["set"], 0), **count_view(view))
+
+
+def collect(root: Path, posted: Mapping[str, int]) -> list[SetStatus]:
+    """Every set under ``root``, in the order the bridge scans them."""
+    return [set_status(set_dir, posted) for set_dir in discover(root)]
+
+
+def set_id_of(set_dir: Path) -> str:
+    """The id in questions.json, or the folder's name when it has none readable."""
+    try:
+        raw = read_questions(str(set_dir / QUESTIONS_FILE))
+    except LoadError:
+        return set_dir.name
+    value = raw.get("id")
+    return value if isinstance(value, str) and value else set_dir.name
+
+
+def find_set(root: Path, set_id: str) -> Path | None:
+    """The folder under ``root`` of the set with this id (or folder name)."""
+    by_name = None
+    for set_dir in discover(root):
+        if set_id_of(set_dir) == set_id:
+            return set_dir
+        if by_name is None and set_dir.name == set_id:
+            by_name = set_dir
+    return by_name
+
+
+def format_table(rows: list[SetStatus]) -> str:
+    """A plain-text table, one line per set, a problem spelled out in place of counts."""
+    if not rows:
+        return "no sets\n"
+    header = ("SET", *(c.upper() for c in COLUMNS))
+    lines = [[row.set_id, *(str(getattr(row, c)) for c in COLUMNS)] if row.problem is None
+             else [row.set_id, str(row.posted), *("-" for _ in COLUMNS[1:])] for row in rows]
+    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
+
+    def join(cells: list[str] | tuple[str, ...]) -> str:
+        return "  ".join([cells[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))])
+
+    out = [join(header)]
+    for row, line in zip(rows, lines):
+        out.append(join(line) + (f"  ({' '.join(row.problem.split())})" if row.problem else ""))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,153 @@
+"""Operators against a real Synapse, through the running bridge: /metrics and
+/health move during a run; management commands work for an admin and are
+refused for others; reminders nudge unanswered questions once per period."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from helpers.harness import answer_content
+from helpers.sets import all_kinds_set
+
+pytestmark = pytest.mark.integration
+
+QUESTION_COUNT = 8
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def until(check, timeout: float = 20, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+async def test_metrics_and_health_move_during_a_run(bridge):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    bridge.extra_config = {"metrics": {"enabled": True, "listen": f"127.0.0.1:{port}"}}
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTION_COUNT)
+
+    async def ready():
+        status, body = await asyncio.to_thread(get, base + "/health")
+        return status == 200 and json.loads(body) == {"live": True, "ready": True}
+    await until(ready, what="ready /health")
+
+    _status, text = await asyncio.to_thread(get, base + "/metrics")
+    assert metric(text, "askwright_bridge_questions_posted_total") == QUESTION_COUNT
+    assert metric(text, "askwright_bridge_ready") == 1
+    events_before = metric(text, "askwright_bridge_events_processed_total")
+
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    refused = await bridge.alice.send(bridge.room_id, answer_content(questions[("takes", 1)], option_id="nope"))
+    await bridge.wait_answer("kinds", "branch")
+    await bridge.alice.wait_notice(bridge.room_id, refused)
+
+    _status, text = await asyncio.to_thread(get, base + "/metrics")
+    assert metric(text, "askwright_bridge_answers_accepted_total") == 1
+    assert 'askwright_bridge_answers_refused_total{layer="recorded",reason="option_not_offered"} 1.0' in text
+    assert metric(text, "askwright_bridge_events_processed_total") > events_before
+    assert metric(text, "askwright_bridge_answers_write_seconds_count") >= 1
+    assert 0 <= metric(text, "askwright_bridge_sync_lag_seconds") < 60
+    assert bridge.stop() == 0
+
+
+async def test_management_commands_work_for_an_admin_and_are_refused_for_others(bridge, person, synapse):
+    bob = person()
+    bridge.extra_config = {"admins": [bridge.alice.user_id], "answerers": [bridge.alice.user_id]}
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    await bridge.wait_questions(bridge.alice, QUESTION_COUNT)
+    from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
+    _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{bridge.room_id}/invite",
+               {"user_id": bob.user_id}, bridge.bot["access_token"])
+    synapse.join(bob.token, bridge.room_id)
+    alice, room = bridge.alice, bridge.room_id
+
+    async def reply_to(event_id: str) -> dict | None:
+        for event in await alice.messages(room):
+            relates = event.get("content", {}).get("m.relates_to", {})
+            if relates.get("m.in_reply_to", {}).get("event_id") == event_id and event["sender"] == bridge.bot["user_id"]:
+                return event
+        return None
+
+    status = await alice.send(room, {"msgtype": "m.text", "body": "!ask status"})
+    reply = await until(lambda: reply_to(status), what="status reply")
+    assert "kinds" in reply["content"]["body"] and "PENDING" in reply["content"]["body"]
+
+    refused = await bob.send(room, {"msgtype": "m.text", "body": "!ask close kinds branch"})
+    reply = await until(lambda: reply_to(refused), what="refusal")
+    assert "only the bridge's admins" in reply["content"]["body"]
+    questions_file = bridge.sets_root / "kinds" / "questions.json"
+    assert all(q.get("status", "open") == "open" for q in json.loads(questions_file.read_text())["questions"])
+
+    close = await alice.send(room, {"msgtype": "m.text", "body": "!ask close kinds branch"})
+    reply = await until(lambda: reply_to(close), what="close reply")
+    assert "Closed “branch”" in reply["content"]["body"]
+    branch = next(q for q in json.loads(questions_file.read_text())["questions"] if q["id"] == "branch")
+    assert branch["status"] == "closed"
+
+    async def closed_notice():
+        return [e for e in await alice.messages(room)
+                if e.get("content", {}).get("dev.superpipeline.question.closed", {}).get("qid") == "branch"]
+    await until(closed_notice, what="closing notice")
+    # The commands were never taken for answers.
+    assert bridge.answers("kinds")["answers"] == {}
+    bridge.check_alive()
+
+
+async def test_reminders_nudge_unanswered_questions_once_per_period(bridge):
+    bridge.extra_config = {"reminders": {"enabled": True, "after": "2s", "every": "1h"}}
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTION_COUNT)
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    await bridge.wait_answer("kinds", "branch")
+
+    async def reminders():
+        found = [e for e in await bridge.alice.messages(bridge.room_id)
+                 if "dev.superpipeline.question.reminder" in e.get("content", {})]
+        return found if len(found) >= QUESTION_COUNT - 1 else None
+    found = await until(reminders, timeout=30, what="reminders")
+    nudged = [e["content"]["dev.superpipeline.question.reminder"]["qid"] for e in found]
+    assert sorted(nudged) == sorted(qid for qid, _rev in questions if qid != "branch")
+    for event in found:
+        assert event["content"]["m.relates_to"]["rel_type"] == "m.thread"
+    await asyncio.sleep(4)  # several passes later: still once per question
+    again = [e for e in await bridge.alice.messages(bridge.room_id)
+             if "dev.superpipeline.question.reminder" in e.get("content", {})]
+    assert len(again) == QUESTION_COUNT - 1

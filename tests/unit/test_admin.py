@@ -1,0 +1,302 @@
+"""Management commands: the parser, the handler (admins and everyone else), the dispatcher."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.admin import (CLOSE, HELP, INVALID, MAX_COMMAND_AGE_MS, POST, REMIND, STATUS, AdminContext,
+                                  AdminDispatcher, Command, close_in_file, describe_post, handle, is_command,
+                                  parse_command, reply_content)
+from bridge.service.poster import PostReport
+from bridge.service.store import Store
+
+ADMIN = "@admin:hs"
+STRANGER = "@someone:hs"
+
+
+# -- the parser ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("!ask", Command(HELP)),
+    ("!ask help", Command(HELP)),
+    ("!ASK Help", Command(HELP)),
+    ("  !ask   status  ", Command(STATUS)),
+    ("!ask post release", Command(POST, set_id="release")),
+    ("!ask close release branch", Command(CLOSE, set_id="release", qid="branch")),
+    ("!ask remind release", Command(REMIND, set_id="release")),
+    ("!ask\tpost\trelease", Command(POST, set_id="release")),
+    # Set ids and question ids keep their case; only the verb is folded.
+    ("!ask close Release Branch", Command(CLOSE, set_id="Release", qid="Branch")),
+    # A reply: the quoted fallback is skipped, the first line of the reply read.
+    ("> <@alice:hs> Which branch?\n> more\n\n!ask close release branch", Command(CLOSE, set_id="release",
+                                                                                 qid="branch")),
+    # Only the first line counts: what follows is commentary.
+    ("!ask post release\nplease, the old one was wrong", Command(POST, set_id="release")),
+])
+def test_commands_are_parsed(body, expected):
+    assert parse_command(body) == expected
+
+
+@pytest.mark.parametrize("body", ["", "   ", "hello", "ask help", "!askhelp", "!ask-help", "please !ask help",
+                                  "> !ask help", None, 42, {"body": "!ask help"}])
+def test_what_is_not_a_command_is_none(body):
+    assert parse_command(body) is None
+
+
+@pytest.mark.parametrize("body, words", [
+    ("!ask frobnicate", "no command “frobnicate”"),
+    ("!ask post", "!ask post <set>"),
+    ("!ask post a b", "!ask post <set>"),
+    ("!ask close release", "!ask close <set> <question>"),
+    ("!ask close a b c", "!ask close <set> <question>"),
+    ("!ask remind", "!ask remind <set>"),
+    ("!ask status now", "!ask status"),
+    ("!ask help me", "!ask help"),
+])
+def test_a_malformed_command_is_invalid_and_says_the_right_form(body, words):
+    command = parse_command(body)
+    assert command is not None and command.verb == INVALID
+    assert words in command.problem
+
+
+def test_is_command_looks_at_room_messages_only():
+    assert is_command({"type": "m.room.message", "content": {"msgtype": "m.text", "body": "!ask status"}})
+    assert is_command({"type": "m.room.message", "content": {"body": "!ask nonsense"}})  # invalid is still ours
+    assert not is_command({"type": "m.room.message", "content": {"body": "stable, please"}})
+    assert not is_command({"type": "m.reaction", "content": {"body": "!ask status"}})
+    assert not is_command({"type": "m.room.message", "content": "!ask status"})
+    assert not is_command("!ask status")
+
+
+# -- the handler -----------------------------------------------------------------------
+
+
+QUESTIONS = {
+    "askwright": 1, "id": "release", "title": "Release", "x-extra": {"kept": True},
+    "questions": [
+        {"id": "branch", "kind": "choice", "title": "Branch", "question": "Which branch?",
+         "options": [{"id": "main", "label": "Main"}, {"id": "stable", "label": "Stable"}]},
+        {"id": "name", "kind": "text", "title": "Name", "question": "What name?", "status": "withdrawn",
+         "reason": "not needed"},
+    ],
+}
+
+
+@pytest.fixture
+def sets_root(tmp_path: Path) -> Path:
+    root = tmp_path / "sets"
+    folder = root / "release-folder"
+    folder.mkdir(parents=True)
+    (folder / "questions.json").write_text(json.dumps(QUESTIONS))
+    return root
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.posted: list[Path] = []
+        self.reminded: list[str] = []
+        self.remind_count = 2
+
+    async def post_set(self, set_dir: Path) -> str:
+        self.posted.append(set_dir)
+        return "Posted 1 question."
+
+    async def remind_set(self, set_id: str) -> int:
+        self.reminded.append(set_id)
+        return self.remind_count
+
+
+@pytest.fixture
+def ctx(tmp_path, sets_root):
+    calls = Calls()
+    store = Store(tmp_path / "s.sqlite")
+    context = AdminContext(admins=frozenset({ADMIN}), sets_root=sets_root, store=store, post_set=calls.post_set,
+                           remind_set=calls.remind_set)
+    context.calls = calls
+    yield context
+    store.close()
+
+
+@pytest.mark.parametrize("body", ["!ask", "!ask help", "!ask status", "!ask post release",
+                                  "!ask close release branch", "!ask remind release", "!ask nonsense"])
+async def test_everyone_but_an_admin_is_refused_and_nothing_happens(ctx, sets_root, body):
+    reply = await handle(parse_command(body), STRANGER, ctx)
+    assert "only the bridge's admins" in reply
+    assert ctx.calls.posted == [] and ctx.calls.reminded == []
+    assert json.loads((sets_root / "release-folder" / "questions.json").read_text()) == QUESTIONS
+
+
+async def test_with_no_admins_configured_nobody_may(ctx):
+    ctx.admins = frozenset()
+    assert "only the bridge's admins" in await handle(parse_command("!ask help"), ADMIN, ctx)
+
+
+async def test_help_lists_every_command(ctx):
+    reply = await handle(parse_command("!ask help"), ADMIN, ctx)
+    for form in ("!ask help", "!ask status", "!ask post <set>", "!ask close <set> <question>", "!ask remind <set>"):
+        assert form in reply
+
+
+async def test_an_invalid_command_gets_the_right_form(ctx):
+    reply = await handle(parse_command("!ask close release"), ADMIN, ctx)
+    assert "!ask close <set> <question>" in reply and "!ask help" in reply
+
+
+async def test_status_is_the_status_table(ctx):
+    content = {"elicitation_id": "elc_1", "question": {"id": "branch", "rev": 1, "title": "Branch"}}
+    with ctx.store.transaction():
+        ctx.store.record_posted(RecordedQuestion("$q", "!r", "release", content), set_dir="/x", posted_at=1)
+    reply = await handle(parse_command("!ask status"), ADMIN, ctx)
+    header, row = reply.splitlines()
+    assert header.split() == ["SET", "POSTED", "OPEN", "ANSWERED", "UNSURE", "NOTES", "PENDING", "STALE"]
+    assert row.split() == ["release", "1", "1", "0", "0", "0", "1", "0"]
+
+
+async def test_post_finds_the_set_by_id_and_asks_the_poster(ctx, sets_root):
+    reply = await handle(parse_command("!ask post release"), ADMIN, ctx)
+    assert reply == "Posted 1 question."
+    assert ctx.calls.posted == [sets_root / "release-folder"]
+
+
+async def test_a_set_can_be_named_by_its_folder_too(ctx, sets_root):
+    await handle(parse_command("!ask post release-folder"), ADMIN, ctx)
+    assert ctx.calls.posted == [sets_root / "release-folder"]
+
+
+@pytest.mark.parametrize("body", ["!ask post nope", "!ask close nope branch", "!ask remind nope"])
+async def test_an_unknown_set_is_said_so(ctx, body):
+    reply = await handle(parse_command(body), ADMIN, ctx)
+    assert "no set “nope”" in reply
+    assert ctx.calls.posted == [] and ctx.calls.reminded == []
+
+
+async def test_close_sets_the_status_in_questions_json_and_keeps_everything_else(ctx, sets_root):
+    path = sets_root / "release-folder" / "questions.json"
+    reply = await handle(parse_command("!ask close release branch"), ADMIN, ctx)
+    assert "Closed “branch”" in reply
+    after = json.loads(path.read_text())
+    expected = json.loads(json.dumps(QUESTIONS))
+    expected["questions"][0]["status"] = "closed"
+    assert after == expected
+    assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
+    again = await handle(parse_command("!ask close release branch"), ADMIN, ctx)
+    assert again == "“branch” is already closed."
+
+
+async def test_close_refuses_unknown_and_no_longer_open_questions(ctx, sets_root):
+    before = (sets_root / "release-folder" / "questions.json").read_bytes()
+    assert "no question “nope”" in await handle(parse_command("!ask close release nope"), ADMIN, ctx)
+    assert await handle(parse_command("!ask close release name"), ADMIN, ctx) == "“name” is already withdrawn."
+    assert (sets_root / "release-folder" / "questions.json").read_bytes() == before
+
+
+def test_close_reports_an_unreadable_questions_file(tmp_path):
+    (tmp_path / "questions.json").write_text("{ not json")
+    assert "can't be read" in close_in_file(tmp_path, "branch")
+
+
+async def test_remind_counts_what_was_sent(ctx):
+    assert await handle(parse_command("!ask remind release"), ADMIN, ctx) == "Sent 2 reminders for “release”."
+    assert ctx.calls.reminded == ["release"]
+    ctx.calls.remind_count = 0
+    assert "Nothing to remind about" in await handle(parse_command("!ask remind release"), ADMIN, ctx)
+
+
+def test_a_post_report_reads_as_a_sentence():
+    assert describe_post(PostReport(posted=["s/a@1", "s/b@1"], closed=["s/c@1"])) == \
+        "Posted 2 questions, closed 1."
+    assert describe_post(PostReport(posted=["s/a@1"])) == "Posted 1 question."
+    assert describe_post(PostReport()).startswith("Nothing to post")
+    assert "fails lint" in describe_post(PostReport(broken={"/s": ["questions[0].kind: bad"]}))
+
+
+def test_a_reply_quotes_the_command_and_keeps_a_table_in_pre():
+    plain = reply_content("Done.", "$cmd")
+    assert plain == {"msgtype": "m.notice", "body": "Done.", "m.relates_to": {"m.in_reply_to": {"event_id": "$cmd"}}}
+    table = reply_content("SET  X\n<a>  1", "$cmd")
+    assert table["formatted_body"] == "<pre><code>SET  X\n&lt;a&gt;  1</code></pre>"
+
+
+# -- the dispatcher --------------------------------------------------------------------
+
+NOW = 1_800_000_000.0
+
+
+def message(event_id: str, body: str, sender: str = ADMIN, age_ms: int = 1000) -> dict:
+    return {"type": "m.room.message", "event_id": event_id, "room_id": "!r", "sender": sender,
+            "origin_server_ts": int(NOW * 1000) - age_ms, "content": {"msgtype": "m.text", "body": body}}
+
+
+class Sender:
+    def __init__(self, fail: int = 0) -> None:
+        self.sent: list[tuple[str, str, dict, str]] = []
+        self.fail = fail
+
+    async def __call__(self, room_id: str, event_type: str, content: dict, txn_id: str) -> str:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("homeserver away")
+        self.sent.append((room_id, event_type, content, txn_id))
+        return "$reply"
+
+
+async def test_the_dispatcher_answers_each_command_once(ctx):
+    send = Sender()
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: user == "@bot:hs", clock=lambda: NOW)
+    events = [message("$1", "!ask help"), message("$2", "just chatting"), message("$3", "!ask status", STRANGER),
+              message("$4", "!ask help", "@bot:hs"), message("$old", "!ask remind release",
+                                                              age_ms=MAX_COMMAND_AGE_MS + 1)]
+    assert dispatcher.collect(events) == 2
+    assert dispatcher.collect(events) == 0  # a replayed batch queues nothing twice
+    assert await dispatcher.drain() == 2
+    replies = {content["m.relates_to"]["m.in_reply_to"]["event_id"]: content["body"] for _r, _t, content, _x in send.sent}
+    assert "!ask close <set> <question>" in replies["$1"]
+    assert "only the bridge's admins" in replies["$3"]
+    assert ctx.calls.reminded == []  # the old command was history, not a request
+    assert ctx.store.command_handled("$1") and ctx.store.command_handled("$3")
+    assert dispatcher.collect(events) == 0  # handled ones are remembered by the store
+
+
+async def test_a_reply_that_cannot_be_sent_is_retried_without_running_the_command_again(ctx):
+    send = Sender(fail=1)
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: NOW)
+    dispatcher.collect([message("$1", "!ask remind release")])
+    assert await dispatcher.drain() == 0
+    assert not ctx.store.command_handled("$1")
+    assert await dispatcher.drain() == 1
+    assert ctx.calls.reminded == ["release"]  # run once, though the reply was sent on the second try
+    assert len(send.sent) == 1 and send.sent[0][2]["body"] == "Sent 2 reminders for “release”."
+
+
+async def test_a_command_that_raises_is_answered_with_the_error(ctx):
+    async def broken(set_dir: Path) -> str:
+        raise RuntimeError("disk full")
+
+    ctx.post_set = broken
+    send = Sender()
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: NOW)
+    dispatcher.collect([message("$1", "!ask post release")])
+    assert await dispatcher.drain() == 1
+    assert send.sent[0][2]["body"] == "That did not work: disk full"
+
+
+async def test_run_answers_in_the_background_until_stopped(ctx):
+    import asyncio
+
+    send = Sender()
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: NOW)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(dispatcher.run(stop))
+    dispatcher.collect([message("$1", "!ask help")])
+    for _ in range(100):
+        if send.sent:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert len(send.sent) == 1

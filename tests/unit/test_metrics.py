@@ -1,0 +1,155 @@
+"""Metrics: the counters move, the exposition shows them, /health says ready only once ready."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import urllib.error
+import urllib.request
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from bridge.service.metrics import Metrics, health_app, start_http
+from bridge.service.store import LogEntry
+
+
+def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels or None)
+
+
+def entry(outcome: str, layer: str | None = None, reason: str | None = None) -> LogEntry:
+    return LogEntry("$a", "!r", "@p:hs", "answer_event", outcome, layer=layer, reason=reason)
+
+
+def test_outcomes_count_accepted_and_refused_by_layer_and_reason():
+    metrics = Metrics()
+    metrics.observe_outcome(entry("accepted"))
+    metrics.observe_outcome(entry("accepted"))
+    metrics.observe_outcome(entry("refused", "recorded", "question_closed"))
+    metrics.observe_outcome(entry("refused", "schema", "not_json"))
+    metrics.observe_outcome(entry("refused", "schema", "not_json"))
+    metrics.observe_outcome(entry("annotated"))  # a note is not an answer: counted nowhere here
+    assert sample(metrics, "askwright_bridge_answers_accepted_total") == 2
+    assert sample(metrics, "askwright_bridge_answers_refused_total", layer="recorded", reason="question_closed") == 1
+    assert sample(metrics, "askwright_bridge_answers_refused_total", layer="schema", reason="not_json") == 2
+
+
+def test_a_refusal_without_layer_or_reason_is_labelled_unknown():
+    metrics = Metrics()
+    metrics.observe_outcome(entry("refused"))
+    assert sample(metrics, "askwright_bridge_answers_refused_total", layer="unknown", reason="unknown") == 1
+
+
+def test_a_batch_counts_its_events_and_sets_the_lag_from_the_newest():
+    metrics = Metrics(clock=lambda: 1_000.0)
+    metrics.observe_batch([{"origin_server_ts": 990_000}, {"origin_server_ts": 997_500}, {"type": "x"}, "junk"])
+    assert sample(metrics, "askwright_bridge_events_processed_total") == 4
+    assert sample(metrics, "askwright_bridge_sync_lag_seconds") == 2.5
+    metrics.observe_batch([])  # nothing newer handled: the lag stays
+    assert sample(metrics, "askwright_bridge_sync_lag_seconds") == 2.5
+    metrics.observe_batch([{"origin_server_ts": 1_000_500}])  # clocks differ a little: never negative
+    assert sample(metrics, "askwright_bridge_sync_lag_seconds") == 0
+
+
+def test_posts_writes_and_errors_are_recorded():
+    metrics = Metrics()
+    metrics.observe_posted()
+    metrics.observe_posted(object())
+    metrics.observe_write(0.004)
+    metrics.observe_write(0.2)
+    metrics.observe_error("sync")
+    assert sample(metrics, "askwright_bridge_questions_posted_total") == 2
+    assert sample(metrics, "askwright_bridge_answers_write_seconds_count") == 2
+    assert sample(metrics, "askwright_bridge_answers_write_seconds_bucket", le="0.005") == 1
+    assert sample(metrics, "askwright_bridge_errors_total", where="sync") == 1
+
+
+def test_warnings_logged_anywhere_in_the_bridge_count_as_errors_by_module():
+    metrics = Metrics()
+    handler = metrics.error_counter()
+    logger = logging.getLogger("bridge")
+    logger.addHandler(handler)
+    try:
+        logging.getLogger("bridge.service.bot").warning("sync batch not handled")
+        logging.getLogger("bridge.service.poster").error("set skipped")
+        logging.getLogger("bridge.service.poster").info("question posted")  # not an error
+    finally:
+        logger.removeHandler(handler)
+    assert sample(metrics, "askwright_bridge_errors_total", where="bot") == 1
+    assert sample(metrics, "askwright_bridge_errors_total", where="poster") == 1
+
+
+def test_the_exposition_is_prometheus_text_with_the_bridge_metrics_only():
+    metrics = Metrics()
+    metrics.observe_posted()
+    text = metrics.exposition().decode()
+    assert "# TYPE askwright_bridge_questions_posted_total counter" in text
+    assert "askwright_bridge_questions_posted_total 1.0" in text
+    assert "# TYPE askwright_bridge_answers_write_seconds histogram" in text
+    assert "askwright_bridge_ready 0.0" in text
+    # A private registry: no process or platform collectors of the global one.
+    assert "process_" not in text and "python_info" not in text
+
+
+def test_two_bridges_in_one_process_do_not_share_counters():
+    first, second = Metrics(), Metrics()
+    first.observe_posted()
+    assert sample(second, "askwright_bridge_questions_posted_total") == 0
+
+
+async def test_health_is_503_until_ready_then_200_and_metrics_are_served():
+    metrics = Metrics()
+    client = TestClient(TestServer(health_app(metrics)))
+    await client.start_server()
+    try:
+        response = await client.get("/health")
+        assert response.status == 503
+        assert await response.json() == {"live": True, "ready": False}
+        metrics.mark_ready()
+        response = await client.get("/health")
+        assert response.status == 200
+        assert await response.json() == {"live": True, "ready": True}
+        metrics.observe_outcome(entry("accepted"))
+        response = await client.get("/metrics")
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        body = await response.text()
+        assert "askwright_bridge_answers_accepted_total 1.0" in body
+        assert "askwright_bridge_ready 1.0" in body
+        metrics.mark_not_ready()
+        assert (await client.get("/health")).status == 503
+    finally:
+        await client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_start_http_serves_on_the_configured_address_and_stops():
+    metrics = Metrics()
+    port = free_port()
+    runner = await start_http(f"127.0.0.1:{port}", metrics)
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    try:
+        status, _body = await asyncio.to_thread(get, "/health")
+        assert status == 503
+        metrics.mark_ready()
+        metrics.observe_posted()
+        assert (await asyncio.to_thread(get, "/health"))[0] == 200
+        status, body = await asyncio.to_thread(get, "/metrics")
+        assert status == 200 and "askwright_bridge_questions_posted_total 1.0" in body
+    finally:
+        await runner.cleanup()
+    with socket.socket() as sock:  # nobody listens any more
+        assert sock.connect_ex(("127.0.0.1", port)) != 0

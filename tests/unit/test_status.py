@@ -1,0 +1,156 @@
+"""``askwright-bridge status``: every set's counts, from the store and from read's own view."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bridge.answers.document import put_record
+from bridge.answers.file import AnswersFile
+from bridge.cli import main
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.setstatus import SetStatus, count_view, format_table
+from bridge.service.store import SCHEMA_VERSION, Store
+
+NOW = "2026-11-30T12:00:00.000Z"
+
+
+def text_q(qid: str, rev: int = 1, status: str = "open") -> dict:
+    return {"id": qid, "kind": "text", "title": qid.title(), "question": f"What about {qid}?", "rev": rev,
+            "status": status}
+
+
+def write_set(root: Path, folder: str, set_id: str, questions: list[dict]) -> Path:
+    set_dir = root / folder
+    set_dir.mkdir(parents=True)
+    (set_dir / "questions.json").write_text(json.dumps({"askwright": 1, "id": set_id, "title": "T",
+                                                        "questions": questions}))
+    return set_dir
+
+
+def answer(set_dir: Path, set_id: str, record: dict) -> None:
+    AnswersFile(set_dir, set_id).update(lambda doc, now: put_record(doc, record, now), NOW)
+
+
+@pytest.fixture
+def bridge_config(tmp_path: Path) -> Path:
+    root = tmp_path / "sets"
+    # "release": six questions covering every column.
+    release = write_set(root, "release", "release", [
+        text_q("a"), text_q("b"), text_q("c"), text_q("d", rev=2), text_q("e"), text_q("f", status="closed"),
+        text_q("g"),
+    ])
+    answer(release, "release", {"qid": "a", "text": "yes", "q_rev": 1})            # answered
+    answer(release, "release", {"qid": "b", "choice": "unsure", "q_rev": 1})       # unsure
+    answer(release, "release", {"qid": "c", "note": "see the log", "q_rev": 1})    # note only
+    answer(release, "release", {"qid": "d", "text": "old", "q_rev": 1})            # answered, stale (now rev 2)
+    answer(release, "release", {"qid": "f", "text": "done", "q_rev": 1})           # answered, closed since
+    # e and g: open, nothing recorded -> pending
+    write_set(root, "fresh", "fresh", [text_q("x")])
+    broken = root / "broken"
+    broken.mkdir()
+    (broken / "questions.json").write_text("{ not json")
+
+    store = Store(tmp_path / "bridge.sqlite")
+    for event_id, set_id, qid, rev in [("$1", "release", "a", 1), ("$2", "release", "b", 1), ("$3", "release", "d", 1),
+                                       ("$4", "release", "d", 2), ("$5", "fresh", "x", 1)]:
+        content = {"elicitation_id": f"elc{event_id}", "question": {"id": qid, "rev": rev, "title": qid}}
+        with store.transaction():
+            store.record_posted(RecordedQuestion(event_id, "!r", set_id, content), set_dir=str(root / set_id),
+                                posted_at=1)
+    store.close()
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:8008"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": "./sets"}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite"},
+    }))
+    return config
+
+
+def by_set(output: str) -> dict[str, dict]:
+    data = json.loads(output)
+    assert data["ok"] is True
+    return {row["set_id"]: row for row in data["sets"]}
+
+
+def test_json_counts_every_column(bridge_config, capsys):
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    rows = by_set(capsys.readouterr().out)
+    release = rows["release"]
+    assert {k: release[k] for k in ("posted", "open", "answered", "unsure", "notes", "pending", "stale")} == \
+        {"posted": 3, "open": 6, "answered": 3, "unsure": 1, "notes": 1, "pending": 2, "stale": 1}
+    assert release["problem"] is None
+    assert rows["fresh"]["posted"] == 1 and rows["fresh"]["pending"] == 1 and rows["fresh"]["answered"] == 0
+
+
+def test_a_set_that_cant_be_read_is_a_row_saying_why_and_the_exit_is_still_0(bridge_config, capsys):
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    broken = by_set(capsys.readouterr().out)["broken"]
+    assert "not" in broken["problem"] and broken["answered"] == 0
+
+
+def test_the_table_has_a_line_per_set(bridge_config, capsys):
+    assert main(["status", "-c", str(bridge_config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["SET", "POSTED", "OPEN", "ANSWERED", "UNSURE", "NOTES", "PENDING", "STALE"]
+    cells = {line.split()[0]: line.split() for line in lines[1:]}
+    assert cells["release"][1:] == ["3", "6", "3", "1", "1", "2", "1"]
+    assert cells["broken"][1:8] == ["0", "-", "-", "-", "-", "-", "-"] and "(" in lines[1 + list(cells).index("broken")]
+
+
+def test_the_counts_agree_with_read(bridge_config, capsys):
+    # status is computed from read's own view: the same answered count as read's "count" minus unsure/notes.
+    assert main(["read", str(bridge_config.parent / "sets" / "release")]) == 0
+    view = json.loads(capsys.readouterr().out)
+    states = [a["state"] for a in view["answers"]]
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    release = by_set(capsys.readouterr().out)["release"]
+    assert release["answered"] == states.count("answered") and release["unsure"] == states.count("unsure")
+
+
+def test_without_a_store_nothing_is_posted_and_none_is_created(bridge_config, capsys):
+    (bridge_config.parent / "bridge.sqlite").unlink()
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    assert by_set(capsys.readouterr().out)["release"]["posted"] == 0
+    assert not (bridge_config.parent / "bridge.sqlite").exists()
+
+
+def test_status_does_not_migrate_or_write_the_store(bridge_config, capsys):
+    store_path = bridge_config.parent / "bridge.sqlite"
+    before = store_path.read_bytes()
+    assert main(["status", "-c", str(bridge_config)]) == 0
+    assert store_path.read_bytes() == before
+
+
+def test_an_unusable_config_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    path.write_text("homeserver: [")
+    assert main(["status", "-c", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err
+
+
+def test_a_store_from_a_newer_bridge_exits_2(bridge_config, capsys):
+    with sqlite3.connect(bridge_config.parent / "bridge.sqlite") as db:
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    assert main(["status", "-c", str(bridge_config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "newer askwright-bridge" in err
+
+
+def test_count_view_and_table_are_pure():
+    view = {"answers": [
+        {"status": "open", "state": "answered", "stale": False},
+        {"status": "open", "state": "unanswered", "stale": False},
+        {"status": "closed", "state": "unanswered", "stale": False},  # not pending: closed
+        {"status": "removed", "state": "answered", "stale": None},
+    ]}
+    assert count_view(view) == {"open": 2, "answered": 2, "unsure": 0, "notes": 0, "pending": 1, "stale": 0}
+    assert format_table([]) == "no sets\n"
+    table = format_table([SetStatus("s", "/s", posted=12, answered=3)])
+    assert table.splitlines()[1].split() == ["s", "12", "0", "3", "0", "0", "0", "0"]

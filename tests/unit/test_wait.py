@@ -1,0 +1,207 @@
+"""``askwright-bridge wait``: returns as soon as the answer is written, prints what read prints, exit 3 on timeout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge.answers.document import drop_record, put_record
+from bridge.answers.file import AnswersFile
+from bridge.cli import main
+from bridge.commands.wait import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read
+
+NOW = "2026-11-30T12:00:00.000Z"
+
+
+def text_q(qid: str, rev: int = 1, status: str = "open") -> dict:
+    return {"id": qid, "kind": "text", "title": qid.title(), "question": f"What about {qid}?", "rev": rev,
+            "status": status}
+
+
+@pytest.fixture
+def set_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "release"
+    folder.mkdir()
+    write_questions(folder, [text_q("a"), text_q("b"), text_q("gone", status="closed")])
+    return folder
+
+
+def write_questions(folder: Path, questions: list[dict]) -> None:
+    (folder / "questions.json").write_text(json.dumps({"askwright": 1, "id": "release", "title": "T",
+                                                       "questions": questions}))
+
+
+def answer(folder: Path, record: dict) -> None:
+    AnswersFile(folder, "release").update(lambda doc, now: put_record(doc, record, now), NOW)
+
+
+def later(seconds: float, action) -> threading.Thread:
+    thread = threading.Thread(target=lambda: (time.sleep(seconds), action()), daemon=True)
+    thread.start()
+    return thread
+
+
+def read_output(folder: Path, *extra: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "bridge", "read", str(folder), *extra], capture_output=True,
+                          text=True, check=True)
+    return done.stdout
+
+
+# -- the condition (pure) --------------------------------------------------------------
+
+
+def entry(qid: str, state: str, status: str = "open", stale: bool | None = False) -> dict:
+    return {"qid": qid, "state": state, "status": status, "stale": stale}
+
+
+def view(*entries: dict) -> dict:
+    return {"answers": list(entries)}
+
+
+def test_a_named_question_needs_a_current_pick():
+    assert arrived(view(entry("a", "answered")), "a", UNTIL_ANSWERED)
+    assert not arrived(view(entry("a", "unsure")), "a", UNTIL_ANSWERED)
+    assert not arrived(view(entry("a", "note_only")), "a", UNTIL_ANSWERED)
+    assert not arrived(view(entry("a", "unanswered")), "a", UNTIL_ANSWERED)
+    assert not arrived(view(entry("a", "answered", stale=True)), "a", UNTIL_ANSWERED)
+    assert not arrived(view(entry("b", "answered")), "a", UNTIL_ANSWERED)
+    # A named question counts even once closed: its answer is what was asked for.
+    assert arrived(view(entry("a", "answered", status="closed")), "a", UNTIL_ANSWERED)
+    # questions.json unreadable: stale unknown, the pick taken as it is.
+    assert arrived(view(entry("a", "answered", status="unknown", stale=None)), "a", UNTIL_ANSWERED)
+
+
+def test_without_a_question_any_open_question_with_a_pick_will_do():
+    assert arrived(view(entry("a", "unanswered"), entry("b", "answered")), None, UNTIL_ANSWERED)
+    assert not arrived(view(entry("a", "unanswered"), entry("b", "unsure")), None, UNTIL_ANSWERED)
+    assert not arrived(view(entry("a", "answered", status="closed")), None, UNTIL_ANSWERED)
+    assert not arrived(view(entry("a", "answered", status="removed", stale=None)), None, UNTIL_ANSWERED)
+    assert not arrived(view(), None, UNTIL_ANSWERED)
+
+
+def test_until_all_needs_every_open_question():
+    assert arrived(view(entry("a", "answered"), entry("b", "answered"), entry("c", "unanswered", "closed")),
+                   None, UNTIL_ALL)
+    assert not arrived(view(entry("a", "answered"), entry("b", "unanswered")), None, UNTIL_ALL)
+    assert not arrived(view(entry("a", "answered"), entry("b", "unsure")), None, UNTIL_ALL)
+    assert not arrived(view(entry("a", "answered"), entry("b", "answered", stale=True)), None, UNTIL_ALL)
+    assert arrived(view(entry("c", "unanswered", "closed")), None, UNTIL_ALL)  # nothing open: nothing to wait for
+    assert not arrived(view(entry("a", "answered", status="unknown", stale=None)), None, UNTIL_ALL)
+
+
+def test_as_read_drops_unanswered_entries_unless_all():
+    full = {"ok": True, "count": 1, "answers": [entry("a", "answered"), entry("b", "unanswered")]}
+    assert as_read(full, True) is full
+    assert as_read(full, False)["answers"] == [entry("a", "answered")]
+
+
+# -- the command ---------------------------------------------------------------------
+
+
+def test_already_there_returns_at_once_with_reads_output(set_dir, capsys):
+    answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "5"]) == 0
+    assert time.monotonic() - started < 1
+    assert capsys.readouterr().out == read_output(set_dir)
+
+
+def test_returns_as_soon_as_the_answer_is_written(set_dir, capsys):
+    writer = later(0.5, lambda: answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1}))
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "20"]) == 0
+    elapsed = time.monotonic() - started
+    writer.join()
+    assert 0.4 < elapsed < 3, elapsed
+    out = capsys.readouterr().out
+    assert out == read_output(set_dir)
+    assert json.loads(out)["answers"][0]["text"] == "yes"
+
+
+def test_other_answers_do_not_end_a_wait_for_one_question(set_dir, capsys):
+    later(0.2, lambda: answer(set_dir, {"qid": "b", "text": "no", "q_rev": 1}))
+    later(0.4, lambda: answer(set_dir, {"qid": "a", "choice": "unsure", "q_rev": 1}))
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "1.5"]) == 3
+    assert time.monotonic() - started >= 1.5
+    # On timeout the current state is printed all the same.
+    assert capsys.readouterr().out == read_output(set_dir)
+
+
+def test_until_all_waits_for_the_last_open_question(set_dir, capsys):
+    answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
+    later(0.5, lambda: answer(set_dir, {"qid": "b", "text": "no", "q_rev": 1}))
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--until", "all", "--all", "--timeout", "20"]) == 0
+    assert 0.4 < time.monotonic() - started < 3
+    assert capsys.readouterr().out == read_output(set_dir, "--all")
+
+
+def test_a_revised_question_waits_for_an_answer_to_the_new_revision(set_dir, capsys):
+    answer(set_dir, {"qid": "a", "text": "old", "q_rev": 1})
+    write_questions(set_dir, [text_q("a", rev=2), text_q("b")])
+    later(0.5, lambda: answer(set_dir, {"qid": "a", "text": "new", "q_rev": 2}))
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "20"]) == 0
+    got = json.loads(capsys.readouterr().out)["answers"][0]
+    assert (got["text"], got["stale"]) == ("new", False)
+
+
+def test_a_changed_questions_file_is_re_read(set_dir, capsys):
+    # "b" gets closed by the agent: with "a" answered, every open question now is.
+    answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
+    later(0.5, lambda: write_questions(set_dir, [text_q("a"), text_q("b", status="closed")]))
+    assert main(["wait", str(set_dir), "--until", "all", "--timeout", "20"]) == 0
+
+
+def test_a_withdrawn_answer_is_not_arrived(set_dir, capsys):
+    answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
+    AnswersFile(set_dir, "release").update(lambda doc, now: drop_record(doc, "a", now), NOW)
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "0.3"]) == 3
+
+
+def test_timeout_zero_checks_once(set_dir, capsys):
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--timeout", "0"]) == 3
+    assert time.monotonic() - started < 1
+    assert json.loads(capsys.readouterr().out)["count"] == 0
+
+
+def test_an_unknown_question_or_set_exits_2(set_dir, tmp_path, capsys):
+    assert main(["wait", str(set_dir), "--question", "nope", "--timeout", "1"]) == 2
+    assert "no question 'nope'" in capsys.readouterr().err
+    assert main(["wait", str(tmp_path / "missing"), "--timeout", "1"]) == 2
+    assert "no set folder" in capsys.readouterr().err
+
+
+def test_question_and_until_all_do_not_go_together(set_dir, capsys):
+    assert main(["wait", str(set_dir), "--question", "a", "--until", "all"]) == 2
+    assert "leave out --question" in capsys.readouterr().err
+
+
+def test_a_negative_timeout_is_a_usage_error(set_dir):
+    with pytest.raises(SystemExit) as caught:
+        main(["wait", str(set_dir), "--timeout", "-1"])
+    assert caught.value.code == 2
+
+
+def test_the_help_says_what_counts_as_arrived(capsys):
+    with pytest.raises(SystemExit):
+        main(["wait", "--help"])
+    text = capsys.readouterr().out
+    for words in ("--question QID", "--until", "answered", "unsure", "exit 3", "read"):
+        assert words in text
+
+
+def test_as_a_process_it_exits_3_on_timeout(set_dir):
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "bridge", "wait", str(set_dir), "--timeout", "0.5"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 3
+    assert done.stdout == read_output(set_dir)
+    assert time.monotonic() - started < 10
