@@ -8,7 +8,7 @@ import json
 import pytest
 
 from helpers.harness import answer_content, read_set
-from helpers.sets import SUBJECT, all_kinds_set
+from helpers.sets import ALL_KINDS_PICKS, SUBJECT, all_kinds_set, check_all_kinds_read
 
 pytestmark = pytest.mark.integration
 
@@ -25,36 +25,11 @@ async def started(bridge, sets=("kinds",)):
 async def test_every_kind_and_an_approval_land_in_answers_json(bridge):
     questions = await started(bridge)
     assert len(questions) == QUESTION_COUNT
-    alice, room = bridge.alice, bridge.room_id
-    picks = {
-        "branch": dict(option_id="stable"),
-        "platforms": dict(text="linux, win"),
-        "takes": dict(option_id="t2"),
-        "order": dict(text="leak, crash, typo"),
-        "name": dict(text="Borealis"),
-        "risk": dict(option_id="other", text="Depends on the migration"),
-        "ship": dict(option_id="unsure"),
-        "approve": dict(option_id="approve"),
-    }
-    for qid, fields in picks.items():
-        await alice.send(room, answer_content(questions[(qid, 1)], **fields))
-    for qid in picks:
+    for qid, fields in ALL_KINDS_PICKS.items():
+        await bridge.alice.send(bridge.room_id, answer_content(questions[(qid, 1)], **fields))
+    for qid in ALL_KINDS_PICKS:
         await bridge.wait_answer("kinds", qid)
-
-    view = read_set(bridge.sets_root / "kinds")
-    got = {a["qid"]: a for a in view["answers"]}
-    assert view["ok"] is True and view["count"] == len(picks)
-    assert (got["branch"]["choice"], got["branch"]["label"]) == ("stable", "The stable branch")
-    assert got["branch"]["matched_guess"] is False
-    assert got["platforms"]["choices"] == ["linux", "win"]
-    assert (got["takes"]["choice"], got["takes"]["side"]) == ("t2", "left")
-    assert got["order"]["order"] == ["leak", "crash", "typo"]
-    assert got["name"]["text"] == "Borealis"
-    assert (got["risk"]["choice"], got["risk"]["note"]) == ("other", "Depends on the migration")
-    assert got["ship"]["state"] == "unsure"
-    assert (got["approve"]["choice"], got["approve"]["matched_guess"]) == ("approve", True)
-    for answer in got.values():
-        assert answer["q_rev"] == 1 and answer["stale"] is False and answer["rev"] == 1
+    check_all_kinds_read(read_set(bridge.sets_root / "kinds"))
 
 
 async def test_refused_answers_get_a_reason_and_never_reach_the_folder(bridge, person, synapse):
