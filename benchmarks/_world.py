@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -21,7 +22,7 @@ from nio import AsyncClient, RoomSendResponse, SyncResponse
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bridge.devserver import SERVER_NAME, Synapse, free_port  # noqa: E402
+from bridge.devserver import SERVER_NAME, Synapse, _http_json, free_port  # noqa: E402
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -81,6 +82,7 @@ class World:
         self.sets_root = base / "sets"
         self.sets_root.mkdir(exist_ok=True)
         self.bridge: subprocess.Popen | None = None
+        self._devices: dict[str, str] = {}
 
     def client(self, account: dict[str, str]) -> AsyncClient:
         client = AsyncClient(self.synapse.url, account["user_id"])
@@ -93,9 +95,21 @@ class World:
         (folder / "questions.json").write_text(json.dumps(data))
         return folder
 
+    def device_token(self, store: str) -> str:
+        """An access token of its own device for each bot-mode store: a device's
+        keys live beside its store, so two stores must never share a device."""
+        if store not in self._devices:
+            reply = _http_json("POST", f"{self.synapse.url}/_matrix/client/v3/login", {
+                "type": "m.login.password", "identifier": {"type": "m.id.user", "user": self.bot["user_id"]},
+                "password": self.bot["password"], "initial_device_display_name": f"bench {Path(store).name}"})
+            self._devices[store] = reply["access_token"]
+        return self._devices[store]
+
     def config(self, *, appservice: bool = False, **extra: Any) -> Path:
+        store = str(self.base / ("as.sqlite" if appservice else "bridge.sqlite"))
+        store = extra.pop("store", {}).get("path", store)
         bot = ({"user_id": f"@{AS_LOCALPART}:{SERVER_NAME}"} if appservice
-               else {"user_id": self.bot["user_id"], "access_token": self.bot["access_token"]})
+               else {"user_id": self.bot["user_id"], "access_token": self.device_token(store)})
         if appservice:
             extra["appservice"] = self.appservice
         config = {
@@ -103,7 +117,7 @@ class World:
             "bot": bot,
             "sets": {"root": str(self.sets_root)},
             "rooms": {"default": self.room_id},
-            "store": {"path": str(self.base / ("as.sqlite" if appservice else "bridge.sqlite"))},
+            "store": {"path": store},
             "logging": {"level": "WARNING"},
             **extra,
         }
@@ -117,10 +131,27 @@ class World:
         self.bridge = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(config)],
                                        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
-    def stop_bridge(self) -> None:
+    def stop_bridge(self, grace: float = 30) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds: a bridge stopped with
+        thousands of acknowledgements still to send finishes sending them
+        first, which a benchmark need not wait for."""
         if self.bridge and self.bridge.poll() is None:
             self.bridge.send_signal(signal.SIGTERM)
-            self.bridge.wait(30)
+            try:
+                self.bridge.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.bridge.kill()
+                self.bridge.wait(10)
+        self.bridge = None
+
+    def add_member(self, localpart: str) -> dict[str, str]:
+        """Another person in the room (registered, invited by the bot, joined)."""
+        account = self.synapse.register(localpart)
+        quoted = urllib.parse.quote(self.room_id, safe="")
+        _http_json("POST", f"{self.synapse.url}/_matrix/client/v3/rooms/{quoted}/invite",
+                   {"user_id": account["user_id"]}, self.bot["access_token"])
+        self.synapse.join(account["access_token"], self.room_id)
+        return account
 
     async def question_events(self, client: AsyncClient, count: int, timeout: float = 600,
                               prefix: str = "") -> dict[str, dict]:

@@ -96,11 +96,16 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any])
 
 
 def summary(mode: str, bridge_ms: list[float], bare_ms: list[float], count: int) -> dict[str, Any]:
-    row = {"mode": mode, "answers": count, "measured": len(bridge_ms)}
+    row: dict[str, Any] = {"mode": mode, "answers": count, "measured": len(bridge_ms)}
     for p in (50, 99):
         row[f"bridge_p{p}_ms"] = round(percentile(bridge_ms, p), 2)
         row[f"bare_p{p}_ms"] = round(percentile(bare_ms, p), 2)
         row[f"overhead_p{p}_ms"] = round(percentile(bridge_ms, p) - percentile(bare_ms, p), 2)
+    # Per answer: what the bridge added to what the homeserver took.
+    overhead = [b - r for b, r in zip(bridge_ms, bare_ms)]
+    row["overhead_of_each_p50_ms"] = round(percentile(overhead, 50), 2)
+    row["overhead_of_each_p99_ms"] = round(percentile(overhead, 99), 2)
+    row["samples"] = {"bridge_ms": [round(v, 3) for v in bridge_ms], "bare_ms": [round(v, 3) for v in bare_ms]}
     return row
 
 

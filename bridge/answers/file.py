@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,25 +80,74 @@ class AnswersFile:
         ``fn`` returns the document unchanged to write nothing, or one whose
         ``rev`` is exactly one more (``document.put_record`` and
         ``drop_record`` do this).  Anything else is refused before the disk
-        is touched, so ``rev`` always counts the writes.
+        is touched, so ``rev`` always counts the writes.  Like the functions
+        of ``document``, ``fn`` must not change the document it is given:
+        the document written is kept for the next update of the set.
         """
         with self.locked():
-            current = self.load()
+            key = os.path.abspath(self.path)
+            data = self.read_bytes()
+            kept = _kept(key, data)
+            if kept is not None:
+                current, fragments = kept.doc, kept.fragments
+            else:
+                current = document.empty(self.set_id) if data is None else document.parse(data)
+                fragments = {}
             new = fn(current, now)
             if new is current or new == current:
+                if new is current:
+                    _forget(key)  # in case ``fn`` changed it in place after all
                 return current
             if new.get("rev") != current["rev"] + 1:
                 raise document.AnswersError(
                     f"an update must raise rev by one ({current['rev']} -> {current['rev'] + 1}), got {new.get('rev')!r}"
                 )
-            data = document.dumps(new)
-            # Never write what the next reader would refuse.
-            document.parse(data)
+            # Never write what the next reader would refuse: ``current`` was
+            # checked when it was read, so only what changed is checked again.
+            document.check_changed(new, current)
+            data = document.dumps_reusing(new, fragments)
             self._replace(data)
+            _keep(key, _Kept(data, new, fragments))
             return new
 
     def _replace(self, data: bytes) -> None:
         atomic_replace(self.path, data)
+
+
+# The last document each recent writer wrote or read, with the bytes it was
+# in: the next update of that set (under the lock) re-reads the file, which
+# is cheap, and re-parses it only when the bytes differ, i.e. when another
+# writer changed it meanwhile.  Parsing and checking a large answers.json
+# costs far more than writing one answer into it.  Bounded, so a bridge with
+# thousands of sets keeps only the busy ones.
+@dataclass
+class _Kept:
+    data: bytes
+    doc: Doc
+    fragments: document.Fragments
+
+
+_KEEP = 128
+_kept_docs: OrderedDict[str, _Kept] = OrderedDict()
+
+
+def _kept(key: str, data: bytes | None) -> _Kept | None:
+    kept = _kept_docs.get(key)
+    if kept is None or data is None or kept.data != data:
+        return None
+    _kept_docs.move_to_end(key)
+    return kept
+
+
+def _keep(key: str, kept: _Kept) -> None:
+    _kept_docs[key] = kept
+    _kept_docs.move_to_end(key)
+    while len(_kept_docs) > _KEEP:
+        _kept_docs.popitem(last=False)
+
+
+def _forget(key: str) -> None:
+    _kept_docs.pop(key, None)
 
 
 def atomic_replace(path: Path, data: bytes) -> None:

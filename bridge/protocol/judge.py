@@ -419,17 +419,22 @@ def _check_listed(question: RecordedQuestion, ids: list[str], allowed: Iterable[
     seen: set[str] = set()
     for oid in ids:
         if oid in BUILTIN_IDS:
-            return Refused(
-                "recorded",
-                "builtin_in_list",
-                f"{_quote(oid)} can't be combined with other picks; send it on its own as the option.",
-            )
+            return Refused("recorded", "builtin_in_list", _builtin_in_list_message(question, oid))
         if oid not in allowed:
             return Refused("recorded", "option_not_offered", f"{_quote(oid)} is not one of this question's options.")
         if oid in seen:
             return Refused("recorded", "choice_repeated", f"{_quote(oid)} is listed more than once.")
         seen.add(oid)
     return None
+
+
+def _builtin_in_list_message(question: RecordedQuestion, oid: str) -> str:
+    """Names the built-in by its number and label, as the message shows it:
+    the person may have typed "5" and never seen the id."""
+    numbers = [n for n, o in enumerate(question.options, start=1) if o.get("id") == oid]
+    label = question.label(oid) or oid
+    shown = f"{numbers[0]} ({label})" if numbers else _quote(label)
+    return f"{shown} can't be combined with other picks; send it on its own."
 
 
 def _encoding_refusal(kind: str) -> Refused:

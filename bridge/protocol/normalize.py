@@ -117,8 +117,8 @@ def normalize(event: dict[str, Any], lookup: Lookup) -> Found | None:
         if isinstance(target, str):
             return Withdrawal(target, _s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"))
         return None
-    if not isinstance(content, dict):
-        return None
+    if not isinstance(content, dict) or not isinstance(kind, str):
+        return None  # a forged event's type may be anything, even unhashable
     if kind in POLL_RESPONSE_TYPES:
         return _poll_vote(event, content, lookup)
     if kind == "m.reaction":
@@ -227,7 +227,7 @@ def _message(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> 
     question, in_thread = _addressed_question(content, lookup)
     if question is None:
         return None
-    msgtype = content.get("msgtype")
+    msgtype = _s(content, "msgtype")
     if msgtype in FILE_MSGTYPES:
         return _attachment(event, content, question, lookup)
     body = content.get("body")
@@ -242,7 +242,7 @@ def _edited_gesture(event: dict[str, Any], content: dict[str, Any], new: dict[st
     logged = lookup.logged_question(original)
     question = lookup.question_by_event(logged[0]) if logged else None
     body = new.get("body")
-    if question is None or not isinstance(body, str) or new.get("msgtype", "m.text") not in TEXT_MSGTYPES:
+    if question is None or not isinstance(body, str) or (_s(new, "msgtype") or "m.text") not in TEXT_MSGTYPES:
         return None
     in_thread = logged is not None and logged[1] in ("note", "thread")
     return _read_words(event, body, question, lookup, in_thread=in_thread, via="edit", replaces=original)

@@ -6,8 +6,10 @@ reading the room learn it too."""
 from __future__ import annotations
 
 import hashlib
-import html
+from collections.abc import Mapping
 from typing import Any
+
+from bridge.protocol.render import HTML_FORMAT, esc_links
 
 OUTCOME_KEY = "dev.superpipeline.question.outcome"
 
@@ -29,16 +31,22 @@ def outcome_field(*, answer_event_id: str, recorded: bool, question_event_id: st
     return field
 
 
-def describe_record(record: dict[str, Any]) -> str:
-    """The pick in a few words, as the person would recognise it."""
+def describe_record(record: dict[str, Any], labels: Mapping[str, str] | None = None) -> str:
+    """The pick in a few words, as the person would recognise it.
+
+    A multi or rank record holds option ids, which the person never saw:
+    ``labels`` (option id -> label, from the question as posted) turns them
+    back into the words of the message; an id it lacks is shown as is.
+    """
     if record.get("state") == "unsure":
         return "not sure yet"
+    named = labels or {}
     if "label" in record:
         picked = str(record["label"])
     elif "choices" in record:
-        picked = ", ".join(record["choices"])
+        picked = ", ".join(str(named.get(c, c)) for c in record["choices"])
     elif "order" in record:
-        picked = " > ".join(record["order"])
+        picked = " > ".join(str(named.get(c, c)) for c in record["order"])
     elif "text" in record:
         text = str(record["text"])
         picked = f"“{text[:80]}{'…' if len(text) > 80 else ''}”"
@@ -50,11 +58,14 @@ def describe_record(record: dict[str, Any]) -> str:
 
 
 def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    # Everything is escaped; a pick that looks like a Matrix id or a URL is
+    # shown as code, so Element does not turn the person's answer into a pill
+    # or a link somewhere else.
     return {
         "msgtype": "m.notice",
         "body": text,
-        "format": "org.matrix.custom.html",
-        "formatted_body": html.escape(text),
+        "format": HTML_FORMAT,
+        "formatted_body": esc_links(text),
         "m.relates_to": {"m.in_reply_to": {"event_id": reply_to}},
         "m.mentions": {},
         OUTCOME_KEY: outcome,
@@ -62,8 +73,9 @@ def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dict[str, Any], title: str,
-                    via: str | None, extra: str | None = None) -> dict[str, Any]:
-    text = f"Recorded for “{title}”: {describe_record(record)}."
+                    via: str | None, extra: str | None = None,
+                    labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    text = f"Recorded for “{title}”: {describe_record(record, labels)}."
     if record.get("rev", 1) > 1:
         text += f" This replaces your earlier answer (answer {record['rev']})."
     if extra:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.render import option_display, shorten
+from bridge.protocol.render import option_display, short_digest, shorten
 
 POLL_START = "org.matrix.msc3381.poll.start"
 POLL_END = "org.matrix.msc3381.poll.end"
@@ -35,7 +35,7 @@ def poll_start(question: RecordedQuestion) -> dict[str, Any] | None:
     if not wants_poll(question.kind) or not 2 <= len(question.options) <= MAX_ANSWERS:
         return None
     q = question.question
-    asked = shorten(f"{q.get('title', '')}: {q.get('question', '')}", _QUESTION_MAX)
+    asked = _asked(question)
     # What the person reads in the poll is what the question message shows
     # (on a compare, "Left"/"Right" rather than the take names).
     answers = [{"id": o["id"], TEXT: shorten(option_display(q, o), _LABEL_MAX)} for o in question.options]
@@ -52,6 +52,21 @@ def poll_start(question: RecordedQuestion) -> dict[str, Any] | None:
         POLL_KEY: {"question_event_id": question.event_id, "qid": question.qid,
                    "elicitation_id": question.elicitation_id},
     }
+
+
+def _asked(question: RecordedQuestion) -> str:
+    """The poll's question: title and question, and on an approval what is
+    approved.  The poll is its own event in the timeline, seen apart from the
+    message that names the subject, so a vote must not be able to approve
+    something the voter did not see named; the subject is kept whole and the
+    question shortened around it."""
+    q = question.question
+    asked = f"{q.get('title', '')}: {q.get('question', '')}"
+    if question.subject is None:
+        return shorten(asked, _QUESTION_MAX)
+    subject_id, digest = question.subject
+    suffix = f" — approving {shorten(subject_id, _QUESTION_MAX // 2)} (digest {short_digest(digest)})"
+    return shorten(asked, _QUESTION_MAX - len(suffix)) + suffix
 
 
 def poll_end(poll_event_id: str, why: str) -> dict[str, Any]:

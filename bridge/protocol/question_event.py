@@ -38,6 +38,7 @@ from bridge.questionset.model import (
     Option,
     Question,
     QuestionSet,
+    ShowIf,
 )
 
 SUITE_EVENT_TYPE = "dev.superpipeline.question.v2"
@@ -208,7 +209,7 @@ def _question_fields(
     if question.sides:
         out["sides"] = dict(question.sides)
     if question.show_if is not None:
-        out["show_if"] = {"question": question.show_if.question, "option": list(question.show_if.option)}
+        out["show_if"] = _show_if(qset, question.show_if)
     media_items = _media_items(question.media or [], media)
     if media_items:
         out["media"] = media_items
@@ -218,6 +219,22 @@ def _question_fields(
         out["one_pager_ref"] = one_pager_ref
     if study:
         out.update(_study_fields(question))
+    return out
+
+
+def _show_if(qset: QuestionSet, show_if: ShowIf) -> dict[str, Any]:
+    """``show_if`` plus the earlier question's ``title`` and the ``labels`` of
+    its options, in ``option``'s order.
+
+    The message names what the person saw, not ids; the event carries the
+    words because the renderer reads the event alone.  Readers that do not
+    know the two extra keys ignore them.
+    """
+    out: dict[str, Any] = {"question": show_if.question, "option": list(show_if.option)}
+    target = qset.question(show_if.question)
+    if target is not None:
+        out["title"] = target.title
+        out["labels"] = [opt.label if (opt := target.option(oid)) is not None else oid for oid in show_if.option]
     return out
 
 
@@ -238,6 +255,8 @@ def _options(question: Question, order: Sequence[str] | None) -> list[dict[str, 
     own = list(question.options or []) if question.kind != "text" else []
     if order is not None:
         own = _reordered(own, order)
+    if question.kind == "compare" and question.sides:
+        own = _sides_first(own, question)
     out = [_option(opt) for opt in own]
     out.append({"id": UNSURE_ID, "label": UNSURE_LABEL})
     if question.kind != "text":
@@ -250,6 +269,27 @@ def _reordered(options: list[Option], order: Sequence[str]) -> list[Option]:
     if sorted(order) != sorted(by_id) or len(order) != len(options):
         raise ValueError("order must list every option id of the question exactly once")
     return [by_id[oid] for oid in order]
+
+
+def _sides_first(options: list[Option], question: Question) -> list[Option]:
+    """The options shown in the clip first, in the order the sides are seen
+    (left, then right, then any other side named), then the rest as given.
+
+    The message, the poll and the reply numbers all follow the event's
+    order, so "1. Right 2. Left" would have been read everywhere.
+    """
+    side_of = question.side_map
+    rank = {"left": 0, "right": 1}
+    names = [name for name in (question.sides or {}) if name != "randomized"]
+
+    def place(opt: Option) -> tuple[int, int]:
+        side = side_of.get(opt.id)
+        if side is None:
+            return (1, 0)
+        return (0, rank.get(side, 2 + names.index(side)))
+
+    # ``sorted`` is stable: the options outside the clip keep their order.
+    return sorted(options, key=place)
 
 
 def _option(opt: Option) -> dict[str, Any]:
@@ -295,6 +335,10 @@ def _media_item(item: MediaItem, upload: Mapping[str, Any]) -> dict[str, Any]:
         if number is not None:
             out[name] = number
     out.update(_start(item.start))
+    if isinstance(upload.get("file"), Mapping):
+        # An encrypted room: ``url`` holds ciphertext, and the key, IV and hash
+        # to read it ride here (the question event is encrypted too).
+        out["file"] = dict(upload["file"])
     return out
 
 

@@ -25,9 +25,15 @@ from typing import Any
 from bridge.questionset.model import OTHER_ID, UNSURE_ID
 
 ALLOWED_TAGS = frozenset({"h4", "p", "ol", "ul", "li", "blockquote", "strong", "em", "code", "br", "span"})
+# Element's sanitiser keeps these too; only the background (``one_pager``) uses them.
+TABLE_TAGS = frozenset({"table", "thead", "tbody", "tr", "th", "td"})
 HTML_FORMAT = "org.matrix.custom.html"
 
 SINGLE_PICK_KINDS = frozenset({"choice", "scale", "confirm", "compare"})
+# Answered with a list of picks, so a built-in (alone by nature) is set apart.
+LIST_KINDS = frozenset({"multi", "rank"})
+# The files are posted in the question's thread, not attached to the message.
+_MEDIA_HEADING = "Media (in this message's thread)"
 # Keycap reactions 1..10 (PROTOCOL section 3); 10 has its own emoji.
 KEYCAPS = tuple(f"{n}\ufe0f\u20e3" for n in range(1, 10)) + ("\U0001f51f",)
 
@@ -36,8 +42,26 @@ KEYCAPS = tuple(f"{n}\ufe0f\u20e3" for n in range(1, 10)) + ("\U0001f51f",)
 # the person has to seek by hand.
 _TIMECODE = re.compile(r"(?<![\w.:])(?:\d{1,2}:)?\d{1,2}:\d{2}(?:\.\d+)?(?![\w:])|(?<![\w.])\d+(?:\.\d+)?\s?(?:s|sec|secs|seconds?)\b")
 
+# What Element's linkifier turns into a link (a pill for a Matrix id): a
+# Matrix user, room, alias or event id with its server, a URL, www.…, an
+# e-mail address, a bare domain with a common TLD.  Set text that looks like
+# one is shown as code, so a label reads as what the set wrote rather than as
+# a link to somewhere (or someone) else.
+_LINKLIKE = re.compile(
+    r"[@#!+$][^\s:@#!]+:(?:(?:[A-Za-z0-9\-]+\.)+[A-Za-z0-9\-]+|localhost|\[[0-9A-Fa-f:.]+\])(?::\d+)?"
+    # room version 12 ids (and event ids) have no server part, only a long hash
+    r"|(?<![\w.])[!$][A-Za-z0-9_\-+/=]{20,}"
+    r"|\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s<>\"\u201c\u201d\u2018\u2019]*[^\s<>\"'\u201c\u201d\u2018\u2019.,;:!?)\]]"
+    r"|\bwww\.[^\s<>\"\u201c\u201d\u2018\u2019]*[^\s<>\"'\u201c\u201d\u2018\u2019.,;:!?)\]]"
+    r"|\b[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+"
+    r"|\b(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?\.)+(?:com|org|net|io|dev|app|ai|co|me|info|edu|gov|de|uk|eu|fr|nl)\b(?:/[^\s<>\"]*)?"
+)
+
 _ELLIPSIS = "\u2026"
-_DIGEST_SHOWN = 12
+# Hex digits of a digest shown: enough to compare by eye with the one the
+# agent printed; the full digest is in ``subject``.
+_DIGEST_SHOWN = 16
+_DIGEST_PREFIX = "sha256:"
 
 
 def render(
@@ -65,7 +89,13 @@ def shorten(text: str, limit: int | None) -> str:
 
 
 def short_digest(digest: str) -> str:
-    """Enough of a digest to recognise it; the full one is in ``subject``."""
+    """Enough of a digest to recognise it; the full one is in ``subject``.
+
+    The ``sha256:`` prefix is dropped: it carries no information a person
+    compares, and keeping it left only five hex digits on show.
+    """
+    if digest[: len(_DIGEST_PREFIX)].lower() == _DIGEST_PREFIX:
+        digest = digest[len(_DIGEST_PREFIX) :]
     if len(digest) <= _DIGEST_SHOWN + 4:
         return digest
     return digest[:_DIGEST_SHOWN] + _ELLIPSIS
@@ -76,16 +106,36 @@ def esc(text: str) -> str:
     return html.escape(text, quote=True).replace("\r\n", "\n").replace("\n", "<br>")
 
 
-def esc_timecodes(text: str) -> str:
-    """Escape, with every timecode in ``<strong>`` so it stands out."""
+def _esc_marked(text: str, pattern: re.Pattern[str]) -> str:
     out: list[str] = []
     pos = 0
-    for match in _TIMECODE.finditer(text):
+    for match in pattern.finditer(text):
         out.append(esc(text[pos : match.start()]))
-        out.append(f"<strong>{esc(match.group(0))}</strong>")
+        out.append(f"<code>{esc(match.group(0))}</code>")
         pos = match.end()
     out.append(esc(text[pos:]))
     return "".join(out)
+
+
+_LINK_OR_TIME = re.compile(f"{_LINKLIKE.pattern}|{_TIMECODE.pattern}")
+
+
+def esc_links(text: str) -> str:
+    """Escape, with every id-, URL- or domain-like run in ``<code>``.
+
+    Element does not linkify inside ``<code>``, so ``@alice:example.org`` in a
+    label stays the set's words instead of becoming a pill or a link.
+    """
+    return _esc_marked(text, _LINKLIKE)
+
+
+def esc_timecodes(text: str) -> str:
+    """Escape, with every timecode (and link-like run) in ``<code>``.
+
+    Inside the bold question a bold timecode did not stand out; code does, in
+    bold text and plain alike.
+    """
+    return _esc_marked(text, _LINK_OR_TIME)
 
 
 def _question(content: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -123,17 +173,36 @@ def _number_of(q: Mapping[str, Any]) -> dict[str, int]:
 
 
 def _numbered(q: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The options shown as a numbered list.
+    """The options shown as the numbered list.
 
     A reply to a text question is the answer itself, so a "1" there would be
     read as text, not as "Not sure": its only option (unsure) is offered in
-    the instructions instead of being numbered.
+    the instructions instead of being numbered.  On multi and rank the
+    built-ins can't be combined with picks, so they are set apart under the
+    list (``_builtins_apart``) rather than read as one more item to pick or
+    to rank; their numbers stay those of the event's order.
     """
-    return [] if q.get("kind") == "text" else _options(q)
+    if q.get("kind") == "text":
+        return []
+    if q.get("kind") in LIST_KINDS:
+        return _set_options(q)
+    return _options(q)
 
 
 def _set_options(q: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [o for o in _options(q) if o.get("id") not in (UNSURE_ID, OTHER_ID)]
+
+
+def _builtins_apart(q: Mapping[str, Any]) -> list[tuple[int, str, str]]:
+    """(number, what to type, label) of each built-in shown apart (multi/rank)."""
+    if q.get("kind") not in LIST_KINDS:
+        return []
+    typed = {UNSURE_ID: UNSURE_ID, OTHER_ID: "other: <your text>"}
+    return [
+        (number, typed[str(o.get("id"))], str(o.get("label", o.get("id"))))
+        for number, o in enumerate(_options(q), start=1)
+        if o.get("id") in typed
+    ]
 
 
 # ---------------------------------------------------------------- the parts, as data
@@ -190,7 +259,13 @@ def _answer_steps(q: Mapping[str, Any], poll: bool) -> list[tuple[str, str | Non
             steps.append(("vote in the poll", None))
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
         last = min(count, len(KEYCAPS))
-        steps.append((f"or react to it with {KEYCAPS[0]}\u2026{KEYCAPS[last - 1]}", None))
+        # Some systems draw keycaps as black boxes with Element's bundled font:
+        # the words say what the boxes are and where to find them.
+        steps.append((
+            f"or react to it with the keycap emoji {KEYCAPS[0]}\u2026{KEYCAPS[last - 1]} "
+            "for that number (search \u201ckeycap\u201d in the reaction picker)",
+            None,
+        ))
     elif kind == "multi":
         example = "1, 3" if n_set >= 3 else "1, 2"
         steps.append(("reply to this message with the numbers of every option you pick, separated by commas, e.g.", example))
@@ -199,6 +274,9 @@ def _answer_steps(q: Mapping[str, Any], poll: bool) -> list[tuple[str, str | Non
         steps.append((f"reply to this message with all {n_set} numbers in your order, first = best, separated by commas, e.g.", example))
     elif kind == "text":
         steps.append(("reply to this message with your answer", None))
+    if kind in LIST_KINDS:
+        # The built-ins have their own line under the list.
+        return steps
     if any(o.get("id") == OTHER_ID for o in _options(q)):
         steps.append(("for something else reply", "other: <your text>"))
     steps.append(("if you are not sure reply", UNSURE_ID))
@@ -222,6 +300,32 @@ def _background_note(q: Mapping[str, Any], has_one_pager: bool) -> str | None:
     return None
 
 
+def _show_if_parts(q: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    """(the earlier question's title, the labels of the answers that need this one).
+
+    The question is posted up front, before that answer exists, so the words
+    say when it is needed rather than claim it was asked because of it.  The
+    title and labels ride in ``show_if`` (the builder looks them up in the
+    set); an event without them falls back to the ids.
+    """
+    show_if = q.get("show_if")
+    if not isinstance(show_if, Mapping):
+        return None
+    title = show_if.get("title") if isinstance(show_if.get("title"), str) else None
+    ids = [str(o) for o in show_if.get("option") or ()]
+    labels = show_if.get("labels")
+    if not (isinstance(labels, list) and len(labels) == len(ids) and all(isinstance(x, str) for x in labels)):
+        labels = ids
+    return title or str(show_if.get("question", "")), list(labels)
+
+
+def _either(items: Sequence[str]) -> str:
+    """"“a”", "“a” or “b”", "“a”, “b” or “c”" (items already quoted/escaped)."""
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
 # ---------------------------------------------------------------- plain body
 
 
@@ -235,16 +339,18 @@ def render_body(
 ) -> str:
     """The plain-text fallback.
 
-    ``bare`` leaves out everything but the title, the question, the options
-    and the instructions: the last resort of the size guard.
+    The question's title is the first line: previews, reply quotes and the
+    thread list show the start of the message, and the set title there cut
+    off what is being asked.  ``bare`` leaves out everything but the title,
+    the question, the options and the instructions: the last resort of the
+    size guard.
     """
     q = _question(content)
     cut: Callable[[Any], str] = lambda s: shorten(str(s), limit)  # noqa: E731
-    lines: list[str] = []
+    lines: list[str] = [cut(q.get("title", ""))]
     set_info = content.get("set")
     if isinstance(set_info, Mapping) and set_info.get("title") and not bare:
         lines.append(f"[{cut(set_info['title'])}]")
-    lines.append(cut(q.get("title", "")))
     lines.append(cut(q.get("question", "")))
     if not bare:
         lines.extend(_body_context(content, q, cut, background))
@@ -255,6 +361,14 @@ def render_body(
         if opt.get("consequence") and not bare:
             line += f" \u2014 {cut(opt['consequence'])}"
         lines.append(line)
+    apart = _builtins_apart(q)
+    if apart:
+        lines.append("")
+        lines.append(
+            "Or, on its own instead of picks: reply "
+            + " or ".join(f"{typed} ({number} \u00b7 {cut(label)})" for number, typed, label in apart)
+            + "."
+        )
     if not bare:
         lines.extend(_body_guess(q, cut))
     lines.append("")
@@ -282,11 +396,12 @@ def _body_context(
         lines.extend(f"- {cut(item)}" for item in look_for)
     media = [m for m in q.get("media") or () if isinstance(m, Mapping)]
     if media:
-        lines.append("Media (sent with this question):")
+        lines.append(f"{_MEDIA_HEADING}:")
         lines.extend(f"- {cut(_media_line(m))}" for m in media)
-    show_if = q.get("show_if")
-    if isinstance(show_if, Mapping):
-        lines.append(f"Asked because of your answer to {cut(show_if.get('question', ''))}.")
+    show_if = _show_if_parts(q)
+    if show_if is not None:
+        title, labels = show_if
+        lines.append(f"Only needed if your answer to \u201c{cut(title)}\u201d is {_either([f'“{cut(x)}”' for x in labels])}.")
     note = _background_note(q, background)
     if note:
         lines.append(note)
@@ -309,57 +424,68 @@ def _body_guess(q: Mapping[str, Any], cut: Callable[[Any], str]) -> list[str]:
 def render_html(
     content: Mapping[str, Any], *, limit: int | None = None, poll: bool = False, background: bool = False
 ) -> str:
+    """The formatted message: one block element per line.
+
+    The newlines between blocks are what Element's own composer sends too;
+    they keep the previews that flatten the HTML to text from running the
+    title into the next line ("Release 2.4 decisionsDatabase migr…").
+    """
     q = _question(content)
 
     def cut(s: Any) -> str:
-        return esc(shorten(str(s), limit))
-
-    def cut_tc(s: Any) -> str:
+        # Every set-provided string: escaped, timecodes and link-like runs as code.
         return esc_timecodes(shorten(str(s), limit))
 
-    parts: list[str] = []
+    parts: list[str] = [f"<h4>{cut(q.get('title', ''))}</h4>"]
     set_info = content.get("set")
     if isinstance(set_info, Mapping) and set_info.get("title"):
         parts.append(f"<p><em>{cut(set_info['title'])}</em></p>")
-    parts.append(f"<h4>{cut(q.get('title', ''))}</h4>")
-    parts.append(f"<p><strong>{cut_tc(q.get('question', ''))}</strong></p>")
-    parts.extend(_html_context(content, q, cut, cut_tc, background))
-    parts.append(_html_options(q, cut))
+    parts.append(f"<p><strong>{cut(q.get('question', ''))}</strong></p>")
+    parts.extend(_html_context(content, q, cut, background))
+    options = _html_options(q, cut)
+    if options:
+        parts.append(options)
+    parts.extend(_html_builtins(q, cut))
     parts.extend(_html_guess(q, cut))
     parts.append(_html_steps(q, poll))
-    return "".join(parts)
+    return "\n".join(parts)
 
 
 def _html_context(
     content: Mapping[str, Any],
     q: Mapping[str, Any],
     cut: Callable[[Any], str],
-    cut_tc: Callable[[Any], str],
     background: bool,
 ) -> list[str]:
     parts: list[str] = []
     subject = content.get("subject")
     if isinstance(subject, Mapping):
         digest = esc(short_digest(str(subject.get("digest", ""))))
-        parts.append(f"<blockquote>Approving <code>{cut(subject.get('id', ''))}</code> (digest <code>{digest}</code>)</blockquote>")
+        # A plain bold line: a blockquote reads as a quote of someone else, and greys it out.
+        parts.append(
+            f"<p><strong>Approving <code>{esc(str(subject.get('id', '')))}</code> "
+            f"(digest <code>{digest}</code>)</strong></p>"
+        )
     quiz = _quiz_line(q)
     if quiz:
         parts.append(f"<p><em>{cut(quiz)}</em></p>")
     if q.get("why"):
-        parts.append(f"<p><em>Why I ask:</em> {cut_tc(q['why'])}</p>")
+        parts.append(f"<p><em>Why I ask:</em> {cut(q['why'])}</p>")
     if q.get("hint"):
-        parts.append(f"<p><em>Hint:</em> {cut_tc(q['hint'])}</p>")
+        parts.append(f"<p><em>Hint:</em> {cut(q['hint'])}</p>")
     look_for = [s for s in q.get("look_for") or () if isinstance(s, str)]
     if look_for:
-        items = "".join(f"<li>{cut_tc(item)}</li>" for item in look_for)
-        parts.append(f"<p><em>What to look for:</em></p><ul>{items}</ul>")
+        items = "\n".join(f"<li>{cut(item)}</li>" for item in look_for)
+        parts.append(f"<p><em>What to look for:</em></p>\n<ul>\n{items}\n</ul>")
     media = [m for m in q.get("media") or () if isinstance(m, Mapping)]
     if media:
-        items = "".join(f"<li>{cut_tc(_media_line(m))}</li>" for m in media)
-        parts.append(f"<p><em>Media (sent with this question):</em></p><ul>{items}</ul>")
-    show_if = q.get("show_if")
-    if isinstance(show_if, Mapping):
-        parts.append(f"<p>Asked because of your answer to <code>{cut(show_if.get('question', ''))}</code>.</p>")
+        items = "\n".join(f"<li>{cut(_media_line(m))}</li>" for m in media)
+        parts.append(f"<p><em>{_MEDIA_HEADING}:</em></p>\n<ul>\n{items}\n</ul>")
+    show_if = _show_if_parts(q)
+    if show_if is not None:
+        title, labels = show_if
+        answers = _either([f"\u201c{cut(x)}\u201d" for x in labels])
+        parts.append(f"<p><em>Only needed if your answer to \u201c{cut(title)}\u201d is {answers}.</em></p>")
     note = _background_note(q, background)
     if note:
         parts.append(f"<p><em>{esc(note)}</em></p>")
@@ -373,7 +499,15 @@ def _html_options(q: Mapping[str, Any], cut: Callable[[Any], str]) -> str:
         if opt.get("consequence"):
             item += f" \u2014 <em>{cut(opt['consequence'])}</em>"
         items.append(f"<li>{item}</li>")
-    return f"<ol>{''.join(items)}</ol>" if items else ""
+    return "<ol>\n" + "\n".join(items) + "\n</ol>" if items else ""
+
+
+def _html_builtins(q: Mapping[str, Any], cut: Callable[[Any], str]) -> list[str]:
+    apart = _builtins_apart(q)
+    if not apart:
+        return []
+    choices = " or ".join(f"<code>{esc(typed)}</code> ({number} \u00b7 {cut(label)})" for number, typed, label in apart)
+    return [f"<p><em>Or, on its own instead of picks:</em> reply {choices}.</p>"]
 
 
 def _html_guess(q: Mapping[str, Any], cut: Callable[[Any], str]) -> list[str]:

@@ -23,11 +23,12 @@ from bridge.questionset.setdir import load_set_dir
 from bridge.service.appservice import AppserviceFront
 from bridge.service.bot import SyncLoop, login, prime_sync_token
 from bridge.service.config import Config, ConfigError
+from bridge.service.crypto import Crypto
 from bridge.service.matrix import MatrixError, NioTransport
 from bridge.service.pipeline import Pipeline
 from bridge.service.poster import Poster
 from bridge.service.operators import Operators
-from bridge.service.store import Store
+from bridge.service.store import LogEntry, Store
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,19 @@ class Front(Protocol):
 class BotFront:
     """Bot mode: an ordinary account on a sync loop."""
 
-    def __init__(self, config: Config, store: Store, on_synced: Callable[[], None] | None = None):
+    def __init__(self, config: Config, store: Store, on_synced: Callable[[], None] | None = None,
+                 on_outcome: Callable[[LogEntry], None] | None = None):
         self.config = config
         self.store = store
         self.on_synced = on_synced
+        self.on_outcome = on_outcome
         self.client: AsyncClient | None = None
+        self.crypto: Crypto | None = None  # set when the client encrypts; the transport uses it too
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         self.client = await login(self.config, self.store)
+        if self.client.olm is not None:
+            self.crypto = Crypto(self.client, self.store, self.config.encryption, on_outcome=self.on_outcome)
         return self.client
 
     def own_user(self, user_id: str) -> bool:
@@ -65,10 +71,14 @@ class BotFront:
     async def open(self, pipeline: Pipeline) -> None:
         assert self.client is not None
         await prime_sync_token(self.client, self.store)
+        if self.crypto is not None:
+            await self.crypto.start()
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
         assert self.client is not None
-        await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced).run()
+        inviters = frozenset(self.config.answerers) | frozenset(self.config.admins) if self.config.answerers else None
+        await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced, crypto=self.crypto,
+                       rooms=rooms, inviters=inviters).run()
 
     async def close(self) -> None:
         return None
@@ -105,7 +115,7 @@ async def join_rooms(transport: NioTransport, config: Config, stop: asyncio.Even
 def make_front(config: Config, store: Store, ops: Operators) -> Front:
     if config.appservice.enabled:
         return AppserviceFront(config, store, ops)
-    return BotFront(config, store, on_synced=ops.mark_ready)
+    return BotFront(config, store, on_synced=ops.mark_ready, on_outcome=ops.on_outcome)
 
 
 async def serve(config: Config, stop: asyncio.Event) -> None:
@@ -117,7 +127,7 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         client = await front.connect(stop)
         if stop.is_set():
             return
-        transport = NioTransport(client)
+        transport = NioTransport(client, crypto=getattr(front, "crypto", None))
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
                             on_write=ops.on_write, is_command=ops.is_command)
@@ -125,12 +135,18 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         rooms = await join_rooms(transport, config, stop)
         for room in rooms:
             await pipeline.load_members(room)
-        pipeline.flush()  # heal a crash between the store commit and the folder write
+        try:
+            pipeline.flush()  # heal a crash between the store commit and the folder write
+        except OSError as exc:
+            # A folder that is not writable yet must not stop the bridge: the
+            # questions stay pending in the store and every batch retries them.
+            log.warning("answers.json not written yet (%s); retrying with the next batch", exc)
         poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted)
         await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                         serve_http=not config.appservice.enabled)
         await poster.sync_root(config.sets.root)
-        await pipeline.send_notices()
+        # Notices an earlier run left unsent go out from the front's notifier,
+        # so a backlog of them never holds back the first batch.
         tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop)),
                  asyncio.ensure_future(watch_sets(poster, config.sets.root, stop))]
         await stop.wait()
@@ -144,10 +160,11 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
 
 
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
-    async for _changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
-                                 watch_filter=lambda _change, path: path.endswith("questions.json")):
+    async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
+                                watch_filter=lambda _change, path: path.endswith("questions.json")):
         try:
-            await poster.sync_root(root)
+            # Only the sets that changed are read again, not every set under the root.
+            await poster.sync_changed(root, [path for _change, path in changes])
         except Exception:  # noqa: BLE001 - a bad edit must not stop the bridge
             log.exception("re-reading the sets failed")
 

@@ -126,7 +126,7 @@ class TransactionServer:
         txn_id = request.match_info["txn_id"]
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the parser, a 5000-digit number
             return _error(400, "M_NOT_JSON", "the body is not JSON")
         events = body.get("events", []) if isinstance(body, dict) else None
         if not isinstance(events, list):

@@ -105,8 +105,12 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
     if number > MAX_ATTACHMENTS:
         return None, "too_many_attachments"
     url = content.get("url")
+    encrypted = content.get("file") if isinstance(content.get("file"), dict) else None
+    if not isinstance(url, str) and encrypted is not None:
+        # A file sent in an encrypted room: the key rides in the (decrypted) event.
+        url = encrypted.get("url")
     if not isinstance(url, str):
-        return None, "attachment_encrypted" if isinstance(content.get("file"), dict) else "attachment_download_failed"
+        return None, "attachment_download_failed"
     info = content.get("info") if isinstance(content.get("info"), dict) else {}
     size = info.get("size")
     if isinstance(size, int) and size > MAX_BYTES:
@@ -117,10 +121,28 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
         return None, "attachment_too_large"
     except FileGone:
         return None, "attachment_download_failed"
+    if encrypted is not None and url == encrypted.get("url"):
+        data = decrypt_file(encrypted, data)
+        if data is None:
+            return None, "attachment_encrypted"
     name = f"{_UNSAFE_NAME.sub('_', qid).lstrip('.') or 'answer'}-{number}.{extension(content, info)}"
     folder = attachments_folder(set_dir)
     write_atomic(folder / name, data)
     return f"{FOLDER}/{name}", None
+
+
+def decrypt_file(file: dict[str, Any], data: bytes) -> bytes | None:
+    """The plaintext of an encrypted attachment, or None when it cannot be
+    decrypted (a key that is missing or malformed, a hash that does not match)."""
+    try:
+        from nio.crypto.attachments import decrypt_attachment
+
+        key, hashes = file.get("key"), file.get("hashes")
+        if not isinstance(key, dict) or not isinstance(hashes, dict):
+            return None
+        return decrypt_attachment(data, key["k"], hashes["sha256"], file["iv"])
+    except Exception:  # noqa: BLE001 - any failure means the same: this file can't be read
+        return None
 
 
 def extension(content: dict[str, Any], info: dict[str, Any]) -> str:

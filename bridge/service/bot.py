@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from nio import AsyncClient, LoginResponse, MessageDirection, RoomMessagesResponse, SyncResponse, WhoamiResponse
 
-from bridge.service.config import Config
+from bridge.service.config import Config, ConfigError
+from bridge.service.crypto import Crypto, available, crypto_dir, event_dict
 from bridge.service.matrix import MatrixError, client_config
 from bridge.service.store import Store
 
@@ -32,15 +34,44 @@ SYNC_FILTER: dict[str, Any] = {
 
 async def login(config: Config, store: Store) -> AsyncClient:
     """A client logged in as the bot: with the configured token, or with the
-    password once, keeping the device and its token in the store."""
-    client = AsyncClient(config.homeserver.url, config.bot.user_id, config=client_config())
+    password once, keeping the device and its token in the store.
+
+    With encryption on, nio's store for that device (its keys and sessions)
+    is loaded from ``<store.path>.crypto/``: the same device every start, so
+    what people encrypted for it stays readable."""
+    encrypt = config.encryption.enabled
+    if encrypt and not available():
+        raise ConfigError("encryption.enabled is true but matrix-nio was installed without its e2e extra "
+                          "(pip install 'matrix-nio[e2e]'); or set encryption.enabled: false")
+    store_path = ""
+    if encrypt:
+        folder = crypto_dir(config.store.path)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        store_path = str(folder)
+    client = AsyncClient(config.homeserver.url, config.bot.user_id, store_path=store_path,
+                         config=client_config(encryption=encrypt))
     token = config.bot.access_token or store.get_meta("access_token")
     if token:
         client.access_token = token
         whoami = await client.whoami()
         if isinstance(whoami, WhoamiResponse):
-            client.user_id = whoami.user_id
-            client.device_id = whoami.device_id or store.get_meta("device_id") or ""
+            device_id = whoami.device_id or store.get_meta("device_id") or ""
+            if encrypt and not device_id:
+                await client.close()
+                raise MatrixError("the homeserver did not say which device the access token belongs to; "
+                                  "encryption needs one (log in with bot.password)", None)
+            known = store.get_meta("device_id")
+            if device_id and known != device_id:
+                if known:
+                    log.info("the access token belongs to device %s, not %s as before: keys of the old "
+                             "device are not used", device_id, known)
+                with store.transaction():
+                    store.set_meta("device_id", device_id)
+            if encrypt:
+                # Also loads nio's key store for this user and device.
+                client.restore_login(whoami.user_id, device_id, token)
+            else:
+                client.user_id, client.device_id = whoami.user_id, device_id
             return client
         if config.bot.access_token:
             await client.close()
@@ -80,7 +111,7 @@ def batch_events(response: SyncResponse) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
     for room_id, room in response.rooms.join.items():
         for event in room.timeline.events:
-            events.append({**event.source, "room_id": room_id})
+            events.append(event_dict(event, room_id))
     return events
 
 
@@ -99,7 +130,7 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
                                               limit=500)
             if not isinstance(page, RoomMessagesResponse):
                 raise MatrixError(f"back-filling {room_id}", page)
-            older.extend({**event.source, "room_id": room_id} for event in page.chunk)
+            older.extend(event_dict(event, room_id) for event in page.chunk)
             if not page.chunk or not page.end or page.end == start:
                 break
             start = page.end
@@ -110,12 +141,18 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
 
 class SyncLoop:
     def __init__(self, client: AsyncClient, store: Store, pipeline: Any, stop: asyncio.Event,
-                 on_synced: Any = None):
+                 on_synced: Any = None, crypto: Crypto | None = None, rooms: Collection[str] = (),
+                 inviters: frozenset[str] | None = None):
         self.client = client
         self.store = store
         self.pipeline = pipeline
         self.stop = stop
         self.on_synced = on_synced
+        self.crypto = crypto
+        # Invites: the bridge joins only its configured rooms, and only when
+        # invited by someone who may answer there (None: any room member).
+        self.rooms = frozenset(rooms)
+        self.inviters = inviters
 
     async def run(self) -> None:
         notices = Notifier(self.pipeline, self.stop)
@@ -130,7 +167,14 @@ class SyncLoop:
         backoff = 0.5
         while not self.stop.is_set():
             since = self.store.get_meta(SYNC_TOKEN)
-            sync = asyncio.ensure_future(self.client.sync(timeout=30000, sync_filter=SYNC_FILTER, since=since))
+            timeout = 30000
+            if self.crypto is not None:
+                try:
+                    await self.crypto.maintain()
+                except Exception as exc:  # noqa: BLE001 - key chores are retried on the next pass
+                    log.warning("encryption key upkeep failed (%s); retrying after the next sync", exc)
+                timeout = self.crypto.sync_timeout_ms(timeout)
+            sync = asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=SYNC_FILTER, since=since))
             stopper = asyncio.ensure_future(self.stop.wait())
             done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
@@ -143,19 +187,60 @@ class SyncLoop:
                     raise MatrixError("sync", response)
                 events = await fill_gaps(self.client, response, since) + batch_events(response)
                 token = response.next_batch
+                resolved: list[str] = []
+                if self.crypto is not None:
+                    # New senders' devices are queried first, for the trust check.
+                    await self.crypto.maintain()
+                    # Events not decryptable yet are durably kept here, before the token can move.
+                    events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
                 # Files people sent are fetched first: judging runs in one store
                 # transaction and does no network I/O.
                 await self.pipeline.prepare(events)
                 # Runs to completion even when a stop is asked for mid-batch.
-                self.pipeline.process(events, commit=lambda: self.store.set_meta(SYNC_TOKEN, token))
+                self.pipeline.process(events, commit=lambda: self._commit(token, resolved))
                 if self.on_synced:
                     self.on_synced()
                 notices.wake()
                 backoff = 0.5
+                await self._answer_invites(response)
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
                 log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                 await _sleep_or_stop(self.stop, backoff)
                 backoff = min(backoff * 2, 30)
+
+
+    async def _answer_invites(self, response: SyncResponse) -> None:
+        """Join a configured room when someone who may answer invites the
+        bridge back; decline every other invite, so nobody can pull the
+        bridge (and the questions it posts) into a room of their choosing."""
+        for room_id, info in response.rooms.invite.items():
+            inviter = _inviter(info, self.client.user_id)
+            welcome = room_id in self.rooms and (self.inviters is None or inviter in self.inviters)
+            try:
+                if welcome:
+                    await self.client.join(room_id)
+                    await self.pipeline.load_members(room_id)
+                    log.info("rejoined %s at the invite of %s", room_id, inviter)
+                else:
+                    await self.client.room_leave(room_id)
+                    log.info("declined an invite to %s from %s: not a configured room or not an answerer",
+                             room_id, inviter)
+            except Exception as exc:  # noqa: BLE001 - an invite left unanswered joins nothing
+                log.warning("could not answer the invite to %s (%s)", room_id, exc)
+
+    def _commit(self, token: str, resolved: list[str]) -> None:
+        self.store.set_meta(SYNC_TOKEN, token)
+        if resolved:
+            # Kept events decrypted in this batch are now processed like any other.
+            self.store.drop_undecrypted(resolved)
+
+
+def _inviter(info: Any, user_id: str) -> str | None:
+    for event in getattr(info, "invite_state", ()):
+        source = getattr(event, "source", {}) or {}
+        if source.get("type") == "m.room.member" and source.get("state_key") == user_id:
+            return source.get("sender")
+    return None
 
 
 class Notifier:
@@ -166,6 +251,9 @@ class Notifier:
         self.pipeline = pipeline
         self.stop = stop
         self.pending = asyncio.Event()
+        # The first pass sends what an earlier run left unsent, beside the
+        # first batch rather than ahead of it.
+        self.pending.set()
 
     def wake(self) -> None:
         self.pending.set()

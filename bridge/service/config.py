@@ -11,7 +11,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -171,6 +171,40 @@ class Reminders(_Section):
         return parse_duration(self.every)
 
 
+class Encryption(_Section):
+    """End-to-end encryption in bot mode (appservice mode does not encrypt).
+
+    ``trust`` decides which devices get the room keys of the bridge's
+    messages: ``tofu`` trusts a device the first time its keys are seen and
+    never accepts other keys for it; ``verified`` only the devices listed in
+    ``verified_devices`` (answers from any other device are refused);
+    ``all`` every device of every member, with no pinning.
+    """
+
+    enabled: bool = True
+    trust: Literal["tofu", "verified", "all"] = "tofu"
+    # user id -> device id -> ed25519 fingerprint (Element: Settings, Sessions, "Session key").
+    verified_devices: dict[str, dict[str, str]] = Field(default_factory=dict)
+    grace: str = "60s"
+
+    @field_validator("grace", mode="before")
+    @classmethod
+    def _grace(cls, value: object) -> str:
+        parse_duration(value)  # type: ignore[arg-type]
+        return str(value)
+
+    @field_validator("verified_devices")
+    @classmethod
+    def _fingerprints(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        # Element shows the key in groups of four separated by spaces.
+        return {user: {device: "".join(key.split()) for device, key in devices.items()}
+                for user, devices in value.items()}
+
+    @property
+    def grace_seconds(self) -> float:
+        return parse_duration(self.grace)
+
+
 class Config(_Section):
     homeserver: Homeserver
     bot: Bot
@@ -183,6 +217,7 @@ class Config(_Section):
     appservice: Appservice = Field(default_factory=Appservice)
     metrics: Metrics = Field(default_factory=Metrics)
     reminders: Reminders = Field(default_factory=Reminders)
+    encryption: Encryption = Field(default_factory=Encryption)
 
     @model_validator(mode="after")
     def _credentials(self) -> "Config":

@@ -39,3 +39,5 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level.upper())
     # nio logs every request at INFO; keep its warnings (429s, retries) only.
     logging.getLogger("nio").setLevel(logging.WARNING)
+    # nio's key store logs every SQL statement at DEBUG, pickled keys and sessions included.
+    logging.getLogger("peewee").setLevel(logging.WARNING)

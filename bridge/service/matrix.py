@@ -25,27 +25,61 @@ class MatrixError(Exception):
         super().__init__(f"{what}: {getattr(response, 'message', response)} ({self.status})")
 
 
-def client_config() -> AsyncClientConfig:
+def client_config(encryption: bool = False) -> AsyncClientConfig:
     # Wait out homeserver restarts with a short, capped backoff rather than nio's minute-long one.
-    return AsyncClientConfig(max_timeout_retry_wait_time=5, request_timeout=60, store_sync_tokens=False)
+    # Encryption is asked for explicitly: nio turns it on whenever its e2e extra
+    # is installed, and only the bot front sets up what it needs.
+    return AsyncClientConfig(max_timeout_retry_wait_time=5, request_timeout=60, store_sync_tokens=False,
+                             encryption_enabled=encryption)
 
 
 class NioTransport:
     """Sends as ``user_id`` with ``client``'s token (a bot's token or an appservice's as_token)."""
 
-    def __init__(self, client: AsyncClient):
+    def __init__(self, client: AsyncClient, crypto: Any = None):
         self.client = client
+        # bridge.service.crypto.Crypto when the client encrypts (bot mode), else None.
+        self.crypto = crypto
 
     @property
     def user_id(self) -> str:
         return self.client.user_id
 
     async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
-        response = await self.client.room_send(room_id, event_type, content, tx_id=txn_id,
-                                               ignore_unverified_devices=True)
+        if self.crypto is None:
+            response = await self.client.room_send(room_id, event_type, content, tx_id=txn_id,
+                                                   ignore_unverified_devices=True)
+        else:
+            response = await self._send_maybe_encrypted(room_id, event_type, content, txn_id)
         if not isinstance(response, RoomSendResponse):
             raise MatrixError(f"sending {event_type} to {room_id}", response)
         return response.event_id
+
+    async def _send_maybe_encrypted(self, room_id: str, event_type: str, content: dict[str, Any],
+                                    txn_id: str) -> Any:
+        from nio.exceptions import LocalProtocolError, OlmUnverifiedDeviceError, SendRetryError
+
+        encrypted = await self.crypto.before_send(room_id)
+        before = self.crypto.session_snapshot(room_id) if encrypted else None
+        try:
+            # nio encrypts when the room is encrypted (it knows: before_send told it).
+            response = await self.client.room_send(room_id, event_type, content, tx_id=txn_id,
+                                                   ignore_unverified_devices=self.crypto.ignore_unverified_devices)
+        except OlmUnverifiedDeviceError as exc:
+            # A device appeared between the trust pass and the send: place it and retry later.
+            self.crypto.apply_trust()
+            raise MatrixError(f"sending {event_type} to {room_id}", exc) from None
+        except (LocalProtocolError, SendRetryError) as exc:
+            raise MatrixError(f"encrypting {event_type} for {room_id}", exc) from None
+        if encrypted:
+            self.crypto.log_shared(room_id, before)
+        return response
+
+    async def room_encrypted(self, room_id: str) -> bool:
+        """True when what is sent into ``room_id`` goes out encrypted."""
+        if self.crypto is None:
+            return False
+        return (await self.crypto.ensure_room(room_id)).encrypted
 
     async def redact(self, room_id: str, event_id: str, reason: str, txn_id: str) -> None:
         response = await self.client.room_redact(room_id, event_id, reason=reason, tx_id=txn_id)
@@ -62,6 +96,9 @@ class NioTransport:
         response = await self.client.join(room)
         if not isinstance(response, JoinResponse):
             raise MatrixError(f"joining {room}", response)
+        if self.crypto is not None:
+            # nio must know whether the room is encrypted before the first post.
+            await self.crypto.ensure_room(response.room_id)
         return response.room_id
 
     async def download(self, mxc: str, limit: int) -> bytes:
@@ -105,3 +142,13 @@ class NioTransport:
         if not isinstance(response, UploadResponse):
             raise MatrixError(f"uploading {filename}", response)
         return response.content_uri
+
+    async def upload_encrypted(self, data: bytes, content_type: str, filename: str) -> dict[str, Any]:
+        """Uploads ``data`` encrypted with a fresh key; returns the ``file``
+        object an event in an encrypted room carries instead of ``url``."""
+        from nio.crypto.attachments import encrypt_attachment
+
+        ciphertext, keys = encrypt_attachment(data)
+        # The content repository sees only ciphertext, so it gets no real type or name.
+        url = await self.upload(ciphertext, "application/octet-stream", "encrypted")
+        return {**keys, "url": url}

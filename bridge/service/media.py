@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.protocol.one_pager import render_one_pager
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.render import esc
 from bridge.questionset.media import LocalFilesystem, captions_for, media_type, mimetype, resolve
@@ -46,9 +47,13 @@ class Upload:
     w: int | None = None
     h: int | None = None
     duration_ms: int | None = None
+    # Uploaded encrypted (for an encrypted room): the key, IV and hash, with ``url`` in it.
+    file: dict[str, Any] | None = None
 
     def description(self) -> dict[str, Any]:
         out: dict[str, Any] = {"url": self.url, "mimetype": self.mimetype, "size": self.size}
+        if self.file:
+            out["file"] = self.file  # ``url`` alone is ciphertext; the event itself is encrypted
         out.update({k: v for k, v in (("w", self.w), ("h", self.h), ("duration_ms", self.duration_ms)) if v})
         return out
 
@@ -64,8 +69,12 @@ class PreparedMedia:
     messages: list[dict[str, Any]] = field(default_factory=list)  # thread messages, without m.relates_to
 
 
-async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: Store, transport: Any) -> PreparedMedia:
-    """Upload (or find uploaded) every media item of ``question``."""
+async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: Store, transport: Any,
+                  room: str | None = None) -> PreparedMedia:
+    """Upload (or find uploaded) every media item of ``question``; encrypted
+    when ``room`` is an encrypted room, so the server never holds the plain file."""
+    room_encrypted = getattr(transport, "room_encrypted", None)
+    encrypted = bool(room and room_encrypted and await room_encrypted(room))
     out = PreparedMedia()
     fs = LocalFilesystem(str(set_dir))
     for index, item in enumerate(question.media or ()):
@@ -77,21 +86,61 @@ async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: S
             out.messages.append(_missing_message(item))
             continue
         try:
-            upload = await _upload_once(Path(found.path), store, transport)
+            upload = await _upload_once(Path(found.path), store, transport, encrypted)
         except Exception as exc:  # noqa: BLE001 - one bad file must not keep the question back
             log.warning("media %s of %s/%s not uploaded: %s", item.src, qset.id, question.id, exc)
             out.messages.append(_missing_message(item))
             continue
         out.uploads[item.src] = upload.description()
-        out.messages.append(media_message(item, upload))
         captions = captions_for(found, list(qset.media_roots), fs) if media_type(item.src) == "video" else None
         if captions:
             try:
-                vtt = await _upload_once(Path(captions), store, transport)
-                out.messages.append(_file_message(vtt, f"Captions for {upload.name}"))
+                vtt = await _upload_once(Path(captions), store, transport, encrypted)
+                # Before the video: a thread's summary shows its last message,
+                # which should be the video, not its subtitles file.
+                out.messages.append(_file_message(vtt, captions_caption(upload.name)))
             except Exception as exc:  # noqa: BLE001
                 log.warning("captions %s not uploaded: %s", captions, exc)
+        out.messages.append(media_message(item, upload))
     return out
+
+
+def captions_caption(video_name: str) -> str:
+    return f"Captions (WebVTT subtitles) for the video {video_name}, which follows"
+
+
+async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, question_event_id: str, room_id: str,
+                         store: Store, transport: Any) -> None:
+    """Post the question's background (``one_pager``) into its thread, once.
+
+    The question message promises it there.  A block with a file is resolved
+    and uploaded like a media item (same roots, same checks); one that can't
+    be is named instead.  Transaction ids follow the message's place, so a
+    retry after a crash re-sends the same transactions.
+    """
+    key = f"one_pager_posted:{question_event_id}"
+    if not question.one_pager or store.get_meta(key):
+        return
+    blocks = [block.model_dump(mode="json") for block in question.one_pager]
+    parts = render_one_pager(blocks, title=question.title, labels={o.id: o.label for o in question.options or ()})
+    room_encrypted = getattr(transport, "room_encrypted", None)
+    encrypted = bool(room_encrypted and await room_encrypted(room_id))
+    fs = LocalFilesystem(str(set_dir))
+    for index, part in enumerate(parts):
+        content = part.content
+        if part.media is not None and part.media.src:
+            found = resolve(part.media.src, list(qset.media_roots), fs)
+            if found.ok and found.path is not None:
+                try:
+                    content = media_message(part.media, await _upload_once(Path(found.path), store, transport,
+                                                                           encrypted))
+                except Exception as exc:  # noqa: BLE001 - the block is named instead
+                    log.warning("background file %s of %s/%s not uploaded: %s", part.media.src, qset.id,
+                                question.id, exc)
+        content = {**content, "m.relates_to": in_thread(question_event_id)}
+        await transport.send(room_id, "m.room.message", content, txn_id("one-pager", question_event_id, str(index)))
+    with store.transaction():
+        store.set_meta(key, "1")
 
 
 async def post_in_thread(messages: list[dict[str, Any]], question_event_id: str, room_id: str, store: Store,
@@ -115,7 +164,7 @@ def media_message(item: MediaItem, upload: Upload) -> dict[str, Any]:
     # Element shows ``body`` as the caption when it differs from ``filename``.
     caption = " \u2014 ".join(s for s in (item.label, item.caption) if s) or item.alt or upload.name
     content: dict[str, Any] = {"msgtype": _MSGTYPES.get(kind, "m.file"), "body": caption, "filename": upload.name,
-                               "url": upload.url, "info": upload.info()}
+                               **_location(upload), "info": upload.info()}
     if item.alt:
         content["info"]["alt"] = item.alt  # no standard field yet; harmless for clients that ignore it
     if item.start is not None:
@@ -124,7 +173,12 @@ def media_message(item: MediaItem, upload: Upload) -> dict[str, Any]:
 
 
 def _file_message(upload: Upload, caption: str) -> dict[str, Any]:
-    return {"msgtype": "m.file", "body": caption, "filename": upload.name, "url": upload.url, "info": upload.info()}
+    return {"msgtype": "m.file", "body": caption, "filename": upload.name, **_location(upload), "info": upload.info()}
+
+
+def _location(upload: Upload) -> dict[str, Any]:
+    # In an encrypted room the message carries ``file`` (with the key) instead of ``url``.
+    return {"file": upload.file} if upload.file else {"url": upload.url}
 
 
 def _missing_message(item: MediaItem) -> dict[str, Any]:
@@ -147,23 +201,29 @@ def figure_message(item: MediaItem, index: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- uploading
 
 
-async def _upload_once(path: Path, store: Store, transport: Any) -> Upload:
+async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool = False) -> Upload:
     data = await asyncio.to_thread(path.read_bytes)
     digest = hashlib.sha256(data).hexdigest()
-    cached = store.upload_of(digest)
+    # An encrypted upload is its own entry: its key must never reach a plain room.
+    cache_key = f"e2e:{digest}" if encrypted else digest
+    cached = store.upload_of(cache_key)
     if cached is not None:
         url, info = cached
         return Upload(url=url, **{**info, "name": path.name})
     mime = mimetype(path.name)
-    url = await transport.upload(data, mime, path.name)
-    upload = Upload(url=url, mimetype=mime, size=len(data), name=path.name)
+    file_info = await transport.upload_encrypted(data, mime, path.name) if encrypted else None
+    url = file_info["url"] if file_info else await transport.upload(data, mime, path.name)
+    upload = Upload(url=url, mimetype=mime, size=len(data), name=path.name, file=file_info)
     upload.w, upload.h = image_size(data)
     if upload.w is None and mime.split("/")[0] in ("video", "audio"):
         probed = await asyncio.to_thread(probe, str(path))
         upload.w, upload.h, upload.duration_ms = probed
     with store.transaction():
-        store.record_upload(digest, url, {"mimetype": mime, "size": len(data), "w": upload.w, "h": upload.h,
-                                          "duration_ms": upload.duration_ms})
+        info: dict[str, Any] = {"mimetype": mime, "size": len(data), "w": upload.w, "h": upload.h,
+                                "duration_ms": upload.duration_ms}
+        if file_info:
+            info["file"] = file_info
+        store.record_upload(cache_key, url, info)
     return upload
 
 

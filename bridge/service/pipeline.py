@@ -129,10 +129,15 @@ class Pipeline:
         if self.on_batch:
             self.on_batch(events)
         now = self.clock()
-        with self.store.transaction():
+        # One fsync for the whole batch: this commit is made durable by the
+        # flushed commit at the end of ``flush``, which always follows it
+        # before the transport advances or a notice goes out (``process``
+        # never awaits, so nothing runs in between).
+        before = self.store.changes()
+        with self.store.transaction(flush=False):
             for event in events:
                 self._guarded(event, now, result)
-        result.written_sets = self.flush(commit=commit)
+        result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before)
         return result
 
     def _one(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
@@ -292,8 +297,14 @@ class Pipeline:
 
     # -- the folder --------------------------------------------------------
 
-    def flush(self, *, commit: Callable[[], None] | None = None) -> int:
-        """Project every dirty question into its set's answers.json."""
+    def flush(self, *, commit: Callable[[], None] | None = None, idle: bool = False) -> int:
+        """Project every dirty question into its set's answers.json.
+
+        ``idle``: the batch changed nothing in the store (the bridge's own
+        messages coming back, chatter), so the transport's progress is
+        committed without waiting for the disk.  Losing that progress to a
+        power cut only means the same nothing is received again; the WAL
+        keeps commits in order, so it can never outlive an earlier one."""
         dirty = self.store.dirty()
         by_set: dict[tuple[str, str], list[str]] = defaultdict(list)
         for set_dir, set_id, qid in dirty:
@@ -305,7 +316,7 @@ class Pipeline:
             AnswersFile(set_dir, set_id).update(lambda doc, now, records=records: _apply(doc, records, now), now)
             if self.on_write:
                 self.on_write(time.monotonic() - started)
-        with self.store.transaction():
+        with self.store.transaction(flush=not (idle and not dirty)):
             self.store.clear_dirty(dirty)
             if commit:
                 commit()
@@ -315,10 +326,19 @@ class Pipeline:
 
     async def send_notices(self) -> int:
         sent = 0
+        # An answer whose answers.json write has not happened yet (the folder
+        # not writable, say) is not acknowledged: its notice waits for the write.
+        held = {(set_dir, qid) for set_dir, _set_id, qid in self.store.dirty()}
         for seq, entry in self.store.unacked():
+            if (entry.set_dir, entry.qid) in held:
+                continue
             content = self._notice_for(entry)
             await self.transport.send(entry.room_id, "m.room.message", content, txn_id("ack", entry.event_id, str(seq)))
-            with self.store.transaction():
+            # Not worth waiting for the disk (this runs between batches, on the
+            # answers' path): a mark lost to a power cut re-sends the notice
+            # with the same transaction id, which the homeserver answers with
+            # the event it already has.
+            with self.store.transaction(flush=False):
                 self.store.mark_acked(seq)
             sent += 1
             if entry.outcome == "accepted":
@@ -331,7 +351,7 @@ class Pipeline:
         if entry.outcome == "accepted" and entry.record is not None and question is not None:
             content = recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                       record=entry.record, title=question.content["question"]["title"], via=via,
-                                      extra=quiz.feedback_for(entry, question))
+                                      extra=quiz.feedback_for(entry, question), labels=question.labels)
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
@@ -358,7 +378,7 @@ _OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})
 _FILE_PROBLEMS = {
     "attachment_too_large": "The file is larger than the 20 MB an answer may carry.",
     "too_many_attachments": "An answer holds at most 20 files.",
-    "attachment_encrypted": "Encrypted files can't be kept; send it in an unencrypted room.",
+    "attachment_encrypted": "The encrypted file could not be decrypted. Please send it again.",
     "attachment_not_fetched": "The file could not be downloaded. Please send it again.",
     "attachment_download_failed": "The file could not be downloaded. Please send it again.",
 }

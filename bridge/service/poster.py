@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from bridge.protocol.outcome import txn_id
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
@@ -22,7 +23,7 @@ from bridge.protocol.question_event import build_question_event, new_elicitation
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service import media
-from bridge.service.sets import discover
+from bridge.service.sets import QUESTIONS, SKIPPED, discover
 from bridge.service.store import Store
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,32 @@ class Poster:
     async def sync_root(self, root: Path) -> PostReport:
         report = PostReport()
         for set_dir in discover(root):
-            await self.sync_set(set_dir, report)
+            await self.sync_if_changed(set_dir, report)
         return report
+
+    async def sync_changed(self, root: Path, paths: Iterable[str | Path]) -> PostReport:
+        """Only the sets whose questions.json is among ``paths`` (what the folder
+        watcher saw change): an edit of one set costs one set, however many
+        sets the root holds."""
+        report = PostReport()
+        for set_dir in dict.fromkeys(changed_sets(root, paths)):
+            await self.sync_if_changed(set_dir, report)
+        return report
+
+    async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
+        """``sync_set``, unless the set's questions.json is byte for byte the one
+        last synced in full (remembered in the store, so a restart skips the
+        unchanged sets too).  A set is only remembered once every question of
+        it is posted, polled, closed as it should be; a broken set or a crash
+        half-way leaves it to be synced again."""
+        fingerprint = _fingerprint(set_dir)
+        key = f"set_synced:{set_dir.resolve()}"
+        if fingerprint is not None and self.store.get_meta(key) == fingerprint:
+            return
+        await self.sync_set(set_dir, report)
+        if fingerprint is not None and str(set_dir) not in report.broken:
+            with self.store.transaction():
+                self.store.set_meta(key, fingerprint)
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
         qset, errors = self.load_set(set_dir)
@@ -75,8 +100,11 @@ class Poster:
                 elif latest.open:
                     # A crash between posting the question and its poll or media: finish the job.
                     await self._ensure_poll(latest)
+                    await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
+                                               self.transport)
                     if question.media and not self.store.get_meta(f"media_posted:{latest.event_id}"):
-                        prepared = await media.prepare(qset, question, set_dir, self.store, self.transport)
+                        prepared = await media.prepare(qset, question, set_dir, self.store, self.transport,
+                                                       room=room)
                         await media.post_in_thread(prepared.messages, latest.event_id, room, self.store,
                                                    self.transport)
             elif latest is not None and latest.open:
@@ -88,7 +116,8 @@ class Poster:
     async def _post(self, qset: QuestionSet, question: Question, set_dir: Path, room: str, report: PostReport) -> None:
         digest = question_digest(qset, question)
         elicitation = new_elicitation_id(qset.id, question.id, question.rev, salt=f"{room}\x00{digest}")
-        prepared = await media.prepare(qset, question, set_dir, self.store, self.transport) if question.media \
+        prepared = await media.prepare(qset, question, set_dir, self.store, self.transport, room=room) \
+            if question.media \
             else media.PreparedMedia()
         content = build_question_event(qset, question, elicitation_id=elicitation, media=prepared.uploads,
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
@@ -96,11 +125,17 @@ class Poster:
         event_id = await self.transport.send(room, "m.room.message", content,
                                              txn_id("post", qset.id, question.id, str(question.rev), digest))
         recorded = RecordedQuestion(event_id=event_id, room_id=room, set_id=qset.id, content=content)
-        with self.store.transaction():
+        # Not waited onto the disk (the next flushed commit takes it along): if
+        # a power cut loses it, the same transaction id is sent again and the
+        # homeserver hands back the same event.
+        with self.store.transaction(flush=False):
             self.store.record_posted(recorded, set_dir=str(set_dir.resolve()), posted_at=int(time.time() * 1000))
         report.posted.append(f"{qset.id}/{question.id}@{question.rev}")
         log.info("question posted: %s/%s rev %d as %s in %s", qset.id, question.id, question.rev, event_id, room)
         await self._ensure_poll(recorded)
+        # The background first, the files after it: the thread's summary shows
+        # its last message, and a picture or clip says more there.
+        await media.post_one_pager(qset, question, set_dir, event_id, room, self.store, self.transport)
         await media.post_in_thread(prepared.messages, event_id, room, self.store, self.transport)
         if self.on_posted:
             self.on_posted(recorded)
@@ -113,7 +148,7 @@ class Poster:
         if content is None:
             return
         poll_id = await self.transport.send(recorded.room_id, POLL_START, content, txn_id("poll", recorded.event_id))
-        with self.store.transaction():
+        with self.store.transaction(flush=False):  # as for the question: a lost record re-sends the same poll
             self.store.set_poll(recorded.event_id, poll_id)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
@@ -140,6 +175,36 @@ class Poster:
             await self.transport.send(recorded.room_id, POLL_END, poll_end(poll, why), txn_id("poll-end", poll))
         report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
         log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
+
+
+def _fingerprint(set_dir: Path) -> str | None:
+    try:
+        return hashlib.sha256((set_dir / QUESTIONS).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def changed_sets(root: Path, paths: Iterable[str | Path]) -> list[Path]:
+    """The set folders of the changed questions.json files among ``paths``, by
+    the rules of ``discover``: under ``root`` without passing through a
+    symlinked, hidden or ``attachments`` folder, and still holding the file."""
+    found = []
+    root = Path(os.path.abspath(root))
+    for path in (Path(os.path.abspath(p)) for p in paths):
+        if path.name != QUESTIONS:
+            continue
+        set_dir = path.parent
+        try:
+            parts = set_dir.relative_to(root).parts
+        except ValueError:
+            continue
+        if any(part.startswith(".") or part in SKIPPED for part in parts):
+            continue
+        if any((root.joinpath(*parts[:n])).is_symlink() for n in range(1, len(parts) + 1)):
+            continue
+        if path.is_file():
+            found.append(set_dir)
+    return found
 
 
 def _closing_words(question: Question) -> str:

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 QUESTIONS = "questions.json"
 # Folders the bridge itself writes into a set, never sets of their own.
-_SKIP = {"attachments"}
+SKIPPED = frozenset({"attachments"})
 
 
 def discover(root: Path) -> list[Path]:
     """Every folder below ``root`` (itself included) holding questions.json, in a stable order.
-    Symlinked folders are not followed: a set must really live under the root."""
+    Symlinked folders are not followed, and a questions.json that is a
+    symlink leading out of the root is no set: a set must really live under the root."""
     found: list[Path] = []
+    real_root = os.path.realpath(root)
     for current, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIP)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED)
         if QUESTIONS in files:
+            target = os.path.realpath(os.path.join(current, QUESTIONS))
+            if os.path.commonpath([target, real_root]) != real_root:
+                log.warning("%s leads outside %s; not read as a set", os.path.join(current, QUESTIONS), root)
+                continue
             found.append(Path(current))
     return found

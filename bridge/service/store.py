@@ -7,8 +7,10 @@ between the two is repaired on start by re-projecting the pending questions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -87,6 +89,23 @@ MIGRATIONS: list[str] = [
     """
     CREATE TABLE reminders (event_id TEXT PRIMARY KEY, last_at INTEGER NOT NULL);
     CREATE TABLE admin_command (event_id TEXT PRIMARY KEY, handled_at INTEGER NOT NULL);
+    """,
+    # Encrypted rooms (issue 9): events the bridge could not decrypt yet are
+    # kept here before the sync token moves past them, retried as keys arrive
+    # and given up on (the person told) after the grace period.
+    """
+    CREATE TABLE undecrypted (
+        event_id TEXT PRIMARY KEY,
+        room_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        event TEXT NOT NULL,            -- the m.room.encrypted event as received (JSON)
+        first_seen INTEGER NOT NULL     -- ms since the epoch
+    );
+    """,
+    # Speed (issue 8): the notices still to send are looked up after every
+    # batch; indexing only those keeps that lookup from reading the whole log.
+    """
+    CREATE INDEX log_unacked ON answer_log (seq) WHERE acked=0;
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -180,8 +199,17 @@ class Store:
                     self.db.execute(statement)
                 self.db.execute(f"PRAGMA user_version={number + 1}")
 
-    def transaction(self) -> "_Transaction":
-        return _Transaction(self.db)
+    def transaction(self, *, flush: bool = True) -> "_Transaction":
+        """BEGIN IMMEDIATE ... COMMIT.  ``flush=False`` commits without waiting
+        for the disk: for a transaction that a later, flushed one in the same
+        batch always follows before anything relies on it (the WAL is one
+        append-only file, so that fsync makes both durable; a power cut in
+        between loses both, and the transport delivers the batch again)."""
+        return _Transaction(self.db, flush=flush)
+
+    def changes(self) -> int:
+        """Rows changed through this connection so far (to tell whether a batch changed anything)."""
+        return self.db.total_changes
 
     def savepoint(self) -> "_Savepoint":
         """Inside a transaction: undo just this part when it raises."""
@@ -237,6 +265,9 @@ class Store:
         return [(_question(row[:-1]), row[-1]) for row in rows]
 
     def set_dir_of(self, event_id: str) -> str | None:
+        kept = self._recent().get(event_id)
+        if kept is not None:
+            return kept[1]
         row = self.db.execute("SELECT set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
         return row[0] if row else None
 
@@ -248,8 +279,36 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM posted").fetchone()[0]
 
     def _one(self, where: str, value: str) -> RecordedQuestion | None:
-        row = self.db.execute(f"SELECT {_Q} FROM posted WHERE {where}", (value,)).fetchone()
-        return _question(row) if row else None
+        row = self.db.execute(f"SELECT event_id, open FROM posted WHERE {where}", (value,)).fetchone()
+        return self._recorded(row[0], bool(row[1])) if row else None
+
+    def _recorded(self, event_id: str, is_open: bool) -> RecordedQuestion:
+        """The posted question ``event_id``, parsed once while it is answered.
+
+        Every answer looks its question up; parsing the posted content and
+        working out its options again for each one cost more than judging.
+        What is posted never changes (a new revision is a new event), so only
+        ``open`` is read from the table every time."""
+        recent = self._recent()
+        kept = recent.get(event_id)
+        if kept is None:
+            row = self.db.execute(f"SELECT {_Q}, set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
+            kept = (_question(row[:-1]), row[-1])
+            recent[event_id] = kept
+            while len(recent) > _RECENT_QUESTIONS:
+                recent.popitem(last=False)
+        else:
+            recent.move_to_end(event_id)
+        question = kept[0]
+        return question if question.open == is_open else dataclasses.replace(question, open=is_open)
+
+    def _recent(self) -> OrderedDict[str, tuple[RecordedQuestion, str]]:
+        # Made on first use: ``read_only`` builds a Store without __init__.
+        try:
+            return self._recent_questions
+        except AttributeError:
+            self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
+            return self._recent_questions
 
     # -- events and the answer log ---------------------------------------
 
@@ -325,9 +384,17 @@ class Store:
         """
         count = self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
                                 (set_dir, qid)).fetchone()[0]
+        # Only the latest standing answer and what was added after it count
+        # (fold_records drops everything older), so only those are read and
+        # decoded: a question's thousandth answer costs what its first did.
+        # log_by_question ends in the rowid (seq), so this walks the index
+        # backwards and stops at the first answer not withdrawn.
+        latest = self.db.execute(
+            "SELECT seq FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
+            " AND record IS NOT NULL ORDER BY seq DESC LIMIT 1", (set_dir, qid)).fetchone()
         rows = self.db.execute(
             "SELECT outcome, record FROM answer_log WHERE set_dir=? AND qid=? AND outcome IN ('accepted','annotated')"
-            " AND withdrawn=0 ORDER BY seq", (set_dir, qid)).fetchall()
+            " AND withdrawn=0 AND seq>=? ORDER BY seq", (set_dir, qid, latest[0] if latest else 0)).fetchall()
         return fold_records(qid, [(outcome, json.loads(record)) for outcome, record in rows if record], count)
 
     # -- attachments and uploads ----------------------------------------
@@ -420,8 +487,27 @@ class Store:
     def mark_txn(self, txn_id: str) -> None:
         self.db.execute("INSERT OR IGNORE INTO appservice_txn(txn_id) VALUES (?)", (txn_id,))
 
+    # -- encrypted rooms --------------------------------------------------
+
+    def keep_undecrypted(self, event: dict[str, Any], first_seen: int) -> bool:
+        """Keep an event not decrypted yet; False when it was already kept."""
+        cursor = self.db.execute(
+            "INSERT OR IGNORE INTO undecrypted(event_id, room_id, sender, event, first_seen) VALUES (?,?,?,?,?)",
+            (event["event_id"], event["room_id"], event["sender"], json.dumps(event), first_seen))
+        return cursor.rowcount > 0
+
+    def undecrypted(self) -> list[tuple[dict[str, Any], int]]:
+        """(event, first seen ms) of every kept event, oldest first."""
+        rows = self.db.execute("SELECT event, first_seen FROM undecrypted ORDER BY first_seen, event_id").fetchall()
+        return [(json.loads(event), first_seen) for event, first_seen in rows]
+
+    def drop_undecrypted(self, event_ids: Iterable[str]) -> None:
+        self.db.executemany("DELETE FROM undecrypted WHERE event_id=?", [(e,) for e in event_ids])
+
 
 _Q = "event_id, room_id, set_id, content, open"
+# Posted questions kept parsed: the ones being answered now, not every one ever posted.
+_RECENT_QUESTIONS = 512
 
 
 def _question(row: tuple) -> RecordedQuestion:
@@ -436,15 +522,22 @@ def _statements(script: str) -> list[str]:
 class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
 
-    def __init__(self, db: sqlite3.Connection):
+    def __init__(self, db: sqlite3.Connection, flush: bool = True):
         self.db = db
+        self.flush = flush
 
     def __enter__(self) -> sqlite3.Connection:
+        if not self.flush:
+            self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        try:
+            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        finally:
+            if not self.flush:
+                self.db.execute("PRAGMA synchronous=FULL")
 
 
 class _Savepoint:

@@ -4,10 +4,48 @@ from __future__ import annotations
 
 import pytest
 
+import yaml
+
 from bridge.devserver import Synapse
+from helpers.attack import start_appservice_synapse
 from helpers.harness import Bridge, Person, unique
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_secret_in_any_bridge_log(tmp_path_factory):
+    """After the whole session: no secret any bridge was configured with (bot
+    tokens and passwords, appservice tokens) appears in any log a bridge wrote."""
+    yield
+    root = tmp_path_factory.getbasetemp()
+    found: set[str] = set()
+    for path in root.rglob("*.yaml"):
+        try:
+            data = yaml.safe_load(path.read_text(errors="replace"))
+        except yaml.YAMLError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        for section, keys in (("bot", ("access_token", "password")), ("appservice", ("as_token", "hs_token"))):
+            values = data.get(section)
+            if isinstance(values, dict):
+                found.update(str(values[k]) for k in keys if values.get(k))
+        found.update(str(data[k]) for k in ("as_token", "hs_token") if data.get(k))  # a registration file
+    leaks = []
+    for log in root.rglob("bridge.log"):
+        text = log.read_text(errors="replace")
+        leaks.extend(f"{log.parent.name}/{log.name}: {value[:6]}…" for value in found
+                     if len(value) >= 8 and value in text)
+    assert leaks == [], f"secrets in bridge logs: {leaks}"
+
+
+@pytest.fixture(scope="session")
+def appservice_synapse(tmp_path_factory):
+    """A second homeserver that loads the bridge's appservice registration."""
+    server = start_appservice_synapse(tmp_path_factory.mktemp("appservice-shared"))
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -492,3 +492,13 @@ def test_outcome_schema_shape() -> None:
     assert not v.is_valid({"answer_event_id": "$a", "outcome": "recorded", "layer": "schema", "reason": "x", "qid": "q", "record_rev": 1})
     assert not v.is_valid({"answer_event_id": "$a", "outcome": "refused", "layer": "schema", "reason": "x", "record_rev": 1})
     assert not v.is_valid({"answer_event_id": "$a", "outcome": "refused", "layer": "schema", "reason": "Not Snake"})
+
+
+@pytest.mark.parametrize(("kind", "text"), [("multi", "a, unsure"), ("rank", "a, b, c, unsure")])
+def test_a_builtin_in_a_list_is_named_by_its_number_and_label(kind: str, text: str) -> None:
+    # The person typed "5" (say) and saw "Not sure, ask me later", never the id.
+    v = verdict(question(kind), content(text=text))
+    assert isinstance(v, Refused) and v.reason == "builtin_in_list"
+    assert v.message == "4 (Not sure, ask me later) can't be combined with other picks; send it on its own."
+    other = verdict(question(kind), content(text="other, a"))
+    assert isinstance(other, Refused) and other.message.startswith("5 (Something else) can't be combined")

@@ -235,7 +235,8 @@ def test_structured_fields_copied() -> None:
     assert q["guess"] == {"option": "t5", "why": "It matches what you picked last time.", "confidence": "low"}
     assert q["options"][2]["consequence"] == "About 40 minutes of renders."
     shown_if = build(decide_set(), "name")["question"]["show_if"]
-    assert shown_if == {"question": "db", "option": ["pg"]}
+    # The earlier question's title and the options' labels ride along, for the words the message shows.
+    assert shown_if == {"question": "db", "option": ["pg"], "title": "The database", "labels": ["PostgreSQL"]}
 
 
 def test_media_times_are_strings_and_milliseconds() -> None:
@@ -474,3 +475,39 @@ def test_bad_subject_refused() -> None:
         build(decide_set(), "db", subject={"id": "x", "digest": "d" * 513})
     with pytest.raises(ValueError, match="subject.id"):
         build(decide_set(), "db", subject={"id": "", "digest": "d"})
+
+
+# ---------------------------------------------------------------- compare: the sides in the order they are seen
+
+
+def _compare_set(sides: dict[str, Any]) -> dict[str, Any]:
+    q = {
+        "id": "splash", "kind": "compare", "title": "Splash", "question": "Which splash should open the app?",
+        "why": "Seen on every start.", "look_for": ["The first second: does it stay sharp?"],
+        "media": [{"src": "pair.mp4"}], "sides": sides,
+        "options": [{"id": "keep", "label": "Keep the old splash"}, {"id": "b", "label": "Take B"}, {"id": "a", "label": "Take A"}],
+        "guess": _guess("a"),
+    }
+    return {"askwright": 1, "id": "demo", "title": "Demo", "questions": [q]}
+
+
+@pytest.mark.parametrize("order", [None, ["keep", "b", "a"], ["b", "keep", "a"], ["a", "b", "keep"]])
+def test_compare_lists_left_then_right_then_the_rest(order: list[str] | None, validator: Draft202012Validator) -> None:
+    content = build(_compare_set({"left": "a", "right": "b", "randomized": True}), "splash", order=order)
+    ids = [o["id"] for o in content["question"]["options"]]
+    assert ids == ["a", "b", "keep", UNSURE_ID, OTHER_ID]
+    assert "1. Left\n2. Right\n3. Keep the old splash" in content["body"]
+    validator.validate(content)
+
+
+def test_compare_without_sides_keeps_the_given_order() -> None:
+    raw = _compare_set({"left": "a", "right": "b"})
+    del raw["questions"][0]["sides"]
+    content = build(raw, "splash", order=["b", "keep", "a"])
+    assert [o["id"] for o in content["question"]["options"]][:3] == ["b", "keep", "a"]
+
+
+def test_show_if_names_validate(validator: Draft202012Validator) -> None:
+    content = build(decide_set(), "name")
+    validator.validate(content)
+    assert "Only needed if your answer to \u201cThe database\u201d is \u201cPostgreSQL\u201d." in content["body"]

@@ -92,7 +92,7 @@ def test_html_shows_everything_a_reader_needs() -> None:
     assert "<h4>The database</h4>" in html
     assert "<em>Demo decisions</em>" in html
     assert "<li>PostgreSQL \u2014 <em>One more service to run.</em></li>" in html
-    assert "<li>Not sure, ask me later</li><li>Something else</li></ol>" in html
+    assert "<li>Not sure, ask me later</li>\n<li>Something else</li>\n</ol>" in html
     assert "My guess: <strong>PostgreSQL (1)</strong> \u2014 You run it elsewhere." in html
 
 
@@ -106,11 +106,19 @@ def test_numbered_options_follow_event_order(kind: str) -> None:
         assert "<ol>" not in content["formatted_body"]
         assert "reply unsure" in content["body"]
         return
+    # multi/rank: the built-ins are not in the list (they can't be combined
+    # with picks) but keep their numbers, set apart under it.
+    listed = [o for o in options if o["id"] not in ("unsure", "other")] if kind in ("multi", "rank") else options
     body_numbers = re.findall(r"^(\d+)\. (.+)$", content["body"], flags=re.MULTILINE)
-    assert [int(n) for n, _ in body_numbers] == list(range(1, len(options) + 1))
-    assert [label.split(" \u2014 ")[0] for _, label in body_numbers] == [o["label"] for o in options]
+    assert [int(n) for n, _ in body_numbers] == list(range(1, len(listed) + 1))
+    assert [label.split(" \u2014 ")[0] for _, label in body_numbers] == [o["label"] for o in listed]
     html_items = re.findall(r"<li>(.*?)</li>", content["formatted_body"].split("<ol>")[1].split("</ol>")[0])
-    assert [item.split(" \u2014 ")[0] for item in html_items] == [o["label"] for o in options]
+    assert [item.split(" \u2014 ")[0] for item in html_items] == [o["label"] for o in listed]
+    if kind in ("multi", "rank"):
+        n = len(listed)
+        apart = f"Or, on its own instead of picks: reply unsure ({n + 1} \u00b7 Not sure, ask me later) or other: <your text> ({n + 2} \u00b7 Something else)."
+        assert apart in content["body"]
+        assert f"<code>unsure</code> ({n + 1} \u00b7 Not sure, ask me later)" in content["formatted_body"]
 
 
 def test_shuffled_order_is_the_numbered_order() -> None:
@@ -232,12 +240,12 @@ def test_only_element_tags(kind: str) -> None:
 
 def test_timecodes_stand_out() -> None:
     assert esc_timecodes("The arrow from 1.0 s: and 1.4s, then 0:07 or 12 seconds") == (
-        "The arrow from <strong>1.0 s</strong>: and <strong>1.4s</strong>, then <strong>0:07</strong> "
-        "or <strong>12 seconds</strong>"
+        "The arrow from <code>1.0 s</code>: and <code>1.4s</code>, then <code>0:07</code> "
+        "or <code>12 seconds</code>"
     )
     assert esc_timecodes("Take 2 <b>") == "Take 2 &lt;b&gt;"
     html = event(question(look_for=["Watch the arrow from 1.0 s: does it stay?"]))["formatted_body"]
-    assert "<li>Watch the arrow from <strong>1.0 s</strong>: does it stay?</li>" in html
+    assert "<li>Watch the arrow from <code>1.0 s</code>: does it stay?</li>" in html
 
 
 def test_subject_shown_shortened() -> None:
@@ -246,7 +254,7 @@ def test_subject_shown_shortened() -> None:
     assert f"Approving: release-4.2 (digest {short_digest(digest)})" in content["body"]
     assert digest not in content["body"] and digest not in content["formatted_body"]
     assert "<code>release-4.2</code>" in content["formatted_body"]
-    assert short_digest("sha256:abc") == "sha256:abc"
+    assert short_digest("sha256:abc") == "abc"
 
 
 def test_background_note_for_one_pager() -> None:
@@ -258,9 +266,10 @@ def test_background_note_for_one_pager() -> None:
 def test_show_if_and_media_mentioned() -> None:
     q = question(show_if={"question": "other_q", "option": ["x"]}, media=[{"src": "clip.mp4", "start": 1.5, "caption": "the fall"}])
     content = event(q, media={"clip.mp4": {"url": "mxc://example.org/clip", "mimetype": "video/mp4"}})
-    assert "other_q" in content["body"]
+    # Not in the set: the ids are all there is to name it by.
+    assert "Only needed if your answer to \u201cother_q\u201d is \u201cx\u201d." in content["body"]
     assert "clip.mp4 (video) from 1.5 s \u2014 the fall" in content["body"]
-    assert "from <strong>1.5 s</strong>" in content["formatted_body"]
+    assert "from <code>1.5 s</code>" in content["formatted_body"]
 
 
 def test_render_is_pure_and_bare_body_keeps_options() -> None:
@@ -298,3 +307,95 @@ def test_quiz_shows_topic_and_points_not_answers() -> None:
     assert "Topic: articles \u00b7 2 points (bonus)" in content["body"]
     assert "WHY" not in content["body"] and "WHY" not in content["formatted_body"]
     assert "My guess" not in content["body"]
+
+
+# ---------------------------------------------------------------- what Element showed wrong
+
+
+def test_question_title_comes_first_and_blocks_are_on_their_own_lines() -> None:
+    content = event(question(), title="Release 2.4 decisions")
+    assert content["body"].split("\n")[:3] == ["The database", "[Release 2.4 decisions]", "Which database should the service use?"]
+    html = content["formatted_body"]
+    assert html.startswith("<h4>The database</h4>\n<p><em>Release 2.4 decisions</em></p>\n<p><strong>Which")
+    # A preview that drops the tags must not run one block into the next.
+    for joined in ("</h4><", "</p><", "</ol><", "</ul><", "</li><"):
+        assert joined not in html, joined
+
+
+@pytest.mark.parametrize("label", ["@alice:example.org", "#general:example.org", "!xKqwUzWhNdAyYhPLcE:example.org",
+                                   "https://example.org/a?b=1", "$ev_abcdefghijklmnopqrstuvwxyz0123"])
+def test_id_and_url_like_labels_are_code_so_element_does_not_linkify_them(label: str) -> None:
+    q = question(options=[{"id": "a", "label": label}, {"id": "b", "label": "Plain"}],
+                 guess={"option": "a", "why": f"Because of {label}.", "confidence": "high"})
+    html = event(q)["formatted_body"]
+    shown = html.replace("&amp;", "&")
+    assert f"<li><code>{label}</code></li>" in shown
+    assert f"My guess: <strong><code>{label}</code> (1)</strong> \u2014 Because of <code>{label}</code>." in shown
+    assert "<li>Plain</li>" in html
+
+
+def test_timecodes_are_code_in_titles_labels_and_the_question() -> None:
+    q = question(title="The fall at 0:07", question="What happens at 1.4 s?",
+                 options=[{"id": "a", "label": "Cut at 2 s"}, {"id": "b", "label": "Keep"}],
+                 guess={"option": "a", "why": "x", "confidence": "high"})
+    html = event(q)["formatted_body"]
+    assert "<h4>The fall at <code>0:07</code></h4>" in html
+    assert "<p><strong>What happens at <code>1.4 s</code>?</strong></p>" in html
+    assert "<li>Cut at <code>2 s</code></li>" in html
+
+
+def test_approval_shows_sixteen_hex_digits_in_a_bold_line() -> None:
+    digest = "sha256:0588c96c7eff47e1a83d9fc1d0ecda3cc3b72e559a5c402bb9da29d9851dbceb"
+    assert short_digest(digest) == "0588c96c7eff47e1\u2026"
+    assert short_digest("SHA256:" + "ab" * 4) == "abababab"
+    content = event(question(subject={"id": "release-4.2", "digest": digest}))
+    html = content["formatted_body"]
+    assert "<blockquote>" not in html
+    assert "<p><strong>Approving <code>release-4.2</code> (digest <code>0588c96c7eff47e1\u2026</code>)</strong></p>" in html
+    assert "Approving: release-4.2 (digest 0588c96c7eff47e1\u2026)" in content["body"]
+
+
+def test_media_are_said_to_be_in_the_thread() -> None:
+    q = question(media=[{"src": "clip.mp4"}])
+    content = event(q, media={"clip.mp4": {"url": "mxc://example.org/clip", "mimetype": "video/mp4"}})
+    assert "Media (in this message's thread):" in content["body"]
+    assert "<p><em>Media (in this message's thread):</em></p>" in content["formatted_body"]
+    assert "sent with this question" not in content["body"]
+
+
+def test_keycaps_are_named_and_where_to_find_them() -> None:
+    body = event(question())["body"]
+    assert f"react to it with the keycap emoji {KEYCAPS[0]}\u2026{KEYCAPS[4]} for that number" in body
+    assert "(search \u201ckeycap\u201d in the reaction picker)" in body
+
+
+@pytest.mark.parametrize("kind", ["multi", "rank"])
+def test_multi_and_rank_set_the_builtins_apart_with_their_numbers(kind: str) -> None:
+    content = event(question(kind))
+    html = content["formatted_body"]
+    listed = html.split("<ol>")[1].split("</ol>")[0]
+    assert "Not sure" not in listed and "Something else" not in listed
+    assert ("<p><em>Or, on its own instead of picks:</em> reply <code>unsure</code> (4 \u00b7 Not sure, ask me later) "
+            "or <code>other: &lt;your text&gt;</code> (5 \u00b7 Something else).</p>") in html
+    # The numbers people type are still the event's positions.
+    assert [o["id"] for o in content["question"]["options"]][3:] == ["unsure", "other"]
+    if kind == "rank":
+        assert "all 3 numbers in your order" in content["body"]
+
+
+def test_show_if_says_when_it_is_needed_with_the_earlier_title_and_labels() -> None:
+    raw = {
+        "askwright": 1, "id": "demo", "title": "Demo",
+        "questions": [
+            question(id="timing", title="Release timing", options=[
+                {"id": "now", "label": "Ship now"}, {"id": "late", "label": "Ship late"}, {"id": "never", "label": "Never"}]),
+            question(id="bg", title="Background check", show_if={"question": "timing", "option": ["late", "never"]}),
+        ],
+    }
+    raw["questions"][0]["guess"] = {"option": "now", "why": "x", "confidence": "high"}
+    qset = QuestionSet.model_validate(raw)
+    content = build_question_event(qset, qset.questions[1], elicitation_id="elc_bg")
+    expected = "Only needed if your answer to \u201cRelease timing\u201d is \u201cShip late\u201d or \u201cNever\u201d."
+    assert expected in content["body"]
+    assert f"<p><em>{expected}</em></p>" in content["formatted_body"]
+    assert "Asked because" not in content["body"] and "timing" not in content["formatted_body"].replace("Release timing", "")

@@ -1,0 +1,217 @@
+"""Catching up on a backlog: answers sent while the bridge was stopped, beside
+a bare nio client syncing through the same backlog.
+
+    python benchmarks/catchup.py [--answers 5000]
+
+One Synapse, one run.  The bridge posts a set and is stopped; a few people
+send ``--answers`` answers as fast as the homeserver takes them; then a bare
+matrix-nio client catches up from a sync token taken before the first send
+(the same way the bridge does: a sync with the bridge's filter, then
+``/messages`` back to the token when the timeline is limited), and after it
+the bridge is started.  Both are their own processes and timed from process
+start (the interpreter and matrix-nio imports count for both): the bare
+client until it has seen every answer, the bridge until every answer is
+durable (committed to its store and written into ``answers.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nio import AsyncClient, MessageDirection, RoomMessagesResponse, SyncResponse
+
+from _world import World, answer, question_set, world
+
+from bridge.service.bot import SYNC_FILTER
+
+ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
+SENDERS = 4
+IN_FLIGHT = 8  # concurrent sends per sender
+
+
+async def send_backlog(w: World, people: list[dict[str, str]], questions: list[dict[str, Any]],
+                       count: int) -> float:
+    """``count`` answers from ``people``, spread over ``questions``; returns sends per second."""
+    clients = [w.client(p) for p in people]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for n in range(count):
+        queue.put_nowait(n)
+
+    async def worker(client: AsyncClient) -> None:
+        while True:
+            try:
+                n = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            content = answer(questions[n % len(questions)], "ab"[n % 2])
+            for _attempt in range(20):
+                response = await client.room_send(w.room_id, "m.room.message", content)
+                if getattr(response, "event_id", None):
+                    break
+                await asyncio.sleep(0.2)  # a 429 or a hiccup: the backlog must be complete
+            else:
+                raise RuntimeError(f"answer {n} could not be sent: {response}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in clients for _ in range(IN_FLIGHT)))
+    elapsed = time.perf_counter() - started
+    for client in clients:
+        await client.close()
+    return count / elapsed
+
+
+async def bare_catch_up(client: AsyncClient, since: str, count: int) -> tuple[float, list[tuple[float, int]]]:
+    """Seconds until a bare client has seen ``count`` answer events, and (t, seen) along the way."""
+    seen: set[str] = set()
+    curve: list[tuple[float, int]] = [(0.0, 0)]
+    started = time.perf_counter()
+
+    def note(events: list[Any]) -> None:
+        for event in events:
+            if event.source.get("content", {}).get("suite_event_type") == ANSWER_TYPE:
+                seen.add(event.event_id)
+        curve.append((time.perf_counter() - started, len(seen)))
+
+    token = since
+    while len(seen) < count:
+        response = await client.sync(timeout=0, since=token, sync_filter=SYNC_FILTER)
+        if not isinstance(response, SyncResponse):
+            await asyncio.sleep(0.1)
+            continue
+        for room_id, room in response.rooms.join.items():
+            note(room.timeline.events)
+            start = room.timeline.prev_batch if room.timeline.limited else None
+            while start:
+                page = await client.room_messages(room_id, start=start, end=token,
+                                                  direction=MessageDirection.back, limit=500)
+                if not isinstance(page, RoomMessagesResponse):
+                    raise RuntimeError(f"/messages failed: {page}")
+                note(page.chunk)
+                if not page.chunk or not page.end or page.end == start:
+                    break
+                start = page.end
+        token = response.next_batch
+    return time.perf_counter() - started, curve
+
+
+def durable_count(db: sqlite3.Connection) -> int | None:
+    """Accepted answers that are in answers.json, or None while a batch is between
+    its store commit and its folder write (the dirty table says which)."""
+    try:
+        if db.execute("SELECT 1 FROM dirty LIMIT 1").fetchone():
+            return None
+        return db.execute("SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'").fetchone()[0]
+    except sqlite3.OperationalError:
+        return None  # the bridge is still creating or migrating its store
+
+
+async def bridge_catch_up(w: World, config: Path, store: Path, count: int,
+                          timeout: float) -> tuple[float, list[tuple[float, int]]]:
+    started = time.perf_counter()
+    w.start_bridge(config)
+    db = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    curve: list[tuple[float, int]] = [(0.0, 0)]
+    try:
+        while time.perf_counter() - started < timeout:
+            durable = durable_count(db)
+            now = time.perf_counter() - started
+            if durable is not None:
+                curve.append((now, durable))
+                if durable >= count:
+                    return now, curve
+            await asyncio.sleep(0.02)
+    finally:
+        db.close()
+    raise TimeoutError(f"the bridge made {curve[-1][1]} of {count} answers durable in {timeout:.0f} s")
+
+
+async def measure(w: World, count: int, timeout: float = 1800) -> dict[str, Any]:
+    w.sets_root = w.base / "sets-catchup"
+    store = w.base / "catchup.sqlite"
+    w.add_set(question_set("catchup", 10))
+    config = w.config(store={"path": str(store)})
+    w.start_bridge(config)
+    person = w.client(w.person)
+    found = await w.question_events(person, 10, prefix="catchup/")
+    questions = [found[f"catchup/q{n}"] for n in range(10)]
+    await asyncio.sleep(1)  # let the bridge's sync pass its own posts
+    w.stop_bridge()
+    await person.close()
+
+    observer = w.client(w.observer)
+    since = (await observer.sync(timeout=0, sync_filter=SYNC_FILTER)).next_batch
+    people = [w.person] + [w.add_member(f"catchup{n}") for n in range(1, SENDERS)]
+    send_rate = await send_backlog(w, people, questions, count)
+
+    await observer.close()
+    bare_seconds, bare_loop_seconds, bare_curve = await bare_process(w, since, count)
+    bridge_seconds, bridge_curve = await bridge_catch_up(w, config, store, count, timeout)
+    w.stop_bridge(grace=5)
+    durable_files = sum(1 for _ in w.sets_root.glob("*/answers.json"))
+    return {
+        "answers": count, "send_rate_per_s": round(send_rate, 1),
+        "bridge_s": round(bridge_seconds, 3), "bare_s": round(bare_seconds, 3),
+        "bare_sync_s": round(bare_loop_seconds, 3),
+        "ratio": round(bridge_seconds / bare_seconds, 2), "answers_json_files": durable_files,
+        "bridge_curve": bridge_curve, "bare_curve": bare_curve,
+    }
+
+
+async def bare_process(w: World, since: str, count: int) -> tuple[float, float, list[tuple[float, int]]]:
+    """The bare client as its own process, timed like the bridge: from its
+    process start (interpreter and matrix-nio imports included).  Returns
+    (seconds from process start, seconds of syncing alone, curve)."""
+    started = time.time()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).resolve()), "--bare-client", w.synapse.url, w.observer["user_id"],
+        w.observer["access_token"], since, str(count), stdout=asyncio.subprocess.PIPE)
+    out, _ = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError("the bare client failed")
+    report = json.loads(out)
+    curve = [(0.0, 0)] + [(round(at - started, 4), seen) for at, seen in report["curve"]]
+    return report["done_at"] - started, report["sync_s"], curve
+
+
+async def bare_client_main(url: str, user_id: str, token: str, since: str, count: int) -> None:
+    client = AsyncClient(url, user_id)
+    client.access_token = token
+    sync_started = time.time()
+    seconds, curve = await bare_catch_up(client, since, count)
+    await client.close()
+    print(json.dumps({"done_at": sync_started + seconds, "sync_s": seconds,
+                      "curve": [(sync_started + t, seen) for t, seen in curve[1:]]}))
+
+
+def print_row(row: dict[str, Any]) -> None:
+    print(f"catch-up of {row['answers']} answers (sent at {row['send_rate_per_s']}/s): bridge {row['bridge_s']} s "
+          f"from process start, bare client {row['bare_s']} s from process start ({row['bare_sync_s']} s of "
+          f"syncing), ratio {row['ratio']} (target <= 1.5)")
+
+
+async def main(count: int) -> dict[str, Any]:
+    async with world() as w:
+        row = await measure(w, count)
+    print_row(row)
+    return row
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--bare-client"]:
+        url, user_id, token, since, count = sys.argv[2:7]
+        asyncio.run(bare_client_main(url, user_id, token, since, int(count)))
+        raise SystemExit(0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--answers", type=int, default=5000)
+    parser.add_argument("--json", help="also write the result here")
+    args = parser.parse_args()
+    result = asyncio.run(main(args.answers))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))

@@ -1,0 +1,405 @@
+"""End-to-end encryption in bot mode, on matrix-nio's olm machine (vodozemac).
+
+What nio does by itself: it encrypts in ``room_send`` when it knows the room
+is encrypted, decrypts timeline events inside ``sync`` (room keys arrive as
+to-device messages in the same response, handled first), and keeps the
+account, sessions and device keys in its SQLite store.  What it leaves to its
+caller, and this module does:
+
+* making sure nio knows every room the bridge sends to, with its encryption
+  state and members, before anything is posted: the bridge may post before
+  its first sync, and a room nio does not know would otherwise get plaintext;
+* the key chores nio's own ``sync_forever`` would do (upload, query, claim,
+  queued to-device messages), since the bridge runs its own sync loop;
+* the trust policy (``encryption.trust``) and a log of who got room keys;
+* events it cannot decrypt yet: kept in the bridge's store before the sync
+  token moves past them, retried on every sync, and after the grace period
+  given up on with a word to the person (never recorded as an answer).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from nio import AsyncClient, MegolmEvent, RoomGetStateEventError, RoomGetStateEventResponse
+from nio.exceptions import EncryptionError, LocalProtocolError
+from nio.rooms import MatrixRoom
+
+from bridge.service.config import Encryption
+from bridge.service.matrix import MatrixError
+from bridge.service.store import LogEntry, Store
+
+log = logging.getLogger(__name__)
+
+ENCRYPTED = "m.room.encrypted"
+ENCRYPTION_STATE = "m.room.encryption"
+# A key the sync loop adds to a decrypted event's dict (and removes before the
+# pipeline sees it): which device sent it, for the ``verified`` policy.
+ORIGIN = "askwright.e2e"
+
+UNDECRYPTABLE_MESSAGE = ("the bridge could not decrypt this message, so it could not read your answer. "
+                         "Please send it again (if it keeps happening, your client may not be sharing "
+                         "its keys with the bridge's session).")
+UNVERIFIED_MESSAGE = ("this message was sent from a session the bridge's operator has not verified, "
+                      "so the bridge does not accept answers from it. Answer from a verified session.")
+
+
+def available() -> bool:
+    """True when matrix-nio was installed with its e2e extra."""
+    from nio.crypto import ENCRYPTION_ENABLED
+
+    return bool(ENCRYPTION_ENABLED)
+
+
+def crypto_dir(store_path: Path) -> Path:
+    """Where nio keeps the device's keys and sessions: beside the bridge's store."""
+    return store_path.with_name(store_path.name + ".crypto")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def event_dict(event: Any, room_id: str) -> dict[str, Any]:
+    """The dict the pipeline gets for a timeline event: the decrypted event
+    (type and content of what the person sent, plus event id, sender and
+    time) when nio decrypted it, the event as received otherwise."""
+    out = {**event.source, "room_id": room_id}
+    if getattr(event, "decrypted", False):
+        out[ORIGIN] = {"sender_key": getattr(event, "sender_key", None),
+                       "verified": bool(getattr(event, "verified", False))}
+    return out
+
+
+class Crypto:
+    """The bridge's encryption state around one nio client with olm loaded."""
+
+    def __init__(self, client: AsyncClient, store: Store, settings: Encryption,
+                 on_outcome: Callable[[LogEntry], None] | None = None, clock: Callable[[], int] = now_ms):
+        self.client = client
+        self.store = store
+        self.settings = settings
+        self.on_outcome = on_outcome
+        self.clock = clock
+        self._trust_logged: dict[tuple[str, str], str] = {}
+
+    # -- start-up -------------------------------------------------------
+
+    def describe_device(self) -> str:
+        olm = self.client.olm
+        fingerprint = olm.account.identity_keys["ed25519"] if olm else "?"
+        return f"device {self.client.device_id}, ed25519 fingerprint {_grouped(fingerprint)}"
+
+    async def start(self) -> None:
+        log.info("end-to-end encryption on (trust: %s); the bridge's %s", self.settings.trust, self.describe_device())
+        await self.maintain()
+
+    # -- rooms ----------------------------------------------------------
+
+    async def ensure_room(self, room_id: str) -> MatrixRoom:
+        """nio's view of ``room_id``, its encryption state asked of the homeserver
+        when nio has not seen the room in a sync yet."""
+        room = self.client.rooms.get(room_id)
+        if room is not None:
+            return room
+        encrypted = room_id in self.client.encrypted_rooms
+        if not encrypted:
+            response = await self.client.room_get_state_event(room_id, ENCRYPTION_STATE)
+            if isinstance(response, RoomGetStateEventResponse):
+                encrypted = bool(response.content.get("algorithm"))
+            elif not (isinstance(response, RoomGetStateEventError) and response.status_code == "M_NOT_FOUND"):
+                # Not knowing must never mean sending in the clear.
+                raise MatrixError(f"reading the encryption state of {room_id}", response)
+        room = MatrixRoom(room_id, self.client.user_id, encrypted)
+        self.client.rooms[room_id] = room
+        if encrypted:
+            self.client.encrypted_rooms.add(room_id)
+            if self.client.store is not None:
+                self.client.store.save_encrypted_rooms([room_id])
+            log.info("room %s is encrypted: the bridge encrypts what it sends there", room_id)
+        return room
+
+    async def before_send(self, room_id: str) -> bool:
+        """Ready to send into ``room_id``; True when what is sent there is encrypted."""
+        room = await self.ensure_room(room_id)
+        if not room.encrypted:
+            return False
+        if not room.members_synced:
+            await self.client.joined_members(room_id)
+        await self.maintain()
+        return True
+
+    # -- key chores and trust -------------------------------------------
+
+    async def maintain(self) -> None:
+        """What nio's sync_forever does between syncs, then the trust policy."""
+        client = self.client
+        if client.olm is None:
+            return
+        if client.should_upload_keys:
+            response = await client.keys_upload()
+            if not hasattr(response, "one_time_key_counts"):
+                log.error("uploading the device keys failed (%s): people cannot encrypt for the bridge. If the "
+                          "access token belongs to a session that already has other keys, give the bridge its "
+                          "own login (bot.password) or a fresh token", getattr(response, "message", response))
+        if client.should_query_keys:
+            await client.keys_query()
+        if client.should_claim_keys:
+            await client.keys_claim(client.get_users_for_key_claiming())
+        if client.outgoing_to_device_messages:
+            await client.send_to_device_messages()
+        self.apply_trust()
+
+    def apply_trust(self) -> None:
+        """Mark every known device of the people the bridge shares rooms with
+        as the policy says: verified (gets keys), or blacklisted (never does).
+        ``all`` leaves them unverified; nio shares with those when told to
+        ignore unverified devices."""
+        client, policy = self.client, self.settings.trust
+        for user_id, devices in client.device_store.items():
+            if user_id == client.user_id and policy != "verified":
+                continue
+            for device in devices.values():
+                if device.deleted or (user_id == client.user_id and device.id == client.device_id):
+                    continue
+                if policy == "verified":
+                    pinned = self.settings.verified_devices.get(user_id, {}).get(device.id)
+                    if pinned is not None and pinned == device.ed25519:
+                        self._set(device, "verified", "verified by the operator")
+                    else:
+                        why = "its fingerprint does not match the one configured" if pinned else \
+                            "not in encryption.verified_devices"
+                        self._set(device, "blacklisted", why)
+                elif policy == "tofu":
+                    self._set(device, "verified", "trusted on first use")
+                else:
+                    if device.blacklisted:
+                        client.unblacklist_device(device)
+                    self._note(device, "unverified", "trust: all")
+
+    def _set(self, device: Any, state: str, why: str) -> None:
+        client = self.client
+        if state == "verified" and not device.verified:
+            if device.blacklisted:
+                client.unblacklist_device(device)
+            client.verify_device(device)
+        elif state == "blacklisted" and not device.blacklisted:
+            if device.verified:
+                client.unverify_device(device)
+            client.blacklist_device(device)
+        self._note(device, state, why)
+
+    def _note(self, device: Any, state: str, why: str) -> None:
+        key = (device.user_id, device.id)
+        if self._trust_logged.get(key) == state:
+            return
+        self._trust_logged[key] = state
+        if state == "blacklisted":
+            log.warning("device %s of %s (%s) gets no room keys: %s", device.id, device.user_id,
+                        _grouped(device.ed25519), why)
+        else:
+            log.info("device %s of %s (%s) is %s: %s", device.id, device.user_id, _grouped(device.ed25519),
+                     state, why)
+
+    @property
+    def ignore_unverified_devices(self) -> bool:
+        # Under tofu and verified every device is verified or blacklisted by
+        # apply_trust, so this only matters for devices seen mid-send; under
+        # ``verified`` such a device must fail the send rather than get keys.
+        return self.settings.trust != "verified"
+
+    def session_snapshot(self, room_id: str) -> tuple[str, frozenset[tuple[str, str]]] | None:
+        olm = self.client.olm
+        session = olm.outbound_group_sessions.get(room_id) if olm else None
+        return (session.id, frozenset(session.users_shared_with)) if session else None
+
+    def log_shared(self, room_id: str, before: tuple[str, frozenset[tuple[str, str]]] | None) -> None:
+        """Say which devices got the room key when a send shared a new one."""
+        after = self.session_snapshot(room_id)
+        if after is None or after == before:
+            return
+        session_id, shared = after
+        fresh = shared - (before[1] if before and before[0] == session_id else frozenset())
+        room = self.client.rooms.get(room_id)
+        withheld = []
+        own = (self.client.user_id, self.client.device_id)
+        for user_id in (room.users if room else ()):
+            for device in self.client.device_store.active_user_devices(user_id):
+                if (user_id, device.id) in shared or (user_id, device.id) == own:
+                    continue
+                withheld.append(f"{user_id}/{device.id} ({_trust_word(device)})")
+        log.info("room key %s… for %s shared with %s; not shared with %s", session_id[:10], room_id,
+                 ", ".join(sorted(f"{u}/{d}" for u, d in fresh)) or "no new device",
+                 ", ".join(sorted(withheld)) or "nobody")
+
+    # -- receiving --------------------------------------------------------
+
+    def sync_timeout_ms(self, default: int) -> int:
+        """A long poll that wakes up in time for the first kept event's grace period."""
+        kept = self.store.undecrypted()
+        if not kept:
+            return default
+        due = min(first_seen for _event, first_seen in kept) + int(self.settings.grace_seconds * 1000)
+        return max(0, min(default, due - self.clock()))
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
+            list[dict[str, Any]], list[str]]:
+        """The batch the pipeline should judge, and the kept events it resolves.
+
+        Events still encrypted are kept (durably, before the caller moves the
+        sync token) and their keys asked for; kept events that decrypt now are
+        put in front of the batch (they are older); kept events past the grace
+        period are refused and the person told; under ``trust: verified`` an
+        answer from a device the operator has not verified is refused.
+        """
+        newly_kept: list[dict[str, Any]] = []
+        batch: list[dict[str, Any]] = []
+        refusals: list[tuple[dict[str, Any], str, str]] = []
+        now = self.clock()
+        for event in events:
+            if event.get("type") == ENCRYPTED and isinstance(event.get("event_id"), str):
+                sender = event.get("sender")
+                if not isinstance(sender, str) or is_own(sender) or self.store.is_processed(event["event_id"]):
+                    continue
+                newly_kept.append(event)
+                continue
+            batch.append(event)
+        if newly_kept:
+            with self.store.transaction():
+                kept_now = [e for e in newly_kept if self.store.keep_undecrypted(e, now)]
+            for event in kept_now:
+                log.warning("event %s from %s in %s could not be decrypted yet; kept, keys asked for",
+                            event["event_id"], event["sender"], event["room_id"])
+                await self._request_keys(event)
+        resolved: list[str] = []
+        recovered: list[dict[str, Any]] = []
+        expired: list[dict[str, Any]] = []
+        for event, first_seen in self.store.undecrypted():
+            decrypted = self._decrypt(event)
+            if decrypted is not None:
+                log.info("event %s decrypted after its keys arrived", event["event_id"])
+                recovered.append(decrypted)
+                resolved.append(event["event_id"])
+            elif now - first_seen >= self.settings.grace_seconds * 1000:
+                expired.append(event)
+        for event in expired:
+            refusals.append((event, "undecryptable", UNDECRYPTABLE_MESSAGE))
+        out: list[dict[str, Any]] = []
+        for event in recovered + batch:
+            origin = event.pop(ORIGIN, None)
+            if origin is not None and self.settings.trust == "verified" and not self._from_verified(event, origin):
+                sender = event.get("sender")
+                if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
+                    refusals.append((event, "device_not_verified", UNVERIFIED_MESSAGE))
+                    continue
+            out.append(event)
+        if refusals:
+            self._refuse(refusals)
+        return out, resolved
+
+    def _decrypt(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        if self.client.olm is None:
+            return None
+        parsed = MegolmEvent.from_dict(event)
+        if not isinstance(parsed, MegolmEvent):
+            return None
+        parsed.room_id = event["room_id"]
+        try:
+            decrypted = self.client.decrypt_event(parsed)
+        except (EncryptionError, LocalProtocolError):
+            return None
+        if type(decrypted).__name__ in ("BadEvent", "UnknownBadEvent"):
+            return None
+        return event_dict(decrypted, event["room_id"])
+
+    def _from_verified(self, event: dict[str, Any], origin: dict[str, Any]) -> bool:
+        sender, sender_key = event.get("sender"), origin.get("sender_key")
+        if not isinstance(sender, str) or not isinstance(sender_key, str):
+            return False
+        device = self.client.device_store.device_from_sender_key(sender, sender_key)
+        return device is not None and device.verified
+
+    async def _request_keys(self, event: dict[str, Any]) -> None:
+        """Ask the bridge's own other sessions for the keys (nio accepts
+        forwarded keys only from those); a late ``m.room_key`` from the sender
+        is what usually resolves the event."""
+        parsed = MegolmEvent.from_dict(event)
+        if not isinstance(parsed, MegolmEvent):
+            return
+        parsed.room_id = event["room_id"]
+        try:
+            await self.client.request_room_key(parsed)
+        except LocalProtocolError:
+            pass  # already asked for this session
+        except Exception as exc:  # noqa: BLE001 - asking is best effort; the event stays kept either way
+            log.info("asking for the keys of %s failed: %s", event["event_id"], exc)
+
+    def _refuse(self, refusals: list[tuple[dict[str, Any], str, str]]) -> None:
+        """Refused, never recorded: a log entry the notifier turns into an
+        m.notice reply to the event, and the event marked processed."""
+        entries = []
+        with self.store.transaction():
+            for event, reason, message in refusals:
+                event_id, room_id, sender = event["event_id"], event["room_id"], event["sender"]
+                self.store.drop_undecrypted([event_id])
+                if self.store.is_processed(event_id):
+                    continue
+                question = self._question_of(event)
+                self.store.mark_processed(event_id, "refused")
+                if question is None and reason == "undecryptable":
+                    # Not related to anything the bridge posted: not an answer,
+                    # so nobody is bothered about it.
+                    log.warning("event %s from %s in %s stayed undecryptable; dropped (not an answer)",
+                                event_id, sender, room_id)
+                    continue
+                entry = LogEntry(event_id=event_id, room_id=room_id, sender=sender, via="answer_event",
+                                 outcome="refused", layer="schema" if reason == "undecryptable" else "recorded",
+                                 reason=reason, message=message,
+                                 set_id=question.set_id if question else None,
+                                 set_dir=self.store.set_dir_of(question.event_id) if question else None,
+                                 qid=question.qid if question else None,
+                                 question_event_id=question.event_id if question else None,
+                                 ts=event.get("origin_server_ts") if isinstance(event.get("origin_server_ts"), int)
+                                 else 0)
+                self.store.append_log(entry)
+                entries.append(entry)
+                log.warning("event %s from %s refused: %s", event_id, sender, reason)
+        if self.on_outcome:
+            for entry in entries:
+                self.on_outcome(entry)
+
+    def _question_of(self, event: dict[str, Any]) -> Any:
+        """The question an event relates to (in the clear, for encrypted
+        events): the question itself, its poll, or an answer to it."""
+        content = event.get("content") if isinstance(event.get("content"), dict) else {}
+        relates = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
+        targets = [relates.get("event_id")]
+        reply = relates.get("m.in_reply_to")
+        if isinstance(reply, dict):
+            targets.append(reply.get("event_id"))
+        for target in targets:
+            if not isinstance(target, str):
+                continue
+            found = self.store.question_by_event(target) or self.store.question_by_poll(target)
+            if found is None:
+                logged = self.store.logged_question(target)
+                found = self.store.question_by_event(logged[0]) if logged else None
+            if found is not None:
+                return found
+        return None
+
+
+def _grouped(key: str) -> str:
+    """A key as Element shows it: groups of four."""
+    return " ".join(key[i:i + 4] for i in range(0, len(key), 4))
+
+
+def _trust_word(device: Any) -> str:
+    if device.blacklisted:
+        return "blacklisted"
+    if device.verified:
+        return "no olm session yet"
+    return "unverified"

@@ -1,0 +1,219 @@
+"""Shared parts of the tests that attack the bridge's guarantees: an
+appservice homeserver, whole-room history, a torn-file watcher, storms of
+answers and the figures they are judged by."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from nio import MessageDirection, RoomMessagesResponse
+
+from bridge.devserver import SERVER_NAME, Synapse, free_port
+from helpers.harness import Bridge, Person, answer_content, question_posts, store_rows
+
+AS_LOCALPART = "askbot"
+AS_BOT = f"@{AS_LOCALPART}:{SERVER_NAME}"
+
+
+def start_appservice_synapse(workdir: Path, **synapse_options: Any) -> Synapse:
+    """A Synapse that loads the registration ``generate-registration`` wrote;
+    its ``appservice`` attribute holds the bridge's appservice settings."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    hs_port, as_port = free_port(), free_port()
+    config_path = workdir / "config.yaml"
+    config_path.write_text(yaml.safe_dump({
+        "homeserver": {"url": f"http://127.0.0.1:{hs_port}"},
+        "bot": {"user_id": AS_BOT},
+        "sets": {"root": "sets"},
+        "rooms": {"default": "!placeholder"},
+        "store": {"path": "bridge.sqlite"},
+        "appservice": {"enabled": True, "id": "askwright", "url": f"http://127.0.0.1:{as_port}",
+                       "listen": f"127.0.0.1:{as_port}", "sender_localpart": AS_LOCALPART},
+    }))
+    registration = workdir / "registration.yaml"
+    subprocess.run([sys.executable, "-m", "bridge", "generate-registration", "-c", str(config_path),
+                    "-o", str(registration)], check=True, capture_output=True)
+    server = Synapse(workdir / "synapse", port=hs_port, appservice_files=[str(registration)], **synapse_options)
+    server.start()
+    server.appservice = yaml.safe_load(config_path.read_text())["appservice"]
+    return server
+
+
+async def room_history(person: Person, room_id: str) -> list[dict[str, Any]]:
+    """Every event of the room, oldest first, however many pages that takes."""
+    events: list[dict[str, Any]] = []
+    start = ""
+    while True:
+        page = await person.client.room_messages(room_id, start=start, limit=1000, direction=MessageDirection.back)
+        assert isinstance(page, RoomMessagesResponse), page
+        events.extend(event.source for event in page.chunk)
+        if not page.chunk or not page.end or page.end == start:
+            break
+        start = page.end
+    return list(reversed(events))
+
+
+def text_set(set_id: str, count: int) -> dict[str, Any]:
+    """``count`` free-text questions: every answer is distinct and accepted."""
+    return {
+        "askwright": 1, "id": set_id, "title": "Storm",
+        "questions": [{"id": f"q{n}", "kind": "text", "title": f"Question {n}",
+                       "question": f"What is the word number {n}?", "why": "It is asked many times.",
+                       "guess": {"text": "storm", "why": "It is the usual word.", "confidence": "high"}}
+                      for n in range(count)],
+    }
+
+
+class TornWatch:
+    """Reads a file in a loop on a thread and remembers anything that is not
+    a whole JSON document, or a ``rev`` that went backwards."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.reads = 0
+        self.problems: list[str] = []
+        self.last_rev = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "TornWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.path.read_bytes()
+            except FileNotFoundError:
+                data = None
+            if data is not None:
+                self.reads += 1
+                try:
+                    rev = json.loads(data)["rev"]
+                except (ValueError, KeyError, TypeError) as exc:
+                    self.problems.append(f"read {self.reads}: {exc}: {data[:80]!r}…{data[-80:]!r}")
+                else:
+                    if rev < self.last_rev:
+                        self.problems.append(f"rev went back from {self.last_rev} to {rev}")
+                    self.last_rev = rev
+            time.sleep(0.001)
+
+
+@dataclass
+class Storm:
+    """Answers from several people at once while the bridge is killed."""
+
+    bridge: Bridge
+    people: list[Person]
+    questions: dict[tuple[str, int], dict[str, Any]]
+    seed: int
+    total: int = 500
+    kills_wanted: int = 5
+    pause: float = 0.0
+    lanes: int = 3
+    sent: list[tuple[str, str]] = field(default_factory=list)  # (event id, qid), in send order
+    kills: int = 0
+
+    async def run(self) -> None:
+        rng = random.Random(self.seed)
+        kill_points = sorted(rng.sample(range(self.total // 12, self.total - self.total // 12), self.kills_wanted))
+        shares = [self.total // len(self.people) + (1 if i < self.total % len(self.people) else 0)
+                  for i in range(len(self.people))]
+        qids = sorted({qid for qid, _rev in self.questions})
+
+        async def answer(person: Person, share: int, own: random.Random) -> None:
+            # A few sends in flight per person, as a busy client has.
+            turns = iter(range(share))
+
+            async def lane() -> None:
+                for i in turns:
+                    qid = own.choice(qids)
+                    content = answer_content(self.questions[(qid, 1)], text=f"{person.user_id} says {i}")
+                    self.sent.append((await person.send(self.bridge.room_id, content), qid))
+                    if self.pause:
+                        await asyncio.sleep(own.uniform(0, 2 * self.pause))
+
+            await asyncio.gather(*(lane() for _ in range(self.lanes)))
+
+        async def killer() -> None:
+            for point in kill_points:
+                while len(self.sent) < point:
+                    await asyncio.sleep(0.005)
+                await asyncio.sleep(rng.uniform(0, 0.3))  # somewhere inside a batch, or between two
+                self.bridge.kill()
+                self.kills += 1
+                await asyncio.sleep(rng.uniform(0, 0.3))
+                self.bridge.start()
+
+        await asyncio.gather(killer(), *(answer(p, share, random.Random(self.seed * 31 + n))
+                                         for n, (p, share) in enumerate(zip(self.people, shares))))
+
+    def expected_revs(self) -> dict[str, int]:
+        revs: dict[str, int] = {}
+        for _event_id, qid in self.sent:
+            revs[qid] = revs.get(qid, 0) + 1
+        return revs
+
+    async def settle(self, set_name: str, timeout: float = 60) -> None:
+        """Until every answer sent is in the log and answers.json shows it."""
+        wanted = self.expected_revs()
+        deadline = time.monotonic() + timeout
+        while True:
+            self.bridge.check_alive()
+            logged = store_rows(self.bridge.store_path,
+                                "SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'")[0][0]
+            records = self.bridge.answers(set_name)["answers"]
+            if logged >= len(self.sent) and all(records.get(q, {}).get("rev") == n for q, n in wanted.items()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{logged} of {len(self.sent)} answers logged after {timeout} s\n"
+                                     f"{self.bridge.log_text()[-3000:]}")
+            await asyncio.sleep(0.2)
+
+    async def check(self, set_name: str, question_count: int, reader: Person) -> dict[str, int]:
+        """Every guarantee the storm attacks; returns its figures."""
+        store = self.bridge.store_path
+        sent_ids = [event_id for event_id, _qid in self.sent]
+        assert len(set(sent_ids)) == len(sent_ids) == self.total
+        rows = store_rows(store, "SELECT event_id, qid, outcome FROM answer_log ORDER BY seq")
+        logged = [event_id for event_id, _qid, _outcome in rows]
+        duplicates = len(logged) - len(set(logged))
+        lost = len(set(sent_ids) - set(logged))
+        accepted = [(event_id, qid) for event_id, qid, outcome in rows if outcome == "accepted"]
+        figures = {"answers sent": self.total, "kills": self.kills, "answers recorded": len(accepted),
+                   "duplicates": duplicates, "lost": lost}
+        mode = "appservice" if self.bridge.extra_config.get("appservice", {}).get("enabled") else "bot"
+        print(f"crash storm ({mode} mode, seed {self.seed}): " + ", ".join(f"{k}: {v}" for k, v in figures.items()))
+        assert duplicates == 0 and lost == 0
+        assert sorted(accepted) == sorted(self.sent), "every answer sent is accepted, none twice"
+        processed = store_rows(store, "SELECT COUNT(*) FROM processed WHERE outcome='accepted'")[0][0]
+        assert processed == self.total
+        assert store_rows(store, "SELECT COUNT(*) FROM dirty")[0][0] == 0
+
+        records = self.bridge.answers(set_name)["answers"]
+        last: dict[str, str] = {}
+        for event_id, qid in accepted:
+            last[qid] = event_id  # the log's order is the order of acceptance: the last one wins
+        for qid, count in self.expected_revs().items():
+            assert records[qid]["rev"] == count, (qid, records[qid]["rev"], count)
+            assert records[qid]["source"]["event_id"] == last[qid]
+
+        posts = question_posts(await room_history(reader, self.bridge.room_id))
+        assert len(posts) == question_count, f"{len(posts)} question posts for {question_count} questions"
+        assert len({p["content"]["question"]["id"] for p in posts}) == question_count
+        assert self.kills >= self.kills_wanted
+        return figures

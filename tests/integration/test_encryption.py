@@ -1,0 +1,257 @@
+"""Bot mode in end-to-end encrypted rooms, against a real Synapse, with a
+person whose client encrypts (its own device keys and megolm sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+
+import pytest
+from nio import UploadResponse
+
+from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
+from helpers.harness import Bridge, answer_content, store_rows, unique
+from helpers.sets import all_kinds_set
+
+pytestmark = pytest.mark.integration
+
+QUESTION_COUNT = 8
+POLL_START = "org.matrix.msc3381.poll.start"
+POLL_KEY = "dev.superpipeline.question.poll"
+
+
+@pytest.fixture
+async def encrypted(synapse, tmp_path):
+    """An encrypted room the bot made with one encrypting person in it, and a bridge not yet started."""
+    bot = synapse.register(unique("askbot"))
+    alice = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-keys")
+    room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=[ENCRYPTION_STATE])
+    synapse.join(alice.token, room_id)
+    await alice.keep_up()  # her device keys are on the homeserver before the bridge shares its first room key
+    workdir = tmp_path / "bridge"
+    workdir.mkdir()
+    env = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot=bot,
+                 extra_config={"encryption": {"grace": "3s"}})
+    env.sets_root.mkdir()
+    env.alice = alice
+    yield env
+    env.kill()
+    await alice.close()
+
+
+async def started(bridge: Bridge) -> dict:
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    return await bridge.wait_questions(bridge.alice, QUESTION_COUNT, timeout=60)
+
+
+async def poll_of(person, room: str, question_event_id: str, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in await person.messages(room):
+            content = event.get("content", {})
+            if event.get("type") == POLL_START and content.get(POLL_KEY, {}).get("question_event_id") == \
+                    question_event_id:
+                return event
+        assert time.monotonic() < deadline, "no poll for the question"
+        await asyncio.sleep(0.2)
+
+
+async def test_questions_go_out_encrypted_and_every_way_of_answering_lands(encrypted):
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    questions = await started(bridge)
+
+    # On the wire: nothing the bridge sent is readable without the keys.
+    sent_by_bridge = [e for e in await alice.wire(room)
+                      if e["sender"] == bridge.bot["user_id"] and "state_key" not in e]
+    assert sent_by_bridge and {e["type"] for e in sent_by_bridge} == {"m.room.encrypted"}
+    # Decrypted on her side: the full question event.
+    branch = questions[("branch", 1)]
+    assert branch["content"]["question"]["title"] == "Release branch"
+
+    # A question.answer.v2 event.
+    await alice.send(room, answer_content(questions[("name", 1)], text="Borealis"))
+    # A vote in the question's poll.
+    poll = await poll_of(alice, room, branch["event_id"])
+    await alice.send(room, {"m.relates_to": {"rel_type": "m.reference", "event_id": poll["event_id"]},
+                            "org.matrix.msc3381.poll.response": {"answers": ["stable"]}},
+                     "org.matrix.msc3381.poll.response")
+    # A reply, as Element sends one.
+    takes_question = questions[("takes", 1)]["event_id"]
+    reply = await alice.send(room, {"msgtype": "m.text", "body": "2",
+                                    "m.relates_to": {"m.in_reply_to": {"event_id": takes_question}}})
+
+    assert (await bridge.wait_answer("kinds", "name"))["text"] == "Borealis"
+    assert (await bridge.wait_answer("kinds", "branch"))["choice"] == "stable"
+    takes = await bridge.wait_answer("kinds", "takes")
+    assert takes["source"]["how"] == "reply" and takes["source"]["event_id"] == reply
+    # The acknowledgement is encrypted too, and she can read it.
+    notice = await alice.wait_notice(room, reply)
+    assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    wire_notice = [e for e in await alice.wire(room) if e["event_id"] == notice["event_id"]]
+    assert wire_notice[0]["type"] == "m.room.encrypted"
+    log = bridge.log_text()
+    assert f"device {alice.client.device_id} of {alice.user_id}" in log and "shared with" in log
+
+
+async def test_after_a_restart_the_stored_keys_still_decrypt_and_nothing_is_lost(encrypted):
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    questions = await started(bridge)
+    await alice.send(room, answer_content(questions[("branch", 1)], option_id="main"))
+    await bridge.wait_answer("kinds", "branch")
+    assert bridge.stop() == 0
+
+    # Sent while the bridge is down, in the session the bridge already has the key of.
+    await alice.send(room, answer_content(questions[("name", 1)], text="Sent while it was away"))
+    bridge.start()
+    assert (await bridge.wait_answer("kinds", "name"))["text"] == "Sent while it was away"
+    await alice.send(room, answer_content(questions[("ship", 1)], option_id="unsure"))
+    assert (await bridge.wait_answer("kinds", "ship"))["state"] == "unsure"
+    # The same device, and no question posted twice.
+    assert len([e for e in await alice.messages(room)
+                if e.get("content", {}).get("suite_event_type") == "dev.superpipeline.question.v2"]) == QUESTION_COUNT
+    assert bridge.answers("kinds")["answers"]["branch"]["choice"] == "main"
+
+
+async def test_an_answer_the_bridge_cannot_decrypt_is_not_recorded_and_the_person_is_told(encrypted):
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    questions = await started(bridge)
+    question = questions[("branch", 1)]
+    # Ciphertext under a session nobody ever shares.
+    garbage = {"algorithm": "m.megolm.v1.aes-sha2", "sender_key": "A" * 43, "device_id": alice.client.device_id,
+               "session_id": "B" * 43, "ciphertext": "AwgAEnB" + "C" * 120,
+               "m.relates_to": {"m.in_reply_to": {"event_id": question["event_id"]}}}
+    unreadable = await alice.send_raw(room, "m.room.encrypted", garbage)
+
+    notice = await alice.wait_notice(room, unreadable, timeout=40)
+    outcome = notice["content"]["dev.superpipeline.question.outcome"]
+    assert (outcome["outcome"], outcome["reason"]) == ("refused", "undecryptable")
+    assert notice["content"]["msgtype"] == "m.notice"
+    assert notice["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == unreadable
+    assert bridge.answers("kinds")["answers"] == {}
+    assert store_rows(bridge.store_path, "SELECT outcome FROM processed WHERE event_id=?", unreadable) == [("refused",)]
+    assert store_rows(bridge.store_path, "SELECT COUNT(*) FROM undecrypted") == [(0,)]
+    assert "could not be decrypted yet" in bridge.log_text()
+
+
+async def test_an_answer_whose_keys_arrive_late_is_kept_and_then_recorded(encrypted):
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    bridge.extra_config = {"encryption": {"grace": "10m"}}
+    questions = await started(bridge)
+    content = answer_content(questions[("branch", 1)], option_id="stable")
+    late = await alice.send_raw(room, "m.room.encrypted", await alice.encrypt_withheld(room, content))
+
+    deadline = time.monotonic() + 20
+    while store_rows(bridge.store_path, "SELECT event_id FROM undecrypted") != [(late,)]:
+        assert time.monotonic() < deadline, f"the event was not kept\n{bridge.log_text()[-3000:]}"
+        await asyncio.sleep(0.1)
+    assert bridge.answers("kinds")["answers"] == {}
+
+    await alice.share_withheld(room)
+    record = await bridge.wait_answer("kinds", "branch", timeout=40)
+    assert (record["choice"], record["source"]["event_id"]) == ("stable", late)
+    notice = await alice.wait_notice(room, late)
+    assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    assert store_rows(bridge.store_path, "SELECT COUNT(*) FROM undecrypted") == [(0,)]
+
+
+async def test_question_media_and_a_persons_file_travel_encrypted(encrypted):
+    from nio.crypto.attachments import decrypt_attachment, encrypt_attachment
+
+    from helpers.harness import EXAMPLES
+
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    bridge.add_set(EXAMPLES / "release-decisions", name="release")
+    bridge.start()
+    questions = await bridge.wait_questions(alice, 8, timeout=60)
+    migration = questions[("migration", 1)]
+    item = migration["content"]["question"]["media"][0]
+    original = (EXAMPLES / "release-decisions" / "media" / "latency.png").read_bytes()
+
+    deadline = time.monotonic() + 30
+    while True:
+        thread = [e for e in await alice.messages(room) if e.get("content", {}).get("msgtype") == "m.image"
+                  and e["content"].get("m.relates_to", {}).get("event_id") == migration["event_id"]]
+        if thread:
+            break
+        assert time.monotonic() < deadline, "the image was not posted in the thread"
+        await asyncio.sleep(0.2)
+    picture = thread[0]["content"]
+    assert "url" not in picture and picture["file"]["url"] == item["file"]["url"] == item["url"]
+    # What the content repository holds is ciphertext; the key in the event opens it.
+    stored = await raw_download(alice, picture["file"]["url"])
+    assert stored != original
+    file = picture["file"]
+    assert decrypt_attachment(stored, file["key"]["k"], file["hashes"]["sha256"], file["iv"]) == original
+
+    # A file the person sends into the question's thread, encrypted the same way.
+    await alice.send(room, answer_content(migration, option_id="window"))
+    await bridge.wait_answer("release", "migration")
+    data = b"\x89PNG\r\n\x1a\n" + b"a screenshot" * 20
+    ciphertext, keys = encrypt_attachment(data)
+    upload, _ = await alice.client.upload(io.BytesIO(ciphertext), content_type="application/octet-stream",
+                                          filename="encrypted", filesize=len(ciphertext))
+    assert isinstance(upload, UploadResponse), upload
+    root = migration["event_id"]
+    sent = await alice.send(room, {"msgtype": "m.image", "body": "shot.png",
+                                   "file": {**keys, "url": upload.content_uri},
+                                   "info": {"mimetype": "image/png", "size": len(data)},
+                                   "m.relates_to": {"rel_type": "m.thread", "event_id": root, "is_falling_back": True,
+                                                    "m.in_reply_to": {"event_id": root}}})
+    notice = await alice.wait_notice(room, sent)
+    assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded", notice["content"]["body"]
+    record = await bridge.wait_answer("release", "migration")
+    assert record["attachments"] == ["attachments/migration-1.png"]
+    assert (bridge.sets_root / "release" / "attachments" / "migration-1.png").read_bytes() == data
+
+
+async def raw_download(person, mxc: str) -> bytes:
+    server, media_id = mxc.removeprefix("mxc://").split("/", 1)
+    response = await person.plain.send("GET", f"/_matrix/client/v1/media/download/{server}/{media_id}",
+                                       headers={"Authorization": f"Bearer {person.token}"})
+    try:
+        assert response.status == 200, response.status
+        return await response.read()
+    finally:
+        response.release()
+
+
+async def test_trust_verified_shares_keys_only_with_pinned_devices_and_refuses_the_rest(encrypted, synapse, tmp_path):
+    from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
+
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    bob = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "bob-keys")
+    try:
+        _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{room}/invite", {"user_id": bob.user_id},
+                   bridge.bot["access_token"])
+        synapse.join(bob.token, room)
+        await bob.keep_up()
+        fingerprint = alice.client.olm.account.identity_keys["ed25519"]
+        grouped = " ".join(fingerprint[i:i + 4] for i in range(0, len(fingerprint), 4))  # as Element shows it
+        bridge.extra_config = {"encryption": {"trust": "verified",
+                                              "verified_devices": {alice.user_id: {alice.client.device_id: grouped}}}}
+        questions = await started(bridge)  # alice reads them: her device got the keys
+        assert not await bob.questions(room)  # bob's did not
+
+        await alice.send(room, answer_content(questions[("branch", 1)], option_id="main"))
+        assert (await bridge.wait_answer("kinds", "branch"))["source"]["sender"] == alice.user_id
+        refused = await bob.send(room, answer_content(questions[("name", 1)], text="from an unverified device"))
+        notice = await alice.wait_notice(room, refused)
+        outcome = notice["content"]["dev.superpipeline.question.outcome"]
+        assert (outcome["outcome"], outcome["reason"]) == ("refused", "device_not_verified")
+        assert "name" not in bridge.answers("kinds")["answers"]
+        assert f"device {bob.client.device_id} of {bob.user_id}" in bridge.log_text()
+        assert "gets no room keys" in bridge.log_text()
+    finally:
+        await bob.close()
+
+
+async def test_with_encryption_off_a_plain_room_works_and_no_key_folder_is_made(bridge):
+    bridge.extra_config = {"encryption": {"enabled": False}}
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTION_COUNT)
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    assert (await bridge.wait_answer("kinds", "branch"))["choice"] == "main"
+    assert not bridge.store_path.with_name(bridge.store_path.name + ".crypto").exists()

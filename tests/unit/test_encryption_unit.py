@@ -1,0 +1,64 @@
+"""The encryption settings and the store's keeping of undecryptable events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.service.config import ConfigError, parse_config
+from bridge.service.crypto import available, crypto_dir
+from bridge.service.store import Store
+
+GOOD = {
+    "homeserver": {"url": "http://127.0.0.1:8008"},
+    "bot": {"user_id": "@askbot:example.org", "access_token": "secret-token"},
+    "sets": {"root": "./ask"},
+    "rooms": {"default": "!room-id"},
+    "store": {"path": "./bridge.sqlite"},
+}
+
+
+def config(**encryption):
+    return parse_config({**GOOD, "encryption": encryption}, base_dir=Path("/srv/bridge"), environ={}).encryption
+
+
+def test_encryption_is_on_by_default_with_trust_on_first_use():
+    settings = parse_config(GOOD, base_dir=Path("/srv/bridge"), environ={}).encryption
+    assert (settings.enabled, settings.trust, settings.grace_seconds) == (True, "tofu", 60.0)
+
+
+def test_the_e2e_extra_is_installed():
+    assert available()
+
+
+def test_fingerprints_are_kept_without_elements_spaces():
+    settings = config(trust="verified", verified_devices={"@a:hs": {"DEV": "abcd efgh ijkl"}}, grace="2m")
+    assert settings.verified_devices == {"@a:hs": {"DEV": "abcdefghijkl"}}
+    assert settings.grace_seconds == 120
+
+
+@pytest.mark.parametrize("bad, key", [({"trust": "everyone"}, "encryption.trust"),
+                                      ({"grace": "soon"}, "encryption.grace"),
+                                      ({"unknown": 1}, "encryption.unknown")])
+def test_a_bad_encryption_setting_names_its_key(bad, key):
+    with pytest.raises(ConfigError, match=key):
+        config(**bad)
+
+
+def test_the_key_folder_sits_beside_the_store():
+    assert crypto_dir(Path("/srv/bridge/bridge.sqlite")) == Path("/srv/bridge/bridge.sqlite.crypto")
+
+
+def test_an_undecryptable_event_is_kept_once_and_dropped(tmp_path):
+    store = Store(tmp_path / "bridge.sqlite")
+    event = {"type": "m.room.encrypted", "event_id": "$e", "room_id": "!r", "sender": "@p:hs",
+             "content": {"algorithm": "m.megolm.v1.aes-sha2", "session_id": "s"}}
+    with store.transaction():
+        assert store.keep_undecrypted(event, 1000) is True
+        assert store.keep_undecrypted(event, 2000) is False  # a redelivery keeps the first sighting
+    assert store.undecrypted() == [(event, 1000)]
+    with store.transaction():
+        store.drop_undecrypted(["$e"])
+    assert store.undecrypted() == []
+    store.close()

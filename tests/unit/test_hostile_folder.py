@@ -1,0 +1,74 @@
+"""A set folder that refuses writes, at the pipeline: the answer is kept in
+the store but not acknowledged, the transport's progress is not committed,
+and both happen once the folder takes the write."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bridge.answers.file as answers_file
+from bridge.protocol.normalize import ANSWER_TYPE
+from bridge.protocol.question_event import build_question_event
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.questionset.model import QuestionSet
+from bridge.service.pipeline import Pipeline
+from bridge.service.store import Store
+from helpers.sets import all_kinds_set
+
+ROOM, ALICE, BOT = "!room:hs", "@alice:hs", "@bot:hs"
+
+
+class Transport:
+    user_id = BOT
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        self.sent.append(content)
+        return f"$sent{len(self.sent)}"
+
+    async def joined_members(self, room_id: str) -> set[str]:
+        return {ALICE, BOT}
+
+
+def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_path: Path, monkeypatch) -> None:
+    set_dir = tmp_path / "kinds"
+    set_dir.mkdir()
+    qset = QuestionSet.model_validate(all_kinds_set("kinds"))
+    question = next(q for q in qset.questions if q.id == "name")
+    posted = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds",
+                              content=build_question_event(qset, question, elicitation_id="elc_name"))
+    store = Store(tmp_path / "bridge.sqlite")
+    with store.transaction():
+        store.record_posted(posted, set_dir=str(set_dir), posted_at=1)
+    transport = Transport()
+    pipeline = Pipeline(store=store, transport=transport, answerers=None, own_users=lambda u: u == BOT)
+    asyncio.run(pipeline.load_members(ROOM))
+    answer = {"type": "m.room.message", "event_id": "$a", "room_id": ROOM, "sender": ALICE, "origin_server_ts": 1,
+              "content": {"msgtype": "m.text", "body": "Borealis", "suite_event_type": ANSWER_TYPE,
+                          "elicitation_id": "elc_name", "text": "Borealis",
+                          "m.relates_to": {"rel_type": "m.reference", "event_id": "$q"}}}
+    committed: list[str] = []
+
+    def refuse(_path: Path, _data: bytes) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(answers_file, "atomic_replace", refuse)
+    with pytest.raises(OSError):
+        pipeline.process([answer], commit=lambda: committed.append("token"))
+    assert committed == []
+    assert asyncio.run(pipeline.send_notices()) == 0 and transport.sent == []
+    assert not (set_dir / "answers.json").exists()
+
+    monkeypatch.undo()
+    pipeline.process([answer], commit=lambda: committed.append("token"))  # the redelivered batch
+    assert committed == ["token"]
+    assert answers_file.AnswersFile(set_dir).load()["answers"]["name"]["text"] == "Borealis"
+    assert asyncio.run(pipeline.send_notices()) == 1
+    assert transport.sent[0]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    store.close()

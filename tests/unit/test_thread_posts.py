@@ -1,0 +1,124 @@
+"""What the poster puts in a question's thread: the promised background, and
+the media with the video last so the thread's summary shows it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.protocol.question_event import content_size
+from bridge.questionset.model import QuestionSet
+from bridge.service import media
+from bridge.service.poster import Poster
+from bridge.service.store import Store
+
+ROOM = "!room:hs"
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + (4).to_bytes(4, "big") + (3).to_bytes(4, "big") + b"\x00" * 16
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any], str]] = []
+        self.uploads: list[str] = []
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        self.sent.append((event_type, content, txn_id))
+        return f"$e{len(self.sent)}"
+
+    async def upload(self, data: bytes, mimetype: str, name: str) -> str:
+        self.uploads.append(name)
+        return f"mxc://hs/{name.replace('.', '_')}"
+
+
+def question(**fields: Any) -> dict[str, Any]:
+    q = {
+        "id": "bg",
+        "kind": "confirm",
+        "title": "With a one-pager",
+        "question": "Ship the background-checked change?",
+        "why": "The background changes the risk.",
+        "options": [{"id": "ship", "label": "Ship the change"}, {"id": "hold", "label": "Hold the change"}],
+        "guess": {"option": "ship", "why": "Low risk.", "confidence": "low"},
+    }
+    q.update(fields)
+    return q
+
+
+def run_poster(tmp_path: Path, q: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[Transport, Store]:
+    monkeypatch.setattr(media, "probe", lambda _path: (None, None, None))
+    set_dir = tmp_path / "qa"
+    set_dir.mkdir(exist_ok=True)
+    raw = {"askwright": 1, "id": "qa", "title": "QA", "questions": [q]}
+    (set_dir / "questions.json").write_text(json.dumps(raw))
+    qset = QuestionSet.model_validate(raw)
+    store = Store(tmp_path / "bridge.sqlite")
+    transport = Transport()
+    poster = Poster(store, transport, room_for=lambda _set: ROOM, load_set=lambda _dir: (qset, []))
+    asyncio.run(poster.sync_root(tmp_path))
+    return transport, store
+
+
+def thread_of(transport: Transport, root: str) -> list[tuple[dict[str, Any], str]]:
+    return [(c, txn) for _t, c, txn in transport.sent if c.get("m.relates_to", {}).get("event_id") == root]
+
+
+def test_the_background_is_posted_in_the_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "qa").mkdir()
+    (tmp_path / "qa" / "chart.png").write_bytes(PNG)
+    q = question(one_pager=[
+        {"type": "text", "text": "Background: the change touches <b>three</b> services."},
+        {"type": "facts", "items": [{"label": "Risk", "value": "low"}]},
+        {"type": "image", "src": "chart.png", "caption": "Error rate"},
+        {"type": "image", "src": "missing.png", "caption": "Not there"},
+        {"type": "table", "columns": ["Service", "Change"], "rows": [["sync", "retry"]]},
+    ])
+    transport, store = run_poster(tmp_path, q, monkeypatch)
+    root_type, root, _ = transport.sent[0]
+    assert root_type == "m.room.message" and "posted in this message's thread" in root["body"]
+    thread = thread_of(transport, "$e1")
+    assert [c["msgtype"] for c, _ in thread] == ["m.notice", "m.image", "m.notice", "m.notice"]
+    first = thread[0][0]
+    assert "the change touches &lt;b&gt;three&lt;/b&gt; services." in first["formatted_body"]
+    assert "<strong>Risk:</strong> low" in first["formatted_body"]
+    assert first["m.relates_to"]["rel_type"] == "m.thread"
+    # The file is resolved and uploaded like a media item; one that isn't there is named.
+    assert thread[1][0]["url"] == "mxc://hs/chart_png" and thread[1][0]["body"] == "Error rate"
+    assert "missing.png" in thread[2][0]["body"] and "could not be sent" in thread[2][0]["body"]
+    assert "<table>" in thread[3][0]["formatted_body"]
+    assert all(content_size(c) < 60_000 for c, _ in thread)
+    # Deterministic transaction ids: a retry is the same transaction.
+    assert len({txn for _, txn in thread}) == len(thread)
+    sent = len(transport.sent)
+    qset = QuestionSet.model_validate({"askwright": 1, "id": "qa", "title": "QA", "questions": [q]})
+    asyncio.run(media.post_one_pager(qset, qset.questions[0], tmp_path / "qa", "$e1", ROOM, store, transport))
+    assert len(transport.sent) == sent  # posted once
+    store.close()
+
+
+def test_no_background_no_thread_notice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    transport, store = run_poster(tmp_path, question(), monkeypatch)
+    assert thread_of(transport, "$e1") == []
+    store.close()
+
+
+def test_captions_go_before_the_video_and_say_what_they_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "qa").mkdir()
+    (tmp_path / "qa" / "splash_pair.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    (tmp_path / "qa" / "splash_pair.vtt").write_bytes(b"WEBVTT\n")
+    q = question(kind="compare", media=[{"src": "splash_pair.mp4", "label": "Both animations"}],
+                 look_for=["The first second: does the picture stay sharp?"],
+                 sides={"left": "hold", "right": "ship", "randomized": True},
+                 one_pager=[{"type": "text", "text": "Why two."}])
+    transport, store = run_poster(tmp_path, q, monkeypatch)
+    thread = [c for c, _ in thread_of(transport, "$e1")]
+    # The background first, then the captions, and the video last: the
+    # thread summary shows the last message.
+    assert [c["msgtype"] for c in thread] == ["m.notice", "m.file", "m.video"]
+    assert thread[1]["filename"] == "splash_pair.vtt"
+    assert thread[1]["body"] == "Captions (WebVTT subtitles) for the video splash_pair.mp4, which follows"
+    assert thread[2]["body"] == "Both animations"
+    store.close()
