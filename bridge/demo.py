@@ -7,7 +7,6 @@ the bridge and a person, makes a room, copies the bundled example sets into
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import sys

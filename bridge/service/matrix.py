@@ -12,8 +12,8 @@ import logging
 from typing import Any
 from urllib.parse import quote
 
-from nio import (AsyncClient, AsyncClientConfig, ErrorResponse, JoinedMembersResponse, JoinResponse,
-                 RoomPutStateResponse, RoomRedactResponse, RoomSendResponse, UploadResponse)
+from nio import (AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinResponse, RoomRedactResponse,
+                 RoomSendResponse, UploadResponse)
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,15 @@ AS_LOCALPART = "askbot"
 AS_BOT = f"@{AS_LOCALPART}:{SERVER_NAME}"
 
 
-def start_appservice_synapse(workdir: Path, **synapse_options: Any) -> Synapse:
-    """A Synapse that loads the registration ``generate-registration`` wrote;
-    its ``appservice`` attribute holds the bridge's appservice settings."""
+def start_appservice_synapse(workdir: Path, preamble: str = "", **synapse_options: Any) -> Synapse:
+    """A Synapse that loads the registration ``generate-registration`` wrote
+    (into ``workdir``, from ``workdir/config.yaml``, which starts with
+    ``preamble``); its ``appservice`` attribute holds the bridge's appservice
+    settings."""
     workdir.mkdir(parents=True, exist_ok=True)
     hs_port, as_port = free_port(), free_port()
     config_path = workdir / "config.yaml"
-    config_path.write_text(yaml.safe_dump({
+    config_path.write_text(preamble + yaml.safe_dump({
         "homeserver": {"url": f"http://127.0.0.1:{hs_port}"},
         "bot": {"user_id": AS_BOT},
         "sets": {"root": "sets"},

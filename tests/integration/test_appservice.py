@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import stat
-import subprocess
-import sys
 import time
 import uuid
 from typing import Any
@@ -16,14 +14,14 @@ import aiohttp
 import pytest
 import yaml
 
-from bridge.devserver import SERVER_NAME, Synapse, free_port
+from helpers.attack import AS_BOT as BOT
+from helpers.attack import AS_LOCALPART as LOCALPART
+from helpers.attack import start_appservice_synapse
 from helpers.harness import Bridge, answer_content, question_posts, read_set, store_rows, unique
 from helpers.sets import ALL_KINDS_PICKS, all_kinds_set, check_all_kinds_read
 
 pytestmark = pytest.mark.integration
 
-LOCALPART = "askbot"
-BOT = f"@{LOCALPART}:{SERVER_NAME}"
 QUESTION_COUNT = 8
 
 
@@ -32,22 +30,8 @@ def synapse(tmp_path_factory):
     """A Synapse of its own, started with the registration the real command
     wrote; shadows the session's bot-mode homeserver for this module."""
     workdir = tmp_path_factory.mktemp("appservice")
-    hs_port, as_port = free_port(), free_port()
-    config_path = workdir / "config.yaml"
-    config_path.write_text(
-        "# the bridge's identity for these tests\n"
-        + yaml.safe_dump({
-            "homeserver": {"url": f"http://127.0.0.1:{hs_port}"},
-            "bot": {"user_id": BOT},
-            "sets": {"root": "sets"},
-            "rooms": {"default": "!placeholder"},
-            "store": {"path": "bridge.sqlite"},
-            "appservice": {"enabled": True, "id": "askwright", "url": f"http://127.0.0.1:{as_port}",
-                           "listen": f"127.0.0.1:{as_port}", "sender_localpart": LOCALPART},
-        }))
-    registration = workdir / "registration.yaml"
-    subprocess.run([sys.executable, "-m", "bridge", "generate-registration", "-c", str(config_path),
-                    "-o", str(registration)], check=True, capture_output=True)
+    server = start_appservice_synapse(workdir, preamble="# the bridge's identity for these tests\n")
+    config_path, registration = workdir / "config.yaml", workdir / "registration.yaml"
     settings = yaml.safe_load(config_path.read_text())["appservice"]
     written = yaml.safe_load(registration.read_text())
     assert config_path.read_text().startswith("# the bridge's identity"), "the text edit kept the comment"
@@ -55,10 +39,6 @@ def synapse(tmp_path_factory):
     assert len(settings["as_token"]) >= 64 and settings["as_token"] != settings["hs_token"]
     assert (written["as_token"], written["hs_token"]) == (settings["as_token"], settings["hs_token"])
     assert written["rate_limited"] is False and written["sender_localpart"] == LOCALPART
-
-    server = Synapse(workdir / "synapse", port=hs_port, appservice_files=[str(registration)])
-    server.start()
-    server.appservice = settings
     yield server
     server.stop()
 
