@@ -24,7 +24,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet matplotlib
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo build dist *.egg-info

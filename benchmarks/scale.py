@@ -104,7 +104,7 @@ async def measure(w: World, sets: int, questions: int, bare_sample: int = 300,
     port = free_port()
     config = w.config(store={"path": str(store)}, metrics={"enabled": True, "listen": f"127.0.0.1:{port}"})
 
-    # Posting, beside a bare client sending question events one at a time.
+    # Posting.
     started = time.perf_counter()
     w.start_bridge(config)
     db: sqlite3.Connection | None = None
@@ -120,12 +120,18 @@ async def measure(w: World, sets: int, questions: int, bare_sample: int = 300,
         await asyncio.sleep(0.1)
         posted, polls = posted_counts(db)
     post_s = time.perf_counter() - started
-    question = db.execute("SELECT event_id, content FROM posted LIMIT 1").fetchone()
+    question = db.execute("SELECT content FROM posted LIMIT 1").fetchone()[0]
     db.close()
+    # The sync loop starts once everything is posted, and its first sync reads
+    # back every question and poll the bridge just sent: ready after that.
+    while not ready(port):
+        if time.perf_counter() - started > timeout:
+            raise TimeoutError("the bridge did not catch up with its own posts")
+        await asyncio.sleep(0.1)
+    caught_up_s = time.perf_counter() - started
     await asyncio.sleep(2)
     rss, hwm = rss_mb(w.bridge.pid)
     w.stop_bridge(grace=10)
-    bare_ms = await bare_send_ms(w, json.loads(question[1]), bare_sample)
 
     # Start-up with every question recorded.
     await nudge(w)
@@ -134,7 +140,8 @@ async def measure(w: World, sets: int, questions: int, bare_sample: int = 300,
     rss_started, _ = rss_mb(w.bridge.pid)
     w.stop_bridge(grace=10)
 
-    # The references: the same bridge with no set and an empty store.
+    # The references: the same bridge with no set and an empty store; a bare
+    # client sending question events one at a time.
     w.sets_root = w.base / "sets-none"
     w.sets_root.mkdir(exist_ok=True)
     empty = w.config(store={"path": str(w.base / "scale-empty.sqlite")},
@@ -144,10 +151,12 @@ async def measure(w: World, sets: int, questions: int, bare_sample: int = 300,
     await asyncio.sleep(1)
     rss_empty, _ = rss_mb(w.bridge.pid)
     w.stop_bridge(grace=10)
+    bare_ms = await bare_send_ms(w, json.loads(question), bare_sample)
 
     return {
         "sets": sets, "questions": total, "sends": posted + polls,
         "post_s": round(post_s, 1), "post_ms_per_question": round(post_s / total * 1000, 2),
+        "ready_after_posting_s": round(caught_up_s, 1),
         "bare_ms_per_send": round(bare_ms, 2), "bare_equiv_s": round(bare_ms * (posted + polls) / 1000, 1),
         "rss_mb": rss, "rss_peak_mb": hwm, "rss_after_restart_mb": rss_started, "rss_empty_mb": rss_empty,
         "startup_s": round(startup_s, 3), "startup_empty_s": round(empty_startup_s, 3),
@@ -191,7 +200,8 @@ def _record(qid: str, n: int) -> dict[str, Any]:
 def print_rows(row: dict[str, Any], growth: list[dict[str, Any]]) -> None:
     print(f"posting {row['questions']} questions of {row['sets']} sets ({row['sends']} sends): {row['post_s']} s, "
           f"{row['post_ms_per_question']} ms per question; bare client {row['bare_ms_per_send']} ms per send "
-          f"({row['bare_equiv_s']} s for as many sends)")
+          f"({row['bare_equiv_s']} s for as many sends); ready (own posts synced back) after "
+          f"{row['ready_after_posting_s']} s")
     print(f"resident memory with {row['sets']} open sets: {row['rss_mb']} MB (peak {row['rss_peak_mb']} MB, "
           f"after a restart {row['rss_after_restart_mb']} MB); with no set: {row['rss_empty_mb']} MB (target <= 120)")
     print(f"start-up with {row['questions']} recorded questions: {row['startup_s']} s; "
