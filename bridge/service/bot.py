@@ -115,7 +115,13 @@ def batch_events(response: SyncResponse) -> list[dict[str, Any]]:
     return events
 
 
-async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | None) -> list[dict[str, Any]]:
+class StopRequested(Exception):
+    """A stop was asked for before the batch was handled: nothing of it is
+    processed and the token stays, so the next start asks for it again."""
+
+
+async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | None,
+                    stop: asyncio.Event | None = None) -> list[dict[str, Any]]:
     """Events a limited sync skipped, oldest first, fetched back to ``since``."""
     if since is None:
         return []  # the first sync of a new bridge has no past to catch up on
@@ -126,6 +132,8 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
         older: list[dict[str, Any]] = []
         start = room.timeline.prev_batch
         while True:
+            if stop is not None and stop.is_set():
+                raise StopRequested()  # a long back-fill must not hold up SIGTERM
             page = await client.room_messages(room_id, start=start, end=since, direction=MessageDirection.back,
                                               limit=500)
             if not isinstance(page, RoomMessagesResponse):
@@ -185,7 +193,7 @@ class SyncLoop:
                 response = sync.result()
                 if not isinstance(response, SyncResponse):
                     raise MatrixError("sync", response)
-                events = await fill_gaps(self.client, response, since) + batch_events(response)
+                events = await fill_gaps(self.client, response, since, self.stop) + batch_events(response)
                 token = response.next_batch
                 resolved: list[str] = []
                 if self.crypto is not None:
@@ -203,6 +211,8 @@ class SyncLoop:
                 notices.wake()
                 backoff = 0.5
                 await self._answer_invites(response)
+            except StopRequested:
+                break
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
                 log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                 await _sleep_or_stop(self.stop, backoff)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from nio import AsyncClient, MegolmEvent, RoomGetStateEventError, RoomGetStateEventResponse
+from nio import AsyncClient, KeysUploadError, MegolmEvent, RoomGetStateEventError, RoomGetStateEventResponse
 from nio.exceptions import EncryptionError, LocalProtocolError
 from nio.rooms import MatrixRoom
 
@@ -141,7 +141,7 @@ class Crypto:
             return
         if client.should_upload_keys:
             response = await client.keys_upload()
-            if not hasattr(response, "one_time_key_counts"):
+            if isinstance(response, KeysUploadError):
                 log.error("uploading the device keys failed (%s): people cannot encrypt for the bridge. If the "
                           "access token belongs to a session that already has other keys, give the bridge its "
                           "own login (bot.password) or a fresh token", getattr(response, "message", response))

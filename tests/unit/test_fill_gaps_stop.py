@@ -1,0 +1,36 @@
+"""A stop asked for during a long back-fill ends it before the next page,
+without handling the batch (so the sync token stays where it was)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from nio import RoomMessagesResponse
+
+from bridge.service.bot import StopRequested, fill_gaps
+
+
+class _EndlessHistory:
+    """A room whose history pages never end; a stop arrives with the first page."""
+
+    def __init__(self, stop: asyncio.Event):
+        self.stop = stop
+        self.pages = 0
+
+    async def room_messages(self, room_id, start, end, direction, limit):
+        self.pages += 1
+        self.stop.set()
+        event = SimpleNamespace(source={"event_id": f"$e{self.pages}", "type": "m.room.message", "content": {}})
+        return RoomMessagesResponse(room_id, chunk=[event], start=start, end=f"{start}x")
+
+
+async def test_a_stop_during_a_back_fill_ends_it_before_the_next_page():
+    stop = asyncio.Event()
+    client = _EndlessHistory(stop)
+    timeline = SimpleNamespace(limited=True, prev_batch="p1", events=[])
+    response = SimpleNamespace(rooms=SimpleNamespace(join={"!r": SimpleNamespace(timeline=timeline)}))
+    with pytest.raises(StopRequested):
+        await fill_gaps(client, response, "s0", stop)
+    assert client.pages == 1
