@@ -32,6 +32,14 @@ SYNC_FILTER: dict[str, Any] = {
 }
 
 
+def own_events_left_out(user_id: str) -> dict[str, Any]:
+    """The sync filter without the bridge's own messages: it ignores them
+    anyway, and after posting many questions they would otherwise make up
+    the whole back-fill (held in memory, judged for nothing)."""
+    room = {**SYNC_FILTER["room"], "timeline": {**SYNC_FILTER["room"]["timeline"], "not_senders": [user_id]}}
+    return {**SYNC_FILTER, "room": room}
+
+
 async def login(config: Config, store: Store) -> AsyncClient:
     """A client logged in as the bot: with the configured token, or with the
     password once, keeping the device and its token in the store.
@@ -135,7 +143,7 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
             if stop is not None and stop.is_set():
                 raise StopRequested()  # a long back-fill must not hold up SIGTERM
             page = await client.room_messages(room_id, start=start, end=since, direction=MessageDirection.back,
-                                              limit=500)
+                                              limit=500, message_filter={"not_senders": [client.user_id]})
             if not isinstance(page, RoomMessagesResponse):
                 raise MatrixError(f"back-filling {room_id}", page)
             older.extend(event_dict(event, room_id) for event in page.chunk)
@@ -182,7 +190,8 @@ class SyncLoop:
                 except Exception as exc:  # noqa: BLE001 - key chores are retried on the next pass
                     log.warning("encryption key upkeep failed (%s); retrying after the next sync", exc)
                 timeout = self.crypto.sync_timeout_ms(timeout)
-            sync = asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=SYNC_FILTER, since=since))
+            sync = asyncio.ensure_future(self.client.sync(
+                timeout=timeout, sync_filter=own_events_left_out(self.client.user_id), since=since))
             stopper = asyncio.ensure_future(self.stop.wait())
             done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()

@@ -19,7 +19,9 @@ class _EndlessHistory:
         self.stop = stop
         self.pages = 0
 
-    async def room_messages(self, room_id, start, end, direction, limit):
+    user_id = "@askbot:example.org"
+
+    async def room_messages(self, room_id, start, end, direction, limit, message_filter=None):
         self.pages += 1
         self.stop.set()
         event = SimpleNamespace(source={"event_id": f"$e{self.pages}", "type": "m.room.message", "content": {}})
