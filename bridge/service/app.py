@@ -76,9 +76,8 @@ class BotFront:
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
         assert self.client is not None
-        inviters = frozenset(self.config.answerers) | frozenset(self.config.admins) if self.config.answerers else None
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced, crypto=self.crypto,
-                       rooms=rooms, inviters=inviters).run()
+                       rooms=rooms, inviters=self.config.inviters).run()
 
     async def close(self) -> None:
         return None

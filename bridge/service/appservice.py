@@ -19,13 +19,13 @@ import hmac
 import json
 import logging
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
 from nio import AsyncClient
 
-from bridge.service.bot import Notifier
+from bridge.service.bot import Notifier, answer_invite, welcome_invite
 from bridge.service.config import Config, ConfigError
 from bridge.service.matrix import MatrixError, client_config
 
@@ -75,6 +75,8 @@ class TransactionServer:
         self.rooms: frozenset[str] = frozenset()
         self.ready = asyncio.Event()
         self.notices: Notifier | None = None  # woken when people have notices coming
+        # Called with (room_id, inviter) for each invite of the bridge's user.
+        self.on_invite: Callable[[str, str | None], Awaitable[None]] | None = None
         self.one_at_a_time = asyncio.Lock()
         self.runner: web.AppRunner | None = None
 
@@ -145,6 +147,7 @@ class TransactionServer:
         if self.store.txn_seen(key):
             log.debug("transaction %s seen before; nothing to do", txn_id)
             return web.json_response({})
+        self._answer_invites(events)
         wanted = [e for e in events if isinstance(e, dict) and e.get("room_id") in self.rooms]
         try:
             await self.pipeline.prepare(wanted)
@@ -158,6 +161,19 @@ class TransactionServer:
         if self.notices is not None:
             self.notices.wake()
         return web.json_response({})
+
+    def _answer_invites(self, events: list[Any]) -> None:
+        # Answered off the request path: joining or leaving waits on the
+        # homeserver, which is waiting on this transaction's 200.
+        if self.on_invite is None:
+            return
+        for event in events:
+            if (isinstance(event, dict) and event.get("type") == "m.room.member"
+                    and event.get("state_key") == self.pipeline.transport.user_id
+                    and isinstance(event.get("content"), dict) and event["content"].get("membership") == "invite"
+                    and isinstance(event.get("room_id"), str)):
+                sender = event.get("sender")
+                asyncio.ensure_future(self.on_invite(event["room_id"], sender if isinstance(sender, str) else None))
 
     async def ping(self, request: web.Request) -> web.Response:
         if denied := self._denied(request):
@@ -186,6 +202,7 @@ class AppserviceFront:
         self.ops = ops
         self.namespace = [re.compile(regex) for regex in user_namespace(config)]
         self.server: TransactionServer | None = None
+        self.client: AsyncClient | None = None
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         settings = self.config.appservice
@@ -196,6 +213,7 @@ class AppserviceFront:
         client = AsyncClient(self.config.homeserver.url, self.config.bot.user_id, config=client_config())
         client.access_token = settings.as_token
         client.user_id = self.config.bot.user_id
+        self.client = client
         return client
 
     def own_user(self, user_id: str) -> bool:
@@ -212,6 +230,8 @@ class AppserviceFront:
         # homeserver, which may itself be waiting on that 200.
         notices = Notifier(pipeline, stop)
         notifier = asyncio.ensure_future(notices.run())
+        self.server.on_invite = lambda room_id, inviter: answer_invite(
+            self.client, pipeline, room_id, inviter, welcome_invite(room_id, inviter, rooms, self.config.inviters))
         self.server.open(rooms, notices)
         await ping_homeserver(self.config)
         await stop.wait()

@@ -234,24 +234,38 @@ class SyncLoop:
         bridge (and the questions it posts) into a room of their choosing."""
         for room_id, info in response.rooms.invite.items():
             inviter = _inviter(info, self.client.user_id)
-            welcome = room_id in self.rooms and (self.inviters is None or inviter in self.inviters)
-            try:
-                if welcome:
-                    await self.client.join(room_id)
-                    await self.pipeline.load_members(room_id)
-                    log.info("rejoined %s at the invite of %s", room_id, inviter)
-                else:
-                    await self.client.room_leave(room_id)
-                    log.info("declined an invite to %s from %s: not a configured room or not an answerer",
-                             room_id, inviter)
-            except Exception as exc:  # noqa: BLE001 - an invite left unanswered joins nothing
-                log.warning("could not answer the invite to %s (%s)", room_id, exc)
+            await answer_invite(self.client, self.pipeline, room_id, inviter,
+                                welcome_invite(room_id, inviter, self.rooms, self.inviters))
 
     def _commit(self, token: str, resolved: list[str]) -> None:
         self.store.set_meta(SYNC_TOKEN, token)
         if resolved:
             # Kept events decrypted in this batch are now processed like any other.
             self.store.drop_undecrypted(resolved)
+
+
+def welcome_invite(room_id: str, inviter: str | None, rooms: Collection[str],
+                   inviters: frozenset[str] | None) -> bool:
+    """Only a configured room, and only at the invite of someone who may
+    answer (anyone, when every member may): nobody can pull the bridge, and
+    the questions it posts, into a room of their choosing."""
+    return room_id in rooms and (inviters is None or inviter in inviters)
+
+
+async def answer_invite(client: AsyncClient, pipeline: Any, room_id: str, inviter: str | None,
+                        welcome: bool) -> None:
+    """Join (and learn the members) or decline; both transports answer invites so."""
+    try:
+        if welcome:
+            await client.join(room_id)
+            await pipeline.load_members(room_id)
+            log.info("rejoined %s at the invite of %s", room_id, inviter)
+        else:
+            await client.room_leave(room_id)
+            log.info("declined an invite to %s from %s: not a configured room or not an answerer",
+                     room_id, inviter)
+    except Exception as exc:  # noqa: BLE001 - an invite left unanswered joins nothing
+        log.warning("could not answer the invite to %s (%s)", room_id, exc)
 
 
 def _inviter(info: Any, user_id: str) -> str | None:

@@ -229,6 +229,12 @@ class Config(_Section):
             raise ValueError("bot needs access_token or password (or ASKWRIGHT_BRIDGE_ACCESS_TOKEN)")
         return self
 
+    @property
+    def inviters(self) -> frozenset[str] | None:
+        """Who may invite the bridge back into its rooms: answerers and admins,
+        or anyone (None) when every member may answer."""
+        return frozenset(self.answerers) | frozenset(self.admins) if self.answerers else None
+
     def room_for(self, set_id: str) -> str:
         return self.rooms.sets.get(set_id, self.rooms.default)
 

@@ -196,6 +196,7 @@ async def test_appservice_refuses_forged_answers_and_wrong_tokens(appservice_syn
     refused; a wrong hs_token is turned away before anything is read."""
     hs = appservice_synapse
     alice, bob, carol = (Person(hs, hs.register(unique(name))) for name in ("alice", "bob", "carol"))
+    bridge: Bridge | None = None
     try:
         room = hs.create_room(alice.token, invite=[AS_BOT, bob.user_id])
         other_room = hs.create_room(alice.token, invite=[AS_BOT])
@@ -245,6 +246,41 @@ async def test_appservice_refuses_forged_answers_and_wrong_tokens(appservice_syn
         assert bridge.answers("other")["answers"] == {}
         bridge.kill()
     finally:
+        if bridge is not None:
+            bridge.kill()
         for p in (alice, bob, carol):
             await p.close()
 
+
+
+async def test_appservice_declines_invites_from_strangers_and_to_other_rooms(appservice_synapse, tmp_path):
+    """Pushed invites are answered like synced ones: only a configured room, at
+    the invite of an answerer, is joined; every other invite is rejected."""
+    hs = appservice_synapse
+    alice, mallory = (Person(hs, hs.register(unique(name))) for name in ("alice", "mallory"))
+    bridge: Bridge | None = None
+    try:
+        room = hs.create_room(alice.token, invite=[AS_BOT])
+        bridge = Bridge(synapse=hs, workdir=tmp_path, room_id=room, bot={"user_id": AS_BOT, "access_token": None},
+                        extra_config={"appservice": dict(hs.appservice), "answerers": [alice.user_id]})
+        bridge.sets_root.mkdir()
+        bridge.add_set(all_kinds_set("kinds"))
+        bridge.start()
+        await bridge.wait_questions(alice, 8)
+        strangers_room = hs.create_room(mallory.token, invite=[AS_BOT])
+        unconfigured_room = hs.create_room(alice.token, invite=[AS_BOT])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = (membership(hs, mallory.token, strangers_room, AS_BOT),
+                      membership(hs, alice.token, unconfigured_room, AS_BOT))
+            if states == ("leave", "leave"):
+                break
+            await asyncio.sleep(0.2)
+        assert states == ("leave", "leave"), states
+        assert bridge.log_text().count("declined an invite") == 2
+        bridge.check_alive()
+    finally:
+        if bridge is not None:
+            bridge.kill()
+        for p in (alice, mallory):
+            await p.close()
