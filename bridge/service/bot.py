@@ -206,8 +206,10 @@ class SyncLoop:
                 token = response.next_batch
                 resolved: list[str] = []
                 if self.crypto is not None:
-                    # New senders' devices are queried first, for the trust check.
-                    await self.crypto.maintain()
+                    if any(event.get("type") == "m.room.encrypted" for event in events):
+                        # New senders' devices are queried first, for the trust check
+                        # (a batch of plain events has nothing to check: it is not delayed).
+                        await self.crypto.maintain()
                     # Events not decryptable yet are durably kept here, before the token can move.
                     events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
                 # Files people sent are fetched first: judging runs in one store
