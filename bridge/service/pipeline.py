@@ -313,7 +313,7 @@ class Pipeline:
         for (set_dir, set_id), qids in by_set.items():
             records = {qid: self.store.projection(set_dir, qid) for qid in qids}
             started = time.monotonic()
-            AnswersFile(set_dir, set_id).update(lambda doc, now, records=records: _apply(doc, records, now), now)
+            AnswersFile(set_dir, set_id).update(lambda doc, now, records=records: put_records(doc, records, now), now)
             if self.on_write:
                 self.on_write(time.monotonic() - started)
         with self.store.transaction(flush=not (idle and not dirty)):
@@ -382,10 +382,6 @@ _FILE_PROBLEMS = {
     "attachment_not_fetched": "The file could not be downloaded. Please send it again.",
     "attachment_download_failed": "The file could not be downloaded. Please send it again.",
 }
-
-
-def _apply(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], now: str) -> dict[str, Any]:
-    return put_records(doc, records, now)
 
 
 def _ts(event: dict[str, Any]) -> int:

@@ -96,7 +96,7 @@ class Poster:
                 if latest is None or latest.rev != question.rev:
                     await self._post(qset, question, set_dir, room, report)
                     if latest is not None and latest.open:
-                        await self._close(latest, f"replaced by revision {question.rev}", report, replaced=True)
+                        await self._close(latest, f"replaced by revision {question.rev}", report)
                 elif latest.open:
                     # A crash between posting the question and its poll or media: finish the job.
                     await self._ensure_poll(latest)
@@ -152,9 +152,9 @@ class Poster:
             self.store.set_poll(recorded.event_id, poll_id)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
-    async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport, replaced: bool = False) -> None:
+    async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
         # The store is updated first: from this moment answers are refused, even
-        # if telling the room fails and is retried on the next pass.
+        # if telling the room fails (the notice is then not sent again).
         with self.store.transaction():
             self.store.close_question(recorded.event_id)
         title = recorded.question.get("title", recorded.qid)

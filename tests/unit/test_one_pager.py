@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -11,28 +10,9 @@ import pytest
 from bridge.protocol.one_pager import MAX_MESSAGES, MESSAGE_MAX_BYTES, Part, render_one_pager
 from bridge.protocol.question_event import content_size
 from bridge.protocol.render import ALLOWED_TAGS, TABLE_TAGS
+from helpers.html import parse
 
 LABELS = {"pg": "PostgreSQL", "sqlite": "SQLite"}
-
-
-class _Tags(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, attrs))
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-
-def parse(html: str) -> _Tags:
-    parser = _Tags()
-    parser.feed(html)
-    parser.close()
-    return parser
 
 
 def render(blocks: list[dict[str, Any]], title: str = "The database") -> list[Part]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from bridge.protocol.question_event import build_question_event, new_elicitation_id
 from bridge.protocol.render import ALLOWED_TAGS, KEYCAPS, esc_timecodes, render, render_body, short_digest
 from bridge.questionset.model import QuestionSet
+from helpers.html import parse
 
 HOSTILE = [
     "<script>alert(1)</script>",
@@ -18,28 +18,6 @@ HOSTILE = [
     "[x](javascript:alert(1))",
     "&amp; and \"quotes\" and 'single'",
 ]
-
-
-class _Tags(HTMLParser):
-    """Collects tags and attributes, and the text as a browser would show it."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.tags: list[tuple[str, list[tuple[str, str | None]]]] = []
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, attrs))
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-
-def parse(html: str) -> _Tags:
-    parser = _Tags()
-    parser.feed(html)
-    parser.close()
-    return parser
 
 
 def question(kind: str = "choice", **fields: Any) -> dict[str, Any]:
