@@ -29,8 +29,13 @@ def client_config(encryption: bool = False) -> AsyncClientConfig:
     # Wait out homeserver restarts with a short, capped backoff rather than nio's minute-long one.
     # Encryption is asked for explicitly: nio turns it on whenever its e2e extra
     # is installed, and only the bot front sets up what it needs.
+    extra: dict[str, Any] = {}
+    if encryption:
+        from bridge.service.keystore import KeyStore  # needs nio's e2e extra, checked before this
+
+        extra["store"] = KeyStore
     return AsyncClientConfig(max_timeout_retry_wait_time=5, request_timeout=60, store_sync_tokens=False,
-                             encryption_enabled=encryption)
+                             encryption_enabled=encryption, **extra)
 
 
 class NioTransport:

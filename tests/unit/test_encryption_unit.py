@@ -62,3 +62,22 @@ def test_an_undecryptable_event_is_kept_once_and_dropped(tmp_path):
         store.drop_undecrypted(["$e"])
     assert store.undecrypted() == []
     store.close()
+
+
+def test_key_store_keeps_encrypted_rooms_and_asks_nothing_of_its_database_when_there_are_none(tmp_path):
+    """nio saves newly encrypted rooms after every sync; with none, the
+    bridge's key store must not run a transaction on the answer's path."""
+    from nio.crypto import OlmAccount
+
+    from bridge.service.keystore import KeyStore
+
+    store = KeyStore("@askbot:example.org", "BRIDGE", str(tmp_path))
+    store.save_account(OlmAccount())
+    statements: list[str] = []
+    store.database.connection().set_trace_callback(statements.append)
+    store.save_encrypted_rooms(set())
+    assert statements == []
+    store.save_encrypted_rooms({"!secret:example.org"})
+    assert any("INSERT" in statement for statement in statements)
+    reopened = KeyStore("@askbot:example.org", "BRIDGE", str(tmp_path))
+    assert reopened.load_encrypted_rooms() == {"!secret:example.org"}
