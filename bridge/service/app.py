@@ -21,7 +21,7 @@ from bridge.questionset.load import LoadError
 from bridge.questionset.model import QuestionSet
 from bridge.questionset.setdir import load_set_dir
 from bridge.service.appservice import AppserviceFront
-from bridge.service.bot import SyncLoop, login, prime_sync_token
+from bridge.service.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
 from bridge.service.crypto import Crypto
 from bridge.service.matrix import MatrixError, NioTransport
@@ -143,11 +143,12 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted)
         await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                         serve_http=not config.appservice.enabled)
-        await poster.sync_root(config.sets.root)
-        # Notices an earlier run left unsent go out from the front's notifier,
-        # so a backlog of them never holds back the first batch.
+        # Answers are taken in while the sets are posted: a first posting of
+        # thousands of questions takes minutes, and the first questions are
+        # answered long before the last is sent.  Notices an earlier run left
+        # unsent go out from the front's notifier, beside the first batch.
         tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop)),
-                 asyncio.ensure_future(watch_sets(poster, config.sets.root, stop))]
+                 asyncio.ensure_future(keep_sets(poster, config.sets.root, stop))]
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
@@ -156,6 +157,23 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         if client is not None:
             await client.close()
         store.close()
+
+
+async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
+    """Post what is not posted yet, then follow the folder.  The watcher starts
+    first, so an edit made during a long first posting is not missed (the
+    poster takes one set at a time, so both never post the same set at once)."""
+    watcher = asyncio.ensure_future(watch_sets(poster, root, stop))
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            await poster.sync_root(root, stop)
+            break
+        except Exception:  # noqa: BLE001 - the sets already posted are remembered; the rest are tried again
+            log.exception("posting the sets failed; trying again in %.0f s", delay)
+            await sleep_or_stop(stop, delay)
+            delay = min(delay * 2, 60)
+    await watcher
 
 
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:

@@ -226,7 +226,7 @@ class SyncLoop:
                 break
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
                 log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
-                await _sleep_or_stop(self.stop, backoff)
+                await sleep_or_stop(self.stop, backoff)
                 backoff = min(backoff * 2, 30)
 
 
@@ -303,14 +303,14 @@ class Notifier:
                 backoff = 0.5
             except Exception as exc:  # noqa: BLE001 - unsent notices stay in the store for the next pass
                 log.warning("notices not sent yet (%s); retrying in %.1f s", exc, backoff)
-                await _sleep_or_stop(self.stop, backoff)
+                await sleep_or_stop(self.stop, backoff)
                 backoff = min(backoff * 2, 30)
                 self.pending.set()
             if self.stop.is_set():
                 return
 
 
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
     try:
         await asyncio.wait_for(stop.wait(), seconds)
     except asyncio.TimeoutError:

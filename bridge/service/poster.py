@@ -8,6 +8,7 @@ homeserver hands back the same event instead of posting twice.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -51,10 +52,17 @@ class Poster:
         self.room_for = room_for
         self.load_set = load_set
         self.on_posted = on_posted
+        # The first posting and the folder watcher run side by side; one set
+        # at a time keeps them from posting the same question twice.
+        self._one_at_a_time = asyncio.Lock()
 
-    async def sync_root(self, root: Path) -> PostReport:
+    async def sync_root(self, root: Path, stop: asyncio.Event | None = None) -> PostReport:
+        """Every set under ``root``; a stop is honoured between sets, so a
+        SIGTERM in a long first posting does not wait for the last set."""
         report = PostReport()
         for set_dir in discover(root):
+            if stop is not None and stop.is_set():
+                break
             await self.sync_if_changed(set_dir, report)
         return report
 
@@ -73,14 +81,15 @@ class Poster:
         unchanged sets too).  A set is only remembered once every question of
         it is posted, polled, closed as it should be; a broken set or a crash
         half-way leaves it to be synced again."""
-        fingerprint = _fingerprint(set_dir)
-        key = f"set_synced:{set_dir.resolve()}"
-        if fingerprint is not None and self.store.get_meta(key) == fingerprint:
-            return
-        await self.sync_set(set_dir, report)
-        if fingerprint is not None and str(set_dir) not in report.broken:
-            with self.store.transaction():
-                self.store.set_meta(key, fingerprint)
+        async with self._one_at_a_time:
+            fingerprint = _fingerprint(set_dir)
+            key = f"set_synced:{set_dir.resolve()}"
+            if fingerprint is not None and self.store.get_meta(key) == fingerprint:
+                return
+            await self.sync_set(set_dir, report)
+            if fingerprint is not None and str(set_dir) not in report.broken:
+                with self.store.transaction():
+                    self.store.set_meta(key, fingerprint)
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
         qset, errors = self.load_set(set_dir)

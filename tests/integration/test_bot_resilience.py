@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from helpers.harness import answer_content
+from helpers.harness import answer_content, question_posts, store_rows
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.integration
@@ -103,3 +103,46 @@ async def test_a_limited_sync_after_downtime_is_back_filled(bridge):
     record = await bridge.wait_answer("kinds", "branch", timeout=40)
     assert record["source"]["event_id"] == first
     assert "filled a gap" in bridge.log_text()
+
+
+def choice_set(set_id: str, count: int) -> dict:
+    return {"askwright": 1, "id": set_id, "title": f"Set {set_id}", "questions": [{
+        "id": f"q{n}", "kind": "choice", "title": f"Item {n}", "question": f"Which way for item {n}?",
+        "why": "The release needs it.", "options": [{"id": "a", "label": "This way"}, {"id": "b", "label": "That way"}],
+        "guess": {"option": "a", "why": "The usual way.", "confidence": "high"},
+    } for n in range(count)]}
+
+
+async def test_answers_land_during_a_long_first_posting_and_a_stop_cuts_it_short(bridge):
+    sets, per_set = 30, 4
+    total = sets * per_set
+    for n in range(sets):
+        bridge.add_set(choice_set(f"many{n:02d}", per_set))
+    bridge.start()
+    first = None
+    for _ in range(300):
+        bridge.check_alive()
+        posted = {(e["content"]["set"]["id"], e["content"]["question"]["id"]): e
+                  for e in question_posts(await bridge.alice.messages(bridge.room_id))}
+        first = posted.get(("many00", "q0"))
+        if first:
+            break
+        await asyncio.sleep(0.1)
+    assert first is not None, bridge.log_text()[-3000:]
+    await bridge.alice.send(bridge.room_id, answer_content(first, option_id="b"))
+    record = await bridge.wait_answer("many00", "q0")
+    assert record["choice"] == "b"
+    # Recorded while most of the sets were still waiting to be posted.
+    assert store_rows(bridge.store_path, "SELECT COUNT(*) FROM posted")[0][0] < total
+    assert bridge.stop(timeout=15) == 0  # a stop mid-posting does not wait for the last set
+    cut_at = store_rows(bridge.store_path, "SELECT COUNT(*) FROM posted")[0][0]
+    assert cut_at < total
+    bridge.start()
+    for _ in range(1200):
+        bridge.check_alive()
+        if store_rows(bridge.store_path, "SELECT COUNT(*) FROM posted")[0][0] == total:
+            break
+        await asyncio.sleep(0.1)
+    posts = question_posts(await bridge.alice.messages(bridge.room_id, limit=1000))
+    keys = [(e["content"]["set"]["id"], e["content"]["question"]["id"]) for e in posts]
+    assert len(keys) == len(set(keys)) == total  # none posted twice across the stop
