@@ -121,6 +121,10 @@ class Poster:
         for recorded, _poll in self.store.posted_for_set(qset.id):
             if recorded.open and recorded.qid not in current:
                 await self._close(recorded, "removed from the set", report)
+            elif not recorded.open:
+                why = self.store.get_meta(_UNTOLD + recorded.event_id)
+                if why is not None:
+                    await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
 
     async def _post(self, qset: QuestionSet, question: Question, set_dir: Path, room: str, report: PostReport) -> None:
         digest = question_digest(qset, question)
@@ -162,10 +166,18 @@ class Poster:
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
-        # The store is updated first: from this moment answers are refused, even
-        # if telling the room fails (the notice is then not sent again).
+        # The store is updated first: from this moment answers are refused.
+        # Telling the room is owed until it is done (a crash or a refused send
+        # in between leaves the word pending, and the next pass over the set
+        # says it, under the same transaction ids).
         with self.store.transaction():
             self.store.close_question(recorded.event_id)
+            self.store.set_meta(_UNTOLD + recorded.event_id, why)
+        report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
+        log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
+        await self._tell_closed(recorded, why)
+
+    async def _tell_closed(self, recorded: RecordedQuestion, why: str) -> None:
         title = recorded.question.get("title", recorded.qid)
         text = f"“{title}” is {why}; answers to this message are no longer accepted."
         content = {
@@ -182,8 +194,12 @@ class Poster:
             # Votes after this are refused anyway (the question is closed); ending
             # the poll shows the person so before they vote.
             await self.transport.send(recorded.room_id, POLL_END, poll_end(poll, why), txn_id("poll-end", poll))
-        report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
-        log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
+        with self.store.transaction(flush=False):  # a lost mark only says the same again, same transaction ids
+            self.store.delete_meta(_UNTOLD + recorded.event_id)
+
+
+# Meta key prefix: a closed question whose room has not been told yet (value: why).
+_UNTOLD = "close_untold:"
 
 
 def _fingerprint(set_dir: Path) -> str | None:

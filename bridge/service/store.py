@@ -225,6 +225,9 @@ class Store:
         self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                         (key, value))
 
+    def delete_meta(self, key: str) -> None:
+        self.db.execute("DELETE FROM meta WHERE key=?", (key,))
+
     # -- posted questions ------------------------------------------------
 
     def record_posted(self, question: RecordedQuestion, *, set_dir: str, posted_at: int,

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from bridge.protocol.outcome import txn_id
 from bridge.protocol.question_event import content_size
 from bridge.questionset.model import QuestionSet
 from bridge.service import media
-from bridge.service.poster import Poster
+from bridge.service.poster import Poster, PostReport
 from bridge.service.store import Store
 
 ROOM = "!room:hs"
@@ -122,3 +123,36 @@ def test_captions_go_before_the_video_and_say_what_they_are(tmp_path: Path, monk
     assert thread[1]["body"] == "Captions (WebVTT subtitles) for the video splash_pair.mp4, which follows"
     assert thread[2]["body"] == "Both animations"
     store.close()
+
+
+def test_a_close_the_room_was_not_told_of_is_told_on_the_next_pass(tmp_path: Path) -> None:
+    set_dir = tmp_path / "qa"
+    set_dir.mkdir()
+    raw = {"askwright": 1, "id": "qa", "title": "QA", "questions": [question()]}
+    store = Store(tmp_path / "bridge.sqlite")
+    transport = Transport()
+    current = {"set": QuestionSet.model_validate(raw)}
+    poster = Poster(store, transport, room_for=lambda _set: ROOM, load_set=lambda _dir: (current["set"], []))
+    asyncio.run(poster.sync_set(set_dir, PostReport()))
+
+    current["set"] = QuestionSet.model_validate({**raw, "questions": [question(status="withdrawn", reason="moot")]})
+    failing = Transport()
+
+    async def refused(room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        raise RuntimeError("M_FORBIDDEN")
+
+    failing.send = refused  # type: ignore[method-assign]
+    poster.transport = failing
+    with pytest.raises(RuntimeError):
+        asyncio.run(poster.sync_set(set_dir, PostReport()))
+    assert store.latest_posted("qa", "bg").open is False  # answers are refused from the close on
+
+    poster.transport = transport
+    asyncio.run(poster.sync_set(set_dir, PostReport()))
+    asyncio.run(poster.sync_set(set_dir, PostReport()))  # said once, not on every pass
+    closes = [(c, txn) for _t, c, txn in transport.sent if "dev.superpipeline.question.closed" in c]
+    assert len(closes) == 1
+    content, txn = closes[0]
+    assert content["dev.superpipeline.question.closed"]["why"] == "withdrawn (moot)"
+    assert content["m.relates_to"]["event_id"] == "$e1"
+    assert txn == txn_id("close", "$e1")  # the transaction id a send that did get through would have had
