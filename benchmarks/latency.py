@@ -119,7 +119,9 @@ class Observer:
                     self.seen.setdefault(event.event_id, now)
 
 
-async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any], rounds: int = 8) -> dict[str, Any]:
+async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
+                  rounds: int | None = None) -> dict[str, Any]:
+    rounds = rounds or max(1, count // 10)  # ten answers a round: many draws of the wake order
     w.sets_root = w.base / f"sets-{mode}"  # each bridge sees only its own set
     folder = w.add_set(question_set(f"lat-{mode}"))
     w.start_bridge(w.config(appservice=mode == "appservice", **config_extra))
@@ -184,7 +186,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("(milliseconds from the person's send; target: overhead <= 5 ms at p50, <= 20 ms at p99)")
 
 
-async def main(count: int, modes: list[str], rounds: int) -> list[dict[str, Any]]:
+async def main(count: int, modes: list[str], rounds: int | None) -> list[dict[str, Any]]:
     rows = []
     async with world(appservice="appservice" in modes) as w:
         for mode in modes:
@@ -199,7 +201,7 @@ if __name__ == "__main__":
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--count", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=8, help="rounds, each with a fresh observer (default 8)")
+    parser.add_argument("--rounds", type=int, help="rounds, each with a fresh observer (default: one per 10 answers)")
     parser.add_argument("--json", help="also write the rows here")
     parser.add_argument("--modes", nargs="+", default=["bot", "appservice"], choices=["bot", "appservice"])
     args = parser.parse_args()
