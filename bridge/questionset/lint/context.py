@@ -1,0 +1,80 @@
+"""What every rule is handed: the run (mode, files, findings so far) and a view of one question."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.questionset import media as media_rules
+from bridge.questionset.lint.access import list_at, str_at, value_at
+from bridge.questionset.load import Finding
+from bridge.questionset.model import KINDS
+
+
+def _label(item: Any, index: int) -> str:
+    """How a list item is named in ``where``: by its id when it has one (as the loader does)."""
+    ident = value_at(item, "id")
+    return ident if isinstance(ident, str) and ident else str(index)
+
+
+@dataclass
+class QuestionView:
+    """One question's raw dict plus what the rules keep asking about it."""
+
+    raw: dict[str, Any]
+    where: str
+    id: str | None
+    kind: str | None
+    is_open: bool
+    options: list[tuple[str, dict[str, Any]]]  # (where, option dict)
+    options_given: bool  # a list of options is there at all
+
+    @property
+    def option_ids(self) -> list[str]:
+        return [o["id"] for _, o in self.options if isinstance(o.get("id"), str)]
+
+
+def question_view(raw: dict[str, Any], index: int) -> QuestionView:
+    where = f"questions[{_label(raw, index)}]"
+    kind = str_at(raw, "kind")
+    status = value_at(raw, "status")
+    # An invalid status is a type error already; counting it as open (the
+    # default) keeps it from also setting off "no open question".
+    is_open = status not in ("closed", "superseded", "withdrawn")
+    raw_options = list_at(raw, "options")
+    options = [
+        (f"{where}.options[{_label(o, i)}]", o) for i, o in enumerate(raw_options or []) if isinstance(o, dict)
+    ]
+    return QuestionView(
+        raw=raw,
+        where=where,
+        id=str_at(raw, "id"),
+        kind=kind if kind in KINDS else None,
+        is_open=is_open,
+        options=options,
+        options_given=raw_options is not None,
+    )
+
+
+@dataclass
+class Context:
+    raw: dict[str, Any]
+    fs: media_rules.Filesystem
+    probe: media_rules.Probe | None
+    mode: str
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+
+    @property
+    def study(self) -> bool:
+        return self.mode == "study"
+
+    def error(self, where: str, message: str) -> None:
+        self.errors.append(Finding(where, message))
+
+    def warning(self, where: str, message: str) -> None:
+        self.warnings.append(Finding(where, message))
+
+    @property
+    def media_roots(self) -> list[str]:
+        return [r for r in list_at(self.raw, "media_roots") or [] if isinstance(r, str)]
