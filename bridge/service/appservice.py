@@ -19,13 +19,15 @@ import hmac
 import json
 import logging
 import re
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
 from nio import AsyncClient
 
-from bridge.service.bot import Notifier, answer_invite, welcome_invite
+from bridge.service.bot import Notifier, answer_invite, sleep_or_stop, welcome_invite
+from bridge.service.catchup import CatchUp
 from bridge.service.config import Config, ConfigError
 from bridge.service.matrix import MatrixError, client_config
 
@@ -39,6 +41,10 @@ log = logging.getLogger(__name__)
 # be ready (rooms joined, members loaded) before it is turned away with a 503.
 # Synapse waits far longer than this for an answer.
 READY_WAIT = 30.0
+
+# How many event ids of recent transactions are kept in memory, so the safety
+# net (``catchup``) does not feed again what a transaction already brought.
+RECEIVED_KEPT = 20000
 
 
 def user_namespace(config: Config) -> list[str]:
@@ -79,6 +85,10 @@ class TransactionServer:
         self.on_invite: Callable[[str, str | None], Awaitable[None]] | None = None
         self.one_at_a_time = asyncio.Lock()
         self.runner: web.AppRunner | None = None
+        # The safety net for what the homeserver does not deliver (``catchup``).
+        self.catchup: CatchUp | None = None
+        self.last_txn: int | None = None
+        self.received: OrderedDict[str, None] = OrderedDict()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -136,6 +146,7 @@ class TransactionServer:
         try:
             await asyncio.wait_for(self.ready.wait(), READY_WAIT)
         except TimeoutError:
+            self._trouble()
             return _error(503, "M_UNKNOWN", "the bridge is still starting; try again")
         # Synapse sends one transaction at a time; a stray concurrent resend
         # must not download or judge the same events twice over.
@@ -147,20 +158,62 @@ class TransactionServer:
         if self.store.txn_seen(key):
             log.debug("transaction %s seen before; nothing to do", txn_id)
             return web.json_response({})
+        if self.catchup is not None:
+            self.catchup.heard()
+            if self._skips(txn_id):
+                await self.catchup.look_now()  # what went missing is judged before what came after it
         self._answer_invites(events)
         wanted = [e for e in events if isinstance(e, dict) and e.get("room_id") in self.rooms]
         try:
-            await self.pipeline.prepare(wanted)
-            result = self.pipeline.process(wanted, commit=lambda: self.store.mark_txn(key))
+            result = await self._feed(wanted, lambda: self.store.mark_txn(key))
         except Exception as exc:  # noqa: BLE001 - anything here is worth a retry by the homeserver
             log.warning("transaction %s not processed (%s); the homeserver will send it again", txn_id, exc)
+            self._trouble()  # the homeserver's recovery can strand a transaction
             return _error(500, "M_UNKNOWN", "not processed; send it again")
         log.debug("transaction %s: %d events, %s", txn_id, len(events), result)
+        self._remember(wanted)
+        return web.json_response({})
+
+    async def _feed(self, events: list[dict[str, Any]], commit: Callable[[], None]) -> Any:
+        await self.pipeline.prepare(events)
+        result = self.pipeline.process(events, commit=commit)
         if self.ops is not None:
             self.ops.mark_ready()
         if self.notices is not None:
             self.notices.wake()
-        return web.json_response({})
+        return result
+
+    async def feed(self, events: list[dict[str, Any]], commit: Callable[[], None]) -> None:
+        """Events that came in no transaction (``catchup``, which holds
+        ``one_at_a_time``), handled as one."""
+        await self._feed(events, commit)
+        self._remember(events)
+
+    def _remember(self, events: list[Any]) -> None:
+        for event in events:
+            if isinstance(event, dict) and isinstance(event.get("event_id"), str):
+                self.received[event["event_id"]] = None
+        while len(self.received) > RECEIVED_KEPT:
+            self.received.popitem(last=False)
+
+    def _skips(self, txn_id: str) -> bool:
+        """Synapse numbers transactions 1, 2, 3...; one that skips a number
+        means one went missing or is held back (or went to another
+        appservice of the same homeserver: they share the numbering)."""
+        if not txn_id.isdigit():
+            return False
+        number, last = int(txn_id), self.last_txn
+        # Also when lower: a restarted Synapse counts on from what it still
+        # holds, one whose database was reset from 1.
+        self.last_txn = number
+        if last is not None and number > last + 1:
+            log.info("transaction %s after %s: looking for what did not arrive", txn_id, last)
+            return True
+        return False
+
+    def _trouble(self) -> None:
+        if self.catchup is not None:
+            self.catchup.suspect_gap()
 
     def _answer_invites(self, events: list[Any]) -> None:
         # Answered off the request path: joining or leaving waits on the
@@ -225,18 +278,24 @@ class AppserviceFront:
         await self.server.start()
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
-        assert self.server is not None
+        assert self.server is not None and self.client is not None
+        server = self.server
         # Notices go out off the request path: a 200 must not wait on the
         # homeserver, which may itself be waiting on that 200.
         notices = Notifier(pipeline, stop)
         notifier = asyncio.ensure_future(notices.run())
-        self.server.on_invite = lambda room_id, inviter: answer_invite(
+        server.on_invite = lambda room_id, inviter: answer_invite(
             self.client, pipeline, room_id, inviter, welcome_invite(room_id, inviter, rooms, self.config.inviters))
-        self.server.open(rooms, notices)
+        # What the homeserver never delivers is read from the rooms' timelines.
+        catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
+                          pipeline.load_members, server.one_at_a_time, stop)
+        server.catchup = catchup
+        server.open(rooms, notices)
         await ping_homeserver(self.config)
+        looker = asyncio.ensure_future(catchup.run())
         await stop.wait()
         notices.wake()
-        await notifier
+        await asyncio.gather(notifier, looker)
 
     async def close(self) -> None:
         if self.server:
@@ -278,7 +337,7 @@ async def ensure_user(config: Config, stop: asyncio.Event) -> None:
         if stop.is_set():
             return  # asked to stop while waiting: ``serve`` goes no further
         log.warning("the homeserver is not reachable yet (%s); retrying in %.0f s", reply.get("error"), delay)
-        await _sleep_or_stop(stop, delay)
+        await sleep_or_stop(stop, delay)
         delay = min(delay * 2, 30)
 
 
@@ -302,11 +361,3 @@ class _Reply:
     def __init__(self, status: int, reply: dict[str, Any]):
         self.status_code = reply.get("errcode") or str(status or "")
         self.message = reply.get("error", "")
-
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
-

@@ -1,6 +1,7 @@
 """Shared parts of the tests that attack the bridge's guarantees: an
-appservice homeserver, whole-room history, a torn-file watcher, storms of
-answers and the figures they are judged by."""
+appservice homeserver, a relay that loses its transactions, whole-room
+history, a torn-file watcher, storms of answers and the figures they are
+judged by."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
+from aiohttp import web
 from nio import MessageDirection, RoomMessagesResponse
 
 from bridge.devserver import SERVER_NAME, Synapse, free_port
@@ -49,6 +52,57 @@ def start_appservice_synapse(workdir: Path, preamble: str = "", **synapse_option
     server.start()
     server.appservice = yaml.safe_load(config_path.read_text())["appservice"]
     return server
+
+
+class Relay:
+    """Sits where the homeserver pushes (the registration's url) and passes
+    everything on to the bridge listening elsewhere, except what it is told to
+    lose: transactions holding an event ``swallow`` picks, or every
+    transaction while ``answer_all`` is set.  Those it answers 200 itself, so
+    the homeserver counts them as delivered and never sends them again."""
+
+    def __init__(self, listen: tuple[str, int], target: str):
+        self.listen = listen
+        self.target = target
+        self.swallow: Any = lambda event: False
+        self.answer_all = False
+        self.swallowed: list[str] = []  # event ids the bridge never got from the homeserver
+        self.passed = 0
+        self._runner: web.AppRunner | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "Relay":
+        self._http = aiohttp.ClientSession()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._relay)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, *self.listen).start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+        if self._http:
+            await self._http.close()
+
+    async def _relay(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.method == "PUT" and "/transactions/" in request.path:
+            events = json.loads(body).get("events", [])
+            if self.answer_all or any(self.swallow(event) for event in events):
+                self.swallowed.extend(event["event_id"] for event in events)
+                return web.json_response({})
+        assert self._http is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        try:
+            async with self._http.request(request.method, self.target + request.path_qs, data=body,
+                                          headers=headers) as response:
+                self.passed += 1
+                return web.Response(status=response.status, body=await response.read(),
+                                    content_type=response.content_type)
+        except aiohttp.ClientError:
+            return web.json_response({"errcode": "M_UNKNOWN", "error": "the bridge is not there"}, status=502)
 
 
 async def room_history(person: Person, room_id: str) -> list[dict[str, Any]]:

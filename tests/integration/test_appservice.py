@@ -1,6 +1,7 @@
 """Appservice mode against a real Synapse that loads the registration written
 by ``generate-registration``: the homeserver pushes, the bridge answers 200
-only once answers are durable, replays and crashes change nothing."""
+only once answers are durable, replays and crashes change nothing, and an
+answer whose transaction never reaches the bridge still lands."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ import asyncio
 import stat
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 import yaml
 
+from bridge.devserver import free_port
 from helpers.attack import AS_BOT as BOT
 from helpers.attack import AS_LOCALPART as LOCALPART
-from helpers.attack import start_appservice_synapse
+from helpers.attack import Relay, start_appservice_synapse
 from helpers.harness import Bridge, answer_content, question_posts, read_set, store_rows, unique
 from helpers.sets import ALL_KINDS_PICKS, all_kinds_set, check_all_kinds_read
 
@@ -76,6 +79,13 @@ def fake_answer(bridge: Bridge, question: dict[str, Any], **fields: Any) -> dict
 
 def accepted_count(bridge: Bridge) -> int:
     return store_rows(bridge.store_path, "SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'")[0][0]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
 
 
 async def test_every_kind_lands_as_in_bot_mode(bridge):
@@ -181,3 +191,43 @@ async def test_kill_9_while_the_homeserver_pushes_loses_and_repeats_nothing(brid
     assert set(notices) == set(sent)
     assert set(notices.values()) == {1}
     print(f"60 answers, two kill -9s: all durable {settled:.1f} s after the first send")
+
+
+async def test_answers_whose_transaction_never_reaches_the_bridge_still_land(bridge):
+    """The homeserver counts a transaction as delivered that the bridge never
+    got (Synapse strands one now and then when it recovers from the bridge
+    being away; here a relay in front of the bridge answers it instead): the
+    bridge finds the answer in the room's timeline: while it runs, before it
+    handles the next transaction (whose id skips one), so the order of the
+    answers holds; and on start, after one was lost while it was down."""
+    registered = urlsplit(bridge.synapse.appservice["url"])
+    port = free_port()
+    bridge.extra_config["appservice"]["listen"] = f"127.0.0.1:{port}"
+    async with Relay((registered.hostname, registered.port), f"http://127.0.0.1:{port}") as relay:
+        questions = await started(bridge)
+        alice, room = bridge.alice, bridge.room_id
+
+        relay.swallow = lambda event: event.get("content", {}).get("body") == "lost while running"
+        lost = await alice.send(room, answer_content(questions[("name", 1)], text="lost while running"))
+        await until(lambda: lost in relay.swallowed)
+        relay.swallow = lambda event: False
+        # The next transaction's id skips one: what went missing is judged first, so the later answer wins.
+        later = await alice.send(room, answer_content(questions[("name", 1)], text="sent after it"))
+        record = await bridge.wait_answer("kinds", "name", rev=2, timeout=15)
+        assert (record["text"], record["source"]["event_id"]) == ("sent after it", later)
+        logged = [row[0] for row in store_rows(bridge.store_path, "SELECT event_id FROM answer_log ORDER BY seq")]
+        assert logged == [lost, later]
+
+        bridge.kill()
+        relay.answer_all = True  # acknowledged by someone else: the homeserver holds nothing for the bridge
+        away = await alice.send(room, answer_content(questions[("approve", 1)], option_id="approve"))
+        await until(lambda: away in relay.swallowed)
+        relay.answer_all = False
+        bridge.start()
+        record = await bridge.wait_answer("kinds", "approve", timeout=30)
+        assert record["source"]["event_id"] == away
+        assert relay.passed > 0
+
+    assert accepted_count(bridge) == 3
+    assert store_rows(bridge.store_path, "SELECT event_id FROM answer_log GROUP BY event_id HAVING COUNT(*) > 1") == []
+    assert bridge.log_text().count("came in no transaction") >= 2

@@ -1,0 +1,205 @@
+"""Appservice mode's safety net: read the rooms' timelines for events the
+homeserver never pushed.
+
+Why it exists: a transaction the homeserver considers sent is not always one
+the bridge received.  Synapse (seen with 1.163) decides whether to send a new
+transaction by reading the appservice's state (up or down) before it writes
+the transaction; its recoverer, draining what it held while the bridge was
+unreachable, marks the appservice up once it finds nothing left.  When the two
+interleave (state read "down", recoverer finds nothing and marks "up",
+transaction written), the transaction is stored as one to retry but nothing is
+retrying any more: later events go out in newer transactions, and the
+stranded one is sent only at the next failure, to whatever listens then (after
+a restart, perhaps nobody who cares).  The same hole opens when anything else
+answers 200 on the bridge's address.  The bridge cannot make the homeserver
+deliver, so it looks for itself: it pages each configured room's timeline
+back to where its last look ended and feeds what no transaction brought into
+the same pipeline: at start and every ``PERIOD`` seconds; before handling a
+transaction whose id skips one (Synapse numbers them 1, 2, 3...), so what
+went missing is judged before what came after it; and once the homeserver's
+retries after a start or a refused transaction have gone quiet for
+``GAP_DELAY`` seconds (a transaction stranded last has no later one to
+reveal it).  The processed-event table makes anything seen twice harmless.
+
+An event found only by the periodic look is judged after newer ones that
+did arrive; for two answers to the same question it then counts as the
+latest.  That only happens to an answer that would otherwise be lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from nio import AsyncClient, MessageDirection, RoomMessagesResponse
+
+from bridge.service.matrix import MatrixError
+
+if TYPE_CHECKING:
+    from bridge.service.store import Store
+
+log = logging.getLogger(__name__)
+
+PERIOD = 30.0  # seconds between two looks when nothing is suspected
+GAP_DELAY = 2.0  # a suspected gap is looked into once no transaction came for this long
+QUIET_WAIT = 60.0  # ... or after this long at most
+# A look before a transaction that skips an id holds that transaction up:
+# never longer than LOOK_TIMEOUT, and at most LOOK_BURST times in LOOK_WINDOW
+# seconds (ids skip all the time on a homeserver serving several appservices,
+# which share the numbering); beyond that the look is left to ``run``.
+LOOK_TIMEOUT = 10.0
+LOOK_BURST = 3
+LOOK_WINDOW = 10.0
+PAGE = 500
+MAX_EVENTS = 5000  # per room and look; older ones are left (and logged)
+# A room looked at for the first time is read back to its oldest open question
+# (what came before cannot answer anything the bridge asked), less this margin
+# for the clocks of the bridge and the homeserver disagreeing.
+CLOCK_MARGIN_MS = 10 * 60 * 1000
+
+TOKEN_KEY = "appservice_catchup:"  # + room id: where the last look ended (a /messages token)
+
+# Feeds a room's events to the pipeline the way a transaction is fed (the
+# caller holds ``lock``); ``commit`` runs in the final store transaction.
+Feed = Callable[[list[dict[str, Any]], Callable[[], None]], Awaitable[None]]
+
+
+class CatchUp:
+    def __init__(self, client: AsyncClient, store: Store, rooms: list[str], feed: Feed,
+                 received: Callable[[str], bool], on_members: Callable[[str], Awaitable[None]],
+                 lock: asyncio.Lock, stop: asyncio.Event, clock: Callable[[], float] = time.monotonic):
+        self.client = client
+        self.store = store
+        self.rooms = list(dict.fromkeys(rooms))
+        self.feed = feed
+        self.received = received  # event ids a transaction already brought
+        self.on_members = on_members  # reload a room's members after feeding membership changes
+        self.lock = lock  # the transactions' lock: a look and a transaction never interleave
+        self.stop = stop
+        self.clock = clock
+        self.suspected = asyncio.Event()
+        self.activity = asyncio.Event()
+        self.looks_now: deque[float] = deque(maxlen=LOOK_BURST)
+
+    def suspect_gap(self) -> None:
+        """Look again once transactions have gone quiet, off the request path."""
+        self.suspected.set()
+
+    def heard(self) -> None:
+        """A transaction came."""
+        self.activity.set()
+
+    async def look_now(self) -> None:
+        """Before a transaction that skips an id (the caller holds the lock)."""
+        now = self.clock()
+        if len(self.looks_now) == LOOK_BURST and now - self.looks_now[0] < LOOK_WINDOW:
+            self.suspect_gap()
+            return
+        self.looks_now.append(now)
+        try:
+            await asyncio.wait_for(self.sweep(), LOOK_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - the transaction goes on; the look is tried again soon
+            log.warning("looking for what did not arrive failed (%s); trying again shortly",
+                        str(exc) or type(exc).__name__)
+            self.suspect_gap()
+
+    async def run(self) -> None:
+        # Right after start the homeserver sends what it held: look again when that is done.
+        self.suspected.set()
+        while not self.stop.is_set():
+            try:
+                async with self.lock:
+                    await self.sweep()
+            except Exception as exc:  # noqa: BLE001 - the next look tries again
+                log.warning("looking for events the homeserver did not push failed (%s); trying again in %.0f s",
+                            str(exc) or type(exc).__name__, PERIOD)
+            if await self._wait(PERIOD, self.suspected):
+                self.suspected.clear()
+                quiet_by = self.clock() + QUIET_WAIT
+                self.activity.clear()
+                while await self._wait(GAP_DELAY, self.activity) and self.clock() < quiet_by:
+                    self.activity.clear()
+
+    async def _wait(self, seconds: float, also: asyncio.Event) -> bool:
+        """Until ``seconds`` pass, stop is asked, or ``also`` is set (True then)."""
+        waits = [asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(also.wait())]
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        return also.is_set() and not self.stop.is_set()
+
+    async def sweep(self) -> int:
+        """One look at every room; returns how many events were fed."""
+        fed = 0
+        for room_id in self.rooms:
+            if self.stop.is_set():
+                break
+            fed += await self.sweep_room(room_id)
+        return fed
+
+    async def sweep_room(self, room_id: str) -> int:
+        key = TOKEN_KEY + room_id
+        since = self.store.get_meta(key)
+        oldest_ts = None if since else self._oldest_wanted(room_id)
+        if since is None and oldest_ts is None:
+            # A first look at a room with no open question: nothing before now
+            # can answer anything; only the position is wanted.
+            page = await self._page(room_id, None, None, 1)
+            if page.start:
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(key, page.start)
+            return 0
+        newest: list[dict[str, Any]] = []  # newest first
+        token: str | None = None  # where this look began: the next one ends there
+        start: str | None = None
+        while True:
+            if self.stop.is_set():
+                return 0  # nothing fed, nothing committed: the next start looks again
+            page = await self._page(room_id, start, since, PAGE)
+            token = token or page.start
+            chunk = [{**event.source, "room_id": room_id} for event in page.chunk]
+            older = oldest_ts is not None and any(
+                isinstance(e.get("origin_server_ts"), int) and e["origin_server_ts"] < oldest_ts for e in chunk)
+            if older:
+                chunk = [e for e in chunk if not (isinstance(e.get("origin_server_ts"), int)
+                                                  and e["origin_server_ts"] < oldest_ts)]
+            newest.extend(chunk)
+            if len(newest) >= MAX_EVENTS:
+                log.warning("more than %d events in %s since the last look; older ones are not looked at",
+                            MAX_EVENTS, room_id)
+                break
+            if older or not page.chunk or not page.end or page.end == start:
+                break
+            start = page.end
+        missing = [e for e in reversed(newest) if isinstance(e.get("event_id"), str)
+                   and not self.received(e["event_id"]) and not self.store.is_processed(e["event_id"])]
+
+        def commit() -> None:
+            if token:
+                self.store.set_meta(key, token)
+
+        if missing:
+            log.info("%d events in %s came in no transaction; processing them now", len(missing), room_id)
+            await self.feed(missing, commit)
+            if any(e.get("type") == "m.room.member" for e in missing):
+                await self.on_members(room_id)  # what the homeserver says now, not what was replayed
+        elif token and token != since:
+            with self.store.transaction(flush=False):  # only progress: losing it means looking again
+                commit()
+        return len(missing)
+
+    async def _page(self, room_id: str, start: str | None, end: str | None, limit: int) -> RoomMessagesResponse:
+        page = await self.client.room_messages(room_id, start=start, end=end, direction=MessageDirection.back,
+                                               limit=limit, message_filter={"not_senders": [self.client.user_id]})
+        if not isinstance(page, RoomMessagesResponse):
+            raise MatrixError(f"reading the timeline of {room_id}", page)
+        return page
+
+    def _oldest_wanted(self, room_id: str) -> int | None:
+        posted = [q.posted_at for q in self.store.open_posted() if q.room_id == room_id]
+        return min(posted) - CLOCK_MARGIN_MS if posted else None

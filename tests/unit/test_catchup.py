@@ -1,0 +1,237 @@
+"""Appservice mode's safety net without a homeserver: a transaction id that
+skips one is looked into before it is handled, and a look at a room's
+timeline feeds exactly what no transaction brought, oldest first, and
+remembers where it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from nio import RoomMessagesResponse
+
+from bridge.service.appservice import TransactionServer
+from bridge.service import catchup as catchup_module
+from bridge.service.catchup import TOKEN_KEY, CatchUp
+from bridge.service.store import Store
+from test_appservice_endpoint import BEARER, ROOM, StandIn, config, event
+
+BOT = "@askbot:example.org"
+
+
+def message(n: int, **extra: Any) -> dict[str, Any]:
+    return {"type": "m.room.message", "event_id": f"$m{n}", "room_id": ROOM, "sender": "@p:example.org",
+            "origin_server_ts": 1_000_000 + n, "content": {"msgtype": "m.text", "body": str(n)}, **extra}
+
+
+class Timeline:
+    """/messages over a fixed timeline, newest last; tokens are positions."""
+
+    user_id = BOT
+
+    def __init__(self, events: list[dict[str, Any]]):
+        self.events = events
+        self.calls: list[dict[str, Any]] = []
+
+    async def room_messages(self, room_id: str, start: str | None = None, end: str | None = None,
+                            direction: Any = None, limit: int = 10,
+                            message_filter: dict[str, Any] | None = None) -> RoomMessagesResponse:
+        self.calls.append({"start": start, "end": end, "limit": limit, "filter": message_filter})
+        top = int(start) if start else len(self.events)
+        bottom = int(end) if end else 0
+        chunk = list(reversed(self.events[max(bottom, top - limit):top]))
+        reply = {"chunk": chunk, "start": str(top)}
+        if chunk:
+            reply["end"] = str(top - len(chunk))
+        return RoomMessagesResponse.from_dict(reply, room_id)
+
+
+class Fed:
+    def __init__(self, store: Store):
+        self.store = store
+        self.batches: list[list[str]] = []
+        self.members: list[str] = []
+
+    async def feed(self, events: list[dict[str, Any]], commit: Any) -> None:
+        self.batches.append([e["event_id"] for e in events])
+        with self.store.transaction():
+            for e in events:
+                self.store.mark_processed(e["event_id"], "accepted")
+            commit()
+
+    async def on_members(self, room_id: str) -> None:
+        self.members.append(room_id)
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    store = Store(tmp_path / "bridge.sqlite")
+    yield store
+    store.close()
+
+
+def catchup(store: Store, timeline: Timeline, fed: Fed, received: set[str] = frozenset(), **kw: Any) -> CatchUp:
+    return CatchUp(timeline, store, [ROOM], fed.feed, received.__contains__, fed.on_members,  # type: ignore[arg-type]
+                   asyncio.Lock(), asyncio.Event(), **kw)
+
+
+async def test_feeds_only_what_no_transaction_brought_oldest_first(store):
+    timeline = Timeline([message(n) for n in range(1, 1201)])
+    store.set_meta(TOKEN_KEY + ROOM, "100")  # the last look ended after $m100
+    with store.transaction():
+        store.mark_processed("$m150", "accepted")
+    fed = Fed(store)
+    looker = catchup(store, timeline, fed, received={"$m101", "$m1200"})
+
+    assert await looker.sweep() == 1200 - 100 - 3
+    assert fed.batches == [[f"$m{n}" for n in range(102, 1200) if n != 150]]
+    assert store.get_meta(TOKEN_KEY + ROOM) == "1200"
+    assert {call["end"] for call in timeline.calls} == {"100"}
+    assert all(call["filter"] == {"not_senders": [BOT]} for call in timeline.calls)
+    assert fed.members == []
+
+    # Nothing new: nothing fed, one page asked for.
+    timeline.calls.clear()
+    assert await looker.sweep() == 0
+    assert fed.batches == [[f"$m{n}" for n in range(102, 1200) if n != 150]]
+    assert len(timeline.calls) == 1
+
+    # A membership change among the missing ones: the members are asked for afresh.
+    timeline.events.append({**message(1201), "type": "m.room.member", "state_key": "@q:example.org",
+                            "content": {"membership": "join"}})
+    assert await looker.sweep() == 1
+    assert fed.members == [ROOM]
+
+
+async def test_a_first_look_goes_back_to_the_oldest_open_question_or_only_takes_the_position(store):
+    timeline = Timeline([message(n) for n in range(1, 11)])
+    fed = Fed(store)
+    assert await catchup(store, timeline, fed).sweep() == 0
+    assert fed.batches == [] and store.get_meta(TOKEN_KEY + ROOM) == "10"
+
+    # The oldest open question went out after $m5 (less the margin for clocks that disagree).
+    store.db.execute("INSERT INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
+                     " posted_at) VALUES ('$q', ?, 's', '/s', 'q1', 1, 'el', '{}', ?)",
+                     (ROOM, 1_000_000 + 6 + 10 * 60 * 1000))
+    store.db.execute("DELETE FROM meta")
+    assert await catchup(store, timeline, fed).sweep() == 5
+    assert fed.batches == [["$m6", "$m7", "$m8", "$m9", "$m10"]]
+
+
+@pytest.fixture
+async def served(tmp_path):
+    store = Store(tmp_path / "bridge.sqlite")
+    server = TransactionServer(config(tmp_path), store, StandIn(store))  # type: ignore[arg-type]
+    server.open([ROOM], notices=None)  # type: ignore[arg-type]
+    gaps: list[int] = []
+    troubles: list[int] = []
+    heard: list[int] = []
+
+    class Looker:
+        async def look_now(self) -> None:
+            assert server.one_at_a_time.locked()  # no transaction is handled meanwhile
+            gaps.append(len(stand_in.batches))  # how many transactions were handled before it
+
+        def suspect_gap(self) -> None:
+            troubles.append(1)
+
+        def heard(self) -> None:
+            heard.append(1)
+
+    stand_in = server.pipeline
+    server.catchup = Looker()  # type: ignore[assignment]
+    client = TestClient(TestServer(server.app()))
+    await client.start_server()
+    yield client, server, gaps, troubles, heard
+    await client.close()
+    store.close()
+
+
+async def test_a_transaction_id_that_skips_one_is_looked_into_first(served):
+    client, server, gaps, troubles, heard = served
+
+    async def put(txn_id: str, n: int, status: int = 200) -> None:
+        response = await client.put(f"/_matrix/app/v1/transactions/{txn_id}", json={"events": [event(n)]},
+                                    headers=BEARER)
+        assert response.status == status
+
+    await put("1", 1)
+    await put("2", 2)
+    await put("2", 2)  # a resend
+    assert gaps == []
+    await put("4", 4)
+    assert gaps == [2]  # the look came before transaction 4 was handled
+    await put("3", 3)  # late: no new gap
+    await put("abc", 5)  # not Synapse's numbering: nothing to tell
+    await put("1", 7)  # a homeserver that counts from 1 again
+    await put("2", 8)
+    assert gaps == [2]
+    await put("4", 9)
+    assert gaps == [2, 7]
+    assert {"$e1", "$e4", "$e9"} <= set(server.received)
+    assert len(heard) == 8  # every transaction but the resend: a burst of them delays the quiet look
+
+    assert troubles == []
+    server.pipeline.fail = OSError("disk full")
+    await put("5", 10, status=500)
+    assert troubles == [1]  # a refused transaction: a look soon, off the request path
+
+
+async def test_looks_before_transactions_are_held_to_a_few_in_ten_seconds(store):
+    now = [100.0]
+    fed = Fed(store)
+    timeline = Timeline([message(n) for n in range(1, 3)])
+    store.set_meta(TOKEN_KEY + ROOM, "1")
+    looker = catchup(store, timeline, fed, clock=lambda: now[0])
+    for n in range(3, 6):
+        timeline.events.append(message(n))
+        await looker.look_now()
+        now[0] += 1
+    assert fed.batches == [["$m2", "$m3"], ["$m4"], ["$m5"]] and not looker.suspected.is_set()
+    timeline.events.append(message(6))
+    await looker.look_now()  # a fourth within ten seconds: left to the background look
+    assert len(fed.batches) == 3 and looker.suspected.is_set()
+    now[0] += 7
+    await looker.look_now()
+    assert fed.batches[-1] == ["$m6"]
+
+
+async def test_a_failed_look_before_a_transaction_is_tried_again_off_the_request_path(store):
+    class Broken(Timeline):
+        async def room_messages(self, *args: Any, **kwargs: Any) -> Any:
+            raise OSError("the homeserver went away")
+
+    looker = catchup(store, Broken([]), Fed(store))
+    await looker.look_now()
+    assert looker.suspected.is_set()
+
+
+async def test_after_start_it_looks_again_once_the_homeservers_retries_went_quiet(store, monkeypatch):
+    monkeypatch.setattr(catchup_module, "GAP_DELAY", 1.0)
+    monkeypatch.setattr(catchup_module, "PERIOD", 600)
+    timeline = Timeline([message(n) for n in range(1, 4)])
+    store.set_meta(TOKEN_KEY + ROOM, "3")
+    looker = catchup(store, timeline, Fed(store))
+    running = asyncio.ensure_future(looker.run())
+    try:
+        await until(lambda: len(timeline.calls) == 1)
+        busy_until = time.monotonic() + 1.5
+        while time.monotonic() < busy_until:  # transactions keep coming: no look yet
+            looker.heard()
+            await asyncio.sleep(0.01)
+        assert len(timeline.calls) == 1
+        await until(lambda: len(timeline.calls) == 2)
+    finally:
+        looker.stop.set()
+        await running
+
+
+async def until(condition: Any, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
