@@ -41,8 +41,9 @@ class Front(Protocol):
     async def open(self, pipeline: Pipeline) -> None:
         """Called once the pipeline exists, before rooms are joined."""
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
-        """Feed events to the pipeline until ``stop``."""
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posting: asyncio.Event) -> None:
+        """Feed events to the pipeline until ``stop``; ``posting`` is set while
+        the first posting goes on."""
 
     async def close(self) -> None: ...
 
@@ -74,10 +75,10 @@ class BotFront:
         if self.crypto is not None:
             await self.crypto.start()
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event) -> None:
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posting: asyncio.Event) -> None:
         assert self.client is not None
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced, crypto=self.crypto,
-                       rooms=rooms, inviters=self.config.inviters).run()
+                       rooms=rooms, inviters=self.config.inviters, posting=posting).run()
 
     async def close(self) -> None:
         return None
@@ -147,8 +148,10 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         # thousands of questions takes minutes, and the first questions are
         # answered long before the last is sent.  Notices an earlier run left
         # unsent go out from the front's notifier, beside the first batch.
-        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop)),
-                 asyncio.ensure_future(keep_sets(poster, config.sets.root, stop))]
+        posting = asyncio.Event()
+        posting.set()
+        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posting)),
+                 asyncio.ensure_future(keep_sets(poster, config.sets.root, stop, posting))]
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
@@ -159,7 +162,7 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         store.close()
 
 
-async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
+async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posting: asyncio.Event) -> None:
     """Post what is not posted yet, then follow the folder.  The watcher starts
     first, so an edit made during a long first posting is not missed (the
     poster takes one set at a time, so both never post the same set at once)."""
@@ -173,6 +176,7 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
             log.exception("posting the sets failed; trying again in %.0f s", delay)
             await sleep_or_stop(stop, delay)
             delay = min(delay * 2, 60)
+    posting.clear()
     await watcher
 
 
