@@ -3,7 +3,6 @@ bare observer client and the bridge as its own process."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
