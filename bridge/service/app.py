@@ -41,9 +41,9 @@ class Front(Protocol):
     async def open(self, pipeline: Pipeline) -> None:
         """Called once the pipeline exists, before rooms are joined."""
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posting: asyncio.Event) -> None:
-        """Feed events to the pipeline until ``stop``; ``posting`` is set while
-        the first posting goes on."""
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
+        """Feed events to the pipeline until ``stop``; ``posted`` is set once
+        the first posting is done."""
 
     async def close(self) -> None: ...
 
@@ -75,10 +75,10 @@ class BotFront:
         if self.crypto is not None:
             await self.crypto.start()
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posting: asyncio.Event) -> None:
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
         assert self.client is not None
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced, crypto=self.crypto,
-                       rooms=rooms, inviters=self.config.inviters, posting=posting).run()
+                       rooms=rooms, inviters=self.config.inviters, posted=posted).run()
 
     async def close(self) -> None:
         return None
@@ -148,10 +148,9 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         # thousands of questions takes minutes, and the first questions are
         # answered long before the last is sent.  Notices an earlier run left
         # unsent go out from the front's notifier, beside the first batch.
-        posting = asyncio.Event()
-        posting.set()
-        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posting)),
-                 asyncio.ensure_future(keep_sets(poster, config.sets.root, stop, posting))]
+        posted = asyncio.Event()
+        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)),
+                 asyncio.ensure_future(keep_sets(poster, config.sets.root, stop, posted))]
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
@@ -162,7 +161,7 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         store.close()
 
 
-async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posting: asyncio.Event) -> None:
+async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event) -> None:
     """Post what is not posted yet, then follow the folder.  The watcher starts
     first, so an edit made during a long first posting is not missed (the
     poster takes one set at a time, so both never post the same set at once)."""
@@ -176,7 +175,7 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posting: as
             log.exception("posting the sets failed; trying again in %.0f s", delay)
             await sleep_or_stop(stop, delay)
             delay = min(delay * 2, 60)
-    posting.clear()
+    posted.set()
     await watcher
 
 

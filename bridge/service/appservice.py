@@ -277,8 +277,8 @@ class AppserviceFront:
         self.server = TransactionServer(self.config, self.store, pipeline, self.ops)
         await self.server.start()
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posting: asyncio.Event) -> None:
-        # ``posting`` is not needed here: nothing long-polls, so posting costs the homeserver no extra work.
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
+        # ``posted`` is not needed here: nothing long-polls, so posting costs the homeserver no extra work.
         assert self.server is not None and self.client is not None
         server = self.server
         # Notices go out off the request path: a 200 must not wait on the

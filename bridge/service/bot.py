@@ -155,7 +155,7 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
     return missing
 
 
-# While the first posting goes on, the loop asks every POSTING_POLL seconds
+# Until the first posting is done, the loop asks every POSTING_POLL seconds
 # instead of long-polling: a pending long poll makes Synapse build a sync
 # response for the bridge at every message it posts (the bridge's own,
 # filtered out), which slowed a posting of 10,000 questions by three quarters.
@@ -165,7 +165,7 @@ POSTING_POLL = 1.0
 class SyncLoop:
     def __init__(self, client: AsyncClient, store: Store, pipeline: Any, stop: asyncio.Event,
                  on_synced: Any = None, crypto: Crypto | None = None, rooms: Collection[str] = (),
-                 inviters: frozenset[str] | None = None, posting: asyncio.Event | None = None):
+                 inviters: frozenset[str] | None = None, posted: asyncio.Event | None = None):
         self.client = client
         self.store = store
         self.pipeline = pipeline
@@ -176,7 +176,7 @@ class SyncLoop:
         # invited by someone who may answer there (None: any room member).
         self.rooms = frozenset(rooms)
         self.inviters = inviters
-        self.posting = posting  # set while the first posting goes on
+        self.posted = posted  # set once the first posting is done
 
     async def run(self) -> None:
         notices = Notifier(self.pipeline, self.stop)
@@ -191,7 +191,7 @@ class SyncLoop:
         backoff = 0.5
         while not self.stop.is_set():
             since = self.store.get_meta(SYNC_TOKEN)
-            polling = self.posting is not None and self.posting.is_set()
+            polling = self.posted is not None and not self.posted.is_set()
             timeout = 0 if polling else 30000
             if self.crypto is not None:
                 try:
@@ -232,7 +232,7 @@ class SyncLoop:
                 backoff = 0.5
                 await self._answer_invites(response)
                 if polling:
-                    await sleep_or_stop(self.stop, POSTING_POLL)
+                    await sleep_or_stop(self.stop, POSTING_POLL, wake=self.posted)
             except StopRequested:
                 break
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
@@ -321,8 +321,11 @@ class Notifier:
                 return
 
 
-async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_or_stop(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:
+    """Sleep ``seconds``, or less when ``stop`` (or ``wake``) is set meanwhile."""
+    waits = [asyncio.ensure_future(event.wait()) for event in (stop, wake) if event is not None]
     try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except asyncio.TimeoutError:
-        pass
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()

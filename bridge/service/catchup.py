@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from nio import AsyncClient, MessageDirection, RoomMessagesResponse
 
+from bridge.service.bot import sleep_or_stop
 from bridge.service.matrix import MatrixError
 
 if TYPE_CHECKING:
@@ -125,12 +126,7 @@ class CatchUp:
 
     async def _wait(self, seconds: float, also: asyncio.Event) -> bool:
         """Until ``seconds`` pass, stop is asked, or ``also`` is set (True then)."""
-        waits = [asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(also.wait())]
-        try:
-            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in waits:
-                task.cancel()
+        await sleep_or_stop(self.stop, seconds, wake=also)
         return also.is_set() and not self.stop.is_set()
 
     async def sweep(self) -> int:
