@@ -160,6 +160,7 @@ class Store:
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
+        self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
         self._migrate()
 
     def close(self) -> None:
@@ -175,6 +176,7 @@ class Store:
             raise FileNotFoundError(str(path))
         store = cls.__new__(cls)
         store.path = path
+        store._recent_questions = OrderedDict()
         store.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
                                    check_same_thread=False, timeout=10)
         version = store.db.execute("PRAGMA user_version").fetchone()[0]
@@ -268,7 +270,7 @@ class Store:
         return [(_question(row[:-1]), row[-1]) for row in rows]
 
     def set_dir_of(self, event_id: str) -> str | None:
-        kept = self._recent().get(event_id)
+        kept = self._recent_questions.get(event_id)
         if kept is not None:
             return kept[1]
         row = self.db.execute("SELECT set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
@@ -292,7 +294,7 @@ class Store:
         working out its options again for each one cost more than judging.
         What is posted never changes (a new revision is a new event), so only
         ``open`` is read from the table every time."""
-        recent = self._recent()
+        recent = self._recent_questions
         kept = recent.get(event_id)
         if kept is None:
             row = self.db.execute(f"SELECT {_Q}, set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
@@ -304,14 +306,6 @@ class Store:
             recent.move_to_end(event_id)
         question = kept[0]
         return question if question.open == is_open else dataclasses.replace(question, open=is_open)
-
-    def _recent(self) -> OrderedDict[str, tuple[RecordedQuestion, str]]:
-        # Made on first use: ``read_only`` builds a Store without __init__.
-        try:
-            return self._recent_questions
-        except AttributeError:
-            self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
-            return self._recent_questions
 
     # -- events and the answer log ---------------------------------------
 
