@@ -12,11 +12,11 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from nio import AsyncClient, LoginResponse, MessageDirection, RoomMessagesResponse, SyncResponse, WhoamiResponse
+from nio import AsyncClient, LoginResponse, SyncResponse, WhoamiResponse
 
 from bridge.service.config import Config, ConfigError
 from bridge.service.crypto import Crypto, available, crypto_dir, event_dict
-from bridge.service.matrix import MatrixError, client_config
+from bridge.service.matrix import MatrixError, StopRequested, client_config, timeline_back
 from bridge.service.store import Store
 
 log = logging.getLogger(__name__)
@@ -123,11 +123,6 @@ def batch_events(response: SyncResponse) -> list[dict[str, Any]]:
     return events
 
 
-class StopRequested(Exception):
-    """A stop was asked for before the batch was handled: nothing of it is
-    processed and the token stays, so the next start asks for it again."""
-
-
 async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | None,
                     stop: asyncio.Event | None = None) -> list[dict[str, Any]]:
     """Events a limited sync skipped, oldest first, fetched back to ``since``."""
@@ -138,18 +133,8 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
         if not room.timeline.limited or not room.timeline.prev_batch:
             continue
         older: list[dict[str, Any]] = []
-        start = room.timeline.prev_batch
-        while True:
-            if stop is not None and stop.is_set():
-                raise StopRequested()  # a long back-fill must not hold up SIGTERM
-            page = await client.room_messages(room_id, start=start, end=since, direction=MessageDirection.back,
-                                              limit=500, message_filter={"not_senders": [client.user_id]})
-            if not isinstance(page, RoomMessagesResponse):
-                raise MatrixError(f"back-filling {room_id}", page)
+        async for page in timeline_back(client, room_id, room.timeline.prev_batch, since, stop):
             older.extend(event_dict(event, room_id) for event in page.chunk)
-            if not page.chunk or not page.end or page.end == start:
-                break
-            start = page.end
         log.info("filled a gap of %d events in %s", len(older), room_id)
         missing.extend(reversed(older))
     return missing
@@ -189,6 +174,7 @@ class SyncLoop:
 
     async def _loop(self, notices: "Notifier") -> None:
         backoff = 0.5
+        sync_filter = own_events_left_out(self.client.user_id)
         while not self.stop.is_set():
             since = self.store.get_meta(SYNC_TOKEN)
             polling = self.posted is not None and not self.posted.is_set()
@@ -199,8 +185,7 @@ class SyncLoop:
                 except Exception as exc:  # noqa: BLE001 - key chores are retried on the next pass
                     log.warning("encryption key upkeep failed (%s); retrying after the next sync", exc)
                 timeout = self.crypto.sync_timeout_ms(timeout)
-            sync = asyncio.ensure_future(self.client.sync(
-                timeout=timeout, sync_filter=own_events_left_out(self.client.user_id), since=since))
+            sync = asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
             stopper = asyncio.ensure_future(self.stop.wait())
             done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
@@ -239,7 +224,6 @@ class SyncLoop:
                 log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                 await sleep_or_stop(self.stop, backoff)
                 backoff = min(backoff * 2, 30)
-
 
     async def _answer_invites(self, response: SyncResponse) -> None:
         """Join a configured room when someone who may answer invites the

@@ -34,10 +34,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from nio import AsyncClient, MessageDirection, RoomMessagesResponse
+from nio import AsyncClient
 
 from bridge.service.bot import sleep_or_stop
-from bridge.service.matrix import MatrixError
+from bridge.service.matrix import StopRequested, timeline_back, timeline_page
 
 if TYPE_CHECKING:
     from bridge.service.store import Store
@@ -145,33 +145,30 @@ class CatchUp:
         if since is None and oldest_ts is None:
             # A first look at a room with no open question: nothing before now
             # can answer anything; only the position is wanted.
-            page = await self._page(room_id, None, None, 1)
+            page = await timeline_page(self.client, room_id, None, None, 1)
             if page.start:
                 with self.store.transaction(flush=False):
                     self.store.set_meta(key, page.start)
             return 0
+        def too_old(event: dict[str, Any]) -> bool:
+            ts = event.get("origin_server_ts")
+            return oldest_ts is not None and isinstance(ts, int) and ts < oldest_ts
+
         newest: list[dict[str, Any]] = []  # newest first
         token: str | None = None  # where this look began: the next one ends there
-        start: str | None = None
-        while True:
-            if self.stop.is_set():
-                return 0  # nothing fed, nothing committed: the next start looks again
-            page = await self._page(room_id, start, since, PAGE)
-            token = token or page.start
-            chunk = [{**event.source, "room_id": room_id} for event in page.chunk]
-            older = oldest_ts is not None and any(
-                isinstance(e.get("origin_server_ts"), int) and e["origin_server_ts"] < oldest_ts for e in chunk)
-            if older:
-                chunk = [e for e in chunk if not (isinstance(e.get("origin_server_ts"), int)
-                                                  and e["origin_server_ts"] < oldest_ts)]
-            newest.extend(chunk)
-            if len(newest) >= MAX_EVENTS:
-                log.warning("more than %d events in %s since the last look; older ones are not looked at",
-                            MAX_EVENTS, room_id)
-                break
-            if older or not page.chunk or not page.end or page.end == start:
-                break
-            start = page.end
+        try:
+            async for page in timeline_back(self.client, room_id, None, since, self.stop, PAGE):
+                token = token or page.start
+                chunk = [{**event.source, "room_id": room_id} for event in page.chunk]
+                newest.extend(e for e in chunk if not too_old(e))
+                if len(newest) >= MAX_EVENTS:
+                    log.warning("more than %d events in %s since the last look; older ones are not looked at",
+                                MAX_EVENTS, room_id)
+                    break
+                if any(too_old(e) for e in chunk):
+                    break
+        except StopRequested:
+            return 0  # nothing fed, nothing committed: the next start looks again
         missing = [e for e in reversed(newest) if isinstance(e.get("event_id"), str)
                    and not self.received(e["event_id"]) and not self.store.is_processed(e["event_id"])]
 
@@ -188,13 +185,6 @@ class CatchUp:
             with self.store.transaction(flush=False):  # only progress: losing it means looking again
                 commit()
         return len(missing)
-
-    async def _page(self, room_id: str, start: str | None, end: str | None, limit: int) -> RoomMessagesResponse:
-        page = await self.client.room_messages(room_id, start=start, end=end, direction=MessageDirection.back,
-                                               limit=limit, message_filter={"not_senders": [self.client.user_id]})
-        if not isinstance(page, RoomMessagesResponse):
-            raise MatrixError(f"reading the timeline of {room_id}", page)
-        return page
 
     def _oldest_wanted(self, room_id: str) -> int | None:
         posted = [q.posted_at for q in self.store.open_posted() if q.room_id == room_id]

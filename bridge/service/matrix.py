@@ -8,12 +8,14 @@ classifies them as transient (retry the batch later) or permanent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
-from nio import (AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinResponse, RoomRedactResponse,
-                 RoomSendResponse, UploadResponse)
+from nio import (AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinResponse, MessageDirection,
+                 RoomMessagesResponse, RoomRedactResponse, RoomSendResponse, UploadResponse)
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,38 @@ class MatrixError(Exception):
         self.status = getattr(response, "status_code", None)
         self.transient = self.status in (None, "M_LIMIT_EXCEEDED", "M_UNKNOWN") or str(self.status).startswith("5")
         super().__init__(f"{what}: {getattr(response, 'message', response)} ({self.status})")
+
+
+class StopRequested(Exception):
+    """A stop was asked for before the batch was handled: nothing of it is
+    processed and the token stays, so the next start asks for it again."""
+
+
+async def timeline_page(client: AsyncClient, room_id: str, start: str | None, end: str | None,
+                        limit: int) -> RoomMessagesResponse:
+    """One page of ``room_id``'s timeline, newest first, without the client's
+    own messages (the bridge ignores them; after a big posting they would
+    be nearly all of it)."""
+    page = await client.room_messages(room_id, start=start, end=end, direction=MessageDirection.back,
+                                      limit=limit, message_filter={"not_senders": [client.user_id]})
+    if not isinstance(page, RoomMessagesResponse):
+        raise MatrixError(f"reading the timeline of {room_id}", page)
+    return page
+
+
+async def timeline_back(client: AsyncClient, room_id: str, start: str | None, end: str | None,
+                        stop: asyncio.Event | None, limit: int = 500) -> AsyncIterator[RoomMessagesResponse]:
+    """The pages of ``timeline_page`` from ``start`` back to ``end``.
+    StopRequested before the next page once ``stop`` is set: a long read
+    back must not hold up SIGTERM."""
+    while True:
+        if stop is not None and stop.is_set():
+            raise StopRequested()
+        page = await timeline_page(client, room_id, start, end, limit)
+        yield page
+        if not page.chunk or not page.end or page.end == start:
+            return
+        start = page.end
 
 
 def client_config(encryption: bool = False) -> AsyncClientConfig:
