@@ -34,6 +34,17 @@ def leave(synapse, token: str, room_id: str) -> None:
     _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{quoted}/leave", {}, token)
 
 
+async def declined(synapse, bot: str, invites: list[tuple[str, str]], timeout: float) -> None:
+    """Waits until ``bot`` has left every (inviter's token, room) it was invited to."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = tuple(membership(synapse, token, room, bot) for token, room in invites)
+        if states == ("leave",) * len(invites) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert states == ("leave",) * len(invites), states
+
+
 def membership(synapse, token: str, room_id: str, user_id: str) -> str | None:
     quoted, who = urllib.request.quote(room_id, safe=""), urllib.request.quote(user_id, safe="")
     try:
@@ -114,14 +125,7 @@ async def test_invites_to_other_rooms_are_declined(bridge, person, synapse):
     bot = bridge.bot["user_id"]
     strangers_room = synapse.create_room(mallory.token, invite=[bot])
     answerers_room = synapse.create_room(alice.token, invite=[bot])
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        states = (membership(synapse, mallory.token, strangers_room, bot),
-                  membership(synapse, alice.token, answerers_room, bot))
-        if states == ("leave", "leave"):
-            break
-        await asyncio.sleep(0.2)
-    assert states == ("leave", "leave"), states
+    await declined(synapse, bot, [(mallory.token, strangers_room), (alice.token, answerers_room)], timeout=20)
     assert bridge.log_text().count("declined an invite") == 2
     # Still at work in its own room.
     event_id = await alice.send(bridge.room_id, answer_content(
@@ -269,14 +273,7 @@ async def test_appservice_declines_invites_from_strangers_and_to_other_rooms(app
         await bridge.wait_questions(alice, 8)
         strangers_room = hs.create_room(mallory.token, invite=[AS_BOT])
         unconfigured_room = hs.create_room(alice.token, invite=[AS_BOT])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = (membership(hs, mallory.token, strangers_room, AS_BOT),
-                      membership(hs, alice.token, unconfigured_room, AS_BOT))
-            if states == ("leave", "leave"):
-                break
-            await asyncio.sleep(0.2)
-        assert states == ("leave", "leave"), states
+        await declined(hs, AS_BOT, [(mallory.token, strangers_room), (alice.token, unconfigured_room)], timeout=30)
         assert bridge.log_text().count("declined an invite") == 2
         bridge.check_alive()
     finally:

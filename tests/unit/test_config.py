@@ -9,16 +9,9 @@ import yaml
 
 from bridge.cli import main
 from bridge.service.config import ConfigError, load_config, parse_config
+from helpers.config import GOOD
 
 ROOT = Path(__file__).resolve().parents[2]
-
-GOOD = {
-    "homeserver": {"url": "http://127.0.0.1:8008"},
-    "bot": {"user_id": "@askbot:example.org", "access_token": "secret-token"},
-    "sets": {"root": "./ask"},
-    "rooms": {"default": "!room-id"},
-    "store": {"path": "./bridge.sqlite"},
-}
 
 
 def write(tmp_path: Path, data: object) -> Path:

@@ -9,14 +9,7 @@ import pytest
 from bridge.service.config import ConfigError, parse_config
 from bridge.service.crypto import available, crypto_dir
 from bridge.service.store import Store
-
-GOOD = {
-    "homeserver": {"url": "http://127.0.0.1:8008"},
-    "bot": {"user_id": "@askbot:example.org", "access_token": "secret-token"},
-    "sets": {"root": "./ask"},
-    "rooms": {"default": "!room-id"},
-    "store": {"path": "./bridge.sqlite"},
-}
+from helpers.config import GOOD
 
 
 def config(**encryption):
