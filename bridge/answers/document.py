@@ -144,6 +144,21 @@ def put_records(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], 
     return _bumped({**doc, "answers": answers}, now)
 
 
+def record_problem(qid: str, record: dict[str, Any]) -> str | None:
+    """Why ``record`` can't be written as the answer to ``qid``, or None.
+
+    The same checks a write makes, on the record alone: the writer asks
+    this only after a write failed, to tell a record that can never be
+    written (set it aside) from a folder that can't be written now (hold
+    the set and retry)."""
+    try:
+        doc = put_records(empty("check"), {qid: record}, "1970-01-01T00:00:00.000Z")
+        dumps(doc)
+    except (AnswersError, ValueError, TypeError, RecursionError) as exc:
+        return str(exc)
+    return None
+
+
 def _prepared(doc: dict[str, Any], record: dict[str, Any], now: str) -> dict[str, Any]:
     new_record = copy.deepcopy(record)
     qid = new_record.get("qid")
@@ -405,6 +420,6 @@ def _is_timecode(value: Any) -> bool:
     if not isinstance(value, dict):
         return False
     t = value.get("t")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-        return False
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+        return False  # NaN fails the range test too
     return isinstance(value.get("text", ""), str)

@@ -2,7 +2,8 @@
 
 For each set under ``sets.root``: questions posted (from the store),
 questions open now, answers (a pick), unsure, notes only, pending (open,
-nothing recorded yet) and stale (answering an older revision).  Safe while
+nothing recorded yet) and stale (answering an older revision); then what is held back (sets whose
+folder can't be written, events set aside, notices dropped).  Safe while
 the bridge runs: the store is opened read-only and never migrated.
 
 Exit 0 (a set that can't be read is a row saying why), 2 when the config
@@ -18,6 +19,7 @@ import sys
 from typing import Any
 
 from bridge.service.config import ConfigError, load_config
+from bridge.service.heldback import format_held, held_back
 from bridge.service.setstatus import collect, format_table
 from bridge.service.store import Store, StoreVersionError
 
@@ -44,27 +46,29 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     try:
-        posted = _posted_counts(config.store.path)
+        posted, held = _from_store(config.store.path)
     except StoreVersionError as exc:
         return _fail(str(exc))
     except sqlite3.Error as exc:
         return _fail(f"{config.store.path}: the store can't be read ({exc})")
     rows = collect(config.sets.root, posted)
     if args.as_json:
-        out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows]}
+        out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows],
+               "held_back": held}
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(format_table(rows))
+        sys.stdout.write(format_table(rows) + format_held(held))
     return EXIT_OK
 
 
-def _posted_counts(path: Any) -> dict[str, int]:
+def _from_store(path: Any) -> tuple[dict[str, int], dict[str, Any]]:
+    """Questions posted per set, and what is held back."""
     try:
         store = Store.read_only(path)
     except FileNotFoundError:
-        return {}  # the bridge has not run yet: nothing posted
+        return {}, {"sets": [], "events": {}, "notices": []}  # the bridge has not run yet
     try:
-        return store.posted_question_counts()
+        return store.posted_question_counts(), held_back(store)
     finally:
         store.close()
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 MAX_TIMECODES = 50
 MAX_TIMECODE_TEXT = 500
+# A week: longer than any clip a question shows; past it a "timecode" is just text.
+MAX_SECONDS = 7 * 24 * 3600
 MAX_NOTE = 20_000
 
 # A time at the start of a line: seconds with a unit ("1.4 s", "12sec") or a
@@ -71,6 +73,8 @@ def parse_timecode(line: str) -> Timecode | None:
             seconds = seconds * 60 + float(part)
     else:
         seconds = float(match.group("secs").replace(",", "."))
+    if not seconds <= MAX_SECONDS:  # also NaN and the infinity a few hundred digits parse to
+        return None  # not a time in any media: the line stays in the note as written
     return Timecode(round(seconds, 2), clip(match.group("text").strip(), MAX_TIMECODE_TEXT))
 
 

@@ -126,3 +126,19 @@ def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dic
     return notice(text, answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id, qid=qid, q_rev=q_rev,
         record_rev=record_rev))
+
+
+def coalesced(content: dict[str, Any], more: int) -> dict[str, Any]:
+    """A refusal that also stands for ``more`` earlier refusals of the same
+    person about the same question, sent as one reply (a flood of replies
+    gets a handful of answers, not one each)."""
+    if more <= 0:
+        return content
+    return with_remark(content, f"({more} more of your messages about this were not recorded either.)")
+
+
+def with_remark(content: dict[str, Any], remark: str) -> dict[str, Any]:
+    """``content`` with a sentence added to its text."""
+    extra = " " + remark
+    return {**content, "body": content["body"] + extra,
+            "formatted_body": content.get("formatted_body", "") + esc_links(extra)}

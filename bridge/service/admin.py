@@ -33,6 +33,7 @@ from bridge.answers.file import atomic_replace
 from bridge.protocol.outcome import txn_id
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
+from bridge.service.heldback import format_held, held_back
 from bridge.service.setstatus import collect, find_set, format_table, set_id_of
 from bridge.service.store import Store
 
@@ -130,7 +131,8 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
     if command.verb == HELP:
         return help_text()
     if command.verb == STATUS:
-        return format_table(collect(ctx.sets_root, ctx.store.posted_question_counts())).rstrip("\n")
+        table = format_table(collect(ctx.sets_root, ctx.store.posted_question_counts()))
+        return (table + format_held(held_back(ctx.store))).rstrip("\n")
     set_dir = find_set(ctx.sets_root, command.set_id or "")
     if set_dir is None:
         return f"There is no set “{command.set_id}” in the bridge's sets folder."

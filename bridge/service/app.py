@@ -27,6 +27,7 @@ from bridge.service.crypto import Crypto
 from bridge.service.matrix import MatrixError, NioTransport
 from bridge.service.pipeline import Pipeline
 from bridge.service.poster import Poster
+from bridge.service.heldback import format_held, held_back
 from bridge.service.operators import Operators
 from bridge.service.store import LogEntry, Store
 
@@ -130,17 +131,18 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
-                            on_write=ops.on_write, is_command=ops.is_command)
+                            on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble)
         await front.open(pipeline)
         rooms = await join_rooms(transport, config, stop)
         for room in rooms:
             await pipeline.load_members(room)
-        try:
-            pipeline.flush()  # heal a crash between the store commit and the folder write
-        except OSError as exc:
-            # A folder that is not writable yet must not stop the bridge: the
-            # questions stay pending in the store and every batch retries them.
-            log.warning("answers.json not written yet (%s); retrying with the next batch", exc)
+        # Heal a crash between the store commit and the folder write.  A set
+        # that can't be written is held back on its own and a logged answer
+        # that can't be projected any more is set aside: stored state never
+        # stops the start.
+        pipeline.flush()
+        if held := format_held(held_back(store)):
+            log.warning("started with things held back:\n%s", held.rstrip())
         poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted)
         await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                         serve_http=not config.appservice.enabled)

@@ -26,10 +26,11 @@ import aiohttp
 from aiohttp import web
 from nio import AsyncClient
 
-from bridge.service.bot import Notifier, answer_invite, sleep_or_stop, welcome_invite
+from bridge.service.bot import answer_invite, sleep_or_stop, welcome_invite
 from bridge.service.catchup import CatchUp
 from bridge.service.config import Config, ConfigError
 from bridge.service.matrix import MatrixError, client_config
+from bridge.service.notices import Notices
 
 if TYPE_CHECKING:  # the registration command imports this module and needs none of them
     from bridge.service.pipeline import Pipeline
@@ -80,7 +81,7 @@ class TransactionServer:
         self.pipeline = pipeline
         self.rooms: frozenset[str] = frozenset()
         self.ready = asyncio.Event()
-        self.notices: Notifier | None = None  # woken when people have notices coming
+        self.notices: Notices | None = None  # woken when people have notices coming
         # Called with (room_id, inviter) for each invite of the bridge's user.
         self.on_invite: Callable[[str, str | None], Awaitable[None]] | None = None
         self.one_at_a_time = asyncio.Lock()
@@ -115,7 +116,7 @@ class TransactionServer:
         if self.runner:
             await self.runner.cleanup()
 
-    def open(self, rooms: list[str], notices: Notifier) -> None:
+    def open(self, rooms: list[str], notices: Notices) -> None:
         """Start accepting transactions; only events of ``rooms`` are bridged."""
         self.rooms = frozenset(rooms)
         self.notices = notices
@@ -283,7 +284,7 @@ class AppserviceFront:
         server = self.server
         # Notices go out off the request path: a 200 must not wait on the
         # homeserver, which may itself be waiting on that 200.
-        notices = Notifier(pipeline, stop)
+        notices = Notices(pipeline, stop)
         notifier = asyncio.ensure_future(notices.run())
         server.on_invite = lambda room_id, inviter: answer_invite(
             self.client, pipeline, room_id, inviter, welcome_invite(room_id, inviter, rooms, self.config.inviters))

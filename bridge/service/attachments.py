@@ -14,6 +14,7 @@ are capped in size and in number per question.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -51,12 +52,22 @@ class FileGone(Exception):
     """The content repository does not have the file (a permanent failure)."""
 
 
-async def prefetch(events: list[dict[str, Any]], store: Store, download: Download, may_answer: MayAnswer) -> int:
+# Each download gets a few tries within bounded time; then the file is
+# recorded as not fetched (the person is told) and the batch goes on.  A
+# content repository that fails for good, or a federated server that went
+# away, must not hold every later answer back.
+TRIES = 3
+TRY_SECONDS = 20.0
+RETRY_PAUSE = 1.0
+
+
+async def prefetch(events: list[dict[str, Any]], store: Store, download: Download, may_answer: MayAnswer,
+                   on_trouble: Callable[[str, str], None] | None = None) -> int:
     """Save every new file of ``events`` sent to an open question; returns how many were saved.
 
-    A transient failure (the homeserver is away) raises, so the transport
-    retries the batch before advancing; a permanent one is remembered as the
-    file's problem and the person is told.
+    Every outcome is remembered in the store (the file's path, or why it was
+    not kept), so a file is fetched once and the person is told.  Nothing
+    one download does raises out of here but the store failing.
     """
     saved = 0
     for event in events:
@@ -67,13 +78,29 @@ async def prefetch(events: list[dict[str, Any]], store: Store, download: Downloa
         content = event["content"]
         if not may_answer(str(event.get("sender")), str(event.get("room_id"))):
             continue  # the judging step refuses the sender; a stranger's file is never written
-        path, problem = await _fetch(content, set_dir, qid, store.attachment_count(set_dir, qid) + 1, download)
+        path, problem = await _fetch_bounded(content, set_dir, qid, store.attachment_count(set_dir, qid) + 1,
+                                             download)
         with store.transaction():
             store.record_attachment(event_id, set_dir, qid, path, problem)
         saved += path is not None
         if problem:
             log.info("file %s for %s not kept: %s", event_id, qid, problem)
+            if on_trouble is not None:
+                on_trouble("download", problem)
     return saved
+
+
+async def _fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
+                         download: Download) -> tuple[str | None, str | None]:
+    for attempt in range(1, TRIES + 1):
+        try:
+            return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download), TRY_SECONDS)
+        except Exception as exc:  # noqa: BLE001 - a 5xx, a timeout, a reset: tried again, then given up
+            problem = f"{type(exc).__name__}: {exc}"
+        log.info("download for %s failed (try %d of %d): %s", qid, attempt, TRIES, problem)
+        if attempt < TRIES:
+            await asyncio.sleep(RETRY_PAUSE * attempt)
+    return None, "attachment_not_fetched"
 
 
 def _target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:
@@ -126,8 +153,11 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
         if data is None:
             return None, "attachment_encrypted"
     name = f"{_UNSAFE_NAME.sub('_', qid).lstrip('.') or 'answer'}-{number}.{extension(content, info)}"
-    folder = attachments_folder(set_dir)
-    write_atomic(folder / name, data)
+    try:
+        write_atomic(attachments_folder(set_dir) / name, data)
+    except OSError as exc:  # the folder gone, read-only, full, or leading outside the set: not worth a retry
+        log.warning("file for %s could not be saved in %s: %s", qid, set_dir, exc)
+        return None, "attachment_not_saved"
     return f"{FOLDER}/{name}", None
 
 

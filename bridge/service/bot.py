@@ -16,6 +16,7 @@ from nio import AsyncClient, LoginResponse, SyncResponse, WhoamiResponse
 
 from bridge.service.config import Config, ConfigError
 from bridge.service.crypto import Crypto, available, crypto_dir, event_dict
+from bridge.service.notices import Notices
 from bridge.service.matrix import MatrixError, StopRequested, client_config, timeline_back
 from bridge.service.store import Store
 
@@ -164,7 +165,7 @@ class SyncLoop:
         self.posted = posted  # set once the first posting is done
 
     async def run(self) -> None:
-        notices = Notifier(self.pipeline, self.stop)
+        notices = Notices(self.pipeline, self.stop)
         notifier = asyncio.ensure_future(notices.run())
         try:
             await self._loop(notices)
@@ -172,7 +173,7 @@ class SyncLoop:
             notices.wake()
             await notifier
 
-    async def _loop(self, notices: "Notifier") -> None:
+    async def _loop(self, notices: Notices) -> None:
         backoff = 0.5
         sync_filter = own_events_left_out(self.client.user_id)
         while not self.stop.is_set():
@@ -271,38 +272,6 @@ def _inviter(info: Any, user_id: str) -> str | None:
         if source.get("type") == "m.room.member" and source.get("state_key") == user_id:
             return source.get("sender")
     return None
-
-
-class Notifier:
-    """Sends the pending notices in the background, so telling people about
-    one batch never delays receiving the next."""
-
-    def __init__(self, pipeline: Any, stop: asyncio.Event):
-        self.pipeline = pipeline
-        self.stop = stop
-        self.pending = asyncio.Event()
-        # The first pass sends what an earlier run left unsent, beside the
-        # first batch rather than ahead of it.
-        self.pending.set()
-
-    def wake(self) -> None:
-        self.pending.set()
-
-    async def run(self) -> None:
-        backoff = 0.5
-        while True:
-            await self.pending.wait()
-            self.pending.clear()
-            try:
-                await self.pipeline.send_notices()
-                backoff = 0.5
-            except Exception as exc:  # noqa: BLE001 - unsent notices stay in the store for the next pass
-                log.warning("notices not sent yet (%s); retrying in %.1f s", exc, backoff)
-                await sleep_or_stop(self.stop, backoff)
-                backoff = min(backoff * 2, 30)
-                self.pending.set()
-            if self.stop.is_set():
-                return
 
 
 async def sleep_or_stop(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:

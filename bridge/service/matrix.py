@@ -17,6 +17,8 @@ from urllib.parse import quote
 from nio import (AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinResponse, MessageDirection,
                  RoomMessagesResponse, RoomRedactResponse, RoomSendResponse, UploadResponse)
 
+from bridge.service.pacing import Slot
+
 log = logging.getLogger(__name__)
 
 
@@ -25,6 +27,13 @@ class MatrixError(Exception):
         self.status = getattr(response, "status_code", None)
         self.transient = self.status in (None, "M_LIMIT_EXCEEDED", "M_UNKNOWN") or str(self.status).startswith("5")
         super().__init__(f"{what}: {getattr(response, 'message', response)} ({self.status})")
+
+    @property
+    def permanent(self) -> bool:
+        """Sending the same again will never work (forbidden, not in the room,
+        the room gone, the content refused).  A token the homeserver no longer
+        takes is not: it concerns every room, and an operator fixes it."""
+        return not self.transient and self.status not in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN")
 
 
 class StopRequested(Exception):
@@ -79,17 +88,19 @@ class NioTransport:
         self.client = client
         # bridge.service.crypto.Crypto when the client encrypts (bot mode), else None.
         self.crypto = crypto
+        self.slot = Slot()  # sends take turns by priority (``pacing``)
 
     @property
     def user_id(self) -> str:
         return self.client.user_id
 
     async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
-        if self.crypto is None:
-            response = await self.client.room_send(room_id, event_type, content, tx_id=txn_id,
-                                                   ignore_unverified_devices=True)
-        else:
-            response = await self._send_maybe_encrypted(room_id, event_type, content, txn_id)
+        async with self.slot.turn():
+            if self.crypto is None:
+                response = await self.client.room_send(room_id, event_type, content, tx_id=txn_id,
+                                                       ignore_unverified_devices=True)
+            else:
+                response = await self._send_maybe_encrypted(room_id, event_type, content, txn_id)
         if not isinstance(response, RoomSendResponse):
             raise MatrixError(f"sending {event_type} to {room_id}", response)
         return response.event_id

@@ -52,7 +52,14 @@ class Metrics:
                                        buckets=_WRITE_BUCKETS, registry=r)
         self.ready_gauge = Gauge("askwright_bridge_ready", "1 once the first sync or transaction is handled.",
                                  registry=r)
+        self.held_back = Counter("askwright_bridge_held_back",
+                                 "Things held back or set aside, by kind (event, set, notice, download) and reason.",
+                                 ["kind", "reason"], registry=r)
+        self.sets_held = Gauge("askwright_bridge_sets_held", "Sets whose answers.json can't be written now.",
+                               registry=r)
         self._ready = False
+        # What is held back now (``heldback.counts``), for /health; set by whoever knows the store.
+        self.held_view: Callable[[], dict[str, int]] | None = None
 
     # -- what the bridge reports ---------------------------------------------
 
@@ -100,6 +107,19 @@ class Metrics:
     def observe_write(self, seconds: float) -> None:
         self.answers_write.observe(max(0.0, seconds))
 
+    def observe_trouble(self, kind: str, reason: str) -> None:
+        self.held_back.labels(kind=kind, reason=reason).inc()
+
+    def held(self) -> dict[str, int]:
+        if self.held_view is None:
+            return {}
+        try:
+            found = self.held_view()
+        except Exception:  # noqa: BLE001 - /health answers even when the store is busy
+            return {}
+        self.sets_held.set(found.get("sets_held", 0))
+        return found
+
     def observe_error(self, where: str) -> None:
         self.errors.labels(where=where or "unknown").inc()
 
@@ -132,6 +152,7 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
 
     @routes.get("/metrics")
     async def metrics(_request: web.Request) -> web.Response:
+        state.held()  # brings the held-sets gauge up to date
         # CONTENT_TYPE_LATEST carries a charset, which aiohttp wants separately.
         content_type, _, params = CONTENT_TYPE_LATEST.partition(";")
         charset = params.partition("charset=")[2].strip() or "utf-8"
@@ -139,7 +160,11 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
 
     @routes.get("/health")
     async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"live": True, "ready": state.ready}, status=200 if state.ready else 503)
+        # Held-back items do not make the bridge unready: everything else goes on.
+        body: dict[str, Any] = {"live": True, "ready": state.ready}
+        if state.held_view is not None:
+            body["held"] = state.held()
+        return web.json_response(body, status=200 if state.ready else 503)
 
     return routes
 

@@ -19,7 +19,9 @@ from aiohttp import web
 
 from bridge.service.admin import AdminContext, AdminDispatcher, is_command, poster_post_set
 from bridge.service.config import Config
+from bridge.service.heldback import counts, held_back
 from bridge.service.metrics import Metrics, health_routes, start_http
+from bridge.service.pacing import REFUSAL, priority
 from bridge.service.reminders import DEFAULT_TICK_SECONDS, remind_set_now, reminder_loop
 from bridge.service.store import LogEntry, Store
 
@@ -37,6 +39,7 @@ class Operators:
         self.runner: web.AppRunner | None = None
         self.tasks: list[asyncio.Future[Any]] = []
         self._log_handler: logging.Handler | None = None
+        self.metrics.held_view = lambda: counts(held_back(store))
 
     # -- hooks (synchronous, cheap) --------------------------------------------
 
@@ -48,6 +51,9 @@ class Operators:
 
     def on_outcome(self, entry: LogEntry) -> None:
         self.metrics.observe_outcome(entry)
+
+    def on_trouble(self, kind: str, reason: str) -> None:
+        self.metrics.observe_trouble(kind, reason)
 
     def on_write(self, seconds: float) -> None:
         self.metrics.observe_write(seconds)
@@ -86,9 +92,10 @@ class Operators:
         if reminders.enabled:
             # Look often enough that a nudge is never much later than asked for.
             tick = min(DEFAULT_TICK_SECONDS, max(1.0, min(reminders.after_seconds, reminders.every_seconds) / 4))
-            self.tasks.append(asyncio.ensure_future(reminder_loop(
-                self.store, send, stop, after_seconds=reminders.after_seconds,
-                period_seconds=reminders.every_seconds, tick_seconds=tick)))
+            with priority(REFUSAL):  # nudges go after acknowledgements and questions (the task keeps it)
+                self.tasks.append(asyncio.ensure_future(reminder_loop(
+                    self.store, send, stop, after_seconds=reminders.after_seconds,
+                    period_seconds=reminders.every_seconds, tick_seconds=tick)))
 
     async def close(self) -> None:
         for task in self.tasks:

@@ -7,12 +7,17 @@ The order of durability is the bridge's promise (PROTOCOL section 5):
 2. project the dirty questions into each set's ``answers.json`` (one locked
    atomic write per set per batch);
 3. only then let the transport advance (sync token / transaction 200);
-4. tell people what happened; notices not yet sent are retried, never lost.
+4. tell people what happened (``notices``); notices not yet sent are retried.
 A crash between 1 and 2 is healed by ``flush`` on the next start.
+
+Faults stay where they belong: an event that can't be handled is set aside
+(refused with a reason), a set whose folder can't be written is held back on
+its own, and neither stops the batch, the other sets or the transport.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sqlite3
 import time
@@ -23,9 +28,11 @@ from typing import Any, Callable, Protocol
 from bridge.answers.document import put_records
 from bridge.answers.file import AnswersFile
 from bridge.protocol import annotate
+from bridge.answers.document import AnswersError, record_problem
+from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.normalize import Annotation, Candidate, Unreadable, VoteWithdrawal, Withdrawal, normalize
-from bridge.protocol.outcome import annotated_notice, in_thread, recorded_notice, refused_notice, txn_id
+from bridge.protocol.outcome import annotated_notice, in_thread, recorded_notice, refused_notice, with_remark
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
 from bridge.service import quiz
@@ -98,6 +105,8 @@ class Pipeline:
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None
     on_write: Callable[[float], None] | None = None
     is_command: Callable[[dict[str, Any]], bool] | None = None
+    # (kind, reason) of each thing held back or set aside: event, set, notice, download.
+    on_trouble: Callable[[str, str], None] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -111,7 +120,7 @@ class Pipeline:
         inside a store transaction and must not wait on the network)."""
         download = getattr(self.transport, "download", None)
         if download is not None:
-            await prefetch(events, self.store, download, self._may_answer)
+            await prefetch(events, self.store, download, self._may_answer, self.report_trouble)
 
     def _may_answer(self, sender: str, room_id: str) -> bool:
         if self.own_users(sender):
@@ -145,6 +154,14 @@ class Pipeline:
         if not isinstance(event_id, str) or self.store.is_processed(event_id):
             result.skipped += 1
             return
+        if not (fit_id(event_id) and fit_id(event.get("room_id")) and fit_id(event.get("sender"))):
+            # Ids the store can't key by (a lone surrogate, 300 characters):
+            # nothing can be kept or said about such an event; skipping it is
+            # all that is left, and costs nothing when it comes again.
+            log.warning("event with ids the store can't keep skipped: %r", str(event_id)[:80])
+            self.report_trouble("event", "unfit_ids")
+            result.skipped += 1
+            return
         self._track_membership(event)
         sender = event.get("sender")
         if not isinstance(sender, str) or self.own_users(sender):
@@ -172,27 +189,40 @@ class Pipeline:
     def _guarded(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
         """One event whose handling raises is set aside as refused, so it cannot
         block every later event forever (the transport would redeliver it).
-        Store and disk errors are transient: they fail the batch for a retry."""
+        Only the store failing as a whole (disk I/O, locked, full) and the
+        disk are transient: they fail the batch for a retry."""
         try:
             with self.store.savepoint():
                 self._one(event, now, result)
-        except (sqlite3.Error, OSError):
+        except (sqlite3.OperationalError, OSError):
             raise
         except Exception:  # noqa: BLE001 - whatever the cause, this event must not stop the stream
             log.exception("event %s could not be processed; refused as internal_error", event.get("event_id"))
-            self._set_aside(event, result)
+            try:
+                with self.store.savepoint():
+                    self._set_aside(event, result)
+            except (sqlite3.OperationalError, OSError):
+                raise
+            except Exception:  # noqa: BLE001 - not even the refusal can be kept: skip it, said in the log
+                log.exception("event %s could not be set aside either; skipped", event.get("event_id"))
 
     def _set_aside(self, event: dict[str, Any], result: BatchResult) -> None:
         event_id, room_id, sender = event.get("event_id"), event.get("room_id"), event.get("sender")
-        if not isinstance(event_id, str):
+        if not fit_id(event_id):
             return
-        if isinstance(room_id, str) and isinstance(sender, str):
+        self.report_trouble("event", "internal_error")
+        if fit_id(room_id) and fit_id(sender):
             self.store.append_log(LogEntry(event_id, room_id, sender, "answer_event", "refused", layer="schema",
                                            reason="internal_error",
                                            message="the bridge could not process this message. "
                                                    "Please try answering again.", ts=_ts(event)))
         self.store.mark_processed(event_id, "refused")
         result.refused += 1
+
+    def report_trouble(self, kind: str, reason: str) -> None:
+        """Count something held back or set aside (kind: event, set, notice, download)."""
+        if self.on_trouble is not None:
+            self.on_trouble(kind, reason)
 
     def _withdrawn(self, touched: tuple[str, str, str] | None, event_id: str, room_id: str, sender: str, via: str,
                    event: dict[str, Any], result: BatchResult) -> None:
@@ -221,6 +251,12 @@ class Pipeline:
                         **self._common(answer, question, _ts(event)))
 
     def _log(self, entry: LogEntry, result: BatchResult) -> None:
+        problem = unfit(entry.record) if entry.record is not None else None
+        if problem is not None:
+            # Refused where it enters: kept, it would fail every write of the set after it.
+            self.report_trouble("event", "unstorable")
+            entry = dataclasses.replace(entry, outcome="refused", record=None, layer="recorded", reason="unstorable",
+                                        message=f"the answer holds {problem}, which can't be recorded.")
         if entry.outcome == "refused":
             result.refused += 1
         else:
@@ -265,6 +301,10 @@ class Pipeline:
             return
         if found.replaces:
             self.store.withdraw(found.replaces)
+        # A file that could not be kept does not cost the note that came with it.
+        file_problem = found.problem if isinstance(found.problem, str) else None
+        if file_problem:
+            common.update(reason=file_problem, message=_FILE_PROBLEMS.get(file_problem, "The file could not be kept."))
         source = {"via": "matrix", "how": found.via, "room_id": found.room_id, "event_id": found.event_id,
                   "sender": found.sender, "ts": found.ts}
         added = annotate.delta(note=found.note, attachments=list(found.attachments), timecodes=list(found.timecodes),
@@ -272,7 +312,7 @@ class Pipeline:
         self._log(LogEntry(outcome="annotated", record=added, **common), result)
 
     def _annotation_problem(self, found: Annotation, set_dir: str | None, qid: str | None) -> tuple[str, str, str] | None:
-        if isinstance(found.problem, str):
+        if isinstance(found.problem, str) and not (found.note or found.timecodes):
             return "recorded", found.problem, _FILE_PROBLEMS.get(found.problem, "The file could not be kept.")
         if not (found.note or found.attachments or found.timecodes):
             return "schema", "empty_note", "There was nothing in this message to keep."
@@ -298,7 +338,14 @@ class Pipeline:
     # -- the folder --------------------------------------------------------
 
     def flush(self, *, commit: Callable[[], None] | None = None, idle: bool = False) -> int:
-        """Project every dirty question into its set's answers.json.
+        """Project every dirty question into its set's answers.json; returns
+        how many sets were written.
+
+        Each set stands alone: one whose folder can't be written (gone,
+        read-only, full, a corrupt answers.json) is held back with its
+        reason and retried with backoff, its questions staying dirty in the
+        store (durable there, not yet in the folder, not acknowledged),
+        while the other sets and the transport's progress move on.
 
         ``idle``: the batch changed nothing in the store (the bridge's own
         messages coming back, chatter), so the transport's progress is
@@ -310,42 +357,83 @@ class Pipeline:
         for set_dir, set_id, qid in dirty:
             by_set[(set_dir, set_id)].append(qid)
         now = self.clock()
+        now_ms = int(time.time() * 1000)
+        held = {row[0]: row[5] for row in self.store.held_sets()} if by_set else {}
+        written: list[tuple[str, str, str]] = []
+        holds: dict[tuple[str, str], str] = {}
         for (set_dir, set_id), qids in by_set.items():
-            records = {qid: self.store.projection(set_dir, qid) for qid in qids}
-            started = time.monotonic()
-            AnswersFile(set_dir, set_id).update(lambda doc, now, records=records: put_records(doc, records, now), now)
-            if self.on_write:
-                self.on_write(time.monotonic() - started)
+            if held.get(set_dir, 0) > now_ms:
+                continue  # held back, and not due for another try yet
+            problem = self._write_set(set_dir, set_id, qids, now)
+            if problem is None:
+                written.extend((set_dir, set_id, qid) for qid in qids)
+            else:
+                holds[(set_dir, set_id)] = problem
         with self.store.transaction(flush=not (idle and not dirty)):
-            self.store.clear_dirty(dirty)
+            self.store.clear_dirty(written)
+            for set_dir in {d for d, _s, _q in written} & held.keys():
+                self.store.release_set(set_dir)
+                log.info("answers.json of %s written again; the set is no longer held back", set_dir)
+            for (set_dir, set_id), problem in holds.items():
+                attempts = self.store.hold_set(set_dir, set_id, problem, now_ms)
+                (log.warning if attempts == 1 else log.info)(
+                    "set %s held back (try %d): %s; its answers are kept in the store and retried", set_dir,
+                    attempts, problem)
             if commit:
                 commit()
-        return len(by_set)
+        for _problem in holds.values():
+            self.report_trouble("set", "unwritable")
+        return len({d for d, _s, _q in written})
+
+    def retry_held(self) -> bool:
+        """Write the held sets that are due; True when some are still held."""
+        rows = self.store.held_sets()
+        if rows and min(row[5] for row in rows) <= int(time.time() * 1000):
+            self.flush()
+        return bool(self.store.held_sets())
+
+    def _write_set(self, set_dir: str, set_id: str, qids: list[str], now: str) -> str | None:
+        """Write one set's dirty records; the reason when the folder can't take them."""
+        records = {qid: self.store.projection(set_dir, qid) for qid in qids}
+        for attempt in range(2):
+            started = time.monotonic()
+            try:
+                AnswersFile(set_dir, set_id).update(
+                    lambda doc, now, records=records: put_records(doc, records, now), now)
+            except (AnswersError, OSError, ValueError, TypeError, RecursionError) as exc:
+                if attempt == 0 and self._set_aside_unwritable(set_dir, qids, records):
+                    continue  # a record no write could take was set aside; the rest is tried again
+                return _folder_problem(exc)
+            if self.on_write:
+                self.on_write(time.monotonic() - started)
+            return None
+        return None
+
+    def _set_aside_unwritable(self, set_dir: str, qids: list[str], records: dict[str, Any]) -> bool:
+        """After a failed write: set aside every logged entry that makes a
+        record no write could take (stored before the checks at the door
+        existed, say), so the set is written without them.  True when any was."""
+        changed = False
+        with self.store.transaction():
+            for qid in qids:
+                for _ in range(50):
+                    record = records[qid]
+                    problem = record_problem(qid, record) if record is not None else None
+                    seq = self.store.latest_recording(set_dir, qid) if problem else None
+                    if seq is None:
+                        break
+                    log.warning("logged answer %d for %s can't be written (%s); set aside as unstorable",
+                                seq, qid, problem)
+                    self.store.set_aside_entry(seq, "unstorable", "the answer holds a value that can't be "
+                                                                  "recorded.")
+                    self.report_trouble("event", "unstorable")
+                    records[qid] = self.store.projection(set_dir, qid)
+                    changed = True
+        return changed
 
     # -- telling people ----------------------------------------------------
 
-    async def send_notices(self) -> int:
-        sent = 0
-        # An answer whose answers.json write has not happened yet (the folder
-        # not writable, say) is not acknowledged: its notice waits for the write.
-        held = {(set_dir, qid) for set_dir, _set_id, qid in self.store.dirty()}
-        for seq, entry in self.store.unacked():
-            if (entry.set_dir, entry.qid) in held:
-                continue
-            content = self._notice_for(entry)
-            await self.transport.send(entry.room_id, "m.room.message", content, txn_id("ack", entry.event_id, str(seq)))
-            # Not worth waiting for the disk (this runs between batches, on the
-            # answers' path): a mark lost to a power cut re-sends the notice
-            # with the same transaction id, which the homeserver answers with
-            # the event it already has.
-            with self.store.transaction(flush=False):
-                self.store.mark_acked(seq)
-            sent += 1
-            if entry.outcome == "accepted":
-                await quiz.send_score_if_complete(entry, self.store, self.transport)
-        return sent
-
-    def _notice_for(self, entry: LogEntry) -> dict[str, Any]:
+    def notice_for(self, entry: LogEntry) -> dict[str, Any]:
         question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
         via = entry.via if entry.via in _OUTCOME_VIAS else None
         if entry.outcome == "accepted" and entry.record is not None and question is not None:
@@ -357,6 +445,8 @@ class Pipeline:
                                        added=entry.record, title=question.content["question"]["title"],
                                        qid=question.qid or "", q_rev=question.rev or 1,
                                        record_rev=self._record_rev(entry))
+            if entry.message:  # the file that came with the note could not be kept
+                content = with_remark(content, entry.message)
         else:
             content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
                                      qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
@@ -381,9 +471,21 @@ _FILE_PROBLEMS = {
     "attachment_encrypted": "The encrypted file could not be decrypted. Please send it again.",
     "attachment_not_fetched": "The file could not be downloaded. Please send it again.",
     "attachment_download_failed": "The file could not be downloaded. Please send it again.",
+    "attachment_not_saved": "The file could not be saved beside the answers. Please tell the people who run "
+                            "the bridge.",
 }
 
 
+def _folder_problem(exc: BaseException) -> str:
+    """What an operator needs to hear about a set folder that can't be written."""
+    if isinstance(exc, AnswersError):
+        return f"answers.json can't be read: {exc.message}"
+    if isinstance(exc, FileNotFoundError):
+        return "the set folder is gone"
+    if isinstance(exc, OSError):
+        return f"the set folder can't be written: {exc.strerror or exc}"
+    return f"answers.json can't be written: {exc}"
+
+
 def _ts(event: dict[str, Any]) -> int:
-    ts = event.get("origin_server_ts")
-    return ts if isinstance(ts, int) else 0
+    return timestamp(event.get("origin_server_ts"))

@@ -107,6 +107,27 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX log_unacked ON answer_log (seq) WHERE acked=0;
     """,
+    # Fault isolation (issue 14): a set whose folder can't be written is held
+    # back on its own (its questions stay dirty and are retried with backoff)
+    # while the others and the transport move on; a notice that can never be
+    # sent is dropped with its reason (answer_log.acked: 0 pending, 1 sent,
+    # 2 told in a later coalesced reply, 3 dropped).
+    """
+    CREATE TABLE held_set (
+        set_dir TEXT PRIMARY KEY,
+        set_id TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        since INTEGER NOT NULL,         -- ms since the epoch
+        attempts INTEGER NOT NULL,
+        next_try INTEGER NOT NULL       -- ms since the epoch
+    );
+    CREATE TABLE dropped_notice (
+        seq INTEGER PRIMARY KEY,        -- the answer_log entry whose notice was dropped
+        room_id TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        at INTEGER NOT NULL
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -133,6 +154,12 @@ class LogEntry:
     ts: int = 0
     replaces: str | None = None  # the event an edit replaced
 
+
+# answer_log.acked: the notice of an entry is pending, sent, told within a
+# later coalesced reply, or dropped (its room can't be written to).
+PENDING, SENT, COALESCED, DROPPED = 0, 1, 2, 3
+# Refusals for what an event carried or caused, not for what it said.
+SET_ASIDE_REASONS = ("internal_error", "unstorable")
 
 # The outcomes that put something into a record: an answer, or a note /
 # file / timecode added to one (which does not count as an answer).
@@ -432,8 +459,63 @@ class Store:
         return [(r[0], LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
                                 json.loads(r[13]) if r[13] else None, r[14], r[15])) for r in rows]
 
-    def mark_acked(self, seq: int) -> None:
-        self.db.execute("UPDATE answer_log SET acked=1 WHERE seq=?", (seq,))
+    def mark_acked(self, seq: int, state: int = 1) -> None:
+        """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""
+        self.db.execute("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
+
+    def drop_notice(self, seq: int, room_id: str, reason: str, at_ms: int) -> None:
+        self.mark_acked(seq, DROPPED)
+        self.db.execute("INSERT OR REPLACE INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?)",
+                        (seq, room_id, reason, at_ms))
+
+    def dropped_notices(self, limit: int = 50) -> list[tuple[int, str, str, int]]:
+        """(seq, room, reason, when) of the latest notices given up on."""
+        return self.db.execute("SELECT seq, room_id, reason, at FROM dropped_notice ORDER BY seq DESC LIMIT ?",
+                               (limit,)).fetchall()
+
+    # -- what is held back ------------------------------------------------
+
+    def hold_set(self, set_dir: str, set_id: str, reason: str, now_ms: int) -> int:
+        """Hold a set whose folder can't be written; returns the attempts so
+        far.  Retries back off from 1 s to 5 minutes."""
+        row = self.db.execute("SELECT attempts FROM held_set WHERE set_dir=?", (set_dir,)).fetchone()
+        attempts = (row[0] if row else 0) + 1
+        delay = min(1000 * 2 ** min(attempts - 1, 9), 300_000)
+        self.db.execute(
+            "INSERT INTO held_set(set_dir, set_id, reason, since, attempts, next_try) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT(set_dir) DO UPDATE SET reason=excluded.reason, attempts=excluded.attempts,"
+            " next_try=excluded.next_try", (set_dir, set_id, reason, now_ms, attempts, now_ms + delay))
+        return attempts
+
+    def release_set(self, set_dir: str) -> bool:
+        return self.db.execute("DELETE FROM held_set WHERE set_dir=?", (set_dir,)).rowcount > 0
+
+    def held_sets(self) -> list[tuple[str, str, str, int, int, int]]:
+        """(set dir, set id, reason, since, attempts, next try) of every held set."""
+        return self.db.execute("SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set"
+                               " ORDER BY since").fetchall()
+
+    def latest_recording(self, set_dir: str, qid: str) -> int | None:
+        """The seq of the newest entry that puts something into the question's record."""
+        row = self.db.execute(
+            "SELECT seq FROM answer_log WHERE set_dir=? AND qid=? AND outcome IN ('accepted','annotated')"
+            " AND withdrawn=0 ORDER BY seq DESC LIMIT 1", (set_dir, qid)).fetchone()
+        return row[0] if row else None
+
+    def set_aside_entry(self, seq: int, reason: str, message: str) -> None:
+        """Turn a logged answer that can't be projected into a refusal (the
+        log keeps the rest of it); its person is told, even if told before."""
+        row = self.db.execute("SELECT set_dir, set_id, qid FROM answer_log WHERE seq=?", (seq,)).fetchone()
+        self.db.execute("UPDATE answer_log SET outcome='refused', layer='recorded', reason=?, message=?, acked=0"
+                        " WHERE seq=?", (reason, message, seq))
+        if row and row[0] and row[2]:
+            self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", row)
+
+    def set_aside_counts(self) -> dict[str, int]:
+        """reason -> events set aside for it (refused for what they carried, not for what they said)."""
+        return dict(self.db.execute(
+            "SELECT reason, COUNT(*) FROM answer_log WHERE outcome='refused' AND reason IN (%s) GROUP BY reason"
+            % ",".join("?" * len(SET_ASIDE_REASONS)), SET_ASIDE_REASONS).fetchall())
 
     def log_counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT outcome, COUNT(*) FROM answer_log GROUP BY outcome").fetchall())

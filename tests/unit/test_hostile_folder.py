@@ -1,6 +1,7 @@
 """A set folder that refuses writes, at the pipeline: the answer is kept in
-the store but not acknowledged, the transport's progress is not committed,
-and both happen once the folder takes the write."""
+the store but not acknowledged, the set is held back on its own while the
+transport's progress moves on, and the answer is written and acknowledged
+once the folder takes the write."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import bridge.answers.file as answers_file
 from bridge.protocol.normalize import ANSWER_TYPE
 from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import QuestionSet
+from bridge.service.notices import Notices
 from bridge.service.pipeline import Pipeline
 from bridge.service.store import Store
 from helpers.sets import all_kinds_set
@@ -59,16 +59,19 @@ def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_
         raise OSError(30, "Read-only file system")
 
     monkeypatch.setattr(answers_file, "atomic_replace", refuse)
-    with pytest.raises(OSError):
-        pipeline.process([answer], commit=lambda: committed.append("token"))
-    assert committed == []
-    assert asyncio.run(pipeline.send_notices()) == 0 and transport.sent == []
+    pipeline.process([answer], commit=lambda: committed.append("token"))
+    assert committed == ["token"]  # the transport moves on: the answer is durable in the store
+    notices = Notices(pipeline, asyncio.Event())
+    assert asyncio.run(notices.send_pending()) == 0 and transport.sent == []
     assert not (set_dir / "answers.json").exists()
+    [(held_dir, _set_id, reason, _since, attempts, _next)] = store.held_sets()
+    assert held_dir == str(set_dir) and "Read-only" in reason and attempts == 1
 
     monkeypatch.undo()
-    pipeline.process([answer], commit=lambda: committed.append("token"))  # the redelivered batch
-    assert committed == ["token"]
+    store.db.execute("UPDATE held_set SET next_try=0")  # due now, as it would be after the backoff
+    assert pipeline.retry_held() is False
     assert answers_file.AnswersFile(set_dir).load()["answers"]["name"]["text"] == "Borealis"
-    assert asyncio.run(pipeline.send_notices()) == 1
+    assert asyncio.run(notices.send_pending()) == 1
     assert transport.sent[0]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    assert store.held_sets() == []
     store.close()

@@ -1,0 +1,44 @@
+"""What the bridge holds back, and why: for ``status``, ``!ask status`` and
+``/health``.  Read from the store, so a run that is not this one (``status``
+beside the running bridge) sees the same."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from bridge.service.store import Store
+
+
+def held_back(store: Store) -> dict[str, Any]:
+    """Sets pending a write, events set aside (by reason), notices dropped."""
+    try:
+        return _held_back(store)
+    except sqlite3.OperationalError:  # a store the running bridge has not migrated yet
+        return {"sets": [], "events": {}, "notices": []}
+
+
+def _held_back(store: Store) -> dict[str, Any]:
+    return {
+        "sets": [{"set_dir": set_dir, "set_id": set_id, "reason": reason, "since_ms": since, "attempts": attempts}
+                 for set_dir, set_id, reason, since, attempts, _next in store.held_sets()],
+        "events": store.set_aside_counts(),
+        "notices": [{"log_seq": seq, "room_id": room, "reason": reason, "at_ms": at}
+                    for seq, room, reason, at in store.dropped_notices()],
+    }
+
+
+def counts(held: dict[str, Any]) -> dict[str, int]:
+    return {"sets_held": len(held["sets"]), "events_set_aside": sum(held["events"].values()),
+            "notices_dropped": len(held["notices"])}
+
+
+def format_held(held: dict[str, Any]) -> str:
+    """Plain lines for people; empty when nothing is held back."""
+    lines = [f"set {row['set_id']} ({row['set_dir']}) held back: {row['reason']} (tried {row['attempts']} times)"
+             for row in held["sets"]]
+    lines += [f"{count} event(s) set aside: {reason}" for reason, count in sorted(held["events"].items())]
+    if held["notices"]:
+        reasons = sorted({row["reason"] for row in held["notices"]})
+        lines.append(f"{len(held['notices'])} notice(s) dropped ({', '.join(reasons)})")
+    return "".join(line + "\n" for line in lines)

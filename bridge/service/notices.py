@@ -1,0 +1,169 @@
+"""Telling people what became of their answers, room by room and person by
+person, so nothing one room or one person does holds up anyone else.
+
+* Acknowledgements go first, refusals after them, each in log order; a
+  notice whose answer is not yet in answers.json (its set held back) waits.
+* A room whose sends fail is backed off on its own; after a permanent
+  error (forbidden, not in the room, room gone) its notice is dropped with a
+  log line, a metric and a row in the store, never retried forever.
+* Refusals to one person about one question are coalesced: at most
+  ``REFUSAL_BURST`` replies per ``REFUSAL_WINDOW`` seconds; what comes on
+  top is answered in one later reply saying how many more were refused.
+* Under the homeserver's rate limit the transport sends by priority
+  (``pacing``): acknowledgements, then questions, then refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict, deque
+from typing import Any, Callable
+
+from bridge.protocol.outcome import coalesced, txn_id
+from bridge.service import quiz
+from bridge.service.matrix import MatrixError
+from bridge.service.pacing import ACK, REFUSAL, priority
+from bridge.service.store import COALESCED, SENT, LogEntry
+
+log = logging.getLogger(__name__)
+
+REFUSAL_WINDOW = 60.0
+REFUSAL_BURST = 2
+ROOM_BACKOFF_MAX = 300.0
+
+
+class Notices:
+    """Sends the pending notices in the background, so telling people about
+    one batch never delays receiving the next."""
+
+    def __init__(self, pipeline: Any, stop: asyncio.Event, clock: Callable[[], float] = time.monotonic):
+        self.pipeline = pipeline
+        self.store = pipeline.store
+        self.stop = stop
+        self.clock = clock
+        self.pending = asyncio.Event()
+        # The first pass sends what an earlier run left unsent, beside the
+        # first batch rather than ahead of it.
+        self.pending.set()
+        self.room_retry: dict[str, tuple[float, float]] = {}  # room -> (not before, last delay)
+        self.refusals_sent: dict[tuple[str, str, str | None], deque[float]] = defaultdict(deque)
+        self.next_due: float | None = None
+
+    def wake(self) -> None:
+        self.pending.set()
+
+    async def run(self) -> None:
+        while True:
+            timeout = None if self.next_due is None else max(0.05, self.next_due - self.clock())
+            try:
+                await asyncio.wait_for(self.pending.wait(), timeout)
+            except TimeoutError:
+                pass
+            self.pending.clear()
+            try:
+                held = self.pipeline.retry_held()
+                await self.send_pending()
+                if held:  # look again when the next held set is due
+                    self._due(self.clock() + 1.0)
+            except Exception as exc:  # noqa: BLE001 - unsent notices stay in the store for the next pass
+                log.warning("notices not sent yet (%s); retrying", exc)
+                self._due(self.clock() + 2.0)
+            if self.stop.is_set():
+                return
+
+    async def send_pending(self) -> int:
+        """One pass over the notices still to send; returns how many were sent."""
+        self.next_due = None
+        held = {(set_dir, qid) for set_dir, _set_id, qid in self.store.dirty()}
+        acks: list[tuple[int, LogEntry]] = []
+        refusals: dict[tuple[str, str, str | None], list[tuple[int, LogEntry]]] = defaultdict(list)
+        for seq, entry in self.store.unacked():
+            if entry.outcome == "refused":
+                refusals[(entry.room_id, entry.sender, entry.question_event_id)].append((seq, entry))
+            elif (entry.set_dir, entry.qid) not in held:
+                acks.append((seq, entry))
+        sent = 0
+        with priority(ACK):
+            for seq, entry in acks:
+                if await self._send(entry, [seq]):
+                    sent += 1
+                    if entry.outcome == "accepted":
+                        await self._score(entry)
+        with priority(REFUSAL):
+            for key, items in refusals.items():
+                if not self._refusal_allowed(key):
+                    continue
+                seqs = [seq for seq, _entry in items]
+                if await self._send(items[-1][1], seqs, more=len(items) - 1):
+                    self.refusals_sent[key].append(self.clock())
+                    sent += 1
+        return sent
+
+    def _refusal_allowed(self, key: tuple[str, str, str | None]) -> bool:
+        times, now = self.refusals_sent[key], self.clock()
+        while times and now - times[0] >= REFUSAL_WINDOW:
+            times.popleft()
+        if len(times) < REFUSAL_BURST:
+            return True
+        self._due(times[0] + REFUSAL_WINDOW)
+        return False
+
+    async def _send(self, entry: LogEntry, seqs: list[int], more: int = 0) -> bool:
+        """Send the notice for ``entry`` (standing for every entry of ``seqs``)."""
+        room = entry.room_id
+        not_before = self.room_retry.get(room, (0.0, 0.0))[0]
+        if not_before > self.clock():
+            self._due(not_before)
+            return False
+        try:
+            content = coalesced(self.pipeline.notice_for(entry), more)
+        except Exception:  # noqa: BLE001 - a notice that can't even be written is dropped, not retried
+            log.exception("the notice for %s can't be made; dropped", entry.event_id)
+            self._drop(seqs, room, "unrenderable")
+            return False
+        try:
+            await self.pipeline.transport.send(room, "m.room.message", content, txn_id("ack", entry.event_id,
+                                                                                        str(seqs[-1])))
+        except MatrixError as exc:
+            if not exc.permanent:
+                self._back_off(room, exc)
+                return False
+            log.warning("notice for %s dropped: %s can't be written to (%s)", entry.event_id, room, exc)
+            self._drop(seqs, room, exc.status or "refused")
+            return False
+        except Exception as exc:  # noqa: BLE001 - the network: this room waits, the others go on
+            self._back_off(room, exc)
+            return False
+        self.room_retry.pop(room, None)
+        # Not worth waiting for the disk (this runs between batches, on the
+        # answers' path): a mark lost to a power cut re-sends the notice
+        # with the same transaction id, which the homeserver answers with
+        # the event it already has.
+        with self.store.transaction(flush=False):
+            for seq in seqs:
+                self.store.mark_acked(seq, SENT if seq == seqs[-1] else COALESCED)
+        return True
+
+    async def _score(self, entry: LogEntry) -> None:
+        try:
+            await quiz.send_score_if_complete(entry, self.store, self.pipeline.transport)
+        except Exception as exc:  # noqa: BLE001 - the score is a courtesy; the answer is acknowledged
+            log.warning("study score for %s not sent (%s)", entry.set_id, exc)
+
+    def _back_off(self, room: str, exc: BaseException) -> None:
+        delay = min(max(self.room_retry.get(room, (0.0, 0.0))[1] * 2, 0.5), ROOM_BACKOFF_MAX)
+        self.room_retry[room] = (self.clock() + delay, delay)
+        self._due(self.clock() + delay)
+        log.warning("notices to %s not sent yet (%s); retrying in %.1f s", room, exc, delay)
+
+    def _drop(self, seqs: list[int], room: str, reason: str) -> None:
+        at = int(time.time() * 1000)
+        with self.store.transaction(flush=False):
+            for seq in seqs:
+                self.store.drop_notice(seq, room, reason, at)
+        self.pipeline.report_trouble("notice", reason)
+
+    def _due(self, when: float) -> None:
+        self.next_due = when if self.next_due is None else min(self.next_due, when)
