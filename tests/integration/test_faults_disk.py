@@ -1,7 +1,7 @@
 """The set folder misbehaves: read-only, full, or written by someone else
-at the same time.  An answer that can't be written is not acknowledged and
-the sync token stays where it was; once the folder takes writes again, it
-lands.  Another writer that honours the lock loses nothing, and neither does
+at the same time.  An answer that can't be written is kept in the store and
+not acknowledged, its set is held back while the other sets and the sync
+token move on; once the folder takes writes again, it lands.  Another writer that honours the lock loses nothing, and neither does
 the bridge.
 
 The tests run as root, so file modes stop nothing: the folder is made
@@ -89,35 +89,56 @@ async def settled_token(bridge: Bridge) -> str | None:
 
 async def stuck_then_lands(bridge: Bridge, set_name: str, question: dict, failing: contextlib.AbstractContextManager,
                            reason: str) -> None:
+    """While ``failing``, an answer to ``set_name`` is kept in the store, not
+    acknowledged and not in answers.json; the set is held back on its own (an
+    answer to the ``other`` set lands meanwhile and the sync token moves on);
+    once the folder takes writes again, it lands and is acknowledged."""
     alice, room = bridge.alice, bridge.room_id
     first = await alice.send(room, answer_content(question, text="before"))
     await bridge.wait_answer(set_name, question["content"]["question"]["id"])
     await alice.wait_notice(room, first)
     token = await settled_token(bridge)
     answers_before = (bridge.sets_root / set_name / "answers.json").read_bytes()
+    other = (await bridge.alice.questions(room))[("other", 1)]
     with failing:
         late = await alice.send(room, answer_content(question, text="while failing"))
         deadline = time.monotonic() + STUCK_SECONDS
         while time.monotonic() < deadline:
             bridge.check_alive()
-            assert sync_token(bridge) == token, "the token moved past an answer that is not on disk"
             assert await alice.notices_for(room, late) == [], "an answer not on disk was acknowledged"
             await asyncio.sleep(0.5)
         assert (bridge.sets_root / set_name / "answers.json").read_bytes() == answers_before
         assert reason in bridge.log_text()
+        assert store_rows(bridge.store_path, "SELECT outcome FROM answer_log WHERE event_id=?", late) == \
+            [("accepted",)], "the answer is durable in the store"
+        [(held_reason,)] = store_rows(bridge.store_path, "SELECT reason FROM held_set")
+        assert reason in held_reason
+        # Everything else moves on: another set's answer lands and is acknowledged, the token moves.
+        elsewhere = await alice.send(room, answer_content(other, text="elsewhere"))
+        await bridge.wait_answer("other", "other")
+        await alice.wait_notice(room, elsewhere)
+        assert sync_token(bridge) != token
     record = await bridge.wait_answer(set_name, question["content"]["question"]["id"], rev=2, timeout=40)
     assert (record["text"], record["source"]["event_id"]) == ("while failing", late)
     notice = await alice.wait_notice(room, late, timeout=30)
     assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
-    assert sync_token(bridge) != token
     assert [p.name for p in (bridge.sets_root / set_name).glob("answers.json.tmp-*")] == []
+    assert store_rows(bridge.store_path, "SELECT * FROM held_set") == []
     bridge.check_alive()
+
+
+def other_set() -> dict:
+    """A one-question set beside the one that fails."""
+    qset = text_set("other", 1)
+    qset["questions"][0]["id"] = "other"
+    return qset
 
 
 async def test_read_only_set_folder_holds_the_answer_until_writable(bridge):
     set_dir = bridge.add_set(all_kinds_set("kinds"))
+    bridge.add_set(other_set())
     bridge.start()
-    questions = await bridge.wait_questions(bridge.alice, 8)
+    questions = await bridge.wait_questions(bridge.alice, 9)
     await stuck_then_lands(bridge, "kinds", questions[("name", 1)], immutable(set_dir), "Operation not permitted")
 
 
@@ -125,8 +146,9 @@ async def test_full_disk_holds_the_answer_until_there_is_room(bridge):
     set_dir = bridge.sets_root / "full"
     with small_disk(set_dir):
         bridge.add_set(text_set("full", 2), name="full")
+        bridge.add_set(other_set())
         bridge.start()
-        questions = await bridge.wait_questions(bridge.alice, 2)
+        questions = await bridge.wait_questions(bridge.alice, 3)
 
         @contextlib.contextmanager
         def full() -> Iterator[None]:
