@@ -27,6 +27,7 @@ from bridge.service.crypto import Crypto
 from bridge.service.matrix import MatrixError, NioTransport
 from bridge.service.pipeline import Pipeline
 from bridge.service.poster import Poster
+from bridge.service.rooms import configured_rooms, join_rooms, keep_joining
 from bridge.service.heldback import format_held, held_back
 from bridge.service.operators import Operators
 from bridge.service.store import LogEntry, Store
@@ -79,7 +80,8 @@ class BotFront:
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
         assert self.client is not None
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced, crypto=self.crypto,
-                       rooms=rooms, inviters=self.config.inviters, posted=posted).run()
+                       rooms=[*rooms, *configured_rooms(self.config)], inviters=self.config.inviters,
+                       posted=posted).run()
 
     async def close(self) -> None:
         return None
@@ -95,22 +97,6 @@ def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
     if errors or result.model is None:
         return None, errors or ["the set could not be read"]
     return result.model, []
-
-
-async def join_rooms(transport: NioTransport, config: Config, stop: asyncio.Event) -> list[str]:
-    wanted = [config.rooms.default, *config.rooms.sets.values()]
-    joined: list[str] = []
-    for room in dict.fromkeys(wanted):
-        delay = 1.0
-        while not stop.is_set():
-            try:
-                joined.append(await transport.join(room))
-                break
-            except Exception as exc:  # noqa: BLE001 - keep trying: the room may not exist or invite us yet
-                log.warning("cannot join %s yet (%s); retrying in %.0f s", room, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 60)
-    return joined
 
 
 def make_front(config: Config, store: Store, ops: Operators) -> Front:
@@ -133,7 +119,7 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
                             on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble)
         await front.open(pipeline)
-        rooms = await join_rooms(transport, config, stop)
+        rooms, refused = await join_rooms(transport, configured_rooms(config), stop)
         for room in rooms:
             await pipeline.load_members(room)
         # Heal a crash between the store commit and the folder write.  A set
@@ -151,7 +137,14 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         # answered long before the last is sent.  Notices an earlier run left
         # unsent go out from the front's notifier, beside the first batch.
         posted = asyncio.Event()
+
+
+        async def joined(room_id: str) -> None:
+            rooms.append(room_id)  # the list the front holds: its events are bridged from now on
+            await pipeline.load_members(room_id)
+
         tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)),
+                 asyncio.ensure_future(keep_joining(transport, refused, stop, joined)),
                  asyncio.ensure_future(keep_sets(poster, config.sets.root, stop, posted))]
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -168,16 +161,24 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
     first, so an edit made during a long first posting is not missed (the
     poster takes one set at a time, so both never post the same set at once)."""
     watcher = asyncio.ensure_future(watch_sets(poster, root, stop))
-    delay = 1.0
-    while not stop.is_set():
-        try:
-            await poster.sync_root(root, stop)
-            break
-        except Exception:  # noqa: BLE001 - the sets already posted are remembered; the rest are tried again
-            log.exception("posting the sets failed; trying again in %.0f s", delay)
-            await sleep_or_stop(stop, delay)
-            delay = min(delay * 2, 60)
+    failed: list[Path] = []
+    try:
+        failed = (await poster.sync_root(root, stop)).failed
+    except Exception:  # noqa: BLE001 - the folder itself could not be read: every set is tried again
+        log.exception("reading the sets failed")
+        failed = [root]
     posted.set()
+    delay = 1.0
+    while failed and not stop.is_set():
+        # A set that could not be posted (its room refuses the bridge, say) is
+        # tried again with backoff; the others are long posted.
+        await sleep_or_stop(stop, delay)
+        delay = min(delay * 2, 300)
+        try:
+            again = poster.sync_root(root, stop) if failed == [root] else poster.sync_dirs(failed, stop)
+            failed = (await again).failed
+        except Exception:  # noqa: BLE001 - as above
+            log.exception("reading the sets failed")
     await watcher
 
 

@@ -31,6 +31,7 @@ from bridge.service.catchup import CatchUp
 from bridge.service.config import Config, ConfigError
 from bridge.service.matrix import MatrixError, client_config
 from bridge.service.notices import Notices
+from bridge.service.rooms import configured_rooms
 
 if TYPE_CHECKING:  # the registration command imports this module and needs none of them
     from bridge.service.pipeline import Pipeline
@@ -79,7 +80,7 @@ class TransactionServer:
         self.listen = config.appservice.listen_host_port
         self.store = store
         self.pipeline = pipeline
-        self.rooms: frozenset[str] = frozenset()
+        self.rooms: list[str] = []  # shared with app.serve, which adds rooms joined later
         self.ready = asyncio.Event()
         self.notices: Notices | None = None  # woken when people have notices coming
         # Called with (room_id, inviter) for each invite of the bridge's user.
@@ -118,7 +119,7 @@ class TransactionServer:
 
     def open(self, rooms: list[str], notices: Notices) -> None:
         """Start accepting transactions; only events of ``rooms`` are bridged."""
-        self.rooms = frozenset(rooms)
+        self.rooms = rooms
         self.notices = notices
         self.ready.set()
 
@@ -287,7 +288,8 @@ class AppserviceFront:
         notices = Notices(pipeline, stop)
         notifier = asyncio.ensure_future(notices.run())
         server.on_invite = lambda room_id, inviter: answer_invite(
-            self.client, pipeline, room_id, inviter, welcome_invite(room_id, inviter, rooms, self.config.inviters))
+            self.client, pipeline, room_id, inviter,
+            welcome_invite(room_id, inviter, [*rooms, *configured_rooms(self.config)], self.config.inviters))
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)

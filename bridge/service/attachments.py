@@ -69,25 +69,33 @@ async def prefetch(events: list[dict[str, Any]], store: Store, download: Downloa
     not kept), so a file is fetched once and the person is told.  Nothing
     one download does raises out of here but the store failing.
     """
-    saved = 0
+    jobs = []
+    numbers: dict[tuple[str, str], int] = {}
     for event in events:
         target = _target(event, store)
         if target is None:
             continue
         event_id, question_event_id, qid, set_dir = target
-        content = event["content"]
         if not may_answer(str(event.get("sender")), str(event.get("room_id"))):
             continue  # the judging step refuses the sender; a stranger's file is never written
-        path, problem = await _fetch_bounded(content, set_dir, qid, store.attachment_count(set_dir, qid) + 1,
-                                             download)
-        with store.transaction():
+        # Numbered in the batch's order before any download starts: the files
+        # of one batch are fetched side by side, so a slow one costs its
+        # bound once, not once per file.
+        key = (set_dir, qid)
+        numbers[key] = numbers.get(key, store.attachment_count(set_dir, qid)) + 1
+        jobs.append((event_id, set_dir, qid, _fetch_bounded(event["content"], set_dir, qid, numbers[key], download)))
+    if not jobs:
+        return 0
+    results = await asyncio.gather(*(job for *_ids, job in jobs))
+    with store.transaction():
+        for (event_id, set_dir, qid, _job), (path, problem) in zip(jobs, results):
             store.record_attachment(event_id, set_dir, qid, path, problem)
-        saved += path is not None
+    for (event_id, _set_dir, qid, _job), (_path, problem) in zip(jobs, results):
         if problem:
             log.info("file %s for %s not kept: %s", event_id, qid, problem)
             if on_trouble is not None:
                 on_trouble("download", problem)
-    return saved
+    return sum(path is not None for path, _problem in results)
 
 
 async def _fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,

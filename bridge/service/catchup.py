@@ -74,7 +74,7 @@ class CatchUp:
                  lock: asyncio.Lock, stop: asyncio.Event, clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.store = store
-        self.rooms = list(dict.fromkeys(rooms))
+        self.rooms = rooms  # shared with app.serve, which adds rooms joined later
         self.feed = feed
         self.received = received  # event ids a transaction already brought
         self.on_members = on_members  # reload a room's members after feeding membership changes
@@ -132,7 +132,7 @@ class CatchUp:
     async def sweep(self) -> int:
         """One look at every room; returns how many events were fed."""
         fed = 0
-        for room_id in self.rooms:
+        for room_id in dict.fromkeys(self.rooms):
             if self.stop.is_set():
                 break
             fed += await self.sweep_room(room_id)

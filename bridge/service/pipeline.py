@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sqlite3
 import time
 from collections import defaultdict
@@ -394,6 +395,8 @@ class Pipeline:
 
     def _write_set(self, set_dir: str, set_id: str, qids: list[str], now: str) -> str | None:
         """Write one set's dirty records; the reason when the folder can't take them."""
+        if os.path.islink(set_dir):
+            return "the set folder is now a symlink; the bridge does not write through it"
         records = {qid: self.store.projection(set_dir, qid) for qid in qids}
         for attempt in range(2):
             started = time.monotonic()

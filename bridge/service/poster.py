@@ -37,6 +37,7 @@ class PostReport:
     posted: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
     broken: dict[str, list[str]] = field(default_factory=dict)
+    failed: list[Path] = field(default_factory=list)  # could not be posted now (a room refused, the network)
 
 
 def question_digest(qset: QuestionSet, question: Question) -> str:
@@ -59,11 +60,21 @@ class Poster:
     async def sync_root(self, root: Path, stop: asyncio.Event | None = None) -> PostReport:
         """Every set under ``root``; a stop is honoured between sets, so a
         SIGTERM in a long first posting does not wait for the last set."""
+        return await self.sync_dirs(discover(root), stop)
+
+    async def sync_dirs(self, set_dirs: Iterable[Path], stop: asyncio.Event | None = None) -> PostReport:
+        """Each set on its own: one that can't be posted now (its room refuses
+        the bridge, the homeserver fails) is reported in ``failed`` and the
+        others are posted."""
         report = PostReport()
-        for set_dir in discover(root):
+        for set_dir in set_dirs:
             if stop is not None and stop.is_set():
                 break
-            await self.sync_if_changed(set_dir, report)
+            try:
+                await self.sync_if_changed(set_dir, report)
+            except Exception as exc:  # noqa: BLE001 - tried again later; the other sets go on
+                log.warning("set %s not posted yet (%s); the other sets go on", set_dir, exc)
+                report.failed.append(set_dir)
         return report
 
     async def sync_changed(self, root: Path, paths: Iterable[str | Path]) -> PostReport:

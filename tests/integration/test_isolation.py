@@ -220,5 +220,10 @@ async def test_a_room_the_bridge_may_no_longer_post_in_drops_its_notice_only(syn
         assert await alice.notices_for(room_b, answer_b) == []
         await lands(bridge, alpha, "and again")
         await restarts_after_kill(bridge, alpha, "after a restart")
+        # Kicked from room B for good (it is invite-only): a start does not wait on it.
+        kicked = await owner.client.room_kick(room_b, bot["user_id"], reason="no more questions here")
+        assert not hasattr(kicked, "status_code"), kicked
+        await restarts_after_kill(bridge, alpha, "after the kick")
+        assert "cannot join" in bridge.log_text()
     finally:
         bridge.kill()

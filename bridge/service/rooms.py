@@ -1,0 +1,80 @@
+"""Joining the configured rooms without letting one room hold up the others.
+
+At start every room is tried until it is joined or refuses for good (the
+bridge was kicked from an invite-only room, the room is gone): a homeserver
+that is not up yet is waited for, as before, but a room that refuses is
+left to a background task that keeps asking, with backoff, and hands the
+room over once it is joined.  The other rooms are served meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bridge.service.matrix import MatrixError
+
+log = logging.getLogger(__name__)
+
+RETRY_MAX = 300.0
+
+
+def configured_rooms(config: Any) -> list[str]:
+    """The rooms of the config (ids or aliases), the default first; an invite
+    back into one of them is welcome even while it can't be joined."""
+    return list(dict.fromkeys([config.rooms.default, *config.rooms.sets.values()]))
+
+
+async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event) -> tuple[list[str], list[str]]:
+    """(room ids joined, rooms that refused for now)."""
+    joined: list[str] = []
+    refused: list[str] = []
+    for room in dict.fromkeys(wanted):
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                joined.append(await transport.join(room))
+                break
+            except MatrixError as exc:
+                if exc.permanent:
+                    log.warning("cannot join %s (%s); the other rooms go on, and the bridge keeps asking", room,
+                                exc)
+                    refused.append(room)
+                    break
+                log.warning("cannot join %s yet (%s); retrying in %.0f s", room, exc, delay)
+            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
+                log.warning("cannot join %s yet (%s); retrying in %.0f s", room, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 60)
+    return joined, refused
+
+
+async def keep_joining(transport: Any, rooms: list[str], stop: asyncio.Event,
+                       on_joined: Callable[[str], Awaitable[None]]) -> None:
+    """Ask for each room of ``rooms`` again, with backoff, until it is joined."""
+    delay = 5.0
+    waiting = list(rooms)
+    while waiting and not stop.is_set():
+        await _sleep_or_stop(stop, delay)
+        for room in list(waiting):
+            try:
+                room_id = await transport.join(room)
+            except Exception as exc:  # noqa: BLE001 - asked again later
+                log.info("still cannot join %s (%s)", room, exc)
+                continue
+            waiting.remove(room)
+            log.info("joined %s at last", room)
+            try:
+                await on_joined(room_id)
+            except Exception:  # noqa: BLE001 - the room is joined; its members are loaded with its first events
+                log.exception("setting up %s after joining it failed", room_id)
+        delay = min(delay * 2, RETRY_MAX)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass

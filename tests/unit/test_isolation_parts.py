@@ -1,0 +1,213 @@
+"""The parts that keep one fault to itself (issue 14), driven with the real
+store: values refused where they enter, a stored record no write can take,
+a set folder that became a symlink, sends by priority, notices room by room
+and refusals coalesced per person."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.answers.file import AnswersFile
+from bridge.protocol.fit import unfit
+from bridge.protocol.normalize import ANSWER_TYPE
+from bridge.protocol.question_event import build_question_event
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.questionset.model import QuestionSet
+from bridge.service.matrix import MatrixError
+from bridge.service.notices import REFUSAL_WINDOW, Notices
+from bridge.service.pacing import ACK, QUESTION, REFUSAL, Slot, priority
+from bridge.service.pipeline import Pipeline
+from bridge.service.store import Store
+from helpers.sets import all_kinds_set
+
+ROOM, OTHER_ROOM, ALICE, BOB, BOT = "!room:hs", "!other:hs", "@alice:hs", "@bob:hs", "@bot:hs"
+
+
+@pytest.mark.parametrize("value, problem", [
+    (float("inf"), "not finite"), (float("nan"), "not finite"), (2**53, "too large"), (-(2**60), "too large"),
+    ("\ud800", "not valid Unicode"), ("x" * 70_000, "too long"), ({"a": [1, {"b": float("-inf")}]}, "not finite"),
+    ({"\udfff": 1}, "not valid Unicode"),
+])
+def test_values_no_write_can_take_are_named(value: Any, problem: str) -> None:
+    assert problem in unfit(value)
+
+
+@pytest.mark.parametrize("value", [None, True, 2**53 - 1, 1.5, "ünïcode 🎉", {"t": 1.25, "text": ["a"]}])
+def test_values_every_write_takes_pass(value: Any) -> None:
+    assert unfit(value) is None
+
+
+class Transport:
+    user_id = BOT
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.refuse: dict[str, str] = {}  # room -> errcode
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        if room_id in self.refuse:
+            raise MatrixError("sending", type("R", (), {"status_code": self.refuse[room_id], "message": "no"})())
+        self.sent.append((room_id, content))
+        return f"$sent{len(self.sent)}"
+
+    async def joined_members(self, room_id: str) -> set[str]:
+        return {ALICE, BOB, BOT}
+
+
+def setup(tmp_path: Path, rooms: tuple[str, ...] = (ROOM,)) -> tuple[Store, Pipeline, Transport, dict[str, Path]]:
+    store = Store(tmp_path / "bridge.sqlite")
+    qset = QuestionSet.model_validate(all_kinds_set("kinds"))
+    question = next(q for q in qset.questions if q.id == "name")
+    folders = {}
+    for n, room in enumerate(rooms):
+        set_dir = tmp_path / f"set{n}"
+        set_dir.mkdir()
+        folders[room] = set_dir
+        posted = RecordedQuestion(event_id=f"$q{n}", room_id=room, set_id=f"kinds{n}",
+                                  content=build_question_event(qset, question, elicitation_id=f"elc_{n}"))
+        with store.transaction():
+            store.record_posted(posted, set_dir=str(set_dir), posted_at=1)
+    transport = Transport()
+    pipeline = Pipeline(store=store, transport=transport, answerers=None, own_users=lambda u: u == BOT)
+    for room in rooms:
+        asyncio.run(pipeline.load_members(room))
+    return store, pipeline, transport, folders
+
+
+def answer(n: int, event_id: str, text: Any, sender: str = ALICE, room: str = ROOM) -> dict[str, Any]:
+    return {"type": "m.room.message", "event_id": event_id, "room_id": room, "sender": sender,
+            "origin_server_ts": 1000 + len(event_id),
+            "content": {"msgtype": "m.text", "body": "x", "suite_event_type": ANSWER_TYPE,
+                        "elicitation_id": f"elc_{n}", "text": text,
+                        "m.relates_to": {"rel_type": "m.reference", "event_id": f"$q{n}"}}}
+
+
+def test_a_stored_record_no_write_can_take_is_set_aside_and_the_set_is_written(tmp_path: Path) -> None:
+    """Stored by an older version (a timecode that parsed to infinity): the
+    start's flush sets that entry aside, tells its person, writes the rest."""
+    store, pipeline, transport, folders = setup(tmp_path)
+    pipeline.process([answer(0, "$good", "Borealis")])
+    with store.transaction():
+        store.db.execute(
+            "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
+            " record, ts) VALUES ('$boom', ?, ?, 'kinds0', ?, 'name', '$q0', 'note', 'annotated', ?, 2)",
+            (ROOM, ALICE, str(folders[ROOM]), json.dumps({"qid": "name", "timecodes": [{"t": float("inf"),
+                                                                                        "text": "boom"}]})))
+        store.db.execute("INSERT INTO dirty VALUES (?, 'kinds0', 'name')", (str(folders[ROOM]),))
+    assert pipeline.flush() == 1
+    record = AnswersFile(folders[ROOM]).load()["answers"]["name"]
+    assert record["text"] == "Borealis" and "timecodes" not in record
+    [(outcome, reason)] = store.db.execute("SELECT outcome, reason FROM answer_log WHERE event_id='$boom'").fetchall()
+    assert (outcome, reason) == ("refused", "unstorable")
+    assert store.set_aside_counts() == {"unstorable": 1}
+    asyncio.run(Notices(pipeline, asyncio.Event()).send_pending())
+    refused = [c for _room, c in transport.sent if c["dev.superpipeline.question.outcome"]["answer_event_id"] == "$boom"]
+    assert refused and refused[0]["dev.superpipeline.question.outcome"]["reason"] == "unstorable"
+
+
+def test_an_answer_holding_a_lone_surrogate_is_refused_where_it_enters(tmp_path: Path) -> None:
+    store, pipeline, transport, folders = setup(tmp_path)
+    pipeline.process([answer(0, "$bad", "a\ud800b"), answer(0, "$good", "Borealis", sender=BOB)])
+    assert AnswersFile(folders[ROOM]).load()["answers"]["name"]["text"] == "Borealis"
+    [(outcome, reason)] = store.db.execute("SELECT outcome, reason FROM answer_log WHERE event_id='$bad'").fetchall()
+    assert (outcome, reason) == ("refused", "unstorable")
+
+
+def test_a_set_folder_that_became_a_symlink_is_held_back(tmp_path: Path) -> None:
+    store, pipeline, _transport, folders = setup(tmp_path, rooms=(ROOM, OTHER_ROOM))
+    moved = tmp_path / "elsewhere"
+    folders[ROOM].rename(moved)
+    folders[ROOM].symlink_to(moved, target_is_directory=True)
+    pipeline.process([answer(0, "$a", "one"), answer(1, "$b", "two", room=OTHER_ROOM)])
+    assert not (moved / "answers.json").exists()
+    assert AnswersFile(folders[OTHER_ROOM]).load()["answers"]["name"]["text"] == "two"
+    [row] = store.held_sets()
+    assert row[0] == str(folders[ROOM]) and "symlink" in row[2]
+
+
+def test_sends_take_turns_by_priority() -> None:
+    async def run() -> list[int]:
+        slot, order = Slot(), []
+        release = asyncio.Event()
+
+        async def send(level: int, hold: bool = False) -> None:
+            with priority(level):
+                async with slot.turn():
+                    order.append(level)
+                    if hold:
+                        await release.wait()
+
+        first = asyncio.ensure_future(send(QUESTION, hold=True))
+        await asyncio.sleep(0)
+        waiting = [asyncio.ensure_future(send(level)) for level in (REFUSAL, QUESTION, ACK, REFUSAL)]
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(first, *waiting)
+        return order
+
+    assert asyncio.run(run()) == [QUESTION, ACK, QUESTION, REFUSAL, REFUSAL]
+
+
+def test_a_room_that_refuses_for_good_drops_its_notice_and_the_others_go_out(tmp_path: Path) -> None:
+    store, pipeline, transport, _folders = setup(tmp_path, rooms=(ROOM, OTHER_ROOM))
+    transport.refuse[OTHER_ROOM] = "M_FORBIDDEN"
+    pipeline.process([answer(1, "$b", "two", room=OTHER_ROOM), answer(0, "$a", "one")])
+    notices = Notices(pipeline, asyncio.Event())
+    assert asyncio.run(notices.send_pending()) == 1
+    assert [room for room, _c in transport.sent] == [ROOM]
+    [(_seq, room, reason, _at)] = store.dropped_notices()
+    assert (room, reason) == (OTHER_ROOM, "M_FORBIDDEN")
+    assert asyncio.run(notices.send_pending()) == 0  # dropped, not retried
+
+
+def test_a_room_that_fails_for_now_is_backed_off_alone(tmp_path: Path) -> None:
+    store, pipeline, transport, _folders = setup(tmp_path, rooms=(ROOM, OTHER_ROOM))
+    transport.refuse[OTHER_ROOM] = "M_UNKNOWN"
+    pipeline.process([answer(1, "$b", "two", room=OTHER_ROOM), answer(0, "$a", "one")])
+    clock = [0.0]
+    notices = Notices(pipeline, asyncio.Event(), clock=lambda: clock[0])
+    assert asyncio.run(notices.send_pending()) == 1 and notices.next_due is not None
+    del transport.refuse[OTHER_ROOM]
+    assert asyncio.run(notices.send_pending()) == 0  # still backing off
+    clock[0] = notices.next_due
+    assert asyncio.run(notices.send_pending()) == 1
+    assert [room for room, _c in transport.sent] == [ROOM, OTHER_ROOM]
+    assert store.dropped_notices() == []
+
+
+def test_refusals_to_one_person_are_coalesced_and_acknowledgements_go_first(tmp_path: Path) -> None:
+    store, pipeline, transport, _folders = setup(tmp_path)
+    junk = [{**answer(0, f"$junk{n}", "x"), "content": {"msgtype": "m.text", "body": f"junk {n}",
+                                                        "m.relates_to": {"m.in_reply_to": {"event_id": "$q0"}}}}
+            for n in range(12)]
+    junk = [dict(j, content={**j["content"], "body": "zz", "suite_event_type": ANSWER_TYPE,
+                             "elicitation_id": "elc_0", "text": 5,
+                             "m.relates_to": {"rel_type": "m.reference", "event_id": "$q0"}}) for j in junk]
+    pipeline.process([*junk, answer(0, "$bob", "Borealis", sender=BOB)])
+    clock = [0.0]
+    notices = Notices(pipeline, asyncio.Event(), clock=lambda: clock[0])
+    asyncio.run(notices.send_pending())
+    outcomes = [c["dev.superpipeline.question.outcome"] for _room, c in transport.sent]
+    assert outcomes[0]["answer_event_id"] == "$bob" and outcomes[0]["outcome"] == "recorded"
+    assert len(outcomes) == 2  # one reply for the junk so far
+    asyncio.run(notices.send_pending())
+    assert len(transport.sent) == 2
+    clock[0] = REFUSAL_WINDOW
+    asyncio.run(notices.send_pending())
+    assert len(transport.sent) == 2  # the burst is two a minute: nothing new was refused meanwhile
+    more = [{**j, "event_id": j["event_id"] + "b"} for j in junk[:5]]
+    pipeline.process(more)
+    asyncio.run(notices.send_pending())
+    asyncio.run(notices.send_pending())
+    assert len(transport.sent) == 3
+    clock[0] = 2 * REFUSAL_WINDOW + 1
+    asyncio.run(notices.send_pending())
+    assert len(transport.sent) == 3, "nothing left to say"
+    bodies = [c["body"] for _room, c in transport.sent[1:]]
+    assert "11 more of your messages" in bodies[0] and "4 more of your messages" in bodies[1]
+    assert store.db.execute("SELECT COUNT(*) FROM answer_log WHERE acked=0").fetchone()[0] == 0
