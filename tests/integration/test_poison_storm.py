@@ -75,6 +75,9 @@ class Poisoner:
                  polls: dict[str, str], rng: random.Random):
         self.bridge, self.person, self.targets, self.polls, self.rng = bridge, person, targets, polls, rng
         self.sent: list[str] = []
+        self.editable: list[str] = []
+        self.kind_of: dict[str, str] = {}
+        self.redacted: set[str] = set()
         self.kinds: Counter[str] = Counter()
         self.refused_by_homeserver = 0
 
@@ -85,6 +88,9 @@ class Poisoner:
             self.refused_by_homeserver += 1
             return None
         self.sent.append(event_id)
+        self.kind_of[event_id] = kind
+        if kind in PATHS:
+            self.editable.append(event_id)  # the broken sets' own answers are left alone
         self.kinds[kind] += 1
         return event_id
 
@@ -107,13 +113,15 @@ class Poisoner:
             key = self.rng.choice(["1\ufe0f\u20e3", "9\ufe0f\u20e3", text or "x", "\U0001F51F"])
             await self.send(path, {"m.relates_to": {"rel_type": "m.annotation", "event_id": root, "key": key}},
                             "m.reaction")
-        elif path == "edit" and self.sent:
-            target = self.rng.choice(self.sent)
+        elif path == "edit" and self.editable:
+            target = self.rng.choice(self.editable)
             await self.send(path, {"msgtype": "m.text", "body": f" * {text}",
                                    "m.new_content": {"msgtype": "m.text", "body": text, **fields},
                                    "m.relates_to": {"rel_type": "m.replace", "event_id": target}})
-        elif path == "redaction" and self.sent:
-            await self.person.redact(self.bridge.room_id, self.rng.choice(self.sent))
+        elif path == "redaction" and self.editable:
+            target = self.rng.choice(self.editable)
+            await self.person.redact(self.bridge.room_id, target)
+            self.redacted.add(target)
             self.kinds[path] += 1
         elif path == "vote" and self.polls:
             poll = self.polls[self.rng.choice(sorted(self.polls))]
@@ -133,7 +141,8 @@ async def poison_storm(bridge: Bridge, people: list[Person], poisoner_person: Pe
     bridge.start()
     everything = await _questions(people[0], bridge, 4 + 8 + 3)
     storm_questions = {(qid, 1): event for (set_id, qid), event in everything.items() if set_id == "storm"}
-    targets = {f"{s}/{q}": e for (s, q), e in everything.items() if s != "storm"}
+    # Drawn poison goes to the kinds set; the three broken sets each get one answer of their own.
+    targets = {f"{s}/{q}": e for (s, q), e in everything.items() if s == "kinds"}
     polls = {e["content"]["dev.superpipeline.question.poll"]["question_event_id"]: e["event_id"]
              for e in await people[0].messages(bridge.room_id, limit=1000)
              if e.get("type") == "org.matrix.msc3381.poll.start"}
@@ -177,8 +186,20 @@ async def poison_storm(bridge: Bridge, people: list[Person], poisoner_person: Pe
     record = await bridge.wait_answer("locked", "q0", timeout=60)
     assert record["text"] == "held"
     # Each poison is accounted for: judged (processed), or held back, or chatter the bridge never answers.
-    processed = {row[0] for row in store_rows(bridge.store_path, "SELECT event_id FROM processed")}
+    # What carries an answer, a note or a file is always judged, unless it was
+    # redacted before the bridge saw it (then there is nothing left to judge);
+    # a reaction, a vote or an edit that picks nothing (or withdraws nothing) is chatter.
+    must = [e for e in poisoner.sent if poisoner.kind_of[e] not in ("reaction", "vote", "edit")
+            and e not in poisoner.redacted]
+    deadline = time.monotonic() + 60
+    while True:
+        processed = {row[0] for row in store_rows(bridge.store_path, "SELECT event_id FROM processed")}
+        if all(e in processed for e in must) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)
+    assert [poisoner.kind_of[e] for e in must if e not in processed] == []
     judged = sum(1 for event_id in poisoner.sent if event_id in processed)
+    unjudged = Counter(poisoner.kind_of[e] for e in poisoner.sent if e not in processed)
     held = status(bridge)["held_back"]
     held_sets = {row["set_id"] for row in held["sets"]}
     assert "corrupt" in held_sets, held
@@ -190,7 +211,8 @@ async def poison_storm(bridge: Bridge, people: list[Person], poisoner_person: Pe
     bridge.check_alive()
     mode = "appservice" if bridge.extra_config.get("appservice", {}).get("enabled") else "bot"
     figures = {"good answers sent": GOOD, "landed": len(rows), "kills": storm.kills,
-               "poisons sent": len(poisoner.sent), "judged": judged, "refused by the homeserver":
+               "poisons sent": len(poisoner.sent), "judged": judged, "chatter": dict(unjudged),
+               "refused by the homeserver":
                poisoner.refused_by_homeserver, "sets held at the end": sorted(held_sets),
                "events set aside": held["events"], "seconds": round(landed_in, 1)}
     print(f"poison storm ({mode} mode, seed {seed_}): {figures}; poisons by kind: {dict(poisoner.kinds)}")
