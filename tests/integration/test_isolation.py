@@ -149,6 +149,7 @@ async def test_a_symlinked_attachments_folder_refuses_that_file_only(bridge):
     assert list(outside.iterdir()) == []
     await lands(bridge, beta, "beta goes on")
     await lands(bridge, alpha, "alpha too")
+    await restarts_after_kill(bridge, alpha, "after a restart")
 
 
 async def test_a_file_the_homeserver_cannot_serve_is_refused_and_the_rest_goes_on(bridge):
@@ -171,6 +172,7 @@ async def test_a_file_the_homeserver_cannot_serve_is_refused_and_the_rest_goes_o
     assert "could not be" in notice["content"]["body"]
     assert bridge.answers("alpha")["answers"]["q0"]["note"] == "look at the corner"
     assert store_rows(bridge.store_path, "SELECT problem FROM attachment WHERE event_id=?", picture)[0][0]
+    await restarts_after_kill(bridge, beta, "after a restart")
 
 
 async def test_a_room_the_bridge_may_no_longer_post_in_drops_its_notice_only(synapse, tmp_path, person):

@@ -20,6 +20,8 @@ pytestmark = pytest.mark.integration
 
 QUESTION_COUNT = 8
 
+NOTHING_HELD = {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0}
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -64,7 +66,7 @@ async def test_metrics_and_health_move_during_a_run(bridge):
 
     async def ready():
         status, body = await asyncio.to_thread(get, base + "/health")
-        return status == 200 and json.loads(body) == {"live": True, "ready": True}
+        return status == 200 and json.loads(body) == {"live": True, "ready": True, "held": NOTHING_HELD}
     await until(ready, what="ready /health")
 
     # Ready means answers are taken; the first posting may still be finishing
