@@ -82,7 +82,7 @@ def sentence(text: str) -> str:
     """``text`` ended with one full stop: none added after a closing quote or
     a mark that already ends it (no “fine.”. or ?.)."""
     text = text.rstrip()
-    bare = text.rstrip("”\"'’)")
+    bare = text.rstrip("”\"'’")
     return text if bare.endswith((".", "!", "?", "…")) else text + "."
 
 
