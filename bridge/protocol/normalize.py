@@ -248,6 +248,9 @@ def _message(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> 
         return _unplaced(event, content)
     msgtype = _s(content, "msgtype")
     if msgtype in FILE_MSGTYPES:
+        target = _direct_target(content)
+        if target != question.event_id and lookup.question_by_poll(target or "") is None:
+            return None  # files are fetched only when sent to the question (or its poll) itself
         return _attachment(event, content, question, lookup)
     body = content.get("body")
     if msgtype not in TEXT_MSGTYPES or not isinstance(body, str):
@@ -313,17 +316,38 @@ def _addressed_question(content: dict[str, Any], lookup: Lookup,
     if not isinstance(relates, dict):
         return None, False
     if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
-        return lookup.question_by_event(relates["event_id"]), True
+        root = lookup.question_by_event(relates["event_id"])
+        if root is not None:
+            return root, True
+        # A thread started on the bridge's word about a question (or on one's
+        # own answer) reads as a reply to it; only the question's thread holds notes.
+        return _replied_question(relates["event_id"], lookup, sender), False
     reply = relates.get("m.in_reply_to")
     target = reply.get("event_id") if isinstance(reply, dict) else None
     if not isinstance(target, str):
         return None, False
+    return _replied_question(target, lookup, sender), False
+
+
+def _replied_question(target: str, lookup: Lookup, sender: str) -> RecordedQuestion | None:
     found = lookup.question_by_event(target) or lookup.question_by_poll(target)
     if found is None:
         about = lookup.reply_target(target)
         if about is not None and about[1] in (None, sender):
             found = lookup.question_by_event(about[0])
-    return found, False
+    return found
+
+
+def _direct_target(content: dict[str, Any]) -> str | None:
+    """The thread root, or else the event replied to."""
+    relates = content.get("m.relates_to")
+    if not isinstance(relates, dict):
+        return None
+    if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
+        return relates["event_id"]
+    reply = relates.get("m.in_reply_to")
+    target = reply.get("event_id") if isinstance(reply, dict) else None
+    return target if isinstance(target, str) else None
 
 
 def _unplaced(event: dict[str, Any], content: dict[str, Any]) -> Unplaced | None:

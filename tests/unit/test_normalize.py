@@ -393,3 +393,15 @@ def test_the_answer_event_path_is_unchanged():
                "elicitation_id": q.elicitation_id, "option_id": "main",
                "m.relates_to": {"rel_type": "m.reference", "event_id": q.event_id}}
     assert accepted(normalize(event(content), FakeLookup())).via == "answer_event"
+
+
+def test_a_thread_on_the_bridges_word_reads_as_a_reply_and_a_file_there_is_left_alone():
+    lookup = FakeLookup(sent={"$ack": "$q_branch"})
+    thread = {"rel_type": "m.thread", "event_id": "$ack", "is_falling_back": True, "m.in_reply_to": {"event_id": "$ack"}}
+    words = normalize(event({"msgtype": "m.text", "body": "keep it simple", "m.relates_to": thread}), lookup)
+    assert isinstance(words, Unreadable) and words.question.qid == "branch"  # help, not a silent note
+    pick = normalize(event({"msgtype": "m.text", "body": "2", "m.relates_to": thread}), lookup)
+    assert isinstance(pick, Candidate) and pick.answer.content["option_id"] == "stable"
+    picture = normalize(event({"msgtype": "m.image", "body": "a.png", "url": "mxc://hs/a", "m.relates_to": thread}),
+                        lookup)
+    assert picture is None  # files are fetched only for the question itself
