@@ -353,8 +353,9 @@ def _direct_target(content: dict[str, Any]) -> str | None:
 def _unplaced(event: dict[str, Any], content: dict[str, Any]) -> Unplaced | None:
     relates = content.get("m.relates_to")
     reply = relates.get("m.in_reply_to") if isinstance(relates, dict) else None
+    # Only what a person types: a notice is a bot's, and bots must not set each other off.
     if not isinstance(reply, dict) or not isinstance(reply.get("event_id"), str) \
-            or _s(content, "msgtype") not in TEXT_MSGTYPES:
+            or _s(content, "msgtype") not in ("m.text", "m.emote"):
         return None
     mentions = content.get("m.mentions")
     users = mentions.get("user_ids") if isinstance(mentions, dict) else None

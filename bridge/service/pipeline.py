@@ -166,7 +166,8 @@ class Pipeline:
                             "redaction", event, result, target=found.target)
         elif isinstance(found, VoteWithdrawal):
             self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender), found.event_id,
-                            found.room_id, found.sender, "poll", event, result, question_event_id=found.question.event_id)
+                            found.room_id, found.sender, "poll", event, result,
+                            question_event_id=found.question.event_id)
         elif isinstance(found, Unplaced):
             self._unplaced(found, result)
         elif isinstance(found, Unreadable):

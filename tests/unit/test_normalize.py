@@ -405,3 +405,9 @@ def test_a_thread_on_the_bridges_word_reads_as_a_reply_and_a_file_there_is_left_
     picture = normalize(event({"msgtype": "m.image", "body": "a.png", "url": "mxc://hs/a", "m.relates_to": thread}),
                         lookup)
     assert picture is None  # files are fetched only for the question itself
+
+
+def test_a_bots_notice_replying_to_the_bridge_is_not_answered():
+    content = {"msgtype": "m.notice", "body": "ack", "m.mentions": {"user_ids": ["@bot:hs"]},
+               "m.relates_to": {"m.in_reply_to": {"event_id": "$chat"}}}
+    assert normalize(event(content), FakeLookup()) is None
