@@ -1,8 +1,9 @@
 """``make demo``: the bridge on the embedded default.
 
-Starts a throwaway Synapse on 127.0.0.1 (data under ``.demo/``), registers
-the bridge and a person, makes a room, copies the bundled example sets into
-``.demo/ask`` and runs the bridge on them until Ctrl-C.
+Starts a throwaway Synapse on 127.0.0.1:8008, or the next free port
+(printed), with its data under ``.demo/``; registers the bridge and a
+person, makes a room, copies the bundled example sets into ``.demo/ask``
+and runs the bridge on them until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from pathlib import Path
 
 import yaml
 
-from bridge.devserver import Synapse
+from bridge.devserver import Synapse, first_free_port
 from bridge.resources import examples_dir
 from bridge.service.config import load_config
 from bridge.service.logs import setup_logging
 
 PERSON_PASSWORD = "demo-password"
+# Matrix's customary client port: the same URL every run while it is free.
+DEMO_PORT = 8008
 
 
 def main(base: Path = Path(".demo")) -> int:
@@ -28,8 +31,10 @@ def main(base: Path = Path(".demo")) -> int:
     base.mkdir(parents=True)
     sets_root = base / "ask"
     shutil.copytree(examples_dir(), sets_root)
-    synapse = Synapse(base / "synapse")
-    print(f"starting a local Synapse in {synapse.data_dir} ...", flush=True)
+    port = first_free_port(DEMO_PORT)
+    synapse = Synapse(base / "synapse", port=port)
+    taken = "" if port == DEMO_PORT else f" ({DEMO_PORT} is taken)"
+    print(f"starting a local Synapse on port {port}{taken} in {synapse.data_dir} ...", flush=True)
     synapse.start()
     try:
         bot = synapse.register("askbot")

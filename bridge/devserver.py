@@ -34,6 +34,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def first_free_port(preferred: int, tries: int = 50) -> int:
+    """``preferred`` when nothing listens there, else the next free port after
+    it: ``make demo`` keeps one address run after run, so a client set up
+    once can be pointed at it again."""
+    for port in range(preferred, preferred + tries):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 def _relaxed_limits(per_second: float) -> dict[str, Any]:
     limit = {"per_second": per_second, "burst_count": max(per_second, 10)}
     return {

@@ -23,8 +23,8 @@ from typing import Any, Literal
 from jsonschema.exceptions import ValidationError
 
 from bridge.protocol import schemas
-from bridge.protocol.recorded import RecordedQuestion
-from bridge.questionset.model import BUILTIN_IDS, UNSURE_ID
+from bridge.protocol.recorded import RecordedQuestion, option_name
+from bridge.questionset.model import BUILTIN_IDS, OTHER_ID, UNSURE_ID
 
 Layer = Literal["schema", "recorded"]
 
@@ -381,11 +381,9 @@ def _judge_text_only(question: RecordedQuestion, answer: IncomingAnswer, text: s
     # itself: reading free words as "other" or as a bare note would silently
     # turn a mistyped pick into something the person did not choose.  The
     # single-pick kinds (and a kind this bridge does not know) end up here.
-    return Refused(
-        "recorded",
-        "option_required",
-        "Pick one of the options. To answer in your own words, pick \"Something else\" (other) and add your text.",
-    )
+    own_words = _name(question, OTHER_ID) if OTHER_ID in question.offered_ids else None
+    how = f" To answer in your own words, pick {own_words} and add your text." if own_words else ""
+    return Refused("recorded", "option_required", "Pick one of the options." + how)
 
 
 def _judge_multi(question: RecordedQuestion, answer: IncomingAnswer, text: str) -> Accepted | Refused:
@@ -394,7 +392,7 @@ def _judge_multi(question: RecordedQuestion, answer: IncomingAnswer, text: str) 
     if refusal is not None:
         return refusal
     if not ids:
-        return Refused("recorded", "no_choices", "Pick at least one option (give the option ids, separated by commas).")
+        return Refused("recorded", "no_choices", "Pick at least one option.")
     return _accepted(question, answer, choices=tuple(ids))
 
 
@@ -409,7 +407,7 @@ def _judge_rank(question: RecordedQuestion, answer: IncomingAnswer, text: str) -
         return Refused(
             "recorded",
             "rank_incomplete",
-            "Put every option in your order. Missing: " + ", ".join(_quote(m) for m in missing[:10]) + ".",
+            "Put every option in your order. Missing: " + ", ".join(_name(question, m) for m in missing[:10]) + ".",
         )
     return _accepted(question, answer, order=tuple(ids))
 
@@ -423,18 +421,20 @@ def _check_listed(question: RecordedQuestion, ids: list[str], allowed: Iterable[
         if oid not in allowed:
             return Refused("recorded", "option_not_offered", f"{_quote(oid)} is not one of this question's options.")
         if oid in seen:
-            return Refused("recorded", "choice_repeated", f"{_quote(oid)} is listed more than once.")
+            return Refused("recorded", "choice_repeated", f"{_name(question, oid)} is listed more than once.")
         seen.add(oid)
     return None
 
 
 def _builtin_in_list_message(question: RecordedQuestion, oid: str) -> str:
-    """Names the built-in by its number and label, as the message shows it:
-    the person may have typed "5" and never seen the id."""
-    numbers = [n for n, o in enumerate(question.options, start=1) if o.get("id") == oid]
-    label = question.label(oid) or oid
-    shown = f"{numbers[0]} ({label})" if numbers else _quote(label)
-    return f"{shown} can't be combined with other picks; send it on its own."
+    return f"{_name(question, oid)} can't be combined with other picks; send it on its own."
+
+
+def _name(question: RecordedQuestion, oid: str) -> str:
+    """An offered option as the message shows it, by its number and what it
+    reads as (the side on a compare): the person may have typed "5" and
+    never seen the id."""
+    return option_name(question, oid)
 
 
 def _encoding_refusal(kind: str) -> Refused:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, read_reply
+from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply
 from bridge.questionset.model import BUILTIN_IDS
 
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
@@ -45,6 +45,11 @@ class Lookup(Protocol):
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
         """(saved path, problem) of a file a person sent; None when it was never fetched."""
+
+    def reply_target(self, event_id: str) -> tuple[str, str | None] | None:
+        """What a reply to ``event_id`` is about: (question event id, sender) when
+        it is a person's earlier gesture at a question, (question event id,
+        None) when it is one of the bridge's own messages about a question."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,19 @@ class Annotation:
     replaces: str | None = None
 
 
-Found = Candidate | Withdrawal | VoteWithdrawal | Unreadable | Annotation
+@dataclass(frozen=True)
+class Unplaced:
+    """A reply to a message that is about no question the bridge knows (the
+    shell decides whether it was meant for the bridge: whom it mentions)."""
+
+    event_id: str
+    room_id: str
+    sender: str
+    ts: int
+    mentions: tuple[str, ...] = ()
+
+
+Found = Candidate | Withdrawal | VoteWithdrawal | Unreadable | Annotation | Unplaced
 
 
 def normalize(event: dict[str, Any], lookup: Lookup) -> Found | None:
@@ -216,7 +233,9 @@ def _reaction(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) ->
     incoming = _incoming(event, content, "reaction")
     pick = keycap_pick(key, question)
     if pick is None or (question.kind not in SINGLE_PICK_KINDS and pick.option_id not in BUILTIN_IDS):
-        return Unreadable(incoming, question, _cant_read(key, question), reason="unreadable_reaction")
+        number = keycap_number(key) or 0
+        shown = str(number) if number > len(question.options) else key  # "there is no option 10"
+        return Unreadable(incoming, question, _cant_read(shown, question), reason="unreadable_reaction")
     return Candidate(_incoming(event, _answer_content(question, pick, key), "reaction"), question)
 
 
@@ -224,11 +243,14 @@ def _reaction(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) ->
 
 
 def _message(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Found | None:
-    question, in_thread = _addressed_question(content, lookup)
+    question, in_thread = _addressed_question(content, lookup, _s(event, "sender"))
     if question is None:
-        return None
+        return _unplaced(event, content)
     msgtype = _s(content, "msgtype")
     if msgtype in FILE_MSGTYPES:
+        target = _direct_target(content)
+        if target != question.event_id and lookup.question_by_poll(target or "") is None:
+            return None  # files are fetched only when sent to the question (or its poll) itself
         return _attachment(event, content, question, lookup)
     body = content.get("body")
     if msgtype not in TEXT_MSGTYPES or not isinstance(body, str):
@@ -281,18 +303,64 @@ def _attachment(event: dict[str, Any], content: dict[str, Any], question: Record
                       problem=None if path else (problem or "attachment_not_saved"))
 
 
-def _addressed_question(content: dict[str, Any], lookup: Lookup) -> tuple[RecordedQuestion | None, bool]:
-    """The question a message is about, and whether it was sent in that question's thread."""
+def _addressed_question(content: dict[str, Any], lookup: Lookup,
+                        sender: str = "") -> tuple[RecordedQuestion | None, bool]:
+    """The question a message is about, and whether it was sent in that question's thread.
+
+    A reply counts for the question when it replies to the question, to its
+    poll, to any message the bridge sent about it (an acknowledgement, a
+    refusal, a reminder, a close notice) or to the sender's own earlier
+    answer: people reply to what is in front of them.
+    """
     relates = content.get("m.relates_to")
     if not isinstance(relates, dict):
         return None, False
     if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
-        return lookup.question_by_event(relates["event_id"]), True
+        root = lookup.question_by_event(relates["event_id"])
+        if root is not None:
+            return root, True
+        # A thread started on the bridge's word about a question (or on one's
+        # own answer) reads as a reply to it; only the question's thread holds notes.
+        return _replied_question(relates["event_id"], lookup, sender), False
     reply = relates.get("m.in_reply_to")
     target = reply.get("event_id") if isinstance(reply, dict) else None
-    if isinstance(target, str):
-        return lookup.question_by_event(target) or lookup.question_by_poll(target), False
-    return None, False
+    if not isinstance(target, str):
+        return None, False
+    return _replied_question(target, lookup, sender), False
+
+
+def _replied_question(target: str, lookup: Lookup, sender: str) -> RecordedQuestion | None:
+    found = lookup.question_by_event(target) or lookup.question_by_poll(target)
+    if found is None:
+        about = lookup.reply_target(target)
+        if about is not None and about[1] in (None, sender):
+            found = lookup.question_by_event(about[0])
+    return found
+
+
+def _direct_target(content: dict[str, Any]) -> str | None:
+    """The thread root, or else the event replied to."""
+    relates = content.get("m.relates_to")
+    if not isinstance(relates, dict):
+        return None
+    if relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
+        return relates["event_id"]
+    reply = relates.get("m.in_reply_to")
+    target = reply.get("event_id") if isinstance(reply, dict) else None
+    return target if isinstance(target, str) else None
+
+
+def _unplaced(event: dict[str, Any], content: dict[str, Any]) -> Unplaced | None:
+    relates = content.get("m.relates_to")
+    reply = relates.get("m.in_reply_to") if isinstance(relates, dict) else None
+    # Only what a person types: a notice is a bot's, and bots must not set each other off.
+    if not isinstance(reply, dict) or not isinstance(reply.get("event_id"), str) \
+            or _s(content, "msgtype") not in ("m.text", "m.emote"):
+        return None
+    mentions = content.get("m.mentions")
+    users = mentions.get("user_ids") if isinstance(mentions, dict) else None
+    named = tuple(u for u in users if isinstance(u, str)) if isinstance(users, list) else ()
+    return Unplaced(_s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"), _ts(event), named)
 
 
 # ---------------------------------------------------------------- building
@@ -323,6 +391,11 @@ def _cant_read(what: str, question: RecordedQuestion) -> str:
     shown = " ".join(what.split())
     shown = shown if len(shown) <= 60 else shown[:59] + "\u2026"
     title = question.question.get("title") or question.qid or "this question"
+    missing = numbers_out_of_range(what, question)
+    if missing:
+        named = " or ".join(str(n) for n in missing)
+        return (f"There is no option {named} in \u201c{title}\u201d; the options are 1\u2013{len(question.options)}. "
+                f"{help_text(question)}")
     return f"I couldn't read \u201c{shown}\u201d as an answer to \u201c{title}\u201d. {help_text(question)}"
 
 

@@ -9,7 +9,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.protocol.render import HTML_FORMAT, esc_links
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.render import HTML_FORMAT, esc_links, option_display, short_digest
 
 OUTCOME_KEY = "dev.superpipeline.question.outcome"
 
@@ -34,15 +35,15 @@ def outcome_field(*, answer_event_id: str, recorded: bool, question_event_id: st
 def describe_record(record: dict[str, Any], labels: Mapping[str, str] | None = None) -> str:
     """The pick in a few words, as the person would recognise it.
 
-    A multi or rank record holds option ids, which the person never saw:
-    ``labels`` (option id -> label, from the question as posted) turns them
-    back into the words of the message; an id it lacks is shown as is.
+    A record holds option ids, which the person never saw: ``labels``
+    (option id -> what the message showed for it, ``display_names``) turns
+    them back into the words of the message; an id it lacks is shown as is.
     """
     if record.get("state") == "unsure":
         return "not sure yet"
     named = labels or {}
     if "label" in record:
-        picked = str(record["label"])
+        picked = str(named.get(str(record.get("choice")), record["label"]))
     elif "choices" in record:
         picked = ", ".join(str(named.get(c, c)) for c in record["choices"])
     elif "order" in record:
@@ -55,6 +56,34 @@ def describe_record(record: dict[str, Any], labels: Mapping[str, str] | None = N
     if record.get("note") and record.get("state") != "note_only":
         picked += " (with a note)"
     return picked
+
+
+def display_names(question: RecordedQuestion) -> dict[str, str]:
+    """Option id -> what the person read for it in the question's message.
+
+    On a compare the sided options read as their side ("Right"); the label
+    behind a side is added only when the sides are not blind (not
+    ``randomized``), so an acknowledgement never names what the person did
+    not see.
+    """
+    sides = question.question.get("sides")
+    blind = isinstance(sides, dict) and sides.get("randomized") is True
+    names = {}
+    for option in question.options:
+        shown = option_display(question.question, option)
+        label = option.get("label")
+        if shown != label and isinstance(label, str) and not blind:
+            shown = f"{shown} ({label})"
+        names[option["id"]] = shown
+    return names
+
+
+def sentence(text: str) -> str:
+    """``text`` ended with one full stop: none added after a closing quote or
+    a mark that already ends it (no “fine.”. or ?.)."""
+    text = text.rstrip()
+    bare = text.rstrip("”\"'’")
+    return text if bare.endswith((".", "!", "?", "…")) else text + "."
 
 
 def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
@@ -73,22 +102,36 @@ def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dict[str, Any], title: str,
-                    via: str | None, extra: str | None = None,
-                    labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-    text = f"Recorded for “{title}”: {describe_record(record, labels)}."
-    if record.get("rev", 1) > 1:
-        text += f" This replaces your earlier answer (answer {record['rev']})."
+                    via: str | None, extra: str | None = None, labels: Mapping[str, str] | None = None,
+                    reply_to: str | None = None, subject: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The word back on an accepted answer.
+
+    ``reply_to`` is the message the person sees (for an edit, the original:
+    clients hide the edit event itself).  ``record`` is the record as
+    ``answers.json`` holds it after this answer, so the words and
+    ``record_rev`` say what the file says.  ``subject`` (id, digest) names
+    what an approval approved.
+    """
+    picked = describe_record(record, labels)
+    if subject is not None:
+        picked += f", for {subject[0]} (digest {short_digest(subject[1])})"
+    if via == "edit":
+        text = sentence(f"Changed your answer to “{title}”: now {picked}")
+    else:
+        text = sentence(f"Recorded for “{title}”: {picked}")
+        if record.get("rev", 1) > 1:
+            text += " This replaces your earlier answer."
     if extra:
         text += f" {extra}"
-    return notice(text, answer_event_id, outcome_field(
+    return notice(text, reply_to or answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id,
         qid=record.get("qid"), q_rev=record.get("q_rev"), via=via, record_rev=record.get("rev")))
 
 
 def refused_notice(*, answer_event_id: str, question_event_id: str | None, qid: str | None, layer: str,
-                   reason: str, message: str, via: str) -> dict[str, Any]:
-    text = f"Not recorded: {message}"
-    return notice(text, answer_event_id, outcome_field(
+                   reason: str, message: str, via: str | None, reply_to: str | None = None) -> dict[str, Any]:
+    text = sentence(f"Not recorded: {message}")
+    return notice(text, reply_to or answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=False, question_event_id=question_event_id, qid=qid,
         via=via, layer=layer, reason=reason))
 
@@ -122,7 +165,7 @@ def describe_added(added: dict[str, Any]) -> str:
 
 def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dict[str, Any], title: str, qid: str,
                      q_rev: int, record_rev: int) -> dict[str, Any]:
-    text = f"Added to your answer to “{title}”: {describe_added(added)}."
+    text = sentence(f"Added to your answer to “{title}”: {describe_added(added)}")
     return notice(text, answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id, qid=qid, q_rev=q_rev,
         record_rev=record_rev))

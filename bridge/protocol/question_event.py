@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bridge.protocol.render import HTML_FORMAT, render_body, render_html
+from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html
 from bridge.questionset.model import (
     OTHER_ID,
     OTHER_LABEL,
@@ -400,3 +400,36 @@ def _attempts() -> list[tuple[int | None, int | None | str]]:
     attempts += [(limit, _SHRINK_LIMITS[-1]) for limit in _SHRINK_LIMITS[1:]]
     attempts += [(limit, "drop") for limit in _SHRINK_LIMITS[1:]]
     return attempts
+
+
+SHOWN_CLOSED_KEY = "dev.superpipeline.question.shown_closed"
+CLOSED_LINE = "Closed: no longer accepting answers"
+
+
+def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: str) -> dict[str, Any]:
+    """An ``m.replace`` of a question's message once it is closed, withdrawn,
+    superseded or replaced: the same message with its "To answer" line
+    turned into "Closed: no longer accepting answers (why)".  The original
+    stays in the event's history; only what clients show changes.  The
+    structured question is not repeated (it is the original's), so readers
+    of the room's events still find the question as it was asked."""
+    line = f"{CLOSED_LINE} ({why})." if why and why != "closed" else f"{CLOSED_LINE}."
+    body = str(content.get("body", ""))
+    lines = body.split("\n")
+    at = max((i for i, text in enumerate(lines) if text.startswith("To answer: ")), default=None)
+    new_body = "\n".join(lines[:at] + [line]) if at is not None else f"{body}\n\n{line}"
+    new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": new_body}
+    html = content.get("formatted_body")
+    if isinstance(html, str):
+        start = html.rfind("<p><em>To answer:</em>")
+        kept = html[:start].rstrip("\n") if start >= 0 else html
+        new.update(format=HTML_FORMAT, formatted_body=f"{kept}\n<p><strong>{esc(line)}</strong></p>")
+    title = content.get("question", {}).get("title", "") if isinstance(content.get("question"), Mapping) else ""
+    return {
+        "msgtype": new["msgtype"],
+        # The fallback for clients without edits: short, the whole message is in m.new_content.
+        "body": f"* {title}: {line}",
+        "m.new_content": new,
+        "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
+        SHOWN_CLOSED_KEY: {"question_event_id": question_event_id, "why": why},
+    }

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from bridge.protocol.render import option_display
 from bridge.questionset.model import BUILTIN_IDS
 
 # The answer schema's own cap on `text`; a question without `text_max` gets it.
@@ -160,3 +161,13 @@ def _str_or_none(value: Any) -> str | None:
 
 def _input_mode(value: Any) -> str | None:
     return value if value in ("required", "optional") else None
+
+
+def option_name(question: RecordedQuestion, option_id: str) -> str:
+    """An offered option in the person's terms: its number in the message and
+    what it reads as there (the side on a compare, never the id).  An id the
+    question does not offer is quoted as given."""
+    for number, option in enumerate(question.options, start=1):
+        if option["id"] == option_id:
+            return f"{number} (\u201c{option_display(question.question, option)}\u201d)"
+    return f"\u201c{option_id}\u201d"

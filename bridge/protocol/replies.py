@@ -91,16 +91,33 @@ def help_text(question: RecordedQuestion) -> str:
     kind = question.kind
     if kind == "text":
         return "Reply to the question with your answer in your own words, or “unsure” if you are not sure."
+    # Only what the message shows: numbers and the words of the options, never ids.
     if kind == "multi":
-        return (f"Reply with the numbers of every option you pick, separated by commas (for example “1, {min(own, 3)}”), "
-                f"or their ids; {builtins}.")
+        return (f"Reply with the numbers of every option you pick, separated by commas "
+                f"(for example “1, {min(own, 3)}”); {builtins}.")
     if kind == "rank":
         example = ", ".join(str(n) for n in range(own, 0, -1))
-        return f"Reply with all {own} numbers (or ids) in your order, best first, separated by commas (for example “{example}”); {builtins}."
-    how = f"Reply with the number of your pick (1\u2013{count}), its id or its label"
+        return f"Reply with all {own} numbers in your order, best first, separated by commas (for example “{example}”); {builtins}."
+    how = f"Reply with the number of your pick (1\u2013{count})"
     if kind in SINGLE_PICK_KINDS:
         how += ", react with its number, or vote in the poll"
     return f"{how}; {builtins}."
+
+
+def numbers_out_of_range(body: str, question: RecordedQuestion) -> list[int]:
+    """The numbers in a reply that name no option ("9" on four options), in
+    the order typed; empty when every number is one the message shows."""
+    if question.kind == "text":
+        return []
+    text = strip_fallback(body)
+    parts = text.split() if _SPACED_NUMBERS.match(text) else re.split(r"[,;>\n]", text)
+    count = len(question.options)
+    found = []
+    for part in parts:
+        number = _NUMBER.match(_plain(part))
+        if number and not 1 <= int(number.group(1)) <= count and int(number.group(1)) not in found:
+            found.append(int(number.group(1)))
+    return found
 
 
 # ---------------------------------------------------------------- reading

@@ -80,7 +80,7 @@ def score_text(qset: QuestionSet, result: Score) -> str:
     lines = [f"Score for \u201c{qset.title}\u201d: {_n(result.points)} of {_n(result.possible)}."]
     lines += [f"- {topic}: {_n(got)} of {_n(possible)}" for topic, (got, possible) in result.by_topic.items()]
     if result.bonus[1]:
-        lines.append(f"Bonus (apart): {_n(result.bonus[0])} of {_n(result.bonus[1])}")
+        lines.append(f"Bonus questions: {_n(result.bonus[0])} of {_n(result.bonus[1])}")
     if result.to_grade:
         lines.append(f"{result.to_grade} written answer{'s' if result.to_grade > 1 else ''} wait for grading.")
     return "\n".join(lines)

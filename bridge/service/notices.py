@@ -124,8 +124,8 @@ class Notices:
             self._drop(seqs, room, "unrenderable")
             return False
         try:
-            await self.pipeline.transport.send(room, "m.room.message", content, txn_id("ack", entry.event_id,
-                                                                                        str(seqs[-1])))
+            sent_id = await self.pipeline.transport.send(room, "m.room.message", content,
+                                                         txn_id("ack", entry.event_id, str(seqs[-1])))
         except MatrixError as exc:
             if not exc.permanent:
                 self._back_off(room, exc)
@@ -144,6 +144,8 @@ class Notices:
         with self.store.transaction(flush=False):
             for seq in seqs:
                 self.store.mark_acked(seq, SENT if seq == seqs[-1] else COALESCED)
+            if isinstance(sent_id, str):  # a reply to this notice is about the same question
+                self.store.record_sent(sent_id, room, question_event_id=entry.question_event_id, about=entry.event_id)
         return True
 
     async def _score(self, entry: LogEntry) -> None:

@@ -32,8 +32,11 @@ from bridge.protocol import annotate
 from bridge.answers.document import AnswersError, record_problem
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
-from bridge.protocol.normalize import Annotation, Candidate, Unreadable, VoteWithdrawal, Withdrawal, normalize
-from bridge.protocol.outcome import annotated_notice, in_thread, recorded_notice, refused_notice, with_remark
+from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
+                                      normalize)
+from bridge.protocol.outcome import annotated_notice, display_names, in_thread, recorded_notice, refused_notice, \
+    with_remark
+from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
 from bridge.service import quiz
@@ -83,6 +86,10 @@ class _StoreLookup:
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
         return self.store.attachment(event_id)
+
+    def reply_target(self, event_id: str) -> tuple[str, str | None] | None:
+        question = self.store.sent_question(event_id)
+        return (question, None) if question else self.store.gesture_at(event_id)
 
 
 @dataclass
@@ -175,10 +182,13 @@ class Pipeline:
             return
         if isinstance(found, Withdrawal):
             self._withdrawn(self.store.withdraw(found.target), found.event_id, found.room_id, found.sender,
-                            "redaction", event, result)
+                            "redaction", event, result, target=found.target)
         elif isinstance(found, VoteWithdrawal):
             self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender), found.event_id,
-                            found.room_id, found.sender, "poll", event, result)
+                            found.room_id, found.sender, "poll", event, result,
+                            question_event_id=found.question.event_id)
+        elif isinstance(found, Unplaced):
+            self._unplaced(found, result)
         elif isinstance(found, Unreadable):
             self._log(self._refusal(found.answer, found.question, event, "schema", found.reason, found.message),
                       result)
@@ -226,13 +236,24 @@ class Pipeline:
             self.on_trouble(kind, reason)
 
     def _withdrawn(self, touched: tuple[str, str, str] | None, event_id: str, room_id: str, sender: str, via: str,
-                   event: dict[str, Any], result: BatchResult) -> None:
+                   event: dict[str, Any], result: BatchResult, target: str | None = None,
+                   question_event_id: str | None = None) -> None:
         if touched:
             set_dir, set_id, qid = touched
+            # `replaces` names what was withdrawn, so the word back can go where its acknowledgement went.
+            logged = self.store.logged_question(target) if target else None
             self.store.append_log(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
-                                           set_dir=set_dir, qid=qid, ts=_ts(event)))
+                                           set_dir=set_dir, qid=qid, ts=_ts(event), replaces=target,
+                                           question_event_id=logged[0] if logged else question_event_id))
             result.withdrawn += 1
         self.store.mark_processed(event_id, "withdrawn")
+
+    def _unplaced(self, found: Unplaced, result: BatchResult) -> None:
+        """A reply to the bridge that is about no question it knows: a short
+        help instead of silence.  Replies between people are left alone."""
+        if self.transport.user_id in found.mentions and self._may_answer(found.sender, found.room_id):
+            self._log(LogEntry(found.event_id, found.room_id, found.sender, "reply", "refused", layer="recorded",
+                               reason="unplaced_reply", message=UNPLACED_MESSAGE, ts=found.ts), result)
 
     def _context(self, room_id: str) -> JudgeContext:
         return JudgeContext(allowed=self.answerers, members=frozenset(self.members.get(room_id, ())),
@@ -280,6 +301,9 @@ class Pipeline:
             source = {"via": "matrix", "how": answer.via, "room_id": answer.room_id, "event_id": answer.event_id,
                       "sender": answer.sender, "ts": _ts(event)}
             record = to_record(question, verdict, prior=prior, source=source, now=now)
+            # The record's rev is what answers.json will say: every answer ever
+            # accepted counts, the one an edit replaced included.
+            record["rev"] = self.store.accepted_count(set_dir, common["qid"]) + 1
             entry = LogEntry(outcome="accepted", record=record, **common)
         else:
             entry = LogEntry(outcome="refused", layer=verdict.layer, reason=verdict.reason, message=verdict.message,
@@ -439,10 +463,13 @@ class Pipeline:
     def notice_for(self, entry: LogEntry) -> dict[str, Any]:
         question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
         via = entry.via if entry.via in _OUTCOME_VIAS else None
+        if entry.outcome == "withdrawn":
+            return self._withdrawal_notice(entry, question)
         if entry.outcome == "accepted" and entry.record is not None and question is not None:
             content = recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                       record=entry.record, title=question.content["question"]["title"], via=via,
-                                      extra=quiz.feedback_for(entry, question), labels=question.labels)
+                                      extra=quiz.feedback_for(entry, question), labels=display_names(question),
+                                      subject=question.subject if question.subject_bound else None)
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
@@ -454,16 +481,40 @@ class Pipeline:
             content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
                                      qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
                                      message=entry.message or "the answer could not be read.", via=via)
-        if question is not None and entry.via not in ("answer_event", "reply", "edit"):
+        if entry.replaces:
+            # An edit: clients show the original message, not the edit event.
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
+        if question is not None and entry.via not in _TIMELINE_VIAS:
             # A vote, a reaction or a note has no message worth quoting in the
             # timeline: the word back goes to the question's thread.
             content["m.relates_to"] = in_thread(question.event_id)
+        return content
+
+    def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
+        """Told where the acknowledgement of what was withdrawn went, as a reply to it."""
+        logged = self.store.logged_question(entry.replaces) if entry.replaces else None
+        withdrawn_via = logged[1] if logged else entry.via
+        ack = self.store.acknowledgement_of(entry.replaces) if entry.replaces else None
+        now = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        title = question.question.get("title", entry.qid) if question else (entry.qid or "")
+        content = withdrawn_notice(event_id=entry.event_id, withdrawn_event_id=entry.replaces,
+                                   question_event_id=entry.question_event_id, qid=entry.qid, title=str(title),
+                                   withdrawn_via=withdrawn_via, now=now, reply_to=ack or entry.event_id,
+                                   labels=display_names(question) if question else None)
+        if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
+            thread = in_thread(question.event_id)
+            if ack is not None:
+                thread.update({"is_falling_back": False, "m.in_reply_to": {"event_id": ack}})
+            content["m.relates_to"] = thread
         return content
 
     def _record_rev(self, entry: LogEntry) -> int:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         return record["rev"] if record else 1
 
+
+# Answers whose word back replies to them in the timeline; the rest go to the question's thread.
+_TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
 
 # The `via` values the outcome schema knows; a note or a file is reported without one.
 _OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 from bridge.protocol.outcome import txn_id
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
-from bridge.protocol.question_event import build_question_event, new_elicitation_id, option_order
+from bridge.protocol.question_event import build_question_event, closed_replacement, new_elicitation_id, option_order
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service import media
@@ -128,7 +128,7 @@ class Poster:
                         await media.post_in_thread(prepared.messages, latest.event_id, room, self.store,
                                                    self.transport)
             elif latest is not None and latest.open:
-                await self._close(latest, _closing_words(question), report)
+                await self._close(latest, _closing_words(question, qset), report)
         for recorded, _poll in self.store.posted_for_set(qset.id):
             if recorded.open and recorded.qid not in current:
                 await self._close(recorded, "removed from the set", report)
@@ -199,7 +199,12 @@ class Poster:
             "dev.superpipeline.question.closed": {"question_event_id": recorded.event_id, "qid": recorded.qid,
                                                   "why": why},
         }
-        await self.transport.send(recorded.room_id, "m.room.message", content, txn_id("close", recorded.event_id))
+        sent_id = await self.transport.send(recorded.room_id, "m.room.message", content,
+                                            txn_id("close", recorded.event_id))
+        # The question's own message says so too: its "To answer" line becomes "Closed".
+        await self.transport.send(recorded.room_id, "m.room.message",
+                                  closed_replacement(recorded.event_id, recorded.content, why),
+                                  txn_id("close-edit", recorded.event_id))
         poll = self.store.poll_of(recorded.event_id)
         if poll:
             # Votes after this are refused anyway (the question is closed); ending
@@ -207,6 +212,8 @@ class Poster:
             await self.transport.send(recorded.room_id, POLL_END, poll_end(poll, why), txn_id("poll-end", poll))
         with self.store.transaction(flush=False):  # a lost mark only says the same again, same transaction ids
             self.store.delete_meta(_UNTOLD + recorded.event_id)
+            if isinstance(sent_id, str):  # a reply to the close notice is refused as question_closed, not ignored
+                self.store.record_sent(sent_id, recorded.room_id, question_event_id=recorded.event_id, kind="closed")
 
 
 # Meta key prefix: a closed question whose room has not been told yet (value: why).
@@ -243,9 +250,12 @@ def changed_sets(root: Path, paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-def _closing_words(question: Question) -> str:
+def _closing_words(question: Question, qset: QuestionSet) -> str:
     if question.status == "withdrawn":
         return f"withdrawn ({question.reason})" if question.reason else "withdrawn"
     if question.status == "superseded":
-        return f"superseded by “{question.superseded_by}”" if question.superseded_by else "superseded"
+        # Named by its title, as the room shows it (the id is the agent's word).
+        successor = next((q for q in qset.questions if q.id == question.superseded_by), None)
+        name = successor.title if successor is not None else question.superseded_by
+        return f"superseded by “{name}”" if name else "superseded"
     return "closed"

@@ -69,10 +69,12 @@ async def send_reminders(store: Store, send: Send, questions: list[PostedQuestio
     one send is deduplicated by the homeserver, a later nudge is a new event."""
     sent = 0
     for question in questions:
-        await send(question.room_id, "m.room.message", reminder_content(question),
-                   txn_id("remind", question.event_id, str(now_ms)))
+        sent_id = await send(question.room_id, "m.room.message", reminder_content(question),
+                             txn_id("remind", question.event_id, str(now_ms)))
         with store.transaction():
             store.mark_reminded(question.event_id, now_ms)
+            if isinstance(sent_id, str):  # a reply to the reminder answers the question
+                store.record_sent(sent_id, question.room_id, question_event_id=question.event_id, kind="reminder")
         log.info("reminder sent: %s/%s rev %d (%s)", question.set_id, question.qid, question.rev, question.event_id)
         sent += 1
     return sent

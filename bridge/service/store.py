@@ -128,6 +128,22 @@ MIGRATIONS: list[str] = [
         at INTEGER NOT NULL
     );
     """,
+    # A word back for every gesture (issue 17): the bridge's own messages
+    # about a question (acknowledgements, refusals, reminders, close notices),
+    # so a reply to one of them is read as an answer to that question and a
+    # withdrawal is told where its acknowledgement went.  Withdrawals are now
+    # told too; those logged before this version were never owed a word.
+    """
+    CREATE TABLE sent (
+        event_id TEXT PRIMARY KEY,          -- the bridge's message
+        room_id TEXT NOT NULL,
+        question_event_id TEXT,             -- the question it is about
+        about TEXT,                         -- the person's event it answers (an acknowledgement's answer)
+        kind TEXT NOT NULL                  -- notice | reminder | closed | score
+    );
+    CREATE INDEX sent_by_about ON sent (about);
+    UPDATE answer_log SET acked=1 WHERE outcome='withdrawn';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -389,6 +405,18 @@ class Store:
             " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
         return (row[0], row[1]) if row else None
 
+    def gesture_at(self, event_id: str) -> tuple[str, str] | None:
+        """(question event id, sender) of a person's logged gesture at a question."""
+        row = self.db.execute(
+            "SELECT question_event_id, sender FROM answer_log WHERE event_id=? AND question_event_id IS NOT NULL"
+            " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def accepted_count(self, set_dir: str, qid: str) -> int:
+        """Answers ever accepted for a question: the next one's record ``rev`` is this plus one."""
+        return self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
+                               (set_dir, qid)).fetchone()[0]
+
     def accepted_answer(self, event_id: str) -> LogEntry | None:
         row = self.db.execute(
             "SELECT event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, record, ts"
@@ -455,7 +483,7 @@ class Store:
         rows = self.db.execute(
             "SELECT seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer,"
             " reason, message, record, ts, replaces FROM answer_log WHERE acked=0"
-            " AND outcome IN ('accepted','annotated','refused') ORDER BY seq").fetchall()
+            " AND outcome IN ('accepted','annotated','refused','withdrawn') ORDER BY seq").fetchall()
         return [(r[0], LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
                                 json.loads(r[13]) if r[13] else None, r[14], r[15])) for r in rows]
 
@@ -516,6 +544,22 @@ class Store:
         return dict(self.db.execute(
             "SELECT reason, COUNT(*) FROM answer_log WHERE outcome='refused' AND reason IN (%s) GROUP BY reason"
             % ",".join("?" * len(SET_ASIDE_REASONS)), SET_ASIDE_REASONS).fetchall())
+    def record_sent(self, event_id: str, room_id: str, *, question_event_id: str | None, about: str | None = None,
+                    kind: str = "notice") -> None:
+        """One of the bridge's own messages, and what it is about."""
+        self.db.execute("INSERT OR IGNORE INTO sent(event_id, room_id, question_event_id, about, kind)"
+                        " VALUES (?,?,?,?,?)", (event_id, room_id, question_event_id, about, kind))
+
+    def sent_question(self, event_id: str) -> str | None:
+        """The question a message the bridge sent is about (None: not the bridge's, or about none)."""
+        row = self.db.execute("SELECT question_event_id FROM sent WHERE event_id=?", (event_id,)).fetchone()
+        return row[0] if row else None
+
+    def acknowledgement_of(self, event_id: str) -> str | None:
+        """The bridge's latest word back on a person's event."""
+        row = self.db.execute("SELECT event_id FROM sent WHERE about=? ORDER BY rowid DESC LIMIT 1",
+                              (event_id,)).fetchone()
+        return row[0] if row else None
 
     def log_counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT outcome, COUNT(*) FROM answer_log GROUP BY outcome").fetchall())

@@ -362,4 +362,4 @@ async def test_a_quiz_says_right_or_wrong_and_scores_by_topic_when_done(bridge):
     text = scores[0]["content"]["body"]
     assert "1 of 3" in text  # room-id (1 point) right, event-size (2 points) wrong
     assert "- rooms: 1 of 1" in text and "- events: 0 of 2" in text
-    assert "Bonus (apart): 1 of 1" in text and "2 written answers wait for grading" in text
+    assert "Bonus questions: 1 of 1" in text and "2 written answers wait for grading" in text

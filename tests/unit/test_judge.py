@@ -499,6 +499,6 @@ def test_a_builtin_in_a_list_is_named_by_its_number_and_label(kind: str, text: s
     # The person typed "5" (say) and saw "Not sure, ask me later", never the id.
     v = verdict(question(kind), content(text=text))
     assert isinstance(v, Refused) and v.reason == "builtin_in_list"
-    assert v.message == "4 (Not sure, ask me later) can't be combined with other picks; send it on its own."
+    assert v.message == "4 (“Not sure, ask me later”) can't be combined with other picks; send it on its own."
     other = verdict(question(kind), content(text="other, a"))
-    assert isinstance(other, Refused) and other.message.startswith("5 (Something else) can't be combined")
+    assert isinstance(other, Refused) and other.message.startswith("5 (“Something else”) can't be combined")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bridge.protocol.judge import Accepted, JudgeContext, Refused, judge
-from bridge.protocol.normalize import (ANSWER_TYPE, Annotation, Candidate, Unreadable, VoteWithdrawal, Withdrawal,
+from bridge.protocol.normalize import (ANSWER_TYPE, Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                        normalize)
 from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
@@ -40,6 +40,8 @@ class FakeLookup:
     logged: dict[str, tuple[str, str]] = field(default_factory=dict)
     records: set[str] = field(default_factory=set)
     files: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    sent: dict[str, str] = field(default_factory=dict)  # the bridge's messages -> question event
+    senders: dict[str, str] = field(default_factory=dict)  # logged gestures -> who sent them
 
     def question_by_event(self, event_id: str) -> RecordedQuestion | None:
         return next((q for q in self.questions.values() if q.event_id == event_id), None)
@@ -63,6 +65,12 @@ class FakeLookup:
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
         return self.files.get(event_id)
+
+    def reply_target(self, event_id: str) -> tuple[str, str | None] | None:
+        if event_id in self.sent:
+            return self.sent[event_id], None
+        logged = self.logged.get(event_id)
+        return (logged[0], self.senders.get(event_id, ALICE)) if logged else None
 
 
 def event(content: dict[str, Any], type_: str = "m.room.message", event_id: str = "$e") -> dict[str, Any]:
@@ -221,8 +229,38 @@ def test_an_unreadable_reply_gets_help_and_no_answer(qid, body):
 
 def test_a_reply_to_something_else_is_not_an_answer():
     content = {"msgtype": "m.text", "body": "2", "m.relates_to": {"m.in_reply_to": {"event_id": "$chat"}}}
-    assert normalize(event(content), FakeLookup()) is None
+    found = normalize(event(content), FakeLookup())
+    assert isinstance(found, Unplaced) and found.mentions == ()  # the shell answers only a reply to the bridge
     assert normalize(event({"msgtype": "m.text", "body": "2"}), FakeLookup()) is None
+
+
+def test_a_reply_to_the_bridges_word_about_a_question_answers_it():
+    lookup = FakeLookup(sent={"$refusal": "$q_risk"})
+    content = {"msgtype": "m.text", "body": "1", "m.mentions": {"user_ids": ["@bot:hs"]},
+               "m.relates_to": {"m.in_reply_to": {"event_id": "$refusal"}}}
+    found = normalize(event(content), lookup)
+    assert isinstance(found, Candidate) and found.question.qid == "risk"
+    assert found.answer.content["option_id"] == "low" and found.answer.via == "reply"
+
+
+def test_a_reply_to_ones_own_answer_changes_it_and_to_someone_elses_does_not():
+    lookup = FakeLookup(logged={"$mine": ("$q_risk", "reply"), "$bobs": ("$q_risk", "reply")},
+                        senders={"$bobs": "@bob:hs"})
+    mine = normalize(event({"msgtype": "m.text", "body": "3",
+                            "m.relates_to": {"m.in_reply_to": {"event_id": "$mine"}}}), lookup)
+    assert isinstance(mine, Candidate) and mine.answer.content["option_id"] == "high"
+    bobs = normalize(event({"msgtype": "m.text", "body": "3", "m.mentions": {"user_ids": ["@bob:hs"]},
+                            "m.relates_to": {"m.in_reply_to": {"event_id": "$bobs"}}}), lookup)
+    assert isinstance(bobs, Unplaced) and bobs.mentions == ("@bob:hs",)
+
+
+def test_a_number_past_the_last_option_is_named():
+    found = normalize(reply("platforms", "1, 9"), FakeLookup())
+    assert isinstance(found, Unreadable)
+    assert found.message.startswith("There is no option 9 in “Platforms”; the options are 1–")
+    key = normalize(event({"m.relates_to": {"rel_type": "m.annotation", "event_id": "$q_ship", "key": "\U0001f51f"}},
+                          "m.reaction"), FakeLookup())
+    assert isinstance(key, Unreadable) and key.message.startswith("There is no option 10 in")
 
 
 # ---------------------------------------------------------------- threads, notes, files
@@ -355,3 +393,21 @@ def test_the_answer_event_path_is_unchanged():
                "elicitation_id": q.elicitation_id, "option_id": "main",
                "m.relates_to": {"rel_type": "m.reference", "event_id": q.event_id}}
     assert accepted(normalize(event(content), FakeLookup())).via == "answer_event"
+
+
+def test_a_thread_on_the_bridges_word_reads_as_a_reply_and_a_file_there_is_left_alone():
+    lookup = FakeLookup(sent={"$ack": "$q_branch"})
+    thread = {"rel_type": "m.thread", "event_id": "$ack", "is_falling_back": True, "m.in_reply_to": {"event_id": "$ack"}}
+    words = normalize(event({"msgtype": "m.text", "body": "keep it simple", "m.relates_to": thread}), lookup)
+    assert isinstance(words, Unreadable) and words.question.qid == "branch"  # help, not a silent note
+    pick = normalize(event({"msgtype": "m.text", "body": "2", "m.relates_to": thread}), lookup)
+    assert isinstance(pick, Candidate) and pick.answer.content["option_id"] == "stable"
+    picture = normalize(event({"msgtype": "m.image", "body": "a.png", "url": "mxc://hs/a", "m.relates_to": thread}),
+                        lookup)
+    assert picture is None  # files are fetched only for the question itself
+
+
+def test_a_bots_notice_replying_to_the_bridge_is_not_answered():
+    content = {"msgtype": "m.notice", "body": "ack", "m.mentions": {"user_ids": ["@bot:hs"]},
+               "m.relates_to": {"m.in_reply_to": {"event_id": "$chat"}}}
+    assert normalize(event(content), FakeLookup()) is None

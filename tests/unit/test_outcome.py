@@ -34,5 +34,5 @@ def test_notice_html_escapes_and_puts_ids_and_urls_in_code() -> None:
     )
     refused = refused_notice(answer_event_id="$a", question_event_id="$q", qid="q", layer="recorded",
                              reason="option_not_offered", message="“https://evil.example/x” is not an option", via="reply")
-    assert refused["formatted_body"] == "Not recorded: “<code>https://evil.example/x</code>” is not an option"
+    assert refused["formatted_body"] == "Not recorded: “<code>https://evil.example/x</code>” is not an option."
     assert notice("@alice:example.org & @room", "$a", {})["formatted_body"] == "<code>@alice:example.org</code> &amp; @room"

@@ -1,0 +1,63 @@
+"""The word back on a withdrawal, and on a reply the bridge can't place.
+
+Pure.  A withdrawal (a removed answer, vote, reaction or note; an empty
+poll vote) changes the record as surely as an answer does, so it is told
+too: what was withdrawn and what the record holds now.  The message goes
+where the acknowledgement of what was withdrawn went (a reply to it), so
+the person sees the two side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bridge.protocol.outcome import describe_record, notice, sentence
+
+WITHDRAWN_KEY = "dev.superpipeline.question.withdrawn"
+
+# What the person did, by the `via` the bridge logged for it.
+_GESTURE = {"poll": "vote", "reaction": "reaction", "note": "note", "attachment": "file"}
+
+
+def gesture(via: str | None) -> str:
+    return _GESTURE.get(via or "", "answer")
+
+
+def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
+                   labels: Mapping[str, str] | None = None) -> str:
+    what = gesture(withdrawn_via)
+    head = f"Your {what} on “{title}” is withdrawn" if what in ("note", "file") else \
+        f"Your {what} to “{title}” is withdrawn"
+    if now is None:
+        return f"{head}; no answer is recorded now."
+    if now.get("state") == "note_only":
+        return f"{head}; no answer is recorded now, only your notes."
+    earlier = gesture((now.get("source") or {}).get("how"))
+    standing = describe_record(now, labels)
+    if what in ("note", "file"):
+        return sentence(f"{head}; your {earlier} stands: {standing}")
+    return sentence(f"{head}; your earlier {earlier}, {standing}, stands again")
+
+
+def withdrawn_notice(*, event_id: str, withdrawn_event_id: str | None, question_event_id: str | None,
+                     qid: str | None, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
+                     reply_to: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``event_id``: the redaction (or empty vote); ``now``: the record as
+    ``answers.json`` holds it after the withdrawal (None: no record)."""
+    content = notice(withdrawn_text(title=title, withdrawn_via=withdrawn_via, now=now, labels=labels), reply_to, {})
+    content.pop("dev.superpipeline.question.outcome", None)
+    content[WITHDRAWN_KEY] = {
+        "schema_version": 1,
+        "event_id": event_id,
+        "withdrawn_event_id": withdrawn_event_id,
+        "question_event_id": question_event_id,
+        "qid": qid,
+        "record_rev": now.get("rev") if now else None,
+        "state": now.get("state") if now else None,
+    }
+    return content
+
+
+UNPLACED_MESSAGE = ("I couldn't tell which question this reply is about. Reply to the question itself "
+                    "(or to my message about your answer) with the number of your pick.")

@@ -1,0 +1,27 @@
+"""``make demo``: an address a client can keep, and example media a person can see."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from bridge.devserver import first_free_port, free_port
+from bridge.resources import examples_dir
+
+
+def test_the_preferred_port_when_free_else_the_next_free_one():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        got = first_free_port(busy)
+        assert got != busy and busy < got <= busy + 50
+    free = free_port()
+    assert first_free_port(free) == free
+
+
+def test_the_example_image_is_large_enough_to_see():
+    data = (examples_dir() / "release-decisions" / "media" / "latency.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 480 and height >= 270, (width, height)

@@ -1,0 +1,319 @@
+"""Every acknowledgement and refusal the bridge can send, rendered: none names
+an option by its id (the person never saw one) unless the id is also what the
+message showed for it.
+
+The set's option ids are made unmistakable (``opt_main``, ...) so a leak can
+be told from an ordinary word; the built-ins (``unsure``, ``other``) are words
+the question's message itself asks people to type, so for them only the form
+that names a pick by its id (``(other)``, ``“other”`` alone) counts as a leak.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.protocol import judge as judge_module
+from bridge.protocol.judge import REASONS, Accepted, IncomingAnswer, JudgeContext, Refused, judge
+from bridge.protocol.normalize import Unreadable, normalize
+from bridge.protocol.outcome import annotated_notice, display_names, recorded_notice, refused_notice
+from bridge.protocol.question_event import build_question_event
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.study import Score, score_text
+from bridge.protocol.to_record import to_record
+from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
+from bridge.questionset.model import BUILTIN_IDS, QuestionSet
+from bridge.service import crypto, pipeline
+from helpers.sets import SUBJECT, all_kinds_set
+
+ROOM = "!room:hs"
+ALICE = "@alice:hs"
+BOT = "@bot:hs"
+CTX = JudgeContext(allowed=None, members=frozenset({ALICE}), bridge_user=BOT)
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "reason-codes.md"
+
+
+def _distinct_ids(data: dict[str, Any]) -> dict[str, Any]:
+    """``all_kinds_set`` with every set option id made unmistakable."""
+    def new(oid: str) -> str:
+        return oid if oid in BUILTIN_IDS else f"opt_{oid}"
+    for q in data["questions"]:
+        for option in q.get("options", []):
+            option["id"] = new(option["id"])
+        guess = q.get("guess", {})
+        for key in ("option",):
+            if key in guess:
+                guess[key] = new(guess[key])
+        for key in ("options", "order"):
+            if key in guess:
+                guess[key] = [new(o) for o in guess[key]]
+        if "sides" in q:
+            q["sides"] = {k: (new(v) if isinstance(v, str) else v) for k, v in q["sides"].items()}
+    return data
+
+
+def _questions() -> dict[str, RecordedQuestion]:
+    qset = QuestionSet.model_validate(_distinct_ids(all_kinds_set()))
+    out = {}
+    for q in qset.questions:
+        content = build_question_event(qset, q, elicitation_id=f"elc_{q.id}", poll=True,
+                                       text_max=40 if q.kind == "text" else 16000)
+        out[q.id] = RecordedQuestion(event_id=f"$q_{q.id}", room_id=ROOM, set_id=qset.id, content=content)
+    return out
+
+
+QUESTIONS = _questions()
+
+
+def content_for(q: RecordedQuestion, **fields: Any) -> dict[str, Any]:
+    answer = {"msgtype": "m.text", "body": "answer", "schema_version": 1,
+              "suite_event_type": "dev.superpipeline.question.answer.v2", "elicitation_id": q.elicitation_id,
+              "m.relates_to": {"rel_type": "m.reference", "event_id": q.event_id}}
+    if q.subject_bound:
+        answer["subject"] = dict(SUBJECT)
+    answer.update(fields)
+    return {k: v for k, v in answer.items() if v is not None}
+
+
+def verdict(q: RecordedQuestion | None, content: Any, *, sender: str = ALICE, room: str = ROOM) -> Accepted | Refused:
+    return judge(q, IncomingAnswer("$a", room, sender, 1, content, via="reply"), CTX)
+
+
+def _refusals() -> list[tuple[RecordedQuestion | None, Refused]]:
+    """Answers that draw every refusal the judge has, on every kind they can happen on."""
+    found: list[tuple[RecordedQuestion | None, Refused]] = []
+    for q in QUESTIONS.values():
+        ids = [o["id"] for o in q.options if o["id"] not in BUILTIN_IDS]
+        tries: list[tuple[Any, dict[str, Any]]] = [
+            (42, {}), (content_for(q, body=None), {}), (content_for(q, body=3), {}),
+            (content_for(q, msgtype="m.notice"), {}), (content_for(q, option_id=""), {}),
+            (content_for(q, elicitation_id="x" * 201), {}), (content_for(q, option_id=None, text=" "), {}),
+            (content_for(q, option_id=ids[0] if ids else "unsure"), {"sender": BOT}),
+            (content_for(q, option_id="zzz"), {}),
+            (content_for(q, option_id="unsure"), {"room": "!elsewhere:hs"}),
+            (content_for(q, option_id="unsure"), {"sender": "@mallory:hs"}),
+            (content_for(q, option_id="unsure", elicitation_id="elc_old"), {}),
+            (content_for(q, option_id="unsure", **{"m.relates_to": {"rel_type": "m.reference", "event_id": "$x"}}), {}),
+            (content_for(q, option_id="other"), {}),
+            (content_for(q, option_id="other", text="t" * 10500, note="n" * 10000), {}),
+            (content_for(q, text="my own words, far longer than forty characters in all"), {}),
+        ]
+        if q.subject_bound:
+            tries += [(content_for(q, option_id=ids[0], subject=None), {}),
+                      (content_for(q, option_id=ids[0], subject={"id": "other-item", "digest": SUBJECT["digest"]}), {}),
+                      (content_for(q, option_id=ids[0], subject={"id": SUBJECT["id"], "digest": "f" * 64}), {})]
+        else:
+            tries.append((content_for(q, option_id="unsure", subject=dict(SUBJECT)), {}))
+        if q.kind in ("multi", "rank"):
+            tries += [(content_for(q, option_id=ids[0]), {}), (content_for(q, text=f"{ids[0]}, unsure"), {}),
+                      (content_for(q, text=f"{ids[0]}, {ids[0]}"), {}), (content_for(q, text=", ,"), {}),
+                      (content_for(q, text=ids[1]), {})]
+        for content, how in tries:
+            result = verdict(q, content, **how)
+            if isinstance(result, Refused):
+                found.append((q, result))
+        closed = RecordedQuestion(q.event_id, q.room_id, q.set_id, q.content, open=False)
+        found.append((q, verdict(closed, content_for(q, option_id="unsure"))))
+    found.append((None, verdict(None, content_for(QUESTIONS["branch"], option_id="opt_main"))))
+    found.append((None, judge_module._unjudgeable("recorded")))
+    return found
+
+
+def _gesture_refusals() -> list[tuple[RecordedQuestion | None, str, str]]:
+    """(question, reason, message) of what is refused before the judge, and in the shell."""
+    out: list[tuple[RecordedQuestion | None, str, str]] = []
+    for q in QUESTIONS.values():
+        for body in ("hmm, the second-ish one?", "1, 9", "9", "0"):
+            found = normalize({"type": "m.room.message", "event_id": "$r", "room_id": ROOM, "sender": ALICE,
+                               "content": {"msgtype": "m.text", "body": body,
+                                           "m.relates_to": {"m.in_reply_to": {"event_id": q.event_id}}}},
+                              _Lookup())
+            if isinstance(found, Unreadable):
+                out.append((q, found.reason, found.message))
+        found = normalize({"type": "m.reaction", "event_id": "$k", "room_id": ROOM, "sender": ALICE,
+                           "content": {"m.relates_to": {"rel_type": "m.annotation", "event_id": q.event_id,
+                                                        "key": "\U0001f51f"}}}, _Lookup())
+        if isinstance(found, Unreadable):
+            out.append((q, found.reason, found.message))
+    shell = [("empty_note", "There was nothing in this message to keep."),
+             ("note_too_long", "Your notes on this question would pass 20,000 characters."),
+             ("too_many_timecodes", "An answer holds at most 50 timecodes."),
+             ("internal_error", "the bridge could not process this message. Please try answering again."),
+             ("unstorable", "the answer holds a number that is not finite, which can't be recorded."),
+             ("unplaced_reply", UNPLACED_MESSAGE),
+             ("undecryptable", crypto.UNDECRYPTABLE_MESSAGE), ("device_not_verified", crypto.UNVERIFIED_MESSAGE)]
+    shell += list(pipeline._FILE_PROBLEMS.items())
+    out += [(None, reason, message) for reason, message in shell]
+    return out
+
+
+class _Lookup:
+    def question_by_event(self, event_id: str) -> RecordedQuestion | None:
+        return next((q for q in QUESTIONS.values() if q.event_id == event_id), None)
+
+    def question_by_elicitation(self, elicitation_id: str) -> RecordedQuestion | None:
+        return None
+
+    def question_by_poll(self, poll_event_id: str) -> RecordedQuestion | None:
+        return None
+
+    def answer_reference(self, event_id: str) -> str | None:
+        return None
+
+    def logged_question(self, event_id: str) -> tuple[str, str] | None:
+        return None
+
+    def has_record(self, question: RecordedQuestion) -> bool:
+        return False
+
+    def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
+        return None
+
+    def reply_target(self, event_id: str) -> tuple[str, str | None] | None:
+        return None
+
+
+def _accepted_records(q: RecordedQuestion) -> list[dict[str, Any]]:
+    ids = [o["id"] for o in q.options if o["id"] not in BUILTIN_IDS]
+    contents = [content_for(q, option_id="unsure"), content_for(q, option_id="other", text="a third way")]
+    if q.kind == "multi":
+        contents.append(content_for(q, text=", ".join(ids)))
+    elif q.kind == "rank":
+        contents.append(content_for(q, text=", ".join(reversed(ids))))
+    elif q.kind == "text":
+        contents = [content_for(q, option_id="unsure"), content_for(q, text="Borealis."), content_for(q, text="Aurora")]
+    else:
+        contents += [content_for(q, option_id=oid, note="keep it") for oid in ids]
+    records = []
+    for content in contents:
+        result = verdict(q, content)
+        assert isinstance(result, Accepted), (q.qid, content, result)
+        records.append(to_record(q, result, prior=None, source={"via": "matrix", "how": "reply"}, now="now"))
+    return records
+
+
+def _every_notice() -> list[tuple[RecordedQuestion | None, dict[str, Any]]]:
+    notices: list[tuple[RecordedQuestion | None, dict[str, Any]]] = []
+    for q, refusal in _refusals():
+        notices.append((q, refused_notice(answer_event_id="$a", question_event_id=q.event_id if q else None,
+                                          qid=q.qid if q else None, layer=refusal.layer, reason=refusal.reason,
+                                          message=refusal.message, via="reply")))
+    for q, reason, message in _gesture_refusals():
+        notices.append((q, refused_notice(answer_event_id="$a", question_event_id=q.event_id if q else None,
+                                          qid=q.qid if q else None, layer="schema", reason=reason, message=message,
+                                          via="reply")))
+    for q in QUESTIONS.values():
+        names = display_names(q)
+        for record in _accepted_records(q):
+            for via, rev in (("reply", 1), ("reply", 2), ("edit", 2), ("poll", 3)):
+                notices.append((q, recorded_notice(
+                    answer_event_id="$a", question_event_id=q.event_id, record={**record, "rev": rev},
+                    title=q.question["title"], via=via, labels=names,
+                    subject=q.subject if q.subject_bound else None)))
+            for withdrawn_via in ("reply", "poll", "reaction", "note"):
+                for now in (record, None):
+                    notices.append((q, withdrawn_notice(
+                        event_id="$r", withdrawn_event_id="$a", question_event_id=q.event_id, qid=q.qid,
+                        title=q.question["title"], withdrawn_via=withdrawn_via, now=now, reply_to="$ack",
+                        labels=names)))
+        notices.append((q, annotated_notice(answer_event_id="$n", question_event_id=q.event_id,
+                                            added={"note": "x", "timecodes": [{"t": 1, "text": ""}]},
+                                            title=q.question["title"], qid=q.qid or "", q_rev=1, record_rev=1)))
+    return notices
+
+
+NOTICES = _every_notice()
+
+
+def _leaks(q: RecordedQuestion | None, body: str) -> list[str]:
+    questions = [q] if q is not None else list(QUESTIONS.values())
+    leaks = []
+    for question in questions:
+        shown = {o["id"]: o.get("label") for o in question.options}
+        for oid, label in shown.items():
+            if isinstance(label, str) and label.casefold() == oid.casefold():
+                continue
+            if oid in BUILTIN_IDS:
+                pattern = rf"\({oid}\)|[“\"]{oid}[”\"](?! if)"
+            else:
+                pattern = rf"\b{re.escape(oid)}\b"
+            if re.search(pattern, body):
+                leaks.append(oid)
+    return leaks
+
+
+def test_every_reason_code_is_rendered():
+    documented = set(re.findall(r"^\| [a-z ]+ \| `([a-z_]+)`", DOCS.read_text(), re.M))
+    documented |= {"attachment_download_failed", "attachment_not_fetched"}  # two codes on one row
+    rendered = {n[OUTCOME]["reason"] for _q, n in NOTICES if OUTCOME in n and n[OUTCOME]["reason"]}
+    # `invalid_content` is the schema layer's fallback for a rule the answer schema does not have.
+    assert documented - rendered == {"invalid_content"}
+    assert set(REASONS) - rendered == {"invalid_content"}
+
+
+def test_every_kind_is_acknowledged_and_refused():
+    kinds = {q.kind for q, n in NOTICES if q is not None and OUTCOME in n and n[OUTCOME]["outcome"] == "recorded"}
+    assert kinds == {"choice", "multi", "compare", "rank", "text", "scale", "confirm"}
+
+
+@pytest.mark.parametrize("index", range(len(NOTICES)), ids=lambda i: f"notice{i}")
+def test_no_notice_names_an_option_by_its_id(index):
+    q, content = NOTICES[index]
+    assert _leaks(q, content["body"]) == [], content["body"]
+
+
+def test_the_examples_of_the_issue_read_in_the_persons_terms():
+    order, platforms, takes = QUESTIONS["order"], QUESTIONS["platforms"], QUESTIONS["takes"]
+    missing = verdict(order, content_for(order, text="opt_leak"))
+    assert missing.message == ("Put every option in your order. Missing: 1 (“The crash on start”), "
+                               "3 (“The typo in help”).")
+    past = normalize({"type": "m.room.message", "event_id": "$r", "room_id": ROOM, "sender": ALICE,
+                      "content": {"msgtype": "m.text", "body": "1, 9",
+                                  "m.relates_to": {"m.in_reply_to": {"event_id": platforms.event_id}}}}, _Lookup())
+    assert past.message.startswith("There is no option 9 in “Platforms”; the options are 1–5.")
+    right = verdict(takes, content_for(takes, option_id="opt_t5"))
+    record = to_record(takes, right, prior=None, source={"how": "reply"}, now="now")
+    body = recorded_notice(answer_event_id="$a", question_event_id=takes.event_id, record=record, title="Intro take",
+                           via="reply", labels=display_names(takes))["body"]
+    assert body == "Recorded for “Intro take”: Right."  # blind: the label behind the side is not given away
+    text = recorded_notice(answer_event_id="$a", question_event_id="$q", title="Name", via="reply",
+                           record={"qid": "name", "state": "answered", "text": "Borealis.", "rev": 2})["body"]
+    assert text == "Recorded for “Name”: “Borealis.” This replaces your earlier answer."
+
+
+def test_an_approval_names_what_was_approved():
+    approve = QUESTIONS["approve"]
+    record = to_record(approve, verdict(approve, content_for(approve, option_id="opt_approve")), prior=None,
+                       source={"how": "reply"}, now="now")
+    body = recorded_notice(answer_event_id="$a", question_event_id=approve.event_id, record=record,
+                           title="Approve the deploy", via="reply", labels=display_names(approve),
+                           subject=approve.subject)["body"]
+    assert body == (f"Recorded for “Approve the deploy”: Approve the deploy, for {SUBJECT['id']} "
+                    f"(digest {SUBJECT['digest'][:16]}…).")
+
+
+def test_a_withdrawal_says_what_stands_now():
+    risk = QUESTIONS["risk"]
+    earlier = {"qid": "risk", "state": "answered", "choice": "opt_low", "label": "Hardly risky",
+               "source": {"how": "poll"}, "rev": 2}
+    standing = withdrawn_notice(event_id="$r", withdrawn_event_id="$a", question_event_id=risk.event_id, qid="risk",
+                                title="Risk", withdrawn_via="reply", now=earlier, reply_to="$ack",
+                                labels=display_names(risk))
+    assert standing["body"] == "Your answer to “Risk” is withdrawn; your earlier vote, Hardly risky, stands again."
+    assert standing["dev.superpipeline.question.withdrawn"]["record_rev"] == 2
+    assert standing["m.relates_to"] == {"m.in_reply_to": {"event_id": "$ack"}}
+    gone = withdrawn_notice(event_id="$r", withdrawn_event_id="$a", question_event_id=risk.event_id, qid="risk",
+                            title="Risk", withdrawn_via="reaction", now=None, reply_to="$ack")
+    assert gone["body"] == "Your reaction to “Risk” is withdrawn; no answer is recorded now."
+
+
+def test_the_study_score_reads_plainly():
+    text = score_text(SimpleNamespace(title="Quiz"), Score(1, 2, {}, (1, 1), 0))
+    assert "Bonus questions: 1 of 1" in text and "apart" not in text
+
+
+OUTCOME = "dev.superpipeline.question.outcome"
