@@ -103,8 +103,13 @@ def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
 
 def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dict[str, Any], title: str,
                     via: str | None, extra: str | None = None, labels: Mapping[str, str] | None = None,
-                    reply_to: str | None = None, subject: tuple[str, str] | None = None) -> dict[str, Any]:
+                    reply_to: str | None = None, subject: tuple[str, str] | None = None,
+                    replaced: int = 0) -> dict[str, Any]:
     """The word back on an accepted answer.
+
+    ``replaced``: earlier answers to the same question this one reply also
+    stands for (answers sent while the bridge was away get one reply, for
+    the answer that stands).
 
     ``reply_to`` is the message the person sees (for an edit, the original:
     clients hide the edit event itself).  ``record`` is the record as
@@ -119,7 +124,9 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
         text = sentence(f"Changed your answer to “{title}”: now {picked}")
     else:
         text = sentence(f"Recorded for “{title}”: {picked}")
-        if record.get("rev", 1) > 1:
+        if replaced > 1:
+            text += f" This replaces {replaced} earlier answers."
+        elif replaced == 1 or record.get("rev", 1) > 1:
             text += " This replaces your earlier answer."
     if extra:
         text += f" {extra}"

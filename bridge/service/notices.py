@@ -3,6 +3,8 @@ person, so nothing one room or one person does holds up anyone else.
 
 * Acknowledgements go first, refusals after them, each in log order; a
   notice whose answer is not yet in answers.json (its set held back) waits.
+  Answers of one person to one question not yet acknowledged (a catch-up)
+  get one reply, for the answer that stands, saying how many it replaced.
 * A room whose sends fail is backed off on its own; after a permanent
   error (forbidden, not in the room, room gone) its notice is dropped with a
   log line, a metric and a row in the store, never retried forever.
@@ -77,17 +79,22 @@ class Notices:
         """One pass over the notices still to send; returns how many were sent."""
         self.next_due = None
         held = {(set_dir, qid) for set_dir, _set_id, qid in self.store.dirty()}
-        acks: list[tuple[int, LogEntry]] = []
+        # An acknowledgement stands for every accepted answer of one person to
+        # one question still untold (a catch-up after downtime): one reply, for
+        # the answer that stands, counting the ones it replaced.
+        acks: dict[tuple[str, str, str | None] | int, list[tuple[int, LogEntry]]] = {}
         refusals: dict[tuple[str, str, str | None], list[tuple[int, LogEntry]]] = defaultdict(list)
         for seq, entry in self.store.unacked():
+            key = (entry.room_id, entry.sender, entry.question_event_id)
             if entry.outcome == "refused":
-                refusals[(entry.room_id, entry.sender, entry.question_event_id)].append((seq, entry))
+                refusals[key].append((seq, entry))
             elif (entry.set_dir, entry.qid) not in held:
-                acks.append((seq, entry))
+                acks.setdefault(key if entry.outcome == "accepted" else seq, []).append((seq, entry))
         sent = 0
         with priority(ACK):
-            for seq, entry in acks:
-                if await self._send(entry, [seq]):
+            for items in acks.values():
+                entry, seqs = items[-1][1], [seq for seq, _entry in items]
+                if await self._send(entry, seqs, lambda e=entry, n=len(seqs) - 1: self.pipeline.notice_for(e, n)):
                     sent += 1
                     if entry.outcome == "accepted":
                         await self._score(entry)
@@ -95,8 +102,9 @@ class Notices:
             for key, items in refusals.items():
                 if not self._refusal_allowed(key):
                     continue
-                seqs = [seq for seq, _entry in items]
-                if await self._send(items[-1][1], seqs, more=len(items) - 1):
+                entry, seqs = items[-1][1], [seq for seq, _entry in items]
+                make = lambda e=entry, n=len(seqs) - 1: coalesced(self.pipeline.notice_for(e), n)  # noqa: E731
+                if await self._send(entry, seqs, make):
                     self.refusals_sent[key].append(self.clock())
                     sent += 1
         return sent
@@ -110,15 +118,15 @@ class Notices:
         self._due(times[0] + REFUSAL_WINDOW)
         return False
 
-    async def _send(self, entry: LogEntry, seqs: list[int], more: int = 0) -> bool:
-        """Send the notice for ``entry`` (standing for every entry of ``seqs``)."""
+    async def _send(self, entry: LogEntry, seqs: list[int], make: Callable[[], dict[str, Any]]) -> bool:
+        """Send the notice ``make`` builds for ``entry``, standing for every entry of ``seqs``."""
         room = entry.room_id
         not_before = self.room_retry.get(room, (0.0, 0.0))[0]
         if not_before > self.clock():
             self._due(not_before)
             return False
         try:
-            content = coalesced(self.pipeline.notice_for(entry), more)
+            content = make()
         except Exception:  # noqa: BLE001 - a notice that can't even be written is dropped, not retried
             log.exception("the notice for %s can't be made; dropped", entry.event_id)
             self._drop(seqs, room, "unrenderable")

@@ -460,7 +460,9 @@ class Pipeline:
 
     # -- telling people ----------------------------------------------------
 
-    def notice_for(self, entry: LogEntry) -> dict[str, Any]:
+    def notice_for(self, entry: LogEntry, replaced: int = 0) -> dict[str, Any]:
+        """The word back on ``entry``; ``replaced``: how many earlier answers
+        of the same person to the same question it also stands for."""
         question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
         via = entry.via if entry.via in _OUTCOME_VIAS else None
         if entry.outcome == "withdrawn":
@@ -469,7 +471,8 @@ class Pipeline:
             content = recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                       record=entry.record, title=question.content["question"]["title"], via=via,
                                       extra=quiz.feedback_for(entry, question), labels=display_names(question),
-                                      subject=question.subject if question.subject_bound else None)
+                                      subject=question.subject if question.subject_bound else None,
+                                      replaced=replaced)
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
