@@ -258,6 +258,10 @@ class Storm:
         assert sorted(accepted) == sorted(self.sent), "every answer sent is accepted, none twice"
         processed = store_rows(store, "SELECT COUNT(*) FROM processed WHERE outcome='accepted'")[0][0]
         assert processed == self.total
+        # answers.json is written just before the store commits that it was: give that commit its moment.
+        deadline = time.monotonic() + 15
+        while store_rows(store, "SELECT COUNT(*) FROM dirty")[0][0] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
         assert store_rows(store, "SELECT COUNT(*) FROM dirty")[0][0] == 0
 
         records = self.bridge.answers(set_name)["answers"]
