@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 from nio import AsyncClient
 from watchfiles import awatch
 
+from bridge.agents.closing import blocks_close
 from bridge.questionset.load import LoadError
 from bridge.questionset.model import QuestionSet
 from bridge.questionset.setdir import load_set_dir
@@ -90,7 +91,10 @@ def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
         result = load_set_dir(set_dir, probe=False)
     except LoadError as exc:
         return None, [exc.message]
-    errors = [f"{finding.where}: {finding.message}" for finding in result.errors]
+    # A set whose every question is closed or withdrawn is finished, not
+    # broken: the poster still closes its questions in the room.
+    errors = [f"{finding.where}: {finding.message}" for finding in result.errors
+              if result.model is None or blocks_close(finding.where, finding.message)]
     if errors or result.model is None:
         return None, errors or ["the set could not be read"]
     return result.model, []
@@ -130,7 +134,7 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
-                            on_write=ops.on_write, is_command=ops.is_command)
+                            on_write=ops.on_write, is_command=ops.is_command, on_logged=ops.on_logged)
         await front.open(pipeline)
         rooms = await join_rooms(transport, config, stop)
         for room in rooms:

@@ -98,6 +98,8 @@ class Pipeline:
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None
     on_write: Callable[[float], None] | None = None
     is_command: Callable[[dict[str, Any]], bool] | None = None
+    # Runs inside the store transaction of each entry logged: what it writes commits with the entry.
+    on_logged: Callable[[LogEntry], None] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -198,8 +200,11 @@ class Pipeline:
                    event: dict[str, Any], result: BatchResult) -> None:
         if touched:
             set_dir, set_id, qid = touched
-            self.store.append_log(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
-                                           set_dir=set_dir, qid=qid, ts=_ts(event)))
+            entry = LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id, set_dir=set_dir, qid=qid,
+                             ts=_ts(event))
+            self.store.append_log(entry)
+            if self.on_logged:
+                self.on_logged(entry)
             result.withdrawn += 1
         self.store.mark_processed(event_id, "withdrawn")
 
@@ -226,6 +231,8 @@ class Pipeline:
         else:
             result.accepted += 1
         self.store.append_log(entry)
+        if self.on_logged:
+            self.on_logged(entry)
         self.store.mark_processed(entry.event_id, entry.outcome)
         if self.on_outcome:
             self.on_outcome(entry)
