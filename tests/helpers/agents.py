@@ -57,7 +57,8 @@ class Receiver:
         self.secret = secret
         self.status = 200
         self.attempts: list[dict[str, Any]] = []   # every POST, as seen
-        self.taken: list[dict[str, Any]] = []      # bodies answered 2xx with a good signature
+        self.taken: list[dict[str, Any]] = []      # each key answered 2xx with a good signature, once
+        self.ok: list[str] = []                    # the key of every 2xx answer given (duplicates kept)
         self.runner: web.AppRunner | None = None
         self.port = free_port()
 
@@ -83,6 +84,7 @@ class Receiver:
             return web.Response(status=self.status)
         if all(t["key"] != seen["key"] for t in self.taken):
             self.taken.append(seen)
+        self.ok.append(seen["key"])
         return web.Response(status=200)
 
     async def wait_for(self, count: int, what: str = "taken", timeout: float = 30) -> list[dict[str, Any]]:
