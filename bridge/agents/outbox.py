@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.agents.owner import read_owner
+from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import Agent
 from bridge.service.store import LogEntry, Store
 
@@ -47,6 +48,20 @@ def event_body(entry: LogEntry, agent: str, key: str) -> dict[str, Any]:
     }
 
 
+def closed_body(question: RecordedQuestion, why: str, agent: str, key: str) -> dict[str, Any]:
+    """What a webhook POST carries when a question is closed (pure)."""
+    return {
+        "type": "question.closed",
+        "id": key,
+        "agent": agent,
+        "set": question.set_id,
+        "qid": question.qid,
+        "q_rev": question.rev,
+        "question_event_id": question.event_id,
+        "why": why,
+    }
+
+
 def targets(agent: Agent | None, callbacks: tuple[str, ...]) -> list[str]:
     urls = [agent.webhook_url] if agent is not None and agent.webhook_url else []
     return list(dict.fromkeys(urls + list(callbacks)))
@@ -61,16 +76,28 @@ class OutboxHook:
         self.clock = clock
 
     def __call__(self, entry: LogEntry) -> None:
+        """An answer-log entry (the pipeline's ``on_logged``)."""
         if entry.outcome not in EVENT_TYPES or not entry.set_dir:
             return
-        owner = read_owner(entry.set_dir)
+        key = f"{EVENT_TYPES[entry.outcome]}:{entry.event_id}"
+        self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key))
+
+    def closed(self, question: RecordedQuestion, why: str) -> None:
+        """A posted question closed, withdrawn, superseded or replaced (the poster's ``on_closed``)."""
+        set_dir = self.store.set_dir_of(question.event_id)
+        if not set_dir:
+            return
+        key = f"question.closed:{question.event_id}"
+        self._queue(set_dir, key, lambda agent: closed_body(question, why, agent, key))
+
+    def _queue(self, set_dir: str, key: str, body_for: Callable[[str], dict[str, Any]]) -> None:
+        owner = read_owner(set_dir)
         if owner is None or owner.agent not in self.agents:
             return
         urls = targets(self.agents[owner.agent], owner.callbacks)
         if not urls:
             return
-        key = f"{EVENT_TYPES[entry.outcome]}:{entry.event_id}"
-        body = json.dumps(event_body(entry, owner.agent, key), ensure_ascii=False, sort_keys=True)
+        body = json.dumps(body_for(owner.agent), ensure_ascii=False, sort_keys=True)
         now = int(self.clock() * 1000)
         for url in urls:
             self.store.db.execute(

@@ -145,7 +145,8 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
             # A folder that is not writable yet must not stop the bridge: the
             # questions stay pending in the store and every batch retries them.
             log.warning("answers.json not written yet (%s); retrying with the next batch", exc)
-        poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted)
+        poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
+                        on_closed=ops.on_closed)
         await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                         serve_http=not config.appservice.enabled)
         # Answers are taken in while the sets are posted: a first posting of

@@ -69,6 +69,17 @@ class Operators:
         except Exception:  # noqa: BLE001 - a webhook must never cost an answer
             log.exception("queueing the webhook for %s failed", entry.event_id)
 
+    def on_closed(self, question: Any, why: str) -> None:
+        """Poster, inside the store transaction closing a question: its webhook rows."""
+        if self.agents is None:
+            return
+        try:
+            self.agents.outbox.closed(question, why)
+        except sqlite3.Error:
+            raise
+        except Exception:  # noqa: BLE001 - a webhook must never stop a close
+            log.exception("queueing the webhook for closing %s failed", getattr(question, "event_id", "?"))
+
     def on_write(self, seconds: float) -> None:
         self.metrics.observe_write(seconds)
 

@@ -163,6 +163,15 @@ async def test_http_api_and_webhooks_once_across_a_kill(bridge):
             ("answer.accepted", set_id, "branch", answer_id)
         assert body["record"]["choice"] == "stable"
         assert all(a["good"] for a in receiver.attempts)
+
+        # Withdrawing the question: the room is told, and so is the agent.
+        async with aiohttp.ClientSession(headers=auth("planner")) as http:
+            async with http.post(f"{base}/v1/sets/{set_id}/close",
+                                 json={"status": "withdrawn", "reason": "Cut from the release"}) as response:
+                assert response.status == 200
+        closed = (await receiver.wait_for(2))[1]["body"]
+        assert (closed["type"], closed["set"], closed["qid"]) == ("question.closed", set_id, "branch")
+        assert closed["why"] == "withdrawn (Cut from the release)"
         assert store_rows(bridge.store_path, "SELECT COUNT(*) FROM webhook_outbox")[0][0] == 0
     finally:
         await receiver.close()

@@ -194,3 +194,25 @@ def test_the_openapi_document_is_shipped_and_names_every_route():
     assert set(doc["paths"]) == {"/v1/sets", "/v1/sets/{id}", "/v1/sets/{id}/answers", "/v1/sets/{id}/close",
                                  "/v1/openapi.json"}
     assert set(doc["paths"]["/v1/sets/{id}"]["put"]["responses"]) >= {"200", "201", "401", "404", "413", "422"}
+
+
+def test_a_question_closed_in_the_store_queues_its_webhook_in_the_same_transaction(tmp_path):
+    from bridge.protocol.recorded import RecordedQuestion
+
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("a", "plan", one_question())
+    store = Store(tmp_path / "store.sqlite")
+    question = RecordedQuestion("$q", "!room", "plan", {"question": {"id": "branch", "rev": 2, "title": "T"},
+                                                        "elicitation_id": "e1"})
+    with store.transaction():
+        store.record_posted(question, set_dir=str(tmp_path / "sets" / "plan"), posted_at=0)
+    hook = OutboxHook(store, {"a": Agent(token="token-of-a-0123456789", webhook_url="https://h.example/a",
+                                         webhook_secret="s")})
+    with store.transaction():
+        store.close_question("$q")
+        hook.closed(question, "withdrawn (Decided)")
+    (row,) = due(store, 2**62)
+    body = json.loads(row.body)
+    assert (body["type"], body["qid"], body["q_rev"], body["why"]) == ("question.closed", "branch", 2,
+                                                                      "withdrawn (Decided)")
+    store.close()
