@@ -71,6 +71,7 @@ class AgentsFront:
         return await serve_asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
 
     async def start(self, stop: asyncio.Event) -> None:
+        self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
         self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
         self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
         self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop)))

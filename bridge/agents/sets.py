@@ -7,6 +7,7 @@ atomically, so the bridge's poster picks it up as it picks up any set."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -44,8 +45,10 @@ class Asked:
 
 
 class AgentSets:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, stop: asyncio.Event | None = None):
         self.root = Path(root)
+        # Set when the bridge stops: every wait returns what it has at once.
+        self.stop = stop
 
     # -- where a set lives, and whose it is --------------------------------------
 

@@ -60,7 +60,7 @@ async def _watch(sets: AgentSets, agent: str, set_id: str, set_dir: os.PathLike[
                  question: str | None, until: str, deadline: float,
                  progress: Progress | None) -> tuple[dict[str, Any], bool]:
     names = {ANSWERS_NAME, QUESTIONS_FILE}
-    stop = asyncio.Event()
+    stop = sets.stop or asyncio.Event()
     first = True
     last = progress_of(view)
     async for changes in awatch(set_dir, watch_filter=lambda _c, path: os.path.basename(path) in names,
@@ -79,7 +79,7 @@ async def _watch(sets: AgentSets, agent: str, set_id: str, set_dir: os.PathLike[
                 if progress_of(view) != last:
                     last = progress_of(view)
                     await _report(progress, view)
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or stop.is_set():
             break
     return view, False
 

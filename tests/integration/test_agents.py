@@ -18,7 +18,8 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from helpers.agents import SECRETS, Receiver, Silent, agents_config, auth, free_port, one_question
-from helpers.harness import ROOT, answer_content, store_rows, unique
+from helpers.attack import AS_BOT
+from helpers.harness import ROOT, Bridge, Person, answer_content, store_rows, unique
 
 
 async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
@@ -283,3 +284,69 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_response(b
     text = output.decode(errors="replace")
     assert done.returncode == 0, text[-4000:]
     bridge.check_alive()
+
+
+async def test_appservice_mode_serves_the_api_and_mcp_on_its_own_listener(appservice_synapse, tmp_path):
+    """In appservice mode the agents' routes are on the listener the homeserver
+    pushes to, beside the transactions, and an answer pushed there reaches the
+    agent's long poll."""
+    hs = appservice_synapse
+    alice = Person(hs, hs.register(unique("alice")))
+    bridge: Bridge | None = None
+    try:
+        room = hs.create_room(alice.token, invite=[AS_BOT])
+        config = agents_config(free_port())
+        config.pop("metrics")
+        bridge = Bridge(synapse=hs, workdir=tmp_path, room_id=room, bot={"user_id": AS_BOT, "access_token": None},
+                        extra_config={"appservice": dict(hs.appservice), **config})
+        bridge.sets_root.mkdir()
+        bridge.start()
+        base = hs.appservice["url"]
+        await wait_listener(bridge, base)
+        set_id = unique("pushed")
+        async with aiohttp.ClientSession(headers=auth("planner")) as http:
+            async with http.put(f"{base}/v1/sets/{set_id}", json=one_question(set_id)) as response:
+                assert response.status == 201
+            (question,) = (await bridge.wait_questions(alice, 1)).values()
+            await alice.send(room, answer_content(question, option_id="main"))
+            async with http.get(f"{base}/v1/sets/{set_id}/answers",
+                                params={"wait": "answered", "timeout": "30"}) as response:
+                assert response.headers["Askwright-Wait"] == "arrived"
+                assert (await response.json())["answers"][0]["choice"] == "main"
+        mcp_http = httpx2.AsyncClient(headers=auth("planner"), timeout=30)
+        async with Client(streamable_http_client(base + "/mcp", http_client=mcp_http)) as client:
+            listed = structured(await client.call_tool("list_sets", {}))
+            assert listed["sets"] == [{"set": set_id, "rev": 1, "open": 1, "answered": 1}]
+        bridge.check_alive()
+    finally:
+        if bridge is not None:
+            bridge.kill()
+        await alice.close()
+
+
+async def test_a_sigterm_ends_open_long_polls_and_mcp_sessions_promptly(bridge):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("stopping")
+    async with aiohttp.ClientSession(headers=auth("planner")) as http:
+        async with http.put(f"{base}/v1/sets/{set_id}", json=one_question(set_id)) as response:
+            assert response.status == 201
+
+        async def long_poll() -> tuple[int, str | None]:
+            async with http.get(f"{base}/v1/sets/{set_id}/answers",
+                                params={"wait": "all", "timeout": "300"}) as response:
+                await response.read()
+                return response.status, response.headers.get("Askwright-Wait")
+
+        poll = asyncio.ensure_future(long_poll())
+        mcp_http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=300))
+        async with Client(streamable_http_client(base + "/mcp", http_client=mcp_http)) as client:
+            await client.list_tools()  # the client checks results against the output schemas it listed
+            waiting = asyncio.ensure_future(client.call_tool("wait", {"set_id": set_id, "until": "all",
+                                                                      "timeout": 300}))
+            await asyncio.sleep(2)
+            assert not poll.done() and not waiting.done()
+            assert await asyncio.to_thread(bridge.stop, 20) == 0
+            assert await asyncio.wait_for(poll, 10) == (200, "timeout")
+            result = await asyncio.wait_for(waiting, 10)
+            assert structured(result)["arrived"] is False
