@@ -20,7 +20,7 @@ from bridge.agents.auth import RateLimiter, agent_for
 from bridge.agents.errors import AgentError, BadRequest, LintFailed
 from bridge.agents.sets import AgentSets
 from bridge.agents.waiting import wait_answers
-from bridge.commands.wait import UNTIL_ALL, UNTIL_ANSWERED
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
 from bridge.service.config import Config
 

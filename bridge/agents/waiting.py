@@ -18,7 +18,7 @@ from watchfiles import awatch
 from bridge.agents.errors import BadRequest, NotFound, Unprocessable
 from bridge.agents.sets import AgentSets
 from bridge.answers.file import ANSWERS_NAME
-from bridge.commands.wait import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer
 from bridge.questionset.setdir import QUESTIONS_FILE
 
 MAX_TIMEOUT = 3600.0
