@@ -23,7 +23,7 @@ from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
 from bridge.agents.webhooks import Deliverer
 from bridge.answers.file import ANSWERS_NAME
-from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
+from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 from bridge.service.config import Config
 from bridge.service.metrics import Metrics
 from bridge.service.store import Store
@@ -55,6 +55,7 @@ class AgentsFront:
         self.outbox = OutboxHook(store, config.agents, on_queued=self.deliverer.wake.set)
         self.tasks: list[asyncio.Future[Any]] = []
         self._ready = asyncio.Event()
+        self._posting: set[asyncio.Future[None]] = set()
 
     def routes(self) -> web.RouteTableDef:
         routes = self.api.routes()
@@ -63,21 +64,35 @@ class AgentsFront:
         return routes
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:
-        agent = self.api.authenticate_or_none(request)
+        agent = self.api.agent_or_refusal(request)
         if isinstance(agent, web.Response):
             return agent
         if self.manager is None or not self._ready.is_set():
             return web.json_response({"ok": False, "error": "starting", "message": "not ready yet"}, status=503)
         return await serve_asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
 
-    async def start(self, stop: asyncio.Event) -> None:
+    async def start(self, stop: asyncio.Event, poster: Any = None) -> None:
         self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
+        if poster is not None:
+            self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
         self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
         self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
         self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop)))
         self.tasks.append(asyncio.ensure_future(self.deliverer.run(stop)))
         await asyncio.wait([asyncio.ensure_future(self._ready.wait()), self.tasks[0]],
                            return_when=asyncio.FIRST_COMPLETED)
+
+    def _post_soon(self, poster: Any, set_dir: Path) -> None:
+        """The poster takes the set now, as its folder watcher would."""
+        async def post() -> None:
+            try:
+                await poster.sync_changed(self.config.sets.root, [set_dir / QUESTIONS_FILE])
+            except Exception:  # noqa: BLE001 - the watcher and the next start take it then
+                log.exception("posting %s failed", set_dir.name)
+
+        task = asyncio.ensure_future(post())
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
 
     async def _run_manager(self, stop: asyncio.Event) -> None:
         assert self.manager is not None
@@ -86,9 +101,10 @@ class AgentsFront:
             await stop.wait()
 
     async def close(self) -> None:
-        for task in self.tasks:
+        tasks = [*self.tasks, *self._posting]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.tasks.clear()
 
 

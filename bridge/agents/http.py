@@ -44,14 +44,14 @@ class AgentApi:
         """The agent of the request; a Refusal (401 or 429) otherwise."""
         agent = agent_for(request.headers.get("Authorization"), self.config.agents)
         if agent is None:
-            raise _error(401, "unauthorized", "a valid bearer token is needed",
-                         headers={"WWW-Authenticate": 'Bearer realm="askwright-bridge"'})
+            raise Refusal(401, "unauthorized", "a valid bearer token is needed",
+                          headers={"WWW-Authenticate": 'Bearer realm="askwright-bridge"'})
         if not self.limiter.allow(agent):
-            raise _error(429, "rate_limited", "too many requests; slow down",
-                         headers={"Retry-After": str(self.limiter.retry_after(agent))})
+            raise Refusal(429, "rate_limited", "too many requests; slow down",
+                          headers={"Retry-After": str(self.limiter.retry_after(agent))})
         return agent
 
-    def authenticate_or_none(self, request: web.Request) -> str | web.Response:
+    def agent_or_refusal(self, request: web.Request) -> str | web.Response:
         """The agent, or the refusal to send back (for routes outside ``_guarded``)."""
         try:
             return self.authenticate(request)
@@ -132,18 +132,17 @@ class Refusal(Exception):
                                           headers=headers)
 
 
-_error = Refusal
 
 
 async def _body(request: web.Request, limit: int) -> bytes:
     """The request body, or 413 as soon as it is known to be over ``limit``."""
     if request.content_length is not None and request.content_length > limit:
-        raise _error(413, "too_large", f"the body is larger than {limit} bytes")
+        raise Refusal(413, "too_large", f"the body is larger than {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.content.iter_any():
         size += len(chunk)
         if size > limit:
-            raise _error(413, "too_large", f"the body is larger than {limit} bytes")
+            raise Refusal(413, "too_large", f"the body is larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 

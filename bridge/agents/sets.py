@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,14 @@ class Asked:
 
 
 class AgentSets:
-    def __init__(self, root: Path, stop: asyncio.Event | None = None):
+    def __init__(self, root: Path, stop: asyncio.Event | None = None,
+                 on_written: Callable[[Path], None] | None = None):
         self.root = Path(root)
         # Set when the bridge stops: every wait returns what it has at once.
         self.stop = stop
+        # Inside the bridge: the poster is told of a set written, beside its
+        # folder watcher (which may not watch yet in the first moments of a start).
+        self.on_written = on_written
 
     # -- where a set lives, and whose it is --------------------------------------
 
@@ -90,6 +95,7 @@ class AgentSets:
             write_atomic(set_dir / QUESTIONS_FILE, data)
         else:
             self._create(set_dir, data, new_owner)
+        self._written(set_dir)
         return Asked(set_id, not exists, _open_ids(result), _dicts(result.warnings))
 
     def _create(self, set_dir: Path, data: bytes, owner: Owner) -> None:
@@ -112,6 +118,10 @@ class AgentSets:
         # renamed into place is one event for the folder.  The same bytes
         # written once more in place are the questions.json event it follows.
         write_atomic(set_dir / QUESTIONS_FILE, data)
+
+    def _written(self, set_dir: Path) -> None:
+        if self.on_written is not None:
+            self.on_written(set_dir)
 
     # -- read -------------------------------------------------------------------------
 
@@ -145,6 +155,7 @@ class AgentSets:
             raise LintFailed("the set would fail lint", findings=_dicts(blocking))
         if done:
             write_atomic(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
+            self._written(set_dir)
         return {"ok": True, "set": set_id, "status": status, "closed": done}
 
     # -- list ---------------------------------------------------------------------------

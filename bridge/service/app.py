@@ -170,7 +170,8 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
     """Post what is not posted yet, then follow the folder.  The watcher starts
     first, so an edit made during a long first posting is not missed (the
     poster takes one set at a time, so both never post the same set at once)."""
-    watcher = asyncio.ensure_future(watch_sets(poster, root, stop))
+    watching = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_sets(poster, root, stop, watching))
     delay = 1.0
     while not stop.is_set():
         try:
@@ -181,12 +182,36 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
             await sleep_or_stop(stop, delay)
             delay = min(delay * 2, 60)
     posted.set()
+    # A set written after the first scan but before the watcher was up (an
+    # agent asking as the bridge starts) is taken by a second scan; sets
+    # already posted are skipped by their fingerprint.
+    await sleep_or_stop_event(stop, watching)
+    if not stop.is_set():
+        try:
+            await poster.sync_root(root, stop)
+        except Exception:  # noqa: BLE001 - the watcher takes the set at its next change
+            log.exception("the second scan of the sets failed")
     await watcher
 
 
-async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
+async def sleep_or_stop_event(stop: asyncio.Event, event: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(event.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: asyncio.Event | None = None) -> None:
+    """``watching`` is set once the watcher is up (its first wake-up)."""
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
-                                watch_filter=lambda _change, path: path.endswith("questions.json")):
+                                watch_filter=lambda _change, path: path.endswith("questions.json"),
+                                rust_timeout=1000, yield_on_timeout=True):
+        if watching is not None:
+            watching.set()
+        if not changes:
+            continue
         try:
             # Only the sets that changed are read again, not every set under the root.
             await poster.sync_changed(root, [path for _change, path in changes])

@@ -110,7 +110,7 @@ class Operators:
             extra = self.agents.routes() if self.agents is not None else ()
             self.runner = await start_http(self.config.metrics.listen, self.metrics, extra)
         if self.agents is not None:
-            await self.agents.start(stop)
+            await self.agents.start(stop, poster)
         ctx = AdminContext(admins=frozenset(self.config.admins), sets_root=self.config.sets.root, store=self.store,
                            post_set=poster_post_set(poster),
                            remind_set=lambda set_id: remind_set_now(self.store, send, set_id))

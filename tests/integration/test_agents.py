@@ -21,6 +21,8 @@ from helpers.agents import SECRETS, Receiver, Silent, agents_config, auth, free_
 from helpers.attack import AS_BOT
 from helpers.harness import ROOT, Bridge, Person, answer_content, store_rows, unique
 
+pytestmark = pytest.mark.integration
+
 
 async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
