@@ -114,10 +114,6 @@ class AgentSets:
                 raise BadRequest("the set was created at the same moment by another request") from None
             raise
         sync_dir(self.root)
-        # The bridge's folder watcher follows questions.json files; a folder
-        # renamed into place is one event for the folder.  The same bytes
-        # written once more in place are the questions.json event it follows.
-        write_atomic(set_dir / QUESTIONS_FILE, data)
 
     def _written(self, set_dir: Path) -> None:
         if self.on_written is not None:

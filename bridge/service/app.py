@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Callable, Protocol
@@ -20,7 +21,7 @@ from watchfiles import awatch
 from bridge.agents.closing import blocks_close
 from bridge.questionset.load import LoadError
 from bridge.questionset.model import QuestionSet
-from bridge.questionset.setdir import load_set_dir
+from bridge.questionset.setdir import QUESTIONS_FILE, load_set_dir
 from bridge.service.appservice import AppserviceFront
 from bridge.service.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
@@ -206,17 +207,24 @@ async def sleep_or_stop_event(stop: asyncio.Event, event: asyncio.Event) -> None
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: asyncio.Event | None = None) -> None:
     """``watching`` is set once the watcher is up (its first wake-up)."""
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
-                                watch_filter=lambda _change, path: path.endswith("questions.json"),
-                                rust_timeout=1000, yield_on_timeout=True):
+                                watch_filter=_set_change, rust_timeout=1000, yield_on_timeout=True):
         if watching is not None:
             watching.set()
         if not changes:
             continue
         try:
             # Only the sets that changed are read again, not every set under the root.
-            await poster.sync_changed(root, [path for _change, path in changes])
+            await poster.sync_changed(root, [path if path.endswith(QUESTIONS_FILE) else os.path.join(path, QUESTIONS_FILE)
+                                             for _change, path in changes])
         except Exception:  # noqa: BLE001 - a bad edit must not stop the bridge
             log.exception("re-reading the sets failed")
+
+
+def _set_change(_change: object, path: str) -> bool:
+    """A questions.json, or a folder: a set folder renamed or copied into place
+    arrives whole, and the watch on a new folder may start after the files in
+    it were written, so its questions.json is looked for too."""
+    return path.endswith(QUESTIONS_FILE) or os.path.isdir(path)
 
 
 def run_forever(config: Config) -> int:
