@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import httpx2
+import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -59,6 +60,7 @@ def structured(result: Any) -> dict[str, Any]:
     return result.structured_content
 
 
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
 async def test_mcp_over_stdio_asks_and_waits_for_the_judged_answer(bridge):
     base = start(bridge)
     await wait_listener(bridge, base)
@@ -66,7 +68,14 @@ async def test_mcp_over_stdio_asks_and_waits_for_the_judged_answer(bridge):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     params = StdioServerParameters(command=sys.executable, args=["-m", "bridge", "mcp", "-c", str(bridge.config_path),
                                                                  "--agent", "planner"], env=env, cwd=str(bridge.workdir))
-    async with Client(params) as client:
+    updated: list[str] = []
+
+    async def notices(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updated.append(str(message.params.uri))
+
+    # The 2025 handshake era here (resources/subscribe); over HTTP below, the 2026 one (subscriptions/listen).
+    async with Client(params, mode="legacy", message_handler=notices) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
         assert names == {"ask", "read", "wait", "close", "list_sets"}
         asked = structured(await client.call_tool("ask", {"set": one_question(set_id)}))
@@ -77,6 +86,8 @@ async def test_mcp_over_stdio_asks_and_waits_for_the_judged_answer(bridge):
         assert body["error"] == "lint_failed" and body["errors"][0]["where"] == "title"
         assert "Traceback" not in refused.content[0].text
 
+        uri = f"askwright://sets/{set_id}/answers"
+        await client.session.subscribe_resource(uri)
         await answer(bridge, set_id)
         steps: list[tuple[float, float | None, str | None]] = []
 
@@ -90,6 +101,10 @@ async def test_mcp_over_stdio_asks_and_waits_for_the_judged_answer(bridge):
         assert (entry["qid"], entry["state"], entry["choice"], entry["label"]) == \
             ("branch", "answered", "stable", "The stable branch")
         assert steps, "wait reported no progress"
+        deadline = time.monotonic() + 10
+        while uri not in updated:
+            assert time.monotonic() < deadline, "no notice of the changed answers"
+            await asyncio.sleep(0.1)
         listed = structured(await client.call_tool("list_sets", {}))
         assert [s["set"] for s in listed["sets"]] == [set_id]
 
