@@ -216,3 +216,55 @@ def test_a_question_closed_in_the_store_queues_its_webhook_in_the_same_transacti
     assert (body["type"], body["qid"], body["q_rev"], body["why"]) == ("question.closed", "branch", 2,
                                                                       "withdrawn (Decided)")
     store.close()
+
+
+async def test_a_webhook_never_taken_is_retried_then_dropped_with_a_log_line_and_a_metric(tmp_path, caplog):
+    import asyncio
+    import logging
+
+    from aiohttp import web
+
+    from bridge.agents.webhooks import Deliverer
+    from bridge.service.metrics import Metrics
+
+    seen: list[str] = []
+
+    async def refuse(request: web.Request) -> web.Response:
+        seen.append(request.headers["Idempotency-Key"])
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_post("/hook", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # the port the system picked
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("a", "plan", one_question(), callbacks=[f"http://127.0.0.1:{port}/hook"])
+    store = Store(tmp_path / "store.sqlite")
+    agents = {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}
+    with store.transaction():
+        OutboxHook(store, agents)(LogEntry("$answer", "!r", "@p:hs", "answer_event", "accepted", set_id="plan",
+                                           set_dir=str(tmp_path / "sets" / "plan"), qid="branch", record={}))
+    metrics = Metrics()
+    deliverer = Deliverer(store, agents, metrics, drop_after=2.5, timeout=2)
+    stop = asyncio.Event()
+    caplog.set_level(logging.WARNING, logger="bridge.agents.webhooks")
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        for _ in range(200):
+            if not store.db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0]:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+        await runner.cleanup()
+    assert store.db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0] == 0
+    assert len(seen) >= 2 and set(seen) == {"answer.accepted:$answer"}  # retried, same key every time
+    exposition = metrics.exposition().decode()
+    assert "askwright_bridge_webhooks_dropped_total 1.0" in exposition
+    assert "askwright_bridge_webhooks_delivered_total 0.0" in exposition
+    assert any("dropped" in r.getMessage() and "127.0.0.1" in r.getMessage() for r in caplog.records)
+    store.close()
