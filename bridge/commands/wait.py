@@ -18,18 +18,15 @@ from typing import Any
 
 from watchfiles import watch
 
-from bridge.answers.document import ANSWERED
+# The predicates live in answers.arrival (pure, shared with the agents' wait); re-exported here.
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer  # noqa: F401
 from bridge.answers.file import ANSWERS_NAME
-from bridge.answers.read import UNANSWERED, UNKNOWN
 from bridge.commands.read import ReadError, load_view, render
 from bridge.questionset.setdir import QUESTIONS_FILE
 
 EXIT_ARRIVED = 0
 EXIT_UNREADABLE = 2
 EXIT_TIMEOUT = 3
-
-UNTIL_ANSWERED = "answered"
-UNTIL_ALL = "all"
 
 # The watcher wakes this often even when nothing changes, only to notice the
 # deadline (and, once, a write that landed before it started watching).
@@ -86,36 +83,6 @@ def _seconds(text: str) -> float:
     if value < 0 or value != value:
         raise argparse.ArgumentTypeError("the timeout can't be negative")
     return value
-
-
-# -- when the answers have arrived (pure) ----------------------------------------
-
-
-def has_answer(entry: dict[str, Any]) -> bool:
-    """A pick for the question as it stands now (stale is null only when
-    questions.json can't be read; the pick is then taken as it is)."""
-    return entry["state"] == ANSWERED and entry["stale"] is not True
-
-
-def arrived(view: dict[str, Any], question: str | None, until: str) -> bool:
-    """Whether a ``read --all`` view holds what ``wait`` is waiting for."""
-    entries = view["answers"]
-    if question is not None:
-        return any(e["qid"] == question and has_answer(e) for e in entries)
-    if until == UNTIL_ALL:
-        if any(e["status"] == UNKNOWN for e in entries):
-            return False  # questions.json can't be read: which are open is not known
-        return all(has_answer(e) for e in entries if e["status"] == "open")
-    return any(e["status"] in ("open", UNKNOWN) and has_answer(e) for e in entries)
-
-
-def as_read(view: dict[str, Any], include_all: bool) -> dict[str, Any]:
-    """The view ``read`` prints: ``read --all``'s without the unanswered
-    entries when --all was not given (one reading of the files serves both
-    the check and the output, so what is printed is what was checked)."""
-    if include_all:
-        return view
-    return {**view, "answers": [e for e in view["answers"] if e["state"] != UNANSWERED]}
 
 
 # -- the command -------------------------------------------------------------------

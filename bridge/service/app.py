@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Callable, Protocol
@@ -17,9 +18,10 @@ from typing import Callable, Protocol
 from nio import AsyncClient
 from watchfiles import awatch
 
+from bridge.agents.closing import blocks_close
 from bridge.questionset.load import LoadError
 from bridge.questionset.model import QuestionSet
-from bridge.questionset.setdir import load_set_dir
+from bridge.questionset.setdir import QUESTIONS_FILE, load_set_dir
 from bridge.service.appservice import AppserviceFront
 from bridge.service.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
@@ -93,7 +95,10 @@ def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
         result = load_set_dir(set_dir, probe=False)
     except LoadError as exc:
         return None, [exc.message]
-    errors = [f"{finding.where}: {finding.message}" for finding in result.errors]
+    # A set whose every question is closed or withdrawn is finished, not
+    # broken: the poster still closes its questions in the room.
+    errors = [f"{finding.where}: {finding.message}" for finding in result.errors
+              if result.model is None or blocks_close(finding.where, finding.message)]
     if errors or result.model is None:
         return None, errors or ["the set could not be read"]
     return result.model, []
@@ -117,7 +122,8 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
-                            on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble)
+                            on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble,
+                            on_logged=ops.on_logged)
         await front.open(pipeline)
         rooms, refused = await join_rooms(transport, configured_rooms(config), stop)
         for room in rooms:
@@ -129,7 +135,8 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         pipeline.flush()
         if held := format_held(held_back(store)):
             log.warning("started with things held back:\n%s", held.rstrip())
-        poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted)
+        poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
+                        on_closed=ops.on_closed)
         await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                         serve_http=not config.appservice.enabled)
         # Answers are taken in while the sets are posted: a first posting of
@@ -160,36 +167,66 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
     """Post what is not posted yet, then follow the folder.  The watcher starts
     first, so an edit made during a long first posting is not missed (the
     poster takes one set at a time, so both never post the same set at once)."""
-    watcher = asyncio.ensure_future(watch_sets(poster, root, stop))
-    failed: list[Path] = []
-    try:
-        failed = (await poster.sync_root(root, stop)).failed
-    except Exception:  # noqa: BLE001 - the folder itself could not be read: every set is tried again
-        log.exception("reading the sets failed")
-        failed = [root]
+    watching = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_sets(poster, root, stop, watching))
+    failed = await _post_sets(poster, root, stop)
     posted.set()
+    # A set written after the first scan but before the watcher was up (an
+    # agent asking as the bridge starts) is taken by a second scan; sets
+    # already posted are skipped by their fingerprint.
+    await sleep_or_stop_event(stop, watching)
+    if not stop.is_set():
+        failed = await _post_sets(poster, root, stop)
     delay = 1.0
     while failed and not stop.is_set():
         # A set that could not be posted (its room refuses the bridge, say) is
         # tried again with backoff; the others are long posted.
         await sleep_or_stop(stop, delay)
         delay = min(delay * 2, 300)
-        try:
-            again = poster.sync_root(root, stop) if failed == [root] else poster.sync_dirs(failed, stop)
-            failed = (await again).failed
-        except Exception:  # noqa: BLE001 - as above
-            log.exception("reading the sets failed")
+        failed = await _post_sets(poster, root, stop, None if failed == [root] else failed)
     await watcher
 
 
-async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
+async def _post_sets(poster: Poster, root: Path, stop: asyncio.Event, only: list[Path] | None = None) -> list[Path]:
+    """Post ``only`` those sets (all under ``root`` when None); the ones that could not be posted now."""
+    try:
+        report = await (poster.sync_dirs(only, stop) if only is not None else poster.sync_root(root, stop))
+    except Exception:  # noqa: BLE001 - the folder itself could not be read: every set is tried again
+        log.exception("reading the sets failed")
+        return [root]
+    return report.failed
+
+
+async def sleep_or_stop_event(stop: asyncio.Event, event: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(event.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: asyncio.Event | None = None) -> None:
+    """``watching`` is set once the watcher is up (its first wake-up)."""
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
-                                watch_filter=lambda _change, path: path.endswith("questions.json")):
+                                watch_filter=_set_change, rust_timeout=1000, yield_on_timeout=True):
+        if watching is not None:
+            watching.set()
+        if not changes:
+            continue
         try:
             # Only the sets that changed are read again, not every set under the root.
-            await poster.sync_changed(root, [path for _change, path in changes])
+            await poster.sync_changed(root, [path if path.endswith(QUESTIONS_FILE) else os.path.join(path, QUESTIONS_FILE)
+                                             for _change, path in changes])
         except Exception:  # noqa: BLE001 - a bad edit must not stop the bridge
             log.exception("re-reading the sets failed")
+
+
+def _set_change(_change: object, path: str) -> bool:
+    """A questions.json, or a folder: a set folder renamed or copied into place
+    arrives whole, and the watch on a new folder may start after the files in
+    it were written, so its questions.json is looked for too."""
+    return path.endswith(QUESTIONS_FILE) or os.path.isdir(path)
 
 
 def run_forever(config: Config) -> int:

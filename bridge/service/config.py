@@ -205,6 +205,65 @@ class Encryption(_Section):
         return parse_duration(self.grace)
 
 
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class Agent(_Section):
+    """One agent allowed in through the HTTP API or MCP at /mcp.  ``token`` is
+    its bearer token; ``webhook_url`` (optional) is told of every accepted
+    answer to its sets, each POST signed with ``webhook_secret``."""
+
+    token: str | None = None
+    webhook_url: str | None = None
+    webhook_secret: str | None = None
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
+
+    @model_validator(mode="after")
+    def _needs(self) -> "Agent":
+        if not self.token:
+            raise ValueError("needs a token (or its environment variable, see docs/agents.md)")
+        if len(self.token) < 16:
+            raise ValueError("the token must be at least 16 characters")
+        if self.webhook_url and not self.webhook_secret:
+            raise ValueError("webhook_url needs webhook_secret to sign the deliveries")
+        return self
+
+
+class AgentApi(_Section):
+    """Limits of the agents' HTTP API and MCP endpoint, and of webhook delivery."""
+
+    # Requests per minute per agent (a bucket that holds a minute's worth).
+    rate_per_minute: int = Field(default=120, ge=1)
+    # A webhook not taken after this long is dropped, with a log line and a metric.
+    webhook_drop_after: str = "24h"
+    webhook_timeout: str = "10s"
+
+    @field_validator("webhook_drop_after", "webhook_timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> str:
+        parse_duration(value)  # type: ignore[arg-type]
+        return str(value)
+
+    @property
+    def drop_after_seconds(self) -> float:
+        return parse_duration(self.webhook_drop_after)
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.webhook_timeout)
+
+
+def agent_env_prefix(name: str) -> str:
+    """ASKWRIGHT_BRIDGE_AGENT_<NAME>_: the name upper-cased, other characters as _."""
+    return "ASKWRIGHT_BRIDGE_AGENT_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) + "_"
+
+
 class Config(_Section):
     homeserver: Homeserver
     bot: Bot
@@ -218,6 +277,16 @@ class Config(_Section):
     metrics: Metrics = Field(default_factory=Metrics)
     reminders: Reminders = Field(default_factory=Reminders)
     encryption: Encryption = Field(default_factory=Encryption)
+    agents: dict[str, Agent] = Field(default_factory=dict)
+    agent_api: AgentApi = Field(default_factory=AgentApi)
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, value: dict[str, Agent]) -> dict[str, Agent]:
+        for name in value:
+            if not _AGENT_NAME.match(name):
+                raise ValueError(f"agent name {name!r} must be letters, digits, _, . or - (64 at most)")
+        return value
 
     @model_validator(mode="after")
     def _credentials(self) -> "Config":
@@ -266,6 +335,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
             raw.setdefault(section, {})
             if isinstance(raw[section], dict):
                 raw[section][key] = environ[var]
+    _agent_secrets(raw, environ)
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
@@ -281,6 +351,22 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
     config.sets.root = (base_dir / config.sets.root).resolve()
     config.store.path = (base_dir / config.store.path).resolve()
     return config
+
+
+def _agent_secrets(raw: dict[str, Any], environ: dict[str, str]) -> None:
+    """ASKWRIGHT_BRIDGE_AGENT_<NAME>_TOKEN and ..._WEBHOOK_SECRET for each agent named in the file."""
+    agents = raw.get("agents")
+    if not isinstance(agents, dict):
+        return
+    for name, section in list(agents.items()):
+        prefix = agent_env_prefix(str(name))
+        for key in ("token", "webhook_secret"):
+            value = environ.get(prefix + key.upper())
+            if value:
+                section = dict(section) if isinstance(section, dict) else {}
+                section[key] = value
+                agents[name] = section
+    raw["agents"] = agents
 
 
 def world_readable(path: str | Path) -> bool:

@@ -169,21 +169,23 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
     return routes
 
 
-def health_app(state: Metrics) -> web.Application:
+def health_app(state: Metrics, extra: Iterable[web.AbstractRouteDef] = ()) -> web.Application:
     app = web.Application()
     app.add_routes(health_routes(state))
+    app.add_routes(list(extra))
     return app
 
 
-async def start_http(listen: str | tuple[str, int], state: Metrics) -> web.AppRunner:
-    """Serve /metrics and /health on ``listen`` ("host:port"); bot mode's
-    listener.  Stop it with ``await runner.cleanup()``."""
+async def start_http(listen: str | tuple[str, int], state: Metrics,
+                     extra: Iterable[web.AbstractRouteDef] = ()) -> web.AppRunner:
+    """Serve /metrics and /health (and ``extra`` routes: the agents') on
+    ``listen`` ("host:port"); bot mode's listener.  Stop it with ``await runner.cleanup()``."""
     if isinstance(listen, str):
         host, _, port = listen.rpartition(":")
         host, port_number = host or "127.0.0.1", int(port)
     else:
         host, port_number = listen
-    runner = web.AppRunner(health_app(state), access_log=None)
+    runner = web.AppRunner(health_app(state, extra), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port_number)
     try:

@@ -1,5 +1,6 @@
 """The operator-facing parts of a running bridge in one place: metrics and
-health, management commands and reminders.
+health, management commands and reminders, and the agents' way in (HTTP
+API, MCP at /mcp, webhooks) when agents are configured.
 
 ``app.serve`` creates one ``Operators``, hands its hooks to the pipeline, the
 poster and the transport, starts it once the transport and the poster exist
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,6 +42,11 @@ class Operators:
         self.tasks: list[asyncio.Future[Any]] = []
         self._log_handler: logging.Handler | None = None
         self.metrics.held_view = lambda: counts(held_back(store))
+        self.agents: Any = None
+        if config.agents:
+            from bridge.agents.front import AgentsFront  # the MCP SDK is only loaded when agents are configured
+
+            self.agents = AgentsFront(config, store, self.metrics)
 
     # -- hooks (synchronous, cheap) --------------------------------------------
 
@@ -55,6 +62,30 @@ class Operators:
     def on_trouble(self, kind: str, reason: str) -> None:
         self.metrics.observe_trouble(kind, reason)
 
+    def on_logged(self, entry: LogEntry) -> None:
+        """Pipeline, inside the batch's store transaction: the webhook outbox
+        rows for the entry, committed with it.  A store error fails the batch
+        (it is retried); any other trouble is logged and never refuses an answer."""
+        if self.agents is None:
+            return
+        try:
+            self.agents.outbox(entry)
+        except sqlite3.Error:
+            raise
+        except Exception:  # noqa: BLE001 - a webhook must never cost an answer
+            log.exception("queueing the webhook for %s failed", entry.event_id)
+
+    def on_closed(self, question: Any, why: str) -> None:
+        """Poster, inside the store transaction closing a question: its webhook rows."""
+        if self.agents is None:
+            return
+        try:
+            self.agents.outbox.closed(question, why)
+        except sqlite3.Error:
+            raise
+        except Exception:  # noqa: BLE001 - a webhook must never stop a close
+            log.exception("queueing the webhook for closing %s failed", getattr(question, "event_id", "?"))
+
     def on_write(self, seconds: float) -> None:
         self.metrics.observe_write(seconds)
 
@@ -69,9 +100,9 @@ class Operators:
     def is_command(event: dict[str, Any]) -> bool:
         return is_command(event)
 
-    def routes(self) -> web.RouteTableDef:
-        """/metrics and /health for the appservice's own listener."""
-        return health_routes(self.metrics)
+    def routes(self) -> list[web.AbstractRouteDef]:
+        """/metrics and /health (and the agents' /v1/ and /mcp) for the appservice's own listener."""
+        return [*health_routes(self.metrics), *(self.agents.routes() if self.agents is not None else ())]
 
     # -- lifetime ----------------------------------------------------------------
 
@@ -81,8 +112,11 @@ class Operators:
         routes are served by the appservice listener instead."""
         self._log_handler = self.metrics.error_counter()
         logging.getLogger("bridge").addHandler(self._log_handler)
-        if self.config.metrics.enabled and serve_http:
-            self.runner = await start_http(self.config.metrics.listen, self.metrics)
+        if (self.config.metrics.enabled or self.agents is not None) and serve_http:
+            extra = self.agents.routes() if self.agents is not None else ()
+            self.runner = await start_http(self.config.metrics.listen, self.metrics, extra)
+        if self.agents is not None:
+            await self.agents.start(stop, poster)
         ctx = AdminContext(admins=frozenset(self.config.admins), sets_root=self.config.sets.root, store=self.store,
                            post_set=poster_post_set(poster),
                            remind_set=lambda set_id: remind_set_now(self.store, send, set_id))
@@ -98,6 +132,8 @@ class Operators:
                     period_seconds=reminders.every_seconds, tick_seconds=tick)))
 
     async def close(self) -> None:
+        if self.agents is not None:
+            await self.agents.close()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

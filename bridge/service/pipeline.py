@@ -115,6 +115,8 @@ class Pipeline:
     is_command: Callable[[dict[str, Any]], bool] | None = None
     # (kind, reason) of each thing held back or set aside: event, set, notice, download.
     on_trouble: Callable[[str, str], None] | None = None
+    # Runs inside the store transaction of each entry logged: what it writes commits with the entry.
+    on_logged: Callable[[LogEntry], None] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -242,9 +244,12 @@ class Pipeline:
             set_dir, set_id, qid = touched
             # `replaces` names what was withdrawn, so the word back can go where its acknowledgement went.
             logged = self.store.logged_question(target) if target else None
-            self.store.append_log(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
-                                           set_dir=set_dir, qid=qid, ts=_ts(event), replaces=target,
-                                           question_event_id=logged[0] if logged else question_event_id))
+            entry = LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id, set_dir=set_dir, qid=qid,
+                             ts=_ts(event), replaces=target,
+                             question_event_id=logged[0] if logged else question_event_id)
+            self.store.append_log(entry)
+            if self.on_logged:
+                self.on_logged(entry)
             result.withdrawn += 1
         self.store.mark_processed(event_id, "withdrawn")
 
@@ -284,6 +289,8 @@ class Pipeline:
         else:
             result.accepted += 1
         self.store.append_log(entry)
+        if self.on_logged:
+            self.on_logged(entry)
         self.store.mark_processed(entry.event_id, entry.outcome)
         if self.on_outcome:
             self.on_outcome(entry)

@@ -47,12 +47,15 @@ def question_digest(qset: QuestionSet, question: Question) -> str:
 
 class Poster:
     def __init__(self, store: Store, transport: Any, room_for: Callable[[str], str], load_set: LoadSet,
-                 on_posted: Callable[[RecordedQuestion], None] | None = None):
+                 on_posted: Callable[[RecordedQuestion], None] | None = None,
+                 on_closed: Callable[[RecordedQuestion, str], None] | None = None):
         self.store = store
         self.transport = transport
         self.room_for = room_for
         self.load_set = load_set
         self.on_posted = on_posted
+        # Runs inside the store transaction that closes a question (with why).
+        self.on_closed = on_closed
         # The first posting and the folder watcher run side by side; one set
         # at a time keeps them from posting the same question twice.
         self._one_at_a_time = asyncio.Lock()
@@ -184,6 +187,8 @@ class Poster:
         with self.store.transaction():
             self.store.close_question(recorded.event_id)
             self.store.set_meta(_UNTOLD + recorded.event_id, why)
+            if self.on_closed:
+                self.on_closed(recorded, why)
         report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
         log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
         await self._tell_closed(recorded, why)

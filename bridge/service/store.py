@@ -144,6 +144,23 @@ MIGRATIONS: list[str] = [
     CREATE INDEX sent_by_about ON sent (about);
     UPDATE answer_log SET acked=1 WHERE outcome='withdrawn';
     """,
+    # Agents from anywhere (issue 18): webhooks still to deliver, written in
+    # the transaction of the answer they tell of; a row is deleted once its
+    # URL took it (or when it is given up on).
+    """
+    CREATE TABLE webhook_outbox (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        key TEXT NOT NULL,              -- the idempotency key: the same on every attempt
+        agent TEXT NOT NULL,
+        url TEXT NOT NULL,
+        body TEXT NOT NULL,             -- the JSON body, signed as sent
+        created_at INTEGER NOT NULL,    -- ms since the epoch
+        next_at INTEGER NOT NULL,       -- ms since the epoch
+        attempts INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (key, url)
+    );
+    CREATE INDEX webhook_due ON webhook_outbox (next_at);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

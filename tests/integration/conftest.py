@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="session", autouse=True)
 def no_secret_in_any_bridge_log(tmp_path_factory):
     """After the whole session: no secret any bridge was configured with (bot
-    tokens and passwords, appservice tokens) appears in any log a bridge wrote."""
+    tokens and passwords, appservice tokens, agents' tokens and webhook
+    secrets) appears in any log a bridge wrote."""
     yield
     root = tmp_path_factory.getbasetemp()
     found: set[str] = set()
@@ -32,6 +33,10 @@ def no_secret_in_any_bridge_log(tmp_path_factory):
             if isinstance(values, dict):
                 found.update(str(values[k]) for k in keys if values.get(k))
         found.update(str(data[k]) for k in ("as_token", "hs_token") if data.get(k))  # a registration file
+        agents = data.get("agents")
+        for agent in agents.values() if isinstance(agents, dict) else ():
+            if isinstance(agent, dict):
+                found.update(str(agent[k]) for k in ("token", "webhook_secret") if agent.get(k))
     leaks = []
     for log in root.rglob("bridge.log"):
         text = log.read_text(errors="replace")

@@ -1,0 +1,93 @@
+"""Serving an ASGI application (the MCP SDK's streamable HTTP session
+manager) from an aiohttp handler, so /mcp shares the bridge's one listener.
+
+Small on purpose: one HTTP request in, the application's response streamed
+out as it is sent (server-sent events included).  ``receive`` hands over the
+body, then waits until the response is done or the client has gone, which
+is what a streaming ASGI application listens for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from aiohttp import web
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+AsgiApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+# How often a streaming response checks that its client is still there.
+DISCONNECT_POLL_SECONDS = 1.0
+# Hop-by-hop headers aiohttp sets itself.
+_SKIPPED = {b"transfer-encoding", b"connection", b"keep-alive"}
+
+
+def scope_of(request: web.Request, extra: dict[str, Any] | None = None) -> Scope:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    sock = request.transport.get_extra_info("sockname") if request.transport else None
+    scope: Scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": f"{request.version.major}.{request.version.minor}",
+        "method": request.method,
+        "scheme": request.scheme,
+        "path": request.path,
+        "raw_path": request.raw_path.split("?", 1)[0].encode(),
+        "query_string": request.query_string.encode(),
+        "root_path": "",
+        "headers": [(name.lower(), value) for name, value in request.raw_headers],
+        "client": tuple(peer[:2]) if isinstance(peer, tuple) else None,
+        "server": tuple(sock[:2]) if isinstance(sock, tuple) else None,
+        "state": {},
+    }
+    scope.update(extra or {})
+    return scope
+
+
+async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] | None = None) -> web.StreamResponse:
+    finished = asyncio.Event()
+    body_done = False
+    response: web.StreamResponse | None = None
+
+    async def receive() -> Message:
+        nonlocal body_done
+        if not body_done:
+            chunk = await request.content.readany()
+            if chunk:
+                return {"type": "http.request", "body": chunk, "more_body": True}
+            body_done = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        while not finished.is_set():
+            if request.transport is None or request.transport.is_closing():
+                break
+            try:
+                await asyncio.wait_for(finished.wait(), DISCONNECT_POLL_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal response
+        if message["type"] == "http.response.start":
+            response = web.StreamResponse(status=message["status"])
+            for name, value in message.get("headers", []):
+                if name.lower() not in _SKIPPED:
+                    response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+            await response.prepare(request)
+        elif message["type"] == "http.response.body" and response is not None:
+            body = message.get("body", b"")
+            if body:
+                await response.write(body)
+            if not message.get("more_body", False):
+                await response.write_eof()
+                finished.set()
+
+    try:
+        await app(scope_of(request, extra), receive, send)
+    finally:
+        finished.set()
+    if response is None:
+        return web.json_response({"ok": False, "error": "internal_error", "message": "no response"}, status=500)
+    return response

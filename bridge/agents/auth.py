@@ -1,0 +1,47 @@
+"""Which agent a bearer token is, and whether it may make another request
+now.  Tokens are compared in constant time and never logged or echoed."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from bridge.service.config import Agent
+
+
+def agent_for(header: str | None, agents: Mapping[str, Agent]) -> str | None:
+    """The agent named by an ``Authorization: Bearer <token>`` header, or None."""
+    if not header or not header.startswith("Bearer "):
+        return None
+    given = header[len("Bearer "):].strip().encode()
+    found = None
+    for name, agent in agents.items():
+        # Every token is compared, so the time taken says nothing about which matched.
+        if agent.token and hmac.compare_digest(given, agent.token.encode()) and found is None:
+            found = name
+    return found
+
+
+@dataclass
+class RateLimiter:
+    """A token bucket per agent: ``per_minute`` requests a minute, bursts up to a minute's worth."""
+
+    per_minute: int
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def allow(self, agent: str) -> bool:
+        now = self.clock()
+        level, at = self._buckets.get(agent, (float(self.per_minute), now))
+        level = min(float(self.per_minute), level + (now - at) * self.per_minute / 60.0)
+        if level < 1.0:
+            self._buckets[agent] = (level, now)
+            return False
+        self._buckets[agent] = (level - 1.0, now)
+        return True
+
+    def retry_after(self, agent: str) -> int:
+        level, _at = self._buckets.get(agent, (0.0, 0.0))
+        return max(1, int((1.0 - level) * 60.0 / self.per_minute) + 1)

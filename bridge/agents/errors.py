@@ -1,0 +1,50 @@
+"""What an agent's request can fail with: each maps to one HTTP status and to
+one MCP tool error, never to a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentError(Exception):
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, findings: list[dict[str, str]] | None = None,
+                 warnings: list[dict[str, str]] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.findings = findings or []
+        self.warnings = warnings or []
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"ok": False, "error": self.code, "message": self.message}
+        if self.findings or self.code == "lint_failed":
+            body["errors"] = self.findings
+            body["warnings"] = self.warnings
+        return body
+
+
+class BadRequest(AgentError):
+    """The request itself is unusable: not JSON, a wrong parameter."""
+
+
+class NotFound(AgentError):
+    """No such set for this agent (another agent's set looks exactly like none)."""
+
+    status = 404
+    code = "not_found"
+
+
+class LintFailed(AgentError):
+    """The set fails the format's rules; the findings say where and what."""
+
+    status = 422
+    code = "lint_failed"
+
+
+class Unprocessable(AgentError):
+    """Well-formed, but not something this set can take (an unknown question id)."""
+
+    status = 422
+    code = "unprocessable"

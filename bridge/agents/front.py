@@ -1,0 +1,122 @@
+"""Everything agents reach on the bridge's listener, and what runs for them:
+the HTTP API under /v1/, MCP's streamable HTTP transport at /mcp, the
+watcher that tells subscribed MCP clients of changed answers, and the
+webhook deliverer.  ``Operators`` owns one when agents are configured."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from watchfiles import awatch
+
+from bridge.agents.asgi import serve_asgi
+from bridge.agents.http import AgentApi
+from bridge.agents.mcp_server import Subscribers, build_server
+from bridge.agents.outbox import OutboxHook
+from bridge.agents.sets import AgentSets
+from bridge.agents.webhooks import Deliverer
+from bridge.answers.file import ANSWERS_NAME
+from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
+from bridge.service.config import Config
+from bridge.service.metrics import Metrics
+from bridge.service.store import Store
+
+log = logging.getLogger(__name__)
+
+AGENT_SCOPE_KEY = "askwright.agent"
+
+
+def agent_of_http(ctx: Any) -> str | None:
+    """The agent /mcp authenticated for this request (put into the ASGI scope)."""
+    request = getattr(ctx, "request", None)
+    scope = getattr(request, "scope", None)
+    if isinstance(scope, dict):
+        return scope.get(AGENT_SCOPE_KEY)
+    return None
+
+
+class AgentsFront:
+    def __init__(self, config: Config, store: Store, metrics: Metrics):
+        self.config = config
+        self.sets = AgentSets(config.sets.root)
+        self.api = AgentApi(config, self.sets)
+        self.subscribers = Subscribers()
+        self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers)
+        self.manager: StreamableHTTPSessionManager | None = None
+        self.deliverer = Deliverer(store, config.agents, metrics, drop_after=config.agent_api.drop_after_seconds,
+                                   timeout=config.agent_api.timeout_seconds)
+        self.outbox = OutboxHook(store, config.agents, on_queued=self.deliverer.wake.set)
+        self.tasks: list[asyncio.Future[Any]] = []
+        self._ready = asyncio.Event()
+        self._posting: set[asyncio.Future[None]] = set()
+
+    def routes(self) -> web.RouteTableDef:
+        routes = self.api.routes()
+        for method in ("GET", "POST", "DELETE"):
+            routes.route(method, "/mcp")(self.mcp)
+        return routes
+
+    async def mcp(self, request: web.Request) -> web.StreamResponse:
+        agent = self.api.agent_or_refusal(request)
+        if isinstance(agent, web.Response):
+            return agent
+        if self.manager is None or not self._ready.is_set():
+            return web.json_response({"ok": False, "error": "starting", "message": "not ready yet"}, status=503)
+        return await serve_asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
+
+    async def start(self, stop: asyncio.Event, poster: Any = None) -> None:
+        self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
+        if poster is not None:
+            self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
+        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
+        self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
+        self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop)))
+        self.tasks.append(asyncio.ensure_future(self.deliverer.run(stop)))
+        await asyncio.wait([asyncio.ensure_future(self._ready.wait()), self.tasks[0]],
+                           return_when=asyncio.FIRST_COMPLETED)
+
+    def _post_soon(self, poster: Any, set_dir: Path) -> None:
+        """The poster takes the set now, as its folder watcher would."""
+        async def post() -> None:
+            try:
+                await poster.sync_changed(self.config.sets.root, [set_dir / QUESTIONS_FILE])
+            except Exception:  # noqa: BLE001 - the watcher and the next start take it then
+                log.exception("posting %s failed", set_dir.name)
+
+        task = asyncio.ensure_future(post())
+        self._posting.add(task)
+        task.add_done_callback(self._posting.discard)
+
+    async def _run_manager(self, stop: asyncio.Event) -> None:
+        assert self.manager is not None
+        async with self.manager.run():
+            self._ready.set()
+            await stop.wait()
+
+    async def close(self) -> None:
+        tasks = [*self.tasks, *self._posting]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.tasks.clear()
+
+
+async def watch_answers(root: Path, subscribers: Subscribers, stop: asyncio.Event) -> None:
+    """Tell the subscribers of a set's answers resource when its answers.json changes."""
+    root = Path(root)
+    with contextlib.suppress(OSError):
+        root.mkdir(parents=True, exist_ok=True)
+    async for changes in awatch(root, stop_event=stop, debounce=100, step=50, recursive=True,
+                                watch_filter=lambda _c, path: os.path.basename(path) == ANSWERS_NAME):
+        for set_id in sorted({Path(path).parent.name for _c, path in changes}):
+            try:
+                await subscribers.changed(set_id)
+            except Exception:  # noqa: BLE001 - a subscriber's trouble never stops the watcher
+                log.exception("telling subscribers of %s failed", set_id)

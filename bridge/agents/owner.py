@@ -1,0 +1,59 @@
+"""Who asked a set: a small file in the set folder, written with the set.
+
+A file rather than a store row: ``askwright-bridge mcp`` on stdio runs as its
+own process beside the bridge, and the set folder is what both share.  A
+folder without this file was written by a local agent and belongs to no
+agent of the API."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OWNER_FILE = ".askwright-agent.json"
+
+
+@dataclass(frozen=True)
+class Owner:
+    agent: str
+    callbacks: tuple[str, ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"agent": self.agent, "callbacks": list(self.callbacks)}
+
+
+def read_owner(set_dir: str | os.PathLike[str]) -> Owner | None:
+    try:
+        data = json.loads((Path(set_dir) / OWNER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("agent"), str):
+        return None
+    callbacks = data.get("callbacks")
+    urls = tuple(u for u in callbacks if isinstance(u, str)) if isinstance(callbacks, list) else ()
+    return Owner(data["agent"], urls)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary name, fsync, rename over ``path``, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    sync_dir(path.parent)
+
+
+def sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def owner_bytes(owner: Owner) -> bytes:
+    return json.dumps(owner.as_dict(), indent=2).encode() + b"\n"

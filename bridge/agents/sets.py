@@ -1,0 +1,209 @@
+"""The one service layer agents go through (the HTTP API and both MCP
+transports): ask, read, wait, close and list, each for one agent's own sets.
+
+A set is written exactly as a local agent would write it: a folder under
+``sets.root`` holding questions.json (plus the owner file), created
+atomically, so the bridge's poster picks it up as it picks up any set."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge.agents.closing import blocks_close, close_questions
+from bridge.agents.errors import BadRequest, LintFailed, NotFound
+from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner, sync_dir, write_atomic
+from bridge.commands.read import ReadError, load_view
+from bridge.answers.arrival import as_read
+from bridge.questionset.lint import LintResult, lint
+from bridge.questionset.load import LoadError, parse_json
+from bridge.questionset.media import LocalFilesystem
+from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
+
+# The format's set id: a letter or digit, then letters, digits, _, . or -; 64 at most.
+SET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MAX_CALLBACKS = 5
+
+
+@dataclass(frozen=True)
+class Asked:
+    set_id: str
+    created: bool
+    open_questions: list[str]
+    warnings: list[dict[str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": True, "set": self.set_id, "created": self.created, "questions": self.open_questions,
+                "warnings": self.warnings}
+
+
+class AgentSets:
+    def __init__(self, root: Path, stop: asyncio.Event | None = None,
+                 on_written: Callable[[Path], None] | None = None):
+        self.root = Path(root)
+        # Set when the bridge stops: every wait returns what it has at once.
+        self.stop = stop
+        # Inside the bridge: the poster is told of a set written, beside its
+        # folder watcher (which may not watch yet in the first moments of a start).
+        self.on_written = on_written
+
+    # -- where a set lives, and whose it is --------------------------------------
+
+    def _own_dir(self, agent: str, set_id: str) -> Path:
+        """The folder of ``agent``'s set; NotFound for no set or another's."""
+        if not isinstance(set_id, str) or not SET_ID.match(set_id):
+            raise NotFound(f"no set {set_id!r}")
+        set_dir = self.root / set_id
+        owner = read_owner(set_dir)
+        if owner is None or owner.agent != agent or not (set_dir / QUESTIONS_FILE).is_file():
+            raise NotFound(f"no set {set_id!r}")
+        return set_dir
+
+    # -- ask ------------------------------------------------------------------------
+
+    def ask(self, agent: str, set_id: str, document: bytes | dict[str, Any],
+            callbacks: list[str] | None = None) -> Asked:
+        """Lint and write a set; LintFailed with the findings when it fails."""
+        raw = _parsed(document)
+        if not isinstance(set_id, str) or not SET_ID.match(set_id):
+            raise LintFailed("the set id in the address is not a valid set id", findings=[
+                {"where": "id", "message": "a letter or digit, then letters, digits, _, . or -; 64 at most"}])
+        urls = _callbacks(callbacks)
+        set_dir = self.root / set_id
+        exists = set_dir.exists()
+        owner = read_owner(set_dir) if exists else None
+        if exists and (owner is None or owner.agent != agent):
+            raise NotFound(f"no set {set_id!r}")  # someone else's: as if there were none
+        if raw.get("id") != set_id:
+            raise LintFailed("the set's id must be the id in the address", findings=[
+                {"where": "id", "message": f"must be {set_id!r}, the set id in the address"}])
+        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None)
+        if not result.ok:
+            raise LintFailed("the set fails lint", findings=_dicts(result.errors), warnings=_dicts(result.warnings))
+        data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+        new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()))
+        if exists:
+            write_atomic(set_dir / OWNER_FILE, owner_bytes(new_owner))
+            write_atomic(set_dir / QUESTIONS_FILE, data)
+        else:
+            self._create(set_dir, data, new_owner)
+        self._written(set_dir)
+        return Asked(set_id, not exists, _open_ids(result), _dicts(result.warnings))
+
+    def _create(self, set_dir: Path, data: bytes, owner: Owner) -> None:
+        # Written in a hidden folder (never read as a set) and renamed into
+        # place whole: the poster never sees a half-written set.
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self.root / f".incoming-{set_dir.name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            write_atomic(staging / OWNER_FILE, owner_bytes(owner))
+            write_atomic(staging / QUESTIONS_FILE, data)
+            os.rename(staging, set_dir)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if set_dir.exists():
+                raise BadRequest("the set was created at the same moment by another request") from None
+            raise
+        sync_dir(self.root)
+
+    def _written(self, set_dir: Path) -> None:
+        if self.on_written is not None:
+            self.on_written(set_dir)
+
+    # -- read -------------------------------------------------------------------------
+
+    def read(self, agent: str, set_id: str, *, include_all: bool = False) -> dict[str, Any]:
+        """Exactly what ``askwright-bridge read SET_DIR [--all]`` prints."""
+        return as_read(self.read_all(agent, set_id), include_all)
+
+    def read_all(self, agent: str, set_id: str) -> dict[str, Any]:
+        set_dir = self._own_dir(agent, set_id)
+        try:
+            return load_view(set_dir, include_all=True)
+        except ReadError as exc:
+            raise NotFound(exc.message) from None
+
+    def set_dir(self, agent: str, set_id: str) -> Path:
+        return self._own_dir(agent, set_id)
+
+    # -- close ------------------------------------------------------------------------
+
+    def close(self, agent: str, set_id: str, qids: list[str] | None, status: str,
+              reason: str | None) -> dict[str, Any]:
+        set_dir = self._own_dir(agent, set_id)
+        try:
+            raw = parse_json((set_dir / QUESTIONS_FILE).read_bytes())
+        except (OSError, LoadError) as exc:
+            raise NotFound(f"the set can't be read: {getattr(exc, 'message', exc)}") from None
+        new, done = close_questions(raw, qids, status, reason)
+        result = lint(new, LocalFilesystem(os.path.abspath(set_dir)), probe=None)
+        blocking = [f for f in result.errors if blocks_close(f.where, f.message)]
+        if blocking:
+            raise LintFailed("the set would fail lint", findings=_dicts(blocking))
+        if done:
+            write_atomic(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
+            self._written(set_dir)
+        return {"ok": True, "set": set_id, "status": status, "closed": done}
+
+    # -- list ---------------------------------------------------------------------------
+
+    def list_sets(self, agent: str) -> list[dict[str, Any]]:
+        found = []
+        if not self.root.is_dir():
+            return found
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            owner = read_owner(entry)
+            if owner is None or owner.agent != agent:
+                continue
+            try:
+                view = load_view(entry, include_all=True)
+            except ReadError:
+                continue
+            answers = view["answers"]
+            found.append({"set": entry.name, "rev": view["rev"],
+                          "open": sum(1 for a in answers if a["status"] == "open"),
+                          "answered": view["count"]})
+        return found
+
+
+def _parsed(document: bytes | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(document, dict):
+        return document
+    if len(document) > MAX_QUESTIONS_BYTES:
+        raise BadRequest("questions.json is larger than the format allows")
+    try:
+        return parse_json(document)
+    except LoadError as exc:
+        raise BadRequest(exc.message) from None
+    except (RecursionError, ValueError):
+        raise BadRequest("questions.json is not usable JSON") from None
+
+
+def _callbacks(callbacks: list[str] | None) -> list[str]:
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, list) or len(callbacks) > MAX_CALLBACKS:
+        raise BadRequest(f"callbacks must be a list of at most {MAX_CALLBACKS} URLs")
+    for url in callbacks:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 2000:
+            raise BadRequest("each callback must be an http:// or https:// URL")
+    return list(dict.fromkeys(callbacks))
+
+
+def _dicts(findings: list[Any]) -> list[dict[str, str]]:
+    return [f.as_dict() for f in findings]
+
+
+def _open_ids(result: LintResult) -> list[str]:
+    return [q.id for q in result.model.questions if q.is_open] if result.model else []

@@ -1,0 +1,123 @@
+"""Agents for the integration tests: a bridge configured with two agents, a
+one-question set, a webhook receiver that verifies what it is sent, and a
+TCP listener that never answers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from typing import Any
+
+from aiohttp import web
+
+from bridge.agents.webhooks import verify
+
+TOKENS = {"planner": "planner-token-0123456789abcdef", "other": "other-token-0123456789abcdef"}
+SECRETS = {"planner": "planner-hook-secret-42", "other": "other-hook-secret-42"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agents_config(port: int, webhook_urls: dict[str, str] | None = None, **api: Any) -> dict[str, Any]:
+    agents = {}
+    for name, token in TOKENS.items():
+        agents[name] = {"token": token, "webhook_secret": SECRETS[name]}
+        if webhook_urls and name in webhook_urls:
+            agents[name]["webhook_url"] = webhook_urls[name]
+    return {"metrics": {"enabled": False, "listen": f"127.0.0.1:{port}"}, "agents": agents,
+            "agent_api": {"webhook_timeout": "2s", **api}}
+
+
+def one_question(set_id: str, qid: str = "branch") -> dict[str, Any]:
+    return {
+        "askwright": 1, "id": set_id, "title": "Release plan",
+        "questions": [{
+            "id": qid, "kind": "choice", "title": "Release branch",
+            "question": "Which branch should the release be cut from?",
+            "why": "The cut decides which fixes ship.",
+            "options": [{"id": "main", "label": "The main branch"}, {"id": "stable", "label": "The stable branch"}],
+            "guess": {"option": "main", "why": "It is what the last release did.", "confidence": "high"}}],
+    }
+
+
+def auth(agent: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[agent]}"}
+
+
+class Receiver:
+    """An HTTP server taking webhooks: each verified against the agent's secret."""
+
+    def __init__(self, secret: str):
+        self.secret = secret
+        self.status = 200
+        self.attempts: list[dict[str, Any]] = []   # every POST, as seen
+        self.taken: list[dict[str, Any]] = []      # each key answered 2xx with a good signature, once
+        self.ok: list[str] = []                    # the key of every 2xx answer given (duplicates kept)
+        self.runner: web.AppRunner | None = None
+        self.port = free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hook", self.hook)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def hook(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        good = verify(self.secret, request.headers.get("X-Askwright-Signature", ""), body, time.time())
+        seen = {"key": request.headers.get("Idempotency-Key"), "good": good, "body": json.loads(body)}
+        self.attempts.append(seen)
+        if not good:
+            return web.Response(status=401)
+        if self.status >= 300:
+            return web.Response(status=self.status)
+        if all(t["key"] != seen["key"] for t in self.taken):
+            self.taken.append(seen)
+        self.ok.append(seen["key"])
+        return web.Response(status=200)
+
+    async def wait_for(self, count: int, what: str = "taken", timeout: float = 30) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = getattr(self, what)
+            if len(found) >= count:
+                return found
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{what}: {len(getattr(self, what))} of {count} webhooks within {timeout} s")
+
+    async def close(self) -> None:
+        if self.runner:
+            await self.runner.cleanup()
+
+
+class Silent:
+    """A TCP port that accepts connections and never says a word."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.server: asyncio.base_events.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/never"
+
+    async def start(self) -> None:
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await asyncio.sleep(3600)
+
+        self.server = await asyncio.start_server(hold, "127.0.0.1", self.port)
+
+    async def close(self) -> None:
+        if self.server:
+            self.server.close()

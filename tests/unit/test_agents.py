@@ -1,0 +1,270 @@
+"""The agents' service layer, config, auth and webhook signing, without a
+homeserver: what an agent (or a webhook receiver) would see."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge.agents.auth import RateLimiter, agent_for
+from bridge.agents.errors import BadRequest, LintFailed, NotFound, Unprocessable
+from bridge.agents.outbox import OutboxHook, due
+from bridge.agents.owner import OWNER_FILE
+from bridge.agents.sets import AgentSets
+from bridge.agents.webhooks import signature, verify
+from bridge.service.app import load_set
+from bridge.service.config import Agent, ConfigError, parse_config
+from bridge.service.store import LogEntry, Store
+from helpers.config import GOOD
+
+
+def one_question(set_id: str = "plan", qid: str = "branch") -> dict:
+    return {"askwright": 1, "id": set_id, "title": "Release plan", "questions": [{
+        "id": qid, "kind": "choice", "title": "Release branch",
+        "question": "Which branch should the release be cut from?", "why": "The cut decides which fixes ship.",
+        "options": [{"id": "main", "label": "The main branch"}, {"id": "stable", "label": "The stable branch"}],
+        "guess": {"option": "main", "why": "It is what the last release did.", "confidence": "high"}}]}
+
+
+# -- config --------------------------------------------------------------------------
+
+
+def test_agent_secrets_come_from_the_environment(tmp_path):
+    raw = {**GOOD, "agents": {"release-agent": None, "other": {"token": "file-token-0123456789"}}}
+    env = {"ASKWRIGHT_BRIDGE_AGENT_RELEASE_AGENT_TOKEN": "env-token-0123456789",
+           "ASKWRIGHT_BRIDGE_AGENT_RELEASE_AGENT_WEBHOOK_SECRET": "env-secret"}
+    config = parse_config(raw, base_dir=tmp_path, environ=env)
+    assert config.agents["release-agent"].token == "env-token-0123456789"
+    assert config.agents["release-agent"].webhook_secret == "env-secret"
+    assert config.agents["other"].token == "file-token-0123456789"
+
+
+@pytest.mark.parametrize("agent, words", [
+    ({}, "needs a token"),
+    ({"token": "short"}, "at least 16"),
+    ({"token": "a-token-long-enough", "webhook_url": "https://x.example/h"}, "webhook_secret"),
+    ({"token": "a-token-long-enough", "webhook_url": "ftp://x", "webhook_secret": "s"}, "http"),
+])
+def test_an_agent_the_bridge_cant_use_is_refused_naming_it(tmp_path, agent, words):
+    with pytest.raises(ConfigError, match="agents.a") as caught:
+        parse_config({**GOOD, "agents": {"a": agent}}, base_dir=tmp_path, environ={})
+    assert words in str(caught.value)
+
+
+# -- who the agent is --------------------------------------------------------------------
+
+
+def test_a_bearer_token_names_its_agent_and_nothing_else_does():
+    agents = {"a": Agent(token="token-of-a-0123456789"), "b": Agent(token="token-of-b-0123456789")}
+    assert agent_for("Bearer token-of-b-0123456789", agents) == "b"
+    assert agent_for("Bearer token-of-b-012345678", agents) is None
+    assert agent_for("token-of-a-0123456789", agents) is None
+    assert agent_for(None, agents) is None
+
+
+def test_the_rate_limit_is_per_agent_and_refills():
+    now = [0.0]
+    limiter = RateLimiter(per_minute=3, clock=lambda: now[0])
+    assert [limiter.allow("a") for _ in range(4)] == [True, True, True, False]
+    assert limiter.allow("b")
+    now[0] += 20.0  # a third of a minute: one request back
+    assert limiter.allow("a") and not limiter.allow("a")
+
+
+def test_a_webhook_signature_checks_out_only_unchanged_and_recent():
+    body = b'{"type": "answer.accepted"}'
+    header = signature("s3cret", 1_000_000, body)
+    assert header.startswith("t=1000000,v1=")
+    assert verify("s3cret", header, body, now=1_000_010)
+    assert not verify("s3cret", header, body + b" ", now=1_000_010)
+    assert not verify("other", header, body, now=1_000_010)
+    assert not verify("s3cret", header, body, now=1_000_000 + 3600)  # a replay, an hour later
+
+
+# -- the service ------------------------------------------------------------------------
+
+
+def test_ask_writes_the_set_whole_with_its_owner_and_read_is_reads_shape(tmp_path):
+    sets = AgentSets(tmp_path)
+    asked = sets.ask("a", "plan", json.dumps(one_question()).encode())
+    assert (asked.created, asked.open_questions) == (True, ["branch"])
+    assert json.loads((tmp_path / "plan" / OWNER_FILE).read_text())["agent"] == "a"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan"]  # no staging folder left
+    assert sets.ask("a", "plan", one_question()).created is False
+    cli = subprocess.run([sys.executable, "-m", "bridge", "read", str(tmp_path / "plan"), "--all"],
+                         capture_output=True, text=True, check=True)
+    assert sets.read("a", "plan", include_all=True) == json.loads(cli.stdout)
+    assert sets.list_sets("a") == [{"set": "plan", "rev": 0, "open": 1, "answered": 0}]
+    assert sets.list_sets("b") == []
+
+
+def test_another_agents_set_and_a_hand_written_set_are_not_there(tmp_path):
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "plan", one_question())
+    hand = tmp_path / "by-hand"
+    hand.mkdir()
+    (hand / "questions.json").write_text(json.dumps(one_question("by-hand")))
+    for set_id in ("plan", "by-hand", "none", "../plan"):
+        with pytest.raises(NotFound):
+            sets.read("b", set_id)
+        with pytest.raises(NotFound):
+            sets.close("b", set_id, None, "closed", None)
+    with pytest.raises(NotFound):
+        sets.ask("b", "plan", one_question())
+    with pytest.raises(NotFound):
+        sets.ask("a", "by-hand", one_question("by-hand"))
+    assert json.loads((tmp_path / "plan" / OWNER_FILE).read_text())["agent"] == "a"
+
+
+def test_a_set_failing_lint_is_refused_with_the_findings_and_nothing_written(tmp_path):
+    sets = AgentSets(tmp_path)
+    bad = one_question()
+    bad["questions"][0]["question"] = "No question mark"
+    with pytest.raises(LintFailed) as caught:
+        sets.ask("a", "plan", bad)
+    assert [f["where"] for f in caught.value.findings] == ["questions[branch].question"]
+    with pytest.raises(LintFailed, match="id in the address"):
+        sets.ask("a", "other-id", one_question())
+    with pytest.raises(BadRequest, match="not JSON"):
+        sets.ask("a", "plan", b"{nope")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_closing_the_last_question_finishes_the_set_and_the_poster_still_takes_it(tmp_path):
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "plan", one_question())
+    with pytest.raises(BadRequest, match="reason"):
+        sets.close("a", "plan", None, "withdrawn", "  ")
+    with pytest.raises(Unprocessable):
+        sets.close("a", "plan", ["nope"], "closed", None)
+    assert sets.close("a", "plan", None, "withdrawn", "Decided elsewhere")["closed"] == ["branch"]
+    question = json.loads((tmp_path / "plan" / "questions.json").read_text())["questions"][0]
+    assert (question["status"], question["reason"]) == ("withdrawn", "Decided elsewhere")
+    model, errors = load_set(tmp_path / "plan")
+    assert errors == [] and model is not None and not model.questions[0].is_open
+    assert sets.close("a", "plan", None, "closed", None)["closed"] == []  # nothing open any more
+
+
+# -- the outbox -------------------------------------------------------------------------
+
+
+def test_the_outbox_row_commits_or_rolls_back_with_the_answer(tmp_path):
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("a", "plan", one_question(), callbacks=["https://hooks.example/a"])
+    store = Store(tmp_path / "store.sqlite")
+    hook = OutboxHook(store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    entry = LogEntry("$answer", "!room", "@p:hs", "answer_event", "accepted", set_id="plan",
+                     set_dir=str(tmp_path / "sets" / "plan"), qid="branch", record={"choice": "main"})
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.append_log(entry)
+            hook(entry)
+            raise RuntimeError("the batch fails after the hook")
+    assert due(store, 10_000) == []
+    with store.transaction():
+        store.append_log(entry)
+        hook(entry)
+        hook(entry)  # the same entry twice is one delivery
+    (row,) = due(store, 10_000)
+    assert (row.key, row.url, row.agent) == ("answer.accepted:$answer", "https://hooks.example/a", "a")
+    body = json.loads(row.body)
+    assert (body["type"], body["set"], body["qid"], body["record"]) == ("answer.accepted", "plan", "branch",
+                                                                       {"choice": "main"})
+    store.close()
+
+
+def test_an_answer_to_a_set_without_an_agent_queues_nothing(tmp_path):
+    store = Store(tmp_path / "store.sqlite")
+    hand = tmp_path / "by-hand"
+    hand.mkdir()
+    hook = OutboxHook(store, {"a": Agent(token="token-of-a-0123456789", webhook_url="https://h.example",
+                                         webhook_secret="s")})
+    with store.transaction():
+        hook(LogEntry("$x", "!r", "@p:hs", "answer_event", "accepted", set_dir=str(hand), qid="q"))
+    assert due(store, 2**62) == []
+    store.close()
+
+
+def test_the_openapi_document_is_shipped_and_names_every_route():
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bridge" / "agents" / "openapi.json").read_text())
+    assert set(doc["paths"]) == {"/v1/sets", "/v1/sets/{id}", "/v1/sets/{id}/answers", "/v1/sets/{id}/close",
+                                 "/v1/openapi.json"}
+    assert set(doc["paths"]["/v1/sets/{id}"]["put"]["responses"]) >= {"200", "201", "401", "404", "413", "422"}
+
+
+def test_a_question_closed_in_the_store_queues_its_webhook_in_the_same_transaction(tmp_path):
+    from bridge.protocol.recorded import RecordedQuestion
+
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("a", "plan", one_question())
+    store = Store(tmp_path / "store.sqlite")
+    question = RecordedQuestion("$q", "!room", "plan", {"question": {"id": "branch", "rev": 2, "title": "T"},
+                                                        "elicitation_id": "e1"})
+    with store.transaction():
+        store.record_posted(question, set_dir=str(tmp_path / "sets" / "plan"), posted_at=0)
+    hook = OutboxHook(store, {"a": Agent(token="token-of-a-0123456789", webhook_url="https://h.example/a",
+                                         webhook_secret="s")})
+    with store.transaction():
+        store.close_question("$q")
+        hook.closed(question, "withdrawn (Decided)")
+    (row,) = due(store, 2**62)
+    body = json.loads(row.body)
+    assert (body["type"], body["qid"], body["q_rev"], body["why"]) == ("question.closed", "branch", 2,
+                                                                      "withdrawn (Decided)")
+    store.close()
+
+
+async def test_a_webhook_never_taken_is_retried_then_dropped_with_a_log_line_and_a_metric(tmp_path, caplog):
+    import asyncio
+    import logging
+
+    from aiohttp import web
+
+    from bridge.agents.webhooks import Deliverer
+    from bridge.service.metrics import Metrics
+
+    seen: list[str] = []
+
+    async def refuse(request: web.Request) -> web.Response:
+        seen.append(request.headers["Idempotency-Key"])
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_post("/hook", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # the port the system picked
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("a", "plan", one_question(), callbacks=[f"http://127.0.0.1:{port}/hook"])
+    store = Store(tmp_path / "store.sqlite")
+    agents = {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}
+    with store.transaction():
+        OutboxHook(store, agents)(LogEntry("$answer", "!r", "@p:hs", "answer_event", "accepted", set_id="plan",
+                                           set_dir=str(tmp_path / "sets" / "plan"), qid="branch", record={}))
+    metrics = Metrics()
+    deliverer = Deliverer(store, agents, metrics, drop_after=2.5, timeout=2)
+    stop = asyncio.Event()
+    caplog.set_level(logging.WARNING, logger="bridge.agents.webhooks")
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        for _ in range(200):
+            if not store.db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0]:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+        await runner.cleanup()
+    assert store.db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0] == 0
+    assert len(seen) >= 2 and set(seen) == {"answer.accepted:$answer"}  # retried, same key every time
+    exposition = metrics.exposition().decode()
+    assert "askwright_bridge_webhooks_dropped_total 1.0" in exposition
+    assert "askwright_bridge_webhooks_delivered_total 0.0" in exposition
+    assert any("dropped" in r.getMessage() and "127.0.0.1" in r.getMessage() for r in caplog.records)
+    store.close()
