@@ -29,6 +29,7 @@ from nio.exceptions import EncryptionError, LocalProtocolError
 from nio.rooms import MatrixRoom
 
 from bridge.service.config import Encryption
+from bridge.service.crosssigning import CrossSigning
 from bridge.service.matrix import MatrixError
 from bridge.service.store import LogEntry, Store
 
@@ -45,6 +46,9 @@ UNDECRYPTABLE_MESSAGE = ("the bridge could not decrypt this message, so it could
                          "its keys with the bridge's session).")
 UNVERIFIED_MESSAGE = ("this message was sent from a session the bridge's operator has not verified, "
                       "so the bridge does not accept answers from it. Answer from a verified session.")
+NOT_CROSS_SIGNED_MESSAGE = ("this message was sent from a session you have not verified, so the bridge does "
+                            "not accept answers from it. Verify this session in your client (from a session "
+                            "you already trust, or with your recovery key), then send your answer again.")
 
 
 def available() -> bool:
@@ -78,8 +82,11 @@ class Crypto:
     """The bridge's encryption state around one nio client with olm loaded."""
 
     def __init__(self, client: AsyncClient, store: Store, settings: Encryption,
-                 on_outcome: Callable[[LogEntry], None] | None = None, clock: Callable[[], int] = now_ms):
+                 on_outcome: Callable[[LogEntry], None] | None = None, clock: Callable[[], int] = now_ms,
+                 cross_signing: CrossSigning | None = None):
         self.client = client
+        # The bridge's own cross-signing identity, and the check of others' devices for trust: cross-signed.
+        self.cross_signing = cross_signing
         self.store = store
         self.settings = settings
         self.on_outcome = on_outcome
@@ -96,6 +103,12 @@ class Crypto:
     async def start(self) -> None:
         log.info("end-to-end encryption on (trust: %s); the bridge's %s", self.settings.trust, self.describe_device())
         await self.maintain()
+        if self.cross_signing is not None:
+            try:
+                await self.cross_signing.ensure()
+            except Exception as exc:  # noqa: BLE001 - an unsigned device still encrypts; clients may hide it
+                log.error("the bridge's device is not cross-signed (%s): clients that only trust sessions "
+                          "verified by their owner will not show its messages", exc)
 
     # -- rooms ----------------------------------------------------------
 
@@ -145,8 +158,14 @@ class Crypto:
                 log.error("uploading the device keys failed (%s): people cannot encrypt for the bridge. If the "
                           "access token belongs to a session that already has other keys, give the bridge its "
                           "own login (bot.password) or a fresh token", getattr(response, "message", response))
+        outdated: set[str] = set()
         if client.should_query_keys:
+            outdated = set(client.users_for_key_query)
             await client.keys_query()
+        if self.settings.trust == "cross-signed" and self.cross_signing is not None:
+            # nio reads no cross-signing keys: the same people are asked again for theirs.
+            unknown = {user for user in client.device_store.users if not self.cross_signing.known(user)}
+            await self.cross_signing.refresh((outdated | unknown) - {client.user_id})
         if client.should_claim_keys:
             await client.keys_claim(client.get_users_for_key_claiming())
         if client.outgoing_to_device_messages:
@@ -173,6 +192,13 @@ class Crypto:
                         why = "its fingerprint does not match the one configured" if pinned else \
                             "not in encryption.verified_devices"
                         self._set(device, "blacklisted", why)
+                elif policy == "cross-signed":
+                    if self.cross_signing is not None and \
+                            self.cross_signing.is_cross_signed(user_id, device.id, device.ed25519):
+                        self._set(device, "verified", "cross-signed by its owner")
+                    else:
+                        self._set(device, "blacklisted", "not cross-signed by its owner (they can verify this "
+                                  "session in their client)")
                 elif policy == "tofu":
                     self._set(device, "verified", "trusted on first use")
                 else:
@@ -209,7 +235,7 @@ class Crypto:
         # Under tofu and verified every device is verified or blacklisted by
         # apply_trust, so this only matters for devices seen mid-send; under
         # ``verified`` such a device must fail the send rather than get keys.
-        return self.settings.trust != "verified"
+        return self.settings.trust not in ("verified", "cross-signed")
 
     def session_snapshot(self, room_id: str) -> tuple[str, frozenset[tuple[str, str]]] | None:
         olm = self.client.olm
@@ -290,10 +316,12 @@ class Crypto:
         out: list[dict[str, Any]] = []
         for event in recovered + batch:
             origin = event.pop(ORIGIN, None)
-            if origin is not None and self.settings.trust == "verified" and not self._from_verified(event, origin):
+            strict = self.settings.trust in ("verified", "cross-signed")
+            if origin is not None and strict and not self._from_verified(event, origin):
                 sender = event.get("sender")
                 if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
-                    refusals.append((event, "device_not_verified", UNVERIFIED_MESSAGE))
+                    message = UNVERIFIED_MESSAGE if self.settings.trust == "verified" else NOT_CROSS_SIGNED_MESSAGE
+                    refusals.append((event, "device_not_verified", message))
                     continue
             out.append(event)
         if refusals:

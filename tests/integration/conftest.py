@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import yaml
@@ -32,6 +34,12 @@ def no_secret_in_any_bridge_log(tmp_path_factory):
             if isinstance(values, dict):
                 found.update(str(values[k]) for k in keys if values.get(k))
         found.update(str(data[k]) for k in ("as_token", "hs_token") if data.get(k))  # a registration file
+    for path in root.rglob("*.cross-signing.json"):  # the bridges' private cross-signing keys
+        try:
+            keys = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        found.update(str(v) for k, v in keys.items() if k != "user_id")
     leaks = []
     for log in root.rglob("bridge.log"):
         text = log.read_text(errors="replace")

@@ -28,7 +28,9 @@ async def encrypted(synapse, tmp_path):
     alice = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-keys")
     room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=[ENCRYPTION_STATE])
     synapse.join(alice.token, room_id)
-    await alice.keep_up()  # her device keys are on the homeserver before the bridge shares its first room key
+    # Her device keys and her cross-signing are on the homeserver before the
+    # bridge shares its first room key (trust: cross-signed, the default).
+    await alice.cross_sign()
     workdir = tmp_path / "bridge"
     workdir.mkdir()
     env = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot=bot,
