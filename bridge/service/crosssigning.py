@@ -24,7 +24,7 @@ from typing import Any
 
 from nio import AsyncClient
 
-from bridge.protocol.crosssigning import Identity, cross_signed_devices, self_signing_key, the_key, verify
+from bridge.protocol.crosssigning import Identity, cross_signed_devices, the_key, verify
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +70,10 @@ def save_identity(path: Path, identity: Identity, user_id: str) -> None:
     os.replace(tmp, path)
 
 
-async def call(client: AsyncClient, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def call(client: AsyncClient, method: str, path: str, body: dict[str, Any],
+               token: str | None = None) -> tuple[int, dict[str, Any]]:
     response = await client.send(method, path, json.dumps(body),
-                                 headers={"Authorization": f"Bearer {client.access_token}",
+                                 headers={"Authorization": f"Bearer {token or client.access_token}",
                                           "Content-Type": "application/json"})
     try:
         data = await response.json(content_type=None)
@@ -93,12 +94,17 @@ async def query(client: AsyncClient, users: list[str]) -> dict[str, Any]:
 class CrossSigning:
     """The bridge's own identity (``ensure``) and the cross-signed devices of others (``refresh``)."""
 
-    def __init__(self, client: AsyncClient, path: Path, password: str | None = None):
+    def __init__(self, client: AsyncClient, path: Path, password: str | None = None,
+                 upload_token: str | None = None):
         self.client = client
         self.path = path
         self.password = password
+        # Appservice mode uploads the keys with the as_token: Synapse asks no
+        # user-interactive auth of an appservice, even to replace them.
+        self.upload_token = upload_token
         self.signed: dict[str, dict[str, str]] = {}  # user -> device -> ed25519, cross-signed by their owner
         self.masters: dict[str, str | None] = {}  # user -> master key last seen
+        self.pending: set[str] = set()  # users whose keys changed and were not read yet
 
     # -- the bridge's own identity ----------------------------------------
 
@@ -128,7 +134,7 @@ class CrossSigning:
     async def _upload(self, identity: Identity, replacing: str | None) -> None:
         user_id = self.client.user_id
         body = identity.upload_body(user_id)
-        status, data = await call(self.client, "POST", UPLOAD, body)
+        status, data = await call(self.client, "POST", UPLOAD, body, self.upload_token)
         if status == 401 and "flows" in data:
             if not self.password:
                 raise CrossSigningError(
@@ -167,14 +173,22 @@ class CrossSigning:
         return user_id in self.signed
 
     async def refresh(self, users: set[str]) -> None:
-        """Ask the homeserver for ``users``' cross-signing keys and devices."""
-        if not users:
+        """Ask the homeserver for ``users``' cross-signing keys and devices;
+        users whose answer did not come are asked again next time."""
+        self.pending |= users
+        if not self.pending:
             return
-        data = await query(self.client, sorted(users))
-        for user_id in users:
+        asked = set(self.pending)
+        try:
+            data = await query(self.client, sorted(asked))
+        except Exception as exc:  # noqa: BLE001 - their devices stay as they were until the next pass
+            log.warning("reading the cross-signing keys of %d people failed (%s); retrying", len(asked), exc)
+            return
+        self.pending -= asked
+        for user_id in asked:
             master = the_key(data.get("master_keys", {}).get(user_id), user_id, "master")
             before = self.masters.get(user_id, master)
             if before != master:
                 log.warning("%s has a new cross-signing identity (master key %s, was %s)", user_id, master, before)
             self.masters[user_id] = master
-            self.signed[user_id] = cross_signed_devices(data, user_id) if self_signing_key(data, user_id) else {}
+            self.signed[user_id] = cross_signed_devices(data, user_id)

@@ -165,7 +165,7 @@ class Crypto:
         if self.settings.trust == "cross-signed" and self.cross_signing is not None:
             # nio reads no cross-signing keys: the same people are asked again for theirs.
             unknown = {user for user in client.device_store.users if not self.cross_signing.known(user)}
-            await self.cross_signing.refresh((outdated | unknown) - {client.user_id})
+            await self.cross_signing.refresh(outdated | unknown)
         if client.should_claim_keys:
             await client.keys_claim(client.get_users_for_key_claiming())
         if client.outgoing_to_device_messages:
@@ -179,7 +179,9 @@ class Crypto:
         ignore unverified devices."""
         client, policy = self.client, self.settings.trust
         for user_id, devices in client.device_store.items():
-            if user_id == client.user_id and policy != "verified":
+            # The bridge's own other sessions (older logins) are placed like anyone's
+            # under the strict policies: a send must never meet an unplaced device.
+            if user_id == client.user_id and policy not in ("verified", "cross-signed"):
                 continue
             for device in devices.values():
                 if device.deleted or (user_id == client.user_id and device.id == client.device_id):
@@ -290,7 +292,13 @@ class Crypto:
                 sender = event.get("sender")
                 if not isinstance(sender, str) or is_own(sender) or self.store.is_processed(event["event_id"]):
                     continue
-                newly_kept.append(event)
+                # Still encrypted: in appservice mode nobody tried yet (a sync
+                # decrypts in bot mode, and trying again there costs little).
+                decrypted = self._decrypt(event)
+                if decrypted is None:
+                    newly_kept.append(event)
+                else:
+                    batch.append(decrypted)
                 continue
             batch.append(event)
         if newly_kept:

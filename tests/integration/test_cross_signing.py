@@ -121,6 +121,14 @@ async def test_an_answer_from_a_session_its_owner_did_not_verify_is_refused_with
         assert "name" not in bridge.answers("kinds")["answers"]
         assert f"device {bob.client.device_id} of {bob.user_id}" in bridge.log_text()
         assert "not cross-signed by its owner" in bridge.log_text()
+
+        # He does what the notice says: his session is cross-signed now, and
+        # the bridge takes his next answer (it follows his device list).
+        await bob.cross_sign()
+        accepted = await bob.send(room, answer_content(questions[("name", 1)], text="now verified"))
+        assert (await bridge.wait_answer("kinds", "name", timeout=40))["source"]["event_id"] == accepted
+        notice = await alice.wait_notice(room, accepted, timeout=30)
+        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
     finally:
         await bob.close()
 
@@ -186,8 +194,69 @@ async def test_the_identity_outlives_restarts_and_stores_and_a_lost_key_file_is_
     assert f"cross-signing reset: no keys in {key_file}" in bridge.log_text()
     assert master in bridge.log_text() and new_master in bridge.log_text()
     await wait_signed_by_owner(alice, user, third_device)
+
+    # Lost again, and this time only an access token: replacing the identity
+    # needs the account's password, so the bridge says what is missing and
+    # keeps running, its new device unsigned.
+    assert bridge.stop() == 0
+    bridge.store_path.unlink()
+    shutil.rmtree(bridge.store_path.with_name(bridge.store_path.name + ".crypto"))
+    key_file.unlink()
+    fresh = _http_json("POST", f"{bridge.synapse.url}/_matrix/client/v3/login",
+                       {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": user},
+                        "password": bridge.bot["password"]})
+    bridge.extra_config = {"bot": {"access_token": fresh["access_token"], "password": None}}
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    wait_log(bridge, "the bridge's device is not cross-signed", 1)
+    assert "set bot.password" in bridge.log_text()
+    wait_log(bridge, "question posted: kinds/", QUESTION_COUNT)  # it still serves
+    assert own_keys(bridge)[0] == new_master
+    deadline = time.monotonic() + 30
+    while (status := await alice.device_status(user, fresh["device_id"])) is None:
+        assert time.monotonic() < deadline, "her client never saw the bridge's new device"
+        await asyncio.sleep(0.5)
+    assert status["signed_by_owner"] is False
     # No private key in the log, ever.
     import json  # noqa: PLC0415
 
     secrets = [v for k, v in json.loads(key_file.read_text()).items() if k != "user_id"]
     assert not [s for s in secrets if s in bridge.log_text()]
+
+
+async def test_in_appservice_mode_too_she_reads_every_question_and_her_acknowledgements(appservice_synapse, tmp_path,
+                                                                                       js_sdk):
+    from helpers.attack import AS_BOT  # noqa: PLC0415
+
+    synapse = appservice_synapse
+    alice = JsPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-js.log")
+    await alice.start()
+    room = synapse.create_room(alice.token, invite=[AS_BOT], initial_state=[ENCRYPTION_STATE])
+    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=room, bot={"user_id": AS_BOT, "access_token": None},
+                    extra_config={"appservice": dict(synapse.appservice), "encryption": {"grace": "3s"}})
+    bridge.sets_root.mkdir()
+    try:
+        bridge.add_set(all_kinds_set("kinds"))
+        bridge.start()
+        questions = await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
+
+        sent = from_bridge(await alice.messages(room), bridge)
+        assert sent and {e["wire_type"] for e in sent} == {"m.room.encrypted"}
+        assert [(e["event_id"], e["decryption_failure"]) for e in sent if e["decryption_failure"]] == []
+        devices = {e["sender_device"] for e in sent}
+        assert len(devices) == 1
+        await wait_signed_by_owner(alice, AS_BOT, devices.pop())
+
+        takes = questions[("takes", 1)]["event_id"]
+        reply = await alice.send(room, {"msgtype": "m.text", "body": "2",
+                                        "m.relates_to": {"m.in_reply_to": {"event_id": takes}}})
+        named = await alice.send(room, answer_content(questions[("name", 1)], text="Borealis"))
+        assert (await bridge.wait_answer("kinds", "takes", timeout=40))["source"]["event_id"] == reply
+        assert (await bridge.wait_answer("kinds", "name", timeout=40))["text"] == "Borealis"
+        for answer in (reply, named):
+            notice = await alice.wait_notice(room, answer, timeout=30)
+            assert notice["wire_type"] == "m.room.encrypted" and notice["decryption_failure"] is None
+            assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    finally:
+        bridge.kill()
+        await alice.close()
