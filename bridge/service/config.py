@@ -172,7 +172,8 @@ class Reminders(_Section):
 
 
 class Encryption(_Section):
-    """End-to-end encryption in bot mode (appservice mode does not encrypt).
+    """End-to-end encryption, in bot mode and in appservice mode (which needs
+    the homeserver's appservice extensions; docs/encryption.md).
 
     ``trust`` decides which devices get the room keys of the bridge's
     messages: ``cross-signed`` only devices their owner cross-signed (answers

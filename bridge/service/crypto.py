@@ -1,4 +1,6 @@
-"""End-to-end encryption in bot mode, on matrix-nio's olm machine (vodozemac).
+"""End-to-end encryption on matrix-nio's olm machine (vodozemac), for both
+modes (appservice mode feeds nio its transactions' to-device messages and
+device lists: ``ascrypto``).
 
 What nio does by itself: it encrypts in ``room_send`` when it knows the room
 is encrypted, decrypts timeline events inside ``sync`` (room keys arrive as
@@ -12,6 +14,8 @@ caller, and this module does:
 * the key chores nio's own ``sync_forever`` would do (upload, query, claim,
   queued to-device messages), since the bridge runs its own sync loop;
 * the trust policy (``encryption.trust``) and a log of who got room keys;
+  cross-signing (the bridge's own identity and others' signed devices) is
+  ``crosssigning``'s;
 * events it cannot decrypt yet: kept in the bridge's store before the sync
   token moves past them, retried on every sync, and after the grace period
   given up on with a word to the person (never recorded as an answer).
