@@ -88,6 +88,7 @@ class TransactionServer:
         # The safety net for what the homeserver does not deliver (``catchup``).
         self.catchup: CatchUp | None = None
         self.crypto: Any = None  # bridge.service.crypto.Crypto when the bridge encrypts
+        self.kept = asyncio.Event()  # set when encrypted events came: kept ones have a grace period to watch
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
 
@@ -211,14 +212,12 @@ class TransactionServer:
         """Encrypted events decrypted, or kept (durably, before the 200) until
         their keys come; kept ones that decrypt now join the batch."""
         for event in events:
-            if event.get("type") == "m.room.member":
-                # nio learns members from syncs, which this mode has none of: it
-                # reads them again before its next send into the room.
-                room = self.crypto.client.rooms.get(event.get("room_id"))
-                if room is not None:
-                    room.members_synced = False
+            if event.get("type") == "m.room.member" and isinstance(event.get("room_id"), str):
+                # nio learns members from syncs, which this mode has none of.
+                self.crypto.members_changed(event["room_id"])
         if any(event.get("type") == "m.room.encrypted" for event in events):
             await self.crypto.maintain()  # new senders' devices, for the trust check
+            self.kept.set()
         events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
 
         def commit_all() -> None:
@@ -361,7 +360,8 @@ class AppserviceFront:
         if self.crypto is not None:
             from bridge.service.ascrypto import keep_up_kept  # noqa: PLC0415
 
-            tasks.append(asyncio.ensure_future(keep_up_kept(self.crypto, self.store, stop, server.feed_kept)))
+            tasks.append(asyncio.ensure_future(keep_up_kept(self.crypto, self.store, stop, server.feed_kept,
+                                                            server.kept)))
         await stop.wait()
         notices.wake()
         await asyncio.gather(*tasks)

@@ -143,13 +143,17 @@ async def take_extensions(client: AsyncClient, body: dict[str, Any], txn: str) -
 
 
 async def keep_up_kept(crypto: Crypto, store: Any, stop: asyncio.Event,
-                       feed_kept: Callable[[], Awaitable[None]]) -> None:
+                       feed_kept: Callable[[], Awaitable[None]], kept: asyncio.Event) -> None:
     """Events kept undecrypted are retried with every transaction; this wakes
-    up for their grace periods (and every minute) when no transaction comes."""
+    up for their grace periods (and every minute) when no transaction comes.
+    ``kept`` is set when encrypted events arrive, so a new grace period is seen."""
     while not stop.is_set():
-        await sleep_or_stop(stop, crypto.sync_timeout_ms(60000) / 1000)
+        await sleep_or_stop(stop, crypto.sync_timeout_ms(60000) / 1000, wake=kept)
         if stop.is_set():
             return
+        if kept.is_set():
+            kept.clear()
+            continue  # the timeout is worked out again, with what came
         try:
             await crypto.maintain()
             if store.undecrypted():

@@ -96,6 +96,8 @@ class Crypto:
         self.on_outcome = on_outcome
         self.clock = clock
         self._trust_logged: dict[tuple[str, str], str] = {}
+        # Rooms whose members changed where no sync told nio (appservice mode).
+        self._members_changed: set[str] = set()
 
     # -- start-up -------------------------------------------------------
 
@@ -144,10 +146,16 @@ class Crypto:
         room = await self.ensure_room(room_id)
         if not room.encrypted:
             return False
-        if not room.members_synced:
+        if not room.members_synced or room_id in self._members_changed:
+            self._members_changed.discard(room_id)
             await self.client.joined_members(room_id)
         await self.maintain()
         return True
+
+    def members_changed(self, room_id: str) -> None:
+        """Someone joined or left ``room_id`` and no sync told nio: its members
+        are read again before the next send there."""
+        self._members_changed.add(room_id)
 
     # -- key chores and trust -------------------------------------------
 
