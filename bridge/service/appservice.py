@@ -215,10 +215,13 @@ class TransactionServer:
             if event.get("type") == "m.room.member" and isinstance(event.get("room_id"), str):
                 # nio learns members from syncs, which this mode has none of.
                 self.crypto.members_changed(event["room_id"])
-        if any(event.get("type") == "m.room.encrypted" for event in events):
-            await self.crypto.maintain()  # new senders' devices, for the trust check
-            self.kept.set()
+        encrypted = any(event.get("type") == "m.room.encrypted" for event in events)
+        if encrypted:
+            await self.crypto.read_changed_members()  # newcomers' devices are then queried,
+            await self.crypto.maintain()  # for the trust check
         events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
+        if encrypted:
+            self.kept.set()  # after screen: what it kept is in the store for the watcher's reckoning
 
         def commit_all() -> None:
             commit()

@@ -152,10 +152,22 @@ class Crypto:
         await self.maintain()
         return True
 
+    async def read_changed_members(self) -> None:
+        """The members of rooms ``members_changed`` named, read now: their
+        devices are then queried by the next ``maintain``, so an answer from a
+        newcomer is judged with their device known."""
+        for room_id in list(self._members_changed):
+            self._members_changed.discard(room_id)
+            if room_id in self.client.rooms:
+                await self.client.joined_members(room_id)
+
     def members_changed(self, room_id: str) -> None:
         """Someone joined or left ``room_id`` and no sync told nio: its members
-        are read again before the next send there."""
+        are read again before the next send there, under a new room key (what
+        nio does itself on a member event in a sync)."""
         self._members_changed.add(room_id)
+        if self.client.olm is not None:
+            self.client.invalidate_outbound_session(room_id)
 
     # -- key chores and trust -------------------------------------------
 

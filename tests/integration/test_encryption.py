@@ -175,6 +175,30 @@ async def test_an_answer_whose_keys_arrive_late_is_kept_and_then_recorded(encryp
     assert store_rows(bridge.store_path, "SELECT COUNT(*) FROM undecrypted") == [(0,)]
 
 
+@pytest.mark.parametrize("encrypted", ["appservice"], indirect=True)
+async def test_someone_who_joins_later_gets_the_keys_of_what_the_bridge_sends_next(encrypted, tmp_path):
+    """Appservice mode has no sync to tell nio of members: a member event in
+    a transaction must make the bridge read the members (and use a new room
+    key) before it sends again."""
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    questions = await started(bridge)
+    bob = EncryptingPerson(bridge.synapse, bridge.synapse.register(unique("person")), tmp_path / "bob-keys")
+    try:
+        from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
+
+        _http_json("POST", f"{bridge.synapse.url}/_matrix/client/v3/rooms/{room}/invite", {"user_id": bob.user_id},
+                   alice.token)
+        bridge.synapse.join(bob.token, room)
+        await bob.cross_sign()
+        answer = await bob.send(room, answer_content(questions[("branch", 1)], option_id="main"))
+        assert (await bridge.wait_answer("kinds", "branch", timeout=40))["source"]["sender"] == bob.user_id
+        # The acknowledgement went out under a key he was given: he reads it.
+        notice = await bob.wait_notice(room, answer, timeout=30)
+        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    finally:
+        await bob.close()
+
+
 @BOTH_MODES
 async def test_question_media_and_a_persons_file_travel_encrypted(encrypted):
     from nio.crypto.attachments import decrypt_attachment, encrypt_attachment
