@@ -117,6 +117,10 @@ class Synapse:
             "url_preview_enabled": False,
             "presence": {"enabled": False},
             "app_service_config_files": list(self.appservice_files),
+            # What the bridge's encryption in appservice mode needs: to-device
+            # messages, device lists and one-time-key counts in transactions.
+            "experimental_features": {"msc2409_to_device_messages_enabled": True,
+                                      "msc3202_transaction_extensions": True},
             **_relaxed_limits(self.rate_limit_per_second),
             **self.extra_config,
         }

@@ -76,7 +76,14 @@ def new_token() -> str:
 
 def registration(config: Config) -> dict[str, Any]:
     settings = config.appservice
+    extensions: dict[str, Any] = {}
+    if config.encryption.enabled:
+        # End-to-end encryption (docs/encryption.md): to-device messages
+        # (MSC2409, sent to appservices that receive ephemeral events), device
+        # lists and one-time-key counts (MSC3202) come in the transactions.
+        extensions = {"receive_ephemeral": True, "org.matrix.msc3202": True}
     return {
+        **extensions,
         "id": settings.id,
         "url": settings.url,
         "as_token": settings.as_token,

@@ -25,6 +25,7 @@ from bridge.questionset.setdir import QUESTIONS_FILE, load_set_dir
 from bridge.service.appservice import AppserviceFront
 from bridge.service.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
+from bridge.service.crosssigning import CrossSigning, keys_file
 from bridge.service.crypto import Crypto
 from bridge.service.matrix import MatrixError, NioTransport
 from bridge.service.pipeline import Pipeline
@@ -67,7 +68,10 @@ class BotFront:
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         self.client = await login(self.config, self.store)
         if self.client.olm is not None:
-            self.crypto = Crypto(self.client, self.store, self.config.encryption, on_outcome=self.on_outcome)
+            signing = CrossSigning(self.client, keys_file(self.config.store.path, self.config.encryption.cross_signing_keys),
+                                   self.config.bot.password)
+            self.crypto = Crypto(self.client, self.store, self.config.encryption, on_outcome=self.on_outcome,
+                                 cross_signing=signing)
         return self.client
 
     def own_user(self, user_id: str) -> bool:

@@ -89,6 +89,8 @@ class TransactionServer:
         self.runner: web.AppRunner | None = None
         # The safety net for what the homeserver does not deliver (``catchup``).
         self.catchup: CatchUp | None = None
+        self.crypto: Any = None  # bridge.service.crypto.Crypto when the bridge encrypts
+        self.kept = asyncio.Event()  # set when encrypted events came: kept ones have a grace period to watch
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
 
@@ -153,10 +155,19 @@ class TransactionServer:
         # Synapse sends one transaction at a time; a stray concurrent resend
         # must not download or judge the same events twice over.
         async with self.one_at_a_time:
-            return await self._process(txn_id, events)
+            return await self._process(txn_id, events, body)
 
-    async def _process(self, txn_id: str, events: list[Any]) -> web.Response:
+    async def _process(self, txn_id: str, events: list[Any], body: dict[str, Any] | None = None) -> web.Response:
         key = txn_key(txn_id, events)
+        if self.crypto is not None and body:
+            # Room keys first: the events of this very transaction may need them.
+            # (A transaction seen before had its keys taken the first time; taking
+            # them again is harmless.)
+            try:
+                await self._take_extensions(body, txn_id)
+            except Exception as exc:  # noqa: BLE001 - the homeserver sends it again
+                log.warning("transaction %s: its encryption parts failed (%s); it will come again", txn_id, exc)
+                return _error(500, "M_UNKNOWN", "not processed; send it again")
         if self.store.txn_seen(key):
             log.debug("transaction %s seen before; nothing to do", txn_id)
             return web.json_response({})
@@ -177,6 +188,8 @@ class TransactionServer:
         return web.json_response({})
 
     async def _feed(self, events: list[dict[str, Any]], commit: Callable[[], None]) -> Any:
+        if self.crypto is not None:
+            events, commit = await self._screen(events, commit)
         await self.pipeline.prepare(events)
         result = self.pipeline.process(events, commit=commit)
         if self.ops is not None:
@@ -190,6 +203,39 @@ class TransactionServer:
         ``one_at_a_time``), handled as one."""
         await self._feed(events, commit)
         self._remember(events)
+
+    async def _take_extensions(self, body: dict[str, Any], txn_id: str) -> None:
+        from bridge.service.ascrypto import take_extensions  # noqa: PLC0415 - needs nio's e2e extra
+
+        await take_extensions(self.crypto.client, body, txn_id)
+
+    async def _screen(self, events: list[dict[str, Any]], commit: Callable[[], None]) -> tuple[
+            list[dict[str, Any]], Callable[[], None]]:
+        """Encrypted events decrypted, or kept (durably, before the 200) until
+        their keys come; kept ones that decrypt now join the batch."""
+        for event in events:
+            if event.get("type") == "m.room.member" and isinstance(event.get("room_id"), str):
+                # nio learns members from syncs, which this mode has none of.
+                self.crypto.members_changed(event["room_id"])
+        encrypted = any(event.get("type") == "m.room.encrypted" for event in events)
+        if encrypted:
+            await self.crypto.read_changed_members()  # newcomers' devices are then queried,
+            await self.crypto.maintain()  # for the trust check
+        events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
+        if encrypted:
+            self.kept.set()  # after screen: what it kept is in the store for the watcher's reckoning
+
+        def commit_all() -> None:
+            commit()
+            if resolved:
+                self.store.drop_undecrypted(resolved)
+        return events, commit_all
+
+    async def feed_kept(self) -> None:
+        """Kept encrypted events whose keys came (or whose grace ran out): the
+        encryption sync calls this, outside any transaction."""
+        async with self.one_at_a_time:
+            await self._feed([], lambda: None)
 
     def _remember(self, events: list[Any]) -> None:
         for event in events:
@@ -258,6 +304,7 @@ class AppserviceFront:
         self.namespace = [re.compile(regex) for regex in user_namespace(config)]
         self.server: TransactionServer | None = None
         self.client: AsyncClient | None = None
+        self.crypto: Any = None  # set when the bridge encrypts; the transport uses it too
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         settings = self.config.appservice
@@ -265,10 +312,25 @@ class AppserviceFront:
             raise ConfigError("the appservice tokens are not set (keys as_token and hs_token); run "
                               "`askwright-bridge generate-registration` and load the registration in the homeserver")
         await ensure_user(self.config, stop)
+        if self.config.encryption.enabled:
+            self.client = await self._encrypting_client()
+            return self.client
         client = AsyncClient(self.config.homeserver.url, self.config.bot.user_id, config=client_config())
         client.access_token = settings.as_token
         client.user_id = self.config.bot.user_id
         self.client = client
+        return client
+
+    async def _encrypting_client(self) -> AsyncClient:
+        from bridge.service.ascrypto import device_client  # noqa: PLC0415 - needs nio's e2e extra
+        from bridge.service.crosssigning import CrossSigning, keys_file  # noqa: PLC0415
+        from bridge.service.crypto import Crypto  # noqa: PLC0415
+
+        client = await device_client(self.config, self.store)
+        signing = CrossSigning(client, keys_file(self.config.store.path, self.config.encryption.cross_signing_keys),
+                               upload_token=self.config.appservice.as_token)
+        self.crypto = Crypto(client, self.store, self.config.encryption, cross_signing=signing,
+                             on_outcome=self.ops.on_outcome if self.ops is not None else None)
         return client
 
     def own_user(self, user_id: str) -> bool:
@@ -277,6 +339,9 @@ class AppserviceFront:
     async def open(self, pipeline: Pipeline) -> None:
         # Listen before joining: transactions that arrive meanwhile wait for ``run``.
         self.server = TransactionServer(self.config, self.store, pipeline, self.ops)
+        self.server.crypto = self.crypto
+        if self.crypto is not None:
+            await self.crypto.start()
         await self.server.start()
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
@@ -297,9 +362,15 @@ class AppserviceFront:
         server.open(rooms, notices)
         await ping_homeserver(self.config)
         looker = asyncio.ensure_future(catchup.run())
+        tasks = [notifier, looker]
+        if self.crypto is not None:
+            from bridge.service.ascrypto import keep_up_kept  # noqa: PLC0415
+
+            tasks.append(asyncio.ensure_future(keep_up_kept(self.crypto, self.store, stop, server.feed_kept,
+                                                            server.kept)))
         await stop.wait()
         notices.wake()
-        await asyncio.gather(notifier, looker)
+        await asyncio.gather(*tasks)
 
     async def close(self) -> None:
         if self.server:

@@ -172,17 +172,22 @@ class Reminders(_Section):
 
 
 class Encryption(_Section):
-    """End-to-end encryption in bot mode (appservice mode does not encrypt).
+    """End-to-end encryption, in bot mode and in appservice mode (which needs
+    the homeserver's appservice extensions; docs/encryption.md).
 
     ``trust`` decides which devices get the room keys of the bridge's
-    messages: ``tofu`` trusts a device the first time its keys are seen and
-    never accepts other keys for it; ``verified`` only the devices listed in
-    ``verified_devices`` (answers from any other device are refused);
-    ``all`` every device of every member, with no pinning.
+    messages: ``cross-signed`` only devices their owner cross-signed (answers
+    from any other device are refused); ``tofu`` trusts a device the first
+    time its keys are seen and never accepts other keys for it; ``verified``
+    only the devices listed in ``verified_devices`` (answers from any other
+    device are refused); ``all`` every device of every member, with no pinning.
+    ``cross_signing_keys`` is the file of the bridge's own cross-signing
+    keys (default: ``<store.path>.cross-signing.json``).
     """
 
     enabled: bool = True
-    trust: Literal["tofu", "verified", "all"] = "tofu"
+    trust: Literal["cross-signed", "tofu", "verified", "all"] = "cross-signed"
+    cross_signing_keys: str | None = None
     # user id -> device id -> ed25519 fingerprint (Element: Settings, Sessions, "Session key").
     verified_devices: dict[str, dict[str, str]] = Field(default_factory=dict)
     grace: str = "60s"
@@ -350,6 +355,8 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
     # Relative paths are relative to the config file, not the working directory.
     config.sets.root = (base_dir / config.sets.root).resolve()
     config.store.path = (base_dir / config.store.path).resolve()
+    if config.encryption.cross_signing_keys:
+        config.encryption.cross_signing_keys = str((base_dir / config.encryption.cross_signing_keys).resolve())
     return config
 
 

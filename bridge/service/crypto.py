@@ -1,4 +1,6 @@
-"""End-to-end encryption in bot mode, on matrix-nio's olm machine (vodozemac).
+"""End-to-end encryption on matrix-nio's olm machine (vodozemac), for both
+modes (appservice mode feeds nio its transactions' to-device messages and
+device lists: ``ascrypto``).
 
 What nio does by itself: it encrypts in ``room_send`` when it knows the room
 is encrypted, decrypts timeline events inside ``sync`` (room keys arrive as
@@ -12,6 +14,8 @@ caller, and this module does:
 * the key chores nio's own ``sync_forever`` would do (upload, query, claim,
   queued to-device messages), since the bridge runs its own sync loop;
 * the trust policy (``encryption.trust``) and a log of who got room keys;
+  cross-signing (the bridge's own identity and others' signed devices) is
+  ``crosssigning``'s;
 * events it cannot decrypt yet: kept in the bridge's store before the sync
   token moves past them, retried on every sync, and after the grace period
   given up on with a word to the person (never recorded as an answer).
@@ -29,6 +33,7 @@ from nio.exceptions import EncryptionError, LocalProtocolError
 from nio.rooms import MatrixRoom
 
 from bridge.service.config import Encryption
+from bridge.service.crosssigning import CrossSigning
 from bridge.service.matrix import MatrixError
 from bridge.service.store import LogEntry, Store
 
@@ -45,6 +50,9 @@ UNDECRYPTABLE_MESSAGE = ("the bridge could not decrypt this message, so it could
                          "its keys with the bridge's session).")
 UNVERIFIED_MESSAGE = ("this message was sent from a session the bridge's operator has not verified, "
                       "so the bridge does not accept answers from it. Answer from a verified session.")
+NOT_CROSS_SIGNED_MESSAGE = ("this message was sent from a session you have not verified, so the bridge does "
+                            "not accept answers from it. Verify this session in your client (from a session "
+                            "you already trust, or with your recovery key), then send your answer again.")
 
 
 def available() -> bool:
@@ -78,13 +86,18 @@ class Crypto:
     """The bridge's encryption state around one nio client with olm loaded."""
 
     def __init__(self, client: AsyncClient, store: Store, settings: Encryption,
-                 on_outcome: Callable[[LogEntry], None] | None = None, clock: Callable[[], int] = now_ms):
+                 on_outcome: Callable[[LogEntry], None] | None = None, clock: Callable[[], int] = now_ms,
+                 cross_signing: CrossSigning | None = None):
         self.client = client
+        # The bridge's own cross-signing identity, and the check of others' devices for trust: cross-signed.
+        self.cross_signing = cross_signing
         self.store = store
         self.settings = settings
         self.on_outcome = on_outcome
         self.clock = clock
         self._trust_logged: dict[tuple[str, str], str] = {}
+        # Rooms whose members changed where no sync told nio (appservice mode).
+        self._members_changed: set[str] = set()
 
     # -- start-up -------------------------------------------------------
 
@@ -96,6 +109,12 @@ class Crypto:
     async def start(self) -> None:
         log.info("end-to-end encryption on (trust: %s); the bridge's %s", self.settings.trust, self.describe_device())
         await self.maintain()
+        if self.cross_signing is not None:
+            try:
+                await self.cross_signing.ensure()
+            except Exception as exc:  # noqa: BLE001 - an unsigned device still encrypts; clients may hide it
+                log.error("the bridge's device is not cross-signed (%s): clients that only trust sessions "
+                          "verified by their owner will not show its messages", exc)
 
     # -- rooms ----------------------------------------------------------
 
@@ -127,10 +146,28 @@ class Crypto:
         room = await self.ensure_room(room_id)
         if not room.encrypted:
             return False
-        if not room.members_synced:
+        if not room.members_synced or room_id in self._members_changed:
+            self._members_changed.discard(room_id)
             await self.client.joined_members(room_id)
         await self.maintain()
         return True
+
+    async def read_changed_members(self) -> None:
+        """The members of rooms ``members_changed`` named, read now: their
+        devices are then queried by the next ``maintain``, so an answer from a
+        newcomer is judged with their device known."""
+        for room_id in list(self._members_changed):
+            self._members_changed.discard(room_id)
+            if room_id in self.client.rooms:
+                await self.client.joined_members(room_id)
+
+    def members_changed(self, room_id: str) -> None:
+        """Someone joined or left ``room_id`` and no sync told nio: its members
+        are read again before the next send there, under a new room key (what
+        nio does itself on a member event in a sync)."""
+        self._members_changed.add(room_id)
+        if self.client.olm is not None:
+            self.client.invalidate_outbound_session(room_id)
 
     # -- key chores and trust -------------------------------------------
 
@@ -145,8 +182,14 @@ class Crypto:
                 log.error("uploading the device keys failed (%s): people cannot encrypt for the bridge. If the "
                           "access token belongs to a session that already has other keys, give the bridge its "
                           "own login (bot.password) or a fresh token", getattr(response, "message", response))
+        outdated: set[str] = set()
         if client.should_query_keys:
+            outdated = set(client.users_for_key_query)
             await client.keys_query()
+        if self.settings.trust == "cross-signed" and self.cross_signing is not None:
+            # nio reads no cross-signing keys: the same people are asked again for theirs.
+            unknown = {user for user in client.device_store.users if not self.cross_signing.known(user)}
+            await self.cross_signing.refresh(outdated | unknown)
         if client.should_claim_keys:
             await client.keys_claim(client.get_users_for_key_claiming())
         if client.outgoing_to_device_messages:
@@ -160,7 +203,9 @@ class Crypto:
         ignore unverified devices."""
         client, policy = self.client, self.settings.trust
         for user_id, devices in client.device_store.items():
-            if user_id == client.user_id and policy != "verified":
+            # The bridge's own other sessions (older logins) are placed like anyone's
+            # under the strict policies: a send must never meet an unplaced device.
+            if user_id == client.user_id and policy not in ("verified", "cross-signed"):
                 continue
             for device in devices.values():
                 if device.deleted or (user_id == client.user_id and device.id == client.device_id):
@@ -173,6 +218,13 @@ class Crypto:
                         why = "its fingerprint does not match the one configured" if pinned else \
                             "not in encryption.verified_devices"
                         self._set(device, "blacklisted", why)
+                elif policy == "cross-signed":
+                    if self.cross_signing is not None and \
+                            self.cross_signing.is_cross_signed(user_id, device.id, device.ed25519):
+                        self._set(device, "verified", "cross-signed by its owner")
+                    else:
+                        self._set(device, "blacklisted", "not cross-signed by its owner (they can verify this "
+                                  "session in their client)")
                 elif policy == "tofu":
                     self._set(device, "verified", "trusted on first use")
                 else:
@@ -209,7 +261,7 @@ class Crypto:
         # Under tofu and verified every device is verified or blacklisted by
         # apply_trust, so this only matters for devices seen mid-send; under
         # ``verified`` such a device must fail the send rather than get keys.
-        return self.settings.trust != "verified"
+        return self.settings.trust not in ("verified", "cross-signed")
 
     def session_snapshot(self, room_id: str) -> tuple[str, frozenset[tuple[str, str]]] | None:
         olm = self.client.olm
@@ -264,7 +316,13 @@ class Crypto:
                 sender = event.get("sender")
                 if not isinstance(sender, str) or is_own(sender) or self.store.is_processed(event["event_id"]):
                     continue
-                newly_kept.append(event)
+                # Still encrypted: in appservice mode nobody tried yet (a sync
+                # decrypts in bot mode, and trying again there costs little).
+                decrypted = self._decrypt(event)
+                if decrypted is None:
+                    newly_kept.append(event)
+                else:
+                    batch.append(decrypted)
                 continue
             batch.append(event)
         if newly_kept:
@@ -290,10 +348,12 @@ class Crypto:
         out: list[dict[str, Any]] = []
         for event in recovered + batch:
             origin = event.pop(ORIGIN, None)
-            if origin is not None and self.settings.trust == "verified" and not self._from_verified(event, origin):
+            strict = self.settings.trust in ("verified", "cross-signed")
+            if origin is not None and strict and not self._from_verified(event, origin):
                 sender = event.get("sender")
                 if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
-                    refusals.append((event, "device_not_verified", UNVERIFIED_MESSAGE))
+                    message = UNVERIFIED_MESSAGE if self.settings.trust == "verified" else NOT_CROSS_SIGNED_MESSAGE
+                    refusals.append((event, "device_not_verified", message))
                     continue
             out.append(event)
         if refusals:

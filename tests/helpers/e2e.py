@@ -8,7 +8,8 @@ from typing import Any
 
 from nio import AsyncClient, AsyncClientConfig, RoomSendResponse, SyncResponse
 
-from bridge.devserver import Synapse
+from bridge.devserver import Synapse, _http_json
+from bridge.protocol.crosssigning import Identity
 from helpers.harness import Person
 
 MEGOLM = "m.megolm.v1.aes-sha2"
@@ -42,6 +43,21 @@ class EncryptingPerson(Person):
         if self.client.should_claim_keys:
             await self.client.keys_claim(self.client.get_users_for_key_claiming())
         await self.client.send_to_device_messages()
+
+    async def cross_sign(self) -> None:
+        """Give herself a cross-signing identity and sign her device with it,
+        as a current client does at first login."""
+        await self.keep_up()  # her device keys are on the homeserver first
+        identity = Identity.generate()
+        url = self.client.homeserver + "/_matrix/client/v3/keys"
+        _http_json("POST", f"{url}/device_signing/upload", identity.upload_body(self.user_id), self.token)
+        device = _http_json("POST", f"{url}/query", {"device_keys": {self.user_id: [self.client.device_id]}},
+                            self.token)["device_keys"][self.user_id][self.client.device_id]
+        device.pop("unsigned", None)
+        signed = identity.self_signing.sign(device, self.user_id)
+        reply = _http_json("POST", f"{url}/signatures/upload", {self.user_id: {self.client.device_id: signed}},
+                           self.token)
+        assert not reply.get("failures"), reply
 
     async def send(self, room_id: str, content: dict[str, Any], event_type: str = "m.room.message") -> str:
         await self.keep_up()

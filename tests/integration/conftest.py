@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import yaml
@@ -37,6 +39,12 @@ def no_secret_in_any_bridge_log(tmp_path_factory):
         for agent in agents.values() if isinstance(agents, dict) else ():
             if isinstance(agent, dict):
                 found.update(str(agent[k]) for k in ("token", "webhook_secret") if agent.get(k))
+    for path in root.rglob("*.cross-signing.json"):  # the bridges' private cross-signing keys
+        try:
+            keys = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        found.update(str(v) for k, v in keys.items() if k != "user_id")
     leaks = []
     for log in root.rglob("bridge.log"):
         text = log.read_text(errors="replace")

@@ -10,6 +10,7 @@ import time
 import pytest
 from nio import UploadResponse
 
+from helpers.attack import AS_BOT
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
 from helpers.harness import Bridge, answer_content, store_rows, unique
 from helpers.sets import all_kinds_set
@@ -21,18 +22,33 @@ POLL_START = "org.matrix.msc3381.poll.start"
 POLL_KEY = "dev.superpipeline.question.poll"
 
 
+BOTH_MODES = pytest.mark.parametrize("encrypted", ["bot", "appservice"], indirect=True)
+
+
 @pytest.fixture
-async def encrypted(synapse, tmp_path):
-    """An encrypted room the bot made with one encrypting person in it, and a bridge not yet started."""
-    bot = synapse.register(unique("askbot"))
+async def encrypted(request, tmp_path):
+    """An encrypted room with one encrypting person in it, and a bridge not yet
+    started: in bot mode (the bot made the room) or, with the parameter
+    "appservice", in appservice mode (she made it and invited the bridge)."""
+    mode = getattr(request, "param", "bot")
+    synapse = request.getfixturevalue("appservice_synapse" if mode == "appservice" else "synapse")
     alice = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-keys")
-    room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=[ENCRYPTION_STATE])
-    synapse.join(alice.token, room_id)
-    await alice.keep_up()  # her device keys are on the homeserver before the bridge shares its first room key
+    if mode == "appservice":
+        bot = {"user_id": AS_BOT, "access_token": None}
+        room_id = synapse.create_room(alice.token, invite=[AS_BOT], initial_state=[ENCRYPTION_STATE])
+        extra = {"appservice": dict(synapse.appservice)}
+    else:
+        bot = synapse.register(unique("askbot"))
+        room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=[ENCRYPTION_STATE])
+        synapse.join(alice.token, room_id)
+        extra = {}
+    # Her device keys and her cross-signing are on the homeserver before the
+    # bridge shares its first room key (trust: cross-signed, the default).
+    await alice.cross_sign()
     workdir = tmp_path / "bridge"
     workdir.mkdir()
     env = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot=bot,
-                 extra_config={"encryption": {"grace": "3s"}})
+                 extra_config={**extra, "encryption": {"grace": "3s"}})
     env.sets_root.mkdir()
     env.alice = alice
     yield env
@@ -58,6 +74,7 @@ async def poll_of(person, room: str, question_event_id: str, timeout: float = 20
         await asyncio.sleep(0.2)
 
 
+@BOTH_MODES
 async def test_questions_go_out_encrypted_and_every_way_of_answering_lands(encrypted):
     bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
     questions = await started(bridge)
@@ -114,6 +131,7 @@ async def test_after_a_restart_the_stored_keys_still_decrypt_and_nothing_is_lost
     assert bridge.answers("kinds")["answers"]["branch"]["choice"] == "main"
 
 
+@BOTH_MODES
 async def test_an_answer_the_bridge_cannot_decrypt_is_not_recorded_and_the_person_is_told(encrypted):
     bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
     questions = await started(bridge)
@@ -135,9 +153,10 @@ async def test_an_answer_the_bridge_cannot_decrypt_is_not_recorded_and_the_perso
     assert "could not be decrypted yet" in bridge.log_text()
 
 
+@BOTH_MODES
 async def test_an_answer_whose_keys_arrive_late_is_kept_and_then_recorded(encrypted):
     bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
-    bridge.extra_config = {"encryption": {"grace": "10m"}}
+    bridge.extra_config = {**bridge.extra_config, "encryption": {"grace": "10m"}}
     questions = await started(bridge)
     content = answer_content(questions[("branch", 1)], option_id="stable")
     late = await alice.send_raw(room, "m.room.encrypted", await alice.encrypt_withheld(room, content))
@@ -156,6 +175,31 @@ async def test_an_answer_whose_keys_arrive_late_is_kept_and_then_recorded(encryp
     assert store_rows(bridge.store_path, "SELECT COUNT(*) FROM undecrypted") == [(0,)]
 
 
+@pytest.mark.parametrize("encrypted", ["appservice"], indirect=True)
+async def test_someone_who_joins_later_gets_the_keys_of_what_the_bridge_sends_next(encrypted, tmp_path):
+    """Appservice mode has no sync to tell nio of members: a member event in
+    a transaction must make the bridge read the members (and use a new room
+    key) before it sends again."""
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    questions = await started(bridge)
+    bob = EncryptingPerson(bridge.synapse, bridge.synapse.register(unique("person")), tmp_path / "bob-keys")
+    try:
+        from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
+
+        _http_json("POST", f"{bridge.synapse.url}/_matrix/client/v3/rooms/{room}/invite", {"user_id": bob.user_id},
+                   alice.token)
+        bridge.synapse.join(bob.token, room)
+        await bob.cross_sign()
+        answer = await bob.send(room, answer_content(questions[("branch", 1)], option_id="main"))
+        assert (await bridge.wait_answer("kinds", "branch", timeout=40))["source"]["sender"] == bob.user_id
+        # The acknowledgement went out under a key he was given: he reads it.
+        notice = await bob.wait_notice(room, answer, timeout=30)
+        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    finally:
+        await bob.close()
+
+
+@BOTH_MODES
 async def test_question_media_and_a_persons_file_travel_encrypted(encrypted):
     from nio.crypto.attachments import decrypt_attachment, encrypt_attachment
 

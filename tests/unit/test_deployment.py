@@ -150,7 +150,7 @@ def test_the_docker_build_context_is_enough_to_build_the_package(tmp_path):
 
 def test_dockerignore_keeps_secrets_and_local_state_out():
     ignored = (ROOT / ".dockerignore").read_text().split()
-    for entry in (".git", ".venv", "config.yaml", "*.sqlite", "tests"):
+    for entry in (".git", ".venv", "config.yaml", "*.sqlite", "tests", "*.crypto", "*.cross-signing.json"):
         assert entry in ignored
 
 

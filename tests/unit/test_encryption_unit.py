@@ -16,9 +16,9 @@ def config(**encryption):
     return parse_config({**GOOD, "encryption": encryption}, base_dir=Path("/srv/bridge"), environ={}).encryption
 
 
-def test_encryption_is_on_by_default_with_trust_on_first_use():
+def test_encryption_is_on_by_default_trusting_cross_signed_devices():
     settings = parse_config(GOOD, base_dir=Path("/srv/bridge"), environ={}).encryption
-    assert (settings.enabled, settings.trust, settings.grace_seconds) == (True, "tofu", 60.0)
+    assert (settings.enabled, settings.trust, settings.grace_seconds) == (True, "cross-signed", 60.0)
 
 
 def test_the_e2e_extra_is_installed():
@@ -74,3 +74,14 @@ def test_key_store_keeps_encrypted_rooms_and_asks_nothing_of_its_database_when_t
     assert any("INSERT" in statement for statement in statements)
     reopened = KeyStore("@askbot:example.org", "BRIDGE", str(tmp_path))
     assert reopened.load_encrypted_rooms() == {"!secret:example.org"}
+
+
+def test_the_cross_signing_key_file_sits_beside_the_store_unless_configured():
+    from bridge.service.crosssigning import keys_file
+
+    default = parse_config(GOOD, base_dir=Path("/srv/bridge"), environ={})
+    assert keys_file(default.store.path, default.encryption.cross_signing_keys) == \
+        default.store.path.with_name(default.store.path.name + ".cross-signing.json")
+    moved = parse_config({**GOOD, "encryption": {"cross_signing_keys": "secrets/cs.json"}},
+                         base_dir=Path("/srv/bridge"), environ={})
+    assert keys_file(moved.store.path, moved.encryption.cross_signing_keys) == Path("/srv/bridge/secrets/cs.json")

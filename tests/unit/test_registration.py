@@ -75,3 +75,12 @@ def test_a_layout_the_edit_cannot_handle_is_rewritten_whole(tmp_path, capsys):
     assert config["appservice"]["enabled"] is True and config["appservice"]["id"] == "mine"
     assert config["appservice"]["as_token"] and config["homeserver"]["url"] == "http://127.0.0.1:8008"
     assert "comments in it were lost" in capsys.readouterr().err
+
+
+def test_with_encryption_the_registration_asks_for_the_appservice_extensions(tmp_path):
+    reg, _config, _after = generate(tmp_path, BASE + "appservice:\n  enabled: true\n")
+    assert (reg["receive_ephemeral"], reg["org.matrix.msc3202"]) == (True, True)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    reg, _config, _after = generate(plain, BASE + "encryption:\n  enabled: false\nappservice:\n  enabled: true\n")
+    assert "receive_ephemeral" not in reg and "org.matrix.msc3202" not in reg

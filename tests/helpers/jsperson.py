@@ -1,0 +1,80 @@
+"""A person on matrix-js-sdk with its Rust crypto (tests/js/person.mjs), cross-signed
+and excluding insecure devices, as current Element is."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bridge.devserver import Synapse
+from helpers.harness import Person
+
+JS = Path(__file__).resolve().parent.parent / "js"
+
+
+def install_js() -> None:
+    """The Node project's packages, installed as the lock file pins them when missing."""
+    if (JS / "node_modules" / "matrix-js-sdk" / "package.json").exists():
+        return
+    npm = shutil.which("npm")
+    assert npm, "npm (Node 20) is needed for the matrix-js-sdk tests"
+    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True, timeout=600)
+
+
+class JsPerson(Person):
+    """``messages`` gives the events as her client shows them: decrypted when it
+    could, else with ``decryption_failure`` set (e.g. UNSIGNED_SENDER_DEVICE)."""
+
+    def __init__(self, synapse: Synapse, account: dict[str, str], log_path: Path):
+        super().__init__(synapse, account)
+        self.synapse = synapse
+        self.account = account
+        self.log_path = log_path
+        self.process: asyncio.subprocess.Process | None = None
+        self.device_id = account.get("device_id", "")
+
+    async def start(self) -> dict[str, Any]:
+        node = shutil.which("node")
+        assert node, "node is needed for the matrix-js-sdk tests"
+        self._log = open(self.log_path, "ab")
+        self.process = await asyncio.create_subprocess_exec(
+            node, str(JS / "person.mjs"), cwd=JS, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=self._log, limit=64 * 1024 * 1024)
+        return await self.call("start", base_url=self.synapse.url, user_id=self.user_id,
+                               access_token=self.token, device_id=self.device_id,
+                               password=self.account.get("password"), timeout=90)
+
+    async def call(self, cmd: str, timeout: float = 60, **args: Any) -> dict[str, Any]:
+        assert self.process and self.process.stdin and self.process.stdout
+        self.process.stdin.write((json.dumps({"cmd": cmd, **args}) + "\n").encode())
+        await self.process.stdin.drain()
+        line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        assert line, f"the js client exited\n{self.log_path.read_text(errors='replace')[-3000:]}"
+        answer = json.loads(line)
+        assert answer.pop("ok"), f"{cmd}: {answer.get('error')}"
+        return answer
+
+    async def messages(self, room_id: str, limit: int = 500) -> list[dict[str, Any]]:
+        return (await self.call("messages", room_id=room_id))["events"]
+
+    async def send(self, room_id: str, content: dict[str, Any], event_type: str = "m.room.message") -> str:
+        return (await self.call("send", room_id=room_id, type=event_type, content=content))["event_id"]
+
+    async def device_status(self, user_id: str, device_id: str) -> dict[str, Any] | None:
+        return (await self.call("device_status", user_id=user_id, device_id=device_id))["status"]
+
+    async def close(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            try:
+                await self.call("stop", timeout=10)
+                await asyncio.wait_for(self.process.wait(), 10)
+            except (AssertionError, asyncio.TimeoutError, BrokenPipeError, ConnectionResetError):
+                self.process.kill()
+                await self.process.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+        await super().close()
