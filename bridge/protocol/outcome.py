@@ -124,9 +124,9 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
         text = sentence(f"Changed your answer to “{title}”: now {picked}")
     else:
         text = sentence(f"Recorded for “{title}”: {picked}")
-        if replaced > 1:
-            text += f" This replaces {replaced} earlier answers."
-        elif replaced == 1 or record.get("rev", 1) > 1:
+        if replaced:
+            text += f" This replaces {replaced} earlier answer{'s' if replaced > 1 else ''} you sent meanwhile."
+        elif record.get("rev", 1) > 1:
             text += " This replaces your earlier answer."
     if extra:
         text += f" {extra}"
