@@ -36,26 +36,32 @@ RESOURCE_NOT_FOUND = -32002
 
 
 class Subscribers:
-    """Who wants to hear of a set's answers changing: 2025-era sessions that
-    sent resources/subscribe, and the 2026 subscriptions/listen streams (the bus)."""
+    """Who wants to hear of a set's answers changing: 2025-era connections
+    that sent resources/subscribe, and the 2026 subscriptions/listen streams (the bus)."""
 
     def __init__(self) -> None:
         self.bus = InMemorySubscriptionBus()
-        self.sessions: dict[str, list[Any]] = {}
+        # uri -> {connection: a session on it}.  The SDK makes a session per
+        # request; a subscription belongs to the connection under it.
+        self.sessions: dict[str, dict[Any, Any]] = {}
+
+    @staticmethod
+    def _key(session: Any) -> Any:
+        return getattr(session, "_connection", session)
 
     def add(self, uri: str, session: Any) -> None:
-        self.sessions.setdefault(uri, []).append(session)
+        self.sessions.setdefault(uri, {})[self._key(session)] = session
 
     def remove(self, uri: str, session: Any) -> None:
-        self.sessions[uri] = [s for s in self.sessions.get(uri, []) if s is not session]
+        self.sessions.get(uri, {}).pop(self._key(session), None)
 
     async def changed(self, set_id: str) -> None:
         uri = answers_uri(set_id)
         await self.bus.publish(ResourceUpdated(uri=uri))
-        for session in list(self.sessions.get(uri, [])):
+        for session in list(self.sessions.get(uri, {}).values()):
             try:
                 await session.send_resource_updated(uri)
-            except Exception:  # noqa: BLE001 - a session that went away is forgotten
+            except Exception:  # noqa: BLE001 - a connection that went away is forgotten
                 self.remove(uri, session)
 
 

@@ -74,7 +74,7 @@ class AgentSets:
         """Lint and write a set; LintFailed with the findings when it fails."""
         raw = _parsed(document)
         if not isinstance(set_id, str) or not SET_ID.match(set_id):
-            raise LintFailed("the set id in the address is not a valid set id", findings=[
+            raise LintFailed("the set id is not a valid set id", findings=[
                 {"where": "id", "message": "a letter or digit, then letters, digits, _, . or -; 64 at most"}])
         urls = _callbacks(callbacks)
         set_dir = self.root / set_id

@@ -268,3 +268,41 @@ async def test_a_webhook_never_taken_is_retried_then_dropped_with_a_log_line_and
     assert "askwright_bridge_webhooks_delivered_total 0.0" in exposition
     assert any("dropped" in r.getMessage() and "127.0.0.1" in r.getMessage() for r in caplog.records)
     store.close()
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
+async def test_a_resource_subscription_is_one_per_connection_and_ends_with_unsubscribe(tmp_path):
+    import asyncio
+
+    import mcp_types as types
+    from mcp import Client
+
+    from bridge.agents.mcp_server import Subscribers, build_server
+
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "plan", one_question())
+    subscribers = Subscribers()
+    server = build_server(sets, {"a": Agent(token="token-of-a-0123456789")}, lambda _ctx: "a", subscribers)
+    told: list[str] = []
+
+    async def notices(message: object) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            told.append(str(message.params.uri))
+
+    uri = "askwright://sets/plan/answers"
+    async with Client(server, mode="legacy", message_handler=notices) as client:
+        await client.session.subscribe_resource(uri)
+        await client.session.subscribe_resource(uri)
+        await subscribers.changed("plan")
+        for _ in range(100):
+            if told:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # a second notice (a second subscription) would be here by now
+        assert told == [uri]
+        await client.session.unsubscribe_resource(uri)
+        await subscribers.changed("plan")
+        await asyncio.sleep(0.2)
+        assert told == [uri]
+        with pytest.raises(Exception, match="no set"):
+            await client.session.subscribe_resource("askwright://sets/theirs/answers")
