@@ -21,7 +21,8 @@ from watchfiles import watch
 from bridge.answers.document import ANSWERED
 from bridge.answers.file import ANSWERS_NAME
 from bridge.answers.read import UNANSWERED, UNKNOWN
-from bridge.commands.read import ReadError, load_view, render
+from bridge.answers.view import ReadError, load_view
+from bridge.commands.read import render
 from bridge.questionset.setdir import QUESTIONS_FILE
 
 EXIT_ARRIVED = 0

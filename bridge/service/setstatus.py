@@ -1,7 +1,7 @@
 """How each set stands: what was posted, answered, is still pending or stale.
 
 Shared by ``askwright-bridge status`` and the ``!ask status`` command.  The
-answer side is computed from ``read``'s own view (answers.json checked
+answer side is computed from ``read``'s own view (bridge/answers/view.py) (answers.json checked
 against the current questions.json), never re-derived, so ``status`` and
 ``read`` can't disagree; what was posted comes from the store.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from bridge.answers.document import ANSWERED, NOTE_ONLY, UNSURE
 from bridge.answers.read import UNANSWERED
-from bridge.commands.read import ReadError, load_view
+from bridge.answers.view import ReadError, load_view
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.sets import discover
