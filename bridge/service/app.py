@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from nio import AsyncClient
-from watchfiles import awatch
+from watchfiles import Change, awatch
 
 from bridge.questionset.load import LoadError
 from bridge.questionset.model import QuestionSet
@@ -181,7 +181,10 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
 
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
-                                watch_filter=lambda _change, path: path.endswith("questions.json")):
+                                # A deletion of anything may be a set folder moved away: the poster
+                                # then closes that set's questions.
+                                watch_filter=lambda change, path: path.endswith("questions.json")
+                                or change == Change.deleted):
         try:
             # Only the sets that changed are read again, not every set under the root.
             await poster.sync_changed(root, [path for _change, path in changes])

@@ -107,12 +107,26 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX log_unacked ON answer_log (seq) WHERE acked=0;
     """,
+    # The record is the room's timeline (issue 15): postings are a set
+    # folder's, found newest first by posting order whatever their rev, and a
+    # closed one says why (an answer to it is told); every log row keeps the
+    # homeserver's order of its event where known, so "latest" is the room's.
+    """
+    ALTER TABLE posted ADD COLUMN closed_why TEXT;
+    CREATE INDEX posted_by_folder ON posted (set_dir, qid);
+    ALTER TABLE answer_log ADD COLUMN position INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE power_levels (room_id TEXT PRIMARY KEY, content TEXT NOT NULL);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class StoreVersionError(Exception):
     pass
+
+
+class PostingConflict(Exception):
+    """A posting clashes with one already recorded (same event or elicitation id)."""
 
 
 @dataclass(frozen=True)
@@ -234,20 +248,31 @@ class Store:
 
     def record_posted(self, question: RecordedQuestion, *, set_dir: str, posted_at: int,
                       poll_event_id: str | None = None) -> None:
+        """Record a posting.  A clash with a posting already recorded (the same
+        event, or the same elicitation id) is never ignored: it raises
+        PostingConflict, naming both, and nothing is recorded."""
         content = question.content
-        self.db.execute(
-            "INSERT OR IGNORE INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
-            " open, poll_event_id, posted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (question.event_id, question.room_id, question.set_id, set_dir, content["question"]["id"],
-             content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
-             poll_event_id, posted_at),
-        )
+        try:
+            self.db.execute(
+                "INSERT INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
+                " open, poll_event_id, posted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (question.event_id, question.room_id, question.set_id, set_dir, content["question"]["id"],
+                 content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
+                 poll_event_id, posted_at),
+            )
+        except sqlite3.IntegrityError:
+            row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?",
+                                  (question.event_id, content["elicitation_id"])).fetchone()
+            raise PostingConflict(
+                f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting already "
+                f"recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}" if row else
+                f"posting {question.event_id} could not be recorded") from None
 
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
 
-    def close_question(self, event_id: str) -> None:
-        self.db.execute("UPDATE posted SET open=0 WHERE event_id=?", (event_id,))
+    def close_question(self, event_id: str, why: str | None = None) -> None:
+        self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
 
     def question_by_event(self, event_id: str) -> RecordedQuestion | None:
         return self._one("event_id=?", event_id)
@@ -258,16 +283,32 @@ class Store:
     def question_by_poll(self, poll_event_id: str) -> RecordedQuestion | None:
         return self._one("poll_event_id=?", poll_event_id)
 
-    def latest_posted(self, set_id: str, qid: str) -> RecordedQuestion | None:
-        row = self.db.execute(
-            f"SELECT {_Q} FROM posted WHERE set_id=? AND qid=? ORDER BY rev DESC, posted_at DESC LIMIT 1",
-            (set_id, qid)).fetchone()
-        return _question(row) if row else None
+    def latest_posted(self, set_dir: str, qid: str) -> RecordedQuestion | None:
+        """The newest posting of a set folder's question, whatever its rev."""
+        found = self.postings(set_dir, qid)
+        return found[0] if found else None
 
-    def posted_for_set(self, set_id: str) -> list[tuple[RecordedQuestion, str | None]]:
-        rows = self.db.execute(f"SELECT {_Q}, poll_event_id FROM posted WHERE set_id=? ORDER BY posted_at",
-                               (set_id,)).fetchall()
+    def postings(self, set_dir: str, qid: str) -> list[RecordedQuestion]:
+        """Every posting of a set folder's question, newest posted first."""
+        rows = self.db.execute(f"SELECT {_Q} FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC",
+                               (set_dir, qid)).fetchall()
+        return [_question(row) for row in rows]
+
+    def posted_for_set(self, set_dir: str) -> list[tuple[RecordedQuestion, str | None]]:
+        """Every posting of a set folder, oldest first, with its poll."""
+        rows = self.db.execute(f"SELECT {_Q}, poll_event_id FROM posted WHERE set_dir=? ORDER BY rowid",
+                               (set_dir,)).fetchall()
         return [(_question(row[:-1]), row[-1]) for row in rows]
+
+    def folders_of_set(self, set_id: str) -> list[str]:
+        """The set folders that posted under ``set_id``, first poster first."""
+        rows = self.db.execute("SELECT set_dir, MIN(rowid) AS first FROM posted WHERE set_id=? GROUP BY set_dir"
+                               " ORDER BY first", (set_id,)).fetchall()
+        return [row[0] for row in rows]
+
+    def folders_with_open(self) -> list[str]:
+        """The set folders that still have an open posting."""
+        return [row[0] for row in self.db.execute("SELECT DISTINCT set_dir FROM posted WHERE open=1").fetchall()]
 
     def set_dir_of(self, event_id: str) -> str | None:
         kept = self._recent_questions.get(event_id)
@@ -284,10 +325,10 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM posted").fetchone()[0]
 
     def _one(self, where: str, value: str) -> RecordedQuestion | None:
-        row = self.db.execute(f"SELECT event_id, open FROM posted WHERE {where}", (value,)).fetchone()
-        return self._recorded(row[0], bool(row[1])) if row else None
+        row = self.db.execute(f"SELECT event_id, open, closed_why FROM posted WHERE {where}", (value,)).fetchone()
+        return self._recorded(row[0], bool(row[1]), row[2]) if row else None
 
-    def _recorded(self, event_id: str, is_open: bool) -> RecordedQuestion:
+    def _recorded(self, event_id: str, is_open: bool, closed_why: str | None = None) -> RecordedQuestion:
         """The posted question ``event_id``, parsed once while it is answered.
 
         Every answer looks its question up; parsing the posted content and
@@ -305,7 +346,9 @@ class Store:
         else:
             recent.move_to_end(event_id)
         question = kept[0]
-        return question if question.open == is_open else dataclasses.replace(question, open=is_open)
+        if question.open == is_open and question.closed_why == closed_why:
+            return question
+        return dataclasses.replace(question, open=is_open, closed_why=closed_why)
 
     # -- events and the answer log ---------------------------------------
 
@@ -441,8 +484,8 @@ class Store:
     # -- operators: status, reminders, management commands ---------------
 
     def posted_question_counts(self) -> dict[str, int]:
-        """set id -> how many distinct questions of it were ever posted."""
-        return dict(self.db.execute("SELECT set_id, COUNT(DISTINCT qid) FROM posted GROUP BY set_id").fetchall())
+        """set folder -> how many distinct questions of it were ever posted."""
+        return dict(self.db.execute("SELECT set_dir, COUNT(DISTINCT qid) FROM posted GROUP BY set_dir").fetchall())
 
     def open_posted(self, set_id: str | None = None) -> list[PostedQuestion]:
         where, params = ("AND set_id=?", (set_id,)) if set_id is not None else ("", ())
@@ -502,14 +545,14 @@ class Store:
         self.db.executemany("DELETE FROM undecrypted WHERE event_id=?", [(e,) for e in event_ids])
 
 
-_Q = "event_id, room_id, set_id, content, open"
+_Q = "event_id, room_id, set_id, content, open, closed_why"
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
 _RECENT_QUESTIONS = 512
 
 
 def _question(row: tuple) -> RecordedQuestion:
     return RecordedQuestion(event_id=row[0], room_id=row[1], set_id=row[2], content=json.loads(row[3]),
-                            open=bool(row[4]))
+                            open=bool(row[4]), closed_why=row[5])
 
 
 def _statements(script: str) -> list[str]:
