@@ -18,11 +18,13 @@ import sqlite3
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bridge.answers.document import put_records
 from bridge.answers.file import AnswersFile
 from bridge.protocol import annotate
+from bridge.protocol.authorship import edit_target, may_redact, retargeted
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.normalize import Annotation, Candidate, Unreadable, VoteWithdrawal, Withdrawal, normalize
 from bridge.protocol.outcome import annotated_notice, in_thread, recorded_notice, refused_notice, txn_id
@@ -94,6 +96,7 @@ class Pipeline:
     own_users: Callable[[str], bool]
     clock: Callable[[], str] = utc_now
     members: dict[str, set[str]] = field(default_factory=dict)
+    power: dict[str, dict[str, Any]] = field(default_factory=dict)  # room -> m.room.power_levels content
     on_outcome: Callable[[LogEntry], None] | None = None
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None
     on_write: Callable[[float], None] | None = None
@@ -103,7 +106,15 @@ class Pipeline:
         self.lookup = _StoreLookup(self.store)
 
     async def load_members(self, room_id: str) -> None:
+        """The room's joined members, and its power levels (who may redact others)."""
         self.members[room_id] = set(await self.transport.joined_members(room_id))
+        levels = getattr(self.transport, "power_levels", None)
+        if levels is not None:
+            try:
+                self.power[room_id] = await levels(room_id)
+            except Exception as exc:  # noqa: BLE001 - without them, only a sender's own redaction counts
+                log.warning("power levels of %s not read (%s); only people's own redactions count there",
+                            room_id, exc)
 
     async def prepare(self, events: list[dict[str, Any]]) -> None:
         """The I/O a batch needs before ``process``: files people sent into a
@@ -146,21 +157,29 @@ class Pipeline:
             result.skipped += 1
             return
         self._track_membership(event)
+        self._track_power(event)
         sender = event.get("sender")
         if not isinstance(sender, str) or self.own_users(sender):
             return
         if self.is_command is not None and self.is_command(event):
             self.store.mark_processed(event_id, "command")  # a management command, never an answer
             return
+        if self._redacted_before(event_id, sender, event):
+            return
+        target = edit_target(event)
+        if target is not None:
+            event = self._edit_of_author(event, event_id, sender, target)
+            if event is None:
+                return
         found = normalize(event, self.lookup)
         if found is None:
             return
         if isinstance(found, Withdrawal):
-            self._withdrawn(self.store.withdraw(found.target), found.event_id, found.room_id, found.sender,
-                            "redaction", event, result)
+            self._redaction(found, event, result)
         elif isinstance(found, VoteWithdrawal):
-            self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender), found.event_id,
-                            found.room_id, found.sender, "poll", event, result)
+            # Only the votes before it in the room: a later vote that arrived first stands.
+            self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender, _ts(event)),
+                            found.event_id, found.room_id, found.sender, "poll", event, result)
         elif isinstance(found, Unreadable):
             self._log(self._refusal(found.answer, found.question, event, "schema", found.reason, found.message),
                       result)
@@ -168,6 +187,60 @@ class Pipeline:
             self._annotate(found, now, result)
         else:
             self._judge(found, event, now, result)
+        # Edits that came before this event (another path, a late original) are judged now.
+        for parked in self.store.unpark_edits(event_id):
+            self._one(parked, now, result)
+
+    def _redacted_before(self, event_id: str, sender: str, event: dict[str, Any]) -> bool:
+        """A redaction of this event came first (it was held for decryption, or
+        arrived by a slower path): the event is dropped unjudged."""
+        room = str(event.get("room_id"))
+        if any(may_redact(by, sender, self.power.get(room)) for by in self.store.redactions_of(event_id)):
+            self.store.mark_processed(event_id, "withdrawn")
+            log.info("event %s was redacted before it arrived; dropped", event_id)
+            return True
+        return False
+
+    def _edit_of_author(self, event: dict[str, Any], event_id: str, sender: str,
+                        target: str) -> dict[str, Any] | None:
+        """The edit as the spec counts it, or None: an edit from anyone but the
+        original's sender is ignored (clients ignore it too); an edit of an
+        edit is one of the original; an edit whose original has not arrived
+        waits for it (parked, judged when it comes)."""
+        original = self.store.original_of(target)
+        author = self.store.logged_sender(original)
+        if author is None:
+            self.store.park_edit(event, original, int(time.time() * 1000))
+            self.store.mark_processed(event_id, "parked")
+            return None
+        if author != sender:
+            log.info("edit %s by %s of %s's event %s ignored: only its sender may edit it",
+                     event_id, sender, author, original)
+            self.store.mark_processed(event_id, "ignored")
+            return None
+        return retargeted(event, original) if original != target else event
+
+    def _redaction(self, found: Withdrawal, event: dict[str, Any], result: BatchResult) -> None:
+        """A redaction counts from the target's sender or from someone whose
+        power level lets them redact others; one whose target is not known
+        yet (held for decryption, or coming by another path) is kept for it."""
+        target = found.target
+        author = self.store.sender_of(target)
+        if author is None:
+            self.store.keep_redaction(found.event_id, target, found.room_id, found.sender, _ts(event))
+            self.store.mark_processed(found.event_id, "withdrawn")
+            return
+        if not may_redact(found.sender, author, self.power.get(found.room_id)):
+            log.info("redaction %s by %s of %s's event %s ignored: not theirs, and no power to redact others",
+                     found.event_id, found.sender, author, target)
+            self.store.mark_processed(found.event_id, "ignored")
+            return
+        # A held or waiting target is dropped and never judged.
+        self.store.drop_undecrypted([target])
+        self.store.drop_parked(target)
+        self.store.mark_processed(target, "withdrawn")
+        self._withdrawn(self.store.withdraw(target), found.event_id, found.room_id, found.sender, "redaction",
+                        event, result)
 
     def _guarded(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
         """One event whose handling raises is set aside as refused, so it cannot
@@ -236,18 +309,24 @@ class Pipeline:
         common = self._common(answer, question, _ts(event), found.replaces)
         set_dir = common["set_dir"]
         if isinstance(verdict, Accepted) and question is not None and set_dir:
-            if found.replaces:
-                # The edit takes the place of what it edits (and of earlier edits of it).
-                self.store.withdraw(found.replaces)
-            prior = self.store.projection(set_dir, common["qid"])
             source = {"via": "matrix", "how": answer.via, "room_id": answer.room_id, "event_id": answer.event_id,
                       "sender": answer.sender, "ts": _ts(event)}
-            record = to_record(question, verdict, prior=prior, source=source, now=now)
-            entry = LogEntry(outcome="accepted", record=record, **common)
+            # The pick's own fields only: notes, files and timecodes people add
+            # are folded in when the record is projected, so a withdrawn one
+            # is gone from it whatever came after.
+            record = to_record(question, verdict, prior=None, source=source, now=now)
+            record["rev"] = self.store.accepted_count(set_dir, common["qid"]) + 1
+            choice = record.get("choice")
+            takes_input = isinstance(choice, str) and question.option_input(choice) is not None
+            entry = LogEntry(outcome="accepted", record=record, carry_note=None if takes_input else record.get("note"),
+                             **common)
         else:
             entry = LogEntry(outcome="refused", layer=verdict.layer, reason=verdict.reason, message=verdict.message,
                              **common)
         self._log(entry, result)
+        if entry.outcome == "accepted" and found.replaces:
+            # The edit stands in for what it edits while it is the latest version in the room.
+            self.store.reshadow(found.replaces)
 
     def _annotate(self, found: Annotation, now: str, result: BatchResult) -> None:
         """A note, a file or timecodes for the answer: checked like an answer
@@ -263,13 +342,13 @@ class Pipeline:
             layer, reason, message = problem
             self._log(LogEntry(outcome="refused", layer=layer, reason=reason, message=message, **common), result)
             return
-        if found.replaces:
-            self.store.withdraw(found.replaces)
         source = {"via": "matrix", "how": found.via, "room_id": found.room_id, "event_id": found.event_id,
                   "sender": found.sender, "ts": found.ts}
         added = annotate.delta(note=found.note, attachments=list(found.attachments), timecodes=list(found.timecodes),
                                q_rev=question.rev or 1, source=source, now=now)
         self._log(LogEntry(outcome="annotated", record=added, **common), result)
+        if found.replaces:
+            self.store.reshadow(found.replaces)
 
     def _annotation_problem(self, found: Annotation, set_dir: str | None, qid: str | None) -> tuple[str, str, str] | None:
         if isinstance(found.problem, str):
@@ -284,6 +363,11 @@ class Pipeline:
         if len(found.timecodes) > room["timecodes"]:
             return "recorded", "too_many_timecodes", "An answer holds at most 50 timecodes."
         return None
+
+    def _track_power(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \
+                and isinstance(event.get("content"), dict):
+            self.power[str(event.get("room_id"))] = event["content"]
 
     def _track_membership(self, event: dict[str, Any]) -> None:
         if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):
@@ -320,7 +404,21 @@ class Pipeline:
             self.store.clear_dirty(dirty)
             if commit:
                 commit()
+        self._delete_withdrawn_files()
         return len(by_set)
+
+    def _delete_withdrawn_files(self) -> None:
+        """Files whose annotation was withdrawn, deleted now that answers.json
+        no longer lists them: a pasted secret must be removable."""
+        for set_dir, path in self.store.doomed_files():
+            if path.startswith("attachments/") and ".." not in path.split("/"):
+                try:
+                    (Path(set_dir) / path).unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("withdrawn file %s in %s not deleted: %s", path, set_dir, exc)
+                    continue
+            with self.store.transaction(flush=False):  # a lost mark only deletes nothing again
+                self.store.forget_doomed(set_dir, path)
 
     # -- telling people ----------------------------------------------------
 

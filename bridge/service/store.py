@@ -109,13 +109,37 @@ MIGRATIONS: list[str] = [
     """,
     # The record is the room's timeline (issue 15): postings are a set
     # folder's, found newest first by posting order whatever their rev, and a
-    # closed one says why (an answer to it is told); every log row keeps the
-    # homeserver's order of its event where known, so "latest" is the room's.
+    # closed one says why (an answer to it is told).  The log is read in the
+    # room's order (origin_server_ts, then arrival): an edit shadows the
+    # versions before it instead of withdrawing them (redacting it brings the
+    # previous one back), a pick's own note is kept apart from the notes
+    # people add (``whole`` marks the records of older versions, which had
+    # earlier notes and files folded in), redactions and edits whose target
+    # has not arrived yet wait for it, and a withdrawn file is deleted.
     """
     ALTER TABLE posted ADD COLUMN closed_why TEXT;
     CREATE INDEX posted_by_folder ON posted (set_dir, qid);
-    ALTER TABLE answer_log ADD COLUMN position INTEGER NOT NULL DEFAULT 0;
-    CREATE TABLE power_levels (room_id TEXT PRIMARY KEY, content TEXT NOT NULL);
+    ALTER TABLE answer_log ADD COLUMN shadowed INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE answer_log ADD COLUMN carry_note TEXT;
+    ALTER TABLE answer_log ADD COLUMN whole INTEGER NOT NULL DEFAULT 0;
+    UPDATE answer_log SET whole=1 WHERE outcome='accepted';
+    CREATE INDEX log_by_question_time ON answer_log (set_dir, qid, ts);
+    CREATE TABLE redaction (
+        event_id TEXT PRIMARY KEY,
+        target TEXT NOT NULL,
+        room_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        ts INTEGER NOT NULL
+    );
+    CREATE INDEX redaction_by_target ON redaction (target);
+    CREATE TABLE parked_edit (
+        event_id TEXT PRIMARY KEY,
+        target TEXT NOT NULL,
+        event TEXT NOT NULL,
+        parked_at INTEGER NOT NULL
+    );
+    CREATE INDEX parked_by_target ON parked_edit (target);
+    CREATE TABLE doomed_file (set_dir TEXT NOT NULL, path TEXT NOT NULL, PRIMARY KEY (set_dir, path));
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -146,6 +170,7 @@ class LogEntry:
     record: dict[str, Any] | None = None
     ts: int = 0
     replaces: str | None = None  # the event an edit replaced
+    carry_note: str | None = None  # a pick's note that a later pick without words keeps
 
 
 # The outcomes that put something into a record: an answer, or a note /
@@ -361,10 +386,11 @@ class Store:
     def append_log(self, entry: LogEntry) -> int:
         cursor = self.db.execute(
             "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
-            " layer, reason, message, record, ts, replaces) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " layer, reason, message, record, ts, replaces, carry_note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
              entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
-             None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces),
+             None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces,
+             entry.carry_note),
         )
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
@@ -372,21 +398,46 @@ class Store:
         return cursor.lastrowid
 
     def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
-        """Withdraw what ``event_id`` put into a record, and every edit of it.
+        """Withdraw what ``event_id`` put into a record (a redaction).
 
+        An original takes its edits with it (clients hide them too); an edit
+        goes alone, and the version before it (an earlier edit, or the
+        original) stands again.  Files the withdrawn rows brought are doomed:
+        deleted from the set folder once answers.json no longer lists them.
         Returns (set_dir, set_id, qid) of the question touched, or None when
         the event had recorded nothing (a refused answer, a stranger's event).
         """
         rows = self.db.execute(
-            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE (event_id=? OR replaces=?) AND withdrawn=0"
-            " AND outcome IN ('accepted','annotated') ORDER BY seq", (event_id, event_id)).fetchall()
-        return self._withdraw_rows(rows)
+            "SELECT seq, set_dir, set_id, qid, outcome, record, whole, replaces FROM answer_log"
+            " WHERE (event_id=? OR replaces=?) AND withdrawn=0 AND outcome IN ('accepted','annotated') ORDER BY seq",
+            (event_id, event_id)).fetchall()
+        if not rows:
+            return None
+        for seq, set_dir, _set_id, _qid, outcome, record, whole, _replaces in rows:
+            if outcome == "annotated" and record and set_dir and not whole:
+                for path in json.loads(record).get("attachments") or ():
+                    self.db.execute("INSERT OR IGNORE INTO doomed_file(set_dir, path) VALUES (?, ?)", (set_dir, path))
+        touched = self._withdraw_rows([row[:4] for row in rows])
+        for root in {row[7] for row in rows if row[7]}:
+            self.reshadow(root)
+        return touched
 
-    def withdraw_votes(self, question_event_id: str, sender: str) -> tuple[str, str, str] | None:
-        """An empty poll vote: withdraw every vote ``sender`` gave in the question's poll."""
+    def reshadow(self, original: str) -> None:
+        """Of an original and its edits still standing, only the latest in the
+        room's order counts; the others are shadowed (kept, not counted)."""
+        rows = self.db.execute(
+            "SELECT seq FROM answer_log WHERE (event_id=? OR replaces=?) AND withdrawn=0"
+            " AND outcome IN ('accepted','annotated') ORDER BY ts, seq", (original, original)).fetchall()
+        for index, (seq,) in enumerate(rows):
+            self.db.execute("UPDATE answer_log SET shadowed=? WHERE seq=?", (int(index < len(rows) - 1), seq))
+
+    def withdraw_votes(self, question_event_id: str, sender: str, until_ts: int | None = None) -> tuple[str, str, str] | None:
+        """An empty poll vote: withdraw every vote ``sender`` gave in the
+        question's poll before it (in the room's order)."""
         rows = self.db.execute(
             "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
-            " AND outcome='accepted' AND withdrawn=0 ORDER BY seq", (question_event_id, sender)).fetchall()
+            " AND outcome='accepted' AND withdrawn=0 AND (? IS NULL OR ts<=?) ORDER BY seq",
+            (question_event_id, sender, until_ts, until_ts)).fetchall()
         return self._withdraw_rows(rows)
 
     def _withdraw_rows(self, rows: list[tuple]) -> tuple[str, str, str] | None:
@@ -397,6 +448,59 @@ class Store:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", (set_dir, set_id, qid))
         _seq, set_dir, set_id, qid = rows[-1]
         return set_dir, set_id, qid
+
+    def logged_sender(self, event_id: str) -> str | None:
+        row = self.db.execute("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1", (event_id,)).fetchone()
+        return row[0] if row else None
+
+    def sender_of(self, event_id: str) -> str | None:
+        """Who sent an event the bridge has logged, holds undecrypted, or parked."""
+        for query in ("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1",
+                      "SELECT sender FROM undecrypted WHERE event_id=?",
+                      "SELECT json_extract(event, '$.sender') FROM parked_edit WHERE event_id=?"):
+            row = self.db.execute(query, (event_id,)).fetchone()
+            if row:
+                return row[0]
+        return None
+
+    def drop_parked(self, event_id: str) -> None:
+        self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
+
+    def original_of(self, event_id: str) -> str:
+        """The event an edit edits (an edit of an edit counts as one of the original)."""
+        row = self.db.execute("SELECT replaces FROM answer_log WHERE event_id=? AND replaces IS NOT NULL LIMIT 1",
+                              (event_id,)).fetchone()
+        return row[0] if row else event_id
+
+    # -- what waits for its target ----------------------------------------
+
+    def keep_redaction(self, event_id: str, target: str, room_id: str, sender: str, ts: int) -> None:
+        self.db.execute("INSERT OR IGNORE INTO redaction(event_id, target, room_id, sender, ts) VALUES (?,?,?,?,?)",
+                        (event_id, target, room_id, sender, ts))
+
+    def redactions_of(self, target: str) -> list[str]:
+        """The senders of redactions that came before their target."""
+        return [row[0] for row in self.db.execute("SELECT sender FROM redaction WHERE target=?", (target,))]
+
+    def park_edit(self, event: dict[str, Any], target: str, now_ms: int) -> None:
+        self.db.execute("DELETE FROM parked_edit WHERE parked_at<?", (now_ms - PARKED_FOR_MS,))
+        self.db.execute("INSERT OR IGNORE INTO parked_edit(event_id, target, event, parked_at) VALUES (?,?,?,?)",
+                        (event["event_id"], target, json.dumps(event), now_ms))
+
+    def unpark_edits(self, target: str) -> list[dict[str, Any]]:
+        """The edits waiting for ``target``, removed from waiting (oldest first)."""
+        rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=? ORDER BY parked_at, event_id",
+                               (target,)).fetchall()
+        for event_id, _event in rows:
+            self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
+            self.db.execute("DELETE FROM processed WHERE event_id=?", (event_id,))
+        return [json.loads(event) for _id, event in rows]
+
+    def doomed_files(self) -> list[tuple[str, str]]:
+        return self.db.execute("SELECT set_dir, path FROM doomed_file").fetchall()
+
+    def forget_doomed(self, set_dir: str, path: str) -> None:
+        self.db.execute("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
 
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         """(question event id, via) of the latest log entry about ``event_id``, whatever its outcome."""
@@ -414,28 +518,32 @@ class Store:
             return None
         return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
 
-    def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
-        """The record answers.json should hold for a question.
+    def accepted_count(self, set_dir: str, qid: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
+                               (set_dir, qid)).fetchone()[0]
 
-        The latest accepted answer not withdrawn, with the notes, files and
-        timecodes added after it folded in (or those alone, as a note-only
-        record); its ``rev`` the number of answers ever accepted for the
-        question (a note is not an answer, so a note-only record is rev 1).
-        """
-        count = self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
-                                (set_dir, qid)).fetchone()[0]
-        # Only the latest standing answer and what was added after it count
-        # (fold_records drops everything older), so only those are read and
-        # decoded: a question's thousandth answer costs what its first did.
-        # log_by_question ends in the rowid (seq), so this walks the index
-        # backwards and stops at the first answer not withdrawn.
-        latest = self.db.execute(
-            "SELECT seq FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
-            " AND record IS NOT NULL ORDER BY seq DESC LIMIT 1", (set_dir, qid)).fetchone()
-        rows = self.db.execute(
-            "SELECT outcome, record FROM answer_log WHERE set_dir=? AND qid=? AND outcome IN ('accepted','annotated')"
-            " AND withdrawn=0 AND seq>=? ORDER BY seq", (set_dir, qid, latest[0] if latest else 0)).fetchall()
-        return fold_records(qid, [(outcome, json.loads(record)) for outcome, record in rows if record], count)
+    def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
+        """The record answers.json should hold for a question, from the log in
+        the room's order (see ``annotate.fold_records``); its ``rev`` the
+        number of answers ever accepted for the question (a note is not an
+        answer, so a note-only record is rev 1)."""
+        count = self.accepted_count(set_dir, qid)
+        live = "set_dir=? AND qid=? AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL"
+        # The standing pick is the latest in the room; walking back from it
+        # stops at the first pick with a note (the one a pick without words
+        # keeps), so a question's thousandth answer reads a few picks, not all.
+        picks: list[tuple[dict[str, Any], bool, str | None, tuple[int, int]]] = []
+        for record, whole, carry, ts, seq in self.db.execute(
+                f"SELECT record, whole, carry_note, ts, seq FROM answer_log WHERE {live} AND outcome='accepted'"
+                " ORDER BY ts DESC, seq DESC", (set_dir, qid)):
+            decoded = json.loads(record)
+            picks.append((decoded, bool(whole), carry, (ts, seq)))
+            if whole or decoded.get("note"):
+                break
+        notes = [(json.loads(record), (ts, seq)) for record, ts, seq in self.db.execute(
+            f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
+            (set_dir, qid))]
+        return fold_records(qid, picks, notes, count)
 
     # -- attachments and uploads ----------------------------------------
 
@@ -537,8 +645,10 @@ class Store:
         return cursor.rowcount > 0
 
     def undecrypted(self) -> list[tuple[dict[str, Any], int]]:
-        """(event, first seen ms) of every kept event, oldest first."""
-        rows = self.db.execute("SELECT event, first_seen FROM undecrypted ORDER BY first_seen, event_id").fetchall()
+        """(event, first seen ms) of every kept event, oldest in the room first."""
+        # In the room's order: events of one late session are judged as they were sent.
+        rows = self.db.execute("SELECT event, first_seen FROM undecrypted"
+                               " ORDER BY json_extract(event, '$.origin_server_ts'), first_seen, event_id").fetchall()
         return [(json.loads(event), first_seen) for event, first_seen in rows]
 
     def drop_undecrypted(self, event_ids: Iterable[str]) -> None:
@@ -546,6 +656,8 @@ class Store:
 
 
 _Q = "event_id, room_id, set_id, content, open, closed_why"
+# An edit whose original never comes is dropped after this long.
+PARKED_FOR_MS = 7 * 24 * 3600 * 1000
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
 _RECENT_QUESTIONS = 512
 
