@@ -194,12 +194,14 @@ class Pipeline:
     def _redacted_before(self, event_id: str, sender: str, event: dict[str, Any]) -> bool:
         """A redaction of this event came first (it was held for decryption, or
         arrived by a slower path): the event is dropped unjudged."""
-        room = str(event.get("room_id"))
-        if any(may_redact(by, sender, self.power.get(room)) for by in self.store.redactions_of(event_id)):
+        if self._redacted(event_id, sender, str(event.get("room_id"))):
             self.store.mark_processed(event_id, "withdrawn")
             log.info("event %s was redacted before it arrived; dropped", event_id)
             return True
         return False
+
+    def _redacted(self, event_id: str, sender: str, room_id: str) -> bool:
+        return any(may_redact(by, sender, self.power.get(room_id)) for by in self.store.redactions_of(event_id))
 
     def _edit_of_author(self, event: dict[str, Any], event_id: str, sender: str,
                         target: str) -> dict[str, Any] | None:
@@ -208,10 +210,14 @@ class Pipeline:
         edit is one of the original; an edit whose original has not arrived
         waits for it (parked, judged when it comes)."""
         original = self.store.original_of(target)
+        self.store.link_edit(event_id, original)
         author = self.store.logged_sender(original)
         if author is None:
             self.store.park_edit(event, original, int(time.time() * 1000))
             self.store.mark_processed(event_id, "parked")
+            return None
+        if self._redacted(original, author, str(event.get("room_id"))):
+            self.store.mark_processed(event_id, "withdrawn")  # clients hide the edits of a redacted event
             return None
         if author != sender:
             log.info("edit %s by %s of %s's event %s ignored: only its sender may edit it",
@@ -226,8 +232,10 @@ class Pipeline:
         yet (held for decryption, or coming by another path) is kept for it."""
         target = found.target
         author = self.store.sender_of(target)
+        # Kept either way: a target yet to come is dropped when it does, and
+        # an edit of a redacted event is ignored as clients ignore it.
+        self.store.keep_redaction(found.event_id, target, found.room_id, found.sender, _ts(event))
         if author is None:
-            self.store.keep_redaction(found.event_id, target, found.room_id, found.sender, _ts(event))
             self.store.mark_processed(found.event_id, "withdrawn")
             return
         if not may_redact(found.sender, author, self.power.get(found.room_id)):

@@ -140,6 +140,7 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX parked_by_target ON parked_edit (target);
     CREATE TABLE doomed_file (set_dir TEXT NOT NULL, path TEXT NOT NULL, PRIMARY KEY (set_dir, path));
+    CREATE TABLE edit_link (event_id TEXT PRIMARY KEY, original TEXT NOT NULL);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -468,9 +469,17 @@ class Store:
 
     def original_of(self, event_id: str) -> str:
         """The event an edit edits (an edit of an edit counts as one of the original)."""
-        row = self.db.execute("SELECT replaces FROM answer_log WHERE event_id=? AND replaces IS NOT NULL LIMIT 1",
-                              (event_id,)).fetchone()
-        return row[0] if row else event_id
+        seen = {event_id}
+        while True:  # an edit linked before its own target was known links to that target, an edit
+            row = self.db.execute("SELECT original FROM edit_link WHERE event_id=?", (event_id,)).fetchone()
+            if row is None or row[0] in seen:
+                return event_id
+            event_id = row[0]
+            seen.add(event_id)
+
+    def link_edit(self, event_id: str, original: str) -> None:
+        """Every edit seen, counted or not, so an edit of it finds the original."""
+        self.db.execute("INSERT OR IGNORE INTO edit_link(event_id, original) VALUES (?, ?)", (event_id, original))
 
     # -- what waits for its target ----------------------------------------
 
