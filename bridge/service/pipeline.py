@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bridge.answers.document import put_records
+from bridge.answers.document import mirror_records
 from bridge.answers.file import AnswersFile
 from bridge.protocol import annotate
 from bridge.protocol.authorship import edit_target, may_redact, retargeted
@@ -405,7 +405,8 @@ class Pipeline:
         for (set_dir, set_id), qids in by_set.items():
             records = {qid: self.store.projection(set_dir, qid) for qid in qids}
             started = time.monotonic()
-            AnswersFile(set_dir, set_id).update(lambda doc, now, records=records: put_records(doc, records, now), now)
+            AnswersFile(set_dir, set_id).update(lambda doc, now, records=records, set_dir=set_dir:
+                                                _respecting_others(doc, records, now, set_dir), now)
             if self.on_write:
                 self.on_write(time.monotonic() - started)
         with self.store.transaction(flush=not (idle and not dirty)):
@@ -476,6 +477,14 @@ class Pipeline:
     def _record_rev(self, entry: LogEntry) -> int:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         return record["rev"] if record else 1
+
+
+def _respecting_others(doc: dict[str, Any], records: dict[str, Any], now: str, set_dir: str) -> dict[str, Any]:
+    """The bridge's records written, except where another writer's is newer (kept, and said)."""
+    written, kept = mirror_records(doc, records, now)
+    for line in kept:
+        log.warning("%s: %s", set_dir, line)
+    return written
 
 
 # The `via` values the outcome schema knows; a note or a file is reported without one.
