@@ -114,7 +114,8 @@ MIGRATIONS: list[str] = [
     # versions before it instead of withdrawing them (redacting it brings the
     # previous one back), a pick's own note is kept apart from the notes
     # people add (``whole`` marks the records of older versions, which had
-    # earlier notes and files folded in), redactions and edits whose target
+    # earlier notes and files folded in; ``noted``: a pick with a note, the
+    # one a later pick without words keeps), redactions and edits whose target
     # has not arrived yet wait for it, and a withdrawn file is deleted.
     """
     ALTER TABLE posted ADD COLUMN closed_why TEXT;
@@ -122,8 +123,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE answer_log ADD COLUMN shadowed INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE answer_log ADD COLUMN carry_note TEXT;
     ALTER TABLE answer_log ADD COLUMN whole INTEGER NOT NULL DEFAULT 0;
-    UPDATE answer_log SET whole=1 WHERE outcome='accepted';
-    CREATE INDEX log_by_question_time ON answer_log (set_dir, qid, ts);
+    ALTER TABLE answer_log ADD COLUMN noted INTEGER NOT NULL DEFAULT 0;
+    UPDATE answer_log SET whole=1, noted=1 WHERE outcome='accepted';
+    CREATE INDEX log_by_question_time ON answer_log (set_dir, qid, outcome, ts);
+    CREATE INDEX log_noted ON answer_log (set_dir, qid, ts) WHERE noted=1;
     CREATE TABLE redaction (
         event_id TEXT PRIMARY KEY,
         target TEXT NOT NULL,
@@ -387,11 +390,12 @@ class Store:
     def append_log(self, entry: LogEntry) -> int:
         cursor = self.db.execute(
             "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
-            " layer, reason, message, record, ts, replaces, carry_note) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " layer, reason, message, record, ts, replaces, carry_note, noted)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
              entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
              None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces,
-             entry.carry_note),
+             entry.carry_note, int(entry.outcome == "accepted" and bool((entry.record or {}).get("note")))),
         )
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
@@ -538,17 +542,24 @@ class Store:
         answer, so a note-only record is rev 1)."""
         count = self.accepted_count(set_dir, qid)
         live = "set_dir=? AND qid=? AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL"
-        # The standing pick is the latest in the room; walking back from it
-        # stops at the first pick with a note (the one a pick without words
-        # keeps), so a question's thousandth answer reads a few picks, not all.
+        # The standing pick is the latest in the room; when it has no note of
+        # its own, the latest earlier pick with one (or from before the
+        # notes were kept apart) is the one whose note it keeps.  Both are
+        # found through the index without decoding the picks in between, so
+        # a question's thousandth answer costs what its first did.
+        order = "ORDER BY ts DESC, seq DESC LIMIT 1"
         picks: list[tuple[dict[str, Any], bool, str | None, tuple[int, int]]] = []
-        for record, whole, carry, ts, seq in self.db.execute(
-                f"SELECT record, whole, carry_note, ts, seq FROM answer_log WHERE {live} AND outcome='accepted'"
-                " ORDER BY ts DESC, seq DESC", (set_dir, qid)):
-            decoded = json.loads(record)
-            picks.append((decoded, bool(whole), carry, (ts, seq)))
-            if whole or decoded.get("note"):
-                break
+        row = self.db.execute(f"SELECT record, whole, carry_note, ts, seq FROM answer_log WHERE {live}"
+                              f" AND outcome='accepted' {order}", (set_dir, qid)).fetchone()
+        if row is not None:
+            picks.append((json.loads(row[0]), bool(row[1]), row[2], (row[3], row[4])))
+            if not row[1] and not picks[0][0].get("note"):
+                earlier = self.db.execute(
+                    f"SELECT record, whole, carry_note, ts, seq FROM answer_log INDEXED BY log_noted WHERE {live}"
+                    " AND outcome='accepted' AND noted=1 AND (ts<? OR (ts=? AND seq<?))"
+                    f" {order}", (set_dir, qid, row[3], row[3], row[4])).fetchone()
+                if earlier is not None:
+                    picks.append((json.loads(earlier[0]), bool(earlier[1]), earlier[2], (earlier[3], earlier[4])))
         notes = [(json.loads(record), (ts, seq)) for record, ts, seq in self.db.execute(
             f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
             (set_dir, qid))]
