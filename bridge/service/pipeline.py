@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 from bridge.answers.document import mirror_records
 from bridge.answers.file import AnswersFile
 from bridge.protocol import annotate
-from bridge.protocol.authorship import edit_target, may_redact, retargeted
+from bridge.protocol.authorship import edit_target
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.normalize import Annotation, Candidate, Unreadable, VoteWithdrawal, Withdrawal, normalize
 from bridge.protocol.outcome import annotated_notice, in_thread, recorded_notice, refused_notice, txn_id
@@ -33,6 +33,7 @@ from bridge.protocol.to_record import to_record
 from bridge.service import quiz
 from bridge.service.attachments import prefetch
 from bridge.service.store import LogEntry, Store
+from bridge.service.timeline import NOT_NOW, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
+        self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
         """The room's joined members, and its power levels (who may redact others)."""
@@ -157,25 +159,27 @@ class Pipeline:
             result.skipped += 1
             return
         self._track_membership(event)
-        self._track_power(event)
+        self.timeline.track_power(event)
         sender = event.get("sender")
         if not isinstance(sender, str) or self.own_users(sender):
             return
         if self.is_command is not None and self.is_command(event):
             self.store.mark_processed(event_id, "command")  # a management command, never an answer
             return
-        if self._redacted_before(event_id, sender, event):
+        if self.timeline.redacted_before(event_id, sender, str(event.get("room_id"))):
             return
         target = edit_target(event)
         if target is not None:
-            event = self._edit_of_author(event, event_id, sender, target)
+            event = self.timeline.edit_of_author(event, event_id, sender, target)
             if event is None:
                 return
         found = normalize(event, self.lookup)
         if found is None:
             return
         if isinstance(found, Withdrawal):
-            self._redaction(found, event, result)
+            touched = self.timeline.redaction(found, _ts(event))
+            if touched is not NOT_NOW:
+                self._withdrawn(touched, found.event_id, found.room_id, found.sender, "redaction", event, result)
         elif isinstance(found, VoteWithdrawal):
             # Only the votes before it in the room: a later vote that arrived first stands.
             self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender, _ts(event)),
@@ -190,65 +194,6 @@ class Pipeline:
         # Edits that came before this event (another path, a late original) are judged now.
         for parked in self.store.unpark_edits(event_id):
             self._one(parked, now, result)
-
-    def _redacted_before(self, event_id: str, sender: str, event: dict[str, Any]) -> bool:
-        """A redaction of this event came first (it was held for decryption, or
-        arrived by a slower path): the event is dropped unjudged."""
-        if self._redacted(event_id, sender, str(event.get("room_id"))):
-            self.store.mark_processed(event_id, "withdrawn")
-            log.info("event %s was redacted before it arrived; dropped", event_id)
-            return True
-        return False
-
-    def _redacted(self, event_id: str, sender: str, room_id: str) -> bool:
-        return any(may_redact(by, sender, self.power.get(room_id)) for by in self.store.redactions_of(event_id))
-
-    def _edit_of_author(self, event: dict[str, Any], event_id: str, sender: str,
-                        target: str) -> dict[str, Any] | None:
-        """The edit as the spec counts it, or None: an edit from anyone but the
-        original's sender is ignored (clients ignore it too); an edit of an
-        edit is one of the original; an edit whose original has not arrived
-        waits for it (parked, judged when it comes)."""
-        original = self.store.original_of(target)
-        self.store.link_edit(event_id, original)
-        author = self.store.logged_sender(original)
-        if author is None:
-            self.store.park_edit(event, original, int(time.time() * 1000))
-            self.store.mark_processed(event_id, "parked")
-            return None
-        if self._redacted(original, author, str(event.get("room_id"))):
-            self.store.mark_processed(event_id, "withdrawn")  # clients hide the edits of a redacted event
-            return None
-        if author != sender:
-            log.info("edit %s by %s of %s's event %s ignored: only its sender may edit it",
-                     event_id, sender, author, original)
-            self.store.mark_processed(event_id, "ignored")
-            return None
-        return retargeted(event, original) if original != target else event
-
-    def _redaction(self, found: Withdrawal, event: dict[str, Any], result: BatchResult) -> None:
-        """A redaction counts from the target's sender or from someone whose
-        power level lets them redact others; one whose target is not known
-        yet (held for decryption, or coming by another path) is kept for it."""
-        target = found.target
-        author = self.store.sender_of(target)
-        # Kept either way: a target yet to come is dropped when it does, and
-        # an edit of a redacted event is ignored as clients ignore it.
-        self.store.keep_redaction(found.event_id, target, found.room_id, found.sender, _ts(event))
-        if author is None:
-            self.store.mark_processed(found.event_id, "withdrawn")
-            return
-        if not may_redact(found.sender, author, self.power.get(found.room_id)):
-            log.info("redaction %s by %s of %s's event %s ignored: not theirs, and no power to redact others",
-                     found.event_id, found.sender, author, target)
-            self.store.mark_processed(found.event_id, "ignored")
-            return
-        # A held or waiting target is dropped and never judged.
-        self.store.drop_undecrypted([target])
-        self.store.drop_parked(target)
-        self.store.mark_processed(target, "withdrawn")
-        self._withdrawn(self.store.withdraw(target), found.event_id, found.room_id, found.sender, "redaction",
-                        event, result)
 
     def _guarded(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
         """One event whose handling raises is set aside as refused, so it cannot
@@ -371,11 +316,6 @@ class Pipeline:
         if len(found.timecodes) > room["timecodes"]:
             return "recorded", "too_many_timecodes", "An answer holds at most 50 timecodes."
         return None
-
-    def _track_power(self, event: dict[str, Any]) -> None:
-        if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \
-                and isinstance(event.get("content"), dict):
-            self.power[str(event.get("room_id"))] = event["content"]
 
     def _track_membership(self, event: dict[str, Any]) -> None:
         if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):

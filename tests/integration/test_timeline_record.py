@@ -205,3 +205,25 @@ async def test_a_rev_that_goes_back_is_posted_anew_and_answers_to_it_land(bridge
     assert notice["content"][OUTCOME]["outcome"] == "recorded", notice["content"]["body"]
     stale = await alice.send(room, answer_content(posts[1], option_id="main"))
     assert (await alice.wait_notice(room, stale))["content"][OUTCOME]["outcome"] != "recorded"
+
+
+async def test_a_newer_record_another_writer_put_there_survives_a_redaction_and_an_older_answer(bridge):
+    folder = bridge.add_set(one_choice_set())
+    bridge.start()
+    question = (await bridge.wait_questions(bridge.alice, 1))[("branch", 1)]
+    alice, room = bridge.alice, bridge.room_id
+    first = await alice.send(room, answer_content(question, option_id="main"))
+    await alice.wait_notice(room, first)
+    # askwright's own page takes a newer answer, under the same lock.
+    from bridge.answers.document import put_record
+    from bridge.answers.file import AnswersFile
+
+    page = {"qid": "branch", "choice": "stable", "q_rev": 1, "rev": 7, "source": {"via": "page", "who": "ann"}}
+    AnswersFile(folder).update(lambda doc, now: put_record(doc, page, now), "2026-11-30T12:00:00.000Z")
+    await alice.redact(room, first)
+    await until(lambda: "kept the record written by via page" in bridge.log_text(), what="the conflict logged")
+    record = bridge.answers("takes")["answers"]["branch"]
+    assert record["choice"] == "stable" and record["source"]["via"] == "page"
+    second = await alice.send(room, answer_content(question, option_id="main"))  # rev 2 < 7
+    await alice.wait_notice(room, second)
+    assert bridge.answers("takes")["answers"]["branch"]["source"]["via"] == "page"
