@@ -182,7 +182,8 @@ class Pipeline:
                 self._withdrawn(touched, found.event_id, found.room_id, found.sender, "redaction", event, result)
         elif isinstance(found, VoteWithdrawal):
             # Only the votes before it in the room: a later vote that arrived first stands.
-            self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender, _ts(event)),
+            self._withdrawn(self.timeline.clear_votes(found.question.event_id, found.sender, found.event_id,
+                                                      found.room_id, _ts(event)),
                             found.event_id, found.room_id, found.sender, "poll", event, result)
         elif isinstance(found, Unreadable):
             self._log(self._refusal(found.answer, found.question, event, "schema", found.reason, found.message),
@@ -280,6 +281,9 @@ class Pipeline:
         if entry.outcome == "accepted" and found.replaces:
             # The edit stands in for what it edits while it is the latest version in the room.
             self.store.reshadow(found.replaces)
+        if entry.outcome == "accepted" and answer.via == "poll" and question is not None \
+                and self.timeline.vote_cleared(question.event_id, answer.sender, entry.ts):
+            self.store.withdraw(entry.event_id)  # a late vote the person had already taken back
 
     def _annotate(self, found: Annotation, now: str, result: BatchResult) -> None:
         """A note, a file or timecodes for the answer: checked like an answer

@@ -491,6 +491,10 @@ class Store:
         self.db.execute("INSERT OR IGNORE INTO redaction(event_id, target, room_id, sender, ts) VALUES (?,?,?,?,?)",
                         (event_id, target, room_id, sender, ts))
 
+    def redacted_since(self, target: str, ts: int) -> bool:
+        return self.db.execute("SELECT 1 FROM redaction WHERE target=? AND ts>=? LIMIT 1",
+                               (target, ts)).fetchone() is not None
+
     def redactions_of(self, target: str) -> list[str]:
         """The senders of redactions that came before their target."""
         return [row[0] for row in self.db.execute("SELECT sender FROM redaction WHERE target=?", (target,))]

@@ -91,7 +91,23 @@ class Timeline:
         self.store.mark_processed(target, "withdrawn")
         return self.store.withdraw(target)
 
+    def clear_votes(self, question_event_id: str, sender: str, event_id: str, room_id: str,
+                    ts: int) -> tuple[str, str, str] | None:
+        """An empty vote: the sender's votes before it (in the room) are
+        withdrawn, now and when a late one arrives."""
+        self.store.keep_redaction(event_id, _votes_of(question_event_id, sender), room_id, sender, ts)
+        return self.store.withdraw_votes(question_event_id, sender, ts)
+
+    def vote_cleared(self, question_event_id: str, sender: str, ts: int) -> bool:
+        """Whether an empty vote later in the room has taken back a vote sent at ``ts``."""
+        return self.store.redacted_since(_votes_of(question_event_id, sender), ts)
+
     def track_power(self, event: dict[str, Any]) -> None:
         if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \
                 and isinstance(event.get("content"), dict):
             self.power[str(event.get("room_id"))] = event["content"]
+
+
+def _votes_of(question_event_id: str, sender: str) -> str:
+    # The target an empty vote is kept under: every vote of one person in one poll.
+    return f"votes\x1f{question_event_id}\x1f{sender}"

@@ -55,6 +55,7 @@ class Room:
         if self.store.question_by_event("$q") is None:
             with self.store.transaction():
                 self.store.record_posted(self.posted, set_dir=str(self.set_dir), posted_at=1)
+                self.store.set_poll("$q", "$poll")
 
     def open(self) -> None:
         self.store = Store(self.store_path)
@@ -124,6 +125,22 @@ def picture(event_id: str, sender: str, ts: int) -> dict[str, Any]:
             "content": {"msgtype": "m.image", "body": "shot.png", "filename": "shot.png", "url": "mxc://hs/shot",
                         "m.relates_to": {"rel_type": "m.thread", "event_id": "$q", "is_falling_back": True,
                                          "m.in_reply_to": {"event_id": "$q"}}}}
+
+
+def vote(event_id: str, sender: str, ts: int, options: list[str]) -> dict[str, Any]:
+    """A vote in the question's poll, as Element sends it (empty: the vote taken back)."""
+    return {**_base(event_id, sender, ts), "type": "org.matrix.msc3381.poll.response",
+            "content": {"m.relates_to": {"rel_type": "m.reference", "event_id": "$poll"},
+                        "org.matrix.msc3381.poll.response": {"answers": options}}}
+
+
+KEYCAPS = ("1\ufe0f\u20e3", "2\ufe0f\u20e3", "3\ufe0f\u20e3", "4\ufe0f\u20e3")
+
+
+def reaction(event_id: str, sender: str, ts: int, number: int) -> dict[str, Any]:
+    """A keycap reaction on the question: its option number ``number`` (from 1)."""
+    return {**_base(event_id, sender, ts), "type": "m.reaction",
+            "content": {"m.relates_to": {"rel_type": "m.annotation", "event_id": "$q", "key": KEYCAPS[number - 1]}}}
 
 
 def redact(event_id: str, sender: str, ts: int, target: str) -> dict[str, Any]:

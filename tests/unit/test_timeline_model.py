@@ -1,8 +1,9 @@
 """Model-based: whatever people do and however the events reach the bridge,
 answers.json says what the room's timeline says.
 
-Several people answer, edit (edits of edits too), redact their own events
-and others', and add notes; a moderator may redact anyone's.  Each event
+Several people answer (answer events, poll votes and vote changes, keycap
+reactions), edit (edits of edits too), take votes back, redact their own
+events and others', and add notes and files; a moderator may redact anyone's.  Each event
 reaches the bridge by one of the paths it has (live, held for decryption
 then released, back-filled or found by the safety net later), in any order,
 and the bridge is restarted at random.  After every step the record equals
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import bridge.answers.file as answers_file
-from helpers.timeline import MODERATOR, PEOPLE, Room, answer, edit, note, redact
+from helpers.timeline import MODERATOR, PEOPLE, Room, answer, edit, note, picture, reaction, redact, saved_file, vote
 
 OPTIONS = ("main", "stable")
 WORDS = ("aside alpha", "aside bravo", "aside charlie")
@@ -41,22 +42,28 @@ def reference(events: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
     redacted = {e["target"] for e in events.values() if e["kind"] == "redact" and e["target"] in events
                 and (e["sender"] == sender(e["target"]) or e["sender"] == MODERATOR)}
+    # An empty vote takes back the person's votes before it in the room.
+    cleared = {v["id"] for v in events.values() if v["kind"] == "vote" and v["option"] is not None
+               for c in events.values() if c["kind"] == "vote" and c["option"] is None
+               and c["sender"] == v["sender"] and c["ts"] >= v["ts"]}
     versions: dict[str, list[dict[str, Any]]] = {}
     for e in events.values():
-        if e["kind"] == "answer" and e["id"] not in redacted:
-            versions.setdefault(e["id"], []).append(e)
+        if e["kind"] in ("answer", "reaction") or (e["kind"] == "vote" and e["option"] is not None):
+            if e["id"] not in redacted and e["id"] not in cleared:
+                versions.setdefault(e["id"], []).append(e)
     for e in events.values():
         if e["kind"] == "edit" and e["id"] not in redacted and root(e["via"]) in versions \
                 and e["sender"] == sender(root(e["via"])):
             versions[root(e["via"])].append(e)
     standing = [max(group, key=lambda v: v["ts"]) for group in versions.values()]
     pick = max(standing, key=lambda v: v["ts"]) if standing else None
-    notes = sorted((e for e in events.values() if e["kind"] == "note" and e["id"] not in redacted),
+    added = sorted((e for e in events.values() if e["kind"] in ("note", "file") and e["id"] not in redacted),
                    key=lambda e: e["ts"])
-    if pick is None and not notes:
+    if pick is None and not added:
         return None
     out: dict[str, Any] = {"choice": pick["option"] if pick else None, "event_id": pick["id"] if pick else None}
-    out["note"] = "\n\n".join(n["text"] for n in notes) or None
+    out["note"] = "\n\n".join(n["text"] for n in added if n["kind"] == "note") or None
+    out["attachments"] = [f["path"] for f in added if f["kind"] == "file"] or None
     return out
 
 
@@ -64,7 +71,7 @@ def seen(record: dict[str, Any] | None) -> dict[str, Any] | None:
     if record is None:
         return None
     return {"choice": record.get("choice"), "event_id": record["source"]["event_id"] if "choice" in record else None,
-            "note": record.get("note")}
+            "note": record.get("note"), "attachments": record.get("attachments")}
 
 
 class Timeline(RuleBasedStateMachine):
@@ -87,9 +94,14 @@ class Timeline(RuleBasedStateMachine):
     def _new(self, kind: str, who: str, path: str, **fields: Any) -> None:
         self.ts += 1
         meta = {"id": f"$ev{len(self.sent)}", "kind": kind, "sender": who, "ts": self.ts, **fields}
+        if kind == "file":
+            meta["path"] = saved_file(self.room, meta["id"])  # fetched before its batch is judged
         builder = {"answer": lambda: answer(meta["id"], who, self.ts, fields["option"]),
+                   "vote": lambda: vote(meta["id"], who, self.ts, [fields["option"]] if fields["option"] else []),
+                   "reaction": lambda: reaction(meta["id"], who, self.ts, fields["number"]),
                    "edit": lambda: edit(meta["id"], who, self.ts, fields["via"], fields["option"]),
                    "note": lambda: note(meta["id"], who, self.ts, fields["text"]),
+                   "file": lambda: picture(meta["id"], who, self.ts),
                    "redact": lambda: redact(meta["id"], who, self.ts, fields["target"])}[kind]
         meta["event"] = builder()
         self.sent.append(meta)
@@ -111,6 +123,21 @@ class Timeline(RuleBasedStateMachine):
     @rule(who=st.sampled_from(PEOPLE), option=st.sampled_from(OPTIONS), path=paths)
     def send_answer(self, who: str, option: str, path: str) -> None:
         self._new("answer", who, path, option=option)
+
+    @rule(who=st.sampled_from(PEOPLE), option=st.sampled_from((*OPTIONS, None)), path=paths)
+    def send_vote(self, who: str, option: str | None, path: str) -> None:
+        self._new("vote", who, path, option=option)  # None: the vote taken back
+
+    @rule(who=st.sampled_from(PEOPLE), number=st.sampled_from((1, 2)), path=paths)
+    def send_reaction(self, who: str, number: int, path: str) -> None:
+        option = self.room.posted.options[number - 1]["id"]
+        self._new("reaction", who, path, number=number, option=option)
+
+    # An answer holds at most 20 files; the bridge refuses more (another test's business).
+    @precondition(lambda self: sum(m["kind"] == "file" for m in self.sent) < 12)
+    @rule(who=st.sampled_from(PEOPLE), path=paths)
+    def send_file(self, who: str, path: str) -> None:
+        self._new("file", who, path)
 
     @precondition(lambda self: any(m["kind"] in ("answer", "edit") for m in self.sent))
     @rule(data=st.data(), who=st.sampled_from(PEOPLE), option=st.sampled_from(OPTIONS), path=paths)
