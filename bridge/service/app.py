@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Callable, Protocol
@@ -181,15 +182,21 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
 
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
-                                # A deletion of anything may be a set folder moved away: the poster
-                                # then closes that set's questions.
                                 watch_filter=lambda change, path: path.endswith("questions.json")
-                                or change == Change.deleted):
+                                or (change == Change.deleted and _maybe_a_folder(path))):
         try:
             # Only the sets that changed are read again, not every set under the root.
             await poster.sync_changed(root, [path for _change, path in changes])
         except Exception:  # noqa: BLE001 - a bad edit must not stop the bridge
             log.exception("re-reading the sets failed")
+
+
+def _maybe_a_folder(path: str) -> bool:
+    """A deletion that may be a set folder moved or removed (the poster then
+    closes that set's questions); not the files the bridge itself replaces
+    or deletes in a set (answers.json's temporary file, its lock, attachments)."""
+    name = os.path.basename(path)
+    return not name.startswith(("answers.json", ".")) and "attachments" not in Path(path).parts
 
 
 def run_forever(config: Config) -> int:
