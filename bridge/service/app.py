@@ -183,7 +183,7 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
                                 watch_filter=lambda change, path: path.endswith("questions.json")
-                                or (change == Change.deleted and _maybe_a_folder(path))):
+                                or (change != Change.modified and _maybe_a_folder(path))):
         try:
             # Only the sets that changed are read again, not every set under the root.
             await poster.sync_changed(root, [path for _change, path in changes])
@@ -192,9 +192,10 @@ async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event) -> None:
 
 
 def _maybe_a_folder(path: str) -> bool:
-    """A deletion that may be a set folder moved or removed (the poster then
-    closes that set's questions); not the files the bridge itself replaces
-    or deletes in a set (answers.json's temporary file, its lock, attachments)."""
+    """A path added or deleted that may be a set folder moved in, back or away
+    (the poster then posts its questions, or closes them); not the files the
+    bridge itself replaces or deletes in a set (answers.json's temporary
+    file, its lock, attachments)."""
     name = os.path.basename(path)
     return not name.startswith(("answers.json", ".")) and "attachments" not in Path(path).parts
 

@@ -295,13 +295,18 @@ def _fingerprint(set_dir: Path) -> str | None:
 
 
 def changed_sets(root: Path, paths: Iterable[str | Path]) -> list[Path]:
-    """The set folders of the changed questions.json files among ``paths``, by
-    the rules of ``discover``: under ``root`` without passing through a
-    symlinked, hidden or ``attachments`` folder, and still holding the file."""
+    """The set folders of the changed questions.json files among ``paths`` (and
+    of the sets in a folder among them), by the rules of ``discover``: under
+    ``root`` without passing through a symlinked, hidden or ``attachments``
+    folder, and still holding the file."""
     found = []
     root = Path(os.path.abspath(root))
     for path in (Path(os.path.abspath(p)) for p in paths):
         if path.name != QUESTIONS:
+            if path.is_dir() and not path.is_symlink():
+                # A folder moved in (or back): the sets in it, whose own files
+                # changed before the watcher could see inside it.
+                found.extend(changed_sets(root, [d / QUESTIONS for d in discover(path)]))
             continue
         set_dir = path.parent
         try:

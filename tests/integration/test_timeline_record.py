@@ -169,8 +169,7 @@ async def test_a_set_folder_removed_closes_its_questions_and_posts_them_again_wh
     assert "this set was removed" in notice["content"]["body"]
     bridge.check_alive()
 
-    shutil.move(str(tmp_path / "archived"), str(folder))
-    (folder / "questions.json").write_text((folder / "questions.json").read_text())  # the watcher sees it back
+    shutil.move(str(tmp_path / "archived"), str(folder))  # the folder moved back, as it was
 
     async def posted_again() -> list[dict[str, Any]]:
         posts = question_posts(await alice.messages(room))

@@ -195,3 +195,13 @@ def test_an_unreadable_questions_file_keeps_the_posted_questions_open(tmp_path: 
     assert store.latest_posted(str(folder.resolve()), "pick").open is True
     row = collect(root, store.posted_question_counts())[0]
     assert row.problem is not None and "posted questions stay open" in row.problem
+
+
+def test_a_set_folder_moved_in_is_a_changed_set(tmp_path: Path) -> None:
+    from bridge.service.poster import changed_sets
+
+    root = tmp_path / "sets"
+    write_set(root / "group" / "takes", "takes", choice(1))
+    (root / "group" / "takes" / "attachments").mkdir()
+    assert changed_sets(root, [root / "group"]) == [root / "group" / "takes"]
+    assert changed_sets(root, [root / "group" / "takes" / "attachments"]) == []
