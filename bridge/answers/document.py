@@ -157,6 +157,36 @@ def record_problem(qid: str, record: dict[str, Any]) -> str | None:
     except (AnswersError, ValueError, TypeError, RecursionError) as exc:
         return str(exc)
     return None
+def mirror_records(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], now: str, *,
+                   writer: str = "matrix") -> tuple[dict[str, Any], list[str]]:
+    """``put_records`` for a writer that rebuilds records from its own log:
+    a record another writer put there (its ``source.via`` is not ``writer``)
+    is replaced only by a record with a higher ``rev``, and never dropped (a
+    withdrawal in the log concerns an answer older than it).  Returns the new
+    document and one line per record kept so, for the log."""
+    kept: list[str] = []
+    changes: dict[str, dict[str, Any] | None] = {}
+    for qid, record in records.items():
+        present = doc["answers"].get(qid)
+        if isinstance(present, dict) and _written_by_other(present, writer):
+            theirs, ours = present.get("rev"), (record or {}).get("rev")
+            if record is None or not (_is_int(ours) and _is_int(theirs) and ours > theirs):
+                kept.append(f"answer to {qid!r}: kept the record written by {_writer(present)} (rev {theirs}); "
+                            f"the bridge's {'withdrawal' if record is None else f'rev {ours}'} is older")
+                continue
+        changes[qid] = record
+    return put_records(doc, changes, now), kept
+
+
+def _written_by_other(record: dict[str, Any], writer: str) -> bool:
+    source = record.get("source")
+    return not (isinstance(source, dict) and source.get("via") == writer)
+
+
+def _writer(record: dict[str, Any]) -> str:
+    source = record.get("source")
+    via = source.get("via") if isinstance(source, dict) else None
+    return f"via {via}" if isinstance(via, str) else "another writer"
 
 
 def _prepared(doc: dict[str, Any], record: dict[str, Any], now: str) -> dict[str, Any]:

@@ -1,5 +1,9 @@
 """``askwright-bridge lint SET_DIR [--json] [--no-probe]``: check a question set.
 
+SET_DIR may also be a sets root (a folder without questions.json holding
+sets): every set under it is checked, and a second folder under a set id
+another folder already has is an error naming both (the bridge refuses it).
+
 Exit status: 0 no error (warnings allowed), 1 errors, 2 the folder or file
 can't be read or isn't a JSON object.
 """
@@ -10,10 +14,12 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 from bridge.questionset.lint import LintResult
 from bridge.questionset.load import Finding, LoadError
 from bridge.questionset.setdir import load_set_dir
+from bridge.service.sets import QUESTIONS, discover, duplicate_set_message
 
 EXIT_OK = 0
 EXIT_ERRORS = 1
@@ -33,6 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    root = Path(args.set_dir)
+    if root.is_dir() and not (root / QUESTIONS).exists():
+        sets = discover(root)
+        if sets:
+            return _run_root(sets, args)
     try:
         result = load_set_dir(args.set_dir, probe=not args.no_probe)
     except LoadError as exc:
@@ -42,6 +53,37 @@ def run(args: argparse.Namespace) -> int:
     else:
         _write(sys.stdout, render(result))
     return EXIT_OK if result.ok else EXIT_ERRORS
+
+
+def _run_root(sets: list[Path], args: argparse.Namespace) -> int:
+    """Every set under a root; the first folder found under a set id keeps it."""
+    results: list[tuple[Path, LintResult | None, str | None]] = []
+    owners: dict[str, Path] = {}
+    for set_dir in sets:
+        try:
+            result = load_set_dir(set_dir, probe=not args.no_probe)
+        except LoadError as exc:
+            results.append((set_dir, None, exc.message))
+            continue
+        if result.set_id is not None:
+            owner = owners.setdefault(result.set_id, set_dir)
+            if owner != set_dir:
+                result.errors.append(Finding("id", duplicate_set_message(result.set_id, str(owner.resolve()),
+                                                                         str(set_dir.resolve()))))
+        results.append((set_dir, result, None))
+    if args.json:
+        document = {"ok": all(r is not None and r.ok for _d, r, _m in results), "sets": [
+            {"set_dir": str(d), **(r.as_dict() if r is not None else
+                                   {"ok": False, "set": None, "errors": [{"where": "questions.json", "message": m}],
+                                    "warnings": []})} for d, r, m in results]}
+        _write(sys.stdout, json.dumps(document, indent=2) + "\n")
+    else:
+        for set_dir, result, message in results:
+            _write(sys.stdout, f"{set_dir}:\n")
+            _write(sys.stdout, render(result) if result is not None else f"  error    questions.json: {message}\n")
+    if any(r is None for _d, r, _m in results):
+        return EXIT_UNREADABLE
+    return EXIT_OK if all(r.ok for _d, r, _m in results) else EXIT_ERRORS
 
 
 def _unreadable(message: str, *, as_json: bool) -> int:

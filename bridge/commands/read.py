@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge.answers.document import AnswersError
-from bridge.answers.file import AnswersFile
-from bridge.answers.read import read_view
-from bridge.questionset.load import LoadError, parse_json, validate_model
-from bridge.questionset.model import QuestionSet
+from bridge.answers.view import ReadError, load_view
+
+__all__ = ["ReadError", "load_view", "render", "run", "add_parser"]
 
 EXIT_OK = 0
 EXIT_UNREADABLE = 2
@@ -50,71 +46,8 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-class ReadError(Exception):
-    """The set folder, its questions.json or its answers.json can't be read at all."""
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
-
-
-def load_view(set_dir: Path, *, include_all: bool, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """What ``read`` prints, as a value: the one code path ``read``, ``wait``
-    and ``status`` share.  ``warn`` hears why questions.json could not be
-    modelled (the answers are listed anyway); ReadError when nothing can be read."""
-    try:
-        raw = _questions_raw(set_dir)
-        qset = _model_or_warn(raw, warn)
-        set_id = qset.id if qset else (raw.get("id") if isinstance(raw.get("id"), str) and raw["id"] else None)
-        doc = AnswersFile(set_dir, set_id).load()
-    except _Unreadable as exc:
-        raise ReadError(str(exc)) from None
-    except AnswersError as exc:
-        raise ReadError(exc.message) from None
-    except OSError as exc:
-        raise ReadError(f"cannot read {exc.filename or set_dir}: {exc.strerror or exc}") from None
-    return read_view(doc, qset, os.path.abspath(set_dir), include_all=include_all)
-
-
 def render(view: dict[str, Any]) -> str:
     return json.dumps(view, indent=2, ensure_ascii=False) + "\n"
-
-
-class _Unreadable(Exception):
-    pass
-
-
-def _questions_raw(set_dir: Path) -> dict[str, Any]:
-    if not set_dir.is_dir():
-        raise _Unreadable(f"no set folder at {set_dir}")
-    path = set_dir / "questions.json"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise _Unreadable(f"no questions.json in {set_dir}") from None
-    except OSError as exc:
-        raise _Unreadable(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        return parse_json(data)
-    except LoadError as exc:
-        raise _Unreadable(f"{path}: {exc.message}") from None
-
-
-def _model_or_warn(raw: dict[str, Any], warn: Callable[[str], None] | None) -> QuestionSet | None:
-    """The model, or None with a warning.
-
-    The answers are the person's and still readable when the agent has
-    since broken questions.json, so read prints them rather than failing,
-    with status "unknown" and current_rev/stale null; the warning (on
-    stderr: stdout keeps the exact shape) says why.
-    """
-    qset, findings = validate_model(raw)
-    if qset is None and warn is not None:
-        first = findings[0] if findings else None
-        detail = f" ({first.where}: {first.message})" if first else ""
-        more = f" and {len(findings) - 1} more" if len(findings) > 1 else ""
-        warn(f"questions.json does not fit the format{detail}{more}; answers are listed with status unknown")
-    return qset
 
 
 def _warn(message: str) -> None:

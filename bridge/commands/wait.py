@@ -21,7 +21,8 @@ from watchfiles import watch
 # The predicates live in answers.arrival (pure, shared with the agents' wait); re-exported here.
 from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer  # noqa: F401
 from bridge.answers.file import ANSWERS_NAME
-from bridge.commands.read import ReadError, load_view, render
+from bridge.answers.view import ReadError, load_view
+from bridge.commands.read import render
 from bridge.questionset.setdir import QUESTIONS_FILE
 
 EXIT_ARRIVED = 0

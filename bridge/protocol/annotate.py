@@ -60,28 +60,49 @@ def room_left(record: dict[str, Any] | None) -> dict[str, int]:
     }
 
 
-def fold_records(qid: str, rows: list[tuple[str, dict[str, Any]]], accepted_count: int) -> dict[str, Any] | None:
-    """The record for ``qid`` from its log rows that still count, oldest first.
+Position = tuple[int, int]  # (origin_server_ts, arrival): the room's order
 
-    ``rows`` are (outcome, record) with outcome ``accepted`` (a whole record,
-    built from the record it replaced) or ``annotated`` (a delta).  The latest
-    answer is the base; only annotations after it are folded in, because the
-    earlier ones are already part of it.
+
+def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, Position]],
+                 notes: list[tuple[dict[str, Any], Position]], accepted_count: int) -> dict[str, Any] | None:
+    """The record for ``qid`` from what still stands in its log, in the room's order.
+
+    ``picks``: the accepted answers still standing, latest in the room first,
+    each (record, whole, carry_note, position); only the first (the standing
+    pick) and, when it has no note of its own, those back to the first one
+    with a note are needed.  ``notes``: every annotation still standing
+    (a delta: note / attachments / timecodes), in the room's order.
+
+    The record is the standing pick with the notes, files and timecodes of
+    every standing annotation folded in, before or after it: a withdrawn
+    annotation is simply not there.  A pick without words keeps the note of
+    the pick before it (its ``carry_note``: none when that note was an
+    option's input).  A ``whole`` pick is a record from before this rule,
+    with the annotations before it already folded in: only later ones are
+    added to it.
     """
-    start = 0
     base: dict[str, Any] | None = None
-    for index, (outcome, record) in enumerate(rows):
-        if outcome == "accepted":
-            start, base = index + 1, dict(record)
-    for outcome, added in rows[start:]:
-        if outcome != "annotated":
-            continue
+    added = [delta for delta, _position in notes]
+    if picks:
+        standing, whole, _carry, position = picks[0]
+        base = dict(standing)
+        if whole:
+            added = [delta for delta, at in notes if at > position]
+        else:
+            base.pop("attachments", None)
+            base.pop("timecodes", None)
+            if not base.get("note"):
+                base.pop("note", None)
+                kept = _kept_note(picks[1:])
+                if kept:
+                    base["note"] = kept
+    for delta in added:
         if base is None:
-            base = {"qid": qid, "state": NOTE_ONLY, "q_rev": added.get("q_rev", 1), "source": added.get("source", {})}
-        base = merge(base, added)
+            base = {"qid": qid, "state": NOTE_ONLY, "q_rev": delta.get("q_rev", 1), "source": delta.get("source", {})}
+        base = merge(base, delta)
         if base.get("state") == NOTE_ONLY:
-            base["q_rev"] = added.get("q_rev", base["q_rev"])
-            base["source"] = added.get("source", base["source"])
+            base["q_rev"] = delta.get("q_rev", base["q_rev"])
+            base["source"] = delta.get("source", base["source"])
     if base is None:
         return None
     if base.get("state") == NOTE_ONLY and not (
@@ -91,3 +112,14 @@ def fold_records(qid: str, rows: list[tuple[str, dict[str, Any]]], accepted_coun
     # A note is not an answer; a record of notes alone is still the first version.
     base["rev"] = max(accepted_count, 1)
     return base
+
+
+def _kept_note(earlier: list[tuple[dict[str, Any], bool, str | None, Position]]) -> str | None:
+    # A new pick without words keeps the person's earlier note: it is their
+    # data, and a changed mind about the pick rarely retracts the remark.
+    for record, whole, carry, _position in earlier:
+        if whole:
+            return None  # a record from before: its note may hold annotations counted on their own
+        if record.get("note"):
+            return carry
+    return None

@@ -306,7 +306,9 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
             "This answer was made for another posting of this question. Answer the latest one.",
         )
     if not question.open:
-        return Refused("recorded", "question_closed", "This question is no longer open, so the answer was not recorded.")
+        why = f" ({question.closed_why})" if question.closed_why else ""
+        return Refused("recorded", "question_closed",
+                       f"This question is no longer open{why}, so the answer was not recorded.")
     return None
 
 

@@ -30,6 +30,7 @@ class RecordedQuestion:
     set_id: str
     content: dict  # the question.v2 content exactly as posted
     open: bool = True  # False once closed / withdrawn / superseded / replaced by a new rev
+    closed_why: str | None = None  # why it was closed, in words ("this set was removed"), when known
 
     @classmethod
     def from_event(cls, event: Any, *, open: bool = True, set_id: str | None = None) -> RecordedQuestion:

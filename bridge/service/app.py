@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from nio import AsyncClient
-from watchfiles import awatch
+from watchfiles import Change, awatch
 
 from bridge.agents.closing import blocks_close
 from bridge.questionset.load import LoadError
@@ -226,11 +226,22 @@ async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: 
             log.exception("re-reading the sets failed")
 
 
-def _set_change(_change: object, path: str) -> bool:
-    """A questions.json, or a folder: a set folder renamed or copied into place
-    arrives whole, and the watch on a new folder may start after the files in
-    it were written, so its questions.json is looked for too."""
-    return path.endswith(QUESTIONS_FILE) or os.path.isdir(path)
+def _set_change(change: Change, path: str) -> bool:
+    """A questions.json, or a folder added or deleted: a set folder renamed or
+    copied into place arrives whole (and the watch on a new folder may start
+    after the files in it were written, so its questions.json is looked for
+    too); one moved away takes its questions with it."""
+    return path.endswith(QUESTIONS_FILE) or os.path.isdir(path) or \
+        (change != Change.modified and _maybe_a_folder(path))
+
+
+def _maybe_a_folder(path: str) -> bool:
+    """A path added or deleted that may be a set folder moved in, back or away
+    (the poster then posts its questions, or closes them); not the files the
+    bridge itself replaces or deletes in a set (answers.json's temporary
+    file, its lock, attachments)."""
+    name = os.path.basename(path)
+    return not name.startswith(("answers.json", ".")) and "attachments" not in Path(path).parts
 
 
 def run_forever(config: Config) -> int:

@@ -22,8 +22,10 @@ retries after a start or a refused transaction have gone quiet for
 reveal it).  The processed-event table makes anything seen twice harmless.
 
 An event found only by the periodic look is judged after newer ones that
-did arrive; for two answers to the same question it then counts as the
-latest.  That only happens to an answer that would otherwise be lost.
+did arrive; it still takes its place in the room's timeline (the record is
+projected in ``origin_server_ts`` order), so a stranded older answer does
+not replace a newer one, and an edit that came before its stranded original
+waits for it.
 """
 
 from __future__ import annotations

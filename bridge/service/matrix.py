@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 from nio import (AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinResponse, MessageDirection,
+                 RoomGetStateEventError, RoomGetStateEventResponse,
                  RoomMessagesResponse, RoomRedactResponse, RoomSendResponse, UploadResponse)
 
 from bridge.service.pacing import Slot
@@ -141,6 +142,15 @@ class NioTransport:
         if not isinstance(response, JoinedMembersResponse):
             raise MatrixError(f"listing members of {room_id}", response)
         return {member.user_id for member in response.members}
+
+    async def power_levels(self, room_id: str) -> dict[str, Any]:
+        """The room's m.room.power_levels content ({} when it has none)."""
+        response = await self.client.room_get_state_event(room_id, "m.room.power_levels")
+        if isinstance(response, RoomGetStateEventResponse):
+            return dict(response.content)
+        if isinstance(response, RoomGetStateEventError) and response.status_code == "M_NOT_FOUND":
+            return {}
+        raise MatrixError(f"reading the power levels of {room_id}", response)
 
     async def join(self, room: str) -> str:
         response = await self.client.join(room)

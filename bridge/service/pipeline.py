@@ -24,12 +24,14 @@ import sqlite3
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bridge.answers.document import put_records
+from bridge.answers.document import mirror_records
 from bridge.answers.file import AnswersFile
 from bridge.protocol import annotate
 from bridge.answers.document import AnswersError, record_problem
+from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
@@ -42,6 +44,7 @@ from bridge.protocol.to_record import to_record
 from bridge.service import quiz
 from bridge.service.attachments import prefetch
 from bridge.service.store import LogEntry, Store
+from bridge.service.timeline import NOT_NOW, Timeline
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,7 @@ class Pipeline:
     own_users: Callable[[str], bool]
     clock: Callable[[], str] = utc_now
     members: dict[str, set[str]] = field(default_factory=dict)
+    power: dict[str, dict[str, Any]] = field(default_factory=dict)  # room -> m.room.power_levels content
     on_outcome: Callable[[LogEntry], None] | None = None
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None
     on_write: Callable[[float], None] | None = None
@@ -120,9 +124,19 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
+        self._first_flush = True
+        self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
+        """The room's joined members, and its power levels (who may redact others)."""
         self.members[room_id] = set(await self.transport.joined_members(room_id))
+        levels = getattr(self.transport, "power_levels", None)
+        if levels is not None:
+            try:
+                self.power[room_id] = await levels(room_id)
+            except Exception as exc:  # noqa: BLE001 - without them, only a sender's own redaction counts
+                log.warning("power levels of %s not read (%s); only people's own redactions count there",
+                            room_id, exc)
 
     async def prepare(self, events: list[dict[str, Any]]) -> None:
         """The I/O a batch needs before ``process``: files people sent into a
@@ -173,21 +187,33 @@ class Pipeline:
             result.skipped += 1
             return
         self._track_membership(event)
+        self.timeline.track_power(event)
         sender = event.get("sender")
         if not isinstance(sender, str) or self.own_users(sender):
             return
         if self.is_command is not None and self.is_command(event):
             self.store.mark_processed(event_id, "command")  # a management command, never an answer
             return
+        if self.timeline.redacted_before(event_id, sender, str(event.get("room_id"))):
+            return
+        target = edit_target(event)
+        if target is not None:
+            event = self.timeline.edit_of_author(event, event_id, sender, target)
+            if event is None:
+                return
         found = normalize(event, self.lookup)
         if found is None:
             return
         if isinstance(found, Withdrawal):
-            self._withdrawn(self.store.withdraw(found.target), found.event_id, found.room_id, found.sender,
-                            "redaction", event, result, target=found.target)
+            touched = self.timeline.redaction(found, _ts(event))
+            if touched is not NOT_NOW:
+                self._withdrawn(touched, found.event_id, found.room_id, found.sender, "redaction", event, result,
+                                target=found.target)
         elif isinstance(found, VoteWithdrawal):
-            self._withdrawn(self.store.withdraw_votes(found.question.event_id, found.sender), found.event_id,
-                            found.room_id, found.sender, "poll", event, result,
+            # Only the votes before it in the room: a later vote that arrived first stands.
+            self._withdrawn(self.timeline.clear_votes(found.question.event_id, found.sender, found.event_id,
+                                                      found.room_id, _ts(event)),
+                            found.event_id, found.room_id, found.sender, "poll", event, result,
                             question_event_id=found.question.event_id)
         elif isinstance(found, Unplaced):
             self._unplaced(found, result)
@@ -198,6 +224,9 @@ class Pipeline:
             self._annotate(found, now, result)
         else:
             self._judge(found, event, now, result)
+        # Edits that came before this event (another path, a late original) are judged now.
+        for parked in self.store.unpark_edits(event_id):
+            self._one(parked, now, result)
 
     def _guarded(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
         """One event whose handling raises is set aside as refused, so it cannot
@@ -301,21 +330,29 @@ class Pipeline:
         common = self._common(answer, question, _ts(event), found.replaces)
         set_dir = common["set_dir"]
         if isinstance(verdict, Accepted) and question is not None and set_dir:
-            if found.replaces:
-                # The edit takes the place of what it edits (and of earlier edits of it).
-                self.store.withdraw(found.replaces)
-            prior = self.store.projection(set_dir, common["qid"])
             source = {"via": "matrix", "how": answer.via, "room_id": answer.room_id, "event_id": answer.event_id,
                       "sender": answer.sender, "ts": _ts(event)}
-            record = to_record(question, verdict, prior=prior, source=source, now=now)
+            # The pick's own fields only: notes, files and timecodes people add
+            # are folded in when the record is projected, so a withdrawn one
+            # is gone from it whatever came after.
+            record = to_record(question, verdict, prior=None, source=source, now=now)
             # The record's rev is what answers.json will say: every answer ever
             # accepted counts, the one an edit replaced included.
             record["rev"] = self.store.accepted_count(set_dir, common["qid"]) + 1
-            entry = LogEntry(outcome="accepted", record=record, **common)
+            choice = record.get("choice")
+            takes_input = isinstance(choice, str) and question.option_input(choice) is not None
+            entry = LogEntry(outcome="accepted", record=record, carry_note=None if takes_input else record.get("note"),
+                             **common)
         else:
             entry = LogEntry(outcome="refused", layer=verdict.layer, reason=verdict.reason, message=verdict.message,
                              **common)
         self._log(entry, result)
+        if entry.outcome == "accepted" and found.replaces:
+            # The edit stands in for what it edits while it is the latest version in the room.
+            self.store.reshadow(found.replaces)
+        if entry.outcome == "accepted" and answer.via == "poll" and question is not None \
+                and self.timeline.vote_cleared(question.event_id, answer.sender, entry.ts):
+            self.store.withdraw(entry.event_id)  # a late vote the person had already taken back
 
     def _annotate(self, found: Annotation, now: str, result: BatchResult) -> None:
         """A note, a file or timecodes for the answer: checked like an answer
@@ -331,8 +368,6 @@ class Pipeline:
             layer, reason, message = problem
             self._log(LogEntry(outcome="refused", layer=layer, reason=reason, message=message, **common), result)
             return
-        if found.replaces:
-            self.store.withdraw(found.replaces)
         # A file that could not be kept does not cost the note that came with it.
         file_problem = found.problem if isinstance(found.problem, str) else None
         if file_problem:
@@ -342,6 +377,8 @@ class Pipeline:
         added = annotate.delta(note=found.note, attachments=list(found.attachments), timecodes=list(found.timecodes),
                                q_rev=question.rev or 1, source=source, now=now)
         self._log(LogEntry(outcome="annotated", record=added, **common), result)
+        if found.replaces:
+            self.store.reshadow(found.replaces)
 
     def _annotation_problem(self, found: Annotation, set_dir: str | None, qid: str | None) -> tuple[str, str, str] | None:
         if isinstance(found.problem, str) and not (found.note or found.timecodes):
@@ -394,8 +431,8 @@ class Pipeline:
         written: list[tuple[str, str, str]] = []
         holds: dict[tuple[str, str], str] = {}
         for (set_dir, set_id), qids in by_set.items():
-            if held.get(set_dir, 0) > now_ms:
-                continue  # held back, and not due for another try yet
+            if held.get(set_dir, 0) > now_ms and not self._first_flush:
+                continue  # held back, and not due for another try yet (a start tries them all)
             problem = self._write_set(set_dir, set_id, qids, now)
             if problem is None:
                 written.extend((set_dir, set_id, qid) for qid in qids)
@@ -413,8 +450,10 @@ class Pipeline:
                     attempts, problem)
             if commit:
                 commit()
+        self._first_flush = False
         for _problem in holds.values():
             self.report_trouble("set", "unwritable")
+        self._delete_withdrawn_files()
         return len({d for d, _s, _q in written})
 
     def retry_held(self) -> bool:
@@ -433,7 +472,7 @@ class Pipeline:
             started = time.monotonic()
             try:
                 AnswersFile(set_dir, set_id).update(
-                    lambda doc, now, records=records: put_records(doc, records, now), now)
+                    lambda doc, now, records=records: _respecting_others(doc, records, now, set_dir), now)
             except (AnswersError, OSError, ValueError, TypeError, RecursionError) as exc:
                 if attempt == 0 and self._set_aside_unwritable(set_dir, qids, records):
                     continue  # a record no write could take was set aside; the rest is tried again
@@ -464,6 +503,22 @@ class Pipeline:
                     records[qid] = self.store.projection(set_dir, qid)
                     changed = True
         return changed
+
+    def _delete_withdrawn_files(self) -> None:
+        """Files whose annotation was withdrawn, deleted now that answers.json
+        no longer lists them: a pasted secret must be removable."""
+        held = {set_dir for set_dir, _set_id, _qid in self.store.dirty()}
+        for set_dir, path in self.store.doomed_files():
+            if set_dir in held:
+                continue  # answers.json there still lists it: deleted once the set is written
+            if path.startswith("attachments/") and ".." not in path.split("/"):
+                try:
+                    (Path(set_dir) / path).unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("withdrawn file %s in %s not deleted: %s", path, set_dir, exc)
+                    continue
+            with self.store.transaction(flush=False):  # a lost mark only deletes nothing again
+                self.store.forget_doomed(set_dir, path)
 
     # -- telling people ----------------------------------------------------
 
@@ -525,6 +580,13 @@ class Pipeline:
 
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
 _TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
+def _respecting_others(doc: dict[str, Any], records: dict[str, Any], now: str, set_dir: str) -> dict[str, Any]:
+    """The bridge's records written, except where another writer's is newer (kept, and said)."""
+    written, kept = mirror_records(doc, records, now)
+    for line in kept:
+        log.warning("%s: %s", set_dir, line)
+    return written
+
 
 # The `via` values the outcome schema knows; a note or a file is reported without one.
 _OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})

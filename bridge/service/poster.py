@@ -24,8 +24,8 @@ from bridge.protocol.question_event import build_question_event, closed_replacem
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service import media
-from bridge.service.sets import QUESTIONS, SKIPPED, discover
-from bridge.service.store import Store
+from bridge.service.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message
+from bridge.service.store import PostingConflict, Store
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class PostReport:
     closed: list[str] = field(default_factory=list)
     broken: dict[str, list[str]] = field(default_factory=dict)
     failed: list[Path] = field(default_factory=list)  # could not be posted now (a room refused, the network)
+    warnings: list[str] = field(default_factory=list)
 
 
 def question_digest(qset: QuestionSet, question: Question) -> str:
@@ -70,6 +71,10 @@ class Poster:
         the bridge, the homeserver fails) is reported in ``failed`` and the
         others are posted."""
         report = PostReport()
+        try:
+            await self.close_vanished(report)
+        except Exception as exc:  # noqa: BLE001 - said again at the next pass; the sets go on
+            log.warning("closing the questions of a removed set failed (%s); trying again later", exc)
         for set_dir in set_dirs:
             if stop is not None and stop.is_set():
                 break
@@ -83,11 +88,25 @@ class Poster:
     async def sync_changed(self, root: Path, paths: Iterable[str | Path]) -> PostReport:
         """Only the sets whose questions.json is among ``paths`` (what the folder
         watcher saw change): an edit of one set costs one set, however many
-        sets the root holds."""
-        report = PostReport()
-        for set_dir in dict.fromkeys(changed_sets(root, paths)):
-            await self.sync_if_changed(set_dir, report)
-        return report
+        sets the root holds.  A set folder that went away is noticed here too."""
+        return await self.sync_dirs(dict.fromkeys(changed_sets(root, paths)))
+
+    async def close_vanished(self, report: PostReport) -> None:
+        """A set folder that is gone takes its open questions with it: they are
+        closed in the room ("this set was removed") and answers to them are
+        refused with that reason.  Should the folder come back, its questions
+        are posted again, as new postings.  A folder that is still there but
+        can't be read is not gone: its questions stay open."""
+        async with self._one_at_a_time:
+            for folder in self.store.folders_with_open():
+                if os.path.lexists(folder):
+                    continue
+                log.warning("set folder %s is gone; closing its open questions", folder)
+                for recorded, _poll in self.store.posted_for_set(folder):
+                    if recorded.open:
+                        await self._close(recorded, SET_REMOVED, report)
+                with self.store.transaction(flush=False):  # if it comes back, it is read again in full
+                    self.store.delete_meta(f"set_synced:{folder}")
 
     async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
         """``sync_set``, unless the set's questions.json is byte for byte the one
@@ -111,28 +130,45 @@ class Poster:
             report.broken[str(set_dir)] = errors
             log.error("set %s skipped: it fails lint:\n  %s", set_dir, "\n  ".join(errors))
             return
+        folder = str(set_dir.resolve())
+        owner = self._owner_elsewhere(qset.id, folder)
+        if owner is not None:
+            # Postings are a folder's: a second folder under the same id would
+            # share the room and the one-pagers with the first.  The first keeps
+            # it, untouched; this one waits until it has an id of its own.
+            message = duplicate_set_message(qset.id, owner, folder)
+            report.broken[str(set_dir)] = [message]
+            log.error("%s", message)
+            return
         room = self.room_for(qset.id)
         current = {q.id: q for q in qset.questions}
         for question in qset.questions:
-            latest = self.store.latest_posted(qset.id, question.id)
+            postings = self.store.postings(folder, question.id)
+            latest = postings[0] if postings else None
             if question.is_open:
-                if latest is None or latest.rev != question.rev:
-                    await self._post(qset, question, set_dir, room, report)
-                    if latest is not None and latest.open:
-                        await self._close(latest, f"replaced by revision {question.rev}", report)
-                elif latest.open:
-                    # A crash between posting the question and its poll or media: finish the job.
-                    await self._ensure_poll(latest)
-                    await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
-                                               self.transport)
-                    if question.media and not self.store.get_meta(f"media_posted:{latest.event_id}"):
-                        prepared = await media.prepare(qset, question, set_dir, self.store, self.transport,
-                                                       room=room)
-                        await media.post_in_thread(prepared.messages, latest.event_id, room, self.store,
-                                                   self.transport)
-            elif latest is not None and latest.open:
-                await self._close(latest, _closing_words(question, qset), report)
-        for recorded, _poll in self.store.posted_for_set(qset.id):
+                if latest is None or latest.rev != question.rev or not latest.open:
+                    if latest is not None and question.rev < latest.rev:
+                        warning = (f"{qset.id}/{question.id}: rev went back from {latest.rev} to {question.rev}; "
+                                   f"posted as a new posting")
+                        report.warnings.append(warning)
+                        log.warning("%s", warning)
+                    await self._post(qset, question, set_dir, room, report, replacing=postings)
+                    continue
+                # A crash between posting the question and its poll or media: finish the job.
+                await self._ensure_poll(latest)
+                await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
+                                           self.transport)
+                if question.media and not self.store.get_meta(f"media_posted:{latest.event_id}"):
+                    prepared = await media.prepare(qset, question, set_dir, self.store, self.transport, room=room)
+                    await media.post_in_thread(prepared.messages, latest.event_id, room, self.store, self.transport)
+                for older in postings[1:]:
+                    if older.open:  # only the newest posting of a question takes answers
+                        await self._close(older, f"replaced by revision {question.rev}", report)
+            else:
+                for posting in postings:
+                    if posting.open:
+                        await self._close(posting, _closing_words(question, qset), report)
+        for recorded, _poll in self.store.posted_for_set(folder):
             if recorded.open and recorded.qid not in current:
                 await self._close(recorded, "removed from the set", report)
             elif not recorded.open:
@@ -140,9 +176,29 @@ class Poster:
                 if why is not None:
                     await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
 
-    async def _post(self, qset: QuestionSet, question: Question, set_dir: Path, room: str, report: PostReport) -> None:
+    def _owner_elsewhere(self, set_id: str, folder: str) -> str | None:
+        """Another folder that posted under ``set_id`` first and still holds that set."""
+        for other in self.store.folders_of_set(set_id):
+            if other == folder:
+                return None
+            if _holds_set(Path(other), set_id):
+                return other
+        return None
+
+    async def _post(self, qset: QuestionSet, question: Question, set_dir: Path, room: str, report: PostReport,
+                    replacing: list[RecordedQuestion] = ()) -> None:
+        """Post one question as a new posting.  The question event goes first
+        (its id is the posting's); then, in one store transaction, the new
+        posting is recorded and every open posting it replaces is closed,
+        before anything else is sent: from that commit on only the new one
+        takes answers, whatever happens to the poll, one-pager or files."""
+        folder = str(set_dir.resolve())
         digest = question_digest(qset, question)
-        elicitation = new_elicitation_id(qset.id, question.id, question.rev, salt=f"{room}\x00{digest}")
+        # The posting's number among the question's postings: a posting of a
+        # rev posted before (a rev that went back) still gets its own id.
+        number = len(replacing)
+        elicitation = new_elicitation_id(qset.id, question.id, question.rev,
+                                         salt=f"{room}\x00{digest}\x00{folder}\x00{number}")
         prepared = await media.prepare(qset, question, set_dir, self.store, self.transport, room=room) \
             if question.media \
             else media.PreparedMedia()
@@ -150,20 +206,37 @@ class Poster:
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
                                        poll=wants_poll(question.kind))
         event_id = await self.transport.send(room, "m.room.message", content,
-                                             txn_id("post", qset.id, question.id, str(question.rev), digest))
+                                             txn_id("post", qset.id, question.id, str(question.rev), digest,
+                                                    folder, str(number)))
         recorded = RecordedQuestion(event_id=event_id, room_id=room, set_id=qset.id, content=content)
-        # Not waited onto the disk (the next flushed commit takes it along): if
-        # a power cut loses it, the same transaction id is sent again and the
-        # homeserver hands back the same event.
-        with self.store.transaction(flush=False):
-            self.store.record_posted(recorded, set_dir=str(set_dir.resolve()), posted_at=int(time.time() * 1000))
+        replaced = [old for old in replacing if old.open]
+        why = f"replaced by revision {question.rev}"
+        try:
+            # Flushed: the old posting's close must not be lost once the new one is out.
+            with self.store.transaction():
+                self.store.record_posted(recorded, set_dir=folder, posted_at=int(time.time() * 1000))
+                for old in replaced:
+                    self.store.close_question(old.event_id, why)
+                    self.store.set_meta(_UNTOLD + old.event_id, why)
+        except PostingConflict as exc:
+            # The homeserver handed back an event the store already knows (a
+            # transaction id reused), or the id is taken: nothing is recorded,
+            # the set is left to the next pass, and the operator is told.
+            report.broken[str(set_dir)] = [str(exc)]
+            log.error("%s/%s not recorded: %s", qset.id, question.id, exc)
+            return
         report.posted.append(f"{qset.id}/{question.id}@{question.rev}")
         log.info("question posted: %s/%s rev %d as %s in %s", qset.id, question.id, question.rev, event_id, room)
+        for old in replaced:
+            report.closed.append(f"{old.set_id}/{old.qid}@{old.rev}")
+            log.info("question closed: %s/%s rev %s (%s)", old.set_id, old.qid, old.rev, why)
         await self._ensure_poll(recorded)
         # The background first, the files after it: the thread's summary shows
         # its last message, and a picture or clip says more there.
         await media.post_one_pager(qset, question, set_dir, event_id, room, self.store, self.transport)
         await media.post_in_thread(prepared.messages, event_id, room, self.store, self.transport)
+        for old in replaced:
+            await self._tell_closed(old, why)
         if self.on_posted:
             self.on_posted(recorded)
 
@@ -185,7 +258,7 @@ class Poster:
         # in between leaves the word pending, and the next pass over the set
         # says it, under the same transaction ids).
         with self.store.transaction():
-            self.store.close_question(recorded.event_id)
+            self.store.close_question(recorded.event_id, why)
             self.store.set_meta(_UNTOLD + recorded.event_id, why)
             if self.on_closed:
                 self.on_closed(recorded, why)
@@ -223,6 +296,17 @@ class Poster:
 
 # Meta key prefix: a closed question whose room has not been told yet (value: why).
 _UNTOLD = "close_untold:"
+SET_REMOVED = "this set was removed"
+
+
+def _holds_set(set_dir: Path, set_id: str) -> bool:
+    """Whether ``set_dir`` still holds a questions.json saying ``set_id`` (read
+    leniently: a set that fails lint still holds its id)."""
+    try:
+        raw = json.loads((set_dir / QUESTIONS).read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and raw.get("id") == set_id
 
 
 def _fingerprint(set_dir: Path) -> str | None:
@@ -233,13 +317,18 @@ def _fingerprint(set_dir: Path) -> str | None:
 
 
 def changed_sets(root: Path, paths: Iterable[str | Path]) -> list[Path]:
-    """The set folders of the changed questions.json files among ``paths``, by
-    the rules of ``discover``: under ``root`` without passing through a
-    symlinked, hidden or ``attachments`` folder, and still holding the file."""
+    """The set folders of the changed questions.json files among ``paths`` (and
+    of the sets in a folder among them), by the rules of ``discover``: under
+    ``root`` without passing through a symlinked, hidden or ``attachments``
+    folder, and still holding the file."""
     found = []
     root = Path(os.path.abspath(root))
     for path in (Path(os.path.abspath(p)) for p in paths):
         if path.name != QUESTIONS:
+            if path.is_dir() and not path.is_symlink():
+                # A folder moved in (or back): the sets in it, whose own files
+                # changed before the watcher could see inside it.
+                found.extend(changed_sets(root, [d / QUESTIONS for d in discover(path)]))
             continue
         set_dir = path.parent
         try:

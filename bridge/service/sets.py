@@ -28,3 +28,9 @@ def discover(root: Path) -> list[Path]:
                 continue
             found.append(Path(current))
     return found
+
+
+def duplicate_set_message(set_id: str, owner: str, refused: str) -> str:
+    """What the log, ``status`` and lint say of a second folder under a set id."""
+    return (f"set id \u201c{set_id}\u201d of {refused} is already the id of the set in {owner}; "
+            f"{refused} is not posted until it has an id of its own")

@@ -1,13 +1,14 @@
 """How each set stands: what was posted, answered, is still pending or stale.
 
 Shared by ``askwright-bridge status`` and the ``!ask status`` command.  The
-answer side is computed from ``read``'s own view (answers.json checked
+answer side is computed from ``read``'s own view (bridge/answers/view.py) (answers.json checked
 against the current questions.json), never re-derived, so ``status`` and
 ``read`` can't disagree; what was posted comes from the store.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,10 +16,10 @@ from typing import Any
 
 from bridge.answers.document import ANSWERED, NOTE_ONLY, UNSURE
 from bridge.answers.read import UNANSWERED
-from bridge.commands.read import ReadError, load_view
+from bridge.answers.view import ReadError, load_view
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
-from bridge.service.sets import discover
+from bridge.service.sets import discover, duplicate_set_message
 
 COLUMNS = ("posted", "open", "answered", "unsure", "notes", "pending", "stale")
 
@@ -54,17 +55,39 @@ def count_view(view: dict[str, Any]) -> dict[str, int]:
 
 
 def set_status(set_dir: Path, posted: Mapping[str, int]) -> SetStatus:
+    """``posted``: set folder (resolved) -> distinct questions it posted."""
+    count = posted.get(os.path.realpath(set_dir), posted.get(str(set_dir), 0))
     try:
         view = load_view(set_dir, include_all=True)
     except ReadError as exc:
-        set_id = set_id_of(set_dir)
-        return SetStatus(set_id, str(set_dir), posted=posted.get(set_id, 0), problem=exc.message)
-    return SetStatus(view["set"], str(set_dir), posted=posted.get(view["set"], 0), **count_view(view))
+        # The questions already posted stay open: an agent's half-written or
+        # broken file is no reason to take them from the people answering.
+        kept = f"; its {count} posted questions stay open" if count else ""
+        return SetStatus(set_id_of(set_dir), str(set_dir), posted=count, problem=exc.message + kept)
+    return SetStatus(view["set"], str(set_dir), posted=count, **count_view(view))
 
 
 def collect(root: Path, posted: Mapping[str, int]) -> list[SetStatus]:
-    """Every set under ``root``, in the order the bridge scans them."""
-    return [set_status(set_dir, posted) for set_dir in discover(root)]
+    """Every set under ``root``, in the order the bridge scans them.  A second
+    folder under a set id already taken (the folder that has posted keeps it,
+    else the first found) is a row saying so, as the bridge refuses it."""
+    folders = discover(root)
+    ids = [set_id_of(folder) for folder in folders]
+    owner: dict[str, Path] = {}
+    for folder, set_id in sorted(zip(folders, ids), key=lambda pair: not set_status_posted(pair[0], posted)):
+        owner.setdefault(set_id, folder)
+    rows = []
+    for folder, set_id in zip(folders, ids):
+        first = owner[set_id]
+        if first != folder:
+            rows.append(SetStatus(set_id, str(folder), problem=duplicate_set_message(set_id, str(first), str(folder))))
+        else:
+            rows.append(set_status(folder, posted))
+    return rows
+
+
+def set_status_posted(set_dir: Path, posted: Mapping[str, int]) -> bool:
+    return bool(posted.get(os.path.realpath(set_dir), posted.get(str(set_dir), 0)))
 
 
 def set_id_of(set_dir: Path) -> str:

@@ -161,12 +161,54 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX webhook_due ON webhook_outbox (next_at);
     """,
+    # The record is the room's timeline (issue 15): postings are a set
+    # folder's, found newest first by posting order whatever their rev, and a
+    # closed one says why (an answer to it is told).  The log is read in the
+    # room's order (origin_server_ts, then arrival): an edit shadows the
+    # versions before it instead of withdrawing them (redacting it brings the
+    # previous one back), a pick's own note is kept apart from the notes
+    # people add (``whole`` marks the records of older versions, which had
+    # earlier notes and files folded in; ``noted``: a pick with a note, the
+    # one a later pick without words keeps), redactions and edits whose target
+    # has not arrived yet wait for it, and a withdrawn file is deleted.
+    """
+    ALTER TABLE posted ADD COLUMN closed_why TEXT;
+    CREATE INDEX posted_by_folder ON posted (set_dir, qid);
+    ALTER TABLE answer_log ADD COLUMN shadowed INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE answer_log ADD COLUMN carry_note TEXT;
+    ALTER TABLE answer_log ADD COLUMN whole INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE answer_log ADD COLUMN noted INTEGER NOT NULL DEFAULT 0;
+    UPDATE answer_log SET whole=1, noted=1 WHERE outcome='accepted';
+    CREATE INDEX log_by_question_time ON answer_log (set_dir, qid, outcome, ts);
+    CREATE INDEX log_noted ON answer_log (set_dir, qid, ts) WHERE noted=1;
+    CREATE TABLE redaction (
+        event_id TEXT PRIMARY KEY,
+        target TEXT NOT NULL,
+        room_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        ts INTEGER NOT NULL
+    );
+    CREATE INDEX redaction_by_target ON redaction (target);
+    CREATE TABLE parked_edit (
+        event_id TEXT PRIMARY KEY,
+        target TEXT NOT NULL,
+        event TEXT NOT NULL,
+        parked_at INTEGER NOT NULL
+    );
+    CREATE INDEX parked_by_target ON parked_edit (target);
+    CREATE TABLE doomed_file (set_dir TEXT NOT NULL, path TEXT NOT NULL, PRIMARY KEY (set_dir, path));
+    CREATE TABLE edit_link (event_id TEXT PRIMARY KEY, original TEXT NOT NULL);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class StoreVersionError(Exception):
     pass
+
+
+class PostingConflict(Exception):
+    """A posting clashes with one already recorded (same event or elicitation id)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +228,7 @@ class LogEntry:
     record: dict[str, Any] | None = None
     ts: int = 0
     replaces: str | None = None  # the event an edit replaced
+    carry_note: str | None = None  # a pick's note that a later pick without words keeps
 
 
 # answer_log.acked: the notice of an entry is pending, sent, told within a
@@ -294,20 +337,31 @@ class Store:
 
     def record_posted(self, question: RecordedQuestion, *, set_dir: str, posted_at: int,
                       poll_event_id: str | None = None) -> None:
+        """Record a posting.  A clash with a posting already recorded (the same
+        event, or the same elicitation id) is never ignored: it raises
+        PostingConflict, naming both, and nothing is recorded."""
         content = question.content
-        self.db.execute(
-            "INSERT OR IGNORE INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
-            " open, poll_event_id, posted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (question.event_id, question.room_id, question.set_id, set_dir, content["question"]["id"],
-             content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
-             poll_event_id, posted_at),
-        )
+        try:
+            self.db.execute(
+                "INSERT INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
+                " open, poll_event_id, posted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (question.event_id, question.room_id, question.set_id, set_dir, content["question"]["id"],
+                 content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
+                 poll_event_id, posted_at),
+            )
+        except sqlite3.IntegrityError:
+            row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?",
+                                  (question.event_id, content["elicitation_id"])).fetchone()
+            raise PostingConflict(
+                f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting already "
+                f"recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}" if row else
+                f"posting {question.event_id} could not be recorded") from None
 
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
 
-    def close_question(self, event_id: str) -> None:
-        self.db.execute("UPDATE posted SET open=0 WHERE event_id=?", (event_id,))
+    def close_question(self, event_id: str, why: str | None = None) -> None:
+        self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
 
     def question_by_event(self, event_id: str) -> RecordedQuestion | None:
         return self._one("event_id=?", event_id)
@@ -318,16 +372,32 @@ class Store:
     def question_by_poll(self, poll_event_id: str) -> RecordedQuestion | None:
         return self._one("poll_event_id=?", poll_event_id)
 
-    def latest_posted(self, set_id: str, qid: str) -> RecordedQuestion | None:
-        row = self.db.execute(
-            f"SELECT {_Q} FROM posted WHERE set_id=? AND qid=? ORDER BY rev DESC, posted_at DESC LIMIT 1",
-            (set_id, qid)).fetchone()
-        return _question(row) if row else None
+    def latest_posted(self, set_dir: str, qid: str) -> RecordedQuestion | None:
+        """The newest posting of a set folder's question, whatever its rev."""
+        found = self.postings(set_dir, qid)
+        return found[0] if found else None
 
-    def posted_for_set(self, set_id: str) -> list[tuple[RecordedQuestion, str | None]]:
-        rows = self.db.execute(f"SELECT {_Q}, poll_event_id FROM posted WHERE set_id=? ORDER BY posted_at",
-                               (set_id,)).fetchall()
+    def postings(self, set_dir: str, qid: str) -> list[RecordedQuestion]:
+        """Every posting of a set folder's question, newest posted first."""
+        rows = self.db.execute(f"SELECT {_Q} FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC",
+                               (set_dir, qid)).fetchall()
+        return [_question(row) for row in rows]
+
+    def posted_for_set(self, set_dir: str) -> list[tuple[RecordedQuestion, str | None]]:
+        """Every posting of a set folder, oldest first, with its poll."""
+        rows = self.db.execute(f"SELECT {_Q}, poll_event_id FROM posted WHERE set_dir=? ORDER BY rowid",
+                               (set_dir,)).fetchall()
         return [(_question(row[:-1]), row[-1]) for row in rows]
+
+    def folders_of_set(self, set_id: str) -> list[str]:
+        """The set folders that posted under ``set_id``, first poster first."""
+        rows = self.db.execute("SELECT set_dir, MIN(rowid) AS first FROM posted WHERE set_id=? GROUP BY set_dir"
+                               " ORDER BY first", (set_id,)).fetchall()
+        return [row[0] for row in rows]
+
+    def folders_with_open(self) -> list[str]:
+        """The set folders that still have an open posting."""
+        return [row[0] for row in self.db.execute("SELECT DISTINCT set_dir FROM posted WHERE open=1").fetchall()]
 
     def set_dir_of(self, event_id: str) -> str | None:
         kept = self._recent_questions.get(event_id)
@@ -344,10 +414,10 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM posted").fetchone()[0]
 
     def _one(self, where: str, value: str) -> RecordedQuestion | None:
-        row = self.db.execute(f"SELECT event_id, open FROM posted WHERE {where}", (value,)).fetchone()
-        return self._recorded(row[0], bool(row[1])) if row else None
+        row = self.db.execute(f"SELECT event_id, open, closed_why FROM posted WHERE {where}", (value,)).fetchone()
+        return self._recorded(row[0], bool(row[1]), row[2]) if row else None
 
-    def _recorded(self, event_id: str, is_open: bool) -> RecordedQuestion:
+    def _recorded(self, event_id: str, is_open: bool, closed_why: str | None = None) -> RecordedQuestion:
         """The posted question ``event_id``, parsed once while it is answered.
 
         Every answer looks its question up; parsing the posted content and
@@ -365,7 +435,9 @@ class Store:
         else:
             recent.move_to_end(event_id)
         question = kept[0]
-        return question if question.open == is_open else dataclasses.replace(question, open=is_open)
+        if question.open == is_open and question.closed_why == closed_why:
+            return question
+        return dataclasses.replace(question, open=is_open, closed_why=closed_why)
 
     # -- events and the answer log ---------------------------------------
 
@@ -378,10 +450,12 @@ class Store:
     def append_log(self, entry: LogEntry) -> int:
         cursor = self.db.execute(
             "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
-            " layer, reason, message, record, ts, replaces) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " layer, reason, message, record, ts, replaces, carry_note, noted)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
              entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
-             None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces),
+             None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces,
+             entry.carry_note, int(entry.outcome == "accepted" and bool((entry.record or {}).get("note")))),
         )
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
@@ -389,21 +463,46 @@ class Store:
         return cursor.lastrowid
 
     def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
-        """Withdraw what ``event_id`` put into a record, and every edit of it.
+        """Withdraw what ``event_id`` put into a record (a redaction).
 
+        An original takes its edits with it (clients hide them too); an edit
+        goes alone, and the version before it (an earlier edit, or the
+        original) stands again.  Files the withdrawn rows brought are doomed:
+        deleted from the set folder once answers.json no longer lists them.
         Returns (set_dir, set_id, qid) of the question touched, or None when
         the event had recorded nothing (a refused answer, a stranger's event).
         """
         rows = self.db.execute(
-            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE (event_id=? OR replaces=?) AND withdrawn=0"
-            " AND outcome IN ('accepted','annotated') ORDER BY seq", (event_id, event_id)).fetchall()
-        return self._withdraw_rows(rows)
+            "SELECT seq, set_dir, set_id, qid, outcome, record, whole, replaces FROM answer_log"
+            " WHERE (event_id=? OR replaces=?) AND withdrawn=0 AND outcome IN ('accepted','annotated') ORDER BY seq",
+            (event_id, event_id)).fetchall()
+        if not rows:
+            return None
+        for seq, set_dir, _set_id, _qid, outcome, record, whole, _replaces in rows:
+            if outcome == "annotated" and record and set_dir and not whole:
+                for path in json.loads(record).get("attachments") or ():
+                    self.db.execute("INSERT OR IGNORE INTO doomed_file(set_dir, path) VALUES (?, ?)", (set_dir, path))
+        touched = self._withdraw_rows([row[:4] for row in rows])
+        for root in {row[7] for row in rows if row[7]}:
+            self.reshadow(root)
+        return touched
 
-    def withdraw_votes(self, question_event_id: str, sender: str) -> tuple[str, str, str] | None:
-        """An empty poll vote: withdraw every vote ``sender`` gave in the question's poll."""
+    def reshadow(self, original: str) -> None:
+        """Of an original and its edits still standing, only the latest in the
+        room's order counts; the others are shadowed (kept, not counted)."""
+        rows = self.db.execute(
+            "SELECT seq FROM answer_log WHERE (event_id=? OR replaces=?) AND withdrawn=0"
+            " AND outcome IN ('accepted','annotated') ORDER BY ts, seq", (original, original)).fetchall()
+        for index, (seq,) in enumerate(rows):
+            self.db.execute("UPDATE answer_log SET shadowed=? WHERE seq=?", (int(index < len(rows) - 1), seq))
+
+    def withdraw_votes(self, question_event_id: str, sender: str, until_ts: int | None = None) -> tuple[str, str, str] | None:
+        """An empty poll vote: withdraw every vote ``sender`` gave in the
+        question's poll before it (in the room's order)."""
         rows = self.db.execute(
             "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
-            " AND outcome='accepted' AND withdrawn=0 ORDER BY seq", (question_event_id, sender)).fetchall()
+            " AND outcome='accepted' AND withdrawn=0 AND (? IS NULL OR ts<=?) ORDER BY seq",
+            (question_event_id, sender, until_ts, until_ts)).fetchall()
         return self._withdraw_rows(rows)
 
     def _withdraw_rows(self, rows: list[tuple]) -> tuple[str, str, str] | None:
@@ -414,6 +513,71 @@ class Store:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", (set_dir, set_id, qid))
         _seq, set_dir, set_id, qid = rows[-1]
         return set_dir, set_id, qid
+
+    def logged_sender(self, event_id: str) -> str | None:
+        row = self.db.execute("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1", (event_id,)).fetchone()
+        return row[0] if row else None
+
+    def sender_of(self, event_id: str) -> str | None:
+        """Who sent an event the bridge has logged, holds undecrypted, or parked."""
+        for query in ("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1",
+                      "SELECT sender FROM undecrypted WHERE event_id=?",
+                      "SELECT json_extract(event, '$.sender') FROM parked_edit WHERE event_id=?"):
+            row = self.db.execute(query, (event_id,)).fetchone()
+            if row:
+                return row[0]
+        return None
+
+    def drop_parked(self, event_id: str) -> None:
+        self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
+
+    def original_of(self, event_id: str) -> str:
+        """The event an edit edits (an edit of an edit counts as one of the original)."""
+        seen = {event_id}
+        while True:  # an edit linked before its own target was known links to that target, an edit
+            row = self.db.execute("SELECT original FROM edit_link WHERE event_id=?", (event_id,)).fetchone()
+            if row is None or row[0] in seen:
+                return event_id
+            event_id = row[0]
+            seen.add(event_id)
+
+    def link_edit(self, event_id: str, original: str) -> None:
+        """Every edit seen, counted or not, so an edit of it finds the original."""
+        self.db.execute("INSERT OR IGNORE INTO edit_link(event_id, original) VALUES (?, ?)", (event_id, original))
+
+    # -- what waits for its target ----------------------------------------
+
+    def keep_redaction(self, event_id: str, target: str, room_id: str, sender: str, ts: int) -> None:
+        self.db.execute("INSERT OR IGNORE INTO redaction(event_id, target, room_id, sender, ts) VALUES (?,?,?,?,?)",
+                        (event_id, target, room_id, sender, ts))
+
+    def redacted_since(self, target: str, ts: int) -> bool:
+        return self.db.execute("SELECT 1 FROM redaction WHERE target=? AND ts>=? LIMIT 1",
+                               (target, ts)).fetchone() is not None
+
+    def redactions_of(self, target: str) -> list[str]:
+        """The senders of redactions that came before their target."""
+        return [row[0] for row in self.db.execute("SELECT sender FROM redaction WHERE target=?", (target,))]
+
+    def park_edit(self, event: dict[str, Any], target: str, now_ms: int) -> None:
+        self.db.execute("DELETE FROM parked_edit WHERE parked_at<?", (now_ms - PARKED_FOR_MS,))
+        self.db.execute("INSERT OR IGNORE INTO parked_edit(event_id, target, event, parked_at) VALUES (?,?,?,?)",
+                        (event["event_id"], target, json.dumps(event), now_ms))
+
+    def unpark_edits(self, target: str) -> list[dict[str, Any]]:
+        """The edits waiting for ``target``, removed from waiting (oldest first)."""
+        rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=? ORDER BY parked_at, event_id",
+                               (target,)).fetchall()
+        for event_id, _event in rows:
+            self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
+            self.db.execute("DELETE FROM processed WHERE event_id=?", (event_id,))
+        return [json.loads(event) for _id, event in rows]
+
+    def doomed_files(self) -> list[tuple[str, str]]:
+        return self.db.execute("SELECT set_dir, path FROM doomed_file").fetchall()
+
+    def forget_doomed(self, set_dir: str, path: str) -> None:
+        self.db.execute("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
 
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         """(question event id, via) of the latest log entry about ``event_id``, whatever its outcome."""
@@ -443,28 +607,39 @@ class Store:
             return None
         return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
 
-    def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
-        """The record answers.json should hold for a question.
+    def accepted_count(self, set_dir: str, qid: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
+                               (set_dir, qid)).fetchone()[0]
 
-        The latest accepted answer not withdrawn, with the notes, files and
-        timecodes added after it folded in (or those alone, as a note-only
-        record); its ``rev`` the number of answers ever accepted for the
-        question (a note is not an answer, so a note-only record is rev 1).
-        """
-        count = self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
-                                (set_dir, qid)).fetchone()[0]
-        # Only the latest standing answer and what was added after it count
-        # (fold_records drops everything older), so only those are read and
-        # decoded: a question's thousandth answer costs what its first did.
-        # log_by_question ends in the rowid (seq), so this walks the index
-        # backwards and stops at the first answer not withdrawn.
-        latest = self.db.execute(
-            "SELECT seq FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
-            " AND record IS NOT NULL ORDER BY seq DESC LIMIT 1", (set_dir, qid)).fetchone()
-        rows = self.db.execute(
-            "SELECT outcome, record FROM answer_log WHERE set_dir=? AND qid=? AND outcome IN ('accepted','annotated')"
-            " AND withdrawn=0 AND seq>=? ORDER BY seq", (set_dir, qid, latest[0] if latest else 0)).fetchall()
-        return fold_records(qid, [(outcome, json.loads(record)) for outcome, record in rows if record], count)
+    def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
+        """The record answers.json should hold for a question, from the log in
+        the room's order (see ``annotate.fold_records``); its ``rev`` the
+        number of answers ever accepted for the question (a note is not an
+        answer, so a note-only record is rev 1)."""
+        count = self.accepted_count(set_dir, qid)
+        live = "set_dir=? AND qid=? AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL"
+        # The standing pick is the latest in the room; when it has no note of
+        # its own, the latest earlier pick with one (or from before the
+        # notes were kept apart) is the one whose note it keeps.  Both are
+        # found through the index without decoding the picks in between, so
+        # a question's thousandth answer costs what its first did.
+        order = "ORDER BY ts DESC, seq DESC LIMIT 1"
+        picks: list[tuple[dict[str, Any], bool, str | None, tuple[int, int]]] = []
+        row = self.db.execute(f"SELECT record, whole, carry_note, ts, seq FROM answer_log WHERE {live}"
+                              f" AND outcome='accepted' {order}", (set_dir, qid)).fetchone()
+        if row is not None:
+            picks.append((json.loads(row[0]), bool(row[1]), row[2], (row[3], row[4])))
+            if not row[1] and not picks[0][0].get("note"):
+                earlier = self.db.execute(
+                    f"SELECT record, whole, carry_note, ts, seq FROM answer_log INDEXED BY log_noted WHERE {live}"
+                    " AND outcome='accepted' AND noted=1 AND (ts<? OR (ts=? AND seq<?))"
+                    f" {order}", (set_dir, qid, row[3], row[3], row[4])).fetchone()
+                if earlier is not None:
+                    picks.append((json.loads(earlier[0]), bool(earlier[1]), earlier[2], (earlier[3], earlier[4])))
+        notes = [(json.loads(record), (ts, seq)) for record, ts, seq in self.db.execute(
+            f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
+            (set_dir, qid))]
+        return fold_records(qid, picks, notes, count)
 
     # -- attachments and uploads ----------------------------------------
 
@@ -584,8 +759,8 @@ class Store:
     # -- operators: status, reminders, management commands ---------------
 
     def posted_question_counts(self) -> dict[str, int]:
-        """set id -> how many distinct questions of it were ever posted."""
-        return dict(self.db.execute("SELECT set_id, COUNT(DISTINCT qid) FROM posted GROUP BY set_id").fetchall())
+        """set folder -> how many distinct questions of it were ever posted."""
+        return dict(self.db.execute("SELECT set_dir, COUNT(DISTINCT qid) FROM posted GROUP BY set_dir").fetchall())
 
     def open_posted(self, set_id: str | None = None) -> list[PostedQuestion]:
         where, params = ("AND set_id=?", (set_id,)) if set_id is not None else ("", ())
@@ -637,22 +812,26 @@ class Store:
         return cursor.rowcount > 0
 
     def undecrypted(self) -> list[tuple[dict[str, Any], int]]:
-        """(event, first seen ms) of every kept event, oldest first."""
-        rows = self.db.execute("SELECT event, first_seen FROM undecrypted ORDER BY first_seen, event_id").fetchall()
+        """(event, first seen ms) of every kept event, oldest in the room first."""
+        # In the room's order: events of one late session are judged as they were sent.
+        rows = self.db.execute("SELECT event, first_seen FROM undecrypted"
+                               " ORDER BY json_extract(event, '$.origin_server_ts'), first_seen, event_id").fetchall()
         return [(json.loads(event), first_seen) for event, first_seen in rows]
 
     def drop_undecrypted(self, event_ids: Iterable[str]) -> None:
         self.db.executemany("DELETE FROM undecrypted WHERE event_id=?", [(e,) for e in event_ids])
 
 
-_Q = "event_id, room_id, set_id, content, open"
+_Q = "event_id, room_id, set_id, content, open, closed_why"
+# An edit whose original never comes is dropped after this long.
+PARKED_FOR_MS = 7 * 24 * 3600 * 1000
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
 _RECENT_QUESTIONS = 512
 
 
 def _question(row: tuple) -> RecordedQuestion:
     return RecordedQuestion(event_id=row[0], room_id=row[1], set_id=row[2], content=json.loads(row[3]),
-                            open=bool(row[4]))
+                            open=bool(row[4]), closed_why=row[5])
 
 
 def _statements(script: str) -> list[str]:

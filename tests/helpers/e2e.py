@@ -101,6 +101,22 @@ class EncryptingPerson(Person):
             out["m.relates_to"] = content["m.relates_to"]
         return out
 
+    async def encrypt_withheld_many(self, room_id: str, contents: list[dict[str, Any]],
+                                    event_type: str = "m.room.message") -> list[dict[str, Any]]:
+        """``encrypt_withheld`` for several contents under one new session (one
+        late key resolves them all, as when a client's key share is slow)."""
+        first = await self.encrypt_withheld(room_id, contents[0], event_type)
+        session = self.client.olm.outbound_group_sessions[room_id]
+        out = [first]
+        for content in contents[1:]:
+            plaintext = json.dumps({"type": event_type, "content": content, "room_id": room_id})
+            more = {**first, "ciphertext": session._session.encrypt(plaintext.encode()).to_base64()}
+            more.pop("m.relates_to", None)
+            if "m.relates_to" in content:
+                more["m.relates_to"] = content["m.relates_to"]
+            out.append(more)
+        return out
+
     async def share_withheld(self, room_id: str) -> None:
         """Give the room's members the key of the session ``encrypt_withheld`` made."""
         await self.client.joined_members(room_id)

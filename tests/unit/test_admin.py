@@ -147,10 +147,11 @@ async def test_an_invalid_command_gets_the_right_form(ctx):
     assert "!ask close <set> <question>" in reply and "!ask help" in reply
 
 
-async def test_status_is_the_status_table(ctx):
+async def test_status_is_the_status_table(ctx, sets_root):
     content = {"elicitation_id": "elc_1", "question": {"id": "branch", "rev": 1, "title": "Branch"}}
     with ctx.store.transaction():
-        ctx.store.record_posted(RecordedQuestion("$q", "!r", "release", content), set_dir="/x", posted_at=1)
+        ctx.store.record_posted(RecordedQuestion("$q", "!r", "release", content),
+                                set_dir=str((sets_root / "release-folder").resolve()), posted_at=1)
     reply = await handle(parse_command("!ask status"), ADMIN, ctx)
     header, row = reply.splitlines()
     assert header.split() == ["SET", "POSTED", "OPEN", "ANSWERED", "UNSURE", "NOTES", "PENDING", "STALE"]

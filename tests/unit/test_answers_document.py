@@ -231,3 +231,35 @@ def test_parse_accepts_records_over_the_write_limits():
     doc["rev"] = 1
     doc["answers"]["a"] = {"qid": "a", "state": "note_only", "note": "n" * 30_000, "q_rev": 1, "rev": 1, "updated": NOW}
     assert document.parse(json.dumps(doc).encode())["answers"]["a"]["note"] == "n" * 30_000
+
+
+# ---------------------------------------------------------------- other writers
+
+
+def _other(rev: int) -> dict:
+    return {"qid": "arrow", "state": "answered", "choice": "t5", "q_rev": 1, "rev": rev, "updated": "t",
+            "source": {"via": "page"}}
+
+
+def _bridge(rev: int, choice: str = "t2") -> dict:
+    return {"qid": "arrow", "state": "answered", "choice": choice, "q_rev": 1, "rev": rev, "updated": "t",
+            "source": {"via": "matrix", "event_id": "$e"}}
+
+
+def test_a_newer_record_another_writer_put_there_is_kept():
+    from bridge.answers.document import empty, mirror_records, put_records
+    doc = put_records(empty("takes"), {"arrow": _other(3)}, "2026-01-01T00:00:00Z")
+    kept_doc, kept = mirror_records(doc, {"arrow": _bridge(2)}, "2026-01-01T00:00:01Z")
+    assert kept_doc["answers"]["arrow"]["choice"] == "t5" and kept and "page" in kept[0]
+    dropped_doc, kept = mirror_records(doc, {"arrow": None}, "2026-01-01T00:00:01Z")
+    assert "arrow" in dropped_doc["answers"] and kept
+
+
+def test_the_bridges_newer_record_replaces_another_writers_older_one():
+    from bridge.answers.document import empty, mirror_records, put_records
+    doc = put_records(empty("takes"), {"arrow": _other(1)}, "2026-01-01T00:00:00Z")
+    new_doc, kept = mirror_records(doc, {"arrow": _bridge(2)}, "2026-01-01T00:00:01Z")
+    assert new_doc["answers"]["arrow"]["choice"] == "t2" and kept == []
+    own = put_records(empty("takes"), {"arrow": _bridge(5)}, "2026-01-01T00:00:00Z")
+    again, kept = mirror_records(own, {"arrow": _bridge(1, "t5")}, "2026-01-01T00:00:01Z")
+    assert again["answers"]["arrow"]["choice"] == "t5" and kept == []  # its own record: the log decides

@@ -246,3 +246,15 @@ def test_ffprobe_reports_nothing_for_a_file_that_is_not_media(tmp_path: Path) ->
     (tmp_path / "fake.mp4").write_bytes(b"not a video")
     probe = find_probe()
     assert probe is not None and probe(str(tmp_path / "fake.mp4")) is None
+
+
+def test_a_sets_root_is_linted_set_by_set_and_a_second_folder_under_one_id_is_an_error(tmp_path, capsys):
+    for name in ("a-release", "b-release"):
+        shutil.copytree(examples_dir() / "release-decisions", tmp_path / name)
+    code = main(["lint", str(tmp_path), "--json", "--no-probe"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["ok"] is False
+    first, second = out["sets"]
+    assert first["ok"] is True
+    message = second["errors"][-1]["message"]
+    assert str((tmp_path / "a-release").resolve()) in message and str((tmp_path / "b-release").resolve()) in message

@@ -53,24 +53,46 @@ def pick(choice: str) -> dict:
     return {"qid": "q", "state": "answered", "choice": choice, "q_rev": 1, "rev": 1, "updated": "t", "source": SOURCE}
 
 
+def note(text: str, **more) -> dict:
+    return delta(note=text, attachments=more.get("attachments", []), timecodes=more.get("timecodes", []), q_rev=1,
+                 source=SOURCE, now="t")
+
+
 def test_notes_alone_are_note_only_at_rev_1():
-    rows = [("annotated", delta(note="hm", attachments=[], timecodes=[], q_rev=2, source=SOURCE, now="t"))]
-    record = fold_records("q", rows, 0)
+    notes = [(delta(note="hm", attachments=[], timecodes=[], q_rev=2, source=SOURCE, now="t"), (5, 1))]
+    record = fold_records("q", [], notes, 0)
     assert (record["state"], record["note"], record["rev"], record["q_rev"]) == ("note_only", "hm", 1, 2)
 
 
-def test_notes_after_a_pick_fold_in_and_earlier_ones_are_already_part_of_it():
-    early = delta(note="early", attachments=[], timecodes=[], q_rev=1, source=SOURCE, now="t")
-    late = delta(note="late", attachments=["attachments/q-1.png"], timecodes=[{"t": 1.0, "text": ""}], q_rev=1,
-                 source=SOURCE, now="t")
-    rows = [("annotated", early), ("accepted", {**pick("a"), "note": "early"}), ("annotated", late)]
-    record = fold_records("q", rows, 1)
+def test_every_standing_note_folds_into_the_standing_pick_before_or_after_it():
+    late = note("late", attachments=["attachments/q-1.png"], timecodes=[{"t": 1.0, "text": ""}])
+    record = fold_records("q", [(pick("a"), False, None, (2, 2))], [(note("early"), (1, 1)), (late, (3, 3))], 1)
     assert record["choice"] == "a" and record["note"] == "early\n\nlate"
     assert record["attachments"] == ["attachments/q-1.png"] and record["timecodes"] == [{"t": 1.0, "text": ""}]
 
 
+def test_a_withdrawn_note_is_not_in_the_record():
+    # What is withdrawn is not handed in at all: the pick stands alone.
+    record = fold_records("q", [(pick("b"), False, None, (3, 3))], [], 2)
+    assert "note" not in record and "attachments" not in record and record["rev"] == 2
+
+
+def test_a_pick_without_words_keeps_the_earlier_picks_note_unless_it_was_an_input():
+    with_note = {**pick("a"), "note": "thin shaft"}
+    kept = fold_records("q", [(pick("b"), False, None, (3, 3)), (with_note, False, "thin shaft", (1, 1))], [], 2)
+    assert kept["note"] == "thin shaft"
+    dropped = fold_records("q", [(pick("b"), False, None, (3, 3)), (with_note, False, None, (1, 1))], [], 2)
+    assert "note" not in dropped
+
+
+def test_a_record_from_before_takes_only_later_notes():
+    whole = {**pick("a"), "note": "early"}
+    record = fold_records("q", [(whole, True, None, (2, 2))], [(note("early"), (1, 1)), (note("late"), (3, 3))], 1)
+    assert record["note"] == "early\n\nlate"
+
+
 def test_nothing_left_is_no_record():
-    assert fold_records("q", [], 3) is None
+    assert fold_records("q", [], [], 3) is None
 
 
 def test_merge_keeps_the_limits():

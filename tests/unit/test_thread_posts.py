@@ -145,7 +145,7 @@ def test_a_close_the_room_was_not_told_of_is_told_on_the_next_pass(tmp_path: Pat
     poster.transport = failing
     with pytest.raises(RuntimeError):
         asyncio.run(poster.sync_set(set_dir, PostReport()))
-    assert store.latest_posted("qa", "bg").open is False  # answers are refused from the close on
+    assert store.latest_posted(str(set_dir.resolve()), "bg").open is False  # answers are refused from the close on
 
     poster.transport = transport
     asyncio.run(poster.sync_set(set_dir, PostReport()))

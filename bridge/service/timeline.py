@@ -1,0 +1,113 @@
+"""The room's rules for what an event changes, applied against the store.
+
+Events reach the bridge in any order and by several paths (sync, back-fill,
+appservice transactions, the safety net, decryption later); clients show the
+room's timeline.  This keeps the two in step for what order alone cannot
+settle: an edit counts only from the sender of what it edits and waits for
+its original when that comes later; a redaction counts from the target's
+sender or someone with the power to redact others, and waits for a target
+not seen yet (held for decryption, or coming by a slower path), which is
+then dropped unjudged.  Everything here runs inside the pipeline's batch
+transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from bridge.protocol.authorship import may_redact, retargeted
+from bridge.protocol.normalize import Withdrawal
+from bridge.service.store import Store
+
+log = logging.getLogger(__name__)
+
+# What a redaction did: it withdrew (set_dir, set_id, qid), or withdrew
+# nothing the record held (None), or it does not count / waits (NOT_NOW).
+NOT_NOW = object()
+
+
+class Timeline:
+    def __init__(self, store: Store, power: dict[str, dict[str, Any]]):
+        self.store = store
+        self.power = power  # room -> m.room.power_levels content, kept current by the pipeline
+
+    def redacted(self, event_id: str, sender: str, room_id: str) -> bool:
+        """Whether a redaction that counts has been seen for this event."""
+        levels = self.power.get(room_id)
+        return any(may_redact(by, sender, levels) for by in self.store.redactions_of(event_id))
+
+    def redacted_before(self, event_id: str, sender: str, room_id: str) -> bool:
+        """A redaction of this event came first: the event is dropped unjudged."""
+        if self.redacted(event_id, sender, room_id):
+            self.store.mark_processed(event_id, "withdrawn")
+            log.info("event %s was redacted before it arrived; dropped", event_id)
+            return True
+        return False
+
+    def edit_of_author(self, event: dict[str, Any], event_id: str, sender: str,
+                       target: str) -> dict[str, Any] | None:
+        """The edit as the spec counts it, or None: an edit from anyone but the
+        original's sender is ignored (clients ignore it too), and so is an
+        edit of a redacted event; an edit of an edit is one of the original;
+        an edit whose original has not arrived waits for it (parked, judged
+        when it comes)."""
+        original = self.store.original_of(target)
+        self.store.link_edit(event_id, original)
+        author = self.store.logged_sender(original)
+        if author is None:
+            self.store.park_edit(event, original, int(time.time() * 1000))
+            self.store.mark_processed(event_id, "parked")
+            return None
+        if self.redacted(original, author, str(event.get("room_id"))):
+            self.store.mark_processed(event_id, "withdrawn")
+            return None
+        if author != sender:
+            log.info("edit %s by %s of %s's event %s ignored: only its sender may edit it",
+                     event_id, sender, author, original)
+            self.store.mark_processed(event_id, "ignored")
+            return None
+        return retargeted(event, original) if original != target else event
+
+    def redaction(self, found: Withdrawal, ts: int) -> Any:
+        """Apply a redaction: the question it touched, None, or NOT_NOW."""
+        target = found.target
+        author = self.store.sender_of(target)
+        # Kept either way: a target yet to come is dropped when it does, and
+        # an edit of a redacted event is ignored.
+        self.store.keep_redaction(found.event_id, target, found.room_id, found.sender, ts)
+        if author is None:
+            self.store.mark_processed(found.event_id, "withdrawn")
+            return NOT_NOW
+        if not may_redact(found.sender, author, self.power.get(found.room_id)):
+            log.info("redaction %s by %s of %s's event %s ignored: not theirs, and no power to redact others",
+                     found.event_id, found.sender, author, target)
+            self.store.mark_processed(found.event_id, "ignored")
+            return NOT_NOW
+        # A held or waiting target is dropped and never judged.
+        self.store.drop_undecrypted([target])
+        self.store.drop_parked(target)
+        self.store.mark_processed(target, "withdrawn")
+        return self.store.withdraw(target)
+
+    def clear_votes(self, question_event_id: str, sender: str, event_id: str, room_id: str,
+                    ts: int) -> tuple[str, str, str] | None:
+        """An empty vote: the sender's votes before it (in the room) are
+        withdrawn, now and when a late one arrives."""
+        self.store.keep_redaction(event_id, _votes_of(question_event_id, sender), room_id, sender, ts)
+        return self.store.withdraw_votes(question_event_id, sender, ts)
+
+    def vote_cleared(self, question_event_id: str, sender: str, ts: int) -> bool:
+        """Whether an empty vote later in the room has taken back a vote sent at ``ts``."""
+        return self.store.redacted_since(_votes_of(question_event_id, sender), ts)
+
+    def track_power(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \
+                and isinstance(event.get("content"), dict):
+            self.power[str(event.get("room_id"))] = event["content"]
+
+
+def _votes_of(question_event_id: str, sender: str) -> str:
+    # The target an empty vote is kept under: every vote of one person in one poll.
+    return f"votes\x1f{question_event_id}\x1f{sender}"

@@ -1,0 +1,207 @@
+"""Postings: a set folder's questions in the room, each revision atomic.
+
+Driven with the real store and the real poster; the transport records what
+would be sent (and fails where a test says)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bridge.protocol.judge import IncomingAnswer, JudgeContext, Refused, judge
+from bridge.protocol.poll import POLL_START
+from bridge.questionset.model import QuestionSet
+from bridge.service.poster import Poster, PostReport
+from bridge.service.setstatus import collect
+from bridge.service.store import Store
+
+ROOM = "!room:hs"
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any], str]] = []
+        self.fail_on: str | None = None
+        self.answer_with: str | None = None
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        if self.fail_on == event_type:
+            raise RuntimeError("the homeserver went away")
+        self.sent.append((event_type, content, txn_id))
+        if self.answer_with is not None:
+            return self.answer_with
+        return f"$e{len(self.sent)}"
+
+    def questions(self) -> list[dict[str, Any]]:
+        return [c for t, c, _ in self.sent if t == "m.room.message" and "elicitation_id" in c]
+
+
+def choice(rev: int = 1, qid: str = "pick", title: str = "Which take?") -> dict[str, Any]:
+    return {"id": qid, "kind": "choice", "rev": rev, "title": title, "question": "Which take do we keep?",
+            "why": "The cut is due.", "options": [{"id": "a", "label": "Take A"}, {"id": "b", "label": "Take B"}]}
+
+
+def write_set(folder: Path, set_id: str, *questions: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "questions.json").write_text(json.dumps({"askwright": 1, "id": set_id, "title": "Takes",
+                                                       "questions": list(questions)}))
+
+
+def load(folder: Path) -> tuple[QuestionSet | None, list[str]]:
+    try:
+        return QuestionSet.model_validate(json.loads((folder / "questions.json").read_text())), []
+    except (OSError, ValueError) as exc:
+        return None, [str(exc)]
+
+
+def poster(tmp_path: Path, transport: Transport) -> tuple[Poster, Store]:
+    store = Store(tmp_path / "bridge.sqlite")
+    return Poster(store, transport, room_for=lambda _set: ROOM, load_set=load), store
+
+
+def answer_to(question, sender: str = "@ann:hs") -> IncomingAnswer:
+    content = {"msgtype": "m.text", "body": "a", "schema_version": 1,
+               "suite_event_type": "dev.superpipeline.question.answer.v2", "elicitation_id": question.elicitation_id,
+               "m.relates_to": {"rel_type": "m.reference", "event_id": question.event_id}, "option_id": "a"}
+    return IncomingAnswer("$ans", ROOM, sender, 1, content)
+
+
+CTX = JudgeContext(allowed=None, members=frozenset({"@ann:hs"}), bridge_user="@bridge:hs")
+
+
+def test_a_new_rev_closes_the_old_one_before_anything_else_is_sent(tmp_path: Path) -> None:
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    first = store.latest_posted(str(folder.resolve()), "pick")
+
+    write_set(folder, "takes", choice(2, title="Which take, now?"))
+    transport.fail_on = POLL_START  # rev 2's poll never goes out (a crash would do the same)
+    try:
+        asyncio.run(p.sync_root(tmp_path / "sets"))
+    except RuntimeError:
+        pass
+    old = store.question_by_event(first.event_id)
+    assert old.open is False
+    refused = judge(old, answer_to(old), CTX)
+    assert isinstance(refused, Refused) and refused.reason == "question_closed"
+    postings = store.postings(str(folder.resolve()), "pick")
+    assert [q.rev for q in postings] == [2, 1] and [q.open for q in postings] == [True, False]
+
+    transport.fail_on = None  # the next pass finishes rev 2 and says rev 1 was replaced
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    closes = [c for _t, c, _ in transport.sent if "dev.superpipeline.question.closed" in c]
+    assert [c["dev.superpipeline.question.closed"]["question_event_id"] for c in closes] == [first.event_id]
+    assert len(transport.questions()) == 2
+
+
+def test_a_rev_that_goes_back_is_a_new_posting_with_its_own_id(tmp_path: Path, caplog) -> None:
+    folder = tmp_path / "sets" / "takes"
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    for rev in (1, 2, 1):
+        write_set(folder, "takes", choice(rev))
+        report = asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert any("rev went back from 2 to 1" in w for w in report.warnings)
+    posted = transport.questions()
+    assert [c["question"]["rev"] for c in posted] == [1, 2, 1]
+    assert len({c["elicitation_id"] for c in posted}) == 3
+    postings = store.postings(str(folder.resolve()), "pick")
+    assert [q.open for q in postings] == [True, False, False]
+    newest = postings[0]
+    assert newest.rev == 1 and newest.elicitation_id == posted[-1]["elicitation_id"]
+    assert judge(newest, answer_to(newest), CTX).__class__.__name__ == "Accepted"
+    (folder / "questions.json").write_text((folder / "questions.json").read_text() + " ")  # touched, same questions
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert len(transport.questions()) == 3  # not posted again at every pass
+
+
+def test_a_clash_on_recording_a_posting_is_an_error_not_ignored(tmp_path: Path, caplog) -> None:
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1, qid="one"), choice(1, qid="two"))
+    transport = Transport()
+    transport.answer_with = "$same"  # a homeserver handing back one event for two posts
+    p, store = poster(tmp_path, transport)
+    with caplog.at_level(logging.ERROR):
+        report = asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert str(folder) in report.broken and "clashes" in report.broken[str(folder)][0]
+    assert "clashes" in caplog.text
+    assert store.latest_posted(str(folder.resolve()), "two") is None
+    assert store.get_meta(f"set_synced:{folder.resolve()}") is None  # tried again on the next pass
+
+
+def test_a_second_folder_with_the_same_set_id_is_refused_naming_both(tmp_path: Path, caplog) -> None:
+    root = tmp_path / "sets"
+    first, second = root / "a-takes", root / "b-takes"
+    write_set(first, "takes", choice(1))
+    write_set(second, "takes", choice(1, qid="other"))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    with caplog.at_level(logging.ERROR):
+        report = asyncio.run(p.sync_root(root))
+    message = report.broken[str(second)][0]
+    assert str(first.resolve()) in message and str(second.resolve()) in message
+    assert str(first.resolve()) in caplog.text and str(second.resolve()) in caplog.text
+    assert [c["question"]["id"] for c in transport.questions()] == ["pick"]
+    # Syncing the second again touches nothing of the first.
+    asyncio.run(p.sync_set(second, PostReport()))
+    assert store.latest_posted(str(first.resolve()), "pick").open is True
+    rows = {row.set_dir: row for row in collect(root, store.posted_question_counts())}
+    assert rows[str(second)].problem is not None and str(first) in rows[str(second)].problem
+    assert rows[str(first)].problem is None and rows[str(first)].posted == 1
+
+
+def test_a_set_folder_that_vanishes_closes_its_questions_and_comes_back_as_new_postings(tmp_path: Path) -> None:
+    root = tmp_path / "sets"
+    folder = root / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(root))
+    posted = store.latest_posted(str(folder.resolve()), "pick")
+
+    shutil.move(str(folder), str(tmp_path / "archived"))
+    asyncio.run(p.sync_changed(root, [folder / "questions.json"]))
+    closed = store.question_by_event(posted.event_id)
+    assert closed.open is False and closed.closed_why == "this set was removed"
+    refused = judge(closed, answer_to(closed), CTX)
+    assert isinstance(refused, Refused) and "this set was removed" in refused.message
+    words = [c for _t, c, _ in transport.sent if "dev.superpipeline.question.closed" in c]
+    assert words and words[0]["dev.superpipeline.question.closed"]["why"] == "this set was removed"
+
+    shutil.move(str(tmp_path / "archived"), str(folder))
+    asyncio.run(p.sync_changed(root, [folder / "questions.json"]))
+    again = store.latest_posted(str(folder.resolve()), "pick")
+    assert again.event_id != posted.event_id and again.open is True
+    assert again.elicitation_id != posted.elicitation_id
+
+
+def test_an_unreadable_questions_file_keeps_the_posted_questions_open(tmp_path: Path) -> None:
+    root = tmp_path / "sets"
+    folder = root / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(root))
+    (folder / "questions.json").write_text("{ half written")
+    report = asyncio.run(p.sync_root(root))
+    assert str(folder) in report.broken
+    assert store.latest_posted(str(folder.resolve()), "pick").open is True
+    row = collect(root, store.posted_question_counts())[0]
+    assert row.problem is not None and "posted questions stay open" in row.problem
+
+
+def test_a_set_folder_moved_in_is_a_changed_set(tmp_path: Path) -> None:
+    from bridge.service.poster import changed_sets
+
+    root = tmp_path / "sets"
+    write_set(root / "group" / "takes", "takes", choice(1))
+    (root / "group" / "takes" / "attachments").mkdir()
+    assert changed_sets(root, [root / "group"]) == [root / "group" / "takes"]
+    assert changed_sets(root, [root / "group" / "takes" / "attachments"]) == []
