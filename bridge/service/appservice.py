@@ -273,6 +273,11 @@ class TransactionServer:
                     and event.get("state_key") == self.pipeline.transport.user_id
                     and isinstance(event.get("content"), dict) and event["content"].get("membership") == "invite"
                     and isinstance(event.get("room_id"), str)):
+                if event["room_id"] in self.rooms:
+                    # An old invite replayed (the homeserver resends what the
+                    # bridge had not taken when it stopped) into a room it is
+                    # in: declining it would leave that room.
+                    continue
                 sender = event.get("sender")
                 asyncio.ensure_future(self.on_invite(event["room_id"], sender if isinstance(sender, str) else None))
 

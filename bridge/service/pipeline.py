@@ -125,6 +125,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
         self._first_flush = True
+        self._thread: tuple[str | None, str | None] = (None, None)  # the event being judged, its thread
         self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
@@ -186,6 +187,7 @@ class Pipeline:
             self.report_trouble("event", "unfit_ids")
             result.skipped += 1
             return
+        self._thread = (event_id, _thread_root(event))
         self._track_membership(event)
         self.timeline.track_power(event)
         sender = event.get("sender")
@@ -313,6 +315,9 @@ class Pipeline:
             self.report_trouble("event", "unstorable")
             entry = dataclasses.replace(entry, outcome="refused", record=None, layer="recorded", reason="unstorable",
                                         message=f"the answer holds {problem}, which can't be recorded.")
+        current, root = self._thread
+        if root is not None and entry.event_id == current:
+            entry = dataclasses.replace(entry, thread_root=root)
         if entry.outcome == "refused":
             result.refused += 1
         else:
@@ -553,6 +558,12 @@ class Pipeline:
             # A vote, a reaction or a note has no message worth quoting in the
             # timeline: the word back goes to the question's thread.
             content["m.relates_to"] = in_thread(question.event_id)
+        elif entry.thread_root is not None:
+            # An answer sent in a thread: a plain reply to it shows nowhere in
+            # Element, so the word back joins the thread, replying to it there.
+            replied = content.get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id", entry.event_id)
+            content["m.relates_to"] = {**in_thread(entry.thread_root), "is_falling_back": False,
+                                       "m.in_reply_to": {"event_id": replied}}
         return content
 
     def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
@@ -580,6 +591,16 @@ class Pipeline:
 
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
 _TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
+
+
+def _thread_root(event: dict[str, Any]) -> str | None:
+    content = event.get("content")
+    relates = content.get("m.relates_to") if isinstance(content, dict) else None
+    if isinstance(relates, dict) and relates.get("rel_type") == "m.thread" and fit_id(relates.get("event_id")):
+        return relates["event_id"]
+    return None
+
+
 def _respecting_others(doc: dict[str, Any], records: dict[str, Any], now: str, set_dir: str) -> dict[str, Any]:
     """The bridge's records written, except where another writer's is newer (kept, and said)."""
     written, kept = mirror_records(doc, records, now)

@@ -199,6 +199,11 @@ MIGRATIONS: list[str] = [
     CREATE TABLE doomed_file (set_dir TEXT NOT NULL, path TEXT NOT NULL, PRIMARY KEY (set_dir, path));
     CREATE TABLE edit_link (event_id TEXT PRIMARY KEY, original TEXT NOT NULL);
     """,
+    # A word back where it is seen: an answer sent in a thread is answered in
+    # that thread (Element shows a plain reply to a thread message nowhere).
+    """
+    ALTER TABLE answer_log ADD COLUMN thread_root TEXT;
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -229,6 +234,7 @@ class LogEntry:
     ts: int = 0
     replaces: str | None = None  # the event an edit replaced
     carry_note: str | None = None  # a pick's note that a later pick without words keeps
+    thread_root: str | None = None  # the thread the person's event was sent in
 
 
 # answer_log.acked: the notice of an entry is pending, sent, told within a
@@ -450,12 +456,13 @@ class Store:
     def append_log(self, entry: LogEntry) -> int:
         cursor = self.db.execute(
             "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
-            " layer, reason, message, record, ts, replaces, carry_note, noted)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " layer, reason, message, record, ts, replaces, carry_note, noted, thread_root)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
              entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
              None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces,
-             entry.carry_note, int(entry.outcome == "accepted" and bool((entry.record or {}).get("note")))),
+             entry.carry_note, int(entry.outcome == "accepted" and bool((entry.record or {}).get("note"))),
+             entry.thread_root),
         )
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
@@ -674,10 +681,11 @@ class Store:
     def unacked(self) -> list[tuple[int, LogEntry]]:
         rows = self.db.execute(
             "SELECT seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer,"
-            " reason, message, record, ts, replaces FROM answer_log WHERE acked=0"
+            " reason, message, record, ts, replaces, thread_root FROM answer_log WHERE acked=0"
             " AND outcome IN ('accepted','annotated','refused','withdrawn') ORDER BY seq").fetchall()
         return [(r[0], LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
-                                json.loads(r[13]) if r[13] else None, r[14], r[15])) for r in rows]
+                                json.loads(r[13]) if r[13] else None, r[14], r[15], thread_root=r[16]))
+                for r in rows]
 
     def mark_acked(self, seq: int, state: int = 1) -> None:
         """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""

@@ -171,3 +171,20 @@ async def test_7_closed_looks_closed_approvals_repeat_the_subject_and_no_doubled
     assert "Closed: no longer accepting answers" in shown["formatted_body"]
     assert "To answer" not in shown["formatted_body"]
     assert shown["body"].startswith("Release branch\n")  # the question itself still reads as asked
+
+
+async def test_an_answer_in_the_questions_thread_is_answered_in_that_thread(bridge):
+    """Element's thread composer sends an answer as a thread message; a plain
+    reply to it would show nowhere in Element, so the word back joins the thread."""
+    questions = await started(bridge)
+    alice, room = bridge.alice, bridge.room_id
+    branch = questions[("branch", 1)]
+    in_thread = await alice.send(room, {"msgtype": "m.text", "body": "2", "m.relates_to": {
+        "rel_type": "m.thread", "event_id": branch["event_id"], "is_falling_back": True,
+        "m.in_reply_to": {"event_id": branch["event_id"]}}})
+    ack = await alice.wait_notice(room, in_thread)
+    assert ack["content"][OUTCOME]["outcome"] == "recorded"
+    relates = ack["content"]["m.relates_to"]
+    assert (relates["rel_type"], relates["event_id"]) == ("m.thread", branch["event_id"])
+    assert relates["m.in_reply_to"]["event_id"] == in_thread and relates["is_falling_back"] is False
+    assert (await bridge.wait_answer("kinds", "branch"))["choice"] == "stable"
