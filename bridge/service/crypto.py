@@ -409,11 +409,12 @@ class Crypto:
                     continue
                 question = self._question_of(event)
                 self.store.mark_processed(event_id, "refused")
-                if question is None and reason == "undecryptable":
-                    # Not related to anything the bridge posted: not an answer,
-                    # so nobody is bothered about it.
-                    log.warning("event %s from %s in %s stayed undecryptable; dropped (not an answer)",
-                                event_id, sender, room_id)
+                if question is None:
+                    # Not related to anything the bridge posted: not an answer
+                    # (people chatting from a session nobody verified), so
+                    # nobody is bothered about it.
+                    log.warning("event %s from %s in %s refused (%s); not an answer, so not told", event_id, sender,
+                                room_id, reason)
                     continue
                 entry = LogEntry(event_id=event_id, room_id=room_id, sender=sender, via="answer_event",
                                  outcome="refused", layer="schema" if reason == "undecryptable" else "recorded",

@@ -119,6 +119,11 @@ async def test_an_answer_from_a_session_its_owner_did_not_verify_is_refused_with
         assert (outcome["outcome"], outcome["reason"]) == ("refused", "device_not_verified")
         assert "Verify this session in your client" in notice["content"]["body"]
         assert "name" not in bridge.answers("kinds")["answers"]
+        # Chatting from that session is not answering: nobody is told off for it.
+        chat = await bob.send(room, {"msgtype": "m.text", "body": "morning, all"})
+        later = await bob.send(room, answer_content(questions[("name", 1)], text="and again"))
+        await alice.wait_notice(room, later, timeout=30)  # judged after the chat, so the chat was seen
+        assert await alice.notices_for(room, chat) == []
         assert f"device {bob.client.device_id} of {bob.user_id}" in bridge.log_text()
         assert "not cross-signed by its owner" in bridge.log_text()
 
