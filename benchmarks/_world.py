@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -125,10 +126,45 @@ class World:
         os.chmod(path, 0o600)
         return path
 
-    def start_bridge(self, config: Path) -> None:
+    def start_bridge(self, config: Path, site: Path | None = None, trace: Path | None = None) -> None:
+        """The bridge as its own process: from the source tree, or with
+        ``site`` from a wheel installed there (run from elsewhere, so only the
+        wheel's copy can be imported); with ``trace``, through ``_traced.py``,
+        which notes there when each sync response reaches it."""
         log = open(self.base / "bridge.log", "ab")
-        self.bridge = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(config)],
-                                       stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        env, cwd = dict(os.environ), ROOT
+        if site is not None:
+            env["PYTHONPATH"], cwd = str(site), self.base
+        command = [sys.executable, "-m", "bridge"]
+        if trace is not None:
+            env["ASKWRIGHT_BENCH_TRACE"] = str(trace)
+            if site is None:
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+            command = [sys.executable, str(Path(__file__).resolve().parent / "_traced.py")]
+        self.bridge = subprocess.Popen([*command, "run", "-c", str(config)],
+                                       stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+
+    def wheel_site(self) -> Path:
+        """The bridge built as a plain wheel and installed into a folder of its
+        own (once per world), as an operator would run it."""
+        site = self.base / "wheel-site"
+        if not site.exists():
+            dist = self.base / "dist"
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(dist), str(ROOT)], check=True)
+            wheel = next(dist.glob("askwright_bridge-*.whl"))
+            subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                            str(wheel)], check=True)
+        return site
+
+    def add_example(self, name: str, set_id: str) -> Path:
+        """A copy of a bundled example set (its media too) under a new id."""
+        folder = self.sets_root / set_id
+        shutil.copytree(ROOT / "examples" / name, folder)
+        data = json.loads((folder / "questions.json").read_text())
+        data["id"] = set_id
+        (folder / "questions.json").write_text(json.dumps(data))
+        return folder
 
     def stop_bridge(self, grace: float = 30) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds: a bridge stopped with

@@ -22,12 +22,17 @@ COMMANDS = {
 }
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    """The parser with every sub-command, or with ``only`` that one: each
+    module imports what its command needs (``lint`` the whole linter,
+    ``validate`` the schemas), and ``run`` should not wait for the others'."""
     parser = argparse.ArgumentParser(prog="askwright-bridge", description=__doc__)
     parser.add_argument("--version", action="version", version=f"askwright-bridge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, object] = {}
     for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         try:
             module = importlib.import_module(f"bridge.commands.{module_name}")
         except ModuleNotFoundError as exc:
@@ -40,7 +45,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, modules = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # The first word that is not an option names the sub-command (the only
+    # top-level options, --help and --version, take no value).
+    named = next((word for word in argv if not word.startswith("-")), None)
+    parser, modules = build_parser(named if named in COMMANDS else None)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

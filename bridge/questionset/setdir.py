@@ -9,11 +9,13 @@ import json
 import os
 import shutil
 import subprocess
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from bridge.questionset.lint import LintResult, lint
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem, Probe, Streams
+
+if TYPE_CHECKING:  # imported when a folder is linted, not by every reader of questions.json
+    from bridge.questionset.lint import LintResult
 
 QUESTIONS_FILE = "questions.json"
 PROBE_TIMEOUT_SECONDS = 30
@@ -93,4 +95,6 @@ def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = T
     set_dir, file = set_paths(path)
     raw = read_questions(file)
     chosen = find_probe() if probe is True else (probe or None)
+    from bridge.questionset.lint import lint
+
     return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen)

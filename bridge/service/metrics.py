@@ -12,6 +12,7 @@ better than losing an answer.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +26,13 @@ log = logging.getLogger(__name__)
 # answers.json writes are one locked fsync'd replace: milliseconds normally,
 # seconds on a struggling disk.
 _WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def _task_count() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # scraped outside the bridge's event loop
+        return 0.0
 
 
 class Metrics:
@@ -57,6 +65,10 @@ class Metrics:
                                  ["kind", "reason"], registry=r)
         self.sets_held = Gauge("askwright_bridge_sets_held", "Sets whose answers.json can't be written now.",
                                registry=r)
+        # Counted when scraped: a count that keeps growing is a leak (the soak benchmark watches it).
+        self.tasks = Gauge("askwright_bridge_asyncio_tasks", "asyncio tasks alive in the bridge's event loop.",
+                           registry=r)
+        self.tasks.set_function(_task_count)
         self._ready = False
         # What is held back now (``heldback.counts``), for /health; set by whoever knows the store.
         self.held_view: Callable[[], dict[str, int]] | None = None
