@@ -28,11 +28,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Migrates the store forward now, or refuses one from a newer bridge
         # before anything touches the network.
-        Store(config.store.path).close()
+        Store(config.store.path, url=config.store.url, password=config.store.password).close()
     except StoreVersionError as exc:
         return _store_refused(exc)
     except (sqlite3.Error, OSError) as exc:
-        print(f"askwright-bridge: store.path: cannot open {config.store.path} ({exc})", file=sys.stderr)
+        key = "store.url" if config.store.url else "store.path"
+        print(f"askwright-bridge: {key}: cannot open {config.store.where} ({exc})", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, args.log_format or config.logging.format)
     if world_readable(args.config):

@@ -46,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     try:
-        posted, held = _from_store(config.store.path)
+        posted, held = _from_store(config.store)
     except StoreVersionError as exc:
         return _fail(str(exc))
     except sqlite3.Error as exc:
-        return _fail(f"{config.store.path}: the store can't be read ({exc})")
+        return _fail(f"{config.store.where}: the store can't be read ({exc})")
     rows = collect(config.sets.root, posted)
     if args.as_json:
         out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows],
@@ -61,10 +61,10 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _from_store(path: Any) -> tuple[dict[str, int], dict[str, Any]]:
+def _from_store(section: Any) -> tuple[dict[str, int], dict[str, Any]]:
     """Questions posted per set, and what is held back."""
     try:
-        store = Store.read_only(path)
+        store = Store.read_only(section.path, url=section.url, password=section.password)
     except FileNotFoundError:
         return {}, {"sets": [], "events": {}, "notices": []}  # the bridge has not run yet
     try:

@@ -106,7 +106,7 @@ def make_front(config: Config, store: Store, ops: Operators) -> Front:
 
 
 async def serve(config: Config, stop: asyncio.Event) -> None:
-    store = Store(config.store.path)
+    store = Store(config.store.path, url=config.store.url, password=config.store.password)
     ops = Operators(config, store)
     front = make_front(config, store, ops)
     client: AsyncClient | None = None
