@@ -18,6 +18,7 @@ COMMANDS = {
     "generate-registration": "registration",
     "status": "status",
     "wait": "wait",
+    "store": "store",
 }
 
 

@@ -7,6 +7,7 @@ import logging
 import sqlite3
 import sys
 
+from bridge.service import runlock
 from bridge.service.config import ConfigError, load_config, world_readable
 from bridge.service.logs import setup_logging
 from bridge.service.store import Store, StoreVersionError
@@ -24,6 +25,13 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         print(f"askwright-bridge: {exc}", file=sys.stderr)
+        return 2
+    try:
+        # One bridge per SQLite store, and none while ``store migrate`` copies
+        # it; instances on PostgreSQL elect a leader in the database instead.
+        lock = None if config.store.url else runlock.hold(config.store.path)
+    except runlock.StoreBusy as exc:
+        print(f"askwright-bridge: store.path: {exc}; is another bridge running?", file=sys.stderr)
         return 2
     try:
         # Migrates the store forward now, or refuses one from a newer bridge
@@ -45,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
         return run_forever(config)
     except StoreVersionError as exc:  # the store was replaced under a starting bridge
         return _store_refused(exc)
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def _store_refused(exc: StoreVersionError) -> int:
