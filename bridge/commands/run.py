@@ -36,7 +36,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Migrates the store forward now, or refuses one from a newer bridge
         # before anything touches the network.
-        Store(config.store.path, url=config.store.url, password=config.store.password).close()
+        if config.store.url:
+            from bridge.service.leader import migration_lock
+
+            with migration_lock(config.store.url, config.store.password):  # instances starting together
+                Store(config.store.path, url=config.store.url, password=config.store.password).close()
+        else:
+            Store(config.store.path).close()
     except StoreVersionError as exc:
         return _store_refused(exc)
     except (sqlite3.Error, OSError) as exc:

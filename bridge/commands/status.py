@@ -52,12 +52,15 @@ def run(args: argparse.Namespace) -> int:
     except sqlite3.Error as exc:
         return _fail(f"{config.store.where}: the store can't be read ({exc})")
     rows = collect(config.sets.root, posted)
+    running = _instances(config.store)
     if args.as_json:
         out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows],
                "held_back": held}
+        if running is not None:
+            out["instances"] = running
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(format_table(rows) + format_held(held))
+        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running))
     return EXIT_OK
 
 
@@ -71,6 +74,24 @@ def _from_store(section: Any) -> tuple[dict[str, int], dict[str, Any]]:
         return store.posted_question_counts(), held_back(store)
     finally:
         store.close()
+
+
+def _instances(section: Any) -> list[dict[str, Any]] | None:
+    """The instances sharing a PostgreSQL store (one leader, standbys); None on SQLite."""
+    if not section.url:
+        return None
+    from bridge.service.leader import instances
+
+    return instances(section.url, section.password)
+
+
+def _format_instances(running: list[dict[str, Any]] | None) -> str:
+    if running is None:
+        return ""
+    if not running:
+        return "instances: none running\n"
+    return "".join(f"instance {row['id']}: {row['role']}" + (f" (epoch {row['epoch']})" if row["role"] == "leader"
+                                                              else "") + "\n" for row in running)
 
 
 def _fail(message: str) -> int:

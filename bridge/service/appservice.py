@@ -91,6 +91,8 @@ class TransactionServer:
         self.catchup: CatchUp | None = None
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
+        # Raises when this instance no longer leads a shared store: then no 200.
+        self.fence: Callable[[], None] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -153,7 +155,21 @@ class TransactionServer:
         # Synapse sends one transaction at a time; a stray concurrent resend
         # must not download or judge the same events twice over.
         async with self.one_at_a_time:
-            return await self._process(txn_id, events)
+            if not self._leads():
+                return _error(503, "M_UNKNOWN", "this instance no longer leads; try again")
+            response = await self._process(txn_id, events)
+            if response.status == 200 and not self._leads():
+                return _error(503, "M_UNKNOWN", "this instance no longer leads; try again")
+            return response
+
+    def _leads(self) -> bool:
+        if self.fence is None:
+            return True
+        try:
+            self.fence()
+        except Exception:  # noqa: BLE001 - LeaseLost: a standby took over
+            return False
+        return True
 
     async def _process(self, txn_id: str, events: list[Any]) -> web.Response:
         key = txn_key(txn_id, events)

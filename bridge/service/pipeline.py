@@ -108,6 +108,9 @@ class Pipeline:
     is_command: Callable[[dict[str, Any]], bool] | None = None
     # (kind, reason) of each thing held back or set aside: event, set, notice, download.
     on_trouble: Callable[[str, str], None] | None = None
+    # Raises when this instance may no longer write (a standby took over the
+    # shared store); called under each answers.json's lock, before the write.
+    may_write: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -402,7 +405,7 @@ class Pipeline:
             started = time.monotonic()
             try:
                 AnswersFile(set_dir, set_id).update(
-                    lambda doc, now, records=records: put_records(doc, records, now), now)
+                    lambda doc, now, records=records: put_records(self._fenced(doc), records, now), now)
             except (AnswersError, OSError, ValueError, TypeError, RecursionError) as exc:
                 if attempt == 0 and self._set_aside_unwritable(set_dir, qids, records):
                     continue  # a record no write could take was set aside; the rest is tried again
@@ -411,6 +414,11 @@ class Pipeline:
                 self.on_write(time.monotonic() - started)
             return None
         return None
+
+    def _fenced(self, doc: Any) -> Any:
+        if self.may_write is not None:
+            self.may_write()
+        return doc
 
     def _set_aside_unwritable(self, set_dir: str, qids: list[str], records: dict[str, Any]) -> bool:
         """After a failed write: set aside every logged entry that makes a
