@@ -366,15 +366,21 @@ async def ping_homeserver(config: Config) -> None:
     successful ping makes Synapse resend the transactions it holds for us at
     once instead of after its back-off (which doubles up to minutes)."""
     path = f"/_matrix/client/v1/appservice/{config.appservice.id}/ping"
-    try:
-        status, reply = await _post(config, path, {})
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("pinging the homeserver failed: %s", exc)
-        return
-    if status == 200:
-        log.info("the homeserver reaches the bridge (%s ms)", reply.get("duration_ms"))
-    else:
-        log.warning("the homeserver's ping of the bridge failed: %s %s", status, reply.get("error", reply))
+    # On a shared store a proxy in front may take a moment to see that this
+    # instance leads now: the ping is tried a few times.
+    tries = 10 if config.store.url else 1
+    for attempt in range(tries):
+        try:
+            status, reply = await _post(config, path, {})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("pinging the homeserver failed: %s", exc)
+            return
+        if status == 200:
+            log.info("the homeserver reaches the bridge (%s ms)", reply.get("duration_ms"))
+            return
+        if attempt + 1 < tries:
+            await asyncio.sleep(0.5)
+    log.warning("the homeserver's ping of the bridge failed: %s %s", status, reply.get("error", reply))
 
 
 class _Reply:

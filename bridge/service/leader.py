@@ -41,7 +41,7 @@ from bridge.service.pgdialect import LeaseLost, PgConnection
 
 log = logging.getLogger(__name__)
 
-TTL_SECONDS = 5.0  # a dead leader is replaced within this plus one standby poll
+TTL_SECONDS = 4.0  # a dead leader is replaced within this plus one standby poll
 RENEW_SECONDS = 1.0
 POLL_SECONDS = 0.5
 MARGIN_SECONDS = 0.5  # the leader stops writing this long before the database lets a standby in

@@ -35,6 +35,7 @@ class Cluster:
     appservice: dict[str, Any] | None = None
     instances: list[Bridge] = field(default_factory=list)
     ports: dict[int, int] = field(default_factory=dict)  # id(instance) -> its /health port
+    listen_ports: list[int] = field(default_factory=list)  # ports to use first (where a proxy expects them)
 
     def __post_init__(self) -> None:
         self.url = self.url or self.postgres.create_database()
@@ -46,7 +47,7 @@ class Cluster:
 
     def add(self) -> Bridge:
         """One more instance: its own config file, log and listener, the same store and sets."""
-        port = free_port()
+        port = self.listen_ports[len(self.instances)] if len(self.instances) < len(self.listen_ports) else free_port()
         extra: dict[str, Any] = {
             "sets": {"root": str(self.sets_root)},
             "store": {"path": str(self.workdir / "bridge.sqlite"), "url": self.url,
@@ -90,15 +91,15 @@ class Cluster:
     def running(self) -> list[Bridge]:
         return [i for i in self.instances if i.process and i.process.poll() is None]
 
-    async def leader(self, timeout: float = 30, besides: Bridge | None = None) -> Bridge:
-        """The instance that leads and is ready (not ``besides``)."""
+    async def leader(self, timeout: float = 30, besides: Bridge | None = None, ready: bool = True) -> Bridge:
+        """The instance that leads (and is ready, unless ``ready`` is False), not ``besides``."""
         deadline = time.monotonic() + timeout
         while True:
             for instance in self.running():
                 if instance is besides:
                     continue
                 found = self.health(instance)
-                if found and found.get("role") == "leader" and found.get("ready"):
+                if found and found.get("role") == "leader" and (found.get("ready") or not ready):
                     return instance
             if time.monotonic() > deadline:
                 logs = "\n".join(i.log_text()[-1500:] for i in self.instances)
@@ -113,6 +114,14 @@ class Cluster:
                 return record
             await asyncio.sleep(0.05)
         raise AssertionError(f"no answer rev {rev} for {qid} within {timeout} s")
+
+    async def role_of(self, instance: Bridge, role: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while (self.health(instance) or {}).get("role") != role:
+            instance.check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not {role} within {timeout} s\n{instance.log_text()[-3000:]}")
+            await asyncio.sleep(0.1)
 
     def stop_all(self) -> None:
         for instance in self.instances:
@@ -154,17 +163,25 @@ class FailoverStorm:
 
     async def run(self) -> None:
         rng = random.Random(self.seed)
-        points = sorted(rng.sample(range(self.total // 10, self.total - self.total // 5), self.kills + 1))
-        pause_at = points.pop(rng.randrange(len(points)))
+        # Far enough apart that the sends in flight at one never reach the next.
+        points = sorted(rng.sample(range(self.total // 10, self.total - self.total // 5, 30), self.kills + 1))
+        pause_at = points[rng.randrange(len(points))]
         qids = sorted({qid for qid, _rev in self.questions})
         shares = [self.total // len(self.people) + (1 if i < self.total % len(self.people) else 0)
                   for i in range(len(self.people))]
+        # The senders wait at each failure point until the failure happened,
+        # so answers keep coming after every death, whatever the pace.
+        hold = {"at": points[0]}
+        go = asyncio.Event()
 
         async def answer(person: Person, share: int, own: random.Random) -> None:
             turns = iter(range(share))
 
             async def lane() -> None:
                 for i in turns:
+                    while len(self.sent) >= hold["at"]:
+                        go.clear()
+                        await go.wait()
                     qid = own.choice(qids)
                     content = answer_content(self.questions[(qid, 1)], text=f"{person.user_id} says {i}")
                     self.sent.append((await person.send(self.cluster.room_id, content), qid))
@@ -173,22 +190,28 @@ class FailoverStorm:
             await asyncio.gather(*(lane() for _ in range(self.lanes)))
 
         async def fail() -> None:
-            for point in sorted([*points, pause_at]):
+            for n, point in enumerate(points):
                 while len(self.sent) < point:
                     await asyncio.sleep(0.01)
                 leader = await self.cluster.leader(timeout=60)
+                await asyncio.sleep(rng.uniform(0, 0.3))  # inside a batch, or between two
                 before = self.cluster.accepted()
                 died = time.monotonic()
                 if point == pause_at:
                     leader.process.send_signal(signal.SIGSTOP)
                     self.paused += 1
-                    await self.cluster.leader(timeout=30, besides=leader)
-                    await self._first_durable(before, died)
-                    leader.process.send_signal(signal.SIGCONT)  # resumes, finds it lost the lease, stands by
                 else:
                     leader.kill()
-                    await self._first_durable(before, died)
+                hold["at"] = points[n + 1] if n + 1 < len(points) else self.total + 1
+                go.set()
+                if point == pause_at:
+                    await self.cluster.leader(timeout=30, besides=leader, ready=False)
+                    # Resumed once the other leads: it finds it lost the lease and stands by.
+                    leader.process.send_signal(signal.SIGCONT)
+                await self._first_durable(before, died)
+                if point != pause_at:
                     leader.start()  # comes back as a standby
+                await self.cluster.role_of(leader, "standby")
 
         await asyncio.gather(fail(), *(answer(p, share, random.Random(self.seed * 31 + n))
                                        for n, (p, share) in enumerate(zip(self.people, shares))))
@@ -196,7 +219,7 @@ class FailoverStorm:
     async def _first_durable(self, before: int, died: float) -> None:
         while self.cluster.accepted() <= before:
             if time.monotonic() - died > 60:
-                raise AssertionError("no answer made durable within 60 s of the leader's death")
+                raise AssertionError(f"no answer made durable within 60 s of the leader's death ({len(self.sent)} sent)")
             await asyncio.sleep(0.05)
         self.takeovers.append(time.monotonic() - died)
 
@@ -212,7 +235,8 @@ class FailoverStorm:
         while True:
             records = self.cluster.answers(set_name)["answers"]
             if (self.cluster.accepted() >= len(self.sent)
-                    and all(records.get(q, {}).get("rev") == n for q, n in wanted.items())):
+                    and all(records.get(q, {}).get("rev") == n for q, n in wanted.items())
+                    and self.cluster.rows("SELECT COUNT(*) FROM answer_log WHERE acked = 0")[0][0] == 0):
                 return
             if time.monotonic() > deadline:
                 logs = "\n".join(i.log_text()[-2000:] for i in self.cluster.instances)
@@ -222,6 +246,7 @@ class FailoverStorm:
     def report(self, mode: str) -> str:
         times = sorted(self.takeovers)
         return (f"failover storm ({mode} mode): {len(self.sent)} answers, {self.kills} kills, {self.paused} pause; "
+                f"takeovers {', '.join(f'{t:.1f}' for t in self.takeovers)} s; "
                 f"leader's death to the standby's first durable answer: p50 {statistics.median(times):.2f} s, "
                 f"max {max(times):.2f} s")
 
