@@ -33,9 +33,10 @@ test: $(STAMP) system-packages
 demo: $(STAMP)
 	$(BIN)/python -m bridge.demo
 
-bench: $(STAMP)
+bench: $(STAMP) system-packages
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/postgres.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo build dist *.egg-info

@@ -6,7 +6,7 @@ same ``MIGRATIONS`` list creates both schemas.  Every difference between the
 two dialects is translated here, in one place, so the store and its callers
 stay as they are:
 
-- ``?`` becomes ``%s`` (a literal ``%`` is doubled);
+- ``?`` becomes ``%s`` (outside string literals) and every ``%`` is doubled;
 - ``INSERT OR IGNORE`` becomes ``... ON CONFLICT DO NOTHING`` and ``INSERT OR
   REPLACE`` an upsert on the table's primary key;
 - in migrations, ``INTEGER PRIMARY KEY AUTOINCREMENT`` becomes an identity
@@ -36,7 +36,7 @@ from psycopg import errors as pgerrors
 
 _SCHEMA_TABLE = "askwright_schema"
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|\?|%")
-_INSERT = re.compile(r"^\s*INSERT\s+(OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*\(([^)]*)\)", re.I | re.S)
+_INSERT = re.compile(r"^\s*INSERT\s+(OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*(?:\(([^)]*)\))?", re.I | re.S)
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
 _DDL = re.compile(r"^\s*(CREATE|ALTER)\s+TABLE", re.I)
 _DML = re.compile(r"^\s*(INSERT|UPDATE|DELETE)\b", re.I)
@@ -128,7 +128,7 @@ class PgConnection:
         if pragma:
             return self._pragma(pragma.group(1).lower(), pragma.group(2))
         if word.startswith("BEGIN"):
-            self._run("BEGIN", ())
+            self._run("BEGIN", None)
             self._open = True
             if self.fence is not None:
                 try:
@@ -139,29 +139,38 @@ class PgConnection:
             return Result(None, -1, None)
         if word in ("COMMIT", "ROLLBACK"):
             try:
-                return self._run(word, ())
+                return self._run(word, None)
             finally:
                 self._open = False
         if _DDL.match(sql):
             self._serial = None
             self._keys.clear()
-            return self._run(_ddl(sql), ())
+            return self._run(_ddl(sql), None)
         text, returning = self._translate(sql)
         return self._run(text, _adapt(params), returning=returning, counts=bool(_DML.match(sql)))
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
         text, _returning = self._translate(sql)
-        total = 0
-        for row in rows:
-            total += max(self._run(text, _adapt(row), counts=True).rowcount, 0)
-        return Result(None, total, None)
+        batch = [_adapt(row) for row in rows]
+        if not batch:
+            return Result(None, 0, None)
+        try:
+            cursor = self.conn.cursor()
+            cursor.executemany(text, batch)  # pipelined: one round trip for the lot
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
+        if cursor.rowcount > 0:
+            self.total_changes += cursor.rowcount
+        return Result(None, cursor.rowcount, None)
 
     # -- translation ----------------------------------------------------
 
-    def _run(self, text: str, params: Sequence[Any], *, returning: str | None = None,
+    def _run(self, text: str, params: Sequence[Any] | None, *, returning: str | None = None,
              counts: bool = False) -> Result:
+        """``params`` None: ``text`` is sent as it is; a sequence (empty too):
+        its ``%s`` are filled and its ``%%`` are ``%``."""
         try:
-            cursor = self.conn.execute(text, params or None)
+            cursor = self.conn.execute(text, params)
             rows = cursor.fetchall() if cursor.description is not None else None
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
@@ -178,7 +187,9 @@ class PgConnection:
         return found
 
     def _rewrite(self, sql: str) -> tuple[str, str | None]:
-        text = _LITERAL_OR_MARK.sub(lambda m: {"?": "%s", "%": "%%"}.get(m.group(0), m.group(0)), sql)
+        # A "?" inside a string literal stays; every "%" is doubled, inside one too (psycopg reads them all).
+        text = _LITERAL_OR_MARK.sub(lambda m: {"?": "%s", "%": "%%"}.get(m.group(0), m.group(0).replace("%", "%%")),
+                                    sql)
         insert = _INSERT.match(text)
         if not insert:
             return text, None
@@ -188,7 +199,7 @@ class PgConnection:
             return text + " ON CONFLICT DO NOTHING", None
         if verb == "REPLACE":
             keys = self._primary_key(table)
-            names = [c.strip() for c in columns.split(",")]
+            names = [c.strip() for c in columns.split(",")] if columns else self._columns(table)
             updates = ", ".join(f"{c}=EXCLUDED.{c}" for c in names if c not in keys)
             action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
             return f"{text} ON CONFLICT ({', '.join(keys)}) {action}", None
@@ -200,9 +211,14 @@ class PgConnection:
     def _serial_column(self, table: str) -> str | None:
         if self._serial is None:
             rows = self._run("SELECT table_name, column_name FROM information_schema.columns"
-                             " WHERE table_schema = current_schema() AND is_identity = 'YES'", ()).fetchall()
+                             " WHERE table_schema = current_schema() AND is_identity = 'YES'", None).fetchall()
             self._serial = {t: c for t, c in rows}
         return self._serial.get(table)
+
+    def _columns(self, table: str) -> list[str]:
+        return [r[0] for r in self._run("SELECT column_name FROM information_schema.columns WHERE table_schema ="
+                                        " current_schema() AND table_name = %s ORDER BY ordinal_position",
+                                        (table,)).fetchall()]
 
     def _primary_key(self, table: str) -> list[str]:
         if table not in self._keys:
@@ -218,19 +234,19 @@ class PgConnection:
             if value is None:
                 return Result([(self.schema_version(),)], -1, None)
             self._run(f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE}"
-                      " (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)", ())
+                      " (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)", None)
             self._run(f"INSERT INTO {_SCHEMA_TABLE}(id, version) VALUES (1, %s)"
                       " ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version", (int(value),))
         elif name == "synchronous" and value is not None:
             # NORMAL: commit without waiting for the disk; FULL: wait (the default).
             self._run(f"SET synchronous_commit = {'off' if value.upper() in ('NORMAL', 'OFF', '0', '1') else 'on'}",
-                      ())
+                      None)
         return Result(None, -1, None)
 
     def schema_version(self) -> int:
         if self._run("SELECT to_regclass(%s)", (_SCHEMA_TABLE,)).fetchone()[0] is None:
             return 0
-        row = self._run(f"SELECT version FROM {_SCHEMA_TABLE} WHERE id = 1", ()).fetchone()
+        row = self._run(f"SELECT version FROM {_SCHEMA_TABLE} WHERE id = 1", None).fetchone()
         return row[0] if row else 0
 
 

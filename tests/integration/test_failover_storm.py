@@ -1,4 +1,6 @@
-"""The failover storm: three people send 500 answers between them while the
+"""Leader and standby, and the failover storm: two instances on one
+PostgreSQL store; the second says it stands by (/health, /metrics,
+status).  Then three people send 500 answers between them while the
 leading instance is killed (kill -9) three times and paused (SIGSTOP, then
 SIGCONT once the standby leads) once, in bot mode and in appservice mode
 behind HAProxy.  Afterwards every answer is in the log and in answers.json
@@ -8,7 +10,10 @@ leader's death to the standby's first durable answer is printed."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -31,9 +36,15 @@ async def storm_through(cluster: Cluster, people: list[Person], seed: int, mode:
     cluster.add_set(text_set("storm", QUESTIONS))
     first, second = cluster.add(), cluster.add()
     first.start()
-    await cluster.leader(timeout=60)
+    assert await cluster.leader(timeout=60) is first
     second.start()
     questions = await first.wait_questions(people[0], QUESTIONS, timeout=60)
+    # The second says it stands by, everywhere an operator looks.
+    await cluster.role_of(second, "standby")
+    assert cluster.health(second) == {"live": True, "ready": False, "role": "standby"}
+    assert "askwright_bridge_standby 1.0" in cluster.metrics(second)
+    assert "askwright_bridge_standby 0.0" in cluster.metrics(first)
+    assert [row["role"] for row in status(second)["instances"]] == ["leader", "standby"]
     storm = FailoverStorm(cluster, people, questions, seed=seed, total=ANSWERS)
     await storm.run()
     await storm.settle("storm")
@@ -41,6 +52,14 @@ async def storm_through(cluster: Cluster, people: list[Person], seed: int, mode:
     await storm.check("storm", QUESTIONS, people[0])
     assert storm.paused == 1 and len(storm.takeovers) == 4
     assert len(cluster.running()) == 2
+    # The paused leader found it lost the lease when it resumed, and stood by.
+    assert any("no longer leads" in i.log_text() and "stepped down" in i.log_text() for i in cluster.instances)
+
+
+def status(instance) -> dict:
+    done = subprocess.run([sys.executable, "-m", "bridge", "status", "-c", str(instance.config_path), "--json"],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 async def test_failover_storm_bot_mode(synapse, postgres_server, tmp_path, person):

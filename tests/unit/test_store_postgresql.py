@@ -83,3 +83,20 @@ def test_store_url_must_be_postgresql(tmp_path):
            "sets": {"root": "."}, "rooms": {"default": "!r"}, "store": {"path": "x", "url": "mysql://db/x"}}
     with pytest.raises(Exception, match="store.url: must start with postgresql://"):
         parse_config(raw, base_dir=tmp_path, environ={})
+
+
+def test_the_sqlite_dialect_edge_cases_mean_the_same_on_postgresql(postgres_server):
+    store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
+    db = store.db
+    with store.transaction():
+        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')", ("/sets/50%",))
+        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')", ("/sets/50%",))
+        db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 1)")
+        db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 2)")
+    assert db.execute("SELECT set_dir FROM dirty WHERE set_dir LIKE '%50\\%' ESCAPE '\\'").fetchall() == [("/sets/50%",)]
+    assert db.execute("SELECT COUNT(*) FROM dirty WHERE set_dir LIKE '/sets/%'").fetchone()[0] == 1
+    assert store.reminded() == {"$q": 2}
+    before = store.changes()
+    with store.transaction():
+        store.clear_dirty([("/sets/50%", "s", "q1"), ("/nowhere", "s", "q9")])
+    assert store.changes() - before == 1 and store.dirty() == []
