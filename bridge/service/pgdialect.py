@@ -35,7 +35,7 @@ import psycopg
 from psycopg import errors as pgerrors
 
 _SCHEMA_TABLE = "askwright_schema"
-_LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|\?|%")
+_LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
 _INSERT = re.compile(r"^\s*INSERT\s+(OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*(?:\(([^)]*)\))?", re.I | re.S)
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
 _DDL = re.compile(r"^\s*(CREATE|ALTER)\s+TABLE", re.I)
@@ -187,9 +187,7 @@ class PgConnection:
         return found
 
     def _rewrite(self, sql: str) -> tuple[str, str | None]:
-        # A "?" inside a string literal stays; every "%" is doubled, inside one too (psycopg reads them all).
-        text = _LITERAL_OR_MARK.sub(lambda m: {"?": "%s", "%": "%%"}.get(m.group(0), m.group(0).replace("%", "%%")),
-                                    sql)
+        text = _LITERAL_OR_MARK.sub(_mark, sql)
         insert = _INSERT.match(text)
         if not insert:
             return text, None
@@ -248,6 +246,16 @@ class PgConnection:
             return 0
         row = self._run(f"SELECT version FROM {_SCHEMA_TABLE} WHERE id = 1", None).fetchone()
         return row[0] if row else 0
+
+
+def _mark(match: re.Match[str]) -> str:
+    """A "?" inside a string literal stays, and every "%" is doubled, inside one
+    too (psycopg reads them all); a comment goes (an apostrophe or "?" in it
+    is not SQL)."""
+    found = match.group(0)
+    if found.startswith("--"):
+        return ""
+    return {"?": "%s", "%": "%%"}.get(found, found.replace("%", "%%"))
 
 
 def _ddl(sql: str) -> str:

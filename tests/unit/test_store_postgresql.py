@@ -89,7 +89,8 @@ def test_the_sqlite_dialect_edge_cases_mean_the_same_on_postgresql(postgres_serv
     store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
     db = store.db
     with store.transaction():
-        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')", ("/sets/50%",))
+        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')  -- isn't this a comment? yes, 100%",
+                   ("/sets/50%",))
         db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')", ("/sets/50%",))
         db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 1)")
         db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 2)")
