@@ -99,8 +99,8 @@ def table(sqlite: dict[str, Any], pg: dict[str, Any]) -> list[tuple[str, str, st
             rows.append((f"send -> durable, {post['mode']} mode, p{p} (ms)", f"{post[key]}", f"{lite[key]}",
                          f"{post[key] - lite[key]:+.2f}"))
             over = f"overhead_p{p}_ms"
-            rows.append((f"... over a bare client, {post['mode']} mode, p{p} (ms)", f"+{post[over]}",
-                         f"+{lite[over]}", f"{post[over] - lite[over]:+.2f}"))
+            rows.append((f"... over a bare client, {post['mode']} mode, p{p} (ms)", f"{post[over]:+.2f}",
+                         f"{lite[over]:+.2f}", f"{post[over] - lite[over]:+.2f}"))
     c_lite, c_post = sqlite["catchup"], pg["catchup"]
     rows.append((f"catch-up, {c_post['answers']:,} answers sent while stopped (s)",
                  f"{c_post['bridge_s']} ({c_post['ratio']}x bare)", f"{c_lite['bridge_s']} ({c_lite['ratio']}x bare)",

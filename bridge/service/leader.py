@@ -27,6 +27,7 @@ database) raises ``LeaseLost`` from every guarded write and steps down:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import secrets
@@ -227,18 +228,12 @@ class _Guarded:
             return value
         check = self._check
 
-        if _is_coroutine(value):
-            async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+        if inspect.iscoroutinefunction(value):
+            async def guarded(*args: Any, **kwargs: Any) -> Any:
                 check()
                 return await value(*args, **kwargs)
-            return guarded_async
+            return guarded
         return value
-
-
-def _is_coroutine(value: Any) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(value)
 
 
 @contextlib.contextmanager
