@@ -133,8 +133,9 @@ class Lease:
         """Hand the lease on at once (a clean stop), then stop renewing."""
         self._halt.set()
         self._thread.join(timeout=5)
+        stuck = self._thread.is_alive()  # blocked on a dead network: its connection is no use
         with contextlib.suppress(psycopg.Error, OSError):
-            conn = self._conn or _connect(self.url, self.password)
+            conn = _connect(self.url, self.password) if stuck or self._conn is None else self._conn
             if self.role == "leader":
                 conn.execute("UPDATE askwright_lease SET expires = now() - interval '1 second'"
                              " WHERE name = 'leader' AND epoch = %s AND holder = %s", (self.epoch, self.name))

@@ -27,7 +27,7 @@ def shared(postgres_server):
     url = fresh_schema(postgres_server)
     leases: list[Lease] = []
 
-    def lease(**kw) -> Lease:
+    def lease(url: str = url, **kw) -> Lease:
         made = Lease(url, postgres_server.password, **kw)
         made.start()
         leases.append(made)
@@ -111,3 +111,60 @@ def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_
         assert not new.leading
     wait_for(lambda: new.leading)
     assert store.is_processed("$in-flight")
+
+
+class Cable:
+    """A TCP forwarder between a lease and the server that can be cut: open
+    connections go dead (no reset, nothing more passes) and new ones are refused."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+
+        self.target = ("127.0.0.1", port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cut = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            client, _ = self.listener.accept()
+            if self.cut.is_set():
+                client.close()
+                continue
+            server = socket.create_connection(self.target)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src, dst) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            while self.cut.is_set():  # a dead network: bytes go nowhere, nobody is told
+                time.sleep(0.1)
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+
+def test_a_leader_cut_off_from_the_database_stops_writing_and_a_standby_takes_over(shared, postgres_server):
+    url, lease = shared
+    cable = Cable(postgres_server.port)
+    old = lease(ttl=2, url=url.replace(f":{postgres_server.port}/", f":{cable.port}/"))
+    wait_for(lambda: old.leading)
+    new = lease(ttl=2)
+    cable.cut.set()
+    wait_for(lambda: not old.leading, timeout=2 + 3)
+    with pytest.raises(LeaseLost):
+        old.check()
+    wait_for(lambda: new.leading, timeout=2 + 5)
+    assert old.role == "standby"
