@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean system-packages
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,15 +16,27 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# The suite starts its own PostgreSQL server (the store's second backend) and
+# HAProxy (in front of a leader and its standby): both from Debian's packages,
+# installed once when missing.
+system-packages:
+	@{ ls /usr/lib/postgresql/*/bin/initdb || command -v initdb; } >/dev/null 2>&1 \
+	  || { apt-get install -y -qq postgresql >/dev/null 2>&1 \
+	       || { apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; }; }
+	@command -v haproxy >/dev/null 2>&1 \
+	  || { apt-get install -y -qq haproxy >/dev/null 2>&1 \
+	       || { apt-get update -qq && apt-get install -y -qq haproxy >/dev/null; }; }
+
+test: $(STAMP) system-packages
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
 	$(BIN)/python -m bridge.demo
 
-bench: $(STAMP)
+bench: $(STAMP) system-packages
 	$(BIN)/pip install --quiet matplotlib
 	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/postgres.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .demo build dist *.egg-info

@@ -19,6 +19,7 @@ COMMANDS = {
     "status": "status",
     "wait": "wait",
     "mcp": "mcp",
+    "store": "store",
 }
 
 

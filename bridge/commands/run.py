@@ -7,6 +7,7 @@ import logging
 import sqlite3
 import sys
 
+from bridge.service import runlock
 from bridge.service.config import ConfigError, load_config, world_readable
 from bridge.service.logs import setup_logging
 from bridge.service.store import Store, StoreVersionError
@@ -26,13 +27,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"askwright-bridge: {exc}", file=sys.stderr)
         return 2
     try:
+        # One bridge per SQLite store, and none while ``store migrate`` copies
+        # it; instances on PostgreSQL elect a leader in the database instead.
+        lock = None if config.store.url else runlock.hold(config.store.path)
+    except runlock.StoreBusy as exc:
+        print(f"askwright-bridge: store.path: {exc}; is another bridge running?", file=sys.stderr)
+        return 2
+    try:
         # Migrates the store forward now, or refuses one from a newer bridge
         # before anything touches the network.
-        Store(config.store.path).close()
+        if config.store.url:
+            from bridge.service.leader import migration_lock
+
+            with migration_lock(config.store.url, config.store.password):  # instances starting together
+                Store(config.store.path, url=config.store.url, password=config.store.password).close()
+        else:
+            Store(config.store.path).close()
     except StoreVersionError as exc:
         return _store_refused(exc)
     except (sqlite3.Error, OSError) as exc:
-        print(f"askwright-bridge: store.path: cannot open {config.store.path} ({exc})", file=sys.stderr)
+        key = "store.url" if config.store.url else "store.path"
+        print(f"askwright-bridge: {key}: cannot open {config.store.where} ({exc})", file=sys.stderr)
         return 2
     setup_logging(config.logging.level, args.log_format or config.logging.format)
     if world_readable(args.config):
@@ -44,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         return run_forever(config)
     except StoreVersionError as exc:  # the store was replaced under a starting bridge
         return _store_refused(exc)
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def _store_refused(exc: StoreVersionError) -> int:

@@ -46,31 +46,52 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     try:
-        posted, held = _from_store(config.store.path)
+        posted, held = _from_store(config.store)
     except StoreVersionError as exc:
         return _fail(str(exc))
     except sqlite3.Error as exc:
-        return _fail(f"{config.store.path}: the store can't be read ({exc})")
+        return _fail(f"{config.store.where}: the store can't be read ({exc})")
     rows = collect(config.sets.root, posted)
+    running = _instances(config.store)
     if args.as_json:
         out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows],
                "held_back": held}
+        if running is not None:
+            out["instances"] = running
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(format_table(rows) + format_held(held))
+        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running))
     return EXIT_OK
 
 
-def _from_store(path: Any) -> tuple[dict[str, int], dict[str, Any]]:
+def _from_store(section: Any) -> tuple[dict[str, int], dict[str, Any]]:
     """Questions posted per set, and what is held back."""
     try:
-        store = Store.read_only(path)
+        store = Store.read_only(section.path, url=section.url, password=section.password)
     except FileNotFoundError:
         return {}, {"sets": [], "events": {}, "notices": []}  # the bridge has not run yet
     try:
         return store.posted_question_counts(), held_back(store)
     finally:
         store.close()
+
+
+def _instances(section: Any) -> list[dict[str, Any]] | None:
+    """The instances sharing a PostgreSQL store (one leader, standbys); None on SQLite."""
+    if not section.url:
+        return None
+    from bridge.service.leader import instances
+
+    return instances(section.url, section.password)
+
+
+def _format_instances(running: list[dict[str, Any]] | None) -> str:
+    if running is None:
+        return ""
+    if not running:
+        return "instances: none running\n"
+    return "".join(f"instance {row['id']}: {row['role']}" + (f" (epoch {row['epoch']})" if row["role"] == "leader"
+                                                              else "") + "\n" for row in running)
 
 
 def _fail(message: str) -> int:

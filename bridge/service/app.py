@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from nio import AsyncClient
 from watchfiles import Change, awatch
@@ -33,7 +33,11 @@ from bridge.service.poster import Poster
 from bridge.service.rooms import configured_rooms, join_rooms, keep_joining
 from bridge.service.heldback import format_held, held_back
 from bridge.service.operators import Operators
+from bridge.service.metrics import Metrics
 from bridge.service.store import LogEntry, Store
+
+if TYPE_CHECKING:
+    from bridge.service.leader import Lease
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +118,15 @@ def make_front(config: Config, store: Store, ops: Operators) -> Front:
     return BotFront(config, store, on_synced=ops.mark_ready, on_outcome=ops.on_outcome)
 
 
-async def serve(config: Config, stop: asyncio.Event) -> None:
-    store = Store(config.store.path)
-    ops = Operators(config, store)
+async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None) -> None:
+    """The bridge until ``stop``.  ``lease``: this instance leads a shared
+    PostgreSQL store, and every write it makes is fenced by that lease."""
+    store = Store(config.store.path, url=config.store.url, password=config.store.password)
+    metrics = Metrics()
+    if lease is not None:
+        lease.guard_store(store)
+        metrics.set_role("leader")
+    ops = Operators(config, store, metrics)
     front = make_front(config, store, ops)
     client: AsyncClient | None = None
     try:
@@ -124,11 +134,17 @@ async def serve(config: Config, stop: asyncio.Event) -> None:
         if stop.is_set():
             return
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
+        if lease is not None:
+            transport = lease.guard_transport(transport)
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
                             on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble,
                             on_logged=ops.on_logged)
+        if lease is not None:
+            pipeline.may_write = lease.check
         await front.open(pipeline)
+        if lease is not None and getattr(front, "server", None) is not None:
+            front.server.fence = lease.check  # type: ignore[attr-defined]
         rooms, refused = await join_rooms(transport, configured_rooms(config), stop)
         for room in rooms:
             await pipeline.load_members(room)
@@ -250,7 +266,12 @@ def run_forever(config: Config) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop)
+        if config.store.url:
+            from bridge.service.standby import run_with_standby  # psycopg only when it is used
+
+            await run_with_standby(config, stop, serve)  # several instances may share the store
+        else:
+            await serve(config, stop)
 
     try:
         asyncio.run(main())

@@ -93,6 +93,8 @@ class TransactionServer:
         self.kept = asyncio.Event()  # set when encrypted events came: kept ones have a grace period to watch
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
+        # Raises when this instance no longer leads a shared store: then no 200.
+        self.fence: Callable[[], None] | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -155,7 +157,21 @@ class TransactionServer:
         # Synapse sends one transaction at a time; a stray concurrent resend
         # must not download or judge the same events twice over.
         async with self.one_at_a_time:
-            return await self._process(txn_id, events, body)
+            if not self._leads():
+                return _error(503, "M_UNKNOWN", "this instance no longer leads; try again")
+            response = await self._process(txn_id, events, body)
+            if response.status == 200 and not self._leads():
+                return _error(503, "M_UNKNOWN", "this instance no longer leads; try again")
+            return response
+
+    def _leads(self) -> bool:
+        if self.fence is None:
+            return True
+        try:
+            self.fence()
+        except Exception:  # noqa: BLE001 - LeaseLost: a standby took over
+            return False
+        return True
 
     async def _process(self, txn_id: str, events: list[Any], body: dict[str, Any] | None = None) -> web.Response:
         key = txn_key(txn_id, events)
@@ -426,15 +442,21 @@ async def ping_homeserver(config: Config) -> None:
     successful ping makes Synapse resend the transactions it holds for us at
     once instead of after its back-off (which doubles up to minutes)."""
     path = f"/_matrix/client/v1/appservice/{config.appservice.id}/ping"
-    try:
-        status, reply = await _post(config, path, {})
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        log.warning("pinging the homeserver failed: %s", exc)
-        return
-    if status == 200:
-        log.info("the homeserver reaches the bridge (%s ms)", reply.get("duration_ms"))
-    else:
-        log.warning("the homeserver's ping of the bridge failed: %s %s", status, reply.get("error", reply))
+    # On a shared store a proxy in front may take a moment to see that this
+    # instance leads now: the ping is tried a few times.
+    tries = 10 if config.store.url else 1
+    for attempt in range(tries):
+        try:
+            status, reply = await _post(config, path, {})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("pinging the homeserver failed: %s", exc)
+            return
+        if status == 200:
+            log.info("the homeserver reaches the bridge (%s ms)", reply.get("duration_ms"))
+            return
+        if attempt + 1 < tries:
+            await asyncio.sleep(0.5)
+    log.warning("the homeserver's ping of the bridge failed: %s %s", status, reply.get("error", reply))
 
 
 class _Reply:

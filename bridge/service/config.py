@@ -22,6 +22,7 @@ ENV_SECRETS = {
     "ASKWRIGHT_BRIDGE_PASSWORD": ("bot", "password"),
     "ASKWRIGHT_BRIDGE_AS_TOKEN": ("appservice", "as_token"),
     "ASKWRIGHT_BRIDGE_HS_TOKEN": ("appservice", "hs_token"),
+    "ASKWRIGHT_BRIDGE_STORE_PASSWORD": ("store", "password"),
 }
 
 
@@ -75,7 +76,28 @@ class Rooms(_Section):
 
 
 class Store(_Section):
+    """SQLite at ``path`` (the default), or PostgreSQL at ``url`` when set.
+    ``path`` still names where the encryption keys (``<path>.crypto/``) live."""
+
     path: Path
+    url: str | None = None
+    password: str | None = None  # for ``url``; or ASKWRIGHT_BRIDGE_STORE_PASSWORD
+
+    @field_validator("url")
+    @classmethod
+    def _postgresql(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must start with postgresql:// (leave it out for SQLite at store.path)")
+        return value
+
+    @property
+    def where(self) -> str:
+        """The store as named in messages: the path, or the URL without a password."""
+        if self.url:
+            from bridge.service.pgdialect import redact
+
+            return redact(self.url)
+        return str(self.path)
 
 
 class Logging(_Section):

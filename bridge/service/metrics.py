@@ -69,6 +69,11 @@ class Metrics:
         self.tasks = Gauge("askwright_bridge_asyncio_tasks", "asyncio tasks alive in the bridge's event loop.",
                            registry=r)
         self.tasks.set_function(_task_count)
+        self.standby = Gauge("askwright_bridge_standby",
+                             "1 while this instance stands by (another one leads the shared store), else 0.",
+                             registry=r)
+        # "leader" or "standby" on a shared PostgreSQL store; None when the bridge runs alone.
+        self.role: str | None = None
         self._ready = False
         # What is held back now (``heldback.counts``), for /health; set by whoever knows the store.
         self.held_view: Callable[[], dict[str, int]] | None = None
@@ -83,6 +88,10 @@ class Metrics:
         if not self._ready:
             self._ready = True
             self.ready_gauge.set(1)
+
+    def set_role(self, role: str) -> None:
+        self.role = role
+        self.standby.set(1 if role == "standby" else 0)
 
     def mark_not_ready(self) -> None:
         self._ready = False
@@ -174,6 +183,8 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
     async def health(_request: web.Request) -> web.Response:
         # Held-back items do not make the bridge unready: everything else goes on.
         body: dict[str, Any] = {"live": True, "ready": state.ready}
+        if state.role is not None:
+            body["role"] = state.role
         if state.held_view is not None:
             body["held"] = state.held()
         return web.json_response(body, status=200 if state.ready else 503)

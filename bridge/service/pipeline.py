@@ -121,6 +121,9 @@ class Pipeline:
     on_trouble: Callable[[str, str], None] | None = None
     # Runs inside the store transaction of each entry logged: what it writes commits with the entry.
     on_logged: Callable[[LogEntry], None] | None = None
+    # Raises when this instance may no longer write (a standby took over the
+    # shared store); called under each answers.json's lock, before the write.
+    may_write: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -477,7 +480,8 @@ class Pipeline:
             started = time.monotonic()
             try:
                 AnswersFile(set_dir, set_id).update(
-                    lambda doc, now, records=records: _respecting_others(doc, records, now, set_dir), now)
+                    lambda doc, now, records=records: _respecting_others(self._fenced(doc), records, now, set_dir),
+                    now)
             except (AnswersError, OSError, ValueError, TypeError, RecursionError) as exc:
                 if attempt == 0 and self._set_aside_unwritable(set_dir, qids, records):
                     continue  # a record no write could take was set aside; the rest is tried again
@@ -486,6 +490,11 @@ class Pipeline:
                 self.on_write(time.monotonic() - started)
             return None
         return None
+
+    def _fenced(self, doc: Any) -> Any:
+        if self.may_write is not None:
+            self.may_write()
+        return doc
 
     def _set_aside_unwritable(self, set_dir: str, qids: list[str], records: dict[str, Any]) -> bool:
         """After a failed write: set aside every logged entry that makes a

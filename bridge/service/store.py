@@ -263,10 +263,17 @@ class PostedQuestion:
 
 
 class Store:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, url: str | None = None, password: str | None = None):
+        """SQLite at ``path``, or PostgreSQL at ``url`` (``store.url``) when given."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        if url:
+            from bridge.service.pgdialect import PgConnection, redact  # psycopg only when it is used
+
+            self.path = redact(url)  # type: ignore[assignment] - named in messages only
+            self.db = PgConnection(url, password=password)
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
@@ -276,18 +283,24 @@ class Store:
         self.db.close()
 
     @classmethod
-    def read_only(cls, path: str | Path) -> "Store":
+    def read_only(cls, path: str | Path, *, url: str | None = None, password: str | None = None) -> "Store":
         """A store opened for reading only (``status`` while the bridge runs):
         never created, never migrated.  A store from a newer version is
         refused like on start; FileNotFoundError when there is none."""
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(str(path))
         store = cls.__new__(cls)
-        store.path = path
         store._recent_questions = OrderedDict()
-        store.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
-                                   check_same_thread=False, timeout=10)
+        if url:
+            from bridge.service.pgdialect import PgConnection, redact
+
+            path = redact(url)  # type: ignore[assignment]
+            store.db = PgConnection(url, password=password, read_only=True)
+        elif not path.is_file():
+            raise FileNotFoundError(str(path))
+        else:
+            store.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                       check_same_thread=False, timeout=10)
+        store.path = path
         version = store.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             store.db.close()

@@ -30,7 +30,8 @@ def no_secret_in_any_bridge_log(tmp_path_factory):
             continue
         if not isinstance(data, dict):
             continue
-        for section, keys in (("bot", ("access_token", "password")), ("appservice", ("as_token", "hs_token"))):
+        for section, keys in (("bot", ("access_token", "password")), ("appservice", ("as_token", "hs_token")),
+                              ("store", ("password",))):
             values = data.get(section)
             if isinstance(values, dict):
                 found.update(str(values[k]) for k in keys if values.get(k))

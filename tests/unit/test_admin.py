@@ -112,7 +112,7 @@ class Calls:
 
 
 @pytest.fixture
-def ctx(tmp_path, sets_root):
+def ctx(tmp_path, sets_root, store_backend):
     calls = Calls()
     store = Store(tmp_path / "s.sqlite")
     context = AdminContext(admins=frozenset({ADMIN}), sets_root=sets_root, store=store, post_set=calls.post_set,

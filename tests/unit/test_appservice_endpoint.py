@@ -56,7 +56,7 @@ class StandIn:
 
 
 @pytest.fixture
-async def served(tmp_path):
+async def served(tmp_path, store_backend):
     store = Store(tmp_path / "bridge.sqlite")
     stand_in = StandIn(store)
     server = TransactionServer(config(tmp_path), store, stand_in)  # type: ignore[arg-type]
@@ -131,6 +131,7 @@ async def test_bad_bodies_are_refused(served):
     assert (await response.json())["errcode"] == "M_BAD_JSON"
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_a_transaction_during_start_up_waits_then_gets_503(tmp_path, monkeypatch):
     monkeypatch.setattr(appservice, "READY_WAIT", 0.1)
     store = Store(tmp_path / "bridge.sqlite")
@@ -173,6 +174,7 @@ class Quiet:
         return set()
 
 
+@pytest.mark.usefixtures("store_backend")
 def test_an_event_that_raises_is_refused_and_the_rest_goes_on(tmp_path, monkeypatch):
     store = Store(tmp_path / "bridge.sqlite")
     pipeline = Pipeline(store=store, transport=Quiet(), answerers=None, own_users=lambda u: u == Quiet.user_id)
@@ -199,6 +201,7 @@ def test_an_event_that_raises_is_refused_and_the_rest_goes_on(tmp_path, monkeypa
     store.close()
 
 
+@pytest.mark.usefixtures("store_backend")
 def test_a_store_error_fails_the_whole_batch(tmp_path, monkeypatch):
     store = Store(tmp_path / "bridge.sqlite")
     pipeline = Pipeline(store=store, transport=Quiet(), answerers=None, own_users=lambda u: False)

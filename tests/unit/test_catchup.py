@@ -68,7 +68,7 @@ class Fed:
 
 
 @pytest.fixture
-def store(tmp_path: Path):
+def store(tmp_path: Path, store_backend: str):
     store = Store(tmp_path / "bridge.sqlite")
     yield store
     store.close()
@@ -123,7 +123,7 @@ async def test_a_first_look_goes_back_to_the_oldest_open_question_or_only_takes_
 
 
 @pytest.fixture
-async def served(tmp_path):
+async def served(tmp_path, store_backend):
     store = Store(tmp_path / "bridge.sqlite")
     server = TransactionServer(config(tmp_path), store, StandIn(store))  # type: ignore[arg-type]
     server.open([ROOM], notices=None)  # type: ignore[arg-type]

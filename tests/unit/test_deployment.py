@@ -5,7 +5,6 @@ from __future__ import annotations
 import configparser
 import re
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -189,11 +188,11 @@ def test_the_example_config_documents_metrics_and_reminders_with_every_key_comme
 # -- upgrades ---------------------------------------------------------------------------
 
 
-def test_run_refuses_a_store_from_a_newer_bridge_with_one_line_and_exit_2(tmp_path, capsys):
+def test_run_refuses_a_store_from_a_newer_bridge_with_one_line_and_exit_2(tmp_path, capsys, store_backend):
     store_path = tmp_path / "bridge.sqlite"
-    Store(store_path).close()
-    with sqlite3.connect(store_path) as db:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    store = Store(store_path)
+    store.db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    store.close()
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},

@@ -43,6 +43,7 @@ def test_the_key_folder_sits_beside_the_store():
     assert crypto_dir(Path("/srv/bridge/bridge.sqlite")) == Path("/srv/bridge/bridge.sqlite.crypto")
 
 
+@pytest.mark.usefixtures("store_backend")
 def test_an_undecryptable_event_is_kept_once_and_dropped(tmp_path):
     store = Store(tmp_path / "bridge.sqlite")
     event = {"type": "m.room.encrypted", "event_id": "$e", "room_id": "!r", "sender": "@p:hs",

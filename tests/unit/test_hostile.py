@@ -308,6 +308,7 @@ def test_oversized_and_deeply_nested_events_are_refused_in_bounded_memory() -> N
         assert time.monotonic() - started < 10
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_a_deeply_nested_transaction_body_is_refused_not_a_server_error(tmp_path: Path) -> None:
     from bridge.service.appservice import TransactionServer
     from bridge.service.config import parse_config

@@ -9,6 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import bridge.answers.file as answers_file
 from bridge.protocol.normalize import ANSWER_TYPE
 from bridge.protocol.question_event import build_question_event
@@ -36,6 +38,7 @@ class Transport:
         return {ALICE, BOT}
 
 
+@pytest.mark.usefixtures("store_backend")
 def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_path: Path, monkeypatch) -> None:
     set_dir = tmp_path / "kinds"
     set_dir.mkdir()

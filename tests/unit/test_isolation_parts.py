@@ -25,6 +25,8 @@ from bridge.service.pipeline import Pipeline
 from bridge.service.store import Store
 from helpers.sets import all_kinds_set
 
+pytestmark = pytest.mark.usefixtures("store_backend")  # on SQLite and on PostgreSQL
+
 ROOM, OTHER_ROOM, ALICE, BOB, BOT = "!room:hs", "!other:hs", "@alice:hs", "@bob:hs", "@bot:hs"
 
 

@@ -108,6 +108,7 @@ def entry(event_id: str, outcome: str, record: dict, via: str = "reply", replace
                     question_event_id="$q", record=record, replaces=replaces)
 
 
+@pytest.mark.usefixtures("store_backend")
 def test_a_redaction_of_the_original_withdraws_its_edits(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     with store.transaction():
@@ -120,6 +121,7 @@ def test_a_redaction_of_the_original_withdraws_its_edits(tmp_path):
     assert (record["choice"], record["rev"]) == ("a", 3)  # falls back; rev counts every answer
 
 
+@pytest.mark.usefixtures("store_backend")
 def test_an_empty_vote_withdraws_only_that_persons_votes(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     with store.transaction():
@@ -131,6 +133,7 @@ def test_an_empty_vote_withdraws_only_that_persons_votes(tmp_path):
     assert store.logged_question("$vote") == ("$q", "poll")
 
 
+@pytest.mark.usefixtures("store_backend")
 def test_attachments_are_remembered_once(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     with store.transaction():

@@ -119,6 +119,7 @@ class FakeSend:
         return f"$sent{len(self.sent)}"
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_a_pass_nudges_due_questions_once_per_period_and_remembers_across_restarts(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     record_question(store, "$a", "a", posted_at=0)
@@ -141,6 +142,7 @@ async def test_a_pass_nudges_due_questions_once_per_period_and_remembers_across_
     assert len(send.sent) == 2 and send.sent[0][3] != send.sent[1][3]  # a new nudge is a new transaction
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_a_withdrawn_answer_makes_the_question_due_again(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     record_question(store, "$a", "a", posted_at=0)
@@ -153,6 +155,7 @@ async def test_a_withdrawn_answer_makes_the_question_due_again(tmp_path):
     assert store.answered_question_events() == set()
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_remind_now_nudges_one_sets_unanswered_questions_whatever_the_timing(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     record_question(store, "$a", "a", posted_at=10**13)  # posted "now"
@@ -163,6 +166,7 @@ async def test_remind_now_nudges_one_sets_unanswered_questions_whatever_the_timi
     assert store.reminded() == {"$a": 10**13}
 
 
+@pytest.mark.usefixtures("store_backend")
 async def test_the_loop_survives_a_failing_send_and_stops_when_asked(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     record_question(store, "$a", "a", posted_at=0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,7 @@ def answer(set_dir: Path, set_id: str, record: dict) -> None:
 
 
 @pytest.fixture
-def bridge_config(tmp_path: Path) -> Path:
+def bridge_config(tmp_path: Path, store_backend: str) -> Path:
     root = tmp_path / "sets"
     # "release": six questions covering every column.
     release = write_set(root, "release", "release", [
@@ -113,6 +112,7 @@ def test_the_counts_agree_with_read(bridge_config, capsys):
     assert release["answered"] == states.count("answered") and release["unsure"] == states.count("unsure")
 
 
+@pytest.mark.sqlite_only
 def test_without_a_store_nothing_is_posted_and_none_is_created(bridge_config, capsys):
     (bridge_config.parent / "bridge.sqlite").unlink()
     assert main(["status", "-c", str(bridge_config), "--json"]) == 0
@@ -120,6 +120,7 @@ def test_without_a_store_nothing_is_posted_and_none_is_created(bridge_config, ca
     assert not (bridge_config.parent / "bridge.sqlite").exists()
 
 
+@pytest.mark.sqlite_only
 def test_status_does_not_migrate_or_write_the_store(bridge_config, capsys):
     store_path = bridge_config.parent / "bridge.sqlite"
     before = store_path.read_bytes()
@@ -136,8 +137,9 @@ def test_an_unusable_config_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_a_store_from_a_newer_bridge_exits_2(bridge_config, capsys):
-    with sqlite3.connect(bridge_config.parent / "bridge.sqlite") as db:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    store = Store(bridge_config.parent / "bridge.sqlite")
+    store.db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    store.close()
     assert main(["status", "-c", str(bridge_config)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "newer askwright-bridge" in err

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.store import SCHEMA_VERSION, LogEntry, Store, StoreVersionError
+
+pytestmark = pytest.mark.usefixtures("store_backend")  # every test on SQLite and on PostgreSQL
 
 
 def question(event_id="$q", qid="branch", rev=1) -> RecordedQuestion:
@@ -30,11 +30,13 @@ def test_a_new_store_is_at_the_current_schema(tmp_path):
 
 def test_a_store_from_a_newer_version_is_refused(tmp_path):
     path = tmp_path / "s.sqlite"
-    Store(path).close()
-    with sqlite3.connect(path) as db:
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    store = Store(path)
+    store.db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    store.close()
     with pytest.raises(StoreVersionError, match="newer askwright-bridge"):
         Store(path)
+    with pytest.raises(StoreVersionError, match="newer askwright-bridge"):
+        Store.read_only(path)
 
 
 def test_reopening_keeps_everything(tmp_path):

@@ -17,6 +17,8 @@ from bridge.service import media
 from bridge.service.poster import Poster, PostReport
 from bridge.service.store import Store
 
+pytestmark = pytest.mark.usefixtures("store_backend")  # on SQLite and on PostgreSQL
+
 ROOM = "!room:hs"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + (4).to_bytes(4, "big") + (3).to_bytes(4, "big") + b"\x00" * 16
 

@@ -1,0 +1,146 @@
+"""The store on PostgreSQL beside SQLite: send -> durable, and catch-up.
+
+    python benchmarks/postgres.py            # 200 answers per latency run, a 5000-answer backlog
+    python benchmarks/postgres.py --quick    # 50 and 1000
+
+The same measurements as ``latency.py`` and ``catchup.py``, made twice in
+one run, once on each backend: SQLite at ``store.path``, and a local
+PostgreSQL server (started here, fsync on, as a production server runs) at
+``store.url``.  Each row prints the PostgreSQL figure beside the SQLite one;
+the difference is what the network round trips to the database cost.
+
+Writes ``benchmarks/out/postgres.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import catchup  # noqa: E402
+import latency  # noqa: E402
+from _world import World, world  # noqa: E402
+
+from bridge.devpostgres import Postgres  # noqa: E402
+
+OUT = HERE / "out"
+
+
+def on_postgresql(w: World, server: Postgres) -> None:
+    """Every config this world writes from now on keeps the store in a new PostgreSQL database."""
+    write = w.config
+
+    def config(**kwargs: Any) -> Path:
+        path = write(**kwargs)
+        data = yaml.safe_load(path.read_text())
+        data["store"].update(url=server.create_database(), password=server.password)
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    w.config = config  # type: ignore[method-assign]
+
+
+async def pg_catch_up(w: World, config: Path, _store: Path, count: int,
+                      timeout: float) -> tuple[float, list[tuple[float, int]]]:
+    """``catchup.bridge_catch_up`` reading the PostgreSQL store the config names."""
+    settings = yaml.safe_load(config.read_text())["store"]
+    started = time.perf_counter()
+    w.start_bridge(config)
+    curve: list[tuple[float, int]] = [(0.0, 0)]
+    conn = psycopg.connect(settings["url"], password=settings["password"], autocommit=True)
+    try:
+        while time.perf_counter() - started < timeout:
+            try:
+                dirty = conn.execute("SELECT 1 FROM dirty LIMIT 1").fetchone()
+                durable = None if dirty else conn.execute(
+                    "SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'").fetchone()[0]
+            except psycopg.errors.UndefinedTable:
+                durable = None  # not migrated yet
+            now = time.perf_counter() - started
+            if durable is not None:
+                curve.append((now, durable))
+                if durable >= count:
+                    return now, curve
+            await asyncio.sleep(0.02)
+    finally:
+        conn.close()
+    raise TimeoutError(f"the bridge made {curve[-1][1]} of {count} answers durable in {timeout:.0f} s")
+
+
+async def backend(name: str, server: Postgres | None, answers: int, backlog: int) -> dict[str, Any]:
+    async with world(appservice=True) as w:
+        if server is not None:
+            on_postgresql(w, server)
+            catchup.bridge_catch_up = pg_catch_up
+        print(f"{name}: latency, {answers} answers per mode ...", flush=True)
+        rows = [await latency.measure(w, mode, answers, {}) for mode in ("bot", "appservice")]
+        print(f"{name}: catch-up, {backlog} answers ...", flush=True)
+        catch = await catchup.measure(w, backlog)
+    return {"latency": rows, "catchup": catch}
+
+
+def table(sqlite: dict[str, Any], pg: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(measure, PostgreSQL, SQLite, difference) rows."""
+    rows = []
+    for lite, post in zip(sqlite["latency"], pg["latency"]):
+        for p in (50, 99):
+            key = f"bridge_p{p}_ms"
+            rows.append((f"send -> durable, {post['mode']} mode, p{p} (ms)", f"{post[key]}", f"{lite[key]}",
+                         f"{post[key] - lite[key]:+.2f}"))
+            over = f"overhead_p{p}_ms"
+            rows.append((f"... over a bare client, {post['mode']} mode, p{p} (ms)", f"{post[over]:+.2f}",
+                         f"{lite[over]:+.2f}", f"{post[over] - lite[over]:+.2f}"))
+    c_lite, c_post = sqlite["catchup"], pg["catchup"]
+    rows.append((f"catch-up, {c_post['answers']:,} answers sent while stopped (s)",
+                 f"{c_post['bridge_s']} ({c_post['ratio']}x bare)", f"{c_lite['bridge_s']} ({c_lite['ratio']}x bare)",
+                 f"{c_post['bridge_s'] - c_lite['bridge_s']:+.2f}"))
+    return rows
+
+
+def render(rows: list[tuple[str, str, str, str]]) -> str:
+    header = ("measure", "PostgreSQL", "SQLite (same run)", "difference")
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(4)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(str(v).ljust(w) for v, w in zip(row, widths)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--latency", type=int, help="answers per mode (200; quick 50)")
+    parser.add_argument("--answers", type=int, help="catch-up backlog (5000; quick 1000)")
+    args, _others = parser.parse_known_args()  # make bench passes run_all's flags too
+    answers = args.latency or (50 if args.quick else 200)
+    backlog = args.answers or (1000 if args.quick else 5000)
+    OUT.mkdir(exist_ok=True)
+    sqlite = asyncio.run(backend("SQLite", None, answers, backlog))
+    with Postgres(durable=True) as server:
+        pg = asyncio.run(backend("PostgreSQL", server, answers, backlog))
+    rows = table(sqlite, pg)
+    for result in (sqlite, pg):
+        for row in result["latency"]:
+            row.pop("samples", None)
+        for key in ("bridge_curve", "bare_curve"):
+            result["catchup"].pop(key, None)
+    (OUT / "postgres.json").write_text(json.dumps(
+        {"sqlite": sqlite, "postgresql": pg,
+         "table": [dict(zip(("measure", "postgresql", "sqlite", "difference"), r)) for r in rows]}, indent=2))
+    print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

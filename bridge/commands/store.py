@@ -1,0 +1,71 @@
+"""``askwright-bridge store migrate -c CONFIG --to postgresql://…``: the
+SQLite store (``store.path``) copied into an empty PostgreSQL database and
+verified.  The bridge must be stopped; the command says so if it is not.
+
+Exit 0 when copied and verified, 1 when the copy failed or did not verify,
+2 when the config can't be used, the bridge is running or the target is not
+empty.  The password may be in the URL or in ASKWRIGHT_BRIDGE_STORE_PASSWORD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+from typing import Any
+
+from bridge.service.config import ConfigError, load_config
+from bridge.service.runlock import StoreBusy, hold
+from bridge.service.store import StoreVersionError
+from bridge.service.storecopy import CopyRefused, copy_store
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("store", help="manage the bridge's store (migrate it to PostgreSQL)")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    migrate = actions.add_parser(
+        "migrate", help="copy the SQLite store into an empty PostgreSQL database and verify the copy",
+        description="Copy the SQLite store at store.path into an empty PostgreSQL database, then verify it "
+                    "(rows per table, a checksum of the answer log).  Stop the bridge first.  Then set "
+                    "store.url in the config to the same URL.")
+    migrate.add_argument("-c", "--config", required=True, help="the bridge's YAML config file")
+    migrate.add_argument("--to", required=True, metavar="URL", help="postgresql://user@host:port/database")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _say(str(exc), 2)
+    if not args.to.startswith(("postgresql://", "postgres://")):
+        return _say("--to must be a postgresql:// URL", 2)
+    from bridge.service.pgdialect import redact
+
+    target = redact(args.to)
+    try:
+        lock = hold(config.store.path)
+    except StoreBusy as exc:
+        return _say(f"the bridge is running: {exc}; stop it before migrating the store", 2)
+    password = os.environ.get("ASKWRIGHT_BRIDGE_STORE_PASSWORD") or config.store.password
+    try:
+        report = copy_store(config.store.path, args.to, password)
+    except (CopyRefused, StoreVersionError) as exc:
+        return _say(str(exc), 2 if "verification" not in str(exc) else 1)
+    except sqlite3.Error as exc:
+        return _say(f"copying to {target} failed: {exc}", 1)
+    finally:
+        lock.close()
+    width = max(len(t) for t in report.counts)
+    for table, count in report.counts.items():
+        print(f"{table:<{width}}  {count} rows")
+    print(f"answer log checksum: {report.log_checksum} (the same on both sides)")
+    print(f"copied {config.store.path} to {target} and verified it; now set store.url to that URL "
+          "and start the bridge")
+    return 0
+
+
+def _say(message: str, code: int) -> int:
+    print(f"askwright-bridge store migrate: {' '.join(message.split())}", file=sys.stderr)
+    return code

@@ -1,0 +1,270 @@
+"""Leader and standby: several instances on one PostgreSQL store, one leads.
+
+The lease is a row (``askwright_lease``) with an epoch, a holder and an
+expiry in the database's own clock.  The leader renews it every second on a
+connection of its own, on a thread of its own (a busy event loop does not
+lose it).  A standby takes it over once it has expired: it locks the row
+(``FOR UPDATE``), raises the epoch and names itself holder.
+
+Fencing: every write the leader makes is guarded by its epoch.
+- Store transactions: right after ``BEGIN`` the leader reads its lease row
+  ``FOR KEY SHARE`` (``fence``).  A takeover must lock that row first, so it
+  waits for the old leader's open transaction, and after it no transaction
+  of the old epoch can start.  A leader paused inside a transaction is cut
+  off by ``idle_in_transaction_session_timeout``, so it cannot hold up the
+  takeover either.
+- Everything else (answers.json, posts, notices, appservice 200s): ``check``
+  refuses once the lease may have expired by this process's monotonic clock,
+  which is never later than the database's expiry (the clock is read before
+  the renewal is sent).  answers.json is checked under the file's lock, so a
+  new leader cannot write the file between the check and the write.
+
+A leader that finds it lost the lease (it was paused, or cut off from the
+database) raises ``LeaseLost`` from every guarded write and steps down:
+``standby.py`` stops what it runs and makes it a standby again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import psycopg
+
+from bridge.service.pgdialect import LeaseLost, PgConnection
+
+log = logging.getLogger(__name__)
+
+TTL_SECONDS = 4.0  # a dead leader is replaced within this plus one standby poll
+RENEW_SECONDS = 1.0
+POLL_SECONDS = 0.5
+MARGIN_SECONDS = 0.5  # the leader stops writing this long before the database lets a standby in
+SEEN_SECONDS = 10.0  # an instance not heard from for this long is not listed
+
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS askwright_lease (name TEXT PRIMARY KEY, epoch BIGINT NOT NULL,"
+    " holder TEXT NOT NULL, expires TIMESTAMPTZ NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS askwright_instance (id TEXT PRIMARY KEY, role TEXT NOT NULL,"
+    " epoch BIGINT, seen TIMESTAMPTZ NOT NULL)",
+)
+# Session settings of the connections that guard writes: a statement never
+# hangs on a dead network, and a paused leader's transaction does not hold
+# the lease row for longer than this.
+_TIMEOUTS = ("SET statement_timeout = '3s'", "SET lock_timeout = '3s'")
+IDLE_IN_TRANSACTION = "SET idle_in_transaction_session_timeout = '3s'"
+
+
+def instance_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+
+
+def _connect(url: str, password: str | None) -> psycopg.Connection:
+    conn = psycopg.connect(url, password=password, autocommit=True, connect_timeout=3,
+                           keepalives=1, keepalives_idle=2, keepalives_interval=1, keepalives_count=2,
+                           tcp_user_timeout=3000)
+    for statement in _TIMEOUTS:
+        conn.execute(statement)
+    return conn
+
+
+class Lease:
+    def __init__(self, url: str, password: str | None = None, *, ttl: float = TTL_SECONDS,
+                 name: str | None = None):
+        self.url = url
+        self.password = password
+        self.ttl = ttl
+        self.name = name or instance_name()
+        self.role = "standby"
+        self.epoch: int | None = None
+        self.valid_until = 0.0
+        self.on_lost: Callable[[], None] | None = None
+        self.on_leading: Callable[[], None] | None = None
+        self._conn: psycopg.Connection | None = None
+        self._halt = threading.Event()
+        self._mutex = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
+
+    # -- what the rest of the bridge asks ------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.role == "leader" and time.monotonic() < self.valid_until
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` unless this instance surely still leads."""
+        if self.role != "leader":
+            raise LeaseLost("this instance does not lead")
+        if time.monotonic() >= self.valid_until:
+            self._lose("the lease ran out before it was renewed")
+            raise LeaseLost("the lease ran out")
+
+    def fence(self, db: PgConnection) -> None:
+        """Called by the store right after BEGIN: hold the lease row for the transaction."""
+        self.check()
+        found = db._run("SELECT 1 FROM askwright_lease WHERE name = 'leader' AND epoch = %s AND holder = %s"
+                        " FOR KEY SHARE", (self.epoch, self.name)).fetchone()
+        if found is None:
+            self._lose("another instance took the lease over")
+            raise LeaseLost("another instance leads now")
+
+    def guard_store(self, store: Any) -> None:
+        """Fence every transaction of ``store`` (a PostgreSQL Store) with this lease."""
+        db: PgConnection = store.db
+        db.session = (*db.session, IDLE_IN_TRANSACTION)
+        db.execute(IDLE_IN_TRANSACTION)
+        db.fence = self.fence
+
+    def guard_transport(self, transport: Any) -> Any:
+        return _Guarded(transport, self.check)
+
+    # -- lifetime ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Hand the lease on at once (a clean stop), then stop renewing."""
+        self._halt.set()
+        self._thread.join(timeout=5)
+        stuck = self._thread.is_alive()  # blocked on a dead network: its connection is no use
+        with contextlib.suppress(psycopg.Error, OSError):
+            conn = _connect(self.url, self.password) if stuck or self._conn is None else self._conn
+            if self.role == "leader":
+                conn.execute("UPDATE askwright_lease SET expires = now() - interval '1 second'"
+                             " WHERE name = 'leader' AND epoch = %s AND holder = %s", (self.epoch, self.name))
+            conn.execute("DELETE FROM askwright_instance WHERE id = %s", (self.name,))
+            conn.close()
+        self.role = "standby"
+
+    # -- the thread -------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                if self._conn is None or self._conn.closed or self._conn.broken:
+                    self._conn = _connect(self.url, self.password)
+                    for statement in _TABLES:
+                        with contextlib.suppress(psycopg.errors.UniqueViolation):
+                            self._conn.execute(statement)
+                if self.role == "leader":
+                    self._renew(self._conn)
+                else:
+                    self._try_take(self._conn)
+                self._heartbeat(self._conn)
+            except psycopg.Error as exc:
+                log.debug("lease: database unreachable (%s)", exc)
+                with contextlib.suppress(Exception):
+                    self._conn.close()  # type: ignore[union-attr]
+                self._conn = None
+            if self.role == "leader" and time.monotonic() >= self.valid_until:
+                self._lose("the lease could not be renewed in time (the database unreachable?)")
+            if self._halt.wait(RENEW_SECONDS if self.role == "leader" else POLL_SECONDS):
+                return
+
+    def _renew(self, conn: psycopg.Connection) -> None:
+        started = time.monotonic()
+        cur = conn.execute("UPDATE askwright_lease SET expires = now() + make_interval(secs => %s)"
+                           " WHERE name = 'leader' AND epoch = %s AND holder = %s", (self.ttl, self.epoch, self.name))
+        if cur.rowcount == 1:
+            with self._mutex:
+                if self.role == "leader":
+                    self.valid_until = max(self.valid_until, started + self.ttl - MARGIN_SECONDS)
+        else:
+            self._lose("another instance took the lease over")
+
+    def _try_take(self, conn: psycopg.Connection) -> None:
+        started = time.monotonic()
+        with conn.transaction():
+            conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"
+                         " VALUES ('leader', 0, '', '-infinity') ON CONFLICT DO NOTHING")
+            # Waits for every open transaction the old leader fenced.
+            expired = conn.execute("SELECT expires < now() FROM askwright_lease WHERE name = 'leader'"
+                                   " FOR UPDATE").fetchone()[0]
+            if not expired:
+                return
+            epoch = conn.execute("UPDATE askwright_lease SET epoch = epoch + 1, holder = %s,"
+                                 " expires = now() + make_interval(secs => %s) WHERE name = 'leader'"
+                                 " RETURNING epoch", (self.name, self.ttl)).fetchone()[0]
+        with self._mutex:
+            self.epoch, self.role = epoch, "leader"
+            self.valid_until = started + self.ttl - MARGIN_SECONDS
+        log.warning("this instance leads now (epoch %d)", epoch)
+        if self.on_leading is not None:
+            self.on_leading()
+
+    def _heartbeat(self, conn: psycopg.Connection) -> None:
+        conn.execute("INSERT INTO askwright_instance(id, role, epoch, seen) VALUES (%s, %s, %s, now())"
+                     " ON CONFLICT (id) DO UPDATE SET role = EXCLUDED.role, epoch = EXCLUDED.epoch, seen = now()",
+                     (self.name, self.role, self.epoch))
+
+    def _lose(self, why: str) -> None:
+        with self._mutex:
+            if self.role != "leader":
+                return
+            self.role, self.valid_until = "standby", 0.0
+        log.warning("this instance no longer leads (epoch %s): %s; it writes nothing more and steps down",
+                    self.epoch, why)
+        if self.on_lost is not None:
+            self.on_lost()
+
+
+class _Guarded:
+    """A transport whose every call is refused once the lease is lost (posts,
+    notices, redactions, uploads: whatever reaches the homeserver)."""
+
+    def __init__(self, inner: Any, check: Callable[[], None]):
+        self._inner = inner
+        self._check = check
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if not callable(value) or name.startswith("_"):
+            return value
+        check = self._check
+
+        if inspect.iscoroutinefunction(value):
+            async def guarded(*args: Any, **kwargs: Any) -> Any:
+                check()
+                return await value(*args, **kwargs)
+            return guarded
+        return value
+
+
+@contextlib.contextmanager
+def migration_lock(url: str, password: str | None) -> Iterator[None]:
+    """Instances starting together migrate the store one after the other."""
+    from bridge.service.pgdialect import _as_sqlite
+
+    try:
+        conn = _connect(url, password)
+    except psycopg.Error as exc:
+        raise _as_sqlite(exc) from exc
+    try:
+        conn.execute("SET statement_timeout = 0")
+        conn.execute("SELECT pg_advisory_lock(hashtext('askwright-bridge migrate'))")
+        yield
+    finally:
+        conn.close()
+
+
+def instances(url: str, password: str | None) -> list[dict[str, Any]]:
+    """The instances heard from lately, leader first: for ``status``."""
+    conn = _connect(url, password)
+    try:
+        if conn.execute("SELECT to_regclass('askwright_instance')").fetchone()[0] is None:
+            return []
+        rows = conn.execute(
+            "SELECT id, role, epoch, EXTRACT(EPOCH FROM now() - seen) FROM askwright_instance"
+            " WHERE seen > now() - make_interval(secs => %s) ORDER BY role <> 'leader', id",
+            (SEEN_SECONDS,)).fetchall()
+    finally:
+        conn.close()
+    return [{"id": i, "role": role, "epoch": epoch, "seen_seconds_ago": round(float(ago), 1)}
+            for i, role, epoch, ago in rows]

@@ -1,0 +1,279 @@
+"""The store's SQL on PostgreSQL: a connection that speaks like ``sqlite3``.
+
+``store.py`` writes SQLite-flavoured SQL (``?`` placeholders, ``INSERT OR
+IGNORE``, ``PRAGMA user_version``, ``BEGIN IMMEDIATE``, ``lastrowid``) and the
+same ``MIGRATIONS`` list creates both schemas.  Every difference between the
+two dialects is translated here, in one place, so the store and its callers
+stay as they are:
+
+- ``?`` becomes ``%s`` (outside string literals) and every ``%`` is doubled;
+- ``INSERT OR IGNORE`` becomes ``... ON CONFLICT DO NOTHING`` and ``INSERT OR
+  REPLACE`` an upsert on the table's primary key;
+- in migrations, ``INTEGER PRIMARY KEY AUTOINCREMENT`` becomes an identity
+  column and every ``INTEGER`` a ``BIGINT`` (times are milliseconds);
+- ``PRAGMA user_version`` is a row in ``askwright_schema``; ``PRAGMA
+  synchronous`` is ``synchronous_commit``; other pragmas mean nothing here;
+- ``BEGIN IMMEDIATE`` is ``BEGIN`` followed by the fence (the leader's lease
+  check, see ``bridge/service/leader.py``) when one is set;
+- ``lastrowid`` comes from ``RETURNING`` the table's identity column,
+  ``total_changes`` is counted here;
+- psycopg's errors are raised as the ``sqlite3`` classes the callers already
+  catch (a lost connection is an ``OperationalError``: the store failed as a
+  whole, the batch is retried), with psycopg's error as the cause.
+
+The driver is psycopg 3: a synchronous API like the store's calls, binary
+wheels, and it is the maintained PostgreSQL adapter.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from typing import Any, Callable, Iterable, Sequence
+
+import psycopg
+from psycopg import errors as pgerrors
+
+_SCHEMA_TABLE = "askwright_schema"
+_LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
+_INSERT = re.compile(r"^\s*INSERT\s+(OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*(?:\(([^)]*)\))?", re.I | re.S)
+_PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
+_DDL = re.compile(r"^\s*(CREATE|ALTER)\s+TABLE", re.I)
+_DML = re.compile(r"^\s*(INSERT|UPDATE|DELETE)\b", re.I)
+
+
+class StoreOperationalError(sqlite3.OperationalError):
+    """PostgreSQL could not be reached, or a table is missing (as SQLite's "no such table")."""
+
+
+class StoreIntegrityError(sqlite3.IntegrityError):
+    pass
+
+
+class StoreDatabaseError(sqlite3.DatabaseError):
+    pass
+
+
+class LeaseLost(sqlite3.OperationalError):
+    """This instance no longer leads: it must write nothing more."""
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1@", url)
+
+
+class Result:
+    """What ``sqlite3.Connection.execute`` returns, as far as the store uses it."""
+
+    def __init__(self, rows: list[tuple] | None, rowcount: int, lastrowid: int | None):
+        self._rows = rows or []
+        self.rowcount = rowcount
+        self.lastrowid = lastrowid
+
+    def fetchone(self) -> tuple | None:
+        return self._rows.pop(0) if self._rows else None
+
+    def fetchall(self) -> list[tuple]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def __iter__(self):
+        return iter(self.fetchall())
+
+
+class PgConnection:
+    """A PostgreSQL connection used through the ``sqlite3`` calls the store makes."""
+
+    def __init__(self, url: str, *, read_only: bool = False, password: str | None = None,
+                 session: Sequence[str] = ()):
+        self.url = url
+        self.read_only = read_only
+        self.password = password
+        self.session = tuple(session)
+        self.total_changes = 0
+        self.fence: Callable[[PgConnection], None] | None = None
+        self._translated: dict[str, tuple[str, str | None]] = {}
+        self._serial: dict[str, str | None] | None = None
+        self._keys: dict[str, list[str]] = {}
+        self._open = False  # inside a BEGIN this connection issued
+        self.conn = self._connect()
+
+    def _connect(self) -> psycopg.Connection:
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, password=self.password, connect_timeout=10)
+            if self.read_only:
+                conn.execute("SET default_transaction_read_only = on")
+            for statement in self.session:
+                conn.execute(statement)
+            return conn
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- the sqlite3 calls ----------------------------------------------
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
+        word = sql.strip().upper()
+        if self.conn.closed or self.conn.broken:
+            if word == "ROLLBACK" and self._open:  # the transaction died with the connection
+                self._open = False
+                return Result(None, -1, None)
+            if self._open:
+                raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
+            self.conn = self._connect()
+        pragma = _PRAGMA.match(sql)
+        if pragma:
+            return self._pragma(pragma.group(1).lower(), pragma.group(2))
+        if word.startswith("BEGIN"):
+            self._run("BEGIN", None)
+            self._open = True
+            if self.fence is not None:
+                try:
+                    self.fence(self)
+                except BaseException:
+                    self.execute("ROLLBACK")
+                    raise
+            return Result(None, -1, None)
+        if word in ("COMMIT", "ROLLBACK"):
+            try:
+                return self._run(word, None)
+            finally:
+                self._open = False
+        if _DDL.match(sql):
+            self._serial = None
+            self._keys.clear()
+            return self._run(_ddl(sql), None)
+        text, returning = self._translate(sql)
+        return self._run(text, _adapt(params), returning=returning, counts=bool(_DML.match(sql)))
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
+        text, _returning = self._translate(sql)
+        batch = [_adapt(row) for row in rows]
+        if not batch:
+            return Result(None, 0, None)
+        try:
+            cursor = self.conn.cursor()
+            cursor.executemany(text, batch)  # pipelined: one round trip for the lot
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
+        if cursor.rowcount > 0:
+            self.total_changes += cursor.rowcount
+        return Result(None, cursor.rowcount, None)
+
+    # -- translation ----------------------------------------------------
+
+    def _run(self, text: str, params: Sequence[Any] | None, *, returning: str | None = None,
+             counts: bool = False) -> Result:
+        """``params`` None: ``text`` is sent as it is; a sequence (empty too):
+        its ``%s`` are filled and its ``%%`` are ``%``."""
+        try:
+            cursor = self.conn.execute(text, params)
+            rows = cursor.fetchall() if cursor.description is not None else None
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
+        rowcount = cursor.rowcount
+        if counts and rowcount > 0:
+            self.total_changes += rowcount
+        lastrowid = rows[0][0] if returning and rows else None
+        return Result(None if returning else rows, rowcount, lastrowid)
+
+    def _translate(self, sql: str) -> tuple[str, str | None]:
+        found = self._translated.get(sql)
+        if found is None:
+            found = self._translated[sql] = self._rewrite(sql)
+        return found
+
+    def _rewrite(self, sql: str) -> tuple[str, str | None]:
+        text = _LITERAL_OR_MARK.sub(_mark, sql)
+        insert = _INSERT.match(text)
+        if not insert:
+            return text, None
+        verb, table, columns = (insert.group(2) or "").upper(), insert.group(3), insert.group(4)
+        text = re.sub(r"^\s*INSERT\s+OR\s+\w+\s+INTO", "INSERT INTO", text, count=1, flags=re.I)
+        if verb == "IGNORE":
+            return text + " ON CONFLICT DO NOTHING", None
+        if verb == "REPLACE":
+            keys = self._primary_key(table)
+            names = [c.strip() for c in columns.split(",")] if columns else self._columns(table)
+            updates = ", ".join(f"{c}=EXCLUDED.{c}" for c in names if c not in keys)
+            action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
+            return f"{text} ON CONFLICT ({', '.join(keys)}) {action}", None
+        serial = self._serial_column(table)
+        if serial and " RETURNING " not in text.upper():
+            return f"{text} RETURNING {serial}", serial
+        return text, None
+
+    def _serial_column(self, table: str) -> str | None:
+        if self._serial is None:
+            rows = self._run("SELECT table_name, column_name FROM information_schema.columns"
+                             " WHERE table_schema = current_schema() AND is_identity = 'YES'", None).fetchall()
+            self._serial = {t: c for t, c in rows}
+        return self._serial.get(table)
+
+    def _columns(self, table: str) -> list[str]:
+        return [r[0] for r in self._run("SELECT column_name FROM information_schema.columns WHERE table_schema ="
+                                        " current_schema() AND table_name = %s ORDER BY ordinal_position",
+                                        (table,)).fetchall()]
+
+    def _primary_key(self, table: str) -> list[str]:
+        if table not in self._keys:
+            rows = self._run(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+                " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary"
+                " ORDER BY array_position(i.indkey, a.attnum)", (table,)).fetchall()
+            self._keys[table] = [r[0] for r in rows]
+        return self._keys[table]
+
+    def _pragma(self, name: str, value: str | None) -> Result:
+        if name == "user_version":
+            if value is None:
+                return Result([(self.schema_version(),)], -1, None)
+            self._run(f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE}"
+                      " (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)", None)
+            self._run(f"INSERT INTO {_SCHEMA_TABLE}(id, version) VALUES (1, %s)"
+                      " ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version", (int(value),))
+        elif name == "synchronous" and value is not None:
+            # NORMAL: commit without waiting for the disk; FULL: wait (the default).
+            self._run(f"SET synchronous_commit = {'off' if value.upper() in ('NORMAL', 'OFF', '0', '1') else 'on'}",
+                      None)
+        return Result(None, -1, None)
+
+    def schema_version(self) -> int:
+        if self._run("SELECT to_regclass(%s)", (_SCHEMA_TABLE,)).fetchone()[0] is None:
+            return 0
+        row = self._run(f"SELECT version FROM {_SCHEMA_TABLE} WHERE id = 1", None).fetchone()
+        return row[0] if row else 0
+
+
+def _mark(match: re.Match[str]) -> str:
+    """A "?" inside a string literal stays, and every "%" is doubled, inside one
+    too (psycopg reads them all); a comment goes (an apostrophe or "?" in it
+    is not SQL)."""
+    found = match.group(0)
+    if found.startswith("--"):
+        return ""
+    return {"?": "%s", "%": "%%"}.get(found, found.replace("%", "%%"))
+
+
+def _ddl(sql: str) -> str:
+    sql = re.sub(r"\bINTEGER\s+PRIMARY\s+KEY\s+AUTOINCREMENT\b",
+                 "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY", sql, flags=re.I)
+    return re.sub(r"\bINTEGER\b", "BIGINT", sql, flags=re.I)
+
+
+def _adapt(params: Sequence[Any]) -> tuple:
+    # SQLite stores a bool as 0/1 in an INTEGER column; PostgreSQL would send a boolean.
+    return tuple(int(p) if isinstance(p, bool) else p for p in params)
+
+
+def _as_sqlite(exc: psycopg.Error) -> sqlite3.Error:
+    message = f"PostgreSQL: {str(exc).strip()}"
+    if isinstance(exc, (psycopg.OperationalError, pgerrors.UndefinedTable, pgerrors.UndefinedColumn,
+                        pgerrors.AdminShutdown, pgerrors.InFailedSqlTransaction)):
+        return StoreOperationalError(message)
+    if isinstance(exc, psycopg.IntegrityError):
+        return StoreIntegrityError(message)
+    return StoreDatabaseError(message)

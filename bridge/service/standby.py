@@ -1,0 +1,111 @@
+"""An instance on a PostgreSQL store: a standby until it holds the lease,
+then the bridge, then a standby again if it loses the lease.
+
+While it stands by it touches neither the homeserver nor the sets folder.
+It answers /health (503, ``"role": "standby"``) and /metrics
+(``askwright_bridge_standby 1``) on its metrics listener, and in appservice
+mode on the appservice listener, where every transaction gets 503 so the
+homeserver (or the proxy in front) tries the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from bridge.service.config import Config
+from bridge.service.leader import Lease
+from bridge.service.metrics import Metrics, health_routes
+
+log = logging.getLogger(__name__)
+
+Serve = Callable[[Config, asyncio.Event, Lease], Awaitable[None]]
+
+
+async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) -> None:
+    assert config.store.url
+    loop = asyncio.get_running_loop()
+    lease = Lease(config.store.url, config.store.password)
+    changed = asyncio.Event()
+    lease.on_leading = lambda: loop.call_soon_threadsafe(changed.set)
+    lease.on_lost = lambda: loop.call_soon_threadsafe(changed.set)
+    lease.start()
+    log.info("instance %s started as a standby", lease.name)
+    try:
+        while not stop.is_set():
+            runner = await _standby_listener(config)
+            try:
+                while not lease.leading and not stop.is_set():
+                    changed.clear()
+                    await _first(stop, changed)
+            finally:
+                if runner is not None:
+                    await runner.cleanup()
+            if stop.is_set():
+                break
+            term = asyncio.Event()
+            follow = asyncio.ensure_future(_until_lost(lease, stop, changed, term))
+            try:
+                await serve(config, term, lease)
+            finally:
+                follow.cancel()
+            if not stop.is_set():
+                log.warning("stepped down: standing by again")
+    finally:
+        lease.stop()
+
+
+async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event, term: asyncio.Event) -> None:
+    while lease.role == "leader" and not stop.is_set():
+        changed.clear()
+        await _first(stop, changed)
+    term.set()
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+def standby_metrics() -> Metrics:
+    metrics = Metrics()
+    metrics.set_role("standby")
+    return metrics
+
+
+async def _standby_listener(config: Config) -> web.AppRunner | None:
+    """/health and /metrics where the leader would serve them; in appservice
+    mode every other request (a transaction) is answered 503."""
+    if config.appservice.enabled:
+        host, port = config.appservice.listen_host_port
+    elif config.metrics.enabled:
+        host, port = config.metrics.listen_host_port
+    else:
+        return None
+    app = web.Application()
+    app.add_routes(health_routes(standby_metrics()))
+
+    async def not_leading(_request: web.Request) -> web.Response:
+        return web.json_response({"errcode": "M_UNKNOWN", "error": "this instance stands by; another one leads"},
+                                 status=503)
+
+    app.router.add_route("*", "/{tail:.*}", not_leading)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    for attempt in range(50):  # the port may still be held by the bridge this instance just stopped
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            return runner
+        except OSError:
+            if attempt == 49:
+                await runner.cleanup()
+                raise
+            await asyncio.sleep(0.1)
+    return runner

@@ -1,0 +1,95 @@
+"""A SQLite store copied into an empty PostgreSQL database, and the copy
+verified: the same rows in every table, and the same answer log (a checksum
+over every entry, in order).  The schema is made by the store's own
+migrations, so both sides are at the same version before a row moves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from bridge.service.store import Store
+
+
+class CopyRefused(Exception):
+    """One sentence: why nothing was copied."""
+
+
+@dataclass
+class CopyReport:
+    counts: dict[str, int] = field(default_factory=dict)  # table -> rows, equal on both sides
+    log_checksum: str = ""
+
+
+def copy_store(source: Path, url: str, password: str | None) -> CopyReport:
+    if not source.is_file():
+        raise CopyRefused(f"{source}: there is no SQLite store to copy")
+    Store(source).close()  # brings an older store to the current schema (or refuses a newer one)
+    if _tables_in(url, password):
+        raise CopyRefused(f"the target database already has tables ({', '.join(_tables_in(url, password)[:5])});"
+                          " migrate copies into an empty database only")
+    target = Store("unused", url=url, password=password)
+    try:
+        with sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True) as db:
+            tables = _copied_tables(db)
+            _copy_rows(db, target, tables)
+            report = CopyReport()
+            for table, columns in tables.items():
+                here = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                there = target.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                if here != there:
+                    raise CopyRefused(f"verification failed: {table} has {here} rows here and {there} there")
+                report.counts[table] = here
+            cols = ", ".join(tables["answer_log"])
+            mine = log_checksum(db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq"))
+            theirs = log_checksum(target.db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq").fetchall())
+            if mine != theirs:
+                raise CopyRefused("verification failed: the answer log differs after the copy")
+            report.log_checksum = mine
+            return report
+    finally:
+        target.close()
+
+
+def log_checksum(rows: Iterable[tuple[Any, ...]]) -> str:
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(list(row), ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _copied_tables(db: sqlite3.Connection) -> dict[str, list[str]]:
+    names = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'"
+                                          " AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+    return {name: [col[1] for col in db.execute(f"PRAGMA table_info({name})")] for name in names}
+
+
+def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str]]) -> None:
+    conn = target.db.conn  # psycopg's own COPY: one stream per table, in one transaction
+    with conn.transaction():
+        for table, columns in tables.items():
+            with conn.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+                for row in db.execute(f"SELECT {', '.join(columns)} FROM {table}"):
+                    copy.write_row(row)
+        # Identity columns continue after the copied rows, not from 1.
+        for table, column in conn.execute(
+                "SELECT table_name, column_name FROM information_schema.columns"
+                " WHERE table_schema = current_schema() AND is_identity = 'YES'").fetchall():
+            conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'),"
+                         f" COALESCE((SELECT MAX({column}) FROM {table}), 0) + 1, false)")
+
+
+def _tables_in(url: str, password: str | None) -> list[str]:
+    from bridge.service.pgdialect import PgConnection
+
+    db = PgConnection(url, password=password, read_only=True)
+    try:
+        return [row[0] for row in db.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            " ORDER BY table_name").fetchall()]
+    finally:
+        db.close()

@@ -1,0 +1,281 @@
+"""Several bridge instances on one PostgreSQL store and one sets folder (one
+machine, as an operator's two would share a database and a network folder),
+and a storm of answers while the leader is killed and paused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import statistics
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bridge.devpostgres import Postgres
+from bridge.devserver import Synapse, free_port
+from helpers.attack import room_history
+from helpers.harness import Bridge, Person, answer_content, question_posts
+
+
+@dataclass
+class Cluster:
+    synapse: Synapse
+    postgres: Postgres
+    workdir: Path
+    room_id: str
+    bot: dict[str, str]
+    url: str = ""
+    appservice: dict[str, Any] | None = None
+    instances: list[Bridge] = field(default_factory=list)
+    ports: dict[int, int] = field(default_factory=dict)  # id(instance) -> its /health port
+    listen_ports: list[int] = field(default_factory=list)  # ports to use first (where a proxy expects them)
+
+    def __post_init__(self) -> None:
+        self.url = self.url or self.postgres.create_database()
+        self.sets_root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def sets_root(self) -> Path:
+        return self.workdir / "shared-sets"
+
+    def add(self) -> Bridge:
+        """One more instance: its own config file, log and listener, the same store and sets."""
+        port = self.listen_ports[len(self.instances)] if len(self.instances) < len(self.listen_ports) else free_port()
+        extra: dict[str, Any] = {
+            "sets": {"root": str(self.sets_root)},
+            "store": {"path": str(self.workdir / "bridge.sqlite"), "url": self.url,
+                      "password": self.postgres.password},
+        }
+        if self.appservice is not None:
+            extra["appservice"] = {**self.appservice, "listen": f"127.0.0.1:{port}"}
+        else:
+            extra["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+        instance = Bridge(synapse=self.synapse, workdir=self.workdir / f"instance{len(self.instances)}",
+                          room_id=self.room_id, bot=self.bot, extra_config=extra)
+        instance.workdir.mkdir(parents=True, exist_ok=True)
+        self.instances.append(instance)
+        self.ports[id(instance)] = port
+        return instance
+
+    def add_set(self, content: dict[str, Any]) -> Path:
+        target = self.sets_root / content["id"]
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "questions.json").write_text(json.dumps(content, indent=2))
+        return target
+
+    def answers(self, set_name: str) -> dict[str, Any]:
+        path = self.sets_root / set_name / "answers.json"
+        return json.loads(path.read_text()) if path.exists() else {"answers": {}}
+
+    def health(self, instance: Bridge) -> dict[str, Any] | None:
+        return http_json(f"http://127.0.0.1:{self.ports[id(instance)]}/health")
+
+    def metrics(self, instance: Bridge) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[id(instance)]}/metrics", timeout=2) as reply:
+            return reply.read().decode()
+
+    def rows(self, sql: str, *params: Any) -> list[tuple]:
+        with psycopg.connect(self.url, password=self.postgres.password) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def accepted(self) -> int:
+        return self.rows("SELECT COUNT(*) FROM answer_log WHERE outcome = 'accepted'")[0][0]
+
+    def running(self) -> list[Bridge]:
+        return [i for i in self.instances if i.process and i.process.poll() is None]
+
+    async def leader(self, timeout: float = 30, besides: Bridge | None = None, ready: bool = True) -> Bridge:
+        """The instance that leads (and is ready, unless ``ready`` is False), not ``besides``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for instance in self.running():
+                if instance is besides:
+                    continue
+                found = self.health(instance)
+                if found and found.get("role") == "leader" and (found.get("ready") or not ready):
+                    return instance
+            if time.monotonic() > deadline:
+                logs = "\n".join(i.log_text()[-1500:] for i in self.instances)
+                raise AssertionError(f"no instance leads within {timeout} s\n{logs}")
+            await asyncio.sleep(0.1)
+
+    async def wait_answer(self, set_name: str, qid: str, rev: int, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = self.answers(set_name)["answers"].get(qid)
+            if record and record["rev"] >= rev:
+                return record
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no answer rev {rev} for {qid} within {timeout} s")
+
+    async def role_of(self, instance: Bridge, role: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while (self.health(instance) or {}).get("role") != role:
+            instance.check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not {role} within {timeout} s\n{instance.log_text()[-3000:]}")
+            await asyncio.sleep(0.1)
+
+    def stop_all(self) -> None:
+        for instance in self.instances:
+            if instance.process and instance.process.poll() is None:
+                instance.process.send_signal(signal.SIGCONT)
+            instance.kill()
+
+
+def http_json(url: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        try:
+            return json.loads(error.read())
+        except ValueError:
+            return None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+@dataclass
+class FailoverStorm:
+    """Three people send ``total`` answers; meanwhile the leader is killed
+    ``kills`` times (restarted at once as a standby) and paused once until
+    the standby leads.  Times each takeover: from the leader's death to the
+    first answer the next leader made durable."""
+
+    cluster: Cluster
+    people: list[Person]
+    questions: dict[tuple[str, int], dict[str, Any]]
+    seed: int
+    total: int = 500
+    kills: int = 3
+    lanes: int = 3
+    sent: list[tuple[str, str]] = field(default_factory=list)
+    takeovers: list[float] = field(default_factory=list)
+    paused: int = 0
+
+    async def run(self) -> None:
+        rng = random.Random(self.seed)
+        # Far enough apart that the sends in flight at one never reach the next.
+        points = sorted(rng.sample(range(self.total // 10, self.total - self.total // 5, 30), self.kills + 1))
+        pause_at = points[rng.randrange(len(points))]
+        qids = sorted({qid for qid, _rev in self.questions})
+        shares = [self.total // len(self.people) + (1 if i < self.total % len(self.people) else 0)
+                  for i in range(len(self.people))]
+        # The senders wait at each failure point until the failure happened,
+        # so answers keep coming after every death, whatever the pace.
+        hold = {"at": points[0]}
+        go = asyncio.Event()
+
+        async def answer(person: Person, share: int, own: random.Random) -> None:
+            turns = iter(range(share))
+
+            async def lane() -> None:
+                for i in turns:
+                    while len(self.sent) >= hold["at"]:
+                        go.clear()
+                        await go.wait()
+                    qid = own.choice(qids)
+                    content = answer_content(self.questions[(qid, 1)], text=f"{person.user_id} says {i}")
+                    self.sent.append((await person.send(self.cluster.room_id, content), qid))
+                    await asyncio.sleep(own.uniform(0, 0.02))
+
+            await asyncio.gather(*(lane() for _ in range(self.lanes)))
+
+        async def fail() -> None:
+            for n, point in enumerate(points):
+                while len(self.sent) < point:
+                    await asyncio.sleep(0.01)
+                leader = await self.cluster.leader(timeout=60)
+                await asyncio.sleep(rng.uniform(0, 0.3))  # inside a batch, or between two
+                before = self.cluster.accepted()
+                died = time.monotonic()
+                if point == pause_at:
+                    leader.process.send_signal(signal.SIGSTOP)
+                    self.paused += 1
+                else:
+                    leader.kill()
+                hold["at"] = points[n + 1] if n + 1 < len(points) else self.total + 1
+                go.set()
+                if point == pause_at:
+                    await self.cluster.leader(timeout=30, besides=leader, ready=False)
+                    # Resumed once the other leads: it finds it lost the lease and stands by.
+                    leader.process.send_signal(signal.SIGCONT)
+                await self._first_durable(before, died)
+                if point != pause_at:
+                    leader.start()  # comes back as a standby
+                await self.cluster.role_of(leader, "standby")
+
+        await asyncio.gather(fail(), *(answer(p, share, random.Random(self.seed * 31 + n))
+                                       for n, (p, share) in enumerate(zip(self.people, shares))))
+
+    async def _first_durable(self, before: int, died: float) -> None:
+        while self.cluster.accepted() <= before:
+            if time.monotonic() - died > 60:
+                raise AssertionError(f"no answer made durable within 60 s of the leader's death ({len(self.sent)} sent)")
+            await asyncio.sleep(0.05)
+        self.takeovers.append(time.monotonic() - died)
+
+    def expected_revs(self) -> dict[str, int]:
+        revs: dict[str, int] = {}
+        for _event_id, qid in self.sent:
+            revs[qid] = revs.get(qid, 0) + 1
+        return revs
+
+    async def settle(self, set_name: str, timeout: float = 90) -> None:
+        wanted = self.expected_revs()
+        deadline = time.monotonic() + timeout
+        while True:
+            records = self.cluster.answers(set_name)["answers"]
+            if (self.cluster.accepted() >= len(self.sent)
+                    and all(records.get(q, {}).get("rev") == n for q, n in wanted.items())
+                    and self.cluster.rows("SELECT COUNT(*) FROM answer_log WHERE acked = 0")[0][0] == 0):
+                return
+            if time.monotonic() > deadline:
+                logs = "\n".join(i.log_text()[-2000:] for i in self.cluster.instances)
+                raise AssertionError(f"{self.cluster.accepted()} of {len(self.sent)} answers after {timeout} s\n{logs}")
+            await asyncio.sleep(0.2)
+
+    def report(self, mode: str) -> str:
+        times = sorted(self.takeovers)
+        return (f"failover storm ({mode} mode): {len(self.sent)} answers, {self.kills} kills, {self.paused} pause; "
+                f"takeovers {', '.join(f'{t:.1f}' for t in self.takeovers)} s; "
+                f"leader's death to the standby's first durable answer: p50 {statistics.median(times):.2f} s, "
+                f"max {max(times):.2f} s")
+
+    async def check(self, set_name: str, question_count: int, reader: Person) -> None:
+        cluster = self.cluster
+        sent_ids = [event_id for event_id, _qid in self.sent]
+        assert len(set(sent_ids)) == len(sent_ids) == self.total
+        rows = cluster.rows("SELECT event_id, qid, outcome FROM answer_log ORDER BY seq")
+        logged = [event_id for event_id, _qid, _outcome in rows]
+        assert len(logged) == len(set(logged)), "an answer was logged twice"
+        accepted = [(event_id, qid) for event_id, qid, outcome in rows if outcome == "accepted"]
+        assert sorted(accepted) == sorted(self.sent), "every answer sent is accepted, none twice"
+        assert cluster.rows("SELECT COUNT(*) FROM dirty")[0][0] == 0
+        records = cluster.answers(set_name)["answers"]
+        last = {qid: event_id for event_id, qid in accepted}
+        for qid, count in self.expected_revs().items():
+            assert records[qid]["rev"] == count, (qid, records[qid]["rev"], count)
+            assert records[qid]["source"]["event_id"] == last[qid]
+        history = await room_history(reader, cluster.room_id)
+        posts = question_posts(history)
+        assert len(posts) == question_count, f"{len(posts)} question posts for {question_count} questions"
+        # Every answer got exactly one notice.
+        told: dict[str, int] = {}
+        for event in history:
+            replied = event.get("content", {}).get("dev.superpipeline.question.outcome", {}).get("answer_event_id")
+            if replied:
+                told[replied] = told.get(replied, 0) + 1
+        twice = {e: n for e, n in told.items() if n > 1}
+        assert twice == {}, f"notices sent twice: {list(twice.items())[:5]}"
+        # Every answer was told (in its own reply, or one that stands for several: settle waited for that).
+        assert cluster.rows("SELECT COUNT(*) FROM answer_log WHERE acked = 0")[0][0] == 0
+        assert told, "no acknowledgement at all"

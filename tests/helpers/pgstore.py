@@ -1,0 +1,56 @@
+"""The store test suite on both backends.
+
+A test module that makes stores with ``Store(path)`` runs once on SQLite and
+once on PostgreSQL: on PostgreSQL every path it opens stands for a schema of
+its own in the session's one server, so reopening the same path reopens the
+same store, and tests never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+
+from bridge.devpostgres import Postgres
+from bridge.service.store import Store
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def fresh_schema(server: Postgres) -> str:
+    """A URL whose tables land in a new empty schema."""
+    name = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(server.url(with_password=True), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    return server.url() + "?options=" + quote(f"-csearch_path={name}", safe="")
+
+
+def on_postgresql(monkeypatch: Any, server: Postgres) -> dict[str, str]:
+    """Make ``Store(path)`` and ``Store.read_only(path)`` open PostgreSQL; returns path -> URL."""
+    urls: dict[str, str] = {}
+    make, read_only = Store.__init__, Store.read_only.__func__
+
+    def key(path: Any) -> str:
+        return str(Path(path).resolve())
+
+    def url_for(path: Any) -> str:
+        if key(path) not in urls:
+            urls[key(path)] = fresh_schema(server)
+        return urls[key(path)]
+
+    def init(self: Store, path: Any, *, url: str | None = None, password: str | None = None) -> None:
+        make(self, path, url=url or url_for(path), password=password or server.password)
+
+    def opened(cls: type, path: Any, *, url: str | None = None, password: str | None = None) -> Store:
+        if url is None and key(path) not in urls:
+            raise FileNotFoundError(str(path))  # like a SQLite store never created
+        return read_only(cls, path, url=url or urls[key(path)], password=password or server.password)
+
+    monkeypatch.setattr(Store, "__init__", init)
+    monkeypatch.setattr(Store, "read_only", classmethod(opened))
+    monkeypatch.setenv("PGPASSWORD", server.password)
+    return urls

@@ -1,0 +1,170 @@
+"""Leader and standby on a real PostgreSQL server: one lease, one leader,
+and a leader that lost it writes nothing to the store."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+
+from bridge.service.leader import Lease, instances
+from bridge.service.pgdialect import LeaseLost
+from bridge.service.store import Store
+from helpers.pgstore import fresh_schema
+
+
+def wait_for(predicate, timeout: float = 15.0) -> float:
+    began = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - began < timeout, "not within the time"
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+@pytest.fixture
+def shared(postgres_server):
+    url = fresh_schema(postgres_server)
+    leases: list[Lease] = []
+
+    def lease(url: str = url, **kw) -> Lease:
+        made = Lease(url, postgres_server.password, **kw)
+        made.start()
+        leases.append(made)
+        return made
+
+    yield url, lease
+    for made in leases:
+        made.stop()
+
+
+def freeze(lease: Lease) -> None:
+    """The holder stops renewing without a word, as if its process were paused."""
+    lease._halt.set()
+    lease._thread.join()
+
+
+def test_exactly_one_of_three_leads_and_status_lists_them(shared, postgres_server):
+    url, lease = shared
+    three = [lease(ttl=2) for _ in range(3)]
+    wait_for(lambda: sum(x.leading for x in three) == 1)
+    time.sleep(1.5)
+    assert sum(x.leading for x in three) == 1
+    wait_for(lambda: len(instances(url, postgres_server.password)) == 3)
+    roles = [row["role"] for row in instances(url, postgres_server.password)]
+    assert roles == ["leader", "standby", "standby"]
+
+
+def test_a_standby_takes_over_a_silent_leader_with_a_higher_epoch(shared):
+    _url, lease = shared
+    first = lease(ttl=2)
+    wait_for(lambda: first.leading)
+    second = lease(ttl=2)
+    time.sleep(1)
+    assert not second.leading
+    freeze(first)
+    wait_for(lambda: second.leading, timeout=2 + 3)
+    assert second.epoch == first.epoch + 1
+    with pytest.raises(LeaseLost):
+        first.check()  # its own clock ran out before the database let the standby in
+
+
+def test_a_clean_stop_hands_the_lease_on_at_once(shared):
+    _url, lease = shared
+    first = lease(ttl=30)
+    wait_for(lambda: first.leading)
+    second = lease(ttl=30)
+    first.stop()
+    assert wait_for(lambda: second.leading, timeout=5) < 5
+
+
+def test_a_leader_that_lost_the_lease_commits_nothing(shared, postgres_server):
+    url, lease = shared
+    old = lease(ttl=2)
+    wait_for(lambda: old.leading)
+    store = Store("unused", url=url, password=postgres_server.password)
+    old.guard_store(store)
+    with store.transaction():
+        store.mark_processed("$before", "accepted")
+    freeze(old)
+    new = lease(ttl=2)
+    wait_for(lambda: new.leading)
+    old.role, old.valid_until = "leader", time.monotonic() + 60  # resumed, and its clock lies
+    with pytest.raises(sqlite3.OperationalError):
+        with store.transaction():
+            store.mark_processed("$after", "accepted")
+    assert store.is_processed("$before") and not store.is_processed("$after")
+    assert old.role == "standby"
+
+
+def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_server):
+    url, lease = shared
+    old = lease(ttl=1)
+    wait_for(lambda: old.leading)
+    store = Store("unused", url=url, password=postgres_server.password)
+    old.guard_store(store)
+    new = lease(ttl=1)
+    with store.transaction():
+        freeze(old)
+        store.mark_processed("$in-flight", "accepted")
+        time.sleep(2.0)  # the lease expired meanwhile, but this transaction holds its row
+        assert not new.leading
+    wait_for(lambda: new.leading)
+    assert store.is_processed("$in-flight")
+
+
+class Cable:
+    """A TCP forwarder between a lease and the server that can be cut: open
+    connections go dead (no reset, nothing more passes) and new ones are refused."""
+
+    def __init__(self, port: int):
+        import socket
+        import threading
+
+        self.target = ("127.0.0.1", port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cut = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            client, _ = self.listener.accept()
+            if self.cut.is_set():
+                client.close()
+                continue
+            server = socket.create_connection(self.target)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src, dst) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            while self.cut.is_set():  # a dead network: bytes go nowhere, nobody is told
+                time.sleep(0.1)
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+
+def test_a_leader_cut_off_from_the_database_stops_writing_and_a_standby_takes_over(shared, postgres_server):
+    url, lease = shared
+    cable = Cable(postgres_server.port)
+    old = lease(ttl=2, url=url.replace(f":{postgres_server.port}/", f":{cable.port}/"))
+    wait_for(lambda: old.leading)
+    new = lease(ttl=2)
+    cable.cut.set()
+    wait_for(lambda: not old.leading, timeout=2 + 3)
+    with pytest.raises(LeaseLost):
+        old.check()
+    wait_for(lambda: new.leading, timeout=2 + 5)
+    assert old.role == "standby"

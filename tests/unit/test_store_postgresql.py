@@ -1,0 +1,103 @@
+"""The store on PostgreSQL: what only that backend has (a server, a URL, a password, a connection that can drop)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import psycopg
+import pytest
+import yaml
+
+from bridge.cli import main
+from bridge.service.config import parse_config
+from bridge.service.pgdialect import PgConnection, redact
+from bridge.service.store import MIGRATIONS, SCHEMA_VERSION, LogEntry, Store
+from helpers.pgstore import fresh_schema
+
+
+def test_an_older_store_migrates_forward_keeping_its_rows(postgres_server):
+    url = fresh_schema(postgres_server)
+    db = PgConnection(url, password=postgres_server.password)
+    for number, script in enumerate(MIGRATIONS[:-1]):
+        db.execute("BEGIN IMMEDIATE")
+        for statement in (s for s in script.split(";") if s.strip()):
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version={number + 1}")
+        db.execute("COMMIT")
+    db.execute("INSERT INTO meta(key, value) VALUES (?, ?)", ("sync_token", "s1"))
+    db.close()
+    store = Store("unused", url=url, password=postgres_server.password)
+    assert store.get_meta("sync_token") == "s1"
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_the_log_keeps_millisecond_times_and_numbers_entries_in_order(postgres_server):
+    store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
+    with store.transaction():
+        first = store.append_log(LogEntry("$a", "!r", "@p:hs", "answer_event", "refused", ts=1_790_000_000_000))
+        second = store.append_log(LogEntry("$b", "!r", "@p:hs", "answer_event", "refused", ts=1_790_000_000_001))
+    assert second == first + 1
+    assert [entry.ts for _seq, entry in store.unacked()] == [1_790_000_000_000, 1_790_000_000_001]
+
+
+def test_a_dropped_connection_fails_the_transaction_and_the_next_one_reconnects(postgres_server):
+    store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
+    with psycopg.connect(postgres_server.url(with_password=True), autocommit=True) as admin:
+        pid = store.db.conn.info.backend_pid
+        with pytest.raises(sqlite3.OperationalError):
+            with store.transaction():
+                store.mark_processed("$a", "accepted")
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                store.mark_processed("$b", "accepted")
+    with store.transaction():
+        store.mark_processed("$c", "accepted")
+    assert [store.is_processed(e) for e in ("$a", "$b", "$c")] == [False, False, True]
+
+
+def test_the_password_comes_from_the_environment_and_never_shows_in_messages(postgres_server, tmp_path):
+    raw = {"homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+           "sets": {"root": "."}, "rooms": {"default": "!r"},
+           "store": {"path": "bridge.sqlite", "url": fresh_schema(postgres_server)}}
+    config = parse_config(raw, base_dir=tmp_path, environ={"ASKWRIGHT_BRIDGE_STORE_PASSWORD": postgres_server.password})
+    assert config.store.password == postgres_server.password
+    Store(config.store.path, url=config.store.url, password=config.store.password).close()
+    assert redact("postgresql://bridge:s3cret@db:5432/bridge") == "postgresql://bridge@db:5432/bridge"
+
+
+def test_a_wrong_password_is_one_line_naming_store_url_and_exit_2(postgres_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    url = postgres_server.url().replace("postgres@", "postgres:wrong-password@")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": "."}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite", "url": url}}))
+    config.chmod(0o600)
+    assert main(["run", "-c", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("askwright-bridge: store.url: cannot open")
+    assert "wrong-password" not in err
+
+
+def test_store_url_must_be_postgresql(tmp_path):
+    raw = {"homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+           "sets": {"root": "."}, "rooms": {"default": "!r"}, "store": {"path": "x", "url": "mysql://db/x"}}
+    with pytest.raises(Exception, match="store.url: must start with postgresql://"):
+        parse_config(raw, base_dir=tmp_path, environ={})
+
+
+def test_the_sqlite_dialect_edge_cases_mean_the_same_on_postgresql(postgres_server):
+    store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
+    db = store.db
+    with store.transaction():
+        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')  -- isn't this a comment? yes, 100%",
+                   ("/sets/50%",))
+        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')", ("/sets/50%",))
+        db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 1)")
+        db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 2)")
+    assert db.execute("SELECT set_dir FROM dirty WHERE set_dir LIKE '%50\\%' ESCAPE '\\'").fetchall() == [("/sets/50%",)]
+    assert db.execute("SELECT COUNT(*) FROM dirty WHERE set_dir LIKE '/sets/%'").fetchone()[0] == 1
+    assert store.reminded() == {"$q": 2}
+    before = store.changes()
+    with store.transaction():
+        store.clear_dirty([("/sets/50%", "s", "q1"), ("/nowhere", "s", "q9")])
+    assert store.changes() - before == 1 and store.dirty() == []
