@@ -519,10 +519,11 @@ class Store:
     def withdraw_votes(self, question_event_id: str, sender: str, until_ts: int | None = None) -> tuple[str, str, str] | None:
         """An empty poll vote: withdraw every vote ``sender`` gave in the
         question's poll before it (in the room's order)."""
+        until = "" if until_ts is None else " AND ts<=?"
         rows = self.db.execute(
             "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
-            " AND outcome='accepted' AND withdrawn=0 AND (? IS NULL OR ts<=?) ORDER BY seq",
-            (question_event_id, sender, until_ts, until_ts)).fetchall()
+            f" AND outcome='accepted' AND withdrawn=0{until} ORDER BY seq",
+            (question_event_id, sender) + (() if until_ts is None else (until_ts,))).fetchall()
         return self._withdraw_rows(rows)
 
     def _withdraw_rows(self, rows: list[tuple]) -> tuple[str, str, str] | None:
@@ -541,12 +542,14 @@ class Store:
     def sender_of(self, event_id: str) -> str | None:
         """Who sent an event the bridge has logged, holds undecrypted, or parked."""
         for query in ("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1",
-                      "SELECT sender FROM undecrypted WHERE event_id=?",
-                      "SELECT json_extract(event, '$.sender') FROM parked_edit WHERE event_id=?"):
+                      "SELECT sender FROM undecrypted WHERE event_id=?"):
             row = self.db.execute(query, (event_id,)).fetchone()
             if row:
                 return row[0]
-        return None
+        # A parked edit is kept whole (JSON); its sender is read in Python, the same on both backends.
+        row = self.db.execute("SELECT event FROM parked_edit WHERE event_id=?", (event_id,)).fetchone()
+        sender = json.loads(row[0]).get("sender") if row else None
+        return sender if isinstance(sender, str) else None
 
     def drop_parked(self, event_id: str) -> None:
         self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
@@ -835,9 +838,10 @@ class Store:
     def undecrypted(self) -> list[tuple[dict[str, Any], int]]:
         """(event, first seen ms) of every kept event, oldest in the room first."""
         # In the room's order: events of one late session are judged as they were sent.
-        rows = self.db.execute("SELECT event, first_seen FROM undecrypted"
-                               " ORDER BY json_extract(event, '$.origin_server_ts'), first_seen, event_id").fetchall()
-        return [(json.loads(event), first_seen) for event, first_seen in rows]
+        rows = self.db.execute("SELECT event, first_seen FROM undecrypted").fetchall()
+        kept = [(json.loads(event), first_seen) for event, first_seen in rows]
+        kept.sort(key=lambda item: (_sort_ts(item[0].get("origin_server_ts")), item[1], str(item[0].get("event_id"))))
+        return kept
 
     def drop_undecrypted(self, event_ids: Iterable[str]) -> None:
         self.db.executemany("DELETE FROM undecrypted WHERE event_id=?", [(e,) for e in event_ids])
@@ -848,6 +852,10 @@ _Q = "event_id, room_id, set_id, content, open, closed_why"
 PARKED_FOR_MS = 7 * 24 * 3600 * 1000
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
 _RECENT_QUESTIONS = 512
+
+
+def _sort_ts(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _question(row: tuple) -> RecordedQuestion:

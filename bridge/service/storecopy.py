@@ -71,7 +71,12 @@ def _copied_tables(db: sqlite3.Connection) -> dict[str, list[str]]:
 def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str]]) -> None:
     conn = target.db.conn  # psycopg's own COPY: one stream per table, in one transaction
     with conn.transaction():
+        with_rowid = {table for (table,) in conn.execute(
+            "SELECT table_name FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND column_name = 'rowid'").fetchall()}
         for table, columns in tables.items():
+            # SQLite's rowid, where the table has no key of its own, is the order of insertion the store reads.
+            columns = [*columns, "rowid"] if table in with_rowid else columns
             with conn.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
                 for row in db.execute(f"SELECT {', '.join(columns)} FROM {table}"):
                     copy.write_row(row)
