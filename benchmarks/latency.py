@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from _world import World, answer, percentile, question_set, send, world
+from _world import World, answer, percentile, question_set, world
 
 from bridge.protocol.poll import POLL_KEY, POLL_START, wants_poll
 

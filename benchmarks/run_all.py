@@ -114,7 +114,7 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                          f"bare client {lat[f'bare_p{p}_ms']} (+{lat[f'overhead_p{p}_ms']})",
                          f"+<= {limit:g}", met(lat[f"overhead_p{p}_ms"] <= limit)))
         if "own_p50_ms" in lat:
-            rows.append((f"... of it the bridge's own work after its sync returns, p50 / p99 (ms)",
+            rows.append(("... of it the bridge's own work after its sync returns, p50 / p99 (ms)",
                          f"{lat['own_p50_ms']} / {lat['own_p99_ms']}",
                          f"homeserver answering its sync later {lat['delivery_p50_ms']} / {lat['delivery_p99_ms']}",
                          "-", "-"))

@@ -630,10 +630,6 @@ class Store:
             return None
         return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
 
-    def accepted_count(self, set_dir: str, qid: str) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
-                               (set_dir, qid)).fetchone()[0]
-
     def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
         """The record answers.json should hold for a question, from the log in
         the room's order (see ``annotate.fold_records``); its ``rev`` the

@@ -130,6 +130,17 @@ def text_set(set_id: str, count: int) -> dict[str, Any]:
     }
 
 
+def appservice_storm_bridge(synapse: Synapse, workdir: Path, people: list[Person]) -> Bridge:
+    """A room made by the first person with the others in it, and an appservice bridge invited, not yet started."""
+    room_id = synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])])
+    for person in people[1:]:
+        synapse.join(person.token, room_id)
+    bridge = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot={"user_id": AS_BOT, "access_token": None},
+                    extra_config={"appservice": dict(synapse.appservice)})
+    bridge.sets_root.mkdir()
+    return bridge
+
+
 class TornWatch:
     """Reads a file in a loop on a thread and remembers anything that is not
     a whole JSON document, or a ``rev`` that went backwards."""

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers.attack import AS_BOT, Storm, TornWatch, text_set
+from helpers.attack import Storm, TornWatch, appservice_storm_bridge, text_set
 from helpers.harness import Bridge, Person, unique
 
 pytestmark = pytest.mark.integration
@@ -64,13 +64,7 @@ async def test_crash_storm_bot_mode(synapse, tmp_path, person):
 async def test_crash_storm_appservice_mode(appservice_synapse, tmp_path):
     as_synapse = appservice_synapse
     people = [Person(as_synapse, as_synapse.register(unique("person"))) for _ in range(3)]
-    room_id = as_synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])])
-    for p in people[1:]:
-        as_synapse.join(p.token, room_id)
-    bridge = Bridge(synapse=as_synapse, workdir=tmp_path, room_id=room_id,
-                    bot={"user_id": AS_BOT, "access_token": None},
-                    extra_config={"appservice": dict(as_synapse.appservice)})
-    bridge.sets_root.mkdir()
+    bridge = appservice_storm_bridge(as_synapse, tmp_path, people)
     try:
         await storm_through(bridge, people, SEED + 1)
     finally:

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from helpers.attack import AS_BOT, Storm, text_set
+from helpers.attack import Storm, appservice_storm_bridge, text_set
 from helpers.harness import Bridge, Person, answer_content, store_rows, unique
 from helpers.sets import all_kinds_set
 
@@ -250,12 +250,7 @@ async def test_poison_storm_bot_mode(synapse, tmp_path, person):
 async def test_poison_storm_appservice_mode(appservice_synapse, tmp_path):
     hs = appservice_synapse
     people = [Person(hs, hs.register(unique("person"))) for _ in range(4)]
-    room_id = hs.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])])
-    for p in people[1:]:
-        hs.join(p.token, room_id)
-    bridge = Bridge(synapse=hs, workdir=tmp_path, room_id=room_id, bot={"user_id": AS_BOT, "access_token": None},
-                    extra_config={"appservice": dict(hs.appservice)})
-    bridge.sets_root.mkdir()
+    bridge = appservice_storm_bridge(hs, tmp_path, people)
     try:
         await poison_storm(bridge, people[:3], people[3], SEED + 1)
     finally:

@@ -13,7 +13,7 @@ import pytest
 
 from helpers.harness import Person
 from helpers.sets import SUBJECT
-from test_element import element_edit, element_reply, polls, record, started, until, vote
+from test_element import element_edit, element_reply, polls, record, started, vote
 
 pytestmark = pytest.mark.integration
 
