@@ -49,6 +49,14 @@ def no_secret_in_any_bridge_log(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def js_sdk():
+    """matrix-js-sdk installed for the tests that drive a person on it (tests/js)."""
+    from helpers.jsperson import install_js  # noqa: PLC0415
+
+    install_js()
+
+
+@pytest.fixture(scope="session")
 def appservice_synapse(tmp_path_factory):
     """A second homeserver that loads the bridge's appservice registration."""
     server = start_appservice_synapse(tmp_path_factory.mktemp("appservice-shared"))
