@@ -7,6 +7,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +79,27 @@ class JsPerson(Person):
         if getattr(self, "_log", None):
             self._log.close()
         await super().close()
+
+
+def from_bridge(events: list[dict], bridge: Any) -> list[dict]:
+    return [e for e in events if e["sender"] == bridge.bot["user_id"] and e.get("state_key") is None]
+
+
+async def wait_signed_by_owner(person: JsPerson, user_id: str, device_id: str, timeout: float = 30) -> dict:
+    """Her client's view of a device, once it has the device's keys (its key
+    queries run in the background of its sync)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await person.device_status(user_id, device_id)
+        if status and status["signed_by_owner"]:
+            return status
+        assert time.monotonic() < deadline, f"{device_id} of {user_id} not signed by its owner: {status}"
+        await asyncio.sleep(0.5)
+
+
+def wait_log(bridge: Any, text: str, count: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while bridge.log_text().count(text) < count:
+        bridge.check_alive()
+        assert time.monotonic() < deadline, f"{text!r} not logged {count} times\n{bridge.log_text()[-3000:]}"
+        time.sleep(0.2)

@@ -13,18 +13,16 @@ import pytest
 from bridge.devserver import _http_json
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
 from helpers.harness import Bridge, answer_content, store_rows, unique
-from helpers.jsperson import JsPerson, install_js
+from helpers.jsperson import JsPerson, from_bridge, wait_log, wait_signed_by_owner
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.integration
 
 QUESTION_COUNT = 8
 QUESTION_TYPE = "dev.superpipeline.question.v2"
-
-
-@pytest.fixture(scope="session")
-def js_sdk():
-    install_js()
+# A room key travels apart from the message it opens; on a loaded machine it
+# can come seconds later, and these tests are not about giving up on one.
+# (extra_config below: "encryption": {"grace": "60s"}.)
 
 
 @pytest.fixture
@@ -39,28 +37,12 @@ async def room_with_js(synapse, tmp_path, js_sdk):
     workdir = tmp_path / "bridge"
     workdir.mkdir()
     env = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot=bot,
-                 extra_config={"encryption": {"grace": "3s"}})
+                 extra_config={"encryption": {"grace": "60s"}})
     env.sets_root.mkdir()
     env.alice = alice
     yield env
     env.kill()
     await alice.close()
-
-
-def from_bridge(events: list[dict], bridge: Bridge) -> list[dict]:
-    return [e for e in events if e["sender"] == bridge.bot["user_id"] and e.get("state_key") is None]
-
-
-async def wait_signed_by_owner(person: JsPerson, user_id: str, device_id: str, timeout: float = 30) -> dict:
-    """Her client's view of a device, once it has the device's keys (its key
-    queries run in the background of its sync)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        status = await person.device_status(user_id, device_id)
-        if status and status["signed_by_owner"]:
-            return status
-        assert time.monotonic() < deadline, f"{device_id} of {user_id} not signed by its owner: {status}"
-        await asyncio.sleep(0.5)
 
 
 async def test_a_person_who_excludes_insecure_devices_reads_every_question_and_her_acknowledgements(room_with_js):
@@ -136,14 +118,6 @@ async def test_an_answer_from_a_session_its_owner_did_not_verify_is_refused_with
         assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
     finally:
         await bob.close()
-
-
-def wait_log(bridge: Bridge, text: str, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while bridge.log_text().count(text) < count:
-        bridge.check_alive()
-        assert time.monotonic() < deadline, f"{text!r} not logged {count} times\n{bridge.log_text()[-3000:]}"
-        time.sleep(0.2)
 
 
 def own_keys(bridge: Bridge) -> tuple[str, str]:
@@ -228,40 +202,3 @@ async def test_the_identity_outlives_restarts_and_stores_and_a_lost_key_file_is_
     secrets = [v for k, v in json.loads(key_file.read_text()).items() if k != "user_id"]
     assert not [s for s in secrets if s in bridge.log_text()]
 
-
-async def test_in_appservice_mode_too_she_reads_every_question_and_her_acknowledgements(appservice_synapse, tmp_path,
-                                                                                       js_sdk):
-    from helpers.attack import AS_BOT  # noqa: PLC0415
-
-    synapse = appservice_synapse
-    alice = JsPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-js.log")
-    await alice.start()
-    room = synapse.create_room(alice.token, invite=[AS_BOT], initial_state=[ENCRYPTION_STATE])
-    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=room, bot={"user_id": AS_BOT, "access_token": None},
-                    extra_config={"appservice": dict(synapse.appservice), "encryption": {"grace": "3s"}})
-    bridge.sets_root.mkdir()
-    try:
-        bridge.add_set(all_kinds_set("kinds"))
-        bridge.start()
-        questions = await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
-
-        sent = from_bridge(await alice.messages(room), bridge)
-        assert sent and {e["wire_type"] for e in sent} == {"m.room.encrypted"}
-        assert [(e["event_id"], e["decryption_failure"]) for e in sent if e["decryption_failure"]] == []
-        devices = {e["sender_device"] for e in sent}
-        assert len(devices) == 1
-        await wait_signed_by_owner(alice, AS_BOT, devices.pop())
-
-        takes = questions[("takes", 1)]["event_id"]
-        reply = await alice.send(room, {"msgtype": "m.text", "body": "2",
-                                        "m.relates_to": {"m.in_reply_to": {"event_id": takes}}})
-        named = await alice.send(room, answer_content(questions[("name", 1)], text="Borealis"))
-        assert (await bridge.wait_answer("kinds", "takes", timeout=40))["source"]["event_id"] == reply
-        assert (await bridge.wait_answer("kinds", "name", timeout=40))["text"] == "Borealis"
-        for answer in (reply, named):
-            notice = await alice.wait_notice(room, answer, timeout=30)
-            assert notice["wire_type"] == "m.room.encrypted" and notice["decryption_failure"] is None
-            assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
-    finally:
-        bridge.kill()
-        await alice.close()
