@@ -375,7 +375,7 @@ class AppserviceFront:
         notifier = asyncio.ensure_future(notices.run())
         server.on_invite = lambda room_id, inviter: answer_invite(
             self.client, pipeline, room_id, inviter,
-            welcome_invite(room_id, inviter, [*rooms, *configured_rooms(self.config)], self.config.inviters))
+            welcome_invite(room_id, inviter, [*rooms, *configured_rooms(self.config)], self.config.inviters), rooms)
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)

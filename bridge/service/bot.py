@@ -251,11 +251,15 @@ def welcome_invite(room_id: str, inviter: str | None, rooms: Collection[str],
 
 
 async def answer_invite(client: AsyncClient, pipeline: Any, room_id: str, inviter: str | None,
-                        welcome: bool) -> None:
-    """Join (and learn the members) or decline; both transports answer invites so."""
+                        welcome: bool, rooms: list[str] | None = None) -> None:
+    """Join (and learn the members) or decline; both transports answer invites so.
+    ``rooms``: the rooms whose events are bridged, the joined one added."""
     try:
         if welcome:
-            await client.join(room_id)
+            # Through the transport: in an encrypted room, what is posted next must go out encrypted.
+            room_id = await pipeline.transport.join(room_id)
+            if rooms is not None and room_id not in rooms:
+                rooms.append(room_id)
             await pipeline.load_members(room_id)
             log.info("rejoined %s at the invite of %s", room_id, inviter)
         else:

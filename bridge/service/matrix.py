@@ -157,7 +157,9 @@ class NioTransport:
         if not isinstance(response, JoinResponse):
             raise MatrixError(f"joining {room}", response)
         if self.crypto is not None:
-            # nio must know whether the room is encrypted before the first post.
+            # nio must know whether the room is encrypted before the first post,
+            # as the room is now: what a try before the join saw is forgotten.
+            self.crypto.client.rooms.pop(response.room_id, None)
             await self.crypto.ensure_room(response.room_id)
         return response.room_id
 
