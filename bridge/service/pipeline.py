@@ -521,8 +521,11 @@ class Pipeline:
     def _delete_withdrawn_files(self) -> None:
         """Files whose annotation was withdrawn, deleted now that answers.json
         no longer lists them: a pasted secret must be removable."""
+        doomed = self.store.doomed_files()
+        if not doomed:
+            return  # the usual case, after every batch: no second look at the dirty questions
         held = {set_dir for set_dir, _set_id, _qid in self.store.dirty()}
-        for set_dir, path in self.store.doomed_files():
+        for set_dir, path in doomed:
             if set_dir in held:
                 continue  # answers.json there still lists it: deleted once the set is written
             if path.startswith("attachments/") and ".." not in path.split("/"):
