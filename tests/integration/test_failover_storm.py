@@ -27,9 +27,8 @@ pytestmark = pytest.mark.integration
 
 QUESTIONS = 8
 SEED = 20261219
-# The storm is 500 answers (ASKWRIGHT_FAILOVER_STORM=500); the suite
-# sends fewer to stay quick, with the same kills and pause.
-ANSWERS = int(os.environ.get("ASKWRIGHT_FAILOVER_STORM", "200"))
+# ASKWRIGHT_FAILOVER_STORM sends more (or fewer) answers, with the same kills and pause.
+ANSWERS = int(os.environ.get("ASKWRIGHT_FAILOVER_STORM", "500"))
 
 
 async def storm_through(cluster: Cluster, people: list[Person], seed: int, mode: str) -> None:
