@@ -179,13 +179,14 @@ class World:
                 self.bridge.wait(10)
         self.bridge = None
 
-    def add_member(self, localpart: str) -> dict[str, str]:
+    def add_member(self, localpart: str, room_id: str | None = None) -> dict[str, str]:
         """Another person in the room (registered, invited by the bot, joined)."""
         account = self.synapse.register(localpart)
-        quoted = urllib.parse.quote(self.room_id, safe="")
+        room_id = room_id or self.room_id
+        quoted = urllib.parse.quote(room_id, safe="")
         _http_json("POST", f"{self.synapse.url}/_matrix/client/v3/rooms/{quoted}/invite",
                    {"user_id": account["user_id"]}, self.bot["access_token"])
-        self.synapse.join(account["access_token"], self.room_id)
+        self.synapse.join(account["access_token"], room_id)
         return account
 
     async def question_events(self, client: AsyncClient, count: int, timeout: float = 600,

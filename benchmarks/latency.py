@@ -36,7 +36,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from _world import World, answer, percentile, question_set, world
+from _world import AS_LOCALPART, ROOT, World, answer, percentile, question_set, world
+
+from bridge.devserver import SERVER_NAME
 
 from bridge.protocol.poll import POLL_KEY, POLL_START, wants_poll
 
@@ -50,8 +52,11 @@ class Conditions:
     gap_ms: float = 50  # one answer this often on a fixed schedule; 0: the next once the last is seen
     wheel: bool = True  # the bridge from a plain wheel; else from the source tree
     watcher_per_round: bool = True  # a fresh answers.json watcher each round; else one for the run
+    encrypted: bool = False  # an end-to-end encrypted room: the person's client encrypts, the bridge decrypts
 
     def label(self) -> str:
+        if self.encrypted:
+            return replace(self, encrypted=False).label() + "+e2e"
         changed = [f"{k}={v}" for k, v in asdict(self).items() if v != getattr(HARD, k)]
         return "hard" if not changed else ("easy" if self == EASY else ",".join(changed))
 
@@ -210,6 +215,7 @@ async def posted(w: World, client: Any, set_id: str, questions: int, polls: int,
                                      sync_filter={"room": {"timeline": {"limit": 1000}}})
         if isinstance(response, SyncResponse):
             since = response.next_batch
+            await key_chores(client)  # an encrypting client reads the questions once it has their keys
             for room in response.rooms.join.values():
                 for event in room.timeline.events:
                     content = event.source.get("content", {})
@@ -230,7 +236,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
                   rounds: int | None = None, conditions: Conditions = HARD) -> dict[str, Any]:
     rounds = rounds or max(1, count // 10)  # ten answers a round: many draws of the wake order
     label = conditions.label()
-    set_id = f"lat-{mode}-{label}".replace(",", "-").replace("=", "-").replace(".", "")
+    set_id = f"lat-{mode}-{label}".replace(",", "-").replace("=", "-").replace(".", "").replace("+", "-")
     w.sets_root = w.base / f"sets-{set_id}"  # each bridge sees only its own set
     w.sets_root.mkdir(exist_ok=True)
     if conditions.mixed:
@@ -240,18 +246,22 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         folder = w.add_set(question_set(set_id))
         kinds = ["choice"]
     extra = dict(config_extra)
+    room_id, account, person = w.room_id, w.person, w.client(w.person)
+    if conditions.encrypted:
+        room_id, account, person = await encrypted_room(w, mode, set_id)
+        extra["rooms"] = {"default": room_id}
     if conditions.answerers:
         # The room's creator too: it invited the appservice user, and an
         # appservice bridge answers that invite (replayed to it at start) by
         # leaving when the inviter may not answer.
-        extra["answerers"] = [w.person["user_id"], w.bot["user_id"]]
+        extra["answerers"] = [account["user_id"], w.bot["user_id"]]
     store = {"path": str(w.base / f"{set_id}.sqlite")}
     trace = w.base / f"{set_id}.trace" if mode == "bot" else None  # when the bridge's syncs return
     w.start_bridge(w.config(appservice=mode == "appservice", store=store, **extra),
                    site=w.wheel_site() if conditions.wheel else None, trace=trace)
-    person = w.client(w.person)
     questions, polls = await posted(w, person, set_id, len(kinds), sum(map(wants_poll, kinds)))
     answers = Answers(questions, polls)
+    await key_chores(person)  # an encrypting client: the bridge's device known before the first answer
     watch = FileWatch(folder / "answers.json")
     if not conditions.watcher_per_round:
         await watch.start()
@@ -263,19 +273,20 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     assert w.bridge is not None and w.synapse.process is not None
     cpu_before = cpu_seconds(w.bridge.pid), cpu_seconds(w.synapse.process.pid)
     for n in range(rounds):
-        observer = Observer(w.client(w.add_member(f"observer-{set_id}-{n}")))
+        observer = Observer(w.client(w.add_member(f"observer-{set_id}-{n}", room_id)))
         observer.task = asyncio.ensure_future(observer.run())
         if conditions.watcher_per_round:
             watch = FileWatch(folder / "answers.json")
             await watch.start()
         await asyncio.sleep(0.5)
+        await key_chores(person)
         share = count // rounds + (n < count % rounds)
         sent: dict[str, float] = {}
         if conditions.gap_ms:
-            await send_on_schedule(person, w.room_id, answers, share, conditions.gap_ms / 1000, sent)
+            await send_on_schedule(person, room_id, answers, share, conditions.gap_ms / 1000, sent)
         else:
             for _ in range(share):
-                await send_one(person, w.room_id, answers.next(), sent)
+                await send_one(person, room_id, answers.next(), sent)
                 await seen_by_both(sent, watch, observer)
         complete = await seen_by_both(sent, watch, observer)
         lost += len(sent) - len(complete)
@@ -334,8 +345,38 @@ def cpu_seconds(pid: int) -> float:
 async def send_one(client: Any, room_id: str, typed: tuple[str, dict[str, Any]], sent: dict[str, float]) -> None:
     event_type, content = typed
     start = time.perf_counter()
-    response = await client.room_send(room_id, event_type, content)
+    response = await client.room_send(room_id, event_type, content, ignore_unverified_devices=True)
     sent[response.event_id] = start
+
+
+async def encrypted_room(w: World, mode: str, name: str) -> tuple[str, dict[str, str], Any]:
+    """A room with encryption on, and a person in it whose client encrypts,
+    cross-signed as a current client is (the bridge's default trust asks for
+    it).  The observers stay bare clients: they note when the encrypted event
+    arrives, without decrypting it, so the reference is if anything early."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
+
+    account = w.synapse.register(f"person-{name}")
+    invite = [account["user_id"]] + ([f"@{AS_LOCALPART}:{SERVER_NAME}"] if mode == "appservice" else [])
+    room_id = w.synapse.create_room(w.bot["access_token"], invite=invite, initial_state=[ENCRYPTION_STATE])
+    w.synapse.join(account["access_token"], room_id)
+    person = EncryptingPerson(w.synapse, account, w.base / f"{name}-keys")
+    await person.cross_sign()
+    return room_id, account, person.client
+
+
+async def key_chores(client: Any) -> None:
+    """What nio's sync_forever does for an encrypting client between syncs; nothing for a plain one."""
+    if client.olm is None:
+        return
+    if client.should_upload_keys:
+        await client.keys_upload()
+    if client.should_query_keys:
+        await client.keys_query()
+    if client.should_claim_keys:
+        await client.keys_claim(client.get_users_for_key_claiming())
+    await client.send_to_device_messages()
 
 
 async def send_on_schedule(client: Any, room_id: str, answers: Answers, count: int, gap: float,
@@ -403,12 +444,14 @@ VARIATIONS = {  # --vary: the harder case with one condition eased at a time
 }
 
 
-async def main(count: int, modes: list[str], rounds: int | None, variants: list[str]) -> list[dict[str, Any]]:
+async def main(count: int, modes: list[str], rounds: int | None, variants: list[str],
+               encrypted: bool = False) -> list[dict[str, Any]]:
     rows = []
     async with world(appservice="appservice" in modes) as w:
         for mode in modes:
             for name in variants:
-                rows.append(await measure(w, mode, count, {}, rounds, VARIATIONS[name]))
+                conditions = replace(VARIATIONS[name], encrypted=encrypted)
+                rows.append(await measure(w, mode, count, {}, rounds, conditions))
                 print_table(rows[-1:])
     print()
     print_table(rows)
@@ -427,8 +470,10 @@ if __name__ == "__main__":
     parser.add_argument("--easy", action="store_true", help="the earlier, easier case instead of the harder one")
     parser.add_argument("--vary", nargs="+", choices=sorted(VARIATIONS), metavar="CASE",
                         help=f"measure these cases one after another ({', '.join(VARIATIONS)})")
+    parser.add_argument("--encrypted", action="store_true",
+                        help="in an end-to-end encrypted room (the person's client encrypts, the bridge decrypts)")
     args = parser.parse_args()
     variants = args.vary or (["easy"] if args.easy else ["hard"])
-    rows = asyncio.run(main(args.count, args.modes, args.rounds, variants))
+    rows = asyncio.run(main(args.count, args.modes, args.rounds, variants, args.encrypted))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
