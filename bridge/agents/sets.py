@@ -21,7 +21,7 @@ from typing import Any
 from bridge.agents.closing import blocks_close, close_questions
 from bridge.agents.errors import BadRequest, LintFailed, NotFound
 from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner, sync_dir, write_atomic
-from bridge.commands.read import ReadError, load_view
+from bridge.answers.view import ReadError, load_view
 from bridge.answers.arrival import as_read
 from bridge.questionset.lint import LintResult, lint
 from bridge.questionset.load import LoadError, parse_json
