@@ -1,11 +1,15 @@
-"""``askwright-bridge lint SET_DIR [--json] [--no-probe]``: check a question set.
+"""``askwright-bridge lint SET_DIR [--json] [--no-probe] [-c CONFIG]``: check a question set.
 
 SET_DIR may also be a sets root (a folder without questions.json holding
 sets): every set under it is checked, and a second folder under a set id
 another folder already has is an error naming both (the bridge refuses it).
 
+With the bridge's config, the set is also checked against what the bridge
+posted (its store, opened read-only): a question whose rev is lower than
+one already posted is a warning ("rev went back").
+
 Exit status: 0 no error (warnings allowed), 1 errors, 2 the folder or file
-can't be read or isn't a JSON object.
+can't be read or isn't a JSON object, or the config or store can't be used.
 """
 
 from __future__ import annotations
@@ -13,13 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sqlite3
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from bridge.questionset.lint import LintResult
 from bridge.questionset.load import Finding, LoadError
 from bridge.questionset.setdir import load_set_dir
+from bridge.service.config import ConfigError, load_config
 from bridge.service.sets import QUESTIONS, discover, duplicate_set_message
+from bridge.service.store import Store, StoreVersionError
 
 EXIT_OK = 0
 EXIT_ERRORS = 1
@@ -35,17 +43,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("set_dir", metavar="SET_DIR", help="the set folder (or its questions.json)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--no-probe", action="store_true", help="skip the video codec check (ffprobe)")
+    parser.add_argument("-c", "--config", help="the bridge's YAML config: also check revs against what it posted")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        revs = _posted_revs(args.config) if getattr(args, "config", None) else {}
+    except (ConfigError, StoreVersionError) as exc:
+        return _unreadable(" ".join(str(exc).split()), as_json=args.json)
     root = Path(args.set_dir)
     if root.is_dir() and not (root / QUESTIONS).exists():
         sets = discover(root)
         if sets:
-            return _run_root(sets, args)
+            return _run_root(sets, args, revs)
     try:
-        result = load_set_dir(args.set_dir, probe=not args.no_probe)
+        result = load_set_dir(args.set_dir, probe=not args.no_probe, posted_revs=revs)
     except LoadError as exc:
         return _unreadable(exc.message, as_json=args.json)
     if args.json:
@@ -55,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_ERRORS
 
 
-def _run_root(sets: list[Path], args: argparse.Namespace) -> int:
+def _run_root(sets: list[Path], args: argparse.Namespace, revs: Mapping[str, Mapping[str, int]]) -> int:
     """Every set under a root; the first folder found under a set id keeps it."""
     results: list[tuple[Path, LintResult | None, str | None]] = []
     owners: dict[str, Path] = {}
     for set_dir in sets:
         try:
-            result = load_set_dir(set_dir, probe=not args.no_probe)
+            result = load_set_dir(set_dir, probe=not args.no_probe, posted_revs=revs)
         except LoadError as exc:
             results.append((set_dir, None, exc.message))
             continue
@@ -84,6 +97,24 @@ def _run_root(sets: list[Path], args: argparse.Namespace) -> int:
     if any(r is None for _d, r, _m in results):
         return EXIT_UNREADABLE
     return EXIT_OK if all(r.ok for _d, r, _m in results) else EXIT_ERRORS
+
+
+def _posted_revs(config_path: str) -> Mapping[str, Mapping[str, int]]:
+    """The highest rev posted per question, per set folder, from the bridge's
+    store (read-only: safe while the bridge runs; none before it first ran)."""
+    section = load_config(config_path).store
+    try:
+        store = Store.read_only(section.path, url=section.url, password=section.password)
+    except FileNotFoundError:
+        return {}  # the bridge has not run yet: nothing posted
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{section.where}: the store can't be read ({exc})") from None
+    try:
+        return store.highest_posted_revs()
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{section.where}: the store can't be read ({exc})") from None
+    finally:
+        store.close()
 
 
 def _unreadable(message: str, *, as_json: bool) -> int:

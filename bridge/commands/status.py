@@ -3,7 +3,9 @@
 For each set under ``sets.root``: questions posted (from the store),
 questions open now, answers (a pick), unsure, notes only, pending (open,
 nothing recorded yet) and stale (answering an older revision); then what is held back (sets whose
-folder can't be written, events set aside, notices dropped).  Safe while
+folder can't be written, events set aside, notices dropped).  A set whose
+questions.json has a rev lower than one the bridge posted says so under its
+row (lint's "rev went back" warning).  Safe while
 the bridge runs: the store is opened read-only and never migrated.
 
 Exit 0 (a set that can't be read is a row saying why), 2 when the config
@@ -46,12 +48,12 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     try:
-        posted, held = _from_store(config.store)
+        posted, revs, held = _from_store(config.store)
     except StoreVersionError as exc:
         return _fail(str(exc))
     except sqlite3.Error as exc:
         return _fail(f"{config.store.where}: the store can't be read ({exc})")
-    rows = collect(config.sets.root, posted)
+    rows = collect(config.sets.root, posted, revs)
     running = _instances(config.store)
     if args.as_json:
         out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows],
@@ -64,14 +66,14 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _from_store(section: Any) -> tuple[dict[str, int], dict[str, Any]]:
-    """Questions posted per set, and what is held back."""
+def _from_store(section: Any) -> tuple[dict[str, int], dict[str, dict[str, int]], dict[str, Any]]:
+    """Questions posted per set, the highest rev posted per question, and what is held back."""
     try:
         store = Store.read_only(section.path, url=section.url, password=section.password)
     except FileNotFoundError:
-        return {}, {"sets": [], "events": {}, "notices": []}  # the bridge has not run yet
+        return {}, {}, {"sets": [], "events": {}, "notices": []}  # the bridge has not run yet
     try:
-        return store.posted_question_counts(), held_back(store)
+        return store.posted_question_counts(), store.highest_posted_revs(), held_back(store)
     finally:
         store.close()
 

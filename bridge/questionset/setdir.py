@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 
 from bridge.questionset.load import LoadError, parse_json
@@ -85,16 +86,21 @@ def find_probe(which: Callable[[str], str | None] = shutil.which) -> Probe | Non
     return ffprobe(executable) if executable else None
 
 
-def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = True) -> LintResult:
+def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = True,
+                 posted_revs: Mapping[str, Mapping[str, int]] | None = None) -> LintResult:
     """Read and lint one set folder.
 
     ``probe``: True finds ffprobe on the PATH, False/None skips the codec
-    check, or a probe callable to use.  Raises ``LoadError`` when the folder
-    or its questions.json can't be read, isn't JSON or isn't an object.
+    check, or a probe callable to use.  ``posted_revs``: set folder
+    (resolved) -> question id -> the highest rev the bridge posted (from its
+    store), so a rev that went back is a warning.  Raises ``LoadError`` when
+    the folder or its questions.json can't be read, isn't JSON or isn't an
+    object.
     """
     set_dir, file = set_paths(path)
     raw = read_questions(file)
     chosen = find_probe() if probe is True else (probe or None)
     from bridge.questionset.lint import lint
 
-    return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen)
+    revs = (posted_revs or {}).get(os.path.realpath(set_dir), {})  # the poster keys postings by the resolved folder
+    return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen, posted_revs=revs)

@@ -131,7 +131,8 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
     if command.verb == HELP:
         return help_text()
     if command.verb == STATUS:
-        table = format_table(collect(ctx.sets_root, ctx.store.posted_question_counts()))
+        rows = collect(ctx.sets_root, ctx.store.posted_question_counts(), ctx.store.highest_posted_revs())
+        table = format_table(rows)
         return (table + format_held(held_back(ctx.store))).rstrip("\n")
     set_dir = find_set(ctx.sets_root, command.set_id or "")
     if set_dir is None:

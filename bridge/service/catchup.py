@@ -25,7 +25,7 @@ An event found only by the periodic look is judged after newer ones that
 did arrive; it still takes its place in the room's timeline (the record is
 projected in ``origin_server_ts`` order), so a stranded older answer does
 not replace a newer one, and an edit that came before its stranded original
-waits for it.
+waits for it (tests/integration/test_timeline_appservice.py).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from bridge.protocol.outcome import txn_id
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
 from bridge.protocol.question_event import build_question_event, closed_replacement, new_elicitation_id, option_order
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service import media
 from bridge.service.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message
@@ -148,8 +149,7 @@ class Poster:
             if question.is_open:
                 if latest is None or latest.rev != question.rev or not latest.open:
                     if latest is not None and question.rev < latest.rev:
-                        warning = (f"{qset.id}/{question.id}: rev went back from {latest.rev} to {question.rev}; "
-                                   f"posted as a new posting")
+                        warning = f"{qset.id}/{question.id}: {rev_went_back(latest.rev, question.rev)}"
                         report.warnings.append(warning)
                         log.warning("%s", warning)
                     await self._post(qset, question, set_dir, room, report, replacing=postings)

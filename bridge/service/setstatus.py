@@ -17,6 +17,7 @@ from typing import Any
 from bridge.answers.document import ANSWERED, NOTE_ONLY, UNSURE
 from bridge.answers.read import UNANSWERED
 from bridge.answers.view import ReadError, load_view
+from bridge.questionset.lint.posted import revs_went_back
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.sets import discover, duplicate_set_message
@@ -36,6 +37,7 @@ class SetStatus:
     pending: int = 0   # open questions with no record at all
     stale: int = 0     # records answering an older revision of their question
     problem: str | None = None  # why the set could not be read; the counts are then 0
+    warnings: tuple[str, ...] = ()  # what lint would warn of against the store (a rev that went back)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,9 +56,11 @@ def count_view(view: dict[str, Any]) -> dict[str, int]:
     }
 
 
-def set_status(set_dir: Path, posted: Mapping[str, int]) -> SetStatus:
-    """``posted``: set folder (resolved) -> distinct questions it posted."""
-    count = posted.get(os.path.realpath(set_dir), posted.get(str(set_dir), 0))
+def set_status(set_dir: Path, posted: Mapping[str, int],
+               revs: Mapping[str, Mapping[str, int]] | None = None) -> SetStatus:
+    """``posted``: set folder (resolved) -> distinct questions it posted;
+    ``revs``: set folder (resolved) -> question id -> highest rev posted."""
+    count = _of_folder(posted, set_dir, 0)
     try:
         view = load_view(set_dir, include_all=True)
     except ReadError as exc:
@@ -64,10 +68,23 @@ def set_status(set_dir: Path, posted: Mapping[str, int]) -> SetStatus:
         # broken file is no reason to take them from the people answering.
         kept = f"; its {count} posted questions stay open" if count else ""
         return SetStatus(set_id_of(set_dir), str(set_dir), posted=count, problem=exc.message + kept)
-    return SetStatus(view["set"], str(set_dir), posted=count, **count_view(view))
+    return SetStatus(view["set"], str(set_dir), posted=count, **count_view(view),
+                     warnings=went_back(set_dir, _of_folder(revs or {}, set_dir, {})))
 
 
-def collect(root: Path, posted: Mapping[str, int]) -> list[SetStatus]:
+def went_back(set_dir: Path, revs: Mapping[str, int]) -> tuple[str, ...]:
+    """Lint's "rev went back" warnings for the set, as lines ("where: message")."""
+    if not revs:
+        return ()
+    try:
+        raw = read_questions(str(set_dir / QUESTIONS_FILE))
+    except LoadError:
+        return ()  # read a moment ago by the view: changed since, and said at the next look
+    return tuple(f"{f.where}: {f.message}" for f in revs_went_back(raw, revs))
+
+
+def collect(root: Path, posted: Mapping[str, int],
+            revs: Mapping[str, Mapping[str, int]] | None = None) -> list[SetStatus]:
     """Every set under ``root``, in the order the bridge scans them.  A second
     folder under a set id already taken (the folder that has posted keeps it,
     else the first found) is a row saying so, as the bridge refuses it."""
@@ -82,12 +99,17 @@ def collect(root: Path, posted: Mapping[str, int]) -> list[SetStatus]:
         if first != folder:
             rows.append(SetStatus(set_id, str(folder), problem=duplicate_set_message(set_id, str(first), str(folder))))
         else:
-            rows.append(set_status(folder, posted))
+            rows.append(set_status(folder, posted, revs))
     return rows
 
 
 def set_status_posted(set_dir: Path, posted: Mapping[str, int]) -> bool:
-    return bool(posted.get(os.path.realpath(set_dir), posted.get(str(set_dir), 0)))
+    return bool(_of_folder(posted, set_dir, 0))
+
+
+def _of_folder(by_folder: Mapping[str, Any], set_dir: Path, default: Any) -> Any:
+    """The store keys a set by its resolved folder; the folder as named is tried too."""
+    return by_folder.get(os.path.realpath(set_dir), by_folder.get(str(set_dir), default))
 
 
 def set_id_of(set_dir: Path) -> str:
@@ -126,4 +148,5 @@ def format_table(rows: list[SetStatus]) -> str:
     out = [join(header)]
     for row, line in zip(rows, lines):
         out.append(join(line) + (f"  ({' '.join(row.problem.split())})" if row.problem else ""))
+        out.extend(f"  warning: {' '.join(warning.split())}" for warning in row.warnings)
     return "\n".join(out) + "\n"

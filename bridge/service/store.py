@@ -778,6 +778,14 @@ class Store:
 
     # -- operators: status, reminders, management commands ---------------
 
+    def highest_posted_revs(self) -> dict[str, dict[str, int]]:
+        """set folder -> question id -> the highest rev posted of it: a rev in
+        questions.json below it went back (a lint warning, in lint and status)."""
+        found: dict[str, dict[str, int]] = {}
+        for set_dir, qid, rev in self.db.execute("SELECT set_dir, qid, MAX(rev) FROM posted GROUP BY set_dir, qid"):
+            found.setdefault(set_dir, {})[qid] = rev
+        return found
+
     def posted_question_counts(self) -> dict[str, int]:
         """set folder -> how many distinct questions of it were ever posted."""
         return dict(self.db.execute("SELECT set_dir, COUNT(DISTINCT qid) FROM posted GROUP BY set_dir").fetchall())

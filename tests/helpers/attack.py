@@ -59,14 +59,20 @@ class Relay:
     everything on to the bridge listening elsewhere, except what it is told to
     lose: transactions holding an event ``swallow`` picks, or every
     transaction while ``answer_all`` is set.  Those it answers 200 itself, so
-    the homeserver counts them as delivered and never sends them again."""
+    the homeserver counts them as delivered and never sends them again.
+
+    Put in front of the homeserver instead (the bridge's homeserver url), it
+    answers the requests ``fail`` picks with a 502 itself, as a homeserver
+    that is having trouble would."""
 
     def __init__(self, listen: tuple[str, int], target: str):
         self.listen = listen
         self.target = target
         self.swallow: Any = lambda event: False
         self.answer_all = False
+        self.fail: Any = lambda request: False
         self.swallowed: list[str] = []  # event ids the bridge never got from the homeserver
+        self.delivered: list[str] = []  # event ids in transactions the bridge answered 200 (durable there)
         self.passed = 0
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -88,6 +94,9 @@ class Relay:
 
     async def _relay(self, request: web.Request) -> web.Response:
         body = await request.read()
+        if self.fail(request):
+            return web.json_response({"errcode": "M_UNKNOWN", "error": "try again later"}, status=502)
+        events: list[dict[str, Any]] = []
         if request.method == "PUT" and "/transactions/" in request.path:
             events = json.loads(body).get("events", [])
             if self.answer_all or any(self.swallow(event) for event in events):
@@ -99,8 +108,10 @@ class Relay:
             async with self._http.request(request.method, self.target + request.path_qs, data=body,
                                           headers=headers) as response:
                 self.passed += 1
-                return web.Response(status=response.status, body=await response.read(),
-                                    content_type=response.content_type)
+                answer = await response.read()
+                if response.status == 200:
+                    self.delivered.extend(event["event_id"] for event in events)
+                return web.Response(status=response.status, body=answer, content_type=response.content_type)
         except aiohttp.ClientError:
             return web.json_response({"errcode": "M_UNKNOWN", "error": "the bridge is not there"}, status=502)
 

@@ -199,6 +199,12 @@ async def test_a_rev_that_goes_back_is_posted_anew_and_answers_to_it_land(bridge
     assert [p["content"]["question"]["rev"] for p in posts] == [1, 2, 1]
     assert len({p["content"]["elicitation_id"] for p in posts}) == 3
     assert "rev went back from 2 to 1" in bridge.log_text()
+    # Linting the set with the bridge's config says so too, and so does status:
+    # rev 2 was posted, the file says 1.
+    for command in (["lint", "--json", "--no-probe", "-c", str(bridge.config_path), str(folder)],
+                    ["status", "-c", str(bridge.config_path), "--json"]):
+        done = subprocess.run([sys.executable, "-m", "bridge", *command], capture_output=True, text=True, check=True)
+        assert "rev went back from 2 to 1" in done.stdout, done.stdout
     answer = await alice.send(room, answer_content(posts[-1], option_id="main"))
     notice = await alice.wait_notice(room, answer)
     assert notice["content"][OUTCOME]["outcome"] == "recorded", notice["content"]["body"]

@@ -156,3 +156,20 @@ def test_count_view_and_table_are_pure():
     assert format_table([]) == "no sets\n"
     table = format_table([SetStatus("s", "/s", posted=12, answered=3)])
     assert table.splitlines()[1].split() == ["s", "12", "0", "3", "0", "0", "0", "0"]
+
+
+def test_a_rev_lower_than_one_posted_is_a_warning_under_the_sets_row(bridge_config, capsys):
+    root = bridge_config.parent / "sets"
+    store = Store(bridge_config.parent / "bridge.sqlite")
+    content = {"elicitation_id": "elc$6", "question": {"id": "x", "rev": 3, "title": "x"}}
+    with store.transaction():  # "fresh"/x was posted at rev 3; the file says rev 1 (restored from a backup)
+        store.record_posted(RecordedQuestion("$6", "!r", "fresh", content), set_dir=str(root / "fresh"), posted_at=2)
+    store.close()
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    rows = by_set(capsys.readouterr().out)
+    assert len(rows["fresh"]["warnings"]) == 1 and "rev went back from 3 to 1" in rows["fresh"]["warnings"][0]
+    assert rows["release"]["warnings"] == [] and rows["fresh"]["problem"] is None
+    assert main(["status", "-c", str(bridge_config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    below = lines[[line.split()[0] for line in lines].index("fresh") + 1]
+    assert below.startswith("  warning: questions[x].rev: rev went back from 3 to 1")

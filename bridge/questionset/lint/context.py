@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,8 @@ class Context:
     fs: media_rules.Filesystem
     probe: media_rules.Probe | None
     mode: str
+    # Question id -> the highest rev the bridge posted of it (empty without a store).
+    posted_revs: Mapping[str, int] = field(default_factory=dict)
     errors: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from bridge.questionset.lint.guess import check_guess
 from bridge.questionset.lint.identity import check_question_id, check_rev_and_supersedes, check_show_if, check_status
 from bridge.questionset.lint.media_items import check_media
 from bridge.questionset.lint.options import check_options
+from bridge.questionset.lint.posted import check_posted_rev
 from bridge.questionset.lint.setlevel import check_across_questions, check_set
 from bridge.questionset.lint.sides import check_sides
 from bridge.questionset.lint.study import check_study
@@ -43,11 +45,14 @@ class LintResult:
         }
 
 
-def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.Probe | None = None) -> LintResult:
+def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.Probe | None = None,
+         posted_revs: Mapping[str, int] | None = None) -> LintResult:
     """Check a parsed ``questions.json`` against every rule of the format.
 
     ``fs`` answers file questions relative to the set folder; ``probe``
     (optional) reads a video's codecs; without it the codec check is skipped.
+    ``posted_revs`` (optional): question id -> the highest rev the bridge
+    posted of it, read from its store by the caller; a lower rev is a warning.
     """
     if not isinstance(raw, dict):
         return LintResult(None, [Finding("set", "questions.json must hold a JSON object")])
@@ -56,7 +61,7 @@ def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.
 
     mode = raw.get("mode")
     # An unknown mode is a type error; the rules then read the set as the default.
-    ctx = Context(raw, fs, probe, mode if mode in ("decide", "study") else "decide")
+    ctx = Context(raw, fs, probe, mode if mode in ("decide", "study") else "decide", posted_revs or {})
     check_set(ctx)
     questions = [question_view(q, i) for i, q in enumerate(list_at(raw, "questions") or []) if isinstance(q, dict)]
     by_id: dict[str, QuestionView] = {}
@@ -91,6 +96,7 @@ def _check_question(ctx: Context, q: QuestionView, by_id: dict[str, QuestionView
     check_show_if(ctx, q, by_id)
     check_status(ctx, q, by_id)
     check_rev_and_supersedes(ctx, q)
+    check_posted_rev(ctx, q)
     check_subject(ctx, q)
     if ctx.study:
         check_study(ctx, q)

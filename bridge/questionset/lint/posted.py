@@ -1,0 +1,55 @@
+"""The set against what the bridge already posted: a rev lower than one posted.
+
+The revs posted come in as plain values (question id -> the highest rev the
+bridge posted of it, from its store); the shell that has a store reads them,
+so this stays pure and ``lint`` without a store simply has none to compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bridge.questionset.lint.access import is_int, list_at
+from bridge.questionset.lint.context import Context, QuestionView, question_view
+from bridge.questionset.load import Finding
+
+DEFAULT_REV = 1  # the format's default when a question has no rev
+
+
+def rev_went_back(posted: int, rev: int) -> str:
+    """The words for it, shared with the poster's log line."""
+    return (f"rev went back from {posted} to {rev}: the bridge posts it as a new posting (answers to rev "
+            f"{posted} stay with theirs); to change the question, raise rev above {posted} instead")
+
+
+def went_back(posted_revs: Mapping[str, int], qid: str | None, rev: object, is_open: bool) -> int | None:
+    """The rev posted that ``rev`` is lower than, or None.  Only an open
+    question is posted again; a closed one only closes its postings."""
+    if qid is None or not is_open:
+        return None
+    rev = DEFAULT_REV if rev is None else rev
+    posted = posted_revs.get(qid)
+    if not is_int(rev) or rev < 1 or posted is None or rev >= posted:  # rev < 1 is an error already
+        return None
+    return posted
+
+
+def check_posted_rev(ctx: Context, q: QuestionView) -> None:
+    if (finding := _finding(ctx.posted_revs, q)) is not None:
+        ctx.warnings.append(finding)
+
+
+def revs_went_back(raw: dict[str, Any], posted_revs: Mapping[str, int]) -> list[Finding]:
+    """This rule alone over a parsed questions.json (``status`` shows it
+    without linting the rest of the set)."""
+    views = [question_view(q, i) for i, q in enumerate(list_at(raw, "questions") or []) if isinstance(q, dict)]
+    return [f for f in (_finding(posted_revs, q) for q in views) if f is not None]
+
+
+def _finding(posted_revs: Mapping[str, int], q: QuestionView) -> Finding | None:
+    rev = q.raw.get("rev", DEFAULT_REV)
+    posted = went_back(posted_revs, q.id, rev, q.is_open)
+    # A warning: the bridge copes (a posting of its own), but the people
+    # answering see an older text come back under an older number.
+    return Finding(f"{q.where}.rev", rev_went_back(posted, rev)) if posted is not None else None
