@@ -45,7 +45,7 @@ def agent_of_http(ctx: Any) -> str | None:
 class AgentsFront:
     def __init__(self, config: Config, store: Store, metrics: Metrics):
         self.config = config
-        self.sets = AgentSets(config.sets.root)
+        self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
         self.api = AgentApi(config, self.sets)
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers)

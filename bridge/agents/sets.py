@@ -13,7 +13,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,8 +47,12 @@ class Asked:
 
 class AgentSets:
     def __init__(self, root: Path, stop: asyncio.Event | None = None,
-                 on_written: Callable[[Path], None] | None = None):
+                 on_written: Callable[[Path], None] | None = None,
+                 posted_revs: Callable[[], Mapping[str, Mapping[str, int]]] | None = None):
         self.root = Path(root)
+        # Inside the bridge: the highest rev posted per question, per set
+        # folder, so an agent that lowers a rev is warned as lint warns.
+        self.posted_revs = posted_revs
         # Set when the bridge stops: every wait returns what it has at once.
         self.stop = stop
         # Inside the bridge: the poster is told of a set written, beside its
@@ -85,7 +89,7 @@ class AgentSets:
         if raw.get("id") != set_id:
             raise LintFailed("the set's id must be the id in the address", findings=[
                 {"where": "id", "message": f"must be {set_id!r}, the set id in the address"}])
-        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None)
+        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None, posted_revs=self._revs(set_dir))
         if not result.ok:
             raise LintFailed("the set fails lint", findings=_dicts(result.errors), warnings=_dicts(result.warnings))
         data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
@@ -97,6 +101,11 @@ class AgentSets:
             self._create(set_dir, data, new_owner)
         self._written(set_dir)
         return Asked(set_id, not exists, _open_ids(result), _dicts(result.warnings))
+
+    def _revs(self, set_dir: Path) -> Mapping[str, int]:
+        if self.posted_revs is None:
+            return {}
+        return self.posted_revs().get(os.path.realpath(set_dir), {})  # the poster keys postings by the resolved folder
 
     def _create(self, set_dir: Path, data: bytes, owner: Owner) -> None:
         # Written in a hidden folder (never read as a set) and renamed into

@@ -4,6 +4,7 @@ homeserver: what an agent (or a webhook receiver) would see."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,16 @@ def test_a_set_failing_lint_is_refused_with_the_findings_and_nothing_written(tmp
     with pytest.raises(BadRequest, match="not JSON"):
         sets.ask("a", "plan", b"{nope")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_agent_lowering_a_rev_the_bridge_posted_is_warned_as_lint_warns(tmp_path):
+    posted: dict[str, dict[str, int]] = {}
+    sets = AgentSets(tmp_path, posted_revs=lambda: posted)
+    assert sets.ask("a", "plan", one_question()).warnings == []
+    posted[os.path.realpath(tmp_path / "plan")] = {"branch": 2}  # the bridge posted rev 2 meanwhile
+    asked = sets.ask("a", "plan", one_question())  # rev 1 again
+    assert [(w["where"], "rev went back from 2 to 1" in w["message"]) for w in asked.warnings] == \
+        [("questions[branch].rev", True)]
 
 
 def test_closing_the_last_question_finishes_the_set_and_the_poster_still_takes_it(tmp_path):
