@@ -1,0 +1,3 @@
+from bridge.service import nio_import
+
+nio_import.install()
