@@ -17,8 +17,9 @@ caller, and this module does:
   cross-signing (the bridge's own identity and others' signed devices) is
   ``crosssigning``'s;
 * events it cannot decrypt yet: kept in the bridge's store before the sync
-  token moves past them, retried on every sync, and after the grace period
-  given up on with a word to the person (never recorded as an answer).
+  token moves past them, their keys asked of the sender (``keyrequests``),
+  retried on every sync, and after the grace period given up on with a word
+  to the person (never recorded as an answer).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from nio.rooms import MatrixRoom
 
 from bridge.service.config import Encryption
 from bridge.service.crosssigning import CrossSigning
+from bridge.service.keyrequests import KeyRequests
 from bridge.service.matrix import MatrixError
 from bridge.service.store import LogEntry, Store
 
@@ -98,6 +100,7 @@ class Crypto:
         self._trust_logged: dict[tuple[str, str], str] = {}
         # Rooms whose members changed where no sync told nio (appservice mode).
         self._members_changed: set[str] = set()
+        self.key_requests = KeyRequests(client, clock)
 
     # -- start-up -------------------------------------------------------
 
@@ -295,7 +298,11 @@ class Crypto:
         if not kept:
             return default
         due = min(first_seen for _event, first_seen in kept) + int(self.settings.grace_seconds * 1000)
-        return max(0, min(default, due - self.clock()))
+        timeout = min(default, due - self.clock())
+        reask = self.key_requests.due_in_ms()  # a key asked for again when an answer may have been lost
+        if reask is not None:
+            timeout = min(timeout, reask)
+        return max(0, timeout)
 
     async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
             list[dict[str, Any]], list[str]]:
@@ -331,10 +338,10 @@ class Crypto:
             for event in kept_now:
                 log.warning("event %s from %s in %s could not be decrypted yet; kept, keys asked for",
                             event["event_id"], event["sender"], event["room_id"])
-                await self._request_keys(event)
         resolved: list[str] = []
         recovered: list[dict[str, Any]] = []
         expired: list[dict[str, Any]] = []
+        still_kept: list[dict[str, Any]] = []
         for event, first_seen in self.store.undecrypted():
             decrypted = self._decrypt(event)
             if decrypted is not None:
@@ -343,6 +350,9 @@ class Crypto:
                 resolved.append(event["event_id"])
             elif now - first_seen >= self.settings.grace_seconds * 1000:
                 expired.append(event)
+            else:
+                still_kept.append(event)
+        await self.key_requests.ask(still_kept)
         for event in expired:
             refusals.append((event, "undecryptable", UNDECRYPTABLE_MESSAGE))
         out: list[dict[str, Any]] = []
@@ -381,21 +391,6 @@ class Crypto:
             return False
         device = self.client.device_store.device_from_sender_key(sender, sender_key)
         return device is not None and device.verified
-
-    async def _request_keys(self, event: dict[str, Any]) -> None:
-        """Ask the bridge's own other sessions for the keys (nio accepts
-        forwarded keys only from those); a late ``m.room_key`` from the sender
-        is what usually resolves the event."""
-        parsed = MegolmEvent.from_dict(event)
-        if not isinstance(parsed, MegolmEvent):
-            return
-        parsed.room_id = event["room_id"]
-        try:
-            await self.client.request_room_key(parsed)
-        except LocalProtocolError:
-            pass  # already asked for this session
-        except Exception as exc:  # noqa: BLE001 - asking is best effort; the event stays kept either way
-            log.info("asking for the keys of %s failed: %s", event["event_id"], exc)
 
     def _refuse(self, refusals: list[tuple[dict[str, Any], str, str]]) -> None:
         """Refused, never recorded: a log entry the notifier turns into an

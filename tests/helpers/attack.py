@@ -141,15 +141,50 @@ def text_set(set_id: str, count: int) -> dict[str, Any]:
     }
 
 
-def appservice_storm_bridge(synapse: Synapse, workdir: Path, people: list[Person]) -> Bridge:
-    """A room made by the first person with the others in it, and an appservice bridge invited, not yet started."""
-    room_id = synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])])
+def appservice_storm_bridge(synapse: Synapse, workdir: Path, people: list[Person], **room: Any) -> Bridge:
+    """A room made by the first person with the others in it (``room``: more of
+    createRoom's body), and an appservice bridge invited, not yet started."""
+    room_id = synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])], **room)
     for person in people[1:]:
         synapse.join(person.token, room_id)
     bridge = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot={"user_id": AS_BOT, "access_token": None},
                     extra_config={"appservice": dict(synapse.appservice)})
     bridge.sets_root.mkdir()
     return bridge
+
+
+async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questions: int = 10, total: int = 500,
+                      settle: float = 60, quiet: Any = None) -> Storm:
+    """The crash storm through ``bridge``: it is killed once while it starts and
+    posts, then ``total`` answers go in while it is killed again at random;
+    every guarantee is checked once all have landed.  ``quiet`` (an async
+    callable) runs after the last send and before the wait for the last answer."""
+    bridge.add_set(text_set("storm", questions))
+    rng = random.Random(seed)
+    bridge.start()
+    # The first kill lands while the bridge is starting or posting its
+    # questions: a post sent but not recorded must not be posted again.
+    await asyncio.sleep(rng.uniform(0.8, 2.0))
+    bridge.kill()
+    bridge.start()
+    posted = await bridge.wait_questions(people[0], questions, timeout=60)
+    storm = Storm(bridge, people, posted, seed=seed, total=total)
+    storm.kills = 1
+    began = time.monotonic()
+    with TornWatch(bridge.sets_root / "storm" / "answers.json") as watch:
+        await storm.run()
+        storm.sent_in = time.monotonic() - began
+        if quiet is not None:
+            await quiet()
+        await storm.settle("storm", timeout=settle)
+    storm.landed_in = time.monotonic() - began
+    print(f"sent in {storm.sent_in:.1f} s, all landed {storm.landed_in:.1f} s after the first send")
+    assert watch.problems == [], watch.problems[:5]
+    assert watch.reads > 100
+    await storm.check("storm", questions, people[0])
+    assert storm.kills >= 1 + storm.kills_wanted
+    bridge.check_alive()
+    return storm
 
 
 class TornWatch:
@@ -205,6 +240,8 @@ class Storm:
     lanes: int = 3
     sent: list[tuple[str, str]] = field(default_factory=list)  # (event id, qid), in send order
     kills: int = 0
+    sent_in: float = 0.0  # seconds from the first send to the last
+    landed_in: float = 0.0  # seconds from the first send until every answer was in answers.json
 
     async def run(self) -> None:
         rng = random.Random(self.seed)
@@ -267,11 +304,11 @@ class Storm:
         store = self.bridge.store_path
         sent_ids = [event_id for event_id, _qid in self.sent]
         assert len(set(sent_ids)) == len(sent_ids) == self.total
-        rows = store_rows(store, "SELECT event_id, qid, outcome FROM answer_log ORDER BY seq")
-        logged = [event_id for event_id, _qid, _outcome in rows]
+        rows = store_rows(store, "SELECT event_id, qid, outcome, ts FROM answer_log ORDER BY seq")
+        logged = [event_id for event_id, _qid, _outcome, _ts in rows]
         duplicates = len(logged) - len(set(logged))
         lost = len(set(sent_ids) - set(logged))
-        accepted = [(event_id, qid) for event_id, qid, outcome in rows if outcome == "accepted"]
+        accepted = [(event_id, qid) for event_id, qid, outcome, _ts in rows if outcome == "accepted"]
         figures = {"answers sent": self.total, "kills": self.kills, "answers recorded": len(accepted),
                    "duplicates": duplicates, "lost": lost}
         mode = "appservice" if self.bridge.extra_config.get("appservice", {}).get("enabled") else "bot"
@@ -287,9 +324,13 @@ class Storm:
         assert store_rows(store, "SELECT COUNT(*) FROM dirty")[0][0] == 0
 
         records = self.bridge.answers(set_name)["answers"]
-        last: dict[str, str] = {}
-        for event_id, qid in accepted:
-            last[qid] = event_id  # the log's order is the order of acceptance: the last one wins
+        # The answer that stands is the latest by origin_server_ts, arrival breaking
+        # ties; an answer held for decryption is accepted after later ones but stands before them.
+        latest: dict[str, tuple[int, int, str]] = {}
+        for seq, (event_id, qid, outcome, ts) in enumerate(rows):
+            if outcome == "accepted":
+                latest[qid] = max(latest.get(qid, (ts, seq, event_id)), (ts, seq, event_id))
+        last = {qid: event_id for qid, (_ts, _seq, event_id) in latest.items()}
         for qid, count in self.expected_revs().items():
             assert records[qid]["rev"] == count, (qid, records[qid]["rev"], count)
             assert records[qid]["source"]["event_id"] == last[qid]

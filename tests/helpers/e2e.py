@@ -32,7 +32,7 @@ class EncryptingPerson(Person):
         self.plain.access_token = account["access_token"]
         self.plain.device_id = account["device_id"]
 
-    async def keep_up(self) -> None:
+    async def keep_up(self) -> SyncResponse:
         """One sync plus the key chores nio's sync_forever would do."""
         response = await self.client.sync(timeout=0, full_state=self.client.next_batch is None)
         assert isinstance(response, SyncResponse), response
@@ -43,6 +43,7 @@ class EncryptingPerson(Person):
         if self.client.should_claim_keys:
             await self.client.keys_claim(self.client.get_users_for_key_claiming())
         await self.client.send_to_device_messages()
+        return response
 
     async def cross_sign(self) -> None:
         """Give herself a cross-signing identity and sign her device with it,

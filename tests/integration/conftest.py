@@ -112,6 +112,6 @@ def pytest_collection_modifyitems(config, items):
     Synapse keeps no to-device messages (room keys) for an appservice it
     considers down (docs/encryption.md); encrypted appservice tests after it
     would lose their room keys to that, not to the bridge."""
-    storms = [item for item in items if item.nodeid.startswith("tests/integration/test_crash_storm.py")]
+    storms = [item for item in items if item.nodeid.startswith("tests/integration/test_crash_storm")]
     if storms:
         items[:] = [item for item in items if item not in storms] + storms
