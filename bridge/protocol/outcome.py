@@ -101,15 +101,21 @@ def notice(text: str, reply_to: str, outcome: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Whose answer stood before an accepted one (``recorded_notice``).
+OWN, OTHER = "own", "other"
+
+
 def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dict[str, Any], title: str,
                     via: str | None, extra: str | None = None, labels: Mapping[str, str] | None = None,
                     reply_to: str | None = None, subject: tuple[str, str] | None = None,
-                    replaced: int = 0) -> dict[str, Any]:
+                    replaced: int = 0, stood_before: str | None = None) -> dict[str, Any]:
     """The word back on an accepted answer.
 
     ``replaced``: earlier answers to the same question this one reply also
     stands for (answers sent while the bridge was away get one reply, for
-    the answer that stands).
+    the answer that stands).  ``stood_before``: whose answer the record held
+    just before this one, ``OWN`` or ``OTHER`` (None: no answer stood, the
+    first one or the last one withdrawn), as the room's timeline has it.
 
     ``reply_to`` is the message the person sees (for an edit, the original:
     clients hide the edit event itself).  ``record`` is the record as
@@ -126,8 +132,10 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
         text = sentence(f"Recorded for “{title}”: {picked}")
         if replaced:
             text += f" This replaces {replaced} earlier answer{'s' if replaced > 1 else ''} you sent meanwhile."
-        elif record.get("rev", 1) > 1:
+        elif stood_before == OWN:
             text += " This replaces your earlier answer."
+        elif stood_before == OTHER:
+            text += " This replaces the answer someone else gave."
     if extra:
         text += f" {extra}"
     return notice(text, reply_to or answer_event_id, outcome_field(

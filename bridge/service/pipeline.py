@@ -36,8 +36,8 @@ from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                       normalize)
-from bridge.protocol.outcome import annotated_notice, display_names, in_thread, recorded_notice, refused_notice, \
-    with_remark
+from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, recorded_notice, \
+    refused_notice, with_remark
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
@@ -539,6 +539,13 @@ class Pipeline:
 
     # -- telling people ----------------------------------------------------
 
+    def _stood_before(self, entry: LogEntry) -> str | None:
+        """Whose answer the record held just before ``entry`` in the room's order, if any still stands."""
+        if entry.set_dir is None or entry.qid is None:
+            return None
+        sender = self.store.standing_before(entry.set_dir, entry.qid, entry.event_id)
+        return None if sender is None else OWN if sender == entry.sender else OTHER
+
     def notice_for(self, entry: LogEntry, replaced: int = 0) -> dict[str, Any]:
         """The word back on ``entry``; ``replaced``: how many earlier answers
         of the same person to the same question it also stands for."""
@@ -551,7 +558,7 @@ class Pipeline:
                                       record=entry.record, title=question.content["question"]["title"], via=via,
                                       extra=quiz.feedback_for(entry, question), labels=display_names(question),
                                       subject=question.subject if question.subject_bound else None,
-                                      replaced=replaced)
+                                      replaced=replaced, stood_before=self._stood_before(entry))
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],

@@ -621,6 +621,21 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
                                (set_dir, qid)).fetchone()[0]
 
+    def standing_before(self, set_dir: str, qid: str, event_id: str) -> str | None:
+        """The sender of the answer to the question that stands just before
+        ``event_id``'s in the room's order (not withdrawn, not an edited
+        original); None when there is none."""
+        row = self.db.execute(
+            "SELECT ts, seq FROM answer_log WHERE event_id=? AND outcome='accepted' ORDER BY seq DESC LIMIT 1",
+            (event_id,)).fetchone()
+        if row is None:
+            return None
+        before = self.db.execute(
+            "SELECT sender FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
+            " AND shadowed=0 AND event_id<>? AND (ts<? OR (ts=? AND seq<?)) ORDER BY ts DESC, seq DESC LIMIT 1",
+            (set_dir, qid, event_id, row[0], row[0], row[1])).fetchone()
+        return before[0] if before else None
+
     def accepted_answer(self, event_id: str) -> LogEntry | None:
         row = self.db.execute(
             "SELECT event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, record, ts"

@@ -8,9 +8,11 @@ import asyncio
 import json
 import time
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from bridge.devserver import _http_json
 from helpers.harness import Person
 from helpers.sets import SUBJECT
 from test_element import element_edit, element_reply, polls, record, started, vote
@@ -146,6 +148,26 @@ async def test_6_a_second_answer_says_it_replaces_the_earlier_one(bridge):
     again = await alice.send(room, element_reply(questions[("risk", 1)], "2", bot))
     body = (await alice.wait_notice(room, again))["content"]["body"]
     assert body == "Recorded for “Risk”: Somewhat risky. This replaces your earlier answer."
+
+
+async def test_6b_replaces_only_an_answer_that_stood_and_says_whose(bridge, person):
+    questions = await started(bridge)
+    alice, room, bot = bridge.alice, bridge.room_id, bridge.bot["user_id"]
+    risk = questions[("risk", 1)]
+    first = await alice.send(room, element_reply(risk, "1", bot))
+    await alice.wait_notice(room, first)
+    await alice.redact(room, first)  # withdrawn: nothing stands any more
+    await bridge_says(alice, room, lambda e: WITHDRAWN in e.get("content", {}))
+    again = await alice.send(room, element_reply(risk, "2", bot))
+    assert (await alice.wait_notice(room, again))["content"]["body"] == "Recorded for “Risk”: Somewhat risky."
+    # Someone else's answer stood: the reply says so, not "your".
+    bob = person()
+    _http_json("POST", f"{bridge.synapse.url}/_matrix/client/v3/rooms/{quote(room, safe='')}/invite",
+               {"user_id": bob.user_id}, bridge.bot["access_token"])
+    bridge.synapse.join(bob.token, room)
+    his = await bob.send(room, element_reply(risk, "1", bot))
+    assert (await bob.wait_notice(room, his))["content"]["body"] == \
+        "Recorded for “Risk”: Hardly risky. This replaces the answer someone else gave."
 
 
 async def test_7_closed_looks_closed_approvals_repeat_the_subject_and_no_doubled_stops(bridge):

@@ -20,7 +20,7 @@ import pytest
 from bridge.protocol import judge as judge_module
 from bridge.protocol.judge import REASONS, Accepted, IncomingAnswer, JudgeContext, Refused, judge
 from bridge.protocol.normalize import Unreadable, normalize
-from bridge.protocol.outcome import annotated_notice, display_names, recorded_notice, refused_notice
+from bridge.protocol.outcome import OTHER, OWN, annotated_notice, display_names, recorded_notice, refused_notice
 from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.study import Score, score_text
@@ -280,9 +280,12 @@ def test_the_examples_of_the_issue_read_in_the_persons_terms():
     body = recorded_notice(answer_event_id="$a", question_event_id=takes.event_id, record=record, title="Intro take",
                            via="reply", labels=display_names(takes))["body"]
     assert body == "Recorded for “Intro take”: Right."  # blind: the label behind the side is not given away
-    text = recorded_notice(answer_event_id="$a", question_event_id="$q", title="Name", via="reply",
-                           record={"qid": "name", "state": "answered", "text": "Borealis.", "rev": 2})["body"]
-    assert text == "Recorded for “Name”: “Borealis.” This replaces your earlier answer."
+    said = {stood: recorded_notice(answer_event_id="$a", question_event_id="$q", title="Name", via="reply",
+                                   record={"qid": "name", "state": "answered", "text": "Borealis.", "rev": 2},
+                                   stood_before=stood)["body"] for stood in (OWN, OTHER, None)}
+    assert said == {OWN: "Recorded for “Name”: “Borealis.” This replaces your earlier answer.",
+                    OTHER: "Recorded for “Name”: “Borealis.” This replaces the answer someone else gave.",
+                    None: "Recorded for “Name”: “Borealis.”"}  # rev 2, yet the first answer was withdrawn
 
 
 def test_an_approval_names_what_was_approved():
