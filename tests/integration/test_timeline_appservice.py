@@ -12,9 +12,7 @@ only when a later look finds it."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -22,35 +20,12 @@ import pytest
 from bridge.devserver import free_port
 from helpers.attack import Relay, appservice_storm_bridge
 from helpers.harness import Bridge, Person, answer_content, store_rows, unique
+from test_timeline_record import answer_edit, one_choice_set, until
 
 pytestmark = pytest.mark.integration
 
 # A look runs after the homeserver goes quiet, or every 30 s (catchup.PERIOD) at the latest.
 FOUND_TIMEOUT = 90
-
-
-def one_choice_set() -> dict[str, Any]:
-    return {"askwright": 1, "id": "takes", "title": "Takes", "questions": [
-        {"id": "branch", "kind": "choice", "title": "Release branch", "question": "Which branch?",
-         "why": "The cut is due.", "options": [{"id": "main", "label": "The main branch"},
-                                               {"id": "stable", "label": "The stable branch"}],
-         "guess": {"option": "main", "why": "It is ready.", "confidence": "low"}}]}
-
-
-def answer_edit(question: dict[str, Any], original: str, option: str) -> dict[str, Any]:
-    new = answer_content(question, option_id=option)
-    del new["m.relates_to"]
-    return {"msgtype": "m.text", "body": f" * {option}", "m.new_content": new,
-            "m.relates_to": {"rel_type": "m.replace", "event_id": original}}
-
-
-async def until(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout} s")
 
 
 def accepted(bridge: Bridge, event_id: str) -> bool:
