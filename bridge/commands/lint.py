@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sqlite3
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,9 +24,7 @@ from pathlib import Path
 from bridge.questionset.lint import LintResult
 from bridge.questionset.load import Finding, LoadError
 from bridge.questionset.setdir import load_set_dir
-from bridge.service.config import ConfigError, load_config
 from bridge.service.sets import QUESTIONS, discover, duplicate_set_message
-from bridge.service.store import Store, StoreVersionError
 
 EXIT_OK = 0
 EXIT_ERRORS = 1
@@ -48,10 +45,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        revs = _posted_revs(args.config) if getattr(args, "config", None) else {}
-    except (ConfigError, StoreVersionError) as exc:
-        return _unreadable(" ".join(str(exc).split()), as_json=args.json)
+    revs: Mapping[str, Mapping[str, int]] = {}
+    if getattr(args, "config", None):
+        revs, problem = _posted_revs(args.config)
+        if problem is not None:
+            return _unreadable(" ".join(problem.split()), as_json=args.json)
     root = Path(args.set_dir)
     if root.is_dir() and not (root / QUESTIONS).exists():
         sets = discover(root)
@@ -99,20 +97,32 @@ def _run_root(sets: list[Path], args: argparse.Namespace, revs: Mapping[str, Map
     return EXIT_OK if all(r.ok for _d, r, _m in results) else EXIT_ERRORS
 
 
-def _posted_revs(config_path: str) -> Mapping[str, Mapping[str, int]]:
+def _posted_revs(config_path: str) -> tuple[Mapping[str, Mapping[str, int]], str | None]:
     """The highest rev posted per question, per set folder, from the bridge's
-    store (read-only: safe while the bridge runs; none before it first ran)."""
-    section = load_config(config_path).store
+    store (read-only: safe while the bridge runs; none before it first ran),
+    or why it can't be read.  The config and store code are imported only
+    here: lint without a config stays quick for agents that run it often."""
+    import sqlite3
+
+    from bridge.service.config import ConfigError, load_config
+    from bridge.service.store import Store, StoreVersionError
+
+    try:
+        section = load_config(config_path).store
+    except ConfigError as exc:
+        return {}, str(exc)
     try:
         store = Store.read_only(section.path, url=section.url, password=section.password)
     except FileNotFoundError:
-        return {}  # the bridge has not run yet: nothing posted
+        return {}, None  # the bridge has not run yet: nothing posted
+    except StoreVersionError as exc:
+        return {}, str(exc)
     except sqlite3.Error as exc:
-        raise ConfigError(f"{section.where}: the store can't be read ({exc})") from None
+        return {}, f"{section.where}: the store can't be read ({exc})"
     try:
-        return store.highest_posted_revs()
+        return store.highest_posted_revs(), None
     except sqlite3.Error as exc:
-        raise ConfigError(f"{section.where}: the store can't be read ({exc})") from None
+        return {}, f"{section.where}: the store can't be read ({exc})"
     finally:
         store.close()
 
