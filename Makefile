@@ -26,6 +26,9 @@ system-packages:
 	@command -v haproxy >/dev/null 2>&1 \
 	  || { apt-get install -y -qq haproxy >/dev/null 2>&1 \
 	       || { apt-get update -qq && apt-get install -y -qq haproxy >/dev/null; }; }
+	@command -v ffprobe >/dev/null 2>&1 \
+	  || { apt-get install -y -qq --no-install-recommends ffmpeg >/dev/null 2>&1 \
+	       || { apt-get update -qq && apt-get install -y -qq --no-install-recommends ffmpeg >/dev/null; }; }
 
 test: $(STAMP) system-packages
 	$(BIN)/python -m pytest -q
