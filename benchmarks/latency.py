@@ -75,15 +75,16 @@ class FileWatch:
     ``time.perf_counter`` is the machine's monotonic clock, the same in
     every process."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, script: str = __file__):
         self.path = path
+        self.script = script  # whose "--watch PATH" runs the watcher (soak.py watches every set folder)
         self.seen: dict[str, float] = {}
         self.process: asyncio.subprocess.Process | None = None
         self.reader: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).resolve()), "--watch", str(self.path),
+            sys.executable, str(Path(self.script).resolve()), "--watch", str(self.path),
             stdout=asyncio.subprocess.PIPE)
         assert self.process.stdout is not None
         await self.process.stdout.readline()  # "watching": the inotify watch is in place

@@ -45,37 +45,11 @@ from typing import Any
 from nio import AsyncClient, SyncResponse
 
 from _world import World, answer, free_port, percentile, question_set, world
+from latency import FileWatch
 
 OUT = Path(__file__).resolve().parent / "out"
 PEOPLE = 3
 NEW_SET_QUESTIONS = 5  # a new set this big, and this many questions closed, every --churn seconds
-
-
-class Watch:
-    """One watcher process over every set folder: "<event id> <perf_counter>" per new answer."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.seen: dict[str, float] = {}
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(__file__).resolve()), "--watch", str(self.root), stdout=asyncio.subprocess.PIPE)
-        assert self.process.stdout is not None
-        await self.process.stdout.readline()
-        asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        async for line in self.process.stdout:
-            event_id, at = line.decode().split()
-            self.seen.setdefault(event_id, float(at))
-
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            await self.process.wait()
 
 
 def watch_main(root: Path) -> None:
@@ -207,7 +181,7 @@ async def measure(w: World, minutes: float, rooms: int = 100, questions: int = 1
     print(f"soak: {posted} questions posted in {rooms} rooms in {post_s:.0f} s; answering for {minutes:g} min ...",
           flush=True)
 
-    watch = Watch(w.sets_root)
+    watch = FileWatch(w.sets_root, script=__file__)  # one watcher process over every set folder
     await watch.start()
     observer = Observer(w.client(w.observer))
     observer_task = asyncio.ensure_future(observer.run())
