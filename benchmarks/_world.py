@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -183,9 +182,7 @@ class World:
         """Another person in the room (registered, invited by the bot, joined)."""
         account = self.synapse.register(localpart)
         room_id = room_id or self.room_id
-        quoted = urllib.parse.quote(room_id, safe="")
-        _http_json("POST", f"{self.synapse.url}/_matrix/client/v3/rooms/{quoted}/invite",
-                   {"user_id": account["user_id"]}, self.bot["access_token"])
+        self.synapse.invite(self.bot["access_token"], room_id, account["user_id"])
         self.synapse.join(account["access_token"], room_id)
         return account
 

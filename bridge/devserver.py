@@ -195,6 +195,10 @@ class Synapse:
         body = {"preset": "private_chat", "invite": list(invite), **extra}
         return _http_json("POST", f"{self.url}/_matrix/client/v3/createRoom", body, token)["room_id"]
 
+    def invite(self, token: str, room: str, user_id: str) -> None:
+        quoted = urllib.request.quote(room, safe="")
+        _http_json("POST", f"{self.url}/_matrix/client/v3/rooms/{quoted}/invite", {"user_id": user_id}, token)
+
     def join(self, token: str, room: str) -> str:
         quoted = urllib.request.quote(room, safe="")
         return _http_json("POST", f"{self.url}/_matrix/client/v3/join/{quoted}", {}, token)["room_id"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.devserver import _http_json
 from helpers.attack import AS_BOT
 from helpers.e2e import ENCRYPTION_STATE
 from helpers.harness import Bridge, answer_content, unique
@@ -40,7 +39,7 @@ async def test_in_appservice_mode_too_she_reads_every_question_and_her_acknowled
         # has been running.  (A client that tracked the user while it was only
         # invited may not hear of a reset made before the join.)
         wait_log(bridge, "is cross-signed by its owner", 1)
-        _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{room}/invite", {"user_id": AS_BOT}, alice.token)
+        synapse.invite(alice.token, room, AS_BOT)
         questions = await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
 
         sent = from_bridge(await alice.messages(room), bridge)

@@ -63,9 +63,7 @@ async def test_a_sender_not_among_answerers_is_refused(bridge, person, synapse):
     bridge.extra_config = {"answerers": [bridge.alice.user_id]}
     questions = await started(bridge)
     # The room is private: bob gets in by invitation from the bot.
-    from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
-    _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{bridge.room_id}/invite",
-               {"user_id": bob.user_id}, bridge.bot["access_token"])
+    synapse.invite(bridge.bot["access_token"], bridge.room_id, bob.user_id)
     synapse.join(bob.token, bridge.room_id)
     event_id = await bob.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
     notice = await bob.wait_notice(bridge.room_id, event_id)

@@ -24,11 +24,6 @@ from helpers.sets import all_kinds_set
 pytestmark = pytest.mark.integration
 
 
-def invite(synapse, token: str, room_id: str, user_id: str) -> None:
-    quoted = urllib.request.quote(room_id, safe="")
-    _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{quoted}/invite", {"user_id": user_id}, token)
-
-
 def leave(synapse, token: str, room_id: str) -> None:
     quoted = urllib.request.quote(room_id, safe="")
     _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{quoted}/leave", {}, token)
@@ -75,7 +70,7 @@ async def test_an_answer_from_someone_who_left_the_room_is_refused(bridge, perso
     who has left is no longer one of them, even if their answer was sent
     while the bridge was down and reaches it only afterwards."""
     bob = person()
-    invite(synapse, bridge.bot["access_token"], bridge.room_id, bob.user_id)
+    synapse.invite(bridge.bot["access_token"], bridge.room_id, bob.user_id)
     synapse.join(bob.token, bridge.room_id)
     bridge.add_set(all_kinds_set("kinds"))
     bridge.start()
@@ -163,7 +158,7 @@ async def test_no_secret_in_the_logs_of_a_password_login_or_a_refused_token(brid
     the homeserver issued shows up.  A refused token is not echoed back, and
     a config readable by others gets a warning."""
     password_bot = synapse.register(f"pw{secrets.token_hex(4)}")
-    invite(synapse, bridge.bot["access_token"], bridge.room_id, password_bot["user_id"])
+    synapse.invite(bridge.bot["access_token"], bridge.room_id, password_bot["user_id"])
     bridge.bot = {"user_id": password_bot["user_id"], "access_token": None}
     bridge.extra_config = {"bot": {"password": password_bot["password"], "access_token": None}}
     bridge.add_set(text_set("pw", 1))

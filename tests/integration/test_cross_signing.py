@@ -86,8 +86,7 @@ async def test_an_answer_from_a_session_its_owner_did_not_verify_is_refused_with
     # Bob's client encrypts but he never cross-signed his session.
     bob = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "bob-keys")
     try:
-        _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{room}/invite", {"user_id": bob.user_id},
-                   bridge.bot["access_token"])
+        synapse.invite(bridge.bot["access_token"], room, bob.user_id)
         synapse.join(bob.token, room)
         await bob.keep_up()
         bridge.add_set(all_kinds_set("kinds"))

@@ -184,10 +184,7 @@ async def test_someone_who_joins_later_gets_the_keys_of_what_the_bridge_sends_ne
     questions = await started(bridge)
     bob = EncryptingPerson(bridge.synapse, bridge.synapse.register(unique("person")), tmp_path / "bob-keys")
     try:
-        from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
-
-        _http_json("POST", f"{bridge.synapse.url}/_matrix/client/v3/rooms/{room}/invite", {"user_id": bob.user_id},
-                   alice.token)
+        bridge.synapse.invite(alice.token, room, bob.user_id)
         bridge.synapse.join(bob.token, room)
         await bob.cross_sign()
         answer = await bob.send(room, answer_content(questions[("branch", 1)], option_id="main"))
@@ -262,13 +259,10 @@ async def raw_download(person, mxc: str) -> bytes:
 
 
 async def test_trust_verified_shares_keys_only_with_pinned_devices_and_refuses_the_rest(encrypted, synapse, tmp_path):
-    from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
-
     bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
     bob = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "bob-keys")
     try:
-        _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{room}/invite", {"user_id": bob.user_id},
-                   bridge.bot["access_token"])
+        synapse.invite(bridge.bot["access_token"], room, bob.user_id)
         synapse.join(bob.token, room)
         await bob.keep_up()
         fingerprint = alice.client.olm.account.identity_keys["ed25519"]

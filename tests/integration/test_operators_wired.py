@@ -99,9 +99,7 @@ async def test_management_commands_work_for_an_admin_and_are_refused_for_others(
     bridge.add_set(all_kinds_set("kinds"))
     bridge.start()
     await bridge.wait_questions(bridge.alice, QUESTION_COUNT)
-    from bridge.devserver import _http_json  # noqa: PLC0415 - test-only shortcut to the invite API
-    _http_json("POST", f"{synapse.url}/_matrix/client/v3/rooms/{bridge.room_id}/invite",
-               {"user_id": bob.user_id}, bridge.bot["access_token"])
+    synapse.invite(bridge.bot["access_token"], bridge.room_id, bob.user_id)
     synapse.join(bob.token, bridge.room_id)
     alice, room = bridge.alice, bridge.room_id
 

@@ -8,11 +8,9 @@ import asyncio
 import json
 import time
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 
-from bridge.devserver import _http_json
 from helpers.harness import Person
 from helpers.sets import SUBJECT
 from test_element import element_edit, element_reply, polls, record, started, vote
@@ -162,8 +160,7 @@ async def test_6b_replaces_only_an_answer_that_stood_and_says_whose(bridge, pers
     assert (await alice.wait_notice(room, again))["content"]["body"] == "Recorded for “Risk”: Somewhat risky."
     # Someone else's answer stood: the reply says so, not "your".
     bob = person()
-    _http_json("POST", f"{bridge.synapse.url}/_matrix/client/v3/rooms/{quote(room, safe='')}/invite",
-               {"user_id": bob.user_id}, bridge.bot["access_token"])
+    bridge.synapse.invite(bridge.bot["access_token"], room, bob.user_id)
     bridge.synapse.join(bob.token, room)
     his = await bob.send(room, element_reply(risk, "1", bot))
     assert (await bob.wait_notice(room, his))["content"]["body"] == \
