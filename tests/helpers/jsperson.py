@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.devserver import Synapse
-from helpers.harness import Person
+from helpers.harness import Person, answer_content
 
 JS = Path(__file__).resolve().parent.parent / "js"
 
@@ -95,6 +95,22 @@ async def wait_signed_by_owner(person: JsPerson, user_id: str, device_id: str, t
             return status
         assert time.monotonic() < deadline, f"{device_id} of {user_id} not signed by its owner: {status}"
         await asyncio.sleep(0.5)
+
+
+async def answers_read_back(person: JsPerson, bridge: Any, room: str, questions: dict) -> None:
+    """She answers as Element does (a reply naming an option) and with an
+    answer event, in the all-kinds set; the bridge records both, and she
+    reads both acknowledgements, encrypted and decrypted."""
+    takes = questions[("takes", 1)]["event_id"]
+    reply = await person.send(room, {"msgtype": "m.text", "body": "2",
+                                     "m.relates_to": {"m.in_reply_to": {"event_id": takes}}})
+    named = await person.send(room, answer_content(questions[("name", 1)], text="Borealis"))
+    assert (await bridge.wait_answer("kinds", "takes", timeout=40))["source"]["event_id"] == reply
+    assert (await bridge.wait_answer("kinds", "name", timeout=40))["text"] == "Borealis"
+    for answer in (reply, named):
+        notice = await person.wait_notice(room, answer, timeout=30)
+        assert notice["wire_type"] == "m.room.encrypted" and notice["decryption_failure"] is None
+        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
 
 
 def wait_log(bridge: Any, text: str, count: int, timeout: float = 60) -> None:

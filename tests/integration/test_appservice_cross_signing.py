@@ -12,8 +12,8 @@ import pytest
 
 from helpers.attack import AS_BOT
 from helpers.e2e import ENCRYPTION_STATE
-from helpers.harness import Bridge, answer_content, unique
-from helpers.jsperson import JsPerson, from_bridge, wait_log, wait_signed_by_owner
+from helpers.harness import Bridge, unique
+from helpers.jsperson import JsPerson, answers_read_back, from_bridge, wait_log, wait_signed_by_owner
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.integration
@@ -49,16 +49,7 @@ async def test_in_appservice_mode_too_she_reads_every_question_and_her_acknowled
         assert len(devices) == 1
         await wait_signed_by_owner(alice, AS_BOT, devices.pop())
 
-        takes = questions[("takes", 1)]["event_id"]
-        reply = await alice.send(room, {"msgtype": "m.text", "body": "2",
-                                        "m.relates_to": {"m.in_reply_to": {"event_id": takes}}})
-        named = await alice.send(room, answer_content(questions[("name", 1)], text="Borealis"))
-        assert (await bridge.wait_answer("kinds", "takes", timeout=40))["source"]["event_id"] == reply
-        assert (await bridge.wait_answer("kinds", "name", timeout=40))["text"] == "Borealis"
-        for answer in (reply, named):
-            notice = await alice.wait_notice(room, answer, timeout=30)
-            assert notice["wire_type"] == "m.room.encrypted" and notice["decryption_failure"] is None
-            assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+        await answers_read_back(alice, bridge, room, questions)
     finally:
         bridge.kill()
         await alice.close()

@@ -13,7 +13,7 @@ import pytest
 from bridge.devserver import _http_json
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
 from helpers.harness import Bridge, answer_content, store_rows, unique
-from helpers.jsperson import JsPerson, from_bridge, wait_log, wait_signed_by_owner
+from helpers.jsperson import JsPerson, answers_read_back, from_bridge, wait_log, wait_signed_by_owner
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.integration
@@ -63,18 +63,7 @@ async def test_a_person_who_excludes_insecure_devices_reads_every_question_and_h
     status = await wait_signed_by_owner(alice, bridge.bot["user_id"], devices.pop())
     assert status["signed_by_owner"] is True
 
-    # She answers as Element does (a reply) and with an answer event; the
-    # bridge reads both, and she reads both acknowledgements.
-    takes = questions[("takes", 1)]["event_id"]
-    reply = await alice.send(room, {"msgtype": "m.text", "body": "2",
-                                    "m.relates_to": {"m.in_reply_to": {"event_id": takes}}})
-    named = await alice.send(room, answer_content(questions[("name", 1)], text="Borealis"))
-    assert (await bridge.wait_answer("kinds", "takes", timeout=40))["source"]["event_id"] == reply
-    assert (await bridge.wait_answer("kinds", "name", timeout=40))["text"] == "Borealis"
-    for answer in (reply, named):
-        notice = await alice.wait_notice(room, answer, timeout=30)
-        assert notice["wire_type"] == "m.room.encrypted" and notice["decryption_failure"] is None
-        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    await answers_read_back(alice, bridge, room, questions)
     log = bridge.log_text()
     assert "is cross-signed by its owner" in log
     assert f"device {alice.device_id} of {alice.user_id}" in log and "cross-signed by its owner" in log
