@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from nio import AsyncClient, MessageDirection, RoomMessagesResponse, SyncResponse
 
 from _world import World, answer, question_set, world
@@ -109,26 +110,39 @@ async def bare_catch_up(client: AsyncClient, since: str, count: int,
     return time.perf_counter() - started, curve
 
 
-def durable_count(db: sqlite3.Connection) -> int | None:
+def durable_count(db: Any, missing: tuple[type[Exception], ...] = (sqlite3.OperationalError,)) -> int | None:
     """Accepted answers that are in answers.json, or None while a batch is between
-    its store commit and its folder write (the dirty table says which)."""
+    its store commit and its folder write (the dirty table says which).
+    ``missing``: what the driver raises while the store has no tables yet."""
     try:
         if db.execute("SELECT 1 FROM dirty LIMIT 1").fetchone():
             return None
         return db.execute("SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'").fetchone()[0]
-    except sqlite3.OperationalError:
+    except missing:
         return None  # the bridge is still creating or migrating its store
 
 
-async def bridge_catch_up(w: World, config: Path, store: Path, count: int,
-                          timeout: float) -> tuple[float, list[tuple[float, int]]]:
+def open_store(config: Path) -> tuple[Any, tuple[type[Exception], ...]]:
+    """A read-only look at the store the config names: SQLite at ``store.path``,
+    or PostgreSQL at ``store.url`` (``benchmarks/postgres.py``)."""
+    settings = yaml.safe_load(config.read_text())["store"]
+    if settings.get("url"):
+        import psycopg  # only for a PostgreSQL store
+
+        return (psycopg.connect(settings["url"], password=settings.get("password"), autocommit=True),
+                (psycopg.errors.UndefinedTable,))
+    path = Path(settings["path"]).resolve()
+    return sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=10), (sqlite3.OperationalError,)
+
+
+async def bridge_catch_up(w: World, config: Path, count: int, timeout: float) -> tuple[float, list[tuple[float, int]]]:
     started = time.perf_counter()
     w.start_bridge(config)
-    db = sqlite3.connect(f"{store.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    db, missing = open_store(config)
     curve: list[tuple[float, int]] = [(0.0, 0)]
     try:
         while time.perf_counter() - started < timeout:
-            durable = durable_count(db)
+            durable = durable_count(db, missing)
             now = time.perf_counter() - started
             if durable is not None:
                 curve.append((now, durable))
@@ -166,7 +180,7 @@ async def measure(w: World, count: int, timeout: float = 1800) -> dict[str, Any]
     # the reference: whoever reads the backlog first warms the homeserver's
     # caches for the other.
     bare_runs = [await bare_process(w, since, count)]
-    bridge_seconds, bridge_curve = await bridge_catch_up(w, config, store, count, timeout)
+    bridge_seconds, bridge_curve = await bridge_catch_up(w, config, count, timeout)
     w.stop_bridge(grace=5)
     await asyncio.sleep(5)  # the acknowledgements the bridge sent settle
     bare_runs.append(await bare_process(w, since, count))

@@ -18,11 +18,9 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -51,38 +49,10 @@ def on_postgresql(w: World, server: Postgres) -> None:
     w.config = config  # type: ignore[method-assign]
 
 
-async def pg_catch_up(w: World, config: Path, _store: Path, count: int,
-                      timeout: float) -> tuple[float, list[tuple[float, int]]]:
-    """``catchup.bridge_catch_up`` reading the PostgreSQL store the config names."""
-    settings = yaml.safe_load(config.read_text())["store"]
-    started = time.perf_counter()
-    w.start_bridge(config)
-    curve: list[tuple[float, int]] = [(0.0, 0)]
-    conn = psycopg.connect(settings["url"], password=settings["password"], autocommit=True)
-    try:
-        while time.perf_counter() - started < timeout:
-            try:
-                dirty = conn.execute("SELECT 1 FROM dirty LIMIT 1").fetchone()
-                durable = None if dirty else conn.execute(
-                    "SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'").fetchone()[0]
-            except psycopg.errors.UndefinedTable:
-                durable = None  # not migrated yet
-            now = time.perf_counter() - started
-            if durable is not None:
-                curve.append((now, durable))
-                if durable >= count:
-                    return now, curve
-            await asyncio.sleep(0.02)
-    finally:
-        conn.close()
-    raise TimeoutError(f"the bridge made {curve[-1][1]} of {count} answers durable in {timeout:.0f} s")
-
-
 async def backend(name: str, server: Postgres | None, answers: int, backlog: int) -> dict[str, Any]:
     async with world(appservice=True) as w:
         if server is not None:
-            on_postgresql(w, server)
-            catchup.bridge_catch_up = pg_catch_up
+            on_postgresql(w, server)  # catch-up then follows the store at the config's store.url
         print(f"{name}: latency, {answers} answers per mode ...", flush=True)
         rows = [await latency.measure(w, mode, answers, {}) for mode in ("bot", "appservice")]
         print(f"{name}: catch-up, {backlog} answers ...", flush=True)
