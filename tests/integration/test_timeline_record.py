@@ -59,10 +59,9 @@ def in_thread(question: dict[str, Any], content: dict[str, Any]) -> dict[str, An
 
 
 async def second_person(bridge, person, synapse):
-    from test_boundaries import invite  # the same room, one more member
-
+    """The same room, one more member."""
     bob = person()
-    invite(synapse, bridge.bot["access_token"], bridge.room_id, bob.user_id)
+    synapse.invite(bridge.bot["access_token"], bridge.room_id, bob.user_id)
     synapse.join(bob.token, bridge.room_id)
     return bob
 
