@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 USAGES = ("master", "self_signing", "user_signing")
+
+
+def _private_key(seed: bytes) -> Any:
+    # cryptography is loaded on first use: a bridge in a plain room never
+    # signs, and one in an encrypted room signs beside its first sync.
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.from_private_bytes(seed)
 
 
 def b64(data: bytes) -> str:
@@ -50,11 +56,11 @@ class SigningKey:
 
     @classmethod
     def generate(cls) -> "SigningKey":
-        return cls(Ed25519PrivateKey.generate().private_bytes_raw())
+        return cls(os.urandom(32))  # an ed25519 private key is 32 random bytes (RFC 8032)
 
     @property
     def public(self) -> str:
-        raw = Ed25519PrivateKey.from_private_bytes(self.seed).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        raw = _private_key(self.seed).public_key().public_bytes_raw()
         return b64(raw)
 
     def __repr__(self) -> str:  # never print the seed
@@ -62,7 +68,7 @@ class SigningKey:
 
     def sign(self, obj: dict[str, Any], user_id: str) -> dict[str, Any]:
         """``obj`` with this key's signature added beside the ones it has."""
-        signature = b64(Ed25519PrivateKey.from_private_bytes(self.seed).sign(signing_bytes(obj)))
+        signature = b64(_private_key(self.seed).sign(signing_bytes(obj)))
         signatures = {u: dict(s) for u, s in (obj.get("signatures") or {}).items()}
         signatures.setdefault(user_id, {})[f"ed25519:{self.public}"] = signature
         return {**obj, "signatures": signatures}
@@ -73,6 +79,9 @@ def verify(obj: dict[str, Any], user_id: str, public_key: str) -> bool:
     signature = ((obj.get("signatures") or {}).get(user_id) or {}).get(f"ed25519:{public_key}")
     if not isinstance(signature, str):
         return False
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     try:
         Ed25519PublicKey.from_public_bytes(unb64(public_key)).verify(unb64(signature), signing_bytes(obj))
     except (InvalidSignature, ValueError):

@@ -24,7 +24,7 @@ from jsonschema.exceptions import ValidationError
 
 from bridge.protocol import schemas
 from bridge.protocol.recorded import RecordedQuestion, option_name
-from bridge.questionset.model import BUILTIN_IDS, OTHER_ID, UNSURE_ID
+from bridge.questionset.builtin import BUILTIN_IDS, OTHER_ID, UNSURE_ID
 
 Layer = Literal["schema", "recorded"]
 

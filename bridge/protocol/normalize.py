@@ -22,7 +22,7 @@ from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
 from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply
-from bridge.questionset.model import BUILTIN_IDS
+from bridge.questionset.builtin import BUILTIN_IDS
 
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
 POLL_RESPONSE_TYPES = frozenset({"org.matrix.msc3381.poll.response", "m.poll.response"})

@@ -29,17 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html
-from bridge.questionset.model import (
-    OTHER_ID,
-    OTHER_LABEL,
-    UNSURE_ID,
-    UNSURE_LABEL,
-    MediaItem,
-    Option,
-    Question,
-    QuestionSet,
-    ShowIf,
-)
+from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
+from bridge.questionset.model import MediaItem, Option, Question, QuestionSet, ShowIf
 
 SUITE_EVENT_TYPE = "dev.superpipeline.question.v2"
 SCHEMA_VERSION = 1

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from bridge.protocol.render import option_display
-from bridge.questionset.model import BUILTIN_IDS
+from bridge.questionset.builtin import BUILTIN_IDS
 
 # The answer schema's own cap on `text`; a question without `text_max` gets it.
 TEXT_MAX_DEFAULT = 16000

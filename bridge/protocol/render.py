@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bridge.questionset.model import OTHER_ID, UNSURE_ID
+from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 
 ALLOWED_TAGS = frozenset({"h4", "p", "ol", "ul", "li", "blockquote", "strong", "em", "code", "br", "span"})
 # Element's sanitiser keeps these too; only the background (``one_pager``) uses them.

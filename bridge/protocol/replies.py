@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
 from bridge.protocol.render import KEYCAPS, option_display
-from bridge.questionset.model import OTHER_ID, UNSURE_ID
+from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 
 _NUMBER = re.compile(r"^#?(\d{1,3})[.)]?$")
 _SPACED_NUMBERS = re.compile(r"^\d{1,3}(?:\s+\d{1,3})+$")

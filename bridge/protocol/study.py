@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge.questionset.model import Question, QuestionSet
+if TYPE_CHECKING:
+    from bridge.questionset.model import Question, QuestionSet
 
 NO_TOPIC = "(no topic)"
 

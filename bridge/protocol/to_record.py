@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.protocol.judge import NOTE_JOINER, Accepted
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.questionset.model import UNSURE_ID
+from bridge.questionset.builtin import UNSURE_ID
 
 
 def to_record(

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from bridge.questionset.model import QuestionSet
+if TYPE_CHECKING:
+    from bridge.questionset.model import QuestionSet
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,12 @@ def where_of(loc: tuple[Any, ...], raw: dict[str, Any] | None = None) -> str:
 
 def validate_model(raw: dict[str, Any]) -> tuple[QuestionSet | None, list[Finding]]:
     """The model, or the type errors found on the way (each with its place)."""
+    # The models (pydantic) load on the first set read, not with the
+    # readers of a questions.json that never validate one (the judge's path).
+    from pydantic import ValidationError
+
+    from bridge.questionset.model import QuestionSet
+
     try:
         return QuestionSet.model_validate(raw), []
     except ValidationError as exc:

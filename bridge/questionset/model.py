@@ -138,9 +138,3 @@ class QuestionSet(_Model):
         return [q for q in self.questions if q.is_open]
 
 
-# Built-in answers every question offers (PROTOCOL section 2).
-UNSURE_ID = "unsure"
-OTHER_ID = "other"
-UNSURE_LABEL = "Not sure, ask me later"
-OTHER_LABEL = "Something else"
-BUILTIN_IDS = (UNSURE_ID, OTHER_ID)

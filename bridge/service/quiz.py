@@ -12,14 +12,16 @@ import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.protocol.outcome import notice, txn_id
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.study import complete, feedback, score, score_text
-from bridge.questionset.model import QuestionSet
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.store import LogEntry, Store
+
+if TYPE_CHECKING:
+    from bridge.questionset.model import QuestionSet
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 def load(set_dir: str | None) -> QuestionSet | None:
     if not set_dir:
         return None
+    from bridge.questionset.model import QuestionSet  # pydantic: only once a study set is answered
+
     try:
         return QuestionSet.model_validate(read_questions(str(Path(set_dir) / QUESTIONS_FILE)))
     except Exception:  # noqa: BLE001 - a broken file only costs the feedback, never the answer

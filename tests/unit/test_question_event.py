@@ -20,7 +20,8 @@ from bridge.protocol.question_event import (
     no_floats,
     option_order,
 )
-from bridge.questionset.model import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL, QuestionSet
+from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
+from bridge.questionset.model import QuestionSet
 from bridge.resources import examples_dir, schema_path
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,7 +26,8 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.study import Score, score_text
 from bridge.protocol.to_record import to_record
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
-from bridge.questionset.model import BUILTIN_IDS, QuestionSet
+from bridge.questionset.builtin import BUILTIN_IDS
+from bridge.questionset.model import QuestionSet
 from bridge.service import crypto, pipeline
 from helpers.sets import SUBJECT, all_kinds_set
 

@@ -8,7 +8,7 @@ from typing import Any
 from bridge.questionset.lint.access import blank, quote, str_at
 from bridge.questionset.lint.context import Context, QuestionView
 from bridge.questionset.lint.unknown import check_unknown
-from bridge.questionset.model import BUILTIN_IDS
+from bridge.questionset.builtin import BUILTIN_IDS
 
 
 def _norm_label(label: str) -> str:
