@@ -1,4 +1,4 @@
-"""The bridge's YAML configuration, validated with pydantic.
+"""The bridge's YAML configuration, read into typed sections (``sections``).
 
 The user's file is merged over the commented example's defaults, so a minimal
 file works and every key has one documented meaning.  Secrets may come from
@@ -11,10 +11,12 @@ import os
 import re
 import stat
 from pathlib import Path
+from dataclasses import field
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bridge.service.sections import Duration, Invalid, Section, parse_duration
 
 # Environment variables that override (or stand in for) secrets in the file.
 ENV_SECRETS = {
@@ -30,52 +32,40 @@ class ConfigError(Exception):
     """One clear sentence naming the key at fault."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Homeserver(_Section):
+class Homeserver(Section):
     url: str
 
-    @field_validator("url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value.rstrip("/")
+    def check(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise Invalid("must start with http:// or https://", "url")
+        self.url = self.url.rstrip("/")
 
 
-class Bot(_Section):
+class Bot(Section):
     user_id: str
     access_token: str | None = None
     password: str | None = None
     device_name: str = "askwright-bridge"
 
-    @field_validator("user_id")
-    @classmethod
-    def _mxid(cls, value: str) -> str:
-        if not (value.startswith("@") and ":" in value):
-            raise ValueError("must be a full Matrix user id such as @askbot:example.org")
-        return value
+    def check(self) -> None:
+        if not (self.user_id.startswith("@") and ":" in self.user_id):
+            raise Invalid("must be a full Matrix user id such as @askbot:example.org", "user_id")
 
 
-class Sets(_Section):
+class Sets(Section):
     root: Path
 
 
-class Rooms(_Section):
+class Rooms(Section):
     default: str
-    sets: dict[str, str] = Field(default_factory=dict)
+    sets: dict[str, str] = field(default_factory=dict)
 
-    @field_validator("default")
-    @classmethod
-    def _room(cls, value: str) -> str:
-        if not value.startswith(("!", "#")):
-            raise ValueError("must be a room id (!...) or an alias (#...)")
-        return value
+    def check(self) -> None:
+        if not self.default.startswith(("!", "#")):
+            raise Invalid("must be a room id (!...) or an alias (#...)", "default")
 
 
-class Store(_Section):
+class Store(Section):
     """SQLite at ``path`` (the default), or PostgreSQL at ``url`` when set.
     ``path`` still names where the encryption keys (``<path>.crypto/``) live."""
 
@@ -83,12 +73,9 @@ class Store(_Section):
     url: str | None = None
     password: str | None = None  # for ``url``; or ASKWRIGHT_BRIDGE_STORE_PASSWORD
 
-    @field_validator("url")
-    @classmethod
-    def _postgresql(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("postgresql://", "postgres://")):
-            raise ValueError("must start with postgresql:// (leave it out for SQLite at store.path)")
-        return value
+    def check(self) -> None:
+        if self.url is not None and not self.url.startswith(("postgresql://", "postgres://")):
+            raise Invalid("must start with postgresql:// (leave it out for SQLite at store.path)", "url")
 
     @property
     def where(self) -> str:
@@ -100,12 +87,23 @@ class Store(_Section):
         return str(self.path)
 
 
-class Logging(_Section):
+class Logging(Section):
     level: str = "INFO"
     format: str = "text"
 
 
-class Appservice(_Section):
+def _host_port(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def _check_listen(value: str) -> None:
+    _host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise Invalid("must be host:port, such as 127.0.0.1:9464", "listen")
+
+
+class Appservice(Section):
     enabled: bool = False
     id: str = "askwright"
     url: str = "http://127.0.0.1:29331"
@@ -116,73 +114,31 @@ class Appservice(_Section):
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host or "127.0.0.1", int(port)
+        return _host_port(self.listen)
 
 
-def _host_port(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host or "127.0.0.1", int(port)
-
-
-def _check_listen(value: str) -> str:
-    _host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("must be host:port, such as 127.0.0.1:9464")
-    return value
-
-
-class Metrics(_Section):
+class Metrics(Section):
     """Prometheus metrics at /metrics and liveness at /health.  In appservice
     mode both are served on the appservice listener and ``listen`` is unused."""
 
     enabled: bool = False
     listen: str = "127.0.0.1:9464"
 
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        return _check_listen(value)
+    def check(self) -> None:
+        _check_listen(self.listen)
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
         return _host_port(self.listen)
 
 
-# "90s", "30m", "24h", "2d", "1w"; a bare number is seconds.
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(value: str | int | float) -> float:
-    """Seconds in a duration such as ``30m``, ``24h`` or ``2d``; ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError("must be a duration such as 30m, 24h or 2d")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value).lower())
-        if not match:
-            raise ValueError("must be a duration such as 30m, 24h or 2d")
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if seconds <= 0:
-        raise ValueError("must be a duration above zero, such as 30m, 24h or 2d")
-    return seconds
-
-
-class Reminders(_Section):
+class Reminders(Section):
     """A nudge in the thread of a question posted ``after`` ago and still
     unanswered, repeated at most once every ``every``."""
 
     enabled: bool = False
-    after: str = "24h"
-    every: str = "24h"
-
-    @field_validator("after", "every", mode="before")
-    @classmethod
-    def _duration(cls, value: object) -> str:
-        parse_duration(value)  # type: ignore[arg-type]
-        return str(value)
+    after: Duration = Duration("24h")
+    every: Duration = Duration("24h")
 
     @property
     def after_seconds(self) -> float:
@@ -193,7 +149,7 @@ class Reminders(_Section):
         return parse_duration(self.every)
 
 
-class Encryption(_Section):
+class Encryption(Section):
     """End-to-end encryption, in bot mode and in appservice mode (which needs
     the homeserver's appservice extensions; docs/encryption.md).
 
@@ -211,21 +167,13 @@ class Encryption(_Section):
     trust: Literal["cross-signed", "tofu", "verified", "all"] = "cross-signed"
     cross_signing_keys: str | None = None
     # user id -> device id -> ed25519 fingerprint (Element: Settings, Sessions, "Session key").
-    verified_devices: dict[str, dict[str, str]] = Field(default_factory=dict)
-    grace: str = "60s"
+    verified_devices: dict[str, dict[str, str]] = field(default_factory=dict)
+    grace: Duration = Duration("60s")
 
-    @field_validator("grace", mode="before")
-    @classmethod
-    def _grace(cls, value: object) -> str:
-        parse_duration(value)  # type: ignore[arg-type]
-        return str(value)
-
-    @field_validator("verified_devices")
-    @classmethod
-    def _fingerprints(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    def check(self) -> None:
         # Element shows the key in groups of four separated by spaces.
-        return {user: {device: "".join(key.split()) for device, key in devices.items()}
-                for user, devices in value.items()}
+        self.verified_devices = {user: {device: "".join(key.split()) for device, key in devices.items()}
+                                 for user, devices in self.verified_devices.items()}
 
     @property
     def grace_seconds(self) -> float:
@@ -235,7 +183,7 @@ class Encryption(_Section):
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class Agent(_Section):
+class Agent(Section):
     """One agent allowed in through the HTTP API or MCP at /mcp.  ``token`` is
     its bearer token; ``webhook_url`` (optional) is told of every accepted
     answer to its sets, each POST signed with ``webhook_secret``."""
@@ -244,38 +192,26 @@ class Agent(_Section):
     webhook_url: str | None = None
     webhook_secret: str | None = None
 
-    @field_validator("webhook_url")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value
-
-    @model_validator(mode="after")
-    def _needs(self) -> "Agent":
+    def check(self) -> None:
+        if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
+            raise Invalid("must start with http:// or https://", "webhook_url")
         if not self.token:
             raise ValueError("needs a token (or its environment variable, see docs/agents.md)")
         if len(self.token) < 16:
             raise ValueError("the token must be at least 16 characters")
         if self.webhook_url and not self.webhook_secret:
             raise ValueError("webhook_url needs webhook_secret to sign the deliveries")
-        return self
 
 
-class AgentApi(_Section):
+class AgentApi(Section):
     """Limits of the agents' HTTP API and MCP endpoint, and of webhook delivery."""
 
+    minimum = {"rate_per_minute": 1}
     # Requests per minute per agent (a bucket that holds a minute's worth).
-    rate_per_minute: int = Field(default=120, ge=1)
+    rate_per_minute: int = 120
     # A webhook not taken after this long is dropped, with a log line and a metric.
-    webhook_drop_after: str = "24h"
-    webhook_timeout: str = "10s"
-
-    @field_validator("webhook_drop_after", "webhook_timeout", mode="before")
-    @classmethod
-    def _duration(cls, value: object) -> str:
-        parse_duration(value)  # type: ignore[arg-type]
-        return str(value)
+    webhook_drop_after: Duration = Duration("24h")
+    webhook_timeout: Duration = Duration("10s")
 
     @property
     def drop_after_seconds(self) -> float:
@@ -291,39 +227,32 @@ def agent_env_prefix(name: str) -> str:
     return "ASKWRIGHT_BRIDGE_AGENT_" + re.sub(r"[^A-Z0-9]", "_", name.upper()) + "_"
 
 
-class Config(_Section):
+class Config(Section):
     homeserver: Homeserver
     bot: Bot
     sets: Sets
     rooms: Rooms
-    answerers: list[str] = Field(default_factory=list)
-    admins: list[str] = Field(default_factory=list)
+    answerers: list[str] = field(default_factory=list)
+    admins: list[str] = field(default_factory=list)
     store: Store
-    logging: Logging = Field(default_factory=Logging)
-    appservice: Appservice = Field(default_factory=Appservice)
-    metrics: Metrics = Field(default_factory=Metrics)
-    reminders: Reminders = Field(default_factory=Reminders)
-    encryption: Encryption = Field(default_factory=Encryption)
-    agents: dict[str, Agent] = Field(default_factory=dict)
-    agent_api: AgentApi = Field(default_factory=AgentApi)
+    logging: Logging = field(default_factory=Logging)
+    appservice: Appservice = field(default_factory=Appservice)
+    metrics: Metrics = field(default_factory=Metrics)
+    reminders: Reminders = field(default_factory=Reminders)
+    encryption: Encryption = field(default_factory=Encryption)
+    agents: dict[str, Agent] = field(default_factory=dict)
+    agent_api: AgentApi = field(default_factory=AgentApi)
 
-    @field_validator("agents")
-    @classmethod
-    def _agent_names(cls, value: dict[str, Agent]) -> dict[str, Agent]:
-        for name in value:
+    def check(self) -> None:
+        for name in self.agents:
             if not _AGENT_NAME.match(name):
-                raise ValueError(f"agent name {name!r} must be letters, digits, _, . or - (64 at most)")
-        return value
-
-    @model_validator(mode="after")
-    def _credentials(self) -> "Config":
+                raise Invalid(f"agent name {name!r} must be letters, digits, _, . or - (64 at most)", "agents")
         if self.appservice.enabled:
             localpart = self.bot.user_id[1:].split(":", 1)[0]
             if localpart != self.appservice.sender_localpart:
                 raise ValueError("bot.user_id must be the appservice's sender_localpart user")
         elif not (self.bot.access_token or self.bot.password):
             raise ValueError("bot needs access_token or password (or ASKWRIGHT_BRIDGE_ACCESS_TOKEN)")
-        return self
 
     @property
     def inviters(self) -> frozenset[str] | None:
@@ -364,16 +293,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
                 raw[section][key] = environ[var]
     _agent_secrets(raw, environ)
     try:
-        config = Config.model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        message = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "missing":
-            message = "is required"
-        elif first["type"] == "extra_forbidden":
-            message = "is not a known key"
-        raise ConfigError(f"{source}: {key}: {message}") from None
+        config = Config.read(raw)
+    except Invalid as exc:
+        raise ConfigError(f"{source}: {'.'.join(exc.path) or '(top level)'}: {exc.message}") from None
     # Relative paths are relative to the config file, not the working directory.
     config.sets.root = (base_dir / config.sets.root).resolve()
     config.store.path = (base_dir / config.store.path).resolve()

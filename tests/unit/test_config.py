@@ -78,3 +78,32 @@ def test_run_names_the_bad_key(tmp_path, capsys):
     assert main(["run", "-c", str(write(tmp_path, data))]) == 2
     err = capsys.readouterr().err
     assert "homeserver.url" in err and "secret-token" not in err
+
+
+@pytest.mark.parametrize("extra, where, words", [
+    ({"metrics": {"enabled": "maybe"}}, "metrics.enabled", "true or false"),
+    ({"agent_api": {"rate_per_minute": 0}}, "agent_api.rate_per_minute", "at least 1"),
+    ({"agent_api": {"rate_per_minute": "many"}}, "agent_api.rate_per_minute", "whole number"),
+    ({"answerers": ["@a:b", 3]}, "answerers.1", "text"),
+    ({"rooms": {"default": "!r", "sets": {"a": 5}}}, "rooms.sets.a", "text"),
+    ({"encryption": {"trust": "everyone"}}, "encryption.trust", "'cross-signed', 'tofu', 'verified', 'all'"),
+    ({"bot": "askbot"}, "bot", "mapping"),
+    ({"logging": None}, "logging", "mapping"),
+    ({"store": {"path": 5}}, "store.path", "path"),
+    ({"reminders": {"every": "often"}}, "reminders.every", "duration"),
+])
+def test_a_value_of_the_wrong_kind_names_its_key_and_what_it_takes(tmp_path, extra, where, words):
+    with pytest.raises(ConfigError) as caught:
+        parse_config({**GOOD, **extra}, base_dir=tmp_path, environ={})
+    assert f"config: {where}: " in str(caught.value) and words in str(caught.value)
+
+
+def test_what_yaml_users_write_for_booleans_numbers_and_durations_is_taken(tmp_path):
+    config = parse_config({**GOOD, "metrics": {"enabled": "yes"}, "agent_api": {"rate_per_minute": "30"},
+                           "reminders": {"enabled": True, "after": 3600, "every": "2d"},
+                           "encryption": {"verified_devices": {"@a:hs": {"DEV": "abcd efgh"}}}},
+                          base_dir=tmp_path, environ={})
+    assert config.metrics.enabled is True and config.agent_api.rate_per_minute == 30
+    assert config.reminders.after_seconds == 3600 and config.reminders.every_seconds == 2 * 86400
+    assert config.encryption.verified_devices == {"@a:hs": {"DEV": "abcdefgh"}}
+    assert config.logging.level == "INFO" and config.appservice.enabled is False  # defaults of sections left out
