@@ -34,7 +34,6 @@ from bridge.protocol.outcome import txn_id
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.heldback import format_held, held_back
-from bridge.service.setstatus import collect, find_set, format_table, set_id_of
 from bridge.service.store import Store
 
 log = logging.getLogger(__name__)
@@ -130,6 +129,10 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
         return f"I did not understand that: {command.problem} Send “!ask help” for the list."
     if command.verb == HELP:
         return help_text()
+    # Set status reads every set's files and lints them: loaded on the first
+    # command, not with the bridge.
+    from bridge.service.setstatus import collect, find_set, format_table, set_id_of
+
     if command.verb == STATUS:
         rows = collect(ctx.sets_root, ctx.store.posted_question_counts(), ctx.store.highest_posted_revs())
         table = format_table(rows)

@@ -18,31 +18,34 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from nio import AsyncClient
 from watchfiles import Change, awatch
 
-from bridge.agents.closing import blocks_close
-from bridge.questionset.load import LoadError
-from bridge.questionset.model import QuestionSet
-from bridge.questionset.setdir import QUESTIONS_FILE, load_set_dir
-from bridge.service.appservice import AppserviceFront
+from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.service.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
-from bridge.service.crosssigning import CrossSigning, keys_file
-from bridge.service.crypto import Crypto
 from bridge.service.matrix import MatrixError, NioTransport
 from bridge.service.pipeline import Pipeline
-from bridge.service.poster import Poster
 from bridge.service.rooms import configured_rooms, join_rooms, keep_joining
 from bridge.service.heldback import format_held, held_back
 from bridge.service.operators import Operators
 from bridge.service.metrics import Metrics
 from bridge.service.store import LogEntry, Store
 
+# What only posting, the folder watch, encryption or appservice mode needs is
+# imported where it is first used: the first sync (and the answers waiting in
+# it) should not wait on code it does not run (docs/architecture.md, start-up).
 if TYPE_CHECKING:
+    from bridge.questionset.model import QuestionSet
+    from bridge.service.crypto import Crypto
     from bridge.service.leader import Lease
+    from bridge.service.poster import Poster
 
 log = logging.getLogger(__name__)
 
 
 class Front(Protocol):
+    # Set once the first batch is handled: bot mode's first sync; at once in
+    # appservice mode, where nothing comes until the homeserver pushes it.
+    first_batch: asyncio.Event
+
     async def connect(self, stop: asyncio.Event) -> AsyncClient: ...
 
     def own_user(self, user_id: str) -> bool: ...
@@ -66,12 +69,16 @@ class BotFront:
         self.store = store
         self.on_synced = on_synced
         self.on_outcome = on_outcome
+        self.first_batch = asyncio.Event()
         self.client: AsyncClient | None = None
         self.crypto: Crypto | None = None  # set when the client encrypts; the transport uses it too
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         self.client = await login(self.config, self.store)
         if self.client.olm is not None:
+            from bridge.service.crosssigning import CrossSigning, keys_file
+            from bridge.service.crypto import Crypto
+
             signing = CrossSigning(self.client, keys_file(self.config.store.path, self.config.encryption.cross_signing_keys),
                                    self.config.bot.password)
             self.crypto = Crypto(self.client, self.store, self.config.encryption, on_outcome=self.on_outcome,
@@ -89,16 +96,26 @@ class BotFront:
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
         assert self.client is not None
-        await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self.on_synced, crypto=self.crypto,
+        await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self._synced, crypto=self.crypto,
                        rooms=[*rooms, *configured_rooms(self.config)], inviters=self.config.inviters,
                        posted=posted).run()
 
+    def _synced(self) -> None:
+        self.first_batch.set()
+        if self.on_synced is not None:
+            self.on_synced()
+
     async def close(self) -> None:
-        return None
+        if self.crypto is not None:
+            await self.crypto.close()
 
 
 def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
     """A set the bridge may post: it loads and lints without error."""
+    from bridge.agents.closing import blocks_close
+    from bridge.questionset.load import LoadError
+    from bridge.questionset.setdir import load_set_dir
+
     try:
         result = load_set_dir(set_dir, probe=False)
     except LoadError as exc:
@@ -114,6 +131,8 @@ def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
 
 def make_front(config: Config, store: Store, ops: Operators) -> Front:
     if config.appservice.enabled:
+        from bridge.service.appservice import AppserviceFront
+
         return AppserviceFront(config, store, ops)
     return BotFront(config, store, on_synced=ops.mark_ready, on_outcome=ops.on_outcome)
 
@@ -155,24 +174,34 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         pipeline.flush()
         if held := format_held(held_back(store)):
             log.warning("started with things held back:\n%s", held.rstrip())
-        poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
-                        on_closed=ops.on_closed)
-        await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
-                        serve_http=not config.appservice.enabled)
         # Answers are taken in while the sets are posted: a first posting of
         # thousands of questions takes minutes, and the first questions are
         # answered long before the last is sent.  Notices an earlier run left
         # unsent go out from the front's notifier, beside the first batch.
         posted = asyncio.Event()
 
-
         async def joined(room_id: str) -> None:
             rooms.append(room_id)  # the list the front holds: its events are bridged from now on
             await pipeline.load_members(room_id)
 
+        async def after_the_first_batch() -> None:
+            # The answers waiting at start come first: the sets folder is
+            # scanned (and the poster's code loaded), the operators' services
+            # started, once the first batch is in.  Commands in it wait for them.
+            await sleep_or_stop_event(stop, front.first_batch)
+            if stop.is_set():
+                return
+            from bridge.service.poster import Poster
+
+            poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
+                            on_closed=ops.on_closed)
+            await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
+                            serve_http=not config.appservice.enabled)
+            await asyncio.gather(keep_joining(transport, refused, stop, joined),
+                                 keep_sets(poster, config.sets.root, stop, posted), return_exceptions=True)
+
         tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)),
-                 asyncio.ensure_future(keep_joining(transport, refused, stop, joined)),
-                 asyncio.ensure_future(keep_sets(poster, config.sets.root, stop, posted))]
+                 asyncio.ensure_future(after_the_first_batch())]
         await stop.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:

@@ -326,6 +326,8 @@ class AppserviceFront:
         self.server: TransactionServer | None = None
         self.client: AsyncClient | None = None
         self.crypto: Any = None  # set when the bridge encrypts; the transport uses it too
+        self.first_batch = asyncio.Event()  # nothing to wait for: transactions come when they come
+        self.first_batch.set()
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         settings = self.config.appservice
@@ -394,6 +396,8 @@ class AppserviceFront:
         await asyncio.gather(*tasks)
 
     async def close(self) -> None:
+        if self.crypto is not None:
+            await self.crypto.close()
         if self.server:
             await self.server.close()
 

@@ -24,20 +24,23 @@ caller, and this module does:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from nio import AsyncClient, KeysUploadError, MegolmEvent, RoomGetStateEventError, RoomGetStateEventResponse
 from nio.exceptions import EncryptionError, LocalProtocolError
 from nio.rooms import MatrixRoom
 
 from bridge.service.config import Encryption
-from bridge.service.crosssigning import CrossSigning
 from bridge.service.keyrequests import KeyRequests
 from bridge.service.matrix import MatrixError
 from bridge.service.store import LogEntry, Store
+
+if TYPE_CHECKING:
+    from bridge.service.crosssigning import CrossSigning
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ class Crypto:
         # Rooms whose members changed where no sync told nio (appservice mode).
         self._members_changed: set[str] = set()
         self.key_requests = KeyRequests(client, clock)
+        self._signing: asyncio.Future[None] | None = None
 
     # -- start-up -------------------------------------------------------
 
@@ -113,11 +117,21 @@ class Crypto:
         log.info("end-to-end encryption on (trust: %s); the bridge's %s", self.settings.trust, self.describe_device())
         await self.maintain()
         if self.cross_signing is not None:
-            try:
-                await self.cross_signing.ensure()
-            except Exception as exc:  # noqa: BLE001 - an unsigned device still encrypts; clients may hide it
-                log.error("the bridge's device is not cross-signed (%s): clients that only trust sessions "
-                          "verified by their owner will not show its messages", exc)
+            # Beside the first sync rather than before it: nothing encrypted
+            # is sent until it is done (``before_send``), plaintext need not wait.
+            self._signing = asyncio.ensure_future(self._sign_own_device(self.cross_signing))
+
+    async def _sign_own_device(self, cross_signing: CrossSigning) -> None:
+        try:
+            await cross_signing.ensure()
+        except Exception as exc:  # noqa: BLE001 - an unsigned device still encrypts; clients may hide it
+            log.error("the bridge's device is not cross-signed (%s): clients that only trust sessions "
+                      "verified by their owner will not show its messages", exc)
+
+    async def close(self) -> None:
+        if self._signing is not None and not self._signing.done():
+            self._signing.cancel()
+            await asyncio.gather(self._signing, return_exceptions=True)
 
     # -- rooms ----------------------------------------------------------
 
@@ -149,6 +163,9 @@ class Crypto:
         room = await self.ensure_room(room_id)
         if not room.encrypted:
             return False
+        if self._signing is not None:
+            # Current clients hide what an unsigned device encrypts.
+            await asyncio.shield(self._signing)
         if not room.members_synced or room_id in self._members_changed:
             self._members_changed.discard(room_id)
             await self.client.joined_members(room_id)

@@ -15,17 +15,19 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 
 from bridge.service.admin import AdminContext, AdminDispatcher, is_command, poster_post_set
 from bridge.service.config import Config
 from bridge.service.heldback import counts, held_back
-from bridge.service.metrics import Metrics, health_routes, start_http
+from bridge.service.metrics import Metrics
 from bridge.service.pacing import REFUSAL, priority
 from bridge.service.reminders import DEFAULT_TICK_SECONDS, remind_set_now, reminder_loop
 from bridge.service.store import LogEntry, Store
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,9 @@ class Operators:
         self.store = store
         self.metrics = metrics or Metrics()
         self.admin: AdminDispatcher | None = None
+        # Commands in batches handled before ``start`` (the first sync runs
+        # while the poster loads): handed to the dispatcher when it starts.
+        self._early_commands: list[dict[str, Any]] = []
         self.runner: web.AppRunner | None = None
         self.tasks: list[asyncio.Future[Any]] = []
         self._log_handler: logging.Handler | None = None
@@ -55,6 +60,8 @@ class Operators:
         self.metrics.observe_batch(events)
         if self.admin is not None:
             self.admin.collect(events)
+        else:
+            self._early_commands.extend(event for event in events if is_command(event))
 
     def on_outcome(self, entry: LogEntry) -> None:
         self.metrics.observe_outcome(entry)
@@ -102,6 +109,8 @@ class Operators:
 
     def routes(self) -> list[web.AbstractRouteDef]:
         """/metrics and /health (and the agents' /v1/ and /mcp) for the appservice's own listener."""
+        from bridge.service.health import health_routes
+
         return [*health_routes(self.metrics), *(self.agents.routes() if self.agents is not None else ())]
 
     # -- lifetime ----------------------------------------------------------------
@@ -113,6 +122,8 @@ class Operators:
         self._log_handler = self.metrics.error_counter()
         logging.getLogger("bridge").addHandler(self._log_handler)
         if (self.config.metrics.enabled or self.agents is not None) and serve_http:
+            from bridge.service.health import start_http  # aiohttp's server only when something is served
+
             extra = self.agents.routes() if self.agents is not None else ()
             self.runner = await start_http(self.config.metrics.listen, self.metrics, extra)
         if self.agents is not None:
@@ -121,6 +132,8 @@ class Operators:
                            post_set=poster_post_set(poster),
                            remind_set=lambda set_id: remind_set_now(self.store, send, set_id))
         self.admin = AdminDispatcher(ctx, send, own_user)
+        self.admin.collect(self._early_commands)
+        self._early_commands.clear()
         self.tasks.append(asyncio.ensure_future(self.admin.run(stop)))
         reminders = self.config.reminders
         if reminders.enabled:

@@ -18,7 +18,8 @@ from aiohttp import web
 
 from bridge.service.config import Config
 from bridge.service.leader import Lease
-from bridge.service.metrics import Metrics, health_routes
+from bridge.service.health import health_routes
+from bridge.service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -135,6 +135,28 @@ async def test_management_commands_work_for_an_admin_and_are_refused_for_others(
     bridge.check_alive()
 
 
+async def test_a_command_sent_while_the_bridge_was_stopped_is_answered_when_it_starts(bridge):
+    # The first sync's batch is handled before the operators' services start
+    # (start-up): a command in it waits for them instead of being lost.
+    bridge.extra_config = {"admins": [bridge.alice.user_id]}
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.start()
+    await bridge.wait_questions(bridge.alice, QUESTION_COUNT)
+    bridge.stop()
+    alice, room = bridge.alice, bridge.room_id
+    status = await alice.send(room, {"msgtype": "m.text", "body": "!ask status"})
+    bridge.start()
+
+    async def reply() -> dict | None:
+        return next((e for e in await alice.messages(room) if e["sender"] == bridge.bot["user_id"] and
+                     e.get("content", {}).get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id") == status),
+                    None)
+
+    answered = await until(reply, what="status reply after the restart")
+    assert "kinds" in answered["content"]["body"]
+    bridge.check_alive()
+
+
 async def test_reminders_nudge_unanswered_questions_once_per_period(bridge):
     bridge.extra_config = {"reminders": {"enabled": True, "after": "2s", "every": "1h"}}
     bridge.add_set(all_kinds_set("kinds"))

@@ -10,7 +10,8 @@ import urllib.request
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from bridge.service.metrics import Metrics, health_app, start_http
+from bridge.service.health import health_app, start_http
+from bridge.service.metrics import Metrics
 from bridge.service.store import LogEntry
 
 

@@ -1,0 +1,70 @@
+"""/metrics and /health over HTTP: the routes, and bot mode's own listener
+for them.  Apart from ``metrics`` so the bridge loads aiohttp's server only
+when something is served (metrics or the agents' API on, or appservice mode)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from bridge.service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def health_routes(state: Metrics) -> web.RouteTableDef:
+    """GET /metrics (text exposition) and GET /health ({"live", "ready"}; 200
+    when ready, 503 before), to add to any aiohttp application."""
+    routes = web.RouteTableDef()
+
+    @routes.get("/metrics")
+    async def metrics(_request: web.Request) -> web.Response:
+        state.held()  # brings the held-sets gauge up to date
+        # CONTENT_TYPE_LATEST carries a charset, which aiohttp wants separately.
+        content_type, _, params = CONTENT_TYPE_LATEST.partition(";")
+        charset = params.partition("charset=")[2].strip() or "utf-8"
+        return web.Response(body=state.exposition(), content_type=content_type.strip(), charset=charset)
+
+    @routes.get("/health")
+    async def health(_request: web.Request) -> web.Response:
+        # Held-back items do not make the bridge unready: everything else goes on.
+        body: dict[str, Any] = {"live": True, "ready": state.ready}
+        if state.role is not None:
+            body["role"] = state.role
+        if state.held_view is not None:
+            body["held"] = state.held()
+        return web.json_response(body, status=200 if state.ready else 503)
+
+    return routes
+
+
+def health_app(state: Metrics, extra: Iterable[web.AbstractRouteDef] = ()) -> web.Application:
+    app = web.Application()
+    app.add_routes(health_routes(state))
+    app.add_routes(list(extra))
+    return app
+
+
+async def start_http(listen: str | tuple[str, int], state: Metrics,
+                     extra: Iterable[web.AbstractRouteDef] = ()) -> web.AppRunner:
+    """Serve /metrics and /health (and ``extra`` routes: the agents') on
+    ``listen`` ("host:port"); bot mode's listener.  Stop it with ``await runner.cleanup()``."""
+    if isinstance(listen, str):
+        host, _, port = listen.rpartition(":")
+        host, port_number = host or "127.0.0.1", int(port)
+    else:
+        host, port_number = listen
+    runner = web.AppRunner(health_app(state, extra), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port_number)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    log.info("metrics and health on http://%s:%d/metrics and /health", host, port_number)
+    return runner
