@@ -1,4 +1,5 @@
-"""The bridge with one probe: the moment each sync response reaches it.
+"""The bridge with one probe: the moment each sync response (bot mode) or
+transaction (appservice mode) reaches it.
 
     python benchmarks/_traced.py run -c CONFIG    (ASKWRIGHT_BENCH_TRACE=<file>)
 
@@ -31,6 +32,29 @@ async def _traced_sync(self: AsyncClient, *args, **kwargs):  # type: ignore[no-u
 
 
 AsyncClient.sync = _traced_sync  # type: ignore[method-assign]
+
+
+def _trace_transactions() -> None:
+    """Appservice mode: the moment each transaction's body is read, before any judging."""
+    from aiohttp import web
+
+    from bridge.service.appservice import TransactionServer
+
+    json_of = web.Request.json
+
+    async def traced_json(self: web.Request, *args, **kwargs):  # type: ignore[no-untyped-def]
+        body = await json_of(self, *args, **kwargs)
+        if "/transactions/" in self.path and isinstance(body, dict):
+            now = time.perf_counter()
+            _out.write("".join(f"{event.get('event_id')} {now}\n" for event in body.get("events", [])
+                               if isinstance(event, dict)))
+        return body
+
+    web.Request.json = traced_json  # type: ignore[method-assign]
+    assert TransactionServer.transaction  # the handler that reads it, as the bridge runs
+
+
+_trace_transactions()
 
 from bridge.cli import main  # noqa: E402
 

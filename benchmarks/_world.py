@@ -23,6 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from bridge.devserver import SERVER_NAME, Synapse, _http_json, free_port  # noqa: E402
 
+from _receiver import BareReceiver  # noqa: E402
+
 
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
@@ -81,6 +83,8 @@ class World:
         self.sets_root = base / "sets"
         self.sets_root.mkdir(exist_ok=True)
         self.bridge: subprocess.Popen | None = None
+        # With appservice mode: a bare appservice, the reference for what the homeserver pushes.
+        self.receiver: BareReceiver | None = None
         self._devices: dict[str, str] = {}
 
     def client(self, account: dict[str, str]) -> AsyncClient:
@@ -229,14 +233,20 @@ async def world(*, appservice: bool = False, **synapse_options: Any) -> AsyncIte
         port = free_port()
         settings = None
         files: list[str] = []
+        receiver = None
         if appservice:
             registration, settings = write_registration(base, port)
-            files = [str(registration)]
+            receiver = BareReceiver(free_port())
+            files = [str(registration), str(receiver.write_registration(base, registration))]
+            await receiver.start()
         synapse = Synapse(base / "synapse", port=port, appservice_files=files, **synapse_options)
         synapse.start()
         w = World(base, synapse, settings)
+        w.receiver = receiver
         try:
             yield w
         finally:
             w.stop_bridge()
             synapse.stop()
+            if receiver is not None:
+                await receiver.stop()

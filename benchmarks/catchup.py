@@ -21,17 +21,17 @@ import argparse
 import asyncio
 import json
 import sqlite3
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from nio import AsyncClient, MessageDirection, RoomMessagesResponse, SyncResponse
+from nio import AsyncClient
 
 from _world import World, answer, question_set, world
 
-ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
 SENDERS = 4
 IN_FLIGHT = 8  # concurrent sends per sender
 
@@ -75,41 +75,6 @@ def bridge_filter() -> dict[str, Any]:
     return SYNC_FILTER
 
 
-async def bare_catch_up(client: AsyncClient, since: str, count: int,
-                        sync_filter: dict[str, Any]) -> tuple[float, list[tuple[float, int]]]:
-    """Seconds until a bare client has seen ``count`` answer events, and (t, seen) along the way."""
-    seen: set[str] = set()
-    curve: list[tuple[float, int]] = [(0.0, 0)]
-    started = time.perf_counter()
-
-    def note(events: list[Any]) -> None:
-        for event in events:
-            if event.source.get("content", {}).get("suite_event_type") == ANSWER_TYPE:
-                seen.add(event.event_id)
-        curve.append((time.perf_counter() - started, len(seen)))
-
-    token = since
-    while len(seen) < count:
-        response = await client.sync(timeout=0, since=token, sync_filter=sync_filter)
-        if not isinstance(response, SyncResponse):
-            await asyncio.sleep(0.1)
-            continue
-        for room_id, room in response.rooms.join.items():
-            note(room.timeline.events)
-            start = room.timeline.prev_batch if room.timeline.limited else None
-            while start:
-                page = await client.room_messages(room_id, start=start, end=token,
-                                                  direction=MessageDirection.back, limit=500)
-                if not isinstance(page, RoomMessagesResponse):
-                    raise RuntimeError(f"/messages failed: {page}")
-                note(page.chunk)
-                if not page.chunk or not page.end or page.end == start:
-                    break
-                start = page.end
-        token = response.next_batch
-    return time.perf_counter() - started, curve
-
-
 def durable_count(db: Any, missing: tuple[type[Exception], ...] = (sqlite3.OperationalError,)) -> int | None:
     """Accepted answers that are in answers.json, or None while a batch is between
     its store commit and its folder write (the dirty table says which).
@@ -135,9 +100,12 @@ def open_store(config: Path) -> tuple[Any, tuple[type[Exception], ...]]:
     return sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=10), (sqlite3.OperationalError,)
 
 
-async def bridge_catch_up(w: World, config: Path, count: int, timeout: float) -> tuple[float, list[tuple[float, int]]]:
+async def bridge_catch_up(w: World, config: Path, count: int, timeout: float,
+                          site: Path | None = None) -> tuple[float, list[tuple[float, int]]]:
+    """Seconds from the bridge's process start until ``count`` accepted
+    answers are durable in its store, and (t, durable) along the way."""
     started = time.perf_counter()
-    w.start_bridge(config)
+    w.start_bridge(config, site=site)
     db, missing = open_store(config)
     curve: list[tuple[float, int]] = [(0.0, 0)]
     try:
@@ -154,46 +122,64 @@ async def bridge_catch_up(w: World, config: Path, count: int, timeout: float) ->
     raise TimeoutError(f"the bridge made {curve[-1][1]} of {count} answers durable in {timeout:.0f} s")
 
 
-async def measure(w: World, count: int, timeout: float = 1800) -> dict[str, Any]:
-    """``count`` answers sent while the bridge is stopped.  With ``count`` 1
-    it is the start-up alone: process start until the one answer waiting is
-    durable, beside the bare client's process start until its first sync."""
+async def measure(w: World, count: int, rounds: int | None = None, timeout: float = 1800) -> dict[str, Any]:
+    """``count`` answers sent while the bridge is stopped, caught up ``rounds``
+    times (default: 5 for the start-up alone, 1 for a backlog); the figures
+    are the medians of the rounds.  With ``count`` 1 it is the start-up
+    alone: process start until the one answer waiting is durable, beside the
+    bare client's process start until its first sync."""
+    rounds = rounds or (5 if count == 1 else 1)
     w.sets_root = w.base / f"sets-catchup-{count}"
     store = w.base / f"catchup-{count}.sqlite"
     w.add_set(question_set(f"catchup{count}", 10))
     config = w.config(store={"path": str(store)})
-    w.start_bridge(config)
+    site = w.wheel_site()  # the bridge as an operator installs it (compiled, from a wheel)
+    w.start_bridge(config, site=site)
     person = w.client(w.person)
     found = await w.question_events(person, 10, prefix=f"catchup{count}/")
     questions = [found[f"catchup{count}/q{n}"] for n in range(10)]
     await asyncio.sleep(1)  # let the bridge's sync pass its own posts
     w.stop_bridge()
     await person.close()
-
-    observer = w.client(w.observer)
-    since = (await observer.sync(timeout=0, sync_filter=bridge_filter())).next_batch
     people = [w.person] + [w.add_member(f"catchup{count}-{n}") for n in range(1, SENDERS)]
-    send_rate = await send_backlog(w, people, questions, count)
 
-    await observer.close()
-    # The bare client runs before and after the bridge and the faster run is
-    # the reference: whoever reads the backlog first warms the homeserver's
-    # caches for the other.
-    bare_runs = [await bare_process(w, since, count)]
-    bridge_seconds, bridge_curve = await bridge_catch_up(w, config, count, timeout)
-    w.stop_bridge(grace=5)
-    await asyncio.sleep(5)  # the acknowledgements the bridge sent settle
-    bare_runs.append(await bare_process(w, since, count))
-    bare_seconds, bare_loop_seconds, bare_curve, bare_first_sync = min(bare_runs, key=lambda run: run[0])
-    durable_files = sum(1 for _ in w.sets_root.glob("*/answers.json"))
+    runs = []
+    for n in range(rounds):
+        observer = w.client(w.observer)
+        since = (await observer.sync(timeout=0, sync_filter=bridge_filter())).next_batch
+        await observer.close()
+        send_rate = await send_backlog(w, people, questions, count)
+        # The bare client runs before and after the bridge and the faster run is
+        # the reference: whoever reads the backlog first warms the homeserver's
+        # caches for the other.
+        bare_runs = [await bare_process(w, since, count)]
+        bridge_seconds, bridge_curve = await bridge_catch_up(w, config, (n + 1) * count, timeout, site)
+        w.stop_bridge(grace=5)
+        await asyncio.sleep(5 if count > 1 else 1)  # the acknowledgements the bridge sent settle
+        bare_runs.append(await bare_process(w, since, count))
+        bare_seconds, bare_loop_seconds, bare_curve, bare_first_sync = min(bare_runs, key=lambda run: run[0])
+        first_durable = next(t for t, durable in bridge_curve if durable > n * count)
+        runs.append({"send_rate_per_s": send_rate, "bridge_s": bridge_seconds, "bare_s": bare_seconds,
+                     "bare_sync_s": bare_loop_seconds, "bare_runs_s": [round(run[0], 3) for run in bare_runs],
+                     "bridge_first_durable_s": first_durable, "bare_first_sync_s": bare_first_sync,
+                     "first_durable_extra_s": first_durable - bare_first_sync,
+                     "bridge_curve": bridge_curve, "bare_curve": bare_curve})
+    middle = sorted(runs, key=lambda run: run["bridge_s"] / run["bare_s"])[len(runs) // 2]
     return {
-        "answers": count, "send_rate_per_s": round(send_rate, 1),
-        "bridge_s": round(bridge_seconds, 3), "bare_s": round(bare_seconds, 3),
-        "bare_sync_s": round(bare_loop_seconds, 3), "bare_runs_s": [round(run[0], 3) for run in bare_runs],
-        "ratio": round(bridge_seconds / bare_seconds, 2), "answers_json_files": durable_files,
-        "bridge_first_durable_s": round(next(t for t, n in bridge_curve if n > 0), 3),
-        "bare_first_sync_s": round(bare_first_sync, 3),
-        "bridge_curve": bridge_curve, "bare_curve": bare_curve,
+        "answers": count, "rounds": rounds,
+        "send_rate_per_s": round(statistics.median(r["send_rate_per_s"] for r in runs), 1),
+        "bridge_s": round(statistics.median(r["bridge_s"] for r in runs), 3),
+        "bare_s": round(statistics.median(r["bare_s"] for r in runs), 3),
+        "bare_sync_s": round(statistics.median(r["bare_sync_s"] for r in runs), 3),
+        "bare_runs_s": [r["bare_runs_s"] for r in runs],
+        "ratio": round(statistics.median(r["bridge_s"] / r["bare_s"] for r in runs), 2),
+        "answers_json_files": sum(1 for _ in w.sets_root.glob("*/answers.json")),
+        "bridge_first_durable_s": round(statistics.median(r["bridge_first_durable_s"] for r in runs), 3),
+        "bare_first_sync_s": round(statistics.median(r["bare_first_sync_s"] for r in runs), 3),
+        "first_durable_extra_s": round(statistics.median(r["first_durable_extra_s"] for r in runs), 3),
+        "first_durable_extra_by_round_s": [round(r["first_durable_extra_s"], 3) for r in runs],
+        # The curves of the median round (by ratio), for the chart.
+        "bridge_curve": middle["bridge_curve"], "bare_curve": middle["bare_curve"],
     }
 
 
@@ -204,7 +190,7 @@ async def bare_process(w: World, since: str, count: int) -> tuple[float, float, 
     from process start to its first sync response)."""
     started = time.time()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(Path(__file__).resolve()), "--bare-client", w.synapse.url, w.observer["user_id"],
+        sys.executable, str(Path(__file__).resolve().parent / "_bare_client.py"), w.synapse.url, w.observer["user_id"],
         w.observer["access_token"], since, str(count), json.dumps(bridge_filter()), stdout=asyncio.subprocess.PIPE)
     out, _ = await process.communicate()
     if process.returncode != 0:
@@ -214,22 +200,14 @@ async def bare_process(w: World, since: str, count: int) -> tuple[float, float, 
     return report["done_at"] - started, report["sync_s"], curve, curve[1][0]
 
 
-async def bare_client_main(url: str, user_id: str, token: str, since: str, count: int,
-                           sync_filter: dict[str, Any]) -> None:
-    client = AsyncClient(url, user_id)
-    client.access_token = token
-    sync_started = time.time()
-    seconds, curve = await bare_catch_up(client, since, count, sync_filter)
-    await client.close()
-    print(json.dumps({"done_at": sync_started + seconds, "sync_s": seconds,
-                      "curve": [(sync_started + t, seen) for t, seen in curve[1:]]}))
-
-
 def print_row(row: dict[str, Any]) -> None:
     print(f"catch-up of {row['answers']} answers (sent at {row['send_rate_per_s']}/s): bridge {row['bridge_s']} s "
           f"from process start, bare client {row['bare_s']} s from process start ({row['bare_sync_s']} s of "
           f"syncing), ratio {row['ratio']} (target <= 1.2); first answer durable {row['bridge_first_durable_s']} s "
-          f"from process start, the bare client's first sync {row['bare_first_sync_s']} s (target: +0.15 s at most)")
+          f"from process start, the bare client's first sync {row['bare_first_sync_s']} s: "
+          f"+{row['first_durable_extra_s']} s (target: +0.15 s at most)"
+          + (f"; medians of {row['rounds']} rounds, +{row['first_durable_extra_by_round_s']} s each"
+             if row["rounds"] > 1 else ""))
 
 
 async def main(counts: list[int]) -> list[dict[str, Any]]:
@@ -242,10 +220,6 @@ async def main(counts: list[int]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--bare-client"]:
-        url, user_id, token, since, count, sync_filter = sys.argv[2:8]
-        asyncio.run(bare_client_main(url, user_id, token, since, int(count), json.loads(sync_filter)))
-        raise SystemExit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--answers", type=int, nargs="+", default=[1, 1000, 5000],
                         help="backlogs to catch up on, one after another (1: the start-up alone)")

@@ -1,8 +1,11 @@
-"""Send -> durable in answers.json, beside a bare nio client seeing the same event.
+"""Send -> durable in answers.json, beside a bare client seeing the same event.
 
-One Synapse, one run: a person sends answers; a bare client long-polls /sync
-and notes when each event arrives; a watcher notes when answers.json holds
-it.  The difference is what the bridge adds.
+One Synapse, one run: a person sends answers; a watcher notes when
+answers.json holds each.  The reference notes when the homeserver delivered
+it: in bot mode a bare nio client long-polling /sync, in appservice mode a
+bare appservice registered beside the bridge's (``_receiver.py``: it answers
+each transaction at once and does nothing else).  The difference is what the
+bridge adds.
 
 Synapse wakes the long-polls waiting on a room one after another, in an
 order that stays fixed for as long as each user's notifier stream lives, and
@@ -257,7 +260,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         # leaving when the inviter may not answer.
         extra["answerers"] = [account["user_id"], w.bot["user_id"]]
     store = {"path": str(w.base / f"{set_id}.sqlite")}
-    trace = w.base / f"{set_id}.trace" if mode == "bot" else None  # when the bridge's syncs return
+    trace = w.base / f"{set_id}.trace"  # when the bridge's syncs return, or its transactions arrive
     w.start_bridge(w.config(appservice=mode == "appservice", store=store, **extra),
                    site=w.wheel_site() if conditions.wheel else None, trace=trace)
     questions, polls = await posted(w, person, set_id, len(kinds), sum(map(wants_poll, kinds)))
@@ -268,7 +271,11 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         await watch.start()
     bridge_ms: list[float] = []
     bare_ms: list[float] = []
-    received_ms: list[float] = []  # bot mode: the bridge's sync response, as the observer's
+    received_ms: list[float] = []  # the bridge's sync response or transaction, as the observer's
+    # The reference: in bot mode the bare /sync client (a fresh one each
+    # round), in appservice mode the bare appservice beside the bridge's.
+    receiver = w.receiver if mode == "appservice" else None
+    sync_ms: list[float] = []  # appservice mode: the bare /sync client too, beside the bare appservice
     per_round: list[float] = []
     lost = 0
     assert w.bridge is not None and w.synapse.process is not None
@@ -288,14 +295,16 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         else:
             for _ in range(share):
                 await send_one(person, room_id, answers.next(), sent)
-                await seen_by_both(sent, watch, observer)
-        complete = await seen_by_both(sent, watch, observer)
+                await seen_by_both(sent, watch, observer.seen, *([receiver.seen] if receiver else []))
+        complete = await seen_by_both(sent, watch, observer.seen, *([receiver.seen] if receiver else []))
         lost += len(sent) - len(complete)
         start_of_round = len(bridge_ms)
         received = read_trace(trace)
         for event_id in complete:
             bridge_ms.append((watch.seen[event_id] - sent[event_id]) * 1000)
-            bare_ms.append((observer.seen[event_id] - sent[event_id]) * 1000)
+            bare_ms.append(((receiver or observer).seen[event_id] - sent[event_id]) * 1000)
+            if receiver is not None:
+                sync_ms.append((observer.seen[event_id] - sent[event_id]) * 1000)
             if event_id in received:
                 received_ms.append((received[event_id] - sent[event_id]) * 1000)
         observer.task.cancel()
@@ -310,6 +319,10 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     await person.close()
     w.stop_bridge()
     row = summary(mode, bridge_ms, bare_ms, count)
+    row["reference"] = "bare transaction receiver" if receiver is not None else "bare /sync client"
+    if sync_ms:
+        row["bare_sync_p50_ms"] = round(percentile(sync_ms, 50), 2)
+        row["overhead_over_sync_p50_ms"] = round(percentile(bridge_ms, 50) - percentile(sync_ms, 50), 2)
     # CPU time per answer (of the whole run, acknowledgements included): unlike
     # the wall-clock figures it hardly moves with other work on the machine.
     row["bridge_cpu_ms_per_answer"], row["synapse_cpu_ms_per_answer"] = (round(v, 2) for v in cpu)
@@ -391,15 +404,16 @@ async def send_on_schedule(client: Any, room_id: str, answers: Answers, count: i
     await asyncio.gather(*sends)
 
 
-async def seen_by_both(sent: dict[str, float], watch: FileWatch, observer: Observer,
+async def seen_by_both(sent: dict[str, float], watch: FileWatch, *references: dict[str, float],
                        timeout: float = 30) -> list[str]:
-    """The event ids both the watcher and the observer have seen, once all are (or at the timeout)."""
+    """The event ids the watcher and every reference have seen, once all are (or at the timeout)."""
+    seen = [watch.seen, *references]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all(e in watch.seen and e in observer.seen for e in sent):
+        if all(e in s for e in sent for s in seen):
             break
         await asyncio.sleep(0.0005)
-    return [e for e in sent if e in watch.seen and e in observer.seen]
+    return [e for e in sent if all(e in s for s in seen)]
 
 
 def summary(mode: str, bridge_ms: list[float], bare_ms: list[float], count: int) -> dict[str, Any]:
@@ -423,9 +437,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{r['bridge_p99_ms']:>12}{r['bare_p99_ms']:>10}{r['overhead_p99_ms']:>8}"
               f"{r.get('bridge_cpu_ms_per_answer', ''):>12}{r.get('synapse_cpu_ms_per_answer', ''):>12}")
     for r in rows:
+        if "bare_sync_p50_ms" in r:
+            print(f"{r['mode']} {r['conditions']['label']}: the reference is a bare appservice beside the bridge's; "
+                  f"a bare /sync client saw the same answers at p50 {r['bare_sync_p50_ms']} ms "
+                  f"(the bridge +{r['overhead_over_sync_p50_ms']} ms over it)")
         if "own_p50_ms" in r:
-            print(f"{r['mode']} {r['conditions']['label']}: of the overhead, the homeserver answering the bridge's sync "
-                  f"later: p50 {r['delivery_p50_ms']} ms, p99 {r['delivery_p99_ms']} ms; the bridge's own work after "
+            print(f"{r['mode']} {r['conditions']['label']}: of the overhead, the homeserver delivering to the bridge "
+                  f"later (its sync answered, its transaction pushed): p50 {r['delivery_p50_ms']} ms, p99 {r['delivery_p99_ms']} ms; the bridge's own work after "
                   f"it: p50 {r['own_p50_ms']} ms, p99 {r['own_p99_ms']} ms")
         if r.get("not_seen_in_answers_json"):
             print(f"{r['mode']} {r['conditions']['label']}: {r['not_seen_in_answers_json']} answers never seen in "

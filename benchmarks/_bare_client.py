@@ -1,0 +1,75 @@
+"""The bare client of ``catchup.py``, as its own process: matrix-nio and the
+standard library only, so its time from process start is the interpreter,
+matrix-nio and the homeserver, and nothing of the bench or the bridge.
+
+    python benchmarks/_bare_client.py URL USER_ID TOKEN SINCE COUNT FILTER_JSON
+
+It catches up from SINCE the way the bridge does (a sync with the bridge's
+filter, then ``/messages`` back to the token when the timeline is limited)
+until it has seen COUNT answer events, and prints when it did (wall clock,
+so the bench can place it against the process start it noted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from nio import AsyncClient, MessageDirection, RoomMessagesResponse, SyncResponse
+
+ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
+
+
+async def bare_catch_up(client: AsyncClient, since: str, count: int,
+                        sync_filter: dict[str, Any]) -> tuple[float, list[tuple[float, int]]]:
+    """Seconds until a bare client has seen ``count`` answer events, and (t, seen) along the way."""
+    seen: set[str] = set()
+    curve: list[tuple[float, int]] = [(0.0, 0)]
+    started = time.perf_counter()
+
+    def note(events: list[Any]) -> None:
+        for event in events:
+            if event.source.get("content", {}).get("suite_event_type") == ANSWER_TYPE:
+                seen.add(event.event_id)
+        curve.append((time.perf_counter() - started, len(seen)))
+
+    token = since
+    while len(seen) < count:
+        response = await client.sync(timeout=0, since=token, sync_filter=sync_filter)
+        if not isinstance(response, SyncResponse):
+            await asyncio.sleep(0.1)
+            continue
+        for room_id, room in response.rooms.join.items():
+            note(room.timeline.events)
+            start = room.timeline.prev_batch if room.timeline.limited else None
+            while start:
+                page = await client.room_messages(room_id, start=start, end=token,
+                                                  direction=MessageDirection.back, limit=500)
+                if not isinstance(page, RoomMessagesResponse):
+                    raise RuntimeError(f"/messages failed: {page}")
+                note(page.chunk)
+                if not page.chunk or not page.end or page.end == start:
+                    break
+                start = page.end
+        token = response.next_batch
+    return time.perf_counter() - started, curve
+
+
+async def bare_client_main(url: str, user_id: str, token: str, since: str, count: int,
+                           sync_filter: dict[str, Any]) -> None:
+    client = AsyncClient(url, user_id)
+    client.access_token = token
+    sync_started = time.time()
+    seconds, curve = await bare_catch_up(client, since, count, sync_filter)
+    await client.close()
+    print(json.dumps({"done_at": sync_started + seconds, "sync_s": seconds,
+                      "curve": [(sync_started + t, seen) for t, seen in curve[1:]]}))
+
+
+
+if __name__ == "__main__":
+    url, user_id, token, since, count, sync_filter = sys.argv[1:7]
+    asyncio.run(bare_client_main(url, user_id, token, since, int(count), json.loads(sync_filter)))
