@@ -161,7 +161,7 @@ class CatchUp:
         try:
             async for page in timeline_back(self.client, room_id, None, since, self.stop, PAGE):
                 token = token or page.start
-                chunk = [{**event.source, "room_id": room_id} for event in page.chunk]
+                chunk = [{**event, "room_id": room_id} for event in page.chunk]
                 newest.extend(e for e in chunk if not too_old(e))
                 if len(newest) >= MAX_EVENTS:
                     log.warning("more than %d events in %s since the last look; older ones are not looked at",

@@ -14,6 +14,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from nio import RoomMessagesResponse
 
+from helpers.fake_pages import RoomMessagesPages
+
 from bridge.service.appservice import TransactionServer
 from bridge.service import catchup as catchup_module
 from bridge.service.catchup import TOKEN_KEY, CatchUp
@@ -28,7 +30,7 @@ def message(n: int, **extra: Any) -> dict[str, Any]:
             "origin_server_ts": 1_000_000 + n, "content": {"msgtype": "m.text", "body": str(n)}, **extra}
 
 
-class Timeline:
+class Timeline(RoomMessagesPages):
     """/messages over a fixed timeline, newest last; tokens are positions."""
 
     user_id = BOT

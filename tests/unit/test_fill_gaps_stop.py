@@ -9,10 +9,12 @@ from types import SimpleNamespace
 import pytest
 from nio import RoomMessagesResponse
 
+from helpers.fake_pages import RoomMessagesPages
+
 from bridge.service.bot import StopRequested, fill_gaps
 
 
-class _EndlessHistory:
+class _EndlessHistory(RoomMessagesPages):
     """A room whose history pages never end; a stop arrives with the first page."""
 
     def __init__(self, stop: asyncio.Event):
