@@ -121,8 +121,10 @@ def open_questions(db: sqlite3.Connection) -> list[dict[str, Any]]:
 
 
 def process_figures(pid: int, store: Path, metrics_port: int) -> dict[str, float]:
-    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-               if line.startswith("VmRSS:"))
+    # Resident memory, and its anonymous part (the heap) apart from the file-backed one (mapped libraries).
+    status = {line.split(":", 1)[0]: line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+              if line.startswith(("VmRSS:", "RssAnon:", "RssFile:"))}
+    rss = int(status["VmRSS"])
     size = store.stat().st_size
     wal = store.with_name(store.name + "-wal")
     wal_size = wal.stat().st_size if wal.exists() else 0
@@ -134,7 +136,8 @@ def process_figures(pid: int, store: Path, metrics_port: int) -> dict[str, float
                     tasks = float(line.split()[1])
     except OSError:
         pass
-    return {"rss_mb": round(rss / 1024, 2), "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    return {"rss_mb": round(rss / 1024, 2), "rss_anon_mb": round(int(status.get("RssAnon", 0)) / 1024, 2),
+            "rss_file_mb": round(int(status.get("RssFile", 0)) / 1024, 2), "fds": len(os.listdir(f"/proc/{pid}/fd")),
             "store_mb": round(size / 1e6, 3), "wal_mb": round(wal_size / 1e6, 3), "tasks": tasks}
 
 
@@ -162,6 +165,8 @@ async def measure(w: World, minutes: float, rooms: int = 100, questions: int = 1
                   churn: float = 30, sample: float = 10, warmup_minutes: float = 5) -> dict[str, Any]:
     port = free_port()
     config, store, people = await setup(w, rooms, questions, port)
+    log = w.base / "bridge.log"
+    log_from = log.stat().st_size if log.exists() else 0  # the world's log: this bridge's part is kept
     started = time.perf_counter()
     w.start_bridge(config)
     while not store.exists():
@@ -264,6 +269,12 @@ async def measure(w: World, minutes: float, rooms: int = 100, questions: int = 1
         await client.close()
     db.close()
     w.stop_bridge()
+    # The bridge's own log (warnings and errors) kept beside the figures: a step
+    # in a figure can be matched to what the bridge said at that minute.
+    OUT.mkdir(exist_ok=True)
+    with open(log, "rb") as whole:
+        whole.seek(log_from)
+        (OUT / "soak-bridge.log").write_bytes(whole.read())
     return summarise(minutes, rooms, questions, rate, post_s, sent, answered, closed_at, watch.seen, observer.seen,
                      samples, errors, t0, warmup_minutes)
 
@@ -338,9 +349,10 @@ def print_report(r: dict[str, Any]) -> None:
     for m in r["per_minute"]:
         print(f"{m['minute']:>6}{m['answers']:>9}{m['overhead_p50_ms']:>9}{m['overhead_p99_ms']:>9}"
               f"{m['bridge_p50_ms']:>12}{m['bridge_p99_ms']:>12}")
-    print(f"{'t (min)':>8}{'RSS MB':>9}{'fds':>6}{'store MB':>10}{'WAL MB':>8}{'tasks':>7}")
+    print(f"{'t (min)':>8}{'RSS MB':>9}{'anon':>8}{'file':>8}{'fds':>6}{'store MB':>10}{'WAL MB':>8}{'tasks':>7}")
     for s in r["samples"]:
-        print(f"{s['t_min']:>8}{s['rss_mb']:>9}{s['fds']:>6}{s['store_mb']:>10}{s['wal_mb']:>8}{s['tasks']:>7}")
+        print(f"{s['t_min']:>8}{s['rss_mb']:>9}{s.get('rss_anon_mb', ''):>8}{s.get('rss_file_mb', ''):>8}{s['fds']:>6}"
+              f"{s['store_mb']:>10}{s['wal_mb']:>8}{s['tasks']:>7}")
     yes = {True: "met", False: "NOT met"}
     print(f"{r['answers_sent']} answers sent in {r['minutes']:g} min ({r['send_errors']} send errors), "
           f"{r['answers_measured']} measured, {r['not_durable']} not durable, {r['replaced_in_batch']} replaced by the "
@@ -373,6 +385,11 @@ def chart(r: dict[str, Any], path: Path) -> Path:
         ax.plot(t, [s[key] for s in r["samples"]], label="database" if key == "store_mb" else None)
         if key == "store_mb":
             ax.plot(t, [s["wal_mb"] for s in r["samples"]], label="write-ahead log")
+            ax.legend(loc="upper left")
+        if key == "rss_mb" and "rss_anon_mb" in r["samples"][0]:
+            ax.lines[-1].set_label("all")
+            ax.plot(t, [s["rss_anon_mb"] for s in r["samples"]], label="anonymous (heap)")
+            ax.plot(t, [s["rss_file_mb"] for s in r["samples"]], label="file-backed")
             ax.legend(loc="upper left")
         ax.set_ylabel(label)
     for ax in axes:
