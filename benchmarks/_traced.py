@@ -38,7 +38,7 @@ def _trace_transactions() -> None:
     """Appservice mode: the moment each transaction's body is read, before any judging."""
     from aiohttp import web
 
-    from bridge.service.appservice import TransactionServer
+    from bridge.service.transport.appservice import TransactionServer
 
     json_of = web.Request.json
 

@@ -70,7 +70,7 @@ async def send_backlog(w: World, people: list[dict[str, str]], questions: list[d
 def bridge_filter() -> dict[str, Any]:
     """The bridge's sync filter, handed to the bare client process as an
     argument: that process imports matrix-nio only, not the bridge."""
-    from bridge.service.bot import SYNC_FILTER
+    from bridge.service.transport.bot import SYNC_FILTER
 
     return SYNC_FILTER
 

@@ -25,8 +25,8 @@ from bridge.agents.webhooks import Deliverer
 from bridge.answers.file import ANSWERS_NAME
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 from bridge.service.config import Config
-from bridge.service.metrics import Metrics
-from bridge.service.store import Store
+from bridge.service.operators.metrics import Metrics
+from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 

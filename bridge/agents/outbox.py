@@ -16,7 +16,7 @@ from typing import Any
 from bridge.agents.owner import read_owner
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import Agent
-from bridge.service.store import LogEntry, Store
+from bridge.service.storage.store import LogEntry, Store
 
 # The log outcomes an agent is told of, and the event type each becomes.
 EVENT_TYPES = {"accepted": "answer.accepted", "withdrawn": "answer.withdrawn"}

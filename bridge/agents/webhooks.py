@@ -24,8 +24,8 @@ from prometheus_client import Counter
 
 from bridge.agents.outbox import Delivery, delivered, due, next_due, retry_at
 from bridge.service.config import Agent
-from bridge.service.metrics import Metrics
-from bridge.service.store import Store
+from bridge.service.operators.metrics import Metrics
+from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 

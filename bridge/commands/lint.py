@@ -24,7 +24,7 @@ from pathlib import Path
 from bridge.questionset.lint import LintResult
 from bridge.questionset.load import Finding, LoadError
 from bridge.questionset.setdir import load_set_dir
-from bridge.service.sets import QUESTIONS, discover, duplicate_set_message
+from bridge.service.posting.sets import QUESTIONS, discover, duplicate_set_message
 
 EXIT_OK = 0
 EXIT_ERRORS = 1
@@ -105,7 +105,7 @@ def _posted_revs(config_path: str) -> tuple[Mapping[str, Mapping[str, int]], str
     import sqlite3
 
     from bridge.service.config import ConfigError, load_config
-    from bridge.service.store import Store, StoreVersionError
+    from bridge.service.storage.store import Store, StoreVersionError
 
     try:
         section = load_config(config_path).store

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from bridge.service.appservice import user_namespace
+from bridge.service.transport.appservice import user_namespace
 from bridge.service.config import Config, ConfigError, load_config
 
 TOKEN_KEYS = ("as_token", "hs_token")

@@ -7,10 +7,10 @@ import logging
 import sqlite3
 import sys
 
-from bridge.service import runlock
+from bridge.service.storage import runlock
 from bridge.service.config import ConfigError, load_config, world_readable
 from bridge.service.logs import setup_logging
-from bridge.service.store import Store, StoreVersionError
+from bridge.service.storage.store import Store, StoreVersionError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         # Migrates the store forward now, or refuses one from a newer bridge
         # before anything touches the network.
         if config.store.url:
-            from bridge.service.leader import migration_lock
+            from bridge.service.storage.leader import migration_lock
 
             with migration_lock(config.store.url, config.store.password):  # instances starting together
                 Store(config.store.path, url=config.store.url, password=config.store.password).close()

@@ -21,9 +21,9 @@ import sys
 from typing import Any
 
 from bridge.service.config import ConfigError, load_config
-from bridge.service.heldback import format_held, held_back
-from bridge.service.setstatus import collect, format_table
-from bridge.service.store import Store, StoreVersionError
+from bridge.service.storage.heldback import format_held, held_back
+from bridge.service.operators.setstatus import collect, format_table
+from bridge.service.storage.store import Store, StoreVersionError
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -82,7 +82,7 @@ def _instances(section: Any) -> list[dict[str, Any]] | None:
     """The instances sharing a PostgreSQL store (one leader, standbys); None on SQLite."""
     if not section.url:
         return None
-    from bridge.service.leader import instances
+    from bridge.service.storage.leader import instances
 
     return instances(section.url, section.password)
 

@@ -16,9 +16,9 @@ import sys
 from typing import Any
 
 from bridge.service.config import ConfigError, load_config
-from bridge.service.runlock import StoreBusy, hold
-from bridge.service.store import StoreVersionError
-from bridge.service.storecopy import CopyRefused, copy_store
+from bridge.service.storage.runlock import StoreBusy, hold
+from bridge.service.storage.store import StoreVersionError
+from bridge.service.storage.storecopy import CopyRefused, copy_store
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return _say(str(exc), 2)
     if not args.to.startswith(("postgresql://", "postgres://")):
         return _say("--to must be a postgresql:// URL", 2)
-    from bridge.service.pgdialect import redact
+    from bridge.service.storage.pgdialect import redact
 
     target = redact(args.to)
     try:

@@ -1,3 +1,3 @@
-from bridge.service import nio_import
+from bridge.service.encryption import nio_import
 
 nio_import.install()

@@ -19,24 +19,24 @@ from nio import AsyncClient
 from watchfiles import Change, awatch
 
 from bridge.questionset.setdir import QUESTIONS_FILE
-from bridge.service.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
+from bridge.service.transport.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
-from bridge.service.matrix import MatrixError, NioTransport
-from bridge.service.pipeline import Pipeline
-from bridge.service.rooms import configured_rooms, join_rooms, keep_joining
-from bridge.service.heldback import format_held, held_back
-from bridge.service.operators import Operators
-from bridge.service.metrics import Metrics
-from bridge.service.store import LogEntry, Store
+from bridge.service.transport.matrix import MatrixError, NioTransport
+from bridge.service.answering.pipeline import Pipeline
+from bridge.service.transport.rooms import configured_rooms, join_rooms, keep_joining
+from bridge.service.storage.heldback import format_held, held_back
+from bridge.service.operators.operators import Operators
+from bridge.service.operators.metrics import Metrics
+from bridge.service.storage.store import LogEntry, Store
 
 # What only posting, the folder watch, encryption or appservice mode needs is
 # imported where it is first used: the first sync (and the answers waiting in
 # it) should not wait on code it does not run (docs/architecture.md, start-up).
 if TYPE_CHECKING:
     from bridge.questionset.model import QuestionSet
-    from bridge.service.crypto import Crypto
-    from bridge.service.leader import Lease
-    from bridge.service.poster import Poster
+    from bridge.service.encryption.crypto import Crypto
+    from bridge.service.storage.leader import Lease
+    from bridge.service.posting.poster import Poster
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,8 @@ class BotFront:
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         self.client = await login(self.config, self.store)
         if self.client.olm is not None:
-            from bridge.service.crosssigning import CrossSigning, keys_file
-            from bridge.service.crypto import Crypto
+            from bridge.service.encryption.crosssigning import CrossSigning, keys_file
+            from bridge.service.encryption.crypto import Crypto
 
             signing = CrossSigning(self.client, keys_file(self.config.store.path, self.config.encryption.cross_signing_keys),
                                    self.config.bot.password)
@@ -131,7 +131,7 @@ def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
 
 def make_front(config: Config, store: Store, ops: Operators) -> Front:
     if config.appservice.enabled:
-        from bridge.service.appservice import AppserviceFront
+        from bridge.service.transport.appservice import AppserviceFront
 
         return AppserviceFront(config, store, ops)
     return BotFront(config, store, on_synced=ops.mark_ready, on_outcome=ops.on_outcome)
@@ -191,7 +191,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             await sleep_or_stop_event(stop, front.first_batch)
             if stop.is_set():
                 return
-            from bridge.service.poster import Poster
+            from bridge.service.posting.poster import Poster
 
             poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
                             on_closed=ops.on_closed)
@@ -296,7 +296,7 @@ def run_forever(config: Config) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if config.store.url:
-            from bridge.service.standby import run_with_standby  # psycopg only when it is used
+            from bridge.service.storage.standby import run_with_standby  # psycopg only when it is used
 
             await run_with_standby(config, stop, serve)  # several instances may share the store
         else:

@@ -81,7 +81,7 @@ class Store(Section):
     def where(self) -> str:
         """The store as named in messages: the path, or the URL without a password."""
         if self.url:
-            from bridge.service.pgdialect import redact
+            from bridge.service.storage.pgdialect import redact
 
             return redact(self.url)
         return str(self.path)

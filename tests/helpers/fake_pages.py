@@ -1,6 +1,6 @@
 """For fake clients that answer ``room_messages``: the bridge reads timeline
 pages through nio's request path (``client._send`` with a raw page class,
-bridge.service.matrix.TimelinePage), so the fake's ``_send`` turns that
+bridge.service.transport.matrix.TimelinePage), so the fake's ``_send`` turns that
 request back into its ``room_messages`` call and hands the events over raw."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import psycopg
 
 from bridge.devpostgres import Postgres
-from bridge.service.store import Store
+from bridge.service.storage.store import Store
 
 BACKENDS = ("sqlite", "postgresql")
 

@@ -13,8 +13,8 @@ from bridge.protocol.normalize import ANSWER_TYPE
 from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import QuestionSet
-from bridge.service.pipeline import Pipeline
-from bridge.service.store import Store
+from bridge.service.answering.pipeline import Pipeline
+from bridge.service.storage.store import Store
 from helpers.sets import all_kinds_set
 
 ROOM, BOT = "!room:hs", "@bot:hs"

@@ -86,7 +86,7 @@ async def test_synapse_stopped_and_restarted_mid_run(bridge, synapse):
 
 async def test_a_limited_sync_after_downtime_is_back_filled(bridge):
     """More events while down than one sync returns: the oldest answers must still land."""
-    from bridge.service.bot import SYNC_FILTER
+    from bridge.service.transport.bot import SYNC_FILTER
 
     bridge.add_set(all_kinds_set("kinds"))
     bridge.start()

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.service.admin import (CLOSE, HELP, INVALID, MAX_COMMAND_AGE_MS, POST, REMIND, STATUS, AdminContext,
+from bridge.service.operators.admin import (CLOSE, HELP, INVALID, MAX_COMMAND_AGE_MS, POST, REMIND, STATUS, AdminContext,
                                   AdminDispatcher, Command, close_in_file, describe_post, handle, is_command,
                                   parse_command, reply_content)
-from bridge.service.poster import PostReport
-from bridge.service.store import Store
+from bridge.service.posting.poster import PostReport
+from bridge.service.storage.store import Store
 
 ADMIN = "@admin:hs"
 STRANGER = "@someone:hs"

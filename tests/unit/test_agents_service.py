@@ -19,7 +19,7 @@ from bridge.agents.sets import AgentSets
 from bridge.agents.webhooks import signature, verify
 from bridge.service.app import load_set
 from bridge.service.config import Agent, ConfigError, parse_config
-from bridge.service.store import LogEntry, Store
+from bridge.service.storage.store import LogEntry, Store
 from helpers.config import GOOD
 
 
@@ -236,7 +236,7 @@ async def test_a_webhook_never_taken_is_retried_then_dropped_with_a_log_line_and
     from aiohttp import web
 
     from bridge.agents.webhooks import Deliverer
-    from bridge.service.metrics import Metrics
+    from bridge.service.operators.metrics import Metrics
 
     seen: list[str] = []
 

@@ -12,7 +12,7 @@ import pytest
 from bridge.answers import document
 from bridge.answers.document import AnswersError
 from bridge.answers.file import AnswersFile
-from bridge.service.poster import changed_sets
+from bridge.service.posting.poster import changed_sets
 
 NOW = "2026-11-30T12:00:00.000Z"
 

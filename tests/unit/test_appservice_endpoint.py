@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import bridge.service.pipeline as pipeline_module
-from bridge.service import appservice
-from bridge.service.appservice import TransactionServer, txn_key, user_namespace
+import bridge.service.answering.pipeline as pipeline_module
+from bridge.service.transport import appservice
+from bridge.service.transport.appservice import TransactionServer, txn_key, user_namespace
 from bridge.service.config import parse_config
-from bridge.service.pipeline import BatchResult, Pipeline
-from bridge.service.store import Store
+from bridge.service.answering.pipeline import BatchResult, Pipeline
+from bridge.service.storage.store import Store
 
 TOKEN = "hs-secret"
 ROOM = "!room:example.org"

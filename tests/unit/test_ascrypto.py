@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nio import SyncResponse
 
-from bridge.service.ascrypto import extensions_sync
+from bridge.service.encryption.ascrypto import extensions_sync
 
 BOT, DEVICE = "@askbot:hs", "BRIDGEDEV"
 

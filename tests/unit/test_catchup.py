@@ -16,10 +16,10 @@ from nio import RoomMessagesResponse
 
 from helpers.fake_pages import RoomMessagesPages
 
-from bridge.service.appservice import TransactionServer
-from bridge.service import catchup as catchup_module
-from bridge.service.catchup import TOKEN_KEY, CatchUp
-from bridge.service.store import Store
+from bridge.service.transport.appservice import TransactionServer
+from bridge.service.transport import catchup as catchup_module
+from bridge.service.transport.catchup import TOKEN_KEY, CatchUp
+from bridge.service.storage.store import Store
 from test_appservice_endpoint import BEARER, ROOM, StandIn, config, event
 
 BOT = "@askbot:example.org"

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from bridge.cli import main
-from bridge.service.store import SCHEMA_VERSION, Store
+from bridge.service.storage.store import SCHEMA_VERSION, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "contrib" / "askwright-bridge.service"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bridge.service.config import ConfigError, parse_config
-from bridge.service.crypto import available, crypto_dir
-from bridge.service.store import Store
+from bridge.service.encryption.crypto import available, crypto_dir
+from bridge.service.storage.store import Store
 from helpers.config import GOOD
 
 
@@ -63,7 +63,7 @@ def test_key_store_keeps_encrypted_rooms_and_asks_nothing_of_its_database_when_t
     bridge's key store must not run a transaction on the answer's path."""
     from nio.crypto import OlmAccount
 
-    from bridge.service.keystore import KeyStore
+    from bridge.service.encryption.keystore import KeyStore
 
     store = KeyStore("@askbot:example.org", "BRIDGE", str(tmp_path))
     store.save_account(OlmAccount())
@@ -78,7 +78,7 @@ def test_key_store_keeps_encrypted_rooms_and_asks_nothing_of_its_database_when_t
 
 
 def test_the_cross_signing_key_file_sits_beside_the_store_unless_configured():
-    from bridge.service.crosssigning import keys_file
+    from bridge.service.encryption.crosssigning import keys_file
 
     default = parse_config(GOOD, base_dir=Path("/srv/bridge"), environ={})
     assert keys_file(default.store.path, default.encryption.cross_signing_keys) == \

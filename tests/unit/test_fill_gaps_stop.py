@@ -11,7 +11,7 @@ from nio import RoomMessagesResponse
 
 from helpers.fake_pages import RoomMessagesPages
 
-from bridge.service.bot import StopRequested, fill_gaps
+from bridge.service.transport.bot import StopRequested, fill_gaps
 
 
 class _EndlessHistory(RoomMessagesPages):

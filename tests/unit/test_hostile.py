@@ -36,8 +36,8 @@ from bridge.questionset.lint import LintResult, lint
 from bridge.questionset.load import LoadError
 from bridge.questionset.model import QuestionSet
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, LocalFilesystem, load_set_dir
-from bridge.service import attachments
-from bridge.service.sets import discover
+from bridge.service.answering import attachments
+from bridge.service.posting.sets import discover
 from helpers.sets import all_kinds_set
 
 ROOM, ALICE, BRIDGE = "!room:hs", "@alice:hs", "@bot:hs"
@@ -310,9 +310,9 @@ def test_oversized_and_deeply_nested_events_are_refused_in_bounded_memory() -> N
 
 @pytest.mark.usefixtures("store_backend")
 async def test_a_deeply_nested_transaction_body_is_refused_not_a_server_error(tmp_path: Path) -> None:
-    from bridge.service.appservice import TransactionServer
+    from bridge.service.transport.appservice import TransactionServer
     from bridge.service.config import parse_config
-    from bridge.service.store import Store
+    from bridge.service.storage.store import Store
 
     config = parse_config({
         "homeserver": {"url": "http://127.0.0.1:8008"}, "bot": {"user_id": "@askbot:hs"}, "sets": {"root": "sets"},

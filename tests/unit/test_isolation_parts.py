@@ -18,11 +18,11 @@ from bridge.protocol.normalize import ANSWER_TYPE
 from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import QuestionSet
-from bridge.service.matrix import MatrixError
-from bridge.service.notices import REFUSAL_WINDOW, Notices
-from bridge.service.pacing import ACK, QUESTION, REFUSAL, Slot, priority
-from bridge.service.pipeline import Pipeline
-from bridge.service.store import Store
+from bridge.service.transport.matrix import MatrixError
+from bridge.service.answering.notices import REFUSAL_WINDOW, Notices
+from bridge.service.transport.pacing import ACK, QUESTION, REFUSAL, Slot, priority
+from bridge.service.answering.pipeline import Pipeline
+from bridge.service.storage.store import Store
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.usefixtures("store_backend")  # on SQLite and on PostgreSQL

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from bridge.service.keyrequests import _from_creator
+from bridge.service.encryption.keyrequests import _from_creator
 
 CREATOR_CURVE, CREATOR_ED = "curve-of-alice", "ed-of-alice"
 SESSION, ROOM = "session-1", "!room:hs"

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from bridge.service.leader import Lease, instances
-from bridge.service.pgdialect import LeaseLost
-from bridge.service.store import Store
+from bridge.service.storage.leader import Lease, instances
+from bridge.service.storage.pgdialect import LeaseLost
+from bridge.service.storage.store import Store
 from helpers.pgstore import fresh_schema
 
 

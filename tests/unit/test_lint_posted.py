@@ -16,7 +16,7 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint import lint
 from bridge.questionset.lint.posted import revs_went_back
 from bridge.questionset.media import LocalFilesystem
-from bridge.service.store import Store
+from bridge.service.storage.store import Store
 
 SET = {
     "askwright": 1, "id": "tiny", "title": "Tiny",

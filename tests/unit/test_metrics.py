@@ -10,9 +10,9 @@ import urllib.request
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from bridge.service.health import health_app, start_http
-from bridge.service.metrics import Metrics
-from bridge.service.store import LogEntry
+from bridge.service.operators.health import health_app, start_http
+from bridge.service.operators.metrics import Metrics
+from bridge.service.storage.store import LogEntry
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -72,9 +72,9 @@ def test_warnings_logged_anywhere_in_the_bridge_count_as_errors_by_module():
     logger = logging.getLogger("bridge")
     logger.addHandler(handler)
     try:
-        logging.getLogger("bridge.service.bot").warning("sync batch not handled")
-        logging.getLogger("bridge.service.poster").error("set skipped")
-        logging.getLogger("bridge.service.poster").info("question posted")  # not an error
+        logging.getLogger("bridge.service.transport.bot").warning("sync batch not handled")
+        logging.getLogger("bridge.service.posting.poster").error("set skipped")
+        logging.getLogger("bridge.service.posting.poster").info("question posted")  # not an error
     finally:
         logger.removeHandler(handler)
     assert sample(metrics, "askwright_bridge_errors_total", where="bot") == 1

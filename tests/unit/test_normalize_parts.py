@@ -13,9 +13,9 @@ from bridge.protocol.notes import MAX_TIMECODE_TEXT, MAX_TIMECODES, parse_note, 
 from bridge.protocol.poll import POLL_START, poll_end, poll_start
 from bridge.protocol.study import complete, feedback, score, score_text
 from bridge.questionset.model import QuestionSet
-from bridge.service.attachments import extension
-from bridge.service.media import figure_message, image_size
-from bridge.service.store import LogEntry, Store
+from bridge.service.answering.attachments import extension
+from bridge.service.posting.media import figure_message, image_size
+from bridge.service.storage.store import LogEntry, Store
 from test_normalize import QUESTIONS
 
 

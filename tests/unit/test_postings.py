@@ -15,9 +15,9 @@ from typing import Any
 from bridge.protocol.judge import IncomingAnswer, JudgeContext, Refused, judge
 from bridge.protocol.poll import POLL_START
 from bridge.questionset.model import QuestionSet
-from bridge.service.poster import Poster, PostReport
-from bridge.service.setstatus import collect
-from bridge.service.store import Store
+from bridge.service.posting.poster import Poster, PostReport
+from bridge.service.operators.setstatus import collect
+from bridge.service.storage.store import Store
 
 ROOM = "!room:hs"
 
@@ -198,7 +198,7 @@ def test_an_unreadable_questions_file_keeps_the_posted_questions_open(tmp_path: 
 
 
 def test_a_set_folder_moved_in_is_a_changed_set(tmp_path: Path) -> None:
-    from bridge.service.poster import changed_sets
+    from bridge.service.posting.poster import changed_sets
 
     root = tmp_path / "sets"
     write_set(root / "group" / "takes", "takes", choice(1))

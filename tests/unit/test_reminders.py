@@ -8,9 +8,9 @@ import pytest
 
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import ConfigError, parse_config, parse_duration
-from bridge.service.reminders import (REMINDER_KEY, due_reminders, remind_once, remind_set_now, reminder_content,
+from bridge.service.operators.reminders import (REMINDER_KEY, due_reminders, remind_once, remind_set_now, reminder_content,
                                       reminder_loop)
-from bridge.service.store import LogEntry, PostedQuestion, Store
+from bridge.service.storage.store import LogEntry, PostedQuestion, Store
 
 HOUR_MS = 3600 * 1000
 DAY = 86400.0
@@ -204,7 +204,7 @@ def test_migrations_add_the_reminder_and_command_tables(tmp_path):
 def test_an_older_store_migrates_forward_keeping_its_rows(tmp_path):
     import sqlite3
 
-    from bridge.service.store import MIGRATIONS
+    from bridge.service.storage.store import MIGRATIONS
 
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path, isolation_level=None)

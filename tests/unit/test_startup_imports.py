@@ -17,10 +17,10 @@ NOT_BEFORE_THE_FIRST_SYNC = [
     "pydantic",  # the question-set models: loaded when a set is read
     "bridge.questionset.model",
     "bridge.questionset.lint",
-    "bridge.service.poster",
-    "bridge.service.media",
-    "bridge.service.appservice",  # only in appservice mode
-    "bridge.service.setstatus",  # only for status commands
+    "bridge.service.posting.poster",
+    "bridge.service.posting.media",
+    "bridge.service.transport.appservice",  # only in appservice mode
+    "bridge.service.operators.setstatus",  # only for status commands
     "aiohttp.web",  # only when something is served
     "cryptography",  # only when the bridge signs or checks a cross-signature
 ]
@@ -36,4 +36,4 @@ def loaded_by_the_run_path() -> set[str]:
 def test_the_run_path_loads_nothing_the_first_sync_does_not_need():
     loaded = loaded_by_the_run_path()
     assert [name for name in NOT_BEFORE_THE_FIRST_SYNC if name in loaded] == []
-    assert {"nio", "bridge.service.pipeline", "bridge.service.store", "bridge.service.bot"} <= loaded
+    assert {"nio", "bridge.service.answering.pipeline", "bridge.service.storage.store", "bridge.service.transport.bot"} <= loaded

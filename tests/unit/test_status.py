@@ -12,8 +12,8 @@ from bridge.answers.document import put_record
 from bridge.answers.file import AnswersFile
 from bridge.cli import main
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.service.setstatus import SetStatus, count_view, format_table
-from bridge.service.store import SCHEMA_VERSION, Store
+from bridge.service.operators.setstatus import SetStatus, count_view, format_table
+from bridge.service.storage.store import SCHEMA_VERSION, Store
 
 NOW = "2026-11-30T12:00:00.000Z"
 

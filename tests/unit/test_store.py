@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.service.store import SCHEMA_VERSION, LogEntry, Store, StoreVersionError
+from bridge.service.storage.store import SCHEMA_VERSION, LogEntry, Store, StoreVersionError
 
 pytestmark = pytest.mark.usefixtures("store_backend")  # every test on SQLite and on PostgreSQL
 

@@ -10,8 +10,8 @@ import yaml
 
 from bridge.cli import main
 from bridge.service.config import parse_config
-from bridge.service.pgdialect import PgConnection, redact
-from bridge.service.store import MIGRATIONS, SCHEMA_VERSION, LogEntry, Store
+from bridge.service.storage.pgdialect import PgConnection, redact
+from bridge.service.storage.store import MIGRATIONS, SCHEMA_VERSION, LogEntry, Store
 from helpers.pgstore import fresh_schema
 
 

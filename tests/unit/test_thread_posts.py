@@ -13,9 +13,9 @@ import pytest
 from bridge.protocol.outcome import txn_id
 from bridge.protocol.question_event import content_size
 from bridge.questionset.model import QuestionSet
-from bridge.service import media
-from bridge.service.poster import Poster, PostReport
-from bridge.service.store import Store
+from bridge.service.posting import media
+from bridge.service.posting.poster import Poster, PostReport
+from bridge.service.storage.store import Store
 
 pytestmark = pytest.mark.usefixtures("store_backend")  # on SQLite and on PostgreSQL
 

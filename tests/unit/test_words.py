@@ -28,7 +28,8 @@ from bridge.protocol.to_record import to_record
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.questionset.builtin import BUILTIN_IDS
 from bridge.questionset.model import QuestionSet
-from bridge.service import crypto, pipeline
+from bridge.service.encryption import crypto
+from bridge.service.answering import pipeline
 from helpers.sets import SUBJECT, all_kinds_set
 
 ROOM = "!room:hs"

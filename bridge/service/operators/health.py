@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from bridge.service.metrics import Metrics
+from bridge.service.operators.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

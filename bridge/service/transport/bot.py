@@ -15,10 +15,10 @@ from typing import Any
 from nio import AsyncClient, LoginResponse, SyncResponse, WhoamiResponse
 
 from bridge.service.config import Config, ConfigError
-from bridge.service.crypto import Crypto, available, crypto_dir, event_dict
-from bridge.service.notices import Notices
-from bridge.service.matrix import MatrixError, StopRequested, client_config, timeline_back
-from bridge.service.store import Store
+from bridge.service.encryption.crypto import Crypto, available, crypto_dir, event_dict
+from bridge.service.answering.notices import Notices
+from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, timeline_back
+from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 

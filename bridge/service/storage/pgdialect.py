@@ -17,7 +17,7 @@ stay as they are:
   synchronous`` is ``synchronous_commit``; other pragmas mean nothing here;
 - ``INDEXED BY`` (a SQLite planner hint) is dropped;
 - ``BEGIN IMMEDIATE`` is ``BEGIN`` followed by the fence (the leader's lease
-  check, see ``bridge/service/leader.py``) when one is set;
+  check, see ``bridge/service/storage/leader.py``) when one is set;
 - ``lastrowid`` comes from ``RETURNING`` the table's identity column,
   ``total_changes`` is counted here;
 - psycopg's errors are raised as the ``sqlite3`` classes the callers already

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 
 import psycopg
 
-from bridge.service.pgdialect import LeaseLost, PgConnection
+from bridge.service.storage.pgdialect import LeaseLost, PgConnection
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ class _Guarded:
 @contextlib.contextmanager
 def migration_lock(url: str, password: str | None) -> Iterator[None]:
     """Instances starting together migrate the store one after the other."""
-    from bridge.service.pgdialect import _as_sqlite
+    from bridge.service.storage.pgdialect import _as_sqlite
 
     try:
         conn = _connect(url, password)

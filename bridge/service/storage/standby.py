@@ -17,9 +17,9 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from bridge.service.config import Config
-from bridge.service.leader import Lease
-from bridge.service.health import health_routes
-from bridge.service.metrics import Metrics
+from bridge.service.storage.leader import Lease
+from bridge.service.operators.health import health_routes
+from bridge.service.operators.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from bridge.answers.file import atomic_replace
 from bridge.protocol.outcome import txn_id
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
-from bridge.service.heldback import format_held, held_back
-from bridge.service.store import Store
+from bridge.service.storage.heldback import format_held, held_back
+from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
         return help_text()
     # Set status reads every set's files and lints them: loaded on the first
     # command, not with the bridge.
-    from bridge.service.setstatus import collect, find_set, format_table, set_id_of
+    from bridge.service.operators.setstatus import collect, find_set, format_table, set_id_of
 
     if command.verb == STATUS:
         rows = collect(ctx.sets_root, ctx.store.posted_question_counts(), ctx.store.highest_posted_revs())
@@ -310,7 +310,7 @@ class AdminDispatcher:
 
 def poster_post_set(poster: Any) -> Callable[[Path], Awaitable[str]]:
     """``post_set`` for ``AdminContext`` backed by the bridge's Poster."""
-    from bridge.service.poster import PostReport  # noqa: PLC0415 - the poster pulls in the transport side
+    from bridge.service.posting.poster import PostReport  # noqa: PLC0415 - the poster pulls in the transport side
 
     async def post(set_dir: Path) -> str:
         report = PostReport()

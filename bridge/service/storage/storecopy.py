@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from bridge.service.store import Store
+from bridge.service.storage.store import Store
 
 
 class CopyRefused(Exception):
@@ -89,7 +89,7 @@ def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str
 
 
 def _tables_in(url: str, password: str | None) -> list[str]:
-    from bridge.service.pgdialect import PgConnection
+    from bridge.service.storage.pgdialect import PgConnection
 
     db = PgConnection(url, password=password, read_only=True)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from bridge.service.store import Store
+from bridge.service.storage.store import Store
 
 
 def held_back(store: Store) -> dict[str, Any]:

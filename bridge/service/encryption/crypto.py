@@ -35,12 +35,12 @@ from nio.exceptions import EncryptionError, LocalProtocolError
 from nio.rooms import MatrixRoom
 
 from bridge.service.config import Encryption
-from bridge.service.keyrequests import KeyRequests
-from bridge.service.matrix import MatrixError
-from bridge.service.store import LogEntry, Store
+from bridge.service.encryption.keyrequests import KeyRequests
+from bridge.service.transport.matrix import MatrixError
+from bridge.service.storage.store import LogEntry, Store
 
 if TYPE_CHECKING:
-    from bridge.service.crosssigning import CrossSigning
+    from bridge.service.encryption.crosssigning import CrossSigning
 
 log = logging.getLogger(__name__)
 

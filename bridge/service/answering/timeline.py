@@ -19,7 +19,7 @@ from typing import Any
 
 from bridge.protocol.authorship import may_redact, retargeted
 from bridge.protocol.normalize import Withdrawal
-from bridge.service.store import Store
+from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bridge.service.matrix import MatrixError
+from bridge.service.transport.matrix import MatrixError
 
 log = logging.getLogger(__name__)
 

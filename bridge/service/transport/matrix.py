@@ -20,7 +20,7 @@ from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, Joi
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
 from nio.responses import Response
 
-from bridge.service.pacing import Slot
+from bridge.service.transport.pacing import Slot
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def client_config(encryption: bool = False) -> AsyncClientConfig:
     # is installed, and only the bot front sets up what it needs.
     extra: dict[str, Any] = {}
     if encryption:
-        from bridge.service.keystore import KeyStore  # needs nio's e2e extra, checked before this
+        from bridge.service.encryption.keystore import KeyStore  # needs nio's e2e extra, checked before this
 
         extra["store"] = KeyStore
     return AsyncClientConfig(max_timeout_retry_wait_time=5, request_timeout=60, store_sync_tokens=False,
@@ -115,7 +115,7 @@ class NioTransport:
 
     def __init__(self, client: AsyncClient, crypto: Any = None):
         self.client = client
-        # bridge.service.crypto.Crypto when the client encrypts (bot mode), else None.
+        # bridge.service.encryption.crypto.Crypto when the client encrypts (bot mode), else None.
         self.crypto = crypto
         self.slot = Slot()  # sends take turns by priority (``pacing``)
 
@@ -197,7 +197,7 @@ class NioTransport:
         The authenticated media API first (Synapse serves new media only
         there); the legacy one for homeservers that predate it.
         """
-        from bridge.service.attachments import FileGone, FileTooLarge
+        from bridge.service.answering.attachments import FileGone, FileTooLarge
 
         server, _, media_id = mxc.removeprefix("mxc://").partition("/")
         if not server or not media_id or "/" in media_id:

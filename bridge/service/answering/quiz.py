@@ -18,7 +18,7 @@ from bridge.protocol.outcome import notice, txn_id
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.study import complete, feedback, score, score_text
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
-from bridge.service.store import LogEntry, Store
+from bridge.service.storage.store import LogEntry, Store
 
 if TYPE_CHECKING:
     from bridge.questionset.model import QuestionSet

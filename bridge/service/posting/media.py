@@ -27,7 +27,7 @@ from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.render import esc
 from bridge.questionset.media import LocalFilesystem, captions_for, media_type, mimetype, resolve
 from bridge.questionset.model import MediaItem, Question, QuestionSet
-from bridge.service.store import Store
+from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 

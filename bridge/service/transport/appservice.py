@@ -26,16 +26,16 @@ import aiohttp
 from aiohttp import web
 from nio import AsyncClient
 
-from bridge.service.bot import answer_invite, sleep_or_stop, welcome_invite
-from bridge.service.catchup import CatchUp
+from bridge.service.transport.bot import answer_invite, sleep_or_stop, welcome_invite
+from bridge.service.transport.catchup import CatchUp
 from bridge.service.config import Config, ConfigError
-from bridge.service.matrix import MatrixError, client_config
-from bridge.service.notices import Notices
-from bridge.service.rooms import configured_rooms
+from bridge.service.transport.matrix import MatrixError, client_config
+from bridge.service.answering.notices import Notices
+from bridge.service.transport.rooms import configured_rooms
 
 if TYPE_CHECKING:  # the registration command imports this module and needs none of them
-    from bridge.service.pipeline import Pipeline
-    from bridge.service.store import Store
+    from bridge.service.answering.pipeline import Pipeline
+    from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class TransactionServer:
         self.runner: web.AppRunner | None = None
         # The safety net for what the homeserver does not deliver (``catchup``).
         self.catchup: CatchUp | None = None
-        self.crypto: Any = None  # bridge.service.crypto.Crypto when the bridge encrypts
+        self.crypto: Any = None  # bridge.service.encryption.crypto.Crypto when the bridge encrypts
         self.kept = asyncio.Event()  # set when encrypted events came: kept ones have a grace period to watch
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
@@ -221,7 +221,7 @@ class TransactionServer:
         self._remember(events)
 
     async def _take_extensions(self, body: dict[str, Any], txn_id: str) -> None:
-        from bridge.service.ascrypto import take_extensions  # noqa: PLC0415 - needs nio's e2e extra
+        from bridge.service.encryption.ascrypto import take_extensions  # noqa: PLC0415 - needs nio's e2e extra
 
         await take_extensions(self.crypto.client, body, txn_id)
 
@@ -345,9 +345,9 @@ class AppserviceFront:
         return client
 
     async def _encrypting_client(self) -> AsyncClient:
-        from bridge.service.ascrypto import device_client  # noqa: PLC0415 - needs nio's e2e extra
-        from bridge.service.crosssigning import CrossSigning, keys_file  # noqa: PLC0415
-        from bridge.service.crypto import Crypto  # noqa: PLC0415
+        from bridge.service.encryption.ascrypto import device_client  # noqa: PLC0415 - needs nio's e2e extra
+        from bridge.service.encryption.crosssigning import CrossSigning, keys_file  # noqa: PLC0415
+        from bridge.service.encryption.crypto import Crypto  # noqa: PLC0415
 
         client = await device_client(self.config, self.store)
         signing = CrossSigning(client, keys_file(self.config.store.path, self.config.encryption.cross_signing_keys),
@@ -387,7 +387,7 @@ class AppserviceFront:
         looker = asyncio.ensure_future(catchup.run())
         tasks = [notifier, looker]
         if self.crypto is not None:
-            from bridge.service.ascrypto import keep_up_kept  # noqa: PLC0415
+            from bridge.service.encryption.ascrypto import keep_up_kept  # noqa: PLC0415
 
             tasks.append(asyncio.ensure_future(keep_up_kept(self.crypto, self.store, stop, server.feed_kept,
                                                             server.kept)))

@@ -33,10 +33,10 @@ from typing import Any, Awaitable, Callable
 
 from nio import AsyncClient, SyncResponse, WhoamiResponse
 
-from bridge.service.bot import sleep_or_stop
+from bridge.service.transport.bot import sleep_or_stop
 from bridge.service.config import Config, ConfigError
-from bridge.service.crypto import Crypto, available, crypto_dir
-from bridge.service.matrix import MatrixError, client_config
+from bridge.service.encryption.crypto import Crypto, available, crypto_dir
+from bridge.service.transport.matrix import MatrixError, client_config
 
 log = logging.getLogger(__name__)
 

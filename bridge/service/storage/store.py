@@ -267,7 +267,7 @@ class Store:
         """SQLite at ``path``, or PostgreSQL at ``url`` (``store.url``) when given."""
         self.path = Path(path)
         if url:
-            from bridge.service.pgdialect import PgConnection, redact  # psycopg only when it is used
+            from bridge.service.storage.pgdialect import PgConnection, redact  # psycopg only when it is used
 
             self.path = redact(url)  # type: ignore[assignment] - named in messages only
             self.db = PgConnection(url, password=password)
@@ -291,7 +291,7 @@ class Store:
         store = cls.__new__(cls)
         store._recent_questions = OrderedDict()
         if url:
-            from bridge.service.pgdialect import PgConnection, redact
+            from bridge.service.storage.pgdialect import PgConnection, redact
 
             path = redact(url)  # type: ignore[assignment]
             store.db = PgConnection(url, password=password, read_only=True)

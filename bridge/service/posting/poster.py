@@ -24,9 +24,9 @@ from bridge.protocol.question_event import build_question_event, closed_replacem
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
-from bridge.service import media
-from bridge.service.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message
-from bridge.service.store import PostingConflict, Store
+from bridge.service.posting import media
+from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message
+from bridge.service.storage.store import PostingConflict, Store
 
 log = logging.getLogger(__name__)
 

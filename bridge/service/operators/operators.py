@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 
-from bridge.service.admin import AdminContext, AdminDispatcher, is_command, poster_post_set
+from bridge.service.operators.admin import AdminContext, AdminDispatcher, is_command, poster_post_set
 from bridge.service.config import Config
-from bridge.service.heldback import counts, held_back
-from bridge.service.metrics import Metrics
-from bridge.service.pacing import REFUSAL, priority
-from bridge.service.reminders import DEFAULT_TICK_SECONDS, remind_set_now, reminder_loop
-from bridge.service.store import LogEntry, Store
+from bridge.service.storage.heldback import counts, held_back
+from bridge.service.operators.metrics import Metrics
+from bridge.service.transport.pacing import REFUSAL, priority
+from bridge.service.operators.reminders import DEFAULT_TICK_SECONDS, remind_set_now, reminder_loop
+from bridge.service.storage.store import LogEntry, Store
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -109,7 +109,7 @@ class Operators:
 
     def routes(self) -> list[web.AbstractRouteDef]:
         """/metrics and /health (and the agents' /v1/ and /mcp) for the appservice's own listener."""
-        from bridge.service.health import health_routes
+        from bridge.service.operators.health import health_routes
 
         return [*health_routes(self.metrics), *(self.agents.routes() if self.agents is not None else ())]
 
@@ -122,7 +122,7 @@ class Operators:
         self._log_handler = self.metrics.error_counter()
         logging.getLogger("bridge").addHandler(self._log_handler)
         if (self.config.metrics.enabled or self.agents is not None) and serve_http:
-            from bridge.service.health import start_http  # aiohttp's server only when something is served
+            from bridge.service.operators.health import start_http  # aiohttp's server only when something is served
 
             extra = self.agents.routes() if self.agents is not None else ()
             self.runner = await start_http(self.config.metrics.listen, self.metrics, extra)

@@ -24,10 +24,10 @@ from collections import defaultdict, deque
 from typing import Any, Callable
 
 from bridge.protocol.outcome import coalesced, txn_id
-from bridge.service import quiz
-from bridge.service.matrix import MatrixError
-from bridge.service.pacing import ACK, REFUSAL, priority
-from bridge.service.store import COALESCED, SENT, LogEntry
+from bridge.service.answering import quiz
+from bridge.service.transport.matrix import MatrixError
+from bridge.service.transport.pacing import ACK, REFUSAL, priority
+from bridge.service.storage.store import COALESCED, SENT, LogEntry
 
 log = logging.getLogger(__name__)
 

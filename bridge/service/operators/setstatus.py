@@ -20,7 +20,7 @@ from bridge.answers.view import ReadError, load_view
 from bridge.questionset.lint.posted import revs_went_back
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
-from bridge.service.sets import discover, duplicate_set_message
+from bridge.service.posting.sets import discover, duplicate_set_message
 
 COLUMNS = ("posted", "open", "answered", "unsure", "notes", "pending", "stale")
 

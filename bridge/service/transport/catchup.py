@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from nio import AsyncClient
 
-from bridge.service.bot import sleep_or_stop
-from bridge.service.matrix import StopRequested, timeline_back, timeline_page
+from bridge.service.transport.bot import sleep_or_stop
+from bridge.service.transport.matrix import StopRequested, timeline_back, timeline_page
 
 if TYPE_CHECKING:
-    from bridge.service.store import Store
+    from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from bridge.protocol.outcome import in_thread, txn_id
-from bridge.service.store import PostedQuestion, Store
+from bridge.service.storage.store import PostedQuestion, Store
 
 log = logging.getLogger(__name__)
 

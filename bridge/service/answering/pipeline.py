@@ -41,10 +41,10 @@ from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names,
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
-from bridge.service import quiz
-from bridge.service.attachments import prefetch
-from bridge.service.store import LogEntry, Store
-from bridge.service.timeline import NOT_NOW, Timeline
+from bridge.service.answering import quiz
+from bridge.service.answering.attachments import prefetch
+from bridge.service.storage.store import LogEntry, Store
+from bridge.service.answering.timeline import NOT_NOW, Timeline
 
 log = logging.getLogger(__name__)
 

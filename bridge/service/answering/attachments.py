@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable
 from bridge.protocol.annotate import MAX_ATTACHMENTS
 from bridge.protocol.normalize import FILE_MSGTYPES
 from bridge.questionset.media import is_inside
-from bridge.service.store import Store
+from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""From set folders to rooms: the poster, question media, the sets folder."""
