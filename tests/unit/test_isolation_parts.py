@@ -19,6 +19,7 @@ from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import QuestionSet
 from bridge.service.transport.matrix import MatrixError
+from bridge.service.answering import notices as notices_module
 from bridge.service.answering.notices import REFUSAL_WINDOW, Notices
 from bridge.service.transport.pacing import ACK, QUESTION, REFUSAL, Slot, priority
 from bridge.service.answering.pipeline import Pipeline
@@ -213,3 +214,29 @@ def test_refusals_to_one_person_are_coalesced_and_acknowledgements_go_first(tmp_
     bodies = [c["body"] for _room, c in transport.sent[1:]]
     assert "11 more of your messages" in bodies[0] and "4 more of your messages" in bodies[1]
     assert store.db.execute("SELECT COUNT(*) FROM answer_log WHERE acked=0").fetchone()[0] == 0
+
+
+def test_a_backlog_is_told_a_window_at_a_time_and_a_persons_answers_still_get_one_reply(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A homeserver slower to take the replies than the answers builds a
+    # backlog: each pass works out only the oldest window of it (memory and
+    # time per pass stay bounded), and the next pass follows at once.
+    monkeypatch.setattr(notices_module, "PASS", 2)
+    store, pipeline, transport, _folders = setup(tmp_path)
+    people = [f"@p{n}:hs" for n in range(5)]
+    pipeline.answerers = None
+    pipeline.members[ROOM] = {*people, ALICE, BOT}
+    pipeline.process([answer(0, f"$alice{n}", f"take {n}") for n in range(5)]
+                     + [answer(0, f"$p{n}", "Borealis", sender=person) for n, person in enumerate(people)])
+    notices = Notices(pipeline, asyncio.Event())
+    notices.pending.clear()
+    assert asyncio.run(notices.send_pending()) == 2 and notices.pending.is_set()
+    first = transport.sent[0][1]["dev.superpipeline.question.outcome"]
+    assert first["answer_event_id"] == "$alice4"  # Alice's five answers: one reply, for the one that stands
+    assert "replaces 4 earlier answers" in transport.sent[0][1]["body"]
+    while notices.pending.is_set():
+        notices.pending.clear()
+        asyncio.run(notices.send_pending())
+    assert [c["dev.superpipeline.question.outcome"]["answer_event_id"] for _r, c in transport.sent] == \
+        ["$alice4", *(f"$p{n}" for n in range(5))]
+    assert store.pending_acks(10) == []

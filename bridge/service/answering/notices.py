@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 REFUSAL_WINDOW = 60.0
 REFUSAL_BURST = 2
 ROOM_BACKOFF_MAX = 300.0
+# Notices of each kind worked out per pass, oldest first.
+PASS = 1000
 
 
 class Notices:
@@ -76,37 +78,43 @@ class Notices:
                 return
 
     async def send_pending(self) -> int:
-        """One pass over the notices still to send; returns how many were sent."""
+        """One pass over the notices still to send (the oldest ``PASS`` of each
+        kind); returns how many were sent."""
         self.next_due = None
-        held = {(set_dir, qid) for set_dir, _set_id, qid in self.store.dirty()}
+        now = self.clock()
+        waiting = [room for room, (not_before, _delay) in self.room_retry.items() if not_before > now]
+        for room in waiting:  # backed off: left out of this pass, looked at again when due
+            self._due(self.room_retry[room][0])
         # An acknowledgement stands for every accepted answer of one person to
         # one question still untold (a catch-up after downtime): one reply, for
         # the answer that stands, counting the ones it replaced.
-        acks: dict[tuple[str, str, str | None] | int, list[tuple[int, LogEntry]]] = {}
-        refusals: dict[tuple[str, str, str | None], list[tuple[int, LogEntry]]] = defaultdict(list)
-        for seq, entry in self.store.unacked():
-            key = (entry.room_id, entry.sender, entry.question_event_id)
-            if entry.outcome == "refused":
-                refusals[key].append((seq, entry))
-            elif (entry.set_dir, entry.qid) not in held:
-                acks.setdefault(key if entry.outcome == "accepted" else seq, []).append((seq, entry))
-        sent = 0
+        acks = self.store.pending_acks(PASS, waiting)
+        refusals = self.store.pending_refusals(PASS, waiting)
+        sent = refused = 0
         with priority(ACK):
-            for items in acks.values():
-                entry, seqs = items[-1][1], [seq for seq, _entry in items]
+            for last, _count in acks:
+                entry, seqs = self.store.log_entry(last), self.store.notice_seqs(last)
+                if entry is None:
+                    continue
                 if await self._send(entry, seqs, lambda e=entry, n=len(seqs) - 1: self.pipeline.notice_for(e, n)):
                     sent += 1
                     if entry.outcome == "accepted":
                         await self._score(entry)
         with priority(REFUSAL):
-            for key, items in refusals.items():
+            for last, _count, room_id, sender, question in refusals:
+                key = (room_id, sender, question)
                 if not self._refusal_allowed(key):
                     continue
-                entry, seqs = items[-1][1], [seq for seq, _entry in items]
+                entry, seqs = self.store.log_entry(last), self.store.notice_seqs(last)
+                if entry is None:
+                    continue
                 make = lambda e=entry, n=len(seqs) - 1: coalesced(self.pipeline.notice_for(e), n)  # noqa: E731
                 if await self._send(entry, seqs, make):
                     self.refusals_sent[key].append(self.clock())
                     sent += 1
+                    refused += 1
+        if len(acks) == PASS or (len(refusals) == PASS and refused):
+            self.pending.set()  # more than one window was waiting: the next pass comes at once
         return sent
 
     def _refusal_allowed(self, key: tuple[str, str, str | None]) -> bool:

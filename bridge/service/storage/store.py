@@ -237,6 +237,16 @@ class LogEntry:
     thread_root: str | None = None  # the thread the person's event was sent in
 
 
+_LOG_ENTRY = ("seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer, reason,"
+              " message, record, ts, replaces, thread_root")
+
+
+def _log_entry(r: tuple[Any, ...]) -> LogEntry:
+    """A row of ``_LOG_ENTRY`` columns (its seq first) as the entry."""
+    return LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
+                    json.loads(r[13]) if r[13] else None, r[14], r[15], thread_root=r[16])
+
+
 # answer_log.acked: the notice of an entry is pending, sent, told within a
 # later coalesced reply, or dropped (its room can't be written to).
 PENDING, SENT, COALESCED, DROPPED = 0, 1, 2, 3
@@ -705,14 +715,51 @@ class Store:
     def clear_dirty(self, items: Iterable[tuple[str, str, str]]) -> None:
         self.db.executemany("DELETE FROM dirty WHERE set_dir=? AND qid=?", [(d, q) for d, _s, q in items])
 
-    def unacked(self) -> list[tuple[int, LogEntry]]:
+    # -- pending notices: worked out a window at a time, so a backlog of tens
+    # of thousands (a homeserver slower to take the replies than the answers)
+    # costs a pass neither memory nor time in proportion to it.
+
+    def pending_acks(self, limit: int, skip_rooms: Iterable[str] = ()) -> list[tuple[int, int]]:
+        """(last seq, entries) of the oldest ``limit`` acknowledgements to send:
+        one per person per question for accepted answers (the last one, which
+        stands), one per entry otherwise; entries whose set is held (dirty)
+        and rooms in ``skip_rooms`` (backed off) wait."""
+        rooms = list(skip_rooms)
+        return self.db.execute(
+            "SELECT MAX(seq), COUNT(*) FROM answer_log a WHERE acked=0 AND outcome IN ('accepted','annotated','withdrawn')"
+            " AND NOT EXISTS (SELECT 1 FROM dirty d WHERE d.set_dir=a.set_dir AND d.qid=a.qid)"
+            + (f" AND room_id NOT IN ({','.join('?' * len(rooms))})" if rooms else "") +
+            " GROUP BY room_id, sender, question_event_id, CASE WHEN outcome='accepted' THEN 0 ELSE seq END"
+            " ORDER BY MIN(seq) LIMIT ?", (*rooms, limit)).fetchall()
+
+    def pending_refusals(self, limit: int, skip_rooms: Iterable[str] = ()) -> list[tuple[int, int, str, str, str | None]]:
+        """(last seq, entries, room, sender, question event) of the oldest ``limit``
+        refusals to send, one per person per question."""
+        rooms = list(skip_rooms)
+        return self.db.execute(
+            "SELECT MAX(seq), COUNT(*), room_id, sender, question_event_id FROM answer_log"
+            " WHERE acked=0 AND outcome='refused'"
+            + (f" AND room_id NOT IN ({','.join('?' * len(rooms))})" if rooms else "") +
+            " GROUP BY room_id, sender, question_event_id ORDER BY MIN(seq) LIMIT ?", (*rooms, limit)).fetchall()
+
+    def notice_seqs(self, last: int) -> list[int]:
+        """The pending entries the notice of entry ``last`` stands for, oldest
+        first: for an accepted answer or a refusal, the same person's pending
+        ones of that outcome on that question up to it; otherwise itself."""
+        row = self.db.execute("SELECT outcome, room_id, sender, question_event_id FROM answer_log WHERE seq=?",
+                              (last,)).fetchone()
+        if row is None or row[0] not in ("accepted", "refused"):
+            return [last]
+        outcome, room_id, sender, question = row
+        same_question = "question_event_id IS NULL" if question is None else "question_event_id=?"
         rows = self.db.execute(
-            "SELECT seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer,"
-            " reason, message, record, ts, replaces, thread_root FROM answer_log WHERE acked=0"
-            " AND outcome IN ('accepted','annotated','refused','withdrawn') ORDER BY seq").fetchall()
-        return [(r[0], LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
-                                json.loads(r[13]) if r[13] else None, r[14], r[15], thread_root=r[16]))
-                for r in rows]
+            f"SELECT seq FROM answer_log WHERE acked=0 AND outcome=? AND room_id=? AND sender=? AND {same_question}"
+            " AND seq<=? ORDER BY seq", (outcome, room_id, sender, *(() if question is None else (question,)), last))
+        return [seq for (seq,) in rows.fetchall()] or [last]
+
+    def log_entry(self, seq: int) -> LogEntry | None:
+        row = self.db.execute(f"SELECT {_LOG_ENTRY} FROM answer_log WHERE seq=?", (seq,)).fetchone()
+        return _log_entry(row) if row else None
 
     def mark_acked(self, seq: int, state: int = 1) -> None:
         """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""
