@@ -200,10 +200,18 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             await asyncio.gather(keep_joining(transport, refused, stop, joined),
                                  keep_sets(poster, config.sets.root, stop, posted), return_exceptions=True)
 
-        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)),
-                 asyncio.ensure_future(after_the_first_batch())]
+        after = asyncio.ensure_future(after_the_first_batch())
+        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)), after]
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([stopped, after], return_when=asyncio.FIRST_COMPLETED)
+        if after.done() and not after.cancelled() and after.exception() is not None:
+            # The operators could not start (the metrics port taken, say): the
+            # bridge stops with the reason, as it did when that came first.
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise after.exception()  # type: ignore[misc]
         await stop.wait()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, stopped, return_exceptions=True)
     finally:
         await ops.close()
         await front.close()

@@ -135,6 +135,21 @@ async def test_management_commands_work_for_an_admin_and_are_refused_for_others(
     bridge.check_alive()
 
 
+async def test_a_metrics_port_already_taken_stops_the_bridge_with_the_reason(bridge):
+    # The operators start after the first batch (start-up); failing to, the
+    # bridge still stops and says why instead of running without them.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        bridge.extra_config = {"metrics": {"enabled": True, "listen": f"127.0.0.1:{port}"}}
+        bridge.add_set(all_kinds_set("kinds"))
+        bridge.start()
+        code = await asyncio.to_thread(bridge.process.wait, 30)
+    assert code != 0
+    assert "address already in use" in bridge.log_text().lower()
+
+
 async def test_a_command_sent_while_the_bridge_was_stopped_is_answered_when_it_starts(bridge):
     # The first sync's batch is handled before the operators' services start
     # (start-up): a command in it waits for them instead of being lost.

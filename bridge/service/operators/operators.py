@@ -17,7 +17,6 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-
 from bridge.service.operators.admin import AdminContext, AdminDispatcher, is_command, poster_post_set
 from bridge.service.config import Config
 from bridge.service.storage.heldback import counts, held_back
@@ -40,8 +39,8 @@ class Operators:
         self.store = store
         self.metrics = metrics or Metrics()
         self.admin: AdminDispatcher | None = None
-        # Commands in batches handled before ``start`` (the first sync runs
-        # while the poster loads): handed to the dispatcher when it starts.
+        # Commands in batches handled before ``start`` (the first batch is
+        # handled before the operators start): handed to the dispatcher then.
         self._early_commands: list[dict[str, Any]] = []
         self.runner: web.AppRunner | None = None
         self.tasks: list[asyncio.Future[Any]] = []
