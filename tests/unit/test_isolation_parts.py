@@ -240,3 +240,27 @@ def test_a_backlog_is_told_a_window_at_a_time_and_a_persons_answers_still_get_on
     assert [c["dev.superpipeline.question.outcome"]["answer_event_id"] for _r, c in transport.sent] == \
         ["$alice4", *(f"$p{n}" for n in range(5))]
     assert store.pending_acks(10) == []
+
+
+def test_a_stop_while_the_homeserver_does_not_answer_ends_the_pass_after_the_grace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # nio retries a connection that fails without end: a stop must not wait
+    # on it forever.  The notice stays pending for the next start.
+    monkeypatch.setattr(notices_module, "STOP_GRACE", 0.2)
+    store, pipeline, transport, _folders = setup(tmp_path)
+    pipeline.process([answer(0, "$a", "one")])
+
+    async def hangs(*_args: Any) -> str:
+        await asyncio.Event().wait()
+        return "$never"
+
+    transport.send = hangs  # type: ignore[method-assign]
+
+    async def stopped_pass() -> int:
+        stop = asyncio.Event()
+        notices = Notices(pipeline, stop)
+        asyncio.get_running_loop().call_later(0.1, stop.set)
+        return await asyncio.wait_for(notices.send_pending(), 30)
+
+    assert asyncio.run(stopped_pass()) == 0
+    assert len(store.pending_acks(10)) == 1

@@ -36,6 +36,15 @@ REFUSAL_BURST = 2
 ROOM_BACKOFF_MAX = 300.0
 # Notices of each kind worked out per pass, oldest first.
 PASS = 1000
+# Once the bridge is asked to stop, notices still going out get this long;
+# what is left goes out at the next start (under the same transaction ids).
+# A homeserver that is gone would otherwise hold the stop forever: nio
+# retries a connection that fails without end.
+STOP_GRACE = 10.0
+
+
+class _OutOfTime(Exception):
+    """Stopping, and the grace for notices is over."""
 
 
 class Notices:
@@ -54,6 +63,7 @@ class Notices:
         self.room_retry: dict[str, tuple[float, float]] = {}  # room -> (not before, last delay)
         self.refusals_sent: dict[tuple[str, str, str | None], deque[float]] = defaultdict(deque)
         self.next_due: float | None = None
+        self._stop_seen: float | None = None  # when a pass first saw the stop (time.monotonic)
 
     def wake(self) -> None:
         self.pending.set()
@@ -93,6 +103,8 @@ class Notices:
         sent = refused = 0
         with priority(ACK):
             for last, _count in acks:
+                if self._out_of_time():
+                    break
                 entry, seqs = self.store.log_entry(last), self.store.notice_seqs(last)
                 if entry is None:
                     continue
@@ -102,6 +114,8 @@ class Notices:
                         await self._score(entry)
         with priority(REFUSAL):
             for last, _count, room_id, sender, question in refusals:
+                if self._out_of_time():
+                    break
                 key = (room_id, sender, question)
                 if not self._refusal_allowed(key):
                     continue
@@ -140,8 +154,10 @@ class Notices:
             self._drop(seqs, room, "unrenderable")
             return False
         try:
-            sent_id = await self.pipeline.transport.send(room, "m.room.message", content,
-                                                         txn_id("ack", entry.event_id, str(seqs[-1])))
+            sent_id = await self._within_grace(self.pipeline.transport.send(
+                room, "m.room.message", content, txn_id("ack", entry.event_id, str(seqs[-1]))))
+        except _OutOfTime:
+            return False  # still pending in the store
         except MatrixError as exc:
             if not exc.permanent:
                 self._back_off(room, exc)
@@ -163,6 +179,30 @@ class Notices:
             if isinstance(sent_id, str):  # a reply to this notice is about the same question
                 self.store.record_sent(sent_id, room, question_event_id=entry.question_event_id, about=entry.event_id)
         return True
+
+    def _grace_left(self) -> float:
+        if self._stop_seen is None:
+            self._stop_seen = time.monotonic()
+        return self._stop_seen + STOP_GRACE - time.monotonic()
+
+    def _out_of_time(self) -> bool:
+        return self.stop.is_set() and self._grace_left() <= 0
+
+    async def _within_grace(self, send: Any) -> Any:
+        """``send`` awaited; once a stop is asked for, for the rest of the grace only."""
+        task = asyncio.ensure_future(send)
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=max(0.0, self._grace_left()))
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise _OutOfTime()
+            return task.result()
+        finally:
+            stopping.cancel()
 
     async def _score(self, entry: LogEntry) -> None:
         try:
