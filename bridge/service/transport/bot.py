@@ -135,7 +135,7 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
             continue
         older: list[dict[str, Any]] = []
         async for page in timeline_back(client, room_id, room.timeline.prev_batch, since, stop):
-            older.extend({**event, "room_id": room_id} for event in page.chunk)
+            older.extend(page.chunk)
         log.info("filled a gap of %d events in %s", len(older), room_id)
         missing.extend(reversed(older))
     return missing

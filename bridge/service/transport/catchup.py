@@ -161,13 +161,12 @@ class CatchUp:
         try:
             async for page in timeline_back(self.client, room_id, None, since, self.stop, PAGE):
                 token = token or page.start
-                chunk = [{**event, "room_id": room_id} for event in page.chunk]
-                newest.extend(e for e in chunk if not too_old(e))
+                newest.extend(e for e in page.chunk if not too_old(e))
                 if len(newest) >= MAX_EVENTS:
                     log.warning("more than %d events in %s since the last look; older ones are not looked at",
                                 MAX_EVENTS, room_id)
                     break
-                if any(too_old(e) for e in chunk):
+                if any(too_old(e) for e in page.chunk):
                     break
         except StopRequested:
             return 0  # nothing fed, nothing committed: the next start looks again

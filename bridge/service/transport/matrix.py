@@ -63,8 +63,9 @@ class TimelinePage(Response):
         if not isinstance(chunk, list) or not isinstance(parsed.get("start"), str):
             return RoomMessagesError.from_dict(parsed if isinstance(parsed, dict) else {})
         end = parsed.get("end")
-        return cls(chunk=[event for event in chunk if isinstance(event, dict)], start=parsed["start"],
-                   end=end if isinstance(end, str) else None)
+        # Each event as the pipeline takes it: with its room (``/messages`` leaves it out).
+        return cls(chunk=[{**event, "room_id": room_id} for event in chunk if isinstance(event, dict)],
+                   start=parsed["start"], end=end if isinstance(end, str) else None)
 
 
 async def timeline_page(client: AsyncClient, room_id: str, start: str | None, end: str | None,
