@@ -115,7 +115,12 @@ class Crypto:
 
     async def start(self) -> None:
         log.info("end-to-end encryption on (trust: %s); the bridge's %s", self.settings.trust, self.describe_device())
-        await self.maintain()
+        # A new device's keys go up first: signing needs them on the homeserver.
+        # The other key chores (``maintain``: people's devices queried) are the
+        # front's to start: bot mode runs them beside each sync, so a start's
+        # first batch of plain answers does not wait for every known person's
+        # keys.  A send runs them first (``before_send``).
+        await self.upload_keys()
         if self.cross_signing is not None:
             # Beside the first sync rather than before it: nothing encrypted
             # is sent until it is done (``before_send``), plaintext need not wait.
@@ -196,12 +201,7 @@ class Crypto:
         client = self.client
         if client.olm is None:
             return
-        if client.should_upload_keys:
-            response = await client.keys_upload()
-            if isinstance(response, KeysUploadError):
-                log.error("uploading the device keys failed (%s): people cannot encrypt for the bridge. If the "
-                          "access token belongs to a session that already has other keys, give the bridge its "
-                          "own login (bot.password) or a fresh token", getattr(response, "message", response))
+        await self.upload_keys()
         outdated: set[str] = set()
         if client.should_query_keys:
             outdated = set(client.users_for_key_query)
@@ -215,6 +215,16 @@ class Crypto:
         if client.outgoing_to_device_messages:
             await client.send_to_device_messages()
         self.apply_trust()
+
+    async def upload_keys(self) -> None:
+        """The device's keys (a new device's identity, fresh one-time keys) when nio says they are due."""
+        if self.client.olm is None or not self.client.should_upload_keys:
+            return
+        response = await self.client.keys_upload()
+        if isinstance(response, KeysUploadError):
+            log.error("uploading the device keys failed (%s): people cannot encrypt for the bridge. If the "
+                      "access token belongs to a session that already has other keys, give the bridge its "
+                      "own login (bot.password) or a fresh token", getattr(response, "message", response))
 
     def apply_trust(self) -> None:
         """Mark every known device of the people the bridge shares rooms with

@@ -365,6 +365,9 @@ class AppserviceFront:
         self.server.crypto = self.crypto
         if self.crypto is not None:
             await self.crypto.start()
+            # No sync loop here to run the key chores beside: the device's keys
+            # are up before the first transaction, or nobody could encrypt for it.
+            await self.crypto.maintain()
         await self.server.start()
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:

@@ -163,6 +163,7 @@ class SyncLoop:
         self.rooms = frozenset(rooms)
         self.inviters = inviters
         self.posted = posted  # set once the first posting is done
+        self._upkeep: asyncio.Future[None] | None = None  # the key chores running beside the sync
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -172,6 +173,9 @@ class SyncLoop:
         finally:
             notices.wake()
             await notifier
+            if self._upkeep is not None:
+                self._upkeep.cancel()
+                await asyncio.gather(self._upkeep, return_exceptions=True)
 
     async def _loop(self, notices: Notices) -> None:
         backoff = 0.5
@@ -181,10 +185,12 @@ class SyncLoop:
             polling = self.posted is not None and not self.posted.is_set()
             timeout = 0 if polling else 30000
             if self.crypto is not None:
-                try:
-                    await self.crypto.maintain()
-                except Exception as exc:  # noqa: BLE001 - key chores are retried on the next pass
-                    log.warning("encryption key upkeep failed (%s); retrying after the next sync", exc)
+                # Key chores run beside the sync, as nio's own sync loop runs
+                # them: a start queries every known person's keys, which a
+                # batch of plain answers need not wait for.  A batch with
+                # encrypted events waits for them (below).
+                if self._upkeep is None or self._upkeep.done():
+                    self._upkeep = asyncio.ensure_future(self._key_upkeep())
                 timeout = self.crypto.sync_timeout_ms(timeout)
             sync = asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
             stopper = asyncio.ensure_future(self.stop.wait())
@@ -204,6 +210,8 @@ class SyncLoop:
                     if any(event.get("type") == "m.room.encrypted" for event in events):
                         # New senders' devices are queried first, for the trust check
                         # (a batch of plain events has nothing to check: it is not delayed).
+                        if self._upkeep is not None:
+                            await self._upkeep
                         await self.crypto.maintain()
                     # Events not decryptable yet are durably kept here, before the token can move.
                     events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
@@ -225,6 +233,13 @@ class SyncLoop:
                 log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                 await sleep_or_stop(self.stop, backoff)
                 backoff = min(backoff * 2, 30)
+
+    async def _key_upkeep(self) -> None:
+        assert self.crypto is not None
+        try:
+            await self.crypto.maintain()
+        except Exception as exc:  # noqa: BLE001 - key chores are retried beside the next sync
+            log.warning("encryption key upkeep failed (%s); retrying beside the next sync", exc)
 
     async def _answer_invites(self, response: SyncResponse) -> None:
         """Join a configured room when someone who may answer invites the

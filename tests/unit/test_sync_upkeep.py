@@ -1,0 +1,112 @@
+"""Bot mode's key chores (keys uploaded, every known person's devices
+queried) run beside the sync, not before it: after a restart, answers waiting
+in plain rooms are judged without waiting on them; a batch holding encrypted
+events still waits, since its trust check needs the devices known."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from nio import SyncResponse
+
+from bridge.service.storage.store import Store
+from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop
+
+ROOM = "!room:example.org"
+
+
+def _sync_response(event_type: str) -> SyncResponse:
+    event = {"type": event_type, "event_id": "$answer", "sender": "@alice:example.org", "origin_server_ts": 1,
+             "content": {"msgtype": "m.text", "body": "yes"} if event_type == "m.room.message" else
+             {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "x", "sender_key": "k", "session_id": "s",
+              "device_id": "D"}}
+    return SyncResponse.from_dict({"next_batch": "s2", "rooms": {"join": {ROOM: {"timeline": {
+        "events": [event], "limited": False, "prev_batch": "p1"}}}}})
+
+
+class _Client:
+    """The first sync returns the batch waiting since the stop; later ones long-poll."""
+
+    user_id = "@askbot:example.org"
+
+    def __init__(self, event_type: str):
+        self.batch = _sync_response(event_type)
+        self.syncs = 0
+
+    async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
+        self.syncs += 1
+        if self.syncs == 1:
+            return self.batch
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+class _SlowKeys:
+    """A homeserver slow to answer the key queries of a start."""
+
+    def __init__(self) -> None:
+        self.released = asyncio.Event()
+        self.chores = 0
+
+    async def maintain(self) -> None:
+        self.chores += 1
+        await self.released.wait()
+
+    def sync_timeout_ms(self, default: int) -> int:
+        return default
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        return events, []
+
+
+class _Pipeline:
+    def __init__(self, store: Store):
+        self.store = store
+        self.processed = asyncio.Event()
+
+    def own_users(self, user_id: str) -> bool:
+        return False
+
+    async def prepare(self, events: list[dict[str, Any]]) -> None:
+        pass
+
+    def process(self, events: list[dict[str, Any]], *, commit: Any) -> None:
+        with self.store.transaction():
+            commit()
+        self.processed.set()
+
+    def retry_held(self) -> bool:
+        return False
+
+
+async def _run(tmp_path: Path, event_type: str) -> tuple[bool, _SlowKeys, Store]:
+    store = Store(tmp_path / "bridge.sqlite")
+    with store.transaction():
+        store.set_meta(SYNC_TOKEN, "s1")
+    keys, pipeline, stop = _SlowKeys(), _Pipeline(store), asyncio.Event()
+    loop = asyncio.ensure_future(SyncLoop(_Client(event_type), store, pipeline, stop, crypto=keys).run())
+    try:
+        await asyncio.wait_for(pipeline.processed.wait(), 2)
+        processed_before_keys = True
+    except TimeoutError:
+        processed_before_keys = False
+    keys.released.set()
+    await asyncio.wait_for(pipeline.processed.wait(), 10)
+    stop.set()
+    await asyncio.wait_for(loop, 10)
+    return processed_before_keys, keys, store
+
+
+async def test_plain_answers_waiting_at_start_do_not_wait_for_key_chores(tmp_path: Path) -> None:
+    processed_before_keys, keys, store = await _run(tmp_path, "m.room.message")
+    assert processed_before_keys, "the plain batch waited for the key queries"
+    assert keys.chores >= 1  # they ran, beside the sync
+    assert store.get_meta(SYNC_TOKEN) == "s2"
+
+
+async def test_a_batch_with_encrypted_events_waits_for_them(tmp_path: Path) -> None:
+    processed_before_keys, _keys, store = await _run(tmp_path, "m.room.encrypted")
+    assert not processed_before_keys, "an encrypted batch was judged before the senders' devices were known"
+    assert store.get_meta(SYNC_TOKEN) == "s2"
