@@ -19,7 +19,7 @@ from nio import AsyncClient
 from watchfiles import Change, awatch
 
 from bridge.questionset.setdir import QUESTIONS_FILE
-from bridge.service.transport.bot import SyncLoop, login, prime_sync_token, sleep_or_stop
+from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
@@ -72,6 +72,7 @@ class BotFront:
         self.first_batch = asyncio.Event()
         self.client: AsyncClient | None = None
         self.crypto: Crypto | None = None  # set when the client encrypts; the transport uses it too
+        self.first_sync: FirstSync | None = None
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         self.client = await login(self.config, self.store)
@@ -93,12 +94,15 @@ class BotFront:
         await prime_sync_token(self.client, self.store)
         if self.crypto is not None:
             await self.crypto.start()
+        # Asked for now, answered while the rooms are joined and their members read.
+        self.first_sync = ask_first_sync(self.client, self.store)
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
         assert self.client is not None
+        first_sync, self.first_sync = self.first_sync, None
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self._synced, crypto=self.crypto,
                        rooms=[*rooms, *configured_rooms(self.config)], inviters=self.config.inviters,
-                       posted=posted).run()
+                       posted=posted, first_sync=first_sync).run()
 
     def _synced(self) -> None:
         self.first_batch.set()
@@ -106,6 +110,9 @@ class BotFront:
             self.on_synced()
 
     async def close(self) -> None:
+        if self.first_sync is not None:  # stopped before the loop took it
+            self.first_sync[1].cancel()
+            await asyncio.gather(self.first_sync[1], return_exceptions=True)
         if self.crypto is not None:
             await self.crypto.close()
 

@@ -1,7 +1,10 @@
-"""Bot mode's key chores (keys uploaded, every known person's devices
-queried) run beside the sync, not before it: after a restart, answers waiting
-in plain rooms are judged without waiting on them; a batch holding encrypted
-events still waits, since its trust check needs the devices known."""
+"""A start of bot mode does not make the answers waiting for it wait on more
+than they need.  The key chores (every known person's devices queried) run
+beside the sync, not before it: answers waiting in plain rooms are judged
+without waiting on them; a batch holding encrypted events still waits, since
+its trust check needs the devices known.  The first sync is asked for before
+the loop starts (while the rooms are joined), and the loop handles its batch
+once, from the token it was asked from."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Any
 from nio import SyncResponse
 
 from bridge.service.storage.store import Store
-from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop
+from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop, ask_first_sync
 
 ROOM = "!room:example.org"
 
@@ -34,9 +37,11 @@ class _Client:
     def __init__(self, event_type: str):
         self.batch = _sync_response(event_type)
         self.syncs = 0
+        self.asked: list[tuple[str | None, int]] = []  # (since, timeout) of each sync
 
     async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
         self.syncs += 1
+        self.asked.append((since, timeout))
         if self.syncs == 1:
             return self.batch
         await asyncio.sleep(3600)
@@ -109,4 +114,22 @@ async def test_plain_answers_waiting_at_start_do_not_wait_for_key_chores(tmp_pat
 async def test_a_batch_with_encrypted_events_waits_for_them(tmp_path: Path) -> None:
     processed_before_keys, _keys, store = await _run(tmp_path, "m.room.encrypted")
     assert not processed_before_keys, "an encrypted batch was judged before the senders' devices were known"
+    assert store.get_meta(SYNC_TOKEN) == "s2"
+
+
+async def test_the_first_sync_asked_before_the_loop_is_the_one_it_handles(tmp_path: Path) -> None:
+    store = Store(tmp_path / "bridge.sqlite")
+    with store.transaction():
+        store.set_meta(SYNC_TOKEN, "s1")
+    client, pipeline, stop = _Client("m.room.message"), _Pipeline(store), asyncio.Event()
+    first = ask_first_sync(client, store)
+    await asyncio.sleep(0)  # the request goes out before the loop exists (the rooms are joined meanwhile)
+    assert client.asked == [("s1", 0)]  # no long poll: nothing is posted yet at a start
+    loop = asyncio.ensure_future(SyncLoop(client, store, pipeline, stop, first_sync=first).run())
+    await asyncio.wait_for(pipeline.processed.wait(), 10)
+    await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(loop, 10)
+    # Its batch handled once, and the loop went on from the token it brought.
+    assert client.asked == [("s1", 0), ("s2", 30000)]
     assert store.get_meta(SYNC_TOKEN) == "s2"

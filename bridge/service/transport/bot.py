@@ -141,6 +141,20 @@ async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | No
     return missing
 
 
+FirstSync = tuple[str | None, "asyncio.Future[Any]"]  # (the token it was asked from, the sync)
+
+
+def ask_first_sync(client: AsyncClient, store: Store) -> FirstSync:
+    """The start's first sync, asked for at once, as ``SyncLoop`` would ask
+    (its own messages left out, no long poll while the first posting is not
+    done): the homeserver answers it while the bridge joins its rooms and
+    reads their members, which its batch waits for (``SyncLoop`` runs once
+    they are in)."""
+    since = store.get_meta(SYNC_TOKEN)
+    return since, asyncio.ensure_future(client.sync(timeout=0, sync_filter=own_events_left_out(client.user_id),
+                                                    since=since))
+
+
 # Until the first posting is done, the loop asks every POSTING_POLL seconds
 # instead of long-polling: a pending long poll makes Synapse build a sync
 # response for the bridge at every message it posts (the bridge's own,
@@ -151,7 +165,8 @@ POSTING_POLL = 1.0
 class SyncLoop:
     def __init__(self, client: AsyncClient, store: Store, pipeline: Any, stop: asyncio.Event,
                  on_synced: Any = None, crypto: Crypto | None = None, rooms: Collection[str] = (),
-                 inviters: frozenset[str] | None = None, posted: asyncio.Event | None = None):
+                 inviters: frozenset[str] | None = None, posted: asyncio.Event | None = None,
+                 first_sync: FirstSync | None = None):
         self.client = client
         self.store = store
         self.pipeline = pipeline
@@ -164,6 +179,7 @@ class SyncLoop:
         self.inviters = inviters
         self.posted = posted  # set once the first posting is done
         self._upkeep: asyncio.Future[None] | None = None  # the key chores running beside the sync
+        self.first_sync = first_sync  # asked for before the loop started (``ask_first_sync``)
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -192,7 +208,10 @@ class SyncLoop:
                 if self._upkeep is None or self._upkeep.done():
                     self._upkeep = asyncio.ensure_future(self._key_upkeep())
                 timeout = self.crypto.sync_timeout_ms(timeout)
-            sync = asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
+            if self.first_sync is not None:
+                (since, sync), self.first_sync = self.first_sync, None
+            else:
+                sync = asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
             stopper = asyncio.ensure_future(self.stop.wait())
             done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
             stopper.cancel()
