@@ -9,10 +9,11 @@ matrix-nio client catches up from a sync token taken before the first send
 (the same way the bridge does: a sync with the bridge's filter, then
 ``/messages`` back to the token when the timeline is limited), and after it
 the bridge is started, then the bare client once more (the faster of its two
-runs is the reference).  Both are their own processes and timed from process
-start (the interpreter and matrix-nio imports count for both): the bare
-client until it has seen every answer, the bridge until every answer is
-durable (committed to its store and written into ``answers.json``).
+runs is the catch-up's reference; the start-up's is the mean of their first
+syncs).  Both are their own processes and timed from process start (the
+interpreter and matrix-nio imports count for both): the bare client until it
+has seen every answer, the bridge until every answer is durable (committed
+to its store and written into ``answers.json``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from _world import World, answer, question_set, world
 
 SENDERS = 4
 IN_FLIGHT = 8  # concurrent sends per sender
+# Before each timed process start: the homeserver done with what came just
+# before (the backlog's sends, the other process's syncs).  Without it the
+# same bare client's two runs of one round differed by up to 0.2 s.
+SETTLE = 1.0
 
 
 async def send_backlog(w: World, people: list[dict[str, str]], questions: list[dict[str, Any]],
@@ -124,12 +129,12 @@ async def bridge_catch_up(w: World, config: Path, count: int, timeout: float,
 
 async def measure(w: World, count: int, rounds: int | None = None, timeout: float = 1800) -> dict[str, Any]:
     """``count`` answers sent while the bridge is stopped, caught up ``rounds``
-    times (default: 5 for the start-up alone, 3 for a backlog of up to 1,000,
+    times (default: 9 for the start-up alone, 3 for a backlog of up to 1,000,
     where the start-up's swings still weigh, 1 above); the figures are the
     medians of the rounds.  With ``count`` 1 it is the start-up
     alone: process start until the one answer waiting is durable, beside the
     bare client's process start until its first sync."""
-    rounds = rounds or (5 if count == 1 else 3 if count <= 1000 else 1)
+    rounds = rounds or (9 if count == 1 else 3 if count <= 1000 else 1)
     w.sets_root = w.base / f"sets-catchup-{count}"
     store = w.base / f"catchup-{count}.sqlite"
     w.add_set(question_set(f"catchup{count}", 10))
@@ -153,12 +158,20 @@ async def measure(w: World, count: int, rounds: int | None = None, timeout: floa
         # The bare client runs before and after the bridge and the faster run is
         # the reference: whoever reads the backlog first warms the homeserver's
         # caches for the other.
+        await asyncio.sleep(SETTLE)
         bare_runs = [await bare_process(w, since, count)]
+        await asyncio.sleep(SETTLE)
         bridge_seconds, bridge_curve = await bridge_catch_up(w, config, (n + 1) * count, timeout, site)
         w.stop_bridge(grace=5)
         await asyncio.sleep(5 if count > 1 else 1)  # the acknowledgements the bridge sent settle
         bare_runs.append(await bare_process(w, since, count))
-        bare_seconds, bare_loop_seconds, bare_curve, bare_first_sync = min(bare_runs, key=lambda run: run[0])
+        bare_seconds, bare_loop_seconds, bare_curve, _first_sync = min(bare_runs, key=lambda run: run[0])
+        # The start-up's reference is the mean of the two runs' first syncs,
+        # the one before the bridge's start and the one after: the machine's
+        # pace drifts between rounds (the same process's imports took 0.54 to
+        # 0.78 s in one run), and runs on both sides of the bridge's even that
+        # out.  The faster of the two would be a second draw the bridge never gets.
+        bare_first_sync = statistics.fmean(run[3] for run in bare_runs)
         first_durable = next(t for t, durable in bridge_curve if durable > n * count)
         runs.append({"send_rate_per_s": send_rate, "bridge_s": bridge_seconds, "bare_s": bare_seconds,
                      "bare_sync_s": bare_loop_seconds, "bare_runs_s": [round(run[0], 3) for run in bare_runs],
@@ -179,6 +192,8 @@ async def measure(w: World, count: int, rounds: int | None = None, timeout: floa
         "bare_first_sync_s": round(statistics.median(r["bare_first_sync_s"] for r in runs), 3),
         "first_durable_extra_s": round(statistics.median(r["first_durable_extra_s"] for r in runs), 3),
         "first_durable_extra_by_round_s": [round(r["first_durable_extra_s"], 3) for r in runs],
+        "bridge_first_durable_by_round_s": [round(r["bridge_first_durable_s"], 3) for r in runs],
+        "bare_first_sync_by_round_s": [round(r["bare_first_sync_s"], 3) for r in runs],
         # The curves of the median round (by ratio), for the chart.
         "bridge_curve": middle["bridge_curve"], "bare_curve": middle["bare_curve"],
     }
