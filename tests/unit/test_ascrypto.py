@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from nio import SyncResponse
 
-from bridge.service.encryption.ascrypto import extensions_sync
+from types import SimpleNamespace
+
+from bridge.service.encryption.ascrypto import extensions_sync, take_extensions
 
 BOT, DEVICE = "@askbot:hs", "BRIDGEDEV"
 
@@ -36,3 +38,34 @@ def test_a_transaction_without_extensions_carries_nothing_and_junk_is_ignored():
     data = extensions_sync(junk, BOT, DEVICE)
     assert data["to_device"]["events"] == [] and data["device_lists"] == {"changed": [], "left": []}
     assert data["device_one_time_keys_count"] == {}
+
+
+class _Nio:
+    """nio's client as ``take_extensions`` sees it: what it was handed."""
+
+    user_id, device_id = BOT, DEVICE
+
+    def __init__(self, uploaded: int):
+        self.olm = SimpleNamespace(uploaded_key_count=uploaded)
+        self.handed: list[SyncResponse] = []
+
+    async def receive_response(self, response: SyncResponse) -> None:
+        self.handed.append(response)
+        self.olm.uploaded_key_count = response.device_key_count.signed_curve25519 or self.olm.uploaded_key_count
+
+
+def _counts(n: int) -> dict:
+    return {"org.matrix.msc3202.device_one_time_keys_count": {BOT: {DEVICE: {"signed_curve25519": n}}}}
+
+
+async def test_a_key_count_nio_already_has_is_not_handed_to_it_again():
+    client = _Nio(uploaded=50)
+    # Synapse repeats the count in every transaction: the same count is news to nobody.
+    assert await take_extensions(client, {"events": [], **_counts(50)}, "t1") is False
+    assert client.handed == []
+    # A changed count (keys claimed), a device list or a to-device message is.
+    assert await take_extensions(client, {"events": [], **_counts(49)}, "t2") is True
+    assert client.olm.uploaded_key_count == 49
+    changed = {"org.matrix.msc3202.device_lists": {"changed": ["@alice:hs"], "left": []}}
+    assert await take_extensions(client, {"events": [], **_counts(49), **changed}, "t3") is True
+    assert [r.next_batch for r in client.handed] == ["appservice-t2", "appservice-t3"]
