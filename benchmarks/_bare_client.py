@@ -2,10 +2,11 @@
 standard library only, so its time from process start is the interpreter,
 matrix-nio and the homeserver, and nothing of the bench or the bridge.
 
-    python benchmarks/_bare_client.py URL USER_ID TOKEN SINCE COUNT FILTER_JSON
+    python benchmarks/_bare_client.py URL USER_ID TOKEN SINCE COUNT FILTER_JSON PAGE LEAVE_OUT
 
 It catches up from SINCE the way the bridge does (a sync with the bridge's
-filter, then ``/messages`` back to the token when the timeline is limited)
+filter, then ``/messages`` forward from the token in pages of PAGE events,
+without LEAVE_OUT's messages, when the timeline is limited)
 until it has seen COUNT answer events, and prints when it did (wall clock,
 so the bench can place it against the process start it noted).
 """
@@ -23,8 +24,8 @@ from nio import AsyncClient, MessageDirection, RoomMessagesResponse, SyncRespons
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
 
 
-async def bare_catch_up(client: AsyncClient, since: str, count: int,
-                        sync_filter: dict[str, Any]) -> tuple[float, list[tuple[float, int]]]:
+async def bare_catch_up(client: AsyncClient, since: str, count: int, sync_filter: dict[str, Any],
+                        page_size: int, leave_out: str) -> tuple[float, list[tuple[float, int]]]:
     """Seconds until a bare client has seen ``count`` answer events, and (t, seen) along the way."""
     seen: set[str] = set()
     curve: list[tuple[float, int]] = [(0.0, 0)]
@@ -44,10 +45,11 @@ async def bare_catch_up(client: AsyncClient, since: str, count: int,
             continue
         for room_id, room in response.rooms.join.items():
             note(room.timeline.events)
-            start = room.timeline.prev_batch if room.timeline.limited else None
+            start = token if room.timeline.limited else None
             while start:
-                page = await client.room_messages(room_id, start=start, end=token,
-                                                  direction=MessageDirection.back, limit=500)
+                page = await client.room_messages(room_id, start=start, end=room.timeline.prev_batch,
+                                                  direction=MessageDirection.front, limit=page_size,
+                                                  message_filter={"not_senders": [leave_out]})
                 if not isinstance(page, RoomMessagesResponse):
                     raise RuntimeError(f"/messages failed: {page}")
                 note(page.chunk)
@@ -59,11 +61,11 @@ async def bare_catch_up(client: AsyncClient, since: str, count: int,
 
 
 async def bare_client_main(url: str, user_id: str, token: str, since: str, count: int,
-                           sync_filter: dict[str, Any]) -> None:
+                           sync_filter: dict[str, Any], page_size: int, leave_out: str) -> None:
     client = AsyncClient(url, user_id)
     client.access_token = token
     sync_started = time.time()
-    seconds, curve = await bare_catch_up(client, since, count, sync_filter)
+    seconds, curve = await bare_catch_up(client, since, count, sync_filter, page_size, leave_out)
     await client.close()
     print(json.dumps({"done_at": sync_started + seconds, "sync_s": seconds,
                       "curve": [(sync_started + t, seen) for t, seen in curve[1:]]}))
@@ -71,5 +73,6 @@ async def bare_client_main(url: str, user_id: str, token: str, since: str, count
 
 
 if __name__ == "__main__":
-    url, user_id, token, since, count, sync_filter = sys.argv[1:7]
-    asyncio.run(bare_client_main(url, user_id, token, since, int(count), json.loads(sync_filter)))
+    url, user_id, token, since, count, sync_filter, page_size, leave_out = sys.argv[1:9]
+    asyncio.run(bare_client_main(url, user_id, token, since, int(count), json.loads(sync_filter), int(page_size),
+                                 leave_out))

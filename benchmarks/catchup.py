@@ -7,7 +7,7 @@ One Synapse, one run.  The bridge posts a set and is stopped; a few people
 send ``--answers`` answers as fast as the homeserver takes them; then a bare
 matrix-nio client catches up from a sync token taken before the first send
 (the same way the bridge does: a sync with the bridge's filter, then
-``/messages`` back to the token when the timeline is limited), and after it
+``/messages`` forward from the token when the timeline is limited), and after it
 the bridge is started, then the bare client once more (the faster of its two
 runs is the catch-up's reference; the start-up's is the mean of their first
 syncs).  Both are their own processes and timed from process start (the
@@ -78,6 +78,13 @@ def bridge_filter() -> dict[str, Any]:
     from bridge.service.transport.bot import SYNC_FILTER
 
     return SYNC_FILTER
+
+
+def bridge_gap_page() -> int:
+    """How many events the bridge reads per page of a gap, for the bare client too."""
+    from bridge.service.transport.bot import GAP_PAGE
+
+    return GAP_PAGE
 
 
 def durable_count(db: Any, missing: tuple[type[Exception], ...] = (sqlite3.OperationalError,)) -> int | None:
@@ -207,7 +214,8 @@ async def bare_process(w: World, since: str, count: int) -> tuple[float, float, 
     started = time.time()
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).resolve().parent / "_bare_client.py"), w.synapse.url, w.observer["user_id"],
-        w.observer["access_token"], since, str(count), json.dumps(bridge_filter()), stdout=asyncio.subprocess.PIPE)
+        w.observer["access_token"], since, str(count), json.dumps(bridge_filter()), str(bridge_gap_page()), w.bot["user_id"],
+        stdout=asyncio.subprocess.PIPE)
     out, _ = await process.communicate()
     if process.returncode != 0:
         raise RuntimeError("the bare client failed")

@@ -40,3 +40,40 @@ async def test_five_answers_during_downtime_get_one_reply_for_the_last(bridge):
     assert reply["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == sent[-1]
     assert "mind 4" in reply["content"]["body"] and "replaces 4 earlier answers" in reply["content"]["body"]
     assert "replaces" not in (await alice.notices_for(room, other))[0]["content"]["body"]
+
+
+async def test_a_gap_of_several_pages_is_judged_in_timeline_order_and_told_once(bridge):
+    """A downtime longer than one sync's timeline: the gap is read and
+    judged a page at a time, and still the answer that stands is the last
+    one sent, and its person gets one reply for the answers on every page."""
+    from bridge.service.transport.bot import GAP_PAGE, SYNC_FILTER
+
+    bridge.add_set(text_set("pages", 1))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, 1)
+    assert bridge.stop() == 0
+    alice, room = bridge.alice, bridge.room_id
+
+    async def chatter(count: int, tag: str) -> None:
+        for start in range(0, count, 25):  # their order among themselves does not matter
+            await asyncio.gather(*(alice.send(room, {"msgtype": "m.text", "body": f"{tag} {n}"})
+                                   for n in range(start, min(count, start + 25))))
+
+    sent = []
+    for n in range(3):  # one answer on each of the first pages of the gap
+        sent.append(await alice.send(room, answer_content(questions[("q0", 1)], text=f"page {n}")))
+        await chatter(GAP_PAGE, f"chatter {n}")
+    await chatter(SYNC_FILTER["room"]["timeline"]["limit"], "after")
+    bridge.start()
+    record = await bridge.wait_answer("pages", "q0", rev=3, timeout=60)
+    assert record["text"] == "page 2" and record["source"]["event_id"] == sent[-1]
+    deadline = time.monotonic() + 30
+    while not (replies := [n for e in sent for n in await alice.notices_for(room, e)]):
+        assert time.monotonic() < deadline, "no acknowledgement at all"
+        await asyncio.sleep(0.3)
+    await asyncio.sleep(2)  # anything more would come now
+    replies = [n for e in sent for n in await alice.notices_for(room, e)]
+    assert len(replies) == 1, [r["content"]["body"] for r in replies]
+    assert replies[0]["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == sent[-1]
+    assert "replaces 2 earlier answers" in replies[0]["content"]["body"]
+    assert "filled a gap of" in bridge.log_text()

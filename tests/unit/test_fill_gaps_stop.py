@@ -11,7 +11,7 @@ from nio import RoomMessagesResponse
 
 from helpers.fake_pages import RoomMessagesPages
 
-from bridge.service.transport.bot import StopRequested, fill_gaps
+from bridge.service.transport.bot import StopRequested, gap_pages
 
 
 class _EndlessHistory(RoomMessagesPages):
@@ -36,5 +36,6 @@ async def test_a_stop_during_a_back_fill_ends_it_before_the_next_page():
     timeline = SimpleNamespace(limited=True, prev_batch="p1", events=[])
     response = SimpleNamespace(rooms=SimpleNamespace(join={"!r": SimpleNamespace(timeline=timeline)}))
     with pytest.raises(StopRequested):
-        await fill_gaps(client, response, "s0", stop)
+        async for _page in gap_pages(client, response, "s0", stop):
+            pass
     assert client.pages == 1

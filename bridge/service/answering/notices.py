@@ -64,6 +64,9 @@ class Notices:
         self.refusals_sent: dict[tuple[str, str, str | None], deque[float]] = defaultdict(deque)
         self.next_due: float | None = None
         self._stop_seen: float | None = None  # when a pass first saw the stop (time.monotonic)
+        # Set while a catch-up's gap is judged page by page: its answers are
+        # told once the whole gap is in, one reply per person and question.
+        self.held = False
 
     def wake(self) -> None:
         self.pending.set()
@@ -76,6 +79,8 @@ class Notices:
             except TimeoutError:
                 pass
             self.pending.clear()
+            if self.held and not self.stop.is_set():
+                continue  # woken again when the hold ends
             try:
                 held = self.pipeline.retry_held()
                 await self.send_pending()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from nio import AsyncClient, LoginResponse, SyncResponse, WhoamiResponse
@@ -17,20 +17,23 @@ from nio import AsyncClient, LoginResponse, SyncResponse, WhoamiResponse
 from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir, event_dict
 from bridge.service.answering.notices import Notices
-from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, timeline_back
+from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_forward
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 
 SYNC_TOKEN = "sync_token"
 # A generous timeline per room so a short outage needs no back-fill; longer
-# ones are filled from prev_batch (see ``_fill_gap``).
+# ones are filled from the last token on (see ``gap_pages``).
 SYNC_FILTER: dict[str, Any] = {
     "room": {"timeline": {"limit": 200}, "state": {"lazy_load_members": False},
              "account_data": {"not_types": ["*"]}, "ephemeral": {"not_types": ["*"]}},
     "presence": {"not_types": ["*"]},
     "account_data": {"not_types": ["*"]},
 }
+# Events per page of a back-fill: each page is judged while the homeserver
+# reads the next, so smaller pages overlap more, at a request each.
+GAP_PAGE = 250
 
 
 def own_events_left_out(user_id: str) -> dict[str, Any]:
@@ -124,21 +127,22 @@ def batch_events(response: SyncResponse) -> list[dict[str, Any]]:
     return events
 
 
-async def fill_gaps(client: AsyncClient, response: SyncResponse, since: str | None,
-                    stop: asyncio.Event | None = None) -> list[dict[str, Any]]:
-    """Events a limited sync skipped, oldest first, fetched back to ``since``."""
+async def gap_pages(client: AsyncClient, response: SyncResponse, since: str | None,
+                    stop: asyncio.Event | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+    """The events a limited sync skipped, a page at a time and oldest first:
+    each room's timeline read forward from ``since`` to where the sync's own
+    timeline starts, so each page can be judged as it comes, in timeline order."""
     if since is None:
-        return []  # the first sync of a new bridge has no past to catch up on
-    missing: list[dict[str, Any]] = []
+        return  # the first sync of a new bridge has no past to catch up on
     for room_id, room in response.rooms.join.items():
         if not room.timeline.limited or not room.timeline.prev_batch:
             continue
-        older: list[dict[str, Any]] = []
-        async for page in timeline_back(client, room_id, room.timeline.prev_batch, since, stop):
-            older.extend(page.chunk)
-        log.info("filled a gap of %d events in %s", len(older), room_id)
-        missing.extend(reversed(older))
-    return missing
+        count = 0
+        async for page in timeline_forward(client, room_id, since, room.timeline.prev_batch, stop, GAP_PAGE):
+            count += len(page.chunk)
+            if page.chunk:
+                yield page.chunk
+        log.info("filled a gap of %d events in %s", count, room_id)
 
 
 FirstSync = tuple[str | None, "asyncio.Future[Any]"]  # (the token it was asked from, the sync)
@@ -222,23 +226,15 @@ class SyncLoop:
                 response = sync.result()
                 if not isinstance(response, SyncResponse):
                     raise MatrixError("sync", response)
-                events = await fill_gaps(self.client, response, since, self.stop) + batch_events(response)
-                token = response.next_batch
-                resolved: list[str] = []
-                if self.crypto is not None:
-                    if any(event.get("type") == "m.room.encrypted" for event in events):
-                        # New senders' devices are queried first, for the trust check
-                        # (a batch of plain events has nothing to check: it is not delayed).
-                        if self._upkeep is not None:
-                            await self._upkeep
-                        await self.crypto.maintain()
-                    # Events not decryptable yet are durably kept here, before the token can move.
-                    events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
-                # Files people sent are fetched first: judging runs in one store
-                # transaction and does no network I/O.
-                await self.pipeline.prepare(events)
-                # Runs to completion even when a stop is asked for mid-batch.
-                self.pipeline.process(events, commit=lambda: self._commit(token, resolved))
+                # A long outage's gap first, page by page (read ahead while
+                # judged); the token moves only with the sync's own events.
+                notices.held = True
+                try:
+                    async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
+                        await self._handle(page)
+                finally:
+                    notices.held = False
+                await self._handle(batch_events(response), token=response.next_batch)
                 if self.on_synced:
                     self.on_synced()
                 notices.wake()
@@ -252,6 +248,25 @@ class SyncLoop:
                 log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                 await sleep_or_stop(self.stop, backoff)
                 backoff = min(backoff * 2, 30)
+
+    async def _handle(self, events: list[dict[str, Any]], token: str | None = None) -> None:
+        """Judge ``events`` and make them durable; with ``token``, the sync
+        token moves to it in the same commit."""
+        resolved: list[str] = []
+        if self.crypto is not None:
+            if any(event.get("type") == "m.room.encrypted" for event in events):
+                # New senders' devices are queried first, for the trust check
+                # (a batch of plain events has nothing to check: it is not delayed).
+                if self._upkeep is not None:
+                    await self._upkeep
+                await self.crypto.maintain()
+            # Events not decryptable yet are durably kept here, before the token can move.
+            events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
+        # Files people sent are fetched first: judging runs in one store
+        # transaction and does no network I/O.
+        await self.pipeline.prepare(events)
+        # Runs to completion even when a stop is asked for mid-batch.
+        self.pipeline.process(events, commit=lambda: self._commit(token, resolved))
 
     async def _key_upkeep(self) -> None:
         assert self.crypto is not None
@@ -269,8 +284,9 @@ class SyncLoop:
             await answer_invite(self.client, self.pipeline, room_id, inviter,
                                 welcome_invite(room_id, inviter, self.rooms, self.inviters))
 
-    def _commit(self, token: str, resolved: list[str]) -> None:
-        self.store.set_meta(SYNC_TOKEN, token)
+    def _commit(self, token: str | None, resolved: list[str]) -> None:
+        if token is not None:
+            self.store.set_meta(SYNC_TOKEN, token)
         if resolved:
             # Kept events decrypted in this batch are now processed like any other.
             self.store.drop_undecrypted(resolved)

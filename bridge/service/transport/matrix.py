@@ -69,12 +69,12 @@ class TimelinePage(Response):
 
 
 async def timeline_page(client: AsyncClient, room_id: str, start: str | None, end: str | None,
-                        limit: int) -> TimelinePage:
-    """One page of ``room_id``'s timeline, newest first, without the client's
-    own messages (the bridge ignores them; after a big posting they would
-    be nearly all of it)."""
+                        limit: int, direction: MessageDirection = MessageDirection.back) -> TimelinePage:
+    """One page of ``room_id``'s timeline (newest first unless ``direction``
+    is forward), without the client's own messages (the bridge ignores them;
+    after a big posting they would be nearly all of it)."""
     method, path = Api.room_messages(client.access_token, room_id, start=start, end=end,
-                                     direction=MessageDirection.back, limit=limit,
+                                     direction=direction, limit=limit,
                                      message_filter={"not_senders": [client.user_id]})
     # Through nio's request path: its waits on 429 and its retries hold here too.
     page = await client._send(TimelinePage, method, path, response_data=(room_id,))
@@ -85,17 +85,52 @@ async def timeline_page(client: AsyncClient, room_id: str, start: str | None, en
 
 async def timeline_back(client: AsyncClient, room_id: str, start: str | None, end: str | None,
                         stop: asyncio.Event | None, limit: int = 500) -> AsyncIterator[TimelinePage]:
-    """The pages of ``timeline_page`` from ``start`` back to ``end``.
-    StopRequested before the next page once ``stop`` is set: a long read
-    back must not hold up SIGTERM."""
+    """The pages of ``timeline_page`` from ``start`` back to ``end``."""
+    async for page in _pages(client, room_id, start, end, stop, limit, MessageDirection.back):
+        yield page
+
+
+async def timeline_forward(client: AsyncClient, room_id: str, start: str, end: str | None,
+                           stop: asyncio.Event | None, limit: int = 500) -> AsyncIterator[TimelinePage]:
+    """The pages of ``timeline_page`` from ``start`` on to ``end``, oldest first."""
+    async for page in _pages(client, room_id, start, end, stop, limit, MessageDirection.front):
+        yield page
+
+
+async def _pages(client: AsyncClient, room_id: str, start: str | None, end: str | None,
+                 stop: asyncio.Event | None, limit: int, direction: MessageDirection) -> AsyncIterator[TimelinePage]:
+    """StopRequested before the next page once ``stop`` is set: a long read
+    must not hold up SIGTERM."""
     while True:
         if stop is not None and stop.is_set():
             raise StopRequested()
-        page = await timeline_page(client, room_id, start, end, limit)
+        page = await timeline_page(client, room_id, start, end, limit, direction)
         yield page
         if not page.chunk or not page.end or page.end == start:
             return
         start = page.end
+
+
+async def read_ahead(pages: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """The items of ``pages``, each handed over once the next one is asked
+    for: the homeserver reads the next page while the bridge judges this one."""
+    upcoming = asyncio.ensure_future(anext(pages))
+    try:
+        while True:
+            try:
+                item = await upcoming
+            except StopAsyncIteration:
+                return
+            upcoming = asyncio.ensure_future(anext(pages))
+            # Runs the request up to its first wait on the network (a pooled
+            # connection: the request is sent), before the caller's judging,
+            # which does not yield, holds the loop.
+            await asyncio.sleep(0)
+            yield item
+    finally:
+        if not upcoming.done():
+            upcoming.cancel()
+            await asyncio.gather(upcoming, return_exceptions=True)
 
 
 def client_config(encryption: bool = False) -> AsyncClientConfig:

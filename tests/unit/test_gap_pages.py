@@ -1,0 +1,54 @@
+"""A limited sync's gap is read forward from the last token, a page at a
+time, and the next page is asked for before the bridge judges this one."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from nio import RoomMessagesResponse
+
+from helpers.fake_pages import RoomMessagesPages
+
+from bridge.service.transport.bot import gap_pages
+from bridge.service.transport.matrix import read_ahead
+
+
+class _History(RoomMessagesPages):
+    """A room with ``pages`` pages between the token ``s0`` and ``p9``."""
+
+    user_id = "@askbot:example.org"
+
+    def __init__(self, pages: int, log: list[str]):
+        self.pages, self.log = pages, log
+
+    async def room_messages(self, room_id, start, end, direction, limit, message_filter=None):
+        self.log.append(f"ask {start} {direction}")
+        n = 0 if start == "s0" else int(start[1:])
+        if n == self.pages:
+            return RoomMessagesResponse(room_id, chunk=[], start=start, end=None)
+        assert end == "p9" and message_filter == {"not_senders": [self.user_id]}
+        chunk = [SimpleNamespace(source={"event_id": f"$e{n}.{k}", "type": "m.room.message", "content": {}})
+                 for k in range(2)]
+        return RoomMessagesResponse(room_id, chunk=chunk, start=start, end=f"t{n + 1}")
+
+
+def _limited(prev_batch: str) -> SimpleNamespace:
+    timeline = SimpleNamespace(limited=True, prev_batch=prev_batch, events=[])
+    return SimpleNamespace(rooms=SimpleNamespace(join={"!r:example.org": SimpleNamespace(timeline=timeline)}))
+
+
+async def test_the_gap_comes_oldest_first_and_each_page_is_judged_while_the_next_is_read():
+    log: list[str] = []
+    async for page in read_ahead(gap_pages(_History(3, log), _limited("p9"), "s0")):
+        log.append("judge " + " ".join(event["event_id"] for event in page))
+    assert log == ["ask s0 f", "ask t1 f", "judge $e0.0 $e0.1", "ask t2 f", "judge $e1.0 $e1.1",
+                   "ask t3 f", "judge $e2.0 $e2.1"]
+
+
+async def test_no_gap_without_a_token_or_a_limited_timeline():
+    log: list[str] = []
+    assert [page async for page in gap_pages(_History(3, log), _limited("p9"), None)] == []
+    unlimited = _limited("p9")
+    unlimited.rooms.join["!r:example.org"].timeline.limited = False
+    assert [page async for page in gap_pages(_History(3, log), unlimited, "s0")] == []
+    assert log == []
