@@ -202,6 +202,32 @@ async def test_looks_before_transactions_are_held_to_a_few_in_ten_seconds(store)
     assert fed.batches[-1] == ["$m6"]
 
 
+async def test_skips_whose_looks_keep_finding_nothing_are_left_to_the_periodic_look(store):
+    """Beside other appservices ids skip at every transaction: after three
+    looks in a row found nothing, a skip holds no transaction up, until a
+    look finds a stranded event or the bridge has trouble."""
+    now = [100.0]
+    fed = Fed(store)
+    timeline = Timeline([message(1)])
+    store.set_meta(TOKEN_KEY + ROOM, "1")
+    looker = catchup(store, timeline, fed, clock=lambda: now[0])
+
+    async def looked() -> bool:
+        """A skip: did the bridge read the timeline before the transaction?"""
+        before = len(timeline.calls)
+        await looker.look_now()
+        now[0] += 20  # never the burst limit
+        return len(timeline.calls) > before
+
+    assert [await looked() for _ in range(4)] == [True, True, True, False]
+    assert fed.batches == []
+    timeline.events.append(message(2))
+    assert await looker.sweep() == 1  # the periodic look finds a stranded event: skips count again
+    assert [await looked() for _ in range(4)] == [True, True, True, False]
+    looker.suspect_gap()  # a refused transaction: the homeserver may strand the next one
+    assert await looked()
+
+
 async def test_a_failed_look_before_a_transaction_is_tried_again_off_the_request_path(store):
     class Broken(Timeline):
         async def room_messages(self, *args: Any, **kwargs: Any) -> Any:

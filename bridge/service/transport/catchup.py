@@ -16,7 +16,8 @@ deliver, so it looks for itself: it pages each configured room's timeline
 back to where its last look ended and feeds what no transaction brought into
 the same pipeline: at start and every ``PERIOD`` seconds; before handling a
 transaction whose id skips one (Synapse numbers them 1, 2, 3...), so what
-went missing is judged before what came after it; and once the homeserver's
+went missing is judged before what came after it (until such looks keep
+finding nothing: see ``IDLE_LOOKS``); and once the homeserver's
 retries after a start or a refused transaction have gone quiet for
 ``GAP_DELAY`` seconds (a transaction stranded last has no later one to
 reveal it).  The processed-event table makes anything seen twice harmless.
@@ -56,6 +57,13 @@ QUIET_WAIT = 60.0  # ... or after this long at most
 LOOK_TIMEOUT = 10.0
 LOOK_BURST = 3
 LOOK_WINDOW = 10.0
+# Beside other appservices an id skips at almost every transaction, and each
+# look holds one up by a round trip to a busy homeserver (tens of ms).  After
+# IDLE_LOOKS looks before transactions in a row found nothing, skips are left
+# to the periodic look, until a look finds something that came in no
+# transaction, the bridge refuses a transaction, or it starts again: the
+# times Synapse strands one.
+IDLE_LOOKS = 3
 PAGE = 500
 MAX_EVENTS = 5000  # per room and look; older ones are left (and logged)
 # A room looked at for the first time is read back to its oldest open question
@@ -86,9 +94,12 @@ class CatchUp:
         self.suspected = asyncio.Event()
         self.activity = asyncio.Event()
         self.looks_now: deque[float] = deque(maxlen=LOOK_BURST)
+        self.idle_looks = 0  # looks before a transaction in a row that found nothing
 
     def suspect_gap(self) -> None:
-        """Look again once transactions have gone quiet, off the request path."""
+        """Look again once transactions have gone quiet, off the request path;
+        until then, a skipped id is looked into before its transaction again."""
+        self.idle_looks = 0
         self.suspected.set()
 
     def heard(self) -> None:
@@ -97,13 +108,16 @@ class CatchUp:
 
     async def look_now(self) -> None:
         """Before a transaction that skips an id (the caller holds the lock)."""
+        if self.idle_looks >= IDLE_LOOKS:
+            return  # the numbering is shared with other appservices: left to the periodic look
         now = self.clock()
         if len(self.looks_now) == LOOK_BURST and now - self.looks_now[0] < LOOK_WINDOW:
-            self.suspect_gap()
+            self.suspected.set()
             return
         self.looks_now.append(now)
         try:
-            await asyncio.wait_for(self.sweep(), LOOK_TIMEOUT)
+            if not await asyncio.wait_for(self.sweep(), LOOK_TIMEOUT):
+                self.idle_looks += 1
         except Exception as exc:  # noqa: BLE001 - the transaction goes on; the look is tried again soon
             log.warning("looking for what did not arrive failed (%s); trying again shortly",
                         str(exc) or type(exc).__name__)
@@ -138,6 +152,8 @@ class CatchUp:
             if self.stop.is_set():
                 break
             fed += await self.sweep_room(room_id)
+        if fed:
+            self.idle_looks = 0  # something was stranded: skips are worth a look again
         return fed
 
     async def sweep_room(self, room_id: str) -> int:
