@@ -13,14 +13,15 @@ added and five open questions are closed (their ``status`` set to closed).
 Each answer is timed twice, as in ``latency.py``: until ``answers.json`` holds
 it (a watcher process on inotify) and until a bare client long-polling
 ``/sync`` in every room sees it; the difference is what the bridge adds.
-Every ``--sample`` seconds it notes the bridge's resident memory, open file
-descriptors, the store's size on disk (with its WAL) and the asyncio tasks
+Every ``--sample`` seconds it notes the bridge's resident memory, the file
+descriptors it holds (``held_descriptors``), the store's size on disk (with its WAL) and the asyncio tasks
 alive in the bridge (``askwright_bridge_asyncio_tasks`` on /metrics).
 
 Prints one line per minute and the verdict: after the first 5 minutes (the
 first fifth of a shorter run) resident memory and descriptors must stay within
 5% of their value then, and the p99 overhead of the last third of the minutes
-no higher than 1.2x that of the first third (after the same warm-up).  The store
+no higher than 1.2x that of the first third (after the same warm-up), or
+within bot mode's p99 target (``P99_FLOOR_MS``).  The store
 grows with its answer log by design: its growth per thousand answers is shown.
 Writes ``benchmarks/out/soak.json`` and ``soak.png``.
 """
@@ -49,6 +50,9 @@ from latency import FileWatch
 
 OUT = Path(__file__).resolve().parent / "out"
 PEOPLE = 3
+# A p99 overhead within bot mode's target (+8 ms) is steady however it
+# compares with the first third: 1.2x of a few ms is run-to-run noise.
+P99_FLOOR_MS = 8.0
 NEW_SET_QUESTIONS = 5  # a new set this big, and this many questions closed, every --churn seconds
 
 
@@ -120,7 +124,19 @@ def open_questions(db: sqlite3.Connection) -> list[dict[str, Any]]:
     return [{"event_id": e, "room_id": r, "content": json.loads(c)} for e, r, c in rows]
 
 
-def process_figures(pid: int, store: Path, metrics_port: int) -> dict[str, float]:
+async def held_descriptors(pid: int) -> int:
+    """Descriptors the bridge holds: the fewer of two looks a quarter second
+    apart, so the ones open for a moment (answers.json's temporary file and
+    its folder while a batch is written, at 20 answers a second) are not
+    counted as held; a leaked one is in both."""
+    first = len(os.listdir(f"/proc/{pid}/fd"))
+    await asyncio.sleep(0.25)
+    return min(first, len(os.listdir(f"/proc/{pid}/fd")))
+
+
+def process_figures(pid: int, store: Path, metrics_port: int, fds: int) -> dict[str, float]:
+    """``fds``: counted before, as the /metrics request here is the bench's own
+    connection, which the bridge closes its side of a moment after the reply."""
     # Resident memory, and its anonymous part (the heap) apart from the file-backed one (mapped libraries).
     status = {line.split(":", 1)[0]: line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
               if line.startswith(("VmRSS:", "RssAnon:", "RssFile:"))}
@@ -137,7 +153,7 @@ def process_figures(pid: int, store: Path, metrics_port: int) -> dict[str, float
     except OSError:
         pass
     return {"rss_mb": round(rss / 1024, 2), "rss_anon_mb": round(int(status.get("RssAnon", 0)) / 1024, 2),
-            "rss_file_mb": round(int(status.get("RssFile", 0)) / 1024, 2), "fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "rss_file_mb": round(int(status.get("RssFile", 0)) / 1024, 2), "fds": fds,
             "store_mb": round(size / 1e6, 3), "wal_mb": round(wal_size / 1e6, 3), "tasks": tasks}
 
 
@@ -252,7 +268,7 @@ async def measure(w: World, minutes: float, rooms: int = 100, questions: int = 1
         nonlocal pool
         while time.perf_counter() < end + sample:
             assert w.bridge is not None
-            figures = process_figures(w.bridge.pid, store, port)
+            figures = process_figures(w.bridge.pid, store, port, await held_descriptors(w.bridge.pid))
             figures["t_min"] = round((time.perf_counter() - t0) / 60, 3)
             samples.append(figures)
             fresh = open_questions(db)  # new sets' questions join the pool once posted
@@ -341,7 +357,7 @@ def summarise(minutes: float, rooms: int, questions: int, rate: float, post_s: f
         "p99_first_third_ms": round(p99_first, 2), "p99_last_third_ms": round(p99_last, 2),
         "store_mb_per_1000_answers": round(store_growth, 3),
         "memory_steady": abs(rss_change) <= 0.05, "fds_steady": abs(fds_change) <= 0.05,
-        "p99_steady": p99_last <= 1.2 * max(p99_first, 1.0),
+        "p99_steady": p99_last <= max(1.2 * p99_first, P99_FLOOR_MS),
     }
 
 
@@ -364,7 +380,7 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"open descriptors {r['fds_after_warmup']} -> {r['fds_end']} ({r['fds_change']:+.1%}; within 5%: "
           f"{yes[r['fds_steady']]}); asyncio tasks {r['tasks_after_warmup']} -> {r['tasks_end']}")
     print(f"p99 overhead, median per minute: first third {r['p99_first_third_ms']} ms, last third "
-          f"{r['p99_last_third_ms']} ms (steady, <= 1.2x: {yes[r['p99_steady']]}); store grows "
+          f"{r['p99_last_third_ms']} ms (steady, <= 1.2x or <= +{P99_FLOOR_MS:g} ms: {yes[r['p99_steady']]}); store grows "
           f"{r['store_mb_per_1000_answers']} MB per 1,000 answers (its answer log)")
 
 
