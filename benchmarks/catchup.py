@@ -229,7 +229,9 @@ def print_row(row: dict[str, Any]) -> None:
           f"from process start, bare client {row['bare_s']} s from process start ({row['bare_sync_s']} s of "
           f"syncing), ratio {row['ratio']} (target <= 1.2); first answer durable {row['bridge_first_durable_s']} s "
           f"from process start, the bare client's first sync {row['bare_first_sync_s']} s: "
-          f"+{row['first_durable_extra_s']} s (target: +0.15 s at most)"
+          f"+{row['first_durable_extra_s']} s"
+          # The start-up target is for one answer waiting; in a backlog the first waits for a page of the gap.
+          + (" (target: +0.15 s at most)" if row["answers"] == 1 else "")
           + (f"; medians of {row['rounds']} rounds, +{row['first_durable_extra_by_round_s']} s each"
              if row["rounds"] > 1 else ""))
 

@@ -15,6 +15,19 @@ from helpers.harness import answer_content
 pytestmark = pytest.mark.integration
 
 
+async def the_only_reply(person, room: str, sent: list[str]) -> dict:
+    """The one acknowledgement the bridge sends for any of ``sent``; fails on
+    none within 30 s, or on more than one (two seconds more for a second)."""
+    deadline = time.monotonic() + 30
+    while not [n for e in sent for n in await person.notices_for(room, e)]:
+        assert time.monotonic() < deadline, "no acknowledgement at all"
+        await asyncio.sleep(0.3)
+    await asyncio.sleep(2)  # anything more would come now
+    replies = [n for e in sent for n in await person.notices_for(room, e)]
+    assert len(replies) == 1, [r["content"]["body"] for r in replies]
+    return replies[0]
+
+
 async def test_five_answers_during_downtime_get_one_reply_for_the_last(bridge):
     bridge.add_set(text_set("minds", 2))
     bridge.start()
@@ -27,14 +40,7 @@ async def test_five_answers_during_downtime_get_one_reply_for_the_last(bridge):
     record = await bridge.wait_answer("minds", "q0", rev=5, timeout=60)
     assert record["text"] == "mind 4"
     await alice.wait_notice(room, other, timeout=30)
-    deadline = time.monotonic() + 30
-    while not (replies := [n for e in sent for n in await alice.notices_for(room, e)]):
-        assert time.monotonic() < deadline, "no acknowledgement at all"
-        await asyncio.sleep(0.3)
-    await asyncio.sleep(2)  # anything more would come now
-    replies = [n for e in sent for n in await alice.notices_for(room, e)]
-    assert len(replies) == 1, [r["content"]["body"] for r in replies]
-    [reply] = replies
+    reply = await the_only_reply(alice, room, sent)
     outcome = reply["content"]["dev.superpipeline.question.outcome"]
     assert outcome["answer_event_id"] == sent[-1] and outcome["record_rev"] == record["rev"]
     assert reply["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == sent[-1]
@@ -67,13 +73,7 @@ async def test_a_gap_of_several_pages_is_judged_in_timeline_order_and_told_once(
     bridge.start()
     record = await bridge.wait_answer("pages", "q0", rev=3, timeout=60)
     assert record["text"] == "page 2" and record["source"]["event_id"] == sent[-1]
-    deadline = time.monotonic() + 30
-    while not (replies := [n for e in sent for n in await alice.notices_for(room, e)]):
-        assert time.monotonic() < deadline, "no acknowledgement at all"
-        await asyncio.sleep(0.3)
-    await asyncio.sleep(2)  # anything more would come now
-    replies = [n for e in sent for n in await alice.notices_for(room, e)]
-    assert len(replies) == 1, [r["content"]["body"] for r in replies]
-    assert replies[0]["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == sent[-1]
-    assert "replaces 2 earlier answers" in replies[0]["content"]["body"]
+    reply = await the_only_reply(alice, room, sent)
+    assert reply["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == sent[-1]
+    assert "replaces 2 earlier answers" in reply["content"]["body"]
     assert "filled a gap of" in bridge.log_text()
