@@ -66,7 +66,7 @@ class Notices:
         self._stop_seen: float | None = None  # when a pass first saw the stop (time.monotonic)
         # Set while a catch-up's gap is judged page by page: its answers are
         # told once the whole gap is in, one reply per person and question.
-        self.held = False
+        self.reading_gap = False
 
     def wake(self) -> None:
         self.pending.set()
@@ -79,7 +79,7 @@ class Notices:
             except TimeoutError:
                 pass
             self.pending.clear()
-            if self.held and not self.stop.is_set():
+            if self.reading_gap and not self.stop.is_set():
                 continue  # woken again when the hold ends
             try:
                 held = self.pipeline.retry_held()

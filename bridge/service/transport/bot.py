@@ -228,12 +228,12 @@ class SyncLoop:
                     raise MatrixError("sync", response)
                 # A long outage's gap first, page by page (read ahead while
                 # judged); the token moves only with the sync's own events.
-                notices.held = True
+                notices.reading_gap = True
                 try:
                     async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
                         await self._handle(page)
                 finally:
-                    notices.held = False
+                    notices.reading_gap = False
                 await self._handle(batch_events(response), token=response.next_batch)
                 if self.on_synced:
                     self.on_synced()
