@@ -80,7 +80,7 @@ class Notices:
                 pass
             self.pending.clear()
             if self.reading_gap and not self.stop.is_set():
-                continue  # woken again when the hold ends
+                continue  # the sync loop wakes it after the batch that ends the gap
             try:
                 held = self.pipeline.retry_held()
                 await self.send_pending()

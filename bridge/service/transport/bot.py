@@ -12,12 +12,12 @@ import logging
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
-from nio import AsyncClient, LoginResponse, SyncResponse, WhoamiResponse
+from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, WhoamiResponse
 
 from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir, event_dict
 from bridge.service.answering.notices import Notices
-from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_forward
+from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,8 @@ async def gap_pages(client: AsyncClient, response: SyncResponse, since: str | No
         if not room.timeline.limited or not room.timeline.prev_batch:
             continue
         count = 0
-        async for page in timeline_forward(client, room_id, since, room.timeline.prev_batch, stop, GAP_PAGE):
+        async for page in timeline_pages(client, room_id, since, room.timeline.prev_batch, stop, GAP_PAGE,
+                                         MessageDirection.front):
             count += len(page.chunk)
             if page.chunk:
                 yield page.chunk

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from nio import AsyncClient
 
 from bridge.service.transport.bot import sleep_or_stop
-from bridge.service.transport.matrix import StopRequested, timeline_back, timeline_page
+from bridge.service.transport.matrix import StopRequested, timeline_page, timeline_pages
 
 if TYPE_CHECKING:
     from bridge.service.storage.store import Store
@@ -175,7 +175,7 @@ class CatchUp:
         newest: list[dict[str, Any]] = []  # newest first
         token: str | None = None  # where this look began: the next one ends there
         try:
-            async for page in timeline_back(self.client, room_id, None, since, self.stop, PAGE):
+            async for page in timeline_pages(self.client, room_id, None, since, self.stop, PAGE):
                 token = token or page.start
                 newest.extend(e for e in page.chunk if not too_old(e))
                 if len(newest) >= MAX_EVENTS:

@@ -83,24 +83,12 @@ async def timeline_page(client: AsyncClient, room_id: str, start: str | None, en
     return page
 
 
-async def timeline_back(client: AsyncClient, room_id: str, start: str | None, end: str | None,
-                        stop: asyncio.Event | None, limit: int = 500) -> AsyncIterator[TimelinePage]:
-    """The pages of ``timeline_page`` from ``start`` back to ``end``."""
-    async for page in _pages(client, room_id, start, end, stop, limit, MessageDirection.back):
-        yield page
-
-
-async def timeline_forward(client: AsyncClient, room_id: str, start: str, end: str | None,
-                           stop: asyncio.Event | None, limit: int = 500) -> AsyncIterator[TimelinePage]:
-    """The pages of ``timeline_page`` from ``start`` on to ``end``, oldest first."""
-    async for page in _pages(client, room_id, start, end, stop, limit, MessageDirection.front):
-        yield page
-
-
-async def _pages(client: AsyncClient, room_id: str, start: str | None, end: str | None,
-                 stop: asyncio.Event | None, limit: int, direction: MessageDirection) -> AsyncIterator[TimelinePage]:
-    """StopRequested before the next page once ``stop`` is set: a long read
-    must not hold up SIGTERM."""
+async def timeline_pages(client: AsyncClient, room_id: str, start: str | None, end: str | None,
+                         stop: asyncio.Event | None, limit: int = 500,
+                         direction: MessageDirection = MessageDirection.back) -> AsyncIterator[TimelinePage]:
+    """The pages of ``timeline_page`` from ``start`` to ``end`` (back, or
+    forward and oldest first).  StopRequested before the next page once
+    ``stop`` is set: a long read must not hold up SIGTERM."""
     while True:
         if stop is not None and stop.is_set():
             raise StopRequested()
