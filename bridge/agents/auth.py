@@ -42,6 +42,11 @@ class RateLimiter:
         self._buckets[agent] = (level - 1.0, now)
         return True
 
+    def give_back(self, agent: str) -> None:
+        """Return one request to the bucket (a wait that waits is not charged)."""
+        level, at = self._buckets.get(agent, (float(self.per_minute), self.clock()))
+        self._buckets[agent] = (min(float(self.per_minute), level + 1.0), at)
+
     def retry_after(self, agent: str) -> int:
         level, _at = self._buckets.get(agent, (0.0, 0.0))
         return max(1, int((1.0 - level) * 60.0 / self.per_minute) + 1)

@@ -9,6 +9,8 @@ from typing import Any
 class AgentError(Exception):
     status = 400
     code = "bad_request"
+    # HTTP headers the refusal carries (Retry-After).
+    headers: dict[str, str] = {}
 
     def __init__(self, message: str, *, findings: list[dict[str, str]] | None = None,
                  warnings: list[dict[str, str]] | None = None):
@@ -48,3 +50,15 @@ class Unprocessable(AgentError):
 
     status = 422
     code = "unprocessable"
+
+
+class TooManyWaits(AgentError):
+    """Over ``agent_api.max_waits`` (this agent's) or ``max_waits_total`` (everyone's)."""
+
+    status = 429
+    code = "too_many_waits"
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.headers = {"Retry-After": str(retry_after)}

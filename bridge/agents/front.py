@@ -17,6 +17,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from watchfiles import awatch
 
 from bridge.agents.asgi import serve_asgi
+from bridge.agents.changes import Changes
 from bridge.agents.http import AgentApi
 from bridge.agents.mcp_server import Subscribers, build_server
 from bridge.agents.outbox import OutboxHook
@@ -71,13 +72,20 @@ class AgentsFront:
             return web.json_response({"ok": False, "error": "starting", "message": "not ready yet"}, status=503)
         return await serve_asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
 
+    @property
+    def changes(self) -> Changes:
+        """The bridge's "set changed" feed the waits follow (the pipeline and the folder watcher publish to it)."""
+        return self.sets.changes
+
     async def start(self, stop: asyncio.Event, poster: Any = None) -> None:
         self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
+        self.tasks.append(asyncio.ensure_future(_close_on(stop, self.sets.changes)))
         if poster is not None:
             self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
         self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
         self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
-        self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop)))
+        self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop,
+                                                              self.sets.changes)))
         self.tasks.append(asyncio.ensure_future(self.deliverer.run(stop)))
         await asyncio.wait([asyncio.ensure_future(self._ready.wait()), self.tasks[0]],
                            return_when=asyncio.FIRST_COMPLETED)
@@ -108,14 +116,28 @@ class AgentsFront:
         self.tasks.clear()
 
 
-async def watch_answers(root: Path, subscribers: Subscribers, stop: asyncio.Event) -> None:
-    """Tell the subscribers of a set's answers resource when its answers.json changes."""
+async def _close_on(stop: asyncio.Event, changes: Changes) -> None:
+    await stop.wait()
+    changes.close()
+
+
+async def watch_answers(root: Path, subscribers: Subscribers, stop: asyncio.Event,
+                        feed: Changes | None = None) -> None:
+    """Tell the subscribers of a set's answers resource when its answers.json
+    changes, and the change feed of every answers.json or questions.json
+    written (by the bridge, which tells the feed itself too, or by anyone else:
+    without a bridge, as under ``askwright-bridge mcp``, this is the feed's source)."""
     root = Path(root)
     with contextlib.suppress(OSError):
         root.mkdir(parents=True, exist_ok=True)
+    names = {ANSWERS_NAME, QUESTIONS_FILE}
     async for changes in awatch(root, stop_event=stop, debounce=100, step=50, recursive=True,
-                                watch_filter=lambda _c, path: os.path.basename(path) == ANSWERS_NAME):
-        for set_id in sorted({Path(path).parent.name for _c, path in changes}):
+                                watch_filter=lambda _c, path: os.path.basename(path) in names):
+        if feed is not None:
+            for folder in {os.path.dirname(path) for _c, path in changes}:
+                feed.publish(folder)
+        answered = {Path(path).parent.name for _c, path in changes if os.path.basename(path) == ANSWERS_NAME}
+        for set_id in sorted(answered):
             try:
                 await subscribers.changed(set_id)
             except Exception:  # noqa: BLE001 - a subscriber's trouble never stops the watcher

@@ -3,8 +3,10 @@ out, a bearer token per agent, size and rate limits.
 
 Every answer is a JSON object; an error is ``{"ok": false, "error": code,
 "message": ...}`` (with ``errors``/``warnings`` on a lint failure).  The
-statuses are the ones the OpenAPI document (``openapi.json`` beside this
-module, served at /v1/openapi.json) lists."""
+OpenAPI document (``openapi.json`` beside this module, served at
+/v1/openapi.json) is the contract: every request is checked against it
+(``contract.py``) before its handler runs, and the statuses are the ones it
+lists."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from bridge.agents.auth import RateLimiter, agent_for
-from bridge.agents.errors import AgentError, BadRequest, LintFailed
+from bridge.agents.contract import Checked, Contract
+from bridge.agents.errors import AgentError, BadRequest, LintFailed, Unprocessable
 from bridge.agents.sets import AgentSets
-from bridge.agents.waiting import wait_answers
-from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED
+from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
+from bridge.answers.arrival import UNTIL_ALL
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
 from bridge.service.config import Config
 
@@ -29,7 +32,8 @@ log = logging.getLogger(__name__)
 OPENAPI = Path(__file__).with_name("openapi.json")
 # A close request is a few ids and a reason.
 MAX_SMALL_BODY = 64 * 1024
-MAX_WAIT_SECONDS = 300.0
+# Where a guarded handler finds what the contract read of its request.
+CHECKED = "askwright.checked"
 
 Handler = Callable[[web.Request, str], Awaitable[web.Response]]
 
@@ -39,6 +43,11 @@ class AgentApi:
         self.config = config
         self.sets = sets or AgentSets(config.sets.root)
         self.limiter = RateLimiter(config.agent_api.rate_per_minute)
+        self.document = OPENAPI.read_bytes()
+        self.contract = Contract(json.loads(self.document))
+        self.sets.waits.per_agent = config.agent_api.max_waits
+        self.sets.waits.total = config.agent_api.max_waits_total
+        self.sets.waits.give_back = self.limiter.give_back
 
     def authenticate(self, request: web.Request) -> str:
         """The agent of the request; a Refusal (401 or 429) otherwise."""
@@ -62,65 +71,75 @@ class AgentApi:
         routes = web.RouteTableDef()
         routes.get("/v1/openapi.json")(self.openapi)
         routes.get("/v1/sets")(self._guarded(self.list_sets))
-        routes.put("/v1/sets/{id}")(self._guarded(self.put_set))
+        routes.put("/v1/sets/{id}")(self._guarded(self.put_set, MAX_QUESTIONS_BYTES))
         routes.get("/v1/sets/{id}/answers")(self._guarded(self.answers))
         routes.post("/v1/sets/{id}/close")(self._guarded(self.close))
         return routes
 
-    def _guarded(self, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def _guarded(self, handler: Handler, body_limit: int = MAX_SMALL_BODY) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """``handler`` behind the token, the rate limit and the contract: it
+        runs only for a request its operation in openapi.json allows, and
+        finds what the contract read in ``request[CHECKED]``."""
         async def guarded(request: web.Request) -> web.Response:
             try:
-                return await handler(request, self.authenticate(request))
+                agent = self.authenticate(request)
+                request[CHECKED] = await self.check(request, body_limit)
+                return await handler(request, agent)
             except Refusal as exc:
                 return exc.response
             except AgentError as exc:
-                return web.json_response(exc.as_dict(), status=exc.status)
+                return web.json_response(exc.as_dict(), status=exc.status, headers=exc.headers or None)
         return guarded
+
+    async def check(self, request: web.Request, body_limit: int) -> Checked:
+        """The request as its operation in the document reads it; BadRequest (400) or 413 otherwise."""
+        op = self.contract.operation(request.method, request.match_info.route.resource.canonical)
+        if op is None:  # a route the document does not describe: the bridge's own mistake
+            log.error("%s %s is served but not in openapi.json", request.method, request.match_info.route.resource.canonical)
+            raise Refusal(500, "internal_error", "this route is missing from the API's document")
+        path, query = self.contract.check_parameters(op, request.match_info, request.query)
+        checked = Checked(path, query)
+        if op.takes_json(request.content_type):
+            checked.raw = await _body(request, body_limit)
+            checked.body = self.contract.check_body(op, checked.raw)
+        return checked
 
     # -- the routes ------------------------------------------------------------
 
     async def openapi(self, _request: web.Request) -> web.Response:
-        return web.Response(body=OPENAPI.read_bytes(), content_type="application/json")
+        return web.Response(body=self.document, content_type="application/json")
 
     async def list_sets(self, _request: web.Request, agent: str) -> web.Response:
         return web.json_response({"ok": True, "sets": self.sets.list_sets(agent)})
 
     async def put_set(self, request: web.Request, agent: str) -> web.Response:
-        body = await _body(request, MAX_QUESTIONS_BYTES)
-        document, callbacks = _envelope(body)
+        checked: Checked = request[CHECKED]
+        document, callbacks = _envelope(checked.body, checked.raw or b"")
         if callbacks and not self.config.agents[agent].webhook_secret:
             raise LintFailed("callbacks need a webhook_secret for this agent in the bridge's config", findings=[
                 {"where": "callbacks", "message": "this agent has no webhook_secret to sign deliveries with"}])
-        asked = self.sets.ask(agent, request.match_info["id"], document, callbacks)
+        asked = self.sets.ask(agent, checked.path["id"], document, callbacks)
         return web.json_response(asked.as_dict(), status=201 if asked.created else 200)
 
     async def answers(self, request: web.Request, agent: str) -> web.Response:
-        set_id = request.match_info["id"]
-        query = request.query
-        include_all = _flag(query.get("all"), "all")
+        checked: Checked = request[CHECKED]
+        set_id, query = checked.path["id"], checked.query
+        include_all = query.get("all") == "1"
         until = query.get("wait")
-        if until is None:  # a plain read (timeout and question only mean something with wait)
+        if until is None:  # a plain read (timeout, question and after only mean something with wait)
             return web.json_response(self.sets.read(agent, set_id, include_all=include_all))
-        if until not in (UNTIL_ANSWERED, UNTIL_ALL):
-            raise BadRequest(f"wait must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
-        timeout = _seconds(query.get("timeout", "60"))
+        if until == UNTIL_ALL and "question" in query:
+            raise Unprocessable("query.question: wait=all waits for every open question; leave out question")
         view, done = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
-                                        timeout=timeout, include_all=include_all)
+                                        timeout=query.get("timeout", DEFAULT_TIMEOUT), include_all=include_all,
+                                        after=query.get("after"))
         return web.json_response(view, headers={"Askwright-Wait": "arrived" if done else "timeout"})
 
     async def close(self, request: web.Request, agent: str) -> web.Response:
-        body = await _body(request, MAX_SMALL_BODY)
-        data = _json_object(body) if body.strip() else {}
-        qids = data.get("questions")
-        if qids is not None and (not isinstance(qids, list) or not all(isinstance(q, str) for q in qids)):
-            raise BadRequest("questions must be a list of question ids")
-        status = data.get("status", "closed")
-        reason = data.get("reason")
-        if reason is not None and not isinstance(reason, str):
-            raise BadRequest("reason must be a string")
-        if not isinstance(status, str):
-            raise BadRequest("status must be closed or withdrawn")
-        return web.json_response(self.sets.close(agent, request.match_info["id"], qids, status, reason))
+        checked: Checked = request[CHECKED]
+        data = checked.body or {}
+        return web.json_response(self.sets.close(agent, checked.path["id"], data.get("questions"),
+                                                 data.get("status", "closed"), data.get("reason")))
 
 
 class Refusal(Exception):
@@ -147,46 +166,14 @@ async def _body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
-        raise BadRequest("the body is not JSON") from None
-    if not isinstance(value, dict):
-        raise BadRequest("the body must be a JSON object")
-    return value
-
-
-def _envelope(body: bytes) -> tuple[bytes | dict[str, Any], list[str] | None]:
-    """A bare questions.json, or ``{"set": <questions.json>, "callbacks": [...]}``."""
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
-        return body, None  # the service says exactly what is wrong with it
+def _envelope(value: Any, raw: bytes) -> tuple[bytes | dict[str, Any], list[str] | None]:
+    """A bare questions.json (handed on as its bytes: the service says exactly
+    what is wrong with it), or ``{"set": <questions.json>, "callbacks": [...]}``."""
     if isinstance(value, dict) and "set" in value and "askwright" not in value:
         extra = set(value) - {"set", "callbacks"}
         if extra:
-            raise BadRequest(f"unknown field {sorted(extra)[0]!r}: send a questions.json, or set and callbacks")
+            raise BadRequest(f"body.{sorted(extra)[0]}: unknown field (send a questions.json, or set and callbacks)")
         if not isinstance(value["set"], dict):
-            raise BadRequest("set must be a questions.json object")
-        callbacks = value.get("callbacks")
-        return value["set"], callbacks if callbacks is not None else None
-    return body, None
-
-
-def _flag(value: str | None, name: str) -> bool:
-    if value is None or value in ("0", "false"):
-        return False
-    if value in ("1", "true", ""):
-        return True
-    raise BadRequest(f"{name} must be 1 or 0")
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise BadRequest("timeout must be a number of seconds") from None
-    if seconds != seconds or seconds < 0 or seconds > MAX_WAIT_SECONDS:
-        raise BadRequest(f"timeout must be between 0 and {MAX_WAIT_SECONDS:.0f} seconds")
-    return seconds
+            raise BadRequest("body.set: must be a questions.json object")
+        return value["set"], value.get("callbacks")
+    return raw, None

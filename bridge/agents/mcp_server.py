@@ -24,8 +24,8 @@ from mcp.shared.exceptions import MCPError
 from bridge import __version__
 from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
 from bridge.agents.mcp_tools import ANSWERS_TEMPLATE, TOOLS, answers_uri, set_of_uri
-from bridge.agents.sets import AgentSets
-from bridge.agents.waiting import wait_answers
+from bridge.agents.sets import SET_ID, SET_ID_RULE, AgentSets
+from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
 from bridge.service.config import Agent
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,10 @@ class Tools:
                                             "message": "this agent has no webhook_secret to sign deliveries with"}])
             document = arguments["set"]
             set_id = document.get("id")
-            return self.sets.ask(agent, set_id if isinstance(set_id, str) else "", document, callbacks).as_dict()
+            if not isinstance(set_id, str) or not SET_ID.match(set_id):
+                # The set's id is the document's here: a finding in it, as lint reports it.
+                raise LintFailed("the set's id is not a set id", findings=[{"where": "id", "message": SET_ID_RULE}])
+            return self.sets.ask(agent, set_id, document, callbacks).as_dict()
         if name == "read":
             return self.sets.read(agent, arguments["set_id"], include_all=bool(arguments.get("all")))
         if name == "wait":
@@ -182,8 +185,8 @@ class Tools:
 
             view, arrived = await wait_answers(
                 self.sets, agent, arguments["set_id"], until=arguments.get("until", "answered"),
-                question=arguments.get("question"), timeout=float(arguments.get("timeout", 60)),
-                include_all=bool(arguments.get("all")), progress=progress)
+                question=arguments.get("question"), timeout=arguments.get("timeout", DEFAULT_TIMEOUT),
+                include_all=bool(arguments.get("all")), after=arguments.get("after"), progress=progress)
             return {"arrived": arrived, "answers": view}
         if name == "close":
             return self.sets.close(agent, arguments["set_id"], arguments.get("questions"),

@@ -37,12 +37,16 @@ TOOLS: dict[str, dict[str, Any]] = {
     },
     "wait": {
         "description": "Wait until a question (or any open question, or every open question) has an answer, or "
-                       "until the timeout; reports progress while it waits. Returns the answers either way.",
+                       "until the timeout; reports progress while it waits. Returns the answers either way. "
+                       "With after (the updated of the last answer seen), waits for a newer one.",
         "input": {"type": "object", "required": ["set_id"], "additionalProperties": False, "properties": {
             "set_id": _SET_ID,
             "until": {"type": "string", "enum": ["answered", "all"], "default": "answered"},
             "question": {"type": "string", "description": "Wait for this question's answer (with until answered)."},
-            "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 60},
+            "timeout": {"type": "number", "minimum": 0, "maximum": 300, "default": 60,
+                        "description": "Seconds to wait at most (0 to 300; more is refused)."},
+            "after": {"type": "string", "format": "date-time",
+                      "description": "The `updated` of the last answer seen: only a later answer counts."},
             "all": {"type": "boolean", "default": False}}},
         "output": {"type": "object", "required": ["arrived", "answers"], "properties": {
             "arrived": {"type": "boolean", "description": "false: the timeout passed first."},
@@ -55,7 +59,9 @@ TOOLS: dict[str, dict[str, Any]] = {
             "set_id": _SET_ID,
             "questions": {"type": "array", "items": {"type": "string"}},
             "status": {"type": "string", "enum": ["closed", "withdrawn"], "default": "closed"},
-            "reason": {"type": "string"}}},
+            "reason": {"type": "string", "pattern": "\\S", "description": "Why (shown in the room); needed to withdraw."}},
+            "if": {"required": ["status"], "properties": {"status": {"const": "withdrawn"}}},
+            "then": {"required": ["reason"]}},
         "output": {"type": "object", "required": ["ok", "set", "status", "closed"], "properties": {
             "ok": {"type": "boolean"}, "set": {"type": "string"}, "status": {"type": "string"},
             "closed": {"type": "array", "items": {"type": "string"}}}},

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.agents.changes import Changes
 from bridge.agents.closing import blocks_close, close_questions
 from bridge.agents.errors import BadRequest, LintFailed, NotFound
 from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner, sync_dir, write_atomic
+from bridge.agents.waitcap import Waits
 from bridge.answers.view import ReadError, load_view
 from bridge.answers.arrival import as_read
 from bridge.questionset.lint import LintResult, lint
@@ -30,6 +32,7 @@ from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 
 # The format's set id: a letter or digit, then letters, digits, _, . or -; 64 at most.
 SET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SET_ID_RULE = "a letter or digit, then letters, digits, _, . or -; 64 at most"
 MAX_CALLBACKS = 5
 
 
@@ -55,6 +58,10 @@ class AgentSets:
         self.posted_revs = posted_revs
         # Set when the bridge stops: every wait returns what it has at once.
         self.stop = stop
+        # Told of every change of a set (inside the bridge by the pipeline and
+        # the folder watcher too); the waits follow it.
+        self.changes = Changes()
+        self.waits = Waits()
         # Inside the bridge: the poster is told of a set written, beside its
         # folder watcher (which may not watch yet in the first moments of a start).
         self.on_written = on_written
@@ -63,8 +70,7 @@ class AgentSets:
 
     def _own_dir(self, agent: str, set_id: str) -> Path:
         """The folder of ``agent``'s set; NotFound for no set or another's."""
-        if not isinstance(set_id, str) or not SET_ID.match(set_id):
-            raise NotFound(f"no set {set_id!r}")
+        check_set_id(set_id)
         set_dir = self.root / set_id
         owner = read_owner(set_dir)
         if owner is None or owner.agent != agent or not (set_dir / QUESTIONS_FILE).is_file():
@@ -76,10 +82,8 @@ class AgentSets:
     def ask(self, agent: str, set_id: str, document: bytes | dict[str, Any],
             callbacks: list[str] | None = None) -> Asked:
         """Lint and write a set; LintFailed with the findings when it fails."""
+        check_set_id(set_id)
         raw = _parsed(document)
-        if not isinstance(set_id, str) or not SET_ID.match(set_id):
-            raise LintFailed("the set id is not a valid set id", findings=[
-                {"where": "id", "message": "a letter or digit, then letters, digits, _, . or -; 64 at most"}])
         urls = _callbacks(callbacks)
         set_dir = self.root / set_id
         exists = set_dir.exists()
@@ -124,7 +128,11 @@ class AgentSets:
             raise
         sync_dir(self.root)
 
+    def stopping(self) -> bool:
+        return self.changes.closed or (self.stop is not None and self.stop.is_set())
+
     def _written(self, set_dir: Path) -> None:
+        self.changes.publish(set_dir)
         if self.on_written is not None:
             self.on_written(set_dir)
 
@@ -184,6 +192,13 @@ class AgentSets:
                           "open": sum(1 for a in answers if a["status"] == "open"),
                           "answered": view["count"]})
         return found
+
+
+def check_set_id(set_id: object, where: str = "id") -> str:
+    """The one id rule of both doors: an id that can't be a set's is a bad request (400), naming it."""
+    if not isinstance(set_id, str) or not SET_ID.match(set_id):
+        raise BadRequest(f"{where}: not a set id ({SET_ID_RULE})")
+    return set_id
 
 
 def _parsed(document: bytes | dict[str, Any]) -> dict[str, Any]:

@@ -1,29 +1,31 @@
 """``wait`` for agents: the semantics of ``askwright-bridge wait`` (until a
 question or any open question is answered, or every open one; with a
-timeout), as a coroutine that reports progress while it waits.
+timeout; with ``after``, only an answer later than the one last seen), as
+a coroutine that reports progress while it waits.
 
-The set folder is watched, not polled: it is read again only when
-answers.json or questions.json changes (and on a slow tick, for the deadline)."""
+A wait subscribes to the bridge's change feed (``changes``): it holds no
+watcher and no thread, only an event, and reads the set again when the feed
+says the set changed.  ``Waits`` (waitcap.py) caps how many are held, and
+gives back the request a held wait was charged."""
 
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from watchfiles import awatch
-
 from bridge.agents.errors import BadRequest, NotFound, Unprocessable
 from bridge.agents.sets import AgentSets
-from bridge.answers.file import ANSWERS_NAME
-from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer
-from bridge.questionset.setdir import QUESTIONS_FILE
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer, parse_time
 
-MAX_TIMEOUT = 3600.0
-TICK_MS = 500
-
+# One rule for both doors (HTTP and MCP): seconds, 0 to MAX_TIMEOUT, default
+# DEFAULT_TIMEOUT; more is refused, not capped.
+MAX_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = 60.0
+# A wait shorter than this is a read, and is charged as one.
+HELD_AT_LEAST = 1.0
 Progress = Callable[[float, float, str], Awaitable[None]]
 
 
@@ -33,54 +35,66 @@ def progress_of(view: dict[str, Any]) -> tuple[int, int]:
     return sum(1 for e in entries if has_answer(e)), len(entries)
 
 
+def check_timeout(timeout: Any) -> float:
+    """The one timeout rule of both doors."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout \
+            or not 0 <= timeout <= MAX_TIMEOUT:
+        raise BadRequest(f"timeout: must be a number of seconds from 0 to {MAX_TIMEOUT:.0f}")
+    return float(timeout)
+
+
 async def wait_answers(sets: AgentSets, agent: str, set_id: str, *, until: str = UNTIL_ANSWERED,
-                       question: str | None = None, timeout: float = 60.0, include_all: bool = False,
-                       progress: Progress | None = None) -> tuple[dict[str, Any], bool]:
+                       question: str | None = None, timeout: float = DEFAULT_TIMEOUT, include_all: bool = False,
+                       after: str | None = None, progress: Progress | None = None) -> tuple[dict[str, Any], bool]:
     """(what ``read`` shows, whether the answers arrived)."""
     if until not in (UNTIL_ANSWERED, UNTIL_ALL):
-        raise BadRequest(f"until must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
+        raise BadRequest(f"until: must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
     if question is not None and until == UNTIL_ALL:
-        raise BadRequest("until all waits for every open question; leave out the question")
-    if not isinstance(timeout, (int, float)) or timeout != timeout or timeout < 0:
-        raise BadRequest("timeout must be a number of seconds, 0 or more")
-    timeout = min(float(timeout), MAX_TIMEOUT)
+        raise BadRequest("question: until all waits for every open question; leave out the question")
+    timeout = check_timeout(timeout)
+    since = None
+    if after is not None:
+        since = parse_time(after) if isinstance(after, str) else None
+        if since is None:
+            raise BadRequest("after: must be the updated time of an answer (RFC 3339, such as 2026-05-01T12:00:00.000Z)")
     set_dir = sets.set_dir(agent, set_id)
-    view = sets.read_all(agent, set_id)
-    if question is not None and all(e["qid"] != question for e in view["answers"]):
-        raise Unprocessable(f"no question {question!r} in this set")
     deadline = time.monotonic() + timeout
-    done = arrived(view, question, until)
-    await _report(progress, view)
-    if not done and timeout > 0:
-        view, done = await _watch(sets, agent, set_id, set_dir, view, question, until, deadline, progress)
+    # Subscribed before the first reading: a change between the two is not missed.
+    with sets.changes.subscribe(set_dir) as changed:
+        view = sets.read_all(agent, set_id)
+        if question is not None and all(e["qid"] != question for e in view["answers"]):
+            raise Unprocessable(f"question: no question {question!r} in this set")
+        done = arrived(view, question, until, since)
+        await _report(progress, view)
+        if not done and timeout > 0 and not sets.stopping():
+            with sets.waits.hold(agent):
+                if timeout >= HELD_AT_LEAST and sets.waits.give_back is not None:
+                    sets.waits.give_back(agent)
+                view, done = await _follow(sets, agent, set_id, changed, view, question, until, since,
+                                           deadline, progress)
     return as_read(view, include_all), done
 
 
-async def _watch(sets: AgentSets, agent: str, set_id: str, set_dir: os.PathLike[str], view: dict[str, Any],
-                 question: str | None, until: str, deadline: float,
-                 progress: Progress | None) -> tuple[dict[str, Any], bool]:
-    names = {ANSWERS_NAME, QUESTIONS_FILE}
-    stop = sets.stop or asyncio.Event()
-    first = True
+async def _follow(sets: AgentSets, agent: str, set_id: str, changed: asyncio.Event, view: dict[str, Any],
+                  question: str | None, until: str, since: Any, deadline: float,
+                  progress: Progress | None) -> tuple[dict[str, Any], bool]:
     last = progress_of(view)
-    async for changes in awatch(set_dir, watch_filter=lambda _c, path: os.path.basename(path) in names,
-                                debounce=200, step=20, rust_timeout=TICK_MS, yield_on_timeout=True,
-                                recursive=False, stop_event=stop):
-        # The first wake-up re-reads: a write before the watcher started is not missed.
-        if changes or first:
-            first = False
-            try:
-                view = sets.read_all(agent, set_id)
-            except NotFound:
-                pass
-            else:
-                if arrived(view, question, until):
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
+            while True:
+                await changed.wait()
+                changed.clear()
+                if sets.stopping():
+                    break
+                try:
+                    view = sets.read_all(agent, set_id)
+                except NotFound:
+                    continue  # mid-rewrite by its writer, or gone: the next change says more
+                if arrived(view, question, until, since):
                     return view, True
                 if progress_of(view) != last:
                     last = progress_of(view)
                     await _report(progress, view)
-        if time.monotonic() >= deadline or stop.is_set():
-            break
     return view, False
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from bridge.answers.document import ANSWERED
@@ -19,16 +20,40 @@ def has_answer(entry: dict[str, Any]) -> bool:
     return entry["state"] == ANSWERED and entry["stale"] is not True
 
 
-def arrived(view: dict[str, Any], question: str | None, until: str) -> bool:
-    """Whether a ``read --all`` view holds what ``wait`` is waiting for."""
+def parse_time(text: str) -> datetime | None:
+    """An answers.json ``updated`` (RFC 3339) as an aware datetime; None when it is not one."""
+    try:
+        moment = datetime.fromisoformat(text.strip().upper())
+    except (ValueError, AttributeError):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def newer(entry: dict[str, Any], after: datetime | None) -> bool:
+    """Whether the entry's answer is later than ``after`` (every answer is, without ``after``)."""
+    if after is None:
+        return True
+    moment = parse_time(entry["updated"]) if isinstance(entry.get("updated"), str) else None
+    return moment is not None and moment > after
+
+
+def arrived(view: dict[str, Any], question: str | None, until: str, after: datetime | None = None) -> bool:
+    """Whether a ``read --all`` view holds what ``wait`` is waiting for.
+
+    ``after``: the ``updated`` of the last answer the waiter saw; only an
+    answer later than that makes ``answered`` arrive, and ``all`` arrives
+    when every open question has an answer and one of them is later."""
     entries = view["answers"]
     if question is not None:
-        return any(e["qid"] == question and has_answer(e) for e in entries)
+        return any(e["qid"] == question and has_answer(e) and newer(e, after) for e in entries)
     if until == UNTIL_ALL:
         if any(e["status"] == UNKNOWN for e in entries):
             return False  # questions.json can't be read: which are open is not known
-        return all(has_answer(e) for e in entries if e["status"] == "open")
-    return any(e["status"] in ("open", UNKNOWN) and has_answer(e) for e in entries)
+        counted = [e for e in entries if e["status"] == "open"]
+        if not all(has_answer(e) for e in counted):
+            return False
+        return after is None or not counted or any(newer(e, after) for e in counted)
+    return any(e["status"] in ("open", UNKNOWN) and has_answer(e) and newer(e, after) for e in entries)
 
 
 def as_read(view: dict[str, Any], include_all: bool) -> dict[str, Any]:

@@ -58,11 +58,15 @@ async def serve_stdio(config: Any, agent: str) -> None:
     from bridge.agents.sets import AgentSets
 
     subscribers = Subscribers()
-    server = build_server(AgentSets(config.sets.root), config.agents, lambda _ctx: agent, subscribers)
+    sets = AgentSets(config.sets.root)
+    sets.waits.per_agent = config.agent_api.max_waits
+    sets.waits.total = config.agent_api.max_waits_total
+    server = build_server(sets, config.agents, lambda _ctx: agent, subscribers)
     stop = asyncio.Event()
     async with stdio_server() as (read_stream, write_stream):
         async with anyio.create_task_group() as group:
-            group.start_soon(watch_answers, config.sets.root, subscribers, stop)
+            # No bridge in this process: the folder watcher is the waits' change feed.
+            group.start_soon(watch_answers, config.sets.root, subscribers, stop, sets.changes)
             await server.run(read_stream, write_stream, server.create_initialization_options())
             stop.set()
             group.cancel_scope.cancel()

@@ -165,7 +165,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
                             on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble,
-                            on_logged=ops.on_logged)
+                            on_logged=ops.on_logged, on_set_written=ops.on_set_changed)
         if lease is not None:
             pipeline.may_write = lease.check
         await front.open(pipeline)
@@ -205,7 +205,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                             serve_http=not config.appservice.enabled)
             await asyncio.gather(keep_joining(transport, refused, stop, joined),
-                                 keep_sets(poster, config.sets.root, stop, posted), return_exceptions=True)
+                                 keep_sets(poster, config.sets.root, stop, posted, ops.on_set_changed),
+                                 return_exceptions=True)
 
         after = asyncio.ensure_future(after_the_first_batch())
         tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)), after]
@@ -227,12 +228,14 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         store.close()
 
 
-async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event) -> None:
+async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event,
+                    on_changed: Callable[[str], None] | None = None) -> None:
     """Post what is not posted yet, then follow the folder.  The watcher starts
     first, so an edit made during a long first posting is not missed (the
-    poster takes one set at a time, so both never post the same set at once)."""
+    poster takes one set at a time, so both never post the same set at once).
+    ``on_changed`` is told each set folder whose questions.json changed."""
     watching = asyncio.Event()
-    watcher = asyncio.ensure_future(watch_sets(poster, root, stop, watching))
+    watcher = asyncio.ensure_future(watch_sets(poster, root, stop, watching, on_changed))
     failed = await _post_sets(poster, root, stop)
     posted.set()
     # A set written after the first scan but before the watcher was up (an
@@ -270,7 +273,8 @@ async def sleep_or_stop_event(stop: asyncio.Event, event: asyncio.Event) -> None
             wait.cancel()
 
 
-async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: asyncio.Event | None = None) -> None:
+async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: asyncio.Event | None = None,
+                     on_changed: Callable[[str], None] | None = None) -> None:
     """``watching`` is set once the watcher is up (its first wake-up)."""
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
                                 watch_filter=_set_change, rust_timeout=1000, yield_on_timeout=True):
@@ -278,10 +282,14 @@ async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: 
             watching.set()
         if not changes:
             continue
+        files = [path if path.endswith(QUESTIONS_FILE) else os.path.join(path, QUESTIONS_FILE)
+                 for _change, path in changes]
+        if on_changed is not None:
+            for folder in {os.path.dirname(path) for path in files}:
+                on_changed(folder)
         try:
             # Only the sets that changed are read again, not every set under the root.
-            await poster.sync_changed(root, [path if path.endswith(QUESTIONS_FILE) else os.path.join(path, QUESTIONS_FILE)
-                                             for _change, path in changes])
+            await poster.sync_changed(root, files)
         except Exception:  # noqa: BLE001 - a bad edit must not stop the bridge
             log.exception("re-reading the sets failed")
 

@@ -206,9 +206,14 @@ class Agent(Section):
 class AgentApi(Section):
     """Limits of the agents' HTTP API and MCP endpoint, and of webhook delivery."""
 
-    minimum = {"rate_per_minute": 1}
+    minimum = {"rate_per_minute": 1, "max_waits": 1, "max_waits_total": 1}
     # Requests per minute per agent (a bucket that holds a minute's worth).
+    # A wait that waits gives its request back: the caps below bound waits.
     rate_per_minute: int = 120
+    # Waits (HTTP long polls and MCP wait calls) one agent may hold at once,
+    # and all agents together; over either, 429 with Retry-After.
+    max_waits: int = 100
+    max_waits_total: int = 1000
     # A webhook not taken after this long is dropped, with a log line and a metric.
     webhook_drop_after: Duration = Duration("24h")
     webhook_timeout: Duration = Duration("10s")

@@ -109,11 +109,16 @@ def test_another_agents_set_and_a_hand_written_set_are_not_there(tmp_path):
     hand = tmp_path / "by-hand"
     hand.mkdir()
     (hand / "questions.json").write_text(json.dumps(one_question("by-hand")))
-    for set_id in ("plan", "by-hand", "none", "../plan"):
+    for set_id in ("plan", "by-hand", "none"):
         with pytest.raises(NotFound):
             sets.read("b", set_id)
         with pytest.raises(NotFound):
             sets.close("b", set_id, None, "closed", None)
+    # An id that can't be a set's is a bad request on every route, naming it.
+    for call in (lambda: sets.read("a", "../plan"), lambda: sets.close("a", "../plan", None, "closed", None),
+                 lambda: sets.ask("a", "../plan", one_question("../plan"))):
+        with pytest.raises(BadRequest, match="^id: not a set id"):
+            call()
     with pytest.raises(NotFound):
         sets.ask("b", "plan", one_question())
     with pytest.raises(NotFound):

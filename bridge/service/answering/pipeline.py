@@ -124,6 +124,8 @@ class Pipeline:
     # Raises when this instance may no longer write (a standby took over the
     # shared store); called under each answers.json's lock, before the write.
     may_write: Callable[[], None] | None = None
+    # Told the folder of each answers.json written (the agents' waits follow it).
+    on_set_written: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -488,6 +490,8 @@ class Pipeline:
                 return _folder_problem(exc)
             if self.on_write:
                 self.on_write(time.monotonic() - started)
+            if self.on_set_written:
+                self.on_set_written(set_dir)
             return None
         return None
 

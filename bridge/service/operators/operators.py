@@ -92,6 +92,16 @@ class Operators:
         except Exception:  # noqa: BLE001 - a webhook must never stop a close
             log.exception("queueing the webhook for closing %s failed", getattr(question, "event_id", "?"))
 
+    def on_set_changed(self, set_dir: str) -> None:
+        """Pipeline (answers.json written) and folder watcher (questions.json
+        changed): the agents' change feed, which their waits follow."""
+        if self.agents is None:
+            return
+        try:
+            self.agents.changes.publish(set_dir)
+        except Exception:  # noqa: BLE001 - a wait's trouble never touches the answers' path
+            log.exception("telling the waits of %s failed", set_dir)
+
     def on_write(self, seconds: float) -> None:
         self.metrics.observe_write(seconds)
 

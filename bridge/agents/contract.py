@@ -1,0 +1,234 @@
+"""The OpenAPI document as the contract, enforced: every request's path
+parameters, query and JSON body are checked against its operation in the
+document before any handler runs.
+
+Generic over the document: an operation added to openapi.json is checked
+as soon as its route exists.  Query and path values arrive as text and are
+read as the schema's type (number, integer, boolean) before they are
+validated.  A query parameter the operation does not list is refused, as is
+one given twice.  A JSON body is parsed and validated (``additionalProperties:
+false`` and all); a body of a media type the operation lists that is not
+JSON (application/octet-stream) is left to the handler, unread.
+
+Each refusal is a ``BadRequest`` naming the field (``body.questions``,
+``query.timeout``, ``path.id``): one finding, in the shape of lint's."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError, best_match
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+
+from bridge.agents.errors import BadRequest
+
+BASE = "urn:askwright:openapi"
+METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
+
+
+@dataclass
+class Parameter:
+    name: str
+    where: str  # "query" or "path"
+    required: bool
+    types: tuple[str, ...]
+    validator: Any
+
+
+@dataclass
+class Operation:
+    method: str
+    path: str
+    parameters: dict[tuple[str, str], Parameter] = field(default_factory=dict)
+    body_required: bool = False
+    json_body: Any = None          # the validator of the application/json body, if it has one
+    media_types: tuple[str, ...] = ()
+
+    def takes_json(self, content_type: str) -> bool:
+        """Whether a body of ``content_type`` is to be read and checked as JSON: a
+        JSON operation takes any body as JSON unless it names that other type itself."""
+        if self.json_body is None:
+            return False
+        return content_type.endswith("json") or content_type not in self.media_types
+
+
+@dataclass
+class Checked:
+    """What a request carries, as the contract read it."""
+
+    path: dict[str, Any]
+    query: dict[str, Any]
+    body: Any = None        # the parsed JSON body (None: none, or not JSON)
+    raw: bytes | None = None
+
+
+def _pointer(*parts: str) -> str:
+    return "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+class Contract:
+    def __init__(self, document: Mapping[str, Any]):
+        self.document = document
+        self.registry = Registry().with_resource(BASE, DRAFT202012.create_resource(document))
+        self.operations: dict[tuple[str, str], Operation] = {}
+        for path, item in document.get("paths", {}).items():
+            shared = item.get("parameters", [])
+            for method in METHODS:
+                if method in item:
+                    self.operations[(method.upper(), path)] = self._operation(path, method, item[method], shared)
+
+    def _validator(self, pointer: str) -> Any:
+        return jsonschema.Draft202012Validator({"$ref": f"{BASE}#/{pointer}"}, registry=self.registry)
+
+    def _resolve(self, node: Any) -> Any:
+        while isinstance(node, dict) and "$ref" in node:
+            node = self.registry.resolver(BASE).lookup(node["$ref"]).contents
+        return node
+
+    def _operation(self, path: str, method: str, spec: dict[str, Any], shared: list[Any]) -> Operation:
+        op = Operation(method.upper(), path)
+        listed = [("paths", path, "parameters", str(i), p) for i, p in enumerate(shared)] + \
+                 [("paths", path, method, "parameters", str(i), p) for i, p in enumerate(spec.get("parameters", []))]
+        for *where, raw in listed:
+            param = self._resolve(raw)
+            if param.get("in") not in ("query", "path"):
+                continue
+            schema = self._resolve(param.get("schema", {}))
+            kind = schema.get("type", "string")
+            types = tuple(kind) if isinstance(kind, list) else (kind,)
+            pointer = _pointer(*where) + "/schema" if "$ref" not in raw else None
+            validator = self._validator(pointer) if pointer else jsonschema.Draft202012Validator(
+                schema, registry=self.registry)
+            op.parameters[(param["in"], param["name"])] = Parameter(
+                param["name"], param["in"], bool(param.get("required")), types, validator)
+        body = self._resolve(spec.get("requestBody")) if spec.get("requestBody") else None
+        if body:
+            op.body_required = bool(body.get("required"))
+            content = body.get("content", {})
+            op.media_types = tuple(content)
+            for media in content:
+                if media.endswith("json"):
+                    op.json_body = self._validator(_pointer("paths", path, method, "requestBody", "content", media)
+                                                   + "/schema")
+                    break
+        return op
+
+    def operation(self, method: str, path: str) -> Operation | None:
+        return self.operations.get((method.upper(), path))
+
+    # -- checking one request ----------------------------------------------------
+
+    def check_parameters(self, op: Operation, path: Mapping[str, str],
+                         query: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(path values, query values), read as their types; BadRequest naming the first fault."""
+        got_path: dict[str, Any] = {}
+        for name, text in path.items():
+            param = op.parameters.get(("path", name))
+            got_path[name] = self._value(param, text, f"path.{name}") if param else text
+        got_query: dict[str, Any] = {}
+        for name in query:
+            if ("query", name) not in op.parameters:
+                raise _refusal(f"query.{name}", "unknown parameter")
+            values = query.getall(name) if hasattr(query, "getall") else [query[name]]
+            if len(values) > 1:
+                raise _refusal(f"query.{name}", "given more than once")
+            got_query[name] = self._value(op.parameters[("query", name)], values[0], f"query.{name}")
+        for (where, name), param in op.parameters.items():
+            if param.required and where == "query" and name not in got_query:
+                raise _refusal(f"query.{name}", "required")
+        return got_path, got_query
+
+    def _value(self, param: Parameter, text: str, where: str) -> Any:
+        value = _typed(text, param.types)
+        if value is _WRONG:
+            raise _refusal(where, f"must be {' or '.join(param.types)}")
+        _raise_first(param.validator, value, where)
+        return value
+
+    def check_body(self, op: Operation, raw: bytes) -> Any:
+        """The JSON body, parsed and validated; None for an empty optional body."""
+        if not raw.strip():
+            if op.body_required:
+                raise _refusal("body", "required")
+            return None
+        try:
+            value = json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            raise _refusal("body", "not JSON") from None
+        _raise_first(op.json_body, value, "body")
+        return value
+
+
+_WRONG = object()
+
+
+def _typed(text: str, types: tuple[str, ...]) -> Any:
+    for kind in types:
+        if kind == "string":
+            return text
+        if kind == "number":
+            try:
+                number = float(text)
+            except ValueError:
+                continue
+            if math.isfinite(number):
+                return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
+        elif kind == "integer":
+            try:
+                return int(text)
+            except ValueError:
+                continue
+        elif kind == "boolean" and text in ("true", "false"):
+            return text == "true"
+    return _WRONG
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _raise_first(validator: Any, value: Any, where: str) -> None:
+    error = best_match(validator.iter_errors(value))
+    if error is not None:
+        raise _refusal(*_described(error, where))
+
+
+def _described(error: ValidationError, root: str) -> tuple[str, str]:
+    """(where, what) of a schema error: the field at fault named as an agent wrote it."""
+    path = [root, *(str(p) for p in error.absolute_path)]
+    instance, schema = error.instance, error.schema if isinstance(error.schema, dict) else {}
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        known = set(schema.get("properties", {}))
+        extra = sorted(k for k in instance if k not in known)
+        if extra:
+            return ".".join([*path, extra[0]]), "unknown field"
+    if error.validator == "required" and isinstance(instance, dict):
+        missing = [k for k in error.validator_value if k not in instance]
+        if missing:
+            return ".".join([*path, missing[0]]), "required"
+    if error.validator == "type":
+        return ".".join(path), f"must be {_kinds(error.validator_value)}, not {_kind_of(instance)}"
+    return ".".join(path), error.message
+
+
+def _kinds(value: Any) -> str:
+    return " or ".join(value) if isinstance(value, list) else str(value)
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _refusal(where: str, message: str) -> BadRequest:
+    if len(message) > 200:  # a schema message quotes the value, which may be megabytes
+        message = message[:197] + "..."
+    return BadRequest(f"{where}: {message}", findings=[{"where": where, "message": message}])
