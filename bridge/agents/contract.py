@@ -27,8 +27,12 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from bridge.agents.errors import BadRequest
+from bridge.answers.arrival import parse_time
 
 BASE = "urn:askwright:openapi"
+# Formats checked: a date-time is what an answers.json's updated is.
+FORMATS = jsonschema.FormatChecker(formats=())
+FORMATS.checks("date-time")(lambda value: not isinstance(value, str) or parse_time(value) is not None)
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 
 
@@ -84,7 +88,8 @@ class Contract:
                     self.operations[(method.upper(), path)] = self._operation(path, method, item[method], shared)
 
     def _validator(self, pointer: str) -> Any:
-        return jsonschema.Draft202012Validator({"$ref": f"{BASE}#/{pointer}"}, registry=self.registry)
+        return jsonschema.Draft202012Validator({"$ref": f"{BASE}#/{pointer}"}, registry=self.registry,
+                                               format_checker=FORMATS)
 
     def _resolve(self, node: Any) -> Any:
         while isinstance(node, dict) and "$ref" in node:
@@ -104,7 +109,7 @@ class Contract:
             types = tuple(kind) if isinstance(kind, list) else (kind,)
             pointer = _pointer(*where) + "/schema" if "$ref" not in raw else None
             validator = self._validator(pointer) if pointer else jsonschema.Draft202012Validator(
-                schema, registry=self.registry)
+                schema, registry=self.registry, format_checker=FORMATS)
             op.parameters[(param["in"], param["name"])] = Parameter(
                 param["name"], param["in"], bool(param.get("required")), types, validator)
         body = self._resolve(spec.get("requestBody")) if spec.get("requestBody") else None

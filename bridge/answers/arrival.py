@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import re
+from datetime import datetime
 from typing import Any
 
 from bridge.answers.document import ANSWERED
 from bridge.answers.read import UNANSWERED, UNKNOWN
+
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$", re.ASCII)
 
 UNTIL_ANSWERED = "answered"
 UNTIL_ALL = "all"
@@ -21,12 +24,17 @@ def has_answer(entry: dict[str, Any]) -> bool:
 
 
 def parse_time(text: str) -> datetime | None:
-    """An answers.json ``updated`` (RFC 3339) as an aware datetime; None when it is not one."""
-    try:
-        moment = datetime.fromisoformat(text.strip().upper())
-    except (ValueError, AttributeError):
+    """An answers.json ``updated`` (an RFC 3339 date-time: date, time and
+    offset, such as 2026-05-01T12:00:00.000Z) as an aware datetime; None when it is not one."""
+    if not isinstance(text, str) or not _RFC3339.match(text):
         return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+    text = text.upper()
+    if text[17:19] == "60":  # a leap second: RFC 3339 has them, datetime does not
+        text = text[:17] + "59" + text[19:]
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def newer(entry: dict[str, Any], after: datetime | None) -> bool:

@@ -16,6 +16,29 @@ from bridge.service.operators.metrics import Metrics
 log = logging.getLogger(__name__)
 
 
+class _ClientFaults(logging.Filter):
+    """A request the client got wrong (not HTTP, a bad header, a Content-Length
+    that is no number) is the client's fault: aiohttp answers it 400 and
+    logs it at ERROR with a traceback; here it becomes one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = f"{record.getMessage()}: {exc.code} {' '.join(str(exc.message).split())[:200]}"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
+def quiet_client_faults() -> None:
+    """Install the filter on aiohttp's server logger, once (every listener of the bridge uses that logger)."""
+    logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _ClientFaults) for f in logger.filters):
+        logger.addFilter(_ClientFaults())
+
+
 def health_routes(state: Metrics) -> web.RouteTableDef:
     """GET /metrics (text exposition) and GET /health ({"live", "ready"}; 200
     when ready, 503 before), to add to any aiohttp application."""
@@ -58,6 +81,7 @@ async def start_http(listen: str | tuple[str, int], state: Metrics,
         host, port_number = host or "127.0.0.1", int(port)
     else:
         host, port_number = listen
+    quiet_client_faults()
     runner = web.AppRunner(health_app(state, extra), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port_number)

@@ -111,6 +111,9 @@ class TransactionServer:
         return app
 
     async def start(self) -> None:
+        from bridge.service.operators.health import quiet_client_faults
+
+        quiet_client_faults()
         self.runner = web.AppRunner(self.app(), access_log=None)
         await self.runner.setup()
         host, port = self.listen
