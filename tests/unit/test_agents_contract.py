@@ -1,0 +1,157 @@
+"""The agents' contract and waits without a homeserver: the OpenAPI
+document's checks read generically from any document, ``after`` as a pure
+predicate, and a wait held on the change feed that the folder watcher feeds
+when no bridge runs (``askwright-bridge mcp`` on stdio)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from multidict import MultiDict
+
+from bridge.agents.contract import Contract
+from bridge.agents.errors import BadRequest, TooManyWaits
+from bridge.agents.front import watch_answers
+from bridge.agents.http import OPENAPI
+from bridge.agents.mcp_server import Subscribers
+from bridge.agents.sets import AgentSets
+from bridge.agents.waiting import wait_answers
+from bridge.answers.arrival import arrived, parse_time
+from bridge.answers.document import put_record
+from bridge.answers.file import AnswersFile
+
+DOCUMENT = {
+    "openapi": "3.1.0", "info": {"title": "t", "version": "1"},
+    "paths": {
+        "/v1/things/{id}": {
+            "parameters": [{"name": "id", "in": "path", "required": True,
+                            "schema": {"type": "string", "pattern": "^[a-z]+$"}}],
+            "put": {"requestBody": {"required": True, "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                    "responses": {"200": {"description": "ok"}}},
+            "post": {"parameters": [{"name": "n", "in": "query", "schema": {"type": "integer", "maximum": 5}}],
+                     "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Body"}}}},
+                     "responses": {"200": {"description": "ok"}}},
+        }},
+    "components": {"schemas": {"Body": {"type": "object", "additionalProperties": False,
+                                        "properties": {"names": {"type": "array", "items": {"type": "string"}}}}}},
+}
+
+
+def refused(call) -> dict:
+    with pytest.raises(BadRequest) as caught:
+        call()
+    return caught.value.findings[0]
+
+
+def test_the_contract_reads_any_document_and_names_the_field_at_fault():
+    contract = Contract(DOCUMENT)
+    post = contract.operation("POST", "/v1/things/{id}")
+    assert contract.check_parameters(post, {"id": "abc"}, MultiDict(n="3")) == ({"id": "abc"}, {"n": 3})
+    bad_id = refused(lambda: contract.check_parameters(post, {"id": "A!"}, MultiDict()))
+    assert bad_id["where"] == "path.id" and "does not match" in bad_id["message"]
+    assert refused(lambda: contract.check_parameters(post, {"id": "abc"}, MultiDict(n="6")))["where"] == "query.n"
+    assert refused(lambda: contract.check_parameters(post, {"id": "abc"}, MultiDict(n="x")))["message"] == "must be integer"
+    assert refused(lambda: contract.check_parameters(post, {"id": "abc"}, MultiDict(m="1"))) == \
+        {"where": "query.m", "message": "unknown parameter"}
+    assert refused(lambda: contract.check_parameters(post, {"id": "abc"}, MultiDict([("n", "1"), ("n", "2")]))) == \
+        {"where": "query.n", "message": "given more than once"}
+    # A $ref'd body with additionalProperties false: the unknown key is named.
+    assert contract.check_body(post, b'{"names": ["a"]}') == {"names": ["a"]}
+    assert refused(lambda: contract.check_body(post, b'{"name": ["a"]}')) == {"where": "body.name",
+                                                                            "message": "unknown field"}
+    assert refused(lambda: contract.check_body(post, b'{"names": [null]}')) == {
+        "where": "body.names.0", "message": "must be string, not null"}
+    assert refused(lambda: contract.check_body(post, b'{"names": NaN}'))["message"] == "not JSON"
+    assert contract.check_body(post, b"") is None  # the body is optional here
+    # A binary body is the handler's to read: not parsed, not validated as JSON.
+    put = contract.operation("PUT", "/v1/things/{id}")
+    assert not put.takes_json("application/octet-stream") and put.json_body is None
+    assert post.takes_json("application/json") and post.takes_json("text/plain")
+
+
+def test_the_shipped_document_has_an_operation_for_every_route_and_refuses_the_close_typo():
+    contract = Contract(json.loads(OPENAPI.read_bytes()))
+    close = contract.operation("POST", "/v1/sets/{id}/close")
+    assert refused(lambda: contract.check_body(close, b'{"question": ["memo"]}')) == {
+        "where": "body.question", "message": "unknown field"}
+    assert refused(lambda: contract.check_body(close, b'{"status": "withdrawn", "reason": null}'))["where"] == \
+        "body.reason"
+    assert refused(lambda: contract.check_body(close, b'{"status": "withdrawn"}')) == {
+        "where": "body.reason", "message": "required"}
+    answers = contract.operation("GET", "/v1/sets/{id}/answers")
+    assert refused(lambda: contract.check_parameters(answers, {"id": "plan"}, MultiDict(timeout="300.5")))[
+        "where"] == "query.timeout"
+    assert refused(lambda: contract.check_parameters(answers, {"id": "plan"}, MultiDict(after="2026-05-01")))[
+        "where"] == "query.after"
+
+
+def entry(qid: str, updated: str | None, state: str = "answered") -> dict:
+    return {"qid": qid, "status": "open", "state": state, "stale": False, "updated": updated}
+
+
+def test_after_counts_only_an_answer_later_than_the_one_seen():
+    seen = parse_time("2026-05-01T12:00:00.000Z")
+    view = {"answers": [entry("a", "2026-05-01T12:00:00.000Z"), entry("b", None, "unanswered")]}
+    assert arrived(view, None, "answered") and not arrived(view, None, "answered", seen)
+    assert not arrived(view, "a", "answered", seen)
+    view["answers"][1] = entry("b", "2026-05-01T12:00:00.001Z")
+    assert arrived(view, None, "answered", seen) and arrived(view, None, "all", seen)
+    assert not arrived(view, "a", "answered", seen) and arrived(view, "b", "answered", seen)
+    assert parse_time("2026-05-01T14:00:00+02:00") == seen
+    assert parse_time("yesterday") is None and parse_time("2026-05-01T12:00:00") is None
+
+
+def one_question(set_id: str = "plan") -> dict:
+    return {"askwright": 1, "id": set_id, "title": "Release plan", "questions": [{
+        "id": "branch", "kind": "choice", "title": "Release branch",
+        "question": "Which branch should the release be cut from?", "why": "The cut decides which fixes ship.",
+        "options": [{"id": "main", "label": "The main branch"}, {"id": "stable", "label": "The stable branch"}],
+        "guess": {"option": "main", "why": "It is what the last release did.", "confidence": "high"}}]}
+
+
+def answer_later(folder: Path, choice: str, seconds: float) -> threading.Thread:
+    record = {"qid": "branch", "q_rev": 1, "choice": choice, "label": choice, "source": {"sender": "@a:x"}}
+
+    def write() -> None:
+        time.sleep(seconds)
+        now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+        AnswersFile(folder, "plan").update(lambda doc, at: put_record(doc, record, at), now)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+async def test_without_a_bridge_the_folder_watcher_feeds_the_waits_and_the_caps_hold(tmp_path):
+    sets = AgentSets(tmp_path)
+    sets.waits.per_agent = 3
+    sets.ask("a", "plan", one_question())
+    stop = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(), stop, sets.changes))
+    try:
+        await asyncio.sleep(0.5)  # the watcher is up
+        held = [asyncio.ensure_future(wait_answers(sets, "a", "plan", timeout=30)) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        with pytest.raises(TooManyWaits) as caught:
+            await wait_answers(sets, "a", "plan", timeout=30)
+        assert caught.value.headers["Retry-After"] == "5"
+        answer_later(tmp_path / "plan", "stable", 0.2)
+        results = await asyncio.wait_for(asyncio.gather(*held), 20)
+        assert [(done, view["answers"][0]["choice"]) for view, done in results] == [(True, "stable")] * 3
+        seen = results[0][0]["answers"][0]["updated"]
+        # after: the answer seen does not end the next wait; the next answer does.
+        view, done = await wait_answers(sets, "a", "plan", timeout=0.5, after=seen)
+        assert not done
+        answer_later(tmp_path / "plan", "main", 0.3)
+        view, done = await asyncio.wait_for(wait_answers(sets, "a", "plan", timeout=30, after=seen), 20)
+        assert done and view["answers"][0]["choice"] == "main"
+        assert sets.changes.subscribers() == 0 and not sets.waits.held
+    finally:
+        stop.set()
+        await asyncio.gather(watcher, return_exceptions=True)
