@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,24 +172,21 @@ class Contract:
 
 
 _WRONG = object()
+# A number as JSON writes one (not Python's 1_000, " 5" or "inf").
+_NUMBER = re.compile(r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$")
+_INTEGER = re.compile(r"^-?(0|[1-9][0-9]*)$")
 
 
 def _typed(text: str, types: tuple[str, ...]) -> Any:
     for kind in types:
         if kind == "string":
             return text
-        if kind == "number":
-            try:
-                number = float(text)
-            except ValueError:
-                continue
+        if kind == "number" and _NUMBER.match(text):
+            number = float(text)
             if math.isfinite(number):
-                return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
-        elif kind == "integer":
-            try:
-                return int(text)
-            except ValueError:
-                continue
+                return int(text) if _INTEGER.match(text) else number
+        elif kind == "integer" and _INTEGER.match(text):
+            return int(text)
         elif kind == "boolean" and text in ("true", "false"):
             return text == "true"
     return _WRONG
@@ -199,7 +197,10 @@ def _no_constant(name: str) -> Any:
 
 
 def _raise_first(validator: Any, value: Any, where: str) -> None:
-    error = best_match(validator.iter_errors(value))
+    try:
+        error = best_match(validator.iter_errors(value))
+    except RecursionError:
+        raise _refusal(where, "nested too deeply") from None
     if error is not None:
         raise _refusal(*_described(error, where))
 
