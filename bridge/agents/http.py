@@ -20,10 +20,9 @@ from aiohttp import web
 
 from bridge.agents.auth import RateLimiter, agent_for
 from bridge.agents.contract import Checked, Contract
-from bridge.agents.errors import AgentError, BadRequest, LintFailed, Unprocessable
+from bridge.agents.errors import AgentError, BadRequest, LintFailed
 from bridge.agents.sets import AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
-from bridge.answers.arrival import UNTIL_ALL
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
 from bridge.service.config import Config
 
@@ -128,8 +127,6 @@ class AgentApi:
         until = query.get("wait")
         if until is None:  # a plain read (timeout, question and after only mean something with wait)
             return web.json_response(self.sets.read(agent, set_id, include_all=include_all))
-        if until == UNTIL_ALL and "question" in query:
-            raise Unprocessable("query.question: wait=all waits for every open question; leave out question")
         view, done = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
                                         timeout=query.get("timeout", DEFAULT_TIMEOUT), include_all=include_all,
                                         after=query.get("after"))

@@ -50,7 +50,8 @@ async def wait_answers(sets: AgentSets, agent: str, set_id: str, *, until: str =
     if until not in (UNTIL_ANSWERED, UNTIL_ALL):
         raise BadRequest(f"until: must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
     if question is not None and until == UNTIL_ALL:
-        raise BadRequest("question: until all waits for every open question; leave out the question")
+        # Well formed, but not a wait there is: 422, over both doors.
+        raise Unprocessable("question: until all waits for every open question; leave out the question")
     timeout = check_timeout(timeout)
     since = None
     if after is not None:
