@@ -129,7 +129,7 @@ class AgentApi:
             return web.json_response(self.sets.read(agent, set_id, include_all=include_all))
         view, done = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
                                         timeout=query.get("timeout", DEFAULT_TIMEOUT), include_all=include_all,
-                                        after=query.get("after"))
+                                        after=query.get("after"), gone=lambda: _left(request))
         return web.json_response(view, headers={"Askwright-Wait": "arrived" if done else "timeout"})
 
     async def close(self, request: web.Request, agent: str) -> web.Response:
@@ -161,6 +161,11 @@ async def _body(request: web.Request, limit: int) -> bytes:
             raise Refusal(413, "too_large", f"the body is larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _left(request: web.Request) -> bool:
+    """Whether the client of a long poll has gone (its connection closed)."""
+    return request.transport is None or request.transport.is_closing()
 
 
 def _envelope(value: Any, raw: bytes) -> tuple[bytes | dict[str, Any], list[str] | None]:

@@ -45,8 +45,10 @@ def check_timeout(timeout: Any) -> float:
 
 async def wait_answers(sets: AgentSets, agent: str, set_id: str, *, until: str = UNTIL_ANSWERED,
                        question: str | None = None, timeout: float = DEFAULT_TIMEOUT, include_all: bool = False,
-                       after: str | None = None, progress: Progress | None = None) -> tuple[dict[str, Any], bool]:
-    """(what ``read`` shows, whether the answers arrived)."""
+                       after: str | None = None, progress: Progress | None = None,
+                       gone: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bool]:
+    """(what ``read`` shows, whether the answers arrived).  ``gone``: whether
+    the waiter has left; the wait then ends and gives its place back."""
     if until not in (UNTIL_ANSWERED, UNTIL_ALL):
         raise BadRequest(f"until: must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
     if question is not None and until == UNTIL_ALL:
@@ -68,24 +70,24 @@ async def wait_answers(sets: AgentSets, agent: str, set_id: str, *, until: str =
         done = arrived(view, question, until, since)
         await _report(progress, view)
         if not done and timeout > 0 and not sets.stopping():
-            with sets.waits.hold(agent):
+            with sets.waits.hold(agent, changed, gone):
                 if timeout >= HELD_AT_LEAST and sets.waits.give_back is not None:
                     sets.waits.give_back(agent)
                 view, done = await _follow(sets, agent, set_id, changed, view, question, until, since,
-                                           deadline, progress)
+                                           deadline, progress, gone)
     return as_read(view, include_all), done
 
 
 async def _follow(sets: AgentSets, agent: str, set_id: str, changed: asyncio.Event, view: dict[str, Any],
                   question: str | None, until: str, since: Any, deadline: float,
-                  progress: Progress | None) -> tuple[dict[str, Any], bool]:
+                  progress: Progress | None, gone: Callable[[], bool] | None) -> tuple[dict[str, Any], bool]:
     last = progress_of(view)
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
             while True:
                 await changed.wait()
                 changed.clear()
-                if sets.stopping():
+                if sets.stopping() or (gone is not None and gone()):
                     break
                 try:
                     view = sets.read_all(agent, set_id)

@@ -162,6 +162,29 @@ async def test_malformed_requests_are_refused_by_the_document_naming_the_field_a
         async with http.get(f"{base}/v1/sets/no-such-set/answers") as response:
             assert response.status == 404
 
+    # Waits whose clients left give their places back: with max_waits 2, two
+    # abandoned long polls do not keep a third out for long.
+    leaving = aiohttp.ClientSession(headers=auth("planner"))
+    gone = [asyncio.ensure_future(leaving.get(f"{base}/v1/sets/{set_id}/answers",
+                                              params={"wait": "answered", "timeout": "300"})) for _ in range(2)]
+    await asyncio.sleep(1)
+    async with aiohttp.ClientSession(headers=auth("planner")) as http:
+        async with http.get(f"{base}/v1/sets/{set_id}/answers", params={"wait": "answered", "timeout": "1"}) as r:
+            assert r.status == 429  # both places are taken
+        for task in gone:
+            task.cancel()
+        await asyncio.gather(*gone, return_exceptions=True)
+        await leaving.close()
+        deadline = time.monotonic() + 20
+        while True:
+            async with http.get(f"{base}/v1/sets/{set_id}/answers",
+                                params={"wait": "answered", "timeout": "1"}) as r:
+                if r.status == 200:
+                    assert r.headers["Askwright-Wait"] == "timeout"
+                    break
+                assert r.status == 429 and time.monotonic() < deadline, "abandoned waits kept their places"
+            await asyncio.sleep(0.5)
+
     # MCP: the same timeout rule (refused over 300, not capped), the same id rule, reason null refused.
     mcp_http = httpx2.AsyncClient(headers=auth("planner"), timeout=30)
     async with Client(streamable_http_client(base + "/mcp", http_client=mcp_http)) as client:
