@@ -98,6 +98,9 @@ async def _standby_listener(config: Config) -> web.AppRunner | None:
                                  status=503)
 
     app.router.add_route("*", "/{tail:.*}", not_leading)
+    from bridge.service.operators.health import quiet_client_faults
+
+    quiet_client_faults()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     for attempt in range(50):  # the port may still be held by the bridge this instance just stopped
