@@ -268,6 +268,16 @@ def test_no_notice_names_an_option_by_its_id(index):
     assert _leaks(q, content["body"]) == [], content["body"]
 
 
+@pytest.mark.parametrize("typed", ["3, 1, 9", "9"])
+def test_a_rank_refusal_names_the_numbers_a_rank_answer_may_use(typed):
+    # The built-ins have numbers after the set's options, but a rank answer orders only the set's own.
+    order = QUESTIONS["order"]
+    refused = normalize({"type": "m.room.message", "event_id": "$r", "room_id": ROOM, "sender": ALICE,
+                         "content": {"msgtype": "m.text", "body": typed,
+                                     "m.relates_to": {"m.in_reply_to": {"event_id": order.event_id}}}}, _Lookup())
+    assert refused.message.startswith("There is no option 9 in \u201cFix order\u201d; the options are 1\u20133. Reply with all 3 numbers")
+
+
 def test_the_examples_of_the_issue_read_in_the_persons_terms():
     order, platforms, takes = QUESTIONS["order"], QUESTIONS["platforms"], QUESTIONS["takes"]
     missing = verdict(order, content_for(order, text="opt_leak"))
