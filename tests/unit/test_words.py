@@ -326,6 +326,19 @@ def test_a_withdrawal_says_what_stands_now():
     assert gone["body"] == "Your reaction to “Risk” is withdrawn; no answer is recorded now."
 
 
+def test_a_score_that_replaces_an_earlier_one_says_so_with_a_real_list():
+    from bridge.protocol.study import score_html
+
+    result = Score(2, 3, {"Storage": (1, 2), "Networking": (1, 1)}, (0, 0), 0)
+    quiz = SimpleNamespace(title="Quiz")
+    first, again = score_text(quiz, result), score_text(quiz, result, replaces=True)
+    assert first.startswith("Score for \u201cQuiz\u201d: 2 of 3.\n- Storage: 1 of 2\n") and "replaces" not in first
+    assert again.startswith("Score for \u201cQuiz\u201d: 2 of 3. This replaces the earlier score")
+    html = score_html(quiz, result, replaces=True)
+    assert "<ul><li>Storage: 1 of 2</li><li>Networking: 1 of 1</li></ul>" in html and "- " not in html
+    assert "This replaces the earlier score" in html
+
+
 def test_the_study_score_reads_plainly():
     text = score_text(SimpleNamespace(title="Quiz"), Score(1, 2, {}, (1, 1), 0))
     assert "Bonus questions: 1 of 1" in text and "apart" not in text
