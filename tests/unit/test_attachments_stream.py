@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,17 @@ def test_a_hundred_megabytes_never_sit_in_memory(set_dir: Path) -> None:
     assert saved.stat().st_size == 100 * MIB
     assert hashlib.sha256(saved.read_bytes()).digest() == hashlib.sha256(block * 100).digest()
     assert peak < 8 * MIB, f"{peak / MIB:.1f} MiB held while streaming 100 MiB"
+
+
+def test_a_part_file_a_crash_left_is_swept_once_no_try_can_still_be_writing_it(set_dir: Path) -> None:
+    folder = set_dir / "attachments"
+    folder.mkdir()
+    abandoned, recent, kept = folder / ".q9-1.png.part", folder / ".q8-1.png.part", folder / "q7-1.png"
+    for path in (abandoned, recent, kept):
+        path.write_bytes(b"half")
+    long_ago = time.time() - 3600
+    os.utime(abandoned, (long_ago, long_ago))
+    os.utime(kept, (long_ago, long_ago))
+    data = os.urandom(1000)
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, Repository(data)) == ("attachments/q-1.png", None)
+    assert sorted(p.name for p in folder.iterdir()) == [".q8-1.png.part", "q-1.png", "q7-1.png"]

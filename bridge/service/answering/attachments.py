@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any, AsyncContextManager, Callable, TypeVar
 
@@ -181,7 +182,9 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
     try:
         async with download(url, TRY_SECONDS) as media:
             body.expect(media.length)
-            await _save(attachments_folder_or_refuse(set_dir) / name, media.chunks, body)
+            folder = attachments_folder_or_refuse(set_dir)
+            await _on_disk(sweep_abandoned, folder, TRIES * (try_seconds(limit) + RETRY_PAUSE * TRIES))
+            await _save(folder / name, media.chunks, body)
     except BodyTooLarge:
         return None, "attachment_too_large"
     except BodyUndecryptable:
@@ -259,6 +262,19 @@ def attachments_folder_or_refuse(set_dir: str) -> Path:
         return attachments_folder(set_dir)
     except OSError as exc:
         raise NotSaved(str(exc)) from exc
+
+
+def sweep_abandoned(folder: Path, older_than: float) -> None:
+    """Part files no download can still be writing (every try is bounded in
+    time): what a crash in the middle of one left, when its file was never
+    tried again (its question closed meanwhile)."""
+    cutoff = time.time() - older_than
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") and entry.name.endswith(".part") and entry.is_file(follow_symlinks=False) \
+                    and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
 
 class PartFile:
