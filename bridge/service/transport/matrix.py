@@ -228,8 +228,8 @@ class NioTransport:
     @contextlib.asynccontextmanager
     async def download(self, mxc: str, stall_seconds: float = 20.0) -> AsyncIterator[MediaBody]:
         """The body behind ``mxc``, to be read in chunks (never whole: a file
-        may be hundreds of megabytes).  A read that waits ``stall_seconds``
-        for a byte fails, as a cut connection does (aiohttp's payload error).
+        may be hundreds of megabytes).  Waiting ``stall_seconds`` for a byte
+        fails the read (a timeout), as a cut connection does (a payload error).
 
         The authenticated media API first (Synapse serves new media only
         there); the legacy one for homeservers that predate it.
