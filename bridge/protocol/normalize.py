@@ -104,6 +104,7 @@ class Annotation:
     timecodes: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     problem: str | None = None  # a file that could not be kept: its reason code
     replaces: str | None = None
+    filename: str | None = None  # the file's name as sent, for the word back about it
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,8 @@ def _attachment(event: dict[str, Any], content: dict[str, Any], question: Record
                       via="attachment", note=(note.text or None) if note else None,
                       attachments=(path,) if path else (),
                       timecodes=tuple(tc.as_record() for tc in note.timecodes) if note else (),
-                      problem=None if path else (problem or "attachment_not_saved"))
+                      problem=None if path else (problem or "attachment_not_saved"),
+                      filename=filename if isinstance(filename, str) else body if isinstance(body, str) else None)
 
 
 def _addressed_question(content: dict[str, Any], lookup: Lookup,

@@ -132,6 +132,14 @@ class Metrics(Section):
         return _host_port(self.listen)
 
 
+class Attachments(Section):
+    """Files people send into a question's thread (``<set>/attachments/``):
+    ``max_bytes`` is the largest one kept."""
+
+    minimum = {"max_bytes": 1}
+    max_bytes: int = 20 * 1024 * 1024
+
+
 class Reminders(Section):
     """A nudge in the thread of a question posted ``after`` ago and still
     unanswered, repeated at most once every ``every``."""
@@ -239,6 +247,7 @@ class Config(Section):
     appservice: Appservice = field(default_factory=Appservice)
     metrics: Metrics = field(default_factory=Metrics)
     reminders: Reminders = field(default_factory=Reminders)
+    attachments: Attachments = field(default_factory=Attachments)
     encryption: Encryption = field(default_factory=Encryption)
     agents: dict[str, Agent] = field(default_factory=dict)
     agent_api: AgentApi = field(default_factory=AgentApi)

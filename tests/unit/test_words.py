@@ -29,7 +29,7 @@ from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.questionset.builtin import BUILTIN_IDS
 from bridge.questionset.model import QuestionSet
 from bridge.service.encryption import crypto
-from bridge.service.answering import pipeline
+from bridge.protocol.file_problems import file_problem
 from helpers.sets import SUBJECT, all_kinds_set
 
 ROOM = "!room:hs"
@@ -148,7 +148,10 @@ def _gesture_refusals() -> list[tuple[RecordedQuestion | None, str, str]]:
              ("unstorable", "the answer holds a number that is not finite, which can't be recorded."),
              ("unplaced_reply", UNPLACED_MESSAGE),
              ("undecryptable", crypto.UNDECRYPTABLE_MESSAGE), ("device_not_verified", crypto.UNVERIFIED_MESSAGE)]
-    shell += list(pipeline._FILE_PROBLEMS.items())
+    shell += [(reason, file_problem(reason, name, 12 * 1024 * 1024))
+              for reason in ("attachment_too_large", "too_many_attachments", "attachment_encrypted",
+                             "attachment_not_fetched", "attachment_download_failed", "attachment_not_saved")
+              for name in ("release-screenshot.png", None)]
     out += [(None, reason, message) for reason, message in shell]
     return out
 
