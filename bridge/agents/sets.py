@@ -89,7 +89,8 @@ class AgentSets:
         if raw.get("id") != set_id:
             raise LintFailed("the set's id must be the id in the address", findings=[
                 {"where": "id", "message": f"must be {set_id!r}, the set id in the address"}])
-        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None, posted_revs=self._revs(set_dir))
+        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None, posted_revs=self._revs(set_dir),
+                      confined=True)
         if not result.ok:
             raise LintFailed("the set fails lint", findings=_dicts(result.errors), warnings=_dicts(result.warnings))
         data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
@@ -154,7 +155,7 @@ class AgentSets:
         except (OSError, LoadError) as exc:
             raise NotFound(f"the set can't be read: {getattr(exc, 'message', exc)}") from None
         new, done = close_questions(raw, qids, status, reason)
-        result = lint(new, LocalFilesystem(os.path.abspath(set_dir)), probe=None)
+        result = lint(new, LocalFilesystem(os.path.abspath(set_dir)), probe=None, confined=True)
         blocking = [f for f in result.errors if blocks_close(f.where, f.message)]
         if blocking:
             raise LintFailed("the set would fail lint", findings=_dicts(blocking))
