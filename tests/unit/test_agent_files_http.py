@@ -201,3 +201,28 @@ async def test_upload_media_over_mcp_takes_base64_and_refuses_what_http_refuses(
     asked = await tools.call("planner", "ask", {"set": compare_set("intro")})
     assert asked["created"] is True
     assert json.loads((root / "intro" / "questions.json").read_text())["questions"][0]["media"][0]["src"] == "take-2.mp4"
+
+
+async def test_a_files_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    from bridge.agents import attachment_files
+
+    hashed: list[str] = []
+    real = attachment_files._hash_file
+
+    def counting(path):
+        hashed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(attachment_files, "_hash_file", counting)
+    digests = attachment_files.Digests()
+    shot = tmp_path / "takes-1.png"
+    shot.write_bytes(os.urandom(3 * 1024 * 1024))
+    first = await digests.describe(shot)
+    for _ in range(5):  # an agent reading again and again, as a wait loop does
+        assert await digests.describe(shot) == first
+    assert len(hashed) == 1
+    shot.write_bytes(b"another file")
+    os.utime(shot, ns=(1, 1))
+    again = await digests.describe(shot)
+    assert again == attachment_files.Described(12, hashlib.sha256(b"another file").hexdigest())
+    assert len(hashed) == 2
