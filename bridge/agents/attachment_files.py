@@ -28,8 +28,10 @@ from bridge.agents.errors import BadRequest, NotFound
 from bridge.questionset.media import mimetype
 
 ATTACHMENTS = "attachments"
-# The names the bridge gives people's files (``<qid>-<n>.<ext>``), and no other.
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}$")
+# The names the bridge gives people's files (``<qid>-<n>.<ext>``): no /,
+# never two dots in a row.  The OpenAPI document's pattern is NAME's.
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*$")
+NAME_MAX = 200
 HASH_CHUNK = 1024 * 1024
 
 Link = Callable[[str], str]
@@ -37,8 +39,8 @@ Link = Callable[[str], str]
 
 def check_name(name: str, where: str = "name") -> str:
     """``name`` when it can only be a file directly in ``attachments/``; BadRequest naming ``where`` otherwise."""
-    if not isinstance(name, str) or not NAME.match(name) or ".." in name:
-        message = "a file name: letters, digits, _, . and -, no / and no .."
+    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.match(name):
+        message = f"a file name of at most {NAME_MAX} characters: letters, digits, _, - and single dots, no /"
         raise BadRequest(f"{where}: {message}", findings=[{"where": where, "message": message}])
     return name
 
@@ -135,7 +137,7 @@ async def with_file_objects(view: dict[str, Any], set_dir: Path, link: Link, dig
 
 async def _file_object(path: str, folder: str, set_dir: Path, link: Link, digests: Digests) -> dict[str, Any]:
     name = os.path.basename(path)
-    if os.path.dirname(path) != folder or not NAME.match(name) or ".." in name:
+    if os.path.dirname(path) != folder or len(name) > NAME_MAX or not NAME.match(name):
         shown = os.path.relpath(path, os.path.abspath(set_dir))
         return {"name": shown, "type": mimetype(shown), "size": None, "sha256": None, "url": None}
     try:

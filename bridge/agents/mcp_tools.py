@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.agents.media_files import NAME_MAX as MEDIA_NAME_MAX
+from bridge.agents.media_files import NAME_PATTERN as MEDIA_NAME_PATTERN
+
 _SET_ID = {"type": "string", "description": "The set's id, as in its questions.json.",
            "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"}
 _FINDINGS = {"type": "array", "items": {"type": "object", "properties": {"where": {"type": "string"},
@@ -68,7 +71,7 @@ TOOLS: dict[str, dict[str, Any]] = {
         "input": {"type": "object", "required": ["set_id", "name", "data"], "additionalProperties": False,
                   "properties": {
                       "set_id": _SET_ID,
-                      "name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+                      "name": {"type": "string", "pattern": MEDIA_NAME_PATTERN, "maxLength": MEDIA_NAME_MAX,
                                "description": "The file's name in the set's folder, e.g. take-2.mp4; the set's src."},
                       "data": {"type": "string", "contentEncoding": "base64",
                                "description": "The file's bytes, base64."}}},

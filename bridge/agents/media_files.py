@@ -21,9 +21,14 @@ from typing import Any
 
 from bridge.agents.errors import AgentError, BadRequest
 from bridge.agents.owner import sync_dir
-from bridge.questionset.media import CAPTIONS_EXTENSION, extension, media_type, mimetype
+from bridge.questionset.media import UPLOAD_EXTENSIONS, mimetype
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# A plain name: no /, never two dots in a row; the OpenAPI document's
+# pattern for {name} is exactly NAME_PATTERN.
+PLAIN = r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*"
+NAME = re.compile(f"^{PLAIN}$")
+NAME_PATTERN = f"^{PLAIN}\\.(?:{'|'.join(UPLOAD_EXTENSIONS)})$"
+NAME_MAX = 128
 # Written to disk in pieces of about this size (each in a worker thread).
 WRITE_BATCH = 1024 * 1024
 
@@ -56,11 +61,13 @@ class Stored:
 def check_media_name(name: Any) -> str:
     """``name`` when it is a plain file name whose extension the format's media
     table knows (a video, sound or image, or a video's .vtt captions); BadRequest naming ``name``."""
-    if not isinstance(name, str) or not NAME.match(name) or ".." in name:
-        problem = "a plain file name: a letter or digit, then letters, digits, _, . or -; no / and no .."
-    elif media_type(name) is None and "." + extension(name) != CAPTIONS_EXTENSION:
-        problem = (f"the extension {('.' + extension(name)) if extension(name) else '(none)'} is not a media type "
-                   "the format knows: video .mp4 .m4v .webm .mov, audio .mp3 .m4a .wav .ogg .oga .opus .flac, "
+    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.match(name):
+        problem = (f"a plain file name of at most {NAME_MAX} characters: a letter or digit, then letters, digits, "
+                   "_, - and single dots; no /")
+    elif not re.match(NAME_PATTERN, name):
+        shown = "." + name.rsplit(".", 1)[-1] if "." in name else "(none)"
+        problem = (f"the extension {shown} is not a media type the format knows (in lower case): "
+                   "video .mp4 .m4v .webm .mov, audio .mp3 .m4a .wav .ogg .oga .opus .flac, "
                    "image .png .jpg .jpeg .gif .webp .svg .avif, or .vtt captions")
     else:
         return name

@@ -207,6 +207,12 @@ def test_the_openapi_document_is_shipped_and_names_every_route():
                                  "/v1/openapi.json"}
     media = doc["paths"]["/v1/sets/{id}/media/{name}"]["put"]
     assert list(media["requestBody"]["content"]) == ["application/octet-stream"]
+    # The names the document promises are exactly the names the code takes.
+    from bridge.agents import attachment_files, media_files
+
+    assert media["parameters"][1]["schema"]["pattern"] == media_files.NAME_PATTERN
+    attachment = doc["paths"]["/v1/sets/{id}/attachments/{name}"]["get"]
+    assert attachment["parameters"][1]["schema"]["pattern"] == attachment_files.NAME.pattern
     assert set(doc["paths"]["/v1/sets/{id}"]["put"]["responses"]) >= {"200", "201", "401", "404", "413", "422"}
 
 
