@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from nio import UploadResponse
 
 from helpers.agents import auth, one_question, start, structured, wait_listener
-from helpers.files import clip_mp4, noisy_png
+from helpers.samples import clip_mp4, noisy_png
 from helpers.harness import answer_content, unique
 
 pytestmark = pytest.mark.integration
