@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply
+from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply, valid_numbers
 from bridge.questionset.builtin import BUILTIN_IDS
 
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
@@ -394,7 +394,7 @@ def _cant_read(what: str, question: RecordedQuestion) -> str:
     missing = numbers_out_of_range(what, question)
     if missing:
         named = " or ".join(str(n) for n in missing)
-        return (f"There is no option {named} in \u201c{title}\u201d; the options are 1\u2013{len(question.options)}. "
+        return (f"There is no option {named} in \u201c{title}\u201d; the options are 1\u2013{valid_numbers(question)}. "
                 f"{help_text(question)}")
     return f"I couldn't read \u201c{shown}\u201d as an answer to \u201c{title}\u201d. {help_text(question)}"
 

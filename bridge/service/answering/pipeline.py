@@ -546,6 +546,11 @@ class Pipeline:
         sender = self.store.standing_before(entry.set_dir, entry.qid, entry.event_id)
         return None if sender is None else OWN if sender == entry.sender else OTHER
 
+    def _picked(self, entry: LogEntry) -> bool:
+        """Whether an answer stands for ``entry``'s question (a note adds to it)."""
+        return entry.set_dir is not None and entry.qid is not None and self.store.has_standing_pick(
+            entry.set_dir, entry.qid)
+
     def notice_for(self, entry: LogEntry, replaced: int = 0) -> dict[str, Any]:
         """The word back on ``entry``; ``replaced``: how many earlier answers
         of the same person to the same question it also stands for."""
@@ -563,7 +568,8 @@ class Pipeline:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
                                        qid=question.qid or "", q_rev=question.rev or 1,
-                                       record_rev=self._record_rev(entry))
+                                       record_rev=self._record_rev(entry),
+                                       picked=self._picked(entry))
             if entry.message:  # the file that came with the note could not be kept
                 content = with_remark(content, entry.message)
         else:
