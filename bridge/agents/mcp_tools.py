@@ -11,7 +11,8 @@ _SET_ID = {"type": "string", "description": "The set's id, as in its questions.j
            "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"}
 _FINDINGS = {"type": "array", "items": {"type": "object", "properties": {"where": {"type": "string"},
                                                                          "message": {"type": "string"}}}}
-_READ_VIEW = {"type": "object", "description": "Exactly what `askwright-bridge read` prints.",
+_READ_VIEW = {"type": "object", "description": "What `askwright-bridge read` prints, but each answer's attachments are "
+                                             "objects {name, type, size, sha256, url}: url is the file's resource URI.",
               "required": ["ok", "set", "rev", "count", "notice", "answers"],
               "properties": {"ok": {"type": "boolean"}, "set": {"type": ["string", "null"]}, "rev": {"type": "integer"},
                              "count": {"type": "integer"}, "notice": {"type": "string"},
