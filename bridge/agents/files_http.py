@@ -28,7 +28,7 @@ class FileRoutes:
         self.media_max = media_max
         self.digests = digests or Digests()
 
-    async def view(self, set_id: str, view: dict, agent: str) -> dict:
+    async def view(self, agent: str, set_id: str, view: dict) -> dict:
         """A read view as the HTTP API gives it: each attachment an object with its url."""
         return await with_file_objects(view, self.sets.set_dir(agent, set_id),
                                        lambda name: attachment_url(set_id, name), self.digests)

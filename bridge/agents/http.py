@@ -105,13 +105,13 @@ class AgentApi:
         until = query.get("wait")
         if until is None:  # a plain read (timeout and question only mean something with wait)
             view = self.sets.read(agent, set_id, include_all=include_all)
-            return web.json_response(await self.files.view(set_id, view, agent))
+            return web.json_response(await self.files.view(agent, set_id, view))
         if until not in (UNTIL_ANSWERED, UNTIL_ALL):
             raise BadRequest(f"wait must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
         timeout = _seconds(query.get("timeout", "60"))
         view, done = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
                                         timeout=timeout, include_all=include_all)
-        return web.json_response(await self.files.view(set_id, view, agent),
+        return web.json_response(await self.files.view(agent, set_id, view),
                                  headers={"Askwright-Wait": "arrived" if done else "timeout"})
 
     async def close(self, request: web.Request, agent: str) -> web.Response:

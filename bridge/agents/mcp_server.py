@@ -24,6 +24,7 @@ from mcp.shared.exceptions import MCPError
 from bridge import __version__
 from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
 from bridge.agents.mcp_files import ATTACHMENT_TEMPLATE, McpFiles, attachment_of_uri
+from bridge.agents.media_files import DEFAULT_MEDIA_MAX
 from bridge.agents.mcp_tools import ANSWERS_TEMPLATE, TOOLS, answers_uri, set_of_uri
 from bridge.agents.sets import AgentSets
 from bridge.agents.waiting import wait_answers
@@ -67,7 +68,7 @@ class Subscribers:
 
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
-                 subscribers: Subscribers, media_max: int = 100 * 1024 * 1024) -> Server[Any]:
+                 subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX) -> Server[Any]:
     files = McpFiles(sets, media_max)
     tools = Tools(sets, agents, files)
 
@@ -163,7 +164,7 @@ class Tools:
     def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None):
         self.sets = sets
         self.agents = agents
-        self.files = files or McpFiles(sets, 100 * 1024 * 1024)
+        self.files = files or McpFiles(sets, DEFAULT_MEDIA_MAX)
 
     async def call(self, agent: str, name: str, arguments: dict[str, Any],
                    ctx: ServerRequestContext[Any, Any] | None = None) -> dict[str, Any]:

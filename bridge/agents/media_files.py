@@ -29,6 +29,8 @@ PLAIN = r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*"
 NAME = re.compile(f"^{PLAIN}$")
 NAME_PATTERN = f"^{PLAIN}\\.(?:{'|'.join(UPLOAD_EXTENSIONS)})$"
 NAME_MAX = 128
+# agent_api.media_max's default (the config's own), for callers built without a config.
+DEFAULT_MEDIA_MAX = 100 * 1024 * 1024
 # Written to disk in pieces of about this size (each in a worker thread).
 WRITE_BATCH = 1024 * 1024
 

@@ -226,3 +226,12 @@ async def test_a_files_hash_is_remembered_until_the_file_changes(tmp_path, monke
     again = await digests.describe(shot)
     assert again == attachment_files.Described(12, hashlib.sha256(b"another file").hexdigest())
     assert len(hashed) == 2
+
+
+def test_media_max_is_100_mb_unless_configured(tmp_path):
+    from bridge.agents.media_files import DEFAULT_MEDIA_MAX
+    from bridge.service.config import ConfigError
+
+    assert parse_config(GOOD, base_dir=tmp_path, environ={}).agent_api.media_max == DEFAULT_MEDIA_MAX == 100 * 1024 * 1024
+    with pytest.raises(ConfigError, match="agent_api.media_max"):
+        parse_config({**GOOD, "agent_api": {"media_max": 0}}, base_dir=tmp_path, environ={})
