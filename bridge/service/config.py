@@ -214,9 +214,11 @@ class Agent(Section):
 class AgentApi(Section):
     """Limits of the agents' HTTP API and MCP endpoint, and of webhook delivery."""
 
-    minimum = {"rate_per_minute": 1}
+    minimum = {"rate_per_minute": 1, "media_max": 1}
     # Requests per minute per agent (a bucket that holds a minute's worth).
     rate_per_minute: int = 120
+    # The largest media file an agent may upload for its set, in bytes.
+    media_max: int = 100 * 1024 * 1024
     # A webhook not taken after this long is dropped, with a log line and a metric.
     webhook_drop_after: Duration = Duration("24h")
     webhook_timeout: Duration = Duration("10s")
