@@ -11,7 +11,7 @@ false`` and all); a body of a media type the operation lists that is not
 JSON (application/octet-stream) is left to the handler, unread.
 
 Each refusal is a ``BadRequest`` naming the field (``body.questions``,
-``query.timeout``, ``path.id``): one finding, in the shape of lint's."""
+``query.timeout``, or a part of the address by its name: ``id``): one finding, in the shape of lint's."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ class Contract:
         got_path: dict[str, Any] = {}
         for name, text in path.items():
             param = op.parameters.get(("path", name))
-            got_path[name] = self._value(param, text, f"path.{name}") if param else text
+            got_path[name] = self._value(param, text, name) if param else text  # an address part: its bare name
         got_query: dict[str, Any] = {}
         for name in query:
             if ("query", name) not in op.parameters:

@@ -19,6 +19,7 @@ from watchfiles import awatch
 from bridge.agents.asgi import serve_asgi
 from bridge.agents.changes import Changes
 from bridge.agents.http import AgentApi
+from bridge.agents.mcp_files import MCP_MEDIA_MAX, base64_size
 from bridge.agents.mcp_server import Subscribers, build_server
 from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
@@ -49,7 +50,8 @@ class AgentsFront:
         self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
         self.api = AgentApi(config, self.sets)
         self.subscribers = Subscribers()
-        self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers)
+        self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
+                                   media_max=config.agent_api.media_max)
         self.manager: StreamableHTTPSessionManager | None = None
         self.deliverer = Deliverer(store, config.agents, metrics, drop_after=config.agent_api.drop_after_seconds,
                                    timeout=config.agent_api.timeout_seconds)
@@ -82,7 +84,9 @@ class AgentsFront:
         self.tasks.append(asyncio.ensure_future(_close_on(stop, self.sets.changes)))
         if poster is not None:
             self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
-        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
+        # Room for a questions.json, or for a file upload_media takes (base64).
+        body_max = max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX)))
+        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=body_max + 65536)
         self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
         self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop,
                                                               self.sets.changes)))

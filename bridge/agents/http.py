@@ -21,6 +21,7 @@ from aiohttp import web
 from bridge.agents.auth import RateLimiter, agent_for
 from bridge.agents.contract import Checked, Contract
 from bridge.agents.errors import AgentError, BadRequest, LintFailed
+from bridge.agents.files_http import FileRoutes
 from bridge.agents.sets import AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
@@ -31,10 +32,11 @@ log = logging.getLogger(__name__)
 OPENAPI = Path(__file__).with_name("openapi.json")
 # A close request is a few ids and a reason.
 MAX_SMALL_BODY = 64 * 1024
-# Where a guarded handler finds what the contract read of its request.
-CHECKED = "askwright.checked"
+# Where a guarded handler finds what the contract read of its request (a
+# typed key where aiohttp has them).
+CHECKED: Any = web.RequestKey("askwright.checked", Checked) if hasattr(web, "RequestKey") else "askwright.checked"
 
-Handler = Callable[[web.Request, str], Awaitable[web.Response]]
+Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
 
 class AgentApi:
@@ -47,6 +49,7 @@ class AgentApi:
         self.sets.waits.per_agent = config.agent_api.max_waits
         self.sets.waits.total = config.agent_api.max_waits_total
         self.sets.waits.give_back = self.limiter.give_back
+        self.files = FileRoutes(self.sets, config.agent_api.media_max)
 
     def authenticate(self, request: web.Request) -> str:
         """The agent of the request; a Refusal (401 or 429) otherwise."""
@@ -73,13 +76,15 @@ class AgentApi:
         routes.put("/v1/sets/{id}")(self._guarded(self.put_set, MAX_QUESTIONS_BYTES))
         routes.get("/v1/sets/{id}/answers")(self._guarded(self.answers))
         routes.post("/v1/sets/{id}/close")(self._guarded(self.close))
+        routes.get("/v1/sets/{id}/attachments/{name}")(self._guarded(self.files.attachment))
+        routes.put("/v1/sets/{id}/media/{name}")(self._guarded(self.files.put_media))
         return routes
 
-    def _guarded(self, handler: Handler, body_limit: int = MAX_SMALL_BODY) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def _guarded(self, handler: Handler, body_limit: int = MAX_SMALL_BODY) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """``handler`` behind the token, the rate limit and the contract: it
         runs only for a request its operation in openapi.json allows, and
         finds what the contract read in ``request[CHECKED]``."""
-        async def guarded(request: web.Request) -> web.Response:
+        async def guarded(request: web.Request) -> web.StreamResponse:
             try:
                 agent = self.authenticate(request)
                 request[CHECKED] = await self.check(request, body_limit)
@@ -126,11 +131,13 @@ class AgentApi:
         include_all = query.get("all") == "1"
         until = query.get("wait")
         if until is None:  # a plain read (timeout, question and after only mean something with wait)
-            return web.json_response(self.sets.read(agent, set_id, include_all=include_all))
+            view = self.sets.read(agent, set_id, include_all=include_all)
+            return web.json_response(await self.files.view(agent, set_id, view))
         view, done = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
                                         timeout=query.get("timeout", DEFAULT_TIMEOUT), include_all=include_all,
                                         after=query.get("after"), gone=lambda: _left(request))
-        return web.json_response(view, headers={"Askwright-Wait": "arrived" if done else "timeout"})
+        return web.json_response(await self.files.view(agent, set_id, view),
+                                 headers={"Askwright-Wait": "arrived" if done else "timeout"})
 
     async def close(self, request: web.Request, agent: str) -> web.Response:
         checked: Checked = request[CHECKED]

@@ -23,6 +23,8 @@ from mcp.shared.exceptions import MCPError
 
 from bridge import __version__
 from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
+from bridge.agents.mcp_files import ATTACHMENT_TEMPLATE, McpFiles, attachment_of_uri
+from bridge.agents.media_files import DEFAULT_MEDIA_MAX
 from bridge.agents.mcp_tools import ANSWERS_TEMPLATE, TOOLS, answers_uri, set_of_uri
 from bridge.agents.sets import SET_ID, SET_ID_RULE, AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
@@ -66,8 +68,9 @@ class Subscribers:
 
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
-                 subscribers: Subscribers) -> Server[Any]:
-    tools = Tools(sets, agents)
+                 subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX) -> Server[Any]:
+    files = McpFiles(sets, media_max)
+    tools = Tools(sets, agents, files)
 
     def who(ctx: ServerRequestContext[Any, Any]) -> str:
         agent = agent_of(ctx)
@@ -94,20 +97,28 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
 
     async def list_resources(ctx: ServerRequestContext[Any, Any], _params: Any) -> types.ListResourcesResult:
         agent = who(ctx)
+        own = [s["set"] for s in sets.list_sets(agent)]
         return types.ListResourcesResult(resources=[
-            types.Resource(uri=answers_uri(s["set"]), name=f"answers to {s['set']}", mime_type="application/json")
-            for s in sets.list_sets(agent)])
+            *(types.Resource(uri=answers_uri(s), name=f"answers to {s}", mime_type="application/json") for s in own),
+            *files.resources(agent, own)])
 
     async def list_templates(_ctx: ServerRequestContext[Any, Any], _params: Any) -> types.ListResourceTemplatesResult:
         return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
             uri_template=ANSWERS_TEMPLATE, name="answers", mime_type="application/json",
-            description="A set's answers, exactly as `askwright-bridge read --all` prints them.")])
+            description="A set's answers, as `askwright-bridge read --all` prints them (files as objects)."),
+            types.ResourceTemplate(uri_template=ATTACHMENT_TEMPLATE, name="attachment",
+                                   description="A file a person sent with an answer (a blob).")])
 
     async def read_resource(ctx: ServerRequestContext[Any, Any],
                             params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         agent = who(ctx)
+        if attachment_of_uri(str(params.uri)) is not None:
+            try:
+                return await files.read(agent, str(params.uri))
+            except AgentError as exc:
+                raise MCPError(code=RESOURCE_NOT_FOUND, message=exc.message) from None
         set_id = _own_set(sets, agent, str(params.uri))
-        view = sets.read(agent, set_id, include_all=True)
+        view = await files.view(agent, set_id, sets.read(agent, set_id, include_all=True))
         return types.ReadResourceResult(contents=[types.TextResourceContents(
             uri=str(params.uri), mime_type="application/json", text=json.dumps(view, ensure_ascii=False))])
 
@@ -150,9 +161,10 @@ def _tool_error(body: dict[str, Any]) -> types.CallToolResult:
 class Tools:
     """The tools as plain calls on the service layer."""
 
-    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent]):
+    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None):
         self.sets = sets
         self.agents = agents
+        self.files = files or McpFiles(sets, DEFAULT_MEDIA_MAX)
 
     async def call(self, agent: str, name: str, arguments: dict[str, Any],
                    ctx: ServerRequestContext[Any, Any] | None = None) -> dict[str, Any]:
@@ -177,7 +189,8 @@ class Tools:
                 raise LintFailed("the set's id is not a set id", findings=[{"where": "id", "message": SET_ID_RULE}])
             return self.sets.ask(agent, set_id, document, callbacks).as_dict()
         if name == "read":
-            return self.sets.read(agent, arguments["set_id"], include_all=bool(arguments.get("all")))
+            view = self.sets.read(agent, arguments["set_id"], include_all=bool(arguments.get("all")))
+            return await self.files.view(agent, arguments["set_id"], view)
         if name == "wait":
             async def progress(done: float, total: float, message: str) -> None:
                 if ctx is not None:
@@ -187,8 +200,10 @@ class Tools:
                 self.sets, agent, arguments["set_id"], until=arguments.get("until", "answered"),
                 question=arguments.get("question"), timeout=arguments.get("timeout", DEFAULT_TIMEOUT),
                 include_all=bool(arguments.get("all")), after=arguments.get("after"), progress=progress)
-            return {"arrived": arrived, "answers": view}
+            return {"arrived": arrived, "answers": await self.files.view(agent, arguments["set_id"], view)}
         if name == "close":
             return self.sets.close(agent, arguments["set_id"], arguments.get("questions"),
                                    arguments.get("status", "closed"), arguments.get("reason"))
+        if name == "upload_media":
+            return await self.files.upload(agent, arguments)
         return {"sets": self.sets.list_sets(agent)}

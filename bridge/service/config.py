@@ -132,6 +132,14 @@ class Metrics(Section):
         return _host_port(self.listen)
 
 
+class Attachments(Section):
+    """Files people send into a question's thread (``<set>/attachments/``):
+    ``max_bytes`` is the largest one kept."""
+
+    minimum = {"max_bytes": 1}
+    max_bytes: int = 20 * 1024 * 1024
+
+
 class Reminders(Section):
     """A nudge in the thread of a question posted ``after`` ago and still
     unanswered, repeated at most once every ``every``."""
@@ -206,7 +214,7 @@ class Agent(Section):
 class AgentApi(Section):
     """Limits of the agents' HTTP API and MCP endpoint, and of webhook delivery."""
 
-    minimum = {"rate_per_minute": 1, "max_waits": 1, "max_waits_total": 1}
+    minimum = {"rate_per_minute": 1, "max_waits": 1, "max_waits_total": 1, "media_max": 1}
     # Requests per minute per agent (a bucket that holds a minute's worth).
     # A wait that waits gives its request back: the caps below bound waits.
     rate_per_minute: int = 120
@@ -214,6 +222,8 @@ class AgentApi(Section):
     # and all agents together; over either, 429 with Retry-After.
     max_waits: int = 100
     max_waits_total: int = 1000
+    # The largest media file an agent may upload for its set, in bytes.
+    media_max: int = 100 * 1024 * 1024
     # A webhook not taken after this long is dropped, with a log line and a metric.
     webhook_drop_after: Duration = Duration("24h")
     webhook_timeout: Duration = Duration("10s")
@@ -244,6 +254,7 @@ class Config(Section):
     appservice: Appservice = field(default_factory=Appservice)
     metrics: Metrics = field(default_factory=Metrics)
     reminders: Reminders = field(default_factory=Reminders)
+    attachments: Attachments = field(default_factory=Attachments)
     encryption: Encryption = field(default_factory=Encryption)
     agents: dict[str, Agent] = field(default_factory=dict)
     agent_api: AgentApi = field(default_factory=AgentApi)

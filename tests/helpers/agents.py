@@ -10,6 +10,7 @@ import socket
 import time
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from bridge.agents.webhooks import verify
@@ -48,6 +49,35 @@ def one_question(set_id: str, qid: str = "branch") -> dict[str, Any]:
 
 def auth(agent: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[agent]}"}
+
+
+def start(bridge, **extra: Any) -> str:
+    """Start ``bridge`` with the two agents on a listener of its own; its base URL."""
+    port = free_port()
+    bridge.extra_config = agents_config(port, **extra)
+    bridge.start()
+    return f"http://127.0.0.1:{port}"
+
+
+async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            bridge.check_alive()
+            try:
+                async with http.get(base + "/v1/openapi.json") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError("the agents' listener did not come up")
+
+
+def structured(result: Any) -> dict[str, Any]:
+    """An MCP tool's structured result, after checking it is no error."""
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
 
 
 class Receiver:

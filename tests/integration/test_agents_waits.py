@@ -158,7 +158,7 @@ async def test_malformed_requests_are_refused_by_the_document_naming_the_field_a
                             ("POST", f"{base}/v1/sets/bad!id/close")):
             async with http.request(method, url, json=one_question("bad!id")) as response:
                 found = await response.json()
-                assert response.status == 400 and found["errors"][0]["where"] == "path.id", (method, found)
+                assert response.status == 400 and found["errors"][0]["where"] == "id", (method, found)
         async with http.get(f"{base}/v1/sets/no-such-set/answers") as response:
             assert response.status == 404
 

@@ -54,7 +54,7 @@ def test_the_contract_reads_any_document_and_names_the_field_at_fault():
     post = contract.operation("POST", "/v1/things/{id}")
     assert contract.check_parameters(post, {"id": "abc"}, MultiDict(n="3")) == ({"id": "abc"}, {"n": 3})
     bad_id = refused(lambda: contract.check_parameters(post, {"id": "A!"}, MultiDict()))
-    assert bad_id["where"] == "path.id" and "does not match" in bad_id["message"]
+    assert bad_id["where"] == "id" and "does not match" in bad_id["message"]
     assert refused(lambda: contract.check_parameters(post, {"id": "abc"}, MultiDict(n="6")))["where"] == "query.n"
     assert refused(lambda: contract.check_parameters(post, {"id": "abc"}, MultiDict(n="x")))["message"] == "must be integer"
     assert refused(lambda: contract.check_parameters(post, {"id": "abc"}, MultiDict(m="1"))) == \
