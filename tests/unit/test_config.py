@@ -93,6 +93,8 @@ def test_run_names_the_bad_key(tmp_path, capsys):
 @pytest.mark.parametrize("extra, where, words", [
     ({"metrics": {"enabled": "maybe"}}, "metrics.enabled", "true or false"),
     ({"agent_api": {"rate_per_minute": 0}}, "agent_api.rate_per_minute", "at least 1"),
+    ({"agent_api": {"max_waits": 0}}, "agent_api.max_waits", "at least 1"),
+    ({"agent_api": {"max_waits_total": "lots"}}, "agent_api.max_waits_total", "whole number"),
     ({"agent_api": {"rate_per_minute": "many"}}, "agent_api.rate_per_minute", "whole number"),
     ({"answerers": ["@a:b", 3]}, "answerers.1", "text"),
     ({"rooms": {"default": "!r", "sets": {"a": 5}}}, "rooms.sets.a", "text"),
