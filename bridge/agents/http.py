@@ -97,7 +97,9 @@ class AgentApi:
 
     async def check(self, request: web.Request, body_limit: int) -> Checked:
         """The request as its operation in the document reads it; BadRequest (400) or 413 otherwise."""
-        op = self.contract.operation(request.method, request.match_info.route.resource.canonical)
+        # HEAD is GET without the body (aiohttp serves it on every GET route).
+        method = "GET" if request.method == "HEAD" else request.method
+        op = self.contract.operation(method, request.match_info.route.resource.canonical)
         if op is None:  # a route the document does not describe: the bridge's own mistake
             log.error("%s %s is served but not in openapi.json", request.method, request.match_info.route.resource.canonical)
             raise Refusal(500, "internal_error", "this route is missing from the API's document")

@@ -161,6 +161,10 @@ async def test_malformed_requests_are_refused_by_the_document_naming_the_field_a
                 assert response.status == 400 and found["errors"][0]["where"] == "id", (method, found)
         async with http.get(f"{base}/v1/sets/no-such-set/answers") as response:
             assert response.status == 404
+        async with http.head(f"{base}/v1/sets/{set_id}/answers", params={"all": "1"}) as response:
+            assert response.status == 200  # HEAD is GET without the body
+        async with http.head(f"{base}/v1/sets/{set_id}/answers", params={"all": "yes"}) as response:
+            assert response.status == 400
 
     # Waits whose clients left give their places back: with max_waits 2, two
     # abandoned long polls do not keep a third out for long.
