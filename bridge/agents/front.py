@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from watchfiles import awatch
 
+from bridge.agents import origin
 from bridge.agents.asgi import serve_asgi
-from bridge.agents.http import AgentApi
+from bridge.agents.early_stream import start_early
+from bridge.agents.http import AgentApi, Refusal
 from bridge.agents.mcp_server import Subscribers, build_server
+from bridge.agents.mcp_sessions import LastingSessionManager, SessionIds
 from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
 from bridge.agents.webhooks import Deliverer
@@ -42,6 +44,16 @@ def agent_of_http(ctx: Any) -> str | None:
     return None
 
 
+# A refusal at /mcp's door; -32000..-32019 are the implementation's own codes.
+REFUSED = -32010
+
+
+def mcp_refusal(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON-RPC error (no request id yet) with the HTTP status: what MCP clients show their user."""
+    return web.json_response({"jsonrpc": "2.0", "id": None, "error": {"code": REFUSED, "message": message}},
+                             status=status, headers=headers)
+
+
 class AgentsFront:
     def __init__(self, config: Config, store: Store, metrics: Metrics):
         self.config = config
@@ -49,7 +61,9 @@ class AgentsFront:
         self.api = AgentApi(config, self.sets)
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers)
-        self.manager: StreamableHTTPSessionManager | None = None
+        self.manager: LastingSessionManager | None = None
+        listen = config.appservice.listen if config.appservice.enabled else config.metrics.listen
+        self.served_names = origin.served_names(config.agent_api.public_url, listen)
         self.deliverer = Deliverer(store, config.agents, metrics, drop_after=config.agent_api.drop_after_seconds,
                                    timeout=config.agent_api.timeout_seconds)
         self.outbox = OutboxHook(store, config.agents, on_queued=self.deliverer.wake.set)
@@ -64,18 +78,30 @@ class AgentsFront:
         return routes
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:
-        agent = self.api.agent_or_refusal(request)
-        if isinstance(agent, web.Response):
-            return agent
+        refused = origin.refusal(request.headers.get("Host"), request.headers.get("Origin"), self.served_names)
+        if refused is not None:
+            status, why = refused
+            log.warning("/mcp: %s", why)
+            return mcp_refusal(status, why)
+        try:
+            agent = self.api.authenticate(request)
+        except Refusal as exc:
+            # No WWW-Authenticate: Bearer here.  MCP clients take that as "log in
+            # with OAuth" and look for metadata this bridge does not serve; the
+            # token is configured, not obtained.
+            retry = exc.response.headers.get("Retry-After")
+            return mcp_refusal(exc.response.status, str(exc), {"Retry-After": retry} if retry else None)
         if self.manager is None or not self._ready.is_set():
-            return web.json_response({"ok": False, "error": "starting", "message": "not ready yet"}, status=503)
-        return await serve_asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
+            return mcp_refusal(503, "the bridge is starting; try again in a moment")
+        return await serve_asgi(self._mcp_app, request, {AGENT_SCOPE_KEY: agent})
 
     async def start(self, stop: asyncio.Event, poster: Any = None) -> None:
         self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
         if poster is not None:
             self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
-        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
+        self.manager = LastingSessionManager(self.server, SessionIds(self.config.agents), AGENT_SCOPE_KEY,
+                                             max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
+        self._mcp_app = start_early(self.manager.handle_request)
         self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
         self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop)))
         self.tasks.append(asyncio.ensure_future(self.deliverer.run(stop)))
