@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -48,10 +49,27 @@ def agent_of_http(ctx: Any) -> str | None:
 REFUSED = -32010
 
 
-def mcp_refusal(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    """A JSON-RPC error (no request id yet) with the HTTP status: what MCP clients show their user."""
-    return web.json_response({"jsonrpc": "2.0", "id": None, "error": {"code": REFUSED, "message": message}},
+# A refused request's id is looked for in a body up to this size.
+_ID_LOOKUP_BYTES = 64 * 1024
+
+
+def mcp_refusal(status: int, message: str, request_id: str | int | None,
+                headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON-RPC error answering the request, with the HTTP status: what MCP clients show their user."""
+    return web.json_response({"jsonrpc": "2.0", "id": request_id, "error": {"code": REFUSED, "message": message}},
                              status=status, headers=headers)
+
+
+async def _request_id(request: web.Request) -> str | int | None:
+    """The JSON-RPC id of a small POSTed request (None when there is none to find)."""
+    if request.method != "POST" or (request.content_length or 0) > _ID_LOOKUP_BYTES:
+        return None
+    try:
+        message = json.loads(await request.content.read(_ID_LOOKUP_BYTES + 1))
+    except (ValueError, UnicodeDecodeError, OSError, asyncio.TimeoutError):
+        return None
+    found = message.get("id") if isinstance(message, dict) else None
+    return found if isinstance(found, (str, int)) and not isinstance(found, bool) else None
 
 
 class AgentsFront:
@@ -82,7 +100,7 @@ class AgentsFront:
         if refused is not None:
             status, why = refused
             log.warning("/mcp: %s", why)
-            return mcp_refusal(status, why)
+            return mcp_refusal(status, why, await _request_id(request))
         try:
             agent = self.api.authenticate(request)
         except Refusal as exc:
@@ -90,9 +108,10 @@ class AgentsFront:
             # with OAuth" and look for metadata this bridge does not serve; the
             # token is configured, not obtained.
             retry = exc.response.headers.get("Retry-After")
-            return mcp_refusal(exc.response.status, str(exc), {"Retry-After": retry} if retry else None)
+            return mcp_refusal(exc.response.status, str(exc), await _request_id(request),
+                               {"Retry-After": retry} if retry else None)
         if self.manager is None or not self._ready.is_set():
-            return mcp_refusal(503, "the bridge is starting; try again in a moment")
+            return mcp_refusal(503, "the bridge is starting; try again in a moment", await _request_id(request))
         return await serve_asgi(self._mcp_app, request, {AGENT_SCOPE_KEY: agent})
 
     async def start(self, stop: asyncio.Event, poster: Any = None) -> None:

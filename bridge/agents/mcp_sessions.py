@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,7 @@ from bridge.service.config import Agent
 log = logging.getLogger(__name__)
 
 _MAC_CONTEXT = b"askwright-bridge mcp session\n"
+MAX_ENDED_REMEMBERED = 10_000
 
 
 class SessionIds:
@@ -86,6 +88,10 @@ class LastingSessionManager(StreamableHTTPSessionManager):
         super().__init__(app, **options)
         self.ids = ids
         self.agent_key = agent_key
+        # Sessions their clients ended (DELETE) stay ended: the latest ones, in
+        # this process.  (A restarted bridge would take one up again; a client
+        # that ended its session does not send its id again.)
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {name: value for name, value in scope["headers"]}
@@ -100,7 +106,7 @@ class LastingSessionManager(StreamableHTTPSessionManager):
             await self._serve_opening_request(transport, scope, receive, send)
             return
         session_id = raw_id.decode("latin-1")
-        if not self.ids.valid(session_id, agent):
+        if session_id in self._ended or not self.ids.valid(session_id, agent):
             await _error_response("Session not found", 404)(scope, receive, send)
             return
         transport = self._server_instances.get(session_id)
@@ -115,6 +121,9 @@ class LastingSessionManager(StreamableHTTPSessionManager):
                 return
         await transport.handle_request(scope, receive, send)
         if transport.is_terminated:
+            self._ended[session_id] = None
+            while len(self._ended) > MAX_ENDED_REMEMBERED:
+                self._ended.popitem(last=False)
             await self._discard_session(session_id, transport)
 
     def _has_room(self) -> bool:
