@@ -92,6 +92,22 @@ async def test_a_401_at_mcp_does_not_send_a_client_into_oauth(bridge):
     assert "a valid bearer token is needed" in repr(caught.value)
 
 
+async def test_a_handshake_era_session_serves_only_the_agent_it_was_opened_by(bridge):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(base + "/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **auth("planner")}) as response:
+            assert response.status == 200
+            session = response.headers["Mcp-Session-Id"]
+        for agent, status in (("other", 404), ("planner", 200)):
+            headers = {**MCP_HEADERS, **auth(agent), "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+            async with http.post(base + "/mcp", json=listing, headers=headers) as response:
+                assert response.status == status, agent
+                body = await response.text()
+        assert '"name":"ask"' in body.replace(" ", "")
+
+
 @pytest.mark.parametrize("mode", [LEGACY, MODERN])
 async def test_an_unknown_tool_is_a_protocol_error_not_a_tool_result(bridge, mode):
     base = start(bridge)
