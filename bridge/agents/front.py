@@ -47,8 +47,6 @@ def agent_of_http(ctx: Any) -> str | None:
 
 # A refusal at /mcp's door; -32000..-32019 are the implementation's own codes.
 REFUSED = -32010
-
-
 # A refused request's id is looked for in a body up to this size.
 _ID_LOOKUP_BYTES = 64 * 1024
 
