@@ -227,6 +227,19 @@ class AgentApi(Section):
     # A webhook not taken after this long is dropped, with a log line and a metric.
     webhook_drop_after: Duration = Duration("24h")
     webhook_timeout: Duration = Duration("10s")
+    # The address agents reach the bridge at (https://bridge.example.org): /mcp
+    # answers only requests whose Host and Origin name it (or the listener, or
+    # an IP address), so no other site's page can reach it by DNS rebinding.
+    public_url: str | None = None
+
+    def check(self) -> None:
+        if self.public_url is not None:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(self.public_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise Invalid("must be an http:// or https:// URL with a host, such as https://bridge.example.org",
+                              "public_url")
 
     @property
     def drop_after_seconds(self) -> float:

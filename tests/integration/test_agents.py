@@ -18,20 +18,12 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from helpers.agents import (SECRETS, Receiver, Silent, agents_config, auth, free_port, one_question, start, structured,
-                            wait_listener)
+from helpers.agents import (SECRETS, Receiver, Silent, agents_config, answer, auth, free_port, one_question,
+                            start, structured, wait_listener)
 from helpers.attack import AS_BOT
 from helpers.harness import ROOT, Bridge, Person, answer_content, store_rows, unique
 
 pytestmark = pytest.mark.integration
-
-
-async def answer(bridge, set_id: str, option: str = "stable") -> str:
-    """Alice answers the one question of ``set_id`` (the only set in the room)."""
-    found = await bridge.wait_questions(bridge.alice, 1)
-    (question,) = found.values()
-    assert question["content"]["set"]["id"] == set_id
-    return await bridge.alice.send(bridge.room_id, answer_content(question, option_id=option))
 
 
 @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
