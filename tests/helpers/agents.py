@@ -154,33 +154,6 @@ class Silent:
             self.server.close()
 
 
-async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            bridge.check_alive()
-            try:
-                async with http.get(base + "/v1/openapi.json") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError("the agents' listener did not come up")
-
-
-def start(bridge: Any, **extra: Any) -> str:
-    port = free_port()
-    bridge.extra_config = agents_config(port, **extra)
-    bridge.start()
-    return f"http://127.0.0.1:{port}"
-
-
-def structured(result: Any) -> dict[str, Any]:
-    assert not result.is_error, result.content[0].text
-    return result.structured_content
-
-
 async def answer(bridge, set_id: str, option: str = "stable") -> str:
     """Alice answers the one question of ``set_id`` (the only set in the room)."""
     found = await bridge.wait_questions(bridge.alice, 1)
