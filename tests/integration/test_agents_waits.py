@@ -16,35 +16,13 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from helpers.agents import agents_config, auth, free_port, one_question
+from helpers.agents import auth, one_question, start, wait_listener
 from helpers.harness import answer_content, unique
 
 pytestmark = pytest.mark.integration
 
 SETS = 3
 WAITS_PER_SET = 50  # 150 at once: the old inotify watcher per wait ran out at 128
-
-
-async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            bridge.check_alive()
-            try:
-                async with http.get(base + "/v1/openapi.json") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError("the agents' listener did not come up")
-
-
-def start(bridge, **api: Any) -> str:
-    port = free_port()
-    bridge.extra_config = agents_config(port, **api)
-    bridge.start()
-    return f"http://127.0.0.1:{port}"
 
 
 async def held(http: aiohttp.ClientSession, url: str, params: dict[str, str]) -> tuple[int, str | None, Any]:
