@@ -115,3 +115,17 @@ def pytest_collection_modifyitems(config, items):
     storms = [item for item in items if item.nodeid.startswith("tests/integration/test_crash_storm")]
     if storms:
         items[:] = [item for item in items if item not in storms] + storms
+
+
+@pytest.fixture(scope="session")
+def federation(tmp_path_factory):
+    """Two homeservers that federate: (home, remote).  The bridge lives on
+    ``home``; people on ``remote`` reach its rooms over federation.  A test may
+    stop and start ``remote``; it must leave it running."""
+    home = Synapse(tmp_path_factory.mktemp("federation-home"), federates=True)
+    remote = Synapse(tmp_path_factory.mktemp("federation-remote"), federates=True)
+    home.start()
+    remote.start()
+    yield home, remote
+    remote.stop()
+    home.stop()
