@@ -80,6 +80,8 @@ class Synapse:
     # (self-signed; peers do not verify it), and the server named after it.
     federates: bool = False
     federation_port: int = 0
+    # Where peers reach it, when not at ``federation_port`` (a relay in front).
+    reached_at: int = 0
 
     @property
     def url(self) -> str:
@@ -89,7 +91,7 @@ class Synapse:
     def server_name(self) -> str:
         """``localhost:<federation port>`` when federating (peers reach it
         there, no discovery needed), else ``localhost``."""
-        return f"localhost:{self.federation_port}" if self.federates else SERVER_NAME
+        return f"localhost:{self.reached_at or self.federation_port}" if self.federates else SERVER_NAME
 
     @property
     def config_path(self) -> Path:
