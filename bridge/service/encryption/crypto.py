@@ -114,6 +114,7 @@ class Crypto:
         # homeserver unreachable): nio keeps them to ask again, and their
         # encrypted messages wait rather than being judged on devices unread.
         self._devices_unanswered: set[str] = set()
+        self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
 
     # -- start-up -------------------------------------------------------
 
@@ -395,7 +396,7 @@ class Crypto:
         for event, first_seen in self.store.undecrypted():
             decrypted = self._decrypt(event)
             if decrypted is not None:
-                if ORIGIN not in event:
+                if ORIGIN not in event and event["event_id"] not in self._waiting_logged:
                     log.info("event %s decrypted after its keys arrived", event["event_id"])
                 recovered.append(decrypted)
                 resolved.append(event["event_id"])
@@ -421,6 +422,10 @@ class Crypto:
                     if unread and now - kept_since.get(event_id, now) < grace_ms:
                         if event_id in kept_since:
                             resolved.remove(event_id)  # it stays kept
+                            if event_id not in self._waiting_logged:  # said once, not at every pass
+                                self._waiting_logged.add(event_id)
+                                log.warning("event %s from %s waits: the keys of their devices were not "
+                                            "answered for yet", event_id, sender)
                         else:
                             unchecked.append({**event, ORIGIN: origin})
                         continue
@@ -438,6 +443,8 @@ class Crypto:
                             event["event_id"], event["sender"], event["room_id"], event["sender"])
         if refusals:
             self._refuse(refusals)
+        if self._waiting_logged:
+            self._waiting_logged &= set(kept_since) - set(resolved)
         return out, resolved
 
     def _devices_unread(self, sender: str) -> bool:
