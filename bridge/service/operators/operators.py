@@ -95,8 +95,14 @@ class Operators:
     def on_write(self, seconds: float) -> None:
         self.metrics.observe_write(seconds)
 
-    def on_posted(self, _question: Any = None) -> None:
+    def on_posted(self, question: Any = None) -> None:
         self.metrics.observe_posted()
+        if self.agents is None or question is None:
+            return
+        try:
+            self.agents.outbox.posted(question)
+        except Exception:  # noqa: BLE001 - remembering a set's owner must never stop a posting
+            log.exception("noting the owner of the set of %s failed", getattr(question, "event_id", "?"))
 
     def mark_ready(self) -> None:
         """After the first sync batch or appservice transaction is handled."""
