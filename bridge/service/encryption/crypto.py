@@ -57,6 +57,10 @@ UNDECRYPTABLE_MESSAGE = ("the bridge could not decrypt this message, so it could
                          "its keys with the bridge's session).")
 UNVERIFIED_MESSAGE = ("this message was sent from a session the bridge's operator has not verified, "
                       "so the bridge does not accept answers from it. Answer from a verified session.")
+# A message whose sender's homeserver has not answered for their devices is
+# judged when it answers: a server down for a minute or an hour loses nobody's
+# answer.  Past a day it is refused (UNCHECKED_MESSAGE) rather than kept for good.
+UNANSWERED_PATIENCE_MS = 24 * 3600 * 1000
 UNCHECKED_MESSAGE = ("the bridge could not check the session this message was sent from: your homeserver did "
                      "not answer when asked for its keys, so the bridge could not accept your answer. Please "
                      "send it again.")
@@ -339,7 +343,7 @@ class Crypto:
         timeout = default
         kept = self.store.undecrypted()
         if kept:
-            due = min(first_seen for _event, first_seen in kept) + int(self.settings.grace_seconds * 1000)
+            due = min(first_seen + self._patience_ms(event) for event, first_seen in kept)
             timeout = min(default, due - self.clock())
             reask = self.key_requests.due_in_ms()  # a key asked for again when an answer may have been lost
             if reask is not None:
@@ -410,7 +414,6 @@ class Crypto:
             refusals.append((event, "undecryptable", UNDECRYPTABLE_MESSAGE))
         out: list[dict[str, Any]] = []
         unchecked: list[dict[str, Any]] = []
-        grace_ms = self.settings.grace_seconds * 1000
         for event in recovered + batch:
             origin = event.pop(ORIGIN, None)
             strict = self.settings.trust in ("verified", "cross-signed")
@@ -419,7 +422,7 @@ class Crypto:
                 if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
                     event_id = event["event_id"]
                     unread = self._devices_unread(sender)
-                    if unread and now - kept_since.get(event_id, now) < grace_ms:
+                    if unread and now - kept_since.get(event_id, now) < UNANSWERED_PATIENCE_MS:
                         if event_id in kept_since:
                             resolved.remove(event_id)  # it stays kept
                             if event_id not in self._waiting_logged:  # said once, not at every pass
@@ -446,6 +449,12 @@ class Crypto:
         if self._waiting_logged:
             self._waiting_logged &= set(kept_since) - set(resolved)
         return out, resolved
+
+    def _patience_ms(self, kept: dict[str, Any]) -> int:
+        """How long a kept event is waited on: a message waiting for its key,
+        the grace period; one waiting for its sender's homeserver to answer
+        for their devices, as long as a homeserver may be down."""
+        return UNANSWERED_PATIENCE_MS if ORIGIN in kept else int(self.settings.grace_seconds * 1000)
 
     def _devices_unread(self, sender: str) -> bool:
         """The sender's devices were asked for and their homeserver has not
