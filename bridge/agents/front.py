@@ -17,6 +17,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from watchfiles import awatch
 
 from bridge.agents.asgi import serve_asgi
+from bridge.agents.callbacks import check_configured
 from bridge.agents.http import AgentApi
 from bridge.agents.mcp_server import Subscribers, build_server
 from bridge.agents.outbox import OutboxHook
@@ -27,6 +28,7 @@ from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 from bridge.service.config import Config
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
+from bridge.service.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +45,18 @@ def agent_of_http(ctx: Any) -> str | None:
 
 
 class AgentsFront:
-    def __init__(self, config: Config, store: Store, metrics: Metrics):
+    def __init__(self, config: Config, store: Store, metrics: Metrics, supervisor: Supervisor | None = None):
         self.config = config
+        self.supervisor = supervisor or Supervisor()
         self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
         self.api = AgentApi(config, self.sets)
         self.subscribers = Subscribers()
-        self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers)
+        self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
+                                   allow_private_callbacks=config.agent_api.allow_private_callbacks)
         self.manager: StreamableHTTPSessionManager | None = None
         self.deliverer = Deliverer(store, config.agents, metrics, drop_after=config.agent_api.drop_after_seconds,
-                                   timeout=config.agent_api.timeout_seconds)
+                                   timeout=config.agent_api.timeout_seconds,
+                                   allow_private=config.agent_api.allow_private_callbacks)
         self.outbox = OutboxHook(store, config.agents, on_queued=self.deliverer.wake.set)
         self.tasks: list[asyncio.Future[Any]] = []
         self._ready = asyncio.Event()
@@ -72,15 +77,18 @@ class AgentsFront:
         return await serve_asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
 
     async def start(self, stop: asyncio.Event, poster: Any = None) -> None:
+        # A webhook_url whose name resolves inward stops the start, as any bad config does.
+        await check_configured(self.config.agents, allow_private=self.config.agent_api.allow_private_callbacks)
         self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
         if poster is not None:
             self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
-        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
-        self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
-        self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop)))
-        self.tasks.append(asyncio.ensure_future(self.deliverer.run(stop)))
-        await asyncio.wait([asyncio.ensure_future(self._ready.wait()), self.tasks[0]],
-                           return_when=asyncio.FIRST_COMPLETED)
+        spawn = self.supervisor.spawn
+        manager = spawn("mcp", lambda: self._run_manager(stop), stop)
+        self.tasks.append(manager)
+        self.tasks.append(spawn("answers-watch", lambda: watch_answers(self.config.sets.root, self.subscribers, stop),
+                                stop))
+        self.tasks.append(spawn("webhooks", lambda: self.deliverer.run(stop), stop))
+        await asyncio.wait([asyncio.ensure_future(self._ready.wait()), manager], return_when=asyncio.FIRST_COMPLETED)
 
     def _post_soon(self, poster: Any, set_dir: Path) -> None:
         """The poster takes the set now, as its folder watcher would."""
@@ -95,7 +103,9 @@ class AgentsFront:
         task.add_done_callback(self._posting.discard)
 
     async def _run_manager(self, stop: asyncio.Event) -> None:
-        assert self.manager is not None
+        # A manager runs once: a restart after a failure makes a new one.
+        self._ready.clear()
+        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
         async with self.manager.run():
             self._ready.set()
             await stop.wait()

@@ -22,6 +22,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from bridge import __version__
+from bridge.agents.callbacks import check_callbacks
 from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
 from bridge.agents.mcp_tools import ANSWERS_TEMPLATE, TOOLS, answers_uri, set_of_uri
 from bridge.agents.sets import AgentSets
@@ -66,8 +67,8 @@ class Subscribers:
 
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
-                 subscribers: Subscribers) -> Server[Any]:
-    tools = Tools(sets, agents)
+                 subscribers: Subscribers, *, allow_private_callbacks: bool = False) -> Server[Any]:
+    tools = Tools(sets, agents, allow_private_callbacks=allow_private_callbacks)
 
     def who(ctx: ServerRequestContext[Any, Any]) -> str:
         agent = agent_of(ctx)
@@ -150,9 +151,10 @@ def _tool_error(body: dict[str, Any]) -> types.CallToolResult:
 class Tools:
     """The tools as plain calls on the service layer."""
 
-    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent]):
+    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], *, allow_private_callbacks: bool = False):
         self.sets = sets
         self.agents = agents
+        self.allow_private_callbacks = allow_private_callbacks
 
     async def call(self, agent: str, name: str, arguments: dict[str, Any],
                    ctx: ServerRequestContext[Any, Any] | None = None) -> dict[str, Any]:
@@ -170,6 +172,7 @@ class Tools:
                 raise LintFailed("callbacks need a webhook_secret for this agent in the bridge's config",
                                  findings=[{"where": "callbacks",
                                             "message": "this agent has no webhook_secret to sign deliveries with"}])
+            await check_callbacks(callbacks, allow_private=self.allow_private_callbacks)
             document = arguments["set"]
             set_id = document.get("id")
             return self.sets.ask(agent, set_id if isinstance(set_id, str) else "", document, callbacks).as_dict()

@@ -58,7 +58,8 @@ async def serve_stdio(config: Any, agent: str) -> None:
     from bridge.agents.sets import AgentSets
 
     subscribers = Subscribers()
-    server = build_server(AgentSets(config.sets.root), config.agents, lambda _ctx: agent, subscribers)
+    server = build_server(AgentSets(config.sets.root), config.agents, lambda _ctx: agent, subscribers,
+                          allow_private_callbacks=config.agent_api.allow_private_callbacks)
     stop = asyncio.Event()
     async with stdio_server() as (read_stream, write_stream):
         async with anyio.create_task_group() as group:

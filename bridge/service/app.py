@@ -188,7 +188,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         posted = asyncio.Event()
 
         async def joined(room_id: str) -> None:
-            rooms.append(room_id)  # the list the front holds: its events are bridged from now on
+            if room_id not in rooms:  # joining again after a restart of the task
+                rooms.append(room_id)  # the list the front holds: its events are bridged from now on
             await pipeline.load_members(room_id)
 
         async def after_the_first_batch() -> None:
@@ -204,11 +205,15 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                             on_closed=ops.on_closed)
             await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                             serve_http=not config.appservice.enabled)
-            await asyncio.gather(keep_joining(transport, refused, stop, joined),
-                                 keep_sets(poster, config.sets.root, stop, posted), return_exceptions=True)
+            await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined), stop),
+                                 supervise("sets", lambda: keep_sets(poster, config.sets.root, stop, posted), stop),
+                                 return_exceptions=True)
 
+        # The transport, the folder watch and the joining run under the
+        # operators' supervisor: one that raises is restarted and shown in /health.
+        supervise = ops.supervisor.spawn
         after = asyncio.ensure_future(after_the_first_batch())
-        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)), after]
+        tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted), stop), after]
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopped, after], return_when=asyncio.FIRST_COMPLETED)
         if after.done() and not after.cancelled() and after.exception() is not None:
