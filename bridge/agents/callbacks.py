@@ -59,10 +59,11 @@ def refused_reason(error: BaseException) -> str | None:
     return None
 
 
-async def url_refusal(url: str, *, unresolved_ok: bool = False) -> str | None:
-    """Why the bridge would not POST to ``url`` (a sentence); None when it would.
-    Every address the host resolves to must be public.  ``unresolved_ok``: a
-    name that does not resolve now is let through (checked again at delivery)."""
+async def url_refusal(url: str) -> str | None:
+    """Why the bridge would not POST to ``url`` (a few words); None when it would.
+    Every address the host resolves to must be public.  A name that does not
+    resolve now is let through: nothing can be connected to through it, and
+    every delivery checks the address it connects to."""
     host = host_of_url(url)
     if host is None:
         return "names no host"
@@ -76,7 +77,7 @@ async def url_refusal(url: str, *, unresolved_ok: bool = False) -> str | None:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, ValueError, UnicodeError):
-        return None if unresolved_ok else f"its host {host} does not resolve"
+        return None
     for *_rest, sockaddr in infos:
         address = parse(str(sockaddr[0]))
         why = "not an IP address" if address is None else refusal(address)
@@ -105,7 +106,7 @@ async def check_configured(agents: Mapping[str, Agent], *, allow_private: bool) 
     if allow_private:
         return
     for name, agent in agents.items():
-        if agent.webhook_url and (why := await url_refusal(agent.webhook_url, unresolved_ok=True)):
+        if agent.webhook_url and (why := await url_refusal(agent.webhook_url)):
             raise ConfigError(f"agents.{name}.webhook_url: the URL {why} (agent_api.allow_private_callbacks: true "
                               "allows it)")
 
