@@ -29,6 +29,7 @@ from bridge.service.config import ConfigError, load_config
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.operators.setstatus import collect, format_table
 from bridge.service.storage.store import Store, StoreVersionError
+from bridge.service.supervisor import format_tasks
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -145,15 +146,7 @@ def _format_tasks(tasks: dict[str, Any] | None) -> str:
         return ""
     if not tasks:
         return "tasks: the bridge did not answer at /health (not running?)\n"
-    lines = []
-    for name, task in sorted(tasks.items()):
-        line = f"task {name}: {task.get('state')}"
-        if task.get("restarts"):
-            line += f", restarted {task['restarts']} times"
-        if task.get("last_error"):
-            line += f" (last error: {task['last_error']})"
-        lines.append(line + "\n")
-    return "".join(lines)
+    return format_tasks(tasks)
 
 
 def _fail(message: str) -> int:

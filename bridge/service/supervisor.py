@@ -116,6 +116,22 @@ class Supervisor:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def format_tasks(tasks: dict[str, dict[str, Any]], *, troubled_only: bool = False) -> str:
+    """One line per task (as ``view`` gives them), for ``status`` and ``!ask
+    status``; ``troubled_only``: just those that have failed."""
+    lines = []
+    for name, task in sorted(tasks.items()):
+        if troubled_only and not task.get("restarts") and task.get("state") != RESTARTING:
+            continue
+        line = f"task {name}: {task.get('state')}"
+        if task.get("restarts"):
+            line += f", restarted {task['restarts']} time{'s' if task['restarts'] != 1 else ''}"
+        if task.get("last_error"):
+            line += f" (last error: {task['last_error']})"
+        lines.append(line + "\n")
+    return "".join(lines)
+
+
 async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
     try:
         await asyncio.wait_for(stop.wait(), timeout=seconds)

@@ -105,3 +105,38 @@ async def test_the_backoff_doubles_between_restarts() -> None:
     # Sleeps never end early: each gap is at least its delay (0.05, 0.1, then the 0.2 cap).
     assert [g >= d * 0.99 for g, d in zip(gaps, (0.05, 0.1, 0.2, 0.2))] == [True] * 4
     assert supervisor.view()["broken"]["restarts"] >= 4
+
+
+async def test_ask_status_names_a_task_that_failed_and_leaves_healthy_ones_out(tmp_path) -> None:
+    from bridge.service.operators.admin import AdminContext, Command, handle
+    from bridge.service.storage.store import Store
+
+    supervisor = Supervisor(first_delay=30)
+    stop = asyncio.Event()
+    quiet = asyncio.Event()
+
+    async def broken() -> None:
+        raise KeyError("no such room")
+
+    async def fine() -> None:
+        await quiet.wait()
+
+    supervisor.spawn("reminders", broken, stop)
+    supervisor.spawn("commands", fine, stop)
+    await asyncio.sleep(0.05)
+    store = Store(tmp_path / "store.sqlite")
+
+    async def nothing(*_args):
+        return ""
+
+    ctx = AdminContext(admins=frozenset({"@admin:hs"}), sets_root=tmp_path, store=store, post_set=nothing,
+                       remind_set=nothing, tasks=supervisor.view)
+    try:
+        reply = await handle(Command("status"), "@admin:hs", ctx)
+        assert "task reminders: restarting, restarted 1 time (last error: KeyError: 'no such room')" in reply
+        assert "commands" not in reply
+    finally:
+        stop.set()
+        quiet.set()
+        await supervisor.close()
+        store.close()

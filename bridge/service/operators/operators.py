@@ -133,7 +133,8 @@ class Operators:
             await self.agents.start(stop, poster)
         ctx = AdminContext(admins=frozenset(self.config.admins), sets_root=self.config.sets.root, store=self.store,
                            post_set=poster_post_set(poster),
-                           remind_set=lambda set_id: remind_set_now(self.store, send, set_id))
+                           remind_set=lambda set_id: remind_set_now(self.store, send, set_id),
+                           tasks=self.supervisor.view)
         self.admin = AdminDispatcher(ctx, send, own_user)
         self.admin.collect(self._early_commands)
         self._early_commands.clear()
