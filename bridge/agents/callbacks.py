@@ -37,12 +37,14 @@ def guarded_socket(addr_info: tuple[Any, ...]) -> socket.socket:
     return socket.socket(family=family, type=type_, proto=proto)
 
 
-def connector(allow_private: bool) -> aiohttp.TCPConnector:
-    """The connector webhooks are POSTed through.  No DNS cache: a name is
-    resolved (and its address checked) for every new connection."""
+def connector(allow_private: bool, limit: int) -> aiohttp.TCPConnector:
+    """The connector webhooks are POSTed through, ``limit`` connections in
+    all (the deliverer's own cap, so its lanes, not the pool, decide who
+    waits).  No DNS cache: a name is resolved (and its address checked) for
+    every new connection."""
     if allow_private:
-        return aiohttp.TCPConnector(use_dns_cache=False)
-    return aiohttp.TCPConnector(use_dns_cache=False, socket_factory=guarded_socket)
+        return aiohttp.TCPConnector(use_dns_cache=False, limit=limit)
+    return aiohttp.TCPConnector(use_dns_cache=False, limit=limit, socket_factory=guarded_socket)
 
 
 def refused_reason(error: BaseException) -> str | None:

@@ -98,7 +98,7 @@ class Deliverer:
     async def run(self, stop: asyncio.Event) -> None:
         tasks: set[asyncio.Task[None]] = set()
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout),
-                                        connector=connector(self.allow_private))
+                                        connector=connector(self.allow_private, MAX_IN_FLIGHT))
         async with session as http:
             try:
                 while not stop.is_set():
