@@ -103,11 +103,13 @@ class Receiver:
 
 
 class Silent:
-    """A TCP port that accepts connections and never says a word."""
+    """A TCP port that accepts connections and never says a word (and counts them)."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.server: asyncio.base_events.Server | None = None
+        self.connections = 0
+        self.held: list[asyncio.StreamWriter] = []
 
     @property
     def url(self) -> str:
@@ -115,10 +117,14 @@ class Silent:
 
     async def start(self) -> None:
         async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            self.held.append(writer)
             await asyncio.sleep(3600)
 
         self.server = await asyncio.start_server(hold, "127.0.0.1", self.port)
 
     async def close(self) -> None:
+        for writer in self.held:
+            writer.close()
         if self.server:
             self.server.close()

@@ -21,37 +21,10 @@ from mcp.client.streamable_http import streamable_http_client
 
 from bridge.agents.addresses import parse, refusal
 from bridge.agents.circuit import PER_URL
-from helpers.agents import SECRETS, Receiver, agents_config, auth, free_port, one_question, TOKENS
+from helpers.agents import SECRETS, TOKENS, Receiver, Silent, agents_config, auth, free_port, one_question
 from helpers.harness import answer_content, unique
 
 pytestmark = pytest.mark.integration
-
-
-class Mute:
-    """A raw TCP server that accepts every connection and never sends a byte."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        self.server: asyncio.base_events.Server | None = None
-        self.held: list[asyncio.StreamWriter] = []
-        self.port = free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/never"
-
-    async def start(self) -> None:
-        async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self.connections += 1
-            self.held.append(writer)
-
-        self.server = await asyncio.start_server(hold, "127.0.0.1", self.port)
-
-    async def close(self) -> None:
-        for writer in self.held:
-            writer.close()
-        if self.server:
-            self.server.close()
 
 
 async def listening(bridge, base: str, timeout: float = 30) -> None:
@@ -77,8 +50,8 @@ async def put(http: aiohttp.ClientSession, base: str, agent: str, set_id: str, c
 
 
 async def test_a_silent_url_with_a_hundred_pending_delays_no_other_agents_webhook(bridge):
-    mute, receiver = Mute(), Receiver(SECRETS["other"])
-    await mute.start()
+    silent, receiver = Silent(), Receiver(SECRETS["other"])
+    await silent.start()
     await receiver.start()
     port = free_port()
     # A long webhook_timeout: each delivery to the silent URL holds its connection for all of it.
@@ -89,14 +62,14 @@ async def test_a_silent_url_with_a_hundred_pending_delays_no_other_agents_webhoo
         await listening(bridge, base)
         stuck, fine = unique("stuck"), unique("fine")
         async with aiohttp.ClientSession() as http:
-            assert (await put(http, base, "planner", stuck, [mute.url]))[0] == 201
+            assert (await put(http, base, "planner", stuck, [silent.url]))[0] == 201
             found = await bridge.wait_questions(bridge.alice, 1)
             (question,) = found.values()
             # A hundred answers (a person changing their mind), each one webhook to the silent URL.
             for n in range(100):
                 await bridge.alice.send(bridge.room_id, answer_content(question, option_id=("main", "stable")[n % 2]))
             deadline = time.monotonic() + 60
-            while mute.connections < PER_URL:
+            while silent.connections < PER_URL:
                 assert time.monotonic() < deadline, "the silent URL was never tried"
                 await asyncio.sleep(0.05)
             assert (await put(http, base, "other", fine, qid="cut"))[0] == 201
@@ -112,11 +85,11 @@ async def test_a_silent_url_with_a_hundred_pending_delays_no_other_agents_webhoo
             took = time.monotonic() - accepted
             assert took < 1.0, f"the other agent's webhook came {took:.1f} s after its answer was accepted"
             assert (taken["body"]["set"], taken["body"]["qid"], taken["good"]) == (fine, "cut", True)
-            assert mute.connections <= PER_URL  # the silent URL holds no more than its own lane
+            assert silent.connections <= PER_URL  # the silent URL holds no more than its own lane
         bridge.check_alive()
     finally:
         await receiver.close()
-        await mute.close()
+        await silent.close()
 
 
 def _inward_name() -> str:

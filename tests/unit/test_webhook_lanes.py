@@ -21,33 +21,10 @@ from bridge.agents.webhooks import Deliverer
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
-from helpers.agents import SECRETS, Receiver, one_question
+from helpers.agents import SECRETS, Receiver, Silent, one_question
 from helpers.pgstore import fresh_schema
 
 AGENTS = {name: Agent(token=f"token-of-{name}-0123456789", webhook_secret=SECRETS[name]) for name in SECRETS}
-
-
-class Mute:
-    """A raw TCP server that accepts every connection and never sends a byte."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        self.server: asyncio.base_events.Server | None = None
-        self.held: list[asyncio.StreamWriter] = []
-
-    async def start(self) -> str:
-        async def hold(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self.connections += 1
-            self.held.append(writer)
-
-        self.server = await asyncio.start_server(hold, "127.0.0.1", 0)
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/never"
-
-    async def close(self) -> None:
-        for writer in self.held:
-            writer.close()
-        if self.server:
-            self.server.close()
 
 
 def answered(hook: OutboxHook, store: Store, sets_root: Path, set_id: str, event_id: str) -> None:
@@ -65,8 +42,9 @@ async def until(condition, what: str, timeout: float = 30) -> None:
 
 
 async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path: Path) -> None:
-    mute, receiver = Mute(), Receiver(SECRETS["other"])
-    silent_url = await mute.start()
+    silent, receiver = Silent(), Receiver(SECRETS["other"])
+    await silent.start()
+    silent_url = silent.url
     await receiver.start()
     sets = AgentSets(tmp_path / "sets")
     sets.ask("planner", "stuck", one_question("stuck"), callbacks=[silent_url])
@@ -80,20 +58,20 @@ async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path:
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
         # The silent URL holds its fill of connections, each waiting out its 30 s.
-        await until(lambda: mute.connections >= PER_URL, "the silent URL was never tried")
+        await until(lambda: silent.connections >= PER_URL, "the silent URL was never tried")
         sent = time.monotonic()
         answered(hook, store, tmp_path / "sets", "fine", "$fine")
         (taken,) = await receiver.wait_for(1, timeout=30)
         took = time.monotonic() - sent
         assert took < 1.0, f"the other agent's webhook took {took:.1f} s behind 100 pending to a silent URL"
         assert taken["body"]["set"] == "fine" and taken["good"]
-        assert mute.connections <= PER_URL  # one URL never holds more than its own lane
+        assert silent.connections <= PER_URL  # one URL never holds more than its own lane
         assert pending(store) == 100
     finally:
         stop.set()
         await task
         await receiver.close()
-        await mute.close()
+        await silent.close()
         store.close()
 
 
