@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 from bridge.agents.addresses import parse, refusal
 from bridge.agents.circuit import PER_URL
 from helpers.agents import SECRETS, TOKENS, Receiver, Silent, agents_config, auth, free_port, one_question
-from helpers.harness import answer_content, unique
+from helpers.harness import answer_content, store_rows, unique
 
 pytestmark = pytest.mark.integration
 
@@ -69,8 +69,11 @@ async def test_a_silent_url_with_a_hundred_pending_delays_no_other_agents_webhoo
             for n in range(100):
                 await bridge.alice.send(bridge.room_id, answer_content(question, option_id=("main", "stable")[n % 2]))
             deadline = time.monotonic() + 60
-            while silent.connections < PER_URL:
-                assert time.monotonic() < deadline, "the silent URL was never tried"
+
+            def pending() -> int:
+                return store_rows(bridge.store_path, "SELECT COUNT(*) FROM webhook_outbox WHERE url=?", silent.url)[0][0]
+            while silent.connections < PER_URL or pending() < 100:
+                assert time.monotonic() < deadline, f"{silent.connections} connections, {pending()} pending"
                 await asyncio.sleep(0.05)
             assert (await put(http, base, "other", fine, qid="cut"))[0] == 201
             found = await bridge.wait_questions(bridge.alice, 2)
@@ -86,6 +89,7 @@ async def test_a_silent_url_with_a_hundred_pending_delays_no_other_agents_webhoo
             assert took < 1.0, f"the other agent's webhook came {took:.1f} s after its answer was accepted"
             assert (taken["body"]["set"], taken["body"]["qid"], taken["good"]) == (fine, "cut", True)
             assert silent.connections <= PER_URL  # the silent URL holds no more than its own lane
+            assert pending() == 100  # all still waiting on it
         bridge.check_alive()
     finally:
         await receiver.close()
