@@ -32,7 +32,7 @@ import aiohttp
 from prometheus_client import Counter
 
 from bridge.agents.callbacks import connector, refused_reason
-from bridge.agents.circuit import PER_URL, Circuit
+from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
 from bridge.agents.outbox import Delivery, delivered, due_by_url, expired, next_due, retry_at
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
@@ -141,7 +141,7 @@ class Deliverer:
         if self._store_failures:
             log.info("the webhook outbox is readable again")
             self._store_failures = 0
-        self._forget_idle()
+        self._forget_idle(now)
         times = [soonest / 1000] if soonest is not None else []
         times += [t for c in self.circuits.values() if (t := c.reopens_at(now)) is not None]
         return max(0.05, min([IDLE_SECONDS, *(t - now for t in times)]))
@@ -151,9 +151,12 @@ class Deliverer:
         return [url for url, circuit in self.circuits.items()
                 if circuit.room(now, len(self.in_flight.get(url, ()))) <= 0]
 
-    def _forget_idle(self) -> None:
-        # A URL with nothing in flight and nothing against it needs no lane.
-        for url in [u for u, c in self.circuits.items() if c.failures == 0 and not self.in_flight.get(u)]:
+    def _forget_idle(self, now: float) -> None:
+        # A URL with nothing in flight and nothing against it needs no lane;
+        # nor does one whose circuit let a probe through long ago and was not
+        # asked for since (a URL with rows pending is probed as soon as it may be).
+        for url in [u for u, c in self.circuits.items() if not self.in_flight.get(u) and
+                    (c.failures == 0 or now > c.open_until + MAX_OPEN)]:
             del self.circuits[url]
             self.in_flight.pop(url, None)
 

@@ -163,3 +163,32 @@ async def test_inward_addresses_are_never_connected_to_unless_allowed(tmp_path: 
         await task
         await runner.cleanup()
         store.close()
+
+
+async def test_a_url_that_keeps_timing_out_is_left_alone_then_probed_one_at_a_time(tmp_path: Path) -> None:
+    silent = Silent()
+    await silent.start()
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "stuck", one_question("stuck"), callbacks=[silent.url])
+    store = Store(tmp_path / "store.sqlite")
+    metrics = Metrics()
+    deliverer = Deliverer(store, AGENTS, metrics, drop_after=3600, timeout=0.5, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(40):
+        answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await until(lambda: silent.connections >= PER_URL, "the silent URL was never tried")
+        await asyncio.sleep(6)
+        # Its first fill timed out and opened the circuit: since then, probes
+        # only (1, 2 then 4 s apart), one at a time, not forty rows' retries.
+        assert PER_URL < silent.connections <= PER_URL + 4
+        circuit = deliverer.circuits[silent.url]
+        assert circuit.failures > PER_URL and len(deliverer.in_flight.get(silent.url, ())) <= 1
+        assert pending(store) == 40
+    finally:
+        stop.set()
+        await task
+        await silent.close()
+        store.close()
