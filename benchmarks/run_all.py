@@ -8,7 +8,9 @@ same homeserver: judging beside ``json.loads`` of the same events; send ->
 durable beside a bare client seeing the event (bot and appservice mode);
 catch-up beside a bare client syncing through the same backlog; posting,
 memory and start-up beside the same bridge with nothing to do; an answer
-written into a large ``answers.json`` beside the bare atomic replace.
+written into a large ``answers.json`` beside the bare atomic replace; a
+10 MB file a person sends, durable in ``attachments/``, beside a bare GET of
+the same file from the homeserver.
 
 and a short soak (``soak.py``: many rooms, a steady stream of answers; its
 own runs go for 30 minutes) beside its own first minutes.
@@ -34,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import catchup  # noqa: E402
+import files as files_bench  # noqa: E402
 import judge as judge_bench  # noqa: E402
 import latency  # noqa: E402
 import scale  # noqa: E402
@@ -88,12 +91,15 @@ async def synapse_figures(args: argparse.Namespace) -> dict[str, Any]:
             print(f"catch-up: {count} answers ...", flush=True)
             catches.append(await catchup.measure(w, count))
             catchup.print_row(catches[-1])
+        print(f"files: {args.file_rounds} files of 10 MB ...", flush=True)
+        sent_files = await files_bench.measure(w, 10_000_000, args.file_rounds)
+        print(" | ".join(files_bench.row(sent_files)), flush=True)
         print(f"scale: {args.sets} sets of {args.questions} questions ...", flush=True)
         big = await scale.measure(w, args.sets, args.questions)
         print(f"soak: {args.soak_minutes} minutes, {args.soak_rooms} rooms ...", flush=True)
         steady = await soak.measure(w, args.soak_minutes, args.soak_rooms, args.soak_rooms * 10)
         soak.print_report(steady)
-    return {"latency": rows, "catchup": catches, "scale": big, "soak": steady}
+    return {"latency": rows, "catchup": catches, "files": sent_files, "scale": big, "soak": steady}
 
 
 def met(ok: bool) -> str:
@@ -138,6 +144,8 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         rows.append((f"catch-up, {c['answers']:,} answers sent while stopped (s{rounds})", f"{c['bridge_s']}",
                      f"bare client {c['bare_s']} ({c['ratio']}x)", "<= 1.2x",
                      met(c["ratio"] <= TARGETS["catchup_ratio"])))
+    if "files" in r:
+        rows.append(files_bench.row(r["files"]))
     rows.append((f"post {s['questions']:,} questions of {s['sets']:,} sets (s)", f"{s['post_s']}",
                  f"bare client, {s['sends']:,} sends {s['bare_equiv_s']}", "-", "-"))
     rows.append((f"... an answer sent meanwhile, durable after (ms; {s['posted_when_answered']:,} posted by then)",
@@ -228,6 +236,7 @@ def main() -> int:
                         help="catch-up backlogs, 1 being the start-up alone (1 1000 5000; quick 1 1000)")
     parser.add_argument("--sets", type=int, help="sets for the scale run (1000; quick 100)")
     parser.add_argument("--questions", type=int, default=10, help="questions per set (10)")
+    parser.add_argument("--file-rounds", type=int, help="10 MB files sent, one at a time (5; quick 3)")
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each timed judge round")
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak (3; quick 1); soak.py runs 30")
     parser.add_argument("--soak-rooms", type=int, help="rooms of the soak, ten questions each (100; quick 20)")
@@ -247,6 +256,7 @@ def main() -> int:
     args.soak_minutes = args.soak_minutes or (1 if args.quick else 3)
     args.soak_rooms = args.soak_rooms or (20 if args.quick else 100)
     args.sets = args.sets or (100 if args.quick else 1000)
+    args.file_rounds = args.file_rounds or (3 if args.quick else 5)
 
     OUT.mkdir(exist_ok=True)
     started = time.monotonic()

@@ -9,6 +9,20 @@ import sys
 
 from bridge import __version__
 
+# What a user reads first in --help (the module docstring is for developers).
+DESCRIPTION = """\
+Post an agent's askwright questions into a Matrix room, judge what people
+answer there, and write what it accepts into the set folder's answers.json."""
+
+EXAMPLES = """\
+examples:
+  askwright-bridge lint ask/release-review      check a set before it is posted
+  askwright-bridge run --config config.yaml     run the bridge
+  askwright-bridge wait ask/release-review      block until an answer arrives
+  askwright-bridge read ask/release-review      print the answers as JSON
+
+'askwright-bridge COMMAND --help' tells more about each command."""
+
 # Sub-command name -> module under bridge.commands.
 COMMANDS = {
     "lint": "lint",
@@ -27,7 +41,8 @@ def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict
     """The parser with every sub-command, or with ``only`` that one: each
     module imports what its command needs (``lint`` the whole linter,
     ``validate`` the schemas), and ``run`` should not wait for the others'."""
-    parser = argparse.ArgumentParser(prog="askwright-bridge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="askwright-bridge", description=DESCRIPTION, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"askwright-bridge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules: dict[str, object] = {}

@@ -9,10 +9,13 @@ is what a streaming ASGI application listens for."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from aiohttp import web
+
+log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -70,19 +73,27 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
 
     async def send(message: Message) -> None:
         nonlocal response
-        if message["type"] == "http.response.start":
-            response = web.StreamResponse(status=message["status"])
-            for name, value in message.get("headers", []):
-                if name.lower() not in _SKIPPED:
-                    response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
-            await response.prepare(request)
-        elif message["type"] == "http.response.body" and response is not None:
-            body = message.get("body", b"")
-            if body:
-                await response.write(body)
-            if not message.get("more_body", False):
-                await response.write_eof()
-                finished.set()
+        if finished.is_set():
+            return  # the response is done, or its client has gone: nothing is left to send to
+        try:
+            if message["type"] == "http.response.start":
+                response = web.StreamResponse(status=message["status"])
+                for name, value in message.get("headers", []):
+                    if name.lower() not in _SKIPPED:
+                        response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+                await response.prepare(request)
+            elif message["type"] == "http.response.body" and response is not None:
+                body = message.get("body", b"")
+                if body:
+                    await response.write(body)
+                if not message.get("more_body", False):
+                    await response.write_eof()
+                    finished.set()
+        except ConnectionError:
+            # The client left mid-response (it closed a stream it was done
+            # with, or went away): an ordinary end, not the application's fault.
+            log.debug("%s %s: the client left before the response was sent", request.method, request.path)
+            finished.set()
 
     try:
         await app(scope_of(request, extra), receive, send)

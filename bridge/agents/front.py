@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from watchfiles import awatch
 
+from bridge.agents import origin
 from bridge.agents.asgi import serve_asgi
 from bridge.agents.callbacks import check_configured
-from bridge.agents.http import AgentApi
+from bridge.agents.early_stream import start_early
+from bridge.agents.http import AgentApi, Refusal
+from bridge.agents.mcp_files import MCP_MEDIA_MAX, base64_size
 from bridge.agents.mcp_server import Subscribers, build_server
+from bridge.agents.mcp_sessions import LastingSessionManager, SessionIds
 from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
 from bridge.agents.webhooks import Deliverer
@@ -44,6 +48,31 @@ def agent_of_http(ctx: Any) -> str | None:
     return None
 
 
+# A refusal at /mcp's door; -32000..-32019 are the implementation's own codes.
+REFUSED = -32010
+# A refused request's id is looked for in a body up to this size.
+_ID_LOOKUP_BYTES = 64 * 1024
+
+
+def mcp_refusal(status: int, message: str, request_id: str | int | None,
+                headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON-RPC error answering the request, with the HTTP status: what MCP clients show their user."""
+    return web.json_response({"jsonrpc": "2.0", "id": request_id, "error": {"code": REFUSED, "message": message}},
+                             status=status, headers=headers)
+
+
+async def _request_id(request: web.Request) -> str | int | None:
+    """The JSON-RPC id of a small POSTed request (None when there is none to find)."""
+    if request.method != "POST" or (request.content_length or 0) > _ID_LOOKUP_BYTES:
+        return None
+    try:
+        message = json.loads(await request.content.read(_ID_LOOKUP_BYTES + 1))
+    except (ValueError, UnicodeDecodeError, OSError, asyncio.TimeoutError):
+        return None
+    found = message.get("id") if isinstance(message, dict) else None
+    return found if isinstance(found, (str, int)) and not isinstance(found, bool) else None
+
+
 class AgentsFront:
     def __init__(self, config: Config, store: Store, metrics: Metrics, supervisor: Supervisor | None = None):
         self.config = config
@@ -52,8 +81,11 @@ class AgentsFront:
         self.api = AgentApi(config, self.sets)
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
+                                   media_max=config.agent_api.media_max,
                                    allow_private_callbacks=config.agent_api.allow_private_callbacks)
-        self.manager: StreamableHTTPSessionManager | None = None
+        self.manager: LastingSessionManager | None = None
+        listen = config.appservice.listen if config.appservice.enabled else config.metrics.listen
+        self.served_names = origin.served_names(config.agent_api.public_url, listen)
         self.deliverer = Deliverer(store, config.agents, metrics, drop_after=config.agent_api.drop_after_seconds,
                                    timeout=config.agent_api.timeout_seconds,
                                    allow_private=config.agent_api.allow_private_callbacks)
@@ -69,12 +101,23 @@ class AgentsFront:
         return routes
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:
-        agent = self.api.agent_or_refusal(request)
-        if isinstance(agent, web.Response):
-            return agent
+        refused = origin.refusal(request.headers.get("Host"), request.headers.get("Origin"), self.served_names)
+        if refused is not None:
+            status, why = refused
+            log.warning("/mcp: %s", why)
+            return mcp_refusal(status, why, await _request_id(request))
+        try:
+            agent = self.api.authenticate(request)
+        except Refusal as exc:
+            # No WWW-Authenticate: Bearer here.  MCP clients take that as "log in
+            # with OAuth" and look for metadata this bridge does not serve; the
+            # token is configured, not obtained.
+            retry = exc.response.headers.get("Retry-After")
+            return mcp_refusal(exc.response.status, str(exc), await _request_id(request),
+                               {"Retry-After": retry} if retry else None)
         if self.manager is None or not self._ready.is_set():
-            return web.json_response({"ok": False, "error": "starting", "message": "not ready yet"}, status=503)
-        return await serve_asgi(self.manager.handle_request, request, {AGENT_SCOPE_KEY: agent})
+            return mcp_refusal(503, "the bridge is starting; try again in a moment", await _request_id(request))
+        return await serve_asgi(self._mcp_app, request, {AGENT_SCOPE_KEY: agent})
 
     async def start(self, stop: asyncio.Event, poster: Any = None) -> None:
         # A webhook_url whose name resolves inward stops the start, as any bad config does.
@@ -82,6 +125,8 @@ class AgentsFront:
         self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
         if poster is not None:
             self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
+        # Requests go to the manager running now (a restart of the task makes a new one).
+        self._mcp_app = start_early(self._current_manager)
         spawn = self.supervisor.spawn
         manager = spawn("mcp", lambda: self._run_manager(stop), stop)
         self.tasks.append(manager)
@@ -89,6 +134,10 @@ class AgentsFront:
                                 stop))
         self.tasks.append(spawn("webhooks", lambda: self.deliverer.run(stop), stop))
         await asyncio.wait([asyncio.ensure_future(self._ready.wait()), manager], return_when=asyncio.FIRST_COMPLETED)
+
+    async def _current_manager(self, scope: Any, receive: Any, send: Any) -> None:
+        assert self.manager is not None
+        await self.manager.handle_request(scope, receive, send)
 
     def _post_soon(self, poster: Any, set_dir: Path) -> None:
         """The poster takes the set now, as its folder watcher would."""
@@ -105,7 +154,10 @@ class AgentsFront:
     async def _run_manager(self, stop: asyncio.Event) -> None:
         # A manager runs once: a restart after a failure makes a new one.
         self._ready.clear()
-        self.manager = StreamableHTTPSessionManager(app=self.server, max_request_body_size=MAX_QUESTIONS_BYTES + 65536)
+        # Room for a questions.json, or for a file upload_media takes (base64).
+        body_max = max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX)))
+        self.manager = LastingSessionManager(self.server, SessionIds(self.config.agents), AGENT_SCOPE_KEY,
+                                             max_request_body_size=body_max + 65536)
         async with self.manager.run():
             self._ready.set()
             await stop.wait()

@@ -19,6 +19,7 @@ from aiohttp import web
 from bridge.agents.auth import RateLimiter, agent_for
 from bridge.agents.callbacks import check_callbacks
 from bridge.agents.errors import AgentError, BadRequest, LintFailed
+from bridge.agents.files_http import FileRoutes
 from bridge.agents.sets import AgentSets
 from bridge.agents.waiting import wait_answers
 from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED
@@ -32,7 +33,7 @@ OPENAPI = Path(__file__).with_name("openapi.json")
 MAX_SMALL_BODY = 64 * 1024
 MAX_WAIT_SECONDS = 300.0
 
-Handler = Callable[[web.Request, str], Awaitable[web.Response]]
+Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
 
 class AgentApi:
@@ -40,6 +41,7 @@ class AgentApi:
         self.config = config
         self.sets = sets or AgentSets(config.sets.root)
         self.limiter = RateLimiter(config.agent_api.rate_per_minute)
+        self.files = FileRoutes(self.sets, config.agent_api.media_max)
 
     def authenticate(self, request: web.Request) -> str:
         """The agent of the request; a Refusal (401 or 429) otherwise."""
@@ -66,10 +68,12 @@ class AgentApi:
         routes.put("/v1/sets/{id}")(self._guarded(self.put_set))
         routes.get("/v1/sets/{id}/answers")(self._guarded(self.answers))
         routes.post("/v1/sets/{id}/close")(self._guarded(self.close))
+        routes.get("/v1/sets/{id}/attachments/{name}")(self._guarded(self.files.attachment))
+        routes.put("/v1/sets/{id}/media/{name}")(self._guarded(self.files.put_media))
         return routes
 
-    def _guarded(self, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def guarded(request: web.Request) -> web.Response:
+    def _guarded(self, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def guarded(request: web.Request) -> web.StreamResponse:
             try:
                 return await handler(request, self.authenticate(request))
             except Refusal as exc:
@@ -102,13 +106,15 @@ class AgentApi:
         include_all = _flag(query.get("all"), "all")
         until = query.get("wait")
         if until is None:  # a plain read (timeout and question only mean something with wait)
-            return web.json_response(self.sets.read(agent, set_id, include_all=include_all))
+            view = self.sets.read(agent, set_id, include_all=include_all)
+            return web.json_response(await self.files.view(agent, set_id, view))
         if until not in (UNTIL_ANSWERED, UNTIL_ALL):
             raise BadRequest(f"wait must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
         timeout = _seconds(query.get("timeout", "60"))
         view, done = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
                                         timeout=timeout, include_all=include_all)
-        return web.json_response(view, headers={"Askwright-Wait": "arrived" if done else "timeout"})
+        return web.json_response(await self.files.view(agent, set_id, view),
+                                 headers={"Askwright-Wait": "arrived" if done else "timeout"})
 
     async def close(self, request: web.Request, agent: str) -> web.Response:
         body = await _body(request, MAX_SMALL_BODY)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.agents.media_files import NAME_MAX as MEDIA_NAME_MAX
+from bridge.agents.media_files import NAME_PATTERN as MEDIA_NAME_PATTERN
+
 _SET_ID = {"type": "string", "description": "The set's id, as in its questions.json.",
            "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"}
 _FINDINGS = {"type": "array", "items": {"type": "object", "properties": {"where": {"type": "string"},
                                                                          "message": {"type": "string"}}}}
-_READ_VIEW = {"type": "object", "description": "Exactly what `askwright-bridge read` prints.",
+_READ_VIEW = {"type": "object", "description": "What `askwright-bridge read` prints, but each answer's attachments are "
+                                             "objects {name, type, size, sha256, url}: url is the file's resource URI.",
               "required": ["ok", "set", "rev", "count", "notice", "answers"],
               "properties": {"ok": {"type": "boolean"}, "set": {"type": ["string", "null"]}, "rev": {"type": "integer"},
                              "count": {"type": "integer"}, "notice": {"type": "string"},
@@ -59,6 +63,26 @@ TOOLS: dict[str, dict[str, Any]] = {
         "output": {"type": "object", "required": ["ok", "set", "status", "closed"], "properties": {
             "ok": {"type": "boolean"}, "set": {"type": "string"}, "status": {"type": "string"},
             "closed": {"type": "array", "items": {"type": "string"}}}},
+    },
+    "upload_media": {
+        "description": "Send a small media file (a video, sound, image, or a video's .vtt captions) for a set, "
+                       "before or after asking it: the file lands in the set's folder and the set names it by src "
+                       "(the name given here). The type comes from the name's extension. Larger files go through "
+                       "the HTTP API's PUT /v1/sets/{id}/media/{name}.",
+        "input": {"type": "object", "required": ["set_id", "name", "data"], "additionalProperties": False,
+                  "properties": {
+                      "set_id": _SET_ID,
+                      "name": {"type": "string", "pattern": MEDIA_NAME_PATTERN, "maxLength": MEDIA_NAME_MAX,
+                               "description": "The file's name in the set's folder, e.g. take-2.mp4; the set's src."},
+                      "data": {"type": "string", "contentEncoding": "base64",
+                               "description": "The file's bytes, base64."}}},
+        "output": {"type": "object", "required": ["ok", "set", "name", "src", "type", "size", "sha256", "created"],
+                   "properties": {
+                       "ok": {"type": "boolean"}, "set": {"type": "string"}, "name": {"type": "string"},
+                       "src": {"type": "string", "description": "What the set's media src names it by."},
+                       "type": {"type": "string", "description": "The mimetype, from the extension."},
+                       "size": {"type": "integer"}, "sha256": {"type": "string"},
+                       "created": {"type": "boolean", "description": "false: a file of that name was replaced."}}},
     },
     "list_sets": {
         "description": "The sets this agent asked, with how many questions are open and answered.",

@@ -12,7 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-OWNER_FILE = ".askwright-agent.json"
+from bridge.questionset.setdir import AGENT_OWNER_FILE
+
+OWNER_FILE = AGENT_OWNER_FILE
 
 
 @dataclass(frozen=True)

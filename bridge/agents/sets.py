@@ -83,13 +83,15 @@ class AgentSets:
         urls = _callbacks(callbacks)
         set_dir = self.root / set_id
         exists = set_dir.exists()
+        had_questions = (set_dir / QUESTIONS_FILE).is_file()
         owner = read_owner(set_dir) if exists else None
         if exists and (owner is None or owner.agent != agent):
             raise NotFound(f"no set {set_id!r}")  # someone else's: as if there were none
         if raw.get("id") != set_id:
             raise LintFailed("the set's id must be the id in the address", findings=[
                 {"where": "id", "message": f"must be {set_id!r}, the set id in the address"}])
-        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None, posted_revs=self._revs(set_dir))
+        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None, posted_revs=self._revs(set_dir),
+                      confined=True)
         if not result.ok:
             raise LintFailed("the set fails lint", findings=_dicts(result.errors), warnings=_dicts(result.warnings))
         data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
@@ -98,29 +100,35 @@ class AgentSets:
             write_atomic(set_dir / OWNER_FILE, owner_bytes(new_owner))
             write_atomic(set_dir / QUESTIONS_FILE, data)
         else:
-            self._create(set_dir, data, new_owner)
+            try:
+                self._create(set_dir, data, new_owner)
+            except FileExistsError:
+                raise BadRequest("the set was created at the same moment by another request") from None
         self._written(set_dir)
-        return Asked(set_id, not exists, _open_ids(result), _dicts(result.warnings))
+        return Asked(set_id, not had_questions, _open_ids(result), _dicts(result.warnings))
 
     def _revs(self, set_dir: Path) -> Mapping[str, int]:
         if self.posted_revs is None:
             return {}
         return self.posted_revs().get(os.path.realpath(set_dir), {})  # the poster keys postings by the resolved folder
 
-    def _create(self, set_dir: Path, data: bytes, owner: Owner) -> None:
-        # Written in a hidden folder (never read as a set) and renamed into
-        # place whole: the poster never sees a half-written set.
+    def _create(self, set_dir: Path, data: bytes | None, owner: Owner) -> None:
+        """The folder, whole: its owner file and (unless only claimed for media) its questions.json.
+        Written in a hidden folder (never read as a set) and renamed into
+        place: the poster never sees a half-written set.  FileExistsError
+        when another request made the folder first."""
         self.root.mkdir(parents=True, exist_ok=True)
         staging = self.root / f".incoming-{set_dir.name}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
             write_atomic(staging / OWNER_FILE, owner_bytes(owner))
-            write_atomic(staging / QUESTIONS_FILE, data)
+            if data is not None:
+                write_atomic(staging / QUESTIONS_FILE, data)
             os.rename(staging, set_dir)
-        except OSError:
+        except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
-            if set_dir.exists():
-                raise BadRequest("the set was created at the same moment by another request") from None
+            if os.path.lexists(set_dir):
+                raise FileExistsError(str(set_dir)) from exc
             raise
         sync_dir(self.root)
 
@@ -144,6 +152,26 @@ class AgentSets:
     def set_dir(self, agent: str, set_id: str) -> Path:
         return self._own_dir(agent, set_id)
 
+    def media_dir(self, agent: str, set_id: str) -> Path:
+        """The folder ``agent``'s media for ``set_id`` goes into: its set's, or,
+        before the set's first PUT, a folder it claims for it (the owner file
+        alone, no questions.json, so no set yet).  NotFound for another's."""
+        if not isinstance(set_id, str) or not SET_ID.match(set_id):
+            raise NotFound(f"no set {set_id!r}")
+        set_dir = self.root / set_id
+        for _attempt in range(2):
+            if os.path.lexists(set_dir):
+                owner = read_owner(set_dir)
+                if set_dir.is_symlink() or not set_dir.is_dir() or owner is None or owner.agent != agent:
+                    raise NotFound(f"no set {set_id!r}")
+                return set_dir
+            try:
+                self._create(set_dir, None, Owner(agent))
+            except FileExistsError:
+                continue  # claimed at the same moment: whose it is decides
+            return set_dir
+        raise NotFound(f"no set {set_id!r}")
+
     # -- close ------------------------------------------------------------------------
 
     def close(self, agent: str, set_id: str, qids: list[str] | None, status: str,
@@ -154,7 +182,7 @@ class AgentSets:
         except (OSError, LoadError) as exc:
             raise NotFound(f"the set can't be read: {getattr(exc, 'message', exc)}") from None
         new, done = close_questions(raw, qids, status, reason)
-        result = lint(new, LocalFilesystem(os.path.abspath(set_dir)), probe=None)
+        result = lint(new, LocalFilesystem(os.path.abspath(set_dir)), probe=None, confined=True)
         blocking = [f for f in result.errors if blocks_close(f.where, f.message)]
         if blocking:
             raise LintFailed("the set would fail lint", findings=_dicts(blocking))

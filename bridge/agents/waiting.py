@@ -60,7 +60,23 @@ async def _watch(sets: AgentSets, agent: str, set_id: str, set_dir: os.PathLike[
                  question: str | None, until: str, deadline: float,
                  progress: Progress | None) -> tuple[dict[str, Any], bool]:
     names = {ANSWERS_NAME, QUESTIONS_FILE}
-    stop = sets.stop or asyncio.Event()
+    # awatch sets the event it is given when it is cancelled (a client that
+    # gave up its wait): this wait's own, never the bridge's stop.
+    stop = asyncio.Event()
+    follow = asyncio.ensure_future(sets.stop.wait()) if sets.stop is not None else None
+    if follow is not None:
+        follow.add_done_callback(lambda _f: stop.set())
+    try:
+        return await _watch_until(sets, agent, set_id, set_dir, view, question, until, deadline, progress,
+                                  names, stop)
+    finally:
+        if follow is not None:
+            follow.cancel()
+
+
+async def _watch_until(sets: AgentSets, agent: str, set_id: str, set_dir: os.PathLike[str], view: dict[str, Any],
+                       question: str | None, until: str, deadline: float, progress: Progress | None,
+                       names: set[str], stop: asyncio.Event) -> tuple[dict[str, Any], bool]:
     first = True
     last = progress_of(view)
     async for changes in awatch(set_dir, watch_filter=lambda _c, path: os.path.basename(path) in names,

@@ -55,6 +55,7 @@ RECORD_KEY_ORDER = (
     "note",
     "attachments",
     "timecodes",
+    "subject",
     "q_rev",
     "rev",
     "updated",
@@ -394,6 +395,8 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
     "attachments": (lambda v: _str_list(v) and all(_is_relative(p) for p in v), "a list of paths inside the set folder"),
     "timecodes": (lambda v: isinstance(v, list) and all(_is_timecode(tc) for tc in v), 'a list of {"t": seconds, "text": string}'),
     "source": (lambda v: isinstance(v, dict), "an object"),
+    "subject": (lambda v: isinstance(v, dict) and isinstance(v.get("id"), str) and isinstance(v.get("digest"), str),
+                'an object {"id": string, "digest": string}'),
 }
 
 

@@ -78,6 +78,7 @@ def _answer_entry(record: dict[str, Any], question: Question | None, status: str
             "note": record.get("note") or "",
             "attachments": [os.path.normpath(os.path.join(set_dir_abs, rel)) for rel in record.get("attachments") or ()],
             "timecodes": [dict(tc) for tc in record.get("timecodes") or ()],
+            **_subject(record),
             "q_rev": record["q_rev"],
             "current_rev": current_rev,
             # Unknowable without the question; null rather than a guess.
@@ -87,6 +88,14 @@ def _answer_entry(record: dict[str, Any], question: Question | None, status: str
         }
     )
     return entry
+
+
+def _subject(record: dict[str, Any]) -> dict[str, Any]:
+    """``{"subject": {id, digest}}`` of a subject-bound answer: what the person approved."""
+    subject = record.get("subject")
+    if isinstance(subject, dict) and isinstance(subject.get("id"), str) and isinstance(subject.get("digest"), str):
+        return {"subject": {"id": subject["id"], "digest": subject["digest"]}}
+    return {}
 
 
 def _unanswered_entry(question: Question) -> dict[str, Any]:

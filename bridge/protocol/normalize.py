@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply
+from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply, valid_numbers
 from bridge.questionset.builtin import BUILTIN_IDS
 
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
@@ -104,6 +104,7 @@ class Annotation:
     timecodes: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     problem: str | None = None  # a file that could not be kept: its reason code
     replaces: str | None = None
+    filename: str | None = None  # the file's name as sent, for the word back about it
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,8 @@ def _attachment(event: dict[str, Any], content: dict[str, Any], question: Record
                       via="attachment", note=(note.text or None) if note else None,
                       attachments=(path,) if path else (),
                       timecodes=tuple(tc.as_record() for tc in note.timecodes) if note else (),
-                      problem=None if path else (problem or "attachment_not_saved"))
+                      problem=None if path else (problem or "attachment_not_saved"),
+                      filename=filename if isinstance(filename, str) else body if isinstance(body, str) else None)
 
 
 def _addressed_question(content: dict[str, Any], lookup: Lookup,
@@ -394,7 +396,7 @@ def _cant_read(what: str, question: RecordedQuestion) -> str:
     missing = numbers_out_of_range(what, question)
     if missing:
         named = " or ".join(str(n) for n in missing)
-        return (f"There is no option {named} in \u201c{title}\u201d; the options are 1\u2013{len(question.options)}. "
+        return (f"There is no option {named} in \u201c{title}\u201d; the options are 1\u2013{valid_numbers(question)}. "
                 f"{help_text(question)}")
     return f"I couldn't read \u201c{shown}\u201d as an answer to \u201c{title}\u201d. {help_text(question)}"
 

@@ -28,6 +28,18 @@ _LINE = re.compile(
     re.IGNORECASE,
 )
 
+# The same times anywhere later in such a line, each the start of a timecode of
+# its own ("0:01 the left side smears; 1.5 s: the colours flicker"): not inside
+# a number or a word ("3,5 s" is one time; "v2:30" is none).
+_LATER = re.compile(
+    r"(?<![\w.:,])(?:at\s+|@\s*)?"
+    r"(?:(?P<clock>(?:\d{1,2}:)?\d{1,2}:\d{2}(?:\.\d+)?)(?![\d:])|(?P<secs>\d+(?:[.,]\d+)?)\s*(?:s|sec|secs|seconds?)\b)"
+    r"\s*[:\-\u2013\u2014]?\s*",
+    re.IGNORECASE,
+)
+# What ends one remark before the next time: a list separator or an "and".
+_TRAILING = re.compile(r"(?:\s*(?:[;,|/]|\band\b|\bthen\b))+\s*$", re.IGNORECASE)
+
 _ELLIPSIS = "\u2026"
 
 
@@ -55,27 +67,45 @@ def parse_note(text: str) -> Note:
     kept: list[str] = []
     codes: list[Timecode] = []
     for line in text.splitlines():
-        code = parse_timecode(line) if len(codes) < MAX_TIMECODES else None
-        if code is None:
-            kept.append(line)
+        found = line_timecodes(line)[:MAX_TIMECODES - len(codes)]
+        if found:
+            codes.extend(found)
         else:
-            codes.append(code)
+            kept.append(line)
     return Note(clip("\n".join(kept).strip(), MAX_NOTE), tuple(codes))
 
 
 def parse_timecode(line: str) -> Timecode | None:
-    match = _LINE.match(line)
-    if match is None:
-        return None
+    """The first timecode of a line that starts with one."""
+    codes = line_timecodes(line)
+    return codes[0] if codes else None
+
+
+def line_timecodes(line: str) -> list[Timecode]:
+    """Every timecode of a line that starts with a time, each with the text
+    up to the next time; [] for a line that does not start with one."""
+    first = _LINE.match(line)
+    if first is None or _seconds(first) is None:
+        return []  # also a time past any media: the line stays in the note as written
+    text = first.group("text")
+    times = [(first, 0)] + [(m, m.start()) for m in _LATER.finditer(text) if _seconds(m) is not None]
+    codes = []
+    for index, (match, start) in enumerate(times):
+        begin = 0 if index == 0 else match.end()
+        end = times[index + 1][1] if index + 1 < len(times) else len(text)
+        remark = _TRAILING.sub("", text[begin:end]).strip()
+        codes.append(Timecode(round(_seconds(match) or 0.0, 2), clip(remark, MAX_TIMECODE_TEXT)))
+    return codes
+
+
+def _seconds(match: re.Match[str]) -> float | None:
     if match.group("clock"):
         seconds = 0.0
         for part in match.group("clock").split(":"):
             seconds = seconds * 60 + float(part)
     else:
         seconds = float(match.group("secs").replace(",", "."))
-    if not seconds <= MAX_SECONDS:  # also NaN and the infinity a few hundred digits parse to
-        return None  # not a time in any media: the line stays in the note as written
-    return Timecode(round(seconds, 2), clip(match.group("text").strip(), MAX_TIMECODE_TEXT))
+    return seconds if seconds <= MAX_SECONDS else None  # also NaN and the infinity long digits parse to
 
 
 def clip(text: str, limit: int) -> str:

@@ -179,8 +179,14 @@ def describe_added(added: dict[str, Any]) -> str:
 
 
 def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dict[str, Any], title: str, qid: str,
-                     q_rev: int, record_rev: int) -> dict[str, Any]:
-    text = sentence(f"Added to your answer to “{title}”: {describe_added(added)}")
+                     q_rev: int, record_rev: int, picked: bool = True) -> dict[str, Any]:
+    """``picked``: an answer stands that the note is added to; before any,
+    the note is kept for the pick to come (there is no answer to add it to)."""
+    if picked:
+        text = sentence(f"Added to your answer to “{title}”: {describe_added(added)}")
+    else:
+        text = (sentence(f"Kept for “{title}”: {describe_added(added)}")
+                + " It goes with your answer once you pick one.")
     return notice(text, answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id, qid=qid, q_rev=q_rev,
         record_rev=record_rev))

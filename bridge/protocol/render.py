@@ -36,6 +36,13 @@ LIST_KINDS = frozenset({"multi", "rank"})
 _MEDIA_HEADING = "Media (in this message's thread)"
 # Keycap reactions 1..10 (PROTOCOL section 3); 10 has its own emoji.
 KEYCAPS = tuple(f"{n}\ufe0f\u20e3" for n in range(1, 10)) + ("\U0001f51f",)
+# Each keycap's name in words, beside it where a font may draw a black box.
+KEYCAP_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+def keycap_named(number: int) -> str:
+    """``1\ufe0f\u20e3 (keycap one)``: the emoji, and what it is in words."""
+    return f"{KEYCAPS[number - 1]} (keycap {KEYCAP_WORDS[number - 1]})"
+
 
 # "1.0 s", "1.4s", "12 sec", "0:07", "01:02:03.5": the set's timecodes, shown
 # prominently because askwright turns them into "Play from" buttons and here
@@ -260,9 +267,9 @@ def _answer_steps(q: Mapping[str, Any], poll: bool) -> list[tuple[str, str | Non
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
         last = min(count, len(KEYCAPS))
         # Some systems draw keycaps as black boxes with Element's bundled font:
-        # the words say what the boxes are and where to find them.
+        # each keycap's name beside it still reads, and says where to find it.
         steps.append((
-            f"or react to it with the keycap emoji {KEYCAPS[0]}\u2026{KEYCAPS[last - 1]} "
+            f"or react to it with the keycap emoji {keycap_named(1)} \u2026 {keycap_named(last)} "
             "for that number (search \u201ckeycap\u201d in the reaction picker)",
             None,
         ))

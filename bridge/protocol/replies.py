@@ -104,6 +104,12 @@ def help_text(question: RecordedQuestion) -> str:
     return f"{how}; {builtins}."
 
 
+def valid_numbers(question: RecordedQuestion) -> int:
+    """How many numbers an answer to ``question`` may use (1 to this): a rank
+    answer orders the set's own options, never the built-ins shown after them."""
+    return len(question.rankable_ids) if question.kind == "rank" else len(question.options)
+
+
 def numbers_out_of_range(body: str, question: RecordedQuestion) -> list[int]:
     """The numbers in a reply that name no option ("9" on four options), in
     the order typed; empty when every number is one the message shows."""
@@ -111,7 +117,7 @@ def numbers_out_of_range(body: str, question: RecordedQuestion) -> list[int]:
         return []
     text = strip_fallback(body)
     parts = text.split() if _SPACED_NUMBERS.match(text) else re.split(r"[,;>\n]", text)
-    count = len(question.options)
+    count = valid_numbers(question)
     found = []
     for part in parts:
         number = _NUMBER.match(_plain(part))

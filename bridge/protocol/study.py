@@ -77,14 +77,40 @@ def score(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> Score:
                  to_grade)
 
 
-def score_text(qset: QuestionSet, result: Score) -> str:
-    lines = [f"Score for \u201c{qset.title}\u201d: {_n(result.points)} of {_n(result.possible)}."]
-    lines += [f"- {topic}: {_n(got)} of {_n(possible)}" for topic, (got, possible) in result.by_topic.items()]
+def score_text(qset: QuestionSet, result: Score, replaces: bool = False) -> str:
+    """The score as plain text: ``replaces`` when an earlier score of the set
+    was posted (a changed answer re-scores), which the first line says."""
+    return "\n".join([_score_head(qset, result, replaces)] + [f"- {line}" for line in _topic_lines(result)]
+                      + _score_tail(result))
+
+
+def score_html(qset: QuestionSet, result: Score, replaces: bool = False) -> str:
+    """The same as ``score_text``, the topics a real list."""
+    from bridge.protocol.render import esc_links
+
+    html = f"<p>{esc_links(_score_head(qset, result, replaces))}</p>"
+    topics = _topic_lines(result)
+    if topics:
+        html += "<ul>" + "".join(f"<li>{esc_links(line)}</li>" for line in topics) + "</ul>"
+    return html + "".join(f"<p>{esc_links(line)}</p>" for line in _score_tail(result))
+
+
+def _score_head(qset: QuestionSet, result: Score, replaces: bool) -> str:
+    head = f"Score for \u201c{qset.title}\u201d: {_n(result.points)} of {_n(result.possible)}."
+    return head + (" This replaces the earlier score: an answer changed." if replaces else "")
+
+
+def _topic_lines(result: Score) -> list[str]:
+    return [f"{topic}: {_n(got)} of {_n(possible)}" for topic, (got, possible) in result.by_topic.items()]
+
+
+def _score_tail(result: Score) -> list[str]:
+    lines = []
     if result.bonus[1]:
         lines.append(f"Bonus questions: {_n(result.bonus[0])} of {_n(result.bonus[1])}")
     if result.to_grade:
         lines.append(f"{result.to_grade} written answer{'s' if result.to_grade > 1 else ''} wait for grading.")
-    return "\n".join(lines)
+    return lines
 
 
 def _right(question: Question, record: dict[str, Any] | None) -> bool:

@@ -38,6 +38,9 @@ def to_record(
     if note is not None:
         record["note"] = note
     record.update(_kept_files(prior))
+    if question.subject is not None:
+        # What the person approved: the judge accepted only an answer bound to exactly this.
+        record["subject"] = {"id": question.subject[0], "digest": question.subject[1]}
     record["q_rev"] = accepted.q_rev
     record["rev"] = _prior_rev(prior) + 1
     record["updated"] = now

@@ -30,6 +30,9 @@ _TYPE_BY_EXTENSION: dict[str, MediaType] = {
     **{ext: "image" for ext in ("png", "jpg", "jpeg", "gif", "webp", "svg", "avif")},
 }
 
+# What an agent may upload for a set: the media table, and a video's captions.
+UPLOAD_EXTENSIONS = (*_TYPE_BY_EXTENSION, "vtt")
+
 # Spelled out because the platform's mimetypes table differs between systems
 # (several of these, e.g. opus and avif, are missing on older ones) and the
 # bridge must send the same mimetype wherever it runs.

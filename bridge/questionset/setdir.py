@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # imported when a folder is linted, not by every reader of qu
     from bridge.questionset.lint import LintResult
 
 QUESTIONS_FILE = "questions.json"
+# Written by the agents' API beside the questions.json of a set it took (its
+# owner); such a set is linted as confined to its own folder.
+AGENT_OWNER_FILE = ".askwright-agent.json"
 PROBE_TIMEOUT_SECONDS = 30
 # Far above any real set; stops a runaway file from being read into memory.
 MAX_QUESTIONS_BYTES = 16 * 1024 * 1024
@@ -95,7 +98,8 @@ def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = T
     (resolved) -> question id -> the highest rev the bridge posted (from its
     store), so a rev that went back is a warning.  Raises ``LoadError`` when
     the folder or its questions.json can't be read, isn't JSON or isn't an
-    object.
+    object.  A set the agents' API wrote (it holds ``AGENT_OWNER_FILE``) is
+    linted as confined: its media only from inside its own folder.
     """
     set_dir, file = set_paths(path)
     raw = read_questions(file)
@@ -103,4 +107,5 @@ def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = T
     from bridge.questionset.lint import lint
 
     revs = (posted_revs or {}).get(os.path.realpath(set_dir), {})  # the poster keys postings by the resolved folder
-    return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen, posted_revs=revs)
+    confined = os.path.lexists(os.path.join(set_dir, AGENT_OWNER_FILE))
+    return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen, posted_revs=revs, confined=confined)

@@ -167,7 +167,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
                             on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble,
-                            on_logged=ops.on_logged)
+                            on_logged=ops.on_logged, attachment_max_bytes=config.attachments.max_bytes)
         if lease is not None:
             pipeline.may_write = lease.check
         await front.open(pipeline)

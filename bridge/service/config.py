@@ -132,6 +132,14 @@ class Metrics(Section):
         return _host_port(self.listen)
 
 
+class Attachments(Section):
+    """Files people send into a question's thread (``<set>/attachments/``):
+    ``max_bytes`` is the largest one kept."""
+
+    minimum = {"max_bytes": 1}
+    max_bytes: int = 20 * 1024 * 1024
+
+
 class Reminders(Section):
     """A nudge in the thread of a question posted ``after`` ago and still
     unanswered, repeated at most once every ``every``."""
@@ -206,15 +214,30 @@ class Agent(Section):
 class AgentApi(Section):
     """Limits of the agents' HTTP API and MCP endpoint, and of webhook delivery."""
 
-    minimum = {"rate_per_minute": 1}
+    minimum = {"rate_per_minute": 1, "media_max": 1}
     # Requests per minute per agent (a bucket that holds a minute's worth).
     rate_per_minute: int = 120
+    # The largest media file an agent may upload for its set, in bytes.
+    media_max: int = 100 * 1024 * 1024
     # A webhook not taken after this long is dropped, with a log line and a metric.
     webhook_drop_after: Duration = Duration("24h")
     webhook_timeout: Duration = Duration("10s")
     # Webhook and callback URLs may go to loopback, private, link-local or
     # metadata addresses (refused otherwise, at configuration, ask and delivery).
     allow_private_callbacks: bool = False
+    # The address agents reach the bridge at (https://bridge.example.org): /mcp
+    # answers only requests whose Host and Origin name it (or the listener, or
+    # an IP address), so no other site's page can reach it by DNS rebinding.
+    public_url: str | None = None
+
+    def check(self) -> None:
+        if self.public_url is not None:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(self.public_url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise Invalid("must be an http:// or https:// URL with a host, such as https://bridge.example.org",
+                              "public_url")
 
     @property
     def drop_after_seconds(self) -> float:
@@ -254,6 +277,7 @@ class Config(Section):
     appservice: Appservice = field(default_factory=Appservice)
     metrics: Metrics = field(default_factory=Metrics)
     reminders: Reminders = field(default_factory=Reminders)
+    attachments: Attachments = field(default_factory=Attachments)
     encryption: Encryption = field(default_factory=Encryption)
     agents: dict[str, Agent] = field(default_factory=dict)
     agent_api: AgentApi = field(default_factory=AgentApi)

@@ -10,9 +10,11 @@ import socket
 import time
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from bridge.agents.webhooks import verify
+from helpers.harness import answer_content
 
 TOKENS = {"planner": "planner-token-0123456789abcdef", "other": "other-token-0123456789abcdef"}
 SECRETS = {"planner": "planner-hook-secret-42", "other": "other-hook-secret-42"}
@@ -49,6 +51,35 @@ def one_question(set_id: str, qid: str = "branch") -> dict[str, Any]:
 
 def auth(agent: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[agent]}"}
+
+
+def start(bridge, **extra: Any) -> str:
+    """Start ``bridge`` with the two agents on a listener of its own; its base URL."""
+    port = free_port()
+    bridge.extra_config = agents_config(port, **extra)
+    bridge.start()
+    return f"http://127.0.0.1:{port}"
+
+
+async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            bridge.check_alive()
+            try:
+                async with http.get(base + "/v1/openapi.json") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError("the agents' listener did not come up")
+
+
+def structured(result: Any) -> dict[str, Any]:
+    """An MCP tool's structured result, after checking it is no error."""
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
 
 
 class Receiver:
@@ -128,3 +159,38 @@ class Silent:
             writer.close()
         if self.server:
             self.server.close()
+
+
+async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            bridge.check_alive()
+            try:
+                async with http.get(base + "/v1/openapi.json") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError("the agents' listener did not come up")
+
+
+def start(bridge: Any, **extra: Any) -> str:
+    port = free_port()
+    bridge.extra_config = agents_config(port, **extra)
+    bridge.start()
+    return f"http://127.0.0.1:{port}"
+
+
+def structured(result: Any) -> dict[str, Any]:
+    assert not result.is_error, result.content[0].text
+    return result.structured_content
+
+
+async def answer(bridge, set_id: str, option: str = "stable") -> str:
+    """Alice answers the one question of ``set_id`` (the only set in the room)."""
+    found = await bridge.wait_questions(bridge.alice, 1)
+    (question,) = found.values()
+    assert question["content"]["set"]["id"] == set_id
+    return await bridge.alice.send(bridge.room_id, answer_content(question, option_id=option))

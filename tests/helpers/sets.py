@@ -96,5 +96,8 @@ def check_all_kinds_read(view: dict[str, Any]) -> None:
     assert (got["risk"]["choice"], got["risk"]["note"]) == ("other", "Depends on the migration")
     assert got["ship"]["state"] == "unsure"
     assert (got["approve"]["choice"], got["approve"]["matched_guess"]) == ("approve", True)
+    # What the person approved, as they answered it; other kinds are bound to nothing.
+    assert got["approve"]["subject"] == SUBJECT
+    assert all("subject" not in answer for qid, answer in got.items() if qid != "approve")
     for answer in got.values():
         assert answer["q_rev"] == 1 and answer["stale"] is False and answer["rev"] == 1

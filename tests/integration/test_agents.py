@@ -18,46 +18,12 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from helpers.agents import SECRETS, Receiver, Silent, agents_config, auth, free_port, one_question
+from helpers.agents import (SECRETS, Receiver, Silent, agents_config, answer, auth, free_port, one_question,
+                            start, structured, wait_listener)
 from helpers.attack import AS_BOT
 from helpers.harness import ROOT, Bridge, Person, answer_content, store_rows, unique
 
 pytestmark = pytest.mark.integration
-
-
-async def wait_listener(bridge, base: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            bridge.check_alive()
-            try:
-                async with http.get(base + "/v1/openapi.json") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError("the agents' listener did not come up")
-
-
-async def answer(bridge, set_id: str, option: str = "stable") -> str:
-    """Alice answers the one question of ``set_id`` (the only set in the room)."""
-    found = await bridge.wait_questions(bridge.alice, 1)
-    (question,) = found.values()
-    assert question["content"]["set"]["id"] == set_id
-    return await bridge.alice.send(bridge.room_id, answer_content(question, option_id=option))
-
-
-def start(bridge, **extra: Any) -> str:
-    port = free_port()
-    bridge.extra_config = agents_config(port, **extra)
-    bridge.start()
-    return f"http://127.0.0.1:{port}"
-
-
-def structured(result: Any) -> dict[str, Any]:
-    assert not result.is_error, result.content[0].text
-    return result.structured_content
 
 
 @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
@@ -77,7 +43,7 @@ async def test_mcp_over_stdio_asks_and_waits_for_the_judged_answer(bridge):
     # The 2025 handshake era here (resources/subscribe); over HTTP below, the 2026 one (subscriptions/listen).
     async with Client(params, mode="legacy", message_handler=notices) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
-        assert names == {"ask", "read", "wait", "close", "list_sets"}
+        assert names == {"ask", "read", "wait", "close", "list_sets", "upload_media"}
         asked = structured(await client.call_tool("ask", {"set": one_question(set_id)}))
         assert asked["created"] is True and asked["questions"] == ["branch"]
         refused = await client.call_tool("ask", {"set": {**one_question(set_id), "title": ""}})

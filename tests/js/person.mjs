@@ -7,10 +7,14 @@
 // Commands: {"cmd": "start", "base_url", "user_id", "access_token", "device_id", "password"}
 //           {"cmd": "messages", "room_id"}            -> {"events": [...]} oldest first, decrypted
 //           {"cmd": "send", "room_id", "type", "content"} -> {"event_id"}
+//           {"cmd": "send_file", "room_id", "path", "name", "thread_root", "with_size"}
+//                                                     -> {"event_id", "encrypted"} the file sent in the
+//                                                        thread, encrypted first in an encrypted room
 //           {"cmd": "device_status", "user_id", "device_id"} -> {"status": {...} | null}
 //           {"cmd": "stop"}
 // Every reply is {"ok": true, ...} or {"ok": false, "error": "..."}.
 
+import { readFile } from "node:fs/promises";
 import readline from "node:readline";
 
 // The SDK logs through console: keep stdout for the replies.
@@ -101,6 +105,52 @@ async function send({ room_id, type, content }) {
     return { event_id };
 }
 
+function unpaddedBase64(bytes, urlSafe = false) {
+    const text = Buffer.from(bytes).toString("base64").replace(/=+$/, "");
+    return urlSafe ? text.replace(/\+/g, "-").replace(/\//g, "_") : text;
+}
+
+// An attachment encrypted as Element encrypts one (the spec's encrypted
+// attachments): AES-256-CTR under a fresh key, a counter block whose low
+// 64 bits are zero, the sha256 of the ciphertext.
+async function encryptAttachment(plaintext) {
+    const subtle = globalThis.crypto.subtle;
+    const counter = new Uint8Array(16);
+    globalThis.crypto.getRandomValues(counter.subarray(0, 8));
+    const key = await subtle.generateKey({ name: "AES-CTR", length: 256 }, true, ["encrypt", "decrypt"]);
+    const ciphertext = new Uint8Array(await subtle.encrypt({ name: "AES-CTR", counter, length: 64 }, key, plaintext));
+    const jwk = await subtle.exportKey("jwk", key);
+    const sha256 = new Uint8Array(await subtle.digest("SHA-256", ciphertext));
+    return {
+        ciphertext,
+        file: {
+            v: "v2", iv: unpaddedBase64(counter), hashes: { sha256: unpaddedBase64(sha256) },
+            key: { kty: "oct", alg: "A256CTR", ext: true, k: jwk.k, key_ops: ["encrypt", "decrypt"] },
+        },
+    };
+}
+
+async function sendFile({ room_id, path, name, thread_root, with_size }) {
+    await waitFor(`room ${room_id}`, () => client.getRoom(room_id)?.getMyMembership() === "join");
+    const data = new Uint8Array(await readFile(path));
+    const encrypted = await client.getCrypto().isEncryptionEnabledInRoom(room_id);
+    const content = { msgtype: "m.file", body: name, filename: name };
+    if (with_size) content.info = { mimetype: "application/octet-stream", size: data.length };
+    if (encrypted) {
+        const { ciphertext, file } = await encryptAttachment(data);
+        const { content_uri } = await client.uploadContent(ciphertext, { type: "application/octet-stream",
+                                                                         includeFilename: false });
+        content.file = { ...file, url: content_uri };
+    } else {
+        const { content_uri } = await client.uploadContent(data, { type: "application/octet-stream", name });
+        content.url = content_uri;
+    }
+    content["m.relates_to"] = { rel_type: "m.thread", event_id: thread_root, is_falling_back: true,
+                                "m.in_reply_to": { event_id: thread_root } };
+    const { event_id } = await client.sendEvent(room_id, "m.room.message", content);
+    return { event_id, encrypted };
+}
+
 async function deviceStatus({ user_id, device_id }) {
     const crypto = client.getCrypto();
     await crypto.getUserDeviceInfo([user_id], true);
@@ -113,7 +163,7 @@ async function deviceStatus({ user_id, device_id }) {
     };
 }
 
-const handlers = { start, messages, send, device_status: deviceStatus };
+const handlers = { start, messages, send, send_file: sendFile, device_status: deviceStatus };
 
 const lines = readline.createInterface({ input: process.stdin });
 for await (const line of lines) {

@@ -203,7 +203,16 @@ def test_an_answer_to_a_set_without_an_agent_queues_nothing(tmp_path):
 def test_the_openapi_document_is_shipped_and_names_every_route():
     doc = json.loads((Path(__file__).resolve().parents[2] / "bridge" / "agents" / "openapi.json").read_text())
     assert set(doc["paths"]) == {"/v1/sets", "/v1/sets/{id}", "/v1/sets/{id}/answers", "/v1/sets/{id}/close",
+                                 "/v1/sets/{id}/attachments/{name}", "/v1/sets/{id}/media/{name}",
                                  "/v1/openapi.json"}
+    media = doc["paths"]["/v1/sets/{id}/media/{name}"]["put"]
+    assert list(media["requestBody"]["content"]) == ["application/octet-stream"]
+    # The names the document promises are exactly the names the code takes.
+    from bridge.agents import attachment_files, media_files
+
+    assert media["parameters"][1]["schema"]["pattern"] == media_files.NAME_PATTERN
+    attachment = doc["paths"]["/v1/sets/{id}/attachments/{name}"]["get"]
+    assert attachment["parameters"][1]["schema"]["pattern"] == attachment_files.NAME.pattern
     assert set(doc["paths"]["/v1/sets/{id}"]["put"]["responses"]) >= {"200", "201", "401", "404", "413", "422"}
 
 

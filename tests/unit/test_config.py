@@ -27,6 +27,13 @@ def test_the_example_config_loads():
     assert config.answerers == [] and config.appservice.enabled is False
 
 
+def test_the_largest_file_kept_is_20_mib_unless_configured(tmp_path):
+    assert load_config(ROOT / "config.example.yaml", environ={}).attachments.max_bytes == 20 * 1024 * 1024
+    assert load_config(write(tmp_path, GOOD), environ={}).attachments.max_bytes == 20 * 1024 * 1024
+    data = {**GOOD, "attachments": {"max_bytes": 12 * 1024 * 1024}}
+    assert load_config(write(tmp_path, data), environ={}).attachments.max_bytes == 12 * 1024 * 1024
+
+
 def test_relative_paths_are_relative_to_the_config_file(tmp_path):
     config = load_config(write(tmp_path, GOOD), environ={})
     assert config.store.path == tmp_path / "bridge.sqlite"
@@ -45,6 +52,9 @@ def test_a_room_version_12_id_without_server_part_is_accepted(tmp_path):
     (lambda d: d.update(answerers="@a:b"), "answerers"),
     (lambda d: d.update(colour="blue"), "colour"),
     (lambda d: d["bot"].pop("access_token"), "(top level)"),
+    (lambda d: d.update(attachments={"max_bytes": 0}), "attachments.max_bytes"),
+    (lambda d: d.update(attachments={"max_bytes": "20MB"}), "attachments.max_bytes"),
+    (lambda d: d.update(attachments={"max_size": 10}), "attachments.max_size"),
 ])
 def test_a_bad_key_is_named(tmp_path, mutate, key):
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in GOOD.items()}

@@ -38,6 +38,7 @@ from bridge.questionset.model import QuestionSet
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, LocalFilesystem, load_set_dir
 from bridge.service.answering import attachments
 from bridge.service.posting.sets import discover
+from bridge.service.transport.matrix import MediaBody
 from helpers.sets import all_kinds_set
 
 ROOM, ALICE, BRIDGE = "!room:hs", "@alice:hs", "@bot:hs"
@@ -409,8 +410,12 @@ def test_a_symlinked_attachments_folder_is_refused(tmp_path: Path) -> None:
 
 
 async def _save(set_dir: Path, content: dict[str, Any], qid: str) -> tuple[str | None, str | None]:
-    async def download(_url: str, _limit: int) -> bytes:
-        return b"\x89PNG fake"
+    @contextlib.asynccontextmanager
+    async def download(_url: str, _stall: float):
+        async def chunks():
+            yield b"\x89PNG fake"
+
+        yield MediaBody(9, chunks())
 
     return await attachments._fetch(content, str(set_dir), qid, 1, download)
 

@@ -113,6 +113,33 @@ def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_
     assert store.is_processed("$in-flight")
 
 
+def test_a_leader_that_lost_the_lease_downloads_nothing():
+    import asyncio
+
+    from bridge.service.storage.leader import _Guarded
+    from bridge.service.transport.matrix import NioTransport
+
+    opened = []
+
+    class Client:
+        access_token = "t"
+
+        async def send(self, *args, **kwargs):
+            opened.append(args)
+            raise AssertionError("the homeserver was asked")
+
+    def lost() -> None:
+        raise LeaseLost("another instance leads")
+
+    async def download() -> None:
+        async with _Guarded(NioTransport(Client()), lost).download("mxc://hs/abc", 1.0):
+            pass
+
+    with pytest.raises(LeaseLost):
+        asyncio.run(download())
+    assert opened == []
+
+
 class Cable:
     """A TCP forwarder between a lease and the server that can be cut: open
     connections go dead (no reset, nothing more passes) and new ones are refused."""

@@ -37,6 +37,18 @@ def test_lines_that_are_not_timecodes(line):
     assert parse_timecode(line) is None
 
 
+@pytest.mark.parametrize("line, codes", [
+    ("0:01 the left side smears; 1.5 s: the colours flicker", [(1.0, "the left side smears"), (1.5, "the colours flicker")]),
+    ("0:07 the logo, then at 0:09 it fades", [(7.0, "the logo"), (9.0, "it fades")]),
+    ("1 s: a 2 s: b 3 s: c", [(1.0, "a"), (2.0, "b"), (3.0, "c")]),
+    ("3,5 s: one time with a decimal comma", [(3.5, "one time with a decimal comma")]),
+    ("1 s: build v2:30 is fine", [(1.0, "build v2:30 is fine")]),
+])
+def test_every_time_in_a_timecode_line_is_its_own_timecode(line, codes):
+    note = parse_note(line)
+    assert [(code.t, code.text) for code in note.timecodes] == codes and note.text == ""
+
+
 def test_limits_on_timecodes():
     note = parse_note("\n".join(f"{n} s: x" for n in range(60)))
     assert len(note.timecodes) == MAX_TIMECODES and note.text.count("\n") == 9

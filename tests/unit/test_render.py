@@ -146,7 +146,7 @@ def test_multi_rank_text_guesses() -> None:
 
 def test_how_to_answer_by_kind() -> None:
     choice = event(question())["body"]
-    assert "number of your pick" in choice and f"{KEYCAPS[0]}\u2026{KEYCAPS[4]}" in choice
+    assert "number of your pick" in choice and f"{KEYCAPS[0]} (keycap one) \u2026 {KEYCAPS[4]} (keycap five)" in choice
     assert "other: <your text>" in choice and "unsure" in choice
     assert "vote in the poll" not in choice
     assert "vote in the poll" in event(question(), poll=True)["body"]
@@ -162,7 +162,7 @@ def test_reactions_cap_at_ten() -> None:
     q = question(options=[{"id": f"o{i}", "label": f"Choice number {i}"} for i in range(12)])
     q["guess"] = {"option": "o1", "why": "x", "confidence": "high"}
     body = event(q)["body"]
-    assert f"{KEYCAPS[0]}\u2026\U0001f51f" in body
+    assert "\U0001f51f (keycap ten) for that number" in body
 
 
 # ---------------------------------------------------------------- safety
@@ -343,8 +343,11 @@ def test_media_are_said_to_be_in_the_thread() -> None:
 
 def test_keycaps_are_named_and_where_to_find_them() -> None:
     body = event(question())["body"]
-    assert f"react to it with the keycap emoji {KEYCAPS[0]}\u2026{KEYCAPS[4]} for that number" in body
     assert "(search \u201ckeycap\u201d in the reaction picker)" in body
+    # Read with every emoji glyph missing, the words still say which reaction means what.
+    without_glyphs = body.replace("\ufe0f\u20e3", "").replace("\U0001f51f", "")
+    assert "react to it with the keycap emoji 1 (keycap one) \u2026 5 (keycap five) for that number" in without_glyphs
+    assert f"{KEYCAPS[0]} (keycap one)" in event(question())["formatted_body"]
 
 
 @pytest.mark.parametrize("kind", ["multi", "rank"])

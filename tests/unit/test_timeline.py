@@ -87,3 +87,18 @@ def test_a_crash_between_batches_changes_nothing(tmp_path: Path) -> None:
     room.crash()
     room.deliver([answer("$a", ALICE, 1000, "main")])
     assert room.record()["choice"] == "stable"
+
+
+def _word_back(room: Room, event_id: str) -> str:
+    seq = next(last for last, _count in room.store.pending_acks(50)
+               if room.store.log_entry(last).event_id == event_id)
+    return room.pipeline.notice_for(room.store.log_entry(seq))["body"]
+
+
+def test_a_note_before_any_pick_is_said_to_be_kept_for_the_pick_to_come(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    room.deliver([note("$n1", ALICE, 1, "the left branch looks risky")])
+    said = _word_back(room, "$n1")
+    assert "Added to your answer" not in said and "once you pick one" in said and said.startswith("Kept for")
+    room.deliver([answer("$a", ALICE, 2, "main"), note("$n2", ALICE, 3, "and slow")])
+    assert _word_back(room, "$n2").startswith("Added to your answer to")

@@ -204,3 +204,13 @@ def test_as_a_process_it_exits_3_on_timeout(set_dir):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 3
     assert done.stdout == read_output(set_dir)
+
+
+def test_the_top_help_opens_with_what_the_bridge_does_for_a_user_and_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    opening = out.split("\n\n")[1]
+    assert opening.startswith("Post an agent's askwright questions into a Matrix room")
+    assert "bridge.commands" not in out and "add_parser" not in out
+    assert "examples:\n  askwright-bridge lint " in out and "askwright-bridge run --config" in out

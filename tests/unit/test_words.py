@@ -29,7 +29,7 @@ from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.questionset.builtin import BUILTIN_IDS
 from bridge.questionset.model import QuestionSet
 from bridge.service.encryption import crypto
-from bridge.service.answering import pipeline
+from bridge.protocol.file_problems import file_problem
 from helpers.sets import SUBJECT, all_kinds_set
 
 ROOM = "!room:hs"
@@ -148,7 +148,10 @@ def _gesture_refusals() -> list[tuple[RecordedQuestion | None, str, str]]:
              ("unstorable", "the answer holds a number that is not finite, which can't be recorded."),
              ("unplaced_reply", UNPLACED_MESSAGE),
              ("undecryptable", crypto.UNDECRYPTABLE_MESSAGE), ("device_not_verified", crypto.UNVERIFIED_MESSAGE)]
-    shell += list(pipeline._FILE_PROBLEMS.items())
+    shell += [(reason, file_problem(reason, name, 12 * 1024 * 1024))
+              for reason in ("attachment_too_large", "too_many_attachments", "attachment_encrypted",
+                             "attachment_not_fetched", "attachment_download_failed", "attachment_not_saved")
+              for name in ("release-screenshot.png", None)]
     out += [(None, reason, message) for reason, message in shell]
     return out
 
@@ -268,6 +271,16 @@ def test_no_notice_names_an_option_by_its_id(index):
     assert _leaks(q, content["body"]) == [], content["body"]
 
 
+@pytest.mark.parametrize("typed", ["3, 1, 9", "9"])
+def test_a_rank_refusal_names_the_numbers_a_rank_answer_may_use(typed):
+    # The built-ins have numbers after the set's options, but a rank answer orders only the set's own.
+    order = QUESTIONS["order"]
+    refused = normalize({"type": "m.room.message", "event_id": "$r", "room_id": ROOM, "sender": ALICE,
+                         "content": {"msgtype": "m.text", "body": typed,
+                                     "m.relates_to": {"m.in_reply_to": {"event_id": order.event_id}}}}, _Lookup())
+    assert refused.message.startswith("There is no option 9 in \u201cFix order\u201d; the options are 1\u20133. Reply with all 3 numbers")
+
+
 def test_the_examples_of_the_issue_read_in_the_persons_terms():
     order, platforms, takes = QUESTIONS["order"], QUESTIONS["platforms"], QUESTIONS["takes"]
     missing = verdict(order, content_for(order, text="opt_leak"))
@@ -314,6 +327,19 @@ def test_a_withdrawal_says_what_stands_now():
     gone = withdrawn_notice(event_id="$r", withdrawn_event_id="$a", question_event_id=risk.event_id, qid="risk",
                             title="Risk", withdrawn_via="reaction", now=None, reply_to="$ack")
     assert gone["body"] == "Your reaction to “Risk” is withdrawn; no answer is recorded now."
+
+
+def test_a_score_that_replaces_an_earlier_one_says_so_with_a_real_list():
+    from bridge.protocol.study import score_html
+
+    result = Score(2, 3, {"Storage": (1, 2), "Networking": (1, 1)}, (0, 0), 0)
+    quiz = SimpleNamespace(title="Quiz")
+    first, again = score_text(quiz, result), score_text(quiz, result, replaces=True)
+    assert first.startswith("Score for \u201cQuiz\u201d: 2 of 3.\n- Storage: 1 of 2\n") and "replaces" not in first
+    assert again.startswith("Score for \u201cQuiz\u201d: 2 of 3. This replaces the earlier score")
+    html = score_html(quiz, result, replaces=True)
+    assert "<ul><li>Storage: 1 of 2</li><li>Networking: 1 of 1</li></ul>" in html and "- " not in html
+    assert "This replaces the earlier score" in html
 
 
 def test_the_study_score_reads_plainly():

@@ -65,6 +65,8 @@ class Context:
     mode: str
     # Question id -> the highest rev the bridge posted of it (empty without a store).
     posted_revs: Mapping[str, int] = field(default_factory=dict)
+    # A set an agent sent through the HTTP API or MCP: media only from its own folder (``confined``).
+    confined: bool = False
     errors: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
 
@@ -80,4 +82,10 @@ class Context:
 
     @property
     def media_roots(self) -> list[str]:
-        return [r for r in list_at(self.raw, "media_roots") or [] if isinstance(r, str)]
+        """The roots media is resolved in: for a confined set, only those inside its folder."""
+        roots = [r for r in list_at(self.raw, "media_roots") or [] if isinstance(r, str)]
+        if self.confined:
+            from bridge.questionset.lint.confined import safe_roots
+
+            return safe_roots(roots, self.fs)
+        return roots

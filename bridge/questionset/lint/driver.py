@@ -8,6 +8,7 @@ from typing import Any
 
 from bridge.questionset import media as media_rules
 from bridge.questionset.lint.access import list_at
+from bridge.questionset.lint.confined import check_confined_backgrounds, check_confined_roots
 from bridge.questionset.lint.context import Context, QuestionView, question_view
 from bridge.questionset.lint.guess import check_guess
 from bridge.questionset.lint.identity import check_question_id, check_rev_and_supersedes, check_show_if, check_status
@@ -46,7 +47,7 @@ class LintResult:
 
 
 def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.Probe | None = None,
-         posted_revs: Mapping[str, int] | None = None) -> LintResult:
+         posted_revs: Mapping[str, int] | None = None, confined: bool = False) -> LintResult:
     """Check a parsed ``questions.json`` against every rule of the format.
 
     ``fs`` answers file questions relative to the set folder; ``probe``
@@ -61,8 +62,10 @@ def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.
 
     mode = raw.get("mode")
     # An unknown mode is a type error; the rules then read the set as the default.
-    ctx = Context(raw, fs, probe, mode if mode in ("decide", "study") else "decide", posted_revs or {})
+    ctx = Context(raw, fs, probe, mode if mode in ("decide", "study") else "decide", posted_revs or {}, confined)
     check_set(ctx)
+    if confined:
+        check_confined_roots(ctx)
     questions = [question_view(q, i) for i, q in enumerate(list_at(raw, "questions") or []) if isinstance(q, dict)]
     by_id: dict[str, QuestionView] = {}
     for q in questions:
@@ -93,6 +96,8 @@ def _check_question(ctx: Context, q: QuestionView, by_id: dict[str, QuestionView
     check_guess(ctx, q)
     check_sides(ctx, q)
     check_media(ctx, q)
+    if ctx.confined:
+        check_confined_backgrounds(ctx, q)
     check_show_if(ctx, q, by_id)
     check_status(ctx, q, by_id)
     check_rev_and_supersedes(ctx, q)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.questionset import media as media_rules
+from bridge.questionset.lint import confined
 from bridge.questionset.lint.access import blank, list_at, quote, str_at
 from bridge.questionset.lint.context import Context, QuestionView
 from bridge.questionset.lint.unknown import check_unknown
@@ -35,8 +36,13 @@ def _check_media_item(ctx: Context, item: dict[str, Any], where: str) -> None:
         ctx.error(f"{where}.src", "src is empty; name the media file")
         return
     kind = _media_kind(ctx, item, src, where)
+    if ctx.confined and (problem := confined.path_problem(src)):
+        ctx.error(f"{where}.src", f"{quote(src)} {problem}; {confined.WHY}")
+        return
     resolved = media_rules.resolve(src, ctx.media_roots, ctx.fs)
-    if resolved.status == "outside":
+    if resolved.status == "outside" and ctx.confined:
+        ctx.error(f"{where}.src", f"{quote(src)} leads outside the set folder (through a symlink); {confined.WHY}")
+    elif resolved.status == "outside":
         ctx.error(
             f"{where}.src",
             f"{quote(src)} is outside the set folder and its media roots; "

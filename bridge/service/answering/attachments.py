@@ -9,29 +9,41 @@ name, because names are numbered from the store's count, not from the disk.
 Safety: names are made here, never taken from the sender (``<qid>-<n>.<ext>``
 with a short alphanumeric extension); the folder must really be inside the
 set folder (a symlinked ``attachments`` pointing elsewhere is refused); files
-are capped in size and in number per question.
+are capped in size (``attachments.max_bytes``) and in number per question.
+
+Whole or not at all: the body streams into a part file beside its name
+(never into memory), counted, decrypted and hash-checked as it comes
+(``protocol.file_body``), and is renamed into place only once it is whole
+and on disk.  A body cut short is a failed try, tried again; whatever fails,
+the part file goes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
+import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncContextManager, Callable, TypeVar
 
 from bridge.protocol.annotate import MAX_ATTACHMENTS
+from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
 from bridge.protocol.normalize import FILE_MSGTYPES
 from bridge.questionset.media import is_inside
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 
-MAX_BYTES = 20 * 1024 * 1024
+# The default of ``attachments.max_bytes``: the largest file kept.
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 FOLDER = "attachments"
 
-Download = Callable[[str, int], Awaitable[bytes]]
+# (mxc, seconds a read may wait for the next bytes) -> the body under way
+# (``transport.matrix.MediaBody``: ``length``, ``chunks``).
+Download = Callable[[str, float], AsyncContextManager[Any]]
 MayAnswer = Callable[[str, str], bool]
 
 _SAFE_EXT = re.compile(r"^[a-z0-9]{1,8}$")
@@ -42,27 +54,36 @@ _EXT_BY_MIMETYPE = {
     "audio/mpeg": "mp3", "audio/ogg": "ogg", "audio/mp4": "m4a", "audio/wav": "wav", "application/pdf": "pdf",
     "text/plain": "txt",
 }
-
-
-class FileTooLarge(Exception):
-    """The download passed the cap; raised by a ``Download``."""
+# Plaintext gathered before a write to disk (in a thread): memory per download stays this small.
+WRITE_BYTES = 1024 * 1024
 
 
 class FileGone(Exception):
     """The content repository does not have the file (a permanent failure)."""
 
 
+class NotSaved(Exception):
+    """The set folder would not take the file (gone, read-only, full, leading outside): not worth a retry."""
+
+
 # Each download gets a few tries within bounded time; then the file is
 # recorded as not fetched (the person is told) and the batch goes on.  A
 # content repository that fails for good, or a federated server that went
-# away, must not hold every later answer back.
+# away, must not hold every later answer back.  A try fails when no byte
+# comes for TRY_SECONDS, and takes at most TRY_SECONDS plus the limit at
+# SLOWEST_RATE (a large file on a slow link still gets through).
 TRIES = 3
 TRY_SECONDS = 20.0
+SLOWEST_RATE = 1024 * 1024  # bytes a second
 RETRY_PAUSE = 1.0
 
 
+def try_seconds(limit: int) -> float:
+    return TRY_SECONDS + limit / SLOWEST_RATE
+
+
 async def prefetch(events: list[dict[str, Any]], store: Store, download: Download, may_answer: MayAnswer,
-                   on_trouble: Callable[[str, str], None] | None = None) -> int:
+                   on_trouble: Callable[[str, str], None] | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
     """Save every new file of ``events`` sent to an open question; returns how many were saved.
 
     Every outcome is remembered in the store (the file's path, or why it was
@@ -83,7 +104,8 @@ async def prefetch(events: list[dict[str, Any]], store: Store, download: Downloa
         # bound once, not once per file.
         key = (set_dir, qid)
         numbers[key] = numbers.get(key, store.attachment_count(set_dir, qid)) + 1
-        jobs.append((event_id, set_dir, qid, _fetch_bounded(event["content"], set_dir, qid, numbers[key], download)))
+        jobs.append((event_id, set_dir, qid,
+                     _fetch_bounded(event["content"], set_dir, qid, numbers[key], download, max_bytes)))
     if not jobs:
         return 0
     results = await asyncio.gather(*(job for *_ids, job in jobs))
@@ -99,11 +121,11 @@ async def prefetch(events: list[dict[str, Any]], store: Store, download: Downloa
 
 
 async def _fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
-                         download: Download) -> tuple[str | None, str | None]:
+                         download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
     for attempt in range(1, TRIES + 1):
         try:
-            return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download), TRY_SECONDS)
-        except Exception as exc:  # noqa: BLE001 - a 5xx, a timeout, a reset: tried again, then given up
+            return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit), try_seconds(limit))
+        except Exception as exc:  # noqa: BLE001 - a 5xx, a timeout, a reset, a body cut short: tried again
             problem = f"{type(exc).__name__}: {exc}"
         log.info("download for %s failed (try %d of %d): %s", qid, attempt, TRIES, problem)
         if attempt < TRIES:
@@ -136,7 +158,9 @@ def _target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | 
 
 
 async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
-                 download: Download) -> tuple[str | None, str | None]:
+                 download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
+    """One try: (the saved path, None), or (None, the reason it is not kept).
+    Raises for what another try may mend (the network, a body cut short)."""
     if number > MAX_ATTACHMENTS:
         return None, "too_many_attachments"
     url = content.get("url")
@@ -147,40 +171,69 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
     if not isinstance(url, str):
         return None, "attachment_download_failed"
     info = content.get("info") if isinstance(content.get("info"), dict) else {}
-    size = info.get("size")
-    if isinstance(size, int) and size > MAX_BYTES:
-        return None, "attachment_too_large"
     try:
-        data = await download(url, MAX_BYTES)
-    except FileTooLarge:
+        body = FileBody(limit, encrypted if encrypted is not None and url == encrypted.get("url") else None)
+        body.expect(info.get("size"))
+    except BodyUndecryptable:
+        return None, "attachment_encrypted"
+    except BodyTooLarge:
         return None, "attachment_too_large"
-    except FileGone:
-        return None, "attachment_download_failed"
-    if encrypted is not None and url == encrypted.get("url"):
-        data = decrypt_file(encrypted, data)
-        if data is None:
-            return None, "attachment_encrypted"
     name = f"{_UNSAFE_NAME.sub('_', qid).lstrip('.') or 'answer'}-{number}.{extension(content, info)}"
     try:
-        write_atomic(attachments_folder(set_dir) / name, data)
-    except OSError as exc:  # the folder gone, read-only, full, or leading outside the set: not worth a retry
+        async with download(url, TRY_SECONDS) as media:
+            body.expect(media.length)
+            folder = attachments_folder_or_refuse(set_dir)
+            await _on_disk(sweep_abandoned, folder, TRIES * (try_seconds(limit) + RETRY_PAUSE * TRIES))
+            await _save(folder / name, media.chunks, body)
+    except BodyTooLarge:
+        return None, "attachment_too_large"
+    except BodyUndecryptable:
+        return None, "attachment_encrypted"
+    except FileGone:
+        return None, "attachment_download_failed"
+    except NotSaved as exc:
         log.warning("file for %s could not be saved in %s: %s", qid, set_dir, exc)
         return None, "attachment_not_saved"
     return f"{FOLDER}/{name}", None
 
 
-def decrypt_file(file: dict[str, Any], data: bytes) -> bytes | None:
-    """The plaintext of an encrypted attachment, or None when it cannot be
-    decrypted (a key that is missing or malformed, a hash that does not match)."""
+async def _save(path: Path, chunks: Any, body: FileBody) -> None:
+    """The body streamed into ``path``'s part file, renamed over ``path``
+    once whole, checked and on disk; on any failure nothing is left."""
     try:
-        from nio.crypto.attachments import decrypt_attachment
+        part = PartFile(path)  # an open, on the loop: a thread could leave it open when the try is cancelled
+    except OSError as exc:
+        raise NotSaved(str(exc)) from exc
+    try:
+        pending = bytearray()
+        async for chunk in chunks:
+            pending += body.take(chunk)
+            if len(pending) >= WRITE_BYTES:
+                await _on_disk(part.write, bytes(pending))
+                pending.clear()
+        pending += body.end()  # raises when cut short or when the hash does not match
+        await _on_disk(part.write, bytes(pending))
+        await _on_disk(part.commit)
+    except BaseException:
+        part.discard()
+        raise
 
-        key, hashes = file.get("key"), file.get("hashes")
-        if not isinstance(key, dict) or not isinstance(hashes, dict):
-            return None
-        return decrypt_attachment(data, key["k"], hashes["sha256"], file["iv"])
-    except Exception:  # noqa: BLE001 - any failure means the same: this file can't be read
-        return None
+
+T = TypeVar("T")
+
+
+async def _on_disk(work: Callable[..., T], *args: Any) -> T:
+    """``work`` in a thread (a slow disk never holds the event loop), its
+    OSError as NotSaved.  Cancelled (the try ran out of time), it still
+    waits for the thread: the part file is never cleaned up under a write."""
+    task = asyncio.ensure_future(asyncio.to_thread(work, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+    except OSError as exc:
+        raise NotSaved(str(exc)) from exc
 
 
 def extension(content: dict[str, Any], info: dict[str, Any]) -> str:
@@ -204,16 +257,62 @@ def attachments_folder(set_dir: str) -> Path:
     return folder
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+def attachments_folder_or_refuse(set_dir: str) -> Path:
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if tmp.exists():
-            tmp.unlink()
-        raise
+        return attachments_folder(set_dir)
+    except OSError as exc:
+        raise NotSaved(str(exc)) from exc
+
+
+def sweep_abandoned(folder: Path, older_than: float) -> None:
+    """Part files no download can still be writing (every try is bounded in
+    time): what a crash in the middle of one left, when its file was never
+    tried again (its question closed meanwhile)."""
+    cutoff = time.time() - older_than
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") and entry.name.endswith(".part") and entry.is_file(follow_symlinks=False) \
+                    and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+class PartFile:
+    """A file written as ``.<name>.part`` beside ``path`` and renamed over it
+    once whole and on disk (fsync of the file, then of the folder), so
+    ``path`` is never seen half-written.  The part's name is fixed: a try
+    after a crash truncates what the crashed one left."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.part = path.with_name(f".{path.name}.part")
+        self._fd: int | None = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                                       | getattr(os, "O_NOFOLLOW", 0), 0o644)
+
+    def write(self, data: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def commit(self) -> None:
+        assert self._fd is not None
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = None
+        os.replace(self.part, self.path)
+        folder = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)  # the rename itself survives a power cut
+        finally:
+            os.close(folder)
+
+    def discard(self) -> None:
+        """Nothing left of an unfinished write (safe to call more than once)."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.part)
+

@@ -42,7 +42,8 @@ from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
 from bridge.service.answering import quiz
-from bridge.service.answering.attachments import prefetch
+from bridge.protocol.file_problems import file_problem as file_problem_words
+from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
 from bridge.service.storage.store import LogEntry, Store
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 
@@ -124,6 +125,8 @@ class Pipeline:
     # Raises when this instance may no longer write (a standby took over the
     # shared store); called under each answers.json's lock, before the write.
     may_write: Callable[[], None] | None = None
+    # The largest file a person may send (``attachments.max_bytes``).
+    attachment_max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -148,7 +151,8 @@ class Pipeline:
         inside a store transaction and must not wait on the network)."""
         download = getattr(self.transport, "download", None)
         if download is not None:
-            await prefetch(events, self.store, download, self._may_answer, self.report_trouble)
+            await prefetch(events, self.store, download, self._may_answer, self.report_trouble,
+                           max_bytes=self.attachment_max_bytes)
 
     def _may_answer(self, sender: str, room_id: str) -> bool:
         if self.own_users(sender):
@@ -379,7 +383,8 @@ class Pipeline:
         # A file that could not be kept does not cost the note that came with it.
         file_problem = found.problem if isinstance(found.problem, str) else None
         if file_problem:
-            common.update(reason=file_problem, message=_FILE_PROBLEMS.get(file_problem, "The file could not be kept."))
+            common.update(reason=file_problem, message=file_problem_words(file_problem, found.filename,
+                                                                        self.attachment_max_bytes))
         source = {"via": "matrix", "how": found.via, "room_id": found.room_id, "event_id": found.event_id,
                   "sender": found.sender, "ts": found.ts}
         added = annotate.delta(note=found.note, attachments=list(found.attachments), timecodes=list(found.timecodes),
@@ -390,14 +395,15 @@ class Pipeline:
 
     def _annotation_problem(self, found: Annotation, set_dir: str | None, qid: str | None) -> tuple[str, str, str] | None:
         if isinstance(found.problem, str) and not (found.note or found.timecodes):
-            return "recorded", found.problem, _FILE_PROBLEMS.get(found.problem, "The file could not be kept.")
+            return "recorded", found.problem, file_problem_words(found.problem, found.filename,
+                                                                 self.attachment_max_bytes)
         if not (found.note or found.attachments or found.timecodes):
             return "schema", "empty_note", "There was nothing in this message to keep."
         room = annotate.room_left(self.store.projection(set_dir, qid) if set_dir and qid else None)
         if found.note and len(found.note) > room["note"]:
             return "recorded", "note_too_long", "Your notes on this question would pass 20,000 characters."
         if len(found.attachments) > room["attachments"]:
-            return "recorded", "too_many_attachments", "An answer holds at most 20 files."
+            return "recorded", "too_many_attachments", file_problem_words("too_many_attachments", found.filename)
         if len(found.timecodes) > room["timecodes"]:
             return "recorded", "too_many_timecodes", "An answer holds at most 50 timecodes."
         return None
@@ -546,6 +552,11 @@ class Pipeline:
         sender = self.store.standing_before(entry.set_dir, entry.qid, entry.event_id)
         return None if sender is None else OWN if sender == entry.sender else OTHER
 
+    def _picked(self, entry: LogEntry) -> bool:
+        """Whether an answer stands for ``entry``'s question (a note adds to it)."""
+        return entry.set_dir is not None and entry.qid is not None and self.store.has_standing_pick(
+            entry.set_dir, entry.qid)
+
     def notice_for(self, entry: LogEntry, replaced: int = 0) -> dict[str, Any]:
         """The word back on ``entry``; ``replaced``: how many earlier answers
         of the same person to the same question it also stands for."""
@@ -563,7 +574,8 @@ class Pipeline:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
                                        qid=question.qid or "", q_rev=question.rev or 1,
-                                       record_rev=self._record_rev(entry))
+                                       record_rev=self._record_rev(entry),
+                                       picked=self._picked(entry))
             if entry.message:  # the file that came with the note could not be kept
                 content = with_remark(content, entry.message)
         else:
@@ -630,17 +642,6 @@ def _respecting_others(doc: dict[str, Any], records: dict[str, Any], now: str, s
 
 # The `via` values the outcome schema knows; a note or a file is reported without one.
 _OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})
-
-_FILE_PROBLEMS = {
-    "attachment_too_large": "The file is larger than the 20 MB an answer may carry.",
-    "too_many_attachments": "An answer holds at most 20 files.",
-    "attachment_encrypted": "The encrypted file could not be decrypted. Please send it again.",
-    "attachment_not_fetched": "The file could not be downloaded. Please send it again.",
-    "attachment_download_failed": "The file could not be downloaded. Please send it again.",
-    "attachment_not_saved": "The file could not be saved beside the answers. Please tell the people who run "
-                            "the bridge.",
-}
-
 
 def _folder_problem(exc: BaseException) -> str:
     """What an operator needs to hear about a set folder that can't be written."""

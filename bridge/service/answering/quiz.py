@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.protocol.outcome import notice, txn_id
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.protocol.study import complete, feedback, score, score_text
+from bridge.protocol.study import complete, feedback, score, score_html, score_text
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.storage.store import LogEntry, Store
 
@@ -66,10 +66,15 @@ async def send_score_if_complete(entry: LogEntry, store: Store, transport: Any) 
     key = "score:" + hashlib.sha256(f"{entry.set_dir}\x00{picks}".encode()).hexdigest()[:32]
     if store.get_meta(key):
         return
-    text = score_text(qset, score(qset, answers))
-    content = notice(text, entry.question_event_id or entry.event_id, {})
+    # One score per set stands: a later one (an answer changed) says it replaces it.
+    scored = "scored:" + hashlib.sha256(entry.set_dir.encode()).hexdigest()[:32]
+    replaces = bool(store.get_meta(scored))
+    result = score(qset, answers)
+    content = notice(score_text(qset, result, replaces), entry.question_event_id or entry.event_id, {})
+    content["formatted_body"] = score_html(qset, result, replaces)
     content.pop("dev.superpipeline.question.outcome", None)
     content["dev.superpipeline.quiz.score"] = {"set": qset.id}
     await transport.send(entry.room_id, "m.room.message", content, txn_id("score", key))
     with store.transaction():
         store.set_meta(key, "1")
+        store.set_meta(scored, "1")

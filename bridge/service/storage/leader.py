@@ -217,7 +217,7 @@ class Lease:
 
 class _Guarded:
     """A transport whose every call is refused once the lease is lost (posts,
-    notices, redactions, uploads: whatever reaches the homeserver)."""
+    notices, redactions, uploads, downloads: whatever reaches the homeserver)."""
 
     def __init__(self, inner: Any, check: Callable[[], None]):
         self._inner = inner
@@ -234,6 +234,13 @@ class _Guarded:
                 check()
                 return await value(*args, **kwargs)
             return guarded
+        if inspect.isasyncgenfunction(getattr(value, "__wrapped__", None)):
+            # An async context manager (a download): refused before it opens,
+            # so a leader that lost the lease writes no file either.
+            def guarded_context(*args: Any, **kwargs: Any) -> Any:
+                check()
+                return value(*args, **kwargs)
+            return guarded_context
         return value
 
 

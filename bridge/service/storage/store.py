@@ -655,6 +655,13 @@ class Store:
             return None
         return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
 
+    def has_standing_pick(self, set_dir: str, qid: str) -> bool:
+        """Whether an accepted answer to the question stands (not withdrawn,
+        not an edited original): what a note is added to."""
+        return self.db.execute(
+            "SELECT 1 FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
+            " AND shadowed=0 LIMIT 1", (set_dir, qid)).fetchone() is not None
+
     def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
         """The record answers.json should hold for a question, from the log in
         the room's order (see ``annotate.fold_records``); its ``rev`` the

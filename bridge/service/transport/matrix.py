@@ -9,12 +9,14 @@ classifies them as transient (retry the batch later) or permanent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinResponse, MessageDirection,
                  RoomGetStateEventError, RoomGetStateEventResponse, RoomMessagesError,
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
@@ -37,6 +39,14 @@ class MatrixError(Exception):
         the room gone, the content refused).  A token the homeserver no longer
         takes is not: it concerns every room, and an operator fixes it."""
         return not self.transient and self.status not in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN")
+
+
+@dataclass
+class MediaBody:
+    """A download under way: the length the homeserver announced, and the body's chunks as they arrive."""
+
+    length: int | None
+    chunks: AsyncIterator[bytes]
 
 
 class StopRequested(Exception):
@@ -215,21 +225,27 @@ class NioTransport:
             await self.crypto.ensure_room(response.room_id)
         return response.room_id
 
-    async def download(self, mxc: str, limit: int) -> bytes:
-        """The bytes behind ``mxc``, at most ``limit`` of them.
+    @contextlib.asynccontextmanager
+    async def download(self, mxc: str, stall_seconds: float = 20.0) -> AsyncIterator[MediaBody]:
+        """The body behind ``mxc``, to be read in chunks (never whole: a file
+        may be hundreds of megabytes).  Waiting ``stall_seconds`` for a byte
+        fails the read (a timeout), as a cut connection does (a payload error).
 
         The authenticated media API first (Synapse serves new media only
         there); the legacy one for homeservers that predate it.
         """
-        from bridge.service.answering.attachments import FileGone, FileTooLarge
+        from bridge.service.answering.attachments import FileGone
 
         server, _, media_id = mxc.removeprefix("mxc://").partition("/")
         if not server or not media_id or "/" in media_id:
             raise FileGone(mxc)
         quoted = f"{quote(server, safe='')}/{quote(media_id, safe='')}"
         headers = {"Authorization": f"Bearer {self.client.access_token}"}
+        # No bound on the whole request (the caller bounds each try): the
+        # connection and every wait for the next bytes are bounded instead.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_seconds, sock_read=stall_seconds)
         for path in (f"/_matrix/client/v1/media/download/{quoted}", f"/_matrix/media/v3/download/{quoted}"):
-            response = await self.client.send("GET", path, headers=headers)
+            response = await self.client.send("GET", path, headers=headers, timeout=timeout)  # type: ignore[arg-type]
             try:
                 if response.status in (404, 400) and path.startswith("/_matrix/client/v1"):
                     continue  # an older homeserver without authenticated media
@@ -237,15 +253,13 @@ class NioTransport:
                     raise FileGone(f"{mxc}: HTTP {response.status}")
                 if response.status != 200:
                     raise MatrixError(f"downloading {mxc}", response)
-                length = response.content_length
-                if length is not None and length > limit:
-                    raise FileTooLarge(mxc)
-                data = await response.content.read(limit + 1)
-                if len(data) > limit:
-                    raise FileTooLarge(mxc)
-                return data
+                yield MediaBody(response.content_length, response.content.iter_any())
+                return
             finally:
-                response.release()
+                if response.content.at_eof():
+                    response.release()  # the connection goes back to the pool
+                else:
+                    response.close()  # a body left unread (refused, cut off): not reusable
         raise FileGone(mxc)
 
     async def upload(self, data: bytes, content_type: str, filename: str) -> str:

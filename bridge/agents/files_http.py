@@ -1,0 +1,58 @@
+"""The HTTP API's file routes: people's files out
+(``GET /v1/sets/{id}/attachments/{name}``) and an agent's media in
+(``PUT /v1/sets/{id}/media/{name}``).  Both for the agent's own sets only,
+like every route; what they may touch is decided in ``attachment_files`` and
+``media_files``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
+from bridge.agents.errors import NotFound
+from bridge.agents.media_files import TooLarge, check_media_name, receive
+from bridge.agents.sets import AgentSets
+from bridge.questionset.media import mimetype
+
+READ_CHUNK = 256 * 1024
+
+
+def attachment_url(set_id: str, name: str) -> str:
+    """Where the HTTP API serves a person's file (a path on the bridge's listener)."""
+    return f"/v1/sets/{set_id}/attachments/{name}"
+
+
+class FileRoutes:
+    def __init__(self, sets: AgentSets, media_max: int, digests: Digests | None = None):
+        self.sets = sets
+        self.media_max = media_max
+        self.digests = digests or Digests()
+
+    async def view(self, agent: str, set_id: str, view: dict) -> dict:
+        """A read view as the HTTP API gives it: each attachment an object with its url."""
+        return await with_file_objects(view, self.sets.set_dir(agent, set_id),
+                                       lambda name: attachment_url(set_id, name), self.digests)
+
+    async def attachment(self, request: web.Request, agent: str) -> web.StreamResponse:
+        set_id, name = request.match_info["id"], request.match_info["name"]
+        check_name(name)
+        set_dir = self.sets.set_dir(agent, set_id)
+        if name not in named_in(self.sets.read_all(agent, set_id), set_dir):
+            raise NotFound(f"no file {name!r} in this set's answers")
+        path = attachment_path(set_dir, name)
+        # Served as a download, never rendered on the bridge's origin (an svg or html a person sent).
+        return web.FileResponse(path, chunk_size=READ_CHUNK, headers={
+            "Content-Type": mimetype(name), "X-Content-Type-Options": "nosniff",
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "Content-Security-Policy": "default-src 'none'; sandbox"})
+
+    async def put_media(self, request: web.Request, agent: str) -> web.Response:
+        set_id = request.match_info["id"]
+        name = check_media_name(request.match_info["name"])
+        expected = request.content_length
+        if expected is not None and expected > self.media_max:
+            raise TooLarge(f"the file is larger than {self.media_max} bytes (agent_api.media_max)")
+        set_dir = self.sets.media_dir(agent, set_id)
+        stored = await receive(set_dir, set_id, name, request.content.iter_chunked(READ_CHUNK), self.media_max,
+                               expected=expected)
+        return web.json_response(stored.as_dict(), status=201 if stored.created else 200)

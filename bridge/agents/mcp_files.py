@@ -1,0 +1,101 @@
+"""Files over MCP: people's files as blob resources
+(``askwright://sets/{id}/attachments/{name}``, listed under the agent's
+sets' resources) and the tool ``upload_media`` (a small media file, base64,
+into the set's folder).  The rules are those of the HTTP routes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any
+
+import mcp_types as types
+
+from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
+from bridge.agents.errors import BadRequest, NotFound
+from bridge.agents.media_files import TooLarge, check_media_name, pieces, receive
+from bridge.agents.sets import AgentSets
+from bridge.questionset.media import mimetype
+
+ATTACHMENT_TEMPLATE = "askwright://sets/{id}/attachments/{name}"
+_PREFIX, _MIDDLE = "askwright://sets/", "/attachments/"
+# One JSON-RPC message carries the whole file (base64, a third larger) and
+# is held in memory while it is read: bigger files go through the HTTP PUT.
+MCP_MEDIA_MAX = 32 * 1024 * 1024
+
+
+def attachment_uri(set_id: str, name: str) -> str:
+    return f"{_PREFIX}{set_id}{_MIDDLE}{name}"
+
+
+def attachment_of_uri(uri: str) -> tuple[str, str] | None:
+    """(set id, file name) of an attachment resource URI, or None."""
+    if not uri.startswith(_PREFIX) or _MIDDLE not in uri[len(_PREFIX):]:
+        return None
+    set_id, name = uri[len(_PREFIX):].split(_MIDDLE, 1)
+    return (set_id, name) if set_id and name else None
+
+
+def base64_size(size: int) -> int:
+    """How long ``size`` bytes are in base64."""
+    return 4 * ((size + 2) // 3)
+
+
+class McpFiles:
+    def __init__(self, sets: AgentSets, media_max: int, digests: Digests | None = None):
+        self.sets = sets
+        self.media_max = min(media_max, MCP_MEDIA_MAX)
+        self.digests = digests or Digests()
+
+    async def view(self, agent: str, set_id: str, view: dict[str, Any]) -> dict[str, Any]:
+        """A read view as MCP gives it: each attachment an object whose url is its resource URI."""
+        return await with_file_objects(view, self.sets.set_dir(agent, set_id),
+                                       lambda name: attachment_uri(set_id, name), self.digests)
+
+    def resources(self, agent: str, set_ids: list[str]) -> list[types.Resource]:
+        """Every file the answers of the agent's sets name, as a blob resource."""
+        found = []
+        for set_id in set_ids:
+            try:
+                set_dir = self.sets.set_dir(agent, set_id)
+                names = sorted(named_in(self.sets.read_all(agent, set_id), set_dir))
+            except NotFound:
+                continue
+            for name in names:
+                try:
+                    size = attachment_path(set_dir, name).stat().st_size
+                except (NotFound, OSError):
+                    continue
+                found.append(types.Resource(uri=attachment_uri(set_id, name), name=f"{name} ({set_id})",
+                                            description=f"A file a person sent with an answer to {set_id}",
+                                            mime_type=mimetype(name), size=size))
+        return found
+
+    async def read(self, agent: str, uri: str) -> types.ReadResourceResult:
+        """The file's bytes; NotFound for a file that is not one of this agent's sets' answers'."""
+        parsed = attachment_of_uri(uri)
+        if parsed is None:
+            raise NotFound(f"no resource {uri}")
+        set_id, name = parsed
+        check_name(name)
+        set_dir = self.sets.set_dir(agent, set_id)
+        if name not in named_in(self.sets.read_all(agent, set_id), set_dir):
+            raise NotFound(f"no file {name!r} in this set's answers")
+        data = await asyncio.to_thread(attachment_path(set_dir, name).read_bytes)
+        return types.ReadResourceResult(contents=[types.BlobResourceContents(
+            uri=uri, mime_type=mimetype(name), blob=base64.b64encode(data).decode("ascii"))])
+
+    async def upload(self, agent: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        set_id, name = arguments["set_id"], check_media_name(arguments["name"])
+        text = arguments["data"]
+        if len(text) > base64_size(self.media_max):
+            raise TooLarge(f"data: the file is larger than {self.media_max} bytes; upload it with "
+                           f"PUT /v1/sets/{set_id}/media/{name}")
+        try:
+            data = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest("data: not base64", findings=[{"where": "data", "message": "the file's bytes in base64"}]) from None
+        set_dir = self.sets.media_dir(agent, set_id)
+        stored = await receive(set_dir, set_id, name, pieces(data), self.media_max)
+        return stored.as_dict()

@@ -1,0 +1,164 @@
+"""Media an agent sends for its set (the HTTP ``PUT /v1/sets/{id}/media/{name}``
+and the MCP tool ``upload_media``): the file lands in the set's folder,
+where the set names it by ``src`` exactly as a local agent's set would.
+
+The body is streamed to a hidden temporary file in that folder, counted
+against the limit while it is read (whatever Content-Length said), then
+fsynced and renamed over the name: a failed or cut-off upload leaves
+nothing, and the poster never sees half a file."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bridge.agents.errors import AgentError, BadRequest
+from bridge.agents.owner import sync_dir
+from bridge.questionset.media import UPLOAD_EXTENSIONS, mimetype
+
+# A plain name: no /, never two dots in a row; the OpenAPI document's
+# pattern for {name} is exactly NAME_PATTERN.
+PLAIN = r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*"
+NAME = re.compile(f"^{PLAIN}$")
+NAME_PATTERN = f"^{PLAIN}\\.(?:{'|'.join(UPLOAD_EXTENSIONS)})$"
+NAME_MAX = 128
+# agent_api.media_max's default (the config's own), for callers built without a config.
+DEFAULT_MEDIA_MAX = 100 * 1024 * 1024
+# Written to disk in pieces of about this size (each in a worker thread).
+WRITE_BATCH = 1024 * 1024
+
+
+class TooLarge(AgentError):
+    status = 413
+    code = "too_large"
+
+
+class NotStored(AgentError):
+    """The disk refused the file (full, read-only); nothing was left behind."""
+
+    status = 507
+    code = "not_stored"
+
+
+@dataclass(frozen=True)
+class Stored:
+    set_id: str
+    name: str
+    size: int
+    sha256: str
+    created: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": True, "set": self.set_id, "name": self.name, "src": self.name, "type": mimetype(self.name),
+                "size": self.size, "sha256": self.sha256, "created": self.created}
+
+
+def check_media_name(name: Any) -> str:
+    """``name`` when it is a plain file name whose extension the format's media
+    table knows (a video, sound or image, or a video's .vtt captions); BadRequest naming ``name``."""
+    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.match(name):
+        problem = (f"a plain file name of at most {NAME_MAX} characters: a letter or digit, then letters, digits, "
+                   "_, - and single dots; no /")
+    elif not re.match(NAME_PATTERN, name):
+        shown = "." + name.rsplit(".", 1)[-1] if "." in name else "(none)"
+        problem = (f"the extension {shown} is not a media type the format knows (in lower case): "
+                   "video .mp4 .m4v .webm .mov, audio .mp3 .m4a .wav .ogg .oga .opus .flac, "
+                   "image .png .jpg .jpeg .gif .webp .svg .avif, or .vtt captions")
+    else:
+        return name
+    raise BadRequest(f"name: {problem}", findings=[{"where": "name", "message": problem}])
+
+
+async def receive(set_dir: Path, set_id: str, name: str, chunks: AsyncIterator[bytes], limit: int,
+                  expected: int | None = None) -> Stored:
+    """Stream ``chunks`` into ``set_dir/name``; TooLarge past ``limit`` bytes,
+    BadRequest for an empty body or one shorter than ``expected``."""
+    final = Path(set_dir) / name
+    if os.path.isdir(final) and not os.path.islink(final):
+        raise BadRequest(f"name: {name!r} is a folder in this set", findings=[
+            {"where": "name", "message": "a folder of the set has this name"}])
+    created = not os.path.lexists(final)
+    tmp = Path(set_dir) / f".{name}.upload-{uuid.uuid4().hex[:12]}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
+    digest, size, pending = hashlib.sha256(), 0, bytearray()
+    try:
+        try:
+            async for chunk in _until_cut(chunks):
+                size += len(chunk)
+                if size > limit:
+                    raise TooLarge(f"the file is larger than {limit} bytes (agent_api.media_max)")
+                digest.update(chunk)
+                pending += chunk
+                if len(pending) >= WRITE_BATCH:
+                    await asyncio.to_thread(_write_all, fd, bytes(pending))
+                    pending.clear()
+            if expected is not None and size != expected:
+                raise BadRequest(f"the body ended after {size} of {expected} bytes")
+            if size == 0:
+                raise BadRequest("the body is empty: send the file's bytes")
+            await asyncio.to_thread(_finish, fd, bytes(pending))
+        finally:
+            os.close(fd)
+        await asyncio.to_thread(_rename, tmp, final)
+    except OSError as exc:
+        _remove(tmp)
+        raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+    return Stored(set_id, name, size, digest.hexdigest(), created)
+
+
+async def _until_cut(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``chunks``; a body cut off (the client gone, a short chunked body) is a
+    BadRequest, never taken for the disk's failure."""
+    iterator = aiter(chunks)
+    while True:
+        try:
+            chunk = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except AgentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the transport raises, the body is not whole
+            raise BadRequest(f"the body was cut off before its end ({type(exc).__name__})") from None
+        yield chunk
+
+
+async def pieces(data: bytes) -> AsyncIterator[bytes]:
+    """``data`` as the chunks ``receive`` takes (for a file that came whole, over MCP)."""
+    for start in range(0, len(data), WRITE_BATCH):
+        yield data[start:start + WRITE_BATCH]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _finish(fd: int, data: bytes) -> None:
+    _write_all(fd, data)
+    os.fsync(fd)
+
+
+def _rename(tmp: Path, final: Path) -> None:
+    os.replace(tmp, final)  # over a symlink of that name, the link itself is replaced, never its target
+    sync_dir(final.parent)
+
+
+def _remove(tmp: Path) -> None:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,48 @@
+"""What a person is told about a file of theirs the bridge did not keep:
+the file by the name they sent it under, and the reason.  Pure."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from bridge.protocol.annotate import MAX_ATTACHMENTS
+
+_NAME_CHARS = 60
+MIB = 1024 * 1024
+
+
+def size_words(limit: int) -> str:
+    """``20 MB`` for 20 MiB (people say MB), ``12.5 MB``, ``512 KB``."""
+    if limit >= MIB:
+        return f"{limit // MIB} MB" if limit % MIB == 0 else f"{limit / MIB:.1f} MB"
+    return f"{max(1, limit // 1024)} KB"
+
+
+def shown_name(filename: object) -> str | None:
+    """The sent name as it can be shown: no control or direction marks, clipped."""
+    if not isinstance(filename, str):
+        return None
+    name = "".join(c for c in filename if unicodedata.category(c)[0] != "C").strip()
+    if not name:
+        return None
+    return name if len(name) <= _NAME_CHARS else name[:_NAME_CHARS - 1] + "…"
+
+
+def file_problem(reason: str, filename: object = None, limit: int = 20 * MIB) -> str:
+    """The sentence for a file not kept for ``reason`` (a reason code of docs/reason-codes.md)."""
+    name = shown_name(filename)
+    the_file = f"The file “{name}”" if name else "The file"
+    if reason == "attachment_too_large":
+        return f"{the_file} is larger than the {size_words(limit)} an answer may carry."
+    if reason == "too_many_attachments":
+        return f"{the_file} was not kept: an answer holds at most {MAX_ATTACHMENTS} files."
+    if reason == "attachment_encrypted":
+        return f"{the_file} could not be decrypted (what arrived does not match its key and hash). " \
+               "Please send it again."
+    if reason == "attachment_not_fetched":
+        return f"{the_file} could not be downloaded whole. Please send it again."
+    if reason == "attachment_download_failed":
+        return f"{the_file} could not be downloaded: the homeserver does not have it. Please send it again."
+    if reason == "attachment_not_saved":
+        return f"{the_file} could not be saved beside the answers. Please tell the people who run the bridge."
+    return f"{the_file} could not be kept."

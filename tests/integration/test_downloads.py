@@ -1,0 +1,194 @@
+"""Files people send arrive whole, at real sizes (issue 27): 1 byte to 10 MB,
+exactly the configured limit and one byte past it, in bot and appservice
+mode, plain and encrypted rooms, from a matrix-nio person and from a
+matrix-js-sdk person; and a download cut off midway is tried again, never
+saved short."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+
+from bridge.devserver import free_port
+from helpers.attack import AS_BOT, Relay
+from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
+from helpers.files import LIMIT, OUTCOME, check_files, files_set, random_files, send_files
+from helpers.harness import Bridge, Person, answer_content, unique
+
+pytestmark = pytest.mark.integration
+
+QUESTIONS = len(files_set()["questions"])
+
+
+@pytest.fixture
+async def files_room(request, tmp_path):
+    """A room with one person in it and a bridge (attachments.max_bytes =
+    12 MiB) not yet started; the parameter is "<mode>-<plain|encrypted>"."""
+    mode, room_kind = request.param.split("-")
+    encrypted = room_kind == "encrypted"
+    synapse = request.getfixturevalue("appservice_synapse" if mode == "appservice" else "synapse")
+    account = synapse.register(unique("person"))
+    alice = EncryptingPerson(synapse, account, tmp_path / "alice-keys") if encrypted else Person(synapse, account)
+    state = [ENCRYPTION_STATE] if encrypted else []
+    extra: dict = {"attachments": {"max_bytes": LIMIT}}
+    if mode == "appservice":
+        bot = {"user_id": AS_BOT, "access_token": None}
+        room_id = synapse.create_room(alice.token, invite=[AS_BOT], initial_state=state)
+        extra["appservice"] = dict(synapse.appservice)
+    else:
+        bot = synapse.register(unique("askbot"))
+        room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=state)
+        synapse.join(alice.token, room_id)
+    if encrypted:
+        await alice.cross_sign()
+        extra["encryption"] = {"grace": "30s"}
+    workdir = tmp_path / "bridge"
+    workdir.mkdir()
+    env = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot=bot, extra_config=extra)
+    env.sets_root.mkdir()
+    env.alice = alice
+    env.encrypted = encrypted
+    yield env
+    env.kill()
+    await alice.close()
+
+
+@pytest.mark.parametrize("files_room", ["bot-plain", "bot-encrypted", "appservice-plain", "appservice-encrypted"],
+                         indirect=True)
+async def test_every_size_up_to_the_limit_is_kept_byte_for_byte_and_one_byte_more_is_refused(files_room):
+    bridge, alice = files_room, files_room.alice
+    bridge.add_set(files_set())
+    bridge.start()
+    questions = await bridge.wait_questions(alice, QUESTIONS, timeout=60)
+    files = random_files()
+    await send_files(alice, bridge.room_id, questions, files, encrypted=bridge.encrypted)
+    await check_files(bridge, alice, files)
+
+
+@pytest.fixture
+async def js_files_room(synapse, tmp_path, js_sdk):
+    """An encrypted room the bot made, a person on matrix-js-sdk in it."""
+    from helpers.jsperson import JsPerson
+
+    bot = synapse.register(unique("askbot"))
+    alice = JsPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-js.log")
+    room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=[ENCRYPTION_STATE])
+    synapse.join(alice.token, room_id)
+    await alice.start()
+    workdir = tmp_path / "bridge"
+    workdir.mkdir()
+    env = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot=bot,
+                 extra_config={"attachments": {"max_bytes": LIMIT}, "encryption": {"grace": "60s"}})
+    env.sets_root.mkdir()
+    env.alice = alice
+    yield env
+    env.kill()
+    await alice.close()
+
+
+async def test_a_matrix_js_sdk_person_in_an_encrypted_room_too(js_files_room, tmp_path):
+    bridge, alice = js_files_room, js_files_room.alice
+    bridge.add_set(files_set())
+    bridge.start()
+    questions = await bridge.wait_questions(alice, QUESTIONS, timeout=90)
+    files = random_files()
+    for file in files:  # her client encrypts each file as Element does (AES-256-CTR, the hash of the ciphertext)
+        path = tmp_path / file.name
+        path.write_bytes(file.data)
+        sent = await alice.call("send_file", room_id=bridge.room_id, path=str(path), name=file.name,
+                                thread_root=questions[(file.qid, 1)]["event_id"], with_size=len(file.data) <= LIMIT,
+                                timeout=120)
+        assert sent["encrypted"] is True
+        file.event_id = sent["event_id"]
+    await check_files(bridge, alice, files)
+
+
+# ---------------------------------------------------------------- a download cut off midway
+
+
+class CuttingProxy(Relay):
+    """The homeserver as the bridge reaches it, through a proxy that closes
+    the connection after half of a media body, ``cuts`` times (every time
+    when None): the status line and the full Content-Length go out first, as
+    a connection that dies in the middle of a transfer does."""
+
+    def __init__(self, listen: tuple[str, int], target: str, cuts: int | None):
+        super().__init__(listen, target)
+        self.cuts = cuts
+        self.cut: list[str] = []
+        self.whole: list[str] = []
+
+    async def __aenter__(self) -> "CuttingProxy":
+        await super().__aenter__()
+        assert self._runner is not None
+        self._runner._shutdown_timeout = 1.0  # a sync still waiting at the homeserver is not waited for
+        return self
+
+    async def _relay(self, request):
+        from aiohttp import web
+
+        if "/media/download/" not in request.path:
+            return await super()._relay(request)
+        assert self._http is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        async with self._http.get(self.target + request.path_qs, headers=headers) as upstream:
+            data = await upstream.read()
+            if upstream.status != 200:
+                return web.Response(status=upstream.status, body=data, content_type=upstream.content_type)
+        response = web.StreamResponse(status=200)
+        response.content_type = "application/octet-stream"
+        response.content_length = len(data)
+        await response.prepare(request)
+        if self.cuts is None or len(self.cut) < self.cuts:
+            self.cut.append(request.path)
+            await response.write(data[:len(data) // 2])
+            await asyncio.sleep(0.1)  # the half is on its way before the connection dies
+            request.transport.close()
+            return response
+        self.whole.append(request.path)
+        await response.write(data)
+        await response.write_eof()
+        return response
+
+
+@pytest.mark.parametrize("cuts", [2, None], ids=["lands-on-the-third-try", "refused-after-the-tries"])
+async def test_a_download_cut_off_midway_is_tried_again_and_never_saved_short(bridge, cuts):
+    port = free_port()
+    async with CuttingProxy(("127.0.0.1", port), bridge.synapse.url, cuts) as proxy:
+        try:
+            await cut_off(bridge, proxy, port, cuts)
+        finally:
+            bridge.kill()  # its sync waiting in the proxy would hold the proxy's shutdown
+
+
+async def cut_off(bridge: Bridge, proxy: CuttingProxy, port: int, cuts: int | None) -> None:
+    bridge.extra_config = {"homeserver": {"url": f"http://127.0.0.1:{port}"},
+                           "attachments": {"max_bytes": LIMIT}}
+    alice = bridge.alice
+    bridge.add_set(files_set())
+    bridge.start()
+    questions = await bridge.wait_questions(alice, QUESTIONS, timeout=60)
+    [file] = random_files((3_200_000,))  # the PDF of the issue
+    await send_files(alice, bridge.room_id, questions, [file], encrypted=False)
+    other = await alice.send(bridge.room_id, answer_content(questions[("q1", 1)], text="the settings page"))
+    notice = await alice.wait_notice(bridge.room_id, file.event_id, timeout=120)
+    outcome, body = notice["content"][OUTCOME], notice["content"]["body"]
+    folder = bridge.sets_root / "files" / "attachments"
+    if cuts is not None:
+        assert outcome["outcome"] == "recorded", body
+        assert len(proxy.cut) == cuts and len(proxy.whole) == 1
+        saved = folder / "q0-1.bin"
+        assert hashlib.sha256(saved.read_bytes()).hexdigest() == file.sha256
+        assert sorted(p.name for p in folder.iterdir()) == ["q0-1.bin"]
+    else:
+        assert (outcome["outcome"], outcome["reason"]) == ("refused", "attachment_not_fetched"), body
+        assert f"“{file.name}” could not be downloaded whole" in body
+        assert len(proxy.cut) == 3 and proxy.whole == []
+        # Nothing saved short, no part file left behind.
+        assert not folder.exists() or list(folder.iterdir()) == []
+        assert "q0" not in bridge.answers("files")["answers"]
+    # Nothing else was held up for good: the answer sent beside the file landed.
+    assert (await bridge.wait_answer("files", "q1", timeout=60))["text"] == "the settings page"
+    assert (await alice.wait_notice(bridge.room_id, other))["content"][OUTCOME]["outcome"] == "recorded"

@@ -1,0 +1,202 @@
+"""/mcp as MCP's specification and its clients expect, against the real
+Synapse and the bridge as its own process, with the SDK's own client in both
+protocol eras: the handshake era (sessions) and 2026-07-28 (none).
+
+A page elsewhere cannot reach /mcp by DNS rebinding; a 401 does not send a
+client into OAuth; an unknown tool is a protocol error; a listen stream hears
+only of the agent's own sets; ordinary use logs no error; and a kill -9 in
+the middle of a wait costs the client one call, not the client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import aiohttp
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from helpers.agents import auth, one_question, start, structured, wait_listener
+from helpers.harness import answer_content, unique
+
+pytestmark = pytest.mark.integration
+
+LEGACY = pytest.param("legacy", id="handshake-era",
+                      marks=pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"))
+MODERN = pytest.param("2026-07-28", id="2026-07-28")
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                         "clientInfo": {"name": "a-test", "version": "1"}}}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def mcp_client(base: str, mode: str, agent: str = "planner", **options: Any) -> Client:
+    http = httpx2.AsyncClient(headers=auth(agent), timeout=httpx2.Timeout(30, read=300))
+    return Client(streamable_http_client(base + "/mcp", http_client=http), mode=mode, **options)
+
+
+def errors_in(log: str) -> list[str]:
+    return [line for line in log.splitlines() if re.search(r" (ERROR|CRITICAL) |Traceback", line)]
+
+
+async def post_initialize(base: str, headers: dict[str, str]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(base + "/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **headers}) as response:
+            return response.status, response.headers
+
+
+async def test_a_page_elsewhere_cannot_reach_mcp_by_dns_rebinding(bridge):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    own = base.removeprefix("http://")
+    token = auth("planner")
+    # What a rebinding page sends: its own name, as Host and as Origin.
+    assert (await post_initialize(base, {**token, "Host": "evil.example.com",
+                                         "Origin": "http://evil.example.com"}))[0] == 403
+    assert (await post_initialize(base, {**token, "Origin": "http://evil.example.com"}))[0] == 403
+    assert (await post_initialize(base, {**token, "Origin": "null"}))[0] == 403
+    assert (await post_initialize(base, {**token, "Host": "evil.example.com"}))[0] == 421
+    # A foreign origin is refused before the token is looked at.
+    assert (await post_initialize(base, {"Origin": "http://evil.example.com"}))[0] == 403
+    # Non-browser clients send no Origin; the bridge's own names and addresses are served.
+    for headers in ({}, {"Origin": f"http://{own}"}, {"Host": own.replace("127.0.0.1", "localhost"),
+                                                       "Origin": f"http://{own.replace('127.0.0.1', 'localhost')}"}):
+        status, _ = await post_initialize(base, {**token, **headers})
+        assert status == 200, headers
+    assert "/mcp: requests from the origin 'http://evil.example.com' are not served here" in bridge.log_text()
+
+
+async def test_a_401_at_mcp_does_not_send_a_client_into_oauth(bridge):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    async with aiohttp.ClientSession() as http:
+        for headers in ({}, {"Authorization": "Bearer not-the-token-0123456789"}):
+            async with http.post(base + "/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **headers}) as response:
+                assert response.status == 401
+                assert "bearer" not in response.headers.get("WWW-Authenticate", "").lower()
+                body = await response.json()
+                assert body["error"]["message"] == "a valid bearer token is needed"
+        # Nothing behind an OAuth flow either: no protected-resource metadata is served.
+        async with http.get(base + "/.well-known/oauth-protected-resource/mcp") as response:
+            assert response.status == 404
+    # The SDK's client shows the bridge's own sentence.
+    http = httpx2.AsyncClient(timeout=30)
+    with pytest.raises(BaseException) as caught:
+        async with Client(streamable_http_client(base + "/mcp", http_client=http), mode="legacy"):
+            pass
+    assert "a valid bearer token is needed" in repr(caught.value)
+
+
+async def test_a_handshake_era_session_serves_only_the_agent_it_was_opened_by(bridge):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(base + "/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **auth("planner")}) as response:
+            assert response.status == 200
+            session = response.headers["Mcp-Session-Id"]
+        for agent, status in (("other", 404), ("planner", 200)):
+            headers = {**MCP_HEADERS, **auth(agent), "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+            async with http.post(base + "/mcp", json=listing, headers=headers) as response:
+                assert response.status == status, agent
+                body = await response.text()
+        assert '"name":"ask"' in body.replace(" ", "")
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+async def test_an_unknown_tool_is_a_protocol_error_not_a_tool_result(bridge, mode):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    async with mcp_client(base, mode) as client:
+        with pytest.raises(MCPError) as caught:
+            await client.call_tool("ask_everyone", {"set": one_question(unique("typo"))})
+        assert caught.value.code == -32602
+        assert "Unknown tool: ask_everyone" in caught.value.message
+        # The client goes on: the error was the call's, not the connection's.
+        assert {tool.name for tool in (await client.list_tools()).tools} >= {"ask", "wait"}
+    assert not list(bridge.sets_root.glob("typo*"))
+
+
+async def test_a_listen_stream_hears_only_of_the_agents_own_sets(bridge):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    mine, theirs = unique("mine"), unique("theirs")
+    async with mcp_client(base, "2026-07-28") as planner, mcp_client(base, "2026-07-28", agent="other") as other:
+        structured(await planner.call_tool("ask", {"set": one_question(mine)}))
+        structured(await other.call_tool("ask", {"set": one_question(theirs)}))
+        for uris in ([f"askwright://sets/{mine}/answers"],
+                     [f"askwright://sets/{theirs}/answers", f"askwright://sets/{mine}/answers"]):
+            with pytest.raises(MCPError) as caught:
+                async with other.listen(resource_subscriptions=uris):
+                    pass
+            # Refused exactly like a set that does not exist.
+            assert caught.value.code == -32602
+            assert caught.value.data == {"uri": f"askwright://sets/{mine}/answers"}
+        async with other.listen(resource_subscriptions=[f"askwright://sets/{theirs}/answers"]) as own:
+            assert [str(uri) for uri in own.honored.resource_subscriptions] == [f"askwright://sets/{theirs}/answers"]
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+async def test_ordinary_sdk_use_logs_no_error_and_a_client_giving_up_a_wait_stops_nothing(bridge, mode):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    for _round in range(3):
+        set_id = unique("daily")
+        uri = f"askwright://sets/{set_id}/answers"
+        async with mcp_client(base, mode) as client:
+            await client.list_tools()
+            structured(await client.call_tool("ask", {"set": one_question(set_id)}))
+            assert json.loads((await client.read_resource(uri)).contents[0].text)["count"] == 0
+            if mode == "legacy":
+                await client.session.subscribe_resource(uri)
+            else:
+                async with client.listen(resource_subscriptions=[uri]):
+                    await asyncio.sleep(0.3)
+            # The agent gives up a wait (a timeout of its own, a user's Ctrl-C).
+            waiting = asyncio.ensure_future(client.call_tool("wait", {"set_id": set_id, "timeout": 120}))
+            await asyncio.sleep(1.5)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            waited = structured(await client.call_tool("wait", {"set_id": set_id, "timeout": 0}))
+            assert waited["arrived"] is False
+            structured(await client.call_tool("close", {"set_id": set_id}))
+    await asyncio.sleep(1)
+    bridge.check_alive()
+    async with mcp_client(base, mode) as client:
+        listed = structured(await client.call_tool("list_sets", {}))
+        assert len(listed["sets"]) == 3
+    assert errors_in(bridge.log_text()) == []
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+async def test_a_kill_mid_wait_costs_the_client_one_call_and_the_answer_still_arrives(bridge, mode):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("killed")
+    async with mcp_client(base, mode) as client:
+        structured(await client.call_tool("ask", {"set": one_question(set_id)}))
+        (question,) = (await bridge.wait_questions(bridge.alice, 1)).values()
+        waiting = asyncio.ensure_future(client.call_tool("wait", {"set_id": set_id, "timeout": 300}))
+        await asyncio.sleep(3)
+        assert not waiting.done()
+        bridge.kill()
+        # The cut stream ends that one call with an error...
+        with pytest.raises(MCPError):
+            await asyncio.wait_for(waiting, 60)
+        # ...Alice answers while the bridge is down...
+        await bridge.alice.send(bridge.room_id, answer_content(question, option_id="stable"))
+        bridge.start()
+        await wait_listener(bridge, base)
+        # ...and the same client object's next call is answered, with her answer.
+        waited = structured(await client.call_tool("wait", {"set_id": set_id, "timeout": 60}))
+        assert waited["arrived"] is True
+        assert waited["answers"]["answers"][0]["choice"] == "stable"
+        assert [s["set"] for s in structured(await client.call_tool("list_sets", {}))["sets"]] == [set_id]
+    if mode == "legacy":
+        assert "taken up again" in bridge.log_text().split("--- start 2 ---")[1]

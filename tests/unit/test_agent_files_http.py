@@ -1,0 +1,237 @@
+"""Files through the agents' HTTP API, served on a real loopback listener
+(no homeserver needed): media in with PUT, people's files out with GET, and
+every bad request a 4xx that names its field and leaves nothing on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bridge.agents.http import AgentApi
+from bridge.agents.mcp_server import Tools
+from bridge.agents.errors import BadRequest, NotFound
+from bridge.answers import document
+from bridge.answers.file import AnswersFile
+from bridge.service.config import parse_config
+from helpers.config import GOOD
+
+TOKENS = {"planner": "planner-token-0123456789", "other": "other-token-0123456789"}
+NOW = "2026-12-01T10:00:00Z"
+
+
+def auth(agent: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[agent]}"}
+
+
+def compare_set(set_id: str, src: str = "take-2.mp4") -> dict:
+    return {"askwright": 1, "id": set_id, "title": "Intro", "questions": [{
+        "id": "takes", "kind": "compare", "title": "Intro take", "question": "Which take of the intro should ship?",
+        "why": "Only one intro fits.", "look_for": ["Whether the voice stays level"],
+        "sides": {"left": "t2", "right": "t5", "randomized": True},
+        "options": [{"id": "t2", "label": "Take 2"}, {"id": "t5", "label": "Take 5"}],
+        "guess": {"option": "t5", "why": "It is shorter.", "confidence": "low"},
+        "media": [{"src": src, "label": "Take 2"}]}]}
+
+
+@pytest.fixture
+async def api(tmp_path: Path):
+    raw = {**GOOD, "agents": {name: {"token": token} for name, token in TOKENS.items()},
+           "agent_api": {"media_max": 3 * 1024 * 1024, "rate_per_minute": 10000}}
+    config = parse_config(raw, base_dir=tmp_path, environ={})
+    app = web.Application()
+    agent_api = AgentApi(config)
+    app.add_routes(agent_api.routes())
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+        yield http, config.sets.root, agent_api
+    await runner.cleanup()
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".upload-" in p.name) if folder.exists() else []
+
+
+def answered_with(set_dir: Path, set_id: str, files: list[str]) -> None:
+    """A person's answer naming ``files`` (already in attachments/), as the bridge records it."""
+    record = {"qid": "takes", "choice": "t2", "label": "Take 2", "note": "", "attachments": files, "timecodes": [],
+              "q_rev": 1, "source": {"via": "matrix", "how": "reply", "room_id": "!r", "event_id": "$e",
+                                     "sender": "@alice:hs", "ts": 1764500000000}}
+    AnswersFile(set_dir, set_id).update(lambda doc, now: document.put_record(doc, record, now), NOW)
+
+
+async def test_media_uploaded_before_the_set_is_what_the_set_names(api):
+    http, root, _ = api
+    clip = os.urandom(2 * 1024 * 1024 + 7)
+    async with http.put("/v1/sets/intro/media/take-2.mp4", data=clip, headers=auth("planner")) as response:
+        assert response.status == 201, await response.text()
+        stored = await response.json()
+    assert stored == {"ok": True, "set": "intro", "name": "take-2.mp4", "src": "take-2.mp4", "type": "video/mp4",
+                      "size": len(clip), "sha256": hashlib.sha256(clip).hexdigest(), "created": True}
+    assert (root / "intro" / "take-2.mp4").read_bytes() == clip
+    async with http.get("/v1/sets", headers=auth("planner")) as response:
+        assert (await response.json())["sets"] == []  # a folder holding media only is no set yet
+    async with http.put("/v1/sets/intro", json=compare_set("intro"), headers=auth("planner")) as response:
+        assert response.status == 201, await response.text()
+    again = os.urandom(1000)
+    async with http.put("/v1/sets/intro/media/take-2.mp4", data=again, headers=auth("planner")) as response:
+        assert response.status == 200 and (await response.json())["created"] is False
+    assert (root / "intro" / "take-2.mp4").read_bytes() == again
+    assert leftovers(root / "intro") == []
+
+
+async def test_a_set_naming_media_not_uploaded_is_refused_until_it_is(api):
+    http, _root, _ = api
+    async with http.put("/v1/sets/later", json=compare_set("later"), headers=auth("planner")) as response:
+        assert response.status == 422
+        assert [e["where"] for e in (await response.json())["errors"]] == ["questions[takes].media[0].src"]
+
+
+async def test_bad_uploads_name_their_field_and_leave_nothing(api):
+    http, root, _ = api
+    async with http.put("/v1/sets/mine/media/a.png", data=b"\x89PNG", headers=auth("planner")) as response:
+        assert response.status == 201
+    async with http.put("/v1/sets/mine/media/notes.txt", data=b"hi", headers=auth("planner")) as response:
+        assert response.status == 400
+        body = await response.json()
+        assert body["errors"][0]["where"] == "name" and ".txt" in body["message"]
+    async with http.put("/v1/sets/mine/media/noextension", data=b"hi", headers=auth("planner")) as response:
+        assert response.status == 400 and (await response.json())["errors"][0]["where"] == "name"
+    for name in ("..%2Fother.png", ".hidden.png", "a..b.png", "%2E%2E.png"):
+        async with http.put(f"/v1/sets/mine/media/{name}", data=b"x", headers=auth("planner")) as response:
+            assert response.status in (400, 404), name
+    async with http.put("/v1/sets/mine/media/big.mp4", data=b"\0" * (3 * 1024 * 1024 + 1),
+                        headers=auth("planner")) as response:
+        assert response.status == 413 and "media_max" in (await response.json())["message"]
+
+    async def chunked():  # no Content-Length: counted while it streams
+        for _ in range(4):
+            yield b"\0" * (1024 * 1024)
+
+    async with http.put("/v1/sets/mine/media/big.mp4", data=chunked(), headers=auth("planner")) as response:
+        assert response.status == 413
+    async with http.put("/v1/sets/mine/media/empty.png", data=b"", headers=auth("planner")) as response:
+        assert response.status == 400
+    # Another agent's folder, and a folder a local agent wrote, are not there.
+    async with http.put("/v1/sets/mine/media/b.png", data=b"x", headers=auth("other")) as response:
+        assert response.status == 404
+    (root / "by-hand").mkdir()
+    async with http.put("/v1/sets/by-hand/media/b.png", data=b"x", headers=auth("planner")) as response:
+        assert response.status == 404
+    async with http.put("/v1/sets/mine/media/b.png", data=b"x", headers={"Authorization": "Bearer no"}) as response:
+        assert response.status == 401
+    assert sorted(p.name for p in (root / "mine").iterdir()) == [".askwright-agent.json", "a.png"]
+    assert list((root / "by-hand").iterdir()) == []
+    assert not (root / "other.png").exists()
+
+
+async def test_a_persons_file_downloads_whole_in_ranges_and_with_its_etag(api):
+    http, root, _ = api
+    async with http.put("/v1/sets/intro/media/take-2.mp4", data=b"clip", headers=auth("planner")) as response:
+        assert response.status == 201
+    async with http.put("/v1/sets/intro", json=compare_set("intro"), headers=auth("planner")) as response:
+        assert response.status == 201
+    shot = os.urandom(1400 * 1024)
+    (root / "intro" / "attachments").mkdir()
+    (root / "intro" / "attachments" / "takes-1.png").write_bytes(shot)
+    (root / "intro" / "attachments" / "takes-2.png").write_bytes(b"not named by any answer")
+    answered_with(root / "intro", "intro", ["attachments/takes-1.png"])
+
+    async with http.get("/v1/sets/intro/answers", headers=auth("planner")) as response:
+        (entry,) = (await response.json())["answers"]
+    assert entry["attachments"] == [{"name": "takes-1.png", "type": "image/png", "size": len(shot),
+                                     "sha256": hashlib.sha256(shot).hexdigest(),
+                                     "url": "/v1/sets/intro/attachments/takes-1.png"}]
+    url = entry["attachments"][0]["url"]
+    async with http.get(url, headers=auth("planner")) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "image/png"
+        assert int(response.headers["Content-Length"]) == len(shot)
+        assert await response.read() == shot
+        etag = response.headers["ETag"]
+    async with http.get(url, headers={**auth("planner"), "Range": "bytes=1000-1999"}) as response:
+        assert response.status == 206 and await response.read() == shot[1000:2000]
+    async with http.get(url, headers={**auth("planner"), "If-None-Match": etag}) as response:
+        assert response.status == 304
+    # Only the files answers name, only the agent's own, never through a symlink.
+    async with http.get("/v1/sets/intro/attachments/takes-2.png", headers=auth("planner")) as response:
+        assert response.status == 404
+    async with http.get(url, headers=auth("other")) as response:
+        assert response.status == 404
+    for name in ("..%2F..%2Fquestions.json", "%2E%2E", ".askwright-agent.json"):
+        async with http.get(f"/v1/sets/intro/attachments/{name}", headers=auth("planner")) as response:
+            assert response.status in (400, 404), name
+    secret = root / "secret.png"
+    secret.write_bytes(b"someone else's")
+    os.unlink(root / "intro" / "attachments" / "takes-1.png")
+    os.symlink(secret, root / "intro" / "attachments" / "takes-1.png")
+    async with http.get(url, headers=auth("planner")) as response:
+        assert response.status == 404
+    async with http.get("/v1/sets/intro/answers", headers=auth("planner")) as response:
+        gone = (await response.json())["answers"][0]["attachments"][0]
+    assert (gone["name"], gone["size"], gone["url"]) == ("takes-1.png", None, None)
+
+
+async def test_upload_media_over_mcp_takes_base64_and_refuses_what_http_refuses(api):
+    import base64
+
+    _http, root, agent_api = api
+    tools = Tools(agent_api.sets, agent_api.config.agents)
+    clip = os.urandom(100_000)
+    stored = await tools.call("planner", "upload_media", {"set_id": "intro", "name": "take-2.mp4",
+                                                          "data": base64.b64encode(clip).decode()})
+    assert (stored["src"], stored["size"], stored["sha256"]) == ("take-2.mp4", len(clip), hashlib.sha256(clip).hexdigest())
+    assert (root / "intro" / "take-2.mp4").read_bytes() == clip
+    with pytest.raises(BadRequest, match="name"):
+        await tools.call("planner", "upload_media", {"set_id": "intro", "name": "x.exe", "data": "AAAA"})
+    with pytest.raises(BadRequest, match="data"):
+        await tools.call("planner", "upload_media", {"set_id": "intro", "name": "x.png", "data": "not base64!"})
+    with pytest.raises(NotFound):
+        await tools.call("other", "upload_media", {"set_id": "intro", "name": "x.png", "data": "AAAA"})
+    assert sorted(p.name for p in (root / "intro").iterdir()) == [".askwright-agent.json", "take-2.mp4"]
+    asked = await tools.call("planner", "ask", {"set": compare_set("intro")})
+    assert asked["created"] is True
+    assert json.loads((root / "intro" / "questions.json").read_text())["questions"][0]["media"][0]["src"] == "take-2.mp4"
+
+
+async def test_a_files_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    from bridge.agents import attachment_files
+
+    hashed: list[str] = []
+    real = attachment_files._hash_file
+
+    def counting(path):
+        hashed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(attachment_files, "_hash_file", counting)
+    digests = attachment_files.Digests()
+    shot = tmp_path / "takes-1.png"
+    shot.write_bytes(os.urandom(3 * 1024 * 1024))
+    first = await digests.describe(shot)
+    for _ in range(5):  # an agent reading again and again, as a wait loop does
+        assert await digests.describe(shot) == first
+    assert len(hashed) == 1
+    shot.write_bytes(b"another file")
+    os.utime(shot, ns=(1, 1))
+    again = await digests.describe(shot)
+    assert again == attachment_files.Described(12, hashlib.sha256(b"another file").hexdigest())
+    assert len(hashed) == 2
+
+
+def test_media_max_is_100_mb_unless_configured(tmp_path):
+    from bridge.agents.media_files import DEFAULT_MEDIA_MAX
+    from bridge.service.config import ConfigError
+
+    assert parse_config(GOOD, base_dir=tmp_path, environ={}).agent_api.media_max == DEFAULT_MEDIA_MAX == 100 * 1024 * 1024
+    with pytest.raises(ConfigError, match="agent_api.media_max"):
+        parse_config({**GOOD, "agent_api": {"media_max": 0}}, base_dir=tmp_path, environ={})

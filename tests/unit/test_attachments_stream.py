@@ -1,0 +1,144 @@
+"""The download shell (bridge/service/answering/attachments.py) over a body
+that streams: whole or nothing on disk, tries again on a body cut short,
+memory bounded whatever the file's size."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from nio.crypto.attachments import encrypt_attachment
+
+from bridge.service.answering import attachments
+from bridge.service.transport.matrix import MediaBody
+
+MIB = 1024 * 1024
+
+
+class Repository:
+    """A content repository whose first ``cut`` answers stop halfway."""
+
+    def __init__(self, data: bytes | None = None, *, cut: int = 0, length: int | None = -1,
+                 repeat: int = 1):
+        self.data = data or b""
+        self.cut = cut
+        self.length = len(self.data) * repeat if length == -1 else length
+        self.repeat = repeat
+        self.tries = 0
+
+    @contextlib.asynccontextmanager
+    async def download(self, _mxc: str, _stall: float):
+        self.tries += 1
+        cut_now = self.tries <= self.cut
+
+        async def chunks():
+            for _ in range(self.repeat):
+                for at in range(0, len(self.data), 65536):
+                    if cut_now and at >= len(self.data) // 2:
+                        raise aiohttp.ClientPayloadError("Response payload is not completed")
+                    yield self.data[at:at + 65536]
+                    await asyncio.sleep(0)
+
+        yield MediaBody(self.length, chunks())
+
+
+def on_disk(set_dir: Path) -> list[Path]:
+    return sorted(p for p in set_dir.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def set_dir(tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
+    folder = tmp_path / "set"
+    folder.mkdir()
+    return folder
+
+
+def fetch(set_dir: Path, content: dict[str, Any], repository: Repository, limit: int = MIB):
+    return asyncio.run(attachments._fetch_bounded(content, str(set_dir), "q", 1, repository.download, limit))
+
+
+def test_a_body_cut_short_is_tried_again_and_lands_whole(set_dir: Path) -> None:
+    data = os.urandom(300_000)
+    repository = Repository(data, cut=2)
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, repository) == ("attachments/q-1.png", None)
+    assert repository.tries == 3
+    assert on_disk(set_dir) == [set_dir / "attachments" / "q-1.png"]
+    assert (set_dir / "attachments" / "q-1.png").read_bytes() == data
+
+
+def test_a_body_always_cut_short_is_refused_after_the_tries_and_nothing_is_left(set_dir: Path) -> None:
+    repository = Repository(os.urandom(300_000), cut=99)
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, repository) == (None, "attachment_not_fetched")
+    assert repository.tries == attachments.TRIES
+    assert on_disk(set_dir) == []
+
+
+def test_a_body_that_ends_early_without_an_error_is_not_saved(set_dir: Path) -> None:
+    # The connection closed cleanly after half: shorter than its Content-Length.
+    data = os.urandom(200_000)
+    repository = Repository(data[:100_000], length=len(data))
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, repository) == (None, "attachment_not_fetched")
+    # No Content-Length, but shorter than the event's info.size.
+    repository = Repository(data[:100_000], length=None)
+    content = {"url": "mxc://hs/a", "body": "a.png", "info": {"size": len(data)}}
+    assert fetch(set_dir, content, repository) == (None, "attachment_not_fetched")
+    assert on_disk(set_dir) == []
+
+
+def test_a_body_past_the_limit_is_refused_at_once_whatever_it_announced(set_dir: Path) -> None:
+    repository = Repository(os.urandom(MIB + 1), length=1000)
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, repository) == (None, "attachment_too_large")
+    assert repository.tries == 1 and on_disk(set_dir) == []
+    content = {"url": "mxc://hs/a", "body": "a.png", "info": {"size": MIB + 1}}
+    assert fetch(set_dir, content, Repository(b"small")) == (None, "attachment_too_large")
+
+
+def test_an_encrypted_file_with_a_wrong_hash_leaves_nothing(set_dir: Path) -> None:
+    data = os.urandom(400_000)
+    ciphertext, keys = encrypt_attachment(data)
+    _other, other = encrypt_attachment(b"x")
+    content = {"body": "a.png", "file": {**keys, "hashes": other["hashes"], "url": "mxc://hs/a"}}
+    assert fetch(set_dir, content, Repository(ciphertext)) == (None, "attachment_encrypted")
+    assert on_disk(set_dir) == []
+    content = {"body": "a.png", "file": {**keys, "url": "mxc://hs/a"}}
+    assert fetch(set_dir, content, Repository(ciphertext)) == ("attachments/q-1.png", None)
+    assert (set_dir / "attachments" / "q-1.png").read_bytes() == data
+
+
+def test_a_hundred_megabytes_never_sit_in_memory(set_dir: Path) -> None:
+    block = os.urandom(MIB)
+    repository = Repository(block, repeat=100)
+    tracemalloc.start()
+    try:
+        result = fetch(set_dir, {"url": "mxc://hs/a", "body": "clip.mp4"}, repository, limit=200 * MIB)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result == ("attachments/q-1.mp4", None)
+    saved = set_dir / "attachments" / "q-1.mp4"
+    assert saved.stat().st_size == 100 * MIB
+    assert hashlib.sha256(saved.read_bytes()).digest() == hashlib.sha256(block * 100).digest()
+    assert peak < 8 * MIB, f"{peak / MIB:.1f} MiB held while streaming 100 MiB"
+
+
+def test_a_part_file_a_crash_left_is_swept_once_no_try_can_still_be_writing_it(set_dir: Path) -> None:
+    folder = set_dir / "attachments"
+    folder.mkdir()
+    abandoned, recent, kept = folder / ".q9-1.png.part", folder / ".q8-1.png.part", folder / "q7-1.png"
+    for path in (abandoned, recent, kept):
+        path.write_bytes(b"half")
+    long_ago = time.time() - 3600
+    os.utime(abandoned, (long_ago, long_ago))
+    os.utime(kept, (long_ago, long_ago))
+    data = os.urandom(1000)
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, Repository(data)) == ("attachments/q-1.png", None)
+    assert sorted(p.name for p in folder.iterdir()) == [".q8-1.png.part", "q-1.png", "q7-1.png"]

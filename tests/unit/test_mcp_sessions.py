@@ -1,0 +1,35 @@
+"""Handshake-era session ids (bridge/agents/mcp_sessions.py): any bridge
+process with the agents' configuration can tell its own ids, issued to whom."""
+
+from __future__ import annotations
+
+from bridge.agents.mcp_sessions import SessionIds
+from bridge.service.config import Agent
+
+AGENTS = {"planner": Agent(token="planner-token-0123456789abcdef"), "other": Agent(token="other-token-0123456789abcdef")}
+
+
+def test_an_id_is_honoured_by_another_process_for_the_agent_it_was_issued_to_only():
+    issued = SessionIds(AGENTS).mint("planner")
+    restarted = SessionIds(dict(AGENTS))
+    assert restarted.valid(issued, "planner")
+    assert not restarted.valid(issued, "other")
+    assert not restarted.valid(issued, None)
+    assert all(0x21 <= ord(c) <= 0x7E for c in issued)  # visible ASCII, as the transport asks
+
+
+def test_a_forged_or_mangled_id_is_not_honoured():
+    ids = SessionIds(AGENTS)
+    issued = ids.mint("planner")
+    nonce, mac = issued.split(".")
+    assert not ids.valid(f"{nonce}.{'0' * len(mac)}", "planner")
+    assert not ids.valid(f"{'0' * len(nonce)}.{mac}", "planner")
+    assert not ids.valid(nonce, "planner")
+    assert not ids.valid("", "planner")
+    assert ids.mint("planner") != issued
+
+
+def test_a_new_token_ends_the_sessions_issued_under_the_old_one():
+    issued = SessionIds(AGENTS).mint("planner")
+    rotated = SessionIds({**AGENTS, "planner": Agent(token="a-new-planner-token-0123456789")})
+    assert not rotated.valid(issued, "planner")
