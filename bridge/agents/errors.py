@@ -48,3 +48,11 @@ class Unprocessable(AgentError):
 
     status = 422
     code = "unprocessable"
+
+
+class CallbackRefused(AgentError):
+    """A callback URL that goes into the bridge's own network (loopback,
+    private, link-local, metadata...): the findings name each one."""
+
+    status = 422
+    code = "callback_refused"

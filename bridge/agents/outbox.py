@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,12 +145,48 @@ class OutboxHook:
 def due(store: Store, now_ms: int, limit: int = 50) -> list[Delivery]:
     rows = store.db.execute("SELECT id, key, agent, url, body, created_at, attempts FROM webhook_outbox "
                             "WHERE next_at <= ? ORDER BY id LIMIT ?", (now_ms, limit)).fetchall()
-    return [Delivery(r[0], r[1], r[2], r[3], r[4].encode(), r[5], r[6]) for r in rows]
+    return [_delivery(r) for r in rows]
 
 
-def next_due(store: Store) -> int | None:
-    row = store.db.execute("SELECT MIN(next_at) FROM webhook_outbox").fetchone()
+def due_by_url(store: Store, now_ms: int, per_url: int, leave_out: Collection[str] = ()) -> list[Delivery]:
+    """The oldest ``per_url`` due rows of each URL, but none of the URLs in
+    ``leave_out`` (a URL whose circuit is open, or that has its fill in
+    flight): one URL's backlog never hides another URL's rows."""
+    skip, params = _leaving_out(leave_out)
+    rows = store.db.execute(
+        "SELECT id, key, agent, url, body, created_at, attempts FROM ("
+        "SELECT id, key, agent, url, body, created_at, attempts, "
+        "ROW_NUMBER() OVER (PARTITION BY url ORDER BY id) AS n "
+        f"FROM webhook_outbox WHERE next_at <= ?{skip}) AS due WHERE n <= ? ORDER BY id",
+        (now_ms, *params, per_url)).fetchall()
+    return [_delivery(r) for r in rows]
+
+
+def next_due(store: Store, after_ms: int | None = None, leave_out: Collection[str] = ()) -> int | None:
+    """The soonest next_at (after ``after_ms``, of URLs not left out)."""
+    if after_ms is None:
+        row = store.db.execute("SELECT MIN(next_at) FROM webhook_outbox").fetchone()
+        return row[0] if row else None
+    skip, params = _leaving_out(leave_out)
+    row = store.db.execute(f"SELECT MIN(next_at) FROM webhook_outbox WHERE next_at > ?{skip}",
+                           (after_ms, *params)).fetchone()
     return row[0] if row else None
+
+
+def expired(store: Store, created_before_ms: int, limit: int = 500) -> list[Delivery]:
+    """Rows older than the drop-after limit, whatever their URL's circuit says."""
+    rows = store.db.execute("SELECT id, key, agent, url, body, created_at, attempts FROM webhook_outbox "
+                            "WHERE created_at < ? ORDER BY id LIMIT ?", (created_before_ms, limit)).fetchall()
+    return [_delivery(r) for r in rows]
+
+
+def _leaving_out(urls: Collection[str]) -> tuple[str, tuple[str, ...]]:
+    urls = tuple(urls)
+    return (f" AND url NOT IN ({', '.join('?' * len(urls))})" if urls else ""), urls
+
+
+def _delivery(r: Any) -> Delivery:
+    return Delivery(r[0], r[1], r[2], r[3], r[4].encode(), r[5], r[6])
 
 
 def delivered(store: Store, row_id: int) -> None:

@@ -59,7 +59,8 @@ async def serve_stdio(config: Any, agent: str) -> None:
 
     subscribers = Subscribers()
     server = build_server(AgentSets(config.sets.root), config.agents, lambda _ctx: agent, subscribers,
-                          media_max=config.agent_api.media_max)
+                          media_max=config.agent_api.media_max,
+                          allow_private_callbacks=config.agent_api.allow_private_callbacks)
     stop = asyncio.Event()
     async with stdio_server() as (read_stream, write_stream):
         async with anyio.create_task_group() as group:
