@@ -76,15 +76,28 @@ class Postgres:
                                       "--locale=C", "--no-sync"),
                        check=True, capture_output=True)
         self.port = self.port or free_port()
+        self._run_server(timeout)
+
+    def _run_server(self, timeout: float) -> None:
+        assert self.folder is not None
         options = [f"-p {self.port}", "-c listen_addresses=127.0.0.1", "-c unix_socket_directories=''",
                    "-c max_connections=200", "-c shared_buffers=32MB"]
         if not self.durable:
             options += ["-c fsync=off", "-c full_page_writes=off"]
-        subprocess.run(self._as_owner(str(tools / "pg_ctl"), "-D", str(self.data_dir), "-l",
+        subprocess.run(self._as_owner(str(bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-l",
                                       str(self.folder / "server.log"), "-o", " ".join(options),
                                       "-w", "-t", str(int(timeout)), "start"),
                        check=True, capture_output=True)
         self._wait_ready(timeout)
+
+    def restart(self, down_for: float = 0.0, timeout: float = 60) -> None:
+        """Stop the server (every connection is cut), stay down ``down_for``
+        seconds, and start it again on the same port with the same data."""
+        assert self.folder is not None
+        subprocess.run(self._as_owner(str(bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast",
+                                      "-w", "stop"), check=True, capture_output=True)
+        time.sleep(down_for)
+        self._run_server(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         import psycopg

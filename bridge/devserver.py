@@ -76,10 +76,22 @@ class Synapse:
     extra_config: dict[str, Any] = field(default_factory=dict)
     process: subprocess.Popen | None = None
     shared_secret: str = ""
+    # Federating with other local homeservers: a TLS listener on this port
+    # (self-signed; peers do not verify it), and the server named after it.
+    federates: bool = False
+    federation_port: int = 0
+    # Where peers reach it, when not at ``federation_port`` (a relay in front).
+    reached_at: int = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def server_name(self) -> str:
+        """``localhost:<federation port>`` when federating (peers reach it
+        there, no discovery needed), else ``localhost``."""
+        return f"localhost:{self.reached_at or self.federation_port}" if self.federates else SERVER_NAME
 
     @property
     def config_path(self) -> Path:
@@ -93,8 +105,10 @@ class Synapse:
         if not secret_file.exists():
             secret_file.write_text(secrets.token_hex(24))
         self.shared_secret = secret_file.read_text().strip()
+        if self.federates and not self.federation_port:
+            self.federation_port = free_port()
         config: dict[str, Any] = {
-            "server_name": SERVER_NAME,
+            "server_name": self.server_name,
             "pid_file": str(self.data_dir / "homeserver.pid"),
             "listeners": [{
                 "port": self.port,
@@ -103,7 +117,14 @@ class Synapse:
                 "tls": False,
                 "x_forwarded": False,
                 "resources": [{"names": ["client"], "compress": False}],
-            }],
+            }] + ([{
+                "port": self.federation_port,
+                "bind_addresses": ["127.0.0.1"],
+                "type": "http",
+                "tls": True,
+                "x_forwarded": False,
+                "resources": [{"names": ["federation", "keys"], "compress": False}],
+            }] if self.federates else []),
             "database": {"name": "sqlite3", "args": {"database": str(self.data_dir / "homeserver.db")}},
             "media_store_path": str(self.data_dir / "media"),
             "signing_key_path": str(self.data_dir / "signing.key"),
@@ -122,9 +143,25 @@ class Synapse:
             "experimental_features": {"msc2409_to_device_messages_enabled": True,
                                       "msc3202_transaction_extensions": True},
             **_relaxed_limits(self.rate_limit_per_second),
+            **(self._federation_config() if self.federates else {}),
             **self.extra_config,
         }
         self.config_path.write_text(yaml.safe_dump(config))
+
+    def _federation_config(self) -> dict[str, Any]:
+        cert, key = _self_signed_certificate(self.data_dir)
+        return {
+            "tls_certificate_path": str(cert),
+            "tls_private_key_path": str(key),
+            "federation_verify_certificates": False,
+            # The peers are on loopback, which Synapse refuses to reach by default.
+            "ip_range_whitelist": ["127.0.0.1/32", "::1/128"],
+            # A peer that was down is tried again within seconds rather than
+            # Synapse's default ten minutes (the peer's own requests also
+            # mark it up at once): a test's restarted peer is not shunned.
+            "federation": {"destination_min_retry_interval": "1s", "destination_retry_multiplier": 1.5,
+                           "destination_max_retry_interval": "5s"},
+        }
 
     def _write_log_config(self) -> Path:
         path = self.data_dir / "log.yaml"
@@ -209,6 +246,32 @@ class Synapse:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _self_signed_certificate(data_dir: Path) -> tuple[Path, Path]:
+    """A certificate for ``localhost`` and its key, made once per data folder."""
+    cert_path, key_path = data_dir / "federation.crt", data_dir / "federation.key"
+    if cert_path.exists() and key_path.exists():
+        return cert_path, key_path
+    import datetime  # noqa: PLC0415 - only a federating server needs these
+
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
 
 
 def _http_json(method: str, url: str, body: Any = None, token: str | None = None) -> Any:

@@ -62,3 +62,11 @@ class TooManyWaits(AgentError):
         super().__init__(message)
         self.retry_after = retry_after
         self.headers = {"Retry-After": str(retry_after)}
+
+
+class CallbackRefused(AgentError):
+    """A callback URL that goes into the bridge's own network (loopback,
+    private, link-local, metadata...): the findings name each one."""
+
+    status = 422
+    code = "callback_refused"

@@ -18,6 +18,7 @@ from watchfiles import awatch
 
 from bridge.agents import origin
 from bridge.agents.asgi import serve_asgi
+from bridge.agents.callbacks import check_configured
 from bridge.agents.changes import Changes
 from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
@@ -32,6 +33,7 @@ from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 from bridge.service.config import Config
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
+from bridge.service.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +75,21 @@ async def _request_id(request: web.Request) -> str | int | None:
 
 
 class AgentsFront:
-    def __init__(self, config: Config, store: Store, metrics: Metrics):
+    def __init__(self, config: Config, store: Store, metrics: Metrics, supervisor: Supervisor | None = None):
         self.config = config
+        self.supervisor = supervisor or Supervisor()
         self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
         self.api = AgentApi(config, self.sets)
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
-                                   media_max=config.agent_api.media_max)
+                                   media_max=config.agent_api.media_max,
+                                   allow_private_callbacks=config.agent_api.allow_private_callbacks)
         self.manager: LastingSessionManager | None = None
         listen = config.appservice.listen if config.appservice.enabled else config.metrics.listen
         self.served_names = origin.served_names(config.agent_api.public_url, listen)
         self.deliverer = Deliverer(store, config.agents, metrics, drop_after=config.agent_api.drop_after_seconds,
-                                   timeout=config.agent_api.timeout_seconds)
+                                   timeout=config.agent_api.timeout_seconds,
+                                   allow_private=config.agent_api.allow_private_callbacks)
         self.outbox = OutboxHook(store, config.agents, on_queued=self.deliverer.wake.set)
         self.tasks: list[asyncio.Future[Any]] = []
         self._ready = asyncio.Event()
@@ -121,21 +126,26 @@ class AgentsFront:
         return self.sets.changes
 
     async def start(self, stop: asyncio.Event, poster: Any = None) -> None:
+        # A webhook_url whose name resolves inward stops the start, as any bad config does.
+        await check_configured(self.config.agents, allow_private=self.config.agent_api.allow_private_callbacks)
         self.sets.stop = stop  # long polls and MCP waits end when the bridge stops
         self.tasks.append(asyncio.ensure_future(_close_on(stop, self.sets.changes)))
         if poster is not None:
             self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
-        # Room for a questions.json, or for a file upload_media takes (base64).
-        body_max = max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX)))
-        self.manager = LastingSessionManager(self.server, SessionIds(self.config.agents), AGENT_SCOPE_KEY,
-                                             max_request_body_size=body_max + 65536)
-        self._mcp_app = start_early(self.manager.handle_request)
-        self.tasks.append(asyncio.ensure_future(self._run_manager(stop)))
-        self.tasks.append(asyncio.ensure_future(watch_answers(self.config.sets.root, self.subscribers, stop,
-                                                              self.sets.changes)))
-        self.tasks.append(asyncio.ensure_future(self.deliverer.run(stop)))
-        await asyncio.wait([asyncio.ensure_future(self._ready.wait()), self.tasks[0]],
-                           return_when=asyncio.FIRST_COMPLETED)
+        # Requests go to the manager running now (a restart of the task makes a new one).
+        self._mcp_app = start_early(self._current_manager)
+        spawn = self.supervisor.spawn
+        manager = spawn("mcp", lambda: self._run_manager(stop), stop)
+        self.tasks.append(manager)
+        self.tasks.append(spawn("answers-watch", lambda: watch_answers(self.config.sets.root, self.subscribers, stop,
+                                                                       self.sets.changes),
+                                stop))
+        self.tasks.append(spawn("webhooks", lambda: self.deliverer.run(stop), stop))
+        await asyncio.wait([asyncio.ensure_future(self._ready.wait()), manager], return_when=asyncio.FIRST_COMPLETED)
+
+    async def _current_manager(self, scope: Any, receive: Any, send: Any) -> None:
+        assert self.manager is not None
+        await self.manager.handle_request(scope, receive, send)
 
     def _post_soon(self, poster: Any, set_dir: Path) -> None:
         """The poster takes the set now, as its folder watcher would."""
@@ -150,7 +160,12 @@ class AgentsFront:
         task.add_done_callback(self._posting.discard)
 
     async def _run_manager(self, stop: asyncio.Event) -> None:
-        assert self.manager is not None
+        # A manager runs once: a restart after a failure makes a new one.
+        self._ready.clear()
+        # Room for a questions.json, or for a file upload_media takes (base64).
+        body_max = max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX)))
+        self.manager = LastingSessionManager(self.server, SessionIds(self.config.agents), AGENT_SCOPE_KEY,
+                                             max_request_body_size=body_max + 65536)
         async with self.manager.run():
             self._ready.set()
             await stop.wait()

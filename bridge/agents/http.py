@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from bridge.agents.auth import RateLimiter, agent_for
+from bridge.agents.callbacks import check_callbacks
 from bridge.agents.contract import Checked, Contract
 from bridge.agents.errors import AgentError, BadRequest, LintFailed
 from bridge.agents.files_http import FileRoutes
@@ -124,6 +125,7 @@ class AgentApi:
         if callbacks and not self.config.agents[agent].webhook_secret:
             raise LintFailed("callbacks need a webhook_secret for this agent in the bridge's config", findings=[
                 {"where": "callbacks", "message": "this agent has no webhook_secret to sign deliveries with"}])
+        await check_callbacks(callbacks, allow_private=self.config.agent_api.allow_private_callbacks)
         asked = self.sets.ask(agent, checked.path["id"], document, callbacks)
         return web.json_response(asked.as_dict(), status=201 if asked.created else 200)
 

@@ -24,6 +24,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from bridge import __version__
+from bridge.agents.callbacks import check_callbacks
 from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
 from bridge.agents.mcp_files import ATTACHMENT_TEMPLATE, McpFiles, attachment_of_uri
 from bridge.agents.media_files import DEFAULT_MEDIA_MAX
@@ -79,9 +80,10 @@ class Subscribers:
 
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
-                 subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX) -> Server[Any]:
+                 subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX, *,
+                 allow_private_callbacks: bool = False) -> Server[Any]:
     files = McpFiles(sets, media_max)
-    tools = Tools(sets, agents, files)
+    tools = Tools(sets, agents, files, allow_private_callbacks=allow_private_callbacks)
 
     def who(ctx: ServerRequestContext[Any, Any]) -> str:
         agent = agent_of(ctx)
@@ -194,10 +196,12 @@ def _tool_error(body: dict[str, Any]) -> types.CallToolResult:
 class Tools:
     """The tools as plain calls on the service layer."""
 
-    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None):
+    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None, *,
+                 allow_private_callbacks: bool = False):
         self.sets = sets
         self.agents = agents
         self.files = files or McpFiles(sets, DEFAULT_MEDIA_MAX)
+        self.allow_private_callbacks = allow_private_callbacks
 
     async def call(self, agent: str, name: str, arguments: dict[str, Any],
                    ctx: ServerRequestContext[Any, Any] | None = None) -> dict[str, Any]:
@@ -215,6 +219,7 @@ class Tools:
                 raise LintFailed("callbacks need a webhook_secret for this agent in the bridge's config",
                                  findings=[{"where": "callbacks",
                                             "message": "this agent has no webhook_secret to sign deliveries with"}])
+            await check_callbacks(callbacks, allow_private=self.allow_private_callbacks)
             document = arguments["set"]
             set_id = document.get("id")
             if not isinstance(set_id, str) or not SET_ID.match(set_id):

@@ -8,18 +8,22 @@ small file read: the set's owner) and inside the batch's transaction."""
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.agents.owner import read_owner
+from bridge.agents.owner import Owner, read_owner
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import Agent
 from bridge.service.storage.store import LogEntry, Store
 
 # The log outcomes an agent is told of, and the event type each becomes.
 EVENT_TYPES = {"accepted": "answer.accepted", "withdrawn": "answer.withdrawn"}
+# Meta key prefix: the owner of a set folder as last posted from (value: the
+# owner file's JSON), for the closes of a folder that is then removed whole.
+OWNER_SEEN = "webhook_owner:"
 
 
 @dataclass(frozen=True)
@@ -83,15 +87,46 @@ class OutboxHook:
         self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key))
 
     def closed(self, question: RecordedQuestion, why: str) -> None:
-        """A posted question closed, withdrawn, superseded or replaced (the poster's ``on_closed``)."""
+        """A posted question closed, withdrawn, superseded, replaced by a new
+        revision, removed from its set, or its set removed (the poster's
+        ``on_closed``): one ``question.closed`` per posting."""
         set_dir = self.store.set_dir_of(question.event_id)
         if not set_dir:
             return
         key = f"question.closed:{question.event_id}"
-        self._queue(set_dir, key, lambda agent: closed_body(question, why, agent, key))
-
-    def _queue(self, set_dir: str, key: str, body_for: Callable[[str], dict[str, Any]]) -> None:
         owner = read_owner(set_dir)
+        if owner is None and not os.path.lexists(set_dir):
+            owner = self._owner_seen(set_dir)  # the folder went with its owner file
+        self._queue(set_dir, key, lambda agent: closed_body(question, why, agent, key), owner)
+
+    def posted(self, question: RecordedQuestion) -> None:
+        """A question posted (the poster's ``on_posted``): who owns its set is
+        kept, so the closes of a folder removed whole still reach its agent."""
+        set_dir = self.store.set_dir_of(question.event_id)
+        if not set_dir:
+            return
+        owner = read_owner(set_dir)
+        with self.store.transaction(flush=False):  # lost, it is only written again at the next posting
+            if owner is None:
+                self.store.delete_meta(OWNER_SEEN + set_dir)
+            elif self._owner_seen(set_dir) != owner:
+                self.store.set_meta(OWNER_SEEN + set_dir, json.dumps(owner.as_dict()))
+
+    def _owner_seen(self, set_dir: str) -> Owner | None:
+        raw = self.store.get_meta(OWNER_SEEN + set_dir)
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("agent"), str):
+            return None
+        callbacks = data.get("callbacks")
+        return Owner(data["agent"], tuple(u for u in callbacks if isinstance(u, str))
+                     if isinstance(callbacks, list) else ())
+
+    def _queue(self, set_dir: str, key: str, body_for: Callable[[str], dict[str, Any]],
+               owner: Owner | None = None) -> None:
+        owner = owner or read_owner(set_dir)
         if owner is None or owner.agent not in self.agents:
             return
         urls = targets(self.agents[owner.agent], owner.callbacks)
@@ -110,12 +145,48 @@ class OutboxHook:
 def due(store: Store, now_ms: int, limit: int = 50) -> list[Delivery]:
     rows = store.db.execute("SELECT id, key, agent, url, body, created_at, attempts FROM webhook_outbox "
                             "WHERE next_at <= ? ORDER BY id LIMIT ?", (now_ms, limit)).fetchall()
-    return [Delivery(r[0], r[1], r[2], r[3], r[4].encode(), r[5], r[6]) for r in rows]
+    return [_delivery(r) for r in rows]
 
 
-def next_due(store: Store) -> int | None:
-    row = store.db.execute("SELECT MIN(next_at) FROM webhook_outbox").fetchone()
+def due_by_url(store: Store, now_ms: int, per_url: int, leave_out: Collection[str] = ()) -> list[Delivery]:
+    """The oldest ``per_url`` due rows of each URL, but none of the URLs in
+    ``leave_out`` (a URL whose circuit is open, or that has its fill in
+    flight): one URL's backlog never hides another URL's rows."""
+    skip, params = _leaving_out(leave_out)
+    rows = store.db.execute(
+        "SELECT id, key, agent, url, body, created_at, attempts FROM ("
+        "SELECT id, key, agent, url, body, created_at, attempts, "
+        "ROW_NUMBER() OVER (PARTITION BY url ORDER BY id) AS n "
+        f"FROM webhook_outbox WHERE next_at <= ?{skip}) AS due WHERE n <= ? ORDER BY id",
+        (now_ms, *params, per_url)).fetchall()
+    return [_delivery(r) for r in rows]
+
+
+def next_due(store: Store, after_ms: int | None = None, leave_out: Collection[str] = ()) -> int | None:
+    """The soonest next_at (after ``after_ms``, of URLs not left out)."""
+    if after_ms is None:
+        row = store.db.execute("SELECT MIN(next_at) FROM webhook_outbox").fetchone()
+        return row[0] if row else None
+    skip, params = _leaving_out(leave_out)
+    row = store.db.execute(f"SELECT MIN(next_at) FROM webhook_outbox WHERE next_at > ?{skip}",
+                           (after_ms, *params)).fetchone()
     return row[0] if row else None
+
+
+def expired(store: Store, created_before_ms: int, limit: int = 500) -> list[Delivery]:
+    """Rows older than the drop-after limit, whatever their URL's circuit says."""
+    rows = store.db.execute("SELECT id, key, agent, url, body, created_at, attempts FROM webhook_outbox "
+                            "WHERE created_at < ? ORDER BY id LIMIT ?", (created_before_ms, limit)).fetchall()
+    return [_delivery(r) for r in rows]
+
+
+def _leaving_out(urls: Collection[str]) -> tuple[str, tuple[str, ...]]:
+    urls = tuple(urls)
+    return (f" AND url NOT IN ({', '.join('?' * len(urls))})" if urls else ""), urls
+
+
+def _delivery(r: Any) -> Delivery:
+    return Delivery(r[0], r[1], r[2], r[3], r[4].encode(), r[5], r[6])
 
 
 def delivered(store: Store, row_id: int) -> None:

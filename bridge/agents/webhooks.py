@@ -6,7 +6,16 @@ The signature: ``X-Askwright-Signature: t=<unix seconds>,v1=<hex>`` where
 hex is HMAC-SHA256 with the agent's webhook_secret over ``<t>.<body>``; a
 receiver checks it and refuses an old ``t`` (replay).  ``Idempotency-Key``
 is the same on every attempt: delivery is at least once, and the key lets a
-receiver take each event once."""
+receiver take each event once.
+
+Each destination URL is a lane of its own: at most ``circuit.PER_URL``
+deliveries in flight to it, and a circuit breaker (``circuit``) that stops
+sending to a URL that keeps failing and probes it again later.  The outbox
+is read per URL (``due_by_url``), so a URL with thousands of rows pending
+never hides another URL's one.  Nothing the store does ends the deliverer:
+a read that fails is tried again with backoff.  Every connection is made
+through ``callbacks.connector``, which refuses inward addresses at connect
+time unless ``agent_api.allow_private_callbacks``."""
 
 from __future__ import annotations
 
@@ -22,7 +31,9 @@ from urllib.parse import urlsplit
 import aiohttp
 from prometheus_client import Counter
 
-from bridge.agents.outbox import Delivery, delivered, due, next_due, retry_at
+from bridge.agents.callbacks import connector, refused_reason
+from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
+from bridge.agents.outbox import Delivery, delivered, due_by_url, expired, next_due, retry_at
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
@@ -31,7 +42,9 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 300.0
 IDLE_SECONDS = 5.0
-PARALLEL = 8
+MAX_IN_FLIGHT = 256          # deliveries in flight over all URLs
+STORE_RETRY_MAX = 30.0       # seconds between tries of a failing store, at most
+SWEEP_SECONDS = 60.0         # how often rows past webhook_drop_after are looked for
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -63,14 +76,18 @@ def host_of(url: str) -> str:
 
 class Deliverer:
     def __init__(self, store: Store, agents: Mapping[str, Agent], metrics: Metrics, *, drop_after: float,
-                 timeout: float, clock: Callable[[], float] = time.time):
+                 timeout: float, allow_private: bool = False, clock: Callable[[], float] = time.time):
         self.store = store
         self.agents = agents
         self.drop_after = drop_after
         self.timeout = timeout
+        self.allow_private = allow_private
         self.clock = clock
         self.wake = asyncio.Event()
-        self.in_flight: set[int] = set()
+        self.in_flight: dict[str, set[int]] = {}   # URL -> ids of its rows being sent
+        self.circuits: dict[str, Circuit] = {}
+        self._store_failures = 0
+        self._swept_at = 0.0
         r = metrics.registry
         self.sent = Counter("askwright_bridge_webhooks_delivered", "Webhook deliveries a URL took.", registry=r)
         self.failed = Counter("askwright_bridge_webhooks_failed", "Webhook attempts that failed (retried).",
@@ -79,33 +96,77 @@ class Deliverer:
                                "Webhooks given up on after agent_api.webhook_drop_after.", registry=r)
 
     async def run(self, stop: asyncio.Event) -> None:
-        semaphore = asyncio.Semaphore(PARALLEL)
         tasks: set[asyncio.Task[None]] = set()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as http:
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout),
+                                        connector=connector(self.allow_private, MAX_IN_FLIGHT))
+        async with session as http:
             try:
                 while not stop.is_set():
                     self.wake.clear()
-                    try:
-                        rows = due(self.store, int(self.clock() * 1000))
-                    except Exception:  # noqa: BLE001 - the store is busy or failing: try again shortly
-                        log.exception("reading the webhook outbox failed")
-                        rows = []
-                    for row in rows:
-                        if row.id in self.in_flight:
-                            continue
-                        self.in_flight.add(row.id)
-                        task = asyncio.ensure_future(self._one(http, row, semaphore))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                    await self._sleep(stop)
+                    delay = self._pass(http, tasks)
+                    await self._sleep(stop, delay)
             finally:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                self.in_flight.clear()
 
-    async def _sleep(self, stop: asyncio.Event) -> None:
-        soonest = next_due(self.store)
-        delay = IDLE_SECONDS if soonest is None else max(0.05, min(IDLE_SECONDS, soonest / 1000 - self.clock()))
+    def _pass(self, http: aiohttp.ClientSession, tasks: set[asyncio.Task[None]]) -> float:
+        """Start what may start now; the seconds until the next pass is needed.
+        A store that fails is tried again with backoff, never the end of the task."""
+        now = self.clock()
+        try:
+            if now - self._swept_at >= SWEEP_SECONDS:
+                self._sweep(now)
+                self._swept_at = now
+            for row in due_by_url(self.store, int(now * 1000), 2 * PER_URL, self._unavailable(now)):
+                if sum(map(len, self.in_flight.values())) >= MAX_IN_FLIGHT:
+                    break
+                lane = self.in_flight.setdefault(row.url, set())
+                circuit = self.circuits.setdefault(row.url, Circuit())
+                if row.id in lane or circuit.room(now, len(lane)) <= 0:
+                    continue
+                circuit.started(now)
+                lane.add(row.id)
+                task = asyncio.ensure_future(self._one(http, row))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            soonest = next_due(self.store, int(now * 1000), self._unavailable(now))
+        except Exception:  # noqa: BLE001 - the store is busy, restarting or failing: try again shortly
+            self._store_failures += 1
+            delay = min(STORE_RETRY_MAX, 0.5 * 2.0 ** (self._store_failures - 1))
+            log.warning("reading the webhook outbox failed; trying again in %.1f s", delay,
+                        exc_info=self._store_failures == 1)
+            return delay
+        if self._store_failures:
+            log.info("the webhook outbox is readable again")
+            self._store_failures = 0
+        self._forget_idle(now)
+        times = [soonest / 1000] if soonest is not None else []
+        times += [t for c in self.circuits.values() if (t := c.reopens_at(now)) is not None]
+        return max(0.05, min([IDLE_SECONDS, *(t - now for t in times)]))
+
+    def _unavailable(self, now: float) -> list[str]:
+        """URLs that can take nothing more now: their circuit is open or their fill is in flight."""
+        return [url for url, circuit in self.circuits.items()
+                if circuit.room(now, len(self.in_flight.get(url, ()))) <= 0]
+
+    def _forget_idle(self, now: float) -> None:
+        # A URL with nothing in flight and nothing against it needs no lane;
+        # nor does one whose circuit let a probe through long ago and was not
+        # asked for since (a URL with rows pending is probed as soon as it may be).
+        for url in [u for u, c in self.circuits.items() if not self.in_flight.get(u) and
+                    (c.failures == 0 or now > c.open_until + MAX_OPEN)]:
+            del self.circuits[url]
+            self.in_flight.pop(url, None)
+
+    def _sweep(self, now: float) -> None:
+        """Drop what is past webhook_drop_after, even to a URL whose circuit is open."""
+        for row in expired(self.store, int((now - self.drop_after) * 1000)):
+            if row.id not in self.in_flight.get(row.url, ()):
+                self._drop(row, f"not taken after {row.attempts} attempts")
+
+    async def _sleep(self, stop: asyncio.Event, delay: float) -> None:
         waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
         try:
             await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
@@ -113,24 +174,33 @@ class Deliverer:
             for w in waits:
                 w.cancel()
 
-    async def _one(self, http: aiohttp.ClientSession, row: Delivery, semaphore: asyncio.Semaphore) -> None:
+    async def _one(self, http: aiohttp.ClientSession, row: Delivery) -> None:
+        taken: bool | None = False
         try:
-            async with semaphore:
-                await self._attempt(http, row)
+            taken = await self._attempt(http, row)
         except Exception:  # noqa: BLE001 - one delivery's trouble is its own
             log.exception("webhook delivery %s failed unexpectedly", row.key)
         finally:
-            self.in_flight.discard(row.id)
+            self.in_flight.get(row.url, set()).discard(row.id)
+            circuit = self.circuits.setdefault(row.url, Circuit())
+            if taken:
+                circuit.taken()
+            elif taken is False:
+                circuit.failed(self.clock())
+            else:  # dropped without an attempt: the URL was not tried
+                circuit.probing = False
+            self.wake.set()  # its lane has room again
 
-    async def _attempt(self, http: aiohttp.ClientSession, row: Delivery) -> None:
+    async def _attempt(self, http: aiohttp.ClientSession, row: Delivery) -> bool | None:
+        """True: the URL took it; False: it did not (retried later); None: dropped, not sent."""
         agent = self.agents.get(row.agent)
         if agent is None or not agent.webhook_secret:
             self._drop(row, "its agent has no webhook_secret in the config any more")
-            return
+            return None
         now = self.clock()
         if now * 1000 - row.created_at > self.drop_after * 1000:
             self._drop(row, f"not taken after {row.attempts} attempts")
-            return
+            return None
         headers = {"Content-Type": "application/json", "Idempotency-Key": row.key,
                    "X-Askwright-Signature": signature(agent.webhook_secret, int(now), row.body),
                    "User-Agent": "askwright-bridge"}
@@ -139,19 +209,28 @@ class Deliverer:
             async with http.post(row.url, data=row.body, headers=headers, allow_redirects=False) as response:
                 await response.read()
                 if 200 <= response.status < 300:
-                    delivered(self.store, row.id)
                     self.sent.inc()
                     log.info("webhook %s delivered to %s", row.key, host_of(row.url))
-                    return
+                    try:
+                        delivered(self.store, row.id)
+                    except Exception:  # noqa: BLE001 - sent; the store forgot: it goes again (at least once)
+                        log.warning("webhook %s delivered, but the store could not record it: it will be sent "
+                                    "again", row.key, exc_info=True)
+                    return True
                 problem = f"HTTP {response.status}"
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            problem = type(exc).__name__
+            refused = refused_reason(exc)
+            problem = f"refused ({refused})" if refused else type(exc).__name__
         attempts = row.attempts + 1
         self.failed.inc()
         wait = backoff(attempts)
         log.warning("webhook %s to %s not taken (%s); attempt %d, next in %.0f s", row.key, host_of(row.url),
                     problem, attempts, wait)
-        retry_at(self.store, row.id, attempts, int((self.clock() + wait) * 1000))
+        try:
+            retry_at(self.store, row.id, attempts, int((self.clock() + wait) * 1000))
+        except Exception:  # noqa: BLE001 - a lost retry time only means trying again sooner
+            log.warning("could not record the retry of webhook %s", row.key, exc_info=True)
+        return False
 
     def _drop(self, row: Delivery, why: str) -> None:
         delivered(self.store, row.id)

@@ -61,7 +61,8 @@ async def serve_stdio(config: Any, agent: str) -> None:
     sets = AgentSets(config.sets.root)
     sets.waits.per_agent = config.agent_api.max_waits
     sets.waits.total = config.agent_api.max_waits_total
-    server = build_server(sets, config.agents, lambda _ctx: agent, subscribers, media_max=config.agent_api.media_max)
+    server = build_server(sets, config.agents, lambda _ctx: agent, subscribers, media_max=config.agent_api.media_max,
+                          allow_private_callbacks=config.agent_api.allow_private_callbacks)
     stop = asyncio.Event()
     async with stdio_server() as (read_stream, write_stream):
         async with anyio.create_task_group() as group:

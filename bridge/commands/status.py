@@ -6,7 +6,10 @@ nothing recorded yet) and stale (answering an older revision); then what is held
 folder can't be written, events set aside, notices dropped).  A set whose
 questions.json has a rev lower than one the bridge posted says so under its
 row (lint's "rev went back" warning).  Safe while
-the bridge runs: the store is opened read-only and never migrated.
+the bridge runs: the store is opened read-only and never migrated.  When
+the bridge serves /health (metrics or agents on, or appservice mode), its
+background tasks are listed too: each one's state and restarts, and the
+last error of one that failed (asked of the running bridge, 2 s at most).
 
 Exit 0 (a set that can't be read is a row saying why), 2 when the config
 can't be used or the store is from a newer bridge.
@@ -18,12 +21,15 @@ import argparse
 import json
 import sqlite3
 import sys
+import urllib.error
+import urllib.request
 from typing import Any
 
 from bridge.service.config import ConfigError, load_config
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.operators.setstatus import collect, format_table
 from bridge.service.storage.store import Store, StoreVersionError
+from bridge.service.supervisor import format_tasks
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -55,14 +61,17 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"{config.store.where}: the store can't be read ({exc})")
     rows = collect(config.sets.root, posted, revs)
     running = _instances(config.store)
+    tasks = _tasks(config)
     if args.as_json:
         out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows],
                "held_back": held}
         if running is not None:
             out["instances"] = running
+        if tasks is not None:
+            out["tasks"] = tasks
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running))
+        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running) + _format_tasks(tasks))
     return EXIT_OK
 
 
@@ -94,6 +103,50 @@ def _format_instances(running: list[dict[str, Any]] | None) -> str:
         return "instances: none running\n"
     return "".join(f"instance {row['id']}: {row['role']}" + (f" (epoch {row['epoch']})" if row["role"] == "leader"
                                                               else "") + "\n" for row in running)
+
+
+def health_url(config: Any) -> str | None:
+    """Where the running bridge answers /health; None when it serves none."""
+    if config.appservice.enabled:
+        listen = config.appservice.listen
+    elif config.metrics.enabled or config.agents:
+        listen = config.metrics.listen
+    else:
+        return None
+    host, _, port = listen.rpartition(":")
+    host = host or "127.0.0.1"
+    if host in ("0.0.0.0", "::", "[::]"):  # listening everywhere: this machine is one of them
+        host = "127.0.0.1"
+    return f"http://{host}:{port}/health"
+
+
+def _tasks(config: Any) -> dict[str, Any] | None:
+    """The running bridge's background tasks (its /health); {} when it did
+    not answer (not running, say), None when it serves no /health."""
+    url = health_url(config)
+    if url is None:
+        return None
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the bridge's own listener, never a proxy
+        with opener.open(url, timeout=2) as response:
+            body = json.loads(response.read())
+    except urllib.error.HTTPError as exc:  # 503 before it is ready, or as a standby: the body still says
+        try:
+            body = json.loads(exc.read())
+        except ValueError:
+            return {}
+    except (OSError, ValueError):
+        return {}
+    tasks = body.get("tasks") if isinstance(body, dict) else None
+    return tasks if isinstance(tasks, dict) else {}
+
+
+def _format_tasks(tasks: dict[str, Any] | None) -> str:
+    if tasks is None:
+        return ""
+    if not tasks:
+        return "tasks: the bridge did not answer at /health (not running?)\n"
+    return format_tasks(tasks)
 
 
 def _fail(message: str) -> int:

@@ -28,6 +28,7 @@ from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.operators.operators import Operators
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
+from bridge.service.supervisor import Supervisor
 
 # What only posting, the folder watch, encryption or appservice mode needs is
 # imported where it is first used: the first sync (and the answers waiting in
@@ -64,8 +65,9 @@ class BotFront:
     """Bot mode: an ordinary account on a sync loop."""
 
     def __init__(self, config: Config, store: Store, on_synced: Callable[[], None] | None = None,
-                 on_outcome: Callable[[LogEntry], None] | None = None):
+                 on_outcome: Callable[[LogEntry], None] | None = None, supervisor: Supervisor | None = None):
         self.config = config
+        self.supervisor = supervisor
         self.store = store
         self.on_synced = on_synced
         self.on_outcome = on_outcome
@@ -102,7 +104,7 @@ class BotFront:
         first_sync, self.first_sync = self.first_sync, None
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self._synced, crypto=self.crypto,
                        rooms=[*rooms, *configured_rooms(self.config)], inviters=self.config.inviters,
-                       posted=posted, first_sync=first_sync).run()
+                       posted=posted, first_sync=first_sync, supervisor=self.supervisor).run()
 
     def _synced(self) -> None:
         self.first_batch.set()
@@ -141,7 +143,7 @@ def make_front(config: Config, store: Store, ops: Operators) -> Front:
         from bridge.service.transport.appservice import AppserviceFront
 
         return AppserviceFront(config, store, ops)
-    return BotFront(config, store, on_synced=ops.mark_ready, on_outcome=ops.on_outcome)
+    return BotFront(config, store, on_synced=ops.mark_ready, on_outcome=ops.on_outcome, supervisor=ops.supervisor)
 
 
 async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None) -> None:
@@ -189,7 +191,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         posted = asyncio.Event()
 
         async def joined(room_id: str) -> None:
-            rooms.append(room_id)  # the list the front holds: its events are bridged from now on
+            if room_id not in rooms:  # joining again after a restart of the task
+                rooms.append(room_id)  # the list the front holds: its events are bridged from now on
             await pipeline.load_members(room_id)
 
         async def after_the_first_batch() -> None:
@@ -205,12 +208,16 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                             on_closed=ops.on_closed)
             await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                             serve_http=not config.appservice.enabled)
-            await asyncio.gather(keep_joining(transport, refused, stop, joined),
-                                 keep_sets(poster, config.sets.root, stop, posted, ops.on_set_changed),
+            await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined), stop),
+                                 supervise("sets", lambda: keep_sets(poster, config.sets.root, stop, posted,
+                                                                         ops.on_set_changed), stop),
                                  return_exceptions=True)
 
+        # The transport, the folder watch and the joining run under the
+        # operators' supervisor: one that raises is restarted and shown in /health.
+        supervise = ops.supervisor.spawn
         after = asyncio.ensure_future(after_the_first_batch())
-        tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)), after]
+        tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted), stop), after]
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopped, after], return_when=asyncio.FIRST_COMPLETED)
         if after.done() and not after.cancelled() and after.exception() is not None:
@@ -242,8 +249,12 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
     # A set written after the first scan but before the watcher was up (an
     # agent asking as the bridge starts) is taken by a second scan; sets
     # already posted are skipped by their fingerprint.
-    await sleep_or_stop_event(stop, watching)
-    if not stop.is_set():
+    up = asyncio.ensure_future(sleep_or_stop_event(stop, watching))
+    await asyncio.wait([up, watcher], return_when=asyncio.FIRST_COMPLETED)
+    up.cancel()
+    if watcher.done():  # the watcher failed before it was up: the supervisor starts this again
+        failed = []
+    elif not stop.is_set():
         failed = await _post_sets(poster, root, stop)
     delay = 1.0
     while failed and not stop.is_set():

@@ -227,6 +227,9 @@ class AgentApi(Section):
     # A webhook not taken after this long is dropped, with a log line and a metric.
     webhook_drop_after: Duration = Duration("24h")
     webhook_timeout: Duration = Duration("10s")
+    # Webhook and callback URLs may go to loopback, private, link-local or
+    # metadata addresses (refused otherwise, at configuration, ask and delivery).
+    allow_private_callbacks: bool = False
     # The address agents reach the bridge at (https://bridge.example.org): /mcp
     # answers only requests whose Host and Origin name it (or the listener, or
     # an IP address), so no other site's page can reach it by DNS rebinding.
@@ -248,6 +251,18 @@ class AgentApi(Section):
     @property
     def timeout_seconds(self) -> float:
         return parse_duration(self.webhook_timeout)
+
+
+def _webhook_goes_outward(name: str, agent: Agent) -> None:
+    """What the config itself can tell of a webhook_url: an inward address or
+    localhost is refused here; a name is resolved and checked when the bridge
+    starts, and at every delivery (bridge/agents/callbacks.py)."""
+    from bridge.agents.addresses import host_of_url, refusal_of_name  # pure, and small
+
+    host = host_of_url(agent.webhook_url) if agent.webhook_url else None
+    if host is not None and (why := refusal_of_name(host)):
+        raise Invalid(f"goes to {host}, {why}; agent_api.allow_private_callbacks: true allows it",
+                      "agents", name, "webhook_url")
 
 
 def agent_env_prefix(name: str) -> str:
@@ -276,6 +291,8 @@ class Config(Section):
         for name in self.agents:
             if not _AGENT_NAME.match(name):
                 raise Invalid(f"agent name {name!r} must be letters, digits, _, . or - (64 at most)", "agents")
+            if not self.agent_api.allow_private_callbacks:
+                _webhook_goes_outward(name, self.agents[name])
         if self.appservice.enabled:
             localpart = self.bot.user_id[1:].split(":", 1)[0]
             if localpart != self.appservice.sender_localpart:

@@ -32,8 +32,9 @@ def agents_config(port: int, webhook_urls: dict[str, str] | None = None, **api: 
         agents[name] = {"token": token, "webhook_secret": SECRETS[name]}
         if webhook_urls and name in webhook_urls:
             agents[name]["webhook_url"] = webhook_urls[name]
+    # The receivers are on loopback: allowed here, refused by default (tests that check the refusal say False).
     return {"metrics": {"enabled": False, "listen": f"127.0.0.1:{port}"}, "agents": agents,
-            "agent_api": {"webhook_timeout": "2s", **api}}
+            "agent_api": {"webhook_timeout": "2s", "allow_private_callbacks": True, **api}}
 
 
 def one_question(set_id: str, qid: str = "branch") -> dict[str, Any]:
@@ -133,11 +134,13 @@ class Receiver:
 
 
 class Silent:
-    """A TCP port that accepts connections and never says a word."""
+    """A TCP port that accepts connections and never says a word (and counts them)."""
 
     def __init__(self) -> None:
         self.port = free_port()
         self.server: asyncio.base_events.Server | None = None
+        self.connections = 0
+        self.held: list[asyncio.StreamWriter] = []
 
     @property
     def url(self) -> str:
@@ -145,11 +148,15 @@ class Silent:
 
     async def start(self) -> None:
         async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            self.held.append(writer)
             await asyncio.sleep(3600)
 
         self.server = await asyncio.start_server(hold, "127.0.0.1", self.port)
 
     async def close(self) -> None:
+        for writer in self.held:
+            writer.close()
         if self.server:
             self.server.close()
 

@@ -45,13 +45,16 @@ class EncryptingPerson(Person):
         await self.client.send_to_device_messages()
         return response
 
-    async def cross_sign(self) -> None:
+    async def cross_sign(self, identity: Identity | None = None) -> Identity:
         """Give herself a cross-signing identity and sign her device with it,
-        as a current client does at first login."""
+        as a current client does at first login; with ``identity`` (hers,
+        from another session), sign this session with it, as a verified
+        session does for a new one."""
         await self.keep_up()  # her device keys are on the homeserver first
-        identity = Identity.generate()
         url = self.client.homeserver + "/_matrix/client/v3/keys"
-        _http_json("POST", f"{url}/device_signing/upload", identity.upload_body(self.user_id), self.token)
+        if identity is None:
+            identity = Identity.generate()
+            _http_json("POST", f"{url}/device_signing/upload", identity.upload_body(self.user_id), self.token)
         device = _http_json("POST", f"{url}/query", {"device_keys": {self.user_id: [self.client.device_id]}},
                             self.token)["device_keys"][self.user_id][self.client.device_id]
         device.pop("unsigned", None)
@@ -59,6 +62,7 @@ class EncryptingPerson(Person):
         reply = _http_json("POST", f"{url}/signatures/upload", {self.user_id: {self.client.device_id: signed}},
                            self.token)
         assert not reply.get("failures"), reply
+        return identity
 
     async def send(self, room_id: str, content: dict[str, Any], event_type: str = "m.room.message") -> str:
         await self.keep_up()

@@ -8,7 +8,7 @@ import pytest
 
 import yaml
 
-from bridge.devserver import Synapse
+from bridge.devserver import Synapse, free_port
 from helpers.attack import start_appservice_synapse
 from helpers.harness import Bridge, Person, unique
 
@@ -115,3 +115,25 @@ def pytest_collection_modifyitems(config, items):
     storms = [item for item in items if item.nodeid.startswith("tests/integration/test_crash_storm")]
     if storms:
         items[:] = [item for item in items if item not in storms] + storms
+
+
+@pytest.fixture(scope="session")
+def federation(tmp_path_factory):
+    """Two homeservers that federate: (home, remote, relay).  The bridge lives
+    on ``home``; people on ``remote`` reach its rooms over federation, and
+    ``home`` reaches ``remote`` through ``relay``, which a test may cut and
+    mend.  A test may stop and start ``remote``; it leaves it running and the
+    relay mended."""
+    from helpers.federation import Relay  # noqa: PLC0415
+
+    home = Synapse(tmp_path_factory.mktemp("federation-home"), federates=True)
+    remote = Synapse(tmp_path_factory.mktemp("federation-remote"), federates=True, federation_port=free_port())
+    relay = Relay(remote.federation_port)
+    remote.reached_at = relay.port
+    relay.mend()
+    home.start()
+    remote.start()
+    yield home, remote, relay
+    relay.cut()
+    remote.stop()
+    home.stop()

@@ -66,7 +66,12 @@ async def test_metrics_and_health_move_during_a_run(bridge):
 
     async def ready():
         status, body = await asyncio.to_thread(get, base + "/health")
-        return status == 200 and json.loads(body) == {"live": True, "ready": True, "held": NOTHING_HELD}
+        seen = json.loads(body)
+        tasks = seen.pop("tasks", {})  # the supervisor's tasks, each running (joining: done at once)
+        return status == 200 and seen == {"live": True, "ready": True, "held": NOTHING_HELD} and \
+            {name: task["state"] for name, task in tasks.items()} == {
+                "transport": "running", "notices": "running", "sets": "running", "joining": "finished",
+                "commands": "running"}
     await until(ready, what="ready /health")
 
     # Ready means answers are taken; the first posting may still be finishing

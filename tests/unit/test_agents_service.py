@@ -273,7 +273,7 @@ async def test_a_webhook_never_taken_is_retried_then_dropped_with_a_log_line_and
         OutboxHook(store, agents)(LogEntry("$answer", "!r", "@p:hs", "answer_event", "accepted", set_id="plan",
                                            set_dir=str(tmp_path / "sets" / "plan"), qid="branch", record={}))
     metrics = Metrics()
-    deliverer = Deliverer(store, agents, metrics, drop_after=2.5, timeout=2)
+    deliverer = Deliverer(store, agents, metrics, drop_after=2.5, timeout=2, allow_private=True)  # a receiver on loopback
     stop = asyncio.Event()
     caplog.set_level(logging.WARNING, logger="bridge.agents.webhooks")
     task = asyncio.ensure_future(deliverer.run(stop))

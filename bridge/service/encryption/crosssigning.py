@@ -19,12 +19,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from nio import AsyncClient
 
 from bridge.protocol.crosssigning import Identity, cross_signed_devices, the_key, verify
+from bridge.protocol.keyquery import Retries, answered, failed_servers, server_of
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +97,9 @@ class CrossSigning:
     """The bridge's own identity (``ensure``) and the cross-signed devices of others (``refresh``)."""
 
     def __init__(self, client: AsyncClient, path: Path, password: str | None = None,
-                 upload_token: str | None = None):
+                 upload_token: str | None = None, clock: Callable[[], int] | None = None):
         self.client = client
+        self.clock = clock or (lambda: int(time.time() * 1000))
         self.path = path
         self.password = password
         # Appservice mode uploads the keys with the as_token: Synapse asks no
@@ -104,7 +107,9 @@ class CrossSigning:
         self.upload_token = upload_token
         self.signed: dict[str, dict[str, str]] = {}  # user -> device -> ed25519, cross-signed by their owner
         self.masters: dict[str, str | None] = {}  # user -> master key last seen
-        self.pending: set[str] = set()  # users whose keys changed and were not read yet
+        # Users to ask about, and those asked and not answered for (their
+        # homeserver's server unreachable): asked again with backoff.
+        self.pending = Retries()
 
     # -- the bridge's own identity ----------------------------------------
 
@@ -172,23 +177,47 @@ class CrossSigning:
     def known(self, user_id: str) -> bool:
         return user_id in self.signed
 
+    def is_pending(self, user_id: str) -> bool:
+        """Asked about and not answered for yet: what is known of them may be stale."""
+        return user_id in self.pending
+
+    def due_in_ms(self) -> int | None:
+        """How long until someone is asked about again (None: nobody waits)."""
+        return self.pending.due_in_ms(self.clock())
+
     async def refresh(self, users: set[str]) -> None:
-        """Ask the homeserver for ``users``' cross-signing keys and devices;
-        users whose answer did not come are asked again next time."""
-        self.pending |= users
-        if not self.pending:
+        """Ask the homeserver for ``users``' cross-signing keys and devices,
+        with everyone due again.  Only an answer changes what is known of
+        someone: a user whose homeserver could not be reached (named in
+        ``failures``, or left out of the answer) keeps their devices as they
+        were and is asked again later and later."""
+        now = self.clock()
+        self.pending.add(users, now)
+        asked = self.pending.due(now)
+        if not asked:
             return
-        asked = set(self.pending)
         try:
             data = await query(self.client, sorted(asked))
-        except Exception as exc:  # noqa: BLE001 - their devices stay as they were until the next pass
-            log.warning("reading the cross-signing keys of %d people failed (%s); retrying", len(asked), exc)
+        except Exception as exc:  # noqa: BLE001 - their devices stay as they were until an answer comes
+            wait = self.pending.unanswered(asked, now)
+            log.warning("reading the cross-signing keys of %d people failed (%s); asked again in %.0f s",
+                        len(asked), exc, wait / 1000)
             return
-        self.pending -= asked
-        for user_id in asked:
+        settled = answered(asked, data)
+        for user_id in settled:
             master = the_key(data.get("master_keys", {}).get(user_id), user_id, "master")
             before = self.masters.get(user_id, master)
             if before != master:
                 log.warning("%s has a new cross-signing identity (master key %s, was %s)", user_id, master, before)
             self.masters[user_id] = master
             self.signed[user_id] = cross_signed_devices(data, user_id)
+        self.pending.answered(settled)
+        unsettled = asked - settled
+        if unsettled:
+            wait = self.pending.unanswered(unsettled, now)
+            failed = failed_servers(data)
+            servers = sorted({server_of(user) for user in unsettled})
+            log.warning("the homeserver gave no keys for %s (%s): their devices stay as they were, their "
+                        "encrypted messages wait, and they are asked again in %.0f s", ", ".join(sorted(unsettled)),
+                        ", ".join(f"{server} did not answer" if server in failed else f"nothing from {server}"
+                                  for server in servers), wait / 1000)

@@ -30,10 +30,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from nio import AsyncClient, KeysUploadError, MegolmEvent, RoomGetStateEventError, RoomGetStateEventResponse
+from nio import (AsyncClient, KeysQueryResponse, KeysUploadError, MegolmEvent, RoomGetStateEventError,
+                 RoomGetStateEventResponse)
 from nio.exceptions import EncryptionError, LocalProtocolError
 from nio.rooms import MatrixRoom
 
+from bridge.protocol.keyquery import answered
 from bridge.service.config import Encryption
 from bridge.service.encryption.keyrequests import KeyRequests
 from bridge.service.transport.matrix import MatrixError
@@ -55,6 +57,13 @@ UNDECRYPTABLE_MESSAGE = ("the bridge could not decrypt this message, so it could
                          "its keys with the bridge's session).")
 UNVERIFIED_MESSAGE = ("this message was sent from a session the bridge's operator has not verified, "
                       "so the bridge does not accept answers from it. Answer from a verified session.")
+# A message whose sender's homeserver has not answered for their devices is
+# judged when it answers: a server down for a minute or an hour loses nobody's
+# answer.  Past a day it is refused (UNCHECKED_MESSAGE) rather than kept for good.
+UNANSWERED_PATIENCE_MS = 24 * 3600 * 1000
+UNCHECKED_MESSAGE = ("the bridge could not check the session this message was sent from: your homeserver did "
+                     "not answer when asked for its keys, so the bridge could not accept your answer. Please "
+                     "send it again.")
 NOT_CROSS_SIGNED_MESSAGE = ("this message was sent from a session you have not verified, so the bridge does "
                             "not accept answers from it. Verify this session in your client (from a session "
                             "you already trust, or with your recovery key), then send your answer again.")
@@ -105,6 +114,11 @@ class Crypto:
         self._members_changed: set[str] = set()
         self.key_requests = KeyRequests(client, clock)
         self._signing: asyncio.Future[None] | None = None
+        # People nio asked the devices of and got no answer for (their
+        # homeserver unreachable): nio keeps them to ask again, and their
+        # encrypted messages wait rather than being judged on devices unread.
+        self._devices_unanswered: set[str] = set()
+        self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
 
     # -- start-up -------------------------------------------------------
 
@@ -205,7 +219,12 @@ class Crypto:
         outdated: set[str] = set()
         if client.should_query_keys:
             outdated = set(client.users_for_key_query)
-            await client.keys_query()
+            response = await client.keys_query()
+            # nio changes nothing of someone left out of the answer and asks
+            # them again with the next query; until then they are not known.
+            data = {"device_keys": response.device_keys, "failures": response.failures} \
+                if isinstance(response, KeysQueryResponse) else {}
+            self._devices_unanswered = (self._devices_unanswered | outdated) - answered(outdated, data)
         if self.settings.trust == "cross-signed" and self.cross_signing is not None:
             # nio reads no cross-signing keys: the same people are asked again for theirs.
             unknown = {user for user in client.device_store.users if not self.cross_signing.known(user)}
@@ -321,14 +340,18 @@ class Crypto:
 
     def sync_timeout_ms(self, default: int) -> int:
         """A long poll that wakes up in time for the first kept event's grace period."""
+        timeout = default
         kept = self.store.undecrypted()
-        if not kept:
-            return default
-        due = min(first_seen for _event, first_seen in kept) + int(self.settings.grace_seconds * 1000)
-        timeout = min(default, due - self.clock())
-        reask = self.key_requests.due_in_ms()  # a key asked for again when an answer may have been lost
-        if reask is not None:
-            timeout = min(timeout, reask)
+        if kept:
+            due = min(first_seen + self._patience_ms(event) for event, first_seen in kept)
+            timeout = min(default, due - self.clock())
+            reask = self.key_requests.due_in_ms()  # a key asked for again when an answer may have been lost
+            if reask is not None:
+                timeout = min(timeout, reask)
+        if self.cross_signing is not None and self.settings.trust == "cross-signed":
+            retry = self.cross_signing.due_in_ms()  # people whose homeserver did not answer, asked again
+            if retry is not None:
+                timeout = min(timeout, retry)
         return max(0, timeout)
 
     async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
@@ -339,7 +362,11 @@ class Crypto:
         sync token) and their keys asked for; kept events that decrypt now are
         put in front of the batch (they are older); kept events past the grace
         period are refused and the person told; under ``trust: verified`` an
-        answer from a device the operator has not verified is refused.
+        answer from a device the operator has not verified is refused (and
+        under ``cross-signed`` one its owner has not signed).  An answer whose
+        sender's devices could not be read (their homeserver did not answer)
+        is not judged yet: it is kept like an undecryptable one, and judged
+        when an answer comes (or refused after the grace period).
         """
         newly_kept: list[dict[str, Any]] = []
         batch: list[dict[str, Any]] = []
@@ -369,12 +396,15 @@ class Crypto:
         recovered: list[dict[str, Any]] = []
         expired: list[dict[str, Any]] = []
         still_kept: list[dict[str, Any]] = []
+        kept_since: dict[str, int] = {}
         for event, first_seen in self.store.undecrypted():
             decrypted = self._decrypt(event)
             if decrypted is not None:
-                log.info("event %s decrypted after its keys arrived", event["event_id"])
+                if ORIGIN not in event and event["event_id"] not in self._waiting_logged:
+                    log.info("event %s decrypted after its keys arrived", event["event_id"])
                 recovered.append(decrypted)
                 resolved.append(event["event_id"])
+                kept_since[event["event_id"]] = first_seen
             elif now - first_seen >= self.settings.grace_seconds * 1000:
                 expired.append(event)
             else:
@@ -383,21 +413,60 @@ class Crypto:
         for event in expired:
             refusals.append((event, "undecryptable", UNDECRYPTABLE_MESSAGE))
         out: list[dict[str, Any]] = []
+        unchecked: list[dict[str, Any]] = []
         for event in recovered + batch:
             origin = event.pop(ORIGIN, None)
             strict = self.settings.trust in ("verified", "cross-signed")
             if origin is not None and strict and not self._from_verified(event, origin):
                 sender = event.get("sender")
                 if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
-                    message = UNVERIFIED_MESSAGE if self.settings.trust == "verified" else NOT_CROSS_SIGNED_MESSAGE
+                    event_id = event["event_id"]
+                    unread = self._devices_unread(sender)
+                    if unread and now - kept_since.get(event_id, now) < UNANSWERED_PATIENCE_MS:
+                        if event_id in kept_since:
+                            resolved.remove(event_id)  # it stays kept
+                            if event_id not in self._waiting_logged:  # said once, not at every pass
+                                self._waiting_logged.add(event_id)
+                                log.warning("event %s from %s waits: the keys of their devices were not "
+                                            "answered for yet", event_id, sender)
+                        else:
+                            unchecked.append({**event, ORIGIN: origin})
+                        continue
+                    message = UNCHECKED_MESSAGE if unread else \
+                        UNVERIFIED_MESSAGE if self.settings.trust == "verified" else NOT_CROSS_SIGNED_MESSAGE
                     refusals.append((event, "device_not_verified", message))
                     continue
             out.append(event)
+        if unchecked:
+            # Kept as read: the ciphertext is gone once nio decrypted it in the sync.
+            with self.store.transaction():
+                waiting = [e for e in unchecked if self.store.keep_undecrypted(e, now)]
+            for event in waiting:
+                log.warning("event %s from %s in %s waits: the keys of %s's devices were not answered for yet",
+                            event["event_id"], event["sender"], event["room_id"], event["sender"])
         if refusals:
             self._refuse(refusals)
+        if self._waiting_logged:
+            self._waiting_logged &= set(kept_since) - set(resolved)
         return out, resolved
 
+    def _patience_ms(self, kept: dict[str, Any]) -> int:
+        """How long a kept event is waited on: a message waiting for its key,
+        the grace period; one waiting for its sender's homeserver to answer
+        for their devices, as long as a homeserver may be down."""
+        return UNANSWERED_PATIENCE_MS if ORIGIN in kept else int(self.settings.grace_seconds * 1000)
+
+    def _devices_unread(self, sender: str) -> bool:
+        """The sender's devices were asked for and their homeserver has not
+        answered yet: what is known of them cannot settle their trust."""
+        if sender in self._devices_unanswered:
+            return True
+        return self.settings.trust == "cross-signed" and self.cross_signing is not None and \
+            self.cross_signing.is_pending(sender)
+
     def _decrypt(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        if ORIGIN in event:
+            return dict(event)  # kept decrypted, for its sender's devices to be read
         if self.client.olm is None:
             return None
         parsed = MegolmEvent.from_dict(event)

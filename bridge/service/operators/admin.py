@@ -35,6 +35,7 @@ from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.storage.store import Store
+from bridge.service.supervisor import format_tasks
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,8 @@ class AdminContext:
     post_set: Callable[[Path], Awaitable[str]]
     # Nudge the set's unanswered open questions now; returns how many were nudged.
     remind_set: Callable[[str], Awaitable[int]]
+    # The supervisor's tasks (``Supervisor.view``): status lists those that failed.
+    tasks: Callable[[], dict[str, dict[str, Any]]] | None = None
 
 
 async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
@@ -136,7 +139,8 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
     if command.verb == STATUS:
         rows = collect(ctx.sets_root, ctx.store.posted_question_counts(), ctx.store.highest_posted_revs())
         table = format_table(rows)
-        return (table + format_held(held_back(ctx.store))).rstrip("\n")
+        troubled = format_tasks(ctx.tasks(), troubled_only=True) if ctx.tasks is not None else ""
+        return (table + format_held(held_back(ctx.store)) + troubled).rstrip("\n")
     set_dir = find_set(ctx.sets_root, command.set_id or "")
     if set_dir is None:
         return f"There is no set “{command.set_id}” in the bridge's sets folder."

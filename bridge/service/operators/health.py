@@ -40,8 +40,9 @@ def quiet_client_faults() -> None:
 
 
 def health_routes(state: Metrics) -> web.RouteTableDef:
-    """GET /metrics (text exposition) and GET /health ({"live", "ready"}; 200
-    when ready, 503 before), to add to any aiohttp application."""
+    """GET /metrics (text exposition) and GET /health ({"live", "ready"}, what
+    is held back and each background task's state; 200 when ready, 503
+    before), to add to any aiohttp application."""
     routes = web.RouteTableDef()
 
     @routes.get("/metrics")
@@ -60,6 +61,9 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
             body["role"] = state.role
         if state.held_view is not None:
             body["held"] = state.held()
+        if state.tasks_view is not None:
+            # A task restarting does not make the bridge unready either: it is shown, counted and retried.
+            body["tasks"] = state.tasks_view()
         return web.json_response(body, status=200 if state.ready else 503)
 
     return routes

@@ -75,6 +75,8 @@ class Metrics:
         self._ready = False
         # What is held back now (``heldback.counts``), for /health; set by whoever knows the store.
         self.held_view: Callable[[], dict[str, int]] | None = None
+        # Each supervised background task's state (``Supervisor.view``), for /health.
+        self.tasks_view: Callable[[], dict[str, dict[str, Any]]] | None = None
 
     # -- what the bridge reports ---------------------------------------------
 

@@ -24,6 +24,7 @@ from bridge.service.operators.metrics import Metrics
 from bridge.service.transport.pacing import REFUSAL, priority
 from bridge.service.operators.reminders import DEFAULT_TICK_SECONDS, remind_set_now, reminder_loop
 from bridge.service.storage.store import LogEntry, Store
+from bridge.service.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -46,11 +47,14 @@ class Operators:
         self.tasks: list[asyncio.Future[Any]] = []
         self._log_handler: logging.Handler | None = None
         self.metrics.held_view = lambda: counts(held_back(store))
+        # Every long-lived background task of the bridge runs under this one.
+        self.supervisor = Supervisor(self.metrics.registry)
+        self.metrics.tasks_view = self.supervisor.view
         self.agents: Any = None
         if config.agents:
             from bridge.agents.front import AgentsFront  # the MCP SDK is only loaded when agents are configured
 
-            self.agents = AgentsFront(config, store, self.metrics)
+            self.agents = AgentsFront(config, store, self.metrics, self.supervisor)
 
     # -- hooks (synchronous, cheap) --------------------------------------------
 
@@ -105,8 +109,14 @@ class Operators:
     def on_write(self, seconds: float) -> None:
         self.metrics.observe_write(seconds)
 
-    def on_posted(self, _question: Any = None) -> None:
+    def on_posted(self, question: Any = None) -> None:
         self.metrics.observe_posted()
+        if self.agents is None or question is None:
+            return
+        try:
+            self.agents.outbox.posted(question)
+        except Exception:  # noqa: BLE001 - remembering a set's owner must never stop a posting
+            log.exception("noting the owner of the set of %s failed", getattr(question, "event_id", "?"))
 
     def mark_ready(self) -> None:
         """After the first sync batch or appservice transaction is handled."""
@@ -139,19 +149,21 @@ class Operators:
             await self.agents.start(stop, poster)
         ctx = AdminContext(admins=frozenset(self.config.admins), sets_root=self.config.sets.root, store=self.store,
                            post_set=poster_post_set(poster),
-                           remind_set=lambda set_id: remind_set_now(self.store, send, set_id))
+                           remind_set=lambda set_id: remind_set_now(self.store, send, set_id),
+                           tasks=self.supervisor.view)
         self.admin = AdminDispatcher(ctx, send, own_user)
         self.admin.collect(self._early_commands)
         self._early_commands.clear()
-        self.tasks.append(asyncio.ensure_future(self.admin.run(stop)))
+        admin = self.admin
+        self.tasks.append(self.supervisor.spawn("commands", lambda: admin.run(stop), stop))
         reminders = self.config.reminders
         if reminders.enabled:
             # Look often enough that a nudge is never much later than asked for.
             tick = min(DEFAULT_TICK_SECONDS, max(1.0, min(reminders.after_seconds, reminders.every_seconds) / 4))
             with priority(REFUSAL):  # nudges go after acknowledgements and questions (the task keeps it)
-                self.tasks.append(asyncio.ensure_future(reminder_loop(
+                self.tasks.append(self.supervisor.spawn("reminders", lambda: reminder_loop(
                     self.store, send, stop, after_seconds=reminders.after_seconds,
-                    period_seconds=reminders.every_seconds, tick_seconds=tick)))
+                    period_seconds=reminders.every_seconds, tick_seconds=tick), stop))
 
     async def close(self) -> None:
         if self.agents is not None:
@@ -160,6 +172,7 @@ class Operators:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
+        await self.supervisor.close()
         if self.runner is not None:
             await self.runner.cleanup()
             self.runner = None

@@ -218,6 +218,8 @@ class Poster:
                 for old in replaced:
                     self.store.close_question(old.event_id, why)
                     self.store.set_meta(_UNTOLD + old.event_id, why)
+                    if self.on_closed:  # the agent hears of it as of any other close
+                        self.on_closed(old, why)
         except PostingConflict as exc:
             # The homeserver handed back an event the store already knows (a
             # transaction id reused), or the id is taken: nothing is recorded,

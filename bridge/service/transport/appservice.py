@@ -32,6 +32,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.transport.matrix import MatrixError, client_config
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.rooms import configured_rooms
+from bridge.service.supervisor import Supervisor
 
 if TYPE_CHECKING:  # the registration command imports this module and needs none of them
     from bridge.service.answering.pipeline import Pipeline
@@ -380,7 +381,8 @@ class AppserviceFront:
         # Notices go out off the request path: a 200 must not wait on the
         # homeserver, which may itself be waiting on that 200.
         notices = Notices(pipeline, stop)
-        notifier = asyncio.ensure_future(notices.run())
+        spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
+        notifier = spawn("notices", notices.run, stop)
         server.on_invite = lambda room_id, inviter: answer_invite(
             self.client, pipeline, room_id, inviter,
             welcome_invite(room_id, inviter, [*rooms, *configured_rooms(self.config)], self.config.inviters), rooms)
@@ -389,14 +391,21 @@ class AppserviceFront:
                           pipeline.load_members, server.one_at_a_time, stop)
         server.catchup = catchup
         server.open(rooms, notices)
-        await ping_homeserver(self.config)
-        looker = asyncio.ensure_future(catchup.run())
-        tasks = [notifier, looker]
-        if self.crypto is not None:
-            from bridge.service.encryption.ascrypto import keep_up_kept  # noqa: PLC0415
+        tasks = [notifier]
+        try:
+            await ping_homeserver(self.config)
+            tasks.append(spawn("catch-up", catchup.run, stop))
+            if self.crypto is not None:
+                from bridge.service.encryption.ascrypto import keep_up_kept  # noqa: PLC0415
 
-            tasks.append(asyncio.ensure_future(keep_up_kept(self.crypto, self.store, stop, server.feed_kept,
-                                                            server.kept)))
+                crypto = self.crypto
+                tasks.append(spawn("kept-keys", lambda: keep_up_kept(crypto, self.store, stop, server.feed_kept,
+                                                                      server.kept), stop))
+        except BaseException:
+            for task in tasks:  # started again, with tasks of their own, when this is
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
         await stop.wait()
         notices.wake()
         await asyncio.gather(*tasks)

@@ -19,6 +19,7 @@ from bridge.service.encryption.crypto import Crypto, available, crypto_dir, even
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
 from bridge.service.storage.store import Store
+from bridge.service.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +172,9 @@ class SyncLoop:
     def __init__(self, client: AsyncClient, store: Store, pipeline: Any, stop: asyncio.Event,
                  on_synced: Any = None, crypto: Crypto | None = None, rooms: Collection[str] = (),
                  inviters: frozenset[str] | None = None, posted: asyncio.Event | None = None,
-                 first_sync: FirstSync | None = None):
+                 first_sync: FirstSync | None = None, supervisor: Supervisor | None = None):
         self.client = client
+        self.supervisor = supervisor or Supervisor()
         self.store = store
         self.pipeline = pipeline
         self.stop = stop
@@ -188,12 +190,19 @@ class SyncLoop:
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
-        notifier = asyncio.ensure_future(notices.run())
+        notifier = self.supervisor.spawn("notices", notices.run, self.stop)
         try:
             await self._loop(notices)
-        finally:
+        except BaseException:
+            # The loop failed (its supervisor starts it again, with a notifier
+            # of its own): this one would wait for a stop that is not coming.
+            notifier.cancel()
+            await asyncio.gather(notifier, return_exceptions=True)
+            raise
+        else:
             notices.wake()
             await notifier
+        finally:
             if self._upkeep is not None:
                 self._upkeep.cancel()
                 await asyncio.gather(self._upkeep, return_exceptions=True)

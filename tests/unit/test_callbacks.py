@@ -1,0 +1,59 @@
+"""Callbacks judged where an agent names them and where an operator
+configures them: refused naming the field, allowed with
+agent_api.allow_private_callbacks."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from bridge.agents.callbacks import check_callbacks, check_configured, url_refusal
+from bridge.agents.errors import CallbackRefused
+from bridge.service.config import Agent, ConfigError, parse_config
+from helpers.config import GOOD
+
+AGENT = {"token": "a-token-long-enough", "webhook_secret": "s"}
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/h", "https://10.0.0.8/h", "http://169.254.169.254/",
+                                 "http://[::1]:9/h", "http://[::ffff:127.0.0.1]/h", "http://localhost/h",
+                                 "http://[fe80::1]/h", "http://0.0.0.0:80/h"])
+def test_an_inward_webhook_url_is_refused_in_the_config_naming_the_key(tmp_path, url):
+    with pytest.raises(ConfigError, match=r"agents\.a\.webhook_url") as caught:
+        parse_config({**GOOD, "agents": {"a": {**AGENT, "webhook_url": url}}}, base_dir=tmp_path, environ={})
+    assert "allow_private_callbacks" in str(caught.value)
+    allowed = parse_config({**GOOD, "agents": {"a": {**AGENT, "webhook_url": url}},
+                            "agent_api": {"allow_private_callbacks": True}}, base_dir=tmp_path, environ={})
+    assert allowed.agents["a"].webhook_url == url and allowed.agent_api.allow_private_callbacks is True
+
+
+def test_a_public_webhook_url_and_the_default_are_taken(tmp_path):
+    config = parse_config({**GOOD, "agents": {"a": {**AGENT, "webhook_url": "https://8.8.8.8/h"}}},
+                          base_dir=tmp_path, environ={})
+    assert config.agent_api.allow_private_callbacks is False
+
+
+async def test_ask_refuses_each_inward_callback_by_its_index():
+    with pytest.raises(CallbackRefused) as caught:
+        await check_callbacks(["https://8.8.8.8/ok", "http://192.168.0.1/x", "http://[::ffff:10.0.0.1]/y"],
+                              allow_private=False)
+    error = caught.value
+    assert error.status == 422 and error.code == "callback_refused"
+    assert [f["where"] for f in error.findings] == ["callbacks[1]", "callbacks[2]"]
+    assert "private" in error.findings[0]["message"] and "callbacks[1]" in error.message
+    await check_callbacks(["http://127.0.0.1/x"], allow_private=True)
+    await check_callbacks(["https://8.8.8.8/ok"], allow_private=False)
+    await check_callbacks("not a list: the set service says what is wrong", allow_private=False)
+
+
+async def test_a_name_is_resolved_and_judged_by_every_address_it_has():
+    name = socket.gethostname()  # this machine's own name: one of its own addresses
+    why = await url_refusal(f"http://{name}:8080/h")
+    assert why is not None and name in why
+    assert await url_refusal("http://name-that-does-not-resolve.invalid/h") is None  # checked at delivery
+    with pytest.raises(ConfigError, match=r"agents\.a\.webhook_url"):
+        await check_configured({"a": Agent(token="a-token-long-enough", webhook_url=f"http://{name}/h",
+                                           webhook_secret="s")}, allow_private=False)
+    await check_configured({"a": Agent(token="a-token-long-enough", webhook_url=f"http://{name}/h",
+                                       webhook_secret="s")}, allow_private=True)

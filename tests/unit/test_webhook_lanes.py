@@ -1,0 +1,194 @@
+"""The real deliverer against a real store and real receivers: a URL that
+accepts connections and never answers delays no other agent's webhook; a
+PostgreSQL restart mid-delivery costs a pause, not the deliverer; and with
+allow_private_callbacks off an inward address is never connected to."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from bridge.agents.circuit import PER_URL
+from bridge.agents.outbox import OutboxHook, pending
+from bridge.agents.sets import AgentSets
+from bridge.agents.webhooks import Deliverer
+from bridge.service.config import Agent
+from bridge.service.operators.metrics import Metrics
+from bridge.service.storage.store import LogEntry, Store
+from helpers.agents import SECRETS, Receiver, Silent, one_question
+from helpers.pgstore import fresh_schema
+
+AGENTS = {name: Agent(token=f"token-of-{name}-0123456789", webhook_secret=SECRETS[name]) for name in SECRETS}
+
+
+def answered(hook: OutboxHook, store: Store, sets_root: Path, set_id: str, event_id: str) -> None:
+    """An accepted answer's log entry, committed with its outbox rows as the pipeline does."""
+    with store.transaction():
+        hook(LogEntry(event_id, "!room", "@alice:hs", "answer_event", "accepted", set_id=set_id,
+                      set_dir=str(sets_root / set_id), qid="branch", record={"choice": "main"}))
+
+
+async def until(condition, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path: Path) -> None:
+    silent, receiver = Silent(), Receiver(SECRETS["other"])
+    await silent.start()
+    silent_url = silent.url
+    await receiver.start()
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "stuck", one_question("stuck"), callbacks=[silent_url])
+    sets.ask("other", "fine", one_question("fine"), callbacks=[receiver.url])
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=30, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(100):
+        answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        # The silent URL holds its fill of connections, each waiting out its 30 s.
+        await until(lambda: silent.connections >= PER_URL, "the silent URL was never tried")
+        sent = time.monotonic()
+        answered(hook, store, tmp_path / "sets", "fine", "$fine")
+        (taken,) = await receiver.wait_for(1, timeout=30)
+        took = time.monotonic() - sent
+        assert took < 1.0, f"the other agent's webhook took {took:.1f} s behind 100 pending to a silent URL"
+        assert taken["body"]["set"] == "fine" and taken["good"]
+        assert silent.connections <= PER_URL  # one URL never holds more than its own lane
+        assert pending(store) == 100
+    finally:
+        stop.set()
+        await task
+        await receiver.close()
+        await silent.close()
+        store.close()
+
+
+async def test_deliveries_resume_after_a_postgresql_restart_without_restarting_the_deliverer(
+        tmp_path: Path, postgres_server) -> None:
+    receiver = Receiver(SECRETS["planner"])
+    receiver.status = 503  # not taken at first: the rows stay in the outbox across the restart
+    await receiver.start()
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "plan", one_question("plan"), callbacks=[receiver.url])
+    store = Store(tmp_path / "store", url=fresh_schema(postgres_server), password=postgres_server.password)
+    metrics = Metrics()
+    deliverer = Deliverer(store, AGENTS, metrics, drop_after=3600, timeout=5, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(20):
+        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await receiver.wait_for(3, "attempts")
+        # Down for a few seconds, as a real restart is: every read and write of the deliverer fails meanwhile.
+        await asyncio.get_running_loop().run_in_executor(None, lambda: postgres_server.restart(down_for=3))
+        receiver.status = 200
+        taken = await receiver.wait_for(20, timeout=90)
+        assert sorted(t["key"] for t in taken) == sorted(f"answer.accepted:$answer{n}" for n in range(20))
+        assert not task.done(), "the deliverer ended"
+        await until(lambda: pending(store) == 0, "the outbox was not emptied", timeout=30)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await receiver.close()
+        store.close()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("allow_private", [False, True])
+async def test_inward_addresses_are_never_connected_to_unless_allowed(tmp_path: Path, caplog, allow_private) -> None:
+    """The same rows, refused at connect time without the key and taken with it."""
+    seen: list[str] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        seen.append(request.host)
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    urls = [f"http://127.0.0.1:{port}/hook", f"http://localhost:{port}/hook", f"http://[::ffff:127.0.0.1]:{port}/hook"]
+    if _ipv6_loopback():
+        await web.TCPSite(runner, "::1", port).start()
+        urls.append(f"http://[::1]:{port}/hook")
+    metadata = "http://169.254.169.254/latest/meta-data/"
+    inward = ["http://10.0.0.1:9/hook", metadata]
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "plan", one_question("plan"), callbacks=[*urls, inward[0]])  # five at most
+    agents = {**AGENTS, "planner": Agent(token="token-of-planner-0123456789", webhook_url=metadata,
+                                         webhook_secret=SECRETS["planner"])}
+    store = Store(tmp_path / "store.sqlite")
+    metrics = Metrics()
+    deliverer = Deliverer(store, agents, metrics, drop_after=3600, timeout=1, allow_private=allow_private)
+    answered(OutboxHook(store, agents), store, tmp_path / "sets", "plan", "$answer")
+    caplog.set_level(logging.WARNING, logger="bridge.agents.webhooks")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        if allow_private:
+            await until(lambda: len(seen) == len(urls), f"only {len(seen)} of {len(urls)} loopback URLs took it")
+        else:
+            refused = lambda: {r.getMessage().split(" to ", 1)[1].split(" ", 1)[0] for r in caplog.records  # noqa: E731
+                               if "refused" in r.getMessage()}
+            await until(lambda: len(refused()) == len(urls + inward), "not every inward URL was refused")
+            assert seen == []
+            messages = " ".join(r.getMessage() for r in caplog.records)
+            assert "loopback" in messages and "private" in messages and "metadata" in messages
+    finally:
+        stop.set()
+        await task
+        await runner.cleanup()
+        store.close()
+
+
+async def test_a_url_that_keeps_timing_out_is_left_alone_then_probed_one_at_a_time(tmp_path: Path) -> None:
+    silent = Silent()
+    await silent.start()
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "stuck", one_question("stuck"), callbacks=[silent.url])
+    store = Store(tmp_path / "store.sqlite")
+    metrics = Metrics()
+    deliverer = Deliverer(store, AGENTS, metrics, drop_after=3600, timeout=0.5, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(40):
+        answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await until(lambda: silent.connections >= PER_URL, "the silent URL was never tried")
+        await asyncio.sleep(6)
+        # Its first fill timed out and opened the circuit: since then, probes
+        # only (1, 2 then 4 s apart), one at a time, not forty rows' retries.
+        assert PER_URL < silent.connections <= PER_URL + 4
+        circuit = deliverer.circuits[silent.url]
+        assert circuit.failures > PER_URL and len(deliverer.in_flight.get(silent.url, ())) <= 1
+        assert pending(store) == 40
+    finally:
+        stop.set()
+        await task
+        await silent.close()
+        store.close()
