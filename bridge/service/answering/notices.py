@@ -18,6 +18,7 @@ person, so nothing one room or one person does holds up anyone else.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import defaultdict, deque
@@ -28,6 +29,9 @@ from bridge.service.answering import quiz
 from bridge.service.transport.matrix import MatrixError
 from bridge.service.transport.pacing import ACK, REFUSAL, priority
 from bridge.service.storage.store import COALESCED, SENT, LogEntry
+
+# Meta key (+ the last entry's seq) of a notice whose send has begun.
+SENDING = "notice-sending:"
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +107,10 @@ class Notices:
         # An acknowledgement stands for every accepted answer of one person to
         # one question still untold (a catch-up after downtime): one reply, for
         # the answer that stands, counting the ones it replaced.
+        sent = await self._resume_interrupted(waiting)
         acks = self.store.pending_acks(PASS, waiting)
         refusals = self.store.pending_refusals(PASS, waiting)
-        sent = refused = 0
+        refused = 0
         with priority(ACK):
             for last, _count in acks:
                 if self._out_of_time():
@@ -113,7 +118,7 @@ class Notices:
                 entry, seqs = self.store.log_entry(last), self.store.notice_seqs(last)
                 if entry is None:
                     continue
-                if await self._send(entry, seqs, lambda e=entry, n=len(seqs) - 1: self.pipeline.notice_for(e, n)):
+                if await self._send(entry, seqs, self._ack_maker(entry, seqs)):
                     sent += 1
                     if entry.outcome == "accepted":
                         await self._score(entry)
@@ -127,13 +132,41 @@ class Notices:
                 entry, seqs = self.store.log_entry(last), self.store.notice_seqs(last)
                 if entry is None:
                     continue
-                make = lambda e=entry, n=len(seqs) - 1: coalesced(self.pipeline.notice_for(e), n)  # noqa: E731
-                if await self._send(entry, seqs, make):
+                if await self._send(entry, seqs, self._refusal_maker(entry, seqs), refusal=True):
                     self.refusals_sent[key].append(self.clock())
                     sent += 1
                     refused += 1
         if len(acks) == PASS or (len(refusals) == PASS and refused):
             self.pending.set()  # more than one window was waiting: the next pass comes at once
+        return sent
+
+    def _ack_maker(self, entry: LogEntry, seqs: list[int]) -> Callable[[], dict[str, Any]]:
+        return lambda: self.pipeline.notice_for(entry, len(seqs) - 1)
+
+    def _refusal_maker(self, entry: LogEntry, seqs: list[int]) -> Callable[[], dict[str, Any]]:
+        return lambda: coalesced(self.pipeline.notice_for(entry), len(seqs) - 1)
+
+    async def _resume_interrupted(self, waiting: list[str]) -> int:
+        """Send again, with the same transaction id, each notice whose send an
+        earlier run (or pass) began and did not see through.  It stands for
+        the entries it stood for then: worked out anew, a later answer would
+        make it a new reply counting again answers the first one told.  The
+        homeserver answers a repeat with the event it already has.  A room
+        whose notice is still unresolved joins ``waiting``."""
+        sent = 0
+        for key, value in self.store.meta_with_prefix(SENDING):
+            intent = json.loads(value)
+            seqs, refusal = [int(seq) for seq in intent["seqs"]], bool(intent.get("refusal"))
+            entry = self.store.log_entry(seqs[-1]) if seqs else None
+            if entry is None or not self.store.notice_pending(seqs):
+                with self.store.transaction(flush=False):
+                    self.store.delete_meta(key)
+                continue
+            make = self._refusal_maker(entry, seqs) if refusal else self._ack_maker(entry, seqs)
+            if await self._send(entry, seqs, make, refusal=refusal):
+                sent += 1
+            elif self.store.get_meta(key) is not None and entry.room_id not in waiting:
+                waiting.append(entry.room_id)  # its entries wait with it
         return sent
 
     def _refusal_allowed(self, key: tuple[str, str, str | None]) -> bool:
@@ -145,7 +178,8 @@ class Notices:
         self._due(times[0] + REFUSAL_WINDOW)
         return False
 
-    async def _send(self, entry: LogEntry, seqs: list[int], make: Callable[[], dict[str, Any]]) -> bool:
+    async def _send(self, entry: LogEntry, seqs: list[int], make: Callable[[], dict[str, Any]],
+                    refusal: bool = False) -> bool:
         """Send the notice ``make`` builds for ``entry``, standing for every entry of ``seqs``."""
         room = entry.room_id
         not_before = self.room_retry.get(room, (0.0, 0.0))[0]
@@ -158,6 +192,11 @@ class Notices:
             log.exception("the notice for %s can't be made; dropped", entry.event_id)
             self._drop(seqs, room, "unrenderable")
             return False
+        intent = SENDING + str(seqs[-1])
+        # Which entries this notice stands for, kept until they are marked:
+        # a crash between the send and the mark resends exactly this notice.
+        with self.store.transaction(flush=False):
+            self.store.set_meta(intent, json.dumps({"seqs": seqs, "refusal": refusal}))
         try:
             sent_id = await self._within_grace(self.pipeline.transport.send(
                 room, "m.room.message", content, txn_id("ack", entry.event_id, str(seqs[-1]))))
@@ -181,6 +220,7 @@ class Notices:
         with self.store.transaction(flush=False):
             for seq in seqs:
                 self.store.mark_acked(seq, SENT if seq == seqs[-1] else COALESCED)
+            self.store.delete_meta(intent)
             if isinstance(sent_id, str):  # a reply to this notice is about the same question
                 self.store.record_sent(sent_id, room, question_event_id=entry.question_event_id, about=entry.event_id)
         return True
@@ -226,6 +266,7 @@ class Notices:
         with self.store.transaction(flush=False):
             for seq in seqs:
                 self.store.drop_notice(seq, room, reason, at)
+            self.store.delete_meta(SENDING + str(seqs[-1]))
         self.pipeline.report_trouble("notice", reason)
 
     def _due(self, when: float) -> None:

@@ -362,6 +362,19 @@ class Store:
     def delete_meta(self, key: str) -> None:
         self.db.execute("DELETE FROM meta WHERE key=?", (key,))
 
+    def meta_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, value) of every meta row whose key starts with ``prefix``."""
+        rows = self.db.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key",
+                               (len(prefix), prefix)).fetchall()
+        return [(key, value) for key, value in rows]
+
+    def notice_pending(self, seqs: list[int]) -> bool:
+        """Whether every entry of ``seqs`` still waits for its notice."""
+        marks = "?" * len(seqs)
+        row = self.db.execute(f"SELECT COUNT(*) FROM answer_log WHERE acked=0 AND seq IN ({','.join(marks)})",
+                              tuple(seqs)).fetchone()
+        return bool(seqs) and row[0] == len(set(seqs))
+
     # -- posted questions ------------------------------------------------
 
     def record_posted(self, question: RecordedQuestion, *, set_dir: str, posted_at: int,
