@@ -202,10 +202,18 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
 
             poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
                             on_closed=ops.on_closed)
+            from bridge.service.answering.deadlines import Deadlines
+
+            # Deadlines, quorum decisions and escalations: a pass at once (what
+            # expired while the bridge was down), then every second.
+            poster.deadlines = Deadlines(store, transport, flush=pipeline.flush, on_decided=ops.on_decided,
+                                         on_expired=ops.on_expired)
+            deadlines_task = asyncio.ensure_future(poster.deadlines.run(stop))
             await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                             serve_http=not config.appservice.enabled)
             await asyncio.gather(keep_joining(transport, refused, stop, joined),
-                                 keep_sets(poster, config.sets.root, stop, posted), return_exceptions=True)
+                                 keep_sets(poster, config.sets.root, stop, posted), deadlines_task,
+                                 return_exceptions=True)
 
         after = asyncio.ensure_future(after_the_first_batch())
         tasks = [asyncio.ensure_future(front.run(pipeline, rooms, stop, posted)), after]
