@@ -18,7 +18,10 @@ _PICK_FIELDS = ("choice", "label", "side", "choices", "order", "text", "matched_
 
 
 def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | None, casts: list[Cast], *,
-                    expired: bool, count: int) -> dict[str, Any] | None:
+                    expired: bool, count: int, fallback: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``fallback``: the posting's latest accepted pick, withdrawn or not, for
+    a decision whose every vote was withdrawn after it (the record still
+    needs its revision, time and source)."""
     if posting is None or posting.qid is None:
         return base
     quorum = posting.quorum
@@ -35,7 +38,10 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
         return base
     if result.state == EXPIRED:
         return _expired(base, posting, count, votes=result.votes, required=required)
-    out = {k: v for k, v in (base or {}).items() if k not in _PICK_FIELDS}
+    out = {k: v for k, v in (base or fallback or {}).items() if k not in _PICK_FIELDS}
+    if base is None and fallback is not None:
+        out.pop("note", None)
+        out["rev"] = max(count, 1)
     out["votes"] = result.votes
     out["required"] = required
     if result.state == PENDING:

@@ -178,12 +178,23 @@ class Deadlines:
                 return
             self.flush()
             question = self.store.question_by_event(event_id) or question
+        if question.expires_ms is not None and now >= question.expires_ms and question.closed_why == CLOSED_DECIDED \
+                and not self.store.is_expired(event_id):
+            # Decided, as far as the room was read; should an earlier event read
+            # later undo that decision, the deadline still stands.
+            with self.store.transaction():
+                self.store.mark_expired(event_id, question.expires_ms)
+                self.store.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
+                                      (set_dir, question.set_id, question.qid))
+            self.flush()
         why = self.store.get_meta(UNTOLD + event_id)
         if why is not None:
             await self._tell(question, set_dir, why)
         elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
             await self._cancel(event_id)  # closed otherwise (withdrawn, replaced): nothing more is due
-        if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id):
+        watching_deadline = question.closed_why == CLOSED_DECIDED and question.expires_ms is not None \
+            and not self.store.is_expired(event_id)
+        if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) and not watching_deadline:
             with self.store.transaction(flush=False):
                 self.store.delete_meta(TRACKED + event_id)
 

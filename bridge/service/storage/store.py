@@ -697,7 +697,13 @@ class Store:
         if posting is None or (posting.quorum is None and posting.expires_ms is None):
             return base
         casts = self.casts(posting.event_id) if posting.quorum is not None else []
-        return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count)
+        fallback = None
+        if base is None and casts:
+            row = self.db.execute("SELECT record FROM answer_log WHERE event_id=? AND outcome='accepted'"
+                                  " ORDER BY seq DESC LIMIT 1", (casts[-1].event_id,)).fetchone()
+            fallback = json.loads(row[0]) if row and row[0] else None
+        return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count,
+                               fallback=fallback)
 
     def casts(self, question_event_id: str) -> list[Cast]:
         """Every pick accepted for one posting, each with where in the room's
@@ -715,12 +721,13 @@ class Store:
                     "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND replaces IN (?, ?)"
                     " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchone()
                 if row is None and via == "poll":
-                    row = self.db.execute(
-                        "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND via='poll' AND replaces IS NULL"
-                        " AND question_event_id=? AND sender=? AND ts>=? ORDER BY ts, seq LIMIT 1",
-                        (question_event_id, sender, ts)).fetchone()
-                if row is not None:
-                    gone = max((row[0], row[1]), (ts, seq + 1))
+                    # An emptied vote, kept under the person's votes in this poll (the timeline's key).
+                    cleared = self.db.execute(
+                        "SELECT MIN(ts) FROM redaction WHERE target=? AND ts>=?",
+                        (f"votes\x1f{question_event_id}\x1f{sender}", ts)).fetchone()
+                    row = (cleared[0], 0) if cleared and cleared[0] is not None else None
+                if row is not None and (row[0], row[1]) > (ts, seq):
+                    gone = (row[0], row[1])  # else withdrawn before it was cast (in the room): never stood
             out.append(Cast(sender, choice if isinstance(choice, str) else None, event_id, (ts, seq), gone,
                             replaces))
         return out
