@@ -257,7 +257,7 @@ class Poster:
         durations count from it.  Kept in the store before the send, so a
         retried post (a crash before its commit) builds the same content, and
         a repost of the same revision keeps its deadline."""
-        key = f"rev_first_posted:{folder}\x00{question.id}\x00{question.rev}"
+        key = f"rev_first_posted:{folder}\x1f{question.id}\x1f{question.rev}"
         kept = self.store.get_meta(key)
         if kept is not None:
             return int(kept)

@@ -1,0 +1,210 @@
+"""Approvals against a real Synapse (PROTOCOL 2a): a deadline kept with the
+bridge running and while it is down (the homeserver's own delayed poll end,
+or, without delayed events, the bridge's at its next start), an answer a
+second late refused in both cases, and a 2-of-3 approval with a veto through
+votes, a changed vote, a withdrawn vote, a stranger and a kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.devserver import Synapse
+from helpers.harness import Bridge, Person, unique
+from test_element import element_edit, element_reply, polls, vote
+
+pytestmark = pytest.mark.integration
+
+OUTCOME = "dev.superpipeline.question.outcome"
+POLL_END = "org.matrix.msc3381.poll.end"
+
+
+def approval_set(people: list[str], expires: str, required: int = 2) -> dict[str, Any]:
+    return {"askwright": 1, "id": "release", "title": "Release 2.4", "questions": [{
+        "id": "ship", "kind": "choice", "title": "Ship 2.4",
+        "question": "Should 2.4 go to production today?",
+        "why": "The release train leaves at noon and the next one is a week later.",
+        "options": [{"id": "ship", "label": "Ship it to production"},
+                    {"id": "hold", "label": "Hold it for a week"}],
+        "guess": {"option": "ship", "why": "Every check is green.", "confidence": "low"},
+        "answerers": people, "quorum": {"required": required, "veto": ["hold"]}, "expires": expires}]}
+
+
+async def joined(synapse: Synapse, room: str, owner_token: str, count: int) -> list[Person]:
+    people = []
+    for _ in range(count):
+        person = Person(synapse, synapse.register(unique("voter")))
+        synapse.invite(owner_token, room, person.user_id)
+        synapse.join(person.token, room)
+        people.append(person)
+    return people
+
+
+def record(bridge: Bridge) -> dict[str, Any] | None:
+    return bridge.answers("release")["answers"].get("ship")
+
+
+async def until(check, timeout: float = 30, what: str = "it") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if asyncio.iscoroutine(found):
+            found = await found
+        if found:
+            return found
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+async def bot_events(person: Person, room: str, bot: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in await person.messages(room) if e["sender"] == bot and e["type"] == kind]
+
+
+async def late_answer_is_refused(bridge: Bridge, person: Person, question: dict[str, Any]) -> None:
+    late = await person.send(bridge.room_id, element_reply(question, "1", bridge.bot["user_id"]))
+    notice = await person.wait_notice(bridge.room_id, late, timeout=30)
+    assert notice["content"][OUTCOME]["reason"] == "expired"
+    assert "expired at" in notice["content"]["body"]
+    assert record(bridge)["state"] == "expired"
+
+
+async def test_a_deadline_with_the_bridge_running_and_an_answer_a_second_late(bridge, synapse):
+    alice = bridge.alice
+    bob, = await joined(synapse, bridge.room_id, bridge.bot["access_token"], 1)
+    try:
+        bridge.add_set(approval_set([alice.user_id, bob.user_id], "8s"))
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("ship", 1)]
+        assert "Answer by" in question["content"]["body"] and bob.user_id in question["content"]["body"]
+        voted = await alice.send(bridge.room_id, element_reply(question, "1", bridge.bot["user_id"]))
+        ack = await alice.wait_notice(bridge.room_id, voted)
+        assert "1 of 2 for \u201cShip it to production\u201d so far; waiting for " + bob.user_id in ack["content"]["body"]
+        assert record(bridge)["state"] == "pending"
+        expired = await until(lambda: (record(bridge) or {}).get("state") == "expired" and record(bridge), 40,
+                              "the expiry")
+        assert "choice" not in expired and [v["sender"] for v in expired["votes"]] == [alice.user_id]
+        # The poll ended (by the homeserver's delayed event) and the question says why.
+        assert await until(lambda: bot_events(alice, bridge.room_id, bridge.bot["user_id"], POLL_END), 20, "poll end")
+        told = await until(lambda: _said(alice, bridge, "expired undecided"), 20, "the expiry notice")
+        assert "1 of 2 votes agreeing" in told
+        await asyncio.sleep(1)
+        await late_answer_is_refused(bridge, bob, question)
+    finally:
+        await bob.close()
+
+
+async def _said(person: Person, bridge: Bridge, words: str) -> str | None:
+    for event in await bot_events(person, bridge.room_id, bridge.bot["user_id"], "m.room.message"):
+        body = event["content"].get("body", "")
+        if words in body:
+            return body
+    return None
+
+
+async def test_a_deadline_while_the_bridge_is_down_is_kept_by_the_homeserver(bridge):
+    alice = bridge.alice
+    bridge.add_set(approval_set([alice.user_id], "6s", required=1))
+    bridge.start()
+    question = (await bridge.wait_questions(alice, 1))[("ship", 1)]
+    await polls(alice, bridge.room_id, timeout=5)
+    bridge.kill()  # kill -9, right after posting
+    # The homeserver ends the poll and edits the question itself, on time.
+    ended = await until(lambda: bot_events(alice, bridge.room_id, bridge.bot["user_id"], POLL_END), 40, "poll end")
+    assert ended[0]["origin_server_ts"] >= question["origin_server_ts"] + 5000
+    edits = [e for e in await bot_events(alice, bridge.room_id, bridge.bot["user_id"], "m.room.message")
+             if e["content"].get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert any("deadline passed" in e["content"]["m.new_content"]["body"] for e in edits)
+    await late_answer_sent_while_down(bridge, alice, question)
+
+
+async def late_answer_sent_while_down(bridge: Bridge, person: Person, question: dict[str, Any]) -> None:
+    """A second after the deadline, while the bridge is down: refused as late when it starts again."""
+    late = await person.send(bridge.room_id, element_reply(question, "1", bridge.bot["user_id"]))
+    bridge.start()
+    notice = await person.wait_notice(bridge.room_id, late, timeout=40)
+    assert notice["content"][OUTCOME]["reason"] == "expired"
+    await until(lambda: (record(bridge) or {}).get("state") == "expired", 30, "the expired record")
+    assert "votes" in record(bridge) and record(bridge)["votes"] == []
+
+
+@pytest.fixture(scope="module")
+def plain_synapse(tmp_path_factory):
+    """A homeserver without delayed events, as older ones are."""
+    server = Synapse(tmp_path_factory.mktemp("no-delays"), delayed_events=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+async def test_without_delayed_events_the_bridge_closes_at_start_what_expired_while_it_was_down(plain_synapse, tmp_path):
+    synapse = plain_synapse
+    bot = synapse.register(unique("askbot"))
+    alice = Person(synapse, synapse.register(unique("alice")))
+    room = synapse.create_room(bot["access_token"], invite=[alice.user_id])
+    synapse.join(alice.token, room)
+    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=room, bot=bot)
+    bridge.sets_root.mkdir()
+    try:
+        bridge.add_set(approval_set([alice.user_id], "6s", required=1))
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("ship", 1)]
+        await polls(alice, room, timeout=5)
+        bridge.kill()
+        await asyncio.sleep(8)
+        # Nothing closed it: the homeserver was not asked to.
+        assert not await bot_events(alice, room, bot["user_id"], POLL_END)
+        await late_answer_sent_while_down(bridge, alice, question)
+        assert await until(lambda: bot_events(alice, room, bot["user_id"], POLL_END), 20, "the bridge's poll end")
+        assert await until(lambda: _said(alice, bridge, "expired undecided"), 20, "the expiry notice")
+    finally:
+        bridge.kill()
+        await alice.close()
+
+
+async def test_two_of_three_with_a_veto_through_votes_a_stranger_and_kill_9(bridge, synapse):
+    alice = bridge.alice
+    bob, carol, eve = await joined(synapse, bridge.room_id, bridge.bot["access_token"], 3)
+    bot, room = bridge.bot["user_id"], bridge.room_id
+    try:
+        bridge.add_set(approval_set([alice.user_id, bob.user_id, carol.user_id], "10m"))
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("ship", 1)]
+        poll = (await polls(alice, room, timeout=10))[question["event_id"]]
+        # A stranger's vote: refused, naming who may answer.
+        stranger = await eve.send(room, element_reply(question, "1", bot))
+        refused = await eve.wait_notice(room, stranger)
+        assert refused["content"][OUTCOME]["reason"] == "not_an_answerer"
+        assert alice.user_id in refused["content"]["body"]
+        # Alice votes "ship" in the poll, then takes it back (an empty vote).
+        first = await alice.send(room, vote(poll["event_id"], ["ship"]), "org.matrix.msc3381.poll.response")
+        await alice.wait_notice(room, first)
+        assert [v["sender"] for v in record(bridge)["votes"]] == [alice.user_id]
+        bridge.kill()
+        await alice.send(room, vote(poll["event_id"], []), "org.matrix.msc3381.poll.response")
+        # Bob replies "ship"; the bridge reads both after its restart.
+        bobs = await bob.send(room, element_reply(question, "1", bot))
+        bridge.start()
+        await bob.wait_notice(room, bobs, timeout=40)
+        pending = await until(lambda: [v["sender"] for v in (record(bridge) or {}).get("votes", [])]
+                              == [bob.user_id] and record(bridge), 30, "bob's vote alone (alice's taken back)")
+        assert pending["state"] == "pending" and pending["required"] == 2
+        bridge.kill()  # Bob changes his vote to the veto while the bridge is down
+        edited = await bob.send(room, element_edit(bobs, "2"))  # now a veto: "hold"
+        bridge.start()
+        await bob.wait_notice(room, edited, timeout=40)
+        decided = await until(lambda: (record(bridge) or {}).get("decided_by") and record(bridge), 30, "the veto")
+        assert decided["state"] == "answered" and decided["choice"] == "hold" and decided["decided_by"] == [bob.user_id]
+        assert await until(lambda: _said(alice, bridge, "a veto by " + bob.user_id), 20, "the decision notice")
+        # After the decision: Carol's vote is recorded, the decision stands.
+        late = await carol.send(room, element_reply(question, "1", bot))
+        told = await carol.wait_notice(room, late)
+        assert "does not change the decision" in told["content"]["body"]
+        assert record(bridge)["choice"] == "hold" and record(bridge)["decided_by"] == [bob.user_id]
+        assert await until(lambda: bot_events(alice, room, bot, POLL_END), 20, "the poll end")
+    finally:
+        for person in (bob, carol, eve):
+            await person.close()
