@@ -251,3 +251,57 @@ def test_wait_on_an_approval_that_expires_exits_4_and_prints_expired(tmp_path, c
     entry = next(e for e in out["answers"] if e["qid"] == "branch")
     assert entry["state"] == "expired" and entry["votes"][0]["sender"] == ANA and "choice" not in entry
     assert AnswersFile(room.set_dir).load()["answers"]["branch"]["state"] == "expired"
+
+
+# -- webhooks ---------------------------------------------------------------------------
+
+
+def test_webhooks_tell_every_vote_with_the_votes_then_the_decision_or_the_expiry(tmp_path):
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = room_with(tmp_path, expires="45s")
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+
+    def bodies() -> list[dict[str, Any]]:
+        return [json.loads(row.body) for row in due(room.store, 2**62)]
+
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    (first,) = bodies()
+    assert first["type"] == "answer.accepted" and first["state"] == "pending" and first["required"] == 2
+    assert [v["sender"] for v in first["votes"]] == [ANA]
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          on_decided=hook.decided, on_expired=hook.expired, clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    expired = next(b for b in bodies() if b["type"] == "question.expired")
+    assert expired["state"] == "expired" and "choice" not in expired["record"]
+    assert expired["qid"] == "branch" and expired["question_event_id"] == "$q"
+
+
+def test_a_decision_is_told_once_as_question_decided(tmp_path):
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = room_with(tmp_path)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          on_decided=hook.decided, on_expired=hook.expired, clock=lambda: (T0 + 3000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    asyncio.run(deadlines.pass_once())
+    bodies = [json.loads(row.body) for row in due(room.store, 2**62)]
+    assert [b["type"] for b in bodies] == ["answer.accepted", "answer.accepted", "question.decided"]
+    assert bodies[1]["state"] == "answered" and [v["sender"] for v in bodies[1]["votes"]] == [ANA, BO]
+    assert bodies[2]["record"]["decided_by"] == [ANA, BO] and bodies[2]["record"]["choice"] == "main"
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert any("Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in s for s in said)
