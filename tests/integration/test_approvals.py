@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from bridge.devserver import Synapse
+from helpers.attack import appservice_storm_bridge
 from helpers.harness import Bridge, Person, unique
 from test_element import element_edit, element_reply, polls, vote
 
@@ -166,45 +167,61 @@ async def test_without_delayed_events_the_bridge_closes_at_start_what_expired_wh
 
 
 async def test_two_of_three_with_a_veto_through_votes_a_stranger_and_kill_9(bridge, synapse):
-    alice = bridge.alice
     bob, carol, eve = await joined(synapse, bridge.room_id, bridge.bot["access_token"], 3)
-    bot, room = bridge.bot["user_id"], bridge.room_id
     try:
-        bridge.add_set(approval_set([alice.user_id, bob.user_id, carol.user_id], "10m"))
-        bridge.start()
-        question = (await bridge.wait_questions(alice, 1))[("ship", 1)]
-        poll = (await polls(alice, room, timeout=10))[question["event_id"]]
-        # A stranger's vote: refused, naming who may answer.
-        stranger = await eve.send(room, element_reply(question, "1", bot))
-        refused = await eve.wait_notice(room, stranger)
-        assert refused["content"][OUTCOME]["reason"] == "not_an_answerer"
-        assert alice.user_id in refused["content"]["body"]
-        # Alice votes "ship" in the poll, then takes it back (an empty vote).
-        first = await alice.send(room, vote(poll["event_id"], ["ship"]), "org.matrix.msc3381.poll.response")
-        await alice.wait_notice(room, first)
-        assert [v["sender"] for v in record(bridge)["votes"]] == [alice.user_id]
-        bridge.kill()
-        await alice.send(room, vote(poll["event_id"], []), "org.matrix.msc3381.poll.response")
-        # Bob replies "ship"; the bridge reads both after its restart.
-        bobs = await bob.send(room, element_reply(question, "1", bot))
-        bridge.start()
-        await bob.wait_notice(room, bobs, timeout=40)
-        pending = await until(lambda: [v["sender"] for v in (record(bridge) or {}).get("votes", [])]
-                              == [bob.user_id] and record(bridge), 30, "bob's vote alone (alice's taken back)")
-        assert pending["state"] == "pending" and pending["required"] == 2
-        bridge.kill()  # Bob changes his vote to the veto while the bridge is down
-        edited = await bob.send(room, element_edit(bobs, "2"))  # now a veto: "hold"
-        bridge.start()
-        await bob.wait_notice(room, edited, timeout=40)
-        decided = await until(lambda: (record(bridge) or {}).get("decided_by") and record(bridge), 30, "the veto")
-        assert decided["state"] == "answered" and decided["choice"] == "hold" and decided["decided_by"] == [bob.user_id]
-        assert await until(lambda: _said(alice, bridge, "a veto by " + bob.user_id), 20, "the decision notice")
-        # After the decision: Carol's vote is recorded, the decision stands.
-        late = await carol.send(room, element_reply(question, "1", bot))
-        told = await carol.wait_notice(room, late)
-        assert "does not change the decision" in told["content"]["body"]
-        assert record(bridge)["choice"] == "hold" and record(bridge)["decided_by"] == [bob.user_id]
-        assert await until(lambda: bot_events(alice, room, bot, POLL_END), 20, "the poll end")
+        await two_of_three(bridge, bridge.alice, bob, carol, eve)
     finally:
         for person in (bob, carol, eve):
             await person.close()
+
+
+async def test_two_of_three_with_a_veto_in_appservice_mode(appservice_synapse, tmp_path):
+    hs = appservice_synapse
+    people = [Person(hs, hs.register(unique(name))) for name in ("alice", "bob", "carol", "eve")]
+    bridge = appservice_storm_bridge(hs, tmp_path, people)
+    try:
+        await two_of_three(bridge, *people)
+    finally:
+        bridge.kill()
+        for person in people:
+            await person.close()
+
+
+async def two_of_three(bridge: Bridge, alice: Person, bob: Person, carol: Person, eve: Person) -> None:
+    """The scenario, in whichever mode ``bridge`` runs."""
+    bot, room = bridge.bot["user_id"], bridge.room_id
+    bridge.add_set(approval_set([alice.user_id, bob.user_id, carol.user_id], "10m"))
+    bridge.start()
+    question = (await bridge.wait_questions(alice, 1, timeout=60))[("ship", 1)]
+    poll = (await polls(alice, room, timeout=10))[question["event_id"]]
+    # A stranger's vote: refused, naming who may answer.
+    stranger = await eve.send(room, element_reply(question, "1", bot))
+    refused = await eve.wait_notice(room, stranger, timeout=30)
+    assert refused["content"][OUTCOME]["reason"] == "not_an_answerer"
+    assert alice.user_id in refused["content"]["body"]
+    # Alice votes "ship" in the poll, then takes it back (an empty vote) while the bridge is killed.
+    first = await alice.send(room, vote(poll["event_id"], ["ship"]), "org.matrix.msc3381.poll.response")
+    await alice.wait_notice(room, first, timeout=30)
+    assert [v["sender"] for v in record(bridge)["votes"]] == [alice.user_id]
+    bridge.kill()
+    await alice.send(room, vote(poll["event_id"], []), "org.matrix.msc3381.poll.response")
+    # Bob replies "ship"; the bridge reads both after its restart.
+    bobs = await bob.send(room, element_reply(question, "1", bot))
+    bridge.start()
+    await bob.wait_notice(room, bobs, timeout=60)
+    pending = await until(lambda: [v["sender"] for v in (record(bridge) or {}).get("votes", [])]
+                          == [bob.user_id] and record(bridge), 30, "bob's vote alone (alice's taken back)")
+    assert pending["state"] == "pending" and pending["required"] == 2
+    bridge.kill()  # Bob changes his vote to the veto while the bridge is down
+    edited = await bob.send(room, element_edit(bobs, "2"))
+    bridge.start()
+    await bob.wait_notice(room, edited, timeout=60)
+    decided = await until(lambda: (record(bridge) or {}).get("decided_by") and record(bridge), 30, "the veto")
+    assert decided["state"] == "answered" and decided["choice"] == "hold" and decided["decided_by"] == [bob.user_id]
+    assert await until(lambda: _said(alice, bridge, "a veto by " + bob.user_id), 20, "the decision notice")
+    # After the decision: Carol's vote is recorded, the decision stands.
+    late = await carol.send(room, element_reply(question, "1", bot))
+    told = await carol.wait_notice(room, late, timeout=30)
+    assert "does not change the decision" in told["content"]["body"]
+    assert record(bridge)["choice"] == "hold" and record(bridge)["decided_by"] == [bob.user_id]
+    assert await until(lambda: bot_events(alice, room, bot, POLL_END), 20, "the poll end")

@@ -33,7 +33,7 @@ from bridge.protocol import annotate
 from bridge.answers.document import AnswersError, record_problem
 from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
-from bridge.protocol.judge import CLOSED_DECIDED, Accepted, IncomingAnswer, JudgeContext, check_identity, judge
+from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.quorum import Tally, progress_words
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                       normalize)
@@ -570,7 +570,9 @@ class Pipeline:
                                       record=entry.record, title=question.content["question"]["title"], via=via,
                                       extra=quiz.feedback_for(entry, question), labels=display_names(question),
                                       subject=question.subject if question.subject_bound else None,
-                                      replaced=replaced, stood_before=self._stood_before(entry))
+                                      replaced=replaced,
+                                      # On a quorum each person's vote stands beside the others'; none replaces another's.
+                                      stood_before=None if question.quorum is not None else self._stood_before(entry))
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
@@ -609,8 +611,7 @@ class Pipeline:
         tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
                       record.get("decided_by") or [], veto=record.get("choice") in veto)
         words = progress_words(tally, required, question.answerers_at(entry.ts), labels)
-        if record.get("decided_by") and entry.sender not in record["decided_by"] \
-                and question.closed_why == CLOSED_DECIDED:
+        if record.get("decided_by") and entry.sender not in record["decided_by"]:
             words += " Your vote is recorded; it does not change the decision."
         return words
 
