@@ -17,6 +17,7 @@ from bridge.devserver import Synapse
 from helpers.attack import appservice_storm_bridge
 from helpers.harness import Bridge, Person, unique
 from test_element import element_edit, element_reply, polls, vote
+from test_encryption import encrypted  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
 
@@ -225,3 +226,45 @@ async def two_of_three(bridge: Bridge, alice: Person, bob: Person, carol: Person
     assert "does not change the decision" in told["content"]["body"]
     assert record(bridge)["choice"] == "hold" and record(bridge)["decided_by"] == [bob.user_id]
     assert await until(lambda: bot_events(alice, room, bot, POLL_END), 20, "the poll end")
+
+
+async def test_in_an_encrypted_room_the_homeservers_closing_is_encrypted_and_a_vote_counts(encrypted):  # noqa: F811
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    bridge.add_set(approval_set([alice.user_id], "8s", required=1))
+    bridge.start()
+    question = (await bridge.wait_questions(alice, 1, timeout=60))[("ship", 1)]
+    # A vote is judged and told as anywhere: one person decides a quorum of one.
+    voted = await alice.send(room, element_reply(question, "2", bridge.bot["user_id"]))  # the veto
+    await alice.wait_notice(room, voted, timeout=30)
+    decided = await until(lambda: (record(bridge) or {}).get("decided_by") and record(bridge), 30, "the decision")
+    assert decided["choice"] == "hold" and decided["decided_by"] == [alice.user_id]
+    assert await until(lambda: _said(alice, bridge, "a veto by " + alice.user_id), 20, "the decision notice")
+    # The delayed closing (scheduled encrypted) was cancelled: after the deadline no "deadline passed" edit came.
+    await asyncio.sleep(10)
+    sent = [e for e in await alice.wire(room) if e["sender"] == bridge.bot["user_id"] and "state_key" not in e]
+    assert sent and all(e["type"] == "m.room.encrypted" for e in sent)
+    edits = [e for e in await alice.messages(room) if e["sender"] == bridge.bot["user_id"]
+             and e.get("content", {}).get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert edits and not any("deadline passed" in e["content"]["m.new_content"]["body"] for e in edits)
+
+
+async def test_in_an_encrypted_room_the_homeserver_closes_it_encrypted_while_the_bridge_is_down(encrypted):  # noqa: F811
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    bridge.add_set(approval_set([alice.user_id], "6s", required=1))
+    bridge.start()
+    question = (await bridge.wait_questions(alice, 1, timeout=60))[("ship", 1)]
+    await polls(alice, room, timeout=10)
+    bridge.kill()
+
+    async def closing_edit() -> dict[str, Any] | None:
+        for event in await alice.messages(room):
+            content = event.get("content", {})
+            if event["sender"] == bridge.bot["user_id"] and content.get("m.relates_to", {}).get("rel_type") \
+                    == "m.replace" and "deadline passed" in content.get("m.new_content", {}).get("body", ""):
+                return event
+        return None
+
+    edit = await until(closing_edit, 40, "the homeserver's closing edit, decrypted")
+    assert edit["origin_server_ts"] >= question["origin_server_ts"] + 5000
+    wire = {e["event_id"]: e for e in await alice.wire(room)}
+    assert wire[edit["event_id"]]["type"] == "m.room.encrypted"

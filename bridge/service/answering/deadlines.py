@@ -112,6 +112,7 @@ class Deadlines:
             if delay_id is None:
                 return  # no delayed events here: the pass does it all
             delays[what] = delay_id
+            log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
             with self.store.transaction():
                 self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
                 if what == "escalate":
