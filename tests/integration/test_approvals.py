@@ -268,3 +268,41 @@ async def test_in_an_encrypted_room_the_homeserver_closes_it_encrypted_while_the
     assert edit["origin_server_ts"] >= question["origin_server_ts"] + 5000
     wire = {e["event_id"]: e for e in await alice.wire(room)}
     assert wire[edit["event_id"]]["type"] == "m.room.encrypted"
+
+
+async def test_an_agents_mcp_wait_and_http_long_poll_both_return_expired(bridge):
+    import aiohttp
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from helpers.agents import auth, start, structured, wait_listener
+
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("gate")
+    qset = {**approval_set([bridge.alice.user_id, "@absent:localhost"], "8s"), "id": set_id}
+    async with aiohttp.ClientSession(headers=auth("planner")) as web:
+        async with web.put(f"{base}/v1/sets/{set_id}", json=qset) as response:
+            assert response.status == 201, await response.text()
+
+        async def long_poll() -> tuple[float, dict[str, Any], str]:
+            async with web.get(f"{base}/v1/sets/{set_id}/answers",
+                               params={"wait": "answered", "question": "ship", "timeout": "60"}) as response:
+                assert response.status == 200
+                return time.monotonic(), await response.json(), response.headers["Askwright-Wait"]
+
+        async def mcp_wait() -> tuple[float, dict[str, Any]]:
+            http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=120))
+            async with Client(streamable_http_client(base + "/mcp", http_client=http)) as client:
+                waited = structured(await client.call_tool("wait", {"set_id": set_id, "question": "ship",
+                                                                    "timeout": 60}))
+                return time.monotonic(), waited
+
+        started_at = time.monotonic()
+        (polled_at, view, header), (waited_at, waited) = await asyncio.gather(long_poll(), mcp_wait())
+    assert header == "arrived" and waited["arrived"] is True
+    for entry in (view["answers"][0], waited["answers"]["answers"][0]):
+        assert entry["qid"] == "ship" and entry["state"] == "expired" and "choice" not in entry
+    # Both came back with the expiry, long before their own timeouts, and close together.
+    assert polled_at - started_at < 50 and waited_at - started_at < 50 and abs(polled_at - waited_at) < 10
