@@ -305,3 +305,20 @@ def test_a_decision_is_told_once_as_question_decided(tmp_path):
     assert bodies[2]["record"]["decided_by"] == [ANA, BO] and bodies[2]["record"]["choice"] == "main"
     said = [c.get("body", "") for c in room.pipeline.transport.sent]
     assert any("Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in s for s in said)
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+def test_an_edit_of_someone_elses_vote_and_a_strangers_veto_change_nothing(tmp_path):
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    # Bob "edits" Alice's vote into the veto: not her edit, so not her vote.
+    room.deliver([edit("$b-edit", BO, T0 + 2000, "$a1", "stable")])
+    record = room.record()
+    assert record["state"] == "pending" and [(v["sender"], v["choice"]) for v in record["votes"]] == [(ANA, "main")]
+    # A room member outside the answerers picks the veto: refused, naming who may answer; nothing decided.
+    room.deliver([answer("$e1", DEE, T0 + 3000, "stable")])
+    reason, message = room.store.db.execute("SELECT reason, message FROM answer_log WHERE event_id='$e1'").fetchone()
+    assert reason == "not_an_answerer" and ANA in message
+    assert room.record()["state"] == "pending"
