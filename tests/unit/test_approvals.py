@@ -322,3 +322,19 @@ def test_an_edit_of_someone_elses_vote_and_a_strangers_veto_change_nothing(tmp_p
     reason, message = room.store.db.execute("SELECT reason, message FROM answer_log WHERE event_id='$e1'").fetchone()
     assert reason == "not_an_answerer" and ANA in message
     assert room.record()["state"] == "pending"
+
+
+def test_an_escalation_mentions_its_people_in_the_thread_once(tmp_path):
+    room = room_with(tmp_path, escalate={"after": "30m", "to": [DEE]})
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    for minutes in (29, 30, 31):
+        asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                              clock=lambda m=minutes: (T0 + m * 60_000) / 1000).pass_once())
+    mentions = [c for c in room.pipeline.transport.sent if c.get("m.mentions", {}).get("user_ids") == [DEE]]
+    assert len(mentions) == 1
+    assert mentions[0]["body"] == f"{DEE}: \u201cRelease branch\u201d is still undecided; you may answer it now."
+    assert mentions[0]["m.relates_to"]["rel_type"] == "m.thread" and mentions[0]["m.relates_to"]["event_id"] == "$q"
+    # From then on (in the room's order) they may answer.
+    room.deliver([answer("$d1", DEE, T0 + 31 * 60_000, "main")])
+    assert [v["sender"] for v in room.record()["votes"]] == [DEE]
