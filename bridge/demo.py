@@ -41,6 +41,11 @@ def main(base: Path = Path(".demo")) -> int:
         person = synapse.register("person", password=PERSON_PASSWORD)
         room_id = synapse.create_room(bot["access_token"], invite=[person["user_id"]], name="Agent questions")
         synapse.join(person["access_token"], room_id)
+        # The release-approval example's other release owners and its escalation, to log in as in a second client.
+        for name in ("lead", "qa", "manager"):
+            other = synapse.register(name, password=PERSON_PASSWORD)
+            synapse.invite(bot["access_token"], room_id, other["user_id"])
+            synapse.join(other["access_token"], room_id)
         config_path = base / "config.yaml"
         config_path.write_text(yaml.safe_dump({
             "homeserver": {"url": synapse.url},
@@ -51,7 +56,7 @@ def main(base: Path = Path(".demo")) -> int:
         }))
         os.chmod(config_path, 0o600)
         print(
-            "\n  homeserver   {url}\n  log in as    {user} / {password}\n  room         {room}\n"
+            "\n  homeserver   {url}\n  log in as    {user} / {password} (or @lead, @qa, @manager: same password)\n  room         {room}\n"
             "  sets         {sets}\n  answers      {sets}/<set>/answers.json"
             "  (askwright-bridge read {sets}/<set>)\n\nCtrl-C stops the bridge and Synapse.\n".format(
                 url=synapse.url, user=person["user_id"], password=PERSON_PASSWORD, room=room_id, sets=sets_root),

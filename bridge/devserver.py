@@ -74,6 +74,9 @@ class Synapse:
     appservice_files: list[str] = field(default_factory=list)
     rate_limit_per_second: float = 10000
     extra_config: dict[str, Any] = field(default_factory=dict)
+    # MSC4140 delayed events (a question closes on time while the bridge is
+    # down); False starts a homeserver without them, as older ones are.
+    delayed_events: bool = True
     process: subprocess.Popen | None = None
     shared_secret: str = ""
     # Federating with other local homeservers: a TLS listener on this port
@@ -144,6 +147,7 @@ class Synapse:
                                       "msc3202_transaction_extensions": True},
             **_relaxed_limits(self.rate_limit_per_second),
             **(self._federation_config() if self.federates else {}),
+            **({"max_event_delay_duration": "7d"} if self.delayed_events else {}),
             **self.extra_config,
         }
         self.config_path.write_text(yaml.safe_dump(config))

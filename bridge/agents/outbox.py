@@ -66,6 +66,23 @@ def closed_body(question: RecordedQuestion, why: str, agent: str, key: str) -> d
     }
 
 
+def approval_body(kind: str, question: RecordedQuestion, record: dict[str, Any] | None, agent: str,
+                  key: str) -> dict[str, Any]:
+    """``question.decided`` / ``question.expired`` (PROTOCOL 2a; pure).  An
+    expired question's record is never consent, whatever votes it lists."""
+    return {
+        "type": f"question.{kind}",
+        "id": key,
+        "agent": agent,
+        "set": question.set_id,
+        "qid": question.qid,
+        "q_rev": question.rev,
+        "question_event_id": question.event_id,
+        "state": (record or {}).get("state", "expired" if kind == "expired" else None),
+        "record": record,
+    }
+
+
 def targets(agent: Agent | None, callbacks: tuple[str, ...]) -> list[str]:
     urls = [agent.webhook_url] if agent is not None and agent.webhook_url else []
     return list(dict.fromkeys(urls + list(callbacks)))
@@ -84,7 +101,28 @@ class OutboxHook:
         if entry.outcome not in EVENT_TYPES or not entry.set_dir:
             return
         key = f"{EVENT_TYPES[entry.outcome]}:{entry.event_id}"
+        question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
+        if question is not None and question.quorum is not None and entry.qid:
+            # Every vote is told, with the votes standing after it and the question's state.
+            now = self.store.projection(entry.set_dir, entry.qid) or {}
+            self._queue(entry.set_dir, key, lambda agent: {**event_body(entry, agent, key),
+                                                          "state": now.get("state"), "votes": now.get("votes", []),
+                                                          "required": question.quorum[0]})
+            return
         self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key))
+
+    def decided(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
+        self._approval("decided", question, record)
+
+    def expired(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
+        self._approval("expired", question, record)
+
+    def _approval(self, kind: str, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
+        set_dir = self.store.set_dir_of(question.event_id)
+        if not set_dir:
+            return
+        key = f"question.{kind}:{question.event_id}"
+        self._queue(set_dir, key, lambda agent: approval_body(kind, question, record, agent, key))
 
     def closed(self, question: RecordedQuestion, why: str) -> None:
         """A posted question closed, withdrawn, superseded, replaced by a new

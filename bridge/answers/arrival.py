@@ -8,7 +8,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from bridge.answers.document import ANSWERED
+from bridge.answers.document import ANSWERED, EXPIRED
 from bridge.answers.read import UNANSWERED, UNKNOWN
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$", re.ASCII)
@@ -45,23 +45,49 @@ def newer(entry: dict[str, Any], after: datetime | None) -> bool:
     return moment is not None and moment > after
 
 
+def has_expired(entry: dict[str, Any]) -> bool:
+    """The question expired undecided (PROTOCOL 2a): no answer will come, and
+    what it shows is never consent."""
+    return entry["state"] == EXPIRED and entry["stale"] is not True
+
+
+def _ended(entry: dict[str, Any]) -> bool:
+    return has_answer(entry) or has_expired(entry)
+
+
 def arrived(view: dict[str, Any], question: str | None, until: str, after: datetime | None = None) -> bool:
     """Whether a ``read --all`` view holds what ``wait`` is waiting for.
 
     ``after``: the ``updated`` of the last answer the waiter saw; only an
     answer later than that makes ``answered`` arrive, and ``all`` arrives
-    when every open question has an answer and one of them is later."""
+    when every open question has ended (answered or expired) and one of them
+    is later.  An awaited question that expired ends the wait too
+    (``expired_in`` tells)."""
     entries = view["answers"]
     if question is not None:
-        return any(e["qid"] == question and has_answer(e) and newer(e, after) for e in entries)
+        return any(e["qid"] == question and ((has_answer(e) and newer(e, after)) or has_expired(e)) for e in entries)
     if until == UNTIL_ALL:
         if any(e["status"] == UNKNOWN for e in entries):
             return False  # questions.json can't be read: which are open is not known
         counted = [e for e in entries if e["status"] == "open"]
-        if not all(has_answer(e) for e in counted):
+        if not all(_ended(e) for e in counted):
             return False
-        return after is None or not counted or any(newer(e, after) for e in counted)
-    return any(e["status"] in ("open", UNKNOWN) and has_answer(e) and newer(e, after) for e in entries)
+        return after is None or not counted or any(newer(e, after) or has_expired(e) for e in counted)
+    awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
+    return any(has_answer(e) and newer(e, after) for e in awaited) or (
+        bool(awaited) and all(has_expired(e) for e in awaited))
+
+
+def expired_in(view: dict[str, Any], question: str | None, until: str) -> list[str]:
+    """The awaited questions that expired undecided, once ``arrived`` holds:
+    ``wait`` exits 4 when there is one (the awaited answer never came)."""
+    entries = view["answers"]
+    if question is not None:
+        return [e["qid"] for e in entries if e["qid"] == question and has_expired(e)]
+    awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
+    if until != UNTIL_ALL and any(has_answer(e) for e in awaited):
+        return []
+    return [e["qid"] for e in awaited if has_expired(e)]
 
 
 def as_read(view: dict[str, Any], include_all: bool) -> dict[str, Any]:

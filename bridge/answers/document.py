@@ -28,7 +28,10 @@ FORMAT_VERSION = 1
 ANSWERED = "answered"
 UNSURE = "unsure"
 NOTE_ONLY = "note_only"
-STATES = (ANSWERED, UNSURE, NOTE_ONLY)
+# PROTOCOL 2a: a quorum question with votes and no decision; a question whose deadline passed undecided.
+PENDING = "pending"
+EXPIRED = "expired"
+STATES = (ANSWERED, UNSURE, NOTE_ONLY, PENDING, EXPIRED)
 
 UNSURE_CHOICE = "unsure"
 PICK_FIELDS = ("choice", "choices", "order", "text")
@@ -56,6 +59,10 @@ RECORD_KEY_ORDER = (
     "attachments",
     "timecodes",
     "subject",
+    "required",
+    "decided_by",
+    "votes",
+    "expired_at",
     "q_rev",
     "rev",
     "updated",
@@ -88,8 +95,12 @@ def state_of(record: dict[str, Any]) -> str:
     """``answered``, ``unsure`` or ``note_only``, from the record's pick fields.
 
     A record with neither a pick nor a note, attachment or timecode says
-    nothing and is refused rather than stored as an empty answer.
+    nothing and is refused rather than stored as an empty answer.  A
+    ``pending`` or ``expired`` record (PROTOCOL 2a) is what its votes and
+    the deadline made it, and holds no pick.
     """
+    if record.get("state") in (PENDING, EXPIRED) and not any(record.get(f) is not None for f in PICK_FIELDS):
+        return record["state"]
     if record.get("choice") == UNSURE_CHOICE:
         return UNSURE
     if any(record.get(field) is not None for field in PICK_FIELDS):
@@ -397,7 +408,16 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
     "source": (lambda v: isinstance(v, dict), "an object"),
     "subject": (lambda v: isinstance(v, dict) and isinstance(v.get("id"), str) and isinstance(v.get("digest"), str),
                 'an object {"id": string, "digest": string}'),
+    "votes": (lambda v: isinstance(v, list) and all(_is_vote(x) for x in v),
+              'a list of {"sender", "choice", "event_id", "at"} strings'),
+    "required": (lambda v: _is_int(v) and v >= 1, "an integer, 1 or more"),
+    "decided_by": (lambda v: _str_list(v) and len(v) > 0, "a non-empty list of user ids"),
+    "expired_at": (lambda v: isinstance(v, str) and v != "", "an RFC 3339 time"),
 }
+
+
+def _is_vote(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(value.get(k), str) for k in ("sender", "choice", "event_id", "at"))
 
 
 def _check_types(record: dict[str, Any], where: str) -> None:

@@ -79,6 +79,7 @@ def _answer_entry(record: dict[str, Any], question: Question | None, status: str
             "attachments": [os.path.normpath(os.path.join(set_dir_abs, rel)) for rel in record.get("attachments") or ()],
             "timecodes": [dict(tc) for tc in record.get("timecodes") or ()],
             **_subject(record),
+            **_approval(record),
             "q_rev": record["q_rev"],
             "current_rev": current_rev,
             # Unknowable without the question; null rather than a guess.
@@ -88,6 +89,11 @@ def _answer_entry(record: dict[str, Any], question: Question | None, status: str
         }
     )
     return entry
+
+
+def _approval(record: dict[str, Any]) -> dict[str, Any]:
+    """A quorum's votes and decision, an expiry's time (PROTOCOL 2a), as the record keeps them."""
+    return {key: record[key] for key in ("required", "votes", "decided_by", "expired_at") if key in record}
 
 
 def _subject(record: dict[str, Any]) -> dict[str, Any]:

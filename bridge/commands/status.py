@@ -2,7 +2,8 @@
 
 For each set under ``sets.root``: questions posted (from the store),
 questions open now, answers (a pick), unsure, notes only, pending (open,
-nothing recorded yet) and stale (answering an older revision); then what is held back (sets whose
+nothing recorded yet, or votes short of a quorum), expired (the deadline
+passed undecided) and stale (answering an older revision); then what is held back (sets whose
 folder can't be written, events set aside, notices dropped).  A set whose
 questions.json has a rev lower than one the bridge posted says so under its
 row (lint's "rev went back" warning).  Safe while
@@ -38,9 +39,9 @@ EXIT_CONFIG = 2
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "status",
-        help="how every set stands: posted, answered, unsure, pending, stale",
+        help="how every set stands: posted, answered, unsure, pending, expired, stale",
         description="For each set under sets.root: questions posted (from the bridge's store), open now, answered "
-                    "(a pick), unsure, notes (a note or files, no pick), pending (open and nothing recorded) and "
+                    "(a pick), unsure, notes (a note or files, no pick), pending (open and nothing recorded, or votes short of a quorum), expired (its deadline passed undecided) and "
                     "stale (an answer to an older revision).  Exit 0; 2 when the config can't be used.",
     )
     parser.add_argument("-c", "--config", required=True, help="the bridge's YAML config file")

@@ -19,7 +19,7 @@ from typing import Any
 from watchfiles import watch
 
 # The predicates live in answers.arrival (pure, shared with the agents' wait); re-exported here.
-from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer  # noqa: F401
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, expired_in, has_answer  # noqa: F401
 from bridge.answers.file import ANSWERS_NAME
 from bridge.answers.view import ReadError, load_view
 from bridge.commands.read import render
@@ -28,6 +28,7 @@ from bridge.questionset.setdir import QUESTIONS_FILE
 EXIT_ARRIVED = 0
 EXIT_UNREADABLE = 2
 EXIT_TIMEOUT = 3
+EXIT_EXPIRED = 4  # PROTOCOL 2a: an awaited question expired undecided
 
 # The watcher wakes this often even when nothing changes, only to notice the
 # deadline (and, once, a write that landed before it started watching).
@@ -51,7 +52,9 @@ what counts as arrived:
 output and exit codes:
   prints exactly what `read SET_DIR [--all]` prints, when the answers arrived
   (exit 0) and also on timeout (exit 3) so the current state is in hand;
-  exit 2 when the set can't be read or QID is not in questions.json.
+  exit 2 when the set can't be read or QID is not in questions.json;
+  exit 4 when a question waited for expired undecided (its state shows
+  `expired`: never an approval, whatever votes it lists).
 """
 
 
@@ -105,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     if not done and (deadline is None or time.monotonic() < deadline):
         view, done = _watch(set_dir, view, args.question, args.until, deadline)
     sys.stdout.write(render(as_read(view, args.include_all)))
+    if done and expired_in(view, args.question, args.until):
+        return EXIT_EXPIRED
     return EXIT_ARRIVED if done else EXIT_TIMEOUT
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from jsonschema.exceptions import ValidationError
 
 from bridge.protocol import schemas
+from bridge.protocol.deadline import clock_words, format_rfc3339
 from bridge.protocol.recorded import RecordedQuestion, option_name
 from bridge.questionset.builtin import BUILTIN_IDS, OTHER_ID, UNSURE_ID
 
@@ -119,6 +120,8 @@ REASONS: dict[str, Layer] = {
     "no_choices": "recorded",
     "rank_incomplete": "recorded",
     "note_too_long": "recorded",
+    "not_an_answerer": "recorded",
+    "expired": "recorded",
     # either layer: a bug in the judge itself, never expected
     "unjudgeable": "schema",
 }
@@ -299,17 +302,47 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
         return Refused("recorded", "wrong_room", "Answer this question in the room where it was asked.")
     if not _may_answer(sender, ctx):
         return Refused("recorded", "sender_not_allowed", "You are not one of the people who may answer this question.")
+    if not question.may_answer_at(sender, answer.origin_server_ts):
+        people = question.answerers_at(answer.origin_server_ts)
+        return Refused("recorded", "not_an_answerer",
+                       f"Only {_people(people)} may answer this question, so your answer was not recorded.")
     if content["elicitation_id"] != question.elicitation_id:
         return Refused(
             "recorded",
             "wrong_elicitation",
             "This answer was made for another posting of this question. Answer the latest one.",
         )
+    # Time is the room's: an answer the timeline places at or after the
+    # deadline is late, whenever the bridge reads it; one placed before it
+    # counts even when the bridge closed the question in between.
+    expires = question.expires_ms
+    if expires is not None and answer.origin_server_ts >= expires:
+        return Refused("recorded", "expired",
+                       f"This question expired at {clock_words(expires)} ({format_rfc3339(expires)}); "
+                       "answers after that are not recorded.")
+    if not question.open and question.closed_why in KEEPS_TAKING:
+        return None
     if not question.open:
         why = f" ({question.closed_why})" if question.closed_why else ""
         return Refused("recorded", "question_closed",
                        f"This question is no longer open{why}, so the answer was not recorded.")
     return None
+
+
+# Why a question was closed when its postings still take what the room placed
+# in time: it expired (answers from before the deadline count), or its quorum
+# decided it (votes are kept; they do not change the decision).
+CLOSED_EXPIRED = "expired"
+CLOSED_DECIDED = "decided"
+KEEPS_TAKING = (CLOSED_EXPIRED, CLOSED_DECIDED)
+
+
+def _people(people: list[str]) -> str:
+    if not people:
+        return "the people the question names"
+    if len(people) == 1:
+        return people[0]
+    return ", ".join(people[:-1]) + " or " + people[-1]
 
 
 def _may_answer(sender: Any, ctx: JudgeContext) -> bool:

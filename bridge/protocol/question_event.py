@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bridge.protocol.deadline import format_rfc3339, is_rfc3339, parse_when
 from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
 from bridge.questionset.model import MediaItem, Option, Question, QuestionSet, ShowIf
@@ -131,6 +132,7 @@ def build_question_event(
     order: Sequence[str] | None = None,
     text_max: int = TEXT_MAX,
     poll: bool = False,
+    posted_ms: int | None = None,
 ) -> dict[str, Any]:
     """The question.v2 content for one posting of ``question``.
 
@@ -139,7 +141,9 @@ def build_question_event(
     mimetype, size, w, h, duration_ms, thumbnail_url}``.  ``order`` lists the
     question's own option ids in the order to show them (see
     ``option_order``); the built-ins always come last.  ``poll`` only changes
-    the instructions (the caller posts the poll).
+    the instructions (the caller posts the poll).  ``posted_ms`` is when the
+    revision was first posted: a duration in ``expires`` / ``escalate.after``
+    counts from it, and the deadline line says how long is left from it.
     """
     if not 1 <= len(elicitation_id) <= ELICITATION_ID_MAX:
         raise ValueError(f"elicitation_id must be 1..{ELICITATION_ID_MAX} characters")
@@ -154,11 +158,36 @@ def build_question_event(
         "set": {"id": qset.id, "title": qset.title, "mode": qset.mode},
         "question": _question_fields(qset, question, media or {}, order, text_max, one_pager_ref),
     }
+    structured["question"].update(approval_fields(qset, question, posted_ms))
     bound = subject if subject is not None else (question.subject.model_dump(include={"id", "digest"}) if question.subject else None)
     if bound is not None:
         structured["subject"] = _subject(bound)
     structured = no_floats(structured)
-    return _with_readable_parts(structured, poll=poll, background=bool(question.one_pager) or bool(one_pager_ref))
+    return _with_readable_parts(structured, poll=poll, background=bool(question.one_pager) or bool(one_pager_ref),
+                                now_ms=posted_ms)
+
+
+def approval_fields(qset: QuestionSet, question: Question, posted_ms: int | None) -> dict[str, Any]:
+    """``expires``, ``answerers``, ``quorum``, ``escalate`` as the event carries
+    them (PROTOCOL 2a): times absolute (RFC 3339, UTC), so every reader of the
+    room judges against the same instant.  A duration needs ``posted_ms``."""
+    out: dict[str, Any] = {}
+    base = posted_ms if posted_ms is not None else 0
+    expires = question.expires_for(qset)
+    if expires is not None:
+        if posted_ms is None and not is_rfc3339(expires):
+            raise ValueError("a duration in expires needs the posting time")
+        out["expires"] = format_rfc3339(parse_when(expires, base))
+    if question.answerers:
+        out["answerers"] = list(dict.fromkeys(question.answerers))
+    if question.quorum is not None:
+        out["quorum"] = {"required": question.quorum.required, "veto": list(question.quorum.veto)}
+    if question.escalate is not None:
+        after = question.escalate.after
+        if posted_ms is None and not is_rfc3339(after):
+            raise ValueError("a duration in escalate.after needs the posting time")
+        out["escalate"] = {"after": format_rfc3339(parse_when(after, base)), "to": list(dict.fromkeys(question.escalate.to))}
+    return out
 
 
 def _subject(bound: Mapping[str, Any]) -> dict[str, str]:
@@ -361,9 +390,11 @@ def _start(start: int | float | str | None) -> dict[str, Any]:
 # ---------------------------------------------------------------- size guard
 
 
-def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: bool) -> dict[str, Any]:
+def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: bool,
+                         now_ms: int | None = None) -> dict[str, Any]:
     """Add body/formatted_body, shortening them until the event fits."""
-    floor = dict(structured, body=render_body(structured, limit=_SHRINK_LIMITS[-1], poll=poll, bare=True))
+    floor = dict(structured, body=render_body(structured, limit=_SHRINK_LIMITS[-1], poll=poll, bare=True,
+                                              now_ms=now_ms))
     if content_size(floor) > CONTENT_MAX_BYTES:
         raise QuestionEventTooLarge(
             f"question {structured['question']['id']!r}: its structured fields with the shortest "
@@ -371,10 +402,10 @@ def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: 
             "may carry; shorten its options, look_for or why"
         )
     for body_limit, html_limit in _attempts():
-        body = render_body(structured, limit=body_limit, poll=poll, background=background)
+        body = render_body(structured, limit=body_limit, poll=poll, background=background, now_ms=now_ms)
         candidate = dict(structured, body=body)
         if html_limit != "drop":
-            html = render_html(structured, limit=html_limit, poll=poll, background=background)
+            html = render_html(structured, limit=html_limit, poll=poll, background=background, now_ms=now_ms)
             candidate.update(format=HTML_FORMAT, formatted_body=html)
         if content_size(candidate) <= CONTENT_MAX_BYTES:
             return candidate

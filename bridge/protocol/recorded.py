@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from bridge.protocol.deadline import event_time_ms
 from bridge.protocol.render import option_display
 from bridge.questionset.builtin import BUILTIN_IDS
 
@@ -123,6 +124,55 @@ class RecordedQuestion:
         if isinstance(sid, str) and isinstance(digest, str):
             return sid, digest
         return None
+
+    @cached_property
+    def expires_ms(self) -> int | None:
+        """When the question expires (ms since the epoch), as posted; None without a deadline."""
+        return event_time_ms(self.question.get("expires"))
+
+    @cached_property
+    def answerers(self) -> frozenset[str] | None:
+        """The people the question names as its answerers; None when it names none (anyone the bridge accepts)."""
+        value = self.question.get("answerers")
+        if not isinstance(value, list):
+            return None
+        return frozenset(a for a in value if isinstance(a, str))
+
+    @cached_property
+    def escalation(self) -> tuple[int, tuple[str, ...]] | None:
+        """(when, who) of the question's ``escalate``, as posted."""
+        value = self.question.get("escalate")
+        if not isinstance(value, dict):
+            return None
+        at = event_time_ms(value.get("after"))
+        to = tuple(t for t in value.get("to") or () if isinstance(t, str))
+        return (at, to) if at is not None and to else None
+
+    @cached_property
+    def quorum(self) -> tuple[int, frozenset[str]] | None:
+        """(required, veto option ids) of a quorum question, as posted."""
+        value = self.question.get("quorum")
+        if not isinstance(value, dict):
+            return None
+        required = value.get("required")
+        if not isinstance(required, int) or isinstance(required, bool) or required < 1:
+            return None
+        return required, frozenset(v for v in value.get("veto") or () if isinstance(v, str))
+
+    def may_answer_at(self, sender: str, ts: int) -> bool:
+        """Whether the question's own ``answerers`` (and, from its escalation on, ``escalate.to``) include ``sender``."""
+        if self.answerers is None:
+            return True
+        if sender in self.answerers:
+            return True
+        return self.escalation is not None and ts >= self.escalation[0] and sender in self.escalation[1]
+
+    def answerers_at(self, ts: int) -> list[str]:
+        """Who may answer at ``ts``, in the posted order (for the word back)."""
+        people = list(self.question.get("answerers") or ())
+        if self.escalation is not None and ts >= self.escalation[0]:
+            people += [p for p in self.escalation[1] if p not in people]
+        return [p for p in people if isinstance(p, str)]
 
     @property
     def subject_bound(self) -> bool:

@@ -343,6 +343,7 @@ def render_body(
     poll: bool = False,
     background: bool = False,
     bare: bool = False,
+    now_ms: int | None = None,
 ) -> str:
     """The plain-text fallback.
 
@@ -359,6 +360,8 @@ def render_body(
     if isinstance(set_info, Mapping) and set_info.get("title") and not bare:
         lines.append(f"[{cut(set_info['title'])}]")
     lines.append(cut(q.get("question", "")))
+    # Who may answer and by when: the rules of the answer, so kept even in the bare form.
+    lines.extend(approval_lines(q, now_ms))
     if not bare:
         lines.extend(_body_context(content, q, cut, background))
     if _numbered(q):
@@ -381,6 +384,35 @@ def render_body(
     lines.append("")
     lines.append("To answer: " + "; ".join(p + (f" {ex}" if ex else "") for p, ex in _answer_steps(q, poll)) + ".")
     return "\n".join(lines)
+
+
+def approval_lines(q: Mapping[str, Any], now_ms: int | None) -> list[str]:
+    """The deadline, who may answer, how many must agree, who is brought in later (PROTOCOL 2a)."""
+    from bridge.protocol.deadline import clock_words, deadline_words, event_time_ms
+
+    lines: list[str] = []
+    expires = event_time_ms(q.get("expires"))
+    if expires is not None:
+        lines.append(deadline_words(expires, now_ms if now_ms is not None else expires) + ".")
+    answerers = [a for a in q.get("answerers") or () if isinstance(a, str)]
+    if answerers:
+        lines.append(f"Who may answer: {', '.join(answerers)}.")
+    quorum = q.get("quorum")
+    if isinstance(quorum, Mapping) and isinstance(quorum.get("required"), int):
+        need = quorum["required"]
+        words = f"Decided when {need} {'person picks' if need == 1 else 'people pick'} the same option"
+        labels = {o.get("id"): option_display(q, o) for o in _options(q)}
+        vetoes = [f"\u201c{labels.get(v, v)}\u201d" for v in quorum.get("veto") or () if isinstance(v, str)]
+        if vetoes:
+            words += f"; {_either(vetoes)} from anyone decides at once"
+        lines.append(words + ".")
+    escalate = q.get("escalate")
+    if isinstance(escalate, Mapping):
+        after = event_time_ms(escalate.get("after"))
+        to = [t for t in escalate.get("to") or () if isinstance(t, str)]
+        if after is not None and to:
+            lines.append(f"Undecided by {clock_words(after)}: {', '.join(to)} will be asked too.")
+    return lines
 
 
 def _body_context(
@@ -429,7 +461,8 @@ def _body_guess(q: Mapping[str, Any], cut: Callable[[Any], str]) -> list[str]:
 
 
 def render_html(
-    content: Mapping[str, Any], *, limit: int | None = None, poll: bool = False, background: bool = False
+    content: Mapping[str, Any], *, limit: int | None = None, poll: bool = False, background: bool = False,
+    now_ms: int | None = None,
 ) -> str:
     """The formatted message: one block element per line.
 
@@ -448,6 +481,9 @@ def render_html(
     if isinstance(set_info, Mapping) and set_info.get("title"):
         parts.append(f"<p><em>{cut(set_info['title'])}</em></p>")
     parts.append(f"<p><strong>{cut(q.get('question', ''))}</strong></p>")
+    lines = approval_lines(q, now_ms)
+    if lines:
+        parts.append("<p>" + "<br>\n".join(f"<em>{esc(line)}</em>" for line in lines) + "</p>")
     parts.extend(_html_context(content, q, cut, background))
     options = _html_options(q, cut)
     if options:

@@ -72,6 +72,20 @@ class Subject(_Model):
     digest: StrictStr
 
 
+class Quorum(_Model):
+    """How many people must agree, and the options that decide at once (PROTOCOL 2a)."""
+
+    required: StrictInt
+    veto: list[StrictStr] = Field(default_factory=list)
+
+
+class Escalate(_Model):
+    """Who is brought in, and when, if nothing is decided by then."""
+
+    after: StrictStr
+    to: list[StrictStr]
+
+
 class Question(_Model):
     id: StrictStr
     kind: Kind
@@ -98,8 +112,12 @@ class Question(_Model):
     shuffle: StrictBool | None = None
     rubric: StrictStr | list[StrictStr] | None = None
     model_answer: StrictStr | None = None
-    # bridge extension
+    # bridge extensions
     subject: Subject | None = None
+    expires: StrictStr | None = None  # a duration from the first posting, or an RFC 3339 time
+    answerers: list[StrictStr] | None = None  # Matrix user ids who may answer it
+    quorum: Quorum | None = None
+    escalate: Escalate | None = None
 
     @property
     def is_open(self) -> bool:
@@ -110,6 +128,10 @@ class Question(_Model):
             if opt.id == option_id:
                 return opt
         return None
+
+    def expires_for(self, qset: "QuestionSet") -> str | None:
+        """This question's ``expires``, or the set's default."""
+        return self.expires if self.expires is not None else qset.expires
 
     @property
     def side_map(self) -> dict[str, str]:
@@ -125,6 +147,8 @@ class QuestionSet(_Model):
     asked_by: StrictStr | None = None
     mode: Literal["decide", "study"] = "decide"
     media_roots: list[StrictStr] = Field(default_factory=list)
+    # bridge extension: the default ``expires`` of its questions
+    expires: StrictStr | None = None
     questions: list[Question]
 
     def question(self, qid: str) -> Question | None:

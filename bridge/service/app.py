@@ -206,11 +206,18 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
 
             poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
                             on_closed=ops.on_closed)
+            from bridge.service.answering.deadlines import Deadlines
+
+            # Deadlines, quorum decisions and escalations: a pass at once (what
+            # expired while the bridge was down), then every second.
+            poster.deadlines = Deadlines(store, transport, flush=pipeline.flush, on_decided=ops.on_decided,
+                                         on_expired=ops.on_expired)
             await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                             serve_http=not config.appservice.enabled)
             await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined), stop),
                                  supervise("sets", lambda: keep_sets(poster, config.sets.root, stop, posted,
                                                                          ops.on_set_changed), stop),
+                                 supervise("deadlines", lambda: poster.deadlines.run(stop), stop),
                                  return_exceptions=True)
 
         # The transport, the folder watch and the joining run under the

@@ -43,14 +43,21 @@ class Transport:
 class Room:
     """The bridge's side of one room with the ``branch`` question posted."""
 
-    def __init__(self, tmp_path: Path, store_path: Path | None = None) -> None:
+    def __init__(self, tmp_path: Path, store_path: Path | None = None,
+                 approval: dict[str, Any] | None = None, posted_ms: int | None = None) -> None:
+        """``approval``: the question's ``expires`` / ``answerers`` / ``quorum`` /
+        ``escalate`` fields (PROTOCOL 2a), a duration counted from ``posted_ms``."""
         self.set_dir = tmp_path / "kinds"
         self.set_dir.mkdir(exist_ok=True)
         self.store_path = store_path or tmp_path / "bridge.sqlite"
-        qset = QuestionSet.model_validate(all_kinds_set("kinds"))
+        raw = all_kinds_set("kinds")
+        if approval:
+            next(q for q in raw["questions"] if q["id"] == QID).update(approval)
+        qset = QuestionSet.model_validate(raw)
         question = next(q for q in qset.questions if q.id == QID)
         self.posted = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds",
-                                       content=build_question_event(qset, question, elicitation_id=ELC))
+                                       content=build_question_event(qset, question, elicitation_id=ELC,
+                                                                    posted_ms=posted_ms))
         self.open()
         if self.store.question_by_event("$q") is None:
             with self.store.transaction():

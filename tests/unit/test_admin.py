@@ -154,8 +154,8 @@ async def test_status_is_the_status_table(ctx, sets_root):
                                 set_dir=str((sets_root / "release-folder").resolve()), posted_at=1)
     reply = await handle(parse_command("!ask status"), ADMIN, ctx)
     header, row = reply.splitlines()
-    assert header.split() == ["SET", "POSTED", "OPEN", "ANSWERED", "UNSURE", "NOTES", "PENDING", "STALE"]
-    assert row.split() == ["release", "1", "1", "0", "0", "0", "1", "0"]
+    assert header.split() == ["SET", "POSTED", "OPEN", "ANSWERED", "UNSURE", "NOTES", "PENDING", "EXPIRED", "STALE"]
+    assert row.split() == ["release", "1", "1", "0", "0", "0", "1", "0", "0"]
 
 
 async def test_post_finds_the_set_by_id_and_asks_the_poster(ctx, sets_root):

@@ -183,7 +183,7 @@ def h264_aac(path: str) -> Streams:
 
 def test_there_are_bundled_examples() -> None:
     names = {p.name for p in EXAMPLES}
-    assert {"release-decisions", "study-basics"} <= names
+    assert {"release-decisions", "study-basics", "release-approval"} <= names
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])

@@ -467,7 +467,7 @@ def test_every_bundled_example_builds(path: Path, validator: Draft202012Validato
             if item.src
         }
         eid = new_elicitation_id(qset.id, question.id, question.rev, "example")
-        content = build_question_event(qset, question, elicitation_id=eid, media=uploads)
+        content = build_question_event(qset, question, elicitation_id=eid, media=uploads, posted_ms=1_800_000_000_000)
         check(content, validator)
 
 

@@ -81,8 +81,8 @@ def test_json_counts_every_column(bridge_config, capsys):
     assert main(["status", "-c", str(bridge_config), "--json"]) == 0
     rows = by_set(capsys.readouterr().out)
     release = rows["release"]
-    assert {k: release[k] for k in ("posted", "open", "answered", "unsure", "notes", "pending", "stale")} == \
-        {"posted": 3, "open": 6, "answered": 3, "unsure": 1, "notes": 1, "pending": 2, "stale": 1}
+    assert {k: release[k] for k in ("posted", "open", "answered", "unsure", "notes", "pending", "expired", "stale")} == \
+        {"posted": 3, "open": 6, "answered": 3, "unsure": 1, "notes": 1, "pending": 2, "expired": 0, "stale": 1}
     assert release["problem"] is None
     assert rows["fresh"]["posted"] == 1 and rows["fresh"]["pending"] == 1 and rows["fresh"]["answered"] == 0
 
@@ -96,10 +96,10 @@ def test_a_set_that_cant_be_read_is_a_row_saying_why_and_the_exit_is_still_0(bri
 def test_the_table_has_a_line_per_set(bridge_config, capsys):
     assert main(["status", "-c", str(bridge_config)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["SET", "POSTED", "OPEN", "ANSWERED", "UNSURE", "NOTES", "PENDING", "STALE"]
+    assert lines[0].split() == ["SET", "POSTED", "OPEN", "ANSWERED", "UNSURE", "NOTES", "PENDING", "EXPIRED", "STALE"]
     cells = {line.split()[0]: line.split() for line in lines[1:]}
-    assert cells["release"][1:] == ["3", "6", "3", "1", "1", "2", "1"]
-    assert cells["broken"][1:8] == ["0", "-", "-", "-", "-", "-", "-"] and "(" in lines[1 + list(cells).index("broken")]
+    assert cells["release"][1:] == ["3", "6", "3", "1", "1", "2", "0", "1"]
+    assert cells["broken"][1:9] == ["0", "-", "-", "-", "-", "-", "-", "-"] and "(" in lines[1 + list(cells).index("broken")]
 
 
 def test_the_counts_agree_with_read(bridge_config, capsys):
@@ -152,10 +152,10 @@ def test_count_view_and_table_are_pure():
         {"status": "closed", "state": "unanswered", "stale": False},  # not pending: closed
         {"status": "removed", "state": "answered", "stale": None},
     ]}
-    assert count_view(view) == {"open": 2, "answered": 2, "unsure": 0, "notes": 0, "pending": 1, "stale": 0}
+    assert count_view(view) == {"open": 2, "answered": 2, "unsure": 0, "notes": 0, "pending": 1, "expired": 0, "stale": 0}
     assert format_table([]) == "no sets\n"
     table = format_table([SetStatus("s", "/s", posted=12, answered=3)])
-    assert table.splitlines()[1].split() == ["s", "12", "0", "3", "0", "0", "0", "0"]
+    assert table.splitlines()[1].split() == ["s", "12", "0", "3", "0", "0", "0", "0", "0"]
 
 
 def test_a_rev_lower_than_one_posted_is_a_warning_under_the_sets_row(bridge_config, capsys):

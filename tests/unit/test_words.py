@@ -121,6 +121,12 @@ def _refusals() -> list[tuple[RecordedQuestion | None, Refused]]:
         closed = RecordedQuestion(q.event_id, q.room_id, q.set_id, q.content, open=False)
         found.append((q, verdict(closed, content_for(q, option_id="unsure"))))
     found.append((None, verdict(None, content_for(QUESTIONS["branch"], option_id="opt_main"))))
+    # Approvals (PROTOCOL 2a): someone not among the question's answerers; an answer after its deadline.
+    branch = QUESTIONS["branch"]
+    for extra in ({"answerers": ["@ana:hs", "@bo:hs"]}, {"expires": "1970-01-01T00:00:00Z"}):
+        content = {**branch.content, "question": {**branch.question, **extra}}
+        approval = RecordedQuestion(branch.event_id, branch.room_id, branch.set_id, content)
+        found.append((approval, verdict(approval, content_for(branch, option_id="opt_main"))))
     found.append((None, judge_module._unjudgeable("recorded")))
     return found
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,8 @@ class Context:
     posted_revs: Mapping[str, int] = field(default_factory=dict)
     # A set an agent sent through the HTTP API or MCP: media only from its own folder (``confined``).
     confined: bool = False
+    # When lint runs: a duration counts from here, an RFC 3339 ``expires`` must be after it.
+    now_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     errors: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
 

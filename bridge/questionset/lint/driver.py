@@ -8,6 +8,7 @@ from typing import Any
 
 from bridge.questionset import media as media_rules
 from bridge.questionset.lint.access import list_at
+from bridge.questionset.lint.approvals import check_approvals, check_set_expires
 from bridge.questionset.lint.confined import check_confined_backgrounds, check_confined_roots
 from bridge.questionset.lint.context import Context, QuestionView, question_view
 from bridge.questionset.lint.guess import check_guess
@@ -64,6 +65,7 @@ def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.
     # An unknown mode is a type error; the rules then read the set as the default.
     ctx = Context(raw, fs, probe, mode if mode in ("decide", "study") else "decide", posted_revs or {}, confined)
     check_set(ctx)
+    check_set_expires(ctx)
     if confined:
         check_confined_roots(ctx)
     questions = [question_view(q, i) for i, q in enumerate(list_at(raw, "questions") or []) if isinstance(q, dict)]
@@ -103,5 +105,6 @@ def _check_question(ctx: Context, q: QuestionView, by_id: dict[str, QuestionView
     check_rev_and_supersedes(ctx, q)
     check_posted_rev(ctx, q)
     check_subject(ctx, q)
+    check_approvals(ctx, q)
     if ctx.study:
         check_study(ctx, q)

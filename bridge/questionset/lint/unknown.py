@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from bridge.questionset.lint.access import quote
 from bridge.questionset.lint.context import Context
-from bridge.questionset.model import Guess, MediaItem, Option, Question, QuestionSet, ShowIf, Subject
+from bridge.questionset.model import Escalate, Guess, MediaItem, Option, Question, QuestionSet, Quorum, ShowIf, Subject
 
 
 def _known(model: type[BaseModel]) -> frozenset[str]:
@@ -23,6 +23,8 @@ _KNOWN = {
     "media": _known(MediaItem),
     "show_if": _known(ShowIf),
     "subject": _known(Subject),
+    "quorum": _known(Quorum),
+    "escalate": _known(Escalate),
 }
 
 
@@ -34,6 +36,8 @@ _LEVEL_NAMES = {
     "media": "a media item",
     "show_if": "show_if",
     "subject": "subject",
+    "quorum": "quorum",
+    "escalate": "escalate",
 }
 
 

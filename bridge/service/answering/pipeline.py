@@ -34,6 +34,7 @@ from bridge.answers.document import AnswersError, record_problem
 from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
+from bridge.protocol.quorum import Tally, progress_words
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                       normalize)
 from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, recorded_notice, \
@@ -573,7 +574,9 @@ class Pipeline:
                                       record=entry.record, title=question.content["question"]["title"], via=via,
                                       extra=quiz.feedback_for(entry, question), labels=display_names(question),
                                       subject=question.subject if question.subject_bound else None,
-                                      replaced=replaced, stood_before=self._stood_before(entry))
+                                      replaced=replaced,
+                                      # On a quorum each person's vote stands beside the others'; none replaces another's.
+                                      stood_before=None if question.quorum is not None else self._stood_before(entry))
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
@@ -586,6 +589,8 @@ class Pipeline:
             content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
                                      qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
                                      message=entry.message or "the answer could not be read.", via=via)
+        if question is not None and question.quorum is not None and entry.outcome == "accepted":
+            content = with_remark(content, self._quorum_words(entry, question))
         if entry.replaces:
             # An edit: clients show the original message, not the edit event.
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
@@ -601,6 +606,19 @@ class Pipeline:
                                        "m.in_reply_to": {"event_id": replied}}
         return content
 
+    def _quorum_words(self, entry: LogEntry, question: RecordedQuestion) -> str:
+        """Where the votes stand: "1 of 2 for “Ship it” so far; waiting for @bo or @cy"."""
+        record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        record = record or {}
+        required, veto = question.quorum or (1, frozenset())
+        labels = {o["id"]: str(o.get("label", o["id"])) for o in question.options}
+        tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
+                      record.get("decided_by") or [], veto=record.get("choice") in veto)
+        words = progress_words(tally, required, question.answerers_at(entry.ts), labels)
+        if record.get("decided_by") and entry.sender not in record["decided_by"]:
+            words += " Your vote is recorded; it does not change the decision."
+        return words
+
     def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
         """Told where the acknowledgement of what was withdrawn went, as a reply to it."""
         logged = self.store.logged_question(entry.replaces) if entry.replaces else None
@@ -612,6 +630,8 @@ class Pipeline:
                                    question_event_id=entry.question_event_id, qid=entry.qid, title=str(title),
                                    withdrawn_via=withdrawn_via, now=now, reply_to=ack or entry.event_id,
                                    labels=display_names(question) if question else None)
+        if question is not None and question.quorum is not None:
+            content = with_remark(content, self._quorum_words(entry, question))
         if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
             thread = in_thread(question.event_id)
             if ack is not None:

@@ -50,7 +50,7 @@ INVALID = "invalid"
 # verb -> (argument names, what it does)
 USAGE: dict[str, tuple[tuple[str, ...], str]] = {
     HELP: ((), "this list"),
-    STATUS: ((), "how every set stands: posted, open, answered, unsure, notes, pending, stale"),
+    STATUS: ((), "how every set stands: posted, open, answered, unsure, notes, pending, expired, stale"),
     POST: (("<set>",), "re-read a set now and post its questions not posted yet"),
     CLOSE: (("<set>", "<question>"), "close a question (its status in questions.json becomes closed)"),
     REMIND: (("<set>",), "nudge every unanswered open question of a set now"),

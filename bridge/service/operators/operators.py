@@ -106,6 +106,24 @@ class Operators:
         except Exception:  # noqa: BLE001 - a wait's trouble never touches the answers' path
             log.exception("telling the waits of %s failed", set_dir)
 
+    def on_decided(self, question: Any, record: dict[str, Any]) -> None:
+        """Deadlines, inside the store transaction closing a decided question: ``question.decided``."""
+        self._outbox("decided", question, record)
+
+    def on_expired(self, question: Any, record: dict[str, Any] | None) -> None:
+        """Deadlines, inside the store transaction closing an expired question: ``question.expired``."""
+        self._outbox("expired", question, record)
+
+    def _outbox(self, what: str, question: Any, record: dict[str, Any] | None) -> None:
+        if self.agents is None:
+            return
+        try:
+            getattr(self.agents.outbox, what)(question, record)
+        except sqlite3.Error:
+            raise
+        except Exception:  # noqa: BLE001 - a webhook must never stop a close
+            log.exception("queueing the %s webhook for %s failed", what, getattr(question, "event_id", "?"))
+
     def on_write(self, seconds: float) -> None:
         self.metrics.observe_write(seconds)
 

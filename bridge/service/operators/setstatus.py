@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge.answers.document import ANSWERED, NOTE_ONLY, UNSURE
+from bridge.answers.document import ANSWERED, EXPIRED, NOTE_ONLY, PENDING, UNSURE
 from bridge.answers.read import UNANSWERED
 from bridge.answers.view import ReadError, load_view
 from bridge.questionset.lint.posted import revs_went_back
@@ -22,7 +22,7 @@ from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.posting.sets import discover, duplicate_set_message
 
-COLUMNS = ("posted", "open", "answered", "unsure", "notes", "pending", "stale")
+COLUMNS = ("posted", "open", "answered", "unsure", "notes", "pending", "expired", "stale")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class SetStatus:
     answered: int = 0  # records with a pick
     unsure: int = 0    # records whose pick is "unsure"
     notes: int = 0     # records with a note or files but no pick
-    pending: int = 0   # open questions with no record at all
+    pending: int = 0   # open questions still waiting: no record at all, or votes short of the quorum
+    expired: int = 0   # questions whose deadline passed undecided (never an approval)
     stale: int = 0     # records answering an older revision of their question
     problem: str | None = None  # why the set could not be read; the counts are then 0
     warnings: tuple[str, ...] = ()  # what lint would warn of against the store (a rev that went back)
@@ -51,7 +52,8 @@ def count_view(view: dict[str, Any]) -> dict[str, int]:
         "answered": sum(1 for e in entries if e["state"] == ANSWERED),
         "unsure": sum(1 for e in entries if e["state"] == UNSURE),
         "notes": sum(1 for e in entries if e["state"] == NOTE_ONLY),
-        "pending": sum(1 for e in entries if e["state"] == UNANSWERED and e["status"] == "open"),
+        "pending": sum(1 for e in entries if e["state"] in (UNANSWERED, PENDING) and e["status"] == "open"),
+        "expired": sum(1 for e in entries if e["state"] == EXPIRED),
         "stale": sum(1 for e in entries if e["stale"] is True),
     }
 

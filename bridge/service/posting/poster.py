@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from bridge.protocol.judge import KEEPS_TAKING
 from bridge.protocol.outcome import txn_id
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
 from bridge.protocol.question_event import build_question_event, closed_replacement, new_elicitation_id, option_order
@@ -58,6 +59,8 @@ class Poster:
         self.on_posted = on_posted
         # Runs inside the store transaction that closes a question (with why).
         self.on_closed = on_closed
+        # Deadlines, decisions, escalations (bridge.service.answering.deadlines.Deadlines), when wired.
+        self.deadlines: Any = None
         # The first posting and the folder watcher run side by side; one set
         # at a time keeps them from posting the same question twice.
         self._one_at_a_time = asyncio.Lock()
@@ -147,15 +150,21 @@ class Poster:
             postings = self.store.postings(folder, question.id)
             latest = postings[0] if postings else None
             if question.is_open:
-                if latest is None or latest.rev != question.rev or not latest.open:
+                # A posting its quorum decided or its deadline closed is done: it is not posted again.
+                done = latest is not None and not latest.open and latest.closed_why in KEEPS_TAKING
+                if latest is None or latest.rev != question.rev or (not latest.open and not done):
                     if latest is not None and question.rev < latest.rev:
                         warning = f"{qset.id}/{question.id}: {rev_went_back(latest.rev, question.rev)}"
                         report.warnings.append(warning)
                         log.warning("%s", warning)
                     await self._post(qset, question, set_dir, room, report, replacing=postings)
                     continue
+                if done:
+                    continue
                 # A crash between posting the question and its poll or media: finish the job.
                 await self._ensure_poll(latest)
+                if self.deadlines is not None and self.store.get_meta(f"approval:{latest.event_id}") is None:
+                    await self.deadlines.schedule(latest, self.store.poll_of(latest.event_id))
                 await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
                                            self.transport)
                 if question.media and not self.store.get_meta(f"media_posted:{latest.event_id}"):
@@ -204,7 +213,8 @@ class Poster:
             else media.PreparedMedia()
         content = build_question_event(qset, question, elicitation_id=elicitation, media=prepared.uploads,
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
-                                       poll=wants_poll(question.kind))
+                                       poll=wants_poll(question.kind),
+                                       posted_ms=self._first_posted(folder, question))
         event_id = await self.transport.send(room, "m.room.message", content,
                                              txn_id("post", qset.id, question.id, str(question.rev), digest,
                                                     folder, str(number)))
@@ -233,6 +243,8 @@ class Poster:
             report.closed.append(f"{old.set_id}/{old.qid}@{old.rev}")
             log.info("question closed: %s/%s rev %s (%s)", old.set_id, old.qid, old.rev, why)
         await self._ensure_poll(recorded)
+        if self.deadlines is not None:
+            await self.deadlines.schedule(recorded, self.store.poll_of(recorded.event_id))
         # The background first, the files after it: the thread's summary shows
         # its last message, and a picture or clip says more there.
         await media.post_one_pager(qset, question, set_dir, event_id, room, self.store, self.transport)
@@ -241,6 +253,20 @@ class Poster:
             await self._tell_closed(old, why)
         if self.on_posted:
             self.on_posted(recorded)
+
+    def _first_posted(self, folder: str, question: Question) -> int:
+        """When this revision was first posted: ``expires`` and ``escalate.after``
+        durations count from it.  Kept in the store before the send, so a
+        retried post (a crash before its commit) builds the same content, and
+        a repost of the same revision keeps its deadline."""
+        key = f"rev_first_posted:{folder}\x1f{question.id}\x1f{question.rev}"
+        kept = self.store.get_meta(key)
+        if kept is not None:
+            return int(kept)
+        now = int(time.time() * 1000)
+        with self.store.transaction():
+            self.store.set_meta(key, str(now))
+        return now
 
     async def _ensure_poll(self, recorded: RecordedQuestion) -> None:
         """Post the question's poll once (the transaction id makes a retry the same event)."""

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from bridge.protocol.annotate import fold_records
+from bridge.protocol.approval_record import approval_record
+from bridge.protocol.quorum import NEVER, Cast
 from bridge.protocol.recorded import RecordedQuestion
 
 # Each entry moves the schema one version forward; never edit a shipped one.
@@ -703,7 +705,52 @@ class Store:
         notes = [(json.loads(record), (ts, seq)) for record, ts, seq in self.db.execute(
             f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
             (set_dir, qid))]
-        return fold_records(qid, picks, notes, count)
+        base = fold_records(qid, picks, notes, count)
+        posting = self.latest_posted(set_dir, qid)
+        if posting is None or (posting.quorum is None and posting.expires_ms is None):
+            return base
+        casts = self.casts(posting.event_id) if posting.quorum is not None else []
+        fallback = None
+        if base is None and casts:
+            row = self.db.execute("SELECT record FROM answer_log WHERE event_id=? AND outcome='accepted'"
+                                  " ORDER BY seq DESC LIMIT 1", (casts[-1].event_id,)).fetchone()
+            fallback = json.loads(row[0]) if row and row[0] else None
+        return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count,
+                               fallback=fallback)
+
+    def casts(self, question_event_id: str) -> list[Cast]:
+        """Every pick accepted for one posting, each with where in the room's
+        order it was withdrawn (a redaction, an emptied poll vote), if it was."""
+        out = []
+        rows = self.db.execute(
+            "SELECT event_id, sender, via, record, ts, seq, withdrawn, replaces FROM answer_log"
+            " WHERE question_event_id=? AND outcome='accepted' ORDER BY ts, seq", (question_event_id,)).fetchall()
+        for event_id, sender, via, record, ts, seq, withdrawn, replaces in rows:
+            choice = json.loads(record).get("choice") if record else None
+            gone = NEVER
+            if withdrawn:
+                gone = (ts, seq)  # withdrawn by what the log no longer tells apart: never counted
+                row = self.db.execute(
+                    "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND replaces IN (?, ?)"
+                    " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchone()
+                if row is None and via == "poll":
+                    # An emptied vote, kept under the person's votes in this poll (the timeline's key).
+                    cleared = self.db.execute(
+                        "SELECT MIN(ts) FROM redaction WHERE target=? AND ts>=?",
+                        (f"votes\x1f{question_event_id}\x1f{sender}", ts)).fetchone()
+                    row = (cleared[0], 0) if cleared and cleared[0] is not None else None
+                if row is not None and (row[0], row[1]) > (ts, seq):
+                    gone = (row[0], row[1])  # else withdrawn before it was cast (in the room): never stood
+            out.append(Cast(sender, choice if isinstance(choice, str) else None, event_id, (ts, seq), gone,
+                            replaces))
+        return out
+
+    def mark_expired(self, question_event_id: str, at_ms: int) -> None:
+        """The posting reached its deadline (the bridge closed it, or the homeserver's own closing came)."""
+        self.set_meta(f"expired:{question_event_id}", str(at_ms))
+
+    def is_expired(self, question_event_id: str) -> bool:
+        return self.get_meta(f"expired:{question_event_id}") is not None
 
     # -- attachments and uploads ----------------------------------------
 

@@ -1,0 +1,78 @@
+"""A question's record with its approval fields applied (PROTOCOL 2a).
+
+Pure.  ``base`` is the record the log's standing pick makes
+(``annotate.fold_records``); a question with a ``quorum`` or an ``expires``
+turns it into what the room decided: ``pending`` with its votes, ``answered``
+with the decided option and who decided it, or ``expired``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.protocol.deadline import format_rfc3339
+from bridge.protocol.quorum import ANSWERED, EXPIRED, PENDING, Cast, tally
+from bridge.protocol.recorded import RecordedQuestion
+
+_PICK_FIELDS = ("choice", "label", "side", "choices", "order", "text", "matched_guess")
+
+
+def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | None, casts: list[Cast], *,
+                    expired: bool, count: int, fallback: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``fallback``: the posting's latest accepted pick, withdrawn or not, for
+    a decision whose every vote was withdrawn after it (the record still
+    needs its revision, time and source)."""
+    if posting is None or posting.qid is None:
+        return base
+    quorum = posting.quorum
+    if quorum is None:
+        if not expired or posting.expires_ms is None:
+            return base
+        if base is not None and base.get("state") == ANSWERED:
+            return base  # answered in time: the answer stands, the deadline only closed it
+        return _expired(base, posting, count, votes=None)
+    required, veto = quorum
+    result = tally(casts, required=required, veto=veto, expires_ms=posting.expires_ms,
+                   expired=expired and posting.expires_ms is not None)
+    if result.state is None:
+        return base
+    if result.state == EXPIRED:
+        return _expired(base, posting, count, votes=result.votes, required=required)
+    out = {k: v for k, v in (base or fallback or {}).items() if k not in _PICK_FIELDS}
+    if base is None and fallback is not None:
+        out.pop("note", None)
+        out["rev"] = max(count, 1)
+    out["votes"] = result.votes
+    out["required"] = required
+    if result.state == PENDING:
+        out["state"] = PENDING
+        return out
+    out["state"] = ANSWERED
+    out["choice"] = result.choice
+    label = posting.label(result.choice or "")
+    if label is not None:
+        out["label"] = label
+    side = posting.side_of(result.choice or "") if posting.kind == "compare" else None
+    if side is not None:
+        out["side"] = side
+    if posting.guess is not None:
+        out["matched_guess"] = posting.guess.get("option") == result.choice
+    out["decided_by"] = list(result.decided_by)
+    return out
+
+
+def _expired(base: dict[str, Any] | None, posting: RecordedQuestion, count: int, *, votes: list[dict[str, Any]] | None,
+             required: int | None = None) -> dict[str, Any]:
+    at = format_rfc3339(posting.expires_ms or 0)
+    out: dict[str, Any] = {k: v for k, v in (base or {}).items() if k not in _PICK_FIELDS}
+    out.update(qid=posting.qid, state=EXPIRED)
+    if votes is not None:
+        out["votes"] = votes
+        out["required"] = required
+    out["expired_at"] = at
+    out.setdefault("q_rev", posting.rev or 1)
+    out.setdefault("rev", max(count, 1))
+    out.setdefault("updated", at)
+    out.setdefault("source", {"via": "matrix", "how": "expiry", "room_id": posting.room_id,
+                              "event_id": posting.event_id})
+    return out

@@ -1,0 +1,98 @@
+"""Times of the approval fields (PROTOCOL 2a): when a question expires, when it escalates.
+
+Pure.  In ``questions.json`` ``expires`` (and ``escalate.after``) is either a
+duration (the units ``reminders.after`` takes: ``45s``, ``90m``, ``2h``,
+``3d``, ``1w``) counted from the first posting of that revision, or an RFC
+3339 time with a zone.  The posted event carries the absolute time (RFC 3339,
+UTC, whole seconds), so every reader of the room judges against the same
+instant: an answer is late when its ``origin_server_ts`` is at or after it.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from bridge.service.sections import parse_duration
+
+# An RFC 3339 date-time: a zone (Z or an offset) is required.
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def is_rfc3339(value: str) -> bool:
+    return bool(_RFC3339.match(value.strip()))
+
+
+def parse_rfc3339_ms(value: str) -> int:
+    """Milliseconds since the epoch of an RFC 3339 time; ValueError when it is not one (or has no zone)."""
+    text = value.strip()
+    if not _RFC3339.match(text):
+        raise ValueError("must be an RFC 3339 time with a zone, such as 2026-12-01T14:00:00Z")
+    parsed = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00").replace("t", "T"))
+    return int(parsed.timestamp() * 1000)
+
+
+def parse_when(value: Any, base_ms: int) -> int:
+    """``value`` (a duration or an RFC 3339 time) as milliseconds since the epoch,
+    a duration counted from ``base_ms``.  ValueError with plain words otherwise."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be a duration such as 90m, 2h or 3d, or an RFC 3339 time with a zone")
+    if is_rfc3339(value):
+        return parse_rfc3339_ms(value)
+    if re.match(r"^\s*\d{4}-", value):
+        raise ValueError("must be an RFC 3339 time with a zone, such as 2026-12-01T14:00:00Z")
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise ValueError("must be a duration such as 45s, 90m, 2h, 3d or 1w, or an RFC 3339 time with a zone") from None
+    return base_ms + int(seconds * 1000)
+
+
+def format_rfc3339(ms: int) -> str:
+    """The UTC RFC 3339 form the event carries (whole seconds are kept exactly, milliseconds when there are any)."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    if ms % 1000:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def event_time_ms(value: Any) -> int | None:
+    """An absolute time as the event carries it; None when absent or unreadable (read defensively)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_rfc3339_ms(value)
+    except ValueError:
+        return None
+
+
+def clock_words(ms: int) -> str:
+    """``14:00 UTC`` (with the date when it is not today's UTC date is asked for by ``in_words``)."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return moment.strftime("%H:%M UTC") if moment.second == 0 else moment.strftime("%H:%M:%S UTC")
+
+
+def span_words(seconds: float) -> str:
+    """A rough, readable span: ``45 seconds``, ``2 hours``, ``3 days``."""
+    seconds = max(0, int(round(seconds)))
+    for unit, size in (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and (seconds % size == 0 or seconds >= 2 * size):
+            n = round(seconds / size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    if seconds >= 60:
+        n = round(seconds / 60)
+        return f"{n} minute{'s' if n != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+def deadline_words(expires_ms: int, now_ms: int) -> str:
+    """``Answer by 14:00 UTC, in 2 hours`` (the date too when it is not today, UTC)."""
+    moment = datetime.fromtimestamp(expires_ms / 1000, tz=timezone.utc)
+    today = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).date()
+    when = clock_words(expires_ms)
+    if moment.date() != today:
+        when = f"{moment.strftime('%a %d %b %Y')}, {when}"
+    if expires_ms <= now_ms:
+        return f"Answer by {when} (the deadline has passed)"
+    return f"Answer by {when}, in {span_words((expires_ms - now_ms) / 1000)}"

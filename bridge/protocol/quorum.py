@@ -1,0 +1,142 @@
+"""A quorum question's votes, decision and deadline, as a pure projection of the room (PROTOCOL 2a).
+
+Each permitted person's standing pick (their latest in the room's order; an
+edit changes it, a redaction or an emptied poll vote withdraws it) is a
+vote; ``unsure`` and ``other`` are not votes.  The question is decided at the
+first point of the room's order where ``required`` distinct people's votes
+agree on one option, or at once when anyone picks a ``veto`` option.  What
+happens after that point is recorded without changing the decision.  Not
+decided before the deadline, and the deadline reached: ``expired``, which
+is never consent, whatever votes stood.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.protocol.deadline import format_rfc3339
+from bridge.questionset.builtin import BUILTIN_IDS
+
+PENDING = "pending"
+EXPIRED = "expired"
+ANSWERED = "answered"
+
+Position = tuple[int, int]  # (origin_server_ts, arrival): the room's order
+NEVER: Position = (2**62, 2**62)
+
+
+@dataclass(frozen=True)
+class Cast:
+    """One accepted pick from the log, with when (if ever) the room withdrew it."""
+
+    sender: str
+    choice: str | None  # the option id picked (None: a pick that is no option, never a vote)
+    event_id: str
+    at: Position
+    withdrawn_at: Position = NEVER
+    original: str | None = None  # the event an edit edits: the edit stands for it
+
+
+@dataclass
+class Tally:
+    state: str | None  # pending | answered | expired | None (no vote has stood)
+    votes: list[dict[str, Any]] = field(default_factory=list)  # standing now, in the room's order
+    choice: str | None = None  # the decided option
+    decided_by: list[str] = field(default_factory=list)
+    decided_at: Position | None = None
+    veto: bool = False
+
+
+def is_vote(choice: str | None) -> bool:
+    return isinstance(choice, str) and choice not in BUILTIN_IDS
+
+
+def standing(casts: list[Cast], until: Position) -> dict[str, Cast]:
+    """Each sender's standing pick at ``until``: their latest cast not withdrawn by then
+    (an edit replaces what it edits while it stands)."""
+    live = [c for c in casts if c.at <= until and (c.withdrawn_at > until or c.withdrawn_at == NEVER)]
+    latest: dict[str, Cast] = {}
+    for cast in sorted(live, key=lambda c: c.at):
+        latest[cast.sender] = cast
+    return latest
+
+
+def _decision(now: dict[str, Cast], step: Cast | None, required: int, veto: frozenset[str]) -> tuple[str, list[str], bool] | None:
+    if step is not None and now.get(step.sender) is step and step.choice in veto:
+        return step.choice, [step.sender], True
+    by_option: dict[str, list[Cast]] = {}
+    for cast in now.values():
+        if is_vote(cast.choice):
+            by_option.setdefault(cast.choice, []).append(cast)
+    for option, group in sorted(by_option.items(), key=lambda kv: min(c.at for c in kv[1])):
+        if len(group) >= required:
+            return option, [c.sender for c in sorted(group, key=lambda c: c.at)], False
+    return None
+
+
+def tally(casts: list[Cast], *, required: int, veto: frozenset[str], expires_ms: int | None,
+          expired: bool) -> Tally:
+    """The quorum's outcome from every cast of the posting (withdrawn ones included, with when)."""
+    points = sorted({c.at for c in casts} | {c.withdrawn_at for c in casts if c.withdrawn_at != NEVER})
+    by_at = {c.at: c for c in casts}
+    decided: tuple[str, list[str], bool] | None = None
+    decided_at: Position | None = None
+    for point in points:
+        if expires_ms is not None and point[0] >= expires_ms:
+            break  # nothing after the deadline decides (the judge refuses such votes anyway)
+        found = _decision(standing(casts, point), by_at.get(point), required, veto)
+        if found is not None:
+            decided, decided_at = found, point
+            break
+    now = standing(casts, NEVER)
+    votes = [vote_entry(c) for c in sorted(now.values(), key=lambda c: c.at) if is_vote(c.choice)]
+    if decided is not None:
+        choice, by, was_veto = decided
+        return Tally(ANSWERED, votes, choice, by, decided_at, was_veto)
+    if expired:
+        return Tally(EXPIRED, votes)
+    return Tally(PENDING if votes else None, votes)
+
+
+def vote_entry(cast: Cast) -> dict[str, Any]:
+    return {"sender": cast.sender, "choice": cast.choice, "event_id": cast.event_id, "at": format_rfc3339(cast.at[0])}
+
+
+def progress_words(result: Tally, required: int, people: list[str], labels: dict[str, str]) -> str:
+    """The word back after a vote: "1 of 2 approvals so far; waiting for @bo or @cy"."""
+    if result.state == ANSWERED:
+        return decision_words(result, labels)
+    if result.state == EXPIRED:
+        return f"This question expired undecided ({stood_words(result, required)})."
+    counts: dict[str, int] = {}
+    for vote in result.votes:
+        counts[vote["choice"]] = counts.get(vote["choice"], 0) + 1
+    if not counts:
+        return f"No votes stand yet; {required} must agree."
+    best = max(counts, key=lambda k: counts[k])
+    voted = {v["sender"] for v in result.votes}
+    waiting = [p for p in people if p not in voted]
+    line = f"{counts[best]} of {required} for \u201c{labels.get(best, best)}\u201d so far"
+    if waiting:
+        line += "; waiting for " + (" or ".join(waiting) if len(waiting) <= 2 else ", ".join(waiting[:-1]) + " or " + waiting[-1])
+    return line + "."
+
+
+def stood_words(result: Tally, required: int) -> str:
+    counts: dict[str, int] = {}
+    for vote in result.votes:
+        counts[vote["choice"]] = counts.get(vote["choice"], 0) + 1
+    if not counts:
+        return "no votes"
+    best = max(counts.values())
+    return f"{best} of {required} {'vote' if required == 1 else 'votes'} agreeing"
+
+
+def decision_words(result: Tally, labels: dict[str, str]) -> str:
+    label = labels.get(result.choice or "", result.choice or "")
+    who = result.decided_by
+    names = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
+    if result.veto:
+        return f"Decided: \u201c{label}\u201d, a veto by {names}."
+    return f"Decided: \u201c{label}\u201d by {names}."

@@ -1,0 +1,112 @@
+"""The approval fields (PROTOCOL 2a): ``expires``, ``answerers``, ``quorum``, ``escalate``."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from bridge.protocol.deadline import is_rfc3339, parse_rfc3339_ms, parse_when
+from bridge.questionset.builtin import BUILTIN_IDS
+from bridge.questionset.lint.access import dict_at, is_int, list_at, quote, value_at
+from bridge.questionset.lint.context import Context, QuestionView
+from bridge.questionset.lint.unknown import check_unknown
+
+# The kinds whose answer is one pick: the only ones a vote can be counted on.
+QUORUM_KINDS = ("choice", "confirm", "scale", "compare")
+# A Matrix user id: @localpart:server (the grammar's characters, loosely; the server part as given).
+_USER_ID = re.compile(r"^@[^\s:]+:[^\s]+$")
+USER_ID_MAX = 255
+
+
+def user_id_problem(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return "must be a Matrix user id such as @ana:example.org"
+    if len(value) > USER_ID_MAX or not _USER_ID.match(value):
+        return f"{quote(value)} is not a Matrix user id (like @ana:example.org)"
+    return None
+
+
+def check_set_expires(ctx: Context) -> None:
+    _check_when(ctx, value_at(ctx.raw, "expires"), "expires", "expires")
+
+
+def check_approvals(ctx: Context, q: QuestionView) -> None:
+    _check_when(ctx, value_at(q.raw, "expires"), f"{q.where}.expires", "expires")
+    answerers = _check_users(ctx, q.raw, "answerers", q.where)
+    escalate = dict_at(q.raw, "escalate")
+    to: list[str] = []
+    if escalate is not None:
+        where = f"{q.where}.escalate"
+        check_unknown(ctx, escalate, "escalate", where)
+        if value_at(escalate, "after") is None:
+            ctx.error(f"{where}.after", "escalate needs `after`: when to bring the others in (a duration such as 2h)")
+        else:
+            _check_when(ctx, value_at(escalate, "after"), f"{where}.after", "escalate.after")
+        if value_at(escalate, "to") is None:
+            ctx.error(f"{where}.to", "escalate needs `to`: the user ids to bring in")
+        else:
+            to = _check_users(ctx, escalate, "to", where)
+    quorum = dict_at(q.raw, "quorum")
+    if quorum is not None:
+        _check_quorum(ctx, q, quorum, answerers, to)
+
+
+def _check_when(ctx: Context, value: Any, where: str, name: str) -> None:
+    if value is None or not isinstance(value, str):
+        return  # absent, or a type error already
+    try:
+        at = parse_when(value, ctx.now_ms)
+    except ValueError as exc:
+        ctx.error(where, f"{name} {quote(value)} {exc}")
+        return
+    if is_rfc3339(value) and at <= ctx.now_ms:
+        ctx.error(where, f"{name} {quote(value)} is in the past; give a later time or a duration such as 2h")
+
+
+def _check_users(ctx: Context, obj: dict[str, Any], key: str, where: str) -> list[str]:
+    users = list_at(obj, key)
+    if users is None:
+        return []
+    place = f"{where}.{key}"
+    if not users:
+        ctx.error(place, f"{key} must name at least one Matrix user id (leave it out to let anyone the bridge accepts answer)")
+    good: list[str] = []
+    for i, user in enumerate(users):
+        problem = user_id_problem(user)
+        if problem:
+            ctx.error(f"{place}[{i}]", problem)
+        elif user in good:
+            ctx.warning(f"{place}[{i}]", f"{user} is listed twice")
+        else:
+            good.append(user)
+    return good
+
+
+def _check_quorum(ctx: Context, q: QuestionView, quorum: dict[str, Any], answerers: list[str], to: list[str]) -> None:
+    where = f"{q.where}.quorum"
+    check_unknown(ctx, quorum, "quorum", where)
+    if q.kind is not None and q.kind not in QUORUM_KINDS:
+        ctx.error(where, f"a quorum counts one pick per person; a {q.kind} question can't have one "
+                         f"(only {', '.join(QUORUM_KINDS)})")
+    required = value_at(quorum, "required")
+    if required is None:
+        ctx.error(f"{where}.required", "quorum needs `required`: how many people must agree")
+    elif is_int(required):
+        if required < 1:
+            ctx.error(f"{where}.required", f"required is {required}; it must be 1 or more")
+        people = len(set(answerers) | set(to))
+        if answerers and required > people:
+            ctx.error(f"{where}.required", f"required is {required} but only {people} "
+                                           f"{'person' if people == 1 else 'people'} may answer: it could never be met")
+    offered = set(q.option_ids)
+    for i, veto in enumerate(list_at(quorum, "veto") or []):
+        if not isinstance(veto, str):
+            continue
+        if veto in BUILTIN_IDS:
+            ctx.error(f"{where}.veto[{i}]", f"{quote(veto)} is a built-in option and never a vote; veto one of the question's own options")
+        elif veto not in offered:
+            ctx.error(f"{where}.veto[{i}]", f"{quote(veto)} is not one of this question's options "
+                                            f"({', '.join(sorted(offered)) or 'none'})")
+
+
+__all__ = ["check_approvals", "check_set_expires", "user_id_problem", "QUORUM_KINDS", "parse_rfc3339_ms"]

@@ -1,0 +1,281 @@
+"""Deadlines, decisions and escalations of approval questions (PROTOCOL 2a), in the room.
+
+The judge and the projection decide by the room's order alone; this is the
+I/O that makes the room say so:
+
+* at posting (``schedule``): the poll's end, the closing edit and the
+  escalation's mention are handed to the homeserver as MSC4140 delayed
+  events, so it closes the question on time while the bridge is down;
+* a pass (``pass_once``, every ``tick`` seconds and at start): a quorum the
+  votes reached closes the question ("decided") and cancels what was
+  scheduled; a deadline reached closes it ("expired"), rewrites the
+  record, and, where the homeserver could not be given the closing,
+  ends the poll itself; an escalation due mentions its people.
+
+What is owed to the room is kept in the store before it is sent, under
+transaction ids made from what is sent, so a crash in between says it again
+and the homeserver keeps one copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bridge.protocol.deadline import clock_words, format_rfc3339
+from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
+from bridge.protocol.outcome import in_thread, txn_id
+from bridge.protocol.poll import POLL_END, poll_end
+from bridge.protocol.question_event import closed_replacement
+from bridge.protocol.quorum import Tally, decision_words, stood_words
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+TRACKED = "approval:"  # meta: a posting with a deadline, a quorum or an escalation still to watch
+DELAYS = "delays:"  # meta: JSON {what: delay_id} handed to the homeserver
+UNTOLD = "approval_untold:"  # meta: decided / expired, the room not told yet
+ESCALATED = "escalated:"  # meta: the escalation's mention was sent (or handed to the homeserver)
+NOTICE_KEY = "dev.superpipeline.question.approval"
+DEFAULT_TICK_SECONDS = 1.0
+
+
+def wants_tracking(question: RecordedQuestion) -> bool:
+    return question.quorum is not None or question.expires_ms is not None or question.escalation is not None
+
+
+def deadline_why(question: RecordedQuestion) -> str:
+    return f"its deadline passed at {clock_words(question.expires_ms or 0)}"
+
+
+def escalation_content(question: RecordedQuestion) -> dict[str, Any]:
+    _at, people = question.escalation or (0, ())
+    title = question.question.get("title", question.qid)
+    text = f"{', '.join(people)}: \u201c{title}\u201d is still undecided; you may answer it now."
+    return {"msgtype": "m.text", "body": text, "m.mentions": {"user_ids": list(people)},
+            "m.relates_to": in_thread(question.event_id),
+            NOTICE_KEY: {"question_event_id": question.event_id, "what": "escalated"}}
+
+
+class Deadlines:
+    def __init__(self, store: Store, transport: Any, flush: Callable[[], Any] = lambda: None,
+                 on_decided: Callable[[RecordedQuestion, dict[str, Any]], None] | None = None,
+                 on_expired: Callable[[RecordedQuestion, dict[str, Any] | None], None] | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.transport = transport
+        self.flush = flush
+        self.on_decided = on_decided
+        self.on_expired = on_expired
+        self.clock = clock
+
+    def _now(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- at posting --------------------------------------------------------
+
+    async def schedule(self, question: RecordedQuestion, poll_id: str | None) -> None:
+        """Track a posting with approval fields, and hand the homeserver what it must send on time."""
+        if not wants_tracking(question):
+            return
+        with self.store.transaction():
+            self.store.set_meta(TRACKED + question.event_id, "1")
+        send_delayed = getattr(self.transport, "send_delayed", None)
+        if send_delayed is None:
+            return
+        delays = self._delays(question.event_id)
+        now = self._now()
+        planned: list[tuple[str, str, dict[str, Any], int]] = []
+        if question.expires_ms is not None and question.expires_ms > now:
+            why = deadline_why(question)
+            if poll_id:
+                planned.append(("poll_end", POLL_END, poll_end(poll_id, why), question.expires_ms))
+            planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, why),
+                            question.expires_ms))
+        if question.escalation is not None and question.escalation[0] > now:
+            planned.append(("escalate", "m.room.message", escalation_content(question), question.escalation[0]))
+        for what, event_type, content, at in planned:
+            if what in delays:
+                continue
+            try:
+                delay_id = await send_delayed(question.room_id, event_type, content,
+                                              txn_id("delayed", what, question.event_id), max(1, at - self._now()))
+            except Exception as exc:  # noqa: BLE001 - the bridge closes it itself then
+                log.warning("delayed %s for %s not scheduled (%s); the bridge will send it", what,
+                            question.event_id, exc)
+                delay_id = None
+            if delay_id is None:
+                return  # no delayed events here: the pass does it all
+            delays[what] = delay_id
+            log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
+            with self.store.transaction():
+                self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
+                if what == "escalate":
+                    self.store.set_meta(ESCALATED + question.event_id, "delayed")
+
+    def _delays(self, event_id: str) -> dict[str, str]:
+        raw = self.store.get_meta(DELAYS + event_id)
+        return json.loads(raw) if raw else {}
+
+    async def _cancel(self, event_id: str, keep: tuple[str, ...] = ()) -> None:
+        delays = self._delays(event_id)
+        cancel = getattr(self.transport, "cancel_delayed", None)
+        left = dict(delays)
+        for what, delay_id in delays.items():
+            if what in keep or cancel is None:
+                continue
+            try:
+                await cancel(delay_id)
+            except Exception as exc:  # noqa: BLE001 - tried again on the next pass
+                log.warning("cancelling delayed %s of %s failed (%s)", what, event_id, exc)
+                continue
+            left.pop(what)
+        with self.store.transaction(flush=False):
+            if left:
+                self.store.set_meta(DELAYS + event_id, json.dumps(left))
+            else:
+                self.store.delete_meta(DELAYS + event_id)
+
+    # -- the pass ------------------------------------------------------------
+
+    def tracked(self) -> list[str]:
+        rows = self.store.db.execute("SELECT key FROM meta WHERE key LIKE ?", (TRACKED + "%",)).fetchall()
+        return [row[0][len(TRACKED):] for row in rows]
+
+    async def pass_once(self) -> None:
+        for event_id in self.tracked():
+            try:
+                await self._one(event_id)
+            except Exception as exc:  # noqa: BLE001 - one question's trouble never stops the others
+                log.warning("approval of %s not handled yet (%s); trying again", event_id, exc)
+
+    async def _one(self, event_id: str) -> None:
+        question = self.store.question_by_event(event_id)
+        set_dir = self.store.set_dir_of(event_id)
+        if question is None or set_dir is None or question.qid is None:
+            with self.store.transaction(flush=False):
+                self.store.delete_meta(TRACKED + event_id)
+            return
+        now = self._now()
+        if question.open:
+            record = self.store.projection(set_dir, question.qid)
+            if question.quorum is not None and record is not None and record.get("decided_by"):
+                self._close(question, set_dir, CLOSED_DECIDED, record)
+            elif question.expires_ms is not None and now >= question.expires_ms:
+                self._close(question, set_dir, CLOSED_EXPIRED, record)
+            elif question.escalation is not None and now >= question.escalation[0] \
+                    and self.store.get_meta(ESCALATED + event_id) is None:
+                await self.transport.send(question.room_id, "m.room.message", escalation_content(question),
+                                          txn_id("escalate", event_id))
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(ESCALATED + event_id, "sent")
+                return
+            else:
+                return
+            self.flush()
+            question = self.store.question_by_event(event_id) or question
+        if question.expires_ms is not None and now >= question.expires_ms and question.closed_why == CLOSED_DECIDED \
+                and not self.store.is_expired(event_id):
+            # Decided, as far as the room was read; should an earlier event read
+            # later undo that decision, the deadline still stands.
+            with self.store.transaction():
+                self.store.mark_expired(event_id, question.expires_ms)
+                self.store.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
+                                      (set_dir, question.set_id, question.qid))
+            self.flush()
+        why = self.store.get_meta(UNTOLD + event_id)
+        if why is not None:
+            await self._tell(question, set_dir, why)
+        elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
+            await self._cancel(event_id)  # closed otherwise (withdrawn, replaced): nothing more is due
+        watching_deadline = question.closed_why == CLOSED_DECIDED and question.expires_ms is not None \
+            and not self.store.is_expired(event_id)
+        if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) and not watching_deadline:
+            with self.store.transaction(flush=False):
+                self.store.delete_meta(TRACKED + event_id)
+
+    def _close(self, question: RecordedQuestion, set_dir: str, why: str, record: dict[str, Any] | None) -> None:
+        with self.store.transaction():
+            if why == CLOSED_EXPIRED:
+                self.store.mark_expired(question.event_id, question.expires_ms or 0)
+                self.store.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
+                                      (set_dir, question.set_id, question.qid))
+            self.store.close_question(question.event_id, why)
+            self.store.set_meta(UNTOLD + question.event_id, why)
+            after = self.store.projection(set_dir, question.qid or "")
+            if why == CLOSED_DECIDED and self.on_decided is not None:
+                self.on_decided(question, after or record or {})
+            if why == CLOSED_EXPIRED and self.on_expired is not None:
+                self.on_expired(question, after)
+        log.info("question %s: %s/%s rev %s", why, question.set_id, question.qid, question.rev)
+
+    async def _tell(self, question: RecordedQuestion, set_dir: str, why: str) -> None:
+        record = self.store.projection(set_dir, question.qid or "") or {}
+        labels = {o["id"]: str(o.get("label", o["id"])) for o in question.options}
+        tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
+                      record.get("decided_by") or [], veto=bool(question.quorum and record.get("choice") in question.quorum[1]))
+        delayed_poll_end = False
+        if why == CLOSED_DECIDED:
+            await self._cancel(question.event_id)
+            words = decision_words(tally, labels)
+            line = words.removeprefix("Decided: ").rstrip(".")
+            closing = f"decided: {line}"
+        else:
+            # The homeserver's own poll end (a delayed event) already closed it, or is about to.
+            delays = self._delays(question.event_id)
+            await self._cancel(question.event_id, keep=("poll_end", "edit"))
+            if record.get("state") == "answered":
+                words = f"The deadline ({format_rfc3339(question.expires_ms or 0)}) has passed; the answer given before it stands."
+                closing = f"closed at its deadline, {clock_words(question.expires_ms or 0)}"
+            else:
+                stood = stood_words(tally, question.quorum[0]) if question.quorum else "no answer"
+                words = (f"This question expired undecided at {clock_words(question.expires_ms or 0)} ({stood}); "
+                         "it is not approved, and later answers are not recorded.")
+                closing = f"expired undecided at {clock_words(question.expires_ms or 0)}, {stood}"
+            if "poll_end" in delays:
+                self._forget_delay(question.event_id, "poll_end")
+            if "edit" in delays:
+                self._forget_delay(question.event_id, "edit")
+            delayed_poll_end = "poll_end" in delays
+        await self.transport.send(question.room_id, "m.room.message", {
+            "msgtype": "m.notice", "body": words, "m.relates_to": in_thread(question.event_id),
+            NOTICE_KEY: {"question_event_id": question.event_id, "what": why, "record": _small(record)},
+        }, txn_id("approval-notice", question.event_id, why))
+        await self.transport.send(question.room_id, "m.room.message",
+                                  closed_replacement(question.event_id, question.content, closing),
+                                  txn_id("approval-edit", question.event_id, why))
+        poll = self.store.poll_of(question.event_id)
+        if poll and not (why == CLOSED_EXPIRED and delayed_poll_end):
+            await self.transport.send(question.room_id, POLL_END, poll_end(poll, closing), txn_id("poll-end", poll))
+        with self.store.transaction(flush=False):
+            self.store.delete_meta(UNTOLD + question.event_id)
+
+    def _forget_delay(self, event_id: str, what: str) -> None:
+        delays = self._delays(event_id)
+        delays.pop(what, None)
+        with self.store.transaction(flush=False):
+            if delays:
+                self.store.set_meta(DELAYS + event_id, json.dumps(delays))
+            else:
+                self.store.delete_meta(DELAYS + event_id)
+
+    async def run(self, stop: asyncio.Event, tick: float = DEFAULT_TICK_SECONDS) -> None:
+        """A pass at start (what expired while the bridge was down) and every ``tick`` until ``stop``."""
+        while not stop.is_set():
+            try:
+                await self.pass_once()
+            except Exception as exc:  # noqa: BLE001 - tried again on the next tick
+                log.warning("approvals pass failed (%s); trying again", exc)
+            try:
+                await asyncio.wait_for(stop.wait(), tick)
+            except TimeoutError:
+                pass
+
+
+def _small(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: record[k] for k in ("state", "choice", "decided_by", "required") if k in record}

@@ -1,0 +1,340 @@
+"""Approvals (PROTOCOL 2a): lint of the four fields, what the question says in
+the room, the judge's refusals by the room's order, the quorum record through
+the real pipeline and store, the deadlines pass, and ``wait``'s exit 4."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.answers.file import AnswersFile
+from bridge.cli import main
+from bridge.protocol.deadline import format_rfc3339, parse_when
+from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, Refused, judge
+from bridge.protocol.question_event import build_question_event
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.questionset.lint import lint
+from bridge.questionset.media import LocalFilesystem
+from bridge.questionset.model import QuestionSet
+from bridge.service.answering.deadlines import Deadlines
+from bridge.service.answering.pipeline import Pipeline
+from bridge.service.storage.store import Store
+from helpers.sets import all_kinds_set
+from helpers.timeline import ROOM, Room, Transport, answer, edit, redact, vote
+
+ANA, BO, CY, DEE, EVE = "@alice:hs", "@bob:hs", "@carol:hs", "@mod:hs", "@eve:hs"
+T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+APPROVAL = {"answerers": [ANA, BO, CY], "quorum": {"required": 2, "veto": ["stable"]}}
+
+
+def approval_set(**fields: Any) -> dict[str, Any]:
+    raw = all_kinds_set("kinds")
+    next(q for q in raw["questions"] if q["id"] == "branch").update(fields)
+    return raw
+
+
+def findings(raw: dict[str, Any], tmp_path: Path) -> list[tuple[str, str]]:
+    result = lint(raw, LocalFilesystem(tmp_path))
+    return [(f.where, f.message) for f in result.errors]
+
+
+# -- lint --------------------------------------------------------------------------
+
+
+def test_a_clean_approval_lints_clean(tmp_path):
+    raw = approval_set(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    assert [f for f in findings(raw, tmp_path) if "branch" in f[0]] == []
+
+
+@pytest.mark.parametrize("fields, where, words", [
+    ({"quorum": {"required": 1}}, "questions[platforms].quorum", "a multi question can't have one"),
+    ({"quorum": {"required": 2, "veto": ["nope"]}}, "questions[branch].quorum.veto[0]", "not one of this question's options"),
+    ({"answerers": [ANA], "quorum": {"required": 2}}, "questions[branch].quorum.required", "could never be met"),
+    ({"expires": "2020-01-01T00:00:00Z"}, "questions[branch].expires", "is in the past"),
+    ({"expires": "soon"}, "questions[branch].expires", "must be a duration"),
+    ({"expires": "2030-01-01T00:00:00"}, "questions[branch].expires", "RFC 3339 time with a zone"),
+    ({"answerers": ["alice"]}, "questions[branch].answerers[0]", "is not a Matrix user id"),
+    ({"escalate": {"after": "1h", "to": ["bob@hs"]}}, "questions[branch].escalate.to[0]", "is not a Matrix user id"),
+])
+def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, words):
+    raw = all_kinds_set("kinds")
+    qid = "platforms" if where.startswith("questions[platforms]") else "branch"
+    next(q for q in raw["questions"] if q["id"] == qid).update(fields)
+    found = [message for at, message in findings(raw, tmp_path) if at == where]
+    assert found and words in found[0], findings(raw, tmp_path)
+
+
+def test_durations_take_the_reminders_units_and_rfc3339_needs_a_zone():
+    assert parse_when("45s", T0) == T0 + 45_000
+    assert parse_when("90m", T0) == T0 + 90 * 60_000
+    assert parse_when("1w", T0) == T0 + 7 * 86_400_000
+    assert parse_when("2027-01-15T10:00:00+02:00", 0) == T0
+    with pytest.raises(ValueError):
+        parse_when("2027-01-15T10:00:00", 0)
+
+
+# -- what the room shows -------------------------------------------------------------
+
+
+def posted(**fields: Any) -> dict[str, Any]:
+    qset = QuestionSet.model_validate(approval_set(**fields))
+    return build_question_event(qset, qset.question("branch"), elicitation_id="elc_branch", posted_ms=T0, poll=True)
+
+
+def test_the_question_says_its_deadline_who_may_answer_and_the_quorum():
+    content = posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    assert content["question"]["expires"] == "2027-01-15T10:00:00Z"
+    assert content["question"]["escalate"] == {"after": "2027-01-15T09:00:00Z", "to": [DEE]}
+    body = content["body"]
+    assert "Answer by 10:00 UTC, in 2 hours." in body
+    assert f"Who may answer: {ANA}, {BO}, {CY}." in body
+    assert "Decided when 2 people pick the same option; \u201cThe stable branch\u201d from anyone decides at once." in body
+    assert f"Undecided by 09:00 UTC: {DEE} will be asked too." in body
+    assert "Answer by 10:00 UTC" in content["formatted_body"]
+
+
+def test_a_set_without_the_fields_posts_exactly_as_before():
+    qset = QuestionSet.model_validate(all_kinds_set("kinds"))
+    before = build_question_event(qset, qset.question("branch"), elicitation_id="elc_branch")
+    assert before == build_question_event(qset, qset.question("branch"), elicitation_id="elc_branch", posted_ms=T0)
+    assert not {"expires", "answerers", "quorum", "escalate"} & set(before["question"])
+
+
+# -- the judge, by the room's order ----------------------------------------------------
+
+
+def recorded(**fields: Any) -> RecordedQuestion:
+    return RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds", content=posted(**fields))
+
+
+def incoming(sender: str, ts: int, option: str = "main") -> IncomingAnswer:
+    return IncomingAnswer(event_id=f"$a{ts}", room_id=ROOM, sender=sender, origin_server_ts=ts, content={
+        "msgtype": "m.text", "body": option, "suite_event_type": "dev.superpipeline.question.answer.v2",
+        "elicitation_id": "elc_branch", "option_id": option,
+        "m.relates_to": {"rel_type": "m.reference", "event_id": "$q"}})
+
+
+CTX = JudgeContext(allowed=None, members=frozenset({ANA, BO, CY, DEE, EVE}), bridge_user="@bot:hs")
+
+
+def test_a_stranger_is_refused_with_who_may_answer():
+    verdict = judge(recorded(**APPROVAL), incoming(EVE, T0 + 1), CTX)
+    assert isinstance(verdict, Refused) and verdict.reason == "not_an_answerer"
+    assert f"Only {ANA}, {BO} or {CY} may answer" in verdict.message
+
+
+def test_an_answer_a_second_after_the_deadline_is_late_and_one_before_counts_even_once_closed():
+    question = recorded(expires="45s", **APPROVAL)
+    late = judge(question, incoming(ANA, T0 + 46_000), CTX)
+    assert isinstance(late, Refused) and late.reason == "expired" and "expired at 08:00:45 UTC" in late.message
+    closed = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds", content=question.content, open=False,
+                              closed_why="expired")
+    assert isinstance(judge(closed, incoming(ANA, T0 + 44_000), CTX), Accepted)
+    withdrawn = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds", content=question.content, open=False,
+                                 closed_why="withdrawn")
+    assert judge(withdrawn, incoming(ANA, T0 + 44_000), CTX).reason == "question_closed"
+
+
+def test_the_escalated_may_answer_from_the_escalation_on_in_the_rooms_order():
+    question = recorded(escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    assert judge(question, incoming(DEE, T0 + 3_599_000), CTX).reason == "not_an_answerer"
+    assert isinstance(judge(question, incoming(DEE, T0 + 3_600_000), CTX), Accepted)
+
+
+# -- the record, through the real pipeline and store --------------------------------------
+
+
+def room_with(tmp_path: Path, **fields: Any) -> Room:
+    return Room(tmp_path, approval={**APPROVAL, **fields}, posted_ms=T0)
+
+
+def test_votes_a_changed_vote_a_withdrawn_vote_and_the_decision(tmp_path):
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    record = room.record()
+    assert record["state"] == "pending" and record["required"] == 2 and "choice" not in record
+    assert [(v["sender"], v["choice"]) for v in record["votes"]] == [(ANA, "main")]
+    room.deliver([answer("$x", EVE, T0 + 1500, "main")])  # a stranger: refused, no vote
+    assert [v["sender"] for v in room.record()["votes"]] == [ANA]
+    # A changed vote: Alice makes hers "not sure", which is no vote.
+    room.deliver([edit("$a2", ANA, T0 + 2000, "$a1", "unsure")])
+    assert room.record()["state"] == "unsure" and not room.record().get("votes")
+    # Bob votes in the poll and takes it back: one vote short all along.
+    room.deliver([vote("$b1", BO, T0 + 3000, ["main"])])
+    assert room.record()["state"] == "pending" and [v["sender"] for v in room.record()["votes"]] == [BO]
+    room.deliver([vote("$b2", BO, T0 + 4000, [])])
+    assert room.record().get("state") != "answered" and not room.record().get("votes")
+    room.crash()  # the bridge restarted between two votes: only the store survives
+    room.deliver([answer("$c1", CY, T0 + 5000, "main"), answer("$a3", ANA, T0 + 5500, "main")])
+    record = room.record()
+    assert record["state"] == "answered" and record["choice"] == "main" and record["decided_by"] == [CY, ANA]
+    # After the decision: a redaction of a deciding vote is recorded without changing it.
+    room.deliver([redact("$r1", ANA, T0 + 6000, "$a3")])
+    record = room.record()
+    assert record["state"] == "answered" and record["decided_by"] == [CY, ANA]
+    assert [v["sender"] for v in record["votes"]] == [CY]
+
+
+def test_a_veto_decides_at_once_and_a_late_delivered_earlier_vote_keeps_the_rooms_order(tmp_path):
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 3000, "stable")])
+    record = room.record()
+    assert record["state"] == "answered" and record["choice"] == "stable" and record["decided_by"] == [BO]
+    # Carol's vote was sent before Bob's veto but reaches the bridge after it: she and Alice decided first.
+    room.deliver([answer("$c1", CY, T0 + 2000, "main")])
+    record = room.record()
+    assert record["choice"] == "main" and record["decided_by"] == [ANA, CY]
+
+
+def test_an_expired_question_is_never_consent_and_later_votes_are_refused(tmp_path):
+    room = room_with(tmp_path, expires="45s")
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    record = room.record()
+    assert record["state"] == "expired" and record["expired_at"] == format_rfc3339(T0 + 45_000)
+    assert "choice" not in record and [v["sender"] for v in record["votes"]] == [ANA]
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert any("expired undecided at 08:00:45 UTC (1 of 2 votes agreeing)" in s for s in said)
+    room.deliver([answer("$b1", BO, T0 + 46_000, "main")])
+    assert room.store.db.execute("SELECT reason FROM answer_log WHERE event_id='$b1'").fetchone()[0] == "expired"
+    # A vote the room placed before the deadline still counts, even read after the close.
+    room.deliver([answer("$c1", CY, T0 + 44_000, "main")])
+    assert room.record()["state"] == "answered" and room.record()["decided_by"] == [ANA, CY]
+
+
+def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
+    room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 45_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    record = room.record()
+    assert record["state"] == "expired" and "votes" not in record and "choice" not in record
+
+
+# -- wait ------------------------------------------------------------------------------
+
+
+def test_wait_on_an_approval_that_expires_exits_4_and_prints_expired(tmp_path, capsys):
+    room = room_with(tmp_path, expires="45s")
+    (room.set_dir / "questions.json").write_text(json.dumps(approval_set(expires="45s", **APPROVAL)))
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.store.close()
+
+    def expire() -> None:
+        # The bridge's deadlines pass, a second into the wait (its own store connection, as in its own task).
+        time.sleep(1.0)
+        store = Store(room.store_path)
+        pipeline = Pipeline(store=store, transport=Transport(), answerers=None, own_users=lambda u: u == "@bot:hs")
+        asyncio.run(Deadlines(store, pipeline.transport, flush=pipeline.flush,
+                              clock=lambda: (T0 + 46_000) / 1000).pass_once())
+        store.close()
+
+    thread = threading.Thread(target=expire, daemon=True)
+    thread.start()
+    assert main(["wait", str(room.set_dir), "--question", "branch", "--timeout", "30"]) == 4
+    thread.join()
+    out = json.loads(capsys.readouterr().out)
+    entry = next(e for e in out["answers"] if e["qid"] == "branch")
+    assert entry["state"] == "expired" and entry["votes"][0]["sender"] == ANA and "choice" not in entry
+    assert AnswersFile(room.set_dir).load()["answers"]["branch"]["state"] == "expired"
+
+
+# -- webhooks ---------------------------------------------------------------------------
+
+
+def test_webhooks_tell_every_vote_with_the_votes_then_the_decision_or_the_expiry(tmp_path):
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = room_with(tmp_path, expires="45s")
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+
+    def bodies() -> list[dict[str, Any]]:
+        return [json.loads(row.body) for row in due(room.store, 2**62)]
+
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    (first,) = bodies()
+    assert first["type"] == "answer.accepted" and first["state"] == "pending" and first["required"] == 2
+    assert [v["sender"] for v in first["votes"]] == [ANA]
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          on_decided=hook.decided, on_expired=hook.expired, clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    expired = next(b for b in bodies() if b["type"] == "question.expired")
+    assert expired["state"] == "expired" and "choice" not in expired["record"]
+    assert expired["qid"] == "branch" and expired["question_event_id"] == "$q"
+
+
+def test_a_decision_is_told_once_as_question_decided(tmp_path):
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = room_with(tmp_path)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          on_decided=hook.decided, on_expired=hook.expired, clock=lambda: (T0 + 3000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    asyncio.run(deadlines.pass_once())
+    bodies = [json.loads(row.body) for row in due(room.store, 2**62)]
+    assert [b["type"] for b in bodies] == ["answer.accepted", "answer.accepted", "question.decided"]
+    assert bodies[1]["state"] == "answered" and [v["sender"] for v in bodies[1]["votes"]] == [ANA, BO]
+    assert bodies[2]["record"]["decided_by"] == [ANA, BO] and bodies[2]["record"]["choice"] == "main"
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert any("Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in s for s in said)
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+def test_an_edit_of_someone_elses_vote_and_a_strangers_veto_change_nothing(tmp_path):
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    # Bob "edits" Alice's vote into the veto: not her edit, so not her vote.
+    room.deliver([edit("$b-edit", BO, T0 + 2000, "$a1", "stable")])
+    record = room.record()
+    assert record["state"] == "pending" and [(v["sender"], v["choice"]) for v in record["votes"]] == [(ANA, "main")]
+    # A room member outside the answerers picks the veto: refused, naming who may answer; nothing decided.
+    room.deliver([answer("$e1", DEE, T0 + 3000, "stable")])
+    reason, message = room.store.db.execute("SELECT reason, message FROM answer_log WHERE event_id='$e1'").fetchone()
+    assert reason == "not_an_answerer" and ANA in message
+    assert room.record()["state"] == "pending"
+
+
+def test_an_escalation_mentions_its_people_in_the_thread_once(tmp_path):
+    room = room_with(tmp_path, escalate={"after": "30m", "to": [DEE]})
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    for minutes in (29, 30, 31):
+        asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                              clock=lambda m=minutes: (T0 + m * 60_000) / 1000).pass_once())
+    mentions = [c for c in room.pipeline.transport.sent if c.get("m.mentions", {}).get("user_ids") == [DEE]]
+    assert len(mentions) == 1
+    assert mentions[0]["body"] == f"{DEE}: \u201cRelease branch\u201d is still undecided; you may answer it now."
+    assert mentions[0]["m.relates_to"]["rel_type"] == "m.thread" and mentions[0]["m.relates_to"]["event_id"] == "$q"
+    # From then on (in the room's order) they may answer.
+    room.deliver([answer("$d1", DEE, T0 + 31 * 60_000, "main")])
+    assert [v["sender"] for v in room.record()["votes"]] == [DEE]

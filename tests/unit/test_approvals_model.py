@@ -1,0 +1,191 @@
+"""Model-based: whatever the people permitted (and a stranger) do to a 2-of-3
+approval with a veto and a deadline — votes by answer and in the poll, edits,
+redactions, emptied poll votes — delivered in any order with restarts and the
+bridge's deadlines pass at random times, answers.json says what a reference
+computed from the room's timeline alone says: pending with the standing votes,
+decided by the first quorum or veto in the room's order, or expired."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from bridge.service.answering.deadlines import Deadlines
+from helpers.timeline import Room, answer, edit, redact, vote
+
+ANA, BO, CY, EVE = "@alice:hs", "@bob:hs", "@carol:hs", "@eve:hs"
+PERMITTED = (ANA, BO, CY)
+T0 = 1_800_000_000_000
+EXPIRES = T0 + 45_000  # "45s" from the posting
+APPROVAL = {"answerers": list(PERMITTED), "quorum": {"required": 2, "veto": ["stable"]}, "expires": "45s"}
+PICKS = ("main", "stable", "unsure")
+LAST = 2**61  # after every event; a cast never withdrawn is withdrawn at 2**62
+
+
+def reference(events: list[dict[str, Any]], expired: bool) -> tuple[Any, ...]:
+    """(state, choice, decided_by, votes) from the events delivered, in the room's order."""
+    by_id = {e["id"]: e for e in events}
+    order = {e["id"]: i for i, e in enumerate(events)}  # the order they reached the bridge
+
+    def stripped(e: dict[str, Any]) -> bool:
+        # A redaction read before its target: the target arrives with its content
+        # stripped (as Matrix serves a redacted event), so what it said is unknowable.
+        # So is an edit read after the redaction of what it edits (which takes its edits with it).
+        hidden = (e["id"], e["target"]) if e["kind"] == "edit" else (e["id"],)
+        return any(r["kind"] == "redact" and r["target"] in hidden and r["sender"] == e["sender"]
+                   and order[r["id"]] < order[e["id"]] for r in events)
+
+    judged = [e for e in events if e["sender"] in PERMITTED and e["ts"] < EXPIRES and not stripped(e)]
+    casts = [e for e in judged if e["kind"] in ("answer", "vote")
+             or (e["kind"] == "edit" and e["target"] in by_id and by_id[e["target"]]["sender"] == e["sender"]
+                 and by_id[e["target"]] in judged)]
+
+    def withdrawn_at(cast: dict[str, Any]) -> int:
+        root = cast["target"] if cast["kind"] == "edit" else cast["id"]
+        times = [e["ts"] for e in events if e["kind"] == "redact" and e["sender"] == cast["sender"]
+                 and e["target"] in (cast["id"], root)]
+        if cast["kind"] == "vote":
+            times += [e["ts"] for e in events if e["kind"] == "clear" and e["sender"] == cast["sender"]
+                      and e["ts"] >= cast["ts"]]
+        return min(times, default=2**62)
+
+    gone = {c["id"]: withdrawn_at(c) for c in casts}
+
+    def standing(at: int) -> dict[str, dict[str, Any]]:
+        now: dict[str, dict[str, Any]] = {}
+        for cast in sorted(casts, key=lambda c: c["ts"]):
+            if cast["ts"] <= at and gone[cast["id"]] > at:
+                now[cast["sender"]] = cast
+        return now
+
+    def votes(now: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:
+        return [(c["sender"], c["option"], c["id"]) for c in sorted(now.values(), key=lambda c: c["ts"])
+                if c["option"] != "unsure"]
+
+    points = sorted({c["ts"] for c in casts} | {t for t in gone.values() if t < 2**62})
+    for point in points:
+        if point >= EXPIRES:
+            break
+        now = standing(point)
+        step = next((c for c in casts if c["ts"] == point), None)
+        if step is not None and now.get(step["sender"]) is step and step["option"] == "stable":
+            return "answered", "stable", [step["sender"]], votes(standing(LAST))
+        main = [c for c in now.values() if c["option"] == "main"]
+        if len(main) >= 2:
+            return ("answered", "main", [c["sender"] for c in sorted(main, key=lambda c: c["ts"])],
+                    votes(standing(LAST)))
+    final = votes(standing(LAST))
+    if expired:
+        return "expired", None, None, final
+    return ("pending" if final else None), None, None, final
+
+
+class ApprovalTimeline(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp())
+        self.room = Room(self.tmp, approval=APPROVAL, posted_ms=T0)
+        with self.room.store.transaction():
+            self.room.store.set_meta("approval:$q", "1")
+        self.timeline: list[dict[str, Any]] = []  # in the room's order
+        self.undelivered: list[dict[str, Any]] = []
+        self.delivered: list[dict[str, Any]] = []
+        self.ts = T0
+        self.clock = T0
+        self.expired = False
+
+    def teardown(self) -> None:
+        self.room.store.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _add(self, kind: str, sender: str, gap: int, **fields: Any) -> None:
+        self.ts += gap
+        event = {"id": f"$e{len(self.timeline)}", "kind": kind, "sender": sender, "ts": self.ts, **fields}
+        self.timeline.append(event)
+        self.undelivered.append(event)
+
+    @rule(sender=st.sampled_from((*PERMITTED, EVE)), option=st.sampled_from(PICKS), gap=st.integers(1, 9000))
+    def answer(self, sender: str, option: str, gap: int) -> None:
+        self._add("answer", sender, gap, option=option)
+
+    @rule(sender=st.sampled_from(PERMITTED), option=st.sampled_from(("main", "stable")), gap=st.integers(1, 9000))
+    def poll_vote(self, sender: str, option: str, gap: int) -> None:
+        self._add("vote", sender, gap, option=option)
+
+    @rule(sender=st.sampled_from(PERMITTED), gap=st.integers(1, 9000))
+    def poll_clear(self, sender: str, gap: int) -> None:
+        self._add("clear", sender, gap)
+
+    @rule(data=st.data(), option=st.sampled_from(PICKS), gap=st.integers(1, 9000))
+    def edit(self, data: st.DataObject, option: str, gap: int) -> None:
+        answers = [e for e in self.timeline if e["kind"] == "answer"]
+        if answers:
+            target = data.draw(st.sampled_from(answers))
+            self._add("edit", target["sender"], gap, option=option, target=target["id"])
+
+    @rule(data=st.data(), gap=st.integers(1, 9000))
+    def redact(self, data: st.DataObject, gap: int) -> None:
+        mine = [e for e in self.timeline if e["kind"] in ("answer", "vote", "edit")]
+        if mine:
+            target = data.draw(st.sampled_from(mine))
+            self._add("redact", target["sender"], gap, target=target["id"])
+
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        """Some of what is in the room reaches the bridge, in any order."""
+        if not self.undelivered:
+            return
+        batch = data.draw(st.lists(st.sampled_from(self.undelivered), min_size=1, max_size=4, unique_by=lambda e: e["id"]))
+        for event in batch:
+            self.undelivered.remove(event)
+        self.delivered.extend(batch)
+        self.room.deliver([_event(e) for e in batch])
+
+    @rule()
+    def restart(self) -> None:
+        self.room.crash()
+
+    @rule(seconds=st.integers(1, 60))
+    def tick(self, seconds: int) -> None:
+        """The bridge's deadlines pass, at a later time."""
+        self.clock = max(self.clock, self.ts) + seconds * 1000
+        if self.clock >= EXPIRES:
+            self.expired = True
+        clock = self.clock
+        asyncio.run(Deadlines(self.room.store, self.room.pipeline.transport, flush=self.room.pipeline.flush,
+                              clock=lambda: clock / 1000).pass_once())
+
+    @invariant()
+    def the_record_is_the_rooms(self) -> None:
+        record = self.room.record()
+        state, choice, decided_by, votes = reference(self.delivered, self.expired)
+        if state is None:
+            assert record is None or record["state"] not in ("pending", "expired") and not record.get("votes")
+            return
+        assert record is not None and record["state"] == state, (record, state)
+        assert record.get("choice") == choice and record.get("decided_by") == decided_by
+        assert [(v["sender"], v["choice"], v["event_id"]) for v in record["votes"]] == votes
+
+
+def _event(e: dict[str, Any]) -> dict[str, Any]:
+    if e["kind"] == "answer":
+        return answer(e["id"], e["sender"], e["ts"], e["option"])
+    if e["kind"] == "vote":
+        return vote(e["id"], e["sender"], e["ts"], [e["option"]])
+    if e["kind"] == "clear":
+        return vote(e["id"], e["sender"], e["ts"], [])
+    if e["kind"] == "edit":
+        return edit(e["id"], e["sender"], e["ts"], e["target"], e["option"])
+    return redact(e["id"], e["sender"], e["ts"], e["target"])
+
+
+ApprovalTimeline.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
+                                              suppress_health_check=[HealthCheck.too_slow])
+test_approval_record_is_the_rooms = ApprovalTimeline.TestCase
