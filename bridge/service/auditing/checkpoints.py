@@ -80,6 +80,9 @@ class Checkpointer:
     def key(self) -> LogKey:
         if not isinstance(self._key, LogKey):
             self._key = self._key.key(self.store)
+            if self.store.get_meta("audit_key") != self._key.verifier_key:
+                with self.store.transaction():  # the public key, for exports and agents (never the private one)
+                    self.store.set_meta("audit_key", self._key.verifier_key)
         return self._key
 
     def _catch_up(self) -> None:

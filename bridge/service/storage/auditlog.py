@@ -68,6 +68,10 @@ class AuditLog:
         row = self.db.execute("SELECT size, note FROM audit_checkpoint ORDER BY size DESC LIMIT 1").fetchone()
         return (int(row[0]), row[1]) if row else None
 
+    def all_checkpoints(self) -> list[tuple[int, str]]:
+        return [(int(s), n) for s, n in self.db.execute(
+            "SELECT size, note FROM audit_checkpoint ORDER BY size").fetchall()]
+
     def checkpoints(self) -> list[tuple[int, str]]:
         rows = self.db.execute("SELECT size, note FROM audit_checkpoint ORDER BY size DESC LIMIT ?",
                                (CHECKPOINTS_LISTED,)).fetchall()
