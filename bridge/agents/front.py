@@ -75,7 +75,9 @@ class AgentsFront:
     def __init__(self, config: Config, store: Store, metrics: Metrics):
         self.config = config
         self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
-        self.api = AgentApi(config, self.sets)
+        from bridge.agents.log_routes import LogRoutes
+
+        self.api = AgentApi(config, self.sets, log=LogRoutes(store, self.sets))
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
                                    media_max=config.agent_api.media_max)

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.protocol import checkpoint as cp, merkle
+from helpers.agents import agents_config, auth, free_port, wait_listener
 from helpers.harness import answer_content
 from helpers.sets import ALL_KINDS_PICKS, all_kinds_set
 
@@ -52,7 +54,8 @@ def _meta(bridge, key: str) -> str | None:
 
 
 async def test_answers_carry_receipts_the_room_holds_checkpoints_and_verify_catches_tampering(bridge, tmp_path):
-    bridge.extra_config = {"audit": {"checkpoint_every": "1s"}}
+    port = free_port()
+    bridge.extra_config = {**agents_config(port), "audit": {"checkpoint_every": "1s"}}
     bridge.add_set(all_kinds_set("kinds"))
     bridge.start()
     questions = await bridge.wait_questions(bridge.alice, 8)
@@ -70,6 +73,30 @@ async def test_answers_carry_receipts_the_room_holds_checkpoints_and_verify_catc
     last_index = max(record["receipt"]["index"] for record in answers.values())
     latest = await room_checkpoint(bridge, last_index + 1)
     assert latest["size"] > first["size"]
+
+    # An agent checks a receipt over HTTP against the checkpoint the room holds.
+    base = f"http://127.0.0.1:{port}"
+    await wait_listener(bridge, base)
+    origin, public = cp.parse_verifier_key(latest["key"])
+    point = cp.open_checkpoint(latest["checkpoint"], public, origin)
+    receipt = answers["branch"]["receipt"]
+    async with aiohttp.ClientSession(headers=auth("planner")) as http:
+        async with http.get(f"{base}/v1/log/inclusion", params={"index": str(receipt["index"]),
+                                                                 "size": str(point.size)}) as response:
+            assert response.status == 200
+            proof = await response.json()
+        merkle.verify_inclusion(receipt["index"], point.size, bytes.fromhex(receipt["leaf"]),
+                                [bytes.fromhex(h) for h in proof["proof"]], point.root)
+        async with http.get(f"{base}/v1/log/consistency", params={"from": str(first["size"]),
+                                                                   "to": str(point.size)}) as response:
+            body = await response.json()
+        merkle.verify_consistency(first["size"], point.size, cp.open_checkpoint(first["checkpoint"], public,
+                                  origin).root, point.root, [bytes.fromhex(h) for h in body["proof"]])
+        async with http.get(f"{base}/v1/log/inclusion", params={"index": "999", "size": "1000"}) as response:
+            assert response.status == 400
+        async with http.get(f"{base}/v1/log/leaves") as response:
+            leaves_seen = await response.json()
+        assert leaves_seen["size"] >= point.size and leaves_seen["leaves"] == []  # not this agent's set
     assert bridge.stop() == 0
 
     # One leaf per logged outcome, dense, none twice.
