@@ -24,7 +24,9 @@ MAX_LEAVES = 1000
 
 
 class NoLog(AgentError):
-    status = 503
+    """Nothing to give yet: the log is off, or no checkpoint was signed (404, not a server fault)."""
+
+    status = 404
     code = "no_log"
 
 
