@@ -80,7 +80,7 @@ class AgentsFront:
         self.api = AgentApi(config, self.sets, log=LogRoutes(store, self.sets))
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
-                                   media_max=config.agent_api.media_max)
+                                   media_max=config.agent_api.media_max, log_store=lambda: store)
         self.manager: LastingSessionManager | None = None
         listen = config.appservice.listen if config.appservice.enabled else config.metrics.listen
         self.served_names = origin.served_names(config.agent_api.public_url, listen)

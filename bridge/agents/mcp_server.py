@@ -79,9 +79,10 @@ class Subscribers:
 
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
-                 subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX) -> Server[Any]:
+                 subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX,
+                 log_store: Callable[[], Any] | None = None) -> Server[Any]:
     files = McpFiles(sets, media_max)
-    tools = Tools(sets, agents, files)
+    tools = Tools(sets, agents, files, log_store=log_store)
 
     def who(ctx: ServerRequestContext[Any, Any]) -> str:
         agent = agent_of(ctx)
@@ -194,10 +195,12 @@ def _tool_error(body: dict[str, Any]) -> types.CallToolResult:
 class Tools:
     """The tools as plain calls on the service layer."""
 
-    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None):
+    def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None,
+                 log_store: Callable[[], Any] | None = None):
         self.sets = sets
         self.agents = agents
         self.files = files or McpFiles(sets, DEFAULT_MEDIA_MAX)
+        self.log_store = log_store or (lambda: None)  # the store holding the answer log, for ``verify``
 
     async def call(self, agent: str, name: str, arguments: dict[str, Any],
                    ctx: ServerRequestContext[Any, Any] | None = None) -> dict[str, Any]:
@@ -236,4 +239,8 @@ class Tools:
                                    arguments.get("status", "closed"), arguments.get("reason"))
         if name == "upload_media":
             return await self.files.upload(agent, arguments)
+        if name == "verify":
+            from bridge.agents.log_verify import verify_tool
+
+            return verify_tool(self.sets, self.log_store, agent, arguments["set_id"], arguments.get("checkpoints", []))
         return {"sets": self.sets.list_sets(agent)}

@@ -43,7 +43,7 @@ async def test_mcp_over_stdio_asks_and_waits_for_the_judged_answer(bridge):
     # The 2025 handshake era here (resources/subscribe); over HTTP below, the 2026 one (subscriptions/listen).
     async with Client(params, mode="legacy", message_handler=notices) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
-        assert names == {"ask", "read", "wait", "close", "list_sets", "upload_media"}
+        assert names == {"ask", "read", "wait", "close", "list_sets", "upload_media", "verify"}
         asked = structured(await client.call_tool("ask", {"set": one_question(set_id)}))
         assert asked["created"] is True and asked["questions"] == ["branch"]
         refused = await client.call_tool("ask", {"set": {**one_question(set_id), "title": ""}})

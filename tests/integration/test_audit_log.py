@@ -173,3 +173,39 @@ async def test_answers_carry_receipts_the_room_holds_checkpoints_and_verify_catc
     (rewritten / "leaves.jsonl").write_bytes(b'{"v":1')
     truncated = cli("verify", str(set_dir), "--log", str(rewritten))
     assert truncated.returncode == 2 and "truncated" in truncated.stderr and "Traceback" not in truncated.stderr
+
+
+async def test_an_agent_verifies_its_set_with_the_mcp_tool(bridge):
+    """The MCP ``verify`` tool over streamable HTTP: the set an agent asked holds, and a changed choice is named."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from helpers.agents import one_question, structured
+
+    port = free_port()
+    bridge.extra_config = {**agents_config(port), "audit": {"checkpoint_every": "1s"}}
+    bridge.start()
+    base = f"http://127.0.0.1:{port}"
+    await wait_listener(bridge, base)
+    http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=120))
+    async with Client(streamable_http_client(base + "/mcp", http_client=http)) as client:
+        structured(await client.call_tool("ask", {"set": one_question("release")}))
+        questions = await bridge.wait_questions(bridge.alice, 1)
+        await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+        record = await bridge.wait_answer("release", "branch")
+        await room_checkpoint(bridge, record["receipt"]["index"] + 1)
+        result = structured(await client.call_tool("verify", {"set_id": "release"}))
+        assert (result["holds"], result["records"], result["problems"]) == (True, 1, [])
+        for agent, wanted in (("planner", ["release"]), ("other", [])):  # leaves only of the agent's own sets
+            async with aiohttp.ClientSession(headers=auth(agent)) as leaves_http:
+                async with leaves_http.get(f"{base}/v1/log/leaves") as response:
+                    seen = (await response.json())["leaves"]
+            assert sorted({json.loads(item["leaf"])["set"] for item in seen}) == wanted, agent
+        path = bridge.sets_root / "release" / "answers.json"
+        doc = json.loads(path.read_text())
+        doc["answers"]["branch"]["choice"] = "stable"
+        path.write_text(json.dumps(doc))
+        result = structured(await client.call_tool("verify", {"set_id": "release"}))
+        assert result["holds"] is False
+        assert result["problems"][0].startswith("record 'branch'")

@@ -161,3 +161,16 @@ def test_the_log_key_is_its_own_0600_file_and_never_remade_for_a_log_with_leaves
         check_present(path, 5)
     with pytest.raises(LogKeyError, match="missing"):
         load_or_create(path, ORIGIN, leaves=5)
+
+
+def test_the_key_is_made_at_the_first_start_before_any_leaf(tmp_path):
+    """A bridge killed before its first checkpoint still finds its key: it was made at start."""
+    from bridge.service.auditing.checkpoints import open_log
+
+    store = Store(tmp_path / "s.sqlite")
+    plan = open_log(store, user_id="@bridge:example.org", store_path=tmp_path / "s.sqlite", key_file=None)
+    assert (tmp_path / "s.sqlite.log-key").is_file()
+    assert store.audit_origin() == "example.org/askwright-bridge/bridge"
+    _answer(store, "$a1", "main", 10)
+    again = open_log(store, user_id="@bridge:example.org", store_path=tmp_path / "s.sqlite", key_file=None)
+    assert again.key(store).public == plan.key(store).public

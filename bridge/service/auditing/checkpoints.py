@@ -149,14 +149,16 @@ class Checkpointer:
 
 
 class LogPlan:
-    """Where the log's key is and whether it may be made: decided at start,
-    before the first batch adds leaves; the key is loaded (or made) when the
-    first checkpoint is signed, after the first sync."""
+    """Where the log's key is, decided at start before the first batch adds
+    leaves: a missing key is made then (the log is empty), an existing one
+    is read when the first checkpoint is signed, after the first sync."""
 
-    def __init__(self, path: Path, origin: str, may_create: bool):
-        self.path, self.origin, self.may_create = path, origin, may_create
+    def __init__(self, path: Path, origin: str, may_create: bool, key: LogKey | None = None):
+        self.path, self.origin, self.may_create, self._made = path, origin, may_create, key
 
     def key(self, store: Store) -> LogKey:
+        if self._made is not None:
+            return self._made
         return load_or_create(self.path, self.origin, 0 if self.may_create else store.audit.size())
 
 
@@ -173,4 +175,9 @@ def open_log(store: Store, *, user_id: str, store_path: Any, key_file: str | Non
     path = default_key_file(Path(store_path), key_file)
     leaves = store.audit.size()
     check_present(path, leaves)
-    return LogPlan(path, origin, may_create=leaves == 0)
+    if not path.exists():
+        # Made now, before the first leaf: a bridge killed before its first
+        # checkpoint must find its key on the next start.  (Only a first start
+        # loads cryptography this early; otherwise the key is read at the first signing.)
+        return LogPlan(path, origin, may_create=False, key=load_or_create(path, origin, leaves))
+    return LogPlan(path, origin, may_create=False)
