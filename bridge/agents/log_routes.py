@@ -55,7 +55,7 @@ class LogRoutes:
         if not 0 <= index < size <= tree:
             raise BadRequest(f"need 0 <= index < size <= {tree} (the tree's size now)")
         hashes = self.store.audit.hashes(size)
-        proof = merkle.inclusion_proof(index, hashes)
+        proof = merkle.Tree(hashes).inclusion_proof(index)
         return web.json_response({"ok": True, "index": index, "size": size, "leaf_hash": hashes[index].hex(),
                                   "root": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]})
 

@@ -59,6 +59,7 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
     if merkle.root(hashes[:latest.size]) != latest.root:
         verdict.problems.append(f"checkpoint of size {latest.size}: the exported leaves do not make the tree it "
                                 "signs (a leaf was changed, dropped or added)")
+    tree = merkle.Tree(hashes[:latest.size])
     seen: dict[int, bytes] = {latest.size: latest.root}
     for point in points:
         if point.size == latest.size:
@@ -72,7 +73,7 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
         if point.size == 0:
             continue
         try:
-            proof = merkle.consistency_proof(point.size, hashes[:latest.size])
+            proof = tree.consistency_proof(point.size)
             # The proof is made from the exported leaves; it must bind the
             # earlier checkpoint's own root to the latest one's.
             merkle.verify_consistency(point.size, latest.size, point.root, latest.root, proof)
@@ -86,6 +87,7 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
                public: bytes) -> Verdict:
     """Every record of ``answers.json`` against its leaf, under the latest checkpoint."""
     verdict, hashes, latest = verify_log(leaves, notes, origin, public)
+    tree = merkle.Tree(hashes[:latest.size]) if latest is not None else None
     answers = doc.get("answers") if isinstance(doc, dict) else None
     if not isinstance(answers, dict):
         verdict.problems.append("answers.json has no answers object")
@@ -101,13 +103,14 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
                 verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
             continue  # another writer's record: the log does not speak for it
         verdict.checked_records += 1
-        verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin))
+        verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin,
+                                                 tree))
     return verdict
 
 
 def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dict[str, Any], doc: dict[str, Any],
                      leaves: Sequence[bytes], hashes: list[bytes], latest: cp.Checkpoint | None,
-                     origin: str) -> list[str]:
+                     origin: str, tree: merkle.Tree | None) -> list[str]:
     if not isinstance(receipt, dict) or not isinstance(receipt.get("index"), int) or isinstance(
             receipt.get("index"), bool) or not isinstance(receipt.get("leaf"), str):
         return [f"record {qid!r}: the receipt is malformed"]
@@ -137,14 +140,13 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
     if leaf.get("answer_sha256") != audit_leaf.answer_sha256(record):
         fields = ", ".join(sorted(audit_leaf.answer_fields(record)))
         problems.append(f"{where}: the record's answer ({fields}) differs from what the log recorded")
-    if latest is None:
+    if latest is None or tree is None:
         return problems
     if index >= latest.size:
         problems.append(f"{where}: not yet under the latest checkpoint (size {latest.size})")
         return problems
     try:
-        merkle.verify_inclusion(index, latest.size, hashes[index],
-                                merkle.inclusion_proof(index, hashes[:latest.size]), latest.root)
+        merkle.verify_inclusion(index, latest.size, hashes[index], tree.inclusion_proof(index), latest.root)
     except merkle.ProofError as exc:
         problems.append(f"{where}: not included under the latest checkpoint: {exc}")
     return problems

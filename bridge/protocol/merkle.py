@@ -59,51 +59,89 @@ def root(hashes: Sequence[bytes]) -> bytes:
     return node
 
 
+class Tree:
+    """Every level of the tree over ``hashes``, so proofs cost O(log^2 n), not O(n).
+
+    A subtree of the RFC's tree always starts at a multiple of its largest
+    power-of-two part, so every perfect subtree is one entry of a level;
+    only the subtrees along the right edge are folded on demand."""
+
+    def __init__(self, hashes: Sequence[bytes]):
+        self.size = len(hashes)
+        self.levels: list[list[bytes]] = [list(hashes)]
+        while len(self.levels[-1]) > 1:
+            below = self.levels[-1]
+            self.levels.append([node_hash(below[i], below[i + 1]) for i in range(0, len(below) - 1, 2)])
+
+    def range_root(self, lo: int, hi: int) -> bytes:
+        """MTH(D[lo:hi]) for a range that is a subtree of the RFC's tree (or a prefix of it)."""
+        n = hi - lo
+        if n == 0:
+            return EMPTY_ROOT
+        if n & (n - 1) == 0 and lo % n == 0:
+            return self.levels[n.bit_length() - 1][lo // n]
+        k = _split(n)
+        return node_hash(self.range_root(lo, lo + k), self.range_root(lo + k, hi))
+
+    def root(self, size: int | None = None) -> bytes:
+        return self.range_root(0, self.size if size is None else size)
+
+    def inclusion_proof(self, index: int, size: int | None = None) -> list[bytes]:
+        """PATH(m, D[n]) of RFC 9162 2.1.3.1: the audit path of leaf ``index`` in the tree of ``size``."""
+        n = self.size if size is None else size
+        if not 0 <= index < n <= self.size:
+            raise ProofError(f"leaf {index} is not in a tree of {n}")
+        # Walk down from the root; each level adds the sibling subtree's head.
+        levels: list[bytes] = []
+        lo, hi, m = 0, n, index
+        while hi - lo > 1:
+            k = _split(hi - lo)
+            if m < k:
+                levels.append(self.range_root(lo + k, hi))
+                hi = lo + k
+            else:
+                levels.append(self.range_root(lo, lo + k))
+                lo, m = lo + k, m - k
+        return list(reversed(levels))
+
+    def consistency_proof(self, size1: int, size2: int | None = None) -> list[bytes]:
+        """PROOF(m, D[n]) of RFC 9162 2.1.4.1, for 0 < size1 <= size2."""
+        n = self.size if size2 is None else size2
+        if not 0 < size1 <= n <= self.size:
+            raise ProofError(f"no consistency proof from {size1} to {n}")
+        out: list[bytes] = []
+        # SUBPROOF(m, D[lo:hi], b), unrolled: the nodes are gathered top-down
+        # and the RFC's list is their reverse.
+        lo, hi, m, whole = 0, n, size1, True
+        while True:
+            size = hi - lo
+            if m == size:
+                if not whole:
+                    out.append(self.range_root(lo, hi))
+                break
+            k = _split(size)
+            if m <= k:
+                out.append(self.range_root(lo + k, hi))
+                hi = lo + k
+            else:
+                out.append(self.range_root(lo, lo + k))
+                lo, m, whole = lo + k, m - k, False
+        out.reverse()
+        return out
+
+
 def inclusion_proof(index: int, hashes: Sequence[bytes]) -> list[bytes]:
-    """PATH(m, D[n]) of RFC 9162 2.1.3.1: the audit path of leaf ``index``."""
-    n = len(hashes)
-    if not 0 <= index < n:
-        raise ProofError(f"leaf {index} is not in a tree of {n}")
-    path: list[bytes] = []
-    lo, hi, m = 0, n, index
-    # Walk down from the root; each level adds the sibling subtree's head.
-    levels: list[bytes] = []
-    while hi - lo > 1:
-        k = _split(hi - lo)
-        if m < k:
-            levels.append(root(hashes[lo + k:hi]))
-            hi = lo + k
-        else:
-            levels.append(root(hashes[lo:lo + k]))
-            lo, m = lo + k, m - k
-    path.extend(reversed(levels))
-    return path
+    """PATH(m, D[n]) of RFC 9162 2.1.3.1: the audit path of leaf ``index`` (see ``Tree`` for many)."""
+    if not 0 <= index < len(hashes):
+        raise ProofError(f"leaf {index} is not in a tree of {len(hashes)}")
+    return Tree(hashes).inclusion_proof(index)
 
 
 def consistency_proof(size1: int, hashes: Sequence[bytes]) -> list[bytes]:
     """PROOF(m, D[n]) of RFC 9162 2.1.4.1, for 0 < size1 <= n."""
-    n = len(hashes)
-    if not 0 < size1 <= n:
-        raise ProofError(f"no consistency proof from {size1} to {n}")
-    out: list[bytes] = []
-    # SUBPROOF(m, D[lo:hi], b), unrolled: the nodes are gathered top-down and
-    # the RFC's list is their reverse.
-    lo, hi, m, whole = 0, n, size1, True
-    while True:
-        size = hi - lo
-        if m == size:
-            if not whole:
-                out.append(root(hashes[lo:hi]))
-            break
-        k = _split(size)
-        if m <= k:
-            out.append(root(hashes[lo + k:hi]))
-            hi = lo + k
-        else:
-            out.append(root(hashes[lo:lo + k]))
-            lo, m, whole = lo + k, m - k, False
-    out.reverse()
-    return out
+    if not 0 < size1 <= len(hashes):
+        raise ProofError(f"no consistency proof from {size1} to {len(hashes)}")
+    return Tree(hashes).consistency_proof(size1)
 
 
 def root_from_inclusion(index: int, size: int, leaf: bytes, proof: Sequence[bytes]) -> bytes:

@@ -174,3 +174,15 @@ def test_every_prefix_is_consistent_and_a_rewritten_one_is_not(hashes, data):
         with pytest.raises(ProofError):
             merkle.verify_consistency(size1, len(hashes), merkle.root(hashes[:size1]), merkle.root(rewritten),
                                       merkle.consistency_proof(size1, rewritten))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_trees, st.data())
+def test_one_tree_gives_every_smaller_trees_proofs(hashes, data):
+    """``Tree`` (levels kept, for many proofs) agrees with the proofs of each prefix alone."""
+    tree = merkle.Tree(hashes)
+    size = data.draw(st.integers(min_value=1, max_value=len(hashes)))
+    index = data.draw(st.integers(min_value=0, max_value=size - 1))
+    assert tree.root(size) == merkle.root(hashes[:size])
+    assert tree.inclusion_proof(index, size) == merkle.inclusion_proof(index, hashes[:size])
+    assert tree.consistency_proof(index + 1, size) == merkle.consistency_proof(index + 1, hashes[:size])
