@@ -33,9 +33,9 @@ class Delivery:
     attempts: int
 
 
-def event_body(entry: LogEntry, agent: str, key: str) -> dict[str, Any]:
-    """What a webhook POST carries (pure)."""
-    return {
+def event_body(entry: LogEntry, agent: str, key: str, receipt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a webhook POST carries (pure); ``receipt``: the answer log's leaf of it, as answers.json has it."""
+    body = {
         "type": EVENT_TYPES[entry.outcome],
         "id": key,
         "agent": agent,
@@ -46,6 +46,9 @@ def event_body(entry: LogEntry, agent: str, key: str) -> dict[str, Any]:
         "ts": entry.ts,
         "record": entry.record,
     }
+    if receipt is not None:
+        body["receipt"] = receipt
+    return body
 
 
 def closed_body(question: RecordedQuestion, why: str, agent: str, key: str) -> dict[str, Any]:
@@ -80,7 +83,8 @@ class OutboxHook:
         if entry.outcome not in EVENT_TYPES or not entry.set_dir:
             return
         key = f"{EVENT_TYPES[entry.outcome]}:{entry.event_id}"
-        self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key))
+        receipt = self.store.receipt_of(entry.event_id)  # its leaf is in this transaction already
+        self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key, receipt))
 
     def closed(self, question: RecordedQuestion, why: str) -> None:
         """A posted question closed, withdrawn, superseded or replaced (the poster's ``on_closed``)."""

@@ -146,6 +146,8 @@ async def test_http_api_and_webhooks_once_across_a_kill(bridge):
         assert (body["type"], body["set"], body["qid"], body["answer_event_id"]) == \
             ("answer.accepted", set_id, "branch", answer_id)
         assert body["record"]["choice"] == "stable"
+        # The webhook carries the receipt answers.json has for that answer (the answer log's leaf).
+        assert body["receipt"] == bridge.answers(set_id)["answers"]["branch"]["receipt"]
         assert all(a["good"] for a in receiver.attempts)
 
         # Withdrawing the question: the room is told, and so is the agent.

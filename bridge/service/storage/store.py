@@ -750,6 +750,14 @@ class Store:
                 record["receipt"] = {"log": self.audit_origin(), "index": found[0], "leaf": found[1]}
         return record
 
+    def receipt_of(self, event_id: str) -> dict[str, Any] | None:
+        """The receipt of the newest logged outcome of ``event_id`` (what a webhook about it carries)."""
+        if not self.audit_enabled:
+            return None
+        row = self.db.execute("SELECT MAX(seq) FROM answer_log WHERE event_id=?", (event_id,)).fetchone()
+        found = self.audit.receipt(row[0]) if row and row[0] is not None else None
+        return None if found is None else {"log": self.audit_origin(), "index": found[0], "leaf": found[1]}
+
     def audit_origin(self) -> str | None:
         """The answer log's origin (its name in checkpoints), set on the first start with the log."""
         return self.get_meta("audit_origin")
