@@ -40,8 +40,13 @@ def sha256_hex(data: bytes) -> str:
 
 def content_sha256(content: dict[str, Any]) -> str:
     """The question event's content as posted, hashed over its canonical JSON:
-    what anyone reading the event from the room can hash again."""
-    return sha256_hex(canonical(content))
+    what anyone reading the event from the room can hash again.  Content JCS
+    can't express (an integer past 2^53 that an old posting carried) is hashed
+    over its sorted compact JSON instead, so an answer to it is still logged."""
+    try:
+        return sha256_hex(canonical(content))
+    except Exception:  # noqa: BLE001 - rfc8785's domain errors: the fallback is stated in docs/audit.md
+        return sha256_hex(json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def answer_fields(record: dict[str, Any], outcome: str = "accepted") -> dict[str, Any]:

@@ -174,3 +174,15 @@ def test_the_key_is_made_at_the_first_start_before_any_leaf(tmp_path):
     _answer(store, "$a1", "main", 10)
     again = open_log(store, user_id="@bridge:example.org", store_path=tmp_path / "s.sqlite", key_file=None)
     assert again.key(store).public == plan.key(store).public
+
+
+def test_a_leaf_is_canonical_json_and_a_changed_byte_is_not_a_leaf():
+    leaf = audit_leaf.build_leaf(outcome="accepted", set_id="s", room_id="!r", event_id="$e", sender="@p:hs", ts=1,
+                                 question={"question": {"id": "q", "rev": 1}, "n": 2 ** 60},
+                                 record={"qid": "q", "state": "answered", "text": "caf\u00e9 \u2028"})
+    data = audit_leaf.canonical(leaf)
+    assert audit_leaf.parse_leaf(data) == leaf
+    assert data.index(b'"answer_sha256"') < data.index(b'"v"')  # keys sorted, as RFC 8785 says
+    for broken in (data.replace(b'"v":1', b'"v": 1'), b"{not json", data[:-1], b'{"v":2}'):
+        with pytest.raises(audit_leaf.LeafError):
+            audit_leaf.parse_leaf(broken)
