@@ -34,6 +34,8 @@ COMMANDS = {
     "wait": "wait",
     "mcp": "mcp",
     "store": "store",
+    "audit": "audit",
+    "verify": "verify",
 }
 
 

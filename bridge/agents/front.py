@@ -79,11 +79,14 @@ class AgentsFront:
         self.config = config
         self.supervisor = supervisor or Supervisor()
         self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
-        self.api = AgentApi(config, self.sets)
+        from bridge.agents.log_routes import LogRoutes
+
+        self.api = AgentApi(config, self.sets, log=LogRoutes(store, self.sets))
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
                                    media_max=config.agent_api.media_max,
-                                   allow_private_callbacks=config.agent_api.allow_private_callbacks)
+                                   allow_private_callbacks=config.agent_api.allow_private_callbacks,
+                                   log_store=lambda: store)
         self.manager: LastingSessionManager | None = None
         listen = config.appservice.listen if config.appservice.enabled else config.metrics.listen
         self.served_names = origin.served_names(config.agent_api.public_url, listen)

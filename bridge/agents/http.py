@@ -41,8 +41,9 @@ Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
 
 
 class AgentApi:
-    def __init__(self, config: Config, sets: AgentSets | None = None):
+    def __init__(self, config: Config, sets: AgentSets | None = None, log: Any = None):
         self.config = config
+        self.log = log  # the answer log's routes (log_routes.LogRoutes), when the bridge has a store
         self.sets = sets or AgentSets(config.sets.root)
         self.limiter = RateLimiter(config.agent_api.rate_per_minute)
         self.document = OPENAPI.read_bytes()
@@ -79,6 +80,11 @@ class AgentApi:
         routes.post("/v1/sets/{id}/close")(self._guarded(self.close))
         routes.get("/v1/sets/{id}/attachments/{name}")(self._guarded(self.files.attachment))
         routes.put("/v1/sets/{id}/media/{name}")(self._guarded(self.files.put_media))
+        if self.log is not None:
+            routes.get("/v1/log/checkpoint")(self._guarded(self.log.checkpoint))
+            routes.get("/v1/log/inclusion")(self._guarded(self.log.inclusion))
+            routes.get("/v1/log/consistency")(self._guarded(self.log.consistency))
+            routes.get("/v1/log/leaves")(self._guarded(self.log.leaves))
         return routes
 
     def _guarded(self, handler: Handler, body_limit: int = MAX_SMALL_BODY) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

@@ -81,9 +81,9 @@ class Subscribers:
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
                  subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX, *,
-                 allow_private_callbacks: bool = False) -> Server[Any]:
+                 allow_private_callbacks: bool = False, log_store: Callable[[], Any] | None = None) -> Server[Any]:
     files = McpFiles(sets, media_max)
-    tools = Tools(sets, agents, files, allow_private_callbacks=allow_private_callbacks)
+    tools = Tools(sets, agents, files, allow_private_callbacks=allow_private_callbacks, log_store=log_store)
 
     def who(ctx: ServerRequestContext[Any, Any]) -> str:
         agent = agent_of(ctx)
@@ -197,11 +197,12 @@ class Tools:
     """The tools as plain calls on the service layer."""
 
     def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None, *,
-                 allow_private_callbacks: bool = False):
+                 allow_private_callbacks: bool = False, log_store: Callable[[], Any] | None = None):
         self.sets = sets
         self.agents = agents
         self.files = files or McpFiles(sets, DEFAULT_MEDIA_MAX)
         self.allow_private_callbacks = allow_private_callbacks
+        self.log_store = log_store or (lambda: None)  # the store holding the answer log, for ``verify``
 
     async def call(self, agent: str, name: str, arguments: dict[str, Any],
                    ctx: ServerRequestContext[Any, Any] | None = None) -> dict[str, Any]:
@@ -244,4 +245,8 @@ class Tools:
                                    arguments.get("status", "closed"), arguments.get("reason"))
         if name == "upload_media":
             return await self.files.upload(agent, arguments)
+        if name == "verify":
+            from bridge.agents.log_verify import verify_tool
+
+            return verify_tool(self.sets, self.log_store, agent, arguments["set_id"], arguments.get("checkpoints", []))
         return {"sets": self.sets.list_sets(agent)}

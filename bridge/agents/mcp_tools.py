@@ -90,6 +90,24 @@ TOOLS: dict[str, dict[str, Any]] = {
                        "size": {"type": "integer"}, "sha256": {"type": "string"},
                        "created": {"type": "boolean", "description": "false: a file of that name was replaced."}}},
     },
+    "verify": {
+        "description": "Check a set's answers.json against the bridge's verifiable answer log: every record "
+                       "against its leaf, every leaf under the latest signed checkpoint, each checkpoint's "
+                       "signature, and every earlier checkpoint (the bridge's, and those given here) consistent "
+                       "with the latest. Each mismatch is named.",
+        "input": {"type": "object", "required": ["set_id"], "additionalProperties": False, "properties": {
+            "set_id": _SET_ID,
+            "checkpoints": {"type": "array", "items": {"type": "string"}, "maxItems": 1000,
+                            "description": "Checkpoints this agent saved earlier (signed notes)."}}},
+        "output": {"type": "object", "required": ["ok", "set", "holds", "problems", "records", "leaves"],
+                   "properties": {
+                       "ok": {"type": "boolean"}, "set": {"type": "string"},
+                       "holds": {"type": "boolean", "description": "true: nothing is wrong."},
+                       "problems": {"type": "array", "items": {"type": "string"}},
+                       "records": {"type": "integer"}, "leaves": {"type": "integer"},
+                       "checkpoint_size": {"type": ["integer", "null"]},
+                       "key": {"type": "string", "description": "The log's verifier key the check used."}}},
+    },
     "list_sets": {
         "description": "The sets this agent asked, with how many questions are open and answered.",
         "input": {"type": "object", "additionalProperties": False, "properties": {}},

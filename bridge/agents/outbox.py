@@ -37,9 +37,9 @@ class Delivery:
     attempts: int
 
 
-def event_body(entry: LogEntry, agent: str, key: str) -> dict[str, Any]:
-    """What a webhook POST carries (pure)."""
-    return {
+def event_body(entry: LogEntry, agent: str, key: str, receipt: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a webhook POST carries (pure); ``receipt``: the answer log's leaf of it, as answers.json has it."""
+    body = {
         "type": EVENT_TYPES[entry.outcome],
         "id": key,
         "agent": agent,
@@ -50,6 +50,9 @@ def event_body(entry: LogEntry, agent: str, key: str) -> dict[str, Any]:
         "ts": entry.ts,
         "record": entry.record,
     }
+    if receipt is not None:
+        body["receipt"] = receipt
+    return body
 
 
 def closed_body(question: RecordedQuestion, why: str, agent: str, key: str) -> dict[str, Any]:
@@ -101,15 +104,16 @@ class OutboxHook:
         if entry.outcome not in EVENT_TYPES or not entry.set_dir:
             return
         key = f"{EVENT_TYPES[entry.outcome]}:{entry.event_id}"
+        receipt = self.store.receipt_of(entry.event_id)  # its leaf is in this transaction already
         question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
         if question is not None and question.quorum is not None and entry.qid:
             # Every vote is told, with the votes standing after it and the question's state.
             now = self.store.projection(entry.set_dir, entry.qid) or {}
-            self._queue(entry.set_dir, key, lambda agent: {**event_body(entry, agent, key),
+            self._queue(entry.set_dir, key, lambda agent: {**event_body(entry, agent, key, receipt),
                                                           "state": now.get("state"), "votes": now.get("votes", []),
                                                           "required": question.quorum[0]})
             return
-        self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key))
+        self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key, receipt))
 
     def decided(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
         self._approval("decided", question, record)

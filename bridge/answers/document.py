@@ -67,6 +67,7 @@ RECORD_KEY_ORDER = (
     "rev",
     "updated",
     "source",
+    "receipt",
 )
 DOC_KEY_ORDER = ("askwright", "set", "rev", "updated", "answers")
 

@@ -62,7 +62,8 @@ async def serve_stdio(config: Any, agent: str) -> None:
     sets.waits.per_agent = config.agent_api.max_waits
     sets.waits.total = config.agent_api.max_waits_total
     server = build_server(sets, config.agents, lambda _ctx: agent, subscribers, media_max=config.agent_api.media_max,
-                          allow_private_callbacks=config.agent_api.allow_private_callbacks)
+                          allow_private_callbacks=config.agent_api.allow_private_callbacks,
+                          log_store=_log_store(config))
     stop = asyncio.Event()
     async with stdio_server() as (read_stream, write_stream):
         async with anyio.create_task_group() as group:
@@ -71,3 +72,20 @@ async def serve_stdio(config: Any, agent: str) -> None:
             await server.run(read_stream, write_stream, server.create_initialization_options())
             stop.set()
             group.cancel_scope.cancel()
+
+
+def _log_store(config: Any) -> Any:
+    """The running bridge's store, opened read-only on the first ``verify`` (None while there is none)."""
+    kept: list[Any] = []
+
+    def store() -> Any:
+        if not kept:
+            from bridge.service.storage.store import Store
+
+            try:
+                kept.append(Store.read_only(config.store.path, url=config.store.url, password=config.store.password))
+            except FileNotFoundError:
+                return None
+        return kept[0]
+
+    return store

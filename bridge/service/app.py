@@ -28,6 +28,8 @@ from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.operators.operators import Operators
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
+from bridge.service.auditing.checkpoints import Checkpointer, open_log
+from bridge.service.auditing.keys import LogKeyError
 from bridge.service.supervisor import Supervisor
 
 # What only posting, the folder watch, encryption or appservice mode needs is
@@ -150,6 +152,16 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     """The bridge until ``stop``.  ``lease``: this instance leads a shared
     PostgreSQL store, and every write it makes is fenced by that lease."""
     store = Store(config.store.path, url=config.store.url, password=config.store.password)
+    store.audit_enabled = config.audit.enabled
+    checkpointer: Checkpointer | None = None
+    if config.audit.enabled:
+        try:
+            log_plan = open_log(store, user_id=config.bot.user_id, store_path=config.store.path,
+                               key_file=config.audit.key_file)
+        except BaseException:
+            store.close()
+            raise
+        checkpointer = Checkpointer(store, log_plan, config.audit.checkpoint_seconds)
     metrics = Metrics()
     if lease is not None:
         lease.guard_store(store)
@@ -225,6 +237,10 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         supervise = ops.supervisor.spawn
         after = asyncio.ensure_future(after_the_first_batch())
         tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted), stop), after]
+        if checkpointer is not None:
+            checkpointer.put_state = transport.put_state
+            checkpointer.rooms = lambda: rooms
+            tasks.append(supervise("checkpoints", lambda: checkpointer.run(stop, after=front.first_batch), stop))
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopped, after], return_when=asyncio.FIRST_COMPLETED)
         if after.done() and not after.cancelled() and after.exception() is not None:
@@ -350,4 +366,7 @@ def run_forever(config: Config) -> int:
         # Credentials the homeserver refuses will not fix themselves: say so and stop.
         log.error("cannot start: %s", exc)
         return 1
+    except LogKeyError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     return 0

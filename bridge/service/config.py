@@ -191,6 +191,22 @@ class Encryption(Section):
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+class Audit(Section):
+    """The verifiable answer log (docs/audit.md): every outcome appends a
+    leaf; whenever the log grew, at most every ``checkpoint_every``, a
+    checkpoint signed with the key in ``key_file`` (default
+    ``<store.path>.log-key``, mode 0600, never in the store) is put in every
+    room the bridge posts in."""
+
+    enabled: bool = True
+    checkpoint_every: Duration = Duration("1m")
+    key_file: str | None = None
+
+    @property
+    def checkpoint_seconds(self) -> float:
+        return parse_duration(self.checkpoint_every)
+
+
 class Agent(Section):
     """One agent allowed in through the HTTP API or MCP at /mcp.  ``token`` is
     its bearer token; ``webhook_url`` (optional) is told of every accepted
@@ -284,6 +300,7 @@ class Config(Section):
     reminders: Reminders = field(default_factory=Reminders)
     attachments: Attachments = field(default_factory=Attachments)
     encryption: Encryption = field(default_factory=Encryption)
+    audit: Audit = field(default_factory=Audit)
     agents: dict[str, Agent] = field(default_factory=dict)
     agent_api: AgentApi = field(default_factory=AgentApi)
 
@@ -347,6 +364,8 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
     config.store.path = (base_dir / config.store.path).resolve()
     if config.encryption.cross_signing_keys:
         config.encryption.cross_signing_keys = str((base_dir / config.encryption.cross_signing_keys).resolve())
+    if config.audit.key_file:
+        config.audit.key_file = str((base_dir / config.audit.key_file).resolve())
     return config
 
 

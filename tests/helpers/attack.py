@@ -22,6 +22,7 @@ from aiohttp import web
 from nio import MessageDirection, RoomMessagesResponse
 
 from bridge.devserver import SERVER_NAME, Synapse, free_port
+from helpers.auditcheck import check_answer_log
 from helpers.harness import Bridge, Person, answer_content, question_posts, store_rows
 
 AS_LOCALPART = "askbot"
@@ -144,6 +145,8 @@ def text_set(set_id: str, count: int) -> dict[str, Any]:
 def appservice_storm_bridge(synapse: Synapse, workdir: Path, people: list[Person], **room: Any) -> Bridge:
     """A room made by the first person with the others in it (``room``: more of
     createRoom's body), and an appservice bridge invited, not yet started."""
+    # The bridge may put state (the answer log's checkpoints), as an operator lets it.
+    room.setdefault("power_level_content_override", {"users": {AS_BOT: 50}})
     room_id = synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])], **room)
     for person in people[1:]:
         synapse.join(person.token, room_id)
@@ -160,6 +163,8 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
     every guarantee is checked once all have landed.  ``quiet`` (an async
     callable) runs after the last send and before the wait for the last answer."""
     bridge.add_set(text_set("storm", questions))
+    # Checkpoints often, so many are published across the kills (each checked afterwards).
+    bridge.extra_config = {**bridge.extra_config, "audit": {"checkpoint_every": "2s"}}
     rng = random.Random(seed)
     bridge.start()
     # The first kill lands while the bridge is starting or posting its
@@ -182,6 +187,9 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
     assert watch.problems == [], watch.problems[:5]
     assert watch.reads > 100
     await storm.check("storm", questions, people[0])
+    checked = check_answer_log(lambda sql: store_rows(bridge.store_path, sql),
+                               await room_history(people[0], bridge.room_id))
+    print(f"answer log: {checked} checkpoints in the room, all consistent with the last")
     assert storm.kills >= 1 + storm.kills_wanted
     bridge.check_alive()
     return storm

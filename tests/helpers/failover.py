@@ -21,6 +21,7 @@ import psycopg
 from bridge.devpostgres import Postgres
 from bridge.devserver import Synapse, free_port
 from helpers.attack import room_history
+from helpers.auditcheck import check_answer_log
 from helpers.harness import Bridge, Person, answer_content, question_posts
 
 
@@ -52,6 +53,8 @@ class Cluster:
             "sets": {"root": str(self.sets_root)},
             "store": {"path": str(self.workdir / "bridge.sqlite"), "url": self.url,
                       "password": self.postgres.password},
+            # One log key for every instance (beside the shared store path): a standby signs the same log.
+            "audit": {"checkpoint_every": "2s"},
         }
         if self.appservice is not None:
             extra["appservice"] = {**self.appservice, "listen": f"127.0.0.1:{port}"}
@@ -279,3 +282,5 @@ class FailoverStorm:
         # Every answer was told (in its own reply, or one that stands for several: settle waited for that).
         assert cluster.rows("SELECT COUNT(*) FROM answer_log WHERE acked = 0")[0][0] == 0
         assert told, "no acknowledgement at all"
+        checked = check_answer_log(cluster.rows, history)
+        print(f"answer log: {checked} checkpoints in the room across the takeovers, all consistent with the last")

@@ -43,7 +43,7 @@ async def test_mcp_over_stdio_asks_and_waits_for_the_judged_answer(bridge):
     # The 2025 handshake era here (resources/subscribe); over HTTP below, the 2026 one (subscriptions/listen).
     async with Client(params, mode="legacy", message_handler=notices) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
-        assert names == {"ask", "read", "wait", "close", "list_sets", "upload_media"}
+        assert names == {"ask", "read", "wait", "close", "list_sets", "upload_media", "verify"}
         asked = structured(await client.call_tool("ask", {"set": one_question(set_id)}))
         assert asked["created"] is True and asked["questions"] == ["branch"]
         refused = await client.call_tool("ask", {"set": {**one_question(set_id), "title": ""}})
@@ -146,6 +146,8 @@ async def test_http_api_and_webhooks_once_across_a_kill(bridge):
         assert (body["type"], body["set"], body["qid"], body["answer_event_id"]) == \
             ("answer.accepted", set_id, "branch", answer_id)
         assert body["record"]["choice"] == "stable"
+        # The webhook carries the receipt answers.json has for that answer (the answer log's leaf).
+        assert body["receipt"] == bridge.answers(set_id)["answers"]["branch"]["receipt"]
         assert all(a["good"] for a in receiver.attempts)
 
         # Withdrawing the question: the room is told, and so is the agent.

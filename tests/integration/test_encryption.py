@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import time
 
 import pytest
@@ -103,6 +104,9 @@ async def test_questions_go_out_encrypted_and_every_way_of_answering_lands(encry
     assert (await bridge.wait_answer("kinds", "branch"))["choice"] == "stable"
     takes = await bridge.wait_answer("kinds", "takes")
     assert takes["source"]["how"] == "reply" and takes["source"]["event_id"] == reply
+    # The answer log's leaf says which device sent it, and that she had cross-signed it.
+    leaf = store_rows(bridge.store_path, "SELECT leaf FROM audit_leaf WHERE idx=?", takes["receipt"]["index"])[0][0]
+    assert json.loads(leaf)["device"] == {"device_id": alice.client.device_id, "cross_signed": True}
     # The acknowledgement is encrypted too, and she can read it.
     notice = await alice.wait_notice(room, reply)
     assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"

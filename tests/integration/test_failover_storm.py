@@ -77,7 +77,8 @@ async def test_failover_storm_bot_mode(synapse, postgres_server, tmp_path, perso
 async def test_failover_storm_appservice_mode_behind_haproxy(appservice_synapse, postgres_server, tmp_path):
     as_synapse = appservice_synapse
     people = [Person(as_synapse, as_synapse.register(unique("person"))) for _ in range(3)]
-    room_id = as_synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])])
+    room_id = as_synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])],
+                                     power_level_content_override={"users": {AS_BOT: 50}})
     for p in people[1:]:
         as_synapse.join(p.token, room_id)
     cluster = Cluster(synapse=as_synapse, postgres=postgres_server, workdir=tmp_path, room_id=room_id,

@@ -209,7 +209,8 @@ def test_the_openapi_document_is_shipped_and_names_every_route():
     doc = json.loads((Path(__file__).resolve().parents[2] / "bridge" / "agents" / "openapi.json").read_text())
     assert set(doc["paths"]) == {"/v1/sets", "/v1/sets/{id}", "/v1/sets/{id}/answers", "/v1/sets/{id}/close",
                                  "/v1/sets/{id}/attachments/{name}", "/v1/sets/{id}/media/{name}",
-                                 "/v1/openapi.json"}
+                                 "/v1/openapi.json", "/v1/log/checkpoint", "/v1/log/inclusion",
+                                 "/v1/log/consistency", "/v1/log/leaves"}
     media = doc["paths"]["/v1/sets/{id}/media/{name}"]["put"]
     assert list(media["requestBody"]["content"]) == ["application/octet-stream"]
     # The names the document promises are exactly the names the code takes.

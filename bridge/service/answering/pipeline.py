@@ -135,6 +135,7 @@ class Pipeline:
         self.lookup = _StoreLookup(self.store)
         self._first_flush = True
         self._thread: tuple[str | None, str | None] = (None, None)  # the event being judged, its thread
+        self._device: tuple[str | None, dict[str, Any] | None] = (None, None)  # ... and the device that sent it
         self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
@@ -198,6 +199,8 @@ class Pipeline:
             result.skipped += 1
             return
         self._thread = (event_id, _thread_root(event))
+        device = event.get("askwright.device")  # set by the encryption layer for a decrypted event
+        self._device = (event_id, device if isinstance(device, dict) else None)
         self._track_membership(event)
         self.timeline.track_power(event)
         sender = event.get("sender")
@@ -285,9 +288,9 @@ class Pipeline:
             set_dir, set_id, qid = touched
             # `replaces` names what was withdrawn, so the word back can go where its acknowledgement went.
             logged = self.store.logged_question(target) if target else None
-            entry = LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id, set_dir=set_dir, qid=qid,
-                             ts=_ts(event), replaces=target,
-                             question_event_id=logged[0] if logged else question_event_id)
+            entry = self._with_device(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
+                                               set_dir=set_dir, qid=qid, ts=_ts(event), replaces=target,
+                                               question_event_id=logged[0] if logged else question_event_id))
             self.store.append_log(entry)
             if self.on_logged:
                 self.on_logged(entry)
@@ -328,6 +331,7 @@ class Pipeline:
         current, root = self._thread
         if root is not None and entry.event_id == current:
             entry = dataclasses.replace(entry, thread_root=root)
+        entry = self._with_device(entry)
         if entry.outcome == "refused":
             result.refused += 1
         else:
@@ -338,6 +342,13 @@ class Pipeline:
         self.store.mark_processed(entry.event_id, entry.outcome)
         if self.on_outcome:
             self.on_outcome(entry)
+
+    def _with_device(self, entry: LogEntry) -> LogEntry:
+        """The entry with the device that sent the event being judged (encrypted rooms)."""
+        current, device = self._device
+        if device is not None and entry.event_id == current:
+            return dataclasses.replace(entry, device=device)
+        return entry
 
     def _judge(self, found: Candidate, event: dict[str, Any], now: str, result: BatchResult) -> None:
         answer, question = found.answer, found.question

@@ -51,6 +51,8 @@ ENCRYPTION_STATE = "m.room.encryption"
 # A key the sync loop adds to a decrypted event's dict (and removes before the
 # pipeline sees it): which device sent it, for the ``verified`` policy.
 ORIGIN = "askwright.e2e"
+# What the pipeline gets in its place: the sending device, for the answer log's leaf.
+DEVICE = "askwright.device"
 
 UNDECRYPTABLE_MESSAGE = ("the bridge could not decrypt this message, so it could not read your answer. "
                          "Please send it again (if it keeps happening, your client may not be sharing "
@@ -436,6 +438,8 @@ class Crypto:
                         UNVERIFIED_MESSAGE if self.settings.trust == "verified" else NOT_CROSS_SIGNED_MESSAGE
                     refusals.append((event, "device_not_verified", message))
                     continue
+            if origin is not None:
+                event[DEVICE] = self._device_of(event, origin)
             out.append(event)
         if unchecked:
             # Kept as read: the ciphertext is gone once nio decrypted it in the sync.
@@ -480,6 +484,22 @@ class Crypto:
         if type(decrypted).__name__ in ("BadEvent", "UnknownBadEvent"):
             return None
         return event_dict(decrypted, event["room_id"])
+
+    def _device_of(self, event: dict[str, Any], origin: dict[str, Any]) -> dict[str, Any]:
+        """Which device sent a decrypted event, and whether its owner cross-signed it (for the answer log)."""
+        sender, sender_key = event.get("sender"), origin.get("sender_key")
+        device = None
+        if isinstance(sender, str) and isinstance(sender_key, str):
+            device = self.client.device_store.device_from_sender_key(sender, sender_key)
+        if device is None:
+            return {"device_id": None, "cross_signed": False}
+        signed = False
+        if self.cross_signing is not None:
+            try:
+                signed = bool(self.cross_signing.is_cross_signed(sender, device.id, device.ed25519))
+            except Exception:  # noqa: BLE001 - not known to be cross-signed is what the leaf then says
+                signed = False
+        return {"device_id": device.id, "cross_signed": signed}
 
     def _from_verified(self, event: dict[str, Any], origin: dict[str, Any]) -> bool:
         sender, sender_key = event.get("sender"), origin.get("sender_key")

@@ -10,15 +10,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from bridge.protocol import audit_leaf
 from bridge.protocol.annotate import fold_records
 from bridge.protocol.approval_record import approval_record
 from bridge.protocol.quorum import NEVER, Cast
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.storage.auditlog import AuditLog
 
 # Each entry moves the schema one version forward; never edit a shipped one.
 MIGRATIONS: list[str] = [
@@ -206,6 +209,23 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE answer_log ADD COLUMN thread_root TEXT;
     """,
+    # A verifiable answer log (issue 32): one leaf per outcome, appended in
+    # the outcome's own transaction (RFC 8785 JSON, its RFC 6962 leaf hash in
+    # hex), and the signed checkpoints of the tree (C2SP signed notes).
+    """
+    CREATE TABLE audit_leaf (
+        idx INTEGER PRIMARY KEY,            -- 0, 1, 2, ... with no gap
+        leaf TEXT NOT NULL,                 -- the leaf: canonical JSON (docs/audit.md)
+        hash TEXT NOT NULL,                 -- SHA-256(0x00 || leaf), hex
+        seq INTEGER                         -- the answer_log entry it records, if any
+    );
+    CREATE INDEX audit_by_seq ON audit_leaf (seq);
+    CREATE TABLE audit_checkpoint (
+        size INTEGER PRIMARY KEY,           -- the tree size it signs
+        note TEXT NOT NULL,                 -- the signed note
+        at INTEGER NOT NULL                 -- ms since the epoch
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -237,6 +257,8 @@ class LogEntry:
     replaces: str | None = None  # the event an edit replaced
     carry_note: str | None = None  # a pick's note that a later pick without words keeps
     thread_root: str | None = None  # the thread the person's event was sent in
+    # In encrypted rooms, the sending device: {"device_id", "cross_signed"} (for the answer log's leaf).
+    device: dict[str, Any] | None = None
 
 
 _LOG_ENTRY = ("seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer, reason,"
@@ -289,6 +311,8 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
+        # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
+        self.audit_enabled = True
         self._migrate()
 
     def close(self) -> None:
@@ -302,6 +326,7 @@ class Store:
         path = Path(path)
         store = cls.__new__(cls)
         store._recent_questions = OrderedDict()
+        store.audit_enabled = False  # nothing is written through a read-only store
         if url:
             from bridge.service.storage.pgdialect import PgConnection, redact
 
@@ -404,8 +429,16 @@ class Store:
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
 
-    def close_question(self, event_id: str, why: str | None = None) -> None:
+    def close_question(self, event_id: str, why: str | None = None, *, by: str = "") -> None:
+        """Close a posting; the answer log records it (``by``: who closed it, the bridge when empty)."""
+        row = self.db.execute("SELECT room_id, set_id, open FROM posted WHERE event_id=?", (event_id,)).fetchone()
         self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
+        if row is not None and row[2]:
+            # The close happens now (no room event carries it), hence the clock.
+            # A quorum's decision and an expiry are outcomes of their own in the log.
+            outcome = why if why in ("decided", "expired") else "closed"
+            self.append_leaf(LogEntry(event_id, row[0], by, "bridge", outcome, set_id=row[1],
+                                      question_event_id=event_id, reason=why, ts=int(time.time() * 1000)), None)
 
     def question_by_event(self, event_id: str) -> RecordedQuestion | None:
         return self._one("event_id=?", event_id)
@@ -505,7 +538,29 @@ class Store:
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
                             (entry.set_dir, entry.set_id, entry.qid))
+        self.append_leaf(entry, cursor.lastrowid)
         return cursor.lastrowid
+
+    # -- the verifiable answer log (issue 32) -------------------------------
+
+    @property
+    def audit(self) -> AuditLog:
+        return AuditLog(self.db)
+
+    def append_leaf(self, entry: LogEntry, seq: int | None, *, outcome: str | None = None) -> int | None:
+        """The answer log's leaf for ``entry`` (``outcome`` when it differs
+        from the entry's: a later decision about it), appended in the caller's
+        transaction.  Every place an outcome is recorded makes this one call;
+        returns the leaf's index (None with ``audit.enabled`` off)."""
+        if not self.audit_enabled:
+            return None
+        question = self.question_by_event(entry.question_event_id) if entry.question_event_id else None
+        leaf = audit_leaf.build_leaf(
+            outcome=outcome or entry.outcome, set_id=entry.set_id, room_id=entry.room_id, event_id=entry.event_id,
+            sender=entry.sender, ts=entry.ts, via=entry.via, question=question.content if question else None,
+            question_event_id=entry.question_event_id, replaces=entry.replaces, device=entry.device,
+            record=entry.record, reason=entry.reason)
+        return self.audit.append(leaf, seq)
 
     def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
         """Withdraw what ``event_id`` put into a record (a redaction).
@@ -705,7 +760,18 @@ class Store:
         notes = [(json.loads(record), (ts, seq)) for record, ts, seq in self.db.execute(
             f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
             (set_dir, qid))]
-        base = fold_records(qid, picks, notes, count)
+        record = self._with_approval(set_dir, qid, fold_records(qid, picks, notes, count), count)
+        if record is not None and row is not None and self.audit_enabled:
+            found = self.audit.receipt(row[4])
+            if found is not None:
+                record["receipt"] = {"log": self.audit_origin(), "index": found[0], "leaf": found[1]}
+        return record
+
+
+    def _with_approval(self, set_dir: str, qid: str, base: dict[str, Any] | None,
+                       count: int) -> dict[str, Any] | None:
+        """``base`` as an approval's record (votes, a decision, an expiry) where
+        the posted question has a quorum or a deadline; else ``base`` itself."""
         posting = self.latest_posted(set_dir, qid)
         if posting is None or (posting.quorum is None and posting.expires_ms is None):
             return base
@@ -717,6 +783,7 @@ class Store:
             fallback = json.loads(row[0]) if row and row[0] else None
         return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count,
                                fallback=fallback)
+
 
     def casts(self, question_event_id: str) -> list[Cast]:
         """Every pick accepted for one posting, each with where in the room's
@@ -751,6 +818,18 @@ class Store:
 
     def is_expired(self, question_event_id: str) -> bool:
         return self.get_meta(f"expired:{question_event_id}") is not None
+
+    def receipt_of(self, event_id: str) -> dict[str, Any] | None:
+        """The receipt of the newest logged outcome of ``event_id`` (what a webhook about it carries)."""
+        if not self.audit_enabled:
+            return None
+        row = self.db.execute("SELECT MAX(seq) FROM answer_log WHERE event_id=?", (event_id,)).fetchone()
+        found = self.audit.receipt(row[0]) if row and row[0] is not None else None
+        return None if found is None else {"log": self.audit_origin(), "index": found[0], "leaf": found[1]}
+
+    def audit_origin(self) -> str | None:
+        """The answer log's origin (its name in checkpoints), set on the first start with the log."""
+        return self.get_meta("audit_origin")
 
     # -- attachments and uploads ----------------------------------------
 
@@ -875,8 +954,11 @@ class Store:
         """Turn a logged answer that can't be projected into a refusal (the
         log keeps the rest of it); its person is told, even if told before."""
         row = self.db.execute("SELECT set_dir, set_id, qid FROM answer_log WHERE seq=?", (seq,)).fetchone()
+        entry = self.log_entry(seq)
         self.db.execute("UPDATE answer_log SET outcome='refused', layer='recorded', reason=?, message=?, acked=0"
                         " WHERE seq=?", (reason, message, seq))
+        if entry is not None:
+            self.append_leaf(dataclasses.replace(entry, reason=reason, record=None), seq, outcome="set_aside")
         if row and row[0] and row[2]:
             self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", row)
 

@@ -244,6 +244,15 @@ class NioTransport:
         if status >= 500 or status == 429:
             raise MatrixError(f"cancelling delayed event {delay_id}", f"HTTP {status}")
 
+    async def put_state(self, room_id: str, event_type: str, state_key: str, content: dict[str, Any]) -> str:
+        """A state event (in the clear: state is never encrypted), e.g. the answer log's checkpoint."""
+        async with self.slot.turn():
+            response = await self.client.room_put_state(room_id, event_type, content, state_key=state_key)
+        event_id = getattr(response, "event_id", None)
+        if not isinstance(event_id, str):
+            raise MatrixError(f"putting {event_type} in {room_id}", response)
+        return event_id
+
     async def room_encrypted(self, room_id: str) -> bool:
         """True when what is sent into ``room_id`` goes out encrypted."""
         if self.crypto is None:

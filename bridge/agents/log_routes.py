@@ -1,0 +1,93 @@
+"""The answer log for agents over HTTP (issue 32, docs/audit.md).
+
+``GET /v1/log/checkpoint``, ``/v1/log/inclusion?index=I&size=N`` and
+``/v1/log/consistency?from=M&to=N`` give hashes only, to any agent: they
+say nothing about what was answered.  ``GET /v1/log/leaves?start=&end=``
+gives leaves, and an agent gets only those of its own sets (the others are
+left out of the list, as another agent's set looks like none).  Proofs are
+made from the store's leaf hashes, pure ``protocol/merkle.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from bridge.agents.errors import AgentError, BadRequest
+from bridge.agents.sets import AgentSets
+from bridge.protocol import merkle
+from bridge.service.storage.auditlog import leaf_sets
+from bridge.service.storage.store import Store
+
+MAX_LEAVES = 1000
+
+
+class NoLog(AgentError):
+    """Nothing to give yet: the log is off, or no checkpoint was signed (404, not a server fault)."""
+
+    status = 404
+    code = "no_log"
+
+
+class LogRoutes:
+    def __init__(self, store: Store, sets: AgentSets):
+        self.store = store
+        self.sets = sets
+
+    def _size(self) -> int:
+        size = self.store.audit.size()
+        if not self.store.audit_enabled and size == 0:
+            raise NoLog("the answer log is off on this bridge (audit.enabled)")
+        return size
+
+    async def checkpoint(self, _request: web.Request, _agent: str) -> web.Response:
+        self._size()
+        latest = self.store.audit.latest_checkpoint()
+        if latest is None:
+            raise NoLog("no checkpoint signed yet; ask again in a minute")
+        return web.json_response({"ok": True, "origin": self.store.audit_origin(), "size": latest[0],
+                                  "checkpoint": latest[1], "key": self.store.get_meta("audit_key")})
+
+    async def inclusion(self, request: web.Request, _agent: str) -> web.Response:
+        index, size = _int(request, "index"), _int(request, "size")
+        tree = self._size()
+        if not 0 <= index < size <= tree:
+            raise BadRequest(f"need 0 <= index < size <= {tree} (the tree's size now)")
+        hashes = self.store.audit.hashes(size)
+        proof = merkle.Tree(hashes).inclusion_proof(index)
+        return web.json_response({"ok": True, "index": index, "size": size, "leaf_hash": hashes[index].hex(),
+                                  "root": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]})
+
+    async def consistency(self, request: web.Request, _agent: str) -> web.Response:
+        first, second = _int(request, "from"), _int(request, "to")
+        tree = self._size()
+        if not 0 < first <= second <= tree:
+            raise BadRequest(f"need 0 < from <= to <= {tree} (the tree's size now)")
+        hashes = self.store.audit.hashes(second)
+        proof = merkle.consistency_proof(first, hashes)
+        return web.json_response({"ok": True, "from": first, "to": second, "root_from": merkle.root(
+            hashes[:first]).hex(), "root_to": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]})
+
+    async def leaves(self, request: web.Request, agent: str) -> web.Response:
+        tree = self._size()
+        start = _int(request, "start", 0)
+        end = _int(request, "end", min(tree, start + MAX_LEAVES))
+        if not 0 <= start <= end or end - start > MAX_LEAVES:
+            raise BadRequest(f"need 0 <= start <= end, at most {MAX_LEAVES} leaves a request")
+        own = {entry["set"] for entry in self.sets.list_sets(agent)}
+        rows = self.store.audit.leaves(start, min(end, tree))
+        sets = leaf_sets(rows)
+        return web.json_response({"ok": True, "start": start, "end": min(end, tree), "size": tree, "leaves": [
+            {"index": index, "leaf": leaf} for index, leaf in rows if sets.get(index) in own]})
+
+
+def _int(request: web.Request, name: str, default: int | None = None) -> int:
+    value: Any = request.query.get(name)
+    if value is None:
+        if default is None:
+            raise BadRequest(f"{name} is required")
+        return default
+    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 15):
+        raise BadRequest(f"{name} must be a whole number")
+    return int(value)

@@ -1,0 +1,48 @@
+"""The MCP ``verify`` tool: one of the agent's sets checked against the answer log.
+
+The same check as ``askwright-bridge verify`` (``protocol/audit_verify.py``):
+the set's answers.json against the store's leaves, under the checkpoints the
+store kept and any the agent saved and passes in (signed notes), with the
+log's public key.  The agent who wants to trust nothing the bridge says
+runs ``verify`` itself on an export; this tool is the quick look.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from bridge.agents.errors import AgentError, BadRequest
+from bridge.agents.sets import AgentSets
+from bridge.protocol import audit_verify, checkpoint as cp
+from bridge.service.storage.store import Store
+
+
+class NoLog(AgentError):
+    status = 404
+    code = "no_log"
+
+
+def verify_tool(sets: AgentSets, store_of: Callable[[], Store | None], agent: str, set_id: str,
+                saved: list[str]) -> dict[str, Any]:
+    set_dir = sets.set_dir(agent, set_id)
+    try:
+        doc = json.loads((set_dir / "answers.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        doc = {"set": set_id, "answers": {}}
+    except (OSError, ValueError) as exc:
+        raise BadRequest(f"answers.json of {set_id} can't be read ({exc})") from None
+    store = store_of()
+    if store is None:
+        raise NoLog("the bridge has no answer log yet")
+    vkey = store.get_meta("audit_key")
+    if vkey is None:
+        raise NoLog("no checkpoint signed yet; ask again in a minute")
+    origin, public = cp.parse_verifier_key(vkey)
+    size = store.audit.size()
+    leaves = [leaf.encode() for start in range(0, size, 5000) for _i, leaf in store.audit.leaves(start, start + 5000)]
+    notes = [note for _size, note in store.audit.all_checkpoints()] + list(saved)
+    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public)
+    return {"ok": True, "set": set_id, "holds": verdict.holds, "problems": verdict.problems,
+            "records": verdict.checked_records, "leaves": verdict.leaves, "checkpoint_size": verdict.checkpoint_size,
+            "key": vkey}

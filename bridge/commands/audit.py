@@ -1,0 +1,88 @@
+"""``askwright-bridge audit export -c CONFIG -o DIR``: the answer log, for anyone to check.
+
+Writes, into DIR: ``leaves.jsonl`` (leaf i on line i+1, each its RFC 8785
+bytes), ``checkpoints/<size>.txt`` (every signed checkpoint the store kept),
+``key.txt`` (the log's verifier key) and ``log.json`` (origin, size).  Safe
+while the bridge runs: the store is opened read-only.  ``verify`` reads it.
+Exit 0; 2 when the config, the store or DIR can't be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+from bridge.service.config import ConfigError, load_config
+from bridge.service.storage.store import Store, StoreVersionError
+
+EXIT_OK, EXIT_UNUSABLE = 0, 2
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "audit", help="export the verifiable answer log (leaves, checkpoints, public key)",
+        description="audit export -c CONFIG -o DIR: write the answer log's leaves, its signed checkpoints and its "
+                    "public key into DIR, for 'askwright-bridge verify'.  Exit 0; 2 when something can't be used.")
+    actions = parser.add_subparsers(dest="audit_action", metavar="ACTION", required=True)
+    export = actions.add_parser("export", help="write the log into a folder")
+    export.add_argument("-c", "--config", required=True, help="the bridge's YAML config file")
+    export.add_argument("-o", "--out", required=True, help="the folder to write (created)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    try:
+        store = Store.read_only(config.store.path, url=config.store.url, password=config.store.password)
+    except FileNotFoundError:
+        return _fail(f"{config.store.where}: there is no store yet (the bridge has not run)")
+    except (StoreVersionError, sqlite3.Error) as exc:
+        return _fail(f"{config.store.where}: the store can't be read ({exc})")
+    try:
+        return export(store, Path(args.out), config)
+    except sqlite3.Error as exc:
+        return _fail(f"{config.store.where}: the store can't be read ({exc})")
+    except OSError as exc:
+        return _fail(f"{args.out}: can't be written ({exc.strerror or exc})")
+    finally:
+        store.close()
+
+
+def export(store: Store, out: Path, config: Any) -> int:
+    origin = store.audit_origin()
+    vkey = store.get_meta("audit_key")
+    if vkey is None and origin is not None:
+        from bridge.service.auditing.keys import key_file, read_key
+
+        try:
+            vkey = read_key(key_file(Path(config.store.path), config.audit.key_file)).verifier_key
+        except (OSError, ValueError) as exc:
+            return _fail(f"the log's public key is neither in the store nor readable from its key file ({exc})")
+    if origin is None or vkey is None:
+        return _fail("the store holds no answer log yet (audit.enabled was off, or the bridge never ran with it)")
+    size = store.audit.size()
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    with open(out / "leaves.jsonl", "w", encoding="utf-8") as handle:
+        for start in range(0, size, 5000):
+            for _index, leaf in store.audit.leaves(start, start + 5000):
+                handle.write(leaf + "\n")
+    notes = store.audit.all_checkpoints()
+    for point_size, note in notes:
+        (out / "checkpoints" / f"{point_size}.txt").write_text(note, encoding="utf-8")
+    (out / "key.txt").write_text(vkey + "\n", encoding="utf-8")
+    (out / "log.json").write_text(json.dumps({"origin": origin, "size": size, "checkpoints": len(notes)},
+                                             indent=2) + "\n", encoding="utf-8")
+    print(f"exported {size} leaves and {len(notes)} checkpoints of {origin} to {out}")
+    return EXIT_OK
+
+
+def _fail(message: str) -> int:
+    print(f"askwright-bridge audit: {' '.join(message.split())}", file=sys.stderr)
+    return EXIT_UNUSABLE

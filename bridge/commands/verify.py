@@ -1,0 +1,132 @@
+"""``askwright-bridge verify SET_DIR --log DIR [--checkpoint FILE...]``: check a set against the answer log.
+
+Offline, trusting nothing the bridge says: every record in the set's
+``answers.json`` against its leaf, every leaf's inclusion under the latest
+checkpoint, each checkpoint's signature with the log's key (``DIR/key.txt``,
+or ``--key``), and the consistency of every earlier checkpoint given (those
+exported, the ones in ``--checkpoint`` files: saved by an agent, or read
+from the room) with the latest.  ``--room -c CONFIG`` adds the checkpoints
+the bridge's rooms hold in their state history.
+
+Exit 0 when all holds; 1 when something does not (each mismatch named: the
+record, the index, what differs); 2 when an input can't be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_MISMATCH, EXIT_UNREADABLE = 0, 1, 2
+
+
+class Unreadable(Exception):
+    pass
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "verify", help="check a set's answers.json against the answer log (offline)",
+        description="Check every record of SET_DIR/answers.json against its leaf in the exported log (DIR from "
+                    "'audit export'), every leaf under the latest checkpoint, each checkpoint's signature and the "
+                    "consistency of every earlier checkpoint with the latest.  Exit 0 all holds, 1 something does "
+                    "not (each named), 2 an input can't be read.")
+    parser.add_argument("set_dir", help="the set folder (its answers.json)")
+    parser.add_argument("--log", required=True, help="the folder 'askwright-bridge audit export' wrote")
+    parser.add_argument("--checkpoint", action="append", default=[],
+                        help="an earlier checkpoint (a signed note, or the room's state event JSON); repeatable")
+    parser.add_argument("--key", help="the log's verifier key (default: DIR/key.txt)")
+    parser.add_argument("--room", action="store_true", help="also the checkpoints the rooms hold (needs -c)")
+    parser.add_argument("-c", "--config", help="the bridge's YAML config file (for --room)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from bridge.protocol import audit_verify, checkpoint as cp
+
+    try:
+        doc = _json(Path(args.set_dir) / "answers.json")
+        leaves = read_leaves(Path(args.log) / "leaves.jsonl")
+        vkey = args.key or _text(Path(args.log) / "key.txt").strip()
+        try:
+            origin, public = cp.parse_verifier_key(vkey)
+        except cp.NoteError as exc:
+            raise Unreadable(f"the log's key: {exc}") from None
+        notes = [_text(p) for p in sorted((Path(args.log) / "checkpoints").glob("*.txt"))]
+        notes += [_checkpoint_file(Path(p)) for p in args.checkpoint]
+        if args.room:
+            notes += _room_checkpoints(args.config, origin)
+    except Unreadable as exc:
+        print(f"askwright-bridge verify: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public)
+    for problem in verdict.problems:
+        print(problem)
+    summary = (f"{verdict.checked_records} records, {verdict.leaves} leaves, latest checkpoint "
+               f"{verdict.checkpoint_size}, {verdict.earlier_checkpoints} earlier checkpoints")
+    if verdict.holds:
+        print(f"all holds: {summary}")
+        return EXIT_OK
+    print(f"{len(verdict.problems)} problem(s): {summary}")
+    return EXIT_MISMATCH
+
+
+def read_leaves(path: Path) -> list[bytes]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise Unreadable(f"{path}: can't be read ({exc.strerror or exc})") from None
+    if data and not data.endswith(b"\n"):
+        raise Unreadable(f"{path}: truncated (its last line is not whole)")
+    return data.split(b"\n")[:-1] if data else []
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Unreadable(f"{path}: can't be read ({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(_text(path))
+    except ValueError as exc:
+        raise Unreadable(f"{path}: not JSON ({exc})") from None
+
+
+def _checkpoint_file(path: Path) -> str:
+    """A signed note, or the room's state event (its content, or the whole event) holding one."""
+    text = _text(path)
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise Unreadable(f"{path}: not JSON ({exc})") from None
+        content = value.get("content", value) if isinstance(value, dict) else None
+        note = content.get("checkpoint") if isinstance(content, dict) else None
+        if not isinstance(note, str):
+            raise Unreadable(f"{path}: holds no checkpoint")
+        return note
+    return text
+
+
+def _room_checkpoints(config_path: str | None, origin: str) -> list[str]:
+    if not config_path:
+        raise Unreadable("--room needs -c CONFIG (the bridge's rooms and credentials)")
+    import asyncio
+
+    from bridge.service.auditing.roomstate import read_room_checkpoints
+    from bridge.service.config import ConfigError, load_config
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise Unreadable(str(exc)) from None
+    try:
+        return asyncio.run(read_room_checkpoints(config, origin))
+    except Exception as exc:  # noqa: BLE001 - the homeserver or the room can't be read: an input unreadable
+        raise Unreadable(f"the rooms' checkpoints can't be read ({exc})") from None

@@ -1,0 +1,107 @@
+"""One leaf of the answer log: what was decided, and on what grounds.
+
+Pure.  A leaf is the RFC 8785 canonical JSON (JCS) of the object built here,
+so anyone can rebuild its bytes from the same facts and get the same leaf
+hash; docs/audit.md defines every field.  The ``rfc8785`` package does the
+canonicalisation (numbers, key order and string escapes exactly as the RFC
+says), rather than a hand-rolled ``json.dumps`` that agrees most of the time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import rfc8785
+
+LEAF_VERSION = 1
+
+# The fields of an answers.json record that say what the person answered (a
+# pick's own): what the leaf's ``answer_sha256`` covers.  Notes, files and
+# timecodes added later are their own leaves (outcome ``annotated``), and
+# ``label`` / ``updated`` / ``rev`` / ``source`` are the bridge's bookkeeping.
+ANSWER_FIELDS = ("qid", "state", "choice", "choices", "order", "text", "subject", "q_rev")
+# What an annotation adds to a record.
+ANNOTATION_FIELDS = ("note", "attachments", "timecodes")
+
+
+class LeafError(ValueError):
+    """Bytes that are not a leaf of this log."""
+
+
+def canonical(value: Any) -> bytes:
+    return rfc8785.dumps(value)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def content_sha256(content: dict[str, Any]) -> str:
+    """The question event's content as posted, hashed over its canonical JSON:
+    what anyone reading the event from the room can hash again.  Content JCS
+    can't express (an integer past 2^53 that an old posting carried) is hashed
+    over its sorted compact JSON instead, so an answer to it is still logged."""
+    try:
+        return sha256_hex(canonical(content))
+    except Exception:  # noqa: BLE001 - rfc8785's domain errors: the fallback is stated in docs/audit.md
+        return sha256_hex(json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def answer_fields(record: dict[str, Any], outcome: str = "accepted") -> dict[str, Any]:
+    fields = ANNOTATION_FIELDS if outcome == "annotated" else ANSWER_FIELDS
+    return {k: record[k] for k in fields if k in record}
+
+
+def answer_sha256(record: dict[str, Any] | None, outcome: str = "accepted") -> str | None:
+    return None if record is None else sha256_hex(canonical(answer_fields(record, outcome)))
+
+
+def build_leaf(*, outcome: str, set_id: str | None, room_id: str, event_id: str, sender: str, ts: int,
+               via: str | None = None, question: dict[str, Any] | None = None,
+               question_event_id: str | None = None, replaces: str | None = None,
+               device: dict[str, Any] | None = None, record: dict[str, Any] | None = None,
+               reason: str | None = None) -> dict[str, Any]:
+    """The leaf object.  ``question``: the posted question's content (its id,
+    rev, subject and hash are taken from it), None when the outcome is about
+    no question.  ``device``: {"device_id", "cross_signed"} in encrypted rooms."""
+    q = question.get("question") if isinstance(question, dict) else None
+    subject = question.get("subject") if isinstance(question, dict) else None
+    return {
+        "v": LEAF_VERSION,
+        "outcome": outcome,
+        "set": set_id,
+        "question": None if not isinstance(q, dict) else {
+            "id": q.get("id"), "rev": q.get("rev"), "event_id": question_event_id,
+            "content_sha256": content_sha256(question)},
+        "subject": subject if isinstance(subject, dict) else None,
+        "sender": sender,
+        "device": None if device is None else {"device_id": device.get("device_id"),
+                                                "cross_signed": bool(device.get("cross_signed"))},
+        "room_id": room_id,
+        "event_id": event_id,
+        "ts": ts,
+        "via": via,
+        "replaces": replaces,
+        "reason": reason,
+        "answer_sha256": answer_sha256(record, outcome),
+    }
+
+
+def parse_leaf(data: bytes) -> dict[str, Any]:
+    """A leaf's bytes back as its object; LeafError when they are not one
+    (not JSON, not canonical, not this version)."""
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise LeafError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or value.get("v") != LEAF_VERSION:
+        raise LeafError("not a version 1 leaf")
+    try:
+        again = canonical(value)
+    except Exception as exc:  # noqa: BLE001 - whatever rfc8785 refuses, the leaf is not one
+        raise LeafError(f"not canonical JSON: {exc}") from None
+    if again != data:
+        raise LeafError("not in canonical form (RFC 8785)")
+    return value

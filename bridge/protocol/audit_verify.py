@@ -1,0 +1,157 @@
+"""Checking a set's answers against the answer log, offline.  Pure.
+
+What ``askwright-bridge verify`` and the MCP ``verify`` tool run: given a
+set's ``answers.json``, the log's leaves (as exported), its checkpoints and
+the log's public key, every mismatch is named: the record, the index, what
+differs.  Nothing here trusts the bridge: the leaves are hashed again, the
+tree rebuilt, the signatures checked with the key given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from bridge.protocol import audit_leaf, checkpoint as cp, merkle
+
+
+@dataclass
+class Verdict:
+    problems: list[str] = field(default_factory=list)
+    checked_records: int = 0
+    leaves: int = 0
+    checkpoint_size: int | None = None
+    earlier_checkpoints: int = 0
+
+    @property
+    def holds(self) -> bool:
+        return not self.problems
+
+
+def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, public: bytes,
+               verdict: Verdict | None = None) -> tuple[Verdict, list[bytes], cp.Checkpoint | None]:
+    """The leaves against the checkpoints: each signature, the latest's root,
+    every earlier one's consistency with it.  Returns the verdict so far, the
+    leaf hashes and the latest checkpoint that verified."""
+    verdict = verdict or Verdict()
+    verdict.leaves = len(leaves)
+    for index, data in enumerate(leaves):
+        try:
+            audit_leaf.parse_leaf(data)
+        except audit_leaf.LeafError as exc:
+            verdict.problems.append(f"leaf {index}: does not parse ({exc})")
+    hashes = [merkle.leaf_hash(data) for data in leaves]
+    points: list[cp.Checkpoint] = []
+    for number, note in enumerate(notes):
+        try:
+            points.append(cp.open_checkpoint(note, public, origin))
+        except cp.NoteError as exc:
+            verdict.problems.append(f"checkpoint {_first_lines(note)}: {exc}")
+    if not points:
+        verdict.problems.append("no checkpoint signed by the log's key was given")
+        return verdict, hashes, None
+    latest = max(points, key=lambda p: p.size)
+    verdict.checkpoint_size = latest.size
+    if latest.size > len(hashes):
+        verdict.problems.append(f"checkpoint of size {latest.size}: the export holds only {len(hashes)} leaves "
+                                "(truncated)")
+        return verdict, hashes, None
+    if merkle.root(hashes[:latest.size]) != latest.root:
+        verdict.problems.append(f"checkpoint of size {latest.size}: the exported leaves do not make the tree it "
+                                "signs (a leaf was changed, dropped or added)")
+    tree = merkle.Tree(hashes[:latest.size])
+    seen: dict[int, bytes] = {latest.size: latest.root}
+    for point in points:
+        if point.size == latest.size:
+            if point.root != latest.root:
+                verdict.problems.append(f"two checkpoints of size {point.size} sign different roots")
+            continue
+        if seen.get(point.size, point.root) != point.root:
+            verdict.problems.append(f"two checkpoints of size {point.size} sign different roots")
+        seen[point.size] = point.root
+        verdict.earlier_checkpoints += 1
+        if point.size == 0:
+            continue
+        try:
+            proof = tree.consistency_proof(point.size)
+            # The proof is made from the exported leaves; it must bind the
+            # earlier checkpoint's own root to the latest one's.
+            merkle.verify_consistency(point.size, latest.size, point.root, latest.root, proof)
+        except merkle.ProofError as exc:
+            verdict.problems.append(f"checkpoint of size {point.size} is not consistent with the latest "
+                                    f"(size {latest.size}): {exc}")
+    return verdict, hashes, latest
+
+
+def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str], origin: str,
+               public: bytes) -> Verdict:
+    """Every record of ``answers.json`` against its leaf, under the latest checkpoint."""
+    verdict, hashes, latest = verify_log(leaves, notes, origin, public)
+    tree = merkle.Tree(hashes[:latest.size]) if latest is not None else None
+    answers = doc.get("answers") if isinstance(doc, dict) else None
+    if not isinstance(answers, dict):
+        verdict.problems.append("answers.json has no answers object")
+        return verdict
+    for qid, record in sorted(answers.items()):
+        if not isinstance(record, dict):
+            verdict.problems.append(f"record {qid!r}: not an object")
+            continue
+        source = record.get("source") if isinstance(record.get("source"), dict) else {}
+        receipt = record.get("receipt")
+        if receipt is None:
+            if source.get("via") == "matrix":
+                verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
+            continue  # another writer's record: the log does not speak for it
+        verdict.checked_records += 1
+        verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin,
+                                                 tree))
+    return verdict
+
+
+def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dict[str, Any], doc: dict[str, Any],
+                     leaves: Sequence[bytes], hashes: list[bytes], latest: cp.Checkpoint | None,
+                     origin: str, tree: merkle.Tree | None) -> list[str]:
+    if not isinstance(receipt, dict) or not isinstance(receipt.get("index"), int) or isinstance(
+            receipt.get("index"), bool) or not isinstance(receipt.get("leaf"), str):
+        return [f"record {qid!r}: the receipt is malformed"]
+    index = receipt["index"]
+    where = f"record {qid!r} (leaf {index})"
+    if receipt.get("log") not in (None, origin):
+        return [f"{where}: the receipt is of the log {receipt.get('log')!r}, not {origin!r}"]
+    if not 0 <= index < len(leaves):
+        return [f"{where}: the receipt points past the tree ({len(leaves)} leaves)"]
+    problems = []
+    if hashes[index].hex() != receipt["leaf"]:
+        problems.append(f"{where}: the receipt's leaf hash differs from the log's leaf")
+    try:
+        leaf = audit_leaf.parse_leaf(leaves[index])
+    except audit_leaf.LeafError:
+        return problems  # already named by the log's check
+    if leaf.get("outcome") != "accepted":
+        problems.append(f"{where}: the leaf records {leaf.get('outcome')!r}, not an accepted answer")
+    if leaf.get("event_id") != source.get("event_id"):
+        problems.append(f"{where}: the record's answer event {source.get('event_id')!r} differs from the leaf's "
+                        f"{leaf.get('event_id')!r}")
+    if leaf.get("set") != doc.get("set"):
+        problems.append(f"{where}: the leaf is of the set {leaf.get('set')!r}, not {doc.get('set')!r}")
+    question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
+    if question.get("id") != qid:
+        problems.append(f"{where}: the leaf answers question {question.get('id')!r}, not {qid!r}")
+    if leaf.get("answer_sha256") != audit_leaf.answer_sha256(record):
+        fields = ", ".join(sorted(audit_leaf.answer_fields(record)))
+        problems.append(f"{where}: the record's answer ({fields}) differs from what the log recorded")
+    if latest is None or tree is None:
+        return problems
+    if index >= latest.size:
+        problems.append(f"{where}: not yet under the latest checkpoint (size {latest.size})")
+        return problems
+    try:
+        merkle.verify_inclusion(index, latest.size, hashes[index], tree.inclusion_proof(index), latest.root)
+    except merkle.ProofError as exc:
+        problems.append(f"{where}: not included under the latest checkpoint: {exc}")
+    return problems
+
+
+def _first_lines(note: str) -> str:
+    head = note.split("\n")[:2]
+    return " ".join(head)[:80] or "(empty)"

@@ -1,0 +1,160 @@
+"""Checkpoints of the answer log: C2SP tlog-checkpoint bodies in C2SP signed notes.
+
+Pure (ed25519 through ``cryptography``, no I/O).  A checkpoint body is
+
+    <origin>\\n<tree size>\\n<base64 root hash>\\n[extension lines\\n]
+
+and the signed note adds a blank line and one line per signature,
+``— <key name> <base64(key hash || signature)>``, where the key hash is the
+first four bytes of SHA-256(key name || 0x0A || 0x01 || public key) and the
+Ed25519 signature covers the body (its final newline included).  The log's
+key is named by the log's origin.  A verifier key is written
+``<name>+<hex key hash>+<base64(0x01 || public key)>`` (signed-note's vkey).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+ED25519 = 0x01
+DASH = "\u2014 "
+MAX_SIGNATURES = 100
+
+
+class NoteError(ValueError):
+    """A note or checkpoint that does not parse, or whose signature does not hold."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    origin: str
+    size: int
+    root: bytes
+    extensions: tuple[str, ...] = ()
+
+    def body(self) -> str:
+        lines = [self.origin, str(self.size), base64.b64encode(self.root).decode(), *self.extensions]
+        return "".join(line + "\n" for line in lines)
+
+
+def raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def key_hash(name: str, public: bytes) -> bytes:
+    return hashlib.sha256(name.encode() + b"\n" + bytes([ED25519]) + public).digest()[:4]
+
+
+def verifier_key(name: str, public: bytes) -> str:
+    """The signed-note verifier key text for ``name``'s Ed25519 key."""
+    return f"{name}+{key_hash(name, public).hex()}+{base64.b64encode(bytes([ED25519]) + public).decode()}"
+
+
+def parse_verifier_key(vkey: str) -> tuple[str, bytes]:
+    """(name, raw public key) of a verifier key; NoteError when it is not one."""
+    parts = vkey.strip().split("+", 2)
+    if len(parts) != 3 or not _good_name(parts[0]):
+        raise NoteError("not a verifier key (name+hash+key)")
+    name, hexhash, b64 = parts
+    try:
+        data = base64.b64decode(b64, validate=True)
+        wanted = bytes.fromhex(hexhash)
+    except (binascii.Error, ValueError):
+        raise NoteError("the verifier key's hash or key is not hex / base64") from None
+    if len(data) != 33 or data[0] != ED25519 or len(wanted) != 4:
+        raise NoteError("the verifier key is not an Ed25519 key")
+    if key_hash(name, data[1:]) != wanted:
+        raise NoteError("the verifier key's hash does not match its name and key")
+    return name, data[1:]
+
+
+def _good_name(name: str) -> bool:
+    return bool(name) and not any(c.isspace() or c == "+" for c in name)
+
+
+def sign(text: str, name: str, key: Ed25519PrivateKey) -> str:
+    """The signed note of ``text`` (ending in a newline) by ``name``'s key."""
+    _check_text(text)
+    if not _good_name(name):
+        raise NoteError(f"{name!r} can't name a key (empty, a space or a '+')")
+    signature = key.sign(text.encode())
+    blob = base64.b64encode(key_hash(name, raw_public(key.public_key())) + signature).decode()
+    return f"{text}\n{DASH}{name} {blob}\n"
+
+
+def _check_text(text: str) -> None:
+    if not text.endswith("\n") or "\n\n" in text:
+        raise NoteError("a note's text ends in one newline and holds no blank line")
+    if any(ord(c) < 0x20 and c != "\n" for c in text):
+        raise NoteError("a note holds no control characters")
+
+
+def open_note(note: str, name: str, public: bytes) -> str:
+    """The text of ``note`` once its signature by (``name``, ``public``) holds;
+    NoteError naming what is wrong otherwise (signed by another key, a
+    signature that fails, a note that does not parse)."""
+    at = note.rfind("\n\n")
+    if at < 0 or not note.endswith("\n"):
+        raise NoteError("not a signed note (no blank line before the signatures)")
+    text, lines = note[:at + 1], note[at + 2:].splitlines()
+    _check_text(text)
+    if not lines or len(lines) > MAX_SIGNATURES:
+        raise NoteError("a signed note has 1 to 100 signature lines")
+    wanted = key_hash(name, public)
+    found_other = []
+    for line in lines:
+        if not line.startswith(DASH):
+            raise NoteError(f"not a signature line: {line[:60]!r}")
+        signer, _, blob = line[len(DASH):].rpartition(" ")
+        try:
+            data = base64.b64decode(blob, validate=True)
+        except (binascii.Error, ValueError):
+            raise NoteError(f"the signature of {signer} is not base64") from None
+        if len(data) < 5 or not _good_name(signer):
+            raise NoteError(f"malformed signature line: {line[:60]!r}")
+        if signer != name or data[:4] != wanted:
+            found_other.append(signer)
+            continue
+        try:
+            Ed25519PublicKey.from_public_bytes(public).verify(data[4:], text.encode())
+        except (InvalidSignature, ValueError):
+            raise NoteError(f"the signature of {name} does not hold over this note") from None
+        return text
+    raise NoteError(f"not signed by the log's key {verifier_key(name, public)} "
+                    f"(signed by: {', '.join(found_other) or 'nobody'}, with another key)")
+
+
+def parse_checkpoint(text: str) -> Checkpoint:
+    """The checkpoint a (verified) note text states; NoteError when it is not one."""
+    lines = text.split("\n")
+    if len(lines) < 4 or lines[-1] != "":
+        raise NoteError("a checkpoint has an origin, a size and a root hash, each on its line")
+    origin, size, root = lines[0], lines[1], lines[2]
+    if not origin or not size.isdigit() or (size != "0" and size.startswith("0")):
+        raise NoteError("the checkpoint's origin or tree size is malformed")
+    try:
+        raw = base64.b64decode(root, validate=True)
+    except (binascii.Error, ValueError):
+        raise NoteError("the checkpoint's root hash is not base64") from None
+    if len(raw) != 32:
+        raise NoteError("the checkpoint's root hash is not 32 bytes")
+    return Checkpoint(origin, int(size), raw, tuple(lines[3:-1]))
+
+
+def open_checkpoint(note: str, public: bytes, origin: str) -> Checkpoint:
+    """A signed checkpoint of the log ``origin``, its signature checked."""
+    checkpoint = parse_checkpoint(open_note(note, origin, public))
+    if checkpoint.origin != origin:
+        raise NoteError(f"the checkpoint is of the log {checkpoint.origin!r}, not {origin!r}")
+    return checkpoint
+
+
+def sign_checkpoint(checkpoint: Checkpoint, key: Ed25519PrivateKey) -> str:
+    return sign(checkpoint.body(), checkpoint.origin, key)

@@ -1,0 +1,183 @@
+"""Signing checkpoints of the answer log and putting them into the rooms.
+
+The thin I/O shell around ``protocol/checkpoint.py``: whenever the log grew,
+at most every ``audit.checkpoint_every``, the tree head is signed, kept in
+the store and put as the state event ``dev.superpipeline.answer_log.checkpoint``
+(state key: the log's origin) in every room the bridge posts in, so every
+member's homeserver keeps the history of checkpoints.  The tree's right edge
+is kept in memory (the compact range: one hash per set bit of the size), so
+a checkpoint costs the new leaves, not the whole log; it is read once, at
+start.  A room that refuses the state event (the bridge lacks the power
+level there) is told in the log and skipped; the others still get it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Iterable
+
+from pathlib import Path
+
+from bridge.protocol import merkle
+from bridge.service.auditing.keys import LogKey, check_present, load_or_create
+from bridge.service.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+STATE_TYPE = "dev.superpipeline.answer_log.checkpoint"
+
+
+def origin_for(user_id: str) -> str:
+    """The log's default origin: the bridge's server, then its user (no spaces, no '+')."""
+    localpart, _, server = user_id[1:].partition(":")
+    return f"{server}/askwright-bridge/{localpart}".replace("+", "-").replace(" ", "-")
+
+
+class CompactRange:
+    """The perfect subtrees of the tree's left-to-right edge: append and root in O(log n)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._stack: list[tuple[int, bytes]] = []
+
+    def append(self, leaf_hash: bytes) -> None:
+        height, node = 0, leaf_hash
+        while self._stack and self._stack[-1][0] == height:
+            node = merkle.node_hash(self._stack.pop()[1], node)
+            height += 1
+        self._stack.append((height, node))
+        self.size += 1
+
+    def root(self) -> bytes:
+        if not self._stack:
+            return merkle.EMPTY_ROOT
+        node = self._stack[-1][1]
+        for _h, left in reversed(self._stack[:-1]):
+            node = merkle.node_hash(left, node)
+        return node
+
+
+def state_content(note: str, key: LogKey, size: int) -> dict[str, Any]:
+    return {"origin": key.origin, "size": size, "checkpoint": note, "key": key.verifier_key}
+
+
+class Checkpointer:
+    def __init__(self, store: Store, key: "LogKey | LogPlan", every_seconds: float,
+                 put_state: Callable[[str, str, str, dict[str, Any]], Awaitable[Any]] | None = None,
+                 rooms: Callable[[], Iterable[str]] = lambda: ()):
+        self.store = store
+        self._key = key
+        self.every = every_seconds
+        self.put_state = put_state
+        self.rooms = rooms
+        self.tree = CompactRange()
+        self._published: dict[str, int] = {}  # room -> size last put there
+        self._refused: set[str] = set()
+
+    @property
+    def key(self) -> LogKey:
+        if not isinstance(self._key, LogKey):
+            self._key = self._key.key(self.store)
+            if self.store.get_meta("audit_key") != self._key.verifier_key:
+                with self.store.transaction():  # the public key, for exports and agents (never the private one)
+                    self.store.set_meta("audit_key", self._key.verifier_key)
+        return self._key
+
+    def _catch_up(self) -> None:
+        for data in self.store.audit.hashes_from(self.tree.size):
+            self.tree.append(data)
+
+    def sign_if_grown(self, now_ms: int | None = None) -> tuple[int, str] | None:
+        """A new checkpoint when the log grew since the last one (kept in the store); the latest otherwise."""
+        self._catch_up()
+        latest = self.store.audit.latest_checkpoint()
+        if latest is not None and latest[0] >= self.tree.size:
+            return latest
+        if self.tree.size == 0:
+            return None
+        from bridge.protocol import checkpoint as cp  # cryptography: loaded when first signing
+
+        note = cp.sign_checkpoint(cp.Checkpoint(self.key.origin, self.tree.size, self.tree.root()), self.key.private)
+        with self.store.transaction():
+            self.store.audit.keep_checkpoint(self.tree.size, note, now_ms or int(time.time() * 1000))
+        return self.tree.size, note
+
+    async def publish(self, latest: tuple[int, str] | None) -> None:
+        if latest is None or self.put_state is None:
+            return
+        size, note = latest
+        for room in list(self.rooms()):
+            if self._published.get(room, -1) >= size:
+                continue
+            try:
+                await self.put_state(room, STATE_TYPE, self.key.origin, state_content(note, self.key, size))
+            except Exception as exc:  # noqa: BLE001 - one room refusing stops neither the others nor the bridge
+                if room not in self._refused:
+                    log.warning("the answer log's checkpoint could not be put in %s (%s); the room does not "
+                                "hold it until it can be", room, exc)
+                    self._refused.add(room)
+                continue
+            self._refused.discard(room)
+            self._published[room] = size
+
+    async def once(self) -> None:
+        await self.publish(self.sign_if_grown())
+
+    async def run(self, stop: asyncio.Event, after: asyncio.Event | None = None) -> None:
+        if after is not None:  # the answers waiting at start come first
+            waiting = asyncio.ensure_future(after.wait())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            stopping.cancel()
+        while not stop.is_set():
+            try:
+                await self.once()
+            except Exception:  # noqa: BLE001 - the log is in the store; a checkpoint missed is taken next time
+                log.exception("the answer log's checkpoint could not be taken; tried again in %ss", self.every)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self.every)
+            except asyncio.TimeoutError:
+                pass
+        try:
+            await self.once()  # what the last minute added is signed before the bridge goes
+        except Exception:  # noqa: BLE001
+            log.exception("the answer log's last checkpoint could not be taken")
+
+
+
+class LogPlan:
+    """Where the log's key is, decided at start before the first batch adds
+    leaves: a missing key is made then (the log is empty), an existing one
+    is read when the first checkpoint is signed, after the first sync."""
+
+    def __init__(self, path: Path, origin: str, may_create: bool, key: LogKey | None = None):
+        self.path, self.origin, self.may_create, self._made = path, origin, may_create, key
+
+    def key(self, store: Store) -> LogKey:
+        if self._made is not None:
+            return self._made
+        return load_or_create(self.path, self.origin, 0 if self.may_create else store.audit.size())
+
+
+def open_log(store: Store, *, user_id: str, store_path: Any, key_file: str | None) -> LogPlan:
+    """The log's origin (kept in the store from the first start on) and its
+    key's file; LogKeyError when the file is missing for a log that has leaves."""
+    from bridge.service.auditing.keys import key_file as default_key_file
+
+    origin = store.audit_origin()
+    if origin is None:
+        origin = origin_for(user_id)
+        with store.transaction():
+            store.set_meta("audit_origin", origin)
+    path = default_key_file(Path(store_path), key_file)
+    leaves = store.audit.size()
+    check_present(path, leaves)
+    if not path.exists():
+        # Made now, before the first leaf: a bridge killed before its first
+        # checkpoint must find its key on the next start.  (Only a first start
+        # loads cryptography this early; otherwise the key is read at the first signing.)
+        return LogPlan(path, origin, may_create=False, key=load_or_create(path, origin, leaves))
+    return LogPlan(path, origin, may_create=False)

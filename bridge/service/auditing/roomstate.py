@@ -1,0 +1,72 @@
+"""The checkpoints the rooms hold: the state history of
+``dev.superpipeline.answer_log.checkpoint``, read with the bridge's credentials.
+
+For ``verify --room``: every room the bridge is joined to, its timeline read
+backwards for that state type only (the homeserver filters), each event's
+signed note returned.  The notes are checked by the caller, with the log's
+key: what a homeserver hands back is never trusted as such.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from bridge.service.auditing.checkpoints import STATE_TYPE
+
+PAGES_PER_ROOM = 200  # 100 events a page: far more checkpoints than a room gets in years at one a minute
+
+
+async def read_room_checkpoints(config: Any, origin: str) -> list[str]:
+    token, as_user = _credentials(config)
+    base = config.homeserver.url.rstrip("/") + "/_matrix/client/v3"
+    headers = {"Authorization": f"Bearer {token}"}
+    extra = {"user_id": as_user} if as_user else {}
+    notes: list[str] = []
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=120)) as http:
+        rooms = (await _get(http, f"{base}/joined_rooms", extra)).get("joined_rooms", [])
+        flt = json.dumps({"types": [STATE_TYPE], "lazy_load_members": True})
+        for room in rooms:
+            token_from: str | None = None
+            for _page in range(PAGES_PER_ROOM):
+                params = {"dir": "b", "limit": "100", "filter": flt, **extra}
+                if token_from:
+                    params["from"] = token_from
+                page = await _get(http, f"{base}/rooms/{quote(room, safe='')}/messages", params)
+                for event in page.get("chunk", []):
+                    content = event.get("content") if isinstance(event, dict) else None
+                    if event.get("type") == STATE_TYPE and event.get("state_key") == origin \
+                            and isinstance(content, dict) and isinstance(content.get("checkpoint"), str):
+                        notes.append(content["checkpoint"])
+                token_from = page.get("end")
+                if not page.get("chunk") or not token_from:
+                    break
+    return notes
+
+
+def _credentials(config: Any) -> tuple[str, str | None]:
+    if config.appservice.enabled:
+        return config.appservice.as_token, config.bot.user_id
+    if config.bot.access_token:
+        return config.bot.access_token, None
+    from bridge.service.storage.store import Store
+
+    store = Store.read_only(config.store.path, url=config.store.url, password=config.store.password)
+    try:
+        token = store.get_meta("access_token")
+    finally:
+        store.close()
+    if not token:
+        raise ValueError("no access token: set bot.access_token, or run the bridge once to log in")
+    return token, None
+
+
+async def _get(http: aiohttp.ClientSession, url: str, params: dict[str, str]) -> dict[str, Any]:
+    async with http.get(url, params=params) as response:
+        body = await response.json(content_type=None)
+        if response.status != 200:
+            raise RuntimeError(f"{url.rsplit('/v3', 1)[-1]}: {response.status} {body.get('errcode', '')}")
+        return body

@@ -1,0 +1,188 @@
+"""The answer log in the store (both backends): one leaf per outcome, in the
+outcome's transaction; receipts on records; checkpoints; offline verification."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from bridge.protocol import audit_leaf, audit_verify, checkpoint as cp, merkle
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.auditing.checkpoints import Checkpointer
+from bridge.service.auditing.keys import LogKey, LogKeyError, check_present, load_or_create, read_key
+from bridge.service.storage.store import LogEntry, Store
+
+pytestmark = pytest.mark.usefixtures("store_backend")
+
+ORIGIN = "example.org/askwright-bridge/bridge"
+
+
+def _store(tmp_path) -> Store:
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.set_meta("audit_origin", ORIGIN)
+        content = {"elicitation_id": "elc_q", "set": "s", "question": {"id": "branch", "rev": 1, "title": "T"},
+                   "subject": {"id": "deploy-42", "digest": "sha256:ab"}}
+        store.record_posted(RecordedQuestion(event_id="$q", room_id="!r", set_id="s", content=content),
+                            set_dir="/sets/s", posted_at=1)
+    return store
+
+
+def _answer(store: Store, event_id: str, choice: str, ts: int, device=None) -> int:
+    record = {"qid": "branch", "state": "answered", "choice": choice, "subject": {"id": "deploy-42",
+              "digest": "sha256:ab"}, "q_rev": 1, "rev": 1, "updated": "t",
+              "source": {"via": "matrix", "event_id": event_id}}
+    with store.transaction():
+        return store.append_log(LogEntry(event_id, "!r", "@ana:hs", "answer_event", "accepted", set_id="s",
+                                         set_dir="/sets/s", qid="branch", question_event_id="$q", record=record,
+                                         ts=ts, device=device))
+
+
+def _doc(store: Store) -> dict:
+    return {"askwright": 1, "set": "s", "rev": 1, "answers": {"branch": store.projection("/sets/s", "branch")}}
+
+
+def _leaves(store: Store) -> list[bytes]:
+    return [leaf.encode() for _i, leaf in store.audit.leaves(0, store.audit.size())]
+
+
+def test_every_outcome_appends_one_leaf_in_its_transaction(tmp_path):
+    store = _store(tmp_path)
+    _answer(store, "$a1", "main", 10, device={"device_id": "ANADEV", "cross_signed": True})
+    _answer(store, "$a2", "stable", 20)
+    with store.transaction():
+        store.append_log(LogEntry("$x", "!r", "@bob:hs", "answer_event", "refused", reason="not_allowed", ts=30))
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            _entry = store.append_log(LogEntry("$y", "!r", "@bob:hs", "answer_event", "refused", ts=40))
+            raise RuntimeError("the batch fails: its outcome and its leaf go together")
+    with store.transaction():
+        store.close_question("$q", "closed_by_agent")
+    rows = store.audit.leaves(0, 100)
+    assert [i for i, _leaf in rows] == [0, 1, 2, 3]
+    leaves = [audit_leaf.parse_leaf(leaf.encode()) for _i, leaf in rows]
+    assert [leaf["outcome"] for leaf in leaves] == ["accepted", "accepted", "refused", "closed"]
+    first = leaves[0]
+    assert first["device"] == {"device_id": "ANADEV", "cross_signed": True}
+    assert first["subject"] == {"id": "deploy-42", "digest": "sha256:ab"}
+    assert first["question"]["id"] == "branch" and first["question"]["event_id"] == "$q"
+    assert first["question"]["content_sha256"] == audit_leaf.content_sha256(store.question_by_event("$q").content)
+    assert (first["sender"], first["room_id"], first["event_id"], first["ts"]) == ("@ana:hs", "!r", "$a1", 10)
+    record = store.projection("/sets/s", "branch")
+    assert record["receipt"] == {"log": ORIGIN, "index": 1, "leaf": merkle.leaf_hash(rows[1][1].encode()).hex()}
+    assert leaves[1]["answer_sha256"] == audit_leaf.answer_sha256(record)
+
+
+def _signed(store: Store, tmp_path, key=None) -> tuple[Checkpointer, LogKey]:
+    key = key or LogKey(ORIGIN, Ed25519PrivateKey.generate())
+    return Checkpointer(store, key, 60), key
+
+
+def test_a_set_verifies_and_each_tampering_is_named(tmp_path):
+    store = _store(tmp_path)
+    _answer(store, "$a1", "main", 10)
+    signer, key = _signed(store, tmp_path)
+    first = signer.sign_if_grown()
+    assert signer.sign_if_grown() == first  # not grown: no new checkpoint
+    _answer(store, "$a2", "stable", 20)
+    latest = signer.sign_if_grown()
+    assert latest[0] == 2 and latest != first
+    notes = [note for _size, note in store.audit.checkpoints()]
+    doc = _doc(store)
+    verdict = audit_verify.verify_set(doc, _leaves(store), notes, ORIGIN, key.public)
+    assert verdict.holds, verdict.problems
+    assert (verdict.checked_records, verdict.earlier_checkpoints) == (1, 1)
+
+    changed = {**doc, "answers": {"branch": {**doc["answers"]["branch"], "choice": "main"}}}
+    problems = audit_verify.verify_set(changed, _leaves(store), notes, ORIGIN, key.public).problems
+    assert problems == ["record 'branch' (leaf 1): the record's answer (choice, q_rev, qid, state, subject) differs "
+                        "from what the log recorded"]
+
+    past = {**doc, "answers": {"branch": {**doc["answers"]["branch"],
+                                          "receipt": {"log": ORIGIN, "index": 7, "leaf": "00"}}}}
+    assert "points past the tree" in audit_verify.verify_set(past, _leaves(store), notes, ORIGIN, key.public).problems[0]
+
+    # A leaf changed in the store and the tree re-signed: the earlier checkpoint the room holds no longer fits.
+    rewritten = _leaves(store)
+    rewritten[0] = rewritten[0].replace(b'"ts":10', b'"ts":11')
+    resigned = cp.sign_checkpoint(cp.Checkpoint(ORIGIN, 2, merkle.root([merkle.leaf_hash(x) for x in rewritten])),
+                                  key.private)
+    problems = audit_verify.verify_log(rewritten, [first[1], resigned], ORIGIN, key.public)[0].problems
+    assert problems and "checkpoint of size 1 is not consistent with the latest (size 2)" in problems[0]
+
+    # Dropped and rebuilt: the same.
+    dropped = _leaves(store)[1:]
+    resigned = cp.sign_checkpoint(cp.Checkpoint(ORIGIN, 1, merkle.root([merkle.leaf_hash(x) for x in dropped])),
+                                  key.private)
+    assert audit_verify.verify_log(dropped, [first[1], resigned], ORIGIN, key.public)[0].problems
+
+    forged = cp.sign_checkpoint(cp.Checkpoint(ORIGIN, 2, merkle.root([merkle.leaf_hash(x) for x in _leaves(store)])),
+                                Ed25519PrivateKey.generate())
+    problems = audit_verify.verify_log(_leaves(store), [forged], ORIGIN, key.public)[0].problems
+    assert any("not signed by the log's key" in p for p in problems)
+
+    garbage = _leaves(store)
+    garbage[1] = b"{not json"
+    problems = audit_verify.verify_log(garbage, notes, ORIGIN, key.public)[0].problems
+    assert problems[0].startswith("leaf 1: does not parse")
+
+
+def test_the_checkpoint_is_put_in_every_room_the_bridge_posts_in(tmp_path):
+    store = _store(tmp_path)
+    _answer(store, "$a1", "main", 10)
+    put: list[tuple] = []
+
+    async def put_state(room, kind, key, content):
+        if room == "!locked":
+            raise PermissionError("M_FORBIDDEN")
+        put.append((room, kind, key, content))
+
+    signer, key = _signed(store, tmp_path)
+    signer.put_state, signer.rooms = put_state, lambda: ["!r", "!locked", "!other"]
+    asyncio.run(signer.once())
+    asyncio.run(signer.once())  # not grown: nothing new to put
+    assert [(r, k, s) for r, k, s, _c in put] == [("!r", "dev.superpipeline.answer_log.checkpoint", ORIGIN),
+                                                   ("!other", "dev.superpipeline.answer_log.checkpoint", ORIGIN)]
+    content = put[0][3]
+    assert content["size"] == 1 and content["key"] == key.verifier_key
+    assert cp.open_checkpoint(content["checkpoint"], key.public, ORIGIN).size == 1
+
+
+def test_the_log_key_is_its_own_0600_file_and_never_remade_for_a_log_with_leaves(tmp_path):
+    path = tmp_path / "log-key"
+    key = load_or_create(path, ORIGIN, leaves=0)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert read_key(path).public == key.public
+    assert load_or_create(path, ORIGIN, leaves=5).public == key.public
+    path.unlink()
+    with pytest.raises(LogKeyError, match="5 leaves but its key file"):
+        check_present(path, 5)
+    with pytest.raises(LogKeyError, match="missing"):
+        load_or_create(path, ORIGIN, leaves=5)
+
+
+def test_the_key_is_made_at_the_first_start_before_any_leaf(tmp_path):
+    """A bridge killed before its first checkpoint still finds its key: it was made at start."""
+    from bridge.service.auditing.checkpoints import open_log
+
+    store = Store(tmp_path / "s.sqlite")
+    plan = open_log(store, user_id="@bridge:example.org", store_path=tmp_path / "s.sqlite", key_file=None)
+    assert (tmp_path / "s.sqlite.log-key").is_file()
+    assert store.audit_origin() == "example.org/askwright-bridge/bridge"
+    _answer(store, "$a1", "main", 10)
+    again = open_log(store, user_id="@bridge:example.org", store_path=tmp_path / "s.sqlite", key_file=None)
+    assert again.key(store).public == plan.key(store).public
+
+
+def test_a_leaf_is_canonical_json_and_a_changed_byte_is_not_a_leaf():
+    leaf = audit_leaf.build_leaf(outcome="accepted", set_id="s", room_id="!r", event_id="$e", sender="@p:hs", ts=1,
+                                 question={"question": {"id": "q", "rev": 1}, "n": 2 ** 60},
+                                 record={"qid": "q", "state": "answered", "text": "caf\u00e9 \u2028"})
+    data = audit_leaf.canonical(leaf)
+    assert audit_leaf.parse_leaf(data) == leaf
+    assert data.index(b'"answer_sha256"') < data.index(b'"v"')  # keys sorted, as RFC 8785 says
+    for broken in (data.replace(b'"v":1', b'"v": 1'), b"{not json", data[:-1], b'{"v":2}'):
+        with pytest.raises(audit_leaf.LeafError):
+            audit_leaf.parse_leaf(broken)
