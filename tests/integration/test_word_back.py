@@ -189,7 +189,7 @@ async def test_7_closed_looks_closed_approvals_repeat_the_subject_and_no_doubled
     assert shown["body"].endswith("Closed: no longer accepting answers.") and "To answer" not in shown["body"]
     assert "Closed: no longer accepting answers" in shown["formatted_body"]
     assert "To answer" not in shown["formatted_body"]
-    assert shown["body"].startswith("Release branch\n")  # the question itself still reads as asked
+    assert shown["body"].startswith("Question: Release branch\n")  # the question itself still reads as asked
 
 
 async def test_an_answer_in_the_questions_thread_is_answered_in_that_thread(bridge):
