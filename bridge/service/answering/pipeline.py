@@ -36,8 +36,8 @@ from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                       normalize)
-from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, recorded_notice, \
-    refused_notice, with_remark
+from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
+    recorded_notice, refused_notice, with_remark
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
@@ -573,7 +573,8 @@ class Pipeline:
                                       record=entry.record, title=question.content["question"]["title"], via=via,
                                       extra=quiz.feedback_for(entry, question), labels=display_names(question),
                                       subject=question.subject if question.subject_bound else None,
-                                      replaced=replaced, stood_before=self._stood_before(entry))
+                                      replaced=replaced, stood_before=self._stood_before(entry),
+                                      numbers=option_numbers(question))
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
