@@ -25,6 +25,40 @@ PERSON_PASSWORD = "demo-password"
 DEMO_PORT = 8008
 
 
+def showcase(examples: Path) -> list[str]:
+    """One line per bundled question: where it is and what it shows.
+
+    Read from the sets themselves, so the list never claims a feature a
+    question does not have.
+    """
+    from bridge.service.app import load_set
+
+    lines: list[str] = []
+    for folder in sorted(p for p in examples.iterdir() if (p / "questions.json").is_file()):
+        qset, _errors = load_set(folder)
+        if qset is None:
+            continue
+        for number, q in enumerate(qset.questions, start=1):
+            shows = [q.kind]
+            if q.one_pager:
+                shows.append("a one-pager in its thread (" + ", ".join(dict.fromkeys(b.type for b in q.one_pager)) + ")")
+            for item in q.media or ():
+                src = item.src or ""
+                if src.endswith((".mp4", ".webm", ".mov")):
+                    vtt = src.rsplit(".", 1)[0] + ".vtt"
+                    captioned = any((folder / root / vtt).is_file() for root in (qset.media_roots or ["."]))
+                    shows.append("a clip" + (" with captions" if captioned else ""))
+                elif src:
+                    shows.append("an image")
+            if q.subject is not None:
+                shows.append("an approval bound to a subject")
+            for name, what in (("deadline", "a deadline"), ("quorum", "a quorum")):
+                if getattr(q, name, None) is not None:
+                    shows.append(what)
+            lines.append(f"  {qset.title} \u00b7 {number}. {q.title}: {', '.join(shows)}")
+    return lines
+
+
 def main(base: Path = Path(".demo")) -> int:
     base = base.resolve()
     shutil.rmtree(base, ignore_errors=True)
@@ -58,8 +92,10 @@ def main(base: Path = Path(".demo")) -> int:
         print(
             "\n  homeserver   {url}\n  log in as    {user} / {password} (or @lead, @qa, @manager: same password)\n  room         {room}\n"
             "  sets         {sets}\n  answers      {sets}/<set>/answers.json"
-            "  (askwright-bridge read {sets}/<set>)\n\nCtrl-C stops the bridge and Synapse.\n".format(
-                url=synapse.url, user=person["user_id"], password=PERSON_PASSWORD, room=room_id, sets=sets_root),
+            "  (askwright-bridge read {sets}/<set>)\n\nWhat each question shows:\n{shows}\n\n"
+            "Ctrl-C stops the bridge and Synapse.\n".format(
+                url=synapse.url, user=person["user_id"], password=PERSON_PASSWORD, room=room_id, sets=sets_root,
+                shows="\n".join(showcase(sets_root))),
             flush=True,
         )
         setup_logging("INFO")

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 from bridge.protocol.render import HTML_FORMAT, esc_links, option_display, short_digest
 
 OUTCOME_KEY = "dev.superpipeline.question.outcome"
@@ -78,6 +79,39 @@ def display_names(question: RecordedQuestion) -> dict[str, str]:
     return names
 
 
+def option_numbers(question: RecordedQuestion) -> dict[str, int]:
+    """Option id -> the number the question's message showed for it."""
+    return {str(o.get("id")): i for i, o in enumerate(question.options, start=1)}
+
+
+# Answers whose word back sits under a quote of the person's message.
+QUOTED_VIAS = frozenset({"reply", "edit"})
+
+
+def numbers_read(record: Mapping[str, Any], numbers: Mapping[str, int]) -> str | None:
+    """"option 2", "options 1, 3", "order 3, 1, 2": the pick by the numbers
+    the message showed, or None (a text, a built-in, an id not numbered).
+
+    Element quotes a message as its latest edit: under a quoted "3" an
+    earlier "Recorded: Some risk" read as if the bridge misread the 3.
+    Named by number, the word back says what it read, whatever the quote
+    shows now.
+    """
+    if record.get("state") == "unsure":
+        return None
+    if "choice" in record:
+        ids, one, many = [record["choice"]], "option", "options"
+    elif "choices" in record:
+        ids, one, many = list(record["choices"]), "option", "options"
+    elif "order" in record:
+        ids, one, many = list(record["order"]), "order", "order"
+    else:
+        return None
+    if not ids or any(i in (UNSURE_ID, OTHER_ID) or str(i) not in numbers for i in ids):
+        return None
+    return f"{one if len(ids) == 1 else many} " + ", ".join(str(numbers[str(i)]) for i in ids)
+
+
 def sentence(text: str) -> str:
     """``text`` ended with one full stop: none added after a closing quote or
     a mark that already ends it (no “fine.”. or ?.)."""
@@ -108,7 +142,8 @@ OWN, OTHER = "own", "other"
 def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dict[str, Any], title: str,
                     via: str | None, extra: str | None = None, labels: Mapping[str, str] | None = None,
                     reply_to: str | None = None, subject: tuple[str, str] | None = None,
-                    replaced: int = 0, stood_before: str | None = None) -> dict[str, Any]:
+                    replaced: int = 0, stood_before: str | None = None,
+                    numbers: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The word back on an accepted answer.
 
     ``replaced``: earlier answers to the same question this one reply also
@@ -121,9 +156,16 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
     clients hide the edit event itself).  ``record`` is the record as
     ``answers.json`` holds it after this answer, so the words and
     ``record_rev`` say what the file says.  ``subject`` (id, digest) names
-    what an approval approved.
+    what an approval approved.  ``numbers`` (option id -> number shown,
+    ``option_numbers``): given for a reply or an edit, whose word back sits
+    under a quote of the message, the pick is named by number too.
     """
     picked = describe_record(record, labels)
+    read = numbers_read(record, numbers) if numbers is not None and via in QUOTED_VIAS else None
+    if read is not None:
+        noted = " (with a note)"
+        picked = (picked[: -len(noted)] + f" ({read}, with a note)" if picked.endswith(noted)
+                  else picked + f" ({read})")
     if subject is not None:
         picked += f", for {subject[0]} (digest {short_digest(subject[1])})"
     if via == "edit":

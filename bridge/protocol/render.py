@@ -24,7 +24,7 @@ from typing import Any
 
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 
-ALLOWED_TAGS = frozenset({"h4", "p", "ol", "ul", "li", "blockquote", "strong", "em", "code", "br", "span"})
+ALLOWED_TAGS = frozenset({"hr", "h4", "p", "ol", "ul", "li", "blockquote", "strong", "em", "code", "br", "span"})
 # Element's sanitiser keeps these too; only the background (``one_pager``) uses them.
 TABLE_TAGS = frozenset({"table", "thead", "tbody", "tr", "th", "td"})
 HTML_FORMAT = "org.matrix.custom.html"
@@ -34,6 +34,11 @@ SINGLE_PICK_KINDS = frozenset({"choice", "scale", "confirm", "compare"})
 LIST_KINDS = frozenset({"multi", "rank"})
 # The files are posted in the question's thread, not attached to the message.
 _MEDIA_HEADING = "Media (in this message's thread)"
+# What the title line says a message is: Element groups one sender's messages,
+# and a question's title read as one more paragraph of the question above it.
+# Neither its position nor the set's size: a posted question is never edited
+# when the set grows, so "3 of 8" would turn untrue in the messages already sent.
+QUESTION_LABEL = "Question: "
 # Keycap reactions 1..10 (PROTOCOL section 3); 10 has its own emoji.
 KEYCAPS = tuple(f"{n}\ufe0f\u20e3" for n in range(1, 10)) + ("\U0001f51f",)
 # Each keycap's name in words, beside it where a font may draw a black box.
@@ -347,15 +352,16 @@ def render_body(
 ) -> str:
     """The plain-text fallback.
 
-    The question's title is the first line: previews, reply quotes and the
-    thread list show the start of the message, and the set title there cut
-    off what is being asked.  ``bare`` leaves out everything but the title,
+    The question's title is the first line, after ``QUESTION_LABEL``:
+    previews, reply quotes and the thread list show the start of the
+    message, and the set title there cut off what is being asked; the label
+    says where one question starts where nothing else marks it.  ``bare`` leaves out everything but the title,
     the question, the options and the instructions: the last resort of the
     size guard.
     """
     q = _question(content)
     cut: Callable[[Any], str] = lambda s: shorten(str(s), limit)  # noqa: E731
-    lines: list[str] = [cut(q.get("title", ""))]
+    lines: list[str] = [QUESTION_LABEL + cut(q.get("title", ""))]
     set_info = content.get("set")
     if isinstance(set_info, Mapping) and set_info.get("title") and not bare:
         lines.append(f"[{cut(set_info['title'])}]")
@@ -469,6 +475,8 @@ def render_html(
     The newlines between blocks are what Element's own composer sends too;
     they keep the previews that flatten the HTML to text from running the
     title into the next line ("Release 2.4 decisionsDatabase migr…").
+    The rule and the labelled title open every question, so it stands apart
+    when Element groups it under the sender's message before.
     """
     q = _question(content)
 
@@ -476,7 +484,7 @@ def render_html(
         # Every set-provided string: escaped, timecodes and link-like runs as code.
         return esc_timecodes(shorten(str(s), limit))
 
-    parts: list[str] = [f"<h4>{cut(q.get('title', ''))}</h4>"]
+    parts: list[str] = ["<hr>", f"<h4>{esc(QUESTION_LABEL)}{cut(q.get('title', ''))}</h4>"]
     set_info = content.get("set")
     if isinstance(set_info, Mapping) and set_info.get("title"):
         parts.append(f"<p><em>{cut(set_info['title'])}</em></p>")

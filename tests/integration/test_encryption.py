@@ -217,7 +217,8 @@ async def test_question_media_and_a_persons_file_travel_encrypted(encrypted):
     deadline = time.monotonic() + 30
     while True:
         thread = [e for e in await alice.messages(room) if e.get("content", {}).get("msgtype") == "m.image"
-                  and e["content"].get("m.relates_to", {}).get("event_id") == migration["event_id"]]
+                  and e["content"].get("m.relates_to", {}).get("event_id") == migration["event_id"]
+                  and e["content"].get("body") == item.get("caption", e["content"].get("body"))]
         if thread:
             break
         assert time.monotonic() < deadline, "the image was not posted in the thread"

@@ -111,7 +111,7 @@ async def test_3_an_edit_is_acknowledged_on_the_message_the_person_sees(bridge):
     edit = await alice.send(room, element_edit(first, "2"))
     ack = await alice.wait_notice(room, edit)
     assert replying_to(ack) == first
-    assert ack["content"]["body"] == "Changed your answer to “Release branch”: now The stable branch."
+    assert ack["content"]["body"] == "Changed your answer to “Release branch”: now The stable branch (option 2)."
     written = bridge.answers("kinds")["answers"]["branch"]
     assert written["choice"] == "stable"
     assert ack["content"][OUTCOME]["record_rev"] == written["rev"]
@@ -135,7 +135,7 @@ async def test_5_a_compare_pick_is_named_by_the_side_the_person_saw(bridge):
     alice, room, bot = bridge.alice, bridge.room_id, bridge.bot["user_id"]
     pick = await alice.send(room, element_reply(questions[("takes", 1)], "Right", bot))
     ack = await alice.wait_notice(room, pick)
-    assert ack["content"]["body"] == "Recorded for “Intro take”: Right."
+    assert ack["content"]["body"] == "Recorded for “Intro take”: Right (option 2)."
     assert record(bridge, "takes")["choice"] == "t5"
 
 
@@ -145,7 +145,7 @@ async def test_6_a_second_answer_says_it_replaces_the_earlier_one(bridge):
     await alice.wait_notice(room, await alice.send(room, element_reply(questions[("risk", 1)], "1", bot)))
     again = await alice.send(room, element_reply(questions[("risk", 1)], "2", bot))
     body = (await alice.wait_notice(room, again))["content"]["body"]
-    assert body == "Recorded for “Risk”: Somewhat risky. This replaces your earlier answer."
+    assert body == "Recorded for “Risk”: Somewhat risky (option 2). This replaces your earlier answer."
 
 
 async def test_6b_replaces_only_an_answer_that_stood_and_says_whose(bridge, person):
@@ -157,14 +157,14 @@ async def test_6b_replaces_only_an_answer_that_stood_and_says_whose(bridge, pers
     await alice.redact(room, first)  # withdrawn: nothing stands any more
     await bridge_says(alice, room, lambda e: WITHDRAWN in e.get("content", {}))
     again = await alice.send(room, element_reply(risk, "2", bot))
-    assert (await alice.wait_notice(room, again))["content"]["body"] == "Recorded for “Risk”: Somewhat risky."
+    assert (await alice.wait_notice(room, again))["content"]["body"] == "Recorded for “Risk”: Somewhat risky (option 2)."
     # Someone else's answer stood: the reply says so, not "your".
     bob = person()
     bridge.synapse.invite(bridge.bot["access_token"], room, bob.user_id)
     bridge.synapse.join(bob.token, room)
     his = await bob.send(room, element_reply(risk, "1", bot))
     assert (await bob.wait_notice(room, his))["content"]["body"] == \
-        "Recorded for “Risk”: Hardly risky. This replaces the answer someone else gave."
+        "Recorded for “Risk”: Hardly risky (option 1). This replaces the answer someone else gave."
 
 
 async def test_7_closed_looks_closed_approvals_repeat_the_subject_and_no_doubled_stops(bridge):
@@ -172,7 +172,7 @@ async def test_7_closed_looks_closed_approvals_repeat_the_subject_and_no_doubled
     alice, room, bot = bridge.alice, bridge.room_id, bridge.bot["user_id"]
     approve = await alice.send(room, element_reply(questions[("approve", 1)], "1", bot))
     body = (await alice.wait_notice(room, approve))["content"]["body"]
-    assert body == (f"Recorded for “Approve the deploy”: Approve the deploy, for {SUBJECT['id']} "
+    assert body == (f"Recorded for “Approve the deploy”: Approve the deploy (option 1), for {SUBJECT['id']} "
                     f"(digest {SUBJECT['digest'][:16]}…).")
     words = await alice.send(room, element_reply(questions[("name", 1)], "Borealis.", bot))
     assert (await alice.wait_notice(room, words))["content"]["body"] == "Recorded for “Release name”: “Borealis.”"
@@ -189,7 +189,7 @@ async def test_7_closed_looks_closed_approvals_repeat_the_subject_and_no_doubled
     assert shown["body"].endswith("Closed: no longer accepting answers.") and "To answer" not in shown["body"]
     assert "Closed: no longer accepting answers" in shown["formatted_body"]
     assert "To answer" not in shown["formatted_body"]
-    assert shown["body"].startswith("Release branch\n")  # the question itself still reads as asked
+    assert shown["body"].startswith("Question: Release branch\n")  # the question itself still reads as asked
 
 
 async def test_an_answer_in_the_questions_thread_is_answered_in_that_thread(bridge):

@@ -25,3 +25,13 @@ def test_the_example_image_is_large_enough_to_see():
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert width >= 480 and height >= 270, (width, height)
+
+
+def test_the_demo_says_which_question_shows_a_one_pager_of_every_block_and_a_captioned_clip():
+    from bridge.demo import showcase
+
+    shown = "\n".join(showcase(examples_dir()))
+    assert ("Release 2.4 decisions \u00b7 1. Database migration: choice, a one-pager in its thread "
+            "(text, facts, options_compared, table, image, chart), an image") in shown
+    assert "Release 2.4 decisions \u00b7 3. Splash animation: compare, a clip with captions" in shown
+    assert "8. Publish the release candidate: confirm, an approval bound to a subject" in shown

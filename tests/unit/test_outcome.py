@@ -36,3 +36,28 @@ def test_notice_html_escapes_and_puts_ids_and_urls_in_code() -> None:
                              reason="option_not_offered", message="“https://evil.example/x” is not an option", via="reply")
     assert refused["formatted_body"] == "Not recorded: “<code>https://evil.example/x</code>” is not an option."
     assert notice("@alice:example.org & @room", "$a", {})["formatted_body"] == "<code>@alice:example.org</code> &amp; @room"
+
+
+NUMBERS = {"login": 1, "sync": 2, "upload": 3, "unsure": 4, "other": 5}
+
+
+def test_a_reply_or_an_edit_is_named_by_the_numbers_read() -> None:
+    # Element quotes the person's message as its latest edit: under a quoted
+    # "3" the earlier word back says it read option 2, not that it misread.
+    def said(record: dict, via: str = "reply") -> str:
+        return recorded_notice(answer_event_id="$a", question_event_id="$q", title="Crashes", via=via,
+                               record={"qid": "c", "state": "answered", "rev": 1, **record}, labels=LABELS,
+                               numbers=NUMBERS)["body"]
+
+    assert said({"choice": "sync", "label": "x"}) == "Recorded for “Crashes”: Crash when sync resumes (option 2)."
+    assert said({"choice": "upload", "label": "x"}, via="edit") == (
+        "Changed your answer to “Crashes”: now Crash on uploads (option 3).")
+    assert said({"choices": ["login", "upload"]}) == "Recorded for “Crashes”: Crash on login, Crash on uploads (options 1, 3)."
+    assert said({"order": ["upload", "login", "sync"]}) == (
+        "Recorded for “Crashes”: Crash on uploads > Crash on login > Crash when sync resumes (order 3, 1, 2).")
+    assert said({"choice": "sync", "label": "x", "note": "flaky"}) == (
+        "Recorded for “Crashes”: Crash when sync resumes (option 2, with a note).")
+    # A built-in or a text was not a number; a vote or a reaction has no quote above its word back.
+    assert said({"choice": "other", "label": "Something else", "text": "disk"}) == "Recorded for “Crashes”: Something else."
+    assert said({"text": "disk"}) == "Recorded for “Crashes”: “disk”."
+    assert said({"choice": "sync", "label": "x"}, via="poll") == "Recorded for “Crashes”: Crash when sync resumes."

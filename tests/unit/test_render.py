@@ -67,7 +67,7 @@ def test_body_shows_everything_a_reader_needs() -> None:
 
 def test_html_shows_everything_a_reader_needs() -> None:
     html = event(question())["formatted_body"]
-    assert "<h4>The database</h4>" in html
+    assert "<h4>Question: The database</h4>" in html
     assert "<em>Demo decisions</em>" in html
     assert "<li>PostgreSQL \u2014 <em>One more service to run.</em></li>" in html
     assert "<li>Not sure, ask me later</li>\n<li>Something else</li>\n</ol>" in html
@@ -292,9 +292,10 @@ def test_quiz_shows_topic_and_points_not_answers() -> None:
 
 def test_question_title_comes_first_and_blocks_are_on_their_own_lines() -> None:
     content = event(question(), title="Release 2.4 decisions")
-    assert content["body"].split("\n")[:3] == ["The database", "[Release 2.4 decisions]", "Which database should the service use?"]
+    assert content["body"].split("\n")[:3] == ["Question: The database", "[Release 2.4 decisions]",
+                                               "Which database should the service use?"]
     html = content["formatted_body"]
-    assert html.startswith("<h4>The database</h4>\n<p><em>Release 2.4 decisions</em></p>\n<p><strong>Which")
+    assert html.startswith("<hr>\n<h4>Question: The database</h4>\n<p><em>Release 2.4 decisions</em></p>\n<p><strong>Which")
     # A preview that drops the tags must not run one block into the next.
     for joined in ("</h4><", "</p><", "</ol><", "</ul><", "</li><"):
         assert joined not in html, joined
@@ -317,7 +318,7 @@ def test_timecodes_are_code_in_titles_labels_and_the_question() -> None:
                  options=[{"id": "a", "label": "Cut at 2 s"}, {"id": "b", "label": "Keep"}],
                  guess={"option": "a", "why": "x", "confidence": "high"})
     html = event(q)["formatted_body"]
-    assert "<h4>The fall at <code>0:07</code></h4>" in html
+    assert "<h4>Question: The fall at <code>0:07</code></h4>" in html
     assert "<p><strong>What happens at <code>1.4 s</code>?</strong></p>" in html
     assert "<li>Cut at <code>2 s</code></li>" in html
 
@@ -380,3 +381,18 @@ def test_show_if_says_when_it_is_needed_with_the_earlier_title_and_labels() -> N
     assert expected in content["body"]
     assert f"<p><em>{expected}</em></p>" in content["formatted_body"]
     assert "Asked because" not in content["body"] and "timing" not in content["formatted_body"].replace("Release timing", "")
+
+
+@pytest.mark.parametrize("kind", ["choice", "multi", "rank", "text"])
+def test_every_question_opens_with_a_rule_and_a_labelled_title_whatever_its_kind(kind: str) -> None:
+    # Element groups one sender's messages: a rank or text question (no poll
+    # between) ran into the one before with nothing to show where it starts.
+    content = event(question(kind))
+    assert content["formatted_body"].startswith("<hr>\n<h4>Question: The database</h4>\n")
+    assert content["body"].startswith("Question: The database\n")
+
+
+def test_a_shortened_question_keeps_its_header() -> None:
+    content = event(question(question="x" * 30000, why="y" * 30000))
+    assert content["formatted_body"].startswith("<hr>\n<h4>Question: The database</h4>")
+    assert content["body"].startswith("Question: The database\n")

@@ -37,8 +37,8 @@ from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_
 from bridge.protocol.quorum import Tally, progress_words
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                       normalize)
-from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, recorded_notice, \
-    refused_notice, with_remark
+from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
+    recorded_notice, refused_notice, with_remark
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
@@ -585,7 +585,7 @@ class Pipeline:
                                       record=entry.record, title=question.content["question"]["title"], via=via,
                                       extra=quiz.feedback_for(entry, question), labels=display_names(question),
                                       subject=question.subject if question.subject_bound else None,
-                                      replaced=replaced,
+                                      replaced=replaced, numbers=option_numbers(question),
                                       # On a quorum each person's vote stands beside the others'; none replaces another's.
                                       stood_before=None if question.quorum is not None else self._stood_before(entry))
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
