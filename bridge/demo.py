@@ -52,9 +52,15 @@ def showcase(examples: Path) -> list[str]:
                     shows.append("an image")
             if q.subject is not None:
                 shows.append("an approval bound to a subject")
-            for name, what in (("deadline", "a deadline"), ("quorum", "a quorum")):
-                if getattr(q, name, None) is not None:
-                    shows.append(what)
+            expires = q.expires_for(qset)
+            if expires is not None:
+                shows.append(f"a deadline ({expires})")
+            if q.quorum is not None:
+                among = f"-of-{len(q.answerers)}" if q.answerers else ""
+                veto = f", veto {', '.join(q.quorum.veto)}" if q.quorum.veto else ""
+                shows.append(f"a {q.quorum.required}{among} approval{veto}")
+            if q.escalate is not None:
+                shows.append(f"escalation after {q.escalate.after}")
             lines.append(f"  {qset.title} \u00b7 {number}. {q.title}: {', '.join(shows)}")
     return lines
 

@@ -35,3 +35,5 @@ def test_the_demo_says_which_question_shows_a_one_pager_of_every_block_and_a_cap
             "(text, facts, options_compared, table, image, chart), an image") in shown
     assert "Release 2.4 decisions \u00b7 3. Splash animation: compare, a clip with captions" in shown
     assert "8. Publish the release candidate: confirm, an approval bound to a subject" in shown
+    assert ("Release 2.4 approval \u00b7 1. Roll out 2.4: confirm, an approval bound to a subject, a deadline (2h), "
+            "a 2-of-3 approval, veto block, escalation after 30m") in shown
