@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bridge.agents.errors import AgentError, BadRequest
+from bridge.agents.errors import AgentError, BadRequest, Unprocessable
 from bridge.agents.sets import AgentSets
 from bridge.protocol import merkle
 from bridge.service.storage.auditlog import leaf_sets
@@ -53,7 +53,7 @@ class LogRoutes:
         index, size = _int(request, "index"), _int(request, "size")
         tree = self._size()
         if not 0 <= index < size <= tree:
-            raise BadRequest(f"need 0 <= index < size <= {tree} (the tree's size now)")
+            raise Unprocessable(f"need 0 <= index < size <= {tree} (the tree's size now)")
         hashes = self.store.audit.hashes(size)
         proof = merkle.Tree(hashes).inclusion_proof(index)
         return web.json_response({"ok": True, "index": index, "size": size, "leaf_hash": hashes[index].hex(),
@@ -63,7 +63,7 @@ class LogRoutes:
         first, second = _int(request, "from"), _int(request, "to")
         tree = self._size()
         if not 0 < first <= second <= tree:
-            raise BadRequest(f"need 0 < from <= to <= {tree} (the tree's size now)")
+            raise Unprocessable(f"need 0 < from <= to <= {tree} (the tree's size now)")
         hashes = self.store.audit.hashes(second)
         proof = merkle.consistency_proof(first, hashes)
         return web.json_response({"ok": True, "from": first, "to": second, "root_from": merkle.root(
@@ -74,7 +74,7 @@ class LogRoutes:
         start = _int(request, "start", 0)
         end = _int(request, "end", min(tree, start + MAX_LEAVES))
         if not 0 <= start <= end or end - start > MAX_LEAVES:
-            raise BadRequest(f"need 0 <= start <= end, at most {MAX_LEAVES} leaves a request")
+            raise Unprocessable(f"need 0 <= start <= end, at most {MAX_LEAVES} leaves a request")
         own = {entry["set"] for entry in self.sets.list_sets(agent)}
         rows = self.store.audit.leaves(start, min(end, tree))
         sets = leaf_sets(rows)
