@@ -21,25 +21,11 @@ from mcp.client.streamable_http import streamable_http_client
 
 from bridge.agents.addresses import parse, refusal
 from bridge.agents.circuit import PER_URL
-from helpers.agents import SECRETS, TOKENS, Receiver, Silent, agents_config, auth, free_port, one_question
+from helpers.agents import (SECRETS, TOKENS, Receiver, Silent, agents_config, auth, free_port, one_question,
+                            wait_listener)
 from helpers.harness import answer_content, store_rows, unique
 
 pytestmark = pytest.mark.integration
-
-
-async def listening(bridge, base: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while True:
-            bridge.check_alive()
-            try:
-                async with http.get(base + "/v1/openapi.json") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            assert time.monotonic() < deadline, "the agents' listener did not come up"
-            await asyncio.sleep(0.2)
 
 
 async def put(http: aiohttp.ClientSession, base: str, agent: str, set_id: str, callbacks: list[str] | None = None,
@@ -59,7 +45,7 @@ async def test_a_silent_url_with_a_hundred_pending_delays_no_other_agents_webhoo
     bridge.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        await listening(bridge, base)
+        await wait_listener(bridge, base)
         stuck, fine = unique("stuck"), unique("fine")
         async with aiohttp.ClientSession() as http:
             assert (await put(http, base, "planner", stuck, [silent.url]))[0] == 201
@@ -112,7 +98,7 @@ async def test_callbacks_into_the_bridges_network_are_refused_at_ask_and_tasks_a
     inward = ["http://127.0.0.1:8080/hook", "http://10.1.2.3/hook", "http://169.254.169.254/latest/meta-data/",
               "http://[::1]/hook", "http://[::ffff:127.0.0.1]/hook", "http://localhost:9000/hook",
               f"http://{_inward_name()}:9000/hook"]
-    await listening(bridge, base)
+    await wait_listener(bridge, base)
     async with aiohttp.ClientSession() as http:
         for url in inward:
             set_id = unique("inward")
