@@ -64,13 +64,6 @@ class AgentApi:
                           headers={"Retry-After": str(self.limiter.retry_after(agent))})
         return agent
 
-    def agent_or_refusal(self, request: web.Request) -> str | web.Response:
-        """The agent, or the refusal to send back (for routes outside ``_guarded``)."""
-        try:
-            return self.authenticate(request)
-        except Refusal as exc:
-            return exc.response
-
     def routes(self) -> web.RouteTableDef:
         routes = web.RouteTableDef()
         routes.get("/v1/openapi.json")(self.openapi)
