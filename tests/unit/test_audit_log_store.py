@@ -186,3 +186,39 @@ def test_a_leaf_is_canonical_json_and_a_changed_byte_is_not_a_leaf():
     for broken in (data.replace(b'"v":1', b'"v": 1'), b"{not json", data[:-1], b'{"v":2}'):
         with pytest.raises(audit_leaf.LeafError):
             audit_leaf.parse_leaf(broken)
+
+
+def _outcomes(store: Store) -> list[tuple[str, str, str | None]]:
+    import json
+    leaves = [json.loads(leaf) for leaf in _leaves(store)]
+    return [(leaf["outcome"], leaf["event_id"], leaf["replaces"]) for leaf in leaves
+            if leaf["outcome"] in ("accepted", "withdrawn")]
+
+
+def test_a_vote_taken_back_before_it_arrived_gets_its_withdrawal_leaf(tmp_path):
+    """A poll vote that reaches the bridge after the empty vote that took it
+    back (a late path: held for decryption, back-filled) is accepted and
+    withdrawn at once: both are outcomes, so both are leaves, just as when
+    the empty vote comes after the vote."""
+    from helpers.timeline import PEOPLE, Room, vote
+
+    (tmp_path / "late").mkdir()
+    (tmp_path / "in_order").mkdir()
+    late = Room(tmp_path / "late")
+    late.deliver([vote("$empty", PEOPLE[0], 200, [])])        # takes back every vote before it: none yet
+    late.deliver([vote("$v1", PEOPLE[0], 100, ["main"])])     # the vote it took back, arriving late
+    assert late.record() is None or late.record().get("choice") is None
+    assert _outcomes(late.store) == [("accepted", "$v1", None), ("withdrawn", "$empty", "$v1")]
+
+    in_order = Room(tmp_path / "in_order")
+    in_order.deliver([vote("$v1", PEOPLE[0], 100, ["main"])])
+    in_order.deliver([vote("$empty", PEOPLE[0], 200, [])])
+    assert [o[:2] for o in _outcomes(in_order.store)] == [("accepted", "$v1"), ("withdrawn", "$empty")]
+
+    # and the log still verifies: every leaf under a signed checkpoint
+    key = Ed25519PrivateKey.generate()
+    size = late.store.audit.size()
+    point = cp.Checkpoint(ORIGIN, size, merkle.root(late.store.audit.hashes()))
+    verdict, _hashes, _latest = audit_verify.verify_log(_leaves(late.store), [cp.sign_checkpoint(point, key)],
+                                                        ORIGIN, cp.raw_public(key.public_key()))
+    assert verdict.problems == []
