@@ -137,8 +137,16 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
     question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
     if question.get("id") != qid:
         problems.append(f"{where}: the leaf answers question {question.get('id')!r}, not {qid!r}")
-    if leaf.get("answer_sha256") != audit_leaf.answer_sha256(record):
-        fields = ", ".join(sorted(audit_leaf.answer_fields(record)))
+    fields = ", ".join(sorted(audit_leaf.answer_fields(record)))
+    try:
+        wanted = audit_leaf.answer_sha256(record)
+    except (ValueError, RecursionError) as exc:
+        # A value JCS can't express (an integer past 2^53, a lone surrogate,
+        # NaN): the bridge never writes one, so the record was changed.
+        problems.append(f"{where}: the record's answer ({fields}) can't be canonicalised ({exc}), so it is not "
+                        "what the log recorded")
+        wanted = None
+    if wanted is not None and leaf.get("answer_sha256") != wanted:
         problems.append(f"{where}: the record's answer ({fields}) differs from what the log recorded")
     if latest is None or tree is None:
         return problems
