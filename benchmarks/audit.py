@@ -1,14 +1,22 @@
 """The answer log's costs: appending a leaf per answer, and verifying a set.
 
-    python benchmarks/audit.py [--answers 10000] [--appends 2000]
+    python benchmarks/audit.py [--answers 10000] [--appends 2000] [--synapse 200]
 
-Two rows, on one core:
+Three rows:
 
+- through Synapse (``--synapse N``, and in ``run_all.py``): send -> durable
+  in answers.json, per answer, with the log on and off in the same run on
+  the same homeserver.  Two bridges run at once, each its own bot user, room
+  and one-question set, one with ``audit.enabled`` true and one false; the
+  person answers them in turn (the order swapped every other pair, the next
+  answer once the last is durable), so both see the same homeserver, the same
+  load and the same answers.  Each pair's difference (on minus off) is what
+  the log costs the person waiting for that answer; its median is the
+  figure a person feels.
 - append: answers logged one per flushed (durable) store transaction on
   SQLite, with the log on and off in the same run; the difference is what a
   leaf costs an answer on its way from the batch to the disk (canonical
-  JSON, a SHA-256 and one row).  Measured at the store, not through a
-  homeserver: the round trip there is the same with the log on or off.
+  JSON, a SHA-256 and one row), without the homeserver's noise.
 - verify: ``askwright-bridge verify``'s check of a set of ``--answers``
   questions, each answered once, against an export of the log (every record
   against its leaf, every inclusion, the checkpoints' signatures and
@@ -23,10 +31,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # _world, latency: the Synapse row
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
 
@@ -111,12 +122,88 @@ def verify_row(answers: int) -> dict[str, float]:
     return {"verify_answers": answers, "verify_s": round(seconds, 2)}
 
 
+async def through_synapse(w: Any, pairs: int) -> dict[str, Any]:
+    """send -> durable with the log on and off, ``pairs`` answers each, on ``w``'s Synapse."""
+    import latency
+    from _world import answer, percentile, question_set
+
+    sides: dict[str, dict[str, Any]] = {}
+    procs = []
+    for label, on in (("on", True), ("off", False)):
+        bot = w.synapse.register(f"auditbot-{label}")
+        room = w.synapse.create_room(bot["access_token"], invite=[w.person["user_id"]])
+        w.synapse.join(w.person["access_token"], room)
+        w.sets_root = w.base / f"sets-audit-{label}"  # each bridge sees only its own set
+        w.sets_root.mkdir(exist_ok=True)
+        folder = w.add_set(question_set(f"audit-{label}"))
+        config = w.config(store={"path": str(w.base / f"audit-{label}.sqlite")}, rooms={"default": room},
+                          bot={"user_id": bot["user_id"], "access_token": bot["access_token"]},
+                          audit={"enabled": on})
+        config = config.rename(w.base / f"audit-{label}.yaml")  # the next bridge's config is written there
+        w.start_bridge(config)
+        procs.append(w.bridge)
+        sides[label] = {"room": room, "folder": folder, "ms": []}
+    person = w.client(w.person)
+    try:
+        questions = await w.question_events(person, 2, prefix="audit-")
+        for label, side in sides.items():
+            side["question"] = questions[f"audit-{label}/q0"]
+            side["watch"] = latency.FileWatch(side["folder"] / "answers.json")
+            await side["watch"].start()
+        lost = 0
+        for n in range(pairs):
+            order = ("on", "off") if n % 2 == 0 else ("off", "on")
+            took: dict[str, float] = {}
+            for label in order:
+                side = sides[label]
+                sent: dict[str, float] = {}
+                await latency.send_one(person, side["room"], ("m.room.message",
+                                                              answer(side["question"], "ab"[n % 2])), sent)
+                seen = await latency.seen_by_both(sent, side["watch"])
+                for event_id in seen:
+                    took[label] = (side["watch"].seen[event_id] - sent[event_id]) * 1000
+            if len(took) < 2:
+                lost += 1
+                continue
+            for label in took:
+                sides[label]["ms"].append(took[label])
+        for side in sides.values():
+            await side["watch"].stop()
+    finally:
+        await person.close()
+        for proc in procs:
+            w.bridge = proc
+            w.stop_bridge()
+    on, off = sides["on"]["ms"], sides["off"]["ms"]
+    paired = [a - b for a, b in zip(on, off)]
+    out: dict[str, Any] = {"pairs": pairs, "measured": len(paired), "lost": lost}
+    for p in (50, 99):
+        out[f"log_on_p{p}_ms"] = round(percentile(on, p), 2)
+        out[f"log_off_p{p}_ms"] = round(percentile(off, p), 2)
+        out[f"paired_p{p}_ms"] = round(percentile(paired, p), 2)
+    out["paired_mean_ms"] = round(sum(paired) / max(1, len(paired)), 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--answers", type=int, default=10_000)
     parser.add_argument("--appends", type=int, default=2000)
+    parser.add_argument("--synapse", type=int, default=0, metavar="PAIRS",
+                        help="also measure send -> durable through a local Synapse, log on and off (200)")
     args = parser.parse_args()
-    figures = {**append_row(args.appends), **verify_row(args.answers)}
+    figures: dict[str, Any] = {}
+    if args.synapse:
+        import asyncio
+
+        from _world import world
+
+        async def run() -> dict[str, Any]:
+            async with world() as w:
+                return await through_synapse(w, args.synapse)
+
+        figures["synapse"] = asyncio.run(run())
+    figures.update({**append_row(args.appends), **verify_row(args.answers)})
     print(json.dumps(figures, indent=2), file=sys.stderr)
 
 

@@ -6,6 +6,8 @@
 Each figure is printed beside its reference, measured in the same run on the
 same homeserver: judging beside ``json.loads`` of the same events; send ->
 durable beside a bare client seeing the event (bot and appservice mode);
+send -> durable with the answer log on beside the same with it off (two
+bridges at once, answered in turn) and ``verify`` of 10,000 answers;
 catch-up beside a bare client syncing through the same backlog; posting,
 memory and start-up beside the same bridge with nothing to do; an answer
 written into a large ``answers.json`` beside the bare atomic replace; a
@@ -35,6 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import audit as audit_bench  # noqa: E402
 import catchup  # noqa: E402
 import files as files_bench  # noqa: E402
 import judge as judge_bench  # noqa: E402
@@ -86,6 +89,9 @@ async def synapse_figures(args: argparse.Namespace) -> dict[str, Any]:
         rows += [await latency.measure(w, mode, args.latency, {}, conditions=replace(latency.HARD, encrypted=True))
                  for mode in ("bot", "appservice")]
         latency.print_table(rows)
+        print(f"answer log: {args.audit} answers each with the log on and off ...", flush=True)
+        logged = await audit_bench.through_synapse(w, args.audit)
+        print(json.dumps(logged), flush=True)
         catches = []
         for count in args.answers:
             print(f"catch-up: {count} answers ...", flush=True)
@@ -99,7 +105,8 @@ async def synapse_figures(args: argparse.Namespace) -> dict[str, Any]:
         print(f"soak: {args.soak_minutes} minutes, {args.soak_rooms} rooms ...", flush=True)
         steady = await soak.measure(w, args.soak_minutes, args.soak_rooms, args.soak_rooms * 10)
         soak.print_report(steady)
-    return {"latency": rows, "catchup": catches, "files": sent_files, "scale": big, "soak": steady}
+    return {"latency": rows, "audit": logged, "catchup": catches, "files": sent_files, "scale": big,
+            "soak": steady}
 
 
 def met(ok: bool) -> str:
@@ -132,6 +139,16 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                          f"{lat['own_p50_ms']} / {lat['own_p99_ms']}",
                          f"homeserver delivering later {lat['delivery_p50_ms']} / {lat['delivery_p99_ms']}",
                          "-", "-"))
+    if "audit" in r:
+        a = r["audit"]
+        rows.append((f"send -> durable with the answer log on, bot mode, p50 / p99 (ms; {a['measured']} pairs)",
+                     f"{a['log_on_p50_ms']} / {a['log_on_p99_ms']}",
+                     f"log off {a['log_off_p50_ms']} / {a['log_off_p99_ms']}", "-", "-"))
+        rows.append(("... the log's cost per answer, on minus off of each pair, p50 / p99 (mean) (ms)",
+                     f"{a['paired_p50_ms']} / {a['paired_p99_ms']} ({a['paired_mean_ms']})",
+                     f"at the store alone {a['store_leaf_ms']}", "-", "-"))
+        rows.append((f"verify a set of {a['verify_answers']:,} answers against its log (s)", f"{a['verify_s']}",
+                     "-", "-", "-"))
     for c in catches:
         extra = c["first_durable_extra_s"]  # the median of the rounds' differences
         if c["answers"] == 1:
@@ -236,6 +253,7 @@ def main() -> int:
                         help="catch-up backlogs, 1 being the start-up alone (1 1000 5000; quick 1 1000)")
     parser.add_argument("--sets", type=int, help="sets for the scale run (1000; quick 100)")
     parser.add_argument("--questions", type=int, default=10, help="questions per set (10)")
+    parser.add_argument("--audit", type=int, help="answers each with the answer log on and off (200; quick 50)")
     parser.add_argument("--file-rounds", type=int, help="10 MB files sent, one at a time (5; quick 3)")
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each timed judge round")
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak (3; quick 1); soak.py runs 30")
@@ -253,6 +271,7 @@ def main() -> int:
         return 0
     args.latency = args.latency or (50 if args.quick else 200)
     args.answers = args.answers or ([1, 1000] if args.quick else [1, 1000, 5000])
+    args.audit = args.audit or (50 if args.quick else 200)
     args.soak_minutes = args.soak_minutes or (1 if args.quick else 3)
     args.soak_rooms = args.soak_rooms or (20 if args.quick else 100)
     args.sets = args.sets or (100 if args.quick else 1000)
@@ -264,6 +283,9 @@ def main() -> int:
     print("judge ...", flush=True)
     results["judge"] = judge_figures(args.seconds)
     results.update(asyncio.run(synapse_figures(args)))
+    print("answer log at the store, and verify ...", flush=True)
+    store_row = audit_bench.append_row(500 if args.quick else 2000)
+    results["audit"].update(store_leaf_ms=store_row["leaf_ms_per_answer"], **audit_bench.verify_row(10_000))
     print("answers.json growth ...", flush=True)
     results["answers_growth"] = scale.answers_growth()
     results["seconds"] = round(time.monotonic() - started)

@@ -92,20 +92,27 @@ def _text(path: Path) -> str:
 
 
 def _json(path: Path) -> Any:
+    return _loads(_text(path), path)
+
+
+def _loads(text: str, path: Path) -> Any:
     try:
-        return json.loads(_text(path))
+        return json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:
         raise Unreadable(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise Unreadable(f"{path}: not JSON this reader takes (nested too deep)") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _checkpoint_file(path: Path) -> str:
     """A signed note, or the room's state event (its content, or the whole event) holding one."""
     text = _text(path)
     if text.lstrip().startswith("{"):
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise Unreadable(f"{path}: not JSON ({exc})") from None
+        value = _loads(text, path)
         content = value.get("content", value) if isinstance(value, dict) else None
         note = content.get("checkpoint") if isinstance(content, dict) else None
         if not isinstance(note, str):

@@ -96,6 +96,8 @@ def parse_leaf(data: bytes) -> dict[str, Any]:
         value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise LeafError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise LeafError("not JSON this parser can read: nested too deep") from None
     if not isinstance(value, dict) or value.get("v") != LEAF_VERSION:
         raise LeafError("not a version 1 leaf")
     try:

@@ -92,25 +92,114 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
     if not isinstance(answers, dict):
         verdict.problems.append("answers.json has no answers object")
         return verdict
+    logged = _Logged(leaves)
     for qid, record in sorted(answers.items()):
         if not isinstance(record, dict):
             verdict.problems.append(f"record {qid!r}: not an object")
             continue
         source = record.get("source") if isinstance(record.get("source"), dict) else {}
         receipt = record.get("receipt")
+        if receipt is None and record.get("state") == "expired" and source.get("how") == "expiry":
+            # Expired with no answer at all: the log's own leaf for the expiry speaks for it.
+            verdict.checked_records += 1
+            verdict.problems.extend(_tally_problems(f"record {qid!r}", qid, record, doc, logged))
+            continue
         if receipt is None:
             if source.get("via") == "matrix":
                 verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
             continue  # another writer's record: the log does not speak for it
         verdict.checked_records += 1
         verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin,
-                                                 tree))
+                                                 tree, logged))
     return verdict
+
+
+class _Logged:
+    """The log's accepted answers by event id, and the questions it records
+    as expired: what an approval's tally is checked against (read once, when
+    a set has a tally)."""
+
+    def __init__(self, leaves: Sequence[bytes]):
+        self._leaves = leaves
+        self._accepted: dict[str, dict[str, Any]] | None = None
+        self.expired: set[tuple[Any, Any]] = set()
+
+    def accepted(self) -> dict[str, dict[str, Any]]:
+        if self._accepted is None:
+            self._accepted = {}
+            for data in self._leaves:
+                try:
+                    leaf = audit_leaf.parse_leaf(data)
+                except audit_leaf.LeafError:
+                    continue  # named by the log's check
+                question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
+                if leaf.get("outcome") == "accepted" and isinstance(leaf.get("event_id"), str):
+                    self._accepted[leaf["event_id"]] = leaf
+                elif leaf.get("outcome") == "expired":
+                    self.expired.add((leaf.get("set"), question.get("id")))
+        return self._accepted
+
+
+def is_tally(record: dict[str, Any]) -> bool:
+    """An approval's record (PROTOCOL 2a): its state and pick come from the
+    votes it lists, not from one person's answer."""
+    return isinstance(record.get("votes"), list) or record.get("state") in ("pending", "expired")
+
+
+def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str, Any], logged: _Logged) -> list[str]:
+    """Each vote the record lists is an accepted answer in the log, by that
+    sender, to this question, with that choice; the deciders' votes pick the
+    record's choice; an expiry is in the log."""
+    accepted = logged.accepted()
+    problems = []
+    votes = record.get("votes") if isinstance(record.get("votes"), list) else []
+    choice_of: dict[str, Any] = {}
+    for vote in votes:
+        if not isinstance(vote, dict) or not isinstance(vote.get("event_id"), str):
+            problems.append(f"{where}: a vote is malformed")
+            continue
+        said = f"{where}: the vote {vote['event_id']}"
+        leaf = accepted.get(vote["event_id"])
+        question = leaf.get("question") if leaf and isinstance(leaf.get("question"), dict) else {}
+        if leaf is None:
+            problems.append(f"{said} is not an accepted answer in the log")
+        elif leaf.get("sender") != vote.get("sender"):
+            problems.append(f"{said} was sent by {leaf.get('sender')!r}, not {vote.get('sender')!r}")
+        elif leaf.get("set") != doc.get("set") or question.get("id") != qid:
+            problems.append(f"{said} answers {leaf.get('set')!r}/{question.get('id')!r}, not this question")
+        elif leaf.get("answer_sha256") != _vote_sha256(qid, vote, record):
+            problems.append(f"{said}: its choice {vote.get('choice')!r} differs from what the log recorded")
+        else:
+            choice_of[str(vote.get("sender"))] = vote.get("choice")
+    state = record.get("state")
+    if state == "answered" and not (isinstance(record.get("decided_by"), list) and record["decided_by"]):
+        problems.append(f"{where}: the record says decided, and names no one who decided it")
+    elif state == "answered":
+        for sender in record["decided_by"]:
+            if str(sender) not in choice_of:
+                problems.append(f"{where}: {sender} decided it, and the log holds no vote of theirs it lists")
+            elif choice_of[str(sender)] != record.get("choice"):
+                problems.append(f"{where}: {sender} decided it but voted {choice_of[str(sender)]!r}, "
+                                f"not {record.get('choice')!r}")
+    if state == "expired" and (doc.get("set"), qid) not in logged.expired:
+        problems.append(f"{where}: the record says expired, and the log records no expiry of the question")
+    return problems
+
+
+def _vote_sha256(qid: str, vote: dict[str, Any], record: dict[str, Any]) -> str | None:
+    # A vote's own record held these answer fields (to_record): what its leaf hashed.
+    fields = {"qid": qid, "state": "answered", "choice": vote.get("choice"), "q_rev": record.get("q_rev")}
+    if "subject" in record:
+        fields["subject"] = record["subject"]
+    try:
+        return audit_leaf.answer_sha256(fields)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dict[str, Any], doc: dict[str, Any],
                      leaves: Sequence[bytes], hashes: list[bytes], latest: cp.Checkpoint | None,
-                     origin: str, tree: merkle.Tree | None) -> list[str]:
+                     origin: str, tree: merkle.Tree | None, logged: _Logged) -> list[str]:
     if not isinstance(receipt, dict) or not isinstance(receipt.get("index"), int) or isinstance(
             receipt.get("index"), bool) or not isinstance(receipt.get("leaf"), str):
         return [f"record {qid!r}: the receipt is malformed"]
@@ -137,9 +226,12 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
     question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
     if question.get("id") != qid:
         problems.append(f"{where}: the leaf answers question {question.get('id')!r}, not {qid!r}")
-    if leaf.get("answer_sha256") != audit_leaf.answer_sha256(record):
-        fields = ", ".join(sorted(audit_leaf.answer_fields(record)))
-        problems.append(f"{where}: the record's answer ({fields}) differs from what the log recorded")
+    if is_tally(record):
+        # The receipt names the latest vote (its leaf is checked above); the
+        # state and pick are the tally of every vote listed, each checked.
+        problems.extend(_tally_problems(where, qid, record, doc, logged))
+    else:
+        problems.extend(_answer_problems(where, record, leaf))
     if latest is None or tree is None:
         return problems
     if index >= latest.size:
@@ -150,6 +242,20 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
     except merkle.ProofError as exc:
         problems.append(f"{where}: not included under the latest checkpoint: {exc}")
     return problems
+
+
+def _answer_problems(where: str, record: dict[str, Any], leaf: dict[str, Any]) -> list[str]:
+    fields = ", ".join(sorted(audit_leaf.answer_fields(record)))
+    try:
+        wanted = audit_leaf.answer_sha256(record)
+    except (ValueError, RecursionError) as exc:
+        # A value JCS can't express (an integer past 2^53, a lone surrogate,
+        # NaN): the bridge never writes one, so the record was changed.
+        return [f"{where}: the record's answer ({fields}) can't be canonicalised ({exc}), so it is not what the "
+                "log recorded"]
+    if leaf.get("answer_sha256") != wanted:
+        return [f"{where}: the record's answer ({fields}) differs from what the log recorded"]
+    return []
 
 
 def _first_lines(note: str) -> str:

@@ -90,8 +90,10 @@ def sign(text: str, name: str, key: Ed25519PrivateKey) -> str:
 
 
 def _check_text(text: str) -> None:
-    if not text.endswith("\n") or "\n\n" in text:
-        raise NoteError("a note's text ends in one newline and holds no blank line")
+    # signed-note allows empty lines inside the text (the signatures follow
+    # the last one); a checkpoint's body does not, and parse_checkpoint says so.
+    if not text.endswith("\n") or text.endswith("\n\n"):
+        raise NoteError("a note's text ends in one newline")
     if any(ord(c) < 0x20 and c != "\n" for c in text):
         raise NoteError("a note holds no control characters")
 
@@ -136,6 +138,8 @@ def parse_checkpoint(text: str) -> Checkpoint:
     lines = text.split("\n")
     if len(lines) < 4 or lines[-1] != "":
         raise NoteError("a checkpoint has an origin, a size and a root hash, each on its line")
+    if "" in lines[:-1]:
+        raise NoteError("a checkpoint's lines are all non-empty")
     origin, size, root = lines[0], lines[1], lines[2]
     if not origin or not size.isdigit() or (size != "0" and size.startswith("0")):
         raise NoteError("the checkpoint's origin or tree size is malformed")

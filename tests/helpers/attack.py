@@ -190,6 +190,7 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
     checked = check_answer_log(lambda sql: store_rows(bridge.store_path, sql),
                                await room_history(people[0], bridge.room_id))
     print(f"answer log: {checked} checkpoints in the room, all consistent with the last")
+    assert checked >= 2, f"{checked} checkpoint(s) in the room: none published across the kills"
     assert storm.kills >= 1 + storm.kills_wanted
     bridge.check_alive()
     return storm

@@ -3,6 +3,7 @@ gap, none twice, and every checkpoint the room holds consistent with the last.""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from bridge.protocol import audit_verify, checkpoint as cp
@@ -17,6 +18,11 @@ def check_answer_log(rows: Callable[[str], list[tuple]], history: list[dict[str,
     logged = sorted(row[0] for row in rows("SELECT seq FROM answer_log"))
     recorded = sorted(row[1] for row in leaves if row[1] is not None and '"outcome":"set_aside"' not in row[2])
     assert recorded == logged, "a logged outcome without its leaf, or a leaf twice"
+    # Outcomes with no answer-log row of their own (a close, a late vote's
+    # withdrawal) are each logged once too.
+    own = [json.loads(row[2]) for row in leaves if row[1] is None]
+    keys_of = [(leaf["outcome"], leaf["event_id"], leaf["replaces"]) for leaf in own]
+    assert len(set(keys_of)) == len(keys_of), "an outcome without an answer-log row logged twice"
     states = [e["content"] for e in history if e.get("type") == STATE and isinstance(e.get("content"), dict)]
     assert states, "the room holds no checkpoint"
     keys = {content["key"] for content in states}

@@ -25,7 +25,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from helpers.attack import Storm, appservice_storm_bridge, text_set
+from helpers.attack import Storm, appservice_storm_bridge, room_history, text_set
+from helpers.auditcheck import check_answer_log
 from helpers.harness import Bridge, Person, answer_content, store_rows, unique
 from helpers.sets import all_kinds_set
 
@@ -138,6 +139,8 @@ async def poison_storm(bridge: Bridge, people: list[Person], poisoner_person: Pe
     locked = bridge.add_set(text_set("locked", 1))
     gone = bridge.add_set(text_set("gone", 1))
     corrupt = bridge.add_set(text_set("corrupt", 1))
+    # Checkpoints often, so many are published across the kills (each checked afterwards).
+    bridge.extra_config = {**bridge.extra_config, "audit": {"checkpoint_every": "2s"}}
     bridge.start()
     everything = await _questions(people[0], bridge, 4 + 8 + 3)
     storm_questions = {(qid, 1): event for (set_id, qid), event in everything.items() if set_id == "storm"}
@@ -209,12 +212,17 @@ async def poison_storm(bridge: Bridge, people: list[Person], poisoner_person: Pe
     starts = bridge.log_text().count("--- start ")
     assert starts == bridge.starts and storm.kills >= 3
     bridge.check_alive()
+    # The answer log through every poison, vote and redaction: one leaf per
+    # logged outcome, none twice, every checkpoint the room holds consistent with the last.
+    checked = check_answer_log(lambda sql: store_rows(bridge.store_path, sql),
+                               await room_history(people[0], bridge.room_id))
+    assert checked >= 2, f"{checked} checkpoint(s) in the room: none published across the kills"
     mode = "appservice" if bridge.extra_config.get("appservice", {}).get("enabled") else "bot"
     figures = {"good answers sent": GOOD, "landed": len(rows), "kills": storm.kills,
                "poisons sent": len(poisoner.sent), "judged": judged, "chatter": dict(unjudged),
                "refused by the homeserver":
                poisoner.refused_by_homeserver, "sets held at the end": sorted(held_sets),
-               "events set aside": held["events"], "seconds": round(landed_in, 1)}
+               "events set aside": held["events"], "checkpoints": checked, "seconds": round(landed_in, 1)}
     print(f"poison storm ({mode} mode, seed {seed_}): {figures}; poisons by kind: {dict(poisoner.kinds)}")
 
 

@@ -186,3 +186,120 @@ def test_a_leaf_is_canonical_json_and_a_changed_byte_is_not_a_leaf():
     for broken in (data.replace(b'"v":1', b'"v": 1'), b"{not json", data[:-1], b'{"v":2}'):
         with pytest.raises(audit_leaf.LeafError):
             audit_leaf.parse_leaf(broken)
+
+
+def _outcomes(store: Store) -> list[tuple[str, str, str | None]]:
+    import json
+    leaves = [json.loads(leaf) for leaf in _leaves(store)]
+    return [(leaf["outcome"], leaf["event_id"], leaf["replaces"]) for leaf in leaves
+            if leaf["outcome"] in ("accepted", "withdrawn")]
+
+
+def test_a_vote_taken_back_before_it_arrived_gets_its_withdrawal_leaf(tmp_path):
+    """A poll vote that reaches the bridge after the empty vote that took it
+    back (a late path: held for decryption, back-filled) is accepted and
+    withdrawn at once: both are outcomes, so both are leaves, just as when
+    the empty vote comes after the vote."""
+    from helpers.timeline import PEOPLE, Room, vote
+
+    (tmp_path / "late").mkdir()
+    (tmp_path / "in_order").mkdir()
+    late = Room(tmp_path / "late")
+    late.deliver([vote("$empty", PEOPLE[0], 200, [])])        # takes back every vote before it: none yet
+    late.deliver([vote("$v1", PEOPLE[0], 100, ["main"])])     # the vote it took back, arriving late
+    assert late.record() is None or late.record().get("choice") is None
+    assert _outcomes(late.store) == [("accepted", "$v1", None), ("withdrawn", "$empty", "$v1")]
+
+    in_order = Room(tmp_path / "in_order")
+    in_order.deliver([vote("$v1", PEOPLE[0], 100, ["main"])])
+    in_order.deliver([vote("$empty", PEOPLE[0], 200, [])])
+    assert [o[:2] for o in _outcomes(in_order.store)] == [("accepted", "$v1"), ("withdrawn", "$empty")]
+
+    # and the log still verifies: every leaf under a signed checkpoint
+    key = Ed25519PrivateKey.generate()
+    size = late.store.audit.size()
+    point = cp.Checkpoint(ORIGIN, size, merkle.root(late.store.audit.hashes()))
+    verdict, _hashes, _latest = audit_verify.verify_log(_leaves(late.store), [cp.sign_checkpoint(point, key)],
+                                                        ORIGIN, cp.raw_public(key.public_key()))
+    assert verdict.problems == []
+
+
+def _verify_room(room) -> list[str]:
+    """``verify`` of the room's answers.json against its store's log, under a fresh checkpoint."""
+    from bridge.answers.file import AnswersFile
+
+    key = Ed25519PrivateKey.generate()
+    leaves = _leaves(room.store)
+    origin = room.store.audit_origin() or ORIGIN
+    note = cp.sign_checkpoint(cp.Checkpoint(origin, len(leaves), merkle.root([merkle.leaf_hash(x) for x in leaves])),
+                              key)
+    doc = AnswersFile(room.set_dir).load()
+    return audit_verify.verify_set(doc, leaves, [note], origin, cp.raw_public(key.public_key())).problems
+
+
+def test_an_approvals_tally_verifies_pending_decided_and_expired_and_a_changed_vote_is_named(tmp_path):
+    """An approval's record is a tally (PROTOCOL 2a): its state and pick come
+    from the votes it lists.  verify checks each vote against its leaf, the
+    deciders against the pick and an expiry against the log's, rather than
+    the tally against the one vote its receipt names."""
+    import json
+
+    from bridge.answers.file import AnswersFile
+    from bridge.service.answering.deadlines import Deadlines
+    from helpers.timeline import PEOPLE, Room, answer
+
+    t0 = 1_800_000_000_000
+    approval = {"answerers": list(PEOPLE), "quorum": {"required": 2, "veto": ["stable"]}, "expires": "45s"}
+    ana, bob, cy = PEOPLE
+
+    def expire(room) -> None:
+        deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                              clock=lambda: (t0 + 46_000) / 1000)
+        with room.store.transaction():
+            room.store.set_meta("approval:$q", "1")
+        asyncio.run(deadlines.pass_once())
+
+    for name in ("pending", "decided", "expired", "nothing"):
+        (tmp_path / name).mkdir()
+    pending = Room(tmp_path / "pending", approval=approval, posted_ms=t0)
+    pending.deliver([answer("$a1", ana, t0 + 1000, "main")])
+    assert pending.record()["state"] == "pending" and _verify_room(pending) == []
+
+    decided = Room(tmp_path / "decided", approval=approval, posted_ms=t0)
+    decided.deliver([answer("$a1", ana, t0 + 1000, "main"), answer("$b1", bob, t0 + 2000, "main")])
+    assert decided.record()["state"] == "answered" and _verify_room(decided) == []
+
+    expired = Room(tmp_path / "expired", approval=approval, posted_ms=t0)
+    expired.deliver([answer("$a1", ana, t0 + 1000, "main")])
+    expire(expired)
+    assert expired.record()["state"] == "expired" and _verify_room(expired) == []
+
+    nothing = Room(tmp_path / "nothing", approval={"expires": "45s"}, posted_ms=t0)
+    expire(nothing)
+    assert nothing.record()["state"] == "expired" and "receipt" not in nothing.record()
+    assert _verify_room(nothing) == []
+
+    # Tampered: a vote's choice, the deciders, an expiry the log never recorded.
+    def tamper(room, change) -> list[str]:
+        path = room.set_dir / "answers.json"
+        original = path.read_text()
+        doc = json.loads(original)
+        change(doc["answers"]["branch"])
+        path.write_text(json.dumps(doc))
+        try:
+            return _verify_room(room)
+        finally:
+            path.write_text(original)
+
+    assert tamper(pending, lambda r: r["votes"][0].update(choice="stable")) == [
+        "record 'branch' (leaf 0): the vote $a1: its choice 'stable' differs from what the log recorded"]
+    assert tamper(decided, lambda r: r.update(decided_by=[ana, cy])) == [
+        f"record 'branch' (leaf 1): {cy} decided it, and the log holds no vote of theirs it lists"]
+    assert tamper(decided, lambda r: r.update(choice="stable")) == [
+        f"record 'branch' (leaf 1): {ana} decided it but voted 'main', not 'stable'",
+        f"record 'branch' (leaf 1): {bob} decided it but voted 'main', not 'stable'"]
+    assert tamper(decided, lambda r: r.pop("decided_by")) == [
+        "record 'branch' (leaf 1): the record says decided, and names no one who decided it"]
+    assert tamper(pending, lambda r: r.update(state="expired")) == [
+        "record 'branch' (leaf 0): the record says expired, and the log records no expiry of the question"]
+    assert AnswersFile(pending.set_dir).load()["answers"]["branch"]["state"] == "pending"

@@ -10,6 +10,7 @@ the same key must give the published note byte for byte.
 from __future__ import annotations
 
 import base64
+import hashlib
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -58,3 +59,80 @@ def test_a_checkpoint_round_trips_and_says_what_is_wrong():
     for broken in ("", "garbage", note.replace("\n5\n", "\n6\n"), note[: len(note) // 2]):
         with pytest.raises(NoteError):
             cp.open_checkpoint(broken, public, "example.org/log")
+
+
+# The example checkpoint of the C2SP tlog-checkpoint specification
+# (c2sp.org/tlog-checkpoint, tlog-checkpoint.md in the C2SP/C2SP repository,
+# its opening example), copied verbatim.  The specification publishes no
+# verifier key for it, so its signature cannot be checked here: what can be is
+# that the body parses to what it says, that our formatter writes the same
+# bytes, and that its signature line is read as one by an unknown key (to be
+# ignored, as signed-note requires) rather than as a malformed note.
+C2SP_CHECKPOINT = (
+    "example.com/behind-the-sofa\n"
+    "20852163\n"
+    "CsUYapGGPo4dkMgIAUqom/Xajj7h2fB2MPA3j2jxq2I=\n"
+    "\n"
+    "\u2014 example.com/behind-the-sofa Az3grlgtzPICa5OS8npVmf1Myq/5IZniMp+ZJurmRDeOoRDe4URYN7u5/Zhcyv2q1gGzGku9nTo+zyWE+xeMcTOAYQ8=\n"
+)
+
+# The example note of the C2SP signed-note specification (c2sp.org/signed-note,
+# signed-note.md in the C2SP/C2SP repository), copied verbatim; its text holds
+# an empty line, which the format allows (the signatures follow the last one).
+C2SP_NOTE_TEXT = "Ognuno sta solo sul cuor della terra\ntrafitto da un raggio di sole:\n\ned \u00e8 subito sera.\n"
+C2SP_NOTE = (C2SP_NOTE_TEXT + "\n\u2014 quasimodo.example/salvatore "
+             "NnugSzTjtVAewIS+Z/iJhUPeFDkO/5QQ2i5ddnGITLlC+EhfLW9oJKONrMouFSQU0xMcXxj99ihAQwaqP3ZekRwNtIc=\n")
+
+
+def _signature_of(note: str) -> tuple[str, bytes]:
+    line = note.rsplit("\n\n", 1)[1].rstrip("\n")
+    assert line.startswith(cp.DASH)
+    name, blob = line[len(cp.DASH):].split(" ")
+    return name, base64.b64decode(blob, validate=True)
+
+
+def test_the_c2sp_example_checkpoint_parses_and_is_formatted_byte_for_byte():
+    body = C2SP_CHECKPOINT.split("\n\n")[0] + "\n"
+    point = cp.parse_checkpoint(body)
+    assert point.origin == "example.com/behind-the-sofa"
+    assert point.size == 20852163
+    assert point.root == base64.b64decode("CsUYapGGPo4dkMgIAUqom/Xajj7h2fB2MPA3j2jxq2I=")
+    assert point.extensions == ()
+    assert point.body() == body
+    # the signature line: the log's key name (the origin, as the spec asks),
+    # a 4-byte key ID and a 64-byte Ed25519 signature
+    name, data = _signature_of(C2SP_CHECKPOINT)
+    assert name == point.origin and len(data) == 4 + 64
+    # with an extension line the body still round-trips byte for byte
+    extended = body + "an extension line\n"
+    assert cp.parse_checkpoint(extended).extensions == ("an extension line",)
+    assert cp.parse_checkpoint(extended).body() == extended
+
+
+def test_the_c2sp_examples_are_refused_as_signed_by_another_key_not_as_malformed():
+    mine = Ed25519PrivateKey.generate()
+    public = cp.raw_public(mine.public_key())
+    with pytest.raises(NoteError, match="not signed by the log's key.*example.com/behind-the-sofa"):
+        cp.open_checkpoint(C2SP_CHECKPOINT, public, "example.com/behind-the-sofa")
+    with pytest.raises(NoteError, match="not signed by the log's key.*quasimodo.example/salvatore"):
+        cp.open_note(C2SP_NOTE, "quasimodo.example/salvatore", public)
+    # a note whose text holds an empty line is still a note: signed by a key
+    # we hold, it opens to its whole text, and a changed byte fails
+    signed = cp.sign(C2SP_NOTE_TEXT, "quasimodo.example/salvatore", mine)
+    assert cp.open_note(signed, "quasimodo.example/salvatore", public) == C2SP_NOTE_TEXT
+    with pytest.raises(NoteError, match="does not hold"):
+        cp.open_note(signed.replace("sera", "Sera"), "quasimodo.example/salvatore", public)
+    # but a checkpoint's body has no empty line
+    with pytest.raises(NoteError, match="non-empty"):
+        cp.parse_checkpoint("example.com/log\n1\n" + base64.b64encode(bytes(32)).decode() + "\n\nx\n")
+
+
+def test_the_c2sp_key_id_is_computed_as_the_spec_says():
+    # key ID = SHA-256(key name || 0x0A || 0x01 || 32-byte public key)[:4],
+    # checked against the published PeterNeumann verifier key (whose ID the
+    # Go reference implementation computed the same way)
+    name, public = cp.parse_verifier_key(VKEY)
+    assert cp.key_hash(name, public) == hashlib.sha256(b"PeterNeumann\n\x01" + public).digest()[:4]
+    assert cp.key_hash(name, public).hex() == "c74f20a3"
+    # and the published note's signature line carries that ID
+    assert _signature_of(NOTE)[1][:4].hex() == "c74f20a3"

@@ -376,9 +376,17 @@ class Pipeline:
         if entry.outcome == "accepted" and found.replaces:
             # The edit stands in for what it edits while it is the latest version in the room.
             self.store.reshadow(found.replaces)
-        if entry.outcome == "accepted" and answer.via == "poll" and question is not None \
-                and self.timeline.vote_cleared(question.event_id, answer.sender, entry.ts):
-            self.store.withdraw(entry.event_id)  # a late vote the person had already taken back
+        cleared = self.timeline.vote_cleared(question.event_id, answer.sender, entry.ts) \
+            if entry.outcome == "accepted" and answer.via == "poll" and question is not None else None
+        if cleared is not None and self.store.withdraw(entry.event_id) is not None:
+            # A late vote the person had already taken back: withdrawn as it is
+            # logged, and the withdrawal is an outcome of its own in the answer
+            # log (the empty vote that took it back, about this vote), as it is
+            # when the empty vote comes after the vote.  No answer-log row is
+            # its own (as for a close), so the vote's receipt stays its acceptance.
+            by, at = cleared
+            self.store.append_leaf(dataclasses.replace(entry, event_id=by, ts=at, replaces=entry.event_id,
+                                                       record=None), None, outcome="withdrawn")
 
     def _annotate(self, found: Annotation, now: str, result: BatchResult) -> None:
         """A note, a file or timecodes for the answer: checked like an answer

@@ -98,9 +98,9 @@ class Timeline:
         self.store.keep_redaction(event_id, _votes_of(question_event_id, sender), room_id, sender, ts)
         return self.store.withdraw_votes(question_event_id, sender, ts)
 
-    def vote_cleared(self, question_event_id: str, sender: str, ts: int) -> bool:
-        """Whether an empty vote later in the room has taken back a vote sent at ``ts``."""
-        return self.store.redacted_since(_votes_of(question_event_id, sender), ts)
+    def vote_cleared(self, question_event_id: str, sender: str, ts: int) -> tuple[str, int] | None:
+        """The empty vote (event id, ts) later in the room that has taken back a vote sent at ``ts``, if any."""
+        return self.store.redaction_since(_votes_of(question_event_id, sender), ts)
 
     def track_power(self, event: dict[str, Any]) -> None:
         if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \

@@ -655,8 +655,13 @@ class Store:
                         (event_id, target, room_id, sender, ts))
 
     def redacted_since(self, target: str, ts: int) -> bool:
-        return self.db.execute("SELECT 1 FROM redaction WHERE target=? AND ts>=? LIMIT 1",
-                               (target, ts)).fetchone() is not None
+        return self.redaction_since(target, ts) is not None
+
+    def redaction_since(self, target: str, ts: int) -> tuple[str, int] | None:
+        """(event id, ts) of the first redaction of ``target`` at or after ``ts``."""
+        row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=? ORDER BY ts, event_id"
+                              " LIMIT 1", (target, ts)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def redactions_of(self, target: str) -> list[str]:
         """The senders of redactions that came before their target."""

@@ -1,0 +1,153 @@
+"""``askwright-bridge verify`` on bad input: whatever is corrupt, truncated,
+forged or out of range is named, and the exit is 1 (something does not hold)
+or 2 (an input can't be read), never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from bridge.commands import verify
+from bridge.commands.audit import export
+from bridge.protocol import checkpoint as cp, merkle
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.auditing.checkpoints import Checkpointer
+from bridge.service.auditing.keys import LogKey
+from bridge.service.storage.store import LogEntry, Store
+
+ORIGIN = "example.org/askwright-bridge/bridge"
+QUESTIONS = 3
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Path:
+    """A set folder and the export of its log that verify as they are."""
+    base = tmp_path_factory.mktemp("good")
+    store = Store(base / "s.sqlite")
+    with store.transaction():
+        store.set_meta("audit_origin", ORIGIN)
+        for n in range(QUESTIONS):
+            content = {"elicitation_id": f"elc_{n}", "set": "s", "question": {"id": f"q{n}", "rev": 1, "title": "T"}}
+            store.record_posted(RecordedQuestion(event_id=f"$q{n}", room_id="!r", set_id="s", content=content),
+                                set_dir="/sets/s", posted_at=n)
+        for n in range(QUESTIONS):
+            record = {"qid": f"q{n}", "state": "answered", "choice": "main", "q_rev": 1, "rev": 1, "updated": "t",
+                      "source": {"via": "matrix", "event_id": f"$a{n}"}}
+            store.append_log(LogEntry(f"$a{n}", "!r", "@ana:hs", "answer_event", "accepted", set_id="s",
+                                      set_dir="/sets/s", qid=f"q{n}", question_event_id=f"$q{n}", record=record, ts=n))
+    key = LogKey(ORIGIN, Ed25519PrivateKey.generate())
+    Checkpointer(store, key, 60).sign_if_grown()
+    store.set_meta("audit_key", key.verifier_key)
+    doc = {"askwright": 1, "set": "s", "rev": 1,
+           "answers": {f"q{n}": store.projection("/sets/s", f"q{n}") for n in range(QUESTIONS)}}
+    (base / "set").mkdir()
+    (base / "set" / "answers.json").write_text(json.dumps(doc))
+
+    class _Config:
+        class store:  # noqa: N801 - the shape export reads
+            path = base / "s.sqlite"
+
+        class audit:  # noqa: N801
+            key_file = None
+
+    assert export(store, base / "log", _Config) == 0
+    store.close()
+    return base
+
+
+def _run(good: Path, tmp_path: Path, change: Callable[[Path], None], *checkpoints: str,
+         capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    case = tmp_path / "case"
+    shutil.copytree(good / "set", case / "set")
+    shutil.copytree(good / "log", case / "log")
+    change(case)
+    args = argparse.Namespace(set_dir=str(case / "set"), log=str(case / "log"),
+                              checkpoint=[str(case / c) for c in checkpoints], key=None, room=False, config=None)
+    code = verify.run(args)  # a traceback fails the test
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _record(change: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(case: Path) -> None:
+        path = case / "set" / "answers.json"
+        doc = json.loads(path.read_text())
+        change(doc["answers"]["q0"])
+        path.write_text(json.dumps(doc))
+    return apply
+
+
+def _write(relative: str, data: bytes) -> Callable[[Path], None]:
+    return lambda case: (case / relative).write_bytes(data)
+
+
+def _leaves(good: Path) -> bytes:
+    return (good / "log" / "leaves.jsonl").read_bytes()
+
+
+def test_the_good_export_holds(good, tmp_path, capsys):
+    assert _run(good, tmp_path, lambda case: None, capsys=capsys) == (0, f"all holds: {QUESTIONS} records, "
+                                                                         f"{QUESTIONS} leaves, latest checkpoint "
+                                                                         f"{QUESTIONS}, 0 earlier checkpoints\n")
+
+
+CASES = {
+    # a corrupt or truncated export
+    "leaves cut mid-line": (lambda g: _write("log/leaves.jsonl", _leaves(g)[:-7]), 2, "truncated"),
+    "leaves cut at a line": (lambda g: _write("log/leaves.jsonl", _leaves(g).split(b"\n", 1)[0] + b"\n"), 1,
+                             "the export holds only 1 leaves (truncated)"),
+    "leaves nested too deep": (lambda g: _write("log/leaves.jsonl", b"[" * 100_000 + b"\n"
+                                                + _leaves(g).split(b"\n", 1)[1]), 1, "leaf 0: does not parse"),
+    "a leaf not UTF-8": (lambda g: _write("log/leaves.jsonl", b"\xff" + _leaves(g)), 1, "leaf 0: does not parse"),
+    "a leaf not canonical": (lambda g: _write("log/leaves.jsonl", _leaves(g).replace(b'"v":1', b'"v": 1', 1)), 1,
+                             "leaf 0: does not parse (not in canonical form"),
+    "the key garbled": (lambda g: _write("log/key.txt", b"garbage\n"), 2, "the log's key: not a verifier key"),
+    "the key missing": (lambda g: lambda case: (case / "log" / "key.txt").unlink(), 2, "key.txt: can't be read"),
+    "a checkpoint cut": (lambda g: _write(f"log/checkpoints/{QUESTIONS}.txt", f"{ORIGIN}\n{QUESTIONS}\n".encode()),
+                         1, "not a signed note"),
+    "a checkpoint not UTF-8": (lambda g: _write(f"log/checkpoints/{QUESTIONS}.txt", b"\xff\n\n"), 2,
+                               "can't be read"),
+    "answers.json nested too deep": (lambda g: _write("set/answers.json", b"[" * 100_000), 2, "nested too deep"),
+    "answers.json with NaN": (lambda g: _write("set/answers.json", b'{"answers": {"q0": {"choice": NaN}}}'), 2,
+                              "NaN is not JSON"),
+    "answers.json a list": (lambda g: _write("set/answers.json", b"[]"), 1, "answers.json has no answers object"),
+    # a receipt pointing past the tree, or malformed
+    "a receipt past the tree": (lambda g: _record(lambda r: r["receipt"].update(index=10 ** 30)), 1,
+                                "record 'q0' (leaf 1000000000000000000000000000000): the receipt points past the "
+                                "tree (3 leaves)"),
+    "a receipt before the tree": (lambda g: _record(lambda r: r["receipt"].update(index=-1)), 1,
+                                  "the receipt points past the tree"),
+    "a receipt's index a string": (lambda g: _record(lambda r: r["receipt"].update(index="0")), 1,
+                                   "record 'q0': the receipt is malformed"),
+    # a record changed to what JCS can't express
+    "a choice past 2^53": (lambda g: _record(lambda r: r.update(choice=2 ** 70)), 1,
+                           "record 'q0' (leaf 0): the record's answer (choice, q_rev, qid, state) can't be "
+                           "canonicalised"),
+    "a choice with a lone surrogate": (lambda g: _record(lambda r: r.update(choice="\ud800")), 1,
+                                       "can't be canonicalised"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_named_with_exit_1_or_2(good, tmp_path, capsys, name):
+    make, code, words = CASES[name]
+    got, said = _run(good, tmp_path, make(good), capsys=capsys)
+    assert (got, words in said) == (code, True), said
+    assert "Traceback" not in said
+
+
+def test_a_checkpoint_signed_by_another_key_is_named(good, tmp_path, capsys):
+    hashes = [merkle.leaf_hash(line) for line in _leaves(good).split(b"\n")[:-1]]
+    forged = cp.sign_checkpoint(cp.Checkpoint(ORIGIN, len(hashes), merkle.root(hashes)), Ed25519PrivateKey.generate())
+    state = json.dumps({"type": "dev.superpipeline.answer_log.checkpoint", "content": {"checkpoint": forged}})
+    code, said = _run(good, tmp_path, _write("forged.json", state.encode()), "forged.json", capsys=capsys)
+    assert code == 1 and "not signed by the log's key" in said
+    code, said = _run(good, tmp_path / "2", _write("bad.json", b'{"content": {"checkpoint": ['), "bad.json",
+                      capsys=capsys)
+    assert code == 2 and "bad.json: not JSON" in said
