@@ -1,8 +1,10 @@
 """Approvals against a real Synapse (PROTOCOL 2a): a deadline kept with the
-bridge running and while it is down (the homeserver's own delayed poll end,
-or, without delayed events, the bridge's at its next start), an answer a
+bridge running and while it is down (the homeserver's own delayed poll end
+and a closing edit saying what stood, or, without delayed events, the
+bridge's at its next start), an answer a
 second late refused in both cases, and a 2-of-3 approval with a veto through
-votes, a changed vote, a withdrawn vote, a stranger and a kill -9."""
+votes, a changed vote, a withdrawn vote, a stranger and a kill -9 before every
+step, in both modes and encrypted; an escalation kept by the homeserver."""
 
 from __future__ import annotations
 
@@ -318,8 +320,8 @@ async def approval_through_kills(bridge: Bridge, people: list[Person], *, by: st
                 sent = await act()
             return sent
 
-        # 1. A stranger's vote: refused, naming who may answer; no record, no webhook.
-        stranger = await eve.send(room, element_reply(question, "1", bot))
+        # 1. A stranger picks the veto: refused, naming who may answer; it decides nothing, no webhook.
+        stranger = await eve.send(room, element_reply(question, "2", bot))
         told = await run.word_back(eve, stranger)
         assert told["content"][OUTCOME]["reason"] == "not_an_answerer"
         assert all(p in told["content"]["body"] for p in run.who(ana, bo, cy))
@@ -553,3 +555,43 @@ async def test_an_agents_mcp_wait_and_http_long_poll_both_return_expired(bridge)
         assert entry["qid"] == "ship" and entry["state"] == "expired" and "choice" not in entry
     # Both came back with the expiry, long before their own timeouts, and close together.
     assert polled_at - started_at < 50 and waited_at - started_at < 50 and abs(polled_at - waited_at) < 10
+
+
+async def test_an_escalation_mentions_its_people_on_time_while_the_bridge_is_down_and_they_may_answer(bridge, synapse):
+    alice, room, bot = bridge.alice, bridge.room_id, bridge.bot["user_id"]
+    bob, = await joined(synapse, room, bridge.bot["access_token"], 1)
+    try:
+        qset = approval_set([alice.user_id], "10m", required=1)
+        qset["questions"][0]["escalate"] = {"after": "8s", "to": [bob.user_id]}
+        bridge.add_set(qset)
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("ship", 1)]
+        assert f"{bob.user_id} will be asked too" in question["content"]["body"]
+        # Before the escalation Bob may not answer.
+        early = await bob.send(room, element_reply(question, "1", bot))
+        refused = await bob.wait_notice(room, early, timeout=30)
+        assert refused["content"][OUTCOME]["reason"] == "not_an_answerer"
+        await until(lambda: store_rows(bridge.store_path, "SELECT 1 FROM meta WHERE key LIKE 'escalated:%'"), 20,
+                    "the escalation handed to the homeserver")
+        bridge.kill()  # the homeserver mentions him on time by itself
+
+        async def mention() -> dict[str, Any] | None:
+            for event in await bot_events(bob, room, bot, "m.room.message"):
+                content = event["content"]
+                if content.get("m.mentions", {}).get("user_ids") == [bob.user_id]:
+                    return event
+            return None
+        told = await until(mention, 40, "the escalation's mention")
+        assert told["origin_server_ts"] >= question["origin_server_ts"] + 7000
+        assert told["content"]["body"] == f"{bob.user_id}: \u201cShip 2.4\u201d is still undecided; you may answer it now."
+        assert told["content"]["m.relates_to"]["rel_type"] == "m.thread"
+        assert told["content"]["m.relates_to"]["event_id"] == question["event_id"]
+        # From then on he may answer: his veto decides (the bridge reads it when it starts).
+        vetoed = await bob.send(room, element_reply(question, "2", bot))
+        bridge.start()
+        ack = await bob.wait_notice(room, vetoed, timeout=60)
+        assert f"Decided: {HOLD}, a veto by {bob.user_id}." in ack["content"]["body"]
+        decided = await until(lambda: (record(bridge) or {}).get("decided_by") and record(bridge), 30, "the decision")
+        assert decided["choice"] == "hold" and decided["decided_by"] == [bob.user_id]
+    finally:
+        await bob.close()
