@@ -437,3 +437,23 @@ def test_a_kill_between_scheduling_the_new_closing_edit_and_cancelling_the_old_l
     assert [words for words, _delay in hs.closing_edits()] == [closed]
     assert len(hs.by_txn) == 3  # the same transaction sent again: the same delay id, no third edit
 
+
+
+def test_after_the_decision_a_deciders_changed_or_withdrawn_vote_is_told_the_decision_stands(tmp_path):
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+
+    def word_back(event_id: str) -> str:
+        (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id=?", (event_id,)).fetchone()
+        return room.pipeline.notice_for(room.store.log_entry(seq))["body"]
+    assert "Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in word_back("$b1")
+    assert "does not change" not in word_back("$b1")  # the deciding vote is the decision
+    # Bo, who decided it, changes his vote to the veto: recorded, the decision stands, and he is told so.
+    room.deliver([edit("$b2", BO, T0 + 3000, "$b1", "stable")])
+    assert word_back("$b2").endswith("Your vote is recorded; it does not change the decision.")
+    # Ana withdraws hers: told it is withdrawn and that this changes nothing (not that an earlier answer stands).
+    room.deliver([redact("$r1", ANA, T0 + 4000, "$a1")])
+    told = word_back("$r1")
+    assert told.startswith("Your vote to \u201cRelease branch\u201d is withdrawn. Decided: \u201cThe main branch\u201d")
+    assert told.endswith("Withdrawing it does not change the decision.") and "stands again" not in told
+    assert room.record()["decided_by"] == [ANA, BO] and room.record()["choice"] == "main"
