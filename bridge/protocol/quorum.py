@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.protocol.deadline import format_rfc3339
+from bridge.protocol.deadline import clock_words, format_rfc3339
 from bridge.questionset.builtin import BUILTIN_IDS
 
 PENDING = "pending"
@@ -140,3 +140,20 @@ def decision_words(result: Tally, labels: dict[str, str]) -> str:
     if result.veto:
         return f"Decided: \u201c{label}\u201d, a veto by {names}."
     return f"Decided: \u201c{label}\u201d by {names}."
+
+
+def expiry_words(record: dict[str, Any] | None, required: int | None, expires_ms: int) -> tuple[str, str]:
+    """What the room is told when the deadline passes, from the record as it
+    stands then: the thread's notice and the question's closing line ("expired
+    undecided at 14:00 UTC, 1 of 2 votes agreeing").  ``required``: the
+    quorum's, None without one.  The same words the bridge says at expiry are
+    scheduled ahead in the homeserver's delayed closing edit, so the room reads
+    alike whether the bridge was up at the deadline or not."""
+    record = record or {}
+    at = clock_words(expires_ms)
+    if record.get("state") == ANSWERED:
+        return (f"The deadline ({format_rfc3339(expires_ms)}) has passed; the answer given before it stands.",
+                f"closed at its deadline, {at}")
+    stood = stood_words(Tally(record.get("state"), record.get("votes") or []), required) if required else "no answer"
+    return (f"This question expired undecided at {at} ({stood}); it is not approved, and later answers are not "
+            "recorded.", f"expired undecided at {at}, {stood}")

@@ -25,10 +25,14 @@ def gesture(via: str | None) -> str:
 
 
 def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
-                   labels: Mapping[str, str] | None = None) -> str:
-    what = gesture(withdrawn_via)
+                   labels: Mapping[str, str] | None = None, vote: bool = False) -> str:
+    """``vote``: a quorum question's vote (PROTOCOL 2a), whose record holds
+    everyone's votes: only the head is said (the caller adds where they stand)."""
+    what = "vote" if vote else gesture(withdrawn_via)
     head = f"Your {what} on “{title}” is withdrawn" if what in ("note", "file") else \
         f"Your {what} to “{title}” is withdrawn"
+    if vote:
+        return f"{head}."
     if now is None:
         return f"{head}; no answer is recorded now."
     if now.get("state") == "note_only":
@@ -42,10 +46,11 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
 
 def withdrawn_notice(*, event_id: str, withdrawn_event_id: str | None, question_event_id: str | None,
                      qid: str | None, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
-                     reply_to: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     reply_to: str, labels: Mapping[str, str] | None = None, vote: bool = False) -> dict[str, Any]:
     """``event_id``: the redaction (or empty vote); ``now``: the record as
     ``answers.json`` holds it after the withdrawal (None: no record)."""
-    content = notice(withdrawn_text(title=title, withdrawn_via=withdrawn_via, now=now, labels=labels), reply_to, {})
+    content = notice(withdrawn_text(title=title, withdrawn_via=withdrawn_via, now=now, labels=labels, vote=vote),
+                     reply_to, {})
     content.pop("dev.superpipeline.question.outcome", None)
     content[WITHDRAWN_KEY] = {
         "schema_version": 1,

@@ -338,3 +338,122 @@ def test_an_escalation_mentions_its_people_in_the_thread_once(tmp_path):
     # From then on (in the room's order) they may answer.
     room.deliver([answer("$d1", DEE, T0 + 31 * 60_000, "main")])
     assert [v["sender"] for v in room.record()["votes"]] == [DEE]
+
+
+# -- the homeserver's delayed closing edit says what stood ----------------------------------
+
+
+def test_the_words_at_expiry_say_what_stood():
+    from bridge.protocol.quorum import expiry_words
+
+    at = T0 + 45_000
+    one = {"state": "pending", "votes": [{"sender": ANA, "choice": "main"}], "required": 2}
+    assert expiry_words(None, 2, at)[1] == "expired undecided at 08:00:45 UTC, no votes"
+    assert expiry_words(one, 2, at) == (
+        "This question expired undecided at 08:00:45 UTC (1 of 2 votes agreeing); it is not approved, "
+        "and later answers are not recorded.", "expired undecided at 08:00:45 UTC, 1 of 2 votes agreeing")
+    split = {**one, "votes": [*one["votes"], {"sender": BO, "choice": "stable"}]}
+    assert expiry_words(split, 3, at)[1].endswith("1 of 3 votes agreeing")
+    # Without a quorum: an answer given in time stands; none, and it expired with nothing.
+    assert expiry_words({"state": "answered", "choice": "main"}, None, at)[1] == "closed at its deadline, 08:00:45 UTC"
+    assert expiry_words(None, None, at)[1] == "expired undecided at 08:00:45 UTC, no answer"
+
+
+class Delaying(Transport):
+    """A homeserver with delayed events (MSC4140): a retried transaction id gets the same delay id back."""
+
+    def __init__(self, die_after_put: bool = False) -> None:
+        super().__init__()
+        self.delayed: dict[str, tuple[str, dict[str, Any], int]] = {}
+        self.by_txn: dict[str, str] = {}
+        self.cancelled: list[str] = []
+        self.die_after_put = die_after_put
+
+    async def send_delayed(self, room_id: str, event_type: str, content: dict[str, Any], txn: str,
+                           delay_ms: int) -> str:
+        if txn not in self.by_txn:
+            self.by_txn[txn] = f"d{len(self.by_txn)}"
+            self.delayed[self.by_txn[txn]] = (event_type, content, delay_ms)
+            if self.die_after_put:
+                raise KeyboardInterrupt("killed after the homeserver took it")
+        return self.by_txn[txn]
+
+    async def cancel_delayed(self, delay_id: str) -> None:
+        self.cancelled.append(delay_id)
+        self.delayed.pop(delay_id, None)
+
+    def closing_edits(self) -> list[tuple[str, int]]:
+        """What the scheduled closing edits say (the closed line), with their delays."""
+        return [(content["m.new_content"]["body"].rsplit("\n", 1)[-1], delay) for kind, content, delay
+                in self.delayed.values() if content.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+
+
+def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC, {})."
+    assert hs.closing_edits() == [(closed.format("no votes"), 44_000)]
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    clock[0] = T0 + 5000
+    asyncio.run(deadlines.pass_once())
+    # One closing edit still, saying what stands, for the time left; the first one cancelled.
+    assert hs.closing_edits() == [(closed.format("1 of 2 votes agreeing"), 40_000)]
+    assert hs.cancelled == ["d1"] and "d0" in hs.delayed  # d0: the poll end, untouched
+    asyncio.run(deadlines.pass_once())
+    assert len(hs.by_txn) == 3  # nothing changed, nothing sent again
+    # A withdrawn vote is restated too.
+    room.deliver([redact("$r1", ANA, T0 + 6000, "$a1")])
+    clock[0] = T0 + 7000
+    asyncio.run(deadlines.pass_once())
+    assert hs.closing_edits() == [(closed.format("no votes"), 38_000)]
+    # Decided: the poll end and every closing edit ever scheduled are cancelled.
+    room.deliver([answer("$a3", ANA, T0 + 8000, "main"), answer("$b1", BO, T0 + 9000, "main")])
+    clock[0] = T0 + 10_000
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered" and hs.delayed == {}
+
+
+def test_a_kill_between_scheduling_the_new_closing_edit_and_cancelling_the_old_leaves_one(tmp_path):
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    clock = [T0 + 1000]
+    asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+                .schedule(room.posted, "$poll"))
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    clock[0] = T0 + 5000
+    # Killed once the homeserver has taken the new edit, before its delay id is written down.
+    hs.die_after_put = True
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000).pass_once())
+    assert len(hs.closing_edits()) == 2  # both scheduled for a moment, never neither
+    hs.die_after_put = False
+    room.crash()
+    clock[0] = T0 + 8000
+    asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000).pass_once())
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC, 1 of 2 votes agreeing)."
+    assert [words for words, _delay in hs.closing_edits()] == [closed]
+    assert len(hs.by_txn) == 3  # the same transaction sent again: the same delay id, no third edit
+
+
+
+def test_after_the_decision_a_deciders_changed_or_withdrawn_vote_is_told_the_decision_stands(tmp_path):
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+
+    def word_back(event_id: str) -> str:
+        (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id=?", (event_id,)).fetchone()
+        return room.pipeline.notice_for(room.store.log_entry(seq))["body"]
+    assert "Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in word_back("$b1")
+    assert "does not change" not in word_back("$b1")  # the deciding vote is the decision
+    # Bo, who decided it, changes his vote to the veto: recorded, the decision stands, and he is told so.
+    room.deliver([edit("$b2", BO, T0 + 3000, "$b1", "stable")])
+    assert word_back("$b2").endswith("Your vote is recorded; it does not change the decision.")
+    # Ana withdraws hers: told it is withdrawn and that this changes nothing (not that an earlier answer stands).
+    room.deliver([redact("$r1", ANA, T0 + 4000, "$a1")])
+    told = word_back("$r1")
+    assert told.startswith("Your vote to \u201cRelease branch\u201d is withdrawn. Decided: \u201cThe main branch\u201d")
+    assert told.endswith("Withdrawing it does not change the decision.") and "stands again" not in told
+    assert room.record()["decided_by"] == [ANA, BO] and room.record()["choice"] == "main"

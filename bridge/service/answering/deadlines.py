@@ -26,12 +26,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.protocol.deadline import clock_words, format_rfc3339
+from bridge.protocol.deadline import clock_words
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.poll import POLL_END, poll_end
 from bridge.protocol.question_event import closed_replacement
-from bridge.protocol.quorum import Tally, decision_words, stood_words
+from bridge.protocol.quorum import Tally, decision_words, expiry_words
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.store import Store
 
@@ -41,6 +41,7 @@ TRACKED = "approval:"  # meta: a posting with a deadline, a quorum or an escalat
 DELAYS = "delays:"  # meta: JSON {what: delay_id} handed to the homeserver
 UNTOLD = "approval_untold:"  # meta: decided / expired, the room not told yet
 ESCALATED = "escalated:"  # meta: the escalation's mention was sent (or handed to the homeserver)
+CLOSING = "approval_closing:"  # meta: JSON {words, gen[, next]}: what the delayed closing edit says
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
 
@@ -92,10 +93,11 @@ class Deadlines:
         now = self._now()
         planned: list[tuple[str, str, dict[str, Any], int]] = []
         if question.expires_ms is not None and question.expires_ms > now:
-            why = deadline_why(question)
             if poll_id:
-                planned.append(("poll_end", POLL_END, poll_end(poll_id, why), question.expires_ms))
-            planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, why),
+                planned.append(("poll_end", POLL_END, poll_end(poll_id, deadline_why(question)), question.expires_ms))
+            # The closing edit says what stands (nothing yet); restated as votes come (``_restate``).
+            closing = self._closing(question)
+            planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing),
                             question.expires_ms))
         if question.escalation is not None and question.escalation[0] > now:
             planned.append(("escalate", "m.room.message", escalation_content(question), question.escalation[0]))
@@ -115,8 +117,59 @@ class Deadlines:
             log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
             with self.store.transaction():
                 self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
+                if what == "edit":
+                    self.store.set_meta(CLOSING + question.event_id, json.dumps({"words": closing, "gen": 0}))
                 if what == "escalate":
                     self.store.set_meta(ESCALATED + question.event_id, "delayed")
+
+    def _closing(self, question: RecordedQuestion) -> str:
+        """The closing line the question would get were its deadline now: what stands."""
+        set_dir = self.store.set_dir_of(question.event_id)
+        record = self.store.projection(set_dir, question.qid) if set_dir and question.qid else None
+        return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0)[1]
+
+    async def _restate(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
+        """The standing changed (a vote counted, changed or withdrawn): the
+        homeserver's delayed closing edit is replaced by one that says so.
+
+        MSC4140 has no update: a new one is scheduled for the time left, then
+        the old one cancelled.  Each has its own generation's transaction id,
+        written down before it is sent, so a crash after the homeserver took
+        it sends the same request again and gets the same delay id back; the
+        old one, once superseded, is kept as ``edit@<gen>`` until its cancel
+        went through (and at the latest is cancelled with the rest when the
+        question closes).  A crash between the two leaves both scheduled,
+        never neither."""
+        send_delayed = getattr(self.transport, "send_delayed", None)
+        delays = self._delays(question.event_id)
+        if send_delayed is None or question.expires_ms is None or "edit" not in delays:
+            return
+        closing = expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms)[1]
+        raw = self.store.get_meta(CLOSING + question.event_id)
+        said = json.loads(raw) if raw else {"words": None, "gen": 0}
+        if said["words"] != closing or said.get("next"):
+            left = question.expires_ms - self._now()
+            if left <= 1000:
+                return  # too late to restate: the bridge's own closing at the deadline says what stood
+            gen = said.get("next") or said["gen"] + 1
+            if not said.get("next"):
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(CLOSING + question.event_id, json.dumps({**said, "next": gen}))
+            content = closed_replacement(question.event_id, question.content, closing)
+            delay_id = await send_delayed(question.room_id, "m.room.message", content,
+                                          txn_id("delayed", "edit", question.event_id, str(gen)), left)
+            with self.store.transaction(flush=False):
+                if delay_id is not None:
+                    delays[f"edit@{said['gen']}"] = delays["edit"]
+                    delays["edit"] = delay_id
+                    self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
+                # Refused (no session to encrypt it, say): the old edit stays, the bridge closes it itself.
+                self.store.set_meta(CLOSING + question.event_id, json.dumps({"words": closing, "gen": gen}))
+            log.info("delayed closing edit of %s restated (%s): %s", question.event_id, delay_id, closing)
+        stale = tuple(what for what in self._delays(question.event_id) if what.startswith("edit@"))
+        if stale:
+            await self._cancel(question.event_id, keep=tuple(w for w in self._delays(question.event_id)
+                                                            if w not in stale))
 
     def _delays(self, event_id: str) -> dict[str, str]:
         raw = self.store.get_meta(DELAYS + event_id)
@@ -176,6 +229,7 @@ class Deadlines:
                     self.store.set_meta(ESCALATED + event_id, "sent")
                 return
             else:
+                await self._restate(question, record)
                 return
             self.flush()
             question = self.store.question_by_event(event_id) or question
@@ -198,6 +252,7 @@ class Deadlines:
         if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) and not watching_deadline:
             with self.store.transaction(flush=False):
                 self.store.delete_meta(TRACKED + event_id)
+                self.store.delete_meta(CLOSING + event_id)
 
     def _close(self, question: RecordedQuestion, set_dir: str, why: str, record: dict[str, Any] | None) -> None:
         with self.store.transaction():
@@ -229,14 +284,8 @@ class Deadlines:
             # The homeserver's own poll end (a delayed event) already closed it, or is about to.
             delays = self._delays(question.event_id)
             await self._cancel(question.event_id, keep=("poll_end", "edit"))
-            if record.get("state") == "answered":
-                words = f"The deadline ({format_rfc3339(question.expires_ms or 0)}) has passed; the answer given before it stands."
-                closing = f"closed at its deadline, {clock_words(question.expires_ms or 0)}"
-            else:
-                stood = stood_words(tally, question.quorum[0]) if question.quorum else "no answer"
-                words = (f"This question expired undecided at {clock_words(question.expires_ms or 0)} ({stood}); "
-                         "it is not approved, and later answers are not recorded.")
-                closing = f"expired undecided at {clock_words(question.expires_ms or 0)}, {stood}"
+            words, closing = expiry_words(record, question.quorum[0] if question.quorum else None,
+                                          question.expires_ms or 0)
             if "poll_end" in delays:
                 self._forget_delay(question.event_id, "poll_end")
             if "edit" in delays:

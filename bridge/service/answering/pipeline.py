@@ -634,8 +634,10 @@ class Pipeline:
         tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
                       record.get("decided_by") or [], veto=record.get("choice") in veto)
         words = progress_words(tally, required, question.answerers_at(entry.ts), labels)
-        if record.get("decided_by") and entry.sender not in record["decided_by"]:
-            words += " Your vote is recorded; it does not change the decision."
+        if record.get("decided_by") and not _deciding(record, entry.sender):
+            # After the decision (a vote, a changed vote, a withdrawn one): it stands.
+            words += " Withdrawing it does not change the decision." if entry.outcome == "withdrawn" \
+                else " Your vote is recorded; it does not change the decision."
         return words
 
     def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
@@ -648,7 +650,9 @@ class Pipeline:
         content = withdrawn_notice(event_id=entry.event_id, withdrawn_event_id=entry.replaces,
                                    question_event_id=entry.question_event_id, qid=entry.qid, title=str(title),
                                    withdrawn_via=withdrawn_via, now=now, reply_to=ack or entry.event_id,
-                                   labels=display_names(question) if question else None)
+                                   labels=display_names(question) if question else None,
+                                   # On a quorum the record is everyone's votes, not this person's earlier answer.
+                                   vote=question is not None and question.quorum is not None)
         if question is not None and question.quorum is not None:
             content = with_remark(content, self._quorum_words(entry, question))
         if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
@@ -661,6 +665,13 @@ class Pipeline:
     def _record_rev(self, entry: LogEntry) -> int:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         return record["rev"] if record else 1
+
+
+def _deciding(record: dict[str, Any], sender: str) -> bool:
+    """Whether ``sender``'s standing vote is one that decided the quorum (no
+    remark then: it is the decision); a decider who changed or withdrew it is told it stands."""
+    return sender in record.get("decided_by", []) and any(
+        v.get("sender") == sender and v.get("choice") == record.get("choice") for v in record.get("votes") or [])
 
 
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
