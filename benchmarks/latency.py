@@ -319,7 +319,9 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         if conditions.watcher_per_round:
             await watch.stop()
         done = slice(start_of_round, len(bridge_ms))
-        per_round.append(round(percentile(bridge_ms[done], 50) - percentile(bare_ms[done], 50), 2))
+        if bridge_ms[done]:
+            # The round's median of the per-answer differences: one draw of the wake order.
+            per_round.append(round(percentile([b - r for b, r in zip(bridge_ms[done], bare_ms[done])], 50), 2))
     cpu = [(after - before) * 1000 / max(1, len(bridge_ms)) for before, after in
            zip(cpu_before, (cpu_seconds(w.bridge.pid), cpu_seconds(w.synapse.process.pid)))]
     await watch.stop()
@@ -343,7 +345,10 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         row["bridge_received_p50_ms"] = round(percentile(received_ms, 50), 2)
         row["delivery_p50_ms"], row["delivery_p99_ms"] = (round(percentile(delivery, p), 2) for p in (50, 99))
         row["own_p50_ms"], row["own_p99_ms"] = (round(percentile(own, p), 2) for p in (50, 99))
-    row["overhead_p50_ms_by_round"] = per_round
+    row["paired_by_round_ms"] = per_round
+    if per_round:
+        row["paired_round_median_ms"] = round(percentile(per_round, 50), 2)
+        row["paired_round_max_ms"] = max(per_round)
     return row
 
 
@@ -424,24 +429,32 @@ async def seen_by_both(sent: dict[str, float], watch: FileWatch, *references: di
 
 
 def summary(mode: str, bridge_ms: list[float], bare_ms: list[float], count: int) -> dict[str, Any]:
+    """The figures of one mode.  The headline is per answer, paired: for
+    each answer, the time it was durable minus the time the reference saw
+    that same answer, then the percentiles of those differences: what a
+    person waits beyond what their own client would have shown them.  The
+    difference of the two pooled distributions' percentiles (``pooled_*``)
+    is kept beside it: it can hide a lag nearly every answer has (a few
+    answers the bridge got early shift the pooled p50 by as much)."""
     row: dict[str, Any] = {"mode": mode, "answers": count, "measured": len(bridge_ms)}
     for p in (50, 99):
         row[f"bridge_p{p}_ms"] = round(percentile(bridge_ms, p), 2)
         row[f"bare_p{p}_ms"] = round(percentile(bare_ms, p), 2)
-        row[f"overhead_p{p}_ms"] = round(percentile(bridge_ms, p) - percentile(bare_ms, p), 2)
-    # Per answer: what the bridge added to what the homeserver took.
-    overhead = [b - r for b, r in zip(bridge_ms, bare_ms)]
-    row["overhead_of_each_p50_ms"] = round(percentile(overhead, 50), 2)
-    row["overhead_of_each_p99_ms"] = round(percentile(overhead, 99), 2)
+        row[f"pooled_p{p}_ms"] = round(percentile(bridge_ms, p) - percentile(bare_ms, p), 2)
+    paired = [b - r for b, r in zip(bridge_ms, bare_ms)]
+    row["paired_p50_ms"] = round(percentile(paired, 50), 2)
+    row["paired_p99_ms"] = round(percentile(paired, 99), 2)
     row["samples"] = {"bridge_ms": [round(v, 3) for v in bridge_ms], "bare_ms": [round(v, 3) for v in bare_ms]}
     return row
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'mode':<12}{'conditions':<28}{'n':>6}{'bridge p50':>12}{'bare p50':>10}{'+p50':>8}{'bridge p99':>12}{'bare p99':>10}{'+p99':>8}{'bridge cpu':>12}{'hs cpu':>12}")
+    print(f"{'mode':<12}{'conditions':<28}{'n':>6}{'per answer +p50':>17}{'+p99':>8}{'rounds +p50':>13}"
+          f"{'pooled +p50':>13}{'bridge p50':>12}{'bare p50':>10}{'bridge cpu':>12}{'hs cpu':>12}")
     for r in rows:
-        print(f"{r['mode']:<12}{r.get('conditions', {}).get('label', ''):<28}{r['measured']:>6}{r['bridge_p50_ms']:>12}{r['bare_p50_ms']:>10}{r['overhead_p50_ms']:>8}"
-              f"{r['bridge_p99_ms']:>12}{r['bare_p99_ms']:>10}{r['overhead_p99_ms']:>8}"
+        print(f"{r['mode']:<12}{r.get('conditions', {}).get('label', ''):<28}{r['measured']:>6}"
+              f"{r['paired_p50_ms']:>17}{r['paired_p99_ms']:>8}{r.get('paired_round_median_ms', ''):>13}"
+              f"{r['pooled_p50_ms']:>13}{r['bridge_p50_ms']:>12}{r['bare_p50_ms']:>10}"
               f"{r.get('bridge_cpu_ms_per_answer', ''):>12}{r.get('synapse_cpu_ms_per_answer', ''):>12}")
     for r in rows:
         if "bare_sync_p50_ms" in r:
@@ -456,10 +469,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(f"{r['mode']} {r['conditions']['label']}: {r['not_seen_in_answers_json']} answers never seen in "
                   "answers.json (replaced by the next answer to the question within the same batch)")
     for r in rows:
-        if r.get("overhead_p50_ms_by_round"):
-            print(f"{r['mode']} {r.get('conditions', {}).get('label', '')}: +p50 of each round (a fresh observer each): {r['overhead_p50_ms_by_round']}")
-    print("(milliseconds from the person's send; targets: bot overhead <= 3 ms at p50, <= 8 ms at p99; "
-          "appservice <= 2 ms at p50)")
+        if r.get("paired_by_round_ms"):
+            print(f"{r['mode']} {r.get('conditions', {}).get('label', '')}: per-answer +p50 of each round "
+                  f"(a fresh observer each): {r['paired_by_round_ms']}")
+    print("(milliseconds from the person's send; per answer: the bridge's durable time minus the reference's "
+          "seen time for the same answer; targets: bot <= +3 ms at p50, <= +8 ms at p99, no round above +5 ms; "
+          "appservice <= +2 ms at p50; encrypted rooms <= +3 ms at p50, <= +10 ms at p99)")
 
 
 VARIATIONS = {  # --vary: the harder case with one condition eased at a time
