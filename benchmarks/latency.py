@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import _sync_timing
 from _world import AS_LOCALPART, ROOT, World, answer, percentile, question_set, world
 
 from bridge.devserver import SERVER_NAME
@@ -282,11 +283,13 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     receiver = w.receiver if mode == "appservice" else None
     sync_ms: list[float] = []  # appservice mode: the bare /sync client too, beside the bare appservice
     per_round: list[float] = []
+    timed: list[tuple[float, float, float, str]] = []  # for the homeserver's side (``_sync_timing``)
     lost = 0
     assert w.bridge is not None and w.synapse.process is not None
     cpu_before = cpu_seconds(w.bridge.pid), cpu_seconds(w.synapse.process.pid)
     for n in range(rounds):
-        observer = Observer(w.client(w.add_member(f"observer-{set_id}-{n}", room_id)))
+        observer_account = w.add_member(f"observer-{set_id}-{n}", room_id)
+        observer = Observer(w.client(observer_account))
         observer.task = asyncio.ensure_future(observer.run())
         if conditions.watcher_per_round:
             watch = FileWatch(folder / "answers.json")
@@ -312,6 +315,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
                 sync_ms.append((observer.seen[event_id] - sent[event_id]) * 1000)
             if event_id in received:
                 received_ms.append((received[event_id] - sent[event_id]) * 1000)
+                timed.append((sent[event_id], received[event_id], observer.seen[event_id], observer_account["user_id"]))
         observer.task.cancel()
         if not conditions.encrypted:
             await observer.client.room_leave(room_id)
@@ -345,6 +349,9 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         row["bridge_received_p50_ms"] = round(percentile(received_ms, 50), 2)
         row["delivery_p50_ms"], row["delivery_p99_ms"] = (round(percentile(delivery, p), 2) for p in (50, 99))
         row["own_p50_ms"], row["own_p99_ms"] = (round(percentile(own, p), 2) for p in (50, 99))
+    access_log = w.synapse.data_dir / "access.log"
+    if mode == "bot" and access_log.exists():
+        row["homeserver_side"] = _sync_timing.explain(timed, w.bot["user_id"], _sync_timing.sync_requests(access_log))
     row["paired_by_round_ms"] = per_round
     if per_round:
         row["paired_round_median_ms"] = round(percentile(per_round, 50), 2)
@@ -465,6 +472,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(f"{r['mode']} {r['conditions']['label']}: of the overhead, the homeserver delivering to the bridge "
                   f"later (its sync answered, its transaction pushed): p50 {r['delivery_p50_ms']} ms, p99 {r['delivery_p99_ms']} ms; the bridge's own work after "
                   f"it: p50 {r['own_p50_ms']} ms, p99 {r['own_p99_ms']} ms")
+        if "homeserver_side" in r:
+            _sync_timing.print_explanation(r["mode"], r["conditions"]["label"], r["homeserver_side"])
         if r.get("not_seen_in_answers_json"):
             print(f"{r['mode']} {r['conditions']['label']}: {r['not_seen_in_answers_json']} answers never seen in "
                   "answers.json (replaced by the next answer to the question within the same batch)")
@@ -486,8 +495,10 @@ VARIATIONS = {  # --vary: the harder case with one condition eased at a time
 
 
 async def main(count: int, modes: list[str], rounds: int | None, variants: list[str],
-               encrypted: bool = False) -> list[dict[str, Any]]:
+               encrypted: bool = False, hs_timing: bool = False) -> list[dict[str, Any]]:
     rows = []
+    if hs_timing:
+        _sync_timing.enable_access_log()
     async with world(appservice="appservice" in modes) as w:
         for mode in modes:
             for name in variants:
@@ -513,8 +524,10 @@ if __name__ == "__main__":
                         help=f"measure these cases one after another ({', '.join(VARIATIONS)})")
     parser.add_argument("--encrypted", action="store_true",
                         help="in an end-to-end encrypted room (the person's client encrypts, the bridge decrypts)")
+    parser.add_argument("--hs-timing", action="store_true",
+                        help="bot mode: also time each /sync from the homeserver's side (its access log)")
     args = parser.parse_args()
     variants = args.vary or (["easy"] if args.easy else ["hard"])
-    rows = asyncio.run(main(args.count, args.modes, args.rounds, variants, args.encrypted))
+    rows = asyncio.run(main(args.count, args.modes, args.rounds, variants, args.encrypted, args.hs_timing))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
