@@ -71,6 +71,7 @@ class Conditions:
 
 
 HARD = Conditions()
+PROFILE = ""  # --profile: the bridge under cProfile, its stats written to "<PROFILE>-<set>.prof"
 EASY = Conditions(mixed=False, answerers=False, gap_ms=0, wheel=False, watcher_per_round=False)
 
 
@@ -267,6 +268,8 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         extra["answerers"] = [account["user_id"], w.bot["user_id"]]
     store = {"path": str(w.base / f"{set_id}.sqlite")}
     trace = w.base / f"{set_id}.trace"  # when the bridge's syncs return, or its transactions arrive
+    if PROFILE:
+        os.environ["ASKWRIGHT_BENCH_PROFILE"] = f"{PROFILE}-{set_id}.prof"  # read by ``_traced.py``
     w.start_bridge(w.config(appservice=mode == "appservice", store=store, **extra),
                    site=w.wheel_site() if conditions.wheel else None, trace=trace)
     questions, polls = await posted(w, person, set_id, len(kinds), sum(map(wants_poll, kinds)))
@@ -526,7 +529,9 @@ if __name__ == "__main__":
                         help="in an end-to-end encrypted room (the person's client encrypts, the bridge decrypts)")
     parser.add_argument("--hs-timing", action="store_true",
                         help="bot mode: also time each /sync from the homeserver's side (its access log)")
+    parser.add_argument("--profile", metavar="PREFIX", help="run each bridge under cProfile, stats to PREFIX-<set>.prof")
     args = parser.parse_args()
+    PROFILE = args.profile or ""
     variants = args.vary or (["easy"] if args.easy else ["hard"])
     rows = asyncio.run(main(args.count, args.modes, args.rounds, variants, args.encrypted, args.hs_timing))
     if args.json:
