@@ -286,6 +286,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     receiver = w.receiver if mode == "appservice" else None
     sync_ms: list[float] = []  # appservice mode: the bare /sync client too, beside the bare appservice
     per_round: list[float] = []
+    round_sizes: list[int] = []
     timed: list[tuple[float, float, float, str]] = []  # for the homeserver's side (``_sync_timing``)
     lost = 0
     assert w.bridge is not None and w.synapse.process is not None
@@ -326,6 +327,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         if conditions.watcher_per_round:
             await watch.stop()
         done = slice(start_of_round, len(bridge_ms))
+        round_sizes.append(len(bridge_ms) - start_of_round)
         if bridge_ms[done]:
             # The round's median of the per-answer differences: one draw of the wake order.
             per_round.append(round(percentile([b - r for b, r in zip(bridge_ms[done], bare_ms[done])], 50), 2))
@@ -352,6 +354,8 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         row["bridge_received_p50_ms"] = round(percentile(received_ms, 50), 2)
         row["delivery_p50_ms"], row["delivery_p99_ms"] = (round(percentile(delivery, p), 2) for p in (50, 99))
         row["own_p50_ms"], row["own_p99_ms"] = (round(percentile(own, p), 2) for p in (50, 99))
+        row["samples"]["own_ms"] = [round(v, 3) for v in own]
+        row["samples"]["round_sizes"] = round_sizes  # the answers of each round, in order
     access_log = w.synapse.data_dir / "access.log"
     if mode == "bot" and access_log.exists():
         row["homeserver_side"] = _sync_timing.explain(timed, w.bot["user_id"], _sync_timing.sync_requests(access_log))
