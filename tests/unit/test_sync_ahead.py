@@ -39,11 +39,13 @@ class _Homeserver:
         self.store = store
         self.batches = batches
         self.asked: list[tuple[str | None, str | None]] = []  # (since, the store's token then)
+        self.timeouts: list[int] = []
         self.cancelled: list[str | None] = []
         self.new_request = asyncio.Event()
 
     async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
         self.asked.append((since, self.store.get_meta(SYNC_TOKEN)))
+        self.timeouts.append(timeout)
         self.new_request.set()
         if since in self.batches:
             return self.batches[since]
@@ -163,3 +165,35 @@ async def test_a_crash_with_a_sync_asked_ahead_replays_from_the_durable_token(tm
     assert store.get_meta(SYNC_TOKEN) == "s2"
     loop.cancel()
     await asyncio.gather(loop, return_exceptions=True)
+
+
+class _KeepingCrypto:
+    """Encryption whose screening keeps an event for its key: from then on
+    the loop must be back within 200 ms (its key asked again, say)."""
+
+    def __init__(self) -> None:
+        self.kept = False
+
+    async def maintain(self) -> None:
+        pass
+
+    def sync_timeout_ms(self, default: int) -> int:
+        return min(default, 200) if self.kept else default
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        self.kept = True
+        return events, []
+
+
+async def test_a_batch_that_keeps_an_event_asks_the_long_poll_again_to_wake_in_time(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop, crypto=_KeepingCrypto()).run())
+    await _until(lambda: pipeline.durable == ["$a"] and len(homeserver.asked) >= 3)
+    # The long poll asked ahead (30 s) was asked again from the same token
+    # with the timeout the kept event needs, then again as each returns.
+    assert homeserver.timeouts[:3] == [30000, 30000, 200]
+    assert [since for since, _ in homeserver.asked[:3]] == ["s1", "s2", "s2"]
+    assert homeserver.cancelled[:1] == ["s2"]
+    await _stopped(loop, stop)

@@ -189,6 +189,7 @@ class SyncLoop:
         self.posted = posted  # set once the first posting is done
         self._upkeep: asyncio.Future[None] | None = None  # the key chores running beside the sync
         self.first_sync = first_sync  # asked for before the loop started (``ask_first_sync``)
+        self._wakes_at = 0.0  # the event loop's time when the last long poll asked returns at the latest
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -247,6 +248,7 @@ class SyncLoop:
                     finally:
                         notices.reading_gap = False
                     await self._handle(batch_events(response), token=response.next_batch)
+                    ahead = await self._wake_in_time(ahead, sync_filter)
                     if self.on_synced:
                         self.on_synced()
                     notices.wake()
@@ -276,8 +278,23 @@ class SyncLoop:
 
     def _ask(self, since: str | None, timeout: int, sync_filter: dict[str, Any]) -> "asyncio.Future[Any]":
         if self.crypto is not None:
+            # A long poll that wakes up in time for what kept events are waiting on.
             timeout = self.crypto.sync_timeout_ms(timeout)
+        self._wakes_at = asyncio.get_running_loop().time() + timeout / 1000
         return asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
+
+    async def _wake_in_time(self, ahead: FirstSync | None, sync_filter: dict[str, Any]) -> FirstSync | None:
+        """The long poll asked ahead again, with a shorter timeout, when the
+        batch just made durable needs the loop back sooner than it would
+        return: an event kept for its key (its grace period, the key asked
+        again) or a person whose devices are to be asked for again."""
+        if ahead is None or self.crypto is None or ahead[1].done():
+            return ahead
+        wanted = asyncio.get_running_loop().time() + self.crypto.sync_timeout_ms(30000) / 1000
+        if wanted >= self._wakes_at - 0.05:
+            return ahead
+        await _drop(ahead)
+        return await self._ask_ahead(ahead[0], sync_filter)
 
     async def _ask_ahead(self, since: str, sync_filter: dict[str, Any]) -> FirstSync:
         """The next long poll, asked for from the batch just received, before
