@@ -13,7 +13,9 @@ written into a large ``answers.json`` beside the bare atomic replace; a
 the same file from the homeserver.
 
 and a short soak (``soak.py``: many rooms, a steady stream of answers; its
-own runs go for 30 minutes) beside its own first minutes.
+own runs go for 30 minutes) beside its own first minutes; last, capacity
+(``capacity.py``): the highest answer rate the bridge keeps up with, beside
+a bare client reading the same stream.
 
 Every target is printed with met / not met, from the one run.  Writes
 ``benchmarks/out/results.json``, ``latency.png``, ``catchup.png`` and ``soak.png``.
@@ -35,6 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import capacity  # noqa: E402
 import catchup  # noqa: E402
 import files as files_bench  # noqa: E402
 import judge as judge_bench  # noqa: E402
@@ -101,7 +104,12 @@ async def synapse_figures(args: argparse.Namespace) -> dict[str, Any]:
         print(f"soak: {args.soak_minutes} minutes, {args.soak_rooms} rooms ...", flush=True)
         steady = await soak.measure(w, args.soak_minutes, args.soak_rooms, args.soak_rooms * 10)
         soak.print_report(steady)
-    return {"latency": rows, "catchup": catches, "files": sent_files, "scale": big, "soak": steady}
+        # Last: its rooms and its load would otherwise weigh on the benches after it.
+        print(f"capacity: {args.capacity_seconds:g} s at each rate ...", flush=True)
+        most = await capacity.measure(w, [10, 20, 50, 100, 200], args.capacity_seconds)
+        capacity.print_report(most)
+    return {"latency": rows, "catchup": catches, "files": sent_files, "scale": big, "soak": steady,
+            "capacity": most}
 
 
 def met(ok: bool) -> str:
@@ -158,6 +166,8 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         rows.append(("... asyncio tasks in the bridge", f"{k['tasks_end']}", f"after warm-up {k['tasks_after_warmup']}",
                      "-", "-"))
         rows.append(("... store on disk per 1,000 answers (MB)", f"{k['store_mb_per_1000_answers']}", "-", "-", "-"))
+    if "capacity" in r:
+        rows += capacity_rows(r["capacity"])
     for g in r["answers_growth"]:
         rows.append((f"one answer into answers.json of {g['records']:,} records (ms)", f"{g['write_ms']}",
                      f"bare atomic replace {g['bare_replace_ms']}", "-", "-"))
@@ -199,6 +209,18 @@ def latency_rows(lat: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
                      f"{lat['own_p50_ms']} / {lat['own_p99_ms']}",
                      f"homeserver delivering later {lat['delivery_p50_ms']} / {lat['delivery_p99_ms']}",
                      "-", "-"))
+    return rows
+
+
+def capacity_rows(c: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """The highest answer rate each side keeps up with (p99 from the send at most 1 s, nothing left behind)."""
+    kept = [s for s in c["steps"] if s["rate"] == c["bridge_max_rate"]]
+    ok = c["bare_max_rate"] > 0 and c["bridge_max_rate"] >= 0.9 * c["bare_max_rate"]
+    rows = [(f"capacity, {c['rooms']} rooms, {c['people']} people: answers/s kept up with (p99 <= 1 s)",
+             f"{c['bridge_max_rate']:g}", f"bare /sync client {c['bare_max_rate']:g}", ">= 0.9x", met(ok))]
+    if kept:
+        rows.append((f"... the bridge's CPU per answer at {c['bridge_max_rate']:g}/s (ms)",
+                     f"{kept[0]['bridge_cpu_ms_per_answer']}", "-", "-", "-"))
     return rows
 
 
@@ -267,6 +289,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each timed judge round")
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak (3; quick 1); soak.py runs 30")
     parser.add_argument("--soak-rooms", type=int, help="rooms of the soak, ten questions each (100; quick 20)")
+    parser.add_argument("--capacity-seconds", type=float, help="seconds of answering at each capacity rate (30; quick 5)")
     parser.add_argument("--from-json", action="store_true",
                         help="print the table (and redraw the charts) of the last run's results.json")
     args = parser.parse_args()
@@ -284,6 +307,7 @@ def main() -> int:
     args.soak_rooms = args.soak_rooms or (20 if args.quick else 100)
     args.sets = args.sets or (100 if args.quick else 1000)
     args.file_rounds = args.file_rounds or (3 if args.quick else 5)
+    args.capacity_seconds = args.capacity_seconds or (5 if args.quick else 30)
 
     OUT.mkdir(exist_ok=True)
     started = time.monotonic()
