@@ -58,4 +58,19 @@ _trace_transactions()
 
 from bridge.cli import main  # noqa: E402
 
+if os.environ.get("ASKWRIGHT_BENCH_PROFILE"):
+    # Where the bridge's CPU goes (``latency.py --profile``): cProfile over
+    # the whole run, written when SIGTERM has ended it.  The event loop's
+    # thread's CPU time, not the wall clock: on a busy machine the wall clock
+    # charges any call for the moments the process was not running.
+    import cProfile
+
+    profile = cProfile.Profile(time.thread_time)
+    profile.enable()
+    try:
+        code = main(sys.argv[1:])
+    finally:
+        profile.disable()
+        profile.dump_stats(os.environ["ASKWRIGHT_BENCH_PROFILE"])
+    raise SystemExit(code)
 raise SystemExit(main(sys.argv[1:]))

@@ -202,6 +202,20 @@ class Crypto:
             if room_id in self.client.rooms:
                 await self.client.joined_members(room_id)
 
+    def devices_settled(self, senders: set[str]) -> bool:
+        """Whether what is known of each sender's devices can settle the trust
+        in their messages now: their devices read and not marked outdated
+        (nor, under ``cross-signed``, their cross-signing keys unread).  When
+        so, a batch from them need not wait for the key chores of others
+        (a newcomer to the room, say): they can run beside it."""
+        client = self.client
+        if client.olm is None:
+            return True
+        outdated, known = client.users_for_key_query, client.device_store.users
+        cross = self.settings.trust == "cross-signed" and self.cross_signing is not None
+        return all(sender in known and sender not in outdated and not (cross and not self.cross_signing.known(sender))
+                   for sender in senders)
+
     def members_changed(self, room_id: str) -> None:
         """Someone joined or left ``room_id`` and no sync told nio: its members
         are read again before the next send there, under a new room key (what

@@ -92,6 +92,8 @@ class TransactionServer:
         self.catchup: CatchUp | None = None
         self.crypto: Any = None  # bridge.service.encryption.crypto.Crypto when the bridge encrypts
         self.kept = asyncio.Event()  # set when encrypted events came: kept ones have a grace period to watch
+        self._chores_lock = asyncio.Lock()
+        self._beside: asyncio.Future[None] | None = None  # key chores running beside a batch (``_screen``)
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
         # Raises when this instance no longer leads a shared store: then no 200.
@@ -124,6 +126,9 @@ class TransactionServer:
     async def close(self) -> None:
         if self.runner:
             await self.runner.cleanup()
+        if self._beside is not None:
+            self._beside.cancel()
+            await asyncio.gather(self._beside, return_exceptions=True)
 
     def open(self, rooms: list[str], notices: Notices) -> None:
         """Start accepting transactions; only events of ``rooms`` are bridged."""
@@ -237,10 +242,15 @@ class TransactionServer:
             if event.get("type") == "m.room.member" and isinstance(event.get("room_id"), str):
                 # nio learns members from syncs, which this mode has none of.
                 self.crypto.members_changed(event["room_id"])
-        encrypted = any(event.get("type") == "m.room.encrypted" for event in events)
+        senders = {event.get("sender") for event in events if event.get("type") == "m.room.encrypted"}
+        encrypted = bool(senders)
         if encrypted:
-            await self.crypto.read_changed_members()  # newcomers' devices are then queried,
-            await self.crypto.maintain()  # for the trust check
+            if all(isinstance(s, str) for s in senders) and self.crypto.devices_settled(senders):
+                # The senders' devices are known: the chores (a newcomer's
+                # devices read, say) run beside this batch, not before it.
+                self._chores_beside()
+            else:
+                await self._chores()  # newcomers' devices queried first, for the trust check
         events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
         if encrypted:
             self.kept.set()  # after screen: what it kept is in the store for the watcher's reckoning
@@ -250,6 +260,23 @@ class TransactionServer:
             if resolved:
                 self.store.drop_undecrypted(resolved)
         return events, commit_all
+
+    async def _chores(self) -> None:
+        """Members read again where they changed (their devices are then
+        queried), then the key chores; one run at a time."""
+        async with self._chores_lock:
+            await self.crypto.read_changed_members()
+            await self.crypto.maintain()
+
+    def _chores_beside(self) -> None:
+        if self._beside is None or self._beside.done():
+            self._beside = asyncio.ensure_future(self._chores_logged())
+
+    async def _chores_logged(self) -> None:
+        try:
+            await self._chores()
+        except Exception as exc:  # noqa: BLE001 - done again before the next batch that needs them
+            log.warning("encryption key chores failed (%s); tried again with the next batch", exc)
 
     async def feed_kept(self) -> None:
         """Kept encrypted events whose keys came (or whose grace ran out): the

@@ -2,7 +2,9 @@
 
 The sync token is advanced only inside the pipeline's final commit, after
 every answer of the batch is durable, so a crash replays the batch and the
-processed-event table makes the replay change nothing.
+processed-event table makes the replay change nothing.  The next long poll
+is asked for as soon as a response arrives, while its batch is judged (a
+bare client's pace); only its response waits for the batch to be durable.
 """
 
 from __future__ import annotations
@@ -187,6 +189,7 @@ class SyncLoop:
         self.posted = posted  # set once the first posting is done
         self._upkeep: asyncio.Future[None] | None = None  # the key chores running beside the sync
         self.first_sync = first_sync  # asked for before the loop started (``ask_first_sync``)
+        self._wakes_at = 0.0  # the event loop's time when the last long poll asked returns at the latest
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -210,54 +213,105 @@ class SyncLoop:
     async def _loop(self, notices: Notices) -> None:
         backoff = 0.5
         sync_filter = own_events_left_out(self.client.user_id)
-        while not self.stop.is_set():
-            since = self.store.get_meta(SYNC_TOKEN)
-            polling = self.posted is not None and not self.posted.is_set()
-            timeout = 0 if polling else 30000
-            if self.crypto is not None:
-                # Key chores run beside the sync, as nio's own sync loop runs
-                # them: a start queries every known person's keys, which a
-                # batch of plain answers need not wait for.  A batch with
-                # encrypted events waits for them (below).
-                if self._upkeep is None or self._upkeep.done():
-                    self._upkeep = asyncio.ensure_future(self._key_upkeep())
-                timeout = self.crypto.sync_timeout_ms(timeout)
-            if self.first_sync is not None:
-                (since, sync), self.first_sync = self.first_sync, None
-            else:
-                sync = asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
-            stopper = asyncio.ensure_future(self.stop.wait())
-            done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            stopper.cancel()
-            if sync not in done:
-                sync.cancel()  # nothing of this sync was handled: it is simply asked again next start
-                break
-            try:
-                response = sync.result()
-                if not isinstance(response, SyncResponse):
-                    raise MatrixError("sync", response)
-                # A long outage's gap first, page by page (read ahead while
-                # judged); the token moves only with the sync's own events.
-                notices.reading_gap = True
+        # The next long poll, asked for as soon as the last response arrived
+        # (its since, its request): see ``_ask_ahead``.
+        ahead: FirstSync | None = None
+        try:
+            while not self.stop.is_set():
+                polling = self.posted is not None and not self.posted.is_set()
+                self._start_upkeep()
+                if self.first_sync is not None:
+                    (since, sync), self.first_sync = self.first_sync, None
+                elif ahead is not None:
+                    (since, sync), ahead = ahead, None
+                else:
+                    since = self.store.get_meta(SYNC_TOKEN)
+                    sync = self._ask(since, 0 if polling else 30000, sync_filter)
+                stopper = asyncio.ensure_future(self.stop.wait())
+                done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+                if sync not in done:
+                    sync.cancel()  # nothing of this sync was handled: it is simply asked again next start
+                    break
                 try:
-                    async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
-                        await self._handle(page)
-                finally:
-                    notices.reading_gap = False
-                await self._handle(batch_events(response), token=response.next_batch)
-                if self.on_synced:
-                    self.on_synced()
-                notices.wake()
-                backoff = 0.5
-                await self._answer_invites(response)
-                if polling:
-                    await sleep_or_stop(self.stop, POSTING_POLL, wake=self.posted)
-            except StopRequested:
-                break
-            except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
-                log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
-                await sleep_or_stop(self.stop, backoff)
-                backoff = min(backoff * 2, 30)
+                    response = sync.result()
+                    if not isinstance(response, SyncResponse):
+                        raise MatrixError("sync", response)
+                    if not polling:
+                        ahead = await self._ask_ahead(response.next_batch, sync_filter)
+                    # A long outage's gap first, page by page (read ahead while
+                    # judged); the token moves only with the sync's own events.
+                    notices.reading_gap = True
+                    try:
+                        async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
+                            await self._handle(page)
+                    finally:
+                        notices.reading_gap = False
+                    await self._handle(batch_events(response), token=response.next_batch)
+                    ahead = await self._wake_in_time(ahead, sync_filter)
+                    if self.on_synced:
+                        self.on_synced()
+                    notices.wake()
+                    backoff = 0.5
+                    await self._answer_invites(response)
+                    if polling:
+                        await sleep_or_stop(self.stop, POSTING_POLL, wake=self.posted)
+                except StopRequested:
+                    break
+                except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
+                    # The batch is not durable: what was asked past it is dropped,
+                    # and the retry goes from the token in the store.
+                    ahead = await _drop(ahead)
+                    log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
+                    await sleep_or_stop(self.stop, backoff)
+                    backoff = min(backoff * 2, 30)
+        finally:
+            await _drop(ahead)
+
+    def _start_upkeep(self) -> None:
+        """Key chores run beside the sync, as nio's own sync loop runs them: a
+        start queries every known person's keys, which a batch of plain
+        answers need not wait for.  A batch with encrypted events waits for
+        them (``_handle``)."""
+        if self.crypto is not None and (self._upkeep is None or self._upkeep.done()):
+            self._upkeep = asyncio.ensure_future(self._key_upkeep())
+
+    def _ask(self, since: str | None, timeout: int, sync_filter: dict[str, Any]) -> "asyncio.Future[Any]":
+        if self.crypto is not None:
+            # A long poll that wakes up in time for what kept events are waiting on.
+            timeout = self.crypto.sync_timeout_ms(timeout)
+        self._wakes_at = asyncio.get_running_loop().time() + timeout / 1000
+        return asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
+
+    async def _wake_in_time(self, ahead: FirstSync | None, sync_filter: dict[str, Any]) -> FirstSync | None:
+        """The long poll asked ahead again, with a shorter timeout, when the
+        batch just made durable needs the loop back sooner than it would
+        return: an event kept for its key (its grace period, the key asked
+        again) or a person whose devices are to be asked for again."""
+        if ahead is None or self.crypto is None or ahead[1].done():
+            return ahead
+        wanted = asyncio.get_running_loop().time() + self.crypto.sync_timeout_ms(30000) / 1000
+        if wanted >= self._wakes_at - 0.05:
+            return ahead
+        await _drop(ahead)
+        return await self._ask_ahead(ahead[0], sync_filter)
+
+    async def _ask_ahead(self, since: str, sync_filter: dict[str, Any]) -> FirstSync:
+        """The next long poll, asked for from the batch just received, before
+        that batch is judged and made durable: as a bare client asks again at
+        once.  Synapse answers the long polls waiting on a room one after
+        another, and a bridge that asked only once its batch was durable (and
+        its acknowledgements queued) was often not waiting at all when the
+        next answer came, so it was answered after every other client.
+
+        Only the request runs ahead: its response is handled once this batch
+        is durable, and the token in the store still moves only in a batch's
+        commit, so a crash replays from the last durable token as before."""
+        sync = self._ask(since, 30000, sync_filter)
+        # Runs the request up to its first wait on the network (the request
+        # is sent) before the judging, which does not yield, holds the loop.
+        await asyncio.sleep(0)
+        return since, sync
 
     async def _handle(self, events: list[dict[str, Any]], token: str | None = None) -> None:
         """Judge ``events`` and make them durable; with ``token``, the sync
@@ -336,6 +390,13 @@ def _inviter(info: Any, user_id: str) -> str | None:
         if source.get("type") == "m.room.member" and source.get("state_key") == user_id:
             return source.get("sender")
     return None
+
+
+async def _drop(ahead: FirstSync | None) -> None:
+    """Cancel a sync asked ahead whose response will not be handled."""
+    if ahead is not None:
+        ahead[1].cancel()
+        await asyncio.gather(ahead[1], return_exceptions=True)
 
 
 async def sleep_or_stop(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:

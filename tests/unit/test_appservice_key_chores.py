@@ -1,0 +1,101 @@
+"""Appservice mode, an encrypted room: an answer from someone whose devices
+are known is not held up by the key chores of a newcomer (their devices
+read after they joined); an answer from someone whose devices are not known
+yet still waits for them, since the trust check needs them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from bridge.service.encryption import ascrypto
+from bridge.service.storage.store import Store
+from bridge.service.transport.appservice import TransactionServer
+
+from test_appservice_endpoint import BEARER, ROOM, StandIn, config
+
+PERSON, NEWCOMER = "@person:example.org", "@newcomer:example.org"
+
+
+class _Keys:
+    """Encryption whose chores (the newcomer's devices read) take until ``released``."""
+
+    client = None  # nio's client: not reached here (the transactions carry no room keys)
+
+    def __init__(self) -> None:
+        self.known = {PERSON}
+        self.released = asyncio.Event()
+        self.chores = 0
+
+    def members_changed(self, room_id: str) -> None:
+        pass
+
+    def devices_settled(self, senders: set[str]) -> bool:
+        return senders <= self.known
+
+    async def read_changed_members(self) -> None:
+        self.chores += 1
+        await self.released.wait()
+
+    async def maintain(self) -> None:
+        self.known.add(NEWCOMER)
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        return events, []
+
+
+def _encrypted(n: int, sender: str) -> dict[str, Any]:
+    return {"type": "m.room.encrypted", "event_id": f"$e{n}", "room_id": ROOM, "sender": sender,
+            "origin_server_ts": 1, "content": {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "x"}}
+
+
+async def _no_extensions(client: Any, body: dict[str, Any], txn_id: str) -> None:
+    """The transactions here carry no room keys or device lists."""
+
+
+async def _served(tmp_path: Path, monkeypatch: Any) -> tuple[TestClient, StandIn, TransactionServer, _Keys]:
+    monkeypatch.setattr(ascrypto, "take_extensions", _no_extensions)
+    store = Store(tmp_path / "bridge.sqlite")
+    stand_in = StandIn(store)
+    server = TransactionServer(config(tmp_path), store, stand_in)  # type: ignore[arg-type]
+    server.open([ROOM], notices=None)  # type: ignore[arg-type]
+    server.crypto = keys = _Keys()
+    stand_in.own_users = lambda user_id: False  # type: ignore[attr-defined]
+    client = TestClient(TestServer(server.app()))
+    await client.start_server()
+    return client, stand_in, server, keys
+
+
+async def _put(client: TestClient, txn: str, events: list[dict[str, Any]]) -> int:
+    response = await client.put(f"/_matrix/app/v1/transactions/{txn}", json={"events": events}, headers=BEARER)
+    return response.status
+
+
+async def test_an_answer_from_a_known_device_does_not_wait_for_a_newcomers_keys(tmp_path: Path, monkeypatch: Any) -> None:
+    client, stand_in, server, keys = await _served(tmp_path, monkeypatch)
+    try:
+        status = await asyncio.wait_for(_put(client, "1", [_encrypted(1, PERSON)]), 5)
+        assert status == 200 and [e["event_id"] for b in stand_in.batches for e in b] == ["$e1"]
+        assert keys.chores == 1  # they run beside it
+    finally:
+        keys.released.set()
+        await server.close()
+        await client.close()
+
+
+async def test_an_answer_from_unknown_devices_waits_for_the_chores(tmp_path: Path, monkeypatch: Any) -> None:
+    client, stand_in, server, keys = await _served(tmp_path, monkeypatch)
+    try:
+        put = asyncio.ensure_future(_put(client, "1", [_encrypted(1, NEWCOMER)]))
+        await asyncio.sleep(0.5)
+        assert not put.done() and stand_in.batches == []  # judged only once the newcomer's devices are read
+        keys.released.set()
+        assert await asyncio.wait_for(put, 5) == 200
+        assert [e["event_id"] for b in stand_in.batches for e in b] == ["$e1"]
+    finally:
+        keys.released.set()
+        await server.close()
+        await client.close()

@@ -1,0 +1,199 @@
+"""Bot mode keeps a long poll outstanding, as a bare client does: the next
+/sync is asked for as soon as a response arrives, while its batch is judged
+and made durable (Synapse answers the long polls waiting on a room one after
+another; a bridge that asked only once its batch was durable was often not
+waiting when the next answer came).  Only the request runs ahead: batches
+are made durable one after another in the order they came, the token in the
+store moves only with a durable batch, and a batch that fails is retried
+from that token, the sync asked past it dropped."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from nio import SyncResponse
+
+from bridge.service.storage.store import Store
+from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop
+
+ROOM = "!room:example.org"
+
+
+def _batch(event_id: str, next_batch: str) -> SyncResponse:
+    event = {"type": "m.room.message", "event_id": event_id, "sender": "@alice:example.org",
+             "origin_server_ts": 1, "content": {"msgtype": "m.text", "body": "yes"}}
+    return SyncResponse.from_dict({"next_batch": next_batch, "rooms": {"join": {ROOM: {"timeline": {
+        "events": [event], "limited": False, "prev_batch": "p"}}}}})
+
+
+class _Homeserver:
+    """A fake homeserver at the transport seam: ``batches[since]`` answers a
+    sync from ``since`` at once; any other since is a long poll with nothing
+    new.  Notes each request with the token durable in the store as it came."""
+
+    user_id = "@askbot:example.org"
+
+    def __init__(self, store: Store, batches: dict[str, SyncResponse]):
+        self.store = store
+        self.batches = batches
+        self.asked: list[tuple[str | None, str | None]] = []  # (since, the store's token then)
+        self.timeouts: list[int] = []
+        self.cancelled: list[str | None] = []
+        self.new_request = asyncio.Event()
+
+    async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
+        self.asked.append((since, self.store.get_meta(SYNC_TOKEN)))
+        self.timeouts.append(timeout)
+        self.new_request.set()
+        if since in self.batches:
+            return self.batches[since]
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.append(since)
+            raise
+        raise AssertionError("unreachable")
+
+
+class _Pipeline:
+    """Judges nothing; ``prepare`` waits for ``release`` (a slow batch) and
+    fails ``failures`` times; ``process`` commits and notes what it made durable."""
+
+    def __init__(self, store: Store, failures: int = 0):
+        self.store = store
+        self.release = asyncio.Event()
+        self.failures = failures
+        self.durable: list[str] = []  # event ids, in the order they were made durable
+
+    def own_users(self, user_id: str) -> bool:
+        return False
+
+    async def prepare(self, events: list[dict[str, Any]]) -> None:
+        await self.release.wait()
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("the store is away")
+
+    def process(self, events: list[dict[str, Any]], *, commit: Any) -> None:
+        with self.store.transaction():
+            commit()
+        self.durable += [e["event_id"] for e in events]
+
+    def retry_held(self) -> bool:  # the notices' pass: nothing held here
+        return False
+
+
+def _store(tmp_path: Path) -> Store:
+    store = Store(tmp_path / "bridge.sqlite")
+    with store.transaction():
+        store.set_meta(SYNC_TOKEN, "s1")
+    return store
+
+
+async def _until(condition: Any, timeout: float = 10) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def _stopped(loop: asyncio.Future[Any], stop: asyncio.Event) -> None:
+    stop.set()
+    await asyncio.wait_for(loop, 10)
+
+
+async def test_the_next_long_poll_is_out_while_the_batch_is_made_durable(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(lambda: len(homeserver.asked) == 2)
+    # Asked from the batch just received, before anything of it is durable.
+    assert homeserver.asked == [("s1", "s1"), ("s2", "s1")]
+    assert pipeline.durable == [] and store.get_meta(SYNC_TOKEN) == "s1"
+    pipeline.release.set()
+    await _until(lambda: pipeline.durable == ["$a"])
+    assert store.get_meta(SYNC_TOKEN) == "s2"
+    assert len(homeserver.asked) == 2  # the long poll asked ahead is the one waited on: no second request
+    await _stopped(loop, stop)
+    assert homeserver.cancelled == ["s2"]
+
+
+async def test_a_batch_asked_ahead_is_made_durable_only_after_the_one_before(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    batches = {"s1": _batch("$a", "s2"), "s2": _batch("$b", "s3")}
+    homeserver, pipeline, stop = _Homeserver(store, batches), _Pipeline(store), asyncio.Event()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(lambda: len(homeserver.asked) == 2)
+    await asyncio.sleep(0.1)  # the second batch has arrived; the first is still being prepared
+    assert pipeline.durable == [] and store.get_meta(SYNC_TOKEN) == "s1"
+    pipeline.release.set()
+    await _until(lambda: pipeline.durable == ["$a", "$b"])
+    assert store.get_meta(SYNC_TOKEN) == "s3"
+    await _stopped(loop, stop)
+
+
+async def test_a_failed_batch_is_retried_from_the_durable_token(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store, failures=1), \
+        asyncio.Event()
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(lambda: pipeline.durable == ["$a"])
+    # The sync asked past the failed batch was dropped; the retry went from
+    # the store's token, and the batch was made durable once.
+    assert homeserver.cancelled == ["s2"]
+    assert [since for since, _ in homeserver.asked] == ["s1", "s2", "s1", "s2"]
+    assert store.get_meta(SYNC_TOKEN) == "s2"
+    await _stopped(loop, stop)
+
+
+async def test_a_crash_with_a_sync_asked_ahead_replays_from_the_durable_token(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(lambda: len(homeserver.asked) == 2)
+    loop.cancel()  # the process dies with the batch not yet durable and the next sync out
+    await asyncio.gather(loop, return_exceptions=True)
+    assert store.get_meta(SYNC_TOKEN) == "s1"
+    # The next start asks from the last durable token and makes the batch durable.
+    restarted = _Homeserver(store, {"s1": _batch("$a", "s2")})
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(restarted, store, pipeline, asyncio.Event()).run())
+    await _until(lambda: pipeline.durable == ["$a"])
+    assert restarted.asked[0] == ("s1", "s1")
+    assert store.get_meta(SYNC_TOKEN) == "s2"
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
+
+
+class _KeepingCrypto:
+    """Encryption whose screening keeps an event for its key: from then on
+    the loop must be back within 200 ms (its key asked again, say)."""
+
+    def __init__(self) -> None:
+        self.kept = False
+
+    async def maintain(self) -> None:
+        pass
+
+    def sync_timeout_ms(self, default: int) -> int:
+        return min(default, 200) if self.kept else default
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        self.kept = True
+        return events, []
+
+
+async def test_a_batch_that_keeps_an_event_asks_the_long_poll_again_to_wake_in_time(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop, crypto=_KeepingCrypto()).run())
+    await _until(lambda: pipeline.durable == ["$a"] and len(homeserver.asked) >= 3)
+    # The long poll asked ahead (30 s) was asked again from the same token
+    # with the timeout the kept event needs, then again as each returns.
+    assert homeserver.timeouts[:3] == [30000, 30000, 200]
+    assert [since for since, _ in homeserver.asked[:3]] == ["s1", "s2", "s2"]
+    assert homeserver.cancelled[:1] == ["s2"]
+    await _stopped(loop, stop)
