@@ -204,7 +204,8 @@ def test_an_expired_question_is_never_consent_and_later_votes_are_refused(tmp_pa
     assert record["state"] == "expired" and record["expired_at"] == format_rfc3339(T0 + 45_000)
     assert "choice" not in record and [v["sender"] for v in record["votes"]] == [ANA]
     said = [c.get("body", "") for c in room.pipeline.transport.sent]
-    assert any("expired undecided at 08:00:45 UTC (1 of 2 votes agreeing)" in s for s in said)
+    assert any("expired undecided at 08:00:45 UTC: 1 of the 2 votes needed (\u201cThe main branch\u201d: "
+               f"{ANA}). It is not approved" in s for s in said)
     room.deliver([answer("$b1", BO, T0 + 46_000, "main")])
     assert room.store.db.execute("SELECT reason FROM answer_log WHERE event_id='$b1'").fetchone()[0] == "expired"
     # A vote the room placed before the deadline still counts, even read after the close.
@@ -348,15 +349,19 @@ def test_the_words_at_expiry_say_what_stood():
 
     at = T0 + 45_000
     one = {"state": "pending", "votes": [{"sender": ANA, "choice": "main"}], "required": 2}
-    assert expiry_words(None, 2, at)[1] == "expired undecided at 08:00:45 UTC, no votes"
-    assert expiry_words(one, 2, at) == (
-        "This question expired undecided at 08:00:45 UTC (1 of 2 votes agreeing); it is not approved, "
-        "and later answers are not recorded.", "expired undecided at 08:00:45 UTC, 1 of 2 votes agreeing")
+    labels = {"main": "The main branch", "stable": "The stable branch"}
+    assert expiry_words(None, 2, at, labels)[1] == "expired undecided at 08:00:45 UTC: no votes"
+    # What stood is named (which option, whose votes), so "1 of 2" is not read as a result.
+    assert expiry_words(one, 2, at, labels) == (
+        "This question expired undecided at 08:00:45 UTC: 1 of the 2 votes needed (\u201cThe main branch\u201d: "
+        f"{ANA}). It is not approved, and later answers are not recorded.",
+        f"expired undecided at 08:00:45 UTC: 1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})")
     split = {**one, "votes": [*one["votes"], {"sender": BO, "choice": "stable"}]}
-    assert expiry_words(split, 3, at)[1].endswith("1 of 3 votes agreeing")
+    assert expiry_words(split, 3, at, labels)[1].endswith(
+        f": no option had the 3 votes needed (\u201cThe main branch\u201d: {ANA}; \u201cThe stable branch\u201d: {BO})")
     # Without a quorum: an answer given in time stands; none, and it expired with nothing.
     assert expiry_words({"state": "answered", "choice": "main"}, None, at)[1] == "closed at its deadline, 08:00:45 UTC"
-    assert expiry_words(None, None, at)[1] == "expired undecided at 08:00:45 UTC, no answer"
+    assert expiry_words(None, None, at)[1] == "expired undecided at 08:00:45 UTC: no answer"
 
 
 class Delaying(Transport):
@@ -394,13 +399,13 @@ def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
     clock = [T0 + 1000]
     deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
     asyncio.run(deadlines.schedule(room.posted, "$poll"))
-    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC, {})."
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
     assert hs.closing_edits() == [(closed.format("no votes"), 44_000)]
     room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
     clock[0] = T0 + 5000
     asyncio.run(deadlines.pass_once())
     # One closing edit still, saying what stands, for the time left; the first one cancelled.
-    assert hs.closing_edits() == [(closed.format("1 of 2 votes agreeing"), 40_000)]
+    assert hs.closing_edits() == [(closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})"), 40_000)]
     assert hs.cancelled == ["d1"] and "d0" in hs.delayed  # d0: the poll end, untouched
     asyncio.run(deadlines.pass_once())
     assert len(hs.by_txn) == 3  # nothing changed, nothing sent again
@@ -433,7 +438,8 @@ def test_a_kill_between_scheduling_the_new_closing_edit_and_cancelling_the_old_l
     room.crash()
     clock[0] = T0 + 8000
     asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000).pass_once())
-    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC, 1 of 2 votes agreeing)."
+    closed = ("Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: 1 of the 2 votes needed "
+              f"(\u201cThe main branch\u201d: {ANA})).")
     assert [words for words, _delay in hs.closing_edits()] == [closed]
     assert len(hs.by_txn) == 3  # the same transaction sent again: the same delay id, no third edit
 
@@ -446,8 +452,9 @@ def test_after_the_decision_a_deciders_changed_or_withdrawn_vote_is_told_the_dec
     def word_back(event_id: str) -> str:
         (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id=?", (event_id,)).fetchone()
         return room.pipeline.notice_for(room.store.log_entry(seq))["body"]
-    assert "Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in word_back("$b1")
-    assert "does not change" not in word_back("$b1")  # the deciding vote is the decision
+    # The deciding vote is told it decided; the decision itself is the thread's announcement, said once.
+    assert word_back("$b1").endswith("With your vote it is decided.")
+    assert "Decided:" not in word_back("$b1") and "does not change" not in word_back("$b1")
     # Bo, who decided it, changes his vote to the veto: recorded, the decision stands, and he is told so.
     room.deliver([edit("$b2", BO, T0 + 3000, "$b1", "stable")])
     assert word_back("$b2").endswith("Your vote is recorded; it does not change the decision.")
