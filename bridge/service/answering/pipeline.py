@@ -605,9 +605,15 @@ class Pipeline:
             if entry.message:  # the file that came with the note could not be kept
                 content = with_remark(content, entry.message)
         else:
+            message = entry.message or "the answer could not be read."
+            if entry.reason == "input_required" and entry.via in _GESTURE_VIAS:
+                # "Add them as text" cannot be done in a poll or with an emoji: say where the words go.
+                gesture = "a vote in the poll" if entry.via == "poll" else "a reaction"
+                message = (message.removesuffix(" Add them as text.").rstrip(".")
+                           + f", and {gesture} carries none. Reply to the question with other: and your words.")
             content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
                                      qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
-                                     message=entry.message or "the answer could not be read.", via=via)
+                                     message=message, via=via)
         if question is not None and question.quorum is not None and entry.outcome == "accepted":
             content = with_remark(content, *self._quorum_words(entry, question))
         if entry.replaces:
@@ -681,6 +687,8 @@ def _deciding(record: dict[str, Any], sender: str) -> bool:
         v.get("sender") == sender and v.get("choice") == record.get("choice") for v in record.get("votes") or [])
 
 
+# Answers that are a click, with no room for text.
+_GESTURE_VIAS = frozenset({"poll", "reaction"})
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
 _TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
 
