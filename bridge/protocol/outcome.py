@@ -11,7 +11,7 @@ from typing import Any
 
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
-from bridge.protocol.render import HTML_FORMAT, esc_links, option_display, short_digest
+from bridge.protocol.render import HTML_FORMAT, esc_links, esc_people, option_display, short_digest
 
 OUTCOME_KEY = "dev.superpipeline.question.outcome"
 
@@ -243,8 +243,10 @@ def coalesced(content: dict[str, Any], more: int) -> dict[str, Any]:
     return with_remark(content, f"({more} more of your messages about this were not recorded either.)")
 
 
-def with_remark(content: dict[str, Any], remark: str) -> dict[str, Any]:
-    """``content`` with a sentence added to its text."""
+def with_remark(content: dict[str, Any], remark: str, people: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
+    """``content`` with a sentence added to its text; ``people``: user ids the
+    bridge names in it, shown as pills (as the decision's announcement shows
+    them), where anything else id-like stays code."""
     extra = " " + remark
     return {**content, "body": content["body"] + extra,
-            "formatted_body": content.get("formatted_body", "") + esc_links(extra)}
+            "formatted_body": content.get("formatted_body", "") + esc_people(extra, people)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.protocol.deadline import clock_words
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
 from bridge.protocol.render import option_display, short_digest, shorten
 
@@ -51,6 +52,8 @@ def poll_start(question: RecordedQuestion) -> dict[str, Any] | None:
         "body": fallback,
         POLL_KEY: {"question_event_id": question.event_id, "qid": question.qid,
                    "elicitation_id": question.elicitation_id},
+        # The question's message already mentions whom it asks; the poll beside it pings nobody.
+        "m.mentions": {},
     }
 
 
@@ -70,10 +73,29 @@ def _asked(question: RecordedQuestion) -> str:
 
 
 def poll_end(poll_event_id: str, why: str) -> dict[str, Any]:
-    text = f"The poll has ended: the question is {why}."
+    """The poll's end, saying why in the words of the question's closing line
+    (``why``: "withdrawn", "decided: “Ship it” by @ana and @bo", "expired
+    undecided at 14:00 UTC: …"), made a sentence of its own."""
+    words = why.strip() or "closed"
+    text = f"The poll has ended. {words[:1].upper()}{words[1:]}"
+    return _end(poll_event_id, text if text.rstrip("\u201d\"'\u2019").endswith((".", "!", "?", "\u2026"))
+                else text + ".")
+
+
+def deadline_poll_end(poll_event_id: str, expires_ms: int) -> dict[str, Any]:
+    """The poll's end handed to the homeserver at posting, sent at the deadline
+    whatever stood then: it says only what is true whenever it is sent (the
+    question's closing edit, restated as votes come, says what stood)."""
+    return _end(poll_event_id, f"The poll has ended at its deadline, {clock_words(expires_ms)}.")
+
+
+def _end(poll_event_id: str, text: str) -> dict[str, Any]:
+    # It pings nobody: the user ids it may name would otherwise set off the
+    # homeserver's legacy rule that matches them in the body.
     return {
         "m.relates_to": {"rel_type": "m.reference", "event_id": poll_event_id},
         POLL_END: {},
         TEXT: text,
         "body": text,
+        "m.mentions": {},
     }

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge.protocol.deadline import format_rfc3339, is_rfc3339, parse_when
-from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html
+from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html, settled_lines
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
 from bridge.questionset.model import MediaItem, Option, Question, QuestionSet, ShowIf
 
@@ -159,6 +159,13 @@ def build_question_event(
         "question": _question_fields(qset, question, media or {}, order, text_max, one_pager_ref),
     }
     structured["question"].update(approval_fields(qset, question, posted_ms))
+    # The question asks its answerers by name, so it mentions them on purpose
+    # (they are notified, as an approval request should); anyone else it names
+    # (an escalation's people, before their time) is not pinged: with
+    # ``m.mentions`` present the homeserver's legacy rule matching user ids
+    # in the body no longer applies.
+    answerers = structured["question"].get("answerers") or []
+    structured["m.mentions"] = {"user_ids": list(answerers)} if answerers else {}
     bound = subject if subject is not None else (question.subject.model_dump(include={"id", "digest"}) if question.subject else None)
     if bound is not None:
         structured["subject"] = _subject(bound)
@@ -428,30 +435,62 @@ SHOWN_CLOSED_KEY = "dev.superpipeline.question.shown_closed"
 CLOSED_LINE = "Closed: no longer accepting answers"
 
 
-def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: str) -> dict[str, Any]:
+def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: str,
+                       at_ms: int | None = None) -> dict[str, Any]:
     """An ``m.replace`` of a question's message once it is closed, withdrawn,
     superseded or replaced: the same message with its "To answer" line
     turned into "Closed: no longer accepting answers (why)".  The original
     stays in the event's history; only what clients show changes.  The
     structured question is not repeated (it is the original's), so readers
-    of the room's events still find the question as it was asked."""
+    of the room's events still find the question as it was asked.
+
+    ``at_ms``: when it closed (for an expiry, its deadline).  The approval
+    lines say what became of them (``settled_lines``): the deadline loses
+    its "in 2 hours", wrong as soon as time passes, and the escalation line
+    goes unless it happened by then."""
     line = f"{CLOSED_LINE} ({why})." if why and why != "closed" else f"{CLOSED_LINE}."
     body = str(content.get("body", ""))
+    html = content.get("formatted_body")
+    q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
+    for old, new in settled_lines(q, at_ms, body):
+        body = _swap_line(body, old, new)
+        if isinstance(html, str):
+            html = _swap_html_line(html, esc(old), None if new is None else esc(new))
     lines = body.split("\n")
     at = max((i for i, text in enumerate(lines) if text.startswith("To answer: ")), default=None)
     new_body = "\n".join(lines[:at] + [line]) if at is not None else f"{body}\n\n{line}"
     new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": new_body}
-    html = content.get("formatted_body")
     if isinstance(html, str):
         start = html.rfind("<p><em>To answer:</em>")
         kept = html[:start].rstrip("\n") if start >= 0 else html
         new.update(format=HTML_FORMAT, formatted_body=f"{kept}\n<p><strong>{esc(line)}</strong></p>")
-    title = content.get("question", {}).get("title", "") if isinstance(content.get("question"), Mapping) else ""
+    # Mentions (the Matrix rules for edits): the message's own stay with the
+    # message as replaced; the edit itself mentions nobody, so closing a
+    # question pings none of the people it names again.
+    new["m.mentions"] = dict(content["m.mentions"]) if isinstance(content.get("m.mentions"), Mapping) else {}
+    title = q.get("title", "")
     return {
         "msgtype": new["msgtype"],
         # The fallback for clients without edits: short, the whole message is in m.new_content.
         "body": f"* {title}: {line}",
         "m.new_content": new,
         "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
+        "m.mentions": {},
         SHOWN_CLOSED_KEY: {"question_event_id": question_event_id, "why": why},
     }
+
+
+def _swap_line(body: str, old: str, new: str | None) -> str:
+    lines = body.split("\n")
+    return "\n".join(x for text in lines for x in ([text] if text != old else [] if new is None else [new]))
+
+
+def _swap_html_line(html: str, old: str, new: str | None) -> str:
+    """The approval lines are ``<em>line</em>`` in one paragraph, ``<br>``-separated."""
+    tag = f"<em>{old}</em>"
+    if new is not None:
+        return html.replace(tag, f"<em>{new}</em>")
+    for form in (f"<p>{tag}</p>\n", f"<p>{tag}</p>", f"<br>\n{tag}", f"{tag}<br>\n", tag):
+        if form in html:
+            return html.replace(form, "", 1)
+    return html

@@ -104,11 +104,11 @@ def vote_entry(cast: Cast) -> dict[str, Any]:
 
 
 def progress_words(result: Tally, required: int, people: list[str], labels: dict[str, str]) -> str:
-    """The word back after a vote: "1 of 2 approvals so far; waiting for @bo or @cy"."""
+    """The word back after a vote: "1 of 2 for “Ship it” so far; waiting for @bo or @cy"."""
     if result.state == ANSWERED:
         return decision_words(result, labels)
     if result.state == EXPIRED:
-        return f"This question expired undecided ({stood_words(result, required)})."
+        return f"This question expired undecided: {stood_words(result, required, labels)}."
     counts: dict[str, int] = {}
     for vote in result.votes:
         counts[vote["choice"]] = counts.get(vote["choice"], 0) + 1
@@ -119,41 +119,67 @@ def progress_words(result: Tally, required: int, people: list[str], labels: dict
     waiting = [p for p in people if p not in voted]
     line = f"{counts[best]} of {required} for \u201c{labels.get(best, best)}\u201d so far"
     if waiting:
-        line += "; waiting for " + (" or ".join(waiting) if len(waiting) <= 2 else ", ".join(waiting[:-1]) + " or " + waiting[-1])
+        line += "; waiting for " + joined(waiting, "or")
     return line + "."
 
 
-def stood_words(result: Tally, required: int) -> str:
-    counts: dict[str, int] = {}
+def joined(names: list[str], word: str = "and") -> str:
+    """"a", "a and b", "a, b and c"."""
+    if len(names) <= 2:
+        return f" {word} ".join(names)
+    return ", ".join(names[:-1]) + f" {word} " + names[-1]
+
+
+def stood_words(result: Tally, required: int, labels: dict[str, str] | None = None) -> str:
+    """What stood when the question expired, each vote named, so nobody reads
+    the numbers as a result: "1 of the 2 votes needed (“Ship it”: @ana)"."""
+    labels = labels or {}
+    groups: dict[str, list[str]] = {}
     for vote in result.votes:
-        counts[vote["choice"]] = counts.get(vote["choice"], 0) + 1
-    if not counts:
+        groups.setdefault(vote["choice"], []).append(vote["sender"])
+    if not groups:
         return "no votes"
-    best = max(counts.values())
-    return f"{best} of {required} {'vote' if required == 1 else 'votes'} agreeing"
+    who = "; ".join(f"\u201c{labels.get(c, c)}\u201d: {joined(s)}" for c, s in groups.items())
+    needed = f"the {required} {'vote' if required == 1 else 'votes'} needed"
+    if len(groups) == 1:
+        return f"{max(len(s) for s in groups.values())} of {needed} ({who})"
+    return f"no option had {needed} ({who})"
+
+
+def decision_line(result: Tally, labels: dict[str, str]) -> str:
+    """The decision as the question's closing line and the poll's end say it.
+    A veto is named as one: a poll's tally knows nothing of vetoes, and one
+    veto against one approval looks like a tie there."""
+    label = labels.get(result.choice or "", result.choice or "")
+    if result.veto:
+        return f"vetoed: \u201c{label}\u201d by {joined(result.decided_by)}"
+    return f"decided: \u201c{label}\u201d by {joined(result.decided_by)}"
 
 
 def decision_words(result: Tally, labels: dict[str, str]) -> str:
-    label = labels.get(result.choice or "", result.choice or "")
-    who = result.decided_by
-    names = who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
+    """The decision's announcement in the thread (and the word back to a vote after it)."""
+    line = decision_line(result, labels)
+    words = line[:1].upper() + line[1:] + "."
     if result.veto:
-        return f"Decided: \u201c{label}\u201d, a veto by {names}."
-    return f"Decided: \u201c{label}\u201d by {names}."
+        words += " A veto decides at once, whatever the other votes."
+    return words
 
 
-def expiry_words(record: dict[str, Any] | None, required: int | None, expires_ms: int) -> tuple[str, str]:
+def expiry_words(record: dict[str, Any] | None, required: int | None, expires_ms: int,
+                 labels: dict[str, str] | None = None) -> tuple[str, str]:
     """What the room is told when the deadline passes, from the record as it
     stands then: the thread's notice and the question's closing line ("expired
-    undecided at 14:00 UTC, 1 of 2 votes agreeing").  ``required``: the
-    quorum's, None without one.  The same words the bridge says at expiry are
-    scheduled ahead in the homeserver's delayed closing edit, so the room reads
-    alike whether the bridge was up at the deadline or not."""
+    undecided at 14:00 UTC: 1 of the 2 votes needed (“Ship it”: @ana)").
+    ``required``: the quorum's, None without one; ``labels``: option id ->
+    label.  The same words the bridge says at expiry are scheduled ahead in
+    the homeserver's delayed closing edit, so the room reads alike whether
+    the bridge was up at the deadline or not."""
     record = record or {}
     at = clock_words(expires_ms)
     if record.get("state") == ANSWERED:
         return (f"The deadline ({format_rfc3339(expires_ms)}) has passed; the answer given before it stands.",
                 f"closed at its deadline, {at}")
-    stood = stood_words(Tally(record.get("state"), record.get("votes") or []), required) if required else "no answer"
-    return (f"This question expired undecided at {at} ({stood}); it is not approved, and later answers are not "
-            "recorded.", f"expired undecided at {at}, {stood}")
+    stood = stood_words(Tally(record.get("state"), record.get("votes") or []), required, labels) if required \
+        else "no answer"
+    return (f"This question expired undecided at {at}: {stood}. It is not approved, and later answers are not "
+            "recorded.", f"expired undecided at {at}: {stood}")

@@ -141,6 +141,24 @@ def esc_links(text: str) -> str:
     return _esc_marked(text, _LINKLIKE)
 
 
+def esc_people(text: str, people: Sequence[str]) -> str:
+    """Escape like ``esc_links``, with each of ``people`` (user ids the bridge
+    itself names: voters, deciders, answerers) as a link Element shows as a
+    pill.  A link is no mention: who is pinged is the event's ``m.mentions``."""
+    names = sorted({p for p in people if p}, key=len, reverse=True)
+    if not names:
+        return esc_links(text)
+    out: list[str] = []
+    pos = 0
+    for match in re.finditer("|".join(re.escape(n) for n in names), text):
+        out.append(esc_links(text[pos : match.start()]))
+        who = html.escape(match.group(0), quote=True)
+        out.append(f'<a href="https://matrix.to/#/{who}">{who}</a>')
+        pos = match.end()
+    out.append(esc_links(text[pos:]))
+    return "".join(out)
+
+
 def esc_timecodes(text: str) -> str:
     """Escape, with every timecode (and link-like run) in ``<code>``.
 
@@ -419,6 +437,38 @@ def approval_lines(q: Mapping[str, Any], now_ms: int | None) -> list[str]:
         if after is not None and to:
             lines.append(f"Undecided by {clock_words(after)}: {', '.join(to)} will be asked too.")
     return lines
+
+
+def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[tuple[str, str | None]]:
+    """(line as shown, what it becomes or None to drop it) for a question closed
+    at ``at_ms``, the approval lines of ``shown`` (its body) once closed.
+
+    The deadline keeps its time but not its "in 2 hours" (wrong as soon as
+    time passes), and says whether it passed or the question closed first;
+    the escalation says its people were asked if that time came, and goes
+    if it did not (it is no longer to come)."""
+    from bridge.protocol.deadline import clock_words, event_time_ms
+
+    out: list[tuple[str, str | None]] = []
+    expires = event_time_ms(q.get("expires"))
+    if expires is not None:
+        clock = re.escape(clock_words(expires))
+        pattern = re.compile(rf"Answer by ((?:[^,\n]+, )?{clock})(?:, in [^\n]+| \(the deadline has passed\))\.")
+        for text in shown.split("\n"):
+            found = pattern.fullmatch(text)
+            if found:
+                state = "" if at_ms is None else " (passed)" if at_ms >= expires else " (closed before it)"
+                out.append((text, f"Deadline: {found.group(1)}{state}."))
+    escalate = q.get("escalate")
+    if isinstance(escalate, Mapping):
+        after = event_time_ms(escalate.get("after"))
+        to = [t for t in escalate.get("to") or () if isinstance(t, str)]
+        if after is not None and to:
+            asked = at_ms is not None and at_ms >= after
+            out.append((f"Undecided by {clock_words(after)}: {', '.join(to)} will be asked too.",
+                        f"Undecided by {clock_words(after)}: {', '.join(to)} {'was' if len(to) == 1 else 'were'} "
+                        "asked too." if asked else None))
+    return out
 
 
 def _body_context(

@@ -113,11 +113,25 @@ async def test_a_deadline_with_the_bridge_running_and_an_answer_a_second_late(br
         # The poll ended (by the homeserver's delayed event) and the question says why.
         assert await until(lambda: bot_events(alice, bridge.room_id, bridge.bot["user_id"], POLL_END), 20, "poll end")
         told = await until(lambda: _said(alice, bridge, "expired undecided"), 20, "the expiry notice")
-        assert "1 of 2 votes agreeing" in told
+        assert f"1 of the 2 votes needed ({SHIP}: {alice.user_id})" in told
         await asyncio.sleep(1)
         await late_answer_is_refused(bridge, bob, question)
+        # Asked by name, each answerer is notified of the question, and of nothing else the bridge
+        # sent: not its poll's end, not its closing edit, though they name them.
+        for person in (alice, bob):
+            assert await highlights(synapse, person, bridge.room_id) == [question["event_id"]], person.user_id
     finally:
         await bob.close()
+
+
+async def highlights(synapse: Synapse, person: Person, room: str) -> list[str]:
+    """The events of ``room`` the homeserver highlighted for ``person`` (their push rules' verdict)."""
+    from bridge.devserver import _http_json
+
+    found = await asyncio.to_thread(_http_json, "GET", f"{synapse.url}/_matrix/client/v3/notifications?limit=100",
+                                    None, person.token)
+    return [n["event"]["event_id"] for n in reversed(found["notifications"]) if n["room_id"] == room and any(
+        isinstance(a, dict) and a.get("set_tweak") == "highlight" and a.get("value", True) for a in n["actions"])]
 
 
 async def _said(person: Person, bridge: Bridge, words: str) -> str | None:
@@ -139,7 +153,7 @@ async def test_a_deadline_while_the_bridge_is_down_is_kept_by_the_homeserver_say
         voted = await alice.send(bridge.room_id, element_reply(question, "1", bridge.bot["user_id"]))
         await alice.wait_notice(bridge.room_id, voted)
         # The bridge restates the closing edit it handed the homeserver: one vote stands now.
-        await until(lambda: any("1 of 2" in value for value, in store_rows(
+        await until(lambda: any("1 of the 2" in value for value, in store_rows(
             bridge.store_path, "SELECT value FROM meta WHERE key LIKE 'approval_closing:%'")), 20, "the restated edit")
         bridge.kill()  # kill -9, one vote standing
         # The homeserver ends the poll and edits the question itself, on time, saying what stood.
@@ -152,7 +166,7 @@ async def test_a_deadline_while_the_bridge_is_down_is_kept_by_the_homeserver_say
                  if e["content"].get("m.relates_to", {}).get("rel_type") == "m.replace"]
         # One closing edit: the first one scheduled (no votes) was cancelled when the vote came.
         assert edits == ["Closed: no longer accepting answers (expired undecided at "
-                         f"{edit_time(question)}, 1 of 2 votes agreeing)."]
+                         f"{edit_time(question)}: 1 of the 2 votes needed ({SHIP}: {alice.user_id}))."]
         await late_answer_sent_while_down(bridge, bob, question, votes=[alice.user_id])
     finally:
         await bob.close()
@@ -352,7 +366,7 @@ async def approval_through_kills(bridge: Bridge, people: list[Person], *, by: st
             # 6. Bo changes his vote to "hold": the veto decides at once.
             decider = await between(lambda: bo.send(room, element_edit(bos, "2")))
             told = await run.word_back(bo, decider)
-            assert f"Decided: {HOLD}, a veto by {bo.user_id}." in told["content"]["body"]
+            assert told["content"]["body"].endswith("With your veto it is decided.")
             await run.stands("answered", [(bo, "hold")], choice="hold", by=[bo])
             await run.webhooks((f"answer.accepted:{decider}", "answered", [(bo, "hold")]),
                                (f"question.decided:{q}", "hold", [(bo, "hold")]))
@@ -368,7 +382,7 @@ async def approval_through_kills(bridge: Bridge, people: list[Person], *, by: st
             # 6. Cy replies "ship": two agree.
             decider = await between(lambda: cy.send(room, element_reply(question, "1", bot)))
             told = await run.word_back(cy, decider)
-            assert f"Decided: {SHIP} by {bo.user_id} and {cy.user_id}." in told["content"]["body"]
+            assert told["content"]["body"].endswith("With your vote it is decided.")
             await run.stands("answered", [(bo, "ship"), (cy, "ship")], choice="ship", by=[bo, cy])
             await run.webhooks((f"answer.accepted:{decider}", "answered", [(bo, "ship"), (cy, "ship")]),
                                (f"question.decided:{q}", "ship", [(bo, "ship"), (cy, "ship")]))
@@ -384,8 +398,16 @@ async def approval_through_kills(bridge: Bridge, people: list[Person], *, by: st
         await run.stands("answered", after_votes, choice=decided, by=decided_by)
         await run.webhooks((f"answer.accepted:{after}", "answered", after_votes))
         # The question says who decided, and its poll is ended.
-        assert await until(lambda: _said(ana, bridge, "Decided: "), 30, "the decision notice")
+        announced = (f"Vetoed: {HOLD} by {bo.user_id}." if by == "veto"
+                     else f"Decided: {SHIP} by {bo.user_id} and {cy.user_id}.")
+        assert await until(lambda: _said(ana, bridge, announced), 30, "the decision notice")
         assert await until(lambda: bot_events(ana, room, bot, POLL_END), 30, "the poll end")
+        # The three were asked by name and are notified of the question; not again by the poll's end,
+        # the closing edit or the announcement, which name them too.  (Encrypted, the homeserver
+        # reads no content and leaves it to the clients.)
+        if "encryption" not in bridge.extra_config:
+            for person in (ana, bo, cy):
+                assert await highlights(bridge.synapse, person, room) == [q], person.user_id
 
         async def redact() -> str:
             async with getattr(redactor, "lock", None) or contextlib.nullcontext():
@@ -480,7 +502,7 @@ async def test_in_an_encrypted_room_the_homeservers_closing_is_encrypted_and_a_v
     await alice.wait_notice(room, voted, timeout=30)
     decided = await until(lambda: (record(bridge) or {}).get("decided_by") and record(bridge), 30, "the decision")
     assert decided["choice"] == "hold" and decided["decided_by"] == [alice.user_id]
-    assert await until(lambda: _said(alice, bridge, "a veto by " + alice.user_id), 20, "the decision notice")
+    assert await until(lambda: _said(alice, bridge, f"Vetoed: {HOLD} by {alice.user_id}."), 20, "the decision notice")
     # The delayed closing (scheduled encrypted) was cancelled: after the deadline no "expired" edit came.
     await asyncio.sleep(10)
     sent = [e for e in await alice.wire(room) if e["sender"] == bridge.bot["user_id"] and "state_key" not in e]
@@ -499,7 +521,7 @@ async def test_in_an_encrypted_room_the_homeserver_closes_it_encrypted_while_the
     voted = await alice.send(room, element_reply(question, "1", bridge.bot["user_id"]))
     await alice.wait_notice(room, voted, timeout=30)
     # The encrypted closing edit is restated (one vote stands) before the bridge is killed.
-    await until(lambda: any("1 of 2" in value for value, in store_rows(
+    await until(lambda: any("1 of the 2" in value for value, in store_rows(
         bridge.store_path, "SELECT value FROM meta WHERE key LIKE 'approval_closing:%'")), 20, "the restated edit")
     bridge.kill()
 
@@ -513,8 +535,8 @@ async def test_in_an_encrypted_room_the_homeserver_closes_it_encrypted_while_the
 
     edit = await until(closing_edit, 40, "the homeserver's closing edit, decrypted")
     assert edit["origin_server_ts"] >= question["origin_server_ts"] + 14000
-    assert edit["content"]["m.new_content"]["body"].endswith("expired undecided at "
-                                                            f"{edit_time(question)}, 1 of 2 votes agreeing).")
+    assert edit["content"]["m.new_content"]["body"].endswith(
+        f"expired undecided at {edit_time(question)}: 1 of the 2 votes needed ({SHIP}: {alice.user_id})).")
     wire = {e["event_id"]: e for e in await alice.wire(room)}
     assert wire[edit["event_id"]]["type"] == "m.room.encrypted"
 
@@ -590,7 +612,7 @@ async def test_an_escalation_mentions_its_people_on_time_while_the_bridge_is_dow
         vetoed = await bob.send(room, element_reply(question, "2", bot))
         bridge.start()
         ack = await bob.wait_notice(room, vetoed, timeout=60)
-        assert f"Decided: {HOLD}, a veto by {bob.user_id}." in ack["content"]["body"]
+        assert ack["content"]["body"].endswith("With your veto it is decided.")
         decided = await until(lambda: (record(bridge) or {}).get("decided_by") and record(bridge), 30, "the decision")
         assert decided["choice"] == "hold" and decided["decided_by"] == [bob.user_id]
     finally:

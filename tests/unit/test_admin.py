@@ -218,7 +218,9 @@ def test_a_post_report_reads_as_a_sentence():
 
 def test_a_reply_quotes_the_command_and_keeps_a_table_in_pre():
     plain = reply_content("Done.", "$cmd")
-    assert plain == {"msgtype": "m.notice", "body": "Done.", "m.relates_to": {"m.in_reply_to": {"event_id": "$cmd"}}}
+    # A status table names people: it pings none of them.
+    assert plain == {"msgtype": "m.notice", "body": "Done.", "m.mentions": {},
+                     "m.relates_to": {"m.in_reply_to": {"event_id": "$cmd"}}}
     table = reply_content("SET  X\n<a>  1", "$cmd")
     assert table["formatted_body"] == "<pre><code>SET  X\n&lt;a&gt;  1</code></pre>"
 

@@ -204,7 +204,8 @@ def test_an_expired_question_is_never_consent_and_later_votes_are_refused(tmp_pa
     assert record["state"] == "expired" and record["expired_at"] == format_rfc3339(T0 + 45_000)
     assert "choice" not in record and [v["sender"] for v in record["votes"]] == [ANA]
     said = [c.get("body", "") for c in room.pipeline.transport.sent]
-    assert any("expired undecided at 08:00:45 UTC (1 of 2 votes agreeing)" in s for s in said)
+    assert any("expired undecided at 08:00:45 UTC: 1 of the 2 votes needed (\u201cThe main branch\u201d: "
+               f"{ANA}). It is not approved" in s for s in said)
     room.deliver([answer("$b1", BO, T0 + 46_000, "main")])
     assert room.store.db.execute("SELECT reason FROM answer_log WHERE event_id='$b1'").fetchone()[0] == "expired"
     # A vote the room placed before the deadline still counts, even read after the close.
@@ -348,15 +349,19 @@ def test_the_words_at_expiry_say_what_stood():
 
     at = T0 + 45_000
     one = {"state": "pending", "votes": [{"sender": ANA, "choice": "main"}], "required": 2}
-    assert expiry_words(None, 2, at)[1] == "expired undecided at 08:00:45 UTC, no votes"
-    assert expiry_words(one, 2, at) == (
-        "This question expired undecided at 08:00:45 UTC (1 of 2 votes agreeing); it is not approved, "
-        "and later answers are not recorded.", "expired undecided at 08:00:45 UTC, 1 of 2 votes agreeing")
+    labels = {"main": "The main branch", "stable": "The stable branch"}
+    assert expiry_words(None, 2, at, labels)[1] == "expired undecided at 08:00:45 UTC: no votes"
+    # What stood is named (which option, whose votes), so "1 of 2" is not read as a result.
+    assert expiry_words(one, 2, at, labels) == (
+        "This question expired undecided at 08:00:45 UTC: 1 of the 2 votes needed (\u201cThe main branch\u201d: "
+        f"{ANA}). It is not approved, and later answers are not recorded.",
+        f"expired undecided at 08:00:45 UTC: 1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})")
     split = {**one, "votes": [*one["votes"], {"sender": BO, "choice": "stable"}]}
-    assert expiry_words(split, 3, at)[1].endswith("1 of 3 votes agreeing")
+    assert expiry_words(split, 3, at, labels)[1].endswith(
+        f": no option had the 3 votes needed (\u201cThe main branch\u201d: {ANA}; \u201cThe stable branch\u201d: {BO})")
     # Without a quorum: an answer given in time stands; none, and it expired with nothing.
     assert expiry_words({"state": "answered", "choice": "main"}, None, at)[1] == "closed at its deadline, 08:00:45 UTC"
-    assert expiry_words(None, None, at)[1] == "expired undecided at 08:00:45 UTC, no answer"
+    assert expiry_words(None, None, at)[1] == "expired undecided at 08:00:45 UTC: no answer"
 
 
 class Delaying(Transport):
@@ -394,13 +399,13 @@ def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
     clock = [T0 + 1000]
     deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
     asyncio.run(deadlines.schedule(room.posted, "$poll"))
-    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC, {})."
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
     assert hs.closing_edits() == [(closed.format("no votes"), 44_000)]
     room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
     clock[0] = T0 + 5000
     asyncio.run(deadlines.pass_once())
     # One closing edit still, saying what stands, for the time left; the first one cancelled.
-    assert hs.closing_edits() == [(closed.format("1 of 2 votes agreeing"), 40_000)]
+    assert hs.closing_edits() == [(closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})"), 40_000)]
     assert hs.cancelled == ["d1"] and "d0" in hs.delayed  # d0: the poll end, untouched
     asyncio.run(deadlines.pass_once())
     assert len(hs.by_txn) == 3  # nothing changed, nothing sent again
@@ -433,7 +438,8 @@ def test_a_kill_between_scheduling_the_new_closing_edit_and_cancelling_the_old_l
     room.crash()
     clock[0] = T0 + 8000
     asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000).pass_once())
-    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC, 1 of 2 votes agreeing)."
+    closed = ("Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: 1 of the 2 votes needed "
+              f"(\u201cThe main branch\u201d: {ANA})).")
     assert [words for words, _delay in hs.closing_edits()] == [closed]
     assert len(hs.by_txn) == 3  # the same transaction sent again: the same delay id, no third edit
 
@@ -446,8 +452,9 @@ def test_after_the_decision_a_deciders_changed_or_withdrawn_vote_is_told_the_dec
     def word_back(event_id: str) -> str:
         (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id=?", (event_id,)).fetchone()
         return room.pipeline.notice_for(room.store.log_entry(seq))["body"]
-    assert "Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in word_back("$b1")
-    assert "does not change" not in word_back("$b1")  # the deciding vote is the decision
+    # The deciding vote is told it decided; the decision itself is the thread's announcement, said once.
+    assert word_back("$b1").endswith("With your vote it is decided.")
+    assert "Decided:" not in word_back("$b1") and "does not change" not in word_back("$b1")
     # Bo, who decided it, changes his vote to the veto: recorded, the decision stands, and he is told so.
     room.deliver([edit("$b2", BO, T0 + 3000, "$b1", "stable")])
     assert word_back("$b2").endswith("Your vote is recorded; it does not change the decision.")
@@ -457,3 +464,131 @@ def test_after_the_decision_a_deciders_changed_or_withdrawn_vote_is_told_the_dec
     assert told.startswith("Your vote to \u201cRelease branch\u201d is withdrawn. Decided: \u201cThe main branch\u201d")
     assert told.endswith("Withdrawing it does not change the decision.") and "stands again" not in told
     assert room.record()["decided_by"] == [ANA, BO] and room.record()["choice"] == "main"
+
+
+# -- what the room reads once it is closed, and whom it pings ---------------------------------
+
+
+def _closed_lines(content: dict[str, Any]) -> list[str]:
+    return content["m.new_content"]["body"].split("\n")
+
+
+def test_a_closed_question_drops_its_stale_deadline_words_and_the_escalation_not_needed():
+    from bridge.protocol.question_event import closed_replacement
+
+    content = posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    # Decided half an hour in: the deadline did not come, nor the escalation.
+    early = closed_replacement("$q", content, "decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs",
+                               T0 + 30 * 60_000)
+    lines = _closed_lines(early)
+    assert "Deadline: 10:00 UTC (closed before it)." in lines
+    assert not any("in 2 hours" in line or "Answer by" in line or DEE in line for line in lines)
+    html = early["m.new_content"]["formatted_body"]
+    assert "<em>Deadline: 10:00 UTC (closed before it).</em>" in html and "in 2 hours" not in html and DEE not in html
+    # Expired: the deadline passed, and the escalation (at 09:00) did happen.
+    late = closed_replacement("$q", content, "expired undecided at 10:00 UTC: no votes", T0 + 2 * 3_600_000)
+    lines = _closed_lines(late)
+    assert "Deadline: 10:00 UTC (passed)." in lines
+    assert f"Undecided by 09:00 UTC: {DEE} was asked too." in lines
+    assert lines[-1] == "Closed: no longer accepting answers (expired undecided at 10:00 UTC: no votes)."
+    assert f"<em>Undecided by 09:00 UTC: {DEE} was asked too.</em>" in late["m.new_content"]["formatted_body"]
+
+
+def test_the_question_mentions_its_answerers_and_its_edits_and_poll_end_ping_nobody(tmp_path):
+    from bridge.protocol.poll import POLL_END, poll_start
+    from bridge.protocol.question_event import closed_replacement
+
+    content = posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    # Asked by name: the answerers are notified; the escalation's people only when it comes.
+    assert content["m.mentions"] == {"user_ids": [ANA, BO, CY]}
+    assert posted()["m.mentions"] == {}  # no answerers: the body's user ids ping nobody
+    edit_content = closed_replacement("$q", content, "closed")
+    assert edit_content["m.mentions"] == {} and edit_content["m.new_content"]["m.mentions"] == content["m.mentions"]
+    room = room_with(tmp_path, expires="45s")
+    assert poll_start(room.posted)["m.mentions"] == {}
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 3000) / 1000).pass_once())
+    sent = room.pipeline.transport.sent
+    assert [c for c in sent if POLL_END in c] and all(c.get("m.mentions") == {} for c in sent)
+
+
+def test_every_poll_end_reads_as_a_sentence_in_the_closing_lines_words():
+    from bridge.protocol.poll import TEXT, deadline_poll_end, poll_end
+    from bridge.protocol.quorum import Tally, decision_line, expiry_words
+
+    labels = {"main": "The main branch", "stable": "The stable branch"}
+    decided = decision_line(Tally("answered", [], "main", [ANA, BO]), labels)
+    vetoed = decision_line(Tally("answered", [], "stable", [BO], veto=True), labels)
+    one = {"state": "pending", "votes": [{"sender": ANA, "choice": "main"}]}
+    texts = [poll_end("$poll", why)[TEXT] for why in (
+        decided, vetoed, expiry_words(one, 2, T0, labels)[1], expiry_words(None, 2, T0, labels)[1],
+        "withdrawn (Decided in the meeting)", "this set was removed", "closed")]
+    assert texts == [
+        f"The poll has ended. Decided: \u201cThe main branch\u201d by {ANA} and {BO}.",
+        f"The poll has ended. Vetoed: \u201cThe stable branch\u201d by {BO}.",
+        f"The poll has ended. Expired undecided at 08:00 UTC: 1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA}).",
+        "The poll has ended. Expired undecided at 08:00 UTC: no votes.",
+        "The poll has ended. Withdrawn (Decided in the meeting).",
+        "The poll has ended. This set was removed.",
+        "The poll has ended. Closed.",
+    ]
+    # The homeserver's, scheduled at posting, is true whatever stood at the deadline.
+    assert deadline_poll_end("$poll", T0 + 45_000)[TEXT] == "The poll has ended at its deadline, 08:00:45 UTC."
+
+
+def test_a_veto_is_announced_as_a_veto_not_as_one_vote_among_others(tmp_path):
+    from bridge.protocol.poll import POLL_END, TEXT
+
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "stable")])
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 3000) / 1000).pass_once())
+    sent = room.pipeline.transport.sent
+    notice = next(c for c in sent if c.get("dev.superpipeline.question.approval"))
+    assert notice["body"] == (f"Vetoed: \u201cThe stable branch\u201d by {BO}. "
+                              "A veto decides at once, whatever the other votes.")
+    # The people named are pills, and nobody is pinged.
+    assert f'<a href="https://matrix.to/#/{BO}">{BO}</a>' in notice["formatted_body"] and notice["m.mentions"] == {}
+    edit_content = next(c for c in sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace")
+    assert _closed_lines(edit_content)[-1] == (
+        f"Closed: no longer accepting answers (vetoed: \u201cThe stable branch\u201d by {BO}).")
+    assert next(c for c in sent if POLL_END in c)[TEXT] == f"The poll has ended. Vetoed: \u201cThe stable branch\u201d by {BO}."
+    # Bo's own word back says his veto decided it; the announcement says what was decided, once.
+    (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$b1'").fetchone()
+    told = room.pipeline.notice_for(room.store.log_entry(seq))
+    assert told["body"].endswith("With your veto it is decided.") and "Vetoed" not in told["body"]
+
+
+def test_at_expiry_the_bridge_does_not_repeat_the_homeservers_identical_closing_edit(tmp_path):
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    clock[0] = T0 + 5000
+    asyncio.run(deadlines.pass_once())  # the delayed edit restated: 1 vote stands
+    (scheduled,) = [c for _kind, c, _delay in hs.delayed.values() if c.get("m.relates_to", {}).get("rel_type")
+                    == "m.replace"]
+    clock[0] = T0 + 46_000
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "expired"
+    # The homeserver's edit (and poll end) close it; the bridge says it in the thread only.
+    assert [c for c in hs.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"] == []
+    assert "1 of the 2 votes needed" in _closed_lines(scheduled)[-1]
+    notice = next(c for c in hs.sent if c.get("dev.superpipeline.question.approval"))
+    assert notice["body"].startswith("This question expired undecided at 08:00:45 UTC: 1 of the 2 votes needed")
+
+
+def test_picking_something_else_in_the_poll_is_told_where_the_words_go(tmp_path):
+    room = room_with(tmp_path)
+    room.deliver([vote("$o1", ANA, T0 + 1000, ["other"])])
+    (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$o1'").fetchone()
+    told = room.pipeline.notice_for(room.store.log_entry(seq))["body"]
+    assert told == ("Not recorded: \u201cSomething else\u201d needs a few words from you, and a vote in the poll "
+                    "carries none. Reply to the question with other: and your words.")

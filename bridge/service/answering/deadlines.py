@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridge.protocol.deadline import clock_words
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
-from bridge.protocol.poll import POLL_END, poll_end
+from bridge.protocol.poll import POLL_END, deadline_poll_end, poll_end
 from bridge.protocol.question_event import closed_replacement
-from bridge.protocol.quorum import Tally, decision_words, expiry_words
+from bridge.protocol.quorum import Tally, decision_line, decision_words, expiry_words
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.render import HTML_FORMAT, esc_people
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,6 @@ DEFAULT_TICK_SECONDS = 1.0
 
 def wants_tracking(question: RecordedQuestion) -> bool:
     return question.quorum is not None or question.expires_ms is not None or question.escalation is not None
-
-
-def deadline_why(question: RecordedQuestion) -> str:
-    return f"its deadline passed at {clock_words(question.expires_ms or 0)}"
 
 
 def escalation_content(question: RecordedQuestion) -> dict[str, Any]:
@@ -94,11 +90,11 @@ class Deadlines:
         planned: list[tuple[str, str, dict[str, Any], int]] = []
         if question.expires_ms is not None and question.expires_ms > now:
             if poll_id:
-                planned.append(("poll_end", POLL_END, poll_end(poll_id, deadline_why(question)), question.expires_ms))
+                planned.append(("poll_end", POLL_END, deadline_poll_end(poll_id, question.expires_ms), question.expires_ms))
             # The closing edit says what stands (nothing yet); restated as votes come (``_restate``).
             closing = self._closing(question)
-            planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing),
-                            question.expires_ms))
+            planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing,
+                                                                         question.expires_ms), question.expires_ms))
         if question.escalation is not None and question.escalation[0] > now:
             planned.append(("escalate", "m.room.message", escalation_content(question), question.escalation[0]))
         for what, event_type, content, at in planned:
@@ -126,7 +122,8 @@ class Deadlines:
         """The closing line the question would get were its deadline now: what stands."""
         set_dir = self.store.set_dir_of(question.event_id)
         record = self.store.projection(set_dir, question.qid) if set_dir and question.qid else None
-        return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0)[1]
+        return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0,
+                            labels_of(question))[1]
 
     async def _restate(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
         """The standing changed (a vote counted, changed or withdrawn): the
@@ -144,7 +141,8 @@ class Deadlines:
         delays = self._delays(question.event_id)
         if send_delayed is None or question.expires_ms is None or "edit" not in delays:
             return
-        closing = expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms)[1]
+        closing = expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms,
+                               labels_of(question))[1]
         raw = self.store.get_meta(CLOSING + question.event_id)
         said = json.loads(raw) if raw else {"words": None, "gen": 0}
         if said["words"] != closing or said.get("next"):
@@ -155,7 +153,7 @@ class Deadlines:
             if not said.get("next"):
                 with self.store.transaction(flush=False):
                     self.store.set_meta(CLOSING + question.event_id, json.dumps({**said, "next": gen}))
-            content = closed_replacement(question.event_id, question.content, closing)
+            content = closed_replacement(question.event_id, question.content, closing, question.expires_ms)
             delay_id = await send_delayed(question.room_id, "m.room.message", content,
                                           txn_id("delayed", "edit", question.event_id, str(gen)), left)
             with self.store.transaction(flush=False):
@@ -271,33 +269,42 @@ class Deadlines:
 
     async def _tell(self, question: RecordedQuestion, set_dir: str, why: str) -> None:
         record = self.store.projection(set_dir, question.qid or "") or {}
-        labels = {o["id"]: str(o.get("label", o["id"])) for o in question.options}
+        labels = labels_of(question)
         tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
                       record.get("decided_by") or [], veto=bool(question.quorum and record.get("choice") in question.quorum[1]))
-        delayed_poll_end = False
+        delayed_poll_end = delayed_edit = False
+        closed_at = self._now()
         if why == CLOSED_DECIDED:
             await self._cancel(question.event_id)
-            words = decision_words(tally, labels)
-            line = words.removeprefix("Decided: ").rstrip(".")
-            closing = f"decided: {line}"
+            words, closing = decision_words(tally, labels), decision_line(tally, labels)
         else:
+            closed_at = question.expires_ms or closed_at
             # The homeserver's own poll end (a delayed event) already closed it, or is about to.
             delays = self._delays(question.event_id)
             await self._cancel(question.event_id, keep=("poll_end", "edit"))
             words, closing = expiry_words(record, question.quorum[0] if question.quorum else None,
-                                          question.expires_ms or 0)
+                                          question.expires_ms or 0, labels)
+            said = self.store.get_meta(CLOSING + question.event_id)
+            # The homeserver's closing edit says just this (same words, same
+            # time): a second, identical edit from the bridge would only flicker.
+            delayed_edit = "edit" in delays and said is not None and json.loads(said).get("words") == closing \
+                and not json.loads(said).get("next")
             if "poll_end" in delays:
                 self._forget_delay(question.event_id, "poll_end")
             if "edit" in delays:
                 self._forget_delay(question.event_id, "edit")
             delayed_poll_end = "poll_end" in delays
+        people = [v.get("sender", "") for v in record.get("votes") or []] + list(record.get("decided_by") or [])
         await self.transport.send(question.room_id, "m.room.message", {
-            "msgtype": "m.notice", "body": words, "m.relates_to": in_thread(question.event_id),
+            "msgtype": "m.notice", "body": words, "format": HTML_FORMAT, "formatted_body": esc_people(words, people),
+            "m.mentions": {},  # the voters named are told, not pinged
+            "m.relates_to": in_thread(question.event_id),
             NOTICE_KEY: {"question_event_id": question.event_id, "what": why, "record": _small(record)},
         }, txn_id("approval-notice", question.event_id, why))
-        await self.transport.send(question.room_id, "m.room.message",
-                                  closed_replacement(question.event_id, question.content, closing),
-                                  txn_id("approval-edit", question.event_id, why))
+        if not delayed_edit:
+            await self.transport.send(question.room_id, "m.room.message",
+                                      closed_replacement(question.event_id, question.content, closing, closed_at),
+                                      txn_id("approval-edit", question.event_id, why))
         poll = self.store.poll_of(question.event_id)
         if poll and not (why == CLOSED_EXPIRED and delayed_poll_end):
             await self.transport.send(question.room_id, POLL_END, poll_end(poll, closing), txn_id("poll-end", poll))
@@ -324,6 +331,10 @@ class Deadlines:
                 await asyncio.wait_for(stop.wait(), tick)
             except TimeoutError:
                 pass
+
+
+def labels_of(question: RecordedQuestion) -> dict[str, str]:
+    return {o["id"]: str(o.get("label", o["id"])) for o in question.options}
 
 
 def _small(record: dict[str, Any]) -> dict[str, Any]:

@@ -605,11 +605,17 @@ class Pipeline:
             if entry.message:  # the file that came with the note could not be kept
                 content = with_remark(content, entry.message)
         else:
+            message = entry.message or "the answer could not be read."
+            if entry.reason == "input_required" and entry.via in _GESTURE_VIAS:
+                # "Add them as text" cannot be done in a poll or with an emoji: say where the words go.
+                gesture = "a vote in the poll" if entry.via == "poll" else "a reaction"
+                message = (message.removesuffix(" Add them as text.").rstrip(".")
+                           + f", and {gesture} carries none. Reply to the question with other: and your words.")
             content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
                                      qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
-                                     message=entry.message or "the answer could not be read.", via=via)
+                                     message=message, via=via)
         if question is not None and question.quorum is not None and entry.outcome == "accepted":
-            content = with_remark(content, self._quorum_words(entry, question))
+            content = with_remark(content, *self._quorum_words(entry, question))
         if entry.replaces:
             # An edit: clients show the original message, not the edit event.
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
@@ -625,20 +631,27 @@ class Pipeline:
                                        "m.in_reply_to": {"event_id": replied}}
         return content
 
-    def _quorum_words(self, entry: LogEntry, question: RecordedQuestion) -> str:
-        """Where the votes stand: "1 of 2 for “Ship it” so far; waiting for @bo or @cy"."""
+    def _quorum_words(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
+        """Where the votes stand: "1 of 2 for “Ship it” so far; waiting for @bo or @cy",
+        and the people it names."""
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         record = record or {}
         required, veto = question.quorum or (1, frozenset())
         labels = {o["id"]: str(o.get("label", o["id"])) for o in question.options}
         tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
                       record.get("decided_by") or [], veto=record.get("choice") in veto)
-        words = progress_words(tally, required, question.answerers_at(entry.ts), labels)
+        people = question.answerers_at(entry.ts)
+        named = people + [v.get("sender", "") for v in tally.votes] + tally.decided_by
+        if record.get("decided_by") and _deciding(record, entry.sender):
+            # The decision's own announcement follows in the thread and says
+            # who decided; this word back only says this vote was the one.
+            return ("With your veto it is decided." if tally.veto else "With your vote it is decided."), named
+        words = progress_words(tally, required, people, labels)
         if record.get("decided_by") and not _deciding(record, entry.sender):
             # After the decision (a vote, a changed vote, a withdrawn one): it stands.
             words += " Withdrawing it does not change the decision." if entry.outcome == "withdrawn" \
                 else " Your vote is recorded; it does not change the decision."
-        return words
+        return words, named
 
     def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
         """Told where the acknowledgement of what was withdrawn went, as a reply to it."""
@@ -654,7 +667,7 @@ class Pipeline:
                                    # On a quorum the record is everyone's votes, not this person's earlier answer.
                                    vote=question is not None and question.quorum is not None)
         if question is not None and question.quorum is not None:
-            content = with_remark(content, self._quorum_words(entry, question))
+            content = with_remark(content, *self._quorum_words(entry, question))
         if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
             thread = in_thread(question.event_id)
             if ack is not None:
@@ -674,6 +687,8 @@ def _deciding(record: dict[str, Any], sender: str) -> bool:
         v.get("sender") == sender and v.get("choice") == record.get("choice") for v in record.get("votes") or [])
 
 
+# Answers that are a click, with no room for text.
+_GESTURE_VIAS = frozenset({"poll", "reaction"})
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
 _TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
 

@@ -210,7 +210,8 @@ def describe_post(report: Any) -> str:
 def reply_content(text: str, in_reply_to: str) -> dict[str, Any]:
     """The bridge's answer to a command: a notice replying to it (a table
     keeps its columns in a <pre>)."""
-    content: dict[str, Any] = {"msgtype": "m.notice", "body": text,
+    # A status table names people (answerers, voters): it tells, it does not ping them.
+    content: dict[str, Any] = {"msgtype": "m.notice", "body": text, "m.mentions": {},
                                "m.relates_to": {"m.in_reply_to": {"event_id": in_reply_to}}}
     if "\n" in text:
         content["format"] = "org.matrix.custom.html"

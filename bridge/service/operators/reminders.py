@@ -58,6 +58,7 @@ def reminder_content(question: PostedQuestion) -> dict[str, Any]:
     return {
         "msgtype": "m.notice",
         "body": text,
+        "m.mentions": {},  # a nudge in the thread, not a ping of everyone the question names
         "m.relates_to": in_thread(question.event_id),
         REMINDER_KEY: {"question_event_id": question.event_id, "set": question.set_id, "qid": question.qid},
     }

@@ -137,7 +137,8 @@ async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, q
                 except Exception as exc:  # noqa: BLE001 - the block is named instead
                     log.warning("background file %s of %s/%s not uploaded: %s", part.media.src, qset.id,
                                 question.id, exc)
-        content = {**content, "m.relates_to": in_thread(question_event_id)}
+        # Set text in the thread: any user id in it is the set's words, not a ping.
+        content = {**content, "m.mentions": {}, "m.relates_to": in_thread(question_event_id)}
         await transport.send(room_id, "m.room.message", content, txn_id("one-pager", question_event_id, str(index)))
     with store.transaction():
         store.set_meta(key, "1")
@@ -150,7 +151,7 @@ async def post_in_thread(messages: list[dict[str, Any]], question_event_id: str,
     if not messages or store.get_meta(key):
         return
     for index, content in enumerate(messages):
-        content = {**content, "m.relates_to": in_thread(question_event_id)}
+        content = {**content, "m.mentions": {}, "m.relates_to": in_thread(question_event_id)}
         await transport.send(room_id, "m.room.message", content, txn_id("media", question_event_id, str(index)))
     with store.transaction():
         store.set_meta(key, "1")

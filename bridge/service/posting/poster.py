@@ -300,6 +300,7 @@ class Poster:
         content = {
             "msgtype": "m.notice",
             "body": text,
+            "m.mentions": {},  # tells the room; pings nobody the question named
             "m.relates_to": {"rel_type": "m.thread", "event_id": recorded.event_id, "is_falling_back": True,
                              "m.in_reply_to": {"event_id": recorded.event_id}},
             "dev.superpipeline.question.closed": {"question_event_id": recorded.event_id, "qid": recorded.qid,
@@ -309,7 +310,8 @@ class Poster:
                                             txn_id("close", recorded.event_id))
         # The question's own message says so too: its "To answer" line becomes "Closed".
         await self.transport.send(recorded.room_id, "m.room.message",
-                                  closed_replacement(recorded.event_id, recorded.content, why),
+                                  closed_replacement(recorded.event_id, recorded.content, why,
+                                                     int(time.time() * 1000)),
                                   txn_id("close-edit", recorded.event_id))
         poll = self.store.poll_of(recorded.event_id)
         if poll:
