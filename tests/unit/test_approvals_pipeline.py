@@ -369,6 +369,9 @@ class Delaying(Transport):
         self.cancelled: list[str] = []
         self.die_after_put = die_after_put
         self.taken = 0  # delay ids handed out
+        self.since: dict[str, int] = {}
+        self.sealed = False  # an encrypted room: the list shows ciphertext only
+        self.now_ms = 0  # the homeserver's clock: when a delay starts running
 
     async def send_delayed(self, room_id: str, event_type: str, content: dict[str, Any], txn: str,
                            delay_ms: int) -> str:
@@ -376,6 +379,7 @@ class Delaying(Transport):
             self.by_txn[txn] = f"d{self.taken}"
             self.taken += 1
             self.delayed[self.by_txn[txn]] = (event_type, content, delay_ms)
+            self.since[self.by_txn[txn]] = self.now_ms
             if self.die_after_put:
                 raise KeyboardInterrupt("killed after the homeserver took it")
         return self.by_txn[txn]
@@ -385,7 +389,9 @@ class Delaying(Transport):
         self.delayed.pop(delay_id, None)
 
     async def list_delayed(self) -> list[dict[str, Any]]:
-        return [{"delay_id": delay_id, "room_id": ROOM, "type": kind, "delay": delay, "content": content}
+        sealed = {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgA..."}
+        return [{"delay_id": delay_id, "room_id": ROOM, "type": "m.room.encrypted" if self.sealed else kind,
+                 "delay": delay, "running_since": self.since[delay_id], "content": sealed if self.sealed else content}
                 for delay_id, (kind, content, delay) in self.delayed.items()]
 
     def closing_edits(self) -> list[tuple[str, int]]:
@@ -465,25 +471,30 @@ def test_after_the_decision_a_deciders_changed_or_withdrawn_vote_is_told_the_dec
     assert room.record()["decided_by"] == [ANA, BO] and room.record()["choice"] == "main"
 
 
-def test_stray_delayed_events_past_the_homeservers_memory_of_the_transaction_are_cancelled_at_start(tmp_path):
+@pytest.mark.parametrize("sealed", [False, True], ids=["clear", "encrypted"])
+def test_stray_delayed_events_past_the_homeservers_memory_of_the_transaction_are_cancelled_at_start(tmp_path,
+                                                                                                   sealed):
     """Killed after the homeserver took a restated closing edit, down longer
     than it remembers the transaction: the retry schedules another, and the
     first is nobody's.  At start the bridge reads the homeserver's list and
-    cancels it; for a question decided meanwhile, everything still scheduled."""
+    cancels it; for a question decided meanwhile, everything still scheduled.
+    Encrypted, the list shows only ciphertext: they are told by when they are due."""
     room = room_with(tmp_path, expires="45s")
     hs = Delaying()
+    hs.sealed = sealed
     clock = [T0 + 1000]
+    hs.now_ms = T0 + 1000
     asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
                 .schedule(room.posted, "$poll"))
     room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
-    clock[0] = T0 + 5000
+    clock[0] = hs.now_ms = T0 + 5000
     hs.die_after_put = True
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000).pass_once())
     hs.die_after_put = False
     hs.by_txn.clear()  # the homeserver forgot the transaction ids
     room.crash()
-    clock[0] = T0 + 8000
+    clock[0] = hs.now_ms = T0 + 8000
     deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
     asyncio.run(deadlines.pass_once())
     assert len(hs.closing_edits()) == 2  # the retry's edit, and the stray the first attempt left

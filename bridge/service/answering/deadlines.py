@@ -345,9 +345,9 @@ class Deadlines:
         unless its delay id is the one the store holds for it while it is
         open.  A question closed at its deadline is left alone: what is still
         scheduled for it is due now, and the bridge relies on the
-        homeserver's poll end.  Encrypted ones can't be read, so they are
-        left to run; an event for a question the store does not know is not
-        this bridge's."""
+        homeserver's poll end.  Encrypted ones can't be read: they are told
+        by when they are due (``_sealed_candidates``).  An event for a
+        question the store does not know is not this bridge's."""
         listing = getattr(self.transport, "list_delayed", None)
         cancel = getattr(self.transport, "cancel_delayed", None)
         if listing is None or cancel is None:
@@ -356,17 +356,13 @@ class Deadlines:
         cancelled = 0
         for event in scheduled or ():
             delay_id = event.get("delay_id")
+            if not isinstance(delay_id, str):
+                continue
             question = self._question_of(event)
-            if not isinstance(delay_id, str) or question is None or question.event_id in self._handing:
+            candidates = [question] if question is not None else self._sealed_candidates(event)
+            if not candidates or not all(self._unheld(q, delay_id) for q in candidates):
                 continue
-            if question.closed_why == CLOSED_EXPIRED:
-                continue  # due at the deadline, now: the homeserver's own closing, which the bridge relies on
-            raw = self.store.get_meta(CLOSING + question.event_id)
-            if question.open and raw and json.loads(raw).get("next"):
-                continue  # a restated edit in flight: its retry comes first (the next pass)
-            held = self._delays(question.event_id)
-            if question.open and delay_id in held.values():
-                continue
+            question = candidates[0]
             try:
                 await cancel(delay_id)
             except Exception as exc:  # noqa: BLE001 - the next start tries again
@@ -376,6 +372,38 @@ class Deadlines:
             log.info("stray delayed %s for %s (%s) cancelled: %s", event.get("type"), question.event_id, delay_id,
                      "the question is closed" if not question.open else "the store holds another")
         return cancelled
+
+    def _unheld(self, question: RecordedQuestion, delay_id: str) -> bool:
+        """Whether ``delay_id``, if it is one of ``question``'s, is a stray to cancel."""
+        if question.event_id in self._handing or question.closed_why == CLOSED_EXPIRED:
+            return False  # being handed over; or due at the deadline, now: the homeserver's closing, relied on
+        raw = self.store.get_meta(CLOSING + question.event_id)
+        if question.open and raw and json.loads(raw).get("next"):
+            return False  # a restated edit in flight: its retry comes first (the next pass)
+        return not (question.open and delay_id in self._delays(question.event_id).values())
+
+    def _sealed_candidates(self, event: dict[str, Any]) -> list[RecordedQuestion]:
+        """An encrypted delayed event can't be read: the postings in its room
+        with a deadline or an escalation due when it is (within 5 s; the
+        bridge schedules nothing else) are what it may be.  It is a stray
+        only when it is none of theirs that the store holds."""
+        if event.get("type") != "m.room.encrypted" or not isinstance(event.get("room_id"), str):
+            return []
+        since, delay = event.get("running_since"), event.get("delay")
+        if not isinstance(since, int) or not isinstance(delay, int):
+            return []
+        due = since + delay
+        rows = self.store.db.execute("SELECT event_id FROM posted WHERE room_id=?", (event["room_id"],)).fetchall()
+        found = []
+        for (event_id,) in rows:
+            question = self.store.question_by_event(event_id)
+            if question is None or not wants_tracking(question):
+                continue
+            times = (question.expires_ms, question.escalation[0] if question.escalation else None)
+            if any(t is not None and abs(due - t) <= 5000 for t in times):
+                found.append(question)
+        held = {d for q in found if q.open for d in self._delays(q.event_id).values()}
+        return [] if event.get("delay_id") in held else found
 
     def _question_of(self, event: dict[str, Any]) -> RecordedQuestion | None:
         """The posting a delayed event of the bridge's is about (a poll end, a
