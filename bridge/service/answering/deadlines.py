@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bridge.protocol.approval_record import outcome_of
 from bridge.protocol.deadline import clock_words
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
@@ -256,6 +257,16 @@ class Deadlines:
                 self.store.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
                                       (set_dir, question.set_id, question.qid))
             self.flush()
+        if not question.open and question.closed_why in (CLOSED_DECIDED, CLOSED_EXPIRED):
+            # Closed as decided or expired, then an earlier event read late (a
+            # vote from before the deadline, a redaction from before the
+            # decision) made it the other: the room is told what it is now.
+            record = self.store.projection(set_dir, question.qid)
+            now_outcome = outcome_of(record)
+            if now_outcome in (CLOSED_DECIDED, CLOSED_EXPIRED) and now_outcome != question.closed_why:
+                self._close(question, set_dir, now_outcome, record)
+                self.flush()
+                question = self.store.question_by_event(event_id) or question
         why = self.store.get_meta(UNTOLD + event_id)
         if why is not None:
             await self._tell(question, set_dir, why)

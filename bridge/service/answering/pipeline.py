@@ -46,6 +46,7 @@ from bridge.protocol.to_record import to_record
 from bridge.service.answering import quiz
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
+from bridge.service.answering.deadlines import TRACKED
 from bridge.service.storage.store import LogEntry, Store
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 
@@ -511,11 +512,14 @@ class Pipeline:
                 continue
             outcome = outcome_of(self.store.projection(set_dir, qid))
             if self.store.approval_outcome_logged(posting.event_id) != outcome:
-                changes.append((posting.event_id, outcome))
+                changes.append((posting, outcome))
         if changes:
             with self.store.transaction(flush=False):  # made durable by the flushed commit after the writes
-                for event_id, outcome in changes:
-                    self.store.log_approval_outcome(event_id, outcome)
+                for posting, outcome in changes:
+                    self.store.log_approval_outcome(posting.event_id, outcome)
+                    if not posting.open:
+                        # Closed already: the deadlines pass tells the room what it is now.
+                        self.store.set_meta(TRACKED + posting.event_id, "1")
 
     def retry_held(self) -> bool:
         """Write the held sets that are due; True when some are still held."""
