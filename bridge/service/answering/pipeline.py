@@ -46,7 +46,6 @@ from bridge.protocol.to_record import to_record
 from bridge.service.answering import quiz
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
-from bridge.service.answering.deadlines import TRACKED
 from bridge.service.storage.store import LogEntry, Store
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 
@@ -519,6 +518,9 @@ class Pipeline:
                     self.store.log_approval_outcome(posting.event_id, outcome)
                     if not posting.open:
                         # Closed already: the deadlines pass tells the room what it is now.
+                        # (Imported here: the first sync does not need the room's deadline code.)
+                        from bridge.service.answering.deadlines import TRACKED
+
                         self.store.set_meta(TRACKED + posting.event_id, "1")
 
     def retry_held(self) -> bool:
