@@ -496,7 +496,7 @@ class Pipeline:
 
     def _log_outcome_changes(self, dirty: list[tuple[str, str, str]]) -> None:
         """Before any record is written: an approval whose outcome changed
-        (decided, expired, or neither again) gets its leaf in the answer log.
+        (to decided, or to expired) gets its leaf in the answer log.
 
         This is the one place, whatever changed it: a vote, a redaction or
         an edit read late (an earlier event in the room's order can undo a
@@ -510,7 +510,7 @@ class Pipeline:
             if posting is None or (posting.quorum is None and posting.expires_ms is None):
                 continue
             outcome = outcome_of(self.store.projection(set_dir, qid))
-            if self.store.approval_outcome_logged(posting.event_id) != outcome:
+            if outcome is not None and self.store.approval_outcome_logged(posting.event_id) != outcome:
                 changes.append((posting, outcome))
         if changes:
             with self.store.transaction(flush=False):  # made durable by the flushed commit after the writes

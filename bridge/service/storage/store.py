@@ -441,19 +441,17 @@ class Store:
             self.append_leaf(LogEntry(event_id, row[0], by, "bridge", "closed", set_id=row[1],
                                       question_event_id=event_id, reason=why, ts=int(time.time() * 1000)), None)
 
-    def log_approval_outcome(self, event_id: str, outcome: str | None) -> bool:
-        """The posting's approval outcome (``decided``, ``expired``, or None:
-        neither) is now ``outcome``: when that differs from the last one the
-        log recorded for it, the log gets its leaf (None records nothing, it
-        only forgets the last).  The record can change outcome after the
+    def log_approval_outcome(self, event_id: str, outcome: str) -> bool:
+        """The posting's approval outcome (``decided`` or ``expired``) is now
+        ``outcome``: when that differs from the last one the log recorded for
+        it, the log gets its leaf.  The record can change outcome after the
         question closed (an earlier event read late), so this is asked
-        wherever the record is written; True when something changed."""
+        wherever the record is written; True when a leaf was appended.  (A
+        record that is neither again, pending, needs no leaf: verify asks
+        the log's latest word only of a decided or expired record.)"""
         key = f"approval_logged:{event_id}"
-        if self.get_meta(key) == (outcome or None):
+        if self.get_meta(key) == outcome:
             return False
-        if outcome is None:
-            self.delete_meta(key)
-            return True
         row = self.db.execute("SELECT room_id, set_id FROM posted WHERE event_id=?", (event_id,)).fetchone()
         if row is not None:
             self.append_leaf(LogEntry(event_id, row[0], "", "bridge", outcome, set_id=row[1],
