@@ -61,6 +61,16 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     return out
 
 
+def outcome_of(record: dict[str, Any] | None) -> str | None:
+    """The approval outcome a record shows, as the answer log names it:
+    ``expired``, ``decided`` (a quorum's decision), or None (neither)."""
+    if record is None:
+        return None
+    if record.get("state") == EXPIRED:
+        return "expired"
+    return "decided" if record.get("state") == ANSWERED and record.get("decided_by") else None
+
+
 def _expired(base: dict[str, Any] | None, posting: RecordedQuestion, count: int, *, votes: list[dict[str, Any]] | None,
              required: int | None = None) -> dict[str, Any]:
     at = format_rfc3339(posting.expires_ms or 0)

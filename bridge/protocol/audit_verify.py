@@ -115,14 +115,17 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
 
 
 class _Logged:
-    """The log's accepted answers by event id, and the questions it records
-    as expired: what an approval's tally is checked against (read once, when
-    a set has a tally)."""
+    """The log's accepted answers by event id and by who answered, and the
+    latest approval outcome it records for each question: what an approval's
+    tally is checked against (read once, when a set has a tally)."""
 
     def __init__(self, leaves: Sequence[bytes]):
         self._leaves = leaves
         self._accepted: dict[str, dict[str, Any]] | None = None
-        self.expired: set[tuple[Any, Any]] = set()
+        # (set, question id) -> the log's latest word on its approval outcome: decided or expired
+        self.outcome: dict[tuple[Any, Any], str] = {}
+        # (set, question id, sender) -> the hashes of the answers the log accepted from them
+        self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
 
     def accepted(self) -> dict[str, dict[str, Any]]:
         if self._accepted is None:
@@ -135,8 +138,10 @@ class _Logged:
                 question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
                 if leaf.get("outcome") == "accepted" and isinstance(leaf.get("event_id"), str):
                     self._accepted[leaf["event_id"]] = leaf
-                elif leaf.get("outcome") == "expired":
-                    self.expired.add((leaf.get("set"), question.get("id")))
+                    self.answered.setdefault((leaf.get("set"), question.get("id"), leaf.get("sender")),
+                                             set()).add(leaf.get("answer_sha256"))
+                elif leaf.get("outcome") in ("decided", "expired"):
+                    self.outcome[(leaf.get("set"), question.get("id"))] = leaf["outcome"]
         return self._accepted
 
 
@@ -149,7 +154,8 @@ def is_tally(record: dict[str, Any]) -> bool:
 def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str, Any], logged: _Logged) -> list[str]:
     """Each vote the record lists is an accepted answer in the log, by that
     sender, to this question, with that choice; the deciders' votes pick the
-    record's choice; an expiry is in the log."""
+    record's choice; a decision or an expiry is the log's latest word on the
+    question's outcome."""
     accepted = logged.accepted()
     problems = []
     votes = record.get("votes") if isinstance(record.get("votes"), list) else []
@@ -175,14 +181,28 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
     if state == "answered" and not (isinstance(record.get("decided_by"), list) and record["decided_by"]):
         problems.append(f"{where}: the record says decided, and names no one who decided it")
     elif state == "answered":
+        decided = _vote_sha256(qid, {"choice": record.get("choice")}, record)
         for sender in record["decided_by"]:
+            if str(sender) in choice_of and choice_of[str(sender)] == record.get("choice"):
+                continue
+            # A decider may change or withdraw their vote after the decision
+            # (it stands): the log must still hold their vote for the choice.
+            if decided in logged.answered.get((doc.get("set"), qid, sender), ()):
+                continue
             if str(sender) not in choice_of:
                 problems.append(f"{where}: {sender} decided it, and the log holds no vote of theirs it lists")
-            elif choice_of[str(sender)] != record.get("choice"):
+            else:
                 problems.append(f"{where}: {sender} decided it but voted {choice_of[str(sender)]!r}, "
                                 f"not {record.get('choice')!r}")
-    if state == "expired" and (doc.get("set"), qid) not in logged.expired:
-        problems.append(f"{where}: the record says expired, and the log records no expiry of the question")
+    # The outcome can change after it was logged (an earlier event read late),
+    # and the bridge logs each change: the log's latest word is the record's.
+    last = logged.outcome.get((doc.get("set"), qid))
+    if state == "expired" and last != "expired":
+        problems.append(f"{where}: the record says expired, and the log records no expiry of the question"
+                        + (" since its decision" if last == "decided" else ""))
+    if state == "answered" and record.get("decided_by") and last != "decided":
+        problems.append(f"{where}: the record says decided, and the log records no decision of the question"
+                        + (" since its expiry" if last == "expired" else ""))
     return problems
 
 

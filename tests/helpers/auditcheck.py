@@ -21,8 +21,16 @@ def check_answer_log(rows: Callable[[str], list[tuple]], history: list[dict[str,
     # Outcomes with no answer-log row of their own (a close, a late vote's
     # withdrawal) are each logged once too.
     own = [json.loads(row[2]) for row in leaves if row[1] is None]
-    keys_of = [(leaf["outcome"], leaf["event_id"], leaf["replaces"]) for leaf in own]
+    keys_of = [(leaf["outcome"], leaf["event_id"], leaf["replaces"]) for leaf in own
+               if leaf["outcome"] not in ("decided", "expired")]
     assert len(set(keys_of)) == len(keys_of), "an outcome without an answer-log row logged twice"
+    # An approval's outcome is logged at each change (an earlier event read
+    # late can undo a decision or make one): never the same one twice running.
+    last: dict[str, str] = {}
+    for leaf in own:
+        if leaf["outcome"] in ("decided", "expired"):
+            assert last.get(leaf["event_id"]) != leaf["outcome"], "an approval's outcome logged twice"
+            last[leaf["event_id"]] = leaf["outcome"]
     states = [e["content"] for e in history if e.get("type") == STATE and isinstance(e.get("content"), dict)]
     assert states, "the room holds no checkpoint"
     keys = {content["key"] for content in states}

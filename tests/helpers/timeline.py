@@ -8,7 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from bridge.answers.file import AnswersFile
+from bridge.protocol import audit_verify, checkpoint as cp, merkle
 from bridge.protocol.normalize import ANSWER_TYPE
 from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
@@ -96,6 +99,17 @@ class Room:
         if not (self.set_dir / "answers.json").exists():
             return None
         return AnswersFile(self.set_dir).load()["answers"].get(QID)
+
+    def verify(self) -> list[str]:
+        """What ``askwright-bridge verify`` finds wrong with this room's
+        answers.json against the store's log, under a fresh checkpoint."""
+        key = Ed25519PrivateKey.generate()
+        leaves = [leaf.encode() for _i, leaf in self.store.audit.leaves(0, self.store.audit.size())]
+        origin = self.store.audit_origin() or "example.org/askwright-bridge/bridge"
+        point = cp.Checkpoint(origin, len(leaves), merkle.root([merkle.leaf_hash(x) for x in leaves]))
+        doc = AnswersFile(self.set_dir).load() if (self.set_dir / "answers.json").exists() else {"answers": {}}
+        return audit_verify.verify_set(doc, leaves, [cp.sign_checkpoint(point, key)], origin,
+                                       cp.raw_public(key.public_key())).problems
 
 
 def _base(event_id: str, sender: str, ts: int) -> dict[str, Any]:

@@ -617,3 +617,63 @@ async def test_an_escalation_mentions_its_people_on_time_while_the_bridge_is_dow
         assert decided["choice"] == "hold" and decided["decided_by"] == [bob.user_id]
     finally:
         await bob.close()
+
+
+async def stray_closing_edit_is_cancelled(bridge: Bridge, alice: Person, bob: Person) -> None:
+    """The store lost the delay id of the closing edit it handed the
+    homeserver (killed before writing it down, and down longer than Synapse
+    remembers the transaction).  At the next start the bridge reads the
+    homeserver's scheduled events and cancels the one it does not hold: the
+    question, decided meanwhile, is never edited to "expired" at its deadline."""
+    import sqlite3
+
+    bridge.add_set(approval_set([alice.user_id, bob.user_id], "25s"))
+    bridge.start()
+    question = (await bridge.wait_questions(alice, 1, timeout=60))[("ship", 1)]
+    await poll_of(alice, bridge.room_id, question)
+    key = f"delays:{question['event_id']}"
+    await until(lambda: any("edit" in json.loads(v) for v, in store_rows(
+        bridge.store_path, "SELECT value FROM meta WHERE key=?", key)), 20, "the delayed closing edit")
+    bridge.kill()
+    db = sqlite3.connect(bridge.store_path)
+    with db:
+        (value,) = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        delays = json.loads(value)
+        delays.pop("edit")  # the lost window: the homeserver holds it, the store does not know its id
+        db.execute("UPDATE meta SET value=? WHERE key=?", (json.dumps(delays), key))
+    db.close()
+    bridge.start()
+    await until(lambda: "stray delayed" in bridge.log_text(), 30, "the sweep")
+    for person in (alice, bob):
+        await person.send(bridge.room_id, element_reply(question, "1", bridge.bot["user_id"]))
+    await until(lambda: (record(bridge) or {}).get("state") == "answered", 30, "the decision")
+    # Past the deadline, with time for the homeserver to have sent it: no closing edit says "expired".
+    expires = event_time_ms(question["content"]["question"]["expires"]) or 0
+    await asyncio.sleep(max(0.0, expires / 1000 - time.time()) + 3)
+    closing = [e["content"]["m.new_content"]["body"].rsplit("\n", 1)[-1]
+               for e in await bot_events(alice, bridge.room_id, bridge.bot["user_id"], "m.room.message")
+               if e["content"].get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert closing and all("expired" not in line for line in closing), closing
+    assert any("decided" in line for line in closing)
+
+
+async def test_a_stray_closing_edit_the_store_lost_is_cancelled_at_start_in_bot_mode(bridge, synapse):
+    bob, = await joined(synapse, bridge.room_id, bridge.bot["access_token"], 1)
+    try:
+        await stray_closing_edit_is_cancelled(bridge, bridge.alice, bob)
+    finally:
+        await bob.close()
+
+
+async def test_a_stray_closing_edit_the_store_lost_is_cancelled_at_start_in_appservice_mode(appservice_synapse,
+                                                                                          tmp_path):
+    """The appservice's delayed events are its bot's (the as_token, no user_id): listed and cancelled as the bot."""
+    hs = appservice_synapse
+    people = [Person(hs, hs.register(unique(name))) for name in ("ana", "bo")]
+    bridge = appservice_storm_bridge(hs, tmp_path, people)
+    try:
+        await stray_closing_edit_is_cancelled(bridge, *people)
+    finally:
+        bridge.kill()
+        for person in people:
+            await person.close()

@@ -3,7 +3,8 @@ approval with a veto and a deadline — votes by answer and in the poll, edits,
 redactions, emptied poll votes — delivered in any order with restarts and the
 bridge's deadlines pass at random times, answers.json says what a reference
 computed from the room's timeline alone says: pending with the standing votes,
-decided by the first quorum or veto in the room's order, or expired."""
+decided by the first quorum or veto in the room's order, or expired; and
+after every step ``verify`` accepts the record against the answer log."""
 
 from __future__ import annotations
 
@@ -172,6 +173,11 @@ class ApprovalTimeline(RuleBasedStateMachine):
         assert record is not None and record["state"] == state, (record, state)
         assert record.get("choice") == choice and record.get("decided_by") == decided_by
         assert [(v["sender"], v["choice"], v["event_id"]) for v in record["votes"]] == votes
+
+    @invariant()
+    def the_log_speaks_for_the_record(self) -> None:
+        """Whatever state the record reached, and however: verify accepts it against the log's leaves."""
+        assert self.room.verify() == []
 
 
 def _event(e: dict[str, Any]) -> dict[str, Any]:

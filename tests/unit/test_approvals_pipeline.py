@@ -373,12 +373,18 @@ class Delaying(Transport):
         self.by_txn: dict[str, str] = {}
         self.cancelled: list[str] = []
         self.die_after_put = die_after_put
+        self.taken = 0  # delay ids handed out
+        self.since: dict[str, int] = {}
+        self.sealed = False  # an encrypted room: the list shows ciphertext only
+        self.now_ms = 0  # the homeserver's clock: when a delay starts running
 
     async def send_delayed(self, room_id: str, event_type: str, content: dict[str, Any], txn: str,
                            delay_ms: int) -> str:
         if txn not in self.by_txn:
-            self.by_txn[txn] = f"d{len(self.by_txn)}"
+            self.by_txn[txn] = f"d{self.taken}"
+            self.taken += 1
             self.delayed[self.by_txn[txn]] = (event_type, content, delay_ms)
+            self.since[self.by_txn[txn]] = self.now_ms
             if self.die_after_put:
                 raise KeyboardInterrupt("killed after the homeserver took it")
         return self.by_txn[txn]
@@ -386,6 +392,12 @@ class Delaying(Transport):
     async def cancel_delayed(self, delay_id: str) -> None:
         self.cancelled.append(delay_id)
         self.delayed.pop(delay_id, None)
+
+    async def list_delayed(self) -> list[dict[str, Any]]:
+        sealed = {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgA..."}
+        return [{"delay_id": delay_id, "room_id": ROOM, "type": "m.room.encrypted" if self.sealed else kind,
+                 "delay": delay, "running_since": self.since[delay_id], "content": sealed if self.sealed else content}
+                for delay_id, (kind, content, delay) in self.delayed.items()]
 
     def closing_edits(self) -> list[tuple[str, int]]:
         """What the scheduled closing edits say (the closed line), with their delays."""
@@ -592,3 +604,45 @@ def test_picking_something_else_in_the_poll_is_told_where_the_words_go(tmp_path)
     told = room.pipeline.notice_for(room.store.log_entry(seq))["body"]
     assert told == ("Not recorded: \u201cSomething else\u201d needs a few words from you, and a vote in the poll "
                     "carries none. Reply to the question with other: and your words.")
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["clear", "encrypted"])
+def test_stray_delayed_events_past_the_homeservers_memory_of_the_transaction_are_cancelled_at_start(tmp_path,
+                                                                                                   sealed):
+    """Killed after the homeserver took a restated closing edit, down longer
+    than it remembers the transaction: the retry schedules another, and the
+    first is nobody's.  At start the bridge reads the homeserver's list and
+    cancels it; for a question decided meanwhile, everything still scheduled.
+    Encrypted, the list shows only ciphertext: they are told by when they are due."""
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    hs.sealed = sealed
+    clock = [T0 + 1000]
+    hs.now_ms = T0 + 1000
+    asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+                .schedule(room.posted, "$poll"))
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    clock[0] = hs.now_ms = T0 + 5000
+    hs.die_after_put = True
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000).pass_once())
+    hs.die_after_put = False
+    hs.by_txn.clear()  # the homeserver forgot the transaction ids
+    room.crash()
+    clock[0] = hs.now_ms = T0 + 8000
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.pass_once())
+    assert len(hs.closing_edits()) == 2  # the retry's edit, and the stray the first attempt left
+    assert asyncio.run(deadlines.sweep()) == 1
+    closed = ("Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: 1 of the 2 votes needed "
+              "(\u201cThe main branch\u201d: @alice:hs)).")
+    assert [words for words, _delay in hs.closing_edits()] == [closed]
+    assert "d0" in hs.delayed  # the poll end the store holds stays
+    # Decided while the store had lost what it scheduled: nothing of it may still come.
+    with room.store.transaction():
+        room.store.delete_meta("delays:$q")
+    room.deliver([answer("$b1", BO, T0 + 9000, "main")])
+    clock[0] = T0 + 10_000
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered" and hs.delayed  # the forgotten ones are still scheduled
+    assert asyncio.run(deadlines.sweep()) == 2 and hs.delayed == {}

@@ -225,16 +225,7 @@ def test_a_vote_taken_back_before_it_arrived_gets_its_withdrawal_leaf(tmp_path):
 
 
 def _verify_room(room) -> list[str]:
-    """``verify`` of the room's answers.json against its store's log, under a fresh checkpoint."""
-    from bridge.answers.file import AnswersFile
-
-    key = Ed25519PrivateKey.generate()
-    leaves = _leaves(room.store)
-    origin = room.store.audit_origin() or ORIGIN
-    note = cp.sign_checkpoint(cp.Checkpoint(origin, len(leaves), merkle.root([merkle.leaf_hash(x) for x in leaves])),
-                              key)
-    doc = AnswersFile(room.set_dir).load()
-    return audit_verify.verify_set(doc, leaves, [note], origin, cp.raw_public(key.public_key())).problems
+    return room.verify()
 
 
 def test_an_approvals_tally_verifies_pending_decided_and_expired_and_a_changed_vote_is_named(tmp_path):
@@ -303,3 +294,56 @@ def test_an_approvals_tally_verifies_pending_decided_and_expired_and_a_changed_v
     assert tamper(pending, lambda r: r.update(state="expired")) == [
         "record 'branch' (leaf 0): the record says expired, and the log records no expiry of the question"]
     assert AnswersFile(pending.set_dir).load()["answers"]["branch"]["state"] == "pending"
+
+
+def test_a_decision_undone_by_an_earlier_event_read_after_the_deadline_logs_the_expiry(tmp_path):
+    """Decided as far as the room was read, the deadline passes, then an
+    earlier redaction is read (late) that undoes the decision: the record is
+    expired, so the log records the expiry, and verify accepts it.  The
+    reverse, an expired question decided by an earlier vote read late, logs
+    the decision.  Either way the room, told the other outcome at the close,
+    is told the outcome now."""
+    from bridge.service.answering.deadlines import Deadlines
+    from helpers.timeline import PEOPLE, Room, answer, redact
+
+    t0 = 1_800_000_000_000
+    approval = {"answerers": list(PEOPLE), "quorum": {"required": 2, "veto": ["stable"]}, "expires": "45s"}
+    ana, bob, cy = PEOPLE
+
+    def pass_at(room, ms: int, track: bool = True) -> None:
+        if track:  # what posting does (the bridge's own tracking after that is under test)
+            with room.store.transaction():
+                room.store.set_meta("approval:$q", "1")
+        asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                              clock=lambda: ms / 1000).pass_once())
+
+    def outcomes(room) -> list[str]:
+        return [audit_leaf.parse_leaf(leaf.encode())["outcome"] for _i, leaf in room.store.audit.leaves(0, 1000)]
+
+    (tmp_path / "undone").mkdir()
+    undone = Room(tmp_path / "undone", approval=approval, posted_ms=t0)
+    undone.deliver([answer("$a1", ana, t0 + 1000, "main"), answer("$b1", bob, t0 + 3000, "main")])
+    pass_at(undone, t0 + 4000)  # decided, and closed so
+    pass_at(undone, t0 + 46_000)  # its deadline passes
+    assert undone.record()["state"] == "answered" and _verify_room(undone) == []
+    undone.deliver([redact("$r1", ana, t0 + 2000, "$a1")])  # Ana took hers back before Bob voted: read late
+    pass_at(undone, t0 + 47_000, track=False)
+    assert undone.record()["state"] == "expired" and "choice" not in undone.record()
+    assert outcomes(undone)[-2:] == ["withdrawn", "expired"]
+    assert _verify_room(undone) == []
+    # The room, told "decided" before, is told what it is now.
+    told = [c.get("body", "") for c in undone.pipeline.transport.sent]
+    assert any(b.startswith("This question expired undecided") for b in told[-3:]), told[-3:]
+
+    (tmp_path / "decided_late").mkdir()
+    late = Room(tmp_path / "decided_late", approval=approval, posted_ms=t0)
+    late.deliver([answer("$a1", ana, t0 + 1000, "main")])
+    pass_at(late, t0 + 46_000)  # expired undecided, as far as the room was read
+    assert late.record()["state"] == "expired" and _verify_room(late) == []
+    late.deliver([answer("$c1", cy, t0 + 44_000, "main")])  # sent before the deadline, read after it
+    pass_at(late, t0 + 47_000, track=False)
+    assert late.record()["state"] == "answered" and late.record()["decided_by"] == [ana, cy]
+    assert outcomes(late)[-2:] == ["accepted", "decided"]
+    assert _verify_room(late) == []
+    told = [c.get("body", "") for c in late.pipeline.transport.sent]
+    assert any(b.startswith("Decided: ") for b in told[-3:]), told[-3:]

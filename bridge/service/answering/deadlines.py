@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bridge.protocol.approval_record import outcome_of
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.poll import POLL_END, deadline_poll_end, poll_end
@@ -70,6 +71,9 @@ class Deadlines:
         self.on_decided = on_decided
         self.on_expired = on_expired
         self.clock = clock
+        # Postings whose delayed events are being handed over right now (the
+        # delay id not written down yet): the sweep leaves theirs alone.
+        self._handing: set[str] = set()
 
     def _now(self) -> int:
         return int(self.clock() * 1000)
@@ -85,6 +89,13 @@ class Deadlines:
         send_delayed = getattr(self.transport, "send_delayed", None)
         if send_delayed is None:
             return
+        self._handing.add(question.event_id)
+        try:
+            await self._schedule(question, poll_id, send_delayed)
+        finally:
+            self._handing.discard(question.event_id)
+
+    async def _schedule(self, question: RecordedQuestion, poll_id: str | None, send_delayed: Any) -> None:
         delays = self._delays(question.event_id)
         now = self._now()
         planned: list[tuple[str, str, dict[str, Any], int]] = []
@@ -154,8 +165,12 @@ class Deadlines:
                 with self.store.transaction(flush=False):
                     self.store.set_meta(CLOSING + question.event_id, json.dumps({**said, "next": gen}))
             content = closed_replacement(question.event_id, question.content, closing, question.expires_ms)
-            delay_id = await send_delayed(question.room_id, "m.room.message", content,
-                                          txn_id("delayed", "edit", question.event_id, str(gen)), left)
+            self._handing.add(question.event_id)
+            try:
+                delay_id = await send_delayed(question.room_id, "m.room.message", content,
+                                              txn_id("delayed", "edit", question.event_id, str(gen)), left)
+            finally:
+                self._handing.discard(question.event_id)
             with self.store.transaction(flush=False):
                 if delay_id is not None:
                     delays[f"edit@{said['gen']}"] = delays["edit"]
@@ -240,6 +255,16 @@ class Deadlines:
                 self.store.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
                                       (set_dir, question.set_id, question.qid))
             self.flush()
+        if not question.open and question.closed_why in (CLOSED_DECIDED, CLOSED_EXPIRED):
+            # Closed as decided or expired, then an earlier event read late (a
+            # vote from before the deadline, a redaction from before the
+            # decision) made it the other: the room is told what it is now.
+            record = self.store.projection(set_dir, question.qid)
+            now_outcome = outcome_of(record)
+            if now_outcome in (CLOSED_DECIDED, CLOSED_EXPIRED) and now_outcome != question.closed_why:
+                self._close(question, set_dir, now_outcome, record)
+                self.flush()
+                question = self.store.question_by_event(event_id) or question
         why = self.store.get_meta(UNTOLD + event_id)
         if why is not None:
             await self._tell(question, set_dir, why)
@@ -320,13 +345,118 @@ class Deadlines:
             else:
                 self.store.delete_meta(DELAYS + event_id)
 
+    # -- strays -------------------------------------------------------------
+
+    async def sweep(self) -> int:
+        """Cancel the bridge's delayed events the store no longer stands behind; how many.
+
+        A delay id is known only once the homeserver's answer is written
+        down; a crash in between is healed by sending the same transaction
+        again, which gets the same id back only while the homeserver
+        remembers the transaction (Synapse: about 30 minutes).  After a
+        longer outage the retry schedules a second event and the first is
+        nobody's: a closing edit that would overwrite the decided question,
+        or an older generation's words.  So at start (and on taking over as
+        leader: each is a start) the homeserver's list is read, and each of
+        the bridge's poll ends, closing edits and escalations (told apart by
+        what they relate to) whose question the store knows is cancelled
+        unless its delay id is the one the store holds for it while it is
+        open.  A question closed at its deadline is left alone: what is still
+        scheduled for it is due now, and the bridge relies on the
+        homeserver's poll end.  Encrypted ones can't be read: they are told
+        by when they are due (``_sealed_candidates``).  An event for a
+        question the store does not know is not this bridge's."""
+        listing = getattr(self.transport, "list_delayed", None)
+        cancel = getattr(self.transport, "cancel_delayed", None)
+        if listing is None or cancel is None:
+            return 0
+        scheduled = await listing()
+        cancelled = 0
+        for event in scheduled or ():
+            delay_id = event.get("delay_id")
+            if not isinstance(delay_id, str):
+                continue
+            question = self._question_of(event)
+            candidates = [question] if question is not None else self._sealed_candidates(event)
+            if not candidates or not all(self._unheld(q, delay_id) for q in candidates):
+                continue
+            question = candidates[0]
+            try:
+                await cancel(delay_id)
+            except Exception as exc:  # noqa: BLE001 - the next start tries again
+                log.warning("stray delayed event %s of %s not cancelled (%s)", delay_id, question.event_id, exc)
+                continue
+            cancelled += 1
+            log.info("stray delayed %s for %s (%s) cancelled: %s", event.get("type"), question.event_id, delay_id,
+                     "the question is closed" if not question.open else "the store holds another")
+        return cancelled
+
+    def _unheld(self, question: RecordedQuestion, delay_id: str) -> bool:
+        """Whether ``delay_id``, if it is one of ``question``'s, is a stray to cancel."""
+        if question.event_id in self._handing or question.closed_why == CLOSED_EXPIRED:
+            return False  # being handed over; or due at the deadline, now: the homeserver's closing, relied on
+        raw = self.store.get_meta(CLOSING + question.event_id)
+        if question.open and raw and json.loads(raw).get("next"):
+            return False  # a restated edit in flight: its retry comes first (the next pass)
+        return not (question.open and delay_id in self._delays(question.event_id).values())
+
+    def _sealed_candidates(self, event: dict[str, Any]) -> list[RecordedQuestion]:
+        """An encrypted delayed event can't be read: the postings in its room
+        with a deadline or an escalation due when it is (within 5 s; the
+        bridge schedules nothing else) are what it may be.  It is a stray
+        only when it is none of theirs that the store holds."""
+        if event.get("type") != "m.room.encrypted" or not isinstance(event.get("room_id"), str):
+            return []
+        since, delay = event.get("running_since"), event.get("delay")
+        if not isinstance(since, int) or not isinstance(delay, int):
+            return []
+        due = since + delay
+        rows = self.store.db.execute("SELECT event_id FROM posted WHERE room_id=?", (event["room_id"],)).fetchall()
+        found = []
+        for (event_id,) in rows:
+            question = self.store.question_by_event(event_id)
+            if question is None or not wants_tracking(question):
+                continue
+            times = (question.expires_ms, question.escalation[0] if question.escalation else None)
+            if any(t is not None and abs(due - t) <= 5000 for t in times):
+                found.append(question)
+        held = {d for q in found if q.open for d in self._delays(q.event_id).values()}
+        return [] if event.get("delay_id") in held else found
+
+    def _question_of(self, event: dict[str, Any]) -> RecordedQuestion | None:
+        """The posting a delayed event of the bridge's is about (a poll end, a
+        closing edit, an escalation), or None (not one of those, or unknown)."""
+        content = event.get("content")
+        if not isinstance(content, dict):
+            return None
+        relates = content.get("m.relates_to") if isinstance(content.get("m.relates_to"), dict) else {}
+        target = relates.get("event_id")
+        if not isinstance(target, str):
+            return None
+        if event.get("type") == POLL_END:
+            found = self.store.question_by_poll(target)
+        elif event.get("type") == "m.room.message" and (relates.get("rel_type") == "m.replace"
+                                                         or isinstance(content.get(NOTICE_KEY), dict)):
+            found = self.store.question_by_event(target)
+        else:
+            return None
+        return found if found is not None and found.room_id == event.get("room_id") else None
+
     async def run(self, stop: asyncio.Event, tick: float = DEFAULT_TICK_SECONDS) -> None:
-        """A pass at start (what expired while the bridge was down) and every ``tick`` until ``stop``."""
+        """A pass at start (what expired while the bridge was down), the
+        sweep of stray delayed events once, and a pass every ``tick`` until ``stop``."""
+        swept = False
         while not stop.is_set():
             try:
                 await self.pass_once()
             except Exception as exc:  # noqa: BLE001 - tried again on the next tick
                 log.warning("approvals pass failed (%s); trying again", exc)
+            if not swept:
+                try:
+                    await self.sweep()
+                    swept = True
+                except Exception as exc:  # noqa: BLE001 - tried again on the next tick
+                    log.warning("the homeserver's delayed events not read (%s); trying again", exc)
             try:
                 await asyncio.wait_for(stop.wait(), tick)
             except TimeoutError:

@@ -31,6 +31,7 @@ from bridge.answers.document import mirror_records
 from bridge.answers.file import AnswersFile
 from bridge.protocol import annotate
 from bridge.answers.document import AnswersError, record_problem
+from bridge.protocol.approval_record import outcome_of
 from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
@@ -458,6 +459,7 @@ class Pipeline:
         power cut only means the same nothing is received again; the WAL
         keeps commits in order, so it can never outlive an earlier one."""
         dirty = self.store.dirty()
+        self._log_outcome_changes(dirty)
         by_set: dict[tuple[str, str], list[str]] = defaultdict(list)
         for set_dir, set_id, qid in dirty:
             by_set[(set_dir, set_id)].append(qid)
@@ -491,6 +493,35 @@ class Pipeline:
             self.report_trouble("set", "unwritable")
         self._delete_withdrawn_files()
         return len({d for d, _s, _q in written})
+
+    def _log_outcome_changes(self, dirty: list[tuple[str, str, str]]) -> None:
+        """Before any record is written: an approval whose outcome changed
+        (to decided, or to expired) gets its leaf in the answer log.
+
+        This is the one place, whatever changed it: a vote, a redaction or
+        an edit read late (an earlier event in the room's order can undo a
+        decision after the deadline, or decide a question already closed as
+        expired), or the deadlines pass marking the deadline reached.  Every
+        such change leaves its question dirty until written, so a crash
+        before the write comes back here at the next start."""
+        changes = []
+        for set_dir, _set_id, qid in dirty:
+            posting = self.store.latest_posted(set_dir, qid)
+            if posting is None or (posting.quorum is None and posting.expires_ms is None):
+                continue
+            outcome = outcome_of(self.store.projection(set_dir, qid))
+            if outcome is not None and self.store.approval_outcome_logged(posting.event_id) != outcome:
+                changes.append((posting, outcome))
+        if changes:
+            with self.store.transaction(flush=False):  # made durable by the flushed commit after the writes
+                for posting, outcome in changes:
+                    self.store.log_approval_outcome(posting.event_id, outcome)
+                    if not posting.open:
+                        # Closed already: the deadlines pass tells the room what it is now.
+                        # (Imported here: the first sync does not need the room's deadline code.)
+                        from bridge.service.answering.deadlines import TRACKED
+
+                        self.store.set_meta(TRACKED + posting.event_id, "1")
 
     def retry_held(self) -> bool:
         """Write the held sets that are due; True when some are still held."""

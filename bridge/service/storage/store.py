@@ -433,12 +433,34 @@ class Store:
         """Close a posting; the answer log records it (``by``: who closed it, the bridge when empty)."""
         row = self.db.execute("SELECT room_id, set_id, open FROM posted WHERE event_id=?", (event_id,)).fetchone()
         self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
-        if row is not None and row[2]:
-            # The close happens now (no room event carries it), hence the clock.
+        if why in ("decided", "expired"):
             # A quorum's decision and an expiry are outcomes of their own in the log.
-            outcome = why if why in ("decided", "expired") else "closed"
-            self.append_leaf(LogEntry(event_id, row[0], by, "bridge", outcome, set_id=row[1],
+            self.log_approval_outcome(event_id, why)
+        elif row is not None and row[2]:
+            # The close happens now (no room event carries it), hence the clock.
+            self.append_leaf(LogEntry(event_id, row[0], by, "bridge", "closed", set_id=row[1],
                                       question_event_id=event_id, reason=why, ts=int(time.time() * 1000)), None)
+
+    def log_approval_outcome(self, event_id: str, outcome: str) -> bool:
+        """The posting's approval outcome (``decided`` or ``expired``) is now
+        ``outcome``: when that differs from the last one the log recorded for
+        it, the log gets its leaf.  The record can change outcome after the
+        question closed (an earlier event read late), so this is asked
+        wherever the record is written; True when a leaf was appended.  (A
+        record that is neither again, pending, needs no leaf: verify asks
+        the log's latest word only of a decided or expired record.)"""
+        key = f"approval_logged:{event_id}"
+        if self.get_meta(key) == outcome:
+            return False
+        row = self.db.execute("SELECT room_id, set_id FROM posted WHERE event_id=?", (event_id,)).fetchone()
+        if row is not None:
+            self.append_leaf(LogEntry(event_id, row[0], "", "bridge", outcome, set_id=row[1],
+                                      question_event_id=event_id, reason=outcome, ts=int(time.time() * 1000)), None)
+        self.set_meta(key, outcome)
+        return True
+
+    def approval_outcome_logged(self, event_id: str) -> str | None:
+        return self.get_meta(f"approval_logged:{event_id}")
 
     def question_by_event(self, event_id: str) -> RecordedQuestion | None:
         return self._one("event_id=?", event_id)
@@ -770,6 +792,12 @@ class Store:
             found = self.audit.receipt(row[4])
             if found is not None:
                 record["receipt"] = {"log": self.audit_origin(), "index": found[0], "leaf": found[1]}
+        elif record is not None and record.get("state") == "answered" and isinstance(record.get("source"), dict):
+            # A decision whose every vote was withdrawn after it: the record
+            # stands on the latest vote, withdrawn since; its receipt is that vote's.
+            receipt = self.receipt_of(str(record["source"].get("event_id")))
+            if receipt is not None:
+                record["receipt"] = receipt
         return record
 
 

@@ -244,6 +244,35 @@ class NioTransport:
         if status >= 500 or status == 429:
             raise MatrixError(f"cancelling delayed event {delay_id}", f"HTTP {status}")
 
+    async def list_delayed(self) -> list[dict[str, Any]] | None:
+        """The delayed events the homeserver still holds for the bridge's user
+        (MSC4140 ``GET .../delayed_events``: ``delayed_events`` in Synapse's
+        form, ``scheduled`` with ``next_batch`` in the MSC's later one); None
+        when it lists none it will say (no delayed events, an error)."""
+        if not await self.delayed_events():
+            return None
+        found: list[dict[str, Any]] = []
+        since: str | None = None
+        for _page in range(100):
+            path = "/_matrix/client/unstable/org.matrix.msc4140/delayed_events"
+            if since:
+                path += f"?from={quote(since, safe='')}"
+            response = await self.client.send("GET", path, headers={
+                "Authorization": f"Bearer {self.client.access_token}"})
+            try:
+                body = await response.json() if response.status == 200 else None
+            finally:
+                response.release()
+            if not isinstance(body, dict):
+                return None
+            page = body.get("delayed_events", body.get("scheduled"))
+            if isinstance(page, list):
+                found.extend(e for e in page if isinstance(e, dict))
+            since = body.get("next_batch") if isinstance(body.get("next_batch"), str) else None
+            if not since:
+                break
+        return found
+
     async def put_state(self, room_id: str, event_type: str, state_key: str, content: dict[str, Any]) -> str:
         """A state event (in the clear: state is never encrypted), e.g. the answer log's checkpoint."""
         async with self.slot.turn():
