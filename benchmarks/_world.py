@@ -190,6 +190,18 @@ class World:
         self.synapse.join(account["access_token"], room_id)
         return account
 
+    def rooms_with_people(self, name: str, rooms: int, people: int) -> tuple[list[dict[str, str]], list[str]]:
+        """``people`` people (the world's person first) and ``rooms`` rooms (the
+        world's room first) that they, the observer and the bot all share."""
+        persons = [self.person] + [self.add_member(f"{name}-person{n}") for n in range(1, people)]
+        invite = [p["user_id"] for p in persons] + [self.observer["user_id"]]
+        room_ids = [self.room_id] + [self.synapse.create_room(self.bot["access_token"], invite=invite)
+                                     for _ in range(rooms - 1)]
+        for room_id in room_ids[1:]:
+            for account in persons + [self.observer]:
+                self.synapse.join(account["access_token"], room_id)
+        return persons, room_ids
+
     async def question_events(self, client: AsyncClient, count: int, timeout: float = 600,
                               prefix: str = "") -> dict[str, dict]:
         """"set/qid" -> question event, once ``count`` whose key starts with ``prefix`` are posted."""

@@ -45,12 +45,7 @@ LAND_S = 10.0  # after the last send, the time every answer has to reach each si
 
 
 async def setup(w: World, rooms: int, questions: int, people: int) -> tuple[Path, Path, list[dict[str, str]]]:
-    persons = [w.person] + [w.add_member(f"capacity-person{n}") for n in range(1, people)]
-    invite = [p["user_id"] for p in persons] + [w.observer["user_id"]]
-    room_ids = [w.room_id] + [w.synapse.create_room(w.bot["access_token"], invite=invite) for _ in range(rooms - 1)]
-    for room_id in room_ids[1:]:
-        for account in persons + [w.observer]:
-            w.synapse.join(account["access_token"], room_id)
+    persons, room_ids = w.rooms_with_people("capacity", rooms, people)
     w.sets_root = w.base / "sets-capacity"
     w.sets_root.mkdir(exist_ok=True)
     for n in range(rooms):

@@ -158,12 +158,7 @@ def process_figures(pid: int, store: Path, metrics_port: int, fds: int) -> dict[
 
 
 async def setup(w: World, rooms: int, questions: int, port: int) -> tuple[Path, Path, list[dict[str, str]]]:
-    people = [w.person] + [w.add_member(f"soak-person{n}") for n in range(1, PEOPLE)]
-    invite = [p["user_id"] for p in people] + [w.observer["user_id"]]
-    room_ids = [w.room_id] + [w.synapse.create_room(w.bot["access_token"], invite=invite) for _ in range(rooms - 1)]
-    for room_id in room_ids[1:]:
-        for account in people + [w.observer]:
-            w.synapse.join(account["access_token"], room_id)
+    people, room_ids = w.rooms_with_people("soak", rooms, PEOPLE)
     per_set = max(1, questions // rooms)
     w.sets_root = w.base / "sets-soak"
     w.sets_root.mkdir(exist_ok=True)
