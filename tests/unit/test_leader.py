@@ -4,11 +4,13 @@ and a leader that lost it writes nothing to the store."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 
 import pytest
 
-from bridge.service.storage.leader import Lease, instances
+from bridge.service.storage.leader import TTL_SECONDS, Lease, instances
+from bridge.service.storage.leader import _clock as leader_clock
 from bridge.service.storage.pgdialect import LeaseLost
 from bridge.service.storage.store import Store
 from helpers.pgstore import fresh_schema
@@ -89,12 +91,61 @@ def test_a_leader_that_lost_the_lease_commits_nothing(shared, postgres_server):
     freeze(old)
     new = lease(ttl=2)
     wait_for(lambda: new.leading)
-    old.role, old.valid_until = "leader", time.monotonic() + 60  # resumed, and its clock lies
+    old.role, old.valid_until = "leader", leader_clock() + 60  # resumed, and its clock lies
     with pytest.raises(sqlite3.OperationalError):
         with store.transaction():
             store.mark_processed("$after", "accepted")
     assert store.is_processed("$before") and not store.is_processed("$after")
     assert old.role == "standby"
+
+
+class _PausedAfterLock:
+    """A standby's lease connection that stops, as a paused process would,
+    right after its ``SELECT ... FOR UPDATE`` locked the lease row."""
+
+    def __init__(self, conn, seconds: float, paused: threading.Event):
+        self._conn, self._seconds, self._paused = conn, seconds, paused
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def execute(self, sql, *args, **kwargs):
+        result = self._conn.execute(sql, *args, **kwargs)
+        if "FOR UPDATE" in sql and not self._paused.is_set():
+            self._paused.set()
+            time.sleep(self._seconds)
+        return result
+
+
+def test_a_standby_paused_holding_the_lease_row_stalls_nobody(shared, postgres_server):
+    url, lease = shared
+    leader = lease()
+    wait_for(lambda: leader.leading)
+    store = Store("unused", url=url, password=postgres_server.password)
+    leader.guard_store(store)
+    paused = threading.Event()
+    standby = Lease(url, postgres_server.password)
+    take = standby._try_take
+    standby._try_take = lambda conn: take(_PausedAfterLock(conn, TTL_SECONDS + 6, paused))
+    standby.start()
+    try:
+        wait_for(lambda: paused.is_set())
+        began = time.monotonic()
+        # The server ends the paused session and frees the row: the leader's
+        # renewals and its fenced transactions go on.
+        with store.transaction():
+            store.mark_processed("$while-paused", "accepted")
+        assert time.monotonic() - began < TTL_SECONDS
+        while time.monotonic() - began < TTL_SECONDS + 5:
+            assert leader.leading, "the leader lost the lease to a paused standby"
+            time.sleep(0.1)
+        assert store.is_processed("$while-paused")
+        # Resumed, the standby finds its connection gone, reconnects and stands by.
+        time.sleep(max(0.0, began + TTL_SECONDS + 6 - time.monotonic()) + 2)
+        assert standby._thread.is_alive() and standby.role == "standby" and leader.leading
+    finally:
+        standby.stop()
+        store.close()
 
 
 def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_server):

@@ -30,12 +30,14 @@ wheels, and it is the maintained PostgreSQL adapter.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict
 
 _SCHEMA_TABLE = "askwright_schema"
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
@@ -46,6 +48,38 @@ _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
 _CREATE = re.compile(r"^\s*CREATE\s+TABLE\s+\w+\s*\(", re.I)
 _DDL = re.compile(r"^\s*(CREATE|ALTER)\s+TABLE", re.I)
 _DML = re.compile(r"^\s*(INSERT|UPDATE|DELETE)\b", re.I)
+
+
+# Every connection to PostgreSQL (the store's and the lease's) is opened by
+# ``connect``: these limits travel in its startup packet, so a reconnect has
+# them too.  Why each one:
+# - keepalives and ``tcp_user_timeout``: a dead network or a frozen server
+#   breaks the connection within about 3 s (libpq would otherwise wait for
+#   TCP to give up, about 15 minutes), and the caller reconnects;
+# - ``lock_timeout``: a statement never waits long behind a lock another
+#   session holds (a paused instance's), it fails and is retried;
+# - ``idle_in_transaction_session_timeout``: a session paused inside a
+#   transaction (SIGSTOP, a frozen VM) is ended by the server, which frees
+#   whatever it locked (the lease row, above all);
+# - ``statement_timeout``: nothing runs on unbounded (migrations lift it).
+# The values sit well within the lease (``leader.TTL_SECONDS``, 4 s): see
+# docs/operators.md, "Timeouts" (an operator may set others in the URL's
+# ``options``).
+STORE_LIMITS = {"statement_timeout": 5000, "lock_timeout": 2000, "idle_in_transaction_session_timeout": 3000}
+TCP = {"keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1, "keepalives_count": 2,
+       "tcp_user_timeout": 3000}
+CONNECT_SECONDS = 3
+
+
+def connect(url: str, password: str | None, *, limits: dict[str, int], name: str) -> psycopg.Connection:
+    """An autocommit connection with the TCP settings and session ``limits``
+    (milliseconds); ``name`` is its application_name in pg_stat_activity."""
+    # The URL's own options (a search_path, or these limits set otherwise by
+    # an operator) come last, so they win.
+    given = conninfo_to_dict(url).get("options") or ""
+    options = " ".join([*(f"-c {setting}={value}" for setting, value in limits.items()), given]).strip()
+    return psycopg.connect(url, password=password, autocommit=True, connect_timeout=CONNECT_SECONDS,
+                           application_name=name, options=options, **TCP)
 
 
 class StoreOperationalError(sqlite3.OperationalError):
@@ -107,7 +141,7 @@ class PgConnection:
 
     def _connect(self) -> psycopg.Connection:
         try:
-            conn = psycopg.connect(self.url, autocommit=True, password=self.password, connect_timeout=10)
+            conn = connect(self.url, self.password, limits=STORE_LIMITS, name="askwright-bridge store")
             if self.read_only:
                 conn.execute("SET default_transaction_read_only = on")
             for statement in self.session:
@@ -118,6 +152,15 @@ class PgConnection:
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextlib.contextmanager
+    def unbounded(self) -> Iterator[None]:
+        """No statement timeout for a while: a migration may rewrite a large table."""
+        self.execute("SET statement_timeout = 0")
+        try:
+            yield
+        finally:
+            self.execute("RESET statement_timeout")
 
     # -- the sqlite3 calls ----------------------------------------------
 
