@@ -161,8 +161,73 @@ class FailoverStorm:
     kills: int = 3
     lanes: int = 3
     sent: list[tuple[str, str]] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)  # when each of ``sent`` was sent (monotonic)
+    durable_at: dict[str, float] = field(default_factory=dict)  # event id -> when first seen accepted
+    failures: list[float] = field(default_factory=list)  # when each kill or pause happened
+    frozen: tuple[float, int] | None = None  # the leader's pause: when, and how many had been sent then
     takeovers: list[float] = field(default_factory=list)
     paused: int = 0
+    extra: int = 0  # answers sent outside the storm's ``total`` (while the standby was frozen)
+
+    async def send(self, person: Person, qid: str, text: str) -> None:
+        content = answer_content(self.questions[(qid, 1)], text=text)
+        event_id = await person.send(self.cluster.room_id, content)
+        self.sent.append((event_id, qid))
+        self.sent_at.append(time.monotonic())
+
+    async def watch_durable(self) -> None:
+        """Notes when each answer is first seen accepted, until cancelled."""
+        while True:
+            now = time.monotonic()
+            try:
+                for (event_id,) in self.cluster.rows("SELECT event_id FROM answer_log WHERE outcome = 'accepted'"):
+                    self.durable_at.setdefault(event_id, now)
+            except psycopg.OperationalError:
+                pass  # the server restarting: look again
+            await asyncio.sleep(0.2)
+
+    async def freeze_standby_holding_the_lease(self, standby: Bridge, ttl: float) -> float:
+        """SIGSTOP the standby while it holds the lease row's lock (between its
+        ``SELECT ... FOR UPDATE`` and its commit): this session holds the row
+        first, so the standby's look waits behind it; the standby is stopped
+        while it waits, and the row is let go, so the stopped process's
+        session gets the lock and keeps it.  Meanwhile an answer is sent: it
+        must be made durable, and some instance must lead, within the lease
+        plus 5 s.  Returns how long that answer took."""
+        cluster = self.cluster
+        with psycopg.connect(cluster.url, password=cluster.postgres.password) as conn:
+            conn.execute("SELECT 1 FROM askwright_lease WHERE name = 'leader' FOR KEY SHARE")
+            waiting = """SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+                         AND wait_event_type = 'Lock' AND query LIKE '%%FOR UPDATE%%'"""
+            deadline = time.monotonic() + 10
+            while not (found := cluster.rows(waiting)):
+                assert time.monotonic() < deadline, "the standby never looked at the lease"
+                await asyncio.sleep(0.02)
+            standby.process.send_signal(signal.SIGSTOP)
+            conn.commit()
+        frozen = time.monotonic()
+        self.failures.append(frozen)
+        state = cluster.rows("SELECT state FROM pg_stat_activity WHERE pid = %s", found[0][0])
+        while state == [("active",)] and time.monotonic() - frozen < 0.5:  # the server hands it the row
+            await asyncio.sleep(0.01)
+            state = cluster.rows("SELECT state FROM pg_stat_activity WHERE pid = %s", found[0][0])
+        assert state == [("idle in transaction",)], f"the stopped standby does not hold the row: {state}"
+        try:
+            qid = sorted({qid for qid, _rev in self.questions})[0]
+            await self.send(self.people[0], qid, "while the standby is frozen")
+            self.extra += 1
+            while self.sent[-1][0] not in {e for (e,) in cluster.rows(
+                    "SELECT event_id FROM answer_log WHERE outcome = 'accepted'")}:
+                assert time.monotonic() - frozen < ttl + 5, "no answer made durable while the standby was frozen"
+                await asyncio.sleep(0.05)
+            took = time.monotonic() - frozen
+            # Past the lease: a leader that could not renew would have stepped down by now.
+            await asyncio.sleep(max(0.0, frozen + ttl + 1 - time.monotonic()))
+            await cluster.leader(timeout=max(0.1, frozen + ttl + 5 - time.monotonic()))
+        finally:
+            standby.process.send_signal(signal.SIGCONT)
+        await cluster.role_of(standby, "standby")
+        return took
 
     async def run(self) -> None:
         rng = random.Random(self.seed)
@@ -185,9 +250,7 @@ class FailoverStorm:
                     while len(self.sent) >= hold["at"]:
                         go.clear()
                         await go.wait()
-                    qid = own.choice(qids)
-                    content = answer_content(self.questions[(qid, 1)], text=f"{person.user_id} says {i}")
-                    self.sent.append((await person.send(self.cluster.room_id, content), qid))
+                    await self.send(person, own.choice(qids), f"{person.user_id} says {i}")
                     await asyncio.sleep(own.uniform(0, 0.02))
 
             await asyncio.gather(*(lane() for _ in range(self.lanes)))
@@ -200,8 +263,10 @@ class FailoverStorm:
                 await asyncio.sleep(rng.uniform(0, 0.3))  # inside a batch, or between two
                 before = self.cluster.accepted()
                 died = time.monotonic()
+                self.failures.append(died)
                 if point == pause_at:
                     leader.process.send_signal(signal.SIGSTOP)
+                    self.frozen = (died, len(self.sent))
                     self.paused += 1
                 else:
                     leader.kill()
@@ -216,8 +281,18 @@ class FailoverStorm:
                     leader.start()  # comes back as a standby
                 await self.cluster.role_of(leader, "standby")
 
+        self._watcher = asyncio.ensure_future(self.watch_durable())
         await asyncio.gather(fail(), *(answer(p, share, random.Random(self.seed * 31 + n))
                                        for n, (p, share) in enumerate(zip(self.people, shares))))
+
+    def after_freeze(self) -> list[float]:
+        """For each answer sent after the leader was paused (and before the
+        next failure): how long after it was sent it was durable."""
+        assert self.frozen is not None
+        at, first = self.frozen
+        until = min([t for t in self.failures if t > at], default=float("inf"))
+        return [self.durable_at[event_id] - sent for (event_id, _qid), sent
+                in zip(self.sent[first:], self.sent_at[first:]) if sent < until]
 
     async def _first_durable(self, before: int, died: float) -> None:
         while self.cluster.accepted() <= before:
@@ -240,6 +315,12 @@ class FailoverStorm:
             if (self.cluster.accepted() >= len(self.sent)
                     and all(records.get(q, {}).get("rev") == n for q, n in wanted.items())
                     and self.cluster.rows("SELECT COUNT(*) FROM answer_log WHERE acked = 0")[0][0] == 0):
+                watcher = getattr(self, "_watcher", None)
+                if watcher is not None:
+                    watcher.cancel()
+                    now = time.monotonic()
+                    for (event_id,) in self.cluster.rows("SELECT event_id FROM answer_log WHERE outcome = 'accepted'"):
+                        self.durable_at.setdefault(event_id, now)
                 return
             if time.monotonic() > deadline:
                 logs = "\n".join(i.log_text()[-2000:] for i in self.cluster.instances)
@@ -251,12 +332,19 @@ class FailoverStorm:
         return (f"failover storm ({mode} mode): {len(self.sent)} answers, {self.kills} kills, {self.paused} pause; "
                 f"takeovers {', '.join(f'{t:.1f}' for t in self.takeovers)} s; "
                 f"leader's death to the standby's first durable answer: p50 {statistics.median(times):.2f} s, "
-                f"max {max(times):.2f} s")
+                f"max {max(times):.2f} s{self._freeze_report()}")
+
+    def _freeze_report(self) -> str:
+        if self.frozen is None:
+            return ""
+        waits = sorted(self.after_freeze())
+        return (f"; {len(waits)} answers sent after the leader was paused: sent to durable p50 "
+                f"{statistics.median(waits):.2f} s, max {max(waits):.2f} s")
 
     async def check(self, set_name: str, question_count: int, reader: Person) -> None:
         cluster = self.cluster
         sent_ids = [event_id for event_id, _qid in self.sent]
-        assert len(set(sent_ids)) == len(sent_ids) == self.total
+        assert len(set(sent_ids)) == len(sent_ids) == self.total + self.extra
         rows = cluster.rows("SELECT event_id, qid, outcome FROM answer_log ORDER BY seq")
         logged = [event_id for event_id, _qid, _outcome in rows]
         assert len(logged) == len(set(logged)), "an answer was logged twice"
