@@ -20,7 +20,7 @@ import psycopg
 
 from bridge.devpostgres import Postgres
 from bridge.devserver import Synapse, free_port
-from helpers.attack import room_history
+from helpers.attack import room_history, stray_files
 from helpers.auditcheck import check_answer_log
 from helpers.harness import Bridge, Person, answer_content, question_posts
 
@@ -370,5 +370,6 @@ class FailoverStorm:
         # Every answer was told (in its own reply, or one that stands for several: settle waited for that).
         assert cluster.rows("SELECT COUNT(*) FROM answer_log WHERE acked = 0")[0][0] == 0
         assert told, "no acknowledgement at all"
+        assert stray_files(cluster.sets_root / set_name) == [], "a killed writer's temp file was left"
         checked = check_answer_log(cluster.rows, history)
         print(f"answer log: {checked} checkpoints in the room across the takeovers, all consistent with the last")
