@@ -13,6 +13,7 @@ from bridge.service.storage.leader import TTL_SECONDS, Lease, instances
 from bridge.service.storage.leader import _clock as leader_clock
 from bridge.service.storage.pgdialect import LeaseLost
 from bridge.service.storage.store import Store
+from helpers.netcut import Cable
 from helpers.pgstore import fresh_schema
 
 
@@ -191,58 +192,22 @@ def test_a_leader_that_lost_the_lease_downloads_nothing():
     assert opened == []
 
 
-class Cable:
-    """A TCP forwarder between a lease and the server that can be cut: open
-    connections go dead (no reset, nothing more passes) and new ones are refused."""
-
-    def __init__(self, port: int):
-        import socket
-        import threading
-
-        self.target = ("127.0.0.1", port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.cut = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-
-        while True:
-            client, _ = self.listener.accept()
-            if self.cut.is_set():
-                client.close()
-                continue
-            server = socket.create_connection(self.target)
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, src, dst) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            while self.cut.is_set():  # a dead network: bytes go nowhere, nobody is told
-                time.sleep(0.1)
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-
 def test_a_leader_cut_off_from_the_database_stops_writing_and_a_standby_takes_over(shared, postgres_server):
     url, lease = shared
     cable = Cable(postgres_server.port)
     old = lease(ttl=2, url=url.replace(f":{postgres_server.port}/", f":{cable.port}/"))
     wait_for(lambda: old.leading)
     new = lease(ttl=2)
-    cable.cut.set()
+    cable.sever()
     wait_for(lambda: not old.leading, timeout=2 + 3)
     with pytest.raises(LeaseLost):
         old.check()
     wait_for(lambda: new.leading, timeout=2 + 5)
     assert old.role == "standby"
+    # The network comes back, but not the connections it carried (a NAT that
+    # lost its state): the cut-off instance, which heard nothing, gave its
+    # connection up, made a new one, and stands by.
+    cable.mend()
+    wait_for(lambda: any(row["id"] == old.name and row["seen_seconds_ago"] < 1
+                         for row in instances(url, postgres_server.password)), timeout=10)
+    assert old._thread.is_alive() and old.role == "standby" and new.leading

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator
 
 import psycopg
 
-from bridge.service.storage.pgdialect import LeaseLost, PgConnection, connect
+from bridge.service.storage.pgdialect import WATCHDOG, LeaseLost, PgConnection, connect
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ _TABLES = (
 # the leader's renewal gives up waiting (lock_timeout) and long before the
 # lease runs out.  A statement or lock wait never takes more than 2 s.
 LEASE_LIMITS = {"statement_timeout": 2000, "lock_timeout": 2000, "idle_in_transaction_session_timeout": 1000}
+ROUND_SECONDS = 4.0  # a renewal (or a look) and a heartbeat unanswered this long: the path is dead, reconnect
 
 
 def _clock() -> float:
@@ -159,11 +160,12 @@ class Lease:
                     for statement in _TABLES:
                         with contextlib.suppress(psycopg.errors.UniqueViolation):
                             self._conn.execute(statement)
-                if self.role == "leader":
-                    self._renew(self._conn)
-                else:
-                    self._try_take(self._conn)
-                self._heartbeat(self._conn)
+                with WATCHDOG.limit(self._conn, ROUND_SECONDS):
+                    if self.role == "leader":
+                        self._renew(self._conn)
+                    else:
+                        self._try_take(self._conn)
+                    self._heartbeat(self._conn)
             except Exception as exc:  # noqa: BLE001 - whatever failed, reconnect and go on: the thread never dies
                 log.log(logging.DEBUG if isinstance(exc, psycopg.Error) else logging.WARNING,
                         "lease: database unreachable (%s); reconnecting", exc)

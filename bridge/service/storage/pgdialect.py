@@ -31,13 +31,20 @@ wheels, and it is the maintained PostgreSQL adapter.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import re
+import socket
 import sqlite3
+import threading
+import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 from psycopg import errors as pgerrors
 from psycopg.conninfo import conninfo_to_dict
+
+log = logging.getLogger(__name__)
 
 _SCHEMA_TABLE = "askwright_schema"
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
@@ -80,6 +87,66 @@ def connect(url: str, password: str | None, *, limits: dict[str, int], name: str
     options = " ".join([*(f"-c {setting}={value}" for setting, value in limits.items()), given]).strip()
     return psycopg.connect(url, password=password, autocommit=True, connect_timeout=CONNECT_SECONDS,
                            application_name=name, options=options, **TCP)
+
+
+class Watchdog:
+    """Ends a connection whose statement went unanswered for too long.
+
+    With something between the bridge and the server (a proxy, a relay, a
+    NAT that lost its state, a frozen server host) TCP's acknowledgements
+    come from that middle box or never stop coming, so neither keepalives
+    nor ``tcp_user_timeout`` see the path is dead, and the server's own
+    ``statement_timeout`` cannot end a statement it never received: libpq
+    would wait for the answer for ever.  One thread looks at the calls in
+    progress four times a second and shuts the socket of any past its
+    deadline (``shutdown``: the blocked read returns at once, the call fails
+    as a lost connection, and the caller reconnects)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._due: dict[int, tuple[float, int]] = {}  # call -> (deadline, socket)
+        self._count = 0
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def limit(self, conn: psycopg.Connection, seconds: float | None) -> Iterator[None]:
+        if seconds is None or conn.closed:
+            yield
+            return
+        with self._lock:
+            self._count += 1
+            key = self._count
+            self._due[key] = (time.monotonic() + seconds, conn.fileno())
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="postgresql-watchdog", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._due.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            with self._lock:  # a call that ends meanwhile waits here, so its socket is never one reused
+                for key in [k for k, (deadline, _fd) in self._due.items() if deadline <= now]:
+                    _deadline, fd = self._due.pop(key)
+                    log.warning("PostgreSQL did not answer in time (the network or the server is gone);"
+                                " the connection is dropped and made again")
+                    with contextlib.suppress(OSError):
+                        shut = socket.socket(fileno=os.dup(fd))
+                        try:
+                            shut.shutdown(socket.SHUT_RDWR)
+                        finally:
+                            shut.close()
+
+
+WATCHDOG = Watchdog()
+# A store statement the server ends after 5 s (statement_timeout) answers
+# within this unless the path to the server is dead.
+STORE_DEADLINE = STORE_LIMITS["statement_timeout"] / 1000 + 2
 
 
 class StoreOperationalError(sqlite3.OperationalError):
@@ -137,6 +204,7 @@ class PgConnection:
         self._serial: dict[str, str | None] | None = None
         self._keys: dict[str, list[str]] = {}
         self._open = False  # inside a BEGIN this connection issued
+        self._deadline: float | None = STORE_DEADLINE  # None while migrating (no statement limit)
         self.conn = self._connect()
 
     def _connect(self) -> psycopg.Connection:
@@ -157,9 +225,11 @@ class PgConnection:
     def unbounded(self) -> Iterator[None]:
         """No statement timeout for a while: a migration may rewrite a large table."""
         self.execute("SET statement_timeout = 0")
+        self._deadline = None
         try:
             yield
         finally:
+            self._deadline = STORE_DEADLINE
             self.execute("RESET statement_timeout")
 
     # -- the sqlite3 calls ----------------------------------------------
@@ -205,7 +275,8 @@ class PgConnection:
             return Result(None, 0, None)
         try:
             cursor = self.conn.cursor()
-            cursor.executemany(text, batch)  # pipelined: one round trip for the lot
+            with WATCHDOG.limit(self.conn, self._deadline):
+                cursor.executemany(text, batch)  # pipelined: one round trip for the lot
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
         if cursor.rowcount > 0:
@@ -219,8 +290,9 @@ class PgConnection:
         """``params`` None: ``text`` is sent as it is; a sequence (empty too):
         its ``%s`` are filled and its ``%%`` are ``%``."""
         try:
-            cursor = self.conn.execute(text, params)
-            rows = cursor.fetchall() if cursor.description is not None else None
+            with WATCHDOG.limit(self.conn, self._deadline):
+                cursor = self.conn.execute(text, params)
+                rows = cursor.fetchall() if cursor.description is not None else None
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
         rowcount = cursor.rowcount
