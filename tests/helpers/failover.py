@@ -23,6 +23,7 @@ from bridge.devserver import Synapse, free_port
 from helpers.attack import room_history, stray_files
 from helpers.auditcheck import check_answer_log
 from helpers.harness import Bridge, Person, answer_content, question_posts
+from helpers.netcut import Cable
 
 
 @dataclass
@@ -37,10 +38,17 @@ class Cluster:
     instances: list[Bridge] = field(default_factory=list)
     ports: dict[int, int] = field(default_factory=dict)  # id(instance) -> its /health port
     listen_ports: list[int] = field(default_factory=list)  # ports to use first (where a proxy expects them)
+    cable: Cable | None = None  # the instances reach PostgreSQL through it (the test does not)
 
     def __post_init__(self) -> None:
         self.url = self.url or self.postgres.create_database()
         self.sets_root.mkdir(parents=True, exist_ok=True)
+        self.cable = Cable(self.postgres.port)
+
+    @property
+    def bridge_url(self) -> str:
+        assert self.cable is not None
+        return self.url.replace(f":{self.postgres.port}/", f":{self.cable.port}/")
 
     @property
     def sets_root(self) -> Path:
@@ -51,7 +59,7 @@ class Cluster:
         port = self.listen_ports[len(self.instances)] if len(self.instances) < len(self.listen_ports) else free_port()
         extra: dict[str, Any] = {
             "sets": {"root": str(self.sets_root)},
-            "store": {"path": str(self.workdir / "bridge.sqlite"), "url": self.url,
+            "store": {"path": str(self.workdir / "bridge.sqlite"), "url": self.bridge_url,
                       "password": self.postgres.password},
             # One log key for every instance (beside the shared store path): a standby signs the same log.
             "audit": {"checkpoint_every": "2s"},
@@ -106,8 +114,14 @@ class Cluster:
                     return instance
             if time.monotonic() > deadline:
                 logs = "\n".join(i.log_text()[-1500:] for i in self.instances)
-                raise AssertionError(f"no instance leads within {timeout} s\n{logs}")
+                raise AssertionError(f"no instance leads within {timeout} s\n{self.sessions()}\n{logs}")
             await asyncio.sleep(0.1)
+
+    def sessions(self) -> str:
+        """The database's sessions and what they wait for (when no instance leads, who holds what)."""
+        rows = self.rows("SELECT pid, application_name, state, wait_event_type, wait_event, xact_start,"
+                         " left(query, 120) FROM pg_stat_activity WHERE datname = current_database()")
+        return "\n".join(" | ".join(str(c) for c in row) for row in rows)
 
     async def wait_answer(self, set_name: str, qid: str, rev: int, timeout: float = 30) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -284,6 +298,43 @@ class FailoverStorm:
         self._watcher = asyncio.ensure_future(self.watch_durable())
         await asyncio.gather(fail(), *(answer(p, share, random.Random(self.seed * 31 + n))
                                        for n, (p, share) in enumerate(zip(self.people, shares))))
+
+    async def database_trouble(self, cut_for: float) -> tuple[float, float]:
+        """The instances' network to PostgreSQL cut for ``cut_for`` seconds
+        (nothing passes, nobody is told; the connections it carried stay dead),
+        then PostgreSQL restarted, with answers sent all along.  Returns how
+        long after each began the last answer sent meanwhile was durable."""
+        cluster = self.cluster
+        assert cluster.cable is not None
+        qids = sorted({qid for qid, _rev in self.questions})
+        figures = []
+        for trouble in ("cut", "restart"):
+            began = time.monotonic()
+            if trouble == "cut":
+                cluster.cable.sever()
+                for n in range(6):  # answers keep coming while no instance can reach the store
+                    await self.send(self.people[n % len(self.people)], qids[n % len(qids)], f"during the {trouble} {n}")
+                    await asyncio.sleep(cut_for / 6)
+                cluster.cable.mend()
+            else:
+                restart = asyncio.ensure_future(asyncio.to_thread(cluster.postgres.restart, 1.0))
+                for n in range(6):
+                    await self.send(self.people[n % len(self.people)], qids[n % len(qids)], f"during the {trouble} {n}")
+                    await asyncio.sleep(0.3)
+                await restart
+            self.extra += 6
+            mended = time.monotonic()
+            last = self.sent[-1][0]
+            while last not in self.durable_at:
+                if time.monotonic() - mended > 60:
+                    logs = "\n".join(i.log_text()[-3000:] for i in cluster.instances)
+                    raise AssertionError(f"the answers sent during the {trouble} not durable 60 s after it\n{logs}")
+                await asyncio.sleep(0.1)
+            figures.append(self.durable_at[last] - began)
+            print(f"PostgreSQL {trouble} (for {mended - began:.1f} s): the last answer sent meanwhile durable "
+                  f"{figures[-1]:.2f} s after it began")
+            await cluster.leader(timeout=30)
+        return figures[0], figures[1]
 
     def after_freeze(self) -> list[float]:
         """For each answer sent after the leader was paused (and before the

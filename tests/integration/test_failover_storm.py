@@ -11,7 +11,10 @@ the storm the standby is stopped (SIGSTOP) while it holds the lease row's
 lock: an answer is still made durable and some instance leads within the
 lease plus 5 s.  Every answer sent after the leader's pause is durable
 soon after it was sent (the new leader looks into the timelines every
-second or two until the homeserver pushes to it)."""
+second or two until the homeserver pushes to it).  After the storm the
+instances' network to PostgreSQL is cut for 30 s (nothing passes, nobody
+is told, the connections it carried stay dead), then PostgreSQL restarts,
+while answers keep coming."""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ QUESTIONS = 8
 SEED = 20261219
 # ASKWRIGHT_FAILOVER_STORM sends more (or fewer) answers, with the same kills and pause.
 ANSWERS = int(os.environ.get("ASKWRIGHT_FAILOVER_STORM", "500"))
+CUT_SECONDS = 30.0
 AFTER_FREEZE_BOUND = 20.0  # seconds; a new leader that waits for pushes takes 30 s and more
 
 
@@ -56,6 +60,8 @@ async def storm_through(cluster: Cluster, people: list[Person], seed: int, mode:
     took = await storm.freeze_standby_holding_the_lease(second, TTL_SECONDS)
     print(f"standby frozen holding the lease row ({mode} mode): an answer durable {took:.2f} s later")
     await storm.run()
+    # The network to PostgreSQL cut (packets go nowhere), then the server restarted.
+    await storm.database_trouble(CUT_SECONDS)
     await storm.settle("storm")
     print(storm.report(mode))
     await storm.check("storm", QUESTIONS, people[0])

@@ -7,7 +7,9 @@ import sqlite3
 import threading
 import time
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from bridge.service.storage.leader import TTL_SECONDS, Lease, instances
 from bridge.service.storage.leader import _clock as leader_clock
@@ -147,6 +149,33 @@ def test_a_standby_paused_holding_the_lease_row_stalls_nobody(shared, postgres_s
     finally:
         standby.stop()
         store.close()
+
+
+def test_an_old_leaders_session_stuck_holding_the_lease_row_is_ended_and_the_standby_takes_over(
+        shared, postgres_server):
+    # The old leader's store session, fenced and busy for good: as when its
+    # process froze while the server was sending it a result (no timeout of
+    # the server's applies to that, and it cannot be cancelled).
+    url, lease = shared
+    old = lease(ttl=2)
+    wait_for(lambda: old.leading)
+    search_path = conninfo_to_dict(url)["options"]
+    stuck = psycopg.connect(url, password=postgres_server.password, application_name="askwright-bridge store",
+                            options=f"{search_path} -c statement_timeout=0")
+    stuck.execute("SELECT 1 FROM askwright_lease WHERE name = 'leader' FOR KEY SHARE")
+    threading.Thread(target=lambda: _quietly(stuck.execute, "SELECT pg_sleep(60)"), daemon=True).start()
+    freeze(old)
+    new = lease(ttl=2)
+    assert wait_for(lambda: new.leading, timeout=2 + 8) < 2 + 8
+    assert new.epoch == old.epoch + 1
+    wait_for(lambda: stuck.closed or stuck.broken)
+
+
+def _quietly(call, *args) -> None:
+    try:
+        call(*args)
+    except psycopg.Error:
+        pass  # ended by the server: what the test wants
 
 
 def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_server):

@@ -14,7 +14,7 @@ Fencing: every write the leader makes is guarded by its epoch.
   off by ``idle_in_transaction_session_timeout``, so it cannot hold up the
   takeover either; nor can a standby paused between its ``FOR UPDATE`` and
   its commit (the lease's connection ends such a session after 1 s), and no
-  wait for a lock lasts longer than ``lock_timeout`` (``pgdialect.connect``).
+  wait for a lock lasts longer than ``lock_timeout`` (``pgconnect.connect``).
   Expiries are computed and compared by the database's clock
   (``clock_timestamp()``), never by comparing two machines' clocks.
 - Everything else (answers.json, posts, notices, appservice 200s): ``check``
@@ -43,7 +43,8 @@ from typing import Any, Callable, Iterator
 
 import psycopg
 
-from bridge.service.storage.pgdialect import WATCHDOG, LeaseLost, PgConnection, connect
+from bridge.service.storage.pgconnect import WATCHDOG, connect
+from bridge.service.storage.pgdialect import LeaseLost, PgConnection
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,20 @@ _TABLES = (
 # idle inside one for a second is a paused instance (between its FOR UPDATE
 # and its COMMIT): the server ends it and the row is free again, well before
 # the leader's renewal gives up waiting (lock_timeout) and long before the
-# lease runs out.  A statement or lock wait never takes more than 2 s.
-LEASE_LIMITS = {"statement_timeout": 2000, "lock_timeout": 2000, "idle_in_transaction_session_timeout": 1000}
+# lease runs out.  A wait for a lock ends after 2 s (before the statement's
+# own limit, so the look that waited knows it was the lock: ``_fence_out``).
+LEASE_LIMITS = {"statement_timeout": 3000, "lock_timeout": 2000, "idle_in_transaction_session_timeout": 1000}
 ROUND_SECONDS = 4.0  # a renewal (or a look) and a heartbeat unanswered this long: the path is dead, reconnect
+
+
+# Sessions of the bridge that hold a lock on the lease row in a transaction
+# begun before the lease ran out, once it has: see ``Lease._fence_out``.
+_FENCE_OUT = (
+    "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a, askwright_lease lease"
+    " WHERE lease.name = 'leader' AND lease.expires < clock_timestamp() AND a.pid <> pg_backend_pid()"
+    " AND a.datname = current_database() AND a.application_name LIKE 'askwright-bridge %'"
+    " AND a.xact_start < lease.expires"
+    " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass)")
 
 
 def _clock() -> float:
@@ -190,23 +202,41 @@ class Lease:
 
     def _try_take(self, conn: psycopg.Connection) -> None:
         started = _clock()
-        with conn.transaction():
-            conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"
-                         " VALUES ('leader', 0, '', '-infinity') ON CONFLICT DO NOTHING")
-            # Waits for every open transaction the old leader fenced.
-            expired = conn.execute("SELECT expires < clock_timestamp() FROM askwright_lease WHERE name = 'leader'"
-                                   " FOR UPDATE").fetchone()[0]
-            if not expired:
-                return
-            epoch = conn.execute("UPDATE askwright_lease SET epoch = epoch + 1, holder = %s,"
-                                 " expires = clock_timestamp() + make_interval(secs => %s) WHERE name = 'leader'"
-                                 " RETURNING epoch", (self.name, self.ttl)).fetchone()[0]
+        try:
+            with conn.transaction():
+                conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"
+                             " VALUES ('leader', 0, '', '-infinity') ON CONFLICT DO NOTHING")
+                # Waits for every open transaction the old leader fenced.
+                expired = conn.execute("SELECT expires < clock_timestamp() FROM askwright_lease"
+                                       " WHERE name = 'leader' FOR UPDATE").fetchone()[0]
+                if not expired:
+                    return
+                epoch = conn.execute("UPDATE askwright_lease SET epoch = epoch + 1, holder = %s,"
+                                     " expires = clock_timestamp() + make_interval(secs => %s) WHERE name = 'leader'"
+                                     " RETURNING epoch", (self.name, self.ttl)).fetchone()[0]
+        except psycopg.errors.LockNotAvailable:
+            self._fence_out(conn)
+            return
         with self._mutex:
             self.epoch, self.role = epoch, "leader"
             self.valid_until = started + self.ttl - MARGIN_SECONDS
         log.warning("this instance leads now (epoch %d)", epoch)
         if self.on_leading is not None:
             self.on_leading()
+
+    def _fence_out(self, conn: psycopg.Connection) -> None:
+        """The lease row stayed locked past ``lock_timeout``.  Once the lease
+        has run out, a bridge session whose transaction began before that
+        and still holds a lock on the row is the old leader's, stuck: a
+        process paused while the server was sending it a result stays
+        "active" (no idle-in-transaction timeout applies) and a statement
+        blocked writing to its client cannot be cancelled.  The server
+        ends such sessions (their transactions roll back, nothing of them
+        commits), so the next look takes the lease."""
+        ended = conn.execute(_FENCE_OUT).fetchall()
+        if ended:
+            log.warning("ended %d session(s) of the instance that led before: its lease ran out while they"
+                        " held the lease row", len(ended))
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         conn.execute("INSERT INTO askwright_instance(id, role, epoch, seen) VALUES (%s, %s, %s, now())"
