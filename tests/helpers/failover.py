@@ -209,23 +209,14 @@ class FailoverStorm:
         must be made durable, and some instance must lead, within the lease
         plus 5 s.  Returns how long that answer took."""
         cluster = self.cluster
-        with psycopg.connect(cluster.url, password=cluster.postgres.password) as conn:
-            conn.execute("SELECT 1 FROM askwright_lease WHERE name = 'leader' FOR KEY SHARE")
-            waiting = """SELECT pid FROM pg_stat_activity WHERE datname = current_database()
-                         AND wait_event_type = 'Lock' AND query LIKE '%%FOR UPDATE%%'"""
-            deadline = time.monotonic() + 10
-            while not (found := cluster.rows(waiting)):
-                assert time.monotonic() < deadline, "the standby never looked at the lease"
-                await asyncio.sleep(0.02)
-            standby.process.send_signal(signal.SIGSTOP)
-            conn.commit()
-        frozen = time.monotonic()
+        for _attempt in range(5):
+            frozen = await self._stop_inside_the_look(standby)
+            if frozen is not None:
+                break
+            standby.process.send_signal(signal.SIGCONT)  # it got through before it stopped: again
+        else:
+            raise AssertionError("the standby was never stopped holding the lease row")
         self.failures.append(frozen)
-        state = cluster.rows("SELECT state FROM pg_stat_activity WHERE pid = %s", found[0][0])
-        while state == [("active",)] and time.monotonic() - frozen < 0.5:  # the server hands it the row
-            await asyncio.sleep(0.01)
-            state = cluster.rows("SELECT state FROM pg_stat_activity WHERE pid = %s", found[0][0])
-        assert state == [("idle in transaction",)], f"the stopped standby does not hold the row: {state}"
         try:
             qid = sorted({qid for qid, _rev in self.questions})[0]
             await self.send(self.people[0], qid, "while the standby is frozen")
@@ -335,6 +326,30 @@ class FailoverStorm:
                   f"{figures[-1]:.2f} s after it began")
             await cluster.leader(timeout=30)
         return figures[0], figures[1]
+
+    async def _stop_inside_the_look(self, standby: Bridge) -> float | None:
+        """Stops the standby inside its look at the lease row; when it holds
+        the row then, the time it was stopped, else None."""
+        cluster = self.cluster
+        with psycopg.connect(cluster.url, password=cluster.postgres.password) as conn:
+            since = conn.execute("SELECT 1, clock_timestamp() FROM askwright_lease WHERE name = 'leader'"
+                                 " FOR KEY SHARE").fetchone()[1]
+            # A look that began waiting after this session held the row (not one
+            # already about to give up behind a leader's transaction).
+            waiting = """SELECT pid FROM pg_stat_activity WHERE datname = current_database()
+                         AND wait_event_type = 'Lock' AND query LIKE '%%FOR UPDATE%%' AND query_start > %s"""
+            deadline = time.monotonic() + 10
+            while not (found := cluster.rows(waiting, since)):
+                assert time.monotonic() < deadline, "the standby never looked at the lease"
+                await asyncio.sleep(0.02)
+            standby.process.send_signal(signal.SIGSTOP)
+            conn.commit()
+        frozen = time.monotonic()
+        state = cluster.rows("SELECT state FROM pg_stat_activity WHERE pid = %s", found[0][0])
+        while state == [("active",)] and time.monotonic() - frozen < 0.5:  # the server hands it the row
+            await asyncio.sleep(0.01)
+            state = cluster.rows("SELECT state FROM pg_stat_activity WHERE pid = %s", found[0][0])
+        return frozen if state == [("idle in transaction",)] else None
 
     def after_freeze(self) -> list[float]:
         """For each answer sent after the leader was paused (and before the

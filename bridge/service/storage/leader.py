@@ -15,6 +15,9 @@ Fencing: every write the leader makes is guarded by its epoch.
   takeover either; nor can a standby paused between its ``FOR UPDATE`` and
   its commit (the lease's connection ends such a session after 1 s), and no
   wait for a lock lasts longer than ``lock_timeout`` (``pgconnect.connect``).
+  A session no server limit ends (a process frozen while the server sends
+  it a result) is ended by the standby once the lease ran out
+  (``Lease._fence_out``).
   Expiries are computed and compared by the database's clock
   (``clock_timestamp()``), never by comparing two machines' clocks.
 - Everything else (answers.json, posts, notices, appservice 200s): ``check``
