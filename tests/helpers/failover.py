@@ -160,11 +160,18 @@ def http_json(url: str) -> dict[str, Any] | None:
         return None
 
 
+# After the new leader took over from the paused one, this many answers
+# are sent over this many seconds while the old one stays frozen.
+FROZEN_ANSWERS = 8
+FROZEN_SECONDS = 10.0
+
+
 @dataclass
 class FailoverStorm:
     """Three people send ``total`` answers; meanwhile the leader is killed
-    ``kills`` times (restarted at once as a standby) and paused once until
-    the standby leads.  Times each takeover: from the leader's death to the
+    ``kills`` times (restarted at once as a standby) and paused once, kept
+    frozen for ``FROZEN_SECONDS`` after the standby leads while answers keep
+    coming.  Times each takeover: from the leader's death to the
     first answer the next leader made durable."""
 
     cluster: Cluster
@@ -275,13 +282,20 @@ class FailoverStorm:
                     self.paused += 1
                 else:
                     leader.kill()
-                hold["at"] = points[n + 1] if n + 1 < len(points) else self.total + 1
+                hold["at"] = points[n + 1] if n + 1 < len(points) else float("inf")
                 go.set()
+                first = asyncio.ensure_future(self._first_durable(before, died))
                 if point == pause_at:
                     await self.cluster.leader(timeout=30, besides=leader, ready=False)
-                    # Resumed once the other leads: it finds it lost the lease and stands by.
+                    # Answers keep coming while it stays frozen (a homeserver's
+                    # push in flight to it stays stuck): the new leader must find them.
+                    for n in range(FROZEN_ANSWERS):
+                        await self.send(self.people[n % len(self.people)], qids[n % len(qids)], f"while frozen {n}")
+                        self.extra += 1
+                        await asyncio.sleep(FROZEN_SECONDS / FROZEN_ANSWERS)
+                    # Resumed: it finds it lost the lease and stands by.
                     leader.process.send_signal(signal.SIGCONT)
-                await self._first_durable(before, died)
+                await first
                 if point != pause_at:
                     leader.start()  # comes back as a standby
                 await self.cluster.role_of(leader, "standby")

@@ -9,8 +9,9 @@ posted twice and no answer was acknowledged twice; the time from each
 leader's death to the standby's first durable answer is printed.  Before
 the storm the standby is stopped (SIGSTOP) while it holds the lease row's
 lock: an answer is still made durable and some instance leads within the
-lease plus 5 s.  Every answer sent after the leader's pause is durable
-soon after it was sent (the new leader looks into the timelines every
+lease plus 5 s.  The paused leader stays frozen 10 s after the standby
+leads, while answers keep coming: every answer sent after the pause is
+durable soon after it was sent (the new leader looks into the timelines every
 second or two until the homeserver pushes to it).  After the storm the
 instances' network to PostgreSQL is cut for 30 s (nothing passes, nobody
 is told, the connections it carried stay dead), then PostgreSQL restarts,
