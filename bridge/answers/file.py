@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import socket
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +27,16 @@ from bridge.answers import document
 
 ANSWERS_NAME = "answers.json"
 LOCK_NAME = ".answers.lock"
-TEMP_PREFIX = ANSWERS_NAME + ".tmp-"
+# A file being replaced is first written beside it as
+# ``<name>.askwright-tmp.<host>.<pid>``: recognisably the bridge's, naming
+# the writer, so what a killed writer left behind can be told and removed
+# (``remove_stray_temps``).
+TEMP_MARK = ".askwright-tmp."
+TEMP_PREFIX = ANSWERS_NAME + TEMP_MARK
+# A temp file this old is a dead writer's whoever wrote it (a write takes
+# milliseconds), also one from another machine sharing the folder, whose
+# processes cannot be asked after.
+STRAY_SECONDS = 300.0
 
 Doc = dict[str, Any]
 
@@ -42,12 +53,13 @@ class AnswersFile:
         self.lock_path = self.set_dir / LOCK_NAME
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self, *, wait: bool = True) -> Iterator[None]:
         """Hold the folder's writer lock.  Not re-entrant: flock on a second
-        descriptor blocks even within one process, so never nest it."""
+        descriptor blocks even within one process, so never nest it.
+        ``wait=False``: BlockingIOError at once when another holds it."""
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             try:
                 yield
             finally:
@@ -156,7 +168,7 @@ def atomic_replace(path: Path, data: bytes) -> None:
     On any failure the temp file is removed and the error raised; the old
     file is untouched because only the final rename changes it.
     """
-    temp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    temp = path.with_name(f"{path.name}{TEMP_MARK}{_HOST}.{os.getpid()}")
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
@@ -171,6 +183,55 @@ def atomic_replace(path: Path, data: bytes) -> None:
         raise
     # The rename is only durable once the folder's entry is on disk.
     _fsync_dir(path.parent)
+
+
+_HOST = socket.gethostname().replace(".", "-").replace("/", "-") or "host"
+
+
+def remove_stray_temps(set_dir: str | os.PathLike[str], *, wait: bool = True) -> list[str]:
+    """Under the set's lock, remove the temp files writers that died (kill -9,
+    a power cut) left in ``set_dir``; returns their names.  One a live writer
+    may still hold is kept: a temp file of this machine is removed once its
+    process is gone, one of another machine once it is ``STRAY_SECONDS`` old.
+    ``wait=False``: nothing is done (and [] returned) while another holds the lock."""
+    try:
+        with AnswersFile(set_dir).locked(wait=wait):
+            return [name for name in _strays(Path(set_dir)) if _unlink(Path(set_dir) / name)]
+    except BlockingIOError:  # flock's answer when the lock is held and wait is False
+        return []
+
+
+def _strays(folder: Path) -> list[str]:
+    with os.scandir(folder) as entries:
+        return [e.name for e in entries if TEMP_MARK in e.name and e.is_file(follow_symlinks=False) and _stray(e)]
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _stray(entry: os.DirEntry[str]) -> bool:
+    host, _, pid = entry.name.rpartition(TEMP_MARK)[2].rpartition(".")
+    try:
+        if time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_SECONDS:
+            return True
+    except FileNotFoundError:
+        return False
+    if host != _HOST or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return False  # this process's own: it writes them only under a lock of its own, or is writing now
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from nio import AsyncClient
 from watchfiles import Change, awatch
 
+from bridge.answers.file import remove_stray_temps
 from bridge.questionset.setdir import QUESTIONS_FILE
+from bridge.service.posting.sets import discover
 from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
 from bridge.service.transport.matrix import MatrixError, NioTransport
@@ -194,6 +196,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         # that can't be projected any more is set aside: stored state never
         # stops the start.
         pipeline.flush()
+        # A writer killed mid-write (this instance, or the leader before it) left a temp file.
+        await asyncio.to_thread(remove_strays, config.sets.root)
         if held := format_held(held_back(store)):
             log.warning("started with things held back:\n%s", held.rstrip())
         # Answers are taken in while the sets are posted: a first posting of
@@ -257,6 +261,14 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if client is not None:
             await client.close()
         store.close()
+
+
+def remove_strays(root: Path) -> None:
+    """The temp files writers that died left in the set folders; a set whose
+    lock is held now is left for the next start."""
+    for folder in discover(root):
+        if removed := remove_stray_temps(folder, wait=False):
+            log.info("removed %s, left in %s by a writer that died", ", ".join(removed), folder)
 
 
 async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event,

@@ -192,8 +192,14 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
     print(f"answer log: {checked} checkpoints in the room, all consistent with the last")
     assert checked >= 2, f"{checked} checkpoint(s) in the room: none published across the kills"
     assert storm.kills >= 1 + storm.kills_wanted
+    assert stray_files(bridge.sets_root / "storm") == [], "a killed writer's temp file was left"
     bridge.check_alive()
     return storm
+
+
+def stray_files(set_dir: Path) -> list[str]:
+    """What a writer killed mid-write left beside answers.json (a temp file, whatever its naming)."""
+    return sorted(p.name for p in set_dir.iterdir() if p.name.startswith("answers.json."))
 
 
 class TornWatch:

@@ -6,7 +6,16 @@ SIGCONT once the standby leads) once, in bot mode and in appservice mode
 behind HAProxy.  Afterwards every answer is in the log and in answers.json
 exactly once, each record's rev is its count of answers, no question was
 posted twice and no answer was acknowledged twice; the time from each
-leader's death to the standby's first durable answer is printed."""
+leader's death to the standby's first durable answer is printed.  Before
+the storm the standby is stopped (SIGSTOP) while it holds the lease row's
+lock: an answer is still made durable and some instance leads within the
+lease plus 5 s.  The paused leader stays frozen 10 s after the standby
+leads, while answers keep coming: every answer sent after the pause is
+durable soon after it was sent (the new leader looks into the timelines every
+second or two until the homeserver pushes to it).  After the storm the
+instances' network to PostgreSQL is cut for 30 s (nothing passes, nobody
+is told, the connections it carried stay dead), then PostgreSQL restarts,
+while answers keep coming."""
 
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ import sys
 import pytest
 
 from bridge.devserver import free_port
+from bridge.service.storage.leader import TTL_SECONDS
 from helpers.attack import AS_BOT, text_set
 from helpers.failover import Cluster, FailoverStorm
 from helpers.harness import Person, unique
@@ -29,6 +39,8 @@ QUESTIONS = 8
 SEED = 20261219
 # ASKWRIGHT_FAILOVER_STORM sends more (or fewer) answers, with the same kills and pause.
 ANSWERS = int(os.environ.get("ASKWRIGHT_FAILOVER_STORM", "500"))
+CUT_SECONDS = 30.0
+AFTER_FREEZE_BOUND = 20.0  # seconds: twice the target, for a loaded machine; a new leader that waits 30 s between looks exceeds it
 
 
 async def storm_through(cluster: Cluster, people: list[Person], seed: int, mode: str) -> None:
@@ -45,10 +57,19 @@ async def storm_through(cluster: Cluster, people: list[Person], seed: int, mode:
     assert "askwright_bridge_standby 0.0" in cluster.metrics(first)
     assert [row["role"] for row in status(second)["instances"]] == ["leader", "standby"]
     storm = FailoverStorm(cluster, people, questions, seed=seed, total=ANSWERS)
+    # A standby stopped while it holds the lease row's lock stalls nobody.
+    took = await storm.freeze_standby_holding_the_lease(second, TTL_SECONDS)
+    print(f"standby frozen holding the lease row ({mode} mode): an answer durable {took:.2f} s later")
     await storm.run()
+    # The network to PostgreSQL cut (packets go nowhere), then the server restarted.
+    await storm.database_trouble(CUT_SECONDS)
     await storm.settle("storm")
     print(storm.report(mode))
     await storm.check("storm", QUESTIONS, people[0])
+    # Every answer sent after the leader froze, not only the first, is made
+    # durable by the next leader soon (the issue's target is 10 s; printed
+    # above, and bounded loosely here for a loaded machine).
+    assert max(storm.after_freeze()) < AFTER_FREEZE_BOUND, storm.report(mode)
     assert storm.paused == 1 and len(storm.takeovers) == 4
     assert len(cluster.running()) == 2
     # The paused leader found it lost the lease when it resumed, and stood by.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.attack import TornWatch, text_set
+from helpers.attack import TornWatch, stray_files, text_set
 from helpers.harness import Bridge, answer_content, store_rows
 from helpers.sets import all_kinds_set
 
@@ -122,7 +122,7 @@ async def stuck_then_lands(bridge: Bridge, set_name: str, question: dict, failin
     assert (record["text"], record["source"]["event_id"]) == ("while failing", late)
     notice = await alice.wait_notice(room, late, timeout=30)
     assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
-    assert [p.name for p in (bridge.sets_root / set_name).glob("answers.json.tmp-*")] == []
+    assert stray_files(bridge.sets_root / set_name) == []
     assert store_rows(bridge.store_path, "SELECT * FROM held_set") == []
     bridge.check_alive()
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.answers.file import TEMP_MARK
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.operators.admin import (CLOSE, HELP, INVALID, MAX_COMMAND_AGE_MS, POST, REMIND, STATUS, AdminContext,
                                   AdminDispatcher, Command, close_in_file, describe_post, handle, is_command,
@@ -184,7 +185,7 @@ async def test_close_sets_the_status_in_questions_json_and_keeps_everything_else
     expected = json.loads(json.dumps(QUESTIONS))
     expected["questions"][0]["status"] = "closed"
     assert after == expected
-    assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name]
+    assert not [p for p in path.parent.iterdir() if TEMP_MARK in p.name]
     again = await handle(parse_command("!ask close release branch"), ADMIN, ctx)
     assert again == "“branch” is already closed."
 

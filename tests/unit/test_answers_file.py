@@ -6,6 +6,7 @@ import fcntl
 import json
 import multiprocessing
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 
 from bridge.answers import document
 from bridge.answers.document import AnswersError
-from bridge.answers.file import LOCK_NAME, TEMP_PREFIX, AnswersFile
+from bridge.answers import file as file_module
+from bridge.answers.file import LOCK_NAME, STRAY_SECONDS, TEMP_MARK, TEMP_PREFIX, AnswersFile, remove_stray_temps
 
 NOW = "2026-11-30T12:00:00.000Z"
 INCREMENTS = 200
@@ -183,3 +185,68 @@ def test_reader_never_sees_a_torn_file(tmp_path):
     assert writer.exitcode == 0
     assert reads > 0
     assert json.loads(af.path.read_bytes())["rev"] == 301
+
+
+# --- what a writer killed mid-write leaves ------------------------------------
+
+
+def _stuck_writer(folder: str, ready) -> None:
+    """Writes answers.json and stops for good inside the write (before its fsync)."""
+    def hang(fd: int) -> None:
+        ready.set()
+        time.sleep(600)
+
+    os.fsync = hang
+    AnswersFile(folder, "takes").update(put(answer("t5")), NOW)
+
+
+def _writer_stuck_in_its_write(folder: Path):
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    writer = ctx.Process(target=_stuck_writer, args=(str(folder), ready))
+    writer.start()
+    assert ready.wait(60)
+    return writer
+
+
+def test_the_temp_file_of_a_writer_killed_mid_write_is_removed_and_a_live_ones_kept(tmp_path):
+    af = AnswersFile(tmp_path, "takes")
+    af.update(put(answer("t2")), NOW)
+    old = af.path.read_bytes()
+    killed = _writer_stuck_in_its_write(tmp_path)
+    killed.kill()  # kill -9 inside the write
+    killed.join()
+    left = leftovers(tmp_path)
+    assert len(left) == 1 and left[0].endswith(f".{killed.pid}")  # it names its writer
+    assert remove_stray_temps(tmp_path) == left
+    assert leftovers(tmp_path) == [] and af.path.read_bytes() == old
+
+    # A writer still at work keeps its temp file; so does another machine's,
+    # until it is too old to be anybody's write.
+    live = _writer_stuck_in_its_write(tmp_path)  # it holds the set's lock
+    try:
+        mine = leftovers(tmp_path)
+        elsewhere = tmp_path / f"{TEMP_PREFIX}another-host.4242"
+        stale = tmp_path / f"{TEMP_PREFIX}another-host.4343"
+        elsewhere.write_bytes(b"{")
+        stale.write_bytes(b"{")
+        long_ago = time.time() - STRAY_SECONDS - 60
+        os.utime(stale, (long_ago, long_ago))
+        assert remove_stray_temps(tmp_path, wait=False) == []  # the set's lock is the live writer's
+        live.kill()
+        live.join()
+        assert sorted(remove_stray_temps(tmp_path)) == sorted([*mine, stale.name])
+        assert leftovers(tmp_path) == [elsewhere.name]
+    finally:
+        live.kill()
+        live.join()
+    # A live process's temp file written outside the lock (questions.json, closed by an admin).
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        questions = tmp_path / f"questions.json{TEMP_MARK}{file_module._HOST}.{sleeper.pid}"
+        questions.write_bytes(b"{")
+        assert remove_stray_temps(tmp_path) == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert remove_stray_temps(tmp_path) == [questions.name]

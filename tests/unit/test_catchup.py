@@ -263,3 +263,28 @@ async def until(condition: Any, timeout: float = 5) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+async def test_until_a_transaction_comes_after_start_it_looks_every_second_or_two(store, monkeypatch):
+    # A new leader: the homeserver's one transaction in flight went to the
+    # instance that froze, and nothing is pushed here yet.
+    monkeypatch.setattr(catchup_module, "FAST_PERIOD", 0.2, raising=False)
+    monkeypatch.setattr(catchup_module, "GAP_DELAY", 0.1)
+    monkeypatch.setattr(catchup_module, "PERIOD", 600)
+    timeline = Timeline([message(n) for n in range(1, 4)])
+    store.set_meta(TOKEN_KEY + ROOM, "3")
+    fed = Fed(store)
+    looker = catchup(store, timeline, fed)
+    running = asyncio.ensure_future(looker.run())
+    try:
+        await until(lambda: len(timeline.calls) >= 3)
+        timeline.events.append(message(4))  # an answer no transaction brings
+        await until(lambda: fed.batches == [["$m4"]], timeout=2)
+        looker.heard()  # the homeserver pushes again: back to the slow period
+        await asyncio.sleep(0.5)
+        calls = len(timeline.calls)
+        await asyncio.sleep(1.0)
+        assert len(timeline.calls) == calls
+    finally:
+        looker.stop.set()
+        await running

@@ -4,13 +4,18 @@ and a leader that lost it writes nothing to the store."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
-from bridge.service.storage.leader import Lease, instances
+from bridge.service.storage.leader import TTL_SECONDS, Lease, instances
+from bridge.service.storage.leader import _clock as leader_clock
 from bridge.service.storage.pgdialect import LeaseLost
 from bridge.service.storage.store import Store
+from helpers.netcut import Cable
 from helpers.pgstore import fresh_schema
 
 
@@ -89,12 +94,88 @@ def test_a_leader_that_lost_the_lease_commits_nothing(shared, postgres_server):
     freeze(old)
     new = lease(ttl=2)
     wait_for(lambda: new.leading)
-    old.role, old.valid_until = "leader", time.monotonic() + 60  # resumed, and its clock lies
+    old.role, old.valid_until = "leader", leader_clock() + 60  # resumed, and its clock lies
     with pytest.raises(sqlite3.OperationalError):
         with store.transaction():
             store.mark_processed("$after", "accepted")
     assert store.is_processed("$before") and not store.is_processed("$after")
     assert old.role == "standby"
+
+
+class _PausedAfterLock:
+    """A standby's lease connection that stops, as a paused process would,
+    right after its ``SELECT ... FOR UPDATE`` locked the lease row."""
+
+    def __init__(self, conn, seconds: float, paused: threading.Event):
+        self._conn, self._seconds, self._paused = conn, seconds, paused
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def execute(self, sql, *args, **kwargs):
+        result = self._conn.execute(sql, *args, **kwargs)
+        if "FOR UPDATE" in sql and not self._paused.is_set():
+            self._paused.set()
+            time.sleep(self._seconds)
+        return result
+
+
+def test_a_standby_paused_holding_the_lease_row_stalls_nobody(shared, postgres_server):
+    url, lease = shared
+    leader = lease()
+    wait_for(lambda: leader.leading)
+    store = Store("unused", url=url, password=postgres_server.password)
+    leader.guard_store(store)
+    paused = threading.Event()
+    standby = Lease(url, postgres_server.password)
+    take = standby._try_take
+    standby._try_take = lambda conn: take(_PausedAfterLock(conn, TTL_SECONDS + 6, paused))
+    standby.start()
+    try:
+        wait_for(lambda: paused.is_set())
+        began = time.monotonic()
+        # The server ends the paused session and frees the row: the leader's
+        # renewals and its fenced transactions go on.
+        with store.transaction():
+            store.mark_processed("$while-paused", "accepted")
+        assert time.monotonic() - began < TTL_SECONDS
+        while time.monotonic() - began < TTL_SECONDS + 5:
+            assert leader.leading, "the leader lost the lease to a paused standby"
+            time.sleep(0.1)
+        assert store.is_processed("$while-paused")
+        # Resumed, the standby finds its connection gone, reconnects and stands by.
+        time.sleep(max(0.0, began + TTL_SECONDS + 6 - time.monotonic()) + 2)
+        assert standby._thread.is_alive() and standby.role == "standby" and leader.leading
+    finally:
+        standby.stop()
+        store.close()
+
+
+def test_an_old_leaders_session_stuck_holding_the_lease_row_is_ended_and_the_standby_takes_over(
+        shared, postgres_server):
+    # The old leader's store session, fenced and busy for good: as when its
+    # process froze while the server was sending it a result (no timeout of
+    # the server's applies to that, and it cannot be cancelled).
+    url, lease = shared
+    old = lease(ttl=2)
+    wait_for(lambda: old.leading)
+    search_path = conninfo_to_dict(url)["options"]
+    stuck = psycopg.connect(url, password=postgres_server.password, application_name="askwright-bridge store",
+                            options=f"{search_path} -c statement_timeout=0")
+    stuck.execute("SELECT 1 FROM askwright_lease WHERE name = 'leader' FOR KEY SHARE")
+    threading.Thread(target=lambda: _quietly(stuck.execute, "SELECT pg_sleep(60)"), daemon=True).start()
+    freeze(old)
+    new = lease(ttl=2)
+    assert wait_for(lambda: new.leading, timeout=2 + 8) < 2 + 8
+    assert new.epoch == old.epoch + 1
+    wait_for(lambda: stuck.closed or stuck.broken)
+
+
+def _quietly(call, *args) -> None:
+    try:
+        call(*args)
+    except psycopg.Error:
+        pass  # ended by the server: what the test wants
 
 
 def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_server):
@@ -140,58 +221,22 @@ def test_a_leader_that_lost_the_lease_downloads_nothing():
     assert opened == []
 
 
-class Cable:
-    """A TCP forwarder between a lease and the server that can be cut: open
-    connections go dead (no reset, nothing more passes) and new ones are refused."""
-
-    def __init__(self, port: int):
-        import socket
-        import threading
-
-        self.target = ("127.0.0.1", port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.cut = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-        import threading
-
-        while True:
-            client, _ = self.listener.accept()
-            if self.cut.is_set():
-                client.close()
-                continue
-            server = socket.create_connection(self.target)
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    def _pipe(self, src, dst) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            while self.cut.is_set():  # a dead network: bytes go nowhere, nobody is told
-                time.sleep(0.1)
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-
 def test_a_leader_cut_off_from_the_database_stops_writing_and_a_standby_takes_over(shared, postgres_server):
     url, lease = shared
     cable = Cable(postgres_server.port)
     old = lease(ttl=2, url=url.replace(f":{postgres_server.port}/", f":{cable.port}/"))
     wait_for(lambda: old.leading)
     new = lease(ttl=2)
-    cable.cut.set()
+    cable.sever()
     wait_for(lambda: not old.leading, timeout=2 + 3)
     with pytest.raises(LeaseLost):
         old.check()
     wait_for(lambda: new.leading, timeout=2 + 5)
     assert old.role == "standby"
+    # The network comes back, but not the connections it carried (a NAT that
+    # lost its state): the cut-off instance, which heard nothing, gave its
+    # connection up, made a new one, and stands by.
+    cable.mend()
+    wait_for(lambda: any(row["id"] == old.name and row["seen_seconds_ago"] < 1
+                         for row in instances(url, postgres_server.password)), timeout=10)
+    assert old._thread.is_alive() and old.role == "standby" and new.leading

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 
 import psycopg
 import pytest
@@ -12,7 +14,10 @@ from bridge.cli import main
 from bridge.service.config import parse_config
 from bridge.service.storage.pgdialect import PgConnection, redact
 from bridge.service.storage.store import MIGRATIONS, SCHEMA_VERSION, LogEntry, Store
+from helpers.netcut import Cable
 from helpers.pgstore import fresh_schema
+
+STORE_DEADLINE = 7.0  # the store's statement limit (5 s) and 2 s for the answer to come back
 
 
 def test_an_older_store_migrates_forward_keeping_its_rows(postgres_server):
@@ -54,6 +59,36 @@ def test_a_dropped_connection_fails_the_transaction_and_the_next_one_reconnects(
     with store.transaction():
         store.mark_processed("$c", "accepted")
     assert [store.is_processed(e) for e in ("$a", "$b", "$c")] == [False, False, True]
+
+
+def test_a_statement_on_a_path_gone_silent_fails_within_seconds_and_the_store_carries_on(postgres_server):
+    # Behind a relay (or a NAT that lost its state) the kernel's ACKs still
+    # come: only the bridge's own deadline ends the wait for an answer.
+    cable = Cable(postgres_server.port)
+    url = fresh_schema(postgres_server).replace(f":{postgres_server.port}/", f":{cable.port}/")
+    store = Store("unused", url=url, password=postgres_server.password)
+    store.mark_processed("$before", "accepted")
+    cable.sever()
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            with store.transaction():
+                store.mark_processed("$during", "accepted")
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - what the caller would see
+            outcome.append(exc)
+
+    began = time.monotonic()
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(STORE_DEADLINE + 5)
+    assert outcome and isinstance(outcome[0], sqlite3.OperationalError), "the store waited on a silent path"
+    assert time.monotonic() - began < STORE_DEADLINE + 5
+    cable.mend()
+    with store.transaction():  # a new connection
+        store.mark_processed("$after", "accepted")
+    assert [store.is_processed(e) for e in ("$before", "$during", "$after")] == [True, False, True]
 
 
 def test_the_password_comes_from_the_environment_and_never_shows_in_messages(postgres_server, tmp_path):

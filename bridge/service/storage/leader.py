@@ -12,11 +12,19 @@ Fencing: every write the leader makes is guarded by its epoch.
   waits for the old leader's open transaction, and after it no transaction
   of the old epoch can start.  A leader paused inside a transaction is cut
   off by ``idle_in_transaction_session_timeout``, so it cannot hold up the
-  takeover either.
+  takeover either; nor can a standby paused between its ``FOR UPDATE`` and
+  its commit (the lease's connection ends such a session after 1 s), and no
+  wait for a lock lasts longer than ``lock_timeout`` (``pgconnect.connect``).
+  A session no server limit ends (a process frozen while the server sends
+  it a result) is ended by the standby once the lease ran out
+  (``Lease._fence_out``).
+  Expiries are computed and compared by the database's clock
+  (``clock_timestamp()``), never by comparing two machines' clocks.
 - Everything else (answers.json, posts, notices, appservice 200s): ``check``
-  refuses once the lease may have expired by this process's monotonic clock,
-  which is never later than the database's expiry (the clock is read before
-  the renewal is sent).  answers.json is checked under the file's lock, so a
+  refuses once the lease may have expired by this machine's clock of
+  elapsed time (``_clock``: it runs on through a suspend), which is never
+  later than the database's expiry (the clock is read before the renewal is
+  sent, and only durations are compared).  answers.json is checked under the file's lock, so a
   new leader cannot write the file between the check and the write.
 
 A leader that finds it lost the lease (it was paused, or cut off from the
@@ -38,6 +46,7 @@ from typing import Any, Callable, Iterator
 
 import psycopg
 
+from bridge.service.storage.pgconnect import WATCHDOG, connect
 from bridge.service.storage.pgdialect import LeaseLost, PgConnection
 
 log = logging.getLogger(__name__)
@@ -54,11 +63,31 @@ _TABLES = (
     "CREATE TABLE IF NOT EXISTS askwright_instance (id TEXT PRIMARY KEY, role TEXT NOT NULL,"
     " epoch BIGINT, seen TIMESTAMPTZ NOT NULL)",
 )
-# Session settings of the connections that guard writes: a statement never
-# hangs on a dead network, and a paused leader's transaction does not hold
-# the lease row for longer than this.
-_TIMEOUTS = ("SET statement_timeout = '3s'", "SET lock_timeout = '3s'")
-IDLE_IN_TRANSACTION = "SET idle_in_transaction_session_timeout = '3s'"
+# The lease's connection: its transactions last milliseconds, so a session
+# idle inside one for a second is a paused instance (between its FOR UPDATE
+# and its COMMIT): the server ends it and the row is free again, well before
+# the leader's renewal gives up waiting (lock_timeout) and long before the
+# lease runs out.  A wait for a lock ends after 2 s (before the statement's
+# own limit, so the look that waited knows it was the lock: ``_fence_out``).
+LEASE_LIMITS = {"statement_timeout": 3000, "lock_timeout": 2000, "idle_in_transaction_session_timeout": 1000}
+ROUND_SECONDS = 4.0  # a renewal (or a look) and a heartbeat unanswered this long: the path is dead, reconnect
+
+
+# Sessions of the bridge that hold a lock on the lease row in a transaction
+# begun before the lease ran out, once it has: see ``Lease._fence_out``.
+_FENCE_OUT = (
+    "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a, askwright_lease lease"
+    " WHERE lease.name = 'leader' AND lease.expires < clock_timestamp() AND a.pid <> pg_backend_pid()"
+    " AND a.datname = current_database() AND a.application_name LIKE 'askwright-bridge %'"
+    " AND a.xact_start < lease.expires"
+    " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass)")
+
+
+def _clock() -> float:
+    """Seconds that keep running while the machine is suspended (CLOCK_BOOTTIME):
+    ``time.monotonic`` stops then, and a leader resumed from a suspend would
+    believe in a lease the database already gave away."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
 
 
 def instance_name() -> str:
@@ -66,12 +95,7 @@ def instance_name() -> str:
 
 
 def _connect(url: str, password: str | None) -> psycopg.Connection:
-    conn = psycopg.connect(url, password=password, autocommit=True, connect_timeout=3,
-                           keepalives=1, keepalives_idle=2, keepalives_interval=1, keepalives_count=2,
-                           tcp_user_timeout=3000)
-    for statement in _TIMEOUTS:
-        conn.execute(statement)
-    return conn
+    return connect(url, password, limits=LEASE_LIMITS, name="askwright-bridge lease")
 
 
 class Lease:
@@ -95,13 +119,13 @@ class Lease:
 
     @property
     def leading(self) -> bool:
-        return self.role == "leader" and time.monotonic() < self.valid_until
+        return self.role == "leader" and _clock() < self.valid_until
 
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this instance surely still leads."""
         if self.role != "leader":
             raise LeaseLost("this instance does not lead")
-        if time.monotonic() >= self.valid_until:
+        if _clock() >= self.valid_until:
             self._lose("the lease ran out before it was renewed")
             raise LeaseLost("the lease ran out")
 
@@ -117,8 +141,6 @@ class Lease:
     def guard_store(self, store: Any) -> None:
         """Fence every transaction of ``store`` (a PostgreSQL Store) with this lease."""
         db: PgConnection = store.db
-        db.session = (*db.session, IDLE_IN_TRANSACTION)
-        db.execute(IDLE_IN_TRANSACTION)
         db.fence = self.fence
 
     def guard_transport(self, transport: Any) -> Any:
@@ -153,24 +175,26 @@ class Lease:
                     for statement in _TABLES:
                         with contextlib.suppress(psycopg.errors.UniqueViolation):
                             self._conn.execute(statement)
-                if self.role == "leader":
-                    self._renew(self._conn)
-                else:
-                    self._try_take(self._conn)
-                self._heartbeat(self._conn)
-            except psycopg.Error as exc:
-                log.debug("lease: database unreachable (%s)", exc)
+                with WATCHDOG.limit(self._conn, ROUND_SECONDS):
+                    if self.role == "leader":
+                        self._renew(self._conn)
+                    else:
+                        self._try_take(self._conn)
+                    self._heartbeat(self._conn)
+            except Exception as exc:  # noqa: BLE001 - whatever failed, reconnect and go on: the thread never dies
+                log.log(logging.DEBUG if isinstance(exc, psycopg.Error) else logging.WARNING,
+                        "lease: database unreachable (%s); reconnecting", exc)
                 with contextlib.suppress(Exception):
                     self._conn.close()  # type: ignore[union-attr]
                 self._conn = None
-            if self.role == "leader" and time.monotonic() >= self.valid_until:
+            if self.role == "leader" and _clock() >= self.valid_until:
                 self._lose("the lease could not be renewed in time (the database unreachable?)")
             if self._halt.wait(RENEW_SECONDS if self.role == "leader" else POLL_SECONDS):
                 return
 
     def _renew(self, conn: psycopg.Connection) -> None:
-        started = time.monotonic()
-        cur = conn.execute("UPDATE askwright_lease SET expires = now() + make_interval(secs => %s)"
+        started = _clock()
+        cur = conn.execute("UPDATE askwright_lease SET expires = clock_timestamp() + make_interval(secs => %s)"
                            " WHERE name = 'leader' AND epoch = %s AND holder = %s", (self.ttl, self.epoch, self.name))
         if cur.rowcount == 1:
             with self._mutex:
@@ -180,24 +204,42 @@ class Lease:
             self._lose("another instance took the lease over")
 
     def _try_take(self, conn: psycopg.Connection) -> None:
-        started = time.monotonic()
-        with conn.transaction():
-            conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"
-                         " VALUES ('leader', 0, '', '-infinity') ON CONFLICT DO NOTHING")
-            # Waits for every open transaction the old leader fenced.
-            expired = conn.execute("SELECT expires < now() FROM askwright_lease WHERE name = 'leader'"
-                                   " FOR UPDATE").fetchone()[0]
-            if not expired:
-                return
-            epoch = conn.execute("UPDATE askwright_lease SET epoch = epoch + 1, holder = %s,"
-                                 " expires = now() + make_interval(secs => %s) WHERE name = 'leader'"
-                                 " RETURNING epoch", (self.name, self.ttl)).fetchone()[0]
+        started = _clock()
+        try:
+            with conn.transaction():
+                conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"
+                             " VALUES ('leader', 0, '', '-infinity') ON CONFLICT DO NOTHING")
+                # Waits for every open transaction the old leader fenced.
+                expired = conn.execute("SELECT expires < clock_timestamp() FROM askwright_lease"
+                                       " WHERE name = 'leader' FOR UPDATE").fetchone()[0]
+                if not expired:
+                    return
+                epoch = conn.execute("UPDATE askwright_lease SET epoch = epoch + 1, holder = %s,"
+                                     " expires = clock_timestamp() + make_interval(secs => %s) WHERE name = 'leader'"
+                                     " RETURNING epoch", (self.name, self.ttl)).fetchone()[0]
+        except psycopg.errors.LockNotAvailable:
+            self._fence_out(conn)
+            return
         with self._mutex:
             self.epoch, self.role = epoch, "leader"
             self.valid_until = started + self.ttl - MARGIN_SECONDS
         log.warning("this instance leads now (epoch %d)", epoch)
         if self.on_leading is not None:
             self.on_leading()
+
+    def _fence_out(self, conn: psycopg.Connection) -> None:
+        """The lease row stayed locked past ``lock_timeout``.  Once the lease
+        has run out, a bridge session whose transaction began before that
+        and still holds a lock on the row is the old leader's, stuck: a
+        process paused while the server was sending it a result stays
+        "active" (no idle-in-transaction timeout applies) and a statement
+        blocked writing to its client cannot be cancelled.  The server
+        ends such sessions (their transactions roll back, nothing of them
+        commits), so the next look takes the lease."""
+        ended = conn.execute(_FENCE_OUT).fetchall()
+        if ended:
+            log.warning("ended %d session(s) of the instance that led before: its lease ran out while they"
+                        " held the lease row", len(ended))
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         conn.execute("INSERT INTO askwright_instance(id, role, epoch, seen) VALUES (%s, %s, %s, now())"
@@ -255,6 +297,7 @@ def migration_lock(url: str, password: str | None) -> Iterator[None]:
         raise _as_sqlite(exc) from exc
     try:
         conn.execute("SET statement_timeout = 0")
+        conn.execute("SET lock_timeout = 0")  # the other instance's migration may take a while
         conn.execute("SELECT pg_advisory_lock(hashtext('askwright-bridge migrate'))")
         yield
     finally:

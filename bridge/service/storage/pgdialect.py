@@ -30,12 +30,15 @@ wheels, and it is the maintained PostgreSQL adapter.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psycopg
 from psycopg import errors as pgerrors
+
+from bridge.service.storage.pgconnect import STORE_DEADLINE, STORE_LIMITS, WATCHDOG, connect
 
 _SCHEMA_TABLE = "askwright_schema"
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
@@ -103,11 +106,12 @@ class PgConnection:
         self._serial: dict[str, str | None] | None = None
         self._keys: dict[str, list[str]] = {}
         self._open = False  # inside a BEGIN this connection issued
+        self._deadline: float | None = STORE_DEADLINE  # None while migrating (no statement limit)
         self.conn = self._connect()
 
     def _connect(self) -> psycopg.Connection:
         try:
-            conn = psycopg.connect(self.url, autocommit=True, password=self.password, connect_timeout=10)
+            conn = connect(self.url, self.password, limits=STORE_LIMITS, name="askwright-bridge store")
             if self.read_only:
                 conn.execute("SET default_transaction_read_only = on")
             for statement in self.session:
@@ -118,6 +122,17 @@ class PgConnection:
 
     def close(self) -> None:
         self.conn.close()
+
+    @contextlib.contextmanager
+    def unbounded(self) -> Iterator[None]:
+        """No statement timeout for a while: a migration may rewrite a large table."""
+        self.execute("SET statement_timeout = 0")
+        self._deadline = None
+        try:
+            yield
+        finally:
+            self._deadline = STORE_DEADLINE
+            self.execute("RESET statement_timeout")
 
     # -- the sqlite3 calls ----------------------------------------------
 
@@ -162,7 +177,8 @@ class PgConnection:
             return Result(None, 0, None)
         try:
             cursor = self.conn.cursor()
-            cursor.executemany(text, batch)  # pipelined: one round trip for the lot
+            with WATCHDOG.limit(self.conn, self._deadline):
+                cursor.executemany(text, batch)  # pipelined: one round trip for the lot
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
         if cursor.rowcount > 0:
@@ -176,8 +192,9 @@ class PgConnection:
         """``params`` None: ``text`` is sent as it is; a sequence (empty too):
         its ``%s`` are filled and its ``%%`` are ``%``."""
         try:
-            cursor = self.conn.execute(text, params)
-            rows = cursor.fetchall() if cursor.description is not None else None
+            with WATCHDOG.limit(self.conn, self._deadline):
+                cursor = self.conn.execute(text, params)
+                rows = cursor.fetchall() if cursor.description is not None else None
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
         rowcount = cursor.rowcount

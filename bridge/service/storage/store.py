@@ -7,6 +7,7 @@ between the two is repaired on start by re-projecting the pending questions.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sqlite3
@@ -354,11 +355,15 @@ class Store:
                 f"{self.path} was written by a newer askwright-bridge (store schema {version}, "
                 f"this version knows {SCHEMA_VERSION}); upgrade the bridge or restore a backup"
             )
-        for number in range(version, SCHEMA_VERSION):
-            with self.transaction():
-                for statement in _statements(MIGRATIONS[number]):
-                    self.db.execute(statement)
-                self.db.execute(f"PRAGMA user_version={number + 1}")
+        if version == SCHEMA_VERSION:
+            return
+        unbounded = getattr(self.db, "unbounded", contextlib.nullcontext)  # PostgreSQL's statement timeout
+        with unbounded():
+            for number in range(version, SCHEMA_VERSION):
+                with self.transaction():
+                    for statement in _statements(MIGRATIONS[number]):
+                        self.db.execute(statement)
+                    self.db.execute(f"PRAGMA user_version={number + 1}")
 
     def transaction(self, *, flush: bool = True) -> "_Transaction":
         """BEGIN IMMEDIATE ... COMMIT.  ``flush=False`` commits without waiting

@@ -14,7 +14,10 @@ a restart, perhaps nobody who cares).  The same hole opens when anything else
 answers 200 on the bridge's address.  The bridge cannot make the homeserver
 deliver, so it looks for itself: it pages each configured room's timeline
 back to where its last look ended and feeds what no transaction brought into
-the same pipeline: at start and every ``PERIOD`` seconds; before handling a
+the same pipeline: at start, every ``FAST_PERIOD`` seconds until the first
+transaction after the start comes (a new leader's homeserver may still wait
+on a transaction sent to the instance that froze), then every ``PERIOD``
+seconds; before handling a
 transaction whose id skips one (Synapse numbers them 1, 2, 3...), so what
 went missing is judged before what came after it (until such looks keep
 finding nothing: see ``IDLE_LOOKS``); and once the homeserver's
@@ -48,6 +51,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PERIOD = 30.0  # seconds between two looks when nothing is suspected
+# Until the first transaction after a start, the homeserver may be holding
+# its one transaction in flight to an instance that froze (the leader this
+# one took over from) or backing off after failures: nothing is pushed, so
+# the timelines are looked into every FAST_PERIOD seconds, for FAST_FOR at
+# most (longer than a proxy in front lets a transaction hang).
+FAST_PERIOD = 1.5
+FAST_FOR = 60.0
 GAP_DELAY = 2.0  # a suspected gap is looked into once no transaction came for this long
 QUIET_WAIT = 60.0  # ... or after this long at most
 # A look before a transaction that skips an id holds that transaction up:
@@ -95,6 +105,7 @@ class CatchUp:
         self.activity = asyncio.Event()
         self.looks_now: deque[float] = deque(maxlen=LOOK_BURST)
         self.idle_looks = 0  # looks before a transaction in a row that found nothing
+        self.pushed = asyncio.Event()  # a transaction came since this start
 
     def suspect_gap(self) -> None:
         """Look again once transactions have gone quiet, off the request path;
@@ -105,6 +116,7 @@ class CatchUp:
     def heard(self) -> None:
         """A transaction came."""
         self.activity.set()
+        self.pushed.set()
 
     async def look_now(self) -> None:
         """Before a transaction that skips an id (the caller holds the lock)."""
@@ -126,13 +138,18 @@ class CatchUp:
     async def run(self) -> None:
         # Right after start the homeserver sends what it held: look again when that is done.
         self.suspected.set()
+        started = self.clock()
         while not self.stop.is_set():
             try:
                 async with self.lock:
                     await self.sweep()
             except Exception as exc:  # noqa: BLE001 - the next look tries again
-                log.warning("looking for events the homeserver did not push failed (%s); trying again in %.0f s",
-                            str(exc) or type(exc).__name__, PERIOD)
+                log.warning("looking for events the homeserver did not push failed (%s); trying again shortly",
+                            str(exc) or type(exc).__name__)
+            if not self.pushed.is_set() and self.clock() - started < FAST_FOR:
+                # Nothing pushed since the start: perhaps nothing can be yet.
+                if not await self._wait(FAST_PERIOD, self.pushed):
+                    continue
             if await self._wait(PERIOD, self.suspected):
                 self.suspected.clear()
                 quiet_by = self.clock() + QUIET_WAIT
