@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -570,13 +571,25 @@ async def test_an_agents_mcp_wait_and_http_long_poll_both_return_expired(bridge)
                                                                     "timeout": 60}))
                 return time.monotonic(), waited
 
+        async def cli_wait() -> tuple[float, int, dict[str, Any]]:
+            # The command an agent on the bridge's machine runs, on the set's folder.
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bridge", "wait", str(bridge.sets_root / set_id), "--question", "ship",
+                "--timeout", "60", stdout=asyncio.subprocess.PIPE)
+            out, _ = await process.communicate()
+            return time.monotonic(), process.returncode, json.loads(out)
+
         started_at = time.monotonic()
-        (polled_at, view, header), (waited_at, waited) = await asyncio.gather(long_poll(), mcp_wait())
+        (polled_at, view, header), (waited_at, waited), (cli_at, code, printed) = await asyncio.gather(
+            long_poll(), mcp_wait(), cli_wait())
     assert header == "arrived" and waited["arrived"] is True
-    for entry in (view["answers"][0], waited["answers"]["answers"][0]):
+    assert code == 4  # PROTOCOL 2a: an awaited question expired undecided
+    printed_entry = next(e for e in printed["answers"] if e["qid"] == "ship")
+    for entry in (view["answers"][0], waited["answers"]["answers"][0], printed_entry):
         assert entry["qid"] == "ship" and entry["state"] == "expired" and "choice" not in entry
-    # Both came back with the expiry, long before their own timeouts, and close together.
-    assert polled_at - started_at < 50 and waited_at - started_at < 50 and abs(polled_at - waited_at) < 10
+    # All three came back with the expiry, long before their own timeouts, and close together.
+    ends = (polled_at, waited_at, cli_at)
+    assert max(ends) - started_at < 50 and max(ends) - min(ends) < 10
 
 
 async def test_an_escalation_mentions_its_people_on_time_while_the_bridge_is_down_and_they_may_answer(bridge, synapse):
