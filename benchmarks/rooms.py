@@ -14,7 +14,8 @@ its own, so it is in exactly the rooms the bridge is in):
   over ``--idle`` seconds with nothing sent, scaled to a minute;
 * ``--answers`` answers, one at a time, to questions in rooms picked at
   random: send -> durable in ``answers.json`` (an inotify watcher process,
-  ``soak.py``'s) beside send -> seen by the bare client, p50 and max.
+  ``soak.py``'s) beside send -> seen by the bare client, p50 and max, and
+  per answer the bridge's durable time minus the bare client's seen time.
 
 Creating the rooms on Synapse is itself slow; the seconds it took are
 printed and kept with the figures.
@@ -56,9 +57,11 @@ def make_rooms(w: World, count: int) -> tuple[list[str], float]:
     joined, and the seconds creating the others took."""
     started = time.perf_counter()
 
-    def one(_n: int) -> str:
+    def one(n: int) -> str:
         room_id = w.synapse.create_room(w.bot["access_token"], invite=[w.person["user_id"]])
         w.synapse.join(w.person["access_token"], room_id)
+        if n % 250 == 249:
+            print(f"rooms: {n + 2} created after {time.perf_counter() - started:.0f} s", flush=True)
         return room_id
 
     with ThreadPoolExecutor(CREATORS) as pool:
@@ -178,6 +181,8 @@ async def measure(w: World, rooms: int = 1000, idle_s: float = 60, answers: int 
     await client.close()
     bridge_ms = [(watch.seen[e] - at) * 1000 for e, at in sent.items() if e in watch.seen]
     bare_ms = [(bare.seen[e] - at) * 1000 for e, at in sent.items() if e in bare.seen]
+    # per answer: the bridge's durable time minus the bare client's seen time for that same answer
+    paired_ms = [(watch.seen[e] - bare.seen[e]) * 1000 for e in sent if e in watch.seen and e in bare.seen]
     rss_after = rss_mb(pid)
     await watch.stop()
     await bare.stop()
@@ -186,12 +191,15 @@ async def measure(w: World, rooms: int = 1000, idle_s: float = 60, answers: int 
     return {
         "rooms": rooms, "create_rooms_s": round(create_s, 1), "post_s": round(post_s, 1),
         "rss_mb": rss["bridge"], "rss_after_answers_mb": rss_after, "bare_rss_mb": rss["bare"],
-        "idle_s": round(window, 1), "idle_cpu_s_per_min": idle_cpu["bridge"], "bare_idle_cpu_s_per_min": idle_cpu["bare"],
+        "idle_s": round(window, 1), "idle_cpu_s_per_min": idle_cpu["bridge"],
+        "bare_idle_cpu_s_per_min": idle_cpu["bare"],
         "answers": len(sent), "durable": len(bridge_ms), "bare_seen": len(bare_ms),
         "bridge_p50_ms": round(percentile(bridge_ms, 50), 1) if bridge_ms else None,
         "bridge_max_ms": round(max(bridge_ms), 1) if bridge_ms else None,
         "bare_p50_ms": round(percentile(bare_ms, 50), 1) if bare_ms else None,
         "bare_max_ms": round(max(bare_ms), 1) if bare_ms else None,
+        "paired_p50_ms": round(percentile(paired_ms, 50), 1) if paired_ms else None,
+        "paired_max_ms": round(max(paired_ms), 1) if paired_ms else None,
     }
 
 
@@ -200,7 +208,8 @@ def print_report(r: dict[str, Any]) -> None:
           f"{r['post_s']} s): bridge RSS {r['rss_mb']} MB (bare client {r['bare_rss_mb']} MB); CPU per idle minute "
           f"{r['idle_cpu_s_per_min']} s (bare client {r['bare_idle_cpu_s_per_min']} s); send -> durable p50 "
           f"{r['bridge_p50_ms']} max {r['bridge_max_ms']} ms over {r['durable']}/{r['answers']} answers (bare client "
-          f"seen p50 {r['bare_p50_ms']} max {r['bare_max_ms']} ms)", flush=True)
+          f"seen p50 {r['bare_p50_ms']} max {r['bare_max_ms']} ms; per answer, bridge minus bare p50 "
+          f"{r['paired_p50_ms']:+} max {r['paired_max_ms']:+} ms)", flush=True)
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

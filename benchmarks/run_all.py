@@ -17,7 +17,11 @@ the same file from the homeserver.
 and a short soak (``soak.py``: many rooms, a steady stream of answers; its
 own runs go for 30 minutes) beside its own first minutes; last, capacity
 (``capacity.py``): the highest answer rate the bridge keeps up with, beside
-a bare client reading the same stream.
+a bare client reading the same stream; and on a Synapse of its own, 1,000
+rooms with one open set each (``rooms.py``): memory, CPU per idle minute and
+an answer's send -> durable, beside a bare client syncing the bot's account.
+
+    python benchmarks/run_all.py --rooms    # the many-rooms rows alone
 
 Every target is printed with met / not met, from the one run.  Writes
 ``benchmarks/out/results.json``, ``latency.png``, ``catchup.png`` and ``soak.png``.
@@ -45,6 +49,7 @@ import catchup  # noqa: E402
 import files as files_bench  # noqa: E402
 import judge as judge_bench  # noqa: E402
 import latency  # noqa: E402
+import rooms as rooms_bench  # noqa: E402
 import scale  # noqa: E402
 import soak  # noqa: E402
 from _world import world  # noqa: E402
@@ -114,8 +119,19 @@ async def synapse_figures(args: argparse.Namespace) -> dict[str, Any]:
         print(f"capacity: {args.capacity_seconds:g} s at each rate ...", flush=True)
         most = await capacity.measure(w, [10, 20, 50, 100, 200], args.capacity_seconds)
         capacity.print_report(most)
+    many = await rooms_figures(args)
     return {"latency": rows, "audit": logged, "catchup": catches, "files": sent_files, "scale": big,
-            "soak": steady, "capacity": most}
+            "soak": steady, "capacity": most, "rooms": many}
+
+
+async def rooms_figures(args: argparse.Namespace) -> dict[str, Any]:
+    """On a Synapse of its own: there the bot is in exactly these rooms, not
+    also in every room the other benches made."""
+    print(f"rooms: {args.room_count} rooms, one open set each, {args.room_idle:g} s idle ...", flush=True)
+    async with world() as w:
+        many = await rooms_bench.measure(w, args.room_count, args.room_idle, args.room_answers)
+    rooms_bench.print_report(many)
+    return many
 
 
 def met(ok: bool) -> str:
@@ -184,6 +200,8 @@ def table(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         rows.append(("... store on disk per 1,000 answers (MB)", f"{k['store_mb_per_1000_answers']}", "-", "-", "-"))
     if "capacity" in r:
         rows += capacity_rows(r["capacity"])
+    if "rooms" in r:
+        rows += rooms_rows(r["rooms"])
     for g in r["answers_growth"]:
         rows.append((f"one answer into answers.json of {g['records']:,} records (ms)", f"{g['write_ms']}",
                      f"bare atomic replace {g['bare_replace_ms']}", "-", "-"))
@@ -238,6 +256,22 @@ def capacity_rows(c: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         rows.append((f"... the bridge's CPU per answer at {c['bridge_max_rate']:g}/s (ms)",
                      f"{kept[0]['bridge_cpu_ms_per_answer']}", "-", "-", "-"))
     return rows
+
+
+def rooms_rows(m: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """Many rooms, one open set each, beside a bare client syncing the bot's own account."""
+    return [
+        (f"{m['rooms']:,} rooms, one open set each: resident memory after posting (MB)", f"{m['rss_mb']}",
+         f"bare client, same account {m['bare_rss_mb']}", "-", "-"),
+        (f"... CPU per idle minute (s; {m['idle_s']:g} s with nothing sent)", f"{m['idle_cpu_s_per_min']}",
+         f"bare client {m['bare_idle_cpu_s_per_min']}", "-", "-"),
+        (f"... an answer's send -> durable, p50 / max (ms; {m['durable']} answers in random rooms)",
+         f"{m['bridge_p50_ms']} / {m['bridge_max_ms']}",
+         f"bare client seen {m['bare_p50_ms']} / {m['bare_max_ms']}; per answer "
+         f"{m.get('paired_p50_ms', float('nan')):+} / {m.get('paired_max_ms', float('nan')):+}", "-", "-"),
+        ("... posting every question and its poll, from process start (s)", f"{m['post_s']}",
+         f"Synapse creating the rooms {m['create_rooms_s']}", "-", "-"),
+    ]
 
 
 def render(rows: list[tuple[str, str, str, str, str]]) -> str:
@@ -307,6 +341,12 @@ def main() -> int:
     parser.add_argument("--soak-minutes", type=float, help="minutes of the soak (3; quick 1); soak.py runs 30")
     parser.add_argument("--soak-rooms", type=int, help="rooms of the soak, ten questions each (100; quick 20)")
     parser.add_argument("--capacity-seconds", type=float, help="seconds of answering at each capacity rate (30; quick 5)")
+    parser.add_argument("--rooms", action="store_true",
+                        help="run only the many-rooms bench (its own Synapse) and print its rows")
+    parser.add_argument("--room-count", type=int,
+                        help="rooms, one open set each, for the many-rooms rows (1000; quick 200)")
+    parser.add_argument("--room-idle", type=float, help="seconds of its idle window, scaled to a minute (60; quick 30)")
+    parser.add_argument("--room-answers", type=int, default=10, help="answers in random rooms, one at a time (10)")
     parser.add_argument("--from-json", action="store_true",
                         help="print the table (and redraw the charts) of the last run's results.json")
     args = parser.parse_args()
@@ -317,6 +357,14 @@ def main() -> int:
         (OUT / "results.json").write_text(json.dumps(results, indent=2))
         charts(results)
         print(render(table(results)))
+        return 0
+    args.room_count = args.room_count or (200 if args.quick else 1000)
+    args.room_idle = args.room_idle or (30 if args.quick else 60)
+    if args.rooms:
+        OUT.mkdir(exist_ok=True)
+        many = asyncio.run(rooms_figures(args))
+        (OUT / "rooms.json").write_text(json.dumps(many, indent=2))
+        print(render(rooms_rows(many)))
         return 0
     args.latency = args.latency or (50 if args.quick else 200)
     args.answers = args.answers or ([1, 1000] if args.quick else [1, 1000, 5000])
