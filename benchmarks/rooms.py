@@ -172,10 +172,12 @@ async def measure(w: World, rooms: int = 1000, idle_s: float = 60, answers: int 
     for question in targets:
         at = time.perf_counter()
         response = await client.room_send(question["room_id"], "m.room.message", answer(question, "b"))
-        sent[response.event_id] = at
+        event_id = getattr(response, "event_id", None)
+        if event_id is None:
+            raise RuntimeError(f"the person's send failed: {response}")
+        sent[event_id] = at
         deadline = time.perf_counter() + 30
-        while time.perf_counter() < deadline and not (response.event_id in watch.seen
-                                                      and response.event_id in bare.seen):
+        while time.perf_counter() < deadline and not (event_id in watch.seen and event_id in bare.seen):
             await asyncio.sleep(0.01)
         await asyncio.sleep(gap_s)
     await client.close()
