@@ -110,6 +110,7 @@ class Lease:
         self.valid_until = 0.0
         self.on_lost: Callable[[], None] | None = None
         self.on_leading: Callable[[], None] | None = None
+        self._hold_off_until = 0.0  # ``release``: no lease taken before this
         self._conn: psycopg.Connection | None = None
         self._halt = threading.Event()
         self._mutex = threading.Lock()
@@ -165,6 +166,25 @@ class Lease:
             conn.close()
         self.role = "standby"
 
+    def release(self, hold_off: float) -> None:
+        """Hand the lease on at once and stand by: this instance could not
+        serve (its store failed to open, say, while PostgreSQL restarted).
+        It takes no lease for ``hold_off`` seconds, so another instance
+        leads meanwhile if one can; alone, it leads again after that."""
+        with self._mutex:
+            leading, epoch = self.role == "leader", self.epoch
+            self.role, self.valid_until = "standby", 0.0
+            self._hold_off_until = _clock() + hold_off
+        if not leading:
+            return
+        with contextlib.suppress(psycopg.Error, OSError):  # unreachable: the lease simply runs out
+            conn = _connect(self.url, self.password)
+            try:
+                conn.execute("UPDATE askwright_lease SET expires = now() - interval '1 second'"
+                             " WHERE name = 'leader' AND epoch = %s AND holder = %s", (epoch, self.name))
+            finally:
+                conn.close()
+
     # -- the thread -------------------------------------------------------
 
     def _run(self) -> None:
@@ -205,6 +225,8 @@ class Lease:
 
     def _try_take(self, conn: psycopg.Connection) -> None:
         started = _clock()
+        if started < self._hold_off_until:
+            return
         try:
             with conn.transaction():
                 conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"

@@ -24,6 +24,10 @@ from bridge.service.operators.metrics import Metrics
 log = logging.getLogger(__name__)
 
 Serve = Callable[[Config, asyncio.Event, Lease], Awaitable[None]]
+# A failed term as leader: how long this instance leaves the lease to others
+# before it may lead again (doubling up to the last).
+FIRST_BACKOFF = 1.0
+LAST_BACKOFF = 30.0
 
 
 async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) -> None:
@@ -35,6 +39,7 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) ->
     lease.on_lost = lambda: loop.call_soon_threadsafe(changed.set)
     lease.start()
     log.info("instance %s started as a standby", lease.name)
+    backoff = FIRST_BACKOFF
     try:
         while not stop.is_set():
             runner = await _standby_listener(config)
@@ -51,6 +56,15 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) ->
             follow = asyncio.ensure_future(_until_lost(lease, stop, changed, term))
             try:
                 await serve(config, term, lease)
+                backoff = FIRST_BACKOFF
+            except Exception:  # noqa: BLE001 - an instance outlives a failed term as leader
+                # The store could not be opened (PostgreSQL restarting) or the
+                # bridge failed while leading: the lease goes to another
+                # instance at once, and this one stands by, then tries again.
+                log.exception("the bridge failed while leading; handing the lease on, trying again in %.0f s",
+                              backoff)
+                lease.release(backoff)
+                backoff = min(backoff * 2, LAST_BACKOFF)
             finally:
                 follow.cancel()
             if not stop.is_set():
