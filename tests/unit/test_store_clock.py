@@ -8,26 +8,25 @@ the other instance (not refused ten minutes early)."""
 
 from __future__ import annotations
 
-import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from nio import AsyncClient
 
-from bridge.agents.outbox import OutboxHook, due
+from bridge.agents.outbox import due
 from bridge.agents.sets import AgentSets
-from bridge.agents.webhooks import Deliverer
-from bridge.service.config import Agent, Encryption
+from bridge.service.config import Encryption
 from bridge.service.encryption.crypto import Crypto
-from bridge.service.operators.metrics import Metrics
-from bridge.service.storage.store import LogEntry, Store
+from bridge.service.storage.store import Store
 from bridge.service.transport.matrix import client_config
 from helpers.agents import one_question
 from helpers.pgstore import fresh_schema
 
 SKEW = 600.0  # the first machine's wall clock, ten minutes off
-AGENTS = {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}
 
 
 def _closed_port() -> int:
@@ -52,35 +51,54 @@ def _skewed(monkeypatch, seconds: float) -> None:
     monkeypatch.setattr(time, "time", lambda: real() + seconds)
 
 
-async def test_a_webhook_retry_scheduled_by_a_skewed_instance_is_due_for_the_other(tmp_path: Path, postgres_server,
-                                                                                   monkeypatch) -> None:
-    fast, right = _two_instances(postgres_server)
-    sets = AgentSets(tmp_path / "sets")
-    sets.ask("a", "plan", one_question("plan"), callbacks=[f"http://127.0.0.1:{_closed_port()}/hook"])
-    _skewed(monkeypatch, SKEW)  # the first instance's machine runs ten minutes fast
-    with fast.transaction():
-        OutboxHook(fast, AGENTS)(LogEntry("$answer", "!r", "@p:hs", "answer_event", "accepted", set_id="plan",
-                                          set_dir=str(tmp_path / "sets" / "plan"), qid="branch", record={}))
-    deliverer = Deliverer(fast, AGENTS, Metrics(), drop_after=3600, timeout=2, allow_private=True)
+# The first instance, in a process of its own whose wall clock runs SKEW
+# seconds fast from before anything is imported (as on another machine): it
+# queues one webhook and makes one attempt, refused, which schedules a retry.
+FAST_INSTANCE = """
+import asyncio, sys, time
+real = time.time
+time.time = lambda: real() + float(sys.argv[4])
+from bridge.agents.outbox import OutboxHook
+from bridge.agents.webhooks import Deliverer
+from bridge.service.config import Agent
+from bridge.service.operators.metrics import Metrics
+from bridge.service.storage.store import LogEntry, Store
+
+async def main():
+    store = Store("unused", url=sys.argv[1], password=sys.argv[2])
+    agents = {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}
+    with store.transaction():
+        OutboxHook(store, agents)(LogEntry("$answer", "!r", "@p:hs", "answer_event", "accepted", set_id="plan",
+                                           set_dir=sys.argv[3], qid="branch", record={}))
+    deliverer = Deliverer(store, agents, Metrics(), drop_after=3600, timeout=2, allow_private=True)
     stop = asyncio.Event()
     task = asyncio.ensure_future(deliverer.run(stop))
-    try:
-        for _ in range(200):  # the first attempt, refused: a retry is scheduled
-            if fast.db.execute("SELECT attempts FROM webhook_outbox").fetchone()[0] >= 1:
-                break
-            await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await task
-    monkeypatch.undo()  # the other instance, on a machine whose clock is right
-    failed_at = int(time.time() * 1000)
+    for _ in range(200):
+        if store.db.execute("SELECT attempts FROM webhook_outbox").fetchone()[0] >= 1:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await task
+
+asyncio.run(main())
+"""
+
+
+def test_a_webhook_retry_scheduled_by_a_skewed_instance_is_due_for_the_other(tmp_path: Path, postgres_server) -> None:
+    url = fresh_schema(postgres_server)
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("a", "plan", one_question("plan"), callbacks=[f"http://127.0.0.1:{_closed_port()}/hook"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", FAST_INSTANCE, url, postgres_server.password,
+                    str(tmp_path / "sets" / "plan"), str(SKEW)], check=True, env=env, timeout=60)
+    failed_at = int(time.time() * 1000)  # the other instance, on a machine whose clock is right
+    right = Store("unused", url=url, password=postgres_server.password)
     attempts, next_at = right.db.execute("SELECT attempts, next_at FROM webhook_outbox").fetchone()
     assert attempts == 1
     # The first backoff is about a second (0.8 to 1.2 s): the retry is due then for the other
     # instance too, not ten minutes later.
     assert next_at - failed_at <= 1500
     assert [d.key for d in due(right, failed_at + 1500)] == ["answer.accepted:$answer"]
-    fast.close()
     right.close()
 
 
