@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -93,11 +92,12 @@ def targets(agent: Agent | None, callbacks: tuple[str, ...]) -> list[str]:
 
 class OutboxHook:
     def __init__(self, store: Store, agents: Mapping[str, Agent], on_queued: Callable[[], None] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] | None = None):
         self.store = store
         self.agents = agents
         self.on_queued = on_queued
-        self.clock = clock
+        # The store's clock: another instance (a standby taking over) compares next_at with its own.
+        self.clock = clock or store.clock.seconds
 
     def __call__(self, entry: LogEntry) -> None:
         """An answer-log entry (the pipeline's ``on_logged``)."""

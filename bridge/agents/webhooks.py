@@ -24,7 +24,6 @@ import hashlib
 import hmac
 import logging
 import random
-import time
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -76,13 +75,14 @@ def host_of(url: str) -> str:
 
 class Deliverer:
     def __init__(self, store: Store, agents: Mapping[str, Agent], metrics: Metrics, *, drop_after: float,
-                 timeout: float, allow_private: bool = False, clock: Callable[[], float] = time.time):
+                 timeout: float, allow_private: bool = False, clock: Callable[[], float] | None = None):
         self.store = store
         self.agents = agents
         self.drop_after = drop_after
         self.timeout = timeout
         self.allow_private = allow_private
-        self.clock = clock
+        # The store's clock: the next_at written here is judged by whichever instance leads then.
+        self.clock = clock or store.clock.seconds
         self.wake = asyncio.Event()
         self.in_flight: dict[str, set[int]] = {}   # URL -> ids of its rows being sent
         self.circuits: dict[str, Circuit] = {}

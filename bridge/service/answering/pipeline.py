@@ -464,7 +464,7 @@ class Pipeline:
         for set_dir, set_id, qid in dirty:
             by_set[(set_dir, set_id)].append(qid)
         now = self.clock()
-        now_ms = int(time.time() * 1000)
+        now_ms = self.store.clock.now_ms()  # next_try is judged by whichever instance leads (dbclock)
         held = {row[0]: row[5] for row in self.store.held_sets()} if by_set else {}
         written: list[tuple[str, str, str]] = []
         holds: dict[tuple[str, str], str] = {}
@@ -526,7 +526,7 @@ class Pipeline:
     def retry_held(self) -> bool:
         """Write the held sets that are due; True when some are still held."""
         rows = self.store.held_sets()
-        if rows and min(row[5] for row in rows) <= int(time.time() * 1000):
+        if rows and min(row[5] for row in rows) <= self.store.clock.now_ms():
             self.flush()
         return bool(self.store.held_sets())
 

@@ -14,7 +14,6 @@ transaction.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from bridge.protocol.authorship import may_redact, retargeted
@@ -57,7 +56,7 @@ class Timeline:
         self.store.link_edit(event_id, original)
         author = self.store.logged_sender(original)
         if author is None:
-            self.store.park_edit(event, original, int(time.time() * 1000))
+            self.store.park_edit(event, original, self.store.clock.now_ms())
             self.store.mark_processed(event_id, "parked")
             return None
         if self.redacted(original, author, str(event.get("room_id"))):

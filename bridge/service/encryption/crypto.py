@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -83,10 +82,6 @@ def crypto_dir(store_path: Path) -> Path:
     return store_path.with_name(store_path.name + ".crypto")
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def event_dict(event: Any, room_id: str) -> dict[str, Any]:
     """The dict the pipeline gets for a timeline event: the decrypted event
     (type and content of what the person sent, plus event id, sender and
@@ -102,7 +97,7 @@ class Crypto:
     """The bridge's encryption state around one nio client with olm loaded."""
 
     def __init__(self, client: AsyncClient, store: Store, settings: Encryption,
-                 on_outcome: Callable[[LogEntry], None] | None = None, clock: Callable[[], int] = now_ms,
+                 on_outcome: Callable[[LogEntry], None] | None = None, clock: Callable[[], int] | None = None,
                  cross_signing: CrossSigning | None = None):
         self.client = client
         # The bridge's own cross-signing identity, and the check of others' devices for trust: cross-signed.
@@ -110,7 +105,9 @@ class Crypto:
         self.store = store
         self.settings = settings
         self.on_outcome = on_outcome
-        self.clock = clock
+        # The store's clock: undecrypted.first_seen is judged against the
+        # patience by whichever instance leads when the keys are late.
+        self.clock = clock = clock or store.clock.now_ms
         self._trust_logged: dict[tuple[str, str], str] = {}
         # Rooms whose members changed where no sync told nio (appservice mode).
         self._members_changed: set[str] = set()

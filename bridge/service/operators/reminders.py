@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -83,7 +82,7 @@ async def send_reminders(store: Store, send: Send, questions: list[PostedQuestio
 
 async def remind_once(store: Store, send: Send, *, after_seconds: float, period_seconds: float,
                       now_ms: int | None = None) -> int:
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = store.clock.now_ms() if now_ms is None else now_ms
     due = due_reminders(store.open_posted(), store.answered_question_events(), store.reminded(), now_ms,
                         after_seconds, period_seconds)
     return await send_reminders(store, send, due, now_ms)
@@ -92,7 +91,7 @@ async def remind_once(store: Store, send: Send, *, after_seconds: float, period_
 async def remind_set_now(store: Store, send: Send, set_id: str, now_ms: int | None = None) -> int:
     """``!ask remind <set>``: nudge every unanswered open question of the set
     at once, whatever the timing (an admin asked)."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = store.clock.now_ms() if now_ms is None else now_ms
     due = due_reminders(store.open_posted(set_id), store.answered_question_events(), {}, now_ms, 0, 0)
     return await send_reminders(store, send, due, now_ms)
 

@@ -13,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -224,7 +223,7 @@ class Poster:
         try:
             # Flushed: the old posting's close must not be lost once the new one is out.
             with self.store.transaction():
-                self.store.record_posted(recorded, set_dir=folder, posted_at=int(time.time() * 1000))
+                self.store.record_posted(recorded, set_dir=folder, posted_at=self.store.clock.now_ms())
                 for old in replaced:
                     self.store.close_question(old.event_id, why)
                     self.store.set_meta(_UNTOLD + old.event_id, why)
@@ -263,7 +262,7 @@ class Poster:
         kept = self.store.get_meta(key)
         if kept is not None:
             return int(kept)
-        now = int(time.time() * 1000)
+        now = self.store.clock.now_ms()  # deadlines are judged by whichever instance leads (dbclock)
         with self.store.transaction():
             self.store.set_meta(key, str(now))
         return now
@@ -311,7 +310,7 @@ class Poster:
         # The question's own message says so too: its "To answer" line becomes "Closed".
         await self.transport.send(recorded.room_id, "m.room.message",
                                   closed_replacement(recorded.event_id, recorded.content, why,
-                                                     int(time.time() * 1000)),
+                                                     self.store.clock.now_ms()),
                                   txn_id("close-edit", recorded.event_id))
         poll = self.store.poll_of(recorded.event_id)
         if poll:

@@ -41,11 +41,11 @@ import os
 import secrets
 import socket
 import threading
-import time
 from typing import Any, Callable, Iterator
 
 import psycopg
 
+from bridge.service.storage.dbclock import elapsed
 from bridge.service.storage.pgconnect import WATCHDOG, connect
 from bridge.service.storage.pgdialect import LeaseLost, PgConnection
 
@@ -83,11 +83,8 @@ _FENCE_OUT = (
     " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass)")
 
 
-def _clock() -> float:
-    """Seconds that keep running while the machine is suspended (CLOCK_BOOTTIME):
-    ``time.monotonic`` stops then, and a leader resumed from a suspend would
-    believe in a lease the database already gave away."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+# Seconds that run on while the machine is suspended (``dbclock.elapsed``).
+_clock = elapsed
 
 
 def instance_name() -> str:

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import psycopg
 from psycopg import errors as pgerrors
 
+from bridge.service.storage.dbclock import DatabaseClock
 from bridge.service.storage.pgconnect import STORE_DEADLINE, STORE_LIMITS, WATCHDOG, connect
 
 _SCHEMA_TABLE = "askwright_schema"
@@ -107,6 +108,9 @@ class PgConnection:
         self._keys: dict[str, list[str]] = {}
         self._open = False  # inside a BEGIN this connection issued
         self._deadline: float | None = STORE_DEADLINE  # None while migrating (no statement limit)
+        # The store's clock: the server's, measured at each connect (see dbclock).
+        self.clock = DatabaseClock()
+        self.clock.refresh = self._measure_clock
         self.conn = self._connect()
 
     def _connect(self) -> psycopg.Connection:
@@ -116,12 +120,23 @@ class PgConnection:
                 conn.execute("SET default_transaction_read_only = on")
             for statement in self.session:
                 conn.execute(statement)
+            with WATCHDOG.limit(conn, STORE_DEADLINE):
+                self.clock.measure(conn)
             return conn
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
 
     def close(self) -> None:
         self.conn.close()
+
+    def _measure_clock(self) -> None:
+        """Measure the server's clock again, but never inside a transaction
+        (a failure there would abort it) nor on a lost connection (the
+        reconnect measures)."""
+        if self._open or self.conn.closed or self.conn.broken:
+            return
+        with WATCHDOG.limit(self.conn, STORE_DEADLINE):
+            self.clock.measure(self.conn)
 
     @contextlib.contextmanager
     def unbounded(self) -> Iterator[None]:

@@ -1,4 +1,4 @@
-"""The bridge's SQLite store: what it posted, what it has seen, and why.
+"""The bridge's store (SQLite, or PostgreSQL through ``pgdialect``): what it posted, what it has seen, and why.
 
 The answer log is the source of truth; ``answers.json`` is a projection of
 it.  Every batch is committed here before the folder is written, so a crash
@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from bridge.protocol.approval_record import approval_record
 from bridge.protocol.quorum import NEVER, Cast
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.auditlog import AuditLog
+from bridge.service.storage.dbclock import DatabaseClock, LocalClock
 
 # Each entry moves the schema one version forward; never edit a shipped one.
 MIGRATIONS: list[str] = [
@@ -297,6 +297,11 @@ class PostedQuestion:
     posted_at: int  # ms since the epoch
 
 
+def _clock_of(db: Any) -> "DatabaseClock | LocalClock":
+    """The clock of every time another instance reads (dbclock): PostgreSQL's, or this machine's."""
+    return getattr(db, "clock", None) or LocalClock()
+
+
 class Store:
     def __init__(self, path: str | Path, *, url: str | None = None, password: str | None = None):
         """SQLite at ``path``, or PostgreSQL at ``url`` (``store.url``) when given."""
@@ -311,6 +316,7 @@ class Store:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
+        self.clock = _clock_of(self.db)
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
@@ -339,6 +345,7 @@ class Store:
             store.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
                                        check_same_thread=False, timeout=10)
         store.path = path
+        store.clock = _clock_of(store.db)
         version = store.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             store.db.close()
@@ -444,7 +451,7 @@ class Store:
         elif row is not None and row[2]:
             # The close happens now (no room event carries it), hence the clock.
             self.append_leaf(LogEntry(event_id, row[0], by, "bridge", "closed", set_id=row[1],
-                                      question_event_id=event_id, reason=why, ts=int(time.time() * 1000)), None)
+                                      question_event_id=event_id, reason=why, ts=self.clock.now_ms()), None)
 
     def log_approval_outcome(self, event_id: str, outcome: str) -> bool:
         """The posting's approval outcome (``decided`` or ``expired``) is now
@@ -460,7 +467,7 @@ class Store:
         row = self.db.execute("SELECT room_id, set_id FROM posted WHERE event_id=?", (event_id,)).fetchone()
         if row is not None:
             self.append_leaf(LogEntry(event_id, row[0], "", "bridge", outcome, set_id=row[1],
-                                      question_event_id=event_id, reason=outcome, ts=int(time.time() * 1000)), None)
+                                      question_event_id=event_id, reason=outcome, ts=self.clock.now_ms()), None)
         self.set_meta(key, outcome)
         return True
 
