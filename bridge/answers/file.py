@@ -13,6 +13,7 @@ askwright server, a script):
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
@@ -53,13 +54,17 @@ class AnswersFile:
         self.lock_path = self.set_dir / LOCK_NAME
 
     @contextlib.contextmanager
-    def locked(self, *, wait: bool = True) -> Iterator[None]:
+    def locked(self, *, wait: bool | float = True) -> Iterator[None]:
         """Hold the folder's writer lock.  Not re-entrant: flock on a second
         descriptor blocks even within one process, so never nest it.
-        ``wait=False``: BlockingIOError at once when another holds it."""
+        ``wait=False``: BlockingIOError at once when another holds it; a
+        number: after that many seconds (``LockBusy``)."""
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if wait is True:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                _flock_within(fd, float(wait))
             try:
                 yield
             finally:
@@ -86,7 +91,7 @@ class AnswersFile:
             return document.empty(self.set_id)
         return document.parse(data)
 
-    def update(self, fn: Callable[[Doc, str], Doc], now: str) -> Doc:
+    def update(self, fn: Callable[[Doc, str], Doc], now: str, *, lock_wait: bool | float = True) -> Doc:
         """Under the lock: load, ``fn(doc, now)``, write the result; return it.
 
         ``fn`` returns the document unchanged to write nothing, or one whose
@@ -96,7 +101,7 @@ class AnswersFile:
         of ``document``, ``fn`` must not change the document it is given:
         the document written is kept for the next update of the set.
         """
-        with self.locked():
+        with self.locked(wait=lock_wait):
             key = os.path.abspath(self.path)
             data = self.read_bytes()
             kept = _kept(key, data)
@@ -183,6 +188,25 @@ def atomic_replace(path: Path, data: bytes) -> None:
         raise
     # The rename is only durable once the folder's entry is on disk.
     _fsync_dir(path.parent)
+
+
+class LockBusy(BlockingIOError):
+    """Another process held the set's writer lock for longer than the wait."""
+
+
+def _flock_within(fd: int, seconds: float) -> None:
+    """The lock within ``seconds`` (0: one try), or LockBusy.  A writer paused
+    while it holds the lock (SIGSTOP, a frozen VM) holds it until it runs
+    again: whoever waits for it must not wait with it."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise LockBusy(errno.EWOULDBLOCK, "another process holds the set's lock") from None
+            time.sleep(0.01)
 
 
 _HOST = socket.gethostname().replace(".", "-").replace("/", "-") or "host"

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bridge.answers.document import mirror_records
-from bridge.answers.file import AnswersFile
+from bridge.answers.file import AnswersFile, LockBusy
 from bridge.protocol import annotate
 from bridge.answers.document import AnswersError, record_problem
 from bridge.protocol.approval_record import outcome_of
@@ -50,6 +50,13 @@ from bridge.service.storage.store import LogEntry, Store
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 
 log = logging.getLogger(__name__)
+
+# How long a flush waits for a set's writer lock before holding the set back
+# (and how soon it tries again): a writer paused while it holds the lock (a
+# frozen former leader) must not stall every room with it.
+LOCK_WAIT = 0.2
+LOCK_RETRY_MS = 500
+LOCK_BUSY_PROBLEM = "another process holds the set's lock (a writer paused or slow); tried again shortly"
 
 
 class Transport(Protocol):
@@ -482,7 +489,9 @@ class Pipeline:
                 self.store.release_set(set_dir)
                 log.info("answers.json of %s written again; the set is no longer held back", set_dir)
             for (set_dir, set_id), problem in holds.items():
-                attempts = self.store.hold_set(set_dir, set_id, problem, now_ms)
+                busy = problem == LOCK_BUSY_PROBLEM  # another writer's turn: no backing off
+                attempts = self.store.hold_set(set_dir, set_id, problem, now_ms,
+                                               retry_ms=LOCK_RETRY_MS if busy else None)
                 (log.warning if attempts == 1 else log.info)(
                     "set %s held back (try %d): %s; its answers are kept in the store and retried", set_dir,
                     attempts, problem)
@@ -540,7 +549,9 @@ class Pipeline:
             try:
                 AnswersFile(set_dir, set_id).update(
                     lambda doc, now, records=records: _respecting_others(self._fenced(doc), records, now, set_dir),
-                    now)
+                    now, lock_wait=LOCK_WAIT)
+            except LockBusy as exc:
+                return _folder_problem(exc)  # nothing wrong with the records: held, and tried again soon
             except (AnswersError, OSError, ValueError, TypeError, RecursionError) as exc:
                 if attempt == 0 and self._set_aside_unwritable(set_dir, qids, records):
                     continue  # a record no write could take was set aside; the rest is tried again
@@ -745,6 +756,8 @@ _OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})
 
 def _folder_problem(exc: BaseException) -> str:
     """What an operator needs to hear about a set folder that can't be written."""
+    if isinstance(exc, LockBusy):
+        return LOCK_BUSY_PROBLEM
     if isinstance(exc, AnswersError):
         return f"answers.json can't be read: {exc.message}"
     if isinstance(exc, FileNotFoundError):

@@ -968,12 +968,12 @@ class Store:
 
     # -- what is held back ------------------------------------------------
 
-    def hold_set(self, set_dir: str, set_id: str, reason: str, now_ms: int) -> int:
+    def hold_set(self, set_dir: str, set_id: str, reason: str, now_ms: int, retry_ms: int | None = None) -> int:
         """Hold a set whose folder can't be written; returns the attempts so
-        far.  Retries back off from 1 s to 5 minutes."""
+        far.  Retries back off from 1 s to 5 minutes (every ``retry_ms`` when given)."""
         row = self.db.execute("SELECT attempts FROM held_set WHERE set_dir=?", (set_dir,)).fetchone()
         attempts = (row[0] if row else 0) + 1
-        delay = min(1000 * 2 ** min(attempts - 1, 9), 300_000)
+        delay = retry_ms if retry_ms is not None else min(1000 * 2 ** min(attempts - 1, 9), 300_000)
         self.db.execute(
             "INSERT INTO held_set(set_dir, set_id, reason, since, attempts, next_try) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT(set_dir) DO UPDATE SET reason=excluded.reason, attempts=excluded.attempts,"
