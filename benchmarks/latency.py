@@ -75,29 +75,21 @@ PROFILE = ""  # --profile: the bridge under cProfile, its stats written to "<PRO
 EASY = Conditions(mixed=False, answerers=False, gap_ms=0, wheel=False, watcher_per_round=False)
 
 
-class FileWatch:
-    """Notes when answers.json first names each event id.
+class LineProcess:
+    """A helper process that prints one line when it is ready, then
+    "EVENT_ID TIME" each time it first sees an event: ``seen`` keeps the first
+    time of each."""
 
-    Its own process, blocked on inotify until the bridge renames a new
-    answers.json into place, takes the time before anything else: a thread
-    here would wait for this process's interpreter lock while the observer
-    parses its sync response, at the very moment the file appears.
-    ``time.perf_counter`` is the machine's monotonic clock, the same in
-    every process."""
-
-    def __init__(self, path: Path, script: str = __file__):
-        self.path = path
-        self.script = script  # whose "--watch PATH" runs the watcher (soak.py watches every set folder)
+    def __init__(self, argv: list[str]):
+        self.argv = argv
         self.seen: dict[str, float] = {}
         self.process: asyncio.subprocess.Process | None = None
         self.reader: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, str(Path(self.script).resolve()), "--watch", str(self.path),
-            stdout=asyncio.subprocess.PIPE)
+        self.process = await asyncio.create_subprocess_exec(*self.argv, stdout=asyncio.subprocess.PIPE)
         assert self.process.stdout is not None
-        await self.process.stdout.readline()  # "watching": the inotify watch is in place
+        await self.process.stdout.readline()  # its "ready" line
         self.reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -112,6 +104,23 @@ class FileWatch:
             await self.process.wait()
         if self.reader is not None:
             self.reader.cancel()
+
+
+class FileWatch(LineProcess):
+    """Notes when answers.json first names each event id.
+
+    Its own process, blocked on inotify until the bridge renames a new
+    answers.json into place, takes the time before anything else: a thread
+    here would wait for this process's interpreter lock while the observer
+    parses its sync response, at the very moment the file appears.
+    ``time.perf_counter`` is the machine's monotonic clock, the same in
+    every process."""
+
+    def __init__(self, path: Path, script: str = __file__):
+        # ``script``'s "--watch PATH" runs the watcher (soak.py watches every
+        # set folder); it prints "watching" once the inotify watch is in place.
+        super().__init__([sys.executable, str(Path(script).resolve()), "--watch", str(path)])
+        self.path = path
 
 
 def watch_main(path: Path) -> None:

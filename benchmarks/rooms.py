@@ -37,7 +37,7 @@ from typing import Any
 from nio import AsyncClient, SyncResponse
 
 from _world import World, answer, percentile, question_set, world
-from latency import FileWatch, cpu_seconds
+from latency import FileWatch, LineProcess, cpu_seconds
 from soak import open_questions
 
 import soak
@@ -69,34 +69,13 @@ def make_rooms(w: World, count: int) -> tuple[list[str], float]:
     return room_ids, time.perf_counter() - started
 
 
-class BareClient:
+class BareClient(LineProcess):
     """The reference: ``rooms.py --bare`` as its own process, so its CPU and
-    memory are its own.  Notes when each timeline event reaches it."""
+    memory are its own.  Notes when each timeline event reaches it (it
+    prints "synced" once its first, full sync is done)."""
 
     def __init__(self, url: str, user_id: str, token: str):
-        self.argv = [sys.executable, str(Path(__file__).resolve()), "--bare", url, user_id, token]
-        self.seen: dict[str, float] = {}
-        self.process: asyncio.subprocess.Process | None = None
-        self.reader: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(*self.argv, stdout=asyncio.subprocess.PIPE)
-        assert self.process.stdout is not None
-        await self.process.stdout.readline()  # "synced": its first (full) sync is done
-        self.reader = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        async for line in self.process.stdout:
-            event_id, at = line.decode().split()
-            self.seen.setdefault(event_id, float(at))
-
-    async def stop(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            await self.process.wait()
-        if self.reader is not None:
-            self.reader.cancel()
+        super().__init__([sys.executable, str(Path(__file__).resolve()), "--bare", url, user_id, token])
 
 
 async def bare_main(url: str, user_id: str, token: str) -> None:
