@@ -192,6 +192,23 @@ def _event(e: dict[str, Any]) -> dict[str, Any]:
     return redact(e["id"], e["sender"], e["ts"], e["target"])
 
 
+def test_a_vote_taken_back_twice_stops_counting_at_the_earlier(tmp_path: Path) -> None:
+    """Carol's poll vote is emptied and later redacted; the redaction reaches
+    the bridge first. Her vote stopped counting at the emptying, before Alice's
+    answer, so nothing was decided (found by the machine above)."""
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([vote("$v", CY, T0 + 1, ["main"])])
+    room.deliver([vote("$ca", ANA, T0 + 2, []), redact("$r", CY, T0 + 5, "$v")])
+    room.deliver([vote("$cc", CY, T0 + 3, []), answer("$a", ANA, T0 + 4, "main")])
+    record = room.record()
+    assert record is not None and record["state"] == "pending", record
+    assert [(v["sender"], v["event_id"]) for v in record["votes"]] == [(ANA, "$a")]
+    assert "decided_by" not in record
+    room.store.close()
+
+
 ApprovalTimeline.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 test_approval_record_is_the_rooms = ApprovalTimeline.TestCase

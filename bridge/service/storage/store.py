@@ -841,18 +841,21 @@ class Store:
             choice = json.loads(record).get("choice") if record else None
             gone = NEVER
             if withdrawn:
-                gone = (ts, seq)  # withdrawn by what the log no longer tells apart: never counted
-                row = self.db.execute(
+                # The earliest of what withdrew it, in the room's order, whatever
+                # order they reached the bridge in: a redaction, or (a poll vote)
+                # an emptied vote, kept under the person's votes in this poll.
+                found = [tuple(row) for row in self.db.execute(
                     "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND replaces IN (?, ?)"
-                    " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchone()
-                if row is None and via == "poll":
-                    # An emptied vote, kept under the person's votes in this poll (the timeline's key).
+                    " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchall()]
+                if via == "poll":
                     cleared = self.db.execute(
                         "SELECT MIN(ts) FROM redaction WHERE target=? AND ts>=?",
                         (f"votes\x1f{question_event_id}\x1f{sender}", ts)).fetchone()
-                    row = (cleared[0], 0) if cleared and cleared[0] is not None else None
-                if row is not None and (row[0], row[1]) > (ts, seq):
-                    gone = (row[0], row[1])  # else withdrawn before it was cast (in the room): never stood
+                    if cleared and cleared[0] is not None:
+                        found.append((cleared[0], 0))
+                # None found: withdrawn by what the log no longer tells apart; one
+                # before the pick itself (in the room): it never stood.
+                gone = max(min(found, default=(ts, seq)), (ts, seq))
             out.append(Cast(sender, choice if isinstance(choice, str) else None, event_id, (ts, seq), gone,
                             replaces))
         return out
