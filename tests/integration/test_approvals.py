@@ -13,6 +13,7 @@ import contextlib
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from helpers.attack import appservice_storm_bridge
 from helpers.e2e import ENCRYPTION_STATE
 from helpers.e2e_storm import StormingPerson
 from helpers.harness import Bridge, Person, store_rows, unique
+from helpers.waiting import until
 from test_element import element_edit, element_reply, polls, vote
 from test_encryption import encrypted  # noqa: F401 - the fixture
 
@@ -65,16 +67,7 @@ def record(bridge: Bridge) -> dict[str, Any] | None:
     return bridge.answers("release")["answers"].get("ship")
 
 
-async def until(check, timeout: float = 30, what: str = "it") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if asyncio.iscoroutine(found):
-            found = await found
-        if found:
-            return found
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
+until = partial(until, every=0.2)  # the homeserver is asked each time: not too often
 
 
 async def poll_of(person: Person, room: str, question: dict[str, Any]) -> dict[str, Any]:

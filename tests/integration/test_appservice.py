@@ -10,7 +10,7 @@ import re
 import stat
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -23,6 +23,7 @@ from helpers.attack import AS_LOCALPART as LOCALPART
 from helpers.attack import Relay, start_appservice_synapse
 from helpers.harness import Bridge, answer_content, question_posts, read_set, store_rows, unique
 from helpers.sets import ALL_KINDS_PICKS, all_kinds_set, check_all_kinds_read
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -80,13 +81,6 @@ def fake_answer(bridge: Bridge, question: dict[str, Any], **fields: Any) -> dict
 
 def accepted_count(bridge: Bridge) -> int:
     return store_rows(bridge.store_path, "SELECT COUNT(*) FROM answer_log WHERE outcome='accepted'")[0][0]
-
-
-async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_every_kind_lands_as_in_bot_mode(bridge):

@@ -10,13 +10,14 @@ import struct
 import time
 import zlib
 from html.parser import HTMLParser
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from nio import UploadResponse
 
 from helpers.harness import read_set
 from helpers.sets import all_kinds_set
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +42,6 @@ async def polls(person, room: str, timeout: float = 20) -> dict[str, dict[str, A
         if len(found) >= 5 or time.monotonic() > deadline:
             return found
         await asyncio.sleep(0.2)
-
-
-async def until(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what} not met within {timeout} s")
 
 
 def element_reply(question_event: dict[str, Any], body: str, bot: str) -> dict[str, Any]:

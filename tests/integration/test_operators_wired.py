@@ -7,14 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 import urllib.error
 import urllib.request
+from functools import partial
 
 import pytest
 
 from helpers.harness import answer_content
 from helpers.sets import all_kinds_set
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -46,14 +47,7 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
-async def until(check, timeout: float = 20, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no {what} within {timeout} s")
+until = partial(until, every=0.2)
 
 
 async def test_metrics_and_health_move_during_a_run(bridge):

@@ -4,20 +4,20 @@ postings that belong to their set folder."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import shutil
 import subprocess
 import sys
-import time
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 import pytest
 from nio import UploadResponse
 
 from helpers.harness import answer_content, question_posts
 from helpers.sets import all_kinds_set
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -25,16 +25,7 @@ OUTCOME = "dev.superpipeline.question.outcome"
 CLOSED = "dev.superpipeline.question.closed"
 
 
-async def until(check: Callable[[], Any], timeout: float = 20, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout} s")
+until = partial(until, every=0.1)
 
 
 def one_choice_set(set_id: str = "takes", rev: int = 1, qid: str = "branch") -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from nio import RoomMessagesResponse
 
 from helpers.fake_pages import RoomMessagesPages
+from helpers.waiting import until
 
 from bridge.service.transport.appservice import TransactionServer
 from bridge.service.transport import catchup as catchup_module
@@ -258,13 +260,7 @@ async def test_after_start_it_looks_again_once_the_homeservers_retries_went_quie
         await running
 
 
-async def until(condition: Any, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
-
-
+until = partial(until, timeout=5, every=0.01)
 async def test_until_a_transaction_comes_after_start_it_looks_every_second_or_two(store, monkeypatch):
     # A new leader: the homeserver's one transaction in flight went to the
     # instance that froze, and nothing is pushed here yet.

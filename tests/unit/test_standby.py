@@ -11,6 +11,7 @@ from bridge.service.storage.leader import Lease
 from bridge.service.storage.pgdialect import StoreOperationalError
 from bridge.service.storage.standby import run_with_standby
 from helpers.pgstore import fresh_schema
+from helpers.waiting import until
 
 SHUTTING_DOWN = "PostgreSQL: connection failed: FATAL:  the database system is shutting down"
 
@@ -18,13 +19,6 @@ SHUTTING_DOWN = "PostgreSQL: connection failed: FATAL:  the database system is s
 def cluster_config(url: str, password: str | None) -> SimpleNamespace:
     return SimpleNamespace(store=SimpleNamespace(url=url, password=password),
                            appservice=SimpleNamespace(enabled=False), metrics=SimpleNamespace(enabled=False))
-
-
-async def until(predicate, timeout: float = 15.0) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.05)
-    await asyncio.wait_for(poll(), timeout)
 
 
 async def test_alone_it_leads_again_after_the_store_failed_to_open(postgres_server):

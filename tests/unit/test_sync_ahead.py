@@ -10,6 +10,7 @@ from that token, the sync asked past it dropped."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from nio import SyncResponse
 
 from bridge.service.storage.store import Store
 from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop
+from helpers.waiting import until
 
 ROOM = "!room:example.org"
 
@@ -92,12 +94,7 @@ def _store(tmp_path: Path) -> Store:
     return store
 
 
-async def _until(condition: Any, timeout: float = 10) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
+_until = partial(until, timeout=10, every=0.01)
 async def _stopped(loop: asyncio.Future[Any], stop: asyncio.Event) -> None:
     stop.set()
     await asyncio.wait_for(loop, 10)

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import socket
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
 from helpers.agents import SECRETS, Receiver, Silent, one_question
 from helpers.pgstore import fresh_schema
+from helpers.waiting import until
 
 AGENTS = {name: Agent(token=f"token-of-{name}-0123456789", webhook_secret=SECRETS[name]) for name in SECRETS}
 
@@ -34,11 +36,7 @@ def answered(hook: OutboxHook, store: Store, sets_root: Path, set_id: str, event
                       set_dir=str(sets_root / set_id), qid="branch", record={"choice": "main"}))
 
 
-async def until(condition, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.02)
+until = partial(until, timeout=30, every=0.02)
 
 
 async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path: Path) -> None:
@@ -58,7 +56,7 @@ async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path:
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
         # The silent URL holds its fill of connections, each waiting out its 30 s.
-        await until(lambda: silent.connections >= PER_URL, "the silent URL was never tried")
+        await until(lambda: silent.connections >= PER_URL, what="the silent URL was never tried")
         sent = time.monotonic()
         answered(hook, store, tmp_path / "sets", "fine", "$fine")
         (taken,) = await receiver.wait_for(1, timeout=30)
@@ -98,7 +96,7 @@ async def test_deliveries_resume_after_a_postgresql_restart_without_restarting_t
         taken = await receiver.wait_for(20, timeout=90)
         assert sorted(t["key"] for t in taken) == sorted(f"answer.accepted:$answer{n}" for n in range(20))
         assert not task.done(), "the deliverer ended"
-        await until(lambda: pending(store) == 0, "the outbox was not emptied", timeout=30)
+        await until(lambda: pending(store) == 0, what="the outbox was not emptied")
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
@@ -150,11 +148,11 @@ async def test_inward_addresses_are_never_connected_to_unless_allowed(tmp_path: 
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
         if allow_private:
-            await until(lambda: len(seen) == len(urls), f"only {len(seen)} of {len(urls)} loopback URLs took it")
+            await until(lambda: len(seen) == len(urls), what=f"only {len(seen)} of {len(urls)} loopback URLs took it")
         else:
             refused = lambda: {r.getMessage().split(" to ", 1)[1].split(" ", 1)[0] for r in caplog.records  # noqa: E731
                                if "refused" in r.getMessage()}
-            await until(lambda: len(refused()) == len(urls + inward), "not every inward URL was refused")
+            await until(lambda: len(refused()) == len(urls + inward), what="not every inward URL was refused")
             assert seen == []
             messages = " ".join(r.getMessage() for r in caplog.records)
             assert "loopback" in messages and "private" in messages and "metadata" in messages
@@ -179,7 +177,7 @@ async def test_a_url_that_keeps_timing_out_is_left_alone_then_probed_one_at_a_ti
     stop = asyncio.Event()
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
-        await until(lambda: silent.connections >= PER_URL, "the silent URL was never tried")
+        await until(lambda: silent.connections >= PER_URL, what="the silent URL was never tried")
         await asyncio.sleep(6)
         # Its first fill timed out and opened the circuit: since then, probes
         # only (1, 2 then 4 s apart), one at a time, not forty rows' retries.
