@@ -30,8 +30,11 @@ system-packages:
 	  || { apt-get install -y -qq --no-install-recommends ffmpeg >/dev/null 2>&1 \
 	       || { apt-get update -qq && apt-get install -y -qq --no-install-recommends ffmpeg >/dev/null; }; }
 
+# In two processes (the 2 cores it is sized for), each taking whole test
+# files (a module's servers are started once): most of an integration test is
+# waiting on Synapse, PostgreSQL or the bridge, so one process left a core idle.
 test: $(STAMP) system-packages
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
 	$(BIN)/python -m bridge.demo

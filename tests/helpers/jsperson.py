@@ -4,6 +4,7 @@ and excluding insecure devices, as current Element is."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import shutil
 import subprocess
@@ -18,12 +19,15 @@ JS = Path(__file__).resolve().parent.parent / "js"
 
 
 def install_js() -> None:
-    """The Node project's packages, installed as the lock file pins them when missing."""
-    if (JS / "node_modules" / "matrix-js-sdk" / "package.json").exists():
-        return
-    npm = shutil.which("npm")
-    assert npm, "npm (Node 20) is needed for the matrix-js-sdk tests"
-    subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True, timeout=600)
+    """The Node project's packages, installed as the lock file pins them when
+    missing; by one test process at a time (the suite runs in several)."""
+    with open(JS / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (JS / "node_modules" / "matrix-js-sdk" / "package.json").exists():
+            return
+        npm = shutil.which("npm")
+        assert npm, "npm (Node 20) is needed for the matrix-js-sdk tests"
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True, timeout=600)
 
 
 class JsPerson(Person):
