@@ -89,3 +89,7 @@ def test_a_failed_transaction_leaves_nothing(tmp_path):
             store.mark_processed("$a1", "accepted")
             raise RuntimeError("disk full")
     assert not store.is_processed("$a1")
+
+
+def test_no_entries_are_no_pending_notice(tmp_path):
+    assert Store(tmp_path / "s.sqlite").notice_pending([]) is False

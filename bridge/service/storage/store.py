@@ -408,11 +408,13 @@ class Store:
         return [(key, value) for key, value in rows]
 
     def notice_pending(self, seqs: list[int]) -> bool:
-        """Whether every entry of ``seqs`` still waits for its notice."""
+        """Whether every entry of ``seqs`` still waits for its notice (none: False)."""
+        if not seqs:
+            return False  # asked before the query: an empty ``IN ()`` is SQLite's alone, PostgreSQL refuses it
         marks = "?" * len(seqs)
         row = self.db.execute(f"SELECT COUNT(*) FROM answer_log WHERE acked=0 AND seq IN ({','.join(marks)})",
                               tuple(seqs)).fetchone()
-        return bool(seqs) and row[0] == len(set(seqs))
+        return row[0] == len(set(seqs))
 
     # -- posted questions ------------------------------------------------
 
