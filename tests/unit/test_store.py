@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.service.storage.store import SCHEMA_VERSION, LogEntry, Store, StoreVersionError
+from bridge.service.storage.store import SCHEMA_VERSION, LogEntry, PostingConflict, Store, StoreVersionError
 
 pytestmark = pytest.mark.usefixtures("store_backend")  # every test on SQLite and on PostgreSQL
 
@@ -89,6 +89,20 @@ def test_a_failed_transaction_leaves_nothing(tmp_path):
             store.mark_processed("$a1", "accepted")
             raise RuntimeError("disk full")
     assert not store.is_processed("$a1")
+
+
+def test_a_posting_that_clashes_is_refused_as_a_conflict_and_its_transaction_undone(tmp_path):
+    # On PostgreSQL the failed insert aborted the transaction, so the lookup of
+    # the clash failed too: a store error instead of the conflict the poster handles.
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.record_posted(question("$q"), set_dir="/sets/s", posted_at=1)
+    clash = RecordedQuestion(event_id="$new", room_id="!r", set_id="s", content=question("$q").content)
+    with pytest.raises(PostingConflict, match=r"clashes with the posting already recorded: \$q of /sets/s/branch"):
+        with store.transaction():
+            store.mark_processed("$a1", "accepted")
+            store.record_posted(clash, set_dir="/sets/s", posted_at=2)
+    assert not store.is_processed("$a1") and store.count_posted() == 1
 
 
 def test_no_entries_are_no_pending_notice(tmp_path):

@@ -424,6 +424,14 @@ class Store:
         event, or the same elicitation id) is never ignored: it raises
         PostingConflict, naming both, and nothing is recorded."""
         content = question.content
+        # Looked up before the insert, not after it fails: on PostgreSQL a
+        # failed statement aborts the transaction, so nothing could be read
+        # to name the clash.  (Writers take turns: nothing comes in between.)
+        row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?"
+                              " ORDER BY rowid LIMIT 1", (question.event_id, content["elicitation_id"])).fetchone()
+        if row is not None:
+            raise PostingConflict(f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting"
+                                  f" already recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}")
         try:
             self.db.execute(
                 "INSERT INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
@@ -432,13 +440,8 @@ class Store:
                  content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
                  poll_event_id, posted_at),
             )
-        except sqlite3.IntegrityError:
-            row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?",
-                                  (question.event_id, content["elicitation_id"])).fetchone()
-            raise PostingConflict(
-                f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting already "
-                f"recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}" if row else
-                f"posting {question.event_id} could not be recorded") from None
+        except sqlite3.IntegrityError:  # a posting missing a part the table requires
+            raise PostingConflict(f"posting {question.event_id} could not be recorded") from None
 
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
