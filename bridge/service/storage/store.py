@@ -403,7 +403,7 @@ class Store:
 
     def meta_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
         """(key, value) of every meta row whose key starts with ``prefix``."""
-        rows = self.db.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key",
+        rows = self.db.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key COLLATE BINARY",
                                (len(prefix), prefix)).fetchall()
         return [(key, value) for key, value in rows]
 
@@ -698,8 +698,8 @@ class Store:
 
     def redaction_since(self, target: str, ts: int) -> tuple[str, int] | None:
         """(event id, ts) of the first redaction of ``target`` at or after ``ts``."""
-        row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=? ORDER BY ts, event_id"
-                              " LIMIT 1", (target, ts)).fetchone()
+        row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=?"
+                              " ORDER BY ts, event_id COLLATE BINARY LIMIT 1", (target, ts)).fetchone()
         return (row[0], row[1]) if row else None
 
     def redactions_of(self, target: str) -> list[str]:
@@ -713,8 +713,8 @@ class Store:
 
     def unpark_edits(self, target: str) -> list[dict[str, Any]]:
         """The edits waiting for ``target``, removed from waiting (oldest first)."""
-        rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=? ORDER BY parked_at, event_id",
-                               (target,)).fetchall()
+        rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=?"
+                               " ORDER BY parked_at, event_id COLLATE BINARY", (target,)).fetchall()
         for event_id, _event in rows:
             self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
             self.db.execute("DELETE FROM processed WHERE event_id=?", (event_id,))
