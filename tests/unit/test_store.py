@@ -107,3 +107,18 @@ def test_a_posting_that_clashes_is_refused_as_a_conflict_and_its_transaction_und
 
 def test_no_entries_are_no_pending_notice(tmp_path):
     assert Store(tmp_path / "s.sqlite").notice_pending([]) is False
+
+
+def test_postings_and_held_sets_of_one_moment_are_listed_in_the_order_they_came(tmp_path):
+    # On PostgreSQL an updated row (the poll set after the posting, a set held
+    # again) moves in the table, and ties came back in the table's order.
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        for event_id, qid in (("$q1", "first"), ("$q2", "second"), ("$q3", "third")):
+            store.record_posted(question(event_id, qid=qid), set_dir="/sets/s", posted_at=5)
+        store.set_poll("$q1", "$poll1")
+        store.hold_set("/sets/b", "b", "unwritable", 7)
+        store.hold_set("/sets/a", "a", "unwritable", 7)
+        store.hold_set("/sets/b", "b", "unwritable", 7)
+    assert [posting.event_id for posting in store.open_posted()] == ["$q1", "$q2", "$q3"]
+    assert [held[0] for held in store.held_sets()] == ["/sets/b", "/sets/a"]

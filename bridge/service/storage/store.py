@@ -994,7 +994,7 @@ class Store:
     def held_sets(self) -> list[tuple[str, str, str, int, int, int]]:
         """(set dir, set id, reason, since, attempts, next try) of every held set."""
         return self.db.execute("SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set"
-                               " ORDER BY since").fetchall()
+                               " ORDER BY since, rowid").fetchall()  # ties: first held first, on both backends
 
     def latest_recording(self, set_dir: str, qid: str) -> int | None:
         """The seq of the newest entry that puts something into the question's record."""
@@ -1058,7 +1058,7 @@ class Store:
         where, params = ("AND set_id=?", (set_id,)) if set_id is not None else ("", ())
         rows = self.db.execute(
             f"SELECT event_id, room_id, set_id, set_dir, qid, rev, content, posted_at FROM posted WHERE open=1 {where}"
-            " ORDER BY posted_at", params).fetchall()
+            " ORDER BY posted_at, rowid", params).fetchall()  # ties: in posting order, on both backends
         found = []
         for event_id, room_id, set_id_, set_dir, qid, rev, content, posted_at in rows:
             title = json.loads(content).get("question", {}).get("title") or qid
