@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from bridge.cli import main
+from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import parse_config
 from bridge.service.storage.pgdialect import PgConnection, redact
 from bridge.service.storage.store import MIGRATIONS, SCHEMA_VERSION, LogEntry, Store
@@ -156,3 +157,26 @@ def test_text_is_ordered_byte_by_byte_as_on_sqlite_in_a_database_that_sorts_by_l
     assert store.redaction_since("$target", 0) == ("$B", 5)
     with store.transaction():
         assert [edit["event_id"] for edit in store.unpark_edits("$original")] == ["$B", "$a"]
+
+
+def test_dirty_questions_and_open_folders_come_in_one_order_whatever_the_table_s_layout(postgres_server):
+    # Without an ORDER BY, PostgreSQL gave the table's own order (which a
+    # vacuum changes: a new row takes a deleted one's place) and sorted a
+    # DISTINCT by language; the flush logs outcomes and writes sets in the
+    # order of dirty(), the poster closes removed sets in that of folders_with_open().
+    store = Store("unused", url=linguistic_schema(postgres_server), password=postgres_server.password)
+    with store.transaction():
+        for event_id, folder in (("$q1", "/sets/one"), ("$q2", "/sets/Two")):
+            content = {"elicitation_id": f"elc_{event_id}", "question": {"id": "q", "rev": 1}}
+            store.record_posted(RecordedQuestion(event_id, "!r", "s", content), set_dir=folder, posted_at=1)
+        for qid in ("a", "b", "c"):
+            store.append_log(LogEntry(f"${qid}", "!r", "@p:hs", "answer_event", "accepted", set_id="s",
+                                      set_dir="/sets/one", qid=qid, record={"qid": qid}))
+    assert store.folders_with_open() == ["/sets/Two", "/sets/one"]  # bytes: "T" before "o", as on SQLite
+    with store.transaction():
+        store.clear_dirty([("/sets/one", "s", "a")])
+    store.db.execute("VACUUM")
+    with store.transaction():
+        store.append_log(LogEntry("$d", "!r", "@p:hs", "answer_event", "accepted", set_id="s", set_dir="/sets/one",
+                                  qid="d", record={"qid": "d"}))
+    assert [qid for _dir, _set, qid in store.dirty()] == ["b", "c", "d"]

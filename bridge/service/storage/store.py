@@ -513,7 +513,8 @@ class Store:
 
     def folders_with_open(self) -> list[str]:
         """The set folders that still have an open posting."""
-        return [row[0] for row in self.db.execute("SELECT DISTINCT set_dir FROM posted WHERE open=1").fetchall()]
+        return [row[0] for row in self.db.execute(  # in byte order (the order removed sets are closed in)
+            "SELECT set_dir FROM posted WHERE open=1 GROUP BY set_dir ORDER BY set_dir COLLATE BINARY").fetchall()]
 
     def set_dir_of(self, event_id: str) -> str | None:
         kept = self._recent_questions.get(event_id)
@@ -909,7 +910,8 @@ class Store:
                         (sha256, url, json.dumps(info)))
 
     def dirty(self) -> list[tuple[str, str, str]]:
-        return self.db.execute("SELECT set_dir, set_id, qid FROM dirty").fetchall()
+        # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
+        return self.db.execute("SELECT set_dir, set_id, qid FROM dirty ORDER BY rowid").fetchall()
 
     def clear_dirty(self, items: Iterable[tuple[str, str, str]]) -> None:
         self.db.executemany("DELETE FROM dirty WHERE set_dir=? AND qid=?", [(d, q) for d, _s, q in items])
