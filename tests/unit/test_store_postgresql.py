@@ -172,7 +172,7 @@ def test_dirty_questions_and_open_folders_come_in_one_order_whatever_the_table_s
         for qid in ("a", "b", "c"):
             store.append_log(LogEntry(f"${qid}", "!r", "@p:hs", "answer_event", "accepted", set_id="s",
                                       set_dir="/sets/one", qid=qid, record={"qid": qid}))
-    assert store.folders_with_open() == ["/sets/Two", "/sets/one"]  # bytes: "T" before "o", as on SQLite
+    assert store.folders_with_open() == ["/sets/Two", "/sets/one"]  # in bytes "T" comes first, as on SQLite
     with store.transaction():
         store.clear_dirty([("/sets/one", "s", "a")])
     store.db.execute("VACUUM")
