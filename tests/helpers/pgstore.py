@@ -29,6 +29,23 @@ def fresh_schema(server: Postgres) -> str:
     return server.url() + "?options=" + quote(f"-csearch_path={name}", safe="")
 
 
+# A database whose text sorts by a language's rules, as one made on a host
+# whose locale is en_US.UTF-8 does (the test server's own is C: byte order).
+LINGUISTIC = "linguistic"
+
+
+def linguistic_schema(server: Postgres) -> str:
+    """A URL whose tables land in a new empty schema of a database that sorts text as English does."""
+    with psycopg.connect(server.url(with_password=True), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (LINGUISTIC,)).fetchone() is None:
+            conn.execute(f"CREATE DATABASE {LINGUISTIC} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
+                         " LOCALE 'C'")
+    name = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(server.url(LINGUISTIC, with_password=True), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    return server.url(LINGUISTIC) + "?options=" + quote(f"-csearch_path={name}", safe="")
+
+
 def on_postgresql(monkeypatch: Any, server: Postgres) -> dict[str, str]:
     """Make ``Store(path)`` and ``Store.read_only(path)`` open PostgreSQL; returns path -> URL."""
     urls: dict[str, str] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.service.storage.store import SCHEMA_VERSION, LogEntry, Store, StoreVersionError
+from bridge.service.storage.store import SCHEMA_VERSION, LogEntry, PostingConflict, Store, StoreVersionError
 
 pytestmark = pytest.mark.usefixtures("store_backend")  # every test on SQLite and on PostgreSQL
 
@@ -89,3 +89,36 @@ def test_a_failed_transaction_leaves_nothing(tmp_path):
             store.mark_processed("$a1", "accepted")
             raise RuntimeError("disk full")
     assert not store.is_processed("$a1")
+
+
+def test_a_posting_that_clashes_is_refused_as_a_conflict_and_its_transaction_undone(tmp_path):
+    # On PostgreSQL the failed insert aborted the transaction, so the lookup of
+    # the clash failed too: a store error instead of the conflict the poster handles.
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.record_posted(question("$q"), set_dir="/sets/s", posted_at=1)
+    clash = RecordedQuestion(event_id="$new", room_id="!r", set_id="s", content=question("$q").content)
+    with pytest.raises(PostingConflict, match=r"clashes with the posting already recorded: \$q of /sets/s/branch"):
+        with store.transaction():
+            store.mark_processed("$a1", "accepted")
+            store.record_posted(clash, set_dir="/sets/s", posted_at=2)
+    assert not store.is_processed("$a1") and store.count_posted() == 1
+
+
+def test_no_entries_are_no_pending_notice(tmp_path):
+    assert Store(tmp_path / "s.sqlite").notice_pending([]) is False
+
+
+def test_postings_and_held_sets_of_one_moment_are_listed_in_the_order_they_came(tmp_path):
+    # On PostgreSQL an updated row (the poll set after the posting, a set held
+    # again) moves in the table, and ties came back in the table's order.
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        for event_id, qid in (("$q1", "first"), ("$q2", "second"), ("$q3", "third")):
+            store.record_posted(question(event_id, qid=qid), set_dir="/sets/s", posted_at=5)
+        store.set_poll("$q1", "$poll1")
+        store.hold_set("/sets/b", "b", "unwritable", 7)
+        store.hold_set("/sets/a", "a", "unwritable", 7)
+        store.hold_set("/sets/b", "b", "unwritable", 7)
+    assert [posting.event_id for posting in store.open_posted()] == ["$q1", "$q2", "$q3"]
+    assert [held[0] for held in store.held_sets()] == ["/sets/b", "/sets/a"]

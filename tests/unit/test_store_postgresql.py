@@ -11,11 +11,12 @@ import pytest
 import yaml
 
 from bridge.cli import main
+from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import parse_config
 from bridge.service.storage.pgdialect import PgConnection, redact
 from bridge.service.storage.store import MIGRATIONS, SCHEMA_VERSION, LogEntry, Store
 from helpers.netcut import Cable
-from helpers.pgstore import fresh_schema
+from helpers.pgstore import fresh_schema, linguistic_schema
 
 STORE_DEADLINE = 7.0  # the store's statement limit (5 s) and 2 s for the answer to come back
 
@@ -138,3 +139,44 @@ def test_the_sqlite_dialect_edge_cases_mean_the_same_on_postgresql(postgres_serv
     with store.transaction():
         store.clear_dirty([("/sets/50%", "s", "q1"), ("/nowhere", "s", "q9")])
     assert store.changes() - before == 1 and store.dirty() == []
+
+
+def test_text_is_ordered_byte_by_byte_as_on_sqlite_in_a_database_that_sorts_by_language(postgres_server):
+    # Most databases sort text as their host's language does ("a" before "B");
+    # SQLite compares bytes ("B" before "a"): which meta key comes first, which
+    # of two redactions at one time counts and which parked edit is judged
+    # first must not depend on the backend.
+    store = Store("unused", url=linguistic_schema(postgres_server), password=postgres_server.password)
+    with store.transaction():
+        for key in ("k:a", "k:B", "k:\x1fz"):
+            store.set_meta(key, key)
+        for event_id in ("$a", "$B"):
+            store.keep_redaction(event_id, "$target", "!r", "@p:hs", 5)
+            store.park_edit({"event_id": event_id, "sender": "@p:hs"}, "$original", 7)
+    assert [key for key, _value in store.meta_with_prefix("k:")] == ["k:\x1fz", "k:B", "k:a"]
+    assert store.redaction_since("$target", 0) == ("$B", 5)
+    with store.transaction():
+        assert [edit["event_id"] for edit in store.unpark_edits("$original")] == ["$B", "$a"]
+
+
+def test_dirty_questions_and_open_folders_come_in_one_order_whatever_the_table_s_layout(postgres_server):
+    # Without an ORDER BY, PostgreSQL gave the table's own order (which a
+    # vacuum changes: a new row takes a deleted one's place) and sorted a
+    # DISTINCT by language; the flush logs outcomes and writes sets in the
+    # order of dirty(), the poster closes removed sets in that of folders_with_open().
+    store = Store("unused", url=linguistic_schema(postgres_server), password=postgres_server.password)
+    with store.transaction():
+        for event_id, folder in (("$q1", "/sets/one"), ("$q2", "/sets/Two")):
+            content = {"elicitation_id": f"elc_{event_id}", "question": {"id": "q", "rev": 1}}
+            store.record_posted(RecordedQuestion(event_id, "!r", "s", content), set_dir=folder, posted_at=1)
+        for qid in ("a", "b", "c"):
+            store.append_log(LogEntry(f"${qid}", "!r", "@p:hs", "answer_event", "accepted", set_id="s",
+                                      set_dir="/sets/one", qid=qid, record={"qid": qid}))
+    assert store.folders_with_open() == ["/sets/Two", "/sets/one"]  # in bytes "T" comes first, as on SQLite
+    with store.transaction():
+        store.clear_dirty([("/sets/one", "s", "a")])
+    store.db.execute("VACUUM")
+    with store.transaction():
+        store.append_log(LogEntry("$d", "!r", "@p:hs", "answer_event", "accepted", set_id="s", set_dir="/sets/one",
+                                  qid="d", record={"qid": "d"}))
+    assert [qid for _dir, _set, qid in store.dirty()] == ["b", "c", "d"]

@@ -16,6 +16,9 @@ stay as they are:
 - ``PRAGMA user_version`` is a row in ``askwright_schema``; ``PRAGMA
   synchronous`` is ``synchronous_commit``; other pragmas mean nothing here;
 - ``INDEXED BY`` (a SQLite planner hint) is dropped;
+- ``COLLATE BINARY`` (text in byte order, SQLite's own; the store says it
+  wherever it orders by text) is ``COLLATE "C"``: a database's own order
+  is its host's language's, where "a" comes before "B";
 - ``BEGIN IMMEDIATE`` is ``BEGIN`` followed by the fence (the leader's lease
   check, see ``bridge/service/storage/leader.py``) when one is set;
 - ``lastrowid`` comes from ``RETURNING`` the table's identity column,
@@ -46,6 +49,7 @@ _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
 _INSERT = re.compile(r"^\s*INSERT\s+(OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*(?:\(([^)]*)\))?", re.I | re.S)
 # SQLite's query-planner hint; PostgreSQL's planner picks its indexes itself.
 _INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.I)
+_BINARY = re.compile(r"\bCOLLATE\s+BINARY\b", re.I)
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
 _CREATE = re.compile(r"^\s*CREATE\s+TABLE\s+\w+\s*\(", re.I)
 _DDL = re.compile(r"^\s*(CREATE|ALTER)\s+TABLE", re.I)
@@ -225,7 +229,7 @@ class PgConnection:
         return found
 
     def _rewrite(self, sql: str) -> tuple[str, str | None]:
-        text = _INDEXED_BY.sub(" ", _LITERAL_OR_MARK.sub(_mark, sql))
+        text = _BINARY.sub('COLLATE "C"', _INDEXED_BY.sub(" ", _LITERAL_OR_MARK.sub(_mark, sql)))
         insert = _INSERT.match(text)
         if not insert:
             return text, None

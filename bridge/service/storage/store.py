@@ -403,16 +403,18 @@ class Store:
 
     def meta_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
         """(key, value) of every meta row whose key starts with ``prefix``."""
-        rows = self.db.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key",
+        rows = self.db.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key COLLATE BINARY",
                                (len(prefix), prefix)).fetchall()
         return [(key, value) for key, value in rows]
 
     def notice_pending(self, seqs: list[int]) -> bool:
-        """Whether every entry of ``seqs`` still waits for its notice."""
+        """Whether every entry of ``seqs`` still waits for its notice (none: False)."""
+        if not seqs:
+            return False  # asked before the query: an empty ``IN ()`` is SQLite's alone, PostgreSQL refuses it
         marks = "?" * len(seqs)
         row = self.db.execute(f"SELECT COUNT(*) FROM answer_log WHERE acked=0 AND seq IN ({','.join(marks)})",
                               tuple(seqs)).fetchone()
-        return bool(seqs) and row[0] == len(set(seqs))
+        return row[0] == len(set(seqs))
 
     # -- posted questions ------------------------------------------------
 
@@ -422,6 +424,14 @@ class Store:
         event, or the same elicitation id) is never ignored: it raises
         PostingConflict, naming both, and nothing is recorded."""
         content = question.content
+        # Looked up before the insert, not after it fails: on PostgreSQL a
+        # failed statement aborts the transaction, so nothing could be read
+        # to name the clash.  (Writers take turns: nothing comes in between.)
+        row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?"
+                              " ORDER BY rowid LIMIT 1", (question.event_id, content["elicitation_id"])).fetchone()
+        if row is not None:
+            raise PostingConflict(f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting"
+                                  f" already recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}")
         try:
             self.db.execute(
                 "INSERT INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
@@ -430,13 +440,8 @@ class Store:
                  content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
                  poll_event_id, posted_at),
             )
-        except sqlite3.IntegrityError:
-            row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?",
-                                  (question.event_id, content["elicitation_id"])).fetchone()
-            raise PostingConflict(
-                f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting already "
-                f"recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}" if row else
-                f"posting {question.event_id} could not be recorded") from None
+        except sqlite3.IntegrityError:  # a posting missing a part the table requires
+            raise PostingConflict(f"posting {question.event_id} could not be recorded") from None
 
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
@@ -508,7 +513,8 @@ class Store:
 
     def folders_with_open(self) -> list[str]:
         """The set folders that still have an open posting."""
-        return [row[0] for row in self.db.execute("SELECT DISTINCT set_dir FROM posted WHERE open=1").fetchall()]
+        return [row[0] for row in self.db.execute(  # in byte order (the order removed sets are closed in)
+            "SELECT set_dir FROM posted WHERE open=1 GROUP BY set_dir ORDER BY set_dir COLLATE BINARY").fetchall()]
 
     def set_dir_of(self, event_id: str) -> str | None:
         kept = self._recent_questions.get(event_id)
@@ -693,8 +699,8 @@ class Store:
 
     def redaction_since(self, target: str, ts: int) -> tuple[str, int] | None:
         """(event id, ts) of the first redaction of ``target`` at or after ``ts``."""
-        row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=? ORDER BY ts, event_id"
-                              " LIMIT 1", (target, ts)).fetchone()
+        row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=?"
+                              " ORDER BY ts, event_id COLLATE BINARY LIMIT 1", (target, ts)).fetchone()
         return (row[0], row[1]) if row else None
 
     def redactions_of(self, target: str) -> list[str]:
@@ -708,8 +714,8 @@ class Store:
 
     def unpark_edits(self, target: str) -> list[dict[str, Any]]:
         """The edits waiting for ``target``, removed from waiting (oldest first)."""
-        rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=? ORDER BY parked_at, event_id",
-                               (target,)).fetchall()
+        rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=?"
+                               " ORDER BY parked_at, event_id COLLATE BINARY", (target,)).fetchall()
         for event_id, _event in rows:
             self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
             self.db.execute("DELETE FROM processed WHERE event_id=?", (event_id,))
@@ -904,7 +910,8 @@ class Store:
                         (sha256, url, json.dumps(info)))
 
     def dirty(self) -> list[tuple[str, str, str]]:
-        return self.db.execute("SELECT set_dir, set_id, qid FROM dirty").fetchall()
+        # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
+        return self.db.execute("SELECT set_dir, set_id, qid FROM dirty ORDER BY rowid").fetchall()
 
     def clear_dirty(self, items: Iterable[tuple[str, str, str]]) -> None:
         self.db.executemany("DELETE FROM dirty WHERE set_dir=? AND qid=?", [(d, q) for d, _s, q in items])
@@ -989,7 +996,7 @@ class Store:
     def held_sets(self) -> list[tuple[str, str, str, int, int, int]]:
         """(set dir, set id, reason, since, attempts, next try) of every held set."""
         return self.db.execute("SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set"
-                               " ORDER BY since").fetchall()
+                               " ORDER BY since, rowid").fetchall()  # ties: first held first, on both backends
 
     def latest_recording(self, set_dir: str, qid: str) -> int | None:
         """The seq of the newest entry that puts something into the question's record."""
@@ -1053,7 +1060,7 @@ class Store:
         where, params = ("AND set_id=?", (set_id,)) if set_id is not None else ("", ())
         rows = self.db.execute(
             f"SELECT event_id, room_id, set_id, set_dir, qid, rev, content, posted_at FROM posted WHERE open=1 {where}"
-            " ORDER BY posted_at", params).fetchall()
+            " ORDER BY posted_at, rowid", params).fetchall()  # ties: in posting order, on both backends
         found = []
         for event_id, room_id, set_id_, set_dir, qid, rev, content, posted_at in rows:
             title = json.loads(content).get("question", {}).get("title") or qid
