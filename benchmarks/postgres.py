@@ -9,9 +9,7 @@ PostgreSQL server (started here, fsync on, as a production server runs) at
 ``store.url``.  Each row prints the PostgreSQL figure beside the SQLite one;
 the difference is what the network round trips to the database cost.
 
-Writes ``benchmarks/out/postgres.json``; then runs ``slowdb.py`` on the
-same server (/health and the agents' API with the database 5 ms further
-away), which prints its own table and writes ``benchmarks/out/slowdb.json``.
+Writes ``benchmarks/out/postgres.json``.
 """
 
 from __future__ import annotations
@@ -37,20 +35,16 @@ from bridge.devpostgres import Postgres  # noqa: E402
 OUT = HERE / "out"
 
 
-def store_at(path: Path, url: str, password: str) -> Path:
-    """The config at ``path`` with its store at the PostgreSQL database ``url``."""
-    data = yaml.safe_load(path.read_text())
-    data["store"].update(url=url, password=password)
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def on_postgresql(w: World, server: Postgres) -> None:
     """Every config this world writes from now on keeps the store in a new PostgreSQL database."""
     write = w.config
 
     def config(**kwargs: Any) -> Path:
-        return store_at(write(**kwargs), server.create_database(), server.password)
+        path = write(**kwargs)
+        data = yaml.safe_load(path.read_text())
+        data["store"].update(url=server.create_database(), password=server.password)
+        path.write_text(yaml.safe_dump(data))
+        return path
 
     w.config = config  # type: ignore[method-assign]
 
@@ -105,10 +99,6 @@ def main() -> int:
     sqlite = asyncio.run(backend("SQLite", None, answers, backlog))
     with Postgres(durable=True) as server:
         pg = asyncio.run(backend("PostgreSQL", server, answers, backlog))
-        import slowdb  # here: slowdb imports this module's helpers
-
-        print("/health and the agents' API with the database 5 ms further away ...", flush=True)
-        slowdb.run(server, 20 if args.quick else 60)  # its own table, and benchmarks/out/slowdb.json
     rows = table(sqlite, pg)
     for result in (sqlite, pg):
         for row in result["latency"]:
