@@ -35,16 +35,20 @@ from bridge.devpostgres import Postgres  # noqa: E402
 OUT = HERE / "out"
 
 
+def store_at(path: Path, url: str, password: str) -> Path:
+    """The config at ``path`` with its store at the PostgreSQL database ``url``."""
+    data = yaml.safe_load(path.read_text())
+    data["store"].update(url=url, password=password)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
 def on_postgresql(w: World, server: Postgres) -> None:
     """Every config this world writes from now on keeps the store in a new PostgreSQL database."""
     write = w.config
 
     def config(**kwargs: Any) -> Path:
-        path = write(**kwargs)
-        data = yaml.safe_load(path.read_text())
-        data["store"].update(url=server.create_database(), password=server.password)
-        path.write_text(yaml.safe_dump(data))
-        return path
+        return store_at(write(**kwargs), server.create_database(), server.password)
 
     w.config = config  # type: ignore[method-assign]
 
