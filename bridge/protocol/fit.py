@@ -4,7 +4,8 @@ A person's event can carry values that parse in Python but break a write
 later: an infinity or NaN (``answers.json`` refuses them, Synapse refuses
 floats altogether), an integer past 2^53 (JSON readers round it, SQLite
 overflows at 2^63), a lone surrogate (not UTF-8, so neither the file nor the
-store can encode it), a string longer than any answer may be.  They are
+store can encode it), a NUL character (PostgreSQL's text holds none, though
+SQLite's does: refused on both, so the backends agree), a string longer than any answer may be.  They are
 refused where they enter, with a reason, so nothing one event carries can
 fail a write for everyone after it.  Pure.
 """
@@ -55,6 +56,8 @@ def unfit_text(text: str) -> str | None:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return "text that is not valid Unicode"
+    if "\x00" in text:
+        return "text with a NUL character"
     return None
 
 

@@ -16,6 +16,7 @@ with a stable reason code and a message the person can read.
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -495,9 +496,11 @@ def _blank(text: str | None) -> bool:
 
 
 def _quote(value: str, limit: int = 60) -> str:
-    # Ids come from the person; keep the echo short and on one line.
+    # Ids come from the person; keep the echo short, on one line, and free of
+    # control characters (a NUL would fail the refusal's write on PostgreSQL).
     shown = value if len(value) <= limit else value[: limit - 1] + "…"
-    return "\u201c" + " ".join(shown.split()) + "\u201d"
+    return "\u201c" + "".join("\ufffd" if unicodedata.category(c) == "Cc" else c
+                               for c in " ".join(shown.split())) + "\u201d"
 
 
 def _accepted(

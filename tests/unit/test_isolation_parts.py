@@ -34,7 +34,7 @@ ROOM, OTHER_ROOM, ALICE, BOB, BOT = "!room:hs", "!other:hs", "@alice:hs", "@bob:
 @pytest.mark.parametrize("value, problem", [
     (float("inf"), "not finite"), (float("nan"), "not finite"), (2**53, "too large"), (-(2**60), "too large"),
     ("\ud800", "not valid Unicode"), ("x" * 70_000, "too long"), ({"a": [1, {"b": float("-inf")}]}, "not finite"),
-    ({"\udfff": 1}, "not valid Unicode"),
+    ({"\udfff": 1}, "not valid Unicode"), ("a\x00b", "NUL"), ({"a\x00": 1}, "NUL"),
 ])
 def test_values_no_write_can_take_are_named(value: Any, problem: str) -> None:
     assert problem in unfit(value)
@@ -116,6 +116,15 @@ def test_a_stored_record_no_write_can_take_is_set_aside_and_the_set_is_written(t
 def test_an_answer_holding_a_lone_surrogate_is_refused_where_it_enters(tmp_path: Path) -> None:
     store, pipeline, transport, folders = setup(tmp_path)
     pipeline.process([answer(0, "$bad", "a\ud800b"), answer(0, "$good", "Borealis", sender=BOB)])
+    assert AnswersFile(folders[ROOM]).load()["answers"]["name"]["text"] == "Borealis"
+    [(outcome, reason)] = store.db.execute("SELECT outcome, reason FROM answer_log WHERE event_id='$bad'").fetchall()
+    assert (outcome, reason) == ("refused", "unstorable")
+
+
+def test_an_answer_holding_a_nul_is_refused_alike_on_both_stores(tmp_path: Path) -> None:
+    # SQLite would keep it, PostgreSQL's text can't: the event set aside as an internal error there.
+    store, pipeline, _transport, folders = setup(tmp_path)
+    pipeline.process([answer(0, "$bad", "a\x00b"), answer(0, "$good", "Borealis", sender=BOB)])
     assert AnswersFile(folders[ROOM]).load()["answers"]["name"]["text"] == "Borealis"
     [(outcome, reason)] = store.db.execute("SELECT outcome, reason FROM answer_log WHERE event_id='$bad'").fetchall()
     assert (outcome, reason) == ("refused", "unstorable")

@@ -295,6 +295,13 @@ def test_option_not_offered_echo_is_short() -> None:
     assert len(v.message) < 200
 
 
+def test_option_not_offered_echo_holds_no_control_character() -> None:
+    # A NUL in the refusal's message would fail its write on PostgreSQL.
+    v = verdict(question(), content(option_id="a\x00b\x1bc"))
+    refused(v, "option_not_offered")
+    assert "\x00" not in v.message and "\x1b" not in v.message and "a\ufffdb\ufffdc" in v.message
+
+
 def test_input_required() -> None:
     refused(verdict(question(), content(option_id="other")), "input_required")
     refused(verdict(question(), content(option_id="other", text="  ")), "input_required")
