@@ -37,7 +37,7 @@ from bridge.protocol.deadline import format_rfc3339
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import Agent
 from bridge.service.storage.heldback import held_back
-from bridge.service.storage.store import COALESCED, DROPPED, SENT, LogEntry, PostingConflict, Store
+from bridge.service.storage.store import COALESCED, DROPPED, SENT, LogEntry, PostingConflict, Store, votes_key
 from helpers.pgstore import linguistic_schema
 
 T0 = 1_790_000_000_000  # ms: past 2**31, as every time the bridge keeps
@@ -80,11 +80,6 @@ def poll_of(poll: str | None, question: str) -> str | None:
     """A poll's event id: the homeserver gives every poll its own, so no two
     postings share one (a poll read for two would be either, on both backends)."""
     return None if poll is None else poll + question
-
-
-def votes_of(question: str, sender: str) -> str:
-    """The key an emptied poll vote is kept under (as the bridge's timeline keeps it)."""
-    return f"votes\x1f{question}\x1f{sender}"
 
 
 def outcome(call: Callable[[], Any]) -> tuple[str, Any]:
@@ -313,7 +308,7 @@ class DialectsAgree(RuleBasedStateMachine):
                 store.mark_processed(answer, entry.outcome)
                 if entry.outcome != "refused" and replaces:
                     store.reshadow(replaces)
-                cleared = store.redaction_since(votes_of(question, sender), ts) \
+                cleared = store.redaction_since(votes_key(question, sender), ts) \
                     if entry.outcome == "accepted" and via == "poll" else None
                 if cleared is not None and store.withdraw(answer) is not None:
                     store.append_leaf(dataclasses.replace(entry, event_id=cleared[0], ts=cleared[1], replaces=answer,
@@ -364,7 +359,7 @@ class DialectsAgree(RuleBasedStateMachine):
         def op(side: Side) -> Any:
             store = side.store
             with store.transaction():
-                store.keep_redaction(event, votes_of(question, sender), room, sender, ts)
+                store.keep_redaction(event, votes_key(question, sender), room, sender, ts)
                 touched = store.withdraw_votes(question, sender, ts)
                 if touched:
                     entry = LogEntry(event, room, sender, "poll", "withdrawn", set_id=touched[1], set_dir=touched[0],

@@ -18,7 +18,7 @@ from typing import Any
 
 from bridge.protocol.authorship import may_redact, retargeted
 from bridge.protocol.normalize import Withdrawal
-from bridge.service.storage.store import Store
+from bridge.service.storage.store import Store, votes_key
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +94,15 @@ class Timeline:
                     ts: int) -> tuple[str, str, str] | None:
         """An empty vote: the sender's votes before it (in the room) are
         withdrawn, now and when a late one arrives."""
-        self.store.keep_redaction(event_id, _votes_of(question_event_id, sender), room_id, sender, ts)
+        self.store.keep_redaction(event_id, votes_key(question_event_id, sender), room_id, sender, ts)
         return self.store.withdraw_votes(question_event_id, sender, ts)
 
     def vote_cleared(self, question_event_id: str, sender: str, ts: int) -> tuple[str, int] | None:
         """The empty vote (event id, ts) later in the room that has taken back a vote sent at ``ts``, if any."""
-        return self.store.redaction_since(_votes_of(question_event_id, sender), ts)
+        return self.store.redaction_since(votes_key(question_event_id, sender), ts)
 
     def track_power(self, event: dict[str, Any]) -> None:
         if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \
                 and isinstance(event.get("content"), dict):
             self.power[str(event.get("room_id"))] = event["content"]
 
-
-def _votes_of(question_event_id: str, sender: str) -> str:
-    # The target an empty vote is kept under: every vote of one person in one poll.
-    return f"votes\x1f{question_event_id}\x1f{sender}"

@@ -231,6 +231,11 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+def votes_key(question_event_id: str, sender: str) -> str:
+    """The redaction target an emptied poll vote is kept under: every vote of one person in one poll."""
+    return f"votes\x1f{question_event_id}\x1f{sender}"
+
+
 class StoreVersionError(Exception):
     pass
 
@@ -856,7 +861,7 @@ class Store:
                 if via == "poll":
                     cleared = self.db.execute(
                         "SELECT MIN(ts) FROM redaction WHERE target=? AND ts>=?",
-                        (f"votes\x1f{question_event_id}\x1f{sender}", ts)).fetchone()
+                        (votes_key(question_event_id, sender), ts)).fetchone()
                     if cleared and cleared[0] is not None:
                         found.append((cleared[0], 0))
                 # None found: withdrawn by what the log no longer tells apart; one
