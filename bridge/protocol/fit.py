@@ -5,9 +5,9 @@ later: an infinity or NaN (``answers.json`` refuses them, Synapse refuses
 floats altogether), an integer past 2^53 (JSON readers round it, SQLite
 overflows at 2^63), a lone surrogate (not UTF-8, so neither the file nor the
 store can encode it), a NUL character (PostgreSQL's text holds none, though
-SQLite's does: refused on both, so the backends agree), a string longer than any answer may be.  They are
-refused where they enter, with a reason, so nothing one event carries can
-fail a write for everyone after it.  Pure.
+SQLite's does: refused on both, so the backends agree), a string longer than
+any answer may be.  They are refused where they enter, with a reason, so
+nothing one event carries can fail a write for everyone after it.  Pure.
 """
 
 from __future__ import annotations
