@@ -9,7 +9,9 @@ PostgreSQL server (started here, fsync on, as a production server runs) at
 ``store.url``.  Each row prints the PostgreSQL figure beside the SQLite one;
 the difference is what the network round trips to the database cost.
 
-Writes ``benchmarks/out/postgres.json``.
+Writes ``benchmarks/out/postgres.json``; then runs ``slowdb.py`` on the
+same server (/health and the agents' API with the database 5 ms further
+away), which prints its own table and writes ``benchmarks/out/slowdb.json``.
 """
 
 from __future__ import annotations
@@ -103,6 +105,10 @@ def main() -> int:
     sqlite = asyncio.run(backend("SQLite", None, answers, backlog))
     with Postgres(durable=True) as server:
         pg = asyncio.run(backend("PostgreSQL", server, answers, backlog))
+        import slowdb  # here: slowdb imports this module's helpers
+
+        print("/health and the agents' API with the database 5 ms further away ...", flush=True)
+        slowdb.run(server, 20 if args.quick else 60)  # its own table, and benchmarks/out/slowdb.json
     rows = table(sqlite, pg)
     for result in (sqlite, pg):
         for row in result["latency"]:

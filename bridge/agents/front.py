@@ -33,6 +33,7 @@ from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 from bridge.service.config import Config
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
+from bridge.service.storage.storethread import loop_side
 from bridge.service.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,8 @@ class AgentsFront:
         self.deliverer = Deliverer(store, config.agents, metrics, drop_after=config.agent_api.drop_after_seconds,
                                    timeout=config.agent_api.timeout_seconds,
                                    allow_private=config.agent_api.allow_private_callbacks)
-        self.outbox = OutboxHook(store, config.agents, on_queued=self.deliverer.wake.set)
+        # Rows are queued inside the pipeline's batch, a job on the store's thread.
+        self.outbox = OutboxHook(store, config.agents, on_queued=loop_side(self.deliverer.wake.set))
         self.tasks: list[asyncio.Future[Any]] = []
         self._ready = asyncio.Event()
         self._posting: set[asyncio.Future[None]] = set()

@@ -41,35 +41,49 @@ class LogRoutes:
             raise NoLog("the answer log is off on this bridge (audit.enabled)")
         return size
 
-    async def checkpoint(self, _request: web.Request, _agent: str) -> web.Response:
+    # Each route is one job on the store's thread (it reads the store): the event loop answers others meanwhile.
+
+    async def checkpoint(self, request: web.Request, agent: str) -> web.Response:
+        return web.json_response(await self.store.run(self._checkpoint, request, agent))
+
+    async def inclusion(self, request: web.Request, agent: str) -> web.Response:
+        return web.json_response(await self.store.run(self._inclusion, request, agent))
+
+    async def consistency(self, request: web.Request, agent: str) -> web.Response:
+        return web.json_response(await self.store.run(self._consistency, request, agent))
+
+    async def leaves(self, request: web.Request, agent: str) -> web.Response:
+        return web.json_response(await self.store.run(self._leaves, request, agent))
+
+    def _checkpoint(self, _request: web.Request, _agent: str) -> dict[str, Any]:
         self._size()
         latest = self.store.audit.latest_checkpoint()
         if latest is None:
             raise NoLog("no checkpoint signed yet; ask again in a minute")
-        return web.json_response({"ok": True, "origin": self.store.audit_origin(), "size": latest[0],
-                                  "checkpoint": latest[1], "key": self.store.get_meta("audit_key")})
+        return {"ok": True, "origin": self.store.audit_origin(), "size": latest[0],
+                "checkpoint": latest[1], "key": self.store.get_meta("audit_key")}
 
-    async def inclusion(self, request: web.Request, _agent: str) -> web.Response:
+    def _inclusion(self, request: web.Request, _agent: str) -> dict[str, Any]:
         index, size = _int(request, "index"), _int(request, "size")
         tree = self._size()
         if not 0 <= index < size <= tree:
             raise Unprocessable(f"need 0 <= index < size <= {tree} (the tree's size now)")
         hashes = self.store.audit.hashes(size)
         proof = merkle.Tree(hashes).inclusion_proof(index)
-        return web.json_response({"ok": True, "index": index, "size": size, "leaf_hash": hashes[index].hex(),
-                                  "root": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]})
+        return {"ok": True, "index": index, "size": size, "leaf_hash": hashes[index].hex(),
+                "root": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]}
 
-    async def consistency(self, request: web.Request, _agent: str) -> web.Response:
+    def _consistency(self, request: web.Request, _agent: str) -> dict[str, Any]:
         first, second = _int(request, "from"), _int(request, "to")
         tree = self._size()
         if not 0 < first <= second <= tree:
             raise Unprocessable(f"need 0 < from <= to <= {tree} (the tree's size now)")
         hashes = self.store.audit.hashes(second)
         proof = merkle.consistency_proof(first, hashes)
-        return web.json_response({"ok": True, "from": first, "to": second, "root_from": merkle.root(
-            hashes[:first]).hex(), "root_to": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]})
+        return {"ok": True, "from": first, "to": second, "root_from": merkle.root(
+            hashes[:first]).hex(), "root_to": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]}
 
-    async def leaves(self, request: web.Request, agent: str) -> web.Response:
+    def _leaves(self, request: web.Request, agent: str) -> dict[str, Any]:
         tree = self._size()
         start = _int(request, "start", 0)
         end = _int(request, "end", min(tree, start + MAX_LEAVES))
@@ -78,8 +92,8 @@ class LogRoutes:
         own = {entry["set"] for entry in self.sets.list_sets(agent)}
         rows = self.store.audit.leaves(start, min(end, tree))
         sets = leaf_sets(rows)
-        return web.json_response({"ok": True, "start": start, "end": min(end, tree), "size": tree, "leaves": [
-            {"index": index, "leaf": leaf} for index, leaf in rows if sets.get(index) in own]})
+        return {"ok": True, "start": start, "end": min(end, tree), "size": tree, "leaves": [
+            {"index": index, "leaf": leaf} for index, leaf in rows if sets.get(index) in own]}
 
 
 def _int(request: web.Request, name: str, default: int | None = None) -> int:

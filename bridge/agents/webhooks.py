@@ -103,7 +103,7 @@ class Deliverer:
             try:
                 while not stop.is_set():
                     self.wake.clear()
-                    delay = self._pass(http, tasks)
+                    delay = await self._pass(http, tasks)
                     await self._sleep(stop, delay)
             finally:
                 for task in tasks:
@@ -111,15 +111,13 @@ class Deliverer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self.in_flight.clear()
 
-    def _pass(self, http: aiohttp.ClientSession, tasks: set[asyncio.Task[None]]) -> float:
+    async def _pass(self, http: aiohttp.ClientSession, tasks: set[asyncio.Task[None]]) -> float:
         """Start what may start now; the seconds until the next pass is needed.
-        A store that fails is tried again with backoff, never the end of the task."""
+        A store that fails is tried again with backoff, never the end of the task.
+        The outbox is read in jobs on the store's thread, not on the event loop."""
         now = self.clock()
         try:
-            if now - self._swept_at >= SWEEP_SECONDS:
-                self._sweep(now)
-                self._swept_at = now
-            for row in due_by_url(self.store, int(now * 1000), 2 * PER_URL, self._unavailable(now)):
+            for row in await self.store.run(self._due, now, self._unavailable(now)):
                 if sum(map(len, self.in_flight.values())) >= MAX_IN_FLIGHT:
                     break
                 lane = self.in_flight.setdefault(row.url, set())
@@ -131,7 +129,7 @@ class Deliverer:
                 task = asyncio.ensure_future(self._one(http, row))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-            soonest = next_due(self.store, int(now * 1000), self._unavailable(now))
+            soonest = await self.store.run(next_due, self.store, int(now * 1000), self._unavailable(now))
         except Exception:  # noqa: BLE001 - the store is busy, restarting or failing: try again shortly
             self._store_failures += 1
             delay = min(STORE_RETRY_MAX, 0.5 * 2.0 ** (self._store_failures - 1))
@@ -145,6 +143,12 @@ class Deliverer:
         times = [soonest / 1000] if soonest is not None else []
         times += [t for c in self.circuits.values() if (t := c.reopens_at(now)) is not None]
         return max(0.05, min([IDLE_SECONDS, *(t - now for t in times)]))
+
+    def _due(self, now: float, unavailable: list[str]) -> list[Delivery]:
+        if now - self._swept_at >= SWEEP_SECONDS:
+            self._sweep(now)
+            self._swept_at = now
+        return due_by_url(self.store, int(now * 1000), 2 * PER_URL, unavailable)
 
     def _unavailable(self, now: float) -> list[str]:
         """URLs that can take nothing more now: their circuit is open or their fill is in flight."""
@@ -195,11 +199,11 @@ class Deliverer:
         """True: the URL took it; False: it did not (retried later); None: dropped, not sent."""
         agent = self.agents.get(row.agent)
         if agent is None or not agent.webhook_secret:
-            self._drop(row, "its agent has no webhook_secret in the config any more")
+            await self.store.run(self._drop, row, "its agent has no webhook_secret in the config any more")
             return None
         now = self.clock()
         if now * 1000 - row.created_at > self.drop_after * 1000:
-            self._drop(row, f"not taken after {row.attempts} attempts")
+            await self.store.run(self._drop, row, f"not taken after {row.attempts} attempts")
             return None
         headers = {"Content-Type": "application/json", "Idempotency-Key": row.key,
                    "X-Askwright-Signature": signature(agent.webhook_secret, int(now), row.body),
@@ -212,7 +216,7 @@ class Deliverer:
                     self.sent.inc()
                     log.info("webhook %s delivered to %s", row.key, host_of(row.url))
                     try:
-                        delivered(self.store, row.id)
+                        await self.store.run(delivered, self.store, row.id)
                     except Exception:  # noqa: BLE001 - sent; the store forgot: it goes again (at least once)
                         log.warning("webhook %s delivered, but the store could not record it: it will be sent "
                                     "again", row.key, exc_info=True)
@@ -227,7 +231,7 @@ class Deliverer:
         log.warning("webhook %s to %s not taken (%s); attempt %d, next in %.0f s", row.key, host_of(row.url),
                     problem, attempts, wait)
         try:
-            retry_at(self.store, row.id, attempts, int((self.clock() + wait) * 1000))
+            await self.store.run(retry_at, self.store, row.id, attempts, int((self.clock() + wait) * 1000))
         except Exception:  # noqa: BLE001 - a lost retry time only means trying again sooner
             log.warning("could not record the retry of webhook %s", row.key, exc_info=True)
         return False

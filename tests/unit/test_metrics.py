@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 import urllib.error
 import urllib.request
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from bridge.service.config import parse_config
 from bridge.service.operators.health import health_app, start_http
 from bridge.service.operators.metrics import Metrics
-from bridge.service.storage.store import LogEntry
+from bridge.service.operators.operators import Operators
+from bridge.service.storage.store import LogEntry, Store
 
 
 def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
@@ -122,6 +125,34 @@ async def test_health_is_503_until_ready_then_200_and_metrics_are_served():
         assert (await client.get("/health")).status == 503
     finally:
         await client.close()
+
+
+async def test_health_answers_from_the_held_counts_without_waiting_for_the_store(tmp_path, monkeypatch):
+    store = Store(tmp_path / "bridge.sqlite")
+    config = parse_config({"homeserver": {"url": "http://127.0.0.1:9"},
+                           "bot": {"user_id": "@a:hs", "access_token": "t"}, "sets": {"root": str(tmp_path / "sets")},
+                           "rooms": {"default": "!r"}, "store": {"path": str(tmp_path / "bridge.sqlite")}},
+                          base_dir=tmp_path, environ={})
+    ops = Operators(config, store)
+    ops.metrics.mark_ready()
+    read: list[bool] = []
+
+    def busy_store() -> list:  # a database far away or busy: its answer does not come back for seconds
+        read.append(True)
+        threading.Event().wait(5)
+        return []
+
+    monkeypatch.setattr(store, "held_sets", busy_store)
+    client = TestClient(TestServer(health_app(ops.metrics)))
+    await client.start_server()
+    try:
+        response = await client.get("/health")
+        body = await response.json()
+        assert body["held"] == {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0}
+        assert read == []  # read by the supervised refresh, on the store's thread, never by /health
+    finally:
+        await client.close()
+        store.close()
 
 
 def free_port() -> int:

@@ -126,7 +126,7 @@ async def test_an_event_kept_for_its_keys_by_a_skewed_instance_is_still_waited_o
         # It waits (its long poll wakes for the grace period's end, about 300 s from
         # now), where a first_seen ten minutes in its past would have it refuse the
         # event at once.
-        waits_ms = Crypto(clients[1], right, settings).sync_timeout_ms(600_000)
+        waits_ms = await Crypto(clients[1], right, settings).sync_timeout_ms(600_000)
         assert 295_000 <= waits_ms <= 300_000
     finally:
         for client in clients:

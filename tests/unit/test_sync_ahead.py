@@ -10,6 +10,7 @@ from that token, the sync asked past it dropped."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -174,7 +175,7 @@ class _KeepingCrypto:
     async def maintain(self) -> None:
         pass
 
-    def sync_timeout_ms(self, default: int) -> int:
+    async def sync_timeout_ms(self, default: int) -> int:
         return min(default, 200) if self.kept else default
 
     async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
@@ -193,4 +194,32 @@ async def test_a_batch_that_keeps_an_event_asks_the_long_poll_again_to_wake_in_t
     assert homeserver.timeouts[:3] == [30000, 30000, 200]
     assert [since for since, _ in homeserver.asked[:3]] == ["s1", "s2", "s2"]
     assert homeserver.cancelled[:1] == ["s2"]
+    await _stopped(loop, stop)
+
+
+class _WaitsForTheLoop(_Pipeline):
+    """Judging waits (up to 10 s) for the event loop to say it is free."""
+
+    def __init__(self, store: Store):
+        super().__init__(store)
+        self.judging = threading.Event()
+        self.loop_free = threading.Event()
+        self.saw_the_loop = False
+
+    def process(self, events: list[dict[str, Any]], *, commit: Any) -> None:
+        self.judging.set()
+        self.saw_the_loop = self.loop_free.wait(10)
+        super().process(events, commit=commit)
+
+
+async def test_a_batch_is_judged_while_the_event_loop_serves_everything_else(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _WaitsForTheLoop(store), \
+        asyncio.Event()
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(pipeline.judging.is_set)
+    pipeline.loop_free.set()  # this coroutine runs while the batch is judged (/health would, too)
+    await _until(lambda: pipeline.durable == ["$a"])
+    assert pipeline.saw_the_loop
     await _stopped(loop, stop)

@@ -59,7 +59,7 @@ class _SlowKeys:
         self.chores += 1
         await self.released.wait()
 
-    def sync_timeout_ms(self, default: int) -> int:
+    async def sync_timeout_ms(self, default: int) -> int:
         return default
 
     async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:

@@ -214,7 +214,8 @@ class Deadlines:
         return [row[0][len(TRACKED):] for row in rows]
 
     async def pass_once(self) -> None:
-        for event_id in self.tracked():
+        # Every second, answers flowing or not: a job on the store's thread, not a wait on the event loop.
+        for event_id in await self.store.run(self.tracked):
             try:
                 await self._one(event_id)
             except Exception as exc:  # noqa: BLE001 - one question's trouble never stops the others

@@ -18,6 +18,7 @@ person, so nothing one room or one person does holds up anyone else.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -86,7 +87,7 @@ class Notices:
             if self.reading_gap and not self.stop.is_set():
                 continue  # the sync loop wakes it after the batch that ends the gap
             try:
-                held = self.pipeline.retry_held()
+                held = await self.store.run(self.pipeline.retry_held)
                 await self.send_pending()
                 if held:  # look again when the next held set is due
                     self._due(self.clock() + 1.0)
@@ -108,17 +109,15 @@ class Notices:
         # one question still untold (a catch-up after downtime): one reply, for
         # the answer that stands, counting the ones it replaced.
         sent = await self._resume_interrupted(waiting)
-        acks = self.store.pending_acks(PASS, waiting)
-        refusals = self.store.pending_refusals(PASS, waiting)
+        acks, refusals = await self.store.run(
+            lambda: (self.store.pending_acks(PASS, waiting), self.store.pending_refusals(PASS, waiting)))
         refused = 0
         with priority(ACK):
             for last, _count in acks:
                 if self._out_of_time():
                     break
-                entry, seqs = self.store.log_entry(last), self.store.notice_seqs(last)
-                if entry is None:
-                    continue
-                if await self._send(entry, seqs, self._ack_maker(entry, seqs)):
+                entry = await self._send(functools.partial(self._standing, last), self._ack_maker)
+                if entry is not None:
                     sent += 1
                     if entry.outcome == "accepted":
                         await self._score(entry)
@@ -129,16 +128,18 @@ class Notices:
                 key = (room_id, sender, question)
                 if not self._refusal_allowed(key):
                     continue
-                entry, seqs = self.store.log_entry(last), self.store.notice_seqs(last)
-                if entry is None:
-                    continue
-                if await self._send(entry, seqs, self._refusal_maker(entry, seqs), refusal=True):
+                if await self._send(functools.partial(self._standing, last), self._refusal_maker, refusal=True):
                     self.refusals_sent[key].append(self.clock())
                     sent += 1
                     refused += 1
         if len(acks) == PASS or (len(refusals) == PASS and refused):
             self.pending.set()  # more than one window was waiting: the next pass comes at once
         return sent
+
+    def _standing(self, last: int) -> tuple[LogEntry, list[int]] | None:
+        """Entry ``last`` and the pending entries its notice stands for."""
+        entry = self.store.log_entry(last)
+        return None if entry is None else (entry, self.store.notice_seqs(last))
 
     def _ack_maker(self, entry: LogEntry, seqs: list[int]) -> Callable[[], dict[str, Any]]:
         return lambda: self.pipeline.notice_for(entry, len(seqs) - 1)
@@ -154,20 +155,29 @@ class Notices:
         homeserver answers a repeat with the event it already has.  A room
         whose notice is still unresolved joins ``waiting``."""
         sent = 0
-        for key, value in self.store.meta_with_prefix(SENDING):
+        for key, value in await self.store.run(self.store.meta_with_prefix, SENDING):
             intent = json.loads(value)
             seqs, refusal = [int(seq) for seq in intent["seqs"]], bool(intent.get("refusal"))
-            entry = self.store.log_entry(seqs[-1]) if seqs else None
-            if entry is None or not self.store.notice_pending(seqs):
-                with self.store.transaction(flush=False):
-                    self.store.delete_meta(key)
-                continue
-            make = self._refusal_maker(entry, seqs) if refusal else self._ack_maker(entry, seqs)
-            if await self._send(entry, seqs, make, refusal=refusal):
+            make = self._refusal_maker if refusal else self._ack_maker
+            if await self._send(functools.partial(self._still_owed, key, seqs), make, refusal=refusal):
                 sent += 1
-            elif self.store.get_meta(key) is not None and entry.room_id not in waiting:
-                waiting.append(entry.room_id)  # its entries wait with it
+            elif (room := await self.store.run(self._unresolved, key, seqs)) is not None and room not in waiting:
+                waiting.append(room)  # its entries wait with it
         return sent
+
+    def _still_owed(self, key: str, seqs: list[int]) -> tuple[LogEntry, list[int]] | None:
+        """The entries an interrupted notice stood for, if it is still owed (its intent forgotten otherwise)."""
+        entry = self.store.log_entry(seqs[-1]) if seqs else None
+        if entry is None or not self.store.notice_pending(seqs):
+            with self.store.transaction(flush=False):
+                self.store.delete_meta(key)
+            return None
+        return entry, seqs
+
+    def _unresolved(self, key: str, seqs: list[int]) -> str | None:
+        """The room of an interrupted notice whose send is still unresolved."""
+        entry = self.store.log_entry(seqs[-1]) if seqs and self.store.get_meta(key) is not None else None
+        return entry.room_id if entry is not None else None
 
     def _refusal_allowed(self, key: tuple[str, str, str | None]) -> bool:
         times, now = self.refusals_sent[key], self.clock()
@@ -178,41 +188,62 @@ class Notices:
         self._due(times[0] + REFUSAL_WINDOW)
         return False
 
-    async def _send(self, entry: LogEntry, seqs: list[int], make: Callable[[], dict[str, Any]],
-                    refusal: bool = False) -> bool:
-        """Send the notice ``make`` builds for ``entry``, standing for every entry of ``seqs``."""
+    async def _send(self, find: Callable[[], tuple[LogEntry, list[int]] | None],
+                    maker: Callable[[LogEntry, list[int]], Callable[[], dict[str, Any]]],
+                    refusal: bool = False) -> LogEntry | None:
+        """Send the notice ``maker`` builds for the entry ``find`` gives,
+        standing for every entry of its ``seqs``; the entry when it was sent.
+        What comes before the send is one job on the store's thread."""
+        prepared = await self.store.run(self._prepare, find, maker, refusal)
+        if prepared is None:
+            return None
+        entry, seqs, content, intent = prepared
         room = entry.room_id
-        not_before = self.room_retry.get(room, (0.0, 0.0))[0]
+        try:
+            sent_id = await self._within_grace(self.pipeline.transport.send(
+                room, "m.room.message", content, txn_id("ack", entry.event_id, str(seqs[-1]))))
+        except _OutOfTime:
+            return None  # still pending in the store
+        except MatrixError as exc:
+            if not exc.permanent:
+                self._back_off(room, exc)
+                return None
+            log.warning("notice for %s dropped: %s can't be written to (%s)", entry.event_id, room, exc)
+            await self.store.run(self._drop, seqs, room, exc.status or "refused")
+            return None
+        except Exception as exc:  # noqa: BLE001 - the network: this room waits, the others go on
+            self._back_off(room, exc)
+            return None
+        self.room_retry.pop(room, None)
+        await self.store.run(self._mark_sent, entry, seqs, intent, sent_id)
+        return entry
+
+    def _prepare(self, find: Callable[[], tuple[LogEntry, list[int]] | None],
+                 maker: Callable[[LogEntry, list[int]], Callable[[], dict[str, Any]]],
+                 refusal: bool) -> tuple[LogEntry, list[int], dict[str, Any], str] | None:
+        """The entry, the notice made, and the intent to send it kept: one piece (a job)."""
+        found = find()
+        if found is None:
+            return None
+        entry, seqs = found
+        not_before = self.room_retry.get(entry.room_id, (0.0, 0.0))[0]
         if not_before > self.clock():
             self._due(not_before)
-            return False
+            return None
         try:
-            content = make()
+            content = maker(entry, seqs)()
         except Exception:  # noqa: BLE001 - a notice that can't even be written is dropped, not retried
             log.exception("the notice for %s can't be made; dropped", entry.event_id)
-            self._drop(seqs, room, "unrenderable")
-            return False
+            self._drop(seqs, entry.room_id, "unrenderable")
+            return None
         intent = SENDING + str(seqs[-1])
         # Which entries this notice stands for, kept until they are marked:
         # a crash between the send and the mark resends exactly this notice.
         with self.store.transaction(flush=False):
             self.store.set_meta(intent, json.dumps({"seqs": seqs, "refusal": refusal}))
-        try:
-            sent_id = await self._within_grace(self.pipeline.transport.send(
-                room, "m.room.message", content, txn_id("ack", entry.event_id, str(seqs[-1]))))
-        except _OutOfTime:
-            return False  # still pending in the store
-        except MatrixError as exc:
-            if not exc.permanent:
-                self._back_off(room, exc)
-                return False
-            log.warning("notice for %s dropped: %s can't be written to (%s)", entry.event_id, room, exc)
-            self._drop(seqs, room, exc.status or "refused")
-            return False
-        except Exception as exc:  # noqa: BLE001 - the network: this room waits, the others go on
-            self._back_off(room, exc)
-            return False
-        self.room_retry.pop(room, None)
+        return entry, seqs, content, intent
+
+    def _mark_sent(self, entry: LogEntry, seqs: list[int], intent: str, sent_id: Any) -> None:
         # Not worth waiting for the disk (this runs between batches, on the
         # answers' path): a mark lost to a power cut re-sends the notice
         # with the same transaction id, which the homeserver answers with
@@ -222,8 +253,8 @@ class Notices:
                 self.store.mark_acked(seq, SENT if seq == seqs[-1] else COALESCED)
             self.store.delete_meta(intent)
             if isinstance(sent_id, str):  # a reply to this notice is about the same question
-                self.store.record_sent(sent_id, room, question_event_id=entry.question_event_id, about=entry.event_id)
-        return True
+                self.store.record_sent(sent_id, entry.room_id, question_event_id=entry.question_event_id,
+                                       about=entry.event_id)
 
     def _grace_left(self) -> float:
         if self._stop_seen is None:

@@ -51,21 +51,32 @@ def feedback_for(entry: LogEntry, question: RecordedQuestion) -> str | None:
 
 
 async def send_score_if_complete(entry: LogEntry, store: Store, transport: Any) -> None:
-    """Post the score once per complete set of answers (a changed answer re-scores)."""
+    """Post the score once per complete set of answers (a changed answer re-scores).
+    What it reads and writes of the store are jobs on the store's thread."""
+    due = await store.run(_score_due, entry, store)
+    if due is None:
+        return
+    content, key, scored = due
+    await transport.send(entry.room_id, "m.room.message", content, txn_id("score", key))
+    await store.run(_scored, store, key, scored)
+
+
+def _score_due(entry: LogEntry, store: Store) -> tuple[dict[str, Any], str, str] | None:
+    """The score to post after ``entry`` and its meta keys; None when there is none (yet, or any more)."""
     question = store.question_by_event(entry.question_event_id) if entry.question_event_id else None
     if question is None or not is_study(question) or not entry.set_dir:
-        return
+        return None
     qset = load(entry.set_dir)
     if qset is None:
-        return
+        return None
     answers = {q.id: store.projection(entry.set_dir, q.id) or {} for q in qset.open_questions}
     if not complete(qset, answers):
-        return
+        return None
     picks = json.dumps({qid: [a.get("choice"), a.get("text"), a.get("rev")] for qid, a in answers.items()},
                        sort_keys=True)
     key = "score:" + hashlib.sha256(f"{entry.set_dir}\x00{picks}".encode()).hexdigest()[:32]
     if store.get_meta(key):
-        return
+        return None
     # One score per set stands: a later one (an answer changed) says it replaces it.
     scored = "scored:" + hashlib.sha256(entry.set_dir.encode()).hexdigest()[:32]
     replaces = bool(store.get_meta(scored))
@@ -74,7 +85,10 @@ async def send_score_if_complete(entry: LogEntry, store: Store, transport: Any) 
     content["formatted_body"] = score_html(qset, result, replaces)
     content.pop("dev.superpipeline.question.outcome", None)
     content["dev.superpipeline.quiz.score"] = {"set": qset.id}
-    await transport.send(entry.room_id, "m.room.message", content, txn_id("score", key))
+    return content, key, scored
+
+
+def _scored(store: Store, key: str, scored: str) -> None:
     with store.transaction():
         store.set_meta(key, "1")
         store.set_meta(scored, "1")

@@ -123,7 +123,8 @@ class Checkpointer:
             self._published[room] = size
 
     async def once(self) -> None:
-        await self.publish(self.sign_if_grown())
+        # Reading the log's new hashes and keeping the checkpoint: a job on the store's thread.
+        await self.publish(await self.store.run(self.sign_if_grown))
 
     async def run(self, stop: asyncio.Event, after: asyncio.Event | None = None) -> None:
         if after is not None:  # the answers waiting at start come first

@@ -159,7 +159,7 @@ async def keep_up_kept(crypto: Crypto, store: Any, stop: asyncio.Event,
     up for their grace periods (and every minute) when no transaction comes.
     ``kept`` is set when encrypted events arrive, so a new grace period is seen."""
     while not stop.is_set():
-        await sleep_or_stop(stop, crypto.sync_timeout_ms(60000) / 1000, wake=kept)
+        await sleep_or_stop(stop, await crypto.sync_timeout_ms(60000) / 1000, wake=kept)
         if stop.is_set():
             return
         if kept.is_set():

@@ -351,10 +351,10 @@ class Crypto:
 
     # -- receiving --------------------------------------------------------
 
-    def sync_timeout_ms(self, default: int) -> int:
+    async def sync_timeout_ms(self, default: int) -> int:
         """A long poll that wakes up in time for the first kept event's grace period."""
         timeout = default
-        kept = self.store.undecrypted()
+        kept = await self.store.run(self.store.undecrypted)  # before every long poll: not a wait on the loop
         if kept:
             due = min(first_seen + self._patience_ms(event) for event, first_seen in kept)
             timeout = min(default, due - self.clock())
@@ -385,10 +385,13 @@ class Crypto:
         batch: list[dict[str, Any]] = []
         refusals: list[tuple[dict[str, Any], str, str]] = []
         now = self.clock()
+        sealed = [e["event_id"] for e in events if e.get("type") == ENCRYPTED and isinstance(e.get("event_id"), str)]
+        # Appservice mode: every event of an encrypted room comes sealed; one job looks them all up.
+        processed = await self.store.run(lambda: {e for e in sealed if self.store.is_processed(e)}) if sealed else set()
         for event in events:
             if event.get("type") == ENCRYPTED and isinstance(event.get("event_id"), str):
                 sender = event.get("sender")
-                if not isinstance(sender, str) or is_own(sender) or self.store.is_processed(event["event_id"]):
+                if not isinstance(sender, str) or is_own(sender) or event["event_id"] in processed:
                     continue
                 # Still encrypted: in appservice mode nobody tried yet (a sync
                 # decrypts in bot mode, and trying again there costs little).
@@ -410,7 +413,7 @@ class Crypto:
         expired: list[dict[str, Any]] = []
         still_kept: list[dict[str, Any]] = []
         kept_since: dict[str, int] = {}
-        for event, first_seen in self.store.undecrypted():
+        for event, first_seen in await self.store.run(self.store.undecrypted):
             decrypted = self._decrypt(event)
             if decrypted is not None:
                 if ORIGIN not in event and event["event_id"] not in self._waiting_logged:

@@ -35,6 +35,7 @@ from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.storage.store import Store
+from bridge.service.storage.storethread import loop_side
 from bridge.service.supervisor import format_tasks
 
 log = logging.getLogger(__name__)
@@ -249,6 +250,8 @@ class AdminDispatcher:
         # Replies worked out but not yet sent: a retry resends, never re-runs.
         self.replies: dict[str, str] = {}
         self.wake = asyncio.Event()
+        # ``collect`` runs inside the pipeline's batch, a job on the store's thread.
+        self._woken = loop_side(self.wake.set)
 
     def collect(self, events: Iterable[dict[str, Any]]) -> int:
         """Queue the commands in ``events``; returns how many were queued."""
@@ -270,7 +273,7 @@ class AdminDispatcher:
             queued.add(event_id)
             added += 1
         if added:
-            self.wake.set()
+            self._woken()
         return added
 
     async def run(self, stop: asyncio.Event) -> None:

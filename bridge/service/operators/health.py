@@ -47,7 +47,6 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
 
     @routes.get("/metrics")
     async def metrics(_request: web.Request) -> web.Response:
-        state.held()  # brings the held-sets gauge up to date
         # CONTENT_TYPE_LATEST carries a charset, which aiohttp wants separately.
         content_type, _, params = CONTENT_TYPE_LATEST.partition(";")
         charset = params.partition("charset=")[2].strip() or "utf-8"
@@ -59,8 +58,8 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
         body: dict[str, Any] = {"live": True, "ready": state.ready}
         if state.role is not None:
             body["role"] = state.role
-        if state.held_view is not None:
-            body["held"] = state.held()
+        if state.held_now is not None:
+            body["held"] = state.held_now
         if state.tasks_view is not None:
             # A task restarting does not make the bridge unready either: it is shown, counted and retried.
             body["tasks"] = state.tasks_view()

@@ -73,8 +73,10 @@ class Metrics:
         # "leader" or "standby" on a shared PostgreSQL store; None when the bridge runs alone.
         self.role: str | None = None
         self._ready = False
-        # What is held back now (``heldback.counts``), for /health; set by whoever knows the store.
-        self.held_view: Callable[[], dict[str, int]] | None = None
+        # What is held back (``heldback.counts``), for /health; None when
+        # nothing reads the store for it.  Read off the event loop every
+        # second (``Operators``): /health never waits for the database.
+        self.held_now: dict[str, int] | None = None
         # Each supervised background task's state (``Supervisor.view``), for /health.
         self.tasks_view: Callable[[], dict[str, dict[str, Any]]] | None = None
 
@@ -131,15 +133,9 @@ class Metrics:
     def observe_trouble(self, kind: str, reason: str) -> None:
         self.held_back.labels(kind=kind, reason=reason).inc()
 
-    def held(self) -> dict[str, int]:
-        if self.held_view is None:
-            return {}
-        try:
-            found = self.held_view()
-        except Exception:  # noqa: BLE001 - /health answers even when the store is busy
-            return {}
+    def note_held(self, found: dict[str, int]) -> None:
+        self.held_now = found
         self.sets_held.set(found.get("sets_held", 0))
-        return found
 
     def observe_error(self, where: str) -> None:
         self.errors.labels(where=where or "unknown").inc()

@@ -12,6 +12,7 @@ answers' path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Send = Callable[[str, str, dict[str, Any], str], Awaitable[str]]
+# How old /health's held-back counts may be.
+HELD_SECONDS = 1.0
 
 
 class Operators:
@@ -46,7 +49,7 @@ class Operators:
         self.runner: web.AppRunner | None = None
         self.tasks: list[asyncio.Future[Any]] = []
         self._log_handler: logging.Handler | None = None
-        self.metrics.held_view = lambda: counts(held_back(store))
+        self._read_held()  # before anything runs beside it: /health holds the counts from the start
         # Every long-lived background task of the bridge runs under this one.
         self.supervisor = Supervisor(self.metrics.registry)
         self.metrics.tasks_view = self.supervisor.view
@@ -165,14 +168,13 @@ class Operators:
             self.runner = await start_http(self.config.metrics.listen, self.metrics, extra)
         if self.agents is not None:
             await self.agents.start(stop, poster)
+        self.tasks.append(self.supervisor.spawn("held-back", lambda: self._keep_held(stop), stop))
         ctx = AdminContext(admins=frozenset(self.config.admins), sets_root=self.config.sets.root, store=self.store,
                            post_set=poster_post_set(poster),
                            remind_set=lambda set_id: remind_set_now(self.store, send, set_id),
                            tasks=self.supervisor.view)
-        self.admin = AdminDispatcher(ctx, send, own_user)
-        self.admin.collect(self._early_commands)
-        self._early_commands.clear()
-        admin = self.admin
+        admin = AdminDispatcher(ctx, send, own_user)
+        await self.store.run(self._take_commands, admin)
         self.tasks.append(self.supervisor.spawn("commands", lambda: admin.run(stop), stop))
         reminders = self.config.reminders
         if reminders.enabled:
@@ -182,6 +184,33 @@ class Operators:
                 self.tasks.append(self.supervisor.spawn("reminders", lambda: reminder_loop(
                     self.store, send, stop, after_seconds=reminders.after_seconds,
                     period_seconds=reminders.every_seconds, tick_seconds=tick), stop))
+
+    def _read_held(self) -> None:
+        """What is held back, for /health and /metrics; the last counts stay
+        when the store can't be read now (PostgreSQL restarting)."""
+        try:
+            self.metrics.note_held(counts(held_back(self.store)))
+        except sqlite3.Error as exc:
+            log.debug("held-back counts not read (%s); the last ones stay", exc)
+
+    async def _keep_held(self, stop: asyncio.Event) -> None:
+        """The held-back counts read again every HELD_SECONDS, each time a job
+        on the store's thread: /health answers from them at once, however
+        far away the database is or however busy its connection."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), HELD_SECONDS)
+            if stop.is_set():
+                return
+            await self.store.run(self._read_held)
+
+    def _take_commands(self, admin: AdminDispatcher) -> None:
+        """The dispatcher takes over the commands of the batches so far: a job
+        on the store's thread, as each batch (and its ``on_batch``) is, so no
+        command falls between the two."""
+        self.admin = admin
+        admin.collect(self._early_commands)
+        self._early_commands.clear()
 
     async def close(self) -> None:
         if self.agents is not None:

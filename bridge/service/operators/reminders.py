@@ -71,20 +71,26 @@ async def send_reminders(store: Store, send: Send, questions: list[PostedQuestio
     for question in questions:
         sent_id = await send(question.room_id, "m.room.message", reminder_content(question),
                              txn_id("remind", question.event_id, str(now_ms)))
-        with store.transaction():
-            store.mark_reminded(question.event_id, now_ms)
-            if isinstance(sent_id, str):  # a reply to the reminder answers the question
-                store.record_sent(sent_id, question.room_id, question_event_id=question.event_id, kind="reminder")
+        await store.run(_reminded, store, question, now_ms, sent_id)
         log.info("reminder sent: %s/%s rev %d (%s)", question.set_id, question.qid, question.rev, question.event_id)
         sent += 1
     return sent
 
 
+def _reminded(store: Store, question: PostedQuestion, now_ms: int, sent_id: Any) -> None:
+    with store.transaction():
+        store.mark_reminded(question.event_id, now_ms)
+        if isinstance(sent_id, str):  # a reply to the reminder answers the question
+            store.record_sent(sent_id, question.room_id, question_event_id=question.event_id, kind="reminder")
+
+
 async def remind_once(store: Store, send: Send, *, after_seconds: float, period_seconds: float,
                       now_ms: int | None = None) -> int:
+    """One pass; what it reads and writes of the store are jobs on the store's
+    thread (a pass comes every tick, answers flowing or not)."""
     now_ms = store.clock.now_ms() if now_ms is None else now_ms
-    due = due_reminders(store.open_posted(), store.answered_question_events(), store.reminded(), now_ms,
-                        after_seconds, period_seconds)
+    due = await store.run(lambda: due_reminders(store.open_posted(), store.answered_question_events(),
+                                                store.reminded(), now_ms, after_seconds, period_seconds))
     return await send_reminders(store, send, due, now_ms)
 
 

@@ -7,7 +7,7 @@ PostgreSQL that is the database's: ``DatabaseClock`` measures the server's
 ``clock_timestamp()`` at each connect and about once a minute, and runs on
 from there by this machine's elapsed time, so a machine whose wall clock is
 off (or is stepped) neither retries late nor gives up early.  No round trip
-per reading: the store is read on the event loop.  SQLite has one machine,
+per reading: the clock is read on the event loop and on the store's thread.  SQLite has one machine,
 so its clock is the wall clock (``LocalClock``).
 
 Both tell milliseconds since the epoch (``now_ms``) and seconds

@@ -14,7 +14,7 @@ import sqlite3
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from bridge.protocol import audit_leaf
 from bridge.protocol.annotate import fold_records
@@ -23,6 +23,9 @@ from bridge.protocol.quorum import NEVER, Cast
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.auditlog import AuditLog
 from bridge.service.storage.dbclock import DatabaseClock, LocalClock
+from bridge.service.storage.storethread import StoreThread
+
+T = TypeVar("T")
 
 # Each entry moves the schema one version forward; never edit a shipped one.
 MIGRATIONS: list[str] = [
@@ -319,15 +322,32 @@ class Store:
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._own_connection()
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
-        self.clock = _clock_of(self.db)
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
         self._migrate()
 
+    def _own_connection(self) -> None:
+        """``self.db`` used by one thread at a time, and the store's own thread for jobs (``storethread``)."""
+        self._thread = StoreThread()
+        self.clock = _clock_of(self.db)
+        refresh = getattr(self.clock, "refresh", None)
+        if refresh is not None:  # PostgreSQL's clock, measured again on the store's connection when it is free
+            self.clock.refresh = lambda: self._thread.if_free(refresh)  # type: ignore[union-attr]
+        self.db = self._thread.gated(self.db)
+
+    async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` (store work, done synchronously) on the
+        store's own thread, awaited: the event loop serves everything else
+        meanwhile.  Each job is one piece, as a synchronous stretch on the
+        loop is (``storethread``)."""
+        return await self._thread.run(fn, *args, **kwargs)
+
     def close(self) -> None:
+        self._thread.close()
         self.db.close()
 
     @classmethod
@@ -350,7 +370,7 @@ class Store:
             store.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
                                        check_same_thread=False, timeout=10)
         store.path = path
-        store.clock = _clock_of(store.db)
+        store._own_connection()
         version = store.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             store.db.close()

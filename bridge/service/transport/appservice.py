@@ -193,7 +193,7 @@ class TransactionServer:
             except Exception as exc:  # noqa: BLE001 - the homeserver sends it again
                 log.warning("transaction %s: its encryption parts failed (%s); it will come again", txn_id, exc)
                 return _error(500, "M_UNKNOWN", "not processed; send it again")
-        if self.store.txn_seen(key):
+        if await self.store.run(self.store.txn_seen, key):
             log.debug("transaction %s seen before; nothing to do", txn_id)
             return web.json_response({})
         if self.catchup is not None:
@@ -216,7 +216,8 @@ class TransactionServer:
         if self.crypto is not None:
             events, commit = await self._screen(events, commit)
         await self.pipeline.prepare(events)
-        result = self.pipeline.process(events, commit=commit)
+        # On the store's thread: the listener goes on answering meanwhile.
+        result = await self.store.run(self.pipeline.process, events, commit=commit)
         if self.ops is not None:
             self.ops.mark_ready()
         if self.notices is not None:

@@ -226,7 +226,7 @@ class SyncLoop:
                     (since, sync), ahead = ahead, None
                 else:
                     since = self.store.get_meta(SYNC_TOKEN)
-                    sync = self._ask(since, 0 if polling else 30000, sync_filter)
+                    sync = await self._ask(since, 0 if polling else 30000, sync_filter)
                 stopper = asyncio.ensure_future(self.stop.wait())
                 done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 stopper.cancel()
@@ -276,10 +276,10 @@ class SyncLoop:
         if self.crypto is not None and (self._upkeep is None or self._upkeep.done()):
             self._upkeep = asyncio.ensure_future(self._key_upkeep())
 
-    def _ask(self, since: str | None, timeout: int, sync_filter: dict[str, Any]) -> "asyncio.Future[Any]":
+    async def _ask(self, since: str | None, timeout: int, sync_filter: dict[str, Any]) -> "asyncio.Future[Any]":
         if self.crypto is not None:
             # A long poll that wakes up in time for what kept events are waiting on.
-            timeout = self.crypto.sync_timeout_ms(timeout)
+            timeout = await self.crypto.sync_timeout_ms(timeout)
         self._wakes_at = asyncio.get_running_loop().time() + timeout / 1000
         return asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
 
@@ -290,7 +290,7 @@ class SyncLoop:
         again) or a person whose devices are to be asked for again."""
         if ahead is None or self.crypto is None or ahead[1].done():
             return ahead
-        wanted = asyncio.get_running_loop().time() + self.crypto.sync_timeout_ms(30000) / 1000
+        wanted = asyncio.get_running_loop().time() + await self.crypto.sync_timeout_ms(30000) / 1000
         if wanted >= self._wakes_at - 0.05:
             return ahead
         await _drop(ahead)
@@ -307,9 +307,9 @@ class SyncLoop:
         Only the request runs ahead: its response is handled once this batch
         is durable, and the token in the store still moves only in a batch's
         commit, so a crash replays from the last durable token as before."""
-        sync = self._ask(since, 30000, sync_filter)
+        sync = await self._ask(since, 30000, sync_filter)
         # Runs the request up to its first wait on the network (the request
-        # is sent) before the judging, which does not yield, holds the loop.
+        # is sent) before anything of the batch is done.
         await asyncio.sleep(0)
         return since, sync
 
@@ -329,8 +329,9 @@ class SyncLoop:
         # Files people sent are fetched first: judging runs in one store
         # transaction and does no network I/O.
         await self.pipeline.prepare(events)
-        # Runs to completion even when a stop is asked for mid-batch.
-        self.pipeline.process(events, commit=lambda: self._commit(token, resolved))
+        # On the store's thread, the event loop serving /health and the agents
+        # meanwhile; runs to completion even when a stop is asked for mid-batch.
+        await self.store.run(self.pipeline.process, events, commit=lambda: self._commit(token, resolved))
 
     async def _key_upkeep(self) -> None:
         assert self.crypto is not None
