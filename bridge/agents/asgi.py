@@ -15,6 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bridge.service.eventwait import set_within
+
 log = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
@@ -65,10 +67,7 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
         while not finished.is_set():
             if request.transport is None or request.transport.is_closing():
                 break
-            try:
-                await asyncio.wait_for(finished.wait(), DISCONNECT_POLL_SECONDS)
-            except asyncio.TimeoutError:
-                pass
+            await set_within(finished, DISCONNECT_POLL_SECONDS)
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:

@@ -23,6 +23,7 @@ from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.service.posting.sets import discover
 from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
+from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
 from bridge.service.transport.rooms import configured_rooms, join_rooms, keep_joining
@@ -365,6 +366,7 @@ def run_forever(config: Config) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        taskdump.install(loop)
         if config.store.url:
             from bridge.service.storage.standby import run_with_standby  # psycopg only when it is used
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from bridge.service.eventwait import set_within
+
 log = logging.getLogger(__name__)
 
 FIRST_DELAY = 1.0
@@ -94,7 +96,7 @@ class Supervisor:
                 if self.restarts is not None:
                     self.restarts.labels(task=name).inc()
                 log.exception("background task %s failed; starting it again in %.0f s", name, delay)
-                if await _stopped_within(stop, delay):
+                if await set_within(stop, delay):
                     state.state = STOPPED
                     return
                 delay = min(delay * 2, self.max_delay)
@@ -130,11 +132,3 @@ def format_tasks(tasks: dict[str, dict[str, Any]], *, troubled_only: bool = Fals
             line += f" (last error: {task['last_error']})"
         lines.append(line + "\n")
     return "".join(lines)
-
-
-async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except asyncio.TimeoutError:
-        return False
-    return True

@@ -332,6 +332,9 @@ class FailoverStorm:
             last = self.sent[-1][0]
             while last not in self.durable_at:
                 if time.monotonic() - mended > 60:
+                    for instance in cluster.running():
+                        instance.process.send_signal(signal.SIGUSR2)  # each task's awaits, into its log
+                    await asyncio.sleep(1)
                     logs = "\n".join(i.log_text()[-3000:] for i in cluster.instances)
                     raise AssertionError(f"the answers sent during the {trouble} not durable 60 s after it\n{logs}")
                 await asyncio.sleep(0.1)

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from bridge.service.eventwait import set_within
 from bridge.protocol.approval_record import outcome_of
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
@@ -458,10 +459,7 @@ class Deadlines:
                     swept = True
                 except Exception as exc:  # noqa: BLE001 - tried again on the next tick
                     log.warning("the homeserver's delayed events not read (%s); trying again", exc)
-            try:
-                await asyncio.wait_for(stop.wait(), tick)
-            except TimeoutError:
-                pass
+            await set_within(stop, tick)
 
 
 def labels_of(question: RecordedQuestion) -> dict[str, str]:

@@ -25,6 +25,7 @@ import time
 from collections import defaultdict, deque
 from typing import Any, Callable
 
+from bridge.service.eventwait import set_within
 from bridge.protocol.outcome import coalesced, txn_id
 from bridge.service.answering import quiz
 from bridge.service.transport.matrix import MatrixError
@@ -79,10 +80,7 @@ class Notices:
     async def run(self) -> None:
         while True:
             timeout = None if self.next_due is None else max(0.05, self.next_due - self.clock())
-            try:
-                await asyncio.wait_for(self.pending.wait(), timeout)
-            except TimeoutError:
-                pass
+            await set_within(self.pending, timeout)
             self.pending.clear()
             if self.reading_gap and not self.stop.is_set():
                 continue  # the sync loop wakes it after the batch that ends the gap

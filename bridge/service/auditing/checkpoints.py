@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from pathlib import Path
 
+from bridge.service.eventwait import set_within
 from bridge.protocol import merkle
 from bridge.service.auditing.keys import LogKey, check_present, load_or_create
 from bridge.service.storage.store import Store
@@ -138,10 +139,7 @@ class Checkpointer:
                 await self.once()
             except Exception:  # noqa: BLE001 - the log is in the store; a checkpoint missed is taken next time
                 log.exception("the answer log's checkpoint could not be taken; tried again in %ss", self.every)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=self.every)
-            except asyncio.TimeoutError:
-                pass
+            await set_within(stop, self.every)
         try:
             await self.once()  # what the last minute added is signed before the bridge goes
         except Exception:  # noqa: BLE001

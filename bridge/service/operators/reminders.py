@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from bridge.service.eventwait import set_within
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.service.storage.store import PostedQuestion, Store
 
@@ -111,7 +112,4 @@ async def reminder_loop(store: Store, send: Send, stop: asyncio.Event, *, after_
             await remind_once(store, send, after_seconds=after_seconds, period_seconds=period_seconds)
         except Exception as exc:  # noqa: BLE001 - reminders are a courtesy; they must not stop the bridge
             log.warning("reminders not sent yet (%s); trying again in %.0f s", exc, tick_seconds)
-        try:
-            await asyncio.wait_for(stop.wait(), tick_seconds)
-        except TimeoutError:
-            pass
+        await set_within(stop, tick_seconds)

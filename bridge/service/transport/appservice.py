@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 from nio import AsyncClient
 
+from bridge.service.eventwait import set_within
 from bridge.service.transport.bot import answer_invite, sleep_or_stop, welcome_invite
 from bridge.service.transport.catchup import CatchUp
 from bridge.service.config import Config, ConfigError
@@ -158,9 +159,7 @@ class TransactionServer:
         events = body.get("events", []) if isinstance(body, dict) else None
         if not isinstance(events, list):
             return _error(400, "M_BAD_JSON", "events must be a list")
-        try:
-            await asyncio.wait_for(self.ready.wait(), READY_WAIT)
-        except TimeoutError:
+        if not await set_within(self.ready, READY_WAIT):
             self._trouble()
             return _error(503, "M_UNKNOWN", "the bridge is still starting; try again")
         # Synapse sends one transaction at a time; a stray concurrent resend

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bridge.service.eventwait import set_within
 from bridge.service.transport.matrix import MatrixError
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,4 @@ async def keep_joining(transport: Any, rooms: list[str], stop: asyncio.Event,
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
+    await set_within(stop, seconds)
