@@ -12,12 +12,12 @@ answers' path.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from bridge.service.eventwait import set_within
 from bridge.service.operators.admin import AdminContext, AdminDispatcher, is_command, poster_post_set
 from bridge.service.config import Config
 from bridge.service.storage.heldback import counts, held_back
@@ -197,11 +197,7 @@ class Operators:
         """The held-back counts read again every HELD_SECONDS, each time a job
         on the store's thread: /health answers from them at once, however
         far away the database is or however busy its connection."""
-        while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), HELD_SECONDS)
-            if stop.is_set():
-                return
+        while not await set_within(stop, HELD_SECONDS):
             await self.store.run(self._read_held)
 
     def _take_commands(self, admin: AdminDispatcher) -> None:
