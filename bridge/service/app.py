@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from nio import AsyncClient
 from watchfiles import Change, awatch
 
+from bridge.service.eventwait import any_set
 from bridge.answers.file import remove_stray_temps
 from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.service.posting.sets import discover
@@ -313,12 +314,7 @@ async def _post_sets(poster: Poster, root: Path, stop: asyncio.Event, only: list
 
 
 async def sleep_or_stop_event(stop: asyncio.Event, event: asyncio.Event) -> None:
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(event.wait())]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
+    await any_set([stop, event])
 
 
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: asyncio.Event | None = None,

@@ -1,4 +1,4 @@
-"""Waiting for an ``asyncio.Event`` for a while: the one way the bridge does it.
+"""Waiting for ``asyncio.Event``s, for a while or until one is set: the one way the bridge does it.
 
 ``asyncio.wait_for(event.wait(), seconds)`` looks the same, but in Python
 3.11 a cancellation that arrives just as the event is set is swallowed:
@@ -14,15 +14,22 @@ again (nothing more was made durable, and nothing was logged).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 
 async def set_within(event: asyncio.Event, seconds: float | None) -> bool:
     """Whether ``event`` is set within ``seconds`` (None: no limit)."""
     if event.is_set():
         return True
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        await asyncio.wait({waiter}, timeout=seconds)
-    finally:
-        waiter.cancel()
+    await any_set([event], seconds)
     return event.is_set()
+
+
+async def any_set(events: Iterable[asyncio.Event], seconds: float | None = None) -> None:
+    """Until one of ``events`` is set, or ``seconds`` have passed (None: no limit)."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

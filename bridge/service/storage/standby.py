@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from bridge.service.eventwait import any_set
 from bridge.service.config import Config
 from bridge.service.storage.leader import Lease
 from bridge.service.operators.health import health_routes
@@ -46,7 +47,7 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) ->
             try:
                 while not lease.leading and not stop.is_set():
                     changed.clear()
-                    await _first(stop, changed)
+                    await any_set([stop, changed])
             finally:
                 if runner is not None:
                     await runner.cleanup()
@@ -76,17 +77,8 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) ->
 async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event, term: asyncio.Event) -> None:
     while lease.role == "leader" and not stop.is_set():
         changed.clear()
-        await _first(stop, changed)
+        await any_set([stop, changed])
     term.set()
-
-
-async def _first(*events: asyncio.Event) -> None:
-    waits = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
 
 
 def standby_metrics() -> Metrics:

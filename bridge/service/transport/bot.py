@@ -16,6 +16,7 @@ from typing import Any
 
 from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, WhoamiResponse
 
+from bridge.service.eventwait import any_set
 from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir, event_dict
 from bridge.service.answering.notices import Notices
@@ -402,9 +403,4 @@ async def _drop(ahead: FirstSync | None) -> None:
 
 async def sleep_or_stop(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:
     """Sleep ``seconds``, or less when ``stop`` (or ``wake``) is set meanwhile."""
-    waits = [asyncio.ensure_future(event.wait()) for event in (stop, wake) if event is not None]
-    try:
-        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in waits:
-            task.cancel()
+    await any_set([event for event in (stop, wake) if event is not None], seconds)
