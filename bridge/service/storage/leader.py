@@ -127,19 +127,22 @@ class Lease:
             self._lose("the lease ran out before it was renewed")
             raise LeaseLost("the lease ran out")
 
-    def fence(self, db: PgConnection) -> None:
-        """Called by the store right after BEGIN: hold the lease row for the transaction."""
+    # The store's fence (``pgdialect.Fence``): each write transaction holds the
+    # lease row, read with its BEGIN, so a takeover waits for it to end.
+    def statement(self) -> tuple[str, tuple[Any, ...]]:
         self.check()
-        found = db._run("SELECT 1 FROM askwright_lease WHERE name = 'leader' AND epoch = %s AND holder = %s"
-                        " FOR KEY SHARE", (self.epoch, self.name)).fetchone()
-        if found is None:
+        return ("SELECT 1 FROM askwright_lease WHERE name = 'leader' AND epoch = %s AND holder = %s FOR KEY SHARE",
+                (self.epoch, self.name))
+
+    def held(self, found: bool) -> None:
+        if not found:
             self._lose("another instance took the lease over")
             raise LeaseLost("another instance leads now")
 
     def guard_store(self, store: Any) -> None:
         """Fence every transaction of ``store`` (a PostgreSQL Store) with this lease."""
         db: PgConnection = store.db
-        db.fence = self.fence
+        db.fence = self
 
     def guard_transport(self, transport: Any) -> Any:
         return _Guarded(transport, self.check)

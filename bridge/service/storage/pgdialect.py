@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -77,6 +77,17 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1@", url)
 
 
+class Fence(Protocol):
+    """What each write transaction checks first (the leader's lease: ``leader.Lease``)."""
+
+    def statement(self) -> tuple[str, Sequence[Any]]:
+        """The read sent with BEGIN (psycopg's ``%s`` placeholders); raises when
+        there is no need to ask (this instance surely no longer leads)."""
+
+    def held(self, found: bool) -> None:
+        """Whether that read found a row; raises when the transaction must write nothing."""
+
+
 class Result:
     """What ``sqlite3.Connection.execute`` returns, as far as the store uses it."""
 
@@ -106,8 +117,9 @@ class PgConnection:
         self.password = password
         self.session = tuple(session)
         self.total_changes = 0
-        self.fence: Callable[[PgConnection], None] | None = None
-        self._translated: dict[str, tuple[str, str | None]] = {}
+        self.fence: Fence | None = None
+        self._plans: dict[str, tuple] = {}  # SQL as the store writes it -> what it is, what is sent (``_plan``)
+        self._commit_waits = True  # PRAGMA synchronous: FULL (True) or NORMAL (a commit that does not wait)
         self._serial: dict[str, str | None] | None = None
         self._keys: dict[str, list[str]] = {}
         self._open = False  # inside a BEGIN this connection issued
@@ -156,41 +168,107 @@ class PgConnection:
     # -- the sqlite3 calls ----------------------------------------------
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
-        word = sql.strip().upper()
+        plan = self._plan(sql)
+        kind = plan[0]
         if self.conn.closed or self.conn.broken:
-            if word == "ROLLBACK" and self._open:  # the transaction died with the connection
+            if kind == "ROLLBACK" and self._open:  # the transaction died with the connection
                 self._open = False
                 return Result(None, -1, None)
             if self._open:
                 raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
             self.conn = self._connect()
-        pragma = _PRAGMA.match(sql)
-        if pragma:
-            return self._pragma(pragma.group(1).lower(), pragma.group(2))
-        if word.startswith("BEGIN"):
-            self._run("BEGIN", None)
-            self._open = True
-            if self.fence is not None:
-                try:
-                    self.fence(self)
-                except BaseException:
-                    self.execute("ROLLBACK")
-                    raise
-            return Result(None, -1, None)
-        if word in ("COMMIT", "ROLLBACK"):
+        if kind == "PRAGMA":
+            return self._pragma(plan[1], plan[2])
+        if kind == "BEGIN":
+            return self._begin()
+        if kind in ("COMMIT", "ROLLBACK"):
             try:
-                return self._run(word, None)
+                return self._run(kind, None)
             finally:
                 self._open = False
-        if _DDL.match(sql):
+        if kind == "DDL":
             self._serial = None
             self._keys.clear()
+            self._plans.clear()  # an INSERT's RETURNING and upsert keys follow the tables
             return self._run(_ddl(sql), None)
-        text, returning = self._translate(sql)
-        return self._run(text, _adapt(params), returning=returning, counts=bool(_DML.match(sql)))
+        _kind, text, returning, counts = plan
+        return self._run(text, _adapt(params), returning=returning, counts=counts)
+
+    def _plan(self, sql: str) -> tuple:
+        """What ``sql`` is and what is sent for it, worked out once per text
+        (every statement of a batch comes through here: a few microseconds
+        each, not the parse of every pattern above)."""
+        plan = self._plans.get(sql)
+        if plan is not None:
+            return plan
+        word = sql.strip().upper()
+        pragma = _PRAGMA.match(sql)
+        if pragma:
+            plan = ("PRAGMA", pragma.group(1).lower(), pragma.group(2))
+        elif word.startswith("BEGIN"):
+            plan = ("BEGIN",)
+        elif word in ("COMMIT", "ROLLBACK"):
+            plan = (word,)
+        elif _DDL.match(sql):
+            return ("DDL",)  # run once (migrations): not kept
+        else:
+            text, returning = self._rewrite(sql)
+            plan = ("SQL", text, returning, bool(_DML.match(sql)))
+        self._plans[sql] = plan
+        return plan
+
+    def _begin(self) -> Result:
+        """BEGIN, with what the transaction needs before its first statement,
+        in one round trip (a pipeline): the commit not waiting for the disk
+        (``PRAGMA synchronous=NORMAL`` before it) and the fence."""
+        statements: list[tuple[str, Sequence[Any] | None]] = [("BEGIN", None)]
+        if not self._commit_waits:
+            statements.append(("SET LOCAL synchronous_commit = off", None))
+        fence = self.fence
+        if fence is not None:
+            try:
+                statements.append(fence.statement())
+            except BaseException:
+                self._open = False
+                raise
+        self._open = True
+        try:
+            results = self._pipelined(statements)
+            if fence is not None:
+                fence.held(results[-1].fetchone() is not None)
+        except BaseException:
+            self.execute("ROLLBACK")
+            raise
+        return Result(None, -1, None)
+
+    def reads(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
+        """The rows of each read, all sent at once: one round trip for the lot."""
+        if self.conn.closed or self.conn.broken:
+            if self._open:
+                raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
+            self.conn = self._connect()
+        sent = []
+        for sql, params in statements:
+            plan = self._plan(sql)
+            if plan[0] != "SQL" or plan[3]:
+                raise ValueError(f"not a read: {sql!r}")
+            sent.append((plan[1], _adapt(params)))
+        return [result.fetchall() for result in self._pipelined(sent)]
+
+    def _pipelined(self, statements: Sequence[tuple[str, Sequence[Any] | None]]) -> list[Result]:
+        """Every statement sent before any answer is awaited; an error in one
+        is raised after the lot (those after it did not run)."""
+        try:
+            with WATCHDOG.limit(self.conn, self._deadline):
+                with self.conn.pipeline():
+                    cursors = [self.conn.execute(text, params) for text, params in statements]
+                return [Result(cursor.fetchall() if cursor.description is not None else None, cursor.rowcount, None)
+                        for cursor in cursors]
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
-        text, _returning = self._translate(sql)
+        text = self._plan(sql)[1]
         batch = [_adapt(row) for row in rows]
         if not batch:
             return Result(None, 0, None)
@@ -221,12 +299,6 @@ class PgConnection:
             self.total_changes += rowcount
         lastrowid = rows[0][0] if returning and rows else None
         return Result(None if returning else rows, rowcount, lastrowid)
-
-    def _translate(self, sql: str) -> tuple[str, str | None]:
-        found = self._translated.get(sql)
-        if found is None:
-            found = self._translated[sql] = self._rewrite(sql)
-        return found
 
     def _rewrite(self, sql: str) -> tuple[str, str | None]:
         text = _BINARY.sub('COLLATE "C"', _INDEXED_BY.sub(" ", _LITERAL_OR_MARK.sub(_mark, sql)))
@@ -278,9 +350,9 @@ class PgConnection:
             self._run(f"INSERT INTO {_SCHEMA_TABLE}(id, version) VALUES (1, %s)"
                       " ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version", (int(value),))
         elif name == "synchronous" and value is not None:
-            # NORMAL: commit without waiting for the disk; FULL: wait (the default).
-            self._run(f"SET synchronous_commit = {'off' if value.upper() in ('NORMAL', 'OFF', '0', '1') else 'on'}",
-                      None)
+            # NORMAL: the next transactions commit without waiting for the
+            # disk; FULL: they wait (the default).  Said at each BEGIN (``_begin``).
+            self._commit_waits = value.upper() not in ("NORMAL", "OFF", "0", "1")
         return Result(None, -1, None)
 
     def schema_version(self) -> int:

@@ -126,6 +126,19 @@ class _Gated:
             if once:
                 self._thread.give_back()
 
+    def reads(self, statements: Any) -> list[list[tuple]]:
+        """The rows of each read: on PostgreSQL all sent at once (one round
+        trip, ``PgConnection.reads``), on SQLite one after the other."""
+        once = self._thread.take()
+        try:
+            send = getattr(self._db, "reads", None)
+            if send is not None:
+                return send(statements)
+            return [self._db.execute(sql, params).fetchall() for sql, params in statements]
+        finally:
+            if once:
+                self._thread.give_back()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._db, name)
 
