@@ -28,11 +28,10 @@ class AuditLog:
     def append(self, leaf: dict[str, Any], seq: int | None) -> int:
         """Append one leaf (its canonical bytes and hash); returns its index."""
         data = audit_leaf.canonical(leaf)
-        row = self.db.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM audit_leaf").fetchone()
-        index = int(row[0])
-        self.db.execute("INSERT INTO audit_leaf(idx, leaf, hash, seq) VALUES (?,?,?,?)",
-                        (index, data.decode("utf-8"), merkle.leaf_hash(data).hex(), seq))
-        return index
+        row = self.db.execute("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
+                              " FROM audit_leaf RETURNING idx",
+                              (data.decode("utf-8"), merkle.leaf_hash(data).hex(), seq)).fetchone()
+        return int(row[0])
 
     def size(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM audit_leaf").fetchone()[0])

@@ -326,6 +326,7 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
+        self._origin: str | None = None  # ``audit_origin``, once read
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
         self._migrate()
@@ -358,6 +359,7 @@ class Store:
         path = Path(path)
         store = cls.__new__(cls)
         store._recent_questions = OrderedDict()
+        store._origin = None
         store.audit_enabled = False  # nothing is written through a read-only store
         if url:
             from bridge.service.storage.pgdialect import PgConnection, redact
@@ -515,8 +517,9 @@ class Store:
 
     def latest_posted(self, set_dir: str, qid: str) -> RecordedQuestion | None:
         """The newest posting of a set folder's question, whatever its rev."""
-        found = self.postings(set_dir, qid)
-        return found[0] if found else None
+        row = self.db.execute("SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=?"
+                              " ORDER BY rowid DESC LIMIT 1", (set_dir, qid)).fetchone()
+        return self._recorded(row[0], bool(row[1]), row[2]) if row else None
 
     def postings(self, set_dir: str, qid: str) -> list[RecordedQuestion]:
         """Every posting of a set folder's question, newest posted first."""
@@ -806,35 +809,47 @@ class Store:
         """The record answers.json should hold for a question, from the log in
         the room's order (see ``annotate.fold_records``); its ``rev`` the
         number of answers ever accepted for the question (a note is not an
-        answer, so a note-only record is rev 1)."""
-        count = self.accepted_count(set_dir, qid)
+        answer, so a note-only record is rev 1).
+
+        Its reads go out together (one round trip on PostgreSQL): a written
+        answer costs one, not one per read."""
         live = "set_dir=? AND qid=? AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL"
         # The standing pick is the latest in the room; when it has no note of
         # its own, the latest earlier pick with one (or from before the
-        # notes were kept apart) is the one whose note it keeps.  Both are
-        # found through the index without decoding the picks in between, so
-        # a question's thousandth answer costs what its first did.
-        order = "ORDER BY ts DESC, seq DESC LIMIT 1"
+        # notes were kept apart) is the one whose note it keeps: of the two
+        # latest noted picks, the first before it.  Both are found through
+        # the index without decoding the picks in between, so a question's
+        # thousandth answer costs what its first did.
+        order = "ORDER BY ts DESC, seq DESC"
+        receipt = (", (SELECT idx FROM audit_leaf l WHERE l.seq=a.seq ORDER BY idx DESC LIMIT 1),"
+                   " (SELECT hash FROM audit_leaf l WHERE l.seq=a.seq ORDER BY idx DESC LIMIT 1)"
+                   if self.audit_enabled else "")
+        counted, latest, noted, annotated, posted = self.db.reads([
+            ("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'", (set_dir, qid)),
+            (f"SELECT record, whole, carry_note, ts, seq{receipt} FROM answer_log a WHERE {live}"
+             f" AND outcome='accepted' {order} LIMIT 1", (set_dir, qid)),
+            (f"SELECT record, whole, carry_note, ts, seq FROM answer_log INDEXED BY log_noted WHERE {live}"
+             f" AND outcome='accepted' AND noted=1 {order} LIMIT 2", (set_dir, qid)),
+            (f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
+             (set_dir, qid)),
+            ("SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC LIMIT 1",
+             (set_dir, qid)),
+        ])
+        count = counted[0][0]
+        row = latest[0] if latest else None
         picks: list[tuple[dict[str, Any], bool, str | None, tuple[int, int]]] = []
-        row = self.db.execute(f"SELECT record, whole, carry_note, ts, seq FROM answer_log WHERE {live}"
-                              f" AND outcome='accepted' {order}", (set_dir, qid)).fetchone()
         if row is not None:
             picks.append((json.loads(row[0]), bool(row[1]), row[2], (row[3], row[4])))
             if not row[1] and not picks[0][0].get("note"):
-                earlier = self.db.execute(
-                    f"SELECT record, whole, carry_note, ts, seq FROM answer_log INDEXED BY log_noted WHERE {live}"
-                    " AND outcome='accepted' AND noted=1 AND (ts<? OR (ts=? AND seq<?))"
-                    f" {order}", (set_dir, qid, row[3], row[3], row[4])).fetchone()
+                earlier = next((r for r in noted if (r[3], r[4]) < (row[3], row[4])), None)
                 if earlier is not None:
                     picks.append((json.loads(earlier[0]), bool(earlier[1]), earlier[2], (earlier[3], earlier[4])))
-        notes = [(json.loads(record), (ts, seq)) for record, ts, seq in self.db.execute(
-            f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
-            (set_dir, qid))]
-        record = self._with_approval(set_dir, qid, fold_records(qid, picks, notes, count), count)
+        notes = [(json.loads(record), (ts, seq)) for record, ts, seq in annotated]
+        posting = self._recorded(posted[0][0], bool(posted[0][1]), posted[0][2]) if posted else None
+        record = self._with_approval(posting, fold_records(qid, picks, notes, count), count)
         if record is not None and row is not None and self.audit_enabled:
-            found = self.audit.receipt(row[4])
-            if found is not None:
-                record["receipt"] = {"log": self.audit_origin(), "index": found[0], "leaf": found[1]}
+            if row[5] is not None:
+                record["receipt"] = {"log": self.audit_origin(), "index": int(row[5]), "leaf": row[6]}
         elif record is not None and record.get("state") == "answered" and isinstance(record.get("source"), dict):
             # A decision whose every vote was withdrawn after it: the record
             # stands on the latest vote, withdrawn since; its receipt is that vote's.
@@ -843,12 +858,10 @@ class Store:
                 record["receipt"] = receipt
         return record
 
-
-    def _with_approval(self, set_dir: str, qid: str, base: dict[str, Any] | None,
+    def _with_approval(self, posting: RecordedQuestion | None, base: dict[str, Any] | None,
                        count: int) -> dict[str, Any] | None:
         """``base`` as an approval's record (votes, a decision, an expiry) where
-        the posted question has a quorum or a deadline; else ``base`` itself."""
-        posting = self.latest_posted(set_dir, qid)
+        the question's latest ``posting`` has a quorum or a deadline; else ``base`` itself."""
         if posting is None or (posting.quorum is None and posting.expires_ms is None):
             return base
         casts = self.casts(posting.event_id) if posting.quorum is not None else []
@@ -859,7 +872,6 @@ class Store:
             fallback = json.loads(row[0]) if row and row[0] else None
         return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count,
                                fallback=fallback)
-
 
     def casts(self, question_event_id: str) -> list[Cast]:
         """Every pick accepted for one posting, each with where in the room's
@@ -908,7 +920,9 @@ class Store:
 
     def audit_origin(self) -> str | None:
         """The answer log's origin (its name in checkpoints), set on the first start with the log."""
-        return self.get_meta("audit_origin")
+        if self._origin is None:  # kept once found: it is set once, and never changes after
+            self._origin = self.get_meta("audit_origin")
+        return self._origin
 
     # -- attachments and uploads ----------------------------------------
 
