@@ -465,14 +465,15 @@ class Pipeline:
         committed without waiting for the disk.  Losing that progress to a
         power cut only means the same nothing is received again; the WAL
         keeps commits in order, so it can never outlive an earlier one."""
-        dirty = self.store.dirty()
-        self._log_outcome_changes(dirty)
+        view = self.store.flush_view()
+        dirty = view.dirty
+        self._log_outcome_changes(dirty, view.postings)
         by_set: dict[tuple[str, str], list[str]] = defaultdict(list)
         for set_dir, set_id, qid in dirty:
             by_set[(set_dir, set_id)].append(qid)
         now = self.clock()
         now_ms = self.store.clock.now_ms()  # next_try is judged by whichever instance leads (dbclock)
-        held = {row[0]: row[5] for row in self.store.held_sets()} if by_set else {}
+        held = {row[0]: row[5] for row in view.held}
         written: list[tuple[str, str, str]] = []
         holds: dict[tuple[str, str], str] = {}
         for (set_dir, set_id), qids in by_set.items():
@@ -500,10 +501,12 @@ class Pipeline:
         self._first_flush = False
         for _problem in holds.values():
             self.report_trouble("set", "unwritable")
-        self._delete_withdrawn_files()
+        if view.doomed:  # the usual case, after every batch: none
+            self._delete_withdrawn_files(view.doomed, {d for d, _s, _q in set(dirty) - set(written)})
         return len({d for d, _s, _q in written})
 
-    def _log_outcome_changes(self, dirty: list[tuple[str, str, str]]) -> None:
+    def _log_outcome_changes(self, dirty: list[tuple[str, str, str]],
+                             postings: dict[tuple[str, str], RecordedQuestion]) -> None:
         """Before any record is written: an approval whose outcome changed
         (to decided, or to expired) gets its leaf in the answer log.
 
@@ -515,7 +518,7 @@ class Pipeline:
         before the write comes back here at the next start."""
         changes = []
         for set_dir, _set_id, qid in dirty:
-            posting = self.store.latest_posted(set_dir, qid)
+            posting = postings.get((set_dir, qid))
             if posting is None or (posting.quorum is None and posting.expires_ms is None):
                 continue
             outcome = outcome_of(self.store.projection(set_dir, qid))
@@ -590,13 +593,10 @@ class Pipeline:
                     changed = True
         return changed
 
-    def _delete_withdrawn_files(self) -> None:
+    def _delete_withdrawn_files(self, doomed: list[tuple[str, str]], held: set[str]) -> None:
         """Files whose annotation was withdrawn, deleted now that answers.json
-        no longer lists them: a pasted secret must be removable."""
-        doomed = self.store.doomed_files()
-        if not doomed:
-            return  # the usual case, after every batch: no second look at the dirty questions
-        held = {set_dir for set_dir, _set_id, _qid in self.store.dirty()}
+        no longer lists them (a pasted secret must be removable); not yet
+        where a set is ``held`` (its answers.json still lists them)."""
         for set_dir, path in doomed:
             if set_dir in held:
                 continue  # answers.json there still lists it: deleted once the set is written

@@ -292,6 +292,18 @@ RECORDING = ("accepted", "annotated")
 
 
 @dataclass(frozen=True)
+class FlushView:
+    """The store as a flush starts: the dirty questions (set dir, set id,
+    qid; oldest first), the latest posting of each by (set dir, qid), the
+    held sets' rows (``held_sets``) and the files to delete (``doomed_files``)."""
+
+    dirty: list[tuple[str, str, str]]
+    postings: dict[tuple[str, str], RecordedQuestion]
+    held: list[tuple[str, str, str, int, int, int]]
+    doomed: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
 class PostedQuestion:
     """An open posted question, as reminders need it."""
 
@@ -750,7 +762,7 @@ class Store:
         return [json.loads(event) for _id, event in rows]
 
     def doomed_files(self) -> list[tuple[str, str]]:
-        return self.db.execute("SELECT set_dir, path FROM doomed_file").fetchall()
+        return self.db.execute(_DOOMED).fetchall()
 
     def forget_doomed(self, set_dir: str, path: str) -> None:
         self.db.execute("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
@@ -948,6 +960,22 @@ class Store:
         self.db.execute("INSERT OR IGNORE INTO media_upload(sha256, url, info) VALUES (?,?,?)",
                         (sha256, url, json.dumps(info)))
 
+    def flush_view(self) -> "FlushView":
+        """What a flush starts from, read at once (one round trip on PostgreSQL)."""
+        dirty, held, doomed = self.db.reads([
+            # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
+            ("SELECT d.set_dir, d.set_id, d.qid, p.event_id, p.open, p.closed_why FROM dirty d LEFT JOIN posted p"
+             " ON p.rowid = (SELECT MAX(rowid) FROM posted q WHERE q.set_dir=d.set_dir AND q.qid=d.qid)"
+             " ORDER BY d.rowid", ()),
+            (_HELD, ()),
+            (_DOOMED, ()),
+        ])
+        return FlushView(
+            dirty=[(row[0], row[1], row[2]) for row in dirty],
+            postings={(row[0], row[2]): self._recorded(row[3], bool(row[4]), row[5]) for row in dirty
+                      if row[3] is not None},
+            held=held, doomed=doomed)
+
     def dirty(self) -> list[tuple[str, str, str]]:
         # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
         return self.db.execute("SELECT set_dir, set_id, qid FROM dirty ORDER BY rowid").fetchall()
@@ -1034,8 +1062,7 @@ class Store:
 
     def held_sets(self) -> list[tuple[str, str, str, int, int, int]]:
         """(set dir, set id, reason, since, attempts, next try) of every held set."""
-        return self.db.execute("SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set"
-                               " ORDER BY since, rowid").fetchall()  # ties: first held first, on both backends
+        return self.db.execute(_HELD).fetchall()
 
     def latest_recording(self, set_dir: str, qid: str) -> int | None:
         """The seq of the newest entry that puts something into the question's record."""
@@ -1157,6 +1184,9 @@ class Store:
 
 
 _Q = "event_id, room_id, set_id, content, open, closed_why"
+# Held sets, ties first held first on both backends; files to delete.
+_HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
+_DOOMED = "SELECT set_dir, path FROM doomed_file"
 # An edit whose original never comes is dropped after this long.
 PARKED_FOR_MS = 7 * 24 * 3600 * 1000
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
