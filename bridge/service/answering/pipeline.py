@@ -188,6 +188,7 @@ class Pipeline:
         # never awaits, so nothing runs in between).
         before = self.store.changes()
         with self.store.transaction(flush=False):
+            self.store.know_batch(event.get("event_id") for event in events)
             for event in events:
                 self._guarded(event, now, result)
         result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before)

@@ -291,6 +291,18 @@ SET_ASIDE_REASONS = ("internal_error", "unstorable")
 RECORDING = ("accepted", "annotated")
 
 
+@dataclass
+class _Batch:
+    """What the store knows of a batch's events (``Store.know_batch``): the
+    events asked about, those processed, the senders of redactions of each
+    (target -> senders), and the targets edits wait for."""
+
+    ids: set[str]
+    processed: set[str]
+    redacted_by: dict[str, list[str]]
+    parked: set[str]
+
+
 @dataclass(frozen=True)
 class FlushView:
     """The store as a flush starts: the dirty questions (set dir, set id,
@@ -339,6 +351,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=FULL")
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
         self._origin: str | None = None  # ``audit_origin``, once read
+        self._batch: _Batch | None = None  # ``know_batch``
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
         self._migrate()
@@ -372,6 +385,7 @@ class Store:
         store = cls.__new__(cls)
         store._recent_questions = OrderedDict()
         store._origin = None
+        store._batch = None
         store.audit_enabled = False  # nothing is written through a read-only store
         if url:
             from bridge.service.storage.pgdialect import PgConnection, redact
@@ -417,7 +431,7 @@ class Store:
         batch always follows before anything relies on it (the WAL is one
         append-only file, so that fsync makes both durable; a power cut in
         between loses both, and the transport delivers the batch again)."""
-        return _Transaction(self.db, flush=flush)
+        return _Transaction(self.db, flush=flush, ended=self._forget_batch)
 
     def changes(self) -> int:
         """Rows changed through this connection so far (to tell whether a batch changed anything)."""
@@ -425,7 +439,40 @@ class Store:
 
     def savepoint(self) -> "_Savepoint":
         """Inside a transaction: undo just this part when it raises."""
-        return _Savepoint(self.db)
+        return _Savepoint(self.db, undone=self._forget_batch)
+
+    # -- a batch's events, looked up at once --------------------------------
+
+    def know_batch(self, event_ids: Iterable[str]) -> None:
+        """Inside a transaction, before its events are handled: whether each
+        was processed, the redactions that came before it and whether edits
+        wait for it, read at once (one round trip on PostgreSQL, not three
+        per event).  Kept up to date by this store's writes until the
+        transaction ends; any part undone forgets it (the reads go to the
+        database again)."""
+        ids = sorted({i for i in event_ids if isinstance(i, str)})
+        reads = []
+        for start in range(0, len(ids), _IDS_PER_READ):
+            part = ids[start:start + _IDS_PER_READ]
+            marks = ",".join("?" * len(part))
+            reads += [(f"SELECT event_id FROM processed WHERE event_id IN ({marks})", part),
+                      (f"SELECT target, sender FROM redaction WHERE target IN ({marks})", part),
+                      (f"SELECT DISTINCT target FROM parked_edit WHERE target IN ({marks})", part)]
+        rows = self.db.reads(reads) if reads else []
+        known = _Batch(set(ids), set(), {}, set())
+        for processed, redactions, parked in zip(rows[0::3], rows[1::3], rows[2::3]):
+            known.processed.update(row[0] for row in processed)
+            known.parked.update(row[0] for row in parked)
+            for target, sender in redactions:
+                known.redacted_by.setdefault(target, []).append(sender)
+        self._batch = known
+
+    def _forget_batch(self) -> None:
+        self._batch = None
+
+    def _known(self, event_id: str) -> "_Batch | None":
+        batch = self._batch
+        return batch if batch is not None and event_id in batch.ids else None
 
     # -- meta -------------------------------------------------------------
 
@@ -599,10 +646,15 @@ class Store:
     # -- events and the answer log ---------------------------------------
 
     def is_processed(self, event_id: str) -> bool:
+        known = self._known(event_id)
+        if known is not None:
+            return event_id in known.processed
         return self.db.execute("SELECT 1 FROM processed WHERE event_id=?", (event_id,)).fetchone() is not None
 
     def mark_processed(self, event_id: str, outcome: str) -> None:
         self.db.execute("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
+        if self._batch is not None:
+            self._batch.processed.add(event_id)
 
     def append_log(self, entry: LogEntry) -> int:
         cursor = self.db.execute(
@@ -731,8 +783,10 @@ class Store:
     # -- what waits for its target ----------------------------------------
 
     def keep_redaction(self, event_id: str, target: str, room_id: str, sender: str, ts: int) -> None:
-        self.db.execute("INSERT OR IGNORE INTO redaction(event_id, target, room_id, sender, ts) VALUES (?,?,?,?,?)",
-                        (event_id, target, room_id, sender, ts))
+        kept = self.db.execute("INSERT OR IGNORE INTO redaction(event_id, target, room_id, sender, ts)"
+                               " VALUES (?,?,?,?,?)", (event_id, target, room_id, sender, ts)).rowcount
+        if self._batch is not None and kept > 0:
+            self._batch.redacted_by.setdefault(target, []).append(sender)
 
     def redacted_since(self, target: str, ts: int) -> bool:
         return self.redaction_since(target, ts) is not None
@@ -745,20 +799,30 @@ class Store:
 
     def redactions_of(self, target: str) -> list[str]:
         """The senders of redactions that came before their target."""
+        known = self._known(target)
+        if known is not None:
+            return list(known.redacted_by.get(target, ()))
         return [row[0] for row in self.db.execute("SELECT sender FROM redaction WHERE target=?", (target,))]
 
     def park_edit(self, event: dict[str, Any], target: str, now_ms: int) -> None:
         self.db.execute("DELETE FROM parked_edit WHERE parked_at<?", (now_ms - PARKED_FOR_MS,))
         self.db.execute("INSERT OR IGNORE INTO parked_edit(event_id, target, event, parked_at) VALUES (?,?,?,?)",
                         (event["event_id"], target, json.dumps(event), now_ms))
+        if self._batch is not None:
+            self._batch.parked.add(target)
 
     def unpark_edits(self, target: str) -> list[dict[str, Any]]:
         """The edits waiting for ``target``, removed from waiting (oldest first)."""
+        known = self._known(target)
+        if known is not None and target not in known.parked:
+            return []
         rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=?"
                                " ORDER BY parked_at, event_id COLLATE BINARY", (target,)).fetchall()
         for event_id, _event in rows:
             self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
             self.db.execute("DELETE FROM processed WHERE event_id=?", (event_id,))
+            if self._batch is not None:
+                self._batch.processed.discard(event_id)
         return [json.loads(event) for _id, event in rows]
 
     def doomed_files(self) -> list[tuple[str, str]]:
@@ -1184,6 +1248,8 @@ class Store:
 
 
 _Q = "event_id, room_id, set_id, content, open, closed_why"
+# Ids in one IN (...) of ``know_batch``: well within SQLite's and PostgreSQL's limits on parameters.
+_IDS_PER_READ = 500
 # Held sets, ties first held first on both backends; files to delete.
 _HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
 _DOOMED = "SELECT set_dir, path FROM doomed_file"
@@ -1207,11 +1273,13 @@ def _statements(script: str) -> list[str]:
 
 
 class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception; ``ended`` is
+    called when it ends, either way."""
 
-    def __init__(self, db: sqlite3.Connection, flush: bool = True):
+    def __init__(self, db: sqlite3.Connection, flush: bool = True, ended: Callable[[], None] = lambda: None):
         self.db = db
         self.flush = flush
+        self.ended = ended
 
     def __enter__(self) -> sqlite3.Connection:
         if not self.flush:
@@ -1220,6 +1288,7 @@ class _Transaction:
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self.ended()
         try:
             self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
         finally:
@@ -1228,10 +1297,12 @@ class _Transaction:
 
 
 class _Savepoint:
-    """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception."""
+    """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception
+    (then ``undone`` is called)."""
 
-    def __init__(self, db: sqlite3.Connection):
+    def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] = lambda: None):
         self.db = db
+        self.undone = undone
 
     def __enter__(self) -> sqlite3.Connection:
         self.db.execute("SAVEPOINT part")
@@ -1239,5 +1310,6 @@ class _Savepoint:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
+            self.undone()
             self.db.execute("ROLLBACK TO part")
         self.db.execute("RELEASE part")
