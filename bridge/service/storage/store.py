@@ -295,12 +295,15 @@ RECORDING = ("accepted", "annotated")
 class _Batch:
     """What the store knows of a batch's events (``Store.know_batch``): the
     events asked about, those processed, the senders of redactions of each
-    (target -> senders), and the targets edits wait for."""
+    (target -> senders), the targets edits wait for, and the postings
+    looked up so far (forgotten at any change to a posting)."""
 
     ids: set[str]
     processed: set[str]
     redacted_by: dict[str, list[str]]
     parked: set[str]
+    # Postings looked up in this batch: (where, value) -> their row (event id, open, closed_why) or None.
+    postings: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -470,6 +473,10 @@ class Store:
     def _forget_batch(self) -> None:
         self._batch = None
 
+    def _postings_changed(self) -> None:
+        if self._batch is not None:
+            self._batch.postings.clear()
+
     def _known(self, event_id: str) -> "_Batch | None":
         batch = self._batch
         return batch if batch is not None and event_id in batch.ids else None
@@ -528,14 +535,17 @@ class Store:
             )
         except sqlite3.IntegrityError:  # a posting missing a part the table requires
             raise PostingConflict(f"posting {question.event_id} could not be recorded") from None
+        self._postings_changed()
 
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
+        self._postings_changed()
 
     def close_question(self, event_id: str, why: str | None = None, *, by: str = "") -> None:
         """Close a posting; the answer log records it (``by``: who closed it, the bridge when empty)."""
         row = self.db.execute("SELECT room_id, set_id, open FROM posted WHERE event_id=?", (event_id,)).fetchone()
         self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
+        self._postings_changed()
         if why in ("decided", "expired"):
             # A quorum's decision and an expiry are outcomes of their own in the log.
             self.log_approval_outcome(event_id, why)
@@ -618,7 +628,14 @@ class Store:
         return self.db.execute("SELECT COUNT(*) FROM posted").fetchone()[0]
 
     def _one(self, where: str, value: str) -> RecordedQuestion | None:
-        row = self.db.execute(f"SELECT event_id, open, closed_why FROM posted WHERE {where}", (value,)).fetchone()
+        batch = self._batch
+        row = batch.postings.get((where, value), False) if batch is not None else False
+        if row is False:  # not asked yet in this batch (a question is looked up by each answer's parts)
+            row = self.db.execute(f"SELECT event_id, open, closed_why FROM posted WHERE {where}", (value,)).fetchone()
+            if batch is not None:
+                batch.postings[(where, value)] = row
+                if row is not None:  # found by its elicitation or poll: the same posting by its id
+                    batch.postings[("event_id=?", row[0])] = row
         return self._recorded(row[0], bool(row[1]), row[2]) if row else None
 
     def _recorded(self, event_id: str, is_open: bool, closed_why: str | None = None) -> RecordedQuestion:
