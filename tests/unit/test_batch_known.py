@@ -2,8 +2,8 @@
 store keeps what it read up to date while the batch is judged: whatever the
 events (answers, edits before or after what they edit, redactions before or
 after their target, notes, poll votes, the same event twice, a stranger's
-redaction), one batch leaves the same record, answer log and answer-log
-leaves as delivering them one at a time."""
+redaction), one batch leaves the same record (its rev too), answer log and
+answer-log leaves as delivering them one at a time."""
 
 from __future__ import annotations
 

@@ -295,8 +295,9 @@ RECORDING = ("accepted", "annotated")
 class _Batch:
     """What the store knows of a batch's events (``Store.know_batch``): the
     events asked about, those processed, the senders of redactions of each
-    (target -> senders), the targets edits wait for, and the postings
-    looked up so far (forgotten at any change to a posting)."""
+    (target -> senders), the targets edits wait for, the postings looked
+    up so far (forgotten at any change to a posting), the questions made
+    dirty and the answers accepted for each question."""
 
     ids: set[str]
     processed: set[str]
@@ -304,6 +305,9 @@ class _Batch:
     parked: set[str]
     # Postings looked up in this batch: (where, value) -> their row (event id, open, closed_why) or None.
     postings: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
+    # Questions made dirty in this batch; answers accepted for each, (set dir, qid) -> count.
+    dirtied: set[tuple[str, str, str]] = dataclasses.field(default_factory=set)
+    counts: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -472,6 +476,14 @@ class Store:
 
     def _forget_batch(self) -> None:
         self._batch = None
+
+    def _dirty(self, question: tuple[str, str, str]) -> None:
+        """(set dir, set id, qid) to be written to its answers.json (once a batch is enough)."""
+        if self._batch is not None:
+            if question in self._batch.dirtied:
+                return
+            self._batch.dirtied.add(question)
+        self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", question)
 
     def _postings_changed(self) -> None:
         if self._batch is not None:
@@ -685,8 +697,9 @@ class Store:
              entry.thread_root),
         )
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
-            self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
-                            (entry.set_dir, entry.set_id, entry.qid))
+            self._dirty((entry.set_dir, entry.set_id, entry.qid))
+        if entry.outcome == "accepted" and self._batch is not None and (entry.set_dir, entry.qid) in self._batch.counts:
+            self._batch.counts[(entry.set_dir, entry.qid)] += 1
         self.append_leaf(entry, cursor.lastrowid)
         return cursor.lastrowid
 
@@ -760,7 +773,7 @@ class Store:
             return None
         for seq, set_dir, set_id, qid in rows:
             self.db.execute("UPDATE answer_log SET withdrawn=1 WHERE seq=?", (seq,))
-            self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", (set_dir, set_id, qid))
+            self._dirty((set_dir, set_id, qid))
         _seq, set_dir, set_id, qid = rows[-1]
         return set_dir, set_id, qid
 
@@ -864,6 +877,13 @@ class Store:
 
     def accepted_count(self, set_dir: str, qid: str) -> int:
         """Answers ever accepted for a question: the next one's record ``rev`` is this plus one."""
+        batch = self._batch
+        if batch is not None:  # counted once a batch, then by this store's inserts
+            if (set_dir, qid) not in batch.counts:
+                batch.counts[(set_dir, qid)] = self.db.execute(
+                    "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
+                    (set_dir, qid)).fetchone()[0]
+            return batch.counts[(set_dir, qid)]
         return self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
                                (set_dir, qid)).fetchone()[0]
 
@@ -1159,10 +1179,12 @@ class Store:
         entry = self.log_entry(seq)
         self.db.execute("UPDATE answer_log SET outcome='refused', layer='recorded', reason=?, message=?, acked=0"
                         " WHERE seq=?", (reason, message, seq))
+        if self._batch is not None:
+            self._batch.counts.clear()
         if entry is not None:
             self.append_leaf(dataclasses.replace(entry, reason=reason, record=None), seq, outcome="set_aside")
         if row and row[0] and row[2]:
-            self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", row)
+            self._dirty(tuple(row))
 
     def set_aside_counts(self) -> dict[str, int]:
         """reason -> events set aside for it (refused for what they carried, not for what they said)."""
