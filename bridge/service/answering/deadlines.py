@@ -211,8 +211,8 @@ class Deadlines:
     # -- the pass ------------------------------------------------------------
 
     def tracked(self) -> list[str]:
-        rows = self.store.db.execute("SELECT key FROM meta WHERE key LIKE ?", (TRACKED + "%",)).fetchall()
-        return [row[0][len(TRACKED):] for row in rows]
+        """The postings the approvals pass looks at, in one order on both backends."""
+        return [key[len(TRACKED):] for key, _value in self.store.meta_with_prefix(TRACKED)]
 
     async def pass_once(self) -> None:
         # Every second, answers flowing or not: a job on the store's thread, not a wait on the event loop.
