@@ -19,7 +19,7 @@ from typing import Any
 from watchfiles import watch
 
 # The predicates live in answers.arrival (pure, shared with the agents' wait); re-exported here.
-from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, expired_in, has_answer  # noqa: F401
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, expired_in
 from bridge.answers.file import ANSWERS_NAME
 from bridge.answers.view import ReadError, load_view
 from bridge.commands.read import render
