@@ -180,3 +180,29 @@ def test_dirty_questions_and_open_folders_come_in_one_order_whatever_the_table_s
         store.append_log(LogEntry("$d", "!r", "@p:hs", "answer_event", "accepted", set_id="s", set_dir="/sets/one",
                                   qid="d", record={"qid": "d"}))
     assert [qid for _dir, _set, qid in store.dirty()] == ["b", "c", "d"]
+
+
+def test_a_deferred_write_does_not_wait_for_the_server(postgres_server):
+    """Another session holds the row the write needs: the write is handed
+    over at once, and the statement after it waits (for the lock, here)."""
+    url = fresh_schema(postgres_server)
+    store = Store("unused", url=url, password=postgres_server.password)
+    with store.transaction():
+        store.set_meta("t1", "first")
+    holder = psycopg.connect(url, password=postgres_server.password)
+    holder.execute("SELECT 1 FROM meta WHERE key='t1' FOR UPDATE")
+    released = threading.Timer(1.0, holder.rollback)
+    released.start()
+    try:
+        with store.transaction():
+            started = time.monotonic()
+            store.db.defer("UPDATE meta SET value=? WHERE key=?", ("second", "t1"))
+            handed_over = time.monotonic() - started
+            store.set_meta("t2", "with it")
+            waited = time.monotonic() - started
+    finally:
+        released.join()
+        holder.close()
+    assert handed_over < 0.2 and waited >= 0.8
+    assert dict(store.db.execute("SELECT key, value FROM meta WHERE key LIKE 't%'").fetchall()) == {
+        "t1": "second", "t2": "with it"}

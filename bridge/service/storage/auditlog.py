@@ -25,13 +25,12 @@ class AuditLog:
     def __init__(self, db: Any):
         self.db = db
 
-    def append(self, leaf: dict[str, Any], seq: int | None) -> int:
-        """Append one leaf (its canonical bytes and hash); returns its index."""
+    def append(self, leaf: dict[str, Any], seq: int | None) -> None:
+        """Append one leaf (its canonical bytes and hash), at the next index;
+        sent with the next statement that waits (``defer``)."""
         data = audit_leaf.canonical(leaf)
-        row = self.db.execute("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
-                              " FROM audit_leaf RETURNING idx",
-                              (data.decode("utf-8"), merkle.leaf_hash(data).hex(), seq)).fetchone()
-        return int(row[0])
+        self.db.defer("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
+                      " FROM audit_leaf", (data.decode("utf-8"), merkle.leaf_hash(data).hex(), seq))
 
     def size(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM audit_leaf").fetchone()[0])

@@ -483,7 +483,7 @@ class Store:
             if question in self._batch.dirtied:
                 return
             self._batch.dirtied.add(question)
-        self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", question)
+        self.db.defer("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", question)
 
     def _postings_changed(self) -> None:
         if self._batch is not None:
@@ -681,7 +681,7 @@ class Store:
         return self.db.execute("SELECT 1 FROM processed WHERE event_id=?", (event_id,)).fetchone() is not None
 
     def mark_processed(self, event_id: str, outcome: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
+        self.db.defer("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
         if self._batch is not None:
             self._batch.processed.add(event_id)
 
@@ -709,20 +709,20 @@ class Store:
     def audit(self) -> AuditLog:
         return AuditLog(self.db)
 
-    def append_leaf(self, entry: LogEntry, seq: int | None, *, outcome: str | None = None) -> int | None:
+    def append_leaf(self, entry: LogEntry, seq: int | None, *, outcome: str | None = None) -> None:
         """The answer log's leaf for ``entry`` (``outcome`` when it differs
         from the entry's: a later decision about it), appended in the caller's
-        transaction.  Every place an outcome is recorded makes this one call;
-        returns the leaf's index (None with ``audit.enabled`` off)."""
+        transaction (none with ``audit.enabled`` off).  Every place an outcome
+        is recorded makes this one call."""
         if not self.audit_enabled:
-            return None
+            return
         question = self.question_by_event(entry.question_event_id) if entry.question_event_id else None
         leaf = audit_leaf.build_leaf(
             outcome=outcome or entry.outcome, set_id=entry.set_id, room_id=entry.room_id, event_id=entry.event_id,
             sender=entry.sender, ts=entry.ts, via=entry.via, question=question.content if question else None,
             question_event_id=entry.question_event_id, replaces=entry.replaces, device=entry.device,
             record=entry.record, reason=entry.reason)
-        return self.audit.append(leaf, seq)
+        self.audit.append(leaf, seq)
 
     def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
         """Withdraw what ``event_id`` put into a record (a redaction).
@@ -1337,18 +1337,32 @@ class _Transaction:
 
 class _Savepoint:
     """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception
-    (then ``undone`` is called)."""
+    (then ``undone`` is called), a late write's failure at RELEASE too."""
 
     def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] = lambda: None):
         self.db = db
         self.undone = undone
 
     def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("SAVEPOINT part")
+        self.db.defer("SAVEPOINT part")
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.undone()
-            self.db.execute("ROLLBACK TO part")
+        if exc_type is None:
+            try:
+                self.db.execute("RELEASE part")
+                return
+            except sqlite3.DatabaseError as late:
+                if isinstance(late, sqlite3.OperationalError):
+                    raise  # the store failed as a whole: the transaction goes
+                # A write of this part sent late (PostgreSQL sends the writes
+                # whose results nobody reads with the next statement that waits,
+                # ``PgConnection.defer``) failed: this part is undone, as if the
+                # write had failed where it was made.
+                self.undone()
+                self.db.execute("ROLLBACK TO part")
+                self.db.execute("RELEASE part")
+                raise
+        self.undone()
+        self.db.execute("ROLLBACK TO part")
         self.db.execute("RELEASE part")
