@@ -500,11 +500,11 @@ class Store:
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                        (key, value))
+        self.db.defer("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                      (key, value))
 
     def delete_meta(self, key: str) -> None:
-        self.db.execute("DELETE FROM meta WHERE key=?", (key,))
+        self.db.defer("DELETE FROM meta WHERE key=?", (key,))
 
     def meta_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
         """(key, value) of every meta row whose key starts with ``prefix``."""
@@ -859,7 +859,7 @@ class Store:
         return self.db.execute(_DOOMED).fetchall()
 
     def forget_doomed(self, set_dir: str, path: str) -> None:
-        self.db.execute("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
+        self.db.defer("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
 
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         """(question event id, via) of the latest log entry about ``event_id``, whatever its outcome."""
@@ -1132,12 +1132,12 @@ class Store:
 
     def mark_acked(self, seq: int, state: int = 1) -> None:
         """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""
-        self.db.execute("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
+        self.db.defer("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
 
     def drop_notice(self, seq: int, room_id: str, reason: str, at_ms: int) -> None:
         self.mark_acked(seq, DROPPED)
-        self.db.execute("INSERT OR REPLACE INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?)",
-                        (seq, room_id, reason, at_ms))
+        self.db.defer("INSERT OR REPLACE INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?)",
+                      (seq, room_id, reason, at_ms))
 
     def dropped_notices(self, limit: int = 50) -> list[tuple[int, str, str, int]]:
         """(seq, room, reason, when) of the latest notices given up on."""
@@ -1194,8 +1194,8 @@ class Store:
     def record_sent(self, event_id: str, room_id: str, *, question_event_id: str | None, about: str | None = None,
                     kind: str = "notice") -> None:
         """One of the bridge's own messages, and what it is about."""
-        self.db.execute("INSERT OR IGNORE INTO sent(event_id, room_id, question_event_id, about, kind)"
-                        " VALUES (?,?,?,?,?)", (event_id, room_id, question_event_id, about, kind))
+        self.db.defer("INSERT OR IGNORE INTO sent(event_id, room_id, question_event_id, about, kind)"
+                      " VALUES (?,?,?,?,?)", (event_id, room_id, question_event_id, about, kind))
 
     def sent_question(self, event_id: str) -> str | None:
         """The question a message the bridge sent is about (None: not the bridge's, or about none)."""
