@@ -64,7 +64,42 @@ def _mark(name: str) -> None:
         _batch["stages"].setdefault(name, time.perf_counter())
 
 
+_JOB = {"on": False}
+_LOOP_WORK: dict[str, list[float]] = {}  # ASKWRIGHT_BENCH_LOOP_WORK: what the loop ran during batch jobs
+
+
+def _watch_loop(path: str) -> None:
+    """What the event loop runs while a batch's job is on the store's thread
+    (the two share the interpreter lock): each callback's time, by name."""
+    import asyncio.events
+    import atexit
+
+    run = asyncio.events.Handle._run
+
+    def traced_run(self: Any) -> None:
+        if not _JOB["on"]:
+            return run(self)
+        start = time.perf_counter()
+        try:
+            return run(self)
+        finally:
+            callback = getattr(self._callback, "__self__", None)
+            coro = getattr(callback, "get_coro", lambda: None)()
+            name = getattr(coro, "__qualname__", None) or repr(self._callback)[:80]
+            _LOOP_WORK.setdefault(name, []).append((time.perf_counter() - start) * 1000)
+
+    asyncio.events.Handle._run = traced_run  # type: ignore[method-assign]
+
+    def dump() -> None:
+        with open(path, "w") as out:
+            for name, times in sorted(_LOOP_WORK.items(), key=lambda kv: -sum(kv[1])):
+                out.write(f"{sum(times):9.1f} ms {len(times):6d} calls  {name}\n")
+    atexit.register(dump)
+
+
 def install() -> None:
+    if os.environ.get("ASKWRIGHT_BENCH_LOOP_WORK"):
+        _watch_loop(os.environ["ASKWRIGHT_BENCH_LOOP_WORK"])
     from bridge.answers import file as answers_file
     from bridge.service.answering.pipeline import Pipeline
     from bridge.service.storage.storethread import StoreThread
@@ -156,6 +191,7 @@ def install() -> None:
     def traced_job(self: StoreThread, fn: Any, *args: Any, **kwargs: Any) -> Any:
         batch = getattr(fn, "__name__", "") == "process"
         if batch:
+            _JOB["on"] = True
             _mark("job")
             commit = kwargs.get("commit")
             if commit is not None:
@@ -172,6 +208,7 @@ def install() -> None:
             if profile is not None:
                 profile.disable()
             if batch:
+                _JOB["on"] = False
                 _mark("jobdone")
 
     StoreThread._job = traced_job  # type: ignore[method-assign]
