@@ -56,6 +56,11 @@ def _trace_transactions() -> None:
 
 _trace_transactions()
 
+if os.environ.get("ASKWRIGHT_BENCH_STAGES"):
+    import _stages  # latency.py --stages: each batch's time, stage by stage
+
+    _stages.install()
+
 from bridge.cli import main  # noqa: E402
 
 if os.environ.get("ASKWRIGHT_BENCH_PROFILE"):

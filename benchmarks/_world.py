@@ -147,14 +147,23 @@ class World:
         self.bridge = subprocess.Popen([*command, "run", "-c", str(config)],
                                        stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
-    def wheel_site(self) -> Path:
+    def wheel_site(self, ref: str | None = None) -> Path:
         """The bridge built as a plain wheel and installed into a folder of its
-        own (once per world), as an operator would run it."""
-        site = self.base / "wheel-site"
+        own (once per world), as an operator would run it.  ``ref``: the
+        bridge of that git commit instead of the source tree (``latency.py
+        --against``)."""
+        name = "" if ref is None else "-" + "".join(c if c.isalnum() else "-" for c in ref)
+        site = self.base / f"wheel-site{name}"
         if not site.exists():
-            dist = self.base / "dist"
+            dist = self.base / f"dist{name}"
+            source = ROOT
+            if ref is not None:
+                source = self.base / f"source{name}"
+                source.mkdir()
+                archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+                subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
             subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(dist), str(ROOT)], check=True)
+                            "-w", str(dist), str(source)], check=True)
             wheel = next(dist.glob("askwright_bridge-*.whl"))
             subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
                             str(wheel)], check=True)

@@ -72,6 +72,7 @@ class Conditions:
 
 HARD = Conditions()
 PROFILE = ""  # --profile: the bridge under cProfile, its stats written to "<PROFILE>-<set>.prof"
+STAGES = ""  # --stages: each batch's stages (``_stages.py``) written to "<STAGES>-<set>.jsonl"
 EASY = Conditions(mixed=False, answerers=False, gap_ms=0, wheel=False, watcher_per_round=False)
 
 
@@ -253,10 +254,13 @@ async def posted(w: World, client: Any, set_id: str, questions: int, polls: int,
 
 
 async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
-                  rounds: int | None = None, conditions: Conditions = HARD) -> dict[str, Any]:
+                  rounds: int | None = None, conditions: Conditions = HARD, code: str | None = None,
+                  tag: str = "") -> dict[str, Any]:
+    """``code``: the bridge of that git commit (a wheel of it) instead of the
+    source tree's; ``tag``: a suffix for the set's id (one set per measurement)."""
     rounds = rounds or max(1, count // 5)  # five answers a round: many draws of the wake order
     label = conditions.label()
-    set_id = f"lat-{mode}-{label}".replace(",", "-").replace("=", "-").replace(".", "").replace("+", "-")
+    set_id = f"lat-{mode}-{label}{tag}".replace(",", "-").replace("=", "-").replace(".", "").replace("+", "-")
     w.sets_root = w.base / f"sets-{set_id}"  # each bridge sees only its own set
     w.sets_root.mkdir(exist_ok=True)
     if conditions.mixed:
@@ -279,8 +283,12 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     trace = w.base / f"{set_id}.trace"  # when the bridge's syncs return, or its transactions arrive
     if PROFILE:
         os.environ["ASKWRIGHT_BENCH_PROFILE"] = f"{PROFILE}-{set_id}.prof"  # read by ``_traced.py``
+    stages = Path(f"{STAGES}-{set_id}.jsonl") if STAGES else None
+    if stages is not None:
+        stages.unlink(missing_ok=True)
+        os.environ["ASKWRIGHT_BENCH_STAGES"] = str(stages)  # read by ``_traced.py``
     w.start_bridge(w.config(appservice=mode == "appservice", store=store, **extra),
-                   site=w.wheel_site() if conditions.wheel else None, trace=trace)
+                   site=w.wheel_site(code) if conditions.wheel or code else None, trace=trace)
     questions, polls = await posted(w, person, set_id, len(kinds), sum(map(wants_poll, kinds)))
     answers = Answers(questions, polls)
     await key_chores(person)  # an encrypting client: the bridge's device known before the first answer
@@ -353,7 +361,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     # CPU time per answer (of the whole run, acknowledgements included): unlike
     # the wall-clock figures it hardly moves with other work on the machine.
     row["bridge_cpu_ms_per_answer"], row["synapse_cpu_ms_per_answer"] = (round(v, 2) for v in cpu)
-    row["conditions"] = asdict(conditions) | {"label": label}
+    row["conditions"] = asdict(conditions) | {"label": label + (f"@{code}" if code else "")}
     row["not_seen_in_answers_json"] = lost
     if received_ms and len(received_ms) == len(bridge_ms):
         # What the overhead is made of: the homeserver answering the bridge's
@@ -369,10 +377,40 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     if mode == "bot" and access_log.exists():
         row["homeserver_side"] = _sync_timing.explain(timed, w.bot["user_id"], _sync_timing.sync_requests(access_log))
     row["paired_by_round_ms"] = per_round
+    if stages is not None and stages.exists():
+        row["stages_ms"] = stage_summary(stages)
     if per_round:
         row["paired_round_median_ms"] = round(percentile(per_round, 50), 2)
         row["paired_round_max_ms"] = max(per_round)
     return row
+
+
+STAGE_ORDER = ["headers", "parsed", "received", "synced", "ahead", "asked", "handle", "prepared", "job", "judged", "update", "writing",
+               "tempsynced", "replaced",
+               "committed", "jobdone", "handled"]
+
+
+def stage_summary(path: Path) -> dict[str, list[float]]:
+    """--stages: p50 and p99 (ms) of each step of a batch, from one stage to the
+    next (``_stages.py``), over the batches that wrote answers.json."""
+    steps: dict[str, list[float]] = {}
+    for line in path.read_text().splitlines():
+        batch = json.loads(line)
+        stages = batch["stages"]
+        if "replaced" not in stages:
+            continue
+        if "synced" in stages:
+            # The batch before still being made durable when this one's response was in.
+            steps.setdefault("queued behind the batch before", []).append(
+                max(0.0, batch.get("before", 0.0) - stages["synced"]) * 1000)
+        present = [name for name in STAGE_ORDER if name in stages]
+        for a, b in zip(present, present[1:]):
+            steps.setdefault(f"{a}->{b}", []).append((stages[b] - stages[a]) * 1000)
+        if "synced" in stages:
+            steps.setdefault("synced->replaced", []).append((stages["replaced"] - stages["synced"]) * 1000)
+        if "headers" in stages:
+            steps.setdefault("headers->replaced", []).append((stages["replaced"] - stages["headers"]) * 1000)
+    return {step: [round(percentile(v, 50), 3), round(percentile(v, 99), 3), len(v)] for step, v in steps.items()}
 
 
 def read_trace(path: Path | None) -> dict[str, float]:
@@ -490,6 +528,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                   f"it: p50 {r['own_p50_ms']} ms, p99 {r['own_p99_ms']} ms")
         if "homeserver_side" in r:
             _sync_timing.print_explanation(r["mode"], r["conditions"]["label"], r["homeserver_side"])
+        for step, (p50, p99, n) in r.get("stages_ms", {}).items():
+            print(f"{r['mode']} {r['conditions']['label']}: stage {step:<22} p50 {p50:>7} ms  p99 {p99:>7} ms  ({n} batches)")
         if r.get("not_seen_in_answers_json"):
             print(f"{r['mode']} {r['conditions']['label']}: {r['not_seen_in_answers_json']} answers never seen in "
                   "answers.json (replaced by the next answer to the question within the same batch)")
@@ -502,6 +542,31 @@ def print_table(rows: list[dict[str, Any]]) -> None:
           "appservice <= +2 ms at p50; encrypted rooms <= +3 ms at p50, <= +10 ms at p99)")
 
 
+def print_against(rows: list[dict[str, Any]], ref: str) -> None:
+    """--against: the source tree's bridge beside the one of ``ref``, measured in
+    turn on the same homeserver: per answer over the bare client, pooled over
+    every turn, and each pair of turns' difference of per-answer p50s."""
+    def pooled(side: list[dict[str, Any]], key: str = "paired") -> list[float]:
+        if key == "own":
+            return [v for r in side for v in r["samples"].get("own_ms", [])]
+        return [b - r for row in side for b, r in zip(row["samples"]["bridge_ms"], row["samples"]["bare_ms"])]
+
+    old = [r for r in rows if r["conditions"]["label"].endswith(f"@{ref}")]
+    new = [r for r in rows if not r["conditions"]["label"].endswith(f"@{ref}")]
+    print(f"--against {ref}: {len(new)} turns of this tree, {len(old)} of {ref}, taken in turn")
+    for name, side in ((ref, old), ("this tree", new)):
+        paired, own = pooled(side), pooled(side, "own")
+        rounds = [v for r in side for v in r.get("paired_by_round_ms", [])]
+        print(f"  {name:<12} n {len(paired):>5}  per answer +p50 {percentile(paired, 50):>6.2f}  "
+              f"+p99 {percentile(paired, 99):>6.2f}  own p50 {percentile(own, 50):>6.2f}  "
+              f"own p99 {percentile(own, 99):>6.2f}  median of round medians {percentile(rounds, 50):>6.2f}  "
+              f"rounds over +5 ms {sum(v > 5 for v in rounds)} of {len(rounds)}  "
+              f"cpu/answer {percentile([r['bridge_cpu_ms_per_answer'] for r in side], 50)}")
+    diffs = [round(n["paired_p50_ms"] - o["paired_p50_ms"], 2) for o, n in zip(old, new)]
+    owns = [round(n.get("own_p50_ms", 0) - o.get("own_p50_ms", 0), 2) for o, n in zip(old, new)]
+    print(f"  this tree minus {ref}, turn by turn: per answer +p50 {diffs}; own p50 {owns}")
+
+
 VARIATIONS = {  # --vary: the harder case with one condition eased at a time
     "hard": HARD, "easy": EASY,
     "one-choice-question": replace(HARD, mixed=False), "no-answerers": replace(HARD, answerers=False),
@@ -511,7 +576,8 @@ VARIATIONS = {  # --vary: the harder case with one condition eased at a time
 
 
 async def main(count: int, modes: list[str], rounds: int | None, variants: list[str],
-               encrypted: bool = False, hs_timing: bool = False) -> list[dict[str, Any]]:
+               encrypted: bool = False, hs_timing: bool = False, against: str | None = None,
+               turns: int = 4) -> list[dict[str, Any]]:
     rows = []
     if hs_timing:
         _sync_timing.enable_access_log()
@@ -519,10 +585,20 @@ async def main(count: int, modes: list[str], rounds: int | None, variants: list[
         for mode in modes:
             for name in variants:
                 conditions = replace(VARIATIONS[name], encrypted=encrypted)
-                rows.append(await measure(w, mode, count, {}, rounds, conditions))
-                print_table(rows[-1:])
+                if against is None:
+                    rows.append(await measure(w, mode, count, {}, rounds, conditions))
+                    print_table(rows[-1:])
+                    continue
+                for turn in range(turns):
+                    # Each turn both bridges, the one going first alternating.
+                    for code in ([against, None] if turn % 2 == 0 else [None, against]):
+                        rows.append(await measure(w, mode, count, {}, rounds, conditions, code=code,
+                                                  tag=f"-{'old' if code else 'new'}{turn}"))
+                        print_table(rows[-1:])
     print()
     print_table(rows)
+    if against is not None:
+        print_against(rows, against)
     return rows
 
 
@@ -543,9 +619,16 @@ if __name__ == "__main__":
     parser.add_argument("--hs-timing", action="store_true",
                         help="bot mode: also time each /sync from the homeserver's side (its access log)")
     parser.add_argument("--profile", metavar="PREFIX", help="run each bridge under cProfile, stats to PREFIX-<set>.prof")
+    parser.add_argument("--stages", metavar="PREFIX",
+                        help="bot mode: time each batch's steps (_stages.py), one line a batch to PREFIX-<set>.jsonl")
+    parser.add_argument("--against", metavar="GITREF",
+                        help="measure this tree's bridge and the one of GITREF in turn, on the same homeserver")
+    parser.add_argument("--turns", type=int, default=4, help="with --against: turns of each (default 4)")
     args = parser.parse_args()
     PROFILE = args.profile or ""
+    STAGES = args.stages or ""
     variants = args.vary or (["easy"] if args.easy else ["hard"])
-    rows = asyncio.run(main(args.count, args.modes, args.rounds, variants, args.encrypted, args.hs_timing))
+    rows = asyncio.run(main(args.count, args.modes, args.rounds, variants, args.encrypted, args.hs_timing,
+                            args.against, args.turns))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -197,6 +197,56 @@ async def test_a_batch_that_keeps_an_event_asks_the_long_poll_again_to_wake_in_t
     await _stopped(loop, stop)
 
 
+class _LookAtTheStore(_KeepingCrypto):
+    """Each look at the kept events after the first waits for ``free`` (a
+    job on the store's thread behind a slow one): ``looks`` counts them."""
+
+    def __init__(self, kept: bool = False) -> None:
+        super().__init__()
+        self.kept = kept
+        self.looks = 0
+        self.free = asyncio.Event()
+
+    async def sync_timeout_ms(self, default: int) -> int:
+        self.looks += 1
+        if self.looks > 1:
+            await self.free.wait()
+        return await super().sync_timeout_ms(default)
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        return events, []
+
+
+async def test_the_long_poll_asked_ahead_waits_for_no_look_at_the_kept_events(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    crypto = _LookAtTheStore()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop, crypto=crypto).run())
+    # Nothing was kept at the first look: the next long poll is out at once,
+    # not after a second look (a job on the store's thread) while the batch waits.
+    await _until(lambda: len(homeserver.asked) == 2)
+    assert crypto.looks == 1 and homeserver.timeouts == [30000, 30000]
+    crypto.free.set()
+    pipeline.release.set()
+    await _until(lambda: pipeline.durable == ["$a"])
+    # Once the batch is durable the kept events are looked at again (it kept none: nothing asked again).
+    await _until(lambda: crypto.looks == 2)
+    assert len(homeserver.asked) == 2
+    await _stopped(loop, stop)
+
+
+async def test_with_an_event_kept_at_the_last_look_the_long_poll_asked_ahead_wakes_in_time(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    crypto = _LookAtTheStore(kept=True)
+    crypto.free.set()
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop, crypto=crypto).run())
+    await _until(lambda: pipeline.durable == ["$a"] and len(homeserver.asked) >= 2)
+    assert homeserver.timeouts[:2] == [200, 200]
+    await _stopped(loop, stop)
+
+
 class _WaitsForTheLoop(_Pipeline):
     """Judging waits (up to 10 s) for the event loop to say it is free."""
 

@@ -118,6 +118,11 @@ class Crypto:
         # encrypted messages wait rather than being judged on devices unread.
         self._devices_unanswered: set[str] = set()
         self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
+        # The last look at the kept events found none, and none was kept
+        # since: the next look needs no job on the store's thread.  Only this
+        # object keeps events, and a term as leader has one of its own (a
+        # takeover starts with a new one, which looks).
+        self._none_kept = False
 
     # -- start-up -------------------------------------------------------
 
@@ -354,7 +359,7 @@ class Crypto:
     async def sync_timeout_ms(self, default: int) -> int:
         """A long poll that wakes up in time for the first kept event's grace period."""
         timeout = default
-        kept = await self.store.run(self.store.undecrypted)  # before every long poll: not a wait on the loop
+        kept = await self._kept()  # before every long poll: not a wait on the loop
         if kept:
             due = min(first_seen + self._patience_ms(event) for event, first_seen in kept)
             timeout = min(default, due - self.clock())
@@ -366,6 +371,22 @@ class Crypto:
             if retry is not None:
                 timeout = min(timeout, retry)
         return max(0, timeout)
+
+    async def _kept(self) -> list[tuple[dict[str, Any], int]]:
+        """The kept events (``Store.undecrypted``), read on the store's thread
+        unless the last look found none and none was kept since: a batch of
+        plain answers then waits for no job but its own."""
+        if self._none_kept:
+            return []
+        kept = await self.store.run(self.store.undecrypted)
+        self._none_kept = not kept
+        return kept
+
+    def _keep(self, events: list[dict[str, Any]], now: int) -> list[dict[str, Any]]:
+        """Keep ``events`` (one store transaction); those not kept before."""
+        self._none_kept = False
+        with self.store.transaction():
+            return [e for e in events if self.store.keep_undecrypted(e, now)]
 
     async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
             list[dict[str, Any]], list[str]]:
@@ -403,9 +424,7 @@ class Crypto:
                 continue
             batch.append(event)
         if newly_kept:
-            with self.store.transaction():
-                kept_now = [e for e in newly_kept if self.store.keep_undecrypted(e, now)]
-            for event in kept_now:
+            for event in self._keep(newly_kept, now):
                 log.warning("event %s from %s in %s could not be decrypted yet; kept, keys asked for",
                             event["event_id"], event["sender"], event["room_id"])
         resolved: list[str] = []
@@ -413,7 +432,7 @@ class Crypto:
         expired: list[dict[str, Any]] = []
         still_kept: list[dict[str, Any]] = []
         kept_since: dict[str, int] = {}
-        for event, first_seen in await self.store.run(self.store.undecrypted):
+        for event, first_seen in await self._kept():
             decrypted = self._decrypt(event)
             if decrypted is not None:
                 if ORIGIN not in event and event["event_id"] not in self._waiting_logged:
@@ -457,9 +476,7 @@ class Crypto:
             out.append(event)
         if unchecked:
             # Kept as read: the ciphertext is gone once nio decrypted it in the sync.
-            with self.store.transaction():
-                waiting = [e for e in unchecked if self.store.keep_undecrypted(e, now)]
-            for event in waiting:
+            for event in self._keep(unchecked, now):
                 log.warning("event %s from %s in %s waits: the keys of %s's devices were not answered for yet",
                             event["event_id"], event["sender"], event["room_id"], event["sender"])
         if refusals:

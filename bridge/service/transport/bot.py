@@ -191,6 +191,9 @@ class SyncLoop:
         self._upkeep: asyncio.Future[None] | None = None  # the key chores running beside the sync
         self.first_sync = first_sync  # asked for before the loop started (``ask_first_sync``)
         self._wakes_at = 0.0  # the event loop's time when the last long poll asked returns at the latest
+        # The last look at the kept events (``Crypto.sync_timeout_ms``) found
+        # the loop needed back before the default timeout (none yet: look).
+        self._wanted_sooner = True
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -277,10 +280,14 @@ class SyncLoop:
         if self.crypto is not None and (self._upkeep is None or self._upkeep.done()):
             self._upkeep = asyncio.ensure_future(self._key_upkeep())
 
-    async def _ask(self, since: str | None, timeout: int, sync_filter: dict[str, Any]) -> "asyncio.Future[Any]":
-        if self.crypto is not None:
+    async def _ask(self, since: str | None, timeout: int, sync_filter: dict[str, Any],
+                   look: bool = True) -> "asyncio.Future[Any]":
+        """``look``: the timeout from a fresh look at the kept events (a job
+        on the store's thread); else the default one."""
+        if self.crypto is not None and look:
             # A long poll that wakes up in time for what kept events are waiting on.
-            timeout = await self.crypto.sync_timeout_ms(timeout)
+            default, timeout = timeout, await self.crypto.sync_timeout_ms(timeout)
+            self._wanted_sooner = timeout < default
         self._wakes_at = asyncio.get_running_loop().time() + timeout / 1000
         return asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
 
@@ -291,7 +298,9 @@ class SyncLoop:
         again) or a person whose devices are to be asked for again."""
         if ahead is None or self.crypto is None or ahead[1].done():
             return ahead
-        wanted = asyncio.get_running_loop().time() + await self.crypto.sync_timeout_ms(30000) / 1000
+        timeout = await self.crypto.sync_timeout_ms(30000)
+        self._wanted_sooner = timeout < 30000
+        wanted = asyncio.get_running_loop().time() + timeout / 1000
         if wanted >= self._wakes_at - 0.05:
             return ahead
         await _drop(ahead)
@@ -307,8 +316,15 @@ class SyncLoop:
 
         Only the request runs ahead: its response is handled once this batch
         is durable, and the token in the store still moves only in a batch's
-        commit, so a crash replays from the last durable token as before."""
-        sync = await self._ask(since, 30000, sync_filter)
+        commit, so a crash replays from the last durable token as before.
+
+        It waits for no job on the store's thread: with nothing kept for its
+        key at the last look it is asked with the default timeout at once
+        (a look first would hand the loop to the store's thread and back
+        before the request is out, and before the batch is judged), and
+        ``_wake_in_time`` looks again once the batch is durable: a batch that
+        kept an event has the long poll asked again with the timeout it needs."""
+        sync = await self._ask(since, 30000, sync_filter, look=self._wanted_sooner)
         # Runs the request up to its first wait on the network (the request
         # is sent) before anything of the batch is done.
         await asyncio.sleep(0)

@@ -1,0 +1,257 @@
+"""Where a bot-mode batch's time goes, stage by stage (``latency.py --stages``).
+
+Imported by ``_traced.py`` when ``ASKWRIGHT_BENCH_STAGES`` names a file: it
+wraps the steps of the answers' path (nothing of what they do changes) and
+writes one JSON line per batch that held events, each stage a
+``perf_counter`` time:
+
+  headers   the sync's response headers are in (nio starts reading the body)
+  parsed    the body read, parsed and turned into nio's ``SyncResponse``
+  received  nio's own handling of it done (``receive_response``)
+  synced    ``AsyncClient.sync`` returned (the time ``_traced.py`` notes)
+  ahead     the sync loop asks for the next long poll (``_ask_ahead`` called)
+  asked     ... and has asked for it
+  handle    ``SyncLoop._handle`` started on the batch
+  prepared  ``Pipeline.prepare`` done (files fetched)
+  job       the batch's job started on the store's thread
+  judged    judging done (the batch's store transaction ends, ``flush`` starts)
+  update    answers.json's update started (``AnswersFile.update``)
+  writing   the new bytes made, the temp file about to be written
+  tempsynced the temp file written and fsynced
+  replaced  answers.json renamed into place (what the bench's watcher sees)
+  committed the transport's commit ran (the sync token)
+  jobdone   the job returned
+  handled   ``_handle`` returned on the event loop
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+from nio import AsyncClient, SyncResponse
+
+_out = open(os.environ["ASKWRIGHT_BENCH_STAGES"], "a", buffering=1)
+_by_token: dict[str, dict[str, float]] = {}  # a sync response's stages, by its next_batch
+_batch: dict[str, Any] = {}  # the batch being handled
+_last = {"handled": 0.0}  # when the batch before was handled
+
+
+# ASKWRIGHT_BENCH_STAGES_PROFILE=PREFIX: cProfile (wall clock) over each
+# batch's job on the store's thread, and over the sync loop asking ahead,
+# written to PREFIX-job.prof and PREFIX-ahead.prof at exit.
+_PROFILE = os.environ.get("ASKWRIGHT_BENCH_STAGES_PROFILE", "")
+_profiles: dict[str, Any] = {}
+
+
+def _profile(name: str) -> Any:
+    if not _PROFILE:
+        return None
+    if name not in _profiles:
+        import atexit
+        import cProfile
+
+        _profiles[name] = cProfile.Profile(time.perf_counter)
+        atexit.register(lambda: _profiles[name].dump_stats(f"{_PROFILE}-{name}.prof"))
+    return _profiles[name]
+
+
+def _mark(name: str) -> None:
+    if _batch:
+        _batch["stages"].setdefault(name, time.perf_counter())
+
+
+_JOB = {"on": False}
+_LOOP_WORK: dict[str, list[float]] = {}  # ASKWRIGHT_BENCH_LOOP_WORK: what the loop ran during batch jobs
+
+
+def _watch_loop(path: str) -> None:
+    """What the event loop runs while a batch's job is on the store's thread
+    (the two share the interpreter lock): each callback's time, by name."""
+    import asyncio.events
+    import atexit
+
+    run = asyncio.events.Handle._run
+
+    def traced_run(self: Any) -> None:
+        if not _JOB["on"]:
+            return run(self)
+        start = time.perf_counter()
+        try:
+            return run(self)
+        finally:
+            callback = getattr(self._callback, "__self__", None)
+            coro = getattr(callback, "get_coro", lambda: None)()
+            name = getattr(coro, "__qualname__", None) or repr(self._callback)[:80]
+            _LOOP_WORK.setdefault(name, []).append((time.perf_counter() - start) * 1000)
+
+    asyncio.events.Handle._run = traced_run  # type: ignore[method-assign]
+
+    def dump() -> None:
+        with open(path, "w") as out:
+            for name, times in sorted(_LOOP_WORK.items(), key=lambda kv: -sum(kv[1])):
+                out.write(f"{sum(times):9.1f} ms {len(times):6d} calls  {name}\n")
+    atexit.register(dump)
+
+
+def install() -> None:
+    if os.environ.get("ASKWRIGHT_BENCH_LOOP_WORK"):
+        _watch_loop(os.environ["ASKWRIGHT_BENCH_LOOP_WORK"])
+    from bridge.answers import file as answers_file
+    from bridge.service.answering.pipeline import Pipeline
+    from bridge.service.storage.storethread import StoreThread
+    from bridge.service.transport.bot import SyncLoop
+
+    create = AsyncClient.create_matrix_response
+
+    async def create_matrix_response(self: AsyncClient, response_class: type, *args: Any, **kwargs: Any) -> Any:
+        headers = time.perf_counter()
+        response = await create(self, response_class, *args, **kwargs)
+        if isinstance(response, SyncResponse):
+            response._stages = {"headers": headers, "parsed": time.perf_counter()}
+        return response
+
+    AsyncClient.create_matrix_response = create_matrix_response  # type: ignore[method-assign]
+
+    receive = AsyncClient.receive_response
+
+    async def receive_response(self: AsyncClient, response: Any) -> None:
+        await receive(self, response)
+        stages = getattr(response, "_stages", None)
+        if stages is not None:
+            stages["received"] = time.perf_counter()
+            _by_token[response.next_batch] = stages
+            while len(_by_token) > 50:
+                _by_token.pop(next(iter(_by_token)))
+
+    AsyncClient.receive_response = receive_response  # type: ignore[method-assign]
+
+    sync = AsyncClient.sync
+
+    async def traced_sync(self: AsyncClient, *args: Any, **kwargs: Any) -> Any:
+        response = await sync(self, *args, **kwargs)
+        stages = _by_token.get(getattr(response, "next_batch", None) or "")
+        if stages is not None:
+            stages["synced"] = time.perf_counter()
+        return response
+
+    AsyncClient.sync = traced_sync  # type: ignore[method-assign]
+
+    ask_ahead = SyncLoop._ask_ahead
+
+    async def traced_ask_ahead(self: SyncLoop, since: str, *args: Any) -> Any:
+        stages = _by_token.get(since)
+        if stages is not None:
+            stages["ahead"] = time.perf_counter()
+        profile = _profile("ahead")
+        if profile is not None:
+            profile.enable()
+        try:
+            return await ask_ahead(self, since, *args)
+        finally:
+            if profile is not None:
+                profile.disable()
+            if stages is not None:
+                stages["asked"] = time.perf_counter()
+
+    SyncLoop._ask_ahead = traced_ask_ahead  # type: ignore[method-assign]
+
+    handle = SyncLoop._handle
+
+    async def traced_handle(self: SyncLoop, events: list[dict[str, Any]], token: str | None = None) -> None:
+        if not events or token is None:
+            return await handle(self, events, token)
+        _batch.clear()
+        _batch.update(ids=[e.get("event_id") for e in events], stages=dict(_by_token.get(token, {})),
+                      before=_last["handled"])
+        _mark("handle")
+        try:
+            await handle(self, events, token)
+        finally:
+            _mark("handled")
+            _last["handled"] = _batch["stages"]["handled"]
+            _out.write(json.dumps(_batch) + "\n")
+            _batch.clear()
+
+    SyncLoop._handle = traced_handle  # type: ignore[method-assign]
+
+    prepare = Pipeline.prepare
+
+    async def traced_prepare(self: Pipeline, events: list[dict[str, Any]]) -> None:
+        await prepare(self, events)
+        _mark("prepared")
+
+    Pipeline.prepare = traced_prepare  # type: ignore[method-assign]
+
+    job = StoreThread._job
+
+    def traced_job(self: StoreThread, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = getattr(fn, "__name__", "") == "process"
+        if batch:
+            _JOB["on"] = True
+            _mark("job")
+            commit = kwargs.get("commit")
+            if commit is not None:
+                def marked_commit() -> None:
+                    commit()
+                    _mark("committed")
+                kwargs["commit"] = marked_commit
+        profile = _profile("job") if batch else None
+        if profile is not None:
+            profile.enable()
+        try:
+            return job(self, fn, *args, **kwargs)
+        finally:
+            if profile is not None:
+                profile.disable()
+            if batch:
+                _JOB["on"] = False
+                _mark("jobdone")
+
+    StoreThread._job = traced_job  # type: ignore[method-assign]
+
+    flush = Pipeline.flush
+
+    @functools.wraps(flush)
+    def traced_flush(self: Pipeline, *args: Any, **kwargs: Any) -> int:
+        _mark("judged")
+        return flush(self, *args, **kwargs)
+
+    Pipeline.flush = traced_flush  # type: ignore[method-assign]
+
+    update = answers_file.AnswersFile.update
+
+    def traced_update(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _mark("update")
+        return update(self, *args, **kwargs)
+
+    answers_file.AnswersFile.update = traced_update  # type: ignore[method-assign]
+
+    atomic = answers_file.atomic_replace
+
+    def traced_atomic(path: Any, data: bytes) -> None:
+        _mark("writing")
+        atomic(path, data)
+
+    answers_file.atomic_replace = traced_atomic  # type: ignore[assignment]
+
+    fsync = os.fsync
+
+    def traced_fsync(fd: int) -> None:
+        fsync(fd)
+        if "writing" in _batch.get("stages", {}):
+            _mark("tempsynced")
+
+    answers_file.os.fsync = traced_fsync  # type: ignore[attr-defined]
+
+    replace = os.replace
+
+    def traced_replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        replace(src, dst, *args, **kwargs)
+        if str(dst).endswith("answers.json"):
+            _mark("replaced")
+
+    answers_file.os.replace = traced_replace  # type: ignore[attr-defined]

@@ -1,0 +1,74 @@
+"""The kept events (encrypted ones waiting for their keys) are looked at
+before each long poll and in each batch, on the store's thread.  With none
+kept, a batch of plain answers waits for no job but its own: the look after
+one that found nothing, with nothing kept since, is not a job.  Once an
+event is kept the looks read the store again, and find it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from nio import AsyncClient
+
+from bridge.service.config import Encryption
+from bridge.service.encryption.crypto import Crypto
+from bridge.service.storage.store import Store
+from bridge.service.transport.matrix import client_config
+
+ROOM = "!r:example.org"
+
+
+async def _unreachable(*_args: Any, **_kwargs: Any) -> None:
+    raise OSError("the homeserver is unreachable")
+
+
+def _plain(event_id: str) -> dict[str, Any]:
+    return {"type": "m.room.message", "event_id": event_id, "room_id": ROOM, "sender": "@person:example.org",
+            "origin_server_ts": int(time.time() * 1000), "content": {"msgtype": "m.text", "body": "yes"}}
+
+
+def _sealed(event_id: str) -> dict[str, Any]:
+    return {"type": "m.room.encrypted", "event_id": event_id, "room_id": ROOM, "sender": "@person:example.org",
+            "origin_server_ts": int(time.time() * 1000),
+            "content": {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AAAA", "sender_key": "key",
+                        "session_id": "session", "device_id": "PHONE"}}
+
+
+async def test_with_nothing_kept_a_plain_batch_makes_no_job_for_the_kept_events(tmp_path: Path) -> None:
+    store = Store(tmp_path / "bridge.sqlite")
+    (tmp_path / "crypto").mkdir()
+    client = AsyncClient("http://127.0.0.1:1", "@askbot:example.org", store_path=str(tmp_path / "crypto"),
+                         config=client_config(encryption=True))
+    client.restore_login("@askbot:example.org", "BRIDGE", "token")
+    client.to_device = _unreachable  # type: ignore[method-assign] - the key requests go nowhere
+    jobs: list[str] = []
+    run = store.run
+
+    async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        jobs.append(getattr(fn, "__name__", "?"))
+        return await run(fn, *args, **kwargs)
+
+    store.run = counted  # type: ignore[method-assign]
+    crypto = Crypto(client, store, Encryption(grace="300s"))
+    try:
+        assert await crypto.sync_timeout_ms(30000) == 30000
+        assert jobs == ["undecrypted"]  # the first look reads the store
+        batch, resolved = await crypto.screen([_plain("$a")], lambda user: False)
+        assert [e["event_id"] for e in batch] == ["$a"] and resolved == []
+        assert await crypto.sync_timeout_ms(30000) == 30000
+        batch, _ = await crypto.screen([_plain("$b")], lambda user: False)
+        assert [e["event_id"] for e in batch] == ["$b"]
+        assert jobs == ["undecrypted"]  # none kept since: no job for the looks after it
+        # An event kept for its key: the looks read the store again and wait for it.
+        batch, _ = await crypto.screen([_sealed("$secret")], lambda user: False)
+        assert batch == [] and [e["event_id"] for e, _seen in store.undecrypted()] == ["$secret"]
+        jobs.clear()
+        assert 0 < await crypto.sync_timeout_ms(600_000) <= 300_000
+        assert jobs == ["undecrypted"]
+        batch, _ = await crypto.screen([_plain("$c")], lambda user: False)
+        assert [e["event_id"] for e in batch] == ["$c"] and jobs == ["undecrypted", "undecrypted"]
+    finally:
+        await client.close()
+        store.close()
