@@ -1082,7 +1082,8 @@ class Store:
         return self.db.execute("SELECT set_dir, set_id, qid FROM dirty ORDER BY rowid").fetchall()
 
     def clear_dirty(self, items: Iterable[tuple[str, str, str]]) -> None:
-        self.db.executemany("DELETE FROM dirty WHERE set_dir=? AND qid=?", [(d, q) for d, _s, q in items])
+        for set_dir, _set_id, qid in items:  # with the flush's COMMIT, on PostgreSQL
+            self.db.defer("DELETE FROM dirty WHERE set_dir=? AND qid=?", (set_dir, qid))
 
     # -- pending notices: worked out a window at a time, so a backlog of tens
     # of thousands (a homeserver slower to take the replies than the answers)
