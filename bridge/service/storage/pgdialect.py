@@ -14,15 +14,21 @@ stay as they are:
   table without an integer key gets the ``rowid`` SQLite gives it, as an
   identity column;
 - ``PRAGMA user_version`` is a row in ``askwright_schema``; ``PRAGMA
-  synchronous`` is ``synchronous_commit``; other pragmas mean nothing here;
+  synchronous`` is ``SET LOCAL synchronous_commit`` in the transactions
+  that follow; other pragmas mean nothing here;
 - ``INDEXED BY`` (a SQLite planner hint) is dropped;
 - ``COLLATE BINARY`` (text in byte order, SQLite's own; the store says it
   wherever it orders by text) is ``COLLATE "C"``: a database's own order
   is its host's language's, where "a" comes before "B";
-- ``BEGIN IMMEDIATE`` is ``BEGIN`` followed by the fence (the leader's lease
-  check, see ``bridge/service/storage/leader.py``) when one is set;
+- ``BEGIN IMMEDIATE`` is ``BEGIN`` with the fence (the leader's lease
+  check, see ``bridge/service/storage/leader.py``) when one is set, both in
+  one round trip;
 - ``lastrowid`` comes from ``RETURNING`` the table's identity column,
   ``total_changes`` is counted here;
+- what only this backend has, for its round trips: ``reads`` (several
+  reads sent at once) and ``defer`` (a write whose result nobody reads,
+  sent with the next statement that waits); see docs/architecture.md, "A
+  batch's round trips";
 - psycopg's errors are raised as the ``sqlite3`` classes the callers already
   catch (a lost connection is an ``OperationalError``: the store failed as a
   whole, the batch is retried), with psycopg's error as the cause.
