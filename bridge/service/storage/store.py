@@ -877,15 +877,13 @@ class Store:
 
     def accepted_count(self, set_dir: str, qid: str) -> int:
         """Answers ever accepted for a question: the next one's record ``rev`` is this plus one."""
-        batch = self._batch
-        if batch is not None:  # counted once a batch, then by this store's inserts
-            if (set_dir, qid) not in batch.counts:
-                batch.counts[(set_dir, qid)] = self.db.execute(
-                    "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
-                    (set_dir, qid)).fetchone()[0]
+        batch = self._batch  # counted once a batch, then by this store's inserts
+        if batch is not None and (set_dir, qid) in batch.counts:
             return batch.counts[(set_dir, qid)]
-        return self.db.execute("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'",
-                               (set_dir, qid)).fetchone()[0]
+        count = self.db.execute(_ACCEPTED_COUNT, (set_dir, qid)).fetchone()[0]
+        if batch is not None:
+            batch.counts[(set_dir, qid)] = count
+        return count
 
     def standing_before(self, set_dir: str, qid: str, event_id: str) -> str | None:
         """The sender of the answer to the question that stands just before
@@ -938,7 +936,7 @@ class Store:
                    " (SELECT hash FROM audit_leaf l WHERE l.seq=a.seq ORDER BY idx DESC LIMIT 1)"
                    if self.audit_enabled else "")
         counted, latest, noted, annotated, posted = self.db.reads([
-            ("SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'", (set_dir, qid)),
+            (_ACCEPTED_COUNT, (set_dir, qid)),
             (f"SELECT record, whole, carry_note, ts, seq{receipt} FROM answer_log a WHERE {live}"
              f" AND outcome='accepted' {order} LIMIT 1", (set_dir, qid)),
             (f"SELECT record, whole, carry_note, ts, seq FROM answer_log INDEXED BY log_noted WHERE {live}"
@@ -1290,6 +1288,7 @@ class Store:
 _Q = "event_id, room_id, set_id, content, open, closed_why"
 # Ids in one IN (...) of ``know_batch``: well within SQLite's and PostgreSQL's limits on parameters.
 _IDS_PER_READ = 500
+_ACCEPTED_COUNT = "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'"
 # Held sets, ties first held first on both backends; files to delete.
 _HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
 _DOOMED = "SELECT set_dir, path FROM doomed_file"
