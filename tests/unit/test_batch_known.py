@@ -74,3 +74,38 @@ def test_one_batch_leaves_what_one_event_at_a_time_leaves(events: list[dict[str,
         apart.store.close()
     finally:
         shutil.rmtree(base)
+
+
+def test_what_a_batch_knows_is_its_own_thread_s_until_its_transaction_ends(tmp_path: Path) -> None:
+    """A coroutine on the event loop asking while a batch runs on the store's
+    thread waits for the batch to end, as its statements do, and sees what was
+    committed: not the batch's marks, which may still be rolled back."""
+    import asyncio
+    import threading
+
+    room = Room(tmp_path)
+    store = room.store
+    inside, go_on = threading.Event(), threading.Event()
+
+    def batch() -> None:
+        try:
+            with store.transaction(flush=False):
+                store.know_batch(["$x"])
+                with store.savepoint():
+                    store.mark_processed("$x", "accepted")
+                inside.set()
+                go_on.wait(5)
+                raise RuntimeError("the batch fails: rolled back")
+        except RuntimeError:
+            pass
+
+    async def main() -> bool:
+        job = asyncio.ensure_future(store.run(batch))
+        await asyncio.get_running_loop().run_in_executor(None, inside.wait, 5)
+        threading.Timer(0.3, go_on.set).start()
+        seen = store.is_processed("$x")  # on the loop's thread, while the batch's transaction is open
+        await job
+        return seen
+
+    assert asyncio.run(main()) is False
+    store.close()

@@ -267,3 +267,14 @@ def test_a_stop_while_the_homeserver_does_not_answer_ends_the_pass_after_the_gra
 
     assert asyncio.run(stopped_pass()) == 0
     assert len(store.pending_acks(10)) == 1
+
+
+@pytest.mark.parametrize("bad", ["$bad\ud800", "$bad\x00"], ids=["lone surrogate", "NUL"])
+def test_an_event_id_no_store_can_keep_is_skipped_and_the_rest_of_its_batch_is_judged(tmp_path: Path,
+                                                                                       bad: str) -> None:
+    """The batch's events are looked up at once (``Store.know_batch``): an id
+    no store can key by is left out of that look, not made to fail it."""
+    store, pipeline, _transport, folders = setup(tmp_path)
+    result = pipeline.process([answer(0, bad, "Aurora"), answer(0, "$good", "Borealis", sender=BOB)])
+    assert result.skipped == 1
+    assert AnswersFile(folders[ROOM]).load()["answers"]["name"]["text"] == "Borealis"

@@ -61,3 +61,17 @@ def test_a_commit_whose_writes_fail_ends_its_transaction(tmp_path: Path) -> None
     with store.transaction():  # no transaction left open: this one begins and commits
         store.set_meta("t3", "next")
     assert meta(store) == {"t1": "first", "t3": "next"}
+
+
+def test_a_late_write_of_a_value_no_store_can_encode_undoes_its_own_part(tmp_path: Path) -> None:
+    """The driver refuses the value before the server sees it (a lone surrogate):
+    still an error of that part, undone like one the server returns."""
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        with pytest.raises((sqlite3.Error, UnicodeError)):
+            with store.savepoint():
+                store.set_meta("t1", "partial")
+                store.set_meta("t2", "a\ud800b")
+        with store.savepoint():
+            store.set_meta("t3", "after")
+    assert meta(store) == {"t3": "after"}

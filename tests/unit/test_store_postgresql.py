@@ -205,3 +205,17 @@ def test_a_deferred_write_does_not_wait_for_the_server(postgres_server):
         holder.close()
     assert handed_over < 0.2 and waited >= 0.8
     assert seen == "second" and store.get_meta("t1") == "second"
+
+
+def test_a_statement_after_the_connection_dropped_reconnects_even_one_never_run_before(postgres_server):
+    """Working out how to send a new INSERT may ask the server (its table's
+    identity column): asked after the reconnect, not on the dropped connection."""
+    db = PgConnection(fresh_schema(postgres_server), password=postgres_server.password)
+    db.execute("CREATE TABLE t (x INTEGER PRIMARY KEY AUTOINCREMENT, y TEXT)")
+    pid = db.execute("SELECT pg_backend_pid()").fetchone()[0]
+    with psycopg.connect(postgres_server.url(with_password=True), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    with pytest.raises(sqlite3.OperationalError):
+        db.execute("SELECT 1")  # finds the connection gone
+    assert db.execute("INSERT INTO t(y) VALUES (?)", ("a",)).lastrowid == 1
+    db.close()

@@ -196,15 +196,19 @@ class Pipeline:
 
     def _one(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
         event_id = event.get("event_id")
-        if not isinstance(event_id, str) or self.store.is_processed(event_id):
+        if not isinstance(event_id, str):
             result.skipped += 1
             return
         if not (fit_id(event_id) and fit_id(event.get("room_id")) and fit_id(event.get("sender"))):
             # Ids the store can't key by (a lone surrogate, 300 characters):
-            # nothing can be kept or said about such an event; skipping it is
-            # all that is left, and costs nothing when it comes again.
+            # nothing can be kept or said about such an event, not even looked
+            # up; skipping it is all that is left, and costs nothing when it
+            # comes again.
             log.warning("event with ids the store can't keep skipped: %r", str(event_id)[:80])
             self.report_trouble("event", "unfit_ids")
+            result.skipped += 1
+            return
+        if self.store.is_processed(event_id):
             result.skipped += 1
             return
         self._thread = (event_id, _thread_root(event))

@@ -176,16 +176,14 @@ class PgConnection:
     # -- the sqlite3 calls ----------------------------------------------
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Result:
-        plan = self._plan(sql)
-        kind = plan[0]
         if self.conn.closed or self.conn.broken:
-            if kind == "ROLLBACK" and self._open:  # the transaction died with the connection
+            if sql.strip().upper() == "ROLLBACK" and self._open:  # the transaction died with the connection
                 self._open = False
                 self._deferred.clear()
                 return Result(None, -1, None)
-            if self._open:
-                raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
-            self.conn = self._connect()
+            self._reconnect()
+        plan = self._plan(sql)  # (after any reconnect: working out an INSERT's may ask the server)
+        kind = plan[0]
         if kind == "PRAGMA":
             return self._pragma(plan[1], plan[2])
         if kind == "BEGIN":
@@ -224,8 +222,8 @@ class PgConnection:
         answer, in one round trip.  Its error, if any, is raised by that
         statement; a RELEASE, a ROLLBACK TO or a COMMIT always waits, so an
         error stays within the savepoint or transaction it was made in."""
-        plan = self._plan(sql)
-        if not self._open or plan[0] != "SQL":  # outside a transaction nothing comes to wait with: at once
+        plan = self._plan(sql) if self._open else None
+        if plan is None or plan[0] != "SQL":  # outside a transaction nothing comes to wait with: at once
             self.execute(sql, params)
             return
         self._deferred.append((plan[1], _adapt(params), plan[3]))
@@ -288,12 +286,16 @@ class PgConnection:
             raise
         return Result(None, -1, None)
 
+    def _reconnect(self) -> None:
+        """The connection is gone: made again, unless a transaction died with it."""
+        if self._open:
+            raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
+        self.conn = self._connect()
+
     def reads(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
         """The rows of each read, all sent at once: one round trip for the lot."""
         if self.conn.closed or self.conn.broken:
-            if self._open:
-                raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
-            self.conn = self._connect()
+            self._reconnect()
         sent = []
         for sql, params in statements:
             plan = self._plan(sql)
@@ -323,6 +325,8 @@ class PgConnection:
                                   None) for cursor in cursors]
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
+        except (ValueError, TypeError) as exc:  # a value psycopg could not send (a lone surrogate)
+            raise StoreDatabaseError(f"PostgreSQL: {exc}") from exc
         self.total_changes += sum(r.rowcount for r, (_t, _p, counts) in zip(results, statements)
                                   if counts and r.rowcount > 0)
         return results

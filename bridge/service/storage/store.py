@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import sqlite3
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterable, TypeVar
 from bridge.protocol import audit_leaf
 from bridge.protocol.annotate import fold_records
 from bridge.protocol.approval_record import approval_record
+from bridge.protocol.fit import fit_id
 from bridge.protocol.quorum import NEVER, Cast
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.auditlog import AuditLog
@@ -299,6 +301,7 @@ class _Batch:
     up so far (forgotten at any change to a posting), the questions made
     dirty and the answers accepted for each question."""
 
+    thread: int  # the thread whose transaction it belongs to
     ids: set[str]
     processed: set[str]
     redacted_by: dict[str, list[str]]
@@ -358,7 +361,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=FULL")
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
         self._origin: str | None = None  # ``audit_origin``, once read
-        self._batch: _Batch | None = None  # ``know_batch``
+        self._kept_batch: _Batch | None = None  # ``know_batch``
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
         self._migrate()
@@ -392,7 +395,7 @@ class Store:
         store = cls.__new__(cls)
         store._recent_questions = OrderedDict()
         store._origin = None
-        store._batch = None
+        store._kept_batch = None
         store.audit_enabled = False  # nothing is written through a read-only store
         if url:
             from bridge.service.storage.pgdialect import PgConnection, redact
@@ -457,7 +460,8 @@ class Store:
         per event).  Kept up to date by this store's writes until the
         transaction ends; any part undone forgets it (the reads go to the
         database again)."""
-        ids = sorted({i for i in event_ids if isinstance(i, str)})
+        # Ids the store can't key by are skipped by the batch itself (``fit_id``), unread.
+        ids = sorted({i for i in event_ids if isinstance(i, str) and fit_id(i)})
         reads = []
         for start in range(0, len(ids), _IDS_PER_READ):
             part = ids[start:start + _IDS_PER_READ]
@@ -466,16 +470,24 @@ class Store:
                       (f"SELECT target, sender FROM redaction WHERE target IN ({marks})", part),
                       (f"SELECT DISTINCT target FROM parked_edit WHERE target IN ({marks})", part)]
         rows = self.db.reads(reads) if reads else []
-        known = _Batch(set(ids), set(), {}, set())
+        known = _Batch(threading.get_ident(), set(ids), set(), {}, set())
         for processed, redactions, parked in zip(rows[0::3], rows[1::3], rows[2::3]):
             known.processed.update(row[0] for row in processed)
             known.parked.update(row[0] for row in parked)
             for target, sender in redactions:
                 known.redacted_by.setdefault(target, []).append(sender)
-        self._batch = known
+        self._kept_batch = known
 
     def _forget_batch(self) -> None:
-        self._batch = None
+        self._kept_batch = None
+
+    @property
+    def _batch(self) -> "_Batch | None":
+        """What ``know_batch`` keeps, to the thread whose transaction it belongs
+        to only: any other thread's statements wait for that transaction to
+        end (the store's thread gate), and so do its reads of what it keeps."""
+        batch = self._kept_batch
+        return batch if batch is not None and batch.thread == threading.get_ident() else None
 
     def _dirty(self, question: tuple[str, str, str]) -> None:
         """(set dir, set id, qid) to be written to its answers.json (once a batch is enough)."""
@@ -1323,7 +1335,12 @@ class _Transaction:
     def __enter__(self) -> sqlite3.Connection:
         if not self.flush:
             self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            if not self.flush:  # no __exit__ to say it again: the next transaction's commit waits as it should
+                self.db.execute("PRAGMA synchronous=FULL")
+            raise
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -1352,7 +1369,7 @@ class _Savepoint:
             try:
                 self.db.execute("RELEASE part")
                 return
-            except sqlite3.DatabaseError as late:
+            except Exception as late:  # noqa: BLE001 - re-raised, once this part is undone
                 if isinstance(late, sqlite3.OperationalError):
                     raise  # the store failed as a whole: the transaction goes
                 # A write of this part sent late (PostgreSQL sends the writes
