@@ -229,11 +229,7 @@ class PgConnection:
             statements.append(("SET LOCAL synchronous_commit = off", None))
         fence = self.fence
         if fence is not None:
-            try:
-                statements.append(fence.statement())
-            except BaseException:
-                self._open = False
-                raise
+            statements.append(fence.statement())  # raises before anything is sent when this instance no longer leads
         self._open = True
         try:
             results = self._pipelined(statements)

@@ -610,9 +610,7 @@ class Store:
 
     def latest_posted(self, set_dir: str, qid: str) -> RecordedQuestion | None:
         """The newest posting of a set folder's question, whatever its rev."""
-        row = self.db.execute("SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=?"
-                              " ORDER BY rowid DESC LIMIT 1", (set_dir, qid)).fetchone()
-        return self._recorded(row[0], bool(row[1]), row[2]) if row else None
+        return self._posting(self.db.execute(_LATEST_POSTED, (set_dir, qid)).fetchone())
 
     def postings(self, set_dir: str, qid: str) -> list[RecordedQuestion]:
         """Every posting of a set folder's question, newest posted first."""
@@ -660,6 +658,10 @@ class Store:
                 batch.postings[(where, value)] = row
                 if row is not None:  # found by its elicitation or poll: the same posting by its id
                     batch.postings[("event_id=?", row[0])] = row
+        return self._posting(row)
+
+    def _posting(self, row: Any) -> RecordedQuestion | None:
+        """A posting from its (event id, open, closed_why) row, or None for no row."""
         return self._recorded(row[0], bool(row[1]), row[2]) if row else None
 
     def _recorded(self, event_id: str, is_open: bool, closed_why: str | None = None) -> RecordedQuestion:
@@ -955,8 +957,7 @@ class Store:
              f" AND outcome='accepted' AND noted=1 {order} LIMIT 2", (set_dir, qid)),
             (f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
              (set_dir, qid)),
-            ("SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC LIMIT 1",
-             (set_dir, qid)),
+            (_LATEST_POSTED, (set_dir, qid)),
         ])
         count = counted[0][0]
         row = latest[0] if latest else None
@@ -968,8 +969,7 @@ class Store:
                 if earlier is not None:
                     picks.append((json.loads(earlier[0]), bool(earlier[1]), earlier[2], (earlier[3], earlier[4])))
         notes = [(json.loads(record), (ts, seq)) for record, ts, seq in annotated]
-        posting = self._recorded(posted[0][0], bool(posted[0][1]), posted[0][2]) if posted else None
-        record = self._with_approval(posting, fold_records(qid, picks, notes, count), count)
+        record = self._with_approval(self._posting(posted[0] if posted else None), fold_records(qid, picks, notes, count), count)
         if record is not None and row is not None and self.audit_enabled:
             if row[5] is not None:
                 record["receipt"] = {"log": self.audit_origin(), "index": int(row[5]), "leaf": row[6]}
@@ -1083,8 +1083,7 @@ class Store:
         ])
         return FlushView(
             dirty=[(row[0], row[1], row[2]) for row in dirty],
-            postings={(row[0], row[2]): self._recorded(row[3], bool(row[4]), row[5]) for row in dirty
-                      if row[3] is not None},
+            postings={(row[0], row[2]): self._posting(row[3:]) for row in dirty if row[3] is not None},
             held=held, doomed=doomed)
 
     def dirty(self) -> list[tuple[str, str, str]]:
@@ -1299,6 +1298,8 @@ class Store:
 _Q = "event_id, room_id, set_id, content, open, closed_why"
 # Ids in one IN (...) of ``know_batch``: well within SQLite's and PostgreSQL's limits on parameters.
 _IDS_PER_READ = 500
+# The newest posting of a set folder's question, as ``Store._posting`` reads it.
+_LATEST_POSTED = "SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC LIMIT 1"
 _ACCEPTED_COUNT = "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'"
 # Held sets, ties first held first on both backends; files to delete.
 _HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
