@@ -19,10 +19,10 @@ from typing import Any
 import aiohttp
 import yaml
 from aiohttp import web
-from nio import MessageDirection, RoomMessagesResponse
+from nio import MessageDirection, RoomGetStateResponse, RoomMessagesResponse
 
 from bridge.devserver import SERVER_NAME, Synapse, free_port
-from helpers.auditcheck import check_answer_log
+from helpers.auditcheck import STATE as CHECKPOINT_STATE, check_answer_log
 from helpers.harness import Bridge, Person, answer_content, question_posts, store_rows
 
 AS_LOCALPART = "askbot"
@@ -175,6 +175,18 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
     posted = await bridge.wait_questions(people[0], questions, timeout=60)
     storm = Storm(bridge, people, posted, seed=seed, total=total)
     storm.kills = 1
+
+    async def checkpoint_put() -> None:
+        # Kills a few seconds apart can each land before the restarted bridge
+        # signs anything; the middle kill waits for one checkpoint, so the room
+        # always holds one published across the kills to check against the last.
+        before = await checkpoint_size(people[0], bridge.room_id)
+        deadline = time.monotonic() + 60
+        while await checkpoint_size(people[0], bridge.room_id) <= before:
+            assert time.monotonic() < deadline, "no checkpoint put within 60 s of a restart"
+            await asyncio.sleep(0.2)
+
+    storm.before_middle_kill = checkpoint_put
     began = time.monotonic()
     with TornWatch(bridge.sets_root / "storm" / "answers.json") as watch:
         await storm.run()
@@ -195,6 +207,13 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
     assert stray_files(bridge.sets_root / "storm") == [], "a killed writer's temp file was left"
     bridge.check_alive()
     return storm
+
+
+async def checkpoint_size(person: Person, room_id: str) -> int:
+    """The size of the answer log's latest checkpoint in the room's state (0: none)."""
+    state = await person.client.room_get_state(room_id)
+    assert isinstance(state, RoomGetStateResponse), state
+    return max((e["content"].get("size", 0) for e in state.events if e.get("type") == CHECKPOINT_STATE), default=0)
 
 
 def stray_files(set_dir: Path) -> list[str]:
@@ -257,6 +276,7 @@ class Storm:
     kills: int = 0
     sent_in: float = 0.0  # seconds from the first send to the last
     landed_in: float = 0.0  # seconds from the first send until every answer was in answers.json
+    before_middle_kill: Any = None  # an async callable awaited before the middle kill
 
     async def run(self) -> None:
         rng = random.Random(self.seed)
@@ -280,9 +300,11 @@ class Storm:
             await asyncio.gather(*(lane() for _ in range(self.lanes)))
 
         async def killer() -> None:
-            for point in kill_points:
+            for n, point in enumerate(kill_points):
                 while len(self.sent) < point:
                     await asyncio.sleep(0.005)
+                if n == len(kill_points) // 2 and self.before_middle_kill is not None:
+                    await self.before_middle_kill()
                 await asyncio.sleep(rng.uniform(0, 0.3))  # somewhere inside a batch, or between two
                 self.bridge.kill()
                 self.kills += 1
