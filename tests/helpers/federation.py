@@ -50,6 +50,8 @@ class Relay:
                 _close(client)
                 continue
             upstream.settimeout(None)
+            for sock in (client, upstream):  # each chunk on at once, as a router does (no Nagle wait)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._open |= {client, upstream}
             for a, b in ((client, upstream), (upstream, client)):
