@@ -182,6 +182,31 @@ def test_dirty_questions_and_open_folders_come_in_one_order_whatever_the_table_s
     assert [qid for _dir, _set, qid in store.dirty()] == ["b", "c", "d"]
 
 
+def test_a_deferred_write_does_not_wait_for_the_server(postgres_server):
+    """Another session holds the row the write needs: the write is handed
+    over at once, and the statement after it waits (for the lock, here)."""
+    url = fresh_schema(postgres_server)
+    store = Store("unused", url=url, password=postgres_server.password)
+    with store.transaction():
+        store.set_meta("t1", "first")
+    holder = psycopg.connect(url, password=postgres_server.password)
+    holder.execute("SELECT 1 FROM meta WHERE key='t1' FOR UPDATE")
+    released = threading.Timer(1.0, holder.rollback)
+    released.start()
+    try:
+        with store.transaction():
+            started = time.monotonic()
+            store.db.defer("UPDATE meta SET value=? WHERE key=?", ("second", "t1"))
+            handed_over = time.monotonic() - started
+            seen = store.get_meta("t1")  # a read: it waits, the write going first
+            waited = time.monotonic() - started
+    finally:
+        released.join()
+        holder.close()
+    assert handed_over < 0.2 and waited >= 0.8
+    assert seen == "second" and store.get_meta("t1") == "second"
+
+
 def test_a_statement_after_the_connection_dropped_reconnects_even_one_never_run_before(postgres_server):
     """Working out how to send a new INSERT may ask the server (its table's
     identity column): asked after the reconnect, not on the dropped connection."""

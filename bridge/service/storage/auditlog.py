@@ -26,10 +26,11 @@ class AuditLog:
         self.db = db
 
     def append(self, leaf: dict[str, Any], seq: int | None) -> None:
-        """Append one leaf (its canonical bytes and hash), at the next index."""
+        """Append one leaf (its canonical bytes and hash), at the next index;
+        sent with the next statement that waits (``defer``)."""
         data = audit_leaf.canonical(leaf)
-        self.db.execute("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
-                        " FROM audit_leaf", (data.decode("utf-8"), merkle.leaf_hash(data).hex(), seq))
+        self.db.defer("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
+                      " FROM audit_leaf", (data.decode("utf-8"), merkle.leaf_hash(data).hex(), seq))
 
     def size(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM audit_leaf").fetchone()[0])

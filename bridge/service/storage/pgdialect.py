@@ -26,7 +26,9 @@ stay as they are:
 - ``lastrowid`` comes from ``RETURNING`` the table's identity column,
   ``total_changes`` is counted here;
 - what only this backend has, for its round trips: ``reads`` (several
-  reads sent at once); see docs/architecture.md, "A batch's round trips";
+  reads sent at once) and ``defer`` (a write whose result nobody reads,
+  sent with the next statement that waits); see docs/architecture.md, "A
+  batch's round trips";
 - psycopg's errors are raised as the ``sqlite3`` classes the callers already
   catch (a lost connection is an ``OperationalError``: the store failed as a
   whole, the batch is retried), with psycopg's error as the cause.
@@ -124,6 +126,7 @@ class PgConnection:
         self.fence: Fence | None = None
         self._plans: dict[str, tuple] = {}  # SQL as the store writes it -> what it is, what is sent (``_plan``)
         self._one: psycopg.Cursor | None = None  # ``_cursor``
+        self._deferred: list[tuple[str, Any, bool]] = []  # ``defer``: (text, parameters, counts)
         self._commit_waits = True  # PRAGMA synchronous: FULL (True) or NORMAL (a commit that does not wait)
         self._serial: dict[str, str | None] | None = None
         self._keys: dict[str, list[str]] = {}
@@ -176,6 +179,7 @@ class PgConnection:
         if self.conn.closed or self.conn.broken:
             if sql.strip().upper() == "ROLLBACK" and self._open:  # the transaction died with the connection
                 self._open = False
+                self._deferred.clear()
                 return Result(None, -1, None)
             self._reconnect()
         plan = self._plan(sql)  # (after any reconnect: working out an INSERT's may ask the server)
@@ -184,9 +188,22 @@ class PgConnection:
             return self._pragma(plan[1], plan[2])
         if kind == "BEGIN":
             return self._begin()
-        if kind in ("COMMIT", "ROLLBACK"):
+        if kind == "ROLLBACK":
+            self._deferred.clear()  # undone with the rest
             try:
                 return self._run(kind, None)
+            finally:
+                self._open = False
+        if kind == "COMMIT":
+            try:
+                return self._run(kind, None)
+            except BaseException:
+                if self._open and not (self.conn.closed or self.conn.broken):
+                    # A write sent with the COMMIT failed, so the COMMIT never ran: the
+                    # transaction is still open (aborted), and ends here.
+                    with contextlib.suppress(sqlite3.Error):
+                        self._run("ROLLBACK", None)
+                raise
             finally:
                 self._open = False
         if kind == "DDL":
@@ -194,8 +211,31 @@ class PgConnection:
             self._keys.clear()
             self._plans.clear()  # an INSERT's RETURNING and upsert keys follow the tables
             return self._run(_ddl(sql), None)
-        _kind, text, returning, counts = plan
+        _kind, text, returning, counts, _verb = plan
+        if plan[4] == "ROLLBACK TO":
+            self._drop_deferred_after_savepoint()
         return self._run(text, _adapt(params), returning=returning, counts=counts)
+
+    def defer(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Inside a transaction: ``sql`` (a write whose result nobody reads,
+        or a SAVEPOINT) sent with the next statement that waits for an
+        answer, in one round trip.  Its error, if any, is raised by that
+        statement; a RELEASE, a ROLLBACK TO or a COMMIT always waits, so an
+        error stays within the savepoint or transaction it was made in."""
+        plan = self._plan(sql) if self._open else None
+        if plan is None or plan[0] != "SQL":  # outside a transaction nothing comes to wait with: at once
+            self.execute(sql, params)
+            return
+        self._deferred.append((plan[1], _adapt(params), plan[3]))
+
+    def _drop_deferred_after_savepoint(self) -> None:
+        """Before a ROLLBACK TO: what was deferred after the last SAVEPOINT is
+        undone by it, so it is never sent (the SAVEPOINT itself is)."""
+        for index in range(len(self._deferred) - 1, -1, -1):
+            if self._deferred[index][0].startswith("SAVEPOINT"):
+                del self._deferred[index + 1:]
+                return
+        self._deferred.clear()  # the SAVEPOINT went out already: all of it came after
 
     def _plan(self, sql: str) -> tuple:
         """What ``sql`` is and what is sent for it, worked out once per text
@@ -210,13 +250,14 @@ class PgConnection:
             plan = ("PRAGMA", pragma.group(1).lower(), pragma.group(2))
         elif word.startswith("BEGIN"):
             plan = ("BEGIN",)
-        elif word in ("COMMIT", "ROLLBACK"):
+        elif word in ("COMMIT", "ROLLBACK"):  # (ROLLBACK TO a savepoint is a statement like others)
             plan = (word,)
         elif _DDL.match(sql):
             return ("DDL",)  # run once (migrations): not kept
         else:
             text, returning = self._rewrite(sql)
-            plan = ("SQL", text, returning, bool(_DML.match(sql)))
+            plan = ("SQL", text, returning, bool(_DML.match(sql)), "ROLLBACK TO" if word.startswith("ROLLBACK TO")
+                    else None)
         self._plans[sql] = plan
         return plan
 
@@ -224,12 +265,13 @@ class PgConnection:
         """BEGIN, with what the transaction needs before its first statement,
         in one round trip (a pipeline): the commit not waiting for the disk
         (``PRAGMA synchronous=NORMAL`` before it) and the fence."""
-        statements: list[tuple[str, Sequence[Any] | None]] = [("BEGIN", None)]
+        self._deferred.clear()
+        statements: list[tuple[str, Sequence[Any] | None, bool]] = [("BEGIN", None, False)]
         if not self._commit_waits:
-            statements.append(("SET LOCAL synchronous_commit = off", None))
+            statements.append(("SET LOCAL synchronous_commit = off", None, False))
         fence = self.fence
         if fence is not None:
-            statements.append(fence.statement())  # raises before anything is sent when this instance no longer leads
+            statements.append((*fence.statement(), False))  # raises before anything is sent when this instance no longer leads
         self._open = True
         try:
             results = self._pipelined(statements)
@@ -255,8 +297,9 @@ class PgConnection:
             plan = self._plan(sql)
             if plan[0] != "SQL" or plan[3]:
                 raise ValueError(f"not a read: {sql!r}")
-            sent.append((plan[1], _adapt(params)))
-        return [result.fetchall() for result in self._pipelined(sent)]
+            sent.append((plan[1], _adapt(params), False))
+        waiting, self._deferred = self._deferred, []
+        return [result.fetchall() for result in self._pipelined(waiting + sent)[len(waiting):]]
 
     def _cursor(self) -> psycopg.Cursor:
         """One cursor for the statements run one at a time (each read whole
@@ -266,20 +309,22 @@ class PgConnection:
             self._one = self.conn.cursor()
         return self._one
 
-    def _pipelined(self, statements: Sequence[tuple[str, Sequence[Any] | None]]) -> list[Result]:
-        """Every statement (text, parameters) sent before any answer is
-        awaited; an error in one is raised after the lot (those after it did
-        not run).  Reads and transaction control only: no row counted."""
+    def _pipelined(self, statements: Sequence[tuple[str, Sequence[Any] | None, bool]]) -> list[Result]:
+        """Every statement (text, parameters, whether its changed rows count)
+        sent before any answer is awaited; an error in one is raised after
+        the lot (those after it did not run)."""
         try:
             with WATCHDOG.limit(self.conn, self._deadline):
                 with self.conn.pipeline():
-                    cursors = [self.conn.execute(text, params) for text, params in statements]
+                    cursors = [self.conn.execute(text, params) for text, params, _counts in statements]
                 results = [Result(cursor.fetchall() if cursor.description is not None else None, cursor.rowcount,
                                   None) for cursor in cursors]
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
         except (ValueError, TypeError) as exc:  # a value psycopg could not send (a lone surrogate)
             raise StoreDatabaseError(f"PostgreSQL: {exc}") from exc
+        self.total_changes += sum(r.rowcount for r, (_t, _p, counts) in zip(results, statements)
+                                  if counts and r.rowcount > 0)
         return results
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
@@ -287,6 +332,9 @@ class PgConnection:
         batch = [_adapt(row) for row in rows]
         if not batch:
             return Result(None, 0, None)
+        if self._deferred:
+            waiting, self._deferred = self._deferred, []
+            self._pipelined(waiting)
         try:
             cursor = self.conn.cursor()
             with WATCHDOG.limit(self.conn, self._deadline):
@@ -302,7 +350,14 @@ class PgConnection:
     def _run(self, text: str, params: Sequence[Any] | None, *, returning: str | None = None,
              counts: bool = False) -> Result:
         """``params`` None: ``text`` is sent as it is; a sequence (empty too):
-        its ``%s`` are filled and its ``%%`` are ``%``."""
+        its ``%s`` are filled and its ``%%`` are ``%``.  What was deferred goes first, with it."""
+        if self._deferred:
+            waiting, self._deferred = self._deferred, []
+            result = self._pipelined([*waiting, (text, params, counts)])[-1]
+            if returning:
+                rows = result.fetchall()
+                return Result(None, result.rowcount, rows[0][0] if rows else None)
+            return result
         try:
             with WATCHDOG.limit(self.conn, self._deadline):
                 cursor = self._cursor()

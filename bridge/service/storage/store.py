@@ -495,7 +495,7 @@ class Store:
             if question in self._batch.dirtied:
                 return
             self._batch.dirtied.add(question)
-        self.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", question)
+        self.db.defer("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", question)
 
     def _postings_changed(self) -> None:
         if self._batch is not None:
@@ -512,11 +512,11 @@ class Store:
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                        (key, value))
+        self.db.defer("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                      (key, value))
 
     def delete_meta(self, key: str) -> None:
-        self.db.execute("DELETE FROM meta WHERE key=?", (key,))
+        self.db.defer("DELETE FROM meta WHERE key=?", (key,))
 
     def meta_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
         """(key, value) of every meta row whose key starts with ``prefix``."""
@@ -695,7 +695,7 @@ class Store:
         return self.db.execute("SELECT 1 FROM processed WHERE event_id=?", (event_id,)).fetchone() is not None
 
     def mark_processed(self, event_id: str, outcome: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
+        self.db.defer("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
         if self._batch is not None:
             self._batch.processed.add(event_id)
 
@@ -873,7 +873,7 @@ class Store:
         return self.db.execute(_DOOMED).fetchall()
 
     def forget_doomed(self, set_dir: str, path: str) -> None:
-        self.db.execute("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
+        self.db.defer("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
 
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         """(question event id, via) of the latest log entry about ``event_id``, whatever its outcome."""
@@ -1091,7 +1091,8 @@ class Store:
         return self.db.execute("SELECT set_dir, set_id, qid FROM dirty ORDER BY rowid").fetchall()
 
     def clear_dirty(self, items: Iterable[tuple[str, str, str]]) -> None:
-        self.db.executemany("DELETE FROM dirty WHERE set_dir=? AND qid=?", [(d, q) for d, _s, q in items])
+        for set_dir, _set_id, qid in items:  # with the flush's COMMIT, on PostgreSQL
+            self.db.defer("DELETE FROM dirty WHERE set_dir=? AND qid=?", (set_dir, qid))
 
     # -- pending notices: worked out a window at a time, so a backlog of tens
     # of thousands (a homeserver slower to take the replies than the answers)
@@ -1141,12 +1142,12 @@ class Store:
 
     def mark_acked(self, seq: int, state: int = 1) -> None:
         """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""
-        self.db.execute("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
+        self.db.defer("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
 
     def drop_notice(self, seq: int, room_id: str, reason: str, at_ms: int) -> None:
         self.mark_acked(seq, DROPPED)
-        self.db.execute("INSERT OR REPLACE INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?)",
-                        (seq, room_id, reason, at_ms))
+        self.db.defer("INSERT OR REPLACE INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?)",
+                      (seq, room_id, reason, at_ms))
 
     def dropped_notices(self, limit: int = 50) -> list[tuple[int, str, str, int]]:
         """(seq, room, reason, when) of the latest notices given up on."""
@@ -1203,8 +1204,8 @@ class Store:
     def record_sent(self, event_id: str, room_id: str, *, question_event_id: str | None, about: str | None = None,
                     kind: str = "notice") -> None:
         """One of the bridge's own messages, and what it is about."""
-        self.db.execute("INSERT OR IGNORE INTO sent(event_id, room_id, question_event_id, about, kind)"
-                        " VALUES (?,?,?,?,?)", (event_id, room_id, question_event_id, about, kind))
+        self.db.defer("INSERT OR IGNORE INTO sent(event_id, room_id, question_event_id, about, kind)"
+                      " VALUES (?,?,?,?,?)", (event_id, room_id, question_event_id, about, kind))
 
     def sent_question(self, event_id: str) -> str | None:
         """The question a message the bridge sent is about (None: not the bridge's, or about none)."""
@@ -1354,18 +1355,32 @@ class _Transaction:
 
 class _Savepoint:
     """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception
-    (then ``undone`` is called)."""
+    (then ``undone`` is called), a late write's failure at RELEASE too."""
 
     def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] = lambda: None):
         self.db = db
         self.undone = undone
 
     def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("SAVEPOINT part")
+        self.db.defer("SAVEPOINT part")
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            self.undone()
-            self.db.execute("ROLLBACK TO part")
+        if exc_type is None:
+            try:
+                self.db.execute("RELEASE part")
+                return
+            except Exception as late:  # noqa: BLE001 - re-raised, once this part is undone
+                if isinstance(late, sqlite3.OperationalError):
+                    raise  # the store failed as a whole: the transaction goes
+                # A write of this part sent late (PostgreSQL sends the writes
+                # whose results nobody reads with the next statement that waits,
+                # ``PgConnection.defer``) failed: this part is undone, as if the
+                # write had failed where it was made.
+                self.undone()
+                self.db.execute("ROLLBACK TO part")
+                self.db.execute("RELEASE part")
+                raise
+        self.undone()
+        self.db.execute("ROLLBACK TO part")
         self.db.execute("RELEASE part")

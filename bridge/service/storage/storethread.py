@@ -126,6 +126,20 @@ class _Gated:
             if once:
                 self._thread.give_back()
 
+    def defer(self, sql: str, params: Any = ()) -> None:
+        """A write whose result nobody reads: on PostgreSQL sent with the next
+        statement that waits (``PgConnection.defer``), on SQLite at once."""
+        once = self._thread.take()
+        try:
+            send = getattr(self._db, "defer", None)
+            if send is not None:
+                send(sql, params)
+            else:
+                self._db.execute(sql, params)
+        finally:
+            if once:
+                self._thread.give_back()
+
     def reads(self, statements: Any) -> list[list[tuple]]:
         """The rows of each read: on PostgreSQL all sent at once (one round
         trip, ``PgConnection.reads``), on SQLite one after the other."""
