@@ -23,12 +23,21 @@ from bridge.protocol.approval_record import approval_record
 from bridge.protocol.fit import fit_id
 from bridge.protocol.quorum import NEVER, Cast
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.storage.attachments import Attachments
 from bridge.service.storage.auditlog import AuditLog
 from bridge.service.storage.dbclock import DatabaseClock, LocalClock
+from bridge.service.storage.handled import Handled
+from bridge.service.storage.meta import Meta
+from bridge.service.storage.operators import Operators, PostedQuestion
 from bridge.service.storage.schema import MIGRATIONS, SCHEMA_VERSION, statements
 from bridge.service.storage.storethread import StoreThread
+from bridge.service.storage.undecrypted import Undecrypted
 
 T = TypeVar("T")
+
+# The store's face: ``Store``, and the names its callers import from here
+# (the parts' own modules are where they are defined).
+__all__ = ["Store", "StoreVersionError", "PostedQuestion"]
 
 
 def votes_key(question_event_id: str, sender: str) -> str:
@@ -120,26 +129,13 @@ class FlushView:
     doomed: list[tuple[str, str]]
 
 
-@dataclass(frozen=True)
-class PostedQuestion:
-    """An open posted question, as reminders need it."""
-
-    event_id: str
-    room_id: str
-    set_id: str
-    set_dir: str
-    qid: str
-    rev: int
-    title: str
-    posted_at: int  # ms since the epoch
-
 
 def _clock_of(db: Any) -> "DatabaseClock | LocalClock":
     """The clock of every time another instance reads (dbclock): PostgreSQL's, or this machine's."""
     return getattr(db, "clock", None) or LocalClock()
 
 
-class Store:
+class Store(Meta, Handled, Attachments, Operators, Undecrypted):
     def __init__(self, path: str | Path, *, url: str | None = None, password: str | None = None):
         """SQLite at ``path``, or PostgreSQL at ``url`` (``store.url``) when given."""
         self.path = Path(path)
@@ -299,25 +295,6 @@ class Store:
     def _known(self, event_id: str) -> "_Batch | None":
         batch = self._batch
         return batch if batch is not None and event_id in batch.ids else None
-
-    # -- meta -------------------------------------------------------------
-
-    def get_meta(self, key: str) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return row[0] if row else None
-
-    def set_meta(self, key: str, value: str) -> None:
-        self.db.defer("INSERT INTO meta(key, value) VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                      (key, value))
-
-    def delete_meta(self, key: str) -> None:
-        self.db.defer("DELETE FROM meta WHERE key=?", (key,))
-
-    def meta_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
-        """(key, value) of every meta row whose key starts with ``prefix``."""
-        rows = self.db.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key COLLATE BINARY",
-                               (len(prefix), prefix)).fetchall()
-        return [(key, value) for key, value in rows]
 
     def notice_pending(self, seqs: list[int]) -> bool:
         """Whether every entry of ``seqs`` still waits for its notice (none: False)."""
@@ -482,17 +459,6 @@ class Store:
         return dataclasses.replace(question, open=is_open, closed_why=closed_why)
 
     # -- events and the answer log ---------------------------------------
-
-    def is_processed(self, event_id: str) -> bool:
-        known = self._known(event_id)
-        if known is not None:
-            return event_id in known.processed
-        return self.db.execute("SELECT 1 FROM processed WHERE event_id=?", (event_id,)).fetchone() is not None
-
-    def mark_processed(self, event_id: str, outcome: str) -> None:
-        self.db.defer("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
-        if self._batch is not None:
-            self._batch.processed.add(event_id)
 
     def append_log(self, entry: LogEntry) -> int:
         cursor = self.db.execute(
@@ -842,30 +808,6 @@ class Store:
             self._origin = self.get_meta("audit_origin")
         return self._origin
 
-    # -- attachments and uploads ----------------------------------------
-
-    def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
-        """(path, problem) of a file a person sent; None when it was never fetched."""
-        row = self.db.execute("SELECT path, problem FROM attachment WHERE event_id=?", (event_id,)).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def attachment_count(self, set_dir: str, qid: str) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM attachment WHERE set_dir=? AND qid=?",
-                               (set_dir, qid)).fetchone()[0]
-
-    def record_attachment(self, event_id: str, set_dir: str, qid: str, path: str | None,
-                          problem: str | None) -> None:
-        self.db.execute("INSERT OR IGNORE INTO attachment(event_id, set_dir, qid, path, problem) VALUES (?,?,?,?,?)",
-                        (event_id, set_dir, qid, path, problem))
-
-    def upload_of(self, sha256: str) -> tuple[str, dict[str, Any]] | None:
-        row = self.db.execute("SELECT url, info FROM media_upload WHERE sha256=?", (sha256,)).fetchone()
-        return (row[0], json.loads(row[1])) if row else None
-
-    def record_upload(self, sha256: str, url: str, info: dict[str, Any]) -> None:
-        self.db.execute("INSERT OR IGNORE INTO media_upload(sha256, url, info) VALUES (?,?,?)",
-                        (sha256, url, json.dumps(info)))
-
     def flush_view(self) -> "FlushView":
         """What a flush starts from, read at once (one round trip on PostgreSQL)."""
         dirty, held, doomed = self.db.reads([
@@ -1016,81 +958,6 @@ class Store:
     def log_counts(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT outcome, COUNT(*) FROM answer_log GROUP BY outcome").fetchall())
 
-    # -- operators: status, reminders, management commands ---------------
-
-    def highest_posted_revs(self) -> dict[str, dict[str, int]]:
-        """set folder -> question id -> the highest rev posted of it: a rev in
-        questions.json below it went back (a lint warning, in lint and status)."""
-        found: dict[str, dict[str, int]] = {}
-        for set_dir, qid, rev in self.db.execute("SELECT set_dir, qid, MAX(rev) FROM posted GROUP BY set_dir, qid"):
-            found.setdefault(set_dir, {})[qid] = rev
-        return found
-
-    def posted_question_counts(self) -> dict[str, int]:
-        """set folder -> how many distinct questions of it were ever posted."""
-        return dict(self.db.execute("SELECT set_dir, COUNT(DISTINCT qid) FROM posted GROUP BY set_dir").fetchall())
-
-    def open_posted(self, set_id: str | None = None) -> list[PostedQuestion]:
-        where, params = ("AND set_id=?", (set_id,)) if set_id is not None else ("", ())
-        rows = self.db.execute(
-            f"SELECT event_id, room_id, set_id, set_dir, qid, rev, content, posted_at FROM posted WHERE open=1 {where}"
-            " ORDER BY posted_at, rowid", params).fetchall()  # ties: in posting order, on both backends
-        found = []
-        for event_id, room_id, set_id_, set_dir, qid, rev, content, posted_at in rows:
-            title = json.loads(content).get("question", {}).get("title") or qid
-            found.append(PostedQuestion(event_id, room_id, set_id_, set_dir, qid, rev, str(title), posted_at))
-        return found
-
-    def answered_question_events(self) -> set[str]:
-        """Question event ids with an accepted answer that still stands (an
-        ``unsure`` pick included: the person did reply; a note alone is not)."""
-        rows = self.db.execute("SELECT DISTINCT question_event_id FROM answer_log WHERE outcome='accepted'"
-                               " AND withdrawn=0 AND question_event_id IS NOT NULL").fetchall()
-        return {row[0] for row in rows}
-
-    def reminded(self) -> dict[str, int]:
-        """question event id -> when it was last nudged (ms)."""
-        return dict(self.db.execute("SELECT event_id, last_at FROM reminders").fetchall())
-
-    def mark_reminded(self, event_id: str, at_ms: int) -> None:
-        self.db.execute("INSERT INTO reminders(event_id, last_at) VALUES (?, ?)"
-                        " ON CONFLICT(event_id) DO UPDATE SET last_at=excluded.last_at", (event_id, at_ms))
-
-    def command_handled(self, event_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM admin_command WHERE event_id=?", (event_id,)).fetchone() is not None
-
-    def mark_command(self, event_id: str, at_ms: int) -> None:
-        self.db.execute("INSERT OR IGNORE INTO admin_command(event_id, handled_at) VALUES (?, ?)", (event_id, at_ms))
-
-    # -- appservice -------------------------------------------------------
-
-    def txn_seen(self, txn_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM appservice_txn WHERE txn_id=?", (txn_id,)).fetchone() is not None
-
-    def mark_txn(self, txn_id: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO appservice_txn(txn_id) VALUES (?)", (txn_id,))
-
-    # -- encrypted rooms --------------------------------------------------
-
-    def keep_undecrypted(self, event: dict[str, Any], first_seen: int) -> bool:
-        """Keep an event not decrypted yet; False when it was already kept."""
-        cursor = self.db.execute(
-            "INSERT OR IGNORE INTO undecrypted(event_id, room_id, sender, event, first_seen) VALUES (?,?,?,?,?)",
-            (event["event_id"], event["room_id"], event["sender"], json.dumps(event), first_seen))
-        return cursor.rowcount > 0
-
-    def undecrypted(self) -> list[tuple[dict[str, Any], int]]:
-        """(event, first seen ms) of every kept event, oldest in the room first."""
-        # In the room's order: events of one late session are judged as they were sent.
-        rows = self.db.execute("SELECT event, first_seen FROM undecrypted").fetchall()
-        kept = [(json.loads(event), first_seen) for event, first_seen in rows]
-        kept.sort(key=lambda item: (_sort_ts(item[0].get("origin_server_ts")), item[1], str(item[0].get("event_id"))))
-        return kept
-
-    def drop_undecrypted(self, event_ids: Iterable[str]) -> None:
-        self.db.executemany("DELETE FROM undecrypted WHERE event_id=?", [(e,) for e in event_ids])
-
-
 _Q = "event_id, room_id, set_id, content, open, closed_why"
 # Ids in one IN (...) of ``know_batch``: well within SQLite's and PostgreSQL's limits on parameters.
 _IDS_PER_READ = 500
@@ -1105,9 +972,6 @@ PARKED_FOR_MS = 7 * 24 * 3600 * 1000
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
 _RECENT_QUESTIONS = 512
 
-
-def _sort_ts(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _question(row: tuple) -> RecordedQuestion:

@@ -1,0 +1,33 @@
+"""Files: those people sent (``attachment``: saved into the set folder, or
+why not) and question media uploaded once (``media_upload``, by content hash)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class Attachments:
+    """A part of ``Store`` (store.py): ``attachment`` and ``media_upload``."""
+
+    def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
+        """(path, problem) of a file a person sent; None when it was never fetched."""
+        row = self.db.execute("SELECT path, problem FROM attachment WHERE event_id=?", (event_id,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def attachment_count(self, set_dir: str, qid: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM attachment WHERE set_dir=? AND qid=?",
+                               (set_dir, qid)).fetchone()[0]
+
+    def record_attachment(self, event_id: str, set_dir: str, qid: str, path: str | None,
+                          problem: str | None) -> None:
+        self.db.execute("INSERT OR IGNORE INTO attachment(event_id, set_dir, qid, path, problem) VALUES (?,?,?,?,?)",
+                        (event_id, set_dir, qid, path, problem))
+
+    def upload_of(self, sha256: str) -> tuple[str, dict[str, Any]] | None:
+        row = self.db.execute("SELECT url, info FROM media_upload WHERE sha256=?", (sha256,)).fetchone()
+        return (row[0], json.loads(row[1])) if row else None
+
+    def record_upload(self, sha256: str, url: str, info: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR IGNORE INTO media_upload(sha256, url, info) VALUES (?,?,?)",
+                        (sha256, url, json.dumps(info)))

@@ -1,0 +1,28 @@
+"""What was handled once, so that what is delivered again is not handled
+twice: the events processed (``processed``) and the appservice transactions
+taken (``appservice_txn``)."""
+
+from __future__ import annotations
+
+
+class Handled:
+    """A part of ``Store`` (store.py): ``processed`` and ``appservice_txn``.
+    Whether an event was processed is answered from the batch's memo
+    (``Store.know_batch``) when the batch read it, and kept in it."""
+
+    def is_processed(self, event_id: str) -> bool:
+        known = self._known(event_id)
+        if known is not None:
+            return event_id in known.processed
+        return self.db.execute("SELECT 1 FROM processed WHERE event_id=?", (event_id,)).fetchone() is not None
+
+    def mark_processed(self, event_id: str, outcome: str) -> None:
+        self.db.defer("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
+        if self._batch is not None:
+            self._batch.processed.add(event_id)
+
+    def txn_seen(self, txn_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM appservice_txn WHERE txn_id=?", (txn_id,)).fetchone() is not None
+
+    def mark_txn(self, txn_id: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO appservice_txn(txn_id) VALUES (?)", (txn_id,))
