@@ -23,6 +23,7 @@ from bridge.protocol.approval_record import approval_record
 from bridge.protocol.fit import fit_id
 from bridge.protocol.quorum import NEVER, Cast
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.storage.answerlog import _ACCEPTED_COUNT, RECORDING, SET_ASIDE_REASONS, AnswerLog, LogEntry
 from bridge.service.storage.attachments import Attachments
 from bridge.service.storage.auditlog import AuditLog
 from bridge.service.storage.dbclock import DatabaseClock, LocalClock
@@ -32,12 +33,13 @@ from bridge.service.storage.operators import Operators, PostedQuestion
 from bridge.service.storage.schema import MIGRATIONS, SCHEMA_VERSION, statements
 from bridge.service.storage.storethread import StoreThread
 from bridge.service.storage.undecrypted import Undecrypted
+from bridge.service.storage.withdrawals import Withdrawals
 
 T = TypeVar("T")
 
 # The store's face: ``Store``, and the names its callers import from here
 # (the parts' own modules are where they are defined).
-__all__ = ["Store", "StoreVersionError", "PostedQuestion"]
+__all__ = ["Store", "StoreVersionError", "LogEntry", "PostedQuestion", "RECORDING", "SET_ASIDE_REASONS"]
 
 
 def votes_key(question_event_id: str, sender: str) -> str:
@@ -53,48 +55,9 @@ class PostingConflict(Exception):
     """A posting clashes with one already recorded (same event or elicitation id)."""
 
 
-@dataclass(frozen=True)
-class LogEntry:
-    event_id: str
-    room_id: str
-    sender: str
-    via: str
-    outcome: str
-    set_id: str | None = None
-    set_dir: str | None = None
-    qid: str | None = None
-    question_event_id: str | None = None
-    layer: str | None = None
-    reason: str | None = None
-    message: str | None = None
-    record: dict[str, Any] | None = None
-    ts: int = 0
-    replaces: str | None = None  # the event an edit replaced
-    carry_note: str | None = None  # a pick's note that a later pick without words keeps
-    thread_root: str | None = None  # the thread the person's event was sent in
-    # In encrypted rooms, the sending device: {"device_id", "cross_signed"} (for the answer log's leaf).
-    device: dict[str, Any] | None = None
-
-
-_LOG_ENTRY = ("seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, layer, reason,"
-              " message, record, ts, replaces, thread_root")
-
-
-def _log_entry(r: tuple[Any, ...]) -> LogEntry:
-    """A row of ``_LOG_ENTRY`` columns (its seq first) as the entry."""
-    return LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
-                    json.loads(r[13]) if r[13] else None, r[14], r[15], thread_root=r[16])
-
-
 # answer_log.acked: the notice of an entry is pending, sent, told within a
 # later coalesced reply, or dropped (its room can't be written to).
 PENDING, SENT, COALESCED, DROPPED = 0, 1, 2, 3
-# Refusals for what an event carried or caused, not for what it said.
-SET_ASIDE_REASONS = ("internal_error", "unstorable")
-
-# The outcomes that put something into a record: an answer, or a note /
-# file / timecode added to one (which does not count as an answer).
-RECORDING = ("accepted", "annotated")
 
 
 @dataclass
@@ -135,7 +98,7 @@ def _clock_of(db: Any) -> "DatabaseClock | LocalClock":
     return getattr(db, "clock", None) or LocalClock()
 
 
-class Store(Meta, Handled, Attachments, Operators, Undecrypted):
+class Store(Meta, Handled, AnswerLog, Withdrawals, Attachments, Operators, Undecrypted):
     def __init__(self, path: str | Path, *, url: str | None = None, password: str | None = None):
         """SQLite at ``path``, or PostgreSQL at ``url`` (``store.url``) when given."""
         self.path = Path(path)
@@ -460,24 +423,6 @@ class Store(Meta, Handled, Attachments, Operators, Undecrypted):
 
     # -- events and the answer log ---------------------------------------
 
-    def append_log(self, entry: LogEntry) -> int:
-        cursor = self.db.execute(
-            "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
-            " layer, reason, message, record, ts, replaces, carry_note, noted, thread_root)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
-             entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
-             None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces,
-             entry.carry_note, int(entry.outcome == "accepted" and bool((entry.record or {}).get("note"))),
-             entry.thread_root),
-        )
-        if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
-            self._dirty((entry.set_dir, entry.set_id, entry.qid))
-        if entry.outcome == "accepted" and self._batch is not None and (entry.set_dir, entry.qid) in self._batch.counts:
-            self._batch.counts[(entry.set_dir, entry.qid)] += 1
-        self.append_leaf(entry, cursor.lastrowid)
-        return cursor.lastrowid
-
     # -- the verifiable answer log (issue 32) -------------------------------
 
     @property
@@ -498,75 +443,6 @@ class Store(Meta, Handled, Attachments, Operators, Undecrypted):
             question_event_id=entry.question_event_id, replaces=entry.replaces, device=entry.device,
             record=entry.record, reason=entry.reason)
         self.audit.append(leaf, seq)
-
-    def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
-        """Withdraw what ``event_id`` put into a record (a redaction).
-
-        An original takes its edits with it (clients hide them too); an edit
-        goes alone, and the version before it (an earlier edit, or the
-        original) stands again.  Files the withdrawn rows brought are doomed:
-        deleted from the set folder once answers.json no longer lists them.
-        Returns (set_dir, set_id, qid) of the question touched, or None when
-        the event had recorded nothing (a refused answer, a stranger's event).
-        """
-        rows = self.db.execute(
-            "SELECT seq, set_dir, set_id, qid, outcome, record, whole, replaces FROM answer_log"
-            " WHERE (event_id=? OR replaces=?) AND withdrawn=0 AND outcome IN ('accepted','annotated') ORDER BY seq",
-            (event_id, event_id)).fetchall()
-        if not rows:
-            return None
-        for seq, set_dir, _set_id, _qid, outcome, record, whole, _replaces in rows:
-            if outcome == "annotated" and record and set_dir and not whole:
-                for path in json.loads(record).get("attachments") or ():
-                    self.db.execute("INSERT OR IGNORE INTO doomed_file(set_dir, path) VALUES (?, ?)", (set_dir, path))
-        touched = self._withdraw_rows([row[:4] for row in rows])
-        for root in {row[7] for row in rows if row[7]}:
-            self.reshadow(root)
-        return touched
-
-    def reshadow(self, original: str) -> None:
-        """Of an original and its edits still standing, only the latest in the
-        room's order counts; the others are shadowed (kept, not counted)."""
-        rows = self.db.execute(
-            "SELECT seq FROM answer_log WHERE (event_id=? OR replaces=?) AND withdrawn=0"
-            " AND outcome IN ('accepted','annotated') ORDER BY ts, seq", (original, original)).fetchall()
-        for index, (seq,) in enumerate(rows):
-            self.db.execute("UPDATE answer_log SET shadowed=? WHERE seq=?", (int(index < len(rows) - 1), seq))
-
-    def withdraw_votes(self, question_event_id: str, sender: str, until_ts: int | None = None) -> tuple[str, str, str] | None:
-        """An empty poll vote: withdraw every vote ``sender`` gave in the
-        question's poll before it (in the room's order)."""
-        until = "" if until_ts is None else " AND ts<=?"
-        rows = self.db.execute(
-            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
-            f" AND outcome='accepted' AND withdrawn=0{until} ORDER BY seq",
-            (question_event_id, sender) + (() if until_ts is None else (until_ts,))).fetchall()
-        return self._withdraw_rows(rows)
-
-    def _withdraw_rows(self, rows: list[tuple]) -> tuple[str, str, str] | None:
-        if not rows:
-            return None
-        for seq, set_dir, set_id, qid in rows:
-            self.db.execute("UPDATE answer_log SET withdrawn=1 WHERE seq=?", (seq,))
-            self._dirty((set_dir, set_id, qid))
-        _seq, set_dir, set_id, qid = rows[-1]
-        return set_dir, set_id, qid
-
-    def logged_sender(self, event_id: str) -> str | None:
-        row = self.db.execute("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1", (event_id,)).fetchone()
-        return row[0] if row else None
-
-    def sender_of(self, event_id: str) -> str | None:
-        """Who sent an event the bridge has logged, holds undecrypted, or parked."""
-        for query in ("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1",
-                      "SELECT sender FROM undecrypted WHERE event_id=?"):
-            row = self.db.execute(query, (event_id,)).fetchone()
-            if row:
-                return row[0]
-        # A parked edit is kept whole (JSON); its sender is read in Python, the same on both backends.
-        row = self.db.execute("SELECT event FROM parked_edit WHERE event_id=?", (event_id,)).fetchone()
-        sender = json.loads(row[0]).get("sender") if row else None
-        return sender if isinstance(sender, str) else None
 
     def drop_parked(self, event_id: str) -> None:
         self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
@@ -635,61 +511,6 @@ class Store(Meta, Handled, Attachments, Operators, Undecrypted):
 
     def forget_doomed(self, set_dir: str, path: str) -> None:
         self.db.defer("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
-
-    def logged_question(self, event_id: str) -> tuple[str, str] | None:
-        """(question event id, via) of the latest log entry about ``event_id``, whatever its outcome."""
-        row = self.db.execute(
-            "SELECT question_event_id, via FROM answer_log WHERE event_id=? AND question_event_id IS NOT NULL"
-            " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def gesture_at(self, event_id: str) -> tuple[str, str] | None:
-        """(question event id, sender) of a person's logged gesture at a question."""
-        row = self.db.execute(
-            "SELECT question_event_id, sender FROM answer_log WHERE event_id=? AND question_event_id IS NOT NULL"
-            " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def accepted_count(self, set_dir: str, qid: str) -> int:
-        """Answers ever accepted for a question: the next one's record ``rev`` is this plus one."""
-        batch = self._batch  # counted once a batch, then by this store's inserts
-        if batch is not None and (set_dir, qid) in batch.counts:
-            return batch.counts[(set_dir, qid)]
-        count = self.db.execute(_ACCEPTED_COUNT, (set_dir, qid)).fetchone()[0]
-        if batch is not None:
-            batch.counts[(set_dir, qid)] = count
-        return count
-
-    def standing_before(self, set_dir: str, qid: str, event_id: str) -> str | None:
-        """The sender of the answer to the question that stands just before
-        ``event_id``'s in the room's order (not withdrawn, not an edited
-        original); None when there is none."""
-        row = self.db.execute(
-            "SELECT ts, seq FROM answer_log WHERE event_id=? AND outcome='accepted' ORDER BY seq DESC LIMIT 1",
-            (event_id,)).fetchone()
-        if row is None:
-            return None
-        before = self.db.execute(
-            "SELECT sender FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
-            " AND shadowed=0 AND event_id<>? AND (ts<? OR (ts=? AND seq<?)) ORDER BY ts DESC, seq DESC LIMIT 1",
-            (set_dir, qid, event_id, row[0], row[0], row[1])).fetchone()
-        return before[0] if before else None
-
-    def accepted_answer(self, event_id: str) -> LogEntry | None:
-        row = self.db.execute(
-            "SELECT event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, record, ts"
-            " FROM answer_log WHERE event_id=? AND outcome='accepted' ORDER BY seq DESC LIMIT 1",
-            (event_id,)).fetchone()
-        if not row:
-            return None
-        return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
-
-    def has_standing_pick(self, set_dir: str, qid: str) -> bool:
-        """Whether an accepted answer to the question stands (not withdrawn,
-        not an edited original): what a note is added to."""
-        return self.db.execute(
-            "SELECT 1 FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
-            " AND shadowed=0 LIMIT 1", (set_dir, qid)).fetchone() is not None
 
     def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
         """The record answers.json should hold for a question, from the log in
@@ -873,10 +694,6 @@ class Store(Meta, Handled, Attachments, Operators, Undecrypted):
             " AND seq<=? ORDER BY seq", (outcome, room_id, sender, *(() if question is None else (question,)), last))
         return [seq for (seq,) in rows.fetchall()] or [last]
 
-    def log_entry(self, seq: int) -> LogEntry | None:
-        row = self.db.execute(f"SELECT {_LOG_ENTRY} FROM answer_log WHERE seq=?", (seq,)).fetchone()
-        return _log_entry(row) if row else None
-
     def mark_acked(self, seq: int, state: int = 1) -> None:
         """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""
         self.db.defer("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
@@ -912,32 +729,6 @@ class Store(Meta, Handled, Attachments, Operators, Undecrypted):
         """(set dir, set id, reason, since, attempts, next try) of every held set."""
         return self.db.execute(_HELD).fetchall()
 
-    def latest_recording(self, set_dir: str, qid: str) -> int | None:
-        """The seq of the newest entry that puts something into the question's record."""
-        row = self.db.execute(
-            "SELECT seq FROM answer_log WHERE set_dir=? AND qid=? AND outcome IN ('accepted','annotated')"
-            " AND withdrawn=0 ORDER BY seq DESC LIMIT 1", (set_dir, qid)).fetchone()
-        return row[0] if row else None
-
-    def set_aside_entry(self, seq: int, reason: str, message: str) -> None:
-        """Turn a logged answer that can't be projected into a refusal (the
-        log keeps the rest of it); its person is told, even if told before."""
-        row = self.db.execute("SELECT set_dir, set_id, qid FROM answer_log WHERE seq=?", (seq,)).fetchone()
-        entry = self.log_entry(seq)
-        self.db.execute("UPDATE answer_log SET outcome='refused', layer='recorded', reason=?, message=?, acked=0"
-                        " WHERE seq=?", (reason, message, seq))
-        if self._batch is not None:
-            self._batch.counts.clear()
-        if entry is not None:
-            self.append_leaf(dataclasses.replace(entry, reason=reason, record=None), seq, outcome="set_aside")
-        if row and row[0] and row[2]:
-            self._dirty(tuple(row))
-
-    def set_aside_counts(self) -> dict[str, int]:
-        """reason -> events set aside for it (refused for what they carried, not for what they said)."""
-        return dict(self.db.execute(
-            "SELECT reason, COUNT(*) FROM answer_log WHERE outcome='refused' AND reason IN (%s) GROUP BY reason"
-            % ",".join("?" * len(SET_ASIDE_REASONS)), SET_ASIDE_REASONS).fetchall())
     def record_sent(self, event_id: str, room_id: str, *, question_event_id: str | None, about: str | None = None,
                     kind: str = "notice") -> None:
         """One of the bridge's own messages, and what it is about."""
@@ -955,15 +746,11 @@ class Store(Meta, Handled, Attachments, Operators, Undecrypted):
                               (event_id,)).fetchone()
         return row[0] if row else None
 
-    def log_counts(self) -> dict[str, int]:
-        return dict(self.db.execute("SELECT outcome, COUNT(*) FROM answer_log GROUP BY outcome").fetchall())
-
 _Q = "event_id, room_id, set_id, content, open, closed_why"
 # Ids in one IN (...) of ``know_batch``: well within SQLite's and PostgreSQL's limits on parameters.
 _IDS_PER_READ = 500
 # The newest posting of a set folder's question, as ``Store._posting`` reads it.
 _LATEST_POSTED = "SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC LIMIT 1"
-_ACCEPTED_COUNT = "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'"
 # Held sets, ties first held first on both backends; files to delete.
 _HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
 _DOOMED = "SELECT set_dir, path FROM doomed_file"

@@ -1,0 +1,68 @@
+"""What takes back what an event put into a record: a redaction (an
+original takes its edits with it, an edit goes alone) or an emptied poll
+vote.  Withdrawn entries stay in the log (``withdrawn=1``); of an original
+and its edits still standing only the latest counts, the others are
+shadowed; the files withdrawn notes brought are doomed (deleted from the
+set folder once answers.json no longer lists them)."""
+
+from __future__ import annotations
+
+import json
+
+
+class Withdrawals:
+    """A part of ``Store`` (store.py): the withdrawn and shadowed marks of
+    ``answer_log``, and ``doomed_file``'s rows a withdrawal adds."""
+
+    def withdraw(self, event_id: str) -> tuple[str, str, str] | None:
+        """Withdraw what ``event_id`` put into a record (a redaction).
+
+        An original takes its edits with it (clients hide them too); an edit
+        goes alone, and the version before it (an earlier edit, or the
+        original) stands again.  Files the withdrawn rows brought are doomed:
+        deleted from the set folder once answers.json no longer lists them.
+        Returns (set_dir, set_id, qid) of the question touched, or None when
+        the event had recorded nothing (a refused answer, a stranger's event).
+        """
+        rows = self.db.execute(
+            "SELECT seq, set_dir, set_id, qid, outcome, record, whole, replaces FROM answer_log"
+            " WHERE (event_id=? OR replaces=?) AND withdrawn=0 AND outcome IN ('accepted','annotated') ORDER BY seq",
+            (event_id, event_id)).fetchall()
+        if not rows:
+            return None
+        for seq, set_dir, _set_id, _qid, outcome, record, whole, _replaces in rows:
+            if outcome == "annotated" and record and set_dir and not whole:
+                for path in json.loads(record).get("attachments") or ():
+                    self.db.execute("INSERT OR IGNORE INTO doomed_file(set_dir, path) VALUES (?, ?)", (set_dir, path))
+        touched = self._withdraw_rows([row[:4] for row in rows])
+        for root in {row[7] for row in rows if row[7]}:
+            self.reshadow(root)
+        return touched
+
+    def reshadow(self, original: str) -> None:
+        """Of an original and its edits still standing, only the latest in the
+        room's order counts; the others are shadowed (kept, not counted)."""
+        rows = self.db.execute(
+            "SELECT seq FROM answer_log WHERE (event_id=? OR replaces=?) AND withdrawn=0"
+            " AND outcome IN ('accepted','annotated') ORDER BY ts, seq", (original, original)).fetchall()
+        for index, (seq,) in enumerate(rows):
+            self.db.execute("UPDATE answer_log SET shadowed=? WHERE seq=?", (int(index < len(rows) - 1), seq))
+
+    def withdraw_votes(self, question_event_id: str, sender: str, until_ts: int | None = None) -> tuple[str, str, str] | None:
+        """An empty poll vote: withdraw every vote ``sender`` gave in the
+        question's poll before it (in the room's order)."""
+        until = "" if until_ts is None else " AND ts<=?"
+        rows = self.db.execute(
+            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
+            f" AND outcome='accepted' AND withdrawn=0{until} ORDER BY seq",
+            (question_event_id, sender) + (() if until_ts is None else (until_ts,))).fetchall()
+        return self._withdraw_rows(rows)
+
+    def _withdraw_rows(self, rows: list[tuple]) -> tuple[str, str, str] | None:
+        if not rows:
+            return None
+        for seq, set_dir, set_id, qid in rows:
+            self.db.execute("UPDATE answer_log SET withdrawn=1 WHERE seq=?", (seq,))
+            self._dirty((set_dir, set_id, qid))
+        _seq, set_dir, set_id, qid = rows[-1]
+        return set_dir, set_id, qid
