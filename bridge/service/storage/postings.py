@@ -1,0 +1,199 @@
+"""The postings (``posted``): each question event the bridge put into a
+room, its set folder, its poll, whether it is open and why it was closed.
+
+Postings belong to a set folder and are found newest first by posting
+order, whatever their rev.  What is posted never changes (a new revision is
+a new event), so a posting being answered is parsed once and kept
+(``_recorded``); only whether it is open is read every time, and a batch
+remembers what it looked up (``Store.know_batch``) until any posting changes.
+A close, a decision and an expiry are outcomes the answer log records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+from typing import Any
+
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.storage.answerlog import LogEntry
+
+# The columns a posting is read with (``_question``).
+_Q = "event_id, room_id, set_id, content, open, closed_why"
+# The newest posting of a set folder's question, as ``_posting`` reads it.
+_LATEST_POSTED = "SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC LIMIT 1"
+# Posted questions kept parsed: the ones being answered now, not every one ever posted.
+_RECENT_QUESTIONS = 512
+
+
+class PostingConflict(Exception):
+    """A posting clashes with one already recorded (same event or elicitation id)."""
+
+
+class Postings:
+    """A part of ``Store`` (store.py): the ``posted`` table, and the meta
+    rows of a posting's deadline passed and approval outcome logged."""
+
+    def record_posted(self, question: RecordedQuestion, *, set_dir: str, posted_at: int,
+                      poll_event_id: str | None = None) -> None:
+        """Record a posting.  A clash with a posting already recorded (the same
+        event, or the same elicitation id) is never ignored: it raises
+        PostingConflict, naming both, and nothing is recorded."""
+        content = question.content
+        # Looked up before the insert, not after it fails: on PostgreSQL a
+        # failed statement aborts the transaction, so nothing could be read
+        # to name the clash.  (Writers take turns: nothing comes in between.)
+        row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?"
+                              " ORDER BY rowid LIMIT 1", (question.event_id, content["elicitation_id"])).fetchone()
+        if row is not None:
+            raise PostingConflict(f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting"
+                                  f" already recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}")
+        try:
+            self.db.execute(
+                "INSERT INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
+                " open, poll_event_id, posted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (question.event_id, question.room_id, question.set_id, set_dir, content["question"]["id"],
+                 content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
+                 poll_event_id, posted_at),
+            )
+        except sqlite3.IntegrityError:  # a posting missing a part the table requires
+            raise PostingConflict(f"posting {question.event_id} could not be recorded") from None
+        self._postings_changed()
+
+    def set_poll(self, event_id: str, poll_event_id: str) -> None:
+        self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
+        self._postings_changed()
+
+    def close_question(self, event_id: str, why: str | None = None, *, by: str = "") -> None:
+        """Close a posting; the answer log records it (``by``: who closed it, the bridge when empty)."""
+        row = self.db.execute("SELECT room_id, set_id, open FROM posted WHERE event_id=?", (event_id,)).fetchone()
+        self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
+        self._postings_changed()
+        if why in ("decided", "expired"):
+            # A quorum's decision and an expiry are outcomes of their own in the log.
+            self.log_approval_outcome(event_id, why)
+        elif row is not None and row[2]:
+            # The close happens now (no room event carries it), hence the clock.
+            self.append_leaf(LogEntry(event_id, row[0], by, "bridge", "closed", set_id=row[1],
+                                      question_event_id=event_id, reason=why, ts=self.clock.now_ms()), None)
+
+    def log_approval_outcome(self, event_id: str, outcome: str) -> bool:
+        """The posting's approval outcome (``decided`` or ``expired``) is now
+        ``outcome``: when that differs from the last one the log recorded for
+        it, the log gets its leaf.  The record can change outcome after the
+        question closed (an earlier event read late), so this is asked
+        wherever the record is written; True when a leaf was appended.  (A
+        record that is neither again, pending, needs no leaf: verify asks
+        the log's latest word only of a decided or expired record.)"""
+        key = f"approval_logged:{event_id}"
+        if self.get_meta(key) == outcome:
+            return False
+        row = self.db.execute("SELECT room_id, set_id FROM posted WHERE event_id=?", (event_id,)).fetchone()
+        if row is not None:
+            self.append_leaf(LogEntry(event_id, row[0], "", "bridge", outcome, set_id=row[1],
+                                      question_event_id=event_id, reason=outcome, ts=self.clock.now_ms()), None)
+        self.set_meta(key, outcome)
+        return True
+
+    def approval_outcome_logged(self, event_id: str) -> str | None:
+        return self.get_meta(f"approval_logged:{event_id}")
+
+    def question_by_event(self, event_id: str) -> RecordedQuestion | None:
+        return self._one("event_id=?", event_id)
+
+    def question_by_elicitation(self, elicitation_id: str) -> RecordedQuestion | None:
+        return self._one("elicitation_id=?", elicitation_id)
+
+    def question_by_poll(self, poll_event_id: str) -> RecordedQuestion | None:
+        return self._one("poll_event_id=?", poll_event_id)
+
+    def latest_posted(self, set_dir: str, qid: str) -> RecordedQuestion | None:
+        """The newest posting of a set folder's question, whatever its rev."""
+        return self._posting(self.db.execute(_LATEST_POSTED, (set_dir, qid)).fetchone())
+
+    def postings(self, set_dir: str, qid: str) -> list[RecordedQuestion]:
+        """Every posting of a set folder's question, newest posted first."""
+        rows = self.db.execute(f"SELECT {_Q} FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC",
+                               (set_dir, qid)).fetchall()
+        return [_question(row) for row in rows]
+
+    def posted_for_set(self, set_dir: str) -> list[tuple[RecordedQuestion, str | None]]:
+        """Every posting of a set folder, oldest first, with its poll."""
+        rows = self.db.execute(f"SELECT {_Q}, poll_event_id FROM posted WHERE set_dir=? ORDER BY rowid",
+                               (set_dir,)).fetchall()
+        return [(_question(row[:-1]), row[-1]) for row in rows]
+
+    def folders_of_set(self, set_id: str) -> list[str]:
+        """The set folders that posted under ``set_id``, first poster first."""
+        rows = self.db.execute("SELECT set_dir, MIN(rowid) AS first FROM posted WHERE set_id=? GROUP BY set_dir"
+                               " ORDER BY first", (set_id,)).fetchall()
+        return [row[0] for row in rows]
+
+    def folders_with_open(self) -> list[str]:
+        """The set folders that still have an open posting."""
+        return [row[0] for row in self.db.execute(  # in byte order (the order removed sets are closed in)
+            "SELECT set_dir FROM posted WHERE open=1 GROUP BY set_dir ORDER BY set_dir COLLATE BINARY").fetchall()]
+
+    def set_dir_of(self, event_id: str) -> str | None:
+        kept = self._recent_questions.get(event_id)
+        if kept is not None:
+            return kept[1]
+        row = self.db.execute("SELECT set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
+        return row[0] if row else None
+
+    def poll_of(self, event_id: str) -> str | None:
+        row = self.db.execute("SELECT poll_event_id FROM posted WHERE event_id=?", (event_id,)).fetchone()
+        return row[0] if row else None
+
+    def count_posted(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM posted").fetchone()[0]
+
+    def _one(self, where: str, value: str) -> RecordedQuestion | None:
+        batch = self._batch
+        row = batch.postings.get((where, value), False) if batch is not None else False
+        if row is False:  # not asked yet in this batch (a question is looked up by each answer's parts)
+            row = self.db.execute(f"SELECT event_id, open, closed_why FROM posted WHERE {where}", (value,)).fetchone()
+            if batch is not None:
+                batch.postings[(where, value)] = row
+                if row is not None:  # found by its elicitation or poll: the same posting by its id
+                    batch.postings[("event_id=?", row[0])] = row
+        return self._posting(row)
+
+    def _posting(self, row: Any) -> RecordedQuestion | None:
+        """A posting from its (event id, open, closed_why) row, or None for no row."""
+        return self._recorded(row[0], bool(row[1]), row[2]) if row else None
+
+    def _recorded(self, event_id: str, is_open: bool, closed_why: str | None = None) -> RecordedQuestion:
+        """The posted question ``event_id``, parsed once while it is answered.
+
+        Every answer looks its question up; parsing the posted content and
+        working out its options again for each one cost more than judging.
+        What is posted never changes (a new revision is a new event), so only
+        ``open`` is read from the table every time."""
+        recent = self._recent_questions
+        kept = recent.get(event_id)
+        if kept is None:
+            row = self.db.execute(f"SELECT {_Q}, set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
+            kept = (_question(row[:-1]), row[-1])
+            recent[event_id] = kept
+            while len(recent) > _RECENT_QUESTIONS:
+                recent.popitem(last=False)
+        else:
+            recent.move_to_end(event_id)
+        question = kept[0]
+        if question.open == is_open and question.closed_why == closed_why:
+            return question
+        return dataclasses.replace(question, open=is_open, closed_why=closed_why)
+
+    def mark_expired(self, question_event_id: str, at_ms: int) -> None:
+        """The posting reached its deadline (the bridge closed it, or the homeserver's own closing came)."""
+        self.set_meta(f"expired:{question_event_id}", str(at_ms))
+
+    def is_expired(self, question_event_id: str) -> bool:
+        return self.get_meta(f"expired:{question_event_id}") is not None
+
+
+def _question(row: tuple) -> RecordedQuestion:
+    return RecordedQuestion(event_id=row[0], room_id=row[1], set_id=row[2], content=json.loads(row[3]),
+                            open=bool(row[4]), closed_why=row[5])

@@ -1,0 +1,117 @@
+"""A question's record, as answers.json holds it: projected from the answer
+log in the room's order (``annotate.fold_records``), and for a posting with
+a quorum or a deadline turned into an approval's record from its casts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from bridge.protocol.annotate import fold_records
+from bridge.protocol.approval_record import approval_record
+from bridge.protocol.quorum import NEVER, Cast
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.storage.answerlog import _ACCEPTED_COUNT
+from bridge.service.storage.postings import _LATEST_POSTED
+from bridge.service.storage.redactions import votes_key
+
+
+class Projection:
+    """A part of ``Store`` (store.py): reads of ``answer_log``, ``posted``
+    and ``redaction`` that make a record; nothing written."""
+
+    def projection(self, set_dir: str, qid: str) -> dict[str, Any] | None:
+        """The record answers.json should hold for a question, from the log in
+        the room's order (see ``annotate.fold_records``); its ``rev`` the
+        number of answers ever accepted for the question (a note is not an
+        answer, so a note-only record is rev 1).
+
+        Its reads go out together (one round trip on PostgreSQL): a written
+        answer costs one, not one per read."""
+        live = "set_dir=? AND qid=? AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL"
+        # The standing pick is the latest in the room; when it has no note of
+        # its own, the latest earlier pick with one (or from before the
+        # notes were kept apart) is the one whose note it keeps: of the two
+        # latest noted picks, the first before it.  Both are found through
+        # the index without decoding the picks in between, so a question's
+        # thousandth answer costs what its first did.
+        order = "ORDER BY ts DESC, seq DESC"
+        receipt = (", (SELECT idx FROM audit_leaf l WHERE l.seq=a.seq ORDER BY idx DESC LIMIT 1),"
+                   " (SELECT hash FROM audit_leaf l WHERE l.seq=a.seq ORDER BY idx DESC LIMIT 1)"
+                   if self.audit_enabled else "")
+        counted, latest, noted, annotated, posted = self.db.reads([
+            (_ACCEPTED_COUNT, (set_dir, qid)),
+            (f"SELECT record, whole, carry_note, ts, seq{receipt} FROM answer_log a WHERE {live}"
+             f" AND outcome='accepted' {order} LIMIT 1", (set_dir, qid)),
+            (f"SELECT record, whole, carry_note, ts, seq FROM answer_log INDEXED BY log_noted WHERE {live}"
+             f" AND outcome='accepted' AND noted=1 {order} LIMIT 2", (set_dir, qid)),
+            (f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
+             (set_dir, qid)),
+            (_LATEST_POSTED, (set_dir, qid)),
+        ])
+        count = counted[0][0]
+        row = latest[0] if latest else None
+        picks: list[tuple[dict[str, Any], bool, str | None, tuple[int, int]]] = []
+        if row is not None:
+            picks.append((json.loads(row[0]), bool(row[1]), row[2], (row[3], row[4])))
+            if not row[1] and not picks[0][0].get("note"):
+                earlier = next((r for r in noted if (r[3], r[4]) < (row[3], row[4])), None)
+                if earlier is not None:
+                    picks.append((json.loads(earlier[0]), bool(earlier[1]), earlier[2], (earlier[3], earlier[4])))
+        notes = [(json.loads(record), (ts, seq)) for record, ts, seq in annotated]
+        record = self._with_approval(self._posting(posted[0] if posted else None), fold_records(qid, picks, notes, count), count)
+        if record is not None and row is not None and self.audit_enabled:
+            if row[5] is not None:
+                record["receipt"] = {"log": self.audit_origin(), "index": int(row[5]), "leaf": row[6]}
+        elif record is not None and record.get("state") == "answered" and isinstance(record.get("source"), dict):
+            # A decision whose every vote was withdrawn after it: the record
+            # stands on the latest vote, withdrawn since; its receipt is that vote's.
+            receipt = self.receipt_of(str(record["source"].get("event_id")))
+            if receipt is not None:
+                record["receipt"] = receipt
+        return record
+
+    def _with_approval(self, posting: RecordedQuestion | None, base: dict[str, Any] | None,
+                       count: int) -> dict[str, Any] | None:
+        """``base`` as an approval's record (votes, a decision, an expiry) where
+        the question's latest ``posting`` has a quorum or a deadline; else ``base`` itself."""
+        if posting is None or (posting.quorum is None and posting.expires_ms is None):
+            return base
+        casts = self.casts(posting.event_id) if posting.quorum is not None else []
+        fallback = None
+        if base is None and casts:
+            row = self.db.execute("SELECT record FROM answer_log WHERE event_id=? AND outcome='accepted'"
+                                  " ORDER BY seq DESC LIMIT 1", (casts[-1].event_id,)).fetchone()
+            fallback = json.loads(row[0]) if row and row[0] else None
+        return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count,
+                               fallback=fallback)
+
+    def casts(self, question_event_id: str) -> list[Cast]:
+        """Every pick accepted for one posting, each with where in the room's
+        order it was withdrawn (a redaction, an emptied poll vote), if it was."""
+        out = []
+        rows = self.db.execute(
+            "SELECT event_id, sender, via, record, ts, seq, withdrawn, replaces FROM answer_log"
+            " WHERE question_event_id=? AND outcome='accepted' ORDER BY ts, seq", (question_event_id,)).fetchall()
+        for event_id, sender, via, record, ts, seq, withdrawn, replaces in rows:
+            choice = json.loads(record).get("choice") if record else None
+            gone = NEVER
+            if withdrawn:
+                # The earliest of what withdrew it, in the room's order, whatever
+                # order they reached the bridge in: a redaction, or (a poll vote)
+                # an emptied vote, kept under the person's votes in this poll.
+                found = [tuple(row) for row in self.db.execute(
+                    "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND replaces IN (?, ?)"
+                    " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchall()]
+                if via == "poll":
+                    cleared = self.db.execute(
+                        "SELECT MIN(ts) FROM redaction WHERE target=? AND ts>=?",
+                        (votes_key(question_event_id, sender), ts)).fetchone()
+                    if cleared and cleared[0] is not None:
+                        found.append((cleared[0], 0))
+                # None found: withdrawn by what the log no longer tells apart; one
+                # before the pick itself (in the room): it never stood.
+                gone = max(min(found, default=(ts, seq)), (ts, seq))
+            out.append(Cast(sender, choice if isinstance(choice, str) else None, event_id, (ts, seq), gone,
+                            replaces))
+        return out

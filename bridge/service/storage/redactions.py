@@ -1,0 +1,84 @@
+"""Redactions and edits, whichever comes first: a redaction is kept
+(``redaction``) so one that came before its target still takes it back, an
+edit whose target has not arrived yet waits (``parked_edit``) and is
+dropped if it never comes, and every edit is linked to what it edits
+(``edit_link``) so an edit of an edit finds the original."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# An edit whose original never comes is dropped after this long.
+PARKED_FOR_MS = 7 * 24 * 3600 * 1000
+
+
+def votes_key(question_event_id: str, sender: str) -> str:
+    """The redaction target an emptied poll vote is kept under: every vote of one person in one poll."""
+    return f"votes\x1f{question_event_id}\x1f{sender}"
+
+
+class RedactionsAndEdits:
+    """A part of ``Store`` (store.py): ``redaction``, ``parked_edit`` and
+    ``edit_link``; what a batch read of the first two at once
+    (``Store.know_batch``) answers, and these writes keep up to date."""
+
+    def keep_redaction(self, event_id: str, target: str, room_id: str, sender: str, ts: int) -> None:
+        kept = self.db.execute("INSERT OR IGNORE INTO redaction(event_id, target, room_id, sender, ts)"
+                               " VALUES (?,?,?,?,?)", (event_id, target, room_id, sender, ts)).rowcount
+        if self._batch is not None and kept > 0:
+            self._batch.redacted_by.setdefault(target, []).append(sender)
+
+    def redacted_since(self, target: str, ts: int) -> bool:
+        return self.redaction_since(target, ts) is not None
+
+    def redaction_since(self, target: str, ts: int) -> tuple[str, int] | None:
+        """(event id, ts) of the first redaction of ``target`` at or after ``ts``."""
+        row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=?"
+                              " ORDER BY ts, event_id COLLATE BINARY LIMIT 1", (target, ts)).fetchone()
+        return (row[0], row[1]) if row else None
+
+    def redactions_of(self, target: str) -> list[str]:
+        """The senders of redactions that came before their target."""
+        known = self._known(target)
+        if known is not None:
+            return list(known.redacted_by.get(target, ()))
+        return [row[0] for row in self.db.execute("SELECT sender FROM redaction WHERE target=?", (target,))]
+
+    def park_edit(self, event: dict[str, Any], target: str, now_ms: int) -> None:
+        self.db.execute("DELETE FROM parked_edit WHERE parked_at<?", (now_ms - PARKED_FOR_MS,))
+        self.db.execute("INSERT OR IGNORE INTO parked_edit(event_id, target, event, parked_at) VALUES (?,?,?,?)",
+                        (event["event_id"], target, json.dumps(event), now_ms))
+        if self._batch is not None:
+            self._batch.parked.add(target)
+
+    def unpark_edits(self, target: str) -> list[dict[str, Any]]:
+        """The edits waiting for ``target``, removed from waiting (oldest first)."""
+        known = self._known(target)
+        if known is not None and target not in known.parked:
+            return []
+        rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=?"
+                               " ORDER BY parked_at, event_id COLLATE BINARY", (target,)).fetchall()
+        for event_id, _event in rows:
+            self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
+            self.db.execute("DELETE FROM processed WHERE event_id=?", (event_id,))
+            if self._batch is not None:
+                self._batch.processed.discard(event_id)
+        return [json.loads(event) for _id, event in rows]
+
+    def drop_parked(self, event_id: str) -> None:
+        self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
+
+    def original_of(self, event_id: str) -> str:
+        """The event an edit edits (an edit of an edit counts as one of the original)."""
+        seen = {event_id}
+        while True:  # an edit linked before its own target was known links to that target, an edit
+            row = self.db.execute("SELECT original FROM edit_link WHERE event_id=?", (event_id,)).fetchone()
+            if row is None or row[0] in seen:
+                return event_id
+            event_id = row[0]
+            seen.add(event_id)
+
+    def link_edit(self, event_id: str, original: str) -> None:
+        """Every edit seen, counted or not, so an edit of it finds the original."""
+        self.db.execute("INSERT OR IGNORE INTO edit_link(event_id, original) VALUES (?, ?)", (event_id, original))
