@@ -3,6 +3,17 @@
 The answer log is the source of truth; ``answers.json`` is a projection of
 it.  Every batch is committed here before the folder is written, so a crash
 between the two is repaired on start by re-projecting the pending questions.
+
+``Store`` is the one face callers use.  This module holds what its parts
+share: the connection and its own thread, migration (the schema is
+``schema``), transactions and savepoints, and what a batch knows
+(``know_batch``), which the parts' reads answer from and their writes keep
+up to date.  The tables are the parts', one module per family of what is
+stored: ``postings``, ``answerlog``, ``withdrawals``, ``redactions`` (and
+edits), ``leaves`` (the verifiable log), ``projection`` (a question's
+record), ``notices`` (the word back), ``folderwrites`` (dirty questions,
+held sets, doomed files), ``handled``, ``attachments``, ``operators``,
+``undecrypted`` and ``meta``.
 """
 
 from __future__ import annotations
@@ -21,9 +32,11 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.answerlog import RECORDING, SET_ASIDE_REASONS, AnswerLog, LogEntry
 from bridge.service.storage.attachments import Attachments
 from bridge.service.storage.dbclock import DatabaseClock, LocalClock
+from bridge.service.storage.folderwrites import FlushView, FolderWrites
 from bridge.service.storage.handled import Handled
 from bridge.service.storage.leaves import Leaves
 from bridge.service.storage.meta import Meta
+from bridge.service.storage.notices import COALESCED, DROPPED, PENDING, SENT, Notices
 from bridge.service.storage.operators import Operators, PostedQuestion
 from bridge.service.storage.postings import PostingConflict, Postings
 from bridge.service.storage.projection import Projection
@@ -38,18 +51,12 @@ T = TypeVar("T")
 # The store's face: ``Store``, and the names its callers import from here
 # (the parts' own modules are where they are defined).
 __all__ = ["Store", "StoreVersionError", "MIGRATIONS", "SCHEMA_VERSION", "LogEntry", "RECORDING", "SET_ASIDE_REASONS",
-           "PostingConflict", "PostedQuestion", "PARKED_FOR_MS", "votes_key"]
-
+           "PostingConflict", "PostedQuestion", "PARKED_FOR_MS", "votes_key", "PENDING", "SENT", "COALESCED", "DROPPED",
+           "FlushView"]
 
 
 class StoreVersionError(Exception):
     pass
-
-
-
-# answer_log.acked: the notice of an entry is pending, sent, told within a
-# later coalesced reply, or dropped (its room can't be written to).
-PENDING, SENT, COALESCED, DROPPED = 0, 1, 2, 3
 
 
 @dataclass
@@ -72,26 +79,17 @@ class _Batch:
     counts: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class FlushView:
-    """The store as a flush starts: the dirty questions (set dir, set id,
-    qid; oldest first), the latest posting of each by (set dir, qid), the
-    held sets' rows (``held_sets``) and the files to delete (``doomed_files``)."""
-
-    dirty: list[tuple[str, str, str]]
-    postings: dict[tuple[str, str], RecordedQuestion]
-    held: list[tuple[str, str, str, int, int, int]]
-    doomed: list[tuple[str, str]]
-
-
-
 def _clock_of(db: Any) -> "DatabaseClock | LocalClock":
     """The clock of every time another instance reads (dbclock): PostgreSQL's, or this machine's."""
     return getattr(db, "clock", None) or LocalClock()
 
 
-class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits, Leaves, Projection,
-            Attachments, Operators, Undecrypted):
+class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits, Leaves, Projection, Notices,
+            FolderWrites, Attachments, Operators, Undecrypted):
+    """The store: its parts (one module each) read and write the tables
+    through ``self.db``, and keep ``know_batch``'s memo through ``_batch``,
+    ``_known``, ``_dirty`` and ``_postings_changed``."""
+
     def __init__(self, path: str | Path, *, url: str | None = None, password: str | None = None):
         """SQLite at ``path``, or PostgreSQL at ``url`` (``store.url``) when given."""
         self.path = Path(path)
@@ -252,145 +250,9 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         batch = self._batch
         return batch if batch is not None and event_id in batch.ids else None
 
-    def notice_pending(self, seqs: list[int]) -> bool:
-        """Whether every entry of ``seqs`` still waits for its notice (none: False)."""
-        if not seqs:
-            return False  # asked before the query: an empty ``IN ()`` is SQLite's alone, PostgreSQL refuses it
-        marks = "?" * len(seqs)
-        row = self.db.execute(f"SELECT COUNT(*) FROM answer_log WHERE acked=0 AND seq IN ({','.join(marks)})",
-                              tuple(seqs)).fetchone()
-        return row[0] == len(set(seqs))
-
-    def doomed_files(self) -> list[tuple[str, str]]:
-        return self.db.execute(_DOOMED).fetchall()
-
-    def forget_doomed(self, set_dir: str, path: str) -> None:
-        self.db.defer("DELETE FROM doomed_file WHERE set_dir=? AND path=?", (set_dir, path))
-
-    def flush_view(self) -> "FlushView":
-        """What a flush starts from, read at once (one round trip on PostgreSQL)."""
-        dirty, held, doomed = self.db.reads([
-            # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
-            ("SELECT d.set_dir, d.set_id, d.qid, p.event_id, p.open, p.closed_why FROM dirty d LEFT JOIN posted p"
-             " ON p.rowid = (SELECT MAX(rowid) FROM posted q WHERE q.set_dir=d.set_dir AND q.qid=d.qid)"
-             " ORDER BY d.rowid", ()),
-            (_HELD, ()),
-            (_DOOMED, ()),
-        ])
-        return FlushView(
-            dirty=[(row[0], row[1], row[2]) for row in dirty],
-            postings={(row[0], row[2]): self._posting(row[3:]) for row in dirty if row[3] is not None},
-            held=held, doomed=doomed)
-
-    def dirty(self) -> list[tuple[str, str, str]]:
-        # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
-        return self.db.execute("SELECT set_dir, set_id, qid FROM dirty ORDER BY rowid").fetchall()
-
-    def clear_dirty(self, items: Iterable[tuple[str, str, str]]) -> None:
-        for set_dir, _set_id, qid in items:  # with the flush's COMMIT, on PostgreSQL
-            self.db.defer("DELETE FROM dirty WHERE set_dir=? AND qid=?", (set_dir, qid))
-
-    # -- pending notices: worked out a window at a time, so a backlog of tens
-    # of thousands (a homeserver slower to take the replies than the answers)
-    # costs a pass neither memory nor time in proportion to it.
-
-    def pending_acks(self, limit: int, skip_rooms: Iterable[str] = ()) -> list[tuple[int, int]]:
-        """(last seq, entries) of the oldest ``limit`` acknowledgements to send:
-        one per person per question for accepted answers (the last one, which
-        stands), one per entry otherwise; entries whose set is held (dirty)
-        and rooms in ``skip_rooms`` (backed off) wait."""
-        rooms = list(skip_rooms)
-        return self.db.execute(
-            "SELECT MAX(seq), COUNT(*) FROM answer_log a WHERE acked=0 AND outcome IN ('accepted','annotated','withdrawn')"
-            " AND NOT EXISTS (SELECT 1 FROM dirty d WHERE d.set_dir=a.set_dir AND d.qid=a.qid)"
-            + (f" AND room_id NOT IN ({','.join('?' * len(rooms))})" if rooms else "") +
-            " GROUP BY room_id, sender, question_event_id, CASE WHEN outcome='accepted' THEN 0 ELSE seq END"
-            " ORDER BY MIN(seq) LIMIT ?", (*rooms, limit)).fetchall()
-
-    def pending_refusals(self, limit: int, skip_rooms: Iterable[str] = ()) -> list[tuple[int, int, str, str, str | None]]:
-        """(last seq, entries, room, sender, question event) of the oldest ``limit``
-        refusals to send, one per person per question."""
-        rooms = list(skip_rooms)
-        return self.db.execute(
-            "SELECT MAX(seq), COUNT(*), room_id, sender, question_event_id FROM answer_log"
-            " WHERE acked=0 AND outcome='refused'"
-            + (f" AND room_id NOT IN ({','.join('?' * len(rooms))})" if rooms else "") +
-            " GROUP BY room_id, sender, question_event_id ORDER BY MIN(seq) LIMIT ?", (*rooms, limit)).fetchall()
-
-    def notice_seqs(self, last: int) -> list[int]:
-        """The pending entries the notice of entry ``last`` stands for, oldest
-        first: for an accepted answer or a refusal, the same person's pending
-        ones of that outcome on that question up to it; otherwise itself."""
-        row = self.db.execute("SELECT outcome, room_id, sender, question_event_id FROM answer_log WHERE seq=?",
-                              (last,)).fetchone()
-        if row is None or row[0] not in ("accepted", "refused"):
-            return [last]
-        outcome, room_id, sender, question = row
-        same_question = "question_event_id IS NULL" if question is None else "question_event_id=?"
-        rows = self.db.execute(
-            f"SELECT seq FROM answer_log WHERE acked=0 AND outcome=? AND room_id=? AND sender=? AND {same_question}"
-            " AND seq<=? ORDER BY seq", (outcome, room_id, sender, *(() if question is None else (question,)), last))
-        return [seq for (seq,) in rows.fetchall()] or [last]
-
-    def mark_acked(self, seq: int, state: int = 1) -> None:
-        """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""
-        self.db.defer("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
-
-    def drop_notice(self, seq: int, room_id: str, reason: str, at_ms: int) -> None:
-        self.mark_acked(seq, DROPPED)
-        self.db.defer("INSERT OR REPLACE INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?)",
-                      (seq, room_id, reason, at_ms))
-
-    def dropped_notices(self, limit: int = 50) -> list[tuple[int, str, str, int]]:
-        """(seq, room, reason, when) of the latest notices given up on."""
-        return self.db.execute("SELECT seq, room_id, reason, at FROM dropped_notice ORDER BY seq DESC LIMIT ?",
-                               (limit,)).fetchall()
-
-    # -- what is held back ------------------------------------------------
-
-    def hold_set(self, set_dir: str, set_id: str, reason: str, now_ms: int, retry_ms: int | None = None) -> int:
-        """Hold a set whose folder can't be written; returns the attempts so
-        far.  Retries back off from 1 s to 5 minutes (every ``retry_ms`` when given)."""
-        row = self.db.execute("SELECT attempts FROM held_set WHERE set_dir=?", (set_dir,)).fetchone()
-        attempts = (row[0] if row else 0) + 1
-        delay = retry_ms if retry_ms is not None else min(1000 * 2 ** min(attempts - 1, 9), 300_000)
-        self.db.execute(
-            "INSERT INTO held_set(set_dir, set_id, reason, since, attempts, next_try) VALUES (?,?,?,?,?,?)"
-            " ON CONFLICT(set_dir) DO UPDATE SET reason=excluded.reason, attempts=excluded.attempts,"
-            " next_try=excluded.next_try", (set_dir, set_id, reason, now_ms, attempts, now_ms + delay))
-        return attempts
-
-    def release_set(self, set_dir: str) -> bool:
-        return self.db.execute("DELETE FROM held_set WHERE set_dir=?", (set_dir,)).rowcount > 0
-
-    def held_sets(self) -> list[tuple[str, str, str, int, int, int]]:
-        """(set dir, set id, reason, since, attempts, next try) of every held set."""
-        return self.db.execute(_HELD).fetchall()
-
-    def record_sent(self, event_id: str, room_id: str, *, question_event_id: str | None, about: str | None = None,
-                    kind: str = "notice") -> None:
-        """One of the bridge's own messages, and what it is about."""
-        self.db.defer("INSERT OR IGNORE INTO sent(event_id, room_id, question_event_id, about, kind)"
-                      " VALUES (?,?,?,?,?)", (event_id, room_id, question_event_id, about, kind))
-
-    def sent_question(self, event_id: str) -> str | None:
-        """The question a message the bridge sent is about (None: not the bridge's, or about none)."""
-        row = self.db.execute("SELECT question_event_id FROM sent WHERE event_id=?", (event_id,)).fetchone()
-        return row[0] if row else None
-
-    def acknowledgement_of(self, event_id: str) -> str | None:
-        """The bridge's latest word back on a person's event."""
-        row = self.db.execute("SELECT event_id FROM sent WHERE about=? ORDER BY rowid DESC LIMIT 1",
-                              (event_id,)).fetchone()
-        return row[0] if row else None
 
 # Ids in one IN (...) of ``know_batch``: well within SQLite's and PostgreSQL's limits on parameters.
 _IDS_PER_READ = 500
-# Held sets, ties first held first on both backends; files to delete.
-_HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
-_DOOMED = "SELECT set_dir, path FROM doomed_file"
-
-
 
 
 class _Transaction:
