@@ -122,3 +122,26 @@ def test_postings_and_held_sets_of_one_moment_are_listed_in_the_order_they_came(
         store.hold_set("/sets/b", "b", "unwritable", 7)
     assert [posting.event_id for posting in store.open_posted()] == ["$q1", "$q2", "$q3"]
     assert [held[0] for held in store.held_sets()] == ["/sets/b", "/sets/a"]
+
+
+def test_rows_read_back_are_the_entries_and_postings_written(tmp_path):
+    """Rows are mapped to entries and postings by their columns' names: every
+    field a read carries comes back as it was written."""
+    store = Store(tmp_path / "s.sqlite")
+    written = LogEntry("$a1", "!r", "@p:hs", "answer_event", "accepted", set_id="s", set_dir="/sets/s", qid="branch",
+                       question_event_id="$q", layer="l", reason="why", message="m",
+                       record={"qid": "branch", "choice": "main", "q_rev": 1, "rev": 1}, ts=5, replaces="$a0",
+                       carry_note="kept", thread_root="$root")
+    with store.transaction():
+        store.record_posted(question(), set_dir="/sets/s", posted_at=1)
+        seq = store.append_log(written)
+    assert store.log_entry(seq) == LogEntry(**{**written.__dict__, "carry_note": None})
+    assert store.accepted_answer("$a1") == LogEntry("$a1", "!r", "@p:hs", "answer_event", "accepted", set_id="s",
+                                                    set_dir="/sets/s", qid="branch", question_event_id="$q",
+                                                    record=written.record, ts=5)
+    assert store.postings("/sets/s", "branch") == [question()]
+    assert store.posted_for_set("/sets/s") == [(question(), None)]
+    with store.transaction():
+        store.close_question("$q", "superseded")
+    assert store.latest_posted("/sets/s", "branch") == RecordedQuestion(
+        event_id="$q", room_id="!r", set_id="s", content=question().content, open=False, closed_why="superseded")

@@ -46,10 +46,25 @@ _LOG_ENTRY = ("seq, event_id, room_id, sender, via, outcome, set_id, set_dir, qi
               " message, record, ts, replaces, thread_root")
 
 
+# ``_LOG_ENTRY``'s column names, in its order: a row read with it is mapped by name.
+_LOG_ENTRY_COLUMNS = tuple(name.strip() for name in _LOG_ENTRY.split(","))
+# The columns ``accepted_answer`` reads, in its SELECT's order.
+_ACCEPTED_ANSWER_COLUMNS = ("event_id", "room_id", "sender", "via", "outcome", "set_id", "set_dir", "qid",
+                            "question_event_id", "record", "ts")
+
+
+def _entry(columns: tuple[str, ...], row: tuple[Any, ...]) -> LogEntry:
+    """A row of answer_log ``columns`` as the entry, each column given to the
+    field of its name (``record`` decoded from JSON; ``seq`` is no field)."""
+    fields = dict(zip(columns, row))
+    fields.pop("seq", None)
+    record = fields.pop("record", None)
+    return LogEntry(**fields, record=json.loads(record) if record else None)
+
+
 def _log_entry(r: tuple[Any, ...]) -> LogEntry:
     """A row of ``_LOG_ENTRY`` columns (its seq first) as the entry."""
-    return LogEntry(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12],
-                    json.loads(r[13]) if r[13] else None, r[14], r[15], thread_root=r[16])
+    return _entry(_LOG_ENTRY_COLUMNS, r)
 
 
 # Refusals for what an event carried or caused, not for what it said.
@@ -145,7 +160,7 @@ class AnswerLog:
             (event_id,)).fetchone()
         if not row:
             return None
-        return LogEntry(*row[:9], record=json.loads(row[9]) if row[9] else None, ts=row[10])
+        return _entry(_ACCEPTED_ANSWER_COLUMNS, row)
 
     def has_standing_pick(self, set_dir: str, qid: str) -> bool:
         """Whether an accepted answer to the question stands (not withdrawn,

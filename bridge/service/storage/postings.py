@@ -162,7 +162,10 @@ class Postings:
 
     def _posting(self, row: Any) -> RecordedQuestion | None:
         """A posting from its (event id, open, closed_why) row, or None for no row."""
-        return self._recorded(row[0], bool(row[1]), row[2]) if row else None
+        if not row:
+            return None
+        event_id, is_open, closed_why = row
+        return self._recorded(event_id, bool(is_open), closed_why)
 
     def _recorded(self, event_id: str, is_open: bool, closed_why: str | None = None) -> RecordedQuestion:
         """The posted question ``event_id``, parsed once while it is answered.
@@ -195,5 +198,7 @@ class Postings:
 
 
 def _question(row: tuple) -> RecordedQuestion:
-    return RecordedQuestion(event_id=row[0], room_id=row[1], set_id=row[2], content=json.loads(row[3]),
-                            open=bool(row[4]), closed_why=row[5])
+    """A row of ``_Q`` columns as the posting (its content decoded from JSON)."""
+    event_id, room_id, set_id, content, is_open, closed_why = row
+    return RecordedQuestion(event_id=event_id, room_id=room_id, set_id=set_id, content=json.loads(content),
+                            open=bool(is_open), closed_why=closed_why)
