@@ -1,6 +1,6 @@
-"""The ``meta`` table: small named values, one row per key (the bridge's
-login, the answer log's origin and key, where a catch-up ended, what a
-posting's deadline and closing have done).  The callers name the keys;
+"""The ``meta`` table: small named values, one row per key (the sync token,
+the bridge's login, the answer log's origin and key, where a catch-up ended,
+what a posting's deadline and closing have done).  The callers name the keys;
 families of keys share a prefix (``meta_with_prefix``)."""
 
 from __future__ import annotations
