@@ -15,7 +15,6 @@ from bridge.protocol.recorded import RecordedQuestion
 
 # Held sets, ties first held first on both backends; files to delete.
 _HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
-
 _DOOMED = "SELECT set_dir, path FROM doomed_file"
 
 
