@@ -188,10 +188,27 @@ def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_
     with store.transaction():
         freeze(old)
         store.mark_processed("$in-flight", "accepted")
+        # A statement that waits: the transaction's BEGIN and fence go out with it.
+        assert not store.is_processed("$another")
         time.sleep(2.0)  # the lease expired meanwhile, but this transaction holds its row
         assert not new.leading
     wait_for(lambda: new.leading)
     assert store.is_processed("$in-flight")
+
+
+def test_a_transaction_that_sent_nothing_before_its_lease_was_taken_over_commits_nothing(shared, postgres_server):
+    url, lease = shared
+    old = lease(ttl=1)
+    wait_for(lambda: old.leading)
+    store = Store("unused", url=url, password=postgres_server.password)
+    old.guard_store(store)
+    new = lease(ttl=1)
+    with pytest.raises(LeaseLost):
+        with store.transaction():
+            freeze(old)
+            store.mark_processed("$late", "accepted")  # a write nobody waits on: not sent yet
+            wait_for(lambda: new.leading)
+    assert not store.is_processed("$late")
 
 
 def test_a_leader_that_lost_the_lease_downloads_nothing():

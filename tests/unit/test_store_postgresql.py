@@ -219,3 +219,73 @@ def test_a_statement_after_the_connection_dropped_reconnects_even_one_never_run_
         db.execute("SELECT 1")  # finds the connection gone
     assert db.execute("INSERT INTO t(y) VALUES (?)", ("a",)).lastrowid == 1
     db.close()
+
+
+def round_trips(db: PgConnection, monkeypatch) -> list[int]:
+    """Counts each time ``db`` waits for the server (a pipeline or one statement)."""
+    waits = [0]
+    pipelined, cursor = PgConnection._pipelined, PgConnection._cursor
+
+    def counted_pipelined(self, statements):
+        waits[0] += 1
+        return pipelined(self, statements)
+
+    def counted_cursor(self):
+        waits[0] += 1
+        return cursor(self)
+
+    monkeypatch.setattr(PgConnection, "_pipelined", counted_pipelined)
+    monkeypatch.setattr(PgConnection, "_cursor", counted_cursor)
+    return waits
+
+
+def test_begin_and_its_fence_go_out_with_the_first_statement_that_waits(postgres_server, monkeypatch):
+    class Fence:
+        checked: list[bool] = []
+
+        def statement(self):
+            return ("SELECT 1", ())
+
+        def held(self, found):
+            self.checked.append(found)
+
+    store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
+    with store.transaction():  # each statement's translation worked out (a first INSERT asks the server)
+        store.set_meta("t0", "zero")
+        store.get_meta("t0")
+    store.db.fence = Fence()
+    waits = round_trips(store.db, monkeypatch)
+    with store.transaction():
+        store.set_meta("t1", "one")  # handed over: nothing sent yet
+        assert waits[0] == 0 and Fence.checked == []
+        assert store.get_meta("t1") == "one"  # BEGIN, the fence, the write and the read: one round trip
+        assert waits[0] == 1 and Fence.checked == [True]
+    assert waits[0] == 2  # the COMMIT
+    with store.transaction():
+        pass  # sent nothing: costs nothing
+    assert waits[0] == 2 and Fence.checked == [True]
+    with store.transaction():
+        store.set_meta("t2", "two")
+    assert waits[0] == 4 and Fence.checked == [True, True]  # the fence read before the COMMIT goes
+    assert store.get_meta("t1") == "one"
+
+
+def test_a_fence_not_held_commits_nothing_sent_with_it(postgres_server):
+    class Lost:
+        def statement(self):
+            return ("SELECT 1 WHERE false", ())
+
+        def held(self, found):
+            if not found:
+                raise RuntimeError("another instance leads")
+
+    store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
+    store.db.fence = Lost()
+    with pytest.raises(RuntimeError):
+        with store.transaction():
+            store.set_meta("t1", "written by an instance that no longer leads")
+    store.db.fence = None
+    assert store.get_meta("t1") is None
+    with store.transaction():  # no transaction was left open
+        store.set_meta("t2", "next")
+    assert store.get_meta("t2") == "next"

@@ -21,8 +21,10 @@ stay as they are:
   wherever it orders by text) is ``COLLATE "C"``: a database's own order
   is its host's language's, where "a" comes before "B";
 - ``BEGIN IMMEDIATE`` is ``BEGIN`` with the fence (the leader's lease
-  check, see ``bridge/service/storage/leader.py``) when one is set, both in
-  one round trip;
+  check, see ``bridge/service/storage/leader.py``) when one is set, both
+  sent with the transaction's first statement that waits (and the fence
+  checked on its answer, always before a ``COMMIT`` is sent); a
+  transaction that sent nothing costs no round trip;
 - ``lastrowid`` comes from ``RETURNING`` the table's identity column,
   ``total_changes`` is counted here;
 - what only this backend has, for its round trips: ``reads`` (several
@@ -127,6 +129,8 @@ class PgConnection:
         self._plans: dict[str, tuple] = {}  # SQL as the store writes it -> what it is, what is sent (``_plan``)
         self._one: psycopg.Cursor | None = None  # ``_cursor``
         self._deferred: list[tuple[str, Any, bool]] = []  # ``defer``: (text, parameters, counts)
+        self._unchecked: tuple[Fence, int] | None = None  # the fence deferred with BEGIN, its place in _deferred
+        self._prelude = 0  # how many of _deferred are the BEGIN not sent yet and what goes with it
         self._commit_waits = True  # PRAGMA synchronous: FULL (True) or NORMAL (a commit that does not wait)
         self._serial: dict[str, str | None] | None = None
         self._keys: dict[str, list[str]] = {}
@@ -179,7 +183,7 @@ class PgConnection:
         if self.conn.closed or self.conn.broken:
             if sql.strip().upper() == "ROLLBACK" and self._open:  # the transaction died with the connection
                 self._open = False
-                self._deferred.clear()
+                self._forget_deferred()
                 return Result(None, -1, None)
             self._reconnect()
         plan = self._plan(sql)  # (after any reconnect: working out an INSERT's may ask the server)
@@ -189,13 +193,19 @@ class PgConnection:
         if kind == "BEGIN":
             return self._begin()
         if kind == "ROLLBACK":
-            self._deferred.clear()  # undone with the rest
+            begun = self._begun()
+            self._forget_deferred()  # undone with the rest
             try:
-                return self._run(kind, None)
+                return self._run(kind, None) if begun else Result(None, -1, None)
             finally:
                 self._open = False
         if kind == "COMMIT":
             try:
+                if not self._begun():  # nothing was sent since BEGIN: nothing to end
+                    self._forget_deferred()
+                    return Result(None, -1, None)
+                if self._unchecked is not None:  # the fence is read before anything commits
+                    self._send([])
                 return self._run(kind, None)
             except BaseException:
                 if self._open and not (self.conn.closed or self.conn.broken):
@@ -228,6 +238,27 @@ class PgConnection:
             return
         self._deferred.append((plan[1], _adapt(params), plan[3]))
 
+    def _begun(self) -> bool:
+        """Whether the open transaction sent or will send anything but its BEGIN."""
+        return len(self._deferred) > self._prelude or not self._deferred
+
+    def _forget_deferred(self) -> None:
+        self._deferred.clear()
+        self._unchecked, self._prelude = None, 0
+
+    def _send(self, statements: Sequence[tuple[str, Sequence[Any] | None, bool]]) -> list[Result]:
+        """What was deferred, then ``statements``, in one round trip: the
+        results of ``statements``.  A fence deferred with BEGIN is checked
+        on its answer (raising when this instance no longer leads; the
+        transaction is then rolled back by its owner, nothing committed)."""
+        waiting, self._deferred = self._deferred, []
+        unchecked, self._unchecked, self._prelude = self._unchecked, None, 0
+        results = self._pipelined([*waiting, *statements])
+        if unchecked is not None:
+            fence, index = unchecked
+            fence.held(results[index].fetchone() is not None)
+        return results[len(waiting):]
+
     def _drop_deferred_after_savepoint(self) -> None:
         """Before a ROLLBACK TO: what was deferred after the last SAVEPOINT is
         undone by it, so it is never sent (the SAVEPOINT itself is)."""
@@ -235,7 +266,7 @@ class PgConnection:
             if self._deferred[index][0].startswith("SAVEPOINT"):
                 del self._deferred[index + 1:]
                 return
-        self._deferred.clear()  # the SAVEPOINT went out already: all of it came after
+        del self._deferred[self._prelude:]  # the SAVEPOINT went out already: all of it came after
 
     def _plan(self, sql: str) -> tuple:
         """What ``sql`` is and what is sent for it, worked out once per text
@@ -262,29 +293,27 @@ class PgConnection:
         return plan
 
     def _begin(self) -> Result:
-        """BEGIN, with what the transaction needs before its first statement,
-        in one round trip (a pipeline): the commit not waiting for the disk
-        (``PRAGMA synchronous=NORMAL`` before it) and the fence."""
-        self._deferred.clear()
-        statements: list[tuple[str, Sequence[Any] | None, bool]] = [("BEGIN", None, False)]
-        if not self._commit_waits:
-            statements.append(("SET LOCAL synchronous_commit = off", None, False))
+        """BEGIN, with what the transaction needs before its first statement
+        (the commit not waiting for the disk, ``PRAGMA synchronous=NORMAL``
+        before it, and the fence), deferred: it goes out with the first
+        statement that waits."""
         fence = self.fence
-        if fence is not None:
-            statements.append((*fence.statement(), False))  # raises before anything is sent when this instance no longer leads
+        check = fence.statement() if fence is not None else None  # raises when this instance surely no longer leads
+        self._forget_deferred()
+        self._deferred.append(("BEGIN", None, False))
+        if not self._commit_waits:
+            self._deferred.append(("SET LOCAL synchronous_commit = off", None, False))
+        if fence is not None and check is not None:
+            self._unchecked = (fence, len(self._deferred))
+            self._deferred.append((*check, False))
+        self._prelude = len(self._deferred)
         self._open = True
-        try:
-            results = self._pipelined(statements)
-            if fence is not None:
-                fence.held(results[-1].fetchone() is not None)
-        except BaseException:
-            self.execute("ROLLBACK")
-            raise
         return Result(None, -1, None)
 
     def _reconnect(self) -> None:
-        """The connection is gone: made again, unless a transaction died with it."""
-        if self._open:
+        """The connection is gone: made again, unless a transaction died with it
+        (one that sent nothing yet goes on, on the new connection)."""
+        if self._open and self._begun():
             raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
         self.conn = self._connect()
 
@@ -298,8 +327,7 @@ class PgConnection:
             if plan[0] != "SQL" or plan[3]:
                 raise ValueError(f"not a read: {sql!r}")
             sent.append((plan[1], _adapt(params), False))
-        waiting, self._deferred = self._deferred, []
-        return [result.fetchall() for result in self._pipelined(waiting + sent)[len(waiting):]]
+        return [result.fetchall() for result in self._send(sent)]
 
     def _cursor(self) -> psycopg.Cursor:
         """One cursor for the statements run one at a time (each read whole
@@ -333,8 +361,7 @@ class PgConnection:
         if not batch:
             return Result(None, 0, None)
         if self._deferred:
-            waiting, self._deferred = self._deferred, []
-            self._pipelined(waiting)
+            self._send([])
         try:
             cursor = self.conn.cursor()
             with WATCHDOG.limit(self.conn, self._deadline):
@@ -352,8 +379,7 @@ class PgConnection:
         """``params`` None: ``text`` is sent as it is; a sequence (empty too):
         its ``%s`` are filled and its ``%%`` are ``%``.  What was deferred goes first, with it."""
         if self._deferred:
-            waiting, self._deferred = self._deferred, []
-            result = self._pipelined([*waiting, (text, params, counts)])[-1]
+            result = self._send([(text, params, counts)])[0]
             if returning:
                 rows = result.fetchall()
                 return Result(None, result.rowcount, rows[0][0] if rows else None)
