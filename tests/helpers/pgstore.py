@@ -16,6 +16,7 @@ from urllib.parse import quote
 import psycopg
 
 from bridge.devpostgres import Postgres
+from bridge.service.storage.pgdialect import PgConnection
 from bridge.service.storage.store import Store
 
 BACKENDS = ("sqlite", "postgresql")
@@ -71,3 +72,22 @@ def on_postgresql(monkeypatch: Any, server: Postgres) -> dict[str, str]:
     monkeypatch.setattr(Store, "read_only", classmethod(opened))
     monkeypatch.setenv("PGPASSWORD", server.password)
     return urls
+
+
+def round_trips(monkeypatch: Any) -> list[int]:
+    """A counter of each time a PostgreSQL store waits for its server (a
+    pipeline, or one statement), from now on."""
+    waits = [0]
+    pipelined, cursor = PgConnection._pipelined, PgConnection._cursor
+
+    def counted_pipelined(self: PgConnection, statements: Any) -> Any:
+        waits[0] += 1
+        return pipelined(self, statements)
+
+    def counted_cursor(self: PgConnection) -> Any:
+        waits[0] += 1  # taken for each statement sent on its own
+        return cursor(self)
+
+    monkeypatch.setattr(PgConnection, "_pipelined", counted_pipelined)
+    monkeypatch.setattr(PgConnection, "_cursor", counted_cursor)
+    return waits

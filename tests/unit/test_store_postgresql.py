@@ -16,7 +16,7 @@ from bridge.service.config import parse_config
 from bridge.service.storage.pgdialect import PgConnection, redact
 from bridge.service.storage.store import MIGRATIONS, SCHEMA_VERSION, LogEntry, Store
 from helpers.netcut import Cable
-from helpers.pgstore import fresh_schema, linguistic_schema
+from helpers.pgstore import fresh_schema, linguistic_schema, round_trips
 
 STORE_DEADLINE = 7.0  # the store's statement limit (5 s) and 2 s for the answer to come back
 
@@ -221,24 +221,6 @@ def test_a_statement_after_the_connection_dropped_reconnects_even_one_never_run_
     db.close()
 
 
-def round_trips(db: PgConnection, monkeypatch) -> list[int]:
-    """Counts each time ``db`` waits for the server (a pipeline or one statement)."""
-    waits = [0]
-    pipelined, cursor = PgConnection._pipelined, PgConnection._cursor
-
-    def counted_pipelined(self, statements):
-        waits[0] += 1
-        return pipelined(self, statements)
-
-    def counted_cursor(self):
-        waits[0] += 1
-        return cursor(self)
-
-    monkeypatch.setattr(PgConnection, "_pipelined", counted_pipelined)
-    monkeypatch.setattr(PgConnection, "_cursor", counted_cursor)
-    return waits
-
-
 def test_begin_and_its_fence_go_out_with_the_first_statement_that_waits(postgres_server, monkeypatch):
     class Fence:
         checked: list[bool] = []
@@ -254,7 +236,7 @@ def test_begin_and_its_fence_go_out_with_the_first_statement_that_waits(postgres
         store.set_meta("t0", "zero")
         store.get_meta("t0")
     store.db.fence = Fence()
-    waits = round_trips(store.db, monkeypatch)
+    waits = round_trips(monkeypatch)
     with store.transaction():
         store.set_meta("t1", "one")  # handed over: nothing sent yet
         assert waits[0] == 0 and Fence.checked == []

@@ -472,7 +472,8 @@ class Pipeline:
         keeps commits in order, so it can never outlive an earlier one."""
         view = self.store.flush_view()
         dirty = view.dirty
-        self._log_outcome_changes(dirty, view.postings)
+        # The records read with the view stand unless an approval's outcome is logged now.
+        records = {} if self._log_outcome_changes(dirty, view.postings, view.records) else view.records
         by_set: dict[tuple[str, str], list[str]] = defaultdict(list)
         for set_dir, set_id, qid in dirty:
             by_set[(set_dir, set_id)].append(qid)
@@ -484,7 +485,7 @@ class Pipeline:
         for (set_dir, set_id), qids in by_set.items():
             if held.get(set_dir, 0) > now_ms and not self._first_flush:
                 continue  # held back, and not due for another try yet (a start tries them all)
-            problem = self._write_set(set_dir, set_id, qids, now)
+            problem = self._write_set(set_dir, set_id, qids, now, records)
             if problem is None:
                 written.extend((set_dir, set_id, qid) for qid in qids)
             else:
@@ -511,9 +512,11 @@ class Pipeline:
         return len({d for d, _s, _q in written})
 
     def _log_outcome_changes(self, dirty: list[tuple[str, str, str]],
-                             postings: dict[tuple[str, str], RecordedQuestion]) -> None:
+                             postings: dict[tuple[str, str], RecordedQuestion],
+                             records: dict[tuple[str, str], dict[str, Any] | None]) -> bool:
         """Before any record is written: an approval whose outcome changed
-        (to decided, or to expired) gets its leaf in the answer log.
+        (to decided, or to expired) gets its leaf in the answer log (True
+        when one did).  ``records``: those already read, by (set dir, qid).
 
         This is the one place, whatever changed it: a vote, a redaction or
         an edit read late (an earlier event in the room's order can undo a
@@ -526,7 +529,8 @@ class Pipeline:
             posting = postings.get((set_dir, qid))
             if posting is None or (posting.quorum is None and posting.expires_ms is None):
                 continue
-            outcome = outcome_of(self.store.projection(set_dir, qid))
+            known = (set_dir, qid) in records
+            outcome = outcome_of(records[(set_dir, qid)] if known else self.store.projection(set_dir, qid))
             if outcome is not None and self.store.approval_outcome_logged(posting.event_id) != outcome:
                 changes.append((posting, outcome))
         if changes:
@@ -539,6 +543,7 @@ class Pipeline:
                         from bridge.service.answering.deadlines import TRACKED
 
                         self.store.set_meta(TRACKED + posting.event_id, "1")
+        return bool(changes)
 
     def retry_held(self) -> bool:
         """Write the held sets that are due; True when some are still held."""
@@ -547,11 +552,14 @@ class Pipeline:
             self.flush()
         return bool(self.store.held_sets())
 
-    def _write_set(self, set_dir: str, set_id: str, qids: list[str], now: str) -> str | None:
-        """Write one set's dirty records; the reason when the folder can't take them."""
+    def _write_set(self, set_dir: str, set_id: str, qids: list[str], now: str,
+                   known: dict[tuple[str, str], dict[str, Any] | None]) -> str | None:
+        """Write one set's dirty records (those in ``known`` as read there);
+        the reason when the folder can't take them."""
         if os.path.islink(set_dir):
             return "the set folder is now a symlink; the bridge does not write through it"
-        records = {qid: self.store.projection(set_dir, qid) for qid in qids}
+        records = {qid: known[(set_dir, qid)] if (set_dir, qid) in known else self.store.projection(set_dir, qid)
+                   for qid in qids}
         for attempt in range(2):
             started = time.monotonic()
             try:

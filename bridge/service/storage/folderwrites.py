@@ -8,45 +8,69 @@ from, read at once (``FlushView``).  A question is made dirty by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 from bridge.protocol.recorded import RecordedQuestion
 
 # Held sets, ties first held first on both backends; files to delete.
 _HELD = "SELECT set_dir, set_id, reason, since, attempts, next_try FROM held_set ORDER BY since, rowid"
 _DOOMED = "SELECT set_dir, path FROM doomed_file"
+# At most this many questions' records read ahead with a flush's view (a batch touches a few).
+_AHEAD = 50
 
 
 @dataclass(frozen=True)
 class FlushView:
     """The store as a flush starts: the dirty questions (set dir, set id,
     qid; oldest first), the latest posting of each by (set dir, qid), the
-    held sets' rows (``held_sets``) and the files to delete (``doomed_files``)."""
+    held sets' rows (``held_sets``), the files to delete (``doomed_files``)
+    and, by (set dir, qid), the records of the dirty questions the batch
+    before made dirty (``projection``), read with the rest."""
 
     dirty: list[tuple[str, str, str]]
     postings: dict[tuple[str, str], RecordedQuestion]
     held: list[tuple[str, str, str, int, int, int]]
     doomed: list[tuple[str, str]]
+    records: dict[tuple[str, str], dict[str, Any] | None] = field(default_factory=dict)
 
 
 class FolderWrites:
     """A part of ``Store`` (store.py): ``dirty``, ``held_set`` and ``doomed_file``."""
 
+    # The questions the last batch made dirty (its memo's, kept as its
+    # transaction ended): the flush after it reads their records ahead.
+    dirtied_lately: frozenset[tuple[str, str, str]] = frozenset()
+
     def flush_view(self) -> "FlushView":
-        """What a flush starts from, read at once (one round trip on PostgreSQL)."""
-        dirty, held, doomed = self.db.reads([
+        """What a flush starts from, read at once (one round trip on
+        PostgreSQL), with the records of the questions the batch before made
+        dirty: a batch's flush waits once for its reads, not once more per
+        question written."""
+        ahead, self.dirtied_lately = sorted(self.dirtied_lately)[:_AHEAD], frozenset()
+        reads = [
             # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
             ("SELECT d.set_dir, d.set_id, d.qid, p.event_id, p.open, p.closed_why FROM dirty d LEFT JOIN posted p"
              " ON p.rowid = (SELECT MAX(rowid) FROM posted q WHERE q.set_dir=d.set_dir AND q.qid=d.qid)"
              " ORDER BY d.rowid", ()),
             (_HELD, ()),
             (_DOOMED, ()),
-        ])
-        return FlushView(
+        ]
+        for set_dir, _set_id, qid in ahead:
+            reads += self.projection_reads(set_dir, qid)
+        rows = self.db.reads(reads)
+        dirty, held, doomed = rows[:3]
+        view = FlushView(
             dirty=[(row[0], row[1], row[2]) for row in dirty],
             postings={(row[0], row[2]): self._posting(row[3:]) for row in dirty if row[3] is not None},
             held=held, doomed=doomed)
+        each = len(rows[3:]) // len(ahead) if ahead else 0
+        still = set(view.dirty)
+        for n, question in enumerate(ahead):
+            if question in still:  # not written by a flush since
+                set_dir, _set_id, qid = question
+                view.records[(set_dir, qid)] = self.projected(set_dir, qid, rows[3 + n * each:3 + (n + 1) * each])
+        return view
 
     def dirty(self) -> list[tuple[str, str, str]]:
         # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).

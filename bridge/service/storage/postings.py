@@ -23,6 +23,9 @@ from bridge.service.storage.answerlog import LogEntry
 _Q = "event_id, room_id, set_id, content, open, closed_why"
 # The newest posting of a set folder's question, as ``_posting`` reads it.
 _LATEST_POSTED = "SELECT event_id, open, closed_why FROM posted WHERE set_dir=? AND qid=? ORDER BY rowid DESC LIMIT 1"
+# A posting's question's accepted answers (``_ACCEPTED_COUNT``), as a subselect of a read of ``posted p``.
+_ACCEPTED_COUNT_OF_POSTING = ("SELECT COUNT(*) FROM answer_log a WHERE a.set_dir=p.set_dir AND a.qid=p.qid"
+                              " AND a.outcome='accepted'")
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
 _RECENT_QUESTIONS = 512
 
@@ -152,12 +155,21 @@ class Postings:
     def _one(self, where: str, value: str) -> RecordedQuestion | None:
         batch = self._batch
         row = batch.postings.get((where, value), False) if batch is not None else False
-        if row is False:  # not asked yet in this batch (a question is looked up by each answer's parts)
+        if row is not False:
+            return self._posting(row)
+        if batch is None:
             row = self.db.execute(f"SELECT event_id, open, closed_why FROM posted WHERE {where}", (value,)).fetchone()
-            if batch is not None:
-                batch.postings[(where, value)] = row
-                if row is not None:  # found by its elicitation or poll: the same posting by its id
-                    batch.postings[("event_id=?", row[0])] = row
+            return self._posting(row)
+        # Not asked yet in this batch (a question is looked up by each answer's
+        # parts).  An answer to it is counted next: the count comes with it.
+        found = self.db.execute(
+            f"SELECT event_id, open, closed_why, set_dir, qid, ({_ACCEPTED_COUNT_OF_POSTING}) FROM posted p"
+            f" WHERE {where}", (value,)).fetchone()
+        row = tuple(found[:3]) if found is not None else None
+        batch.postings[(where, value)] = row
+        if found is not None:  # found by its elicitation or poll: the same posting by its id
+            batch.postings[("event_id=?", found[0])] = row
+            batch.counts.setdefault((found[3], found[4]), found[5])
         return self._posting(row)
 
     def _posting(self, row: Any) -> RecordedQuestion | None:

@@ -28,6 +28,11 @@ class Projection:
 
         Its reads go out together (one round trip on PostgreSQL): a written
         answer costs one, not one per read."""
+        return self.projected(set_dir, qid, self.db.reads(self.projection_reads(set_dir, qid)))
+
+    def projection_reads(self, set_dir: str, qid: str) -> list[tuple[str, tuple[str, str]]]:
+        """The reads a question's record is made from (``projected``), to be
+        sent with others (a flush's own, ``flush_view``)."""
         live = "set_dir=? AND qid=? AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL"
         # The standing pick is the latest in the room; when it has no note of
         # its own, the latest earlier pick with one (or from before the
@@ -39,7 +44,7 @@ class Projection:
         receipt = (", (SELECT idx FROM audit_leaf l WHERE l.seq=a.seq ORDER BY idx DESC LIMIT 1),"
                    " (SELECT hash FROM audit_leaf l WHERE l.seq=a.seq ORDER BY idx DESC LIMIT 1)"
                    if self.audit_enabled else "")
-        counted, latest, noted, annotated, posted = self.db.reads([
+        return [
             (_ACCEPTED_COUNT, (set_dir, qid)),
             (f"SELECT record, whole, carry_note, ts, seq{receipt} FROM answer_log a WHERE {live}"
              f" AND outcome='accepted' {order} LIMIT 1", (set_dir, qid)),
@@ -48,7 +53,12 @@ class Projection:
             (f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
              (set_dir, qid)),
             (_LATEST_POSTED, (set_dir, qid)),
-        ])
+        ]
+
+    def projected(self, set_dir: str, qid: str, rows: list[list[tuple]]) -> dict[str, Any] | None:
+        """The record made from what ``projection_reads`` read (an approval's
+        casts and an older receipt are read here)."""
+        counted, latest, noted, annotated, posted = rows
         count = counted[0][0]
         row = latest[0] if latest else None
         picks: list[tuple[dict[str, Any], bool, str | None, tuple[int, int]]] = []

@@ -224,6 +224,9 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._kept_batch = known
 
     def _forget_batch(self) -> None:
+        batch = self._batch
+        if batch is not None and batch.dirtied:
+            self.dirtied_lately = frozenset(batch.dirtied)  # read ahead by the flush that follows
         self._kept_batch = None
 
     @property

@@ -1,0 +1,34 @@
+"""What a batch of answers costs on PostgreSQL, in waits for the server: a
+fixed number for the batch, and a few for each further event (see
+docs/architecture.md, "A batch's round trips").  Every wait is a network
+round trip, so a database a few milliseconds away multiplies them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers.pgstore import on_postgresql, round_trips
+from test_isolation_parts import ALICE, BOB, ROOM, answer, setup
+
+
+def written(folder: Path) -> dict:
+    return json.loads((folder / "answers.json").read_text())["answers"]["name"]
+
+
+def test_a_batch_waits_for_the_database_a_fixed_number_of_times_and_twice_more_an_answer(
+        tmp_path, monkeypatch, postgres_server):
+    on_postgresql(monkeypatch, postgres_server)
+    store, pipeline, _transport, folders = setup(tmp_path)
+    pipeline.process([answer(0, "$warm", "first")])  # each statement's translation worked out once
+    waits = round_trips(monkeypatch)
+    pipeline.process([answer(0, "$one", "alone", sender=BOB)])
+    # BEGIN with the batch's look-ups; the posting with its count; the entry;
+    # its leaf, marks and RELEASE; COMMIT; what the flush starts from with the
+    # record to write; the log's origin (not kept yet: no key); the flush's end.
+    assert waits[0] == 8
+    assert written(folders[ROOM])["rev"] == 2
+    waits[0] = 0
+    pipeline.process([answer(0, f"$more{n}", f"answer {n}", sender=ALICE if n % 2 else BOB) for n in range(5)])
+    assert waits[0] == 8 + 2 * 4  # each further answer: its entry, and its leaf, marks and RELEASE
+    assert written(folders[ROOM])["rev"] == 7
