@@ -75,3 +75,30 @@ def test_a_late_write_of_a_value_no_store_can_encode_undoes_its_own_part(tmp_pat
         with store.savepoint():
             store.set_meta("t3", "after")
     assert meta(store) == {"t3": "after"}
+
+
+def test_reads_sent_with_the_commit_see_the_transaction_and_end_it(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.set_meta("t1", "written")
+        rows, = store.db.reads([("SELECT value FROM meta WHERE key=?", ("t1",))], commit=True)
+        assert rows == [("written",)]
+        assert not store.db.in_transaction
+    # Committed: another connection to the same store sees it.
+    assert Store.read_only(tmp_path / "s.sqlite").get_meta("t1") == "written"
+    with store.transaction():  # and no transaction was left open
+        store.set_meta("t2", "next")
+    assert meta(store) == {"t1": "written", "t2": "next"}
+
+
+def test_a_read_that_fails_before_the_commit_commits_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    with pytest.raises(sqlite3.Error):
+        with store.transaction():
+            store.set_meta("t1", "undone")
+            store.db.reads([("SELECT value FROM meta WHERE key=?", ("t1",)), ("SELECT nothing FROM meta", ())],
+                           commit=True)
+    assert meta(store) == {}
+    with store.transaction():
+        store.set_meta("t2", "next")
+    assert meta(store) == {"t2": "next"}

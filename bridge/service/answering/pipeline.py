@@ -46,7 +46,7 @@ from bridge.protocol.to_record import to_record
 from bridge.service.answering import quiz
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
-from bridge.service.storage.store import LogEntry, Store
+from bridge.service.storage.store import FlushView, LogEntry, Store
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,8 @@ class Pipeline:
             self.store.know_batch(event.get("event_id") for event in events)
             for event in events:
                 self._guarded(event, now, result)
-        result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before)
+            view = self.store.flush_view(commit=True)  # the flush's reads, and the COMMIT with them
+        result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before, view=view)
         return result
 
     def _one(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
@@ -455,7 +456,8 @@ class Pipeline:
 
     # -- the folder --------------------------------------------------------
 
-    def flush(self, *, commit: Callable[[], None] | None = None, idle: bool = False) -> int:
+    def flush(self, *, commit: Callable[[], None] | None = None, idle: bool = False,
+              view: FlushView | None = None) -> int:
         """Project every dirty question into its set's answers.json; returns
         how many sets were written.
 
@@ -469,8 +471,12 @@ class Pipeline:
         messages coming back, chatter), so the transport's progress is
         committed without waiting for the disk.  Losing that progress to a
         power cut only means the same nothing is received again; the WAL
-        keeps commits in order, so it can never outlive an earlier one."""
-        view = self.store.flush_view()
+        keeps commits in order, so it can never outlive an earlier one.
+
+        ``view``: what the flush starts from, when already read (``process``
+        reads it with its transaction's COMMIT)."""
+        if view is None:
+            view = self.store.flush_view()
         dirty = view.dirty
         # The records read with the view stand unless an approval's outcome is logged now.
         records = {} if self._log_outcome_changes(dirty, view.postings, view.records) else view.records

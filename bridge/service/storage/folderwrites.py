@@ -26,7 +26,7 @@ class FlushView:
     qid; oldest first), the latest posting of each by (set dir, qid), the
     held sets' rows (``held_sets``), the files to delete (``doomed_files``)
     and, by (set dir, qid), the records of the dirty questions the batch
-    before made dirty (``projection``), read with the rest."""
+    made dirty (``projection``), read with the rest."""
 
     dirty: list[tuple[str, str, str]]
     postings: dict[tuple[str, str], RecordedQuestion]
@@ -38,16 +38,14 @@ class FlushView:
 class FolderWrites:
     """A part of ``Store`` (store.py): ``dirty``, ``held_set`` and ``doomed_file``."""
 
-    # The questions the last batch made dirty (its memo's, kept as its
-    # transaction ended): the flush after it reads their records ahead.
-    dirtied_lately: frozenset[tuple[str, str, str]] = frozenset()
-
-    def flush_view(self) -> "FlushView":
+    def flush_view(self, *, commit: bool = False) -> "FlushView":
         """What a flush starts from, read at once (one round trip on
-        PostgreSQL), with the records of the questions the batch before made
-        dirty: a batch's flush waits once for its reads, not once more per
-        question written."""
-        ahead, self.dirtied_lately = sorted(self.dirtied_lately)[:_AHEAD], frozenset()
+        PostgreSQL).  Inside a batch's transaction (``commit``: its COMMIT
+        goes with the reads, last), the records of the questions the batch
+        made dirty come with them: a batch's flush waits once for its reads,
+        not once more per question written."""
+        batch = self._batch
+        ahead = sorted(batch.dirtied)[:_AHEAD] if batch is not None else []
         reads = [
             # Oldest first, on both backends (the flush logs outcomes and writes sets in this order).
             ("SELECT d.set_dir, d.set_id, d.qid, p.event_id, p.open, p.closed_why FROM dirty d LEFT JOIN posted p"
@@ -58,7 +56,7 @@ class FolderWrites:
         ]
         for set_dir, _set_id, qid in ahead:
             reads += self.projection_reads(set_dir, qid)
-        rows = self.db.reads(reads)
+        rows = self.db.reads(reads, commit=commit)
         dirty, held, doomed = rows[:3]
         view = FlushView(
             dirty=[(row[0], row[1], row[2]) for row in dirty],

@@ -317,8 +317,15 @@ class PgConnection:
             raise StoreOperationalError("PostgreSQL: the connection was lost inside a transaction")
         self.conn = self._connect()
 
-    def reads(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple]]:
-        """The rows of each read, all sent at once: one round trip for the lot."""
+    @property
+    def in_transaction(self) -> bool:
+        """Inside a BEGIN this connection issued (``sqlite3.Connection.in_transaction``)."""
+        return self._open
+
+    def reads(self, statements: Sequence[tuple[str, Sequence[Any]]], *, commit: bool = False) -> list[list[tuple]]:
+        """The rows of each read, all sent at once: one round trip for the lot.
+        ``commit``: inside a transaction, its COMMIT goes with them, last (it
+        runs only when every read did; the transaction has ended on return)."""
         if self.conn.closed or self.conn.broken:
             self._reconnect()
         sent = []
@@ -327,7 +334,19 @@ class PgConnection:
             if plan[0] != "SQL" or plan[3]:
                 raise ValueError(f"not a read: {sql!r}")
             sent.append((plan[1], _adapt(params), False))
-        return [result.fetchall() for result in self._send(sent)]
+        if not commit:
+            return [result.fetchall() for result in self._send(sent)]
+        if not self._open:
+            raise ValueError("no transaction to commit")
+        if not self._begun():  # nothing sent since BEGIN: nothing to end
+            self._forget_deferred()
+            self._open = False
+            return [result.fetchall() for result in self._send(sent)]
+        if self._unchecked is not None:  # the fence is read before anything commits
+            self._send([])
+        results = self._send([*sent, ("COMMIT", None, False)])
+        self._open = False
+        return [result.fetchall() for result in results[:-1]]
 
     def _cursor(self) -> psycopg.Cursor:
         """One cursor for the statements run one at a time (each read whole

@@ -224,9 +224,6 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._kept_batch = known
 
     def _forget_batch(self) -> None:
-        batch = self._batch
-        if batch is not None and batch.dirtied:
-            self.dirtied_lately = frozenset(batch.dirtied)  # read ahead by the flush that follows
         self._kept_batch = None
 
     @property
@@ -281,7 +278,10 @@ class _Transaction:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.ended()
         try:
-            self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            if exc_type is not None:
+                self.db.execute("ROLLBACK")
+            elif self.db.in_transaction:  # not committed with its last reads (``flush_view(commit=True)``)
+                self.db.execute("COMMIT")
         finally:
             if not self.flush:
                 self.db.execute("PRAGMA synchronous=FULL")

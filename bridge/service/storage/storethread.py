@@ -140,15 +140,19 @@ class _Gated:
             if once:
                 self._thread.give_back()
 
-    def reads(self, statements: Any) -> list[list[tuple]]:
+    def reads(self, statements: Any, *, commit: bool = False) -> list[list[tuple]]:
         """The rows of each read: on PostgreSQL all sent at once (one round
-        trip, ``PgConnection.reads``), on SQLite one after the other."""
+        trip, ``PgConnection.reads``), on SQLite one after the other.
+        ``commit``: then the transaction's COMMIT (with them on PostgreSQL)."""
         once = self._thread.take()
         try:
             send = getattr(self._db, "reads", None)
             if send is not None:
-                return send(statements)
-            return [self._db.execute(sql, params).fetchall() for sql, params in statements]
+                return send(statements, commit=commit)
+            rows = [self._db.execute(sql, params).fetchall() for sql, params in statements]
+            if commit:
+                self._db.execute("COMMIT")
+            return rows
         finally:
             if once:
                 self._thread.give_back()
