@@ -16,7 +16,7 @@ saved as) come through ``Lookup``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterable, Protocol
 
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
@@ -171,6 +171,28 @@ def _edit(event: dict[str, Any], content: dict[str, Any], new: dict[str, Any], l
     if "m.relates_to" not in merged and reference:
         merged["m.relates_to"] = {"rel_type": "m.reference", "event_id": reference}
     return Candidate(_incoming(event, merged, "edit"), _question_for(merged, lookup), replaces=original)
+
+
+def posting_keys(events: Iterable[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """What a batch's events may look their postings up by (``_question_for``,
+    polls, replies): elicitation ids, and the events they relate to (a
+    posting, a poll, a message replied to), so a store can read them at once."""
+    elicitations: set[str] = set()
+    targets: set[str] = set()
+    for event in events:
+        content = event.get("content")
+        if not isinstance(content, dict):
+            continue
+        for part in (content, content.get("m.new_content")):
+            if isinstance(part, dict) and isinstance(part.get("elicitation_id"), str):
+                elicitations.add(part["elicitation_id"])
+        relates = content.get("m.relates_to")
+        if isinstance(relates, dict):
+            reply = relates.get("m.in_reply_to")
+            for target in (relates.get("event_id"), reply.get("event_id") if isinstance(reply, dict) else None):
+                if isinstance(target, str):
+                    targets.add(target)
+    return elicitations, targets
 
 
 def _question_for(content: dict[str, Any], lookup: Lookup) -> RecordedQuestion | None:

@@ -23,13 +23,13 @@ def test_a_batch_waits_for_the_database_a_fixed_number_of_times_and_twice_more_a
     pipeline.process([answer(0, "$warm", "first")])  # each statement's translation worked out once
     waits = round_trips(monkeypatch)
     pipeline.process([answer(0, "$one", "alone", sender=BOB)])
-    # BEGIN with the batch's look-ups; the posting with its count; the entry;
-    # its leaf, marks and RELEASE; what the flush starts from, with the record
-    # to write and the COMMIT; the log's origin (not kept yet: no key); the
-    # flush's end.
-    assert waits[0] == 7
+    # BEGIN with the batch's look-ups (its postings and their counts too); the
+    # entry; its leaf, marks and RELEASE; what the flush starts from, with the
+    # record to write and the COMMIT; the log's origin (not kept yet: no key);
+    # the flush's end.
+    assert waits[0] == 6
     assert written(folders[ROOM])["rev"] == 2
     waits[0] = 0
     pipeline.process([answer(0, f"$more{n}", f"answer {n}", sender=ALICE if n % 2 else BOB) for n in range(5)])
-    assert waits[0] == 7 + 2 * 4  # each further answer: its entry, and its leaf, marks and RELEASE
+    assert waits[0] == 6 + 2 * 4  # each further answer: its entry, and its leaf, marks and RELEASE
     assert written(folders[ROOM])["rev"] == 7

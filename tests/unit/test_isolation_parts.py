@@ -278,3 +278,19 @@ def test_an_event_id_no_store_can_keep_is_skipped_and_the_rest_of_its_batch_is_j
     result = pipeline.process([answer(0, bad, "Aurora"), answer(0, "$good", "Borealis", sender=BOB)])
     assert result.skipped == 1
     assert AnswersFile(folders[ROOM]).load()["answers"]["name"]["text"] == "Borealis"
+
+
+@pytest.mark.parametrize("bad", ["elc\ud800", "elc\x00", "e" * 300], ids=["lone surrogate", "NUL", "too long"])
+def test_a_reference_no_store_can_look_up_is_refused_alone_and_the_rest_of_its_batch_is_judged(tmp_path: Path,
+                                                                                               bad: str) -> None:
+    """The postings a batch refers to are looked up at once too
+    (``normalize.posting_keys``): an elicitation id or a related event no
+    store can look up is left out of that look, and only its event is refused."""
+    store, pipeline, _transport, folders = setup(tmp_path)
+    unfit_elicitation = answer(0, "$odd", "Aurora")
+    unfit_elicitation["content"]["elicitation_id"] = bad
+    unfit_target = answer(0, "$odder", "Aurora", sender=BOB)
+    unfit_target["content"]["m.relates_to"]["event_id"] = "$" + bad
+    del unfit_target["content"]["elicitation_id"]
+    pipeline.process([unfit_elicitation, unfit_target, answer(0, "$good", "Borealis", sender=BOB)])
+    assert AnswersFile(folders[ROOM]).load()["answers"]["name"]["text"] == "Borealis"

@@ -411,3 +411,17 @@ def test_a_bots_notice_replying_to_the_bridge_is_not_answered():
     content = {"msgtype": "m.notice", "body": "ack", "m.mentions": {"user_ids": ["@bot:hs"]},
                "m.relates_to": {"m.in_reply_to": {"event_id": "$chat"}}}
     assert normalize(event(content), FakeLookup()) is None
+
+
+def test_a_batch_s_posting_keys_are_every_elicitation_and_every_event_related_to():
+    from bridge.protocol.normalize import posting_keys
+
+    events = [
+        {"content": {"elicitation_id": "elc_1", "m.relates_to": {"rel_type": "m.reference", "event_id": "$q1"}}},
+        {"content": {"m.new_content": {"elicitation_id": "elc_2"},
+                     "m.relates_to": {"rel_type": "m.replace", "event_id": "$answer"}}},
+        {"content": {"body": "> quoted", "m.relates_to": {"m.in_reply_to": {"event_id": "$q3"}}}},
+        {"content": {"m.relates_to": {"rel_type": "m.reference", "event_id": "$poll"}}},
+        {"content": "not an object"}, {"content": {"elicitation_id": 7, "m.relates_to": ["no"]}}, {},
+    ]
+    assert posting_keys(events) == ({"elc_1", "elc_2"}, {"$q1", "$answer", "$q3", "$poll"})

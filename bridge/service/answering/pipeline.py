@@ -37,7 +37,7 @@ from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.quorum import Tally, progress_words
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
-                                      normalize)
+                                      normalize, posting_keys)
 from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
     recorded_notice, refused_notice, with_remark
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
@@ -188,7 +188,9 @@ class Pipeline:
         # never awaits, so nothing runs in between).
         before = self.store.changes()
         with self.store.transaction(flush=False):
-            self.store.know_batch(event.get("event_id") for event in events)
+            elicitations, targets = posting_keys(events)
+            self.store.know_batch((event.get("event_id") for event in events), elicitations=elicitations,
+                                  targets=targets)
             for event in events:
                 self._guarded(event, now, result)
             view = self.store.flush_view(commit=True)  # the flush's reads, and the COMMIT with them

@@ -26,6 +26,11 @@ _LATEST_POSTED = "SELECT event_id, open, closed_why FROM posted WHERE set_dir=? 
 # A posting's question's accepted answers (``_ACCEPTED_COUNT``), as a subselect of a read of ``posted p``.
 _ACCEPTED_COUNT_OF_POSTING = ("SELECT COUNT(*) FROM answer_log a WHERE a.set_dir=p.set_dir AND a.qid=p.qid"
                               " AND a.outcome='accepted'")
+# A posting with its question's accepted count and the ids it is looked up by (``Postings.postings_reads``).
+_POSTING_WITH_COUNT = (f"SELECT event_id, open, closed_why, set_dir, qid, ({_ACCEPTED_COUNT_OF_POSTING}),"
+                       " elicitation_id, poll_event_id FROM posted p")
+# What a posting is looked up by, as ``_one`` keys it, and the column of _POSTING_WITH_COUNT holding it.
+_LOOKED_UP_BY = (("elicitation_id=?", 6), ("event_id=?", 0), ("poll_event_id=?", 7))
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
 _RECENT_QUESTIONS = 512
 
@@ -152,6 +157,27 @@ class Postings:
     def count_posted(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM posted").fetchone()[0]
 
+    @staticmethod
+    def postings_reads(elicitations: list[str], targets: list[str]) -> list[tuple[str, list[str]]]:
+        """The reads of the postings a batch's events may be looked up by
+        (elicitation ids; events related to, as a posting or its poll), in
+        ``_LOOKED_UP_BY``'s order, for ``know_postings``."""
+        return [(f"{_POSTING_WITH_COUNT} WHERE {where[:-2]} IN ({','.join('?' * len(values)) or 'NULL'})", values)
+                for (where, _column), values in zip(_LOOKED_UP_BY, (elicitations, targets, targets))]
+
+    @staticmethod
+    def know_postings(batch: Any, rows: list[list[tuple]], elicitations: list[str], targets: list[str]) -> None:
+        """What ``postings_reads`` read, into the batch's memo: every id asked
+        about, found or not, and each found posting's count."""
+        for (where, column), values, found in zip(_LOOKED_UP_BY, (elicitations, targets, targets), rows):
+            for value in values:
+                batch.postings.setdefault((where, value), None)
+            for row in found:
+                posting = tuple(row[:3])
+                batch.postings[(where, row[column])] = posting
+                batch.postings[("event_id=?", row[0])] = posting
+                batch.counts.setdefault((row[3], row[4]), row[5])
+
     def _one(self, where: str, value: str) -> RecordedQuestion | None:
         batch = self._batch
         row = batch.postings.get((where, value), False) if batch is not None else False
@@ -162,9 +188,7 @@ class Postings:
             return self._posting(row)
         # Not asked yet in this batch (a question is looked up by each answer's
         # parts).  An answer to it is counted next: the count comes with it.
-        found = self.db.execute(
-            f"SELECT event_id, open, closed_why, set_dir, qid, ({_ACCEPTED_COUNT_OF_POSTING}) FROM posted p"
-            f" WHERE {where}", (value,)).fetchone()
+        found = self.db.execute(f"{_POSTING_WITH_COUNT} WHERE {where}", (value,)).fetchone()
         row = tuple(found[:3]) if found is not None else None
         batch.postings[(where, value)] = row
         if found is not None:  # found by its elicitation or poll: the same posting by its id

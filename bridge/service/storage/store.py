@@ -198,15 +198,18 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
 
     # -- a batch's events, looked up at once --------------------------------
 
-    def know_batch(self, event_ids: Iterable[str]) -> None:
+    def know_batch(self, event_ids: Iterable[str], *, elicitations: Iterable[str] = (),
+                   targets: Iterable[str] = ()) -> None:
         """Inside a transaction, before its events are handled: whether each
         was processed, the redactions that came before it and whether edits
-        wait for it, read at once (one round trip on PostgreSQL, not three
-        per event).  Kept up to date by this store's writes until the
-        transaction ends; any part undone forgets it (the reads go to the
-        database again)."""
+        wait for it, and the postings they may be looked up by (``elicitations``
+        and related events, ``targets``: see ``normalize.posting_keys``), read
+        at once (one round trip on PostgreSQL, not several per event).  Kept
+        up to date by this store's writes until the transaction ends; any part
+        undone forgets it (the reads go to the database again)."""
         # Ids the store can't key by are skipped by the batch itself (``fit_id``), unread.
-        ids = sorted({i for i in event_ids if isinstance(i, str) and fit_id(i)})
+        ids, asked, related = (sorted({i for i in values if fit_id(i)})
+                               for values in (event_ids, elicitations, targets))
         reads = []
         for start in range(0, len(ids), _IDS_PER_READ):
             part = ids[start:start + _IDS_PER_READ]
@@ -214,13 +217,20 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
             reads += [(f"SELECT event_id FROM processed WHERE event_id IN ({marks})", part),
                       (f"SELECT target, sender FROM redaction WHERE target IN ({marks})", part),
                       (f"SELECT DISTINCT target FROM parked_edit WHERE target IN ({marks})", part)]
+        looked_up = len(reads)
+        for start in range(0, max(len(asked), len(related)), _IDS_PER_READ):
+            reads += self.postings_reads(asked[start:start + _IDS_PER_READ], related[start:start + _IDS_PER_READ])
         rows = self.db.reads(reads) if reads else []
         known = _Batch(threading.get_ident(), set(ids), set(), {}, set())
-        for processed, redactions, parked in zip(rows[0::3], rows[1::3], rows[2::3]):
+        for processed, redactions, parked in zip(rows[0:looked_up:3], rows[1:looked_up:3], rows[2:looked_up:3]):
             known.processed.update(row[0] for row in processed)
             known.parked.update(row[0] for row in parked)
             for target, sender in redactions:
                 known.redacted_by.setdefault(target, []).append(sender)
+        for start in range(looked_up, len(rows), 3):
+            part = (start - looked_up) // 3 * _IDS_PER_READ
+            self.know_postings(known, rows[start:start + 3], asked[part:part + _IDS_PER_READ],
+                               related[part:part + _IDS_PER_READ])
         self._kept_batch = known
 
     def _forget_batch(self) -> None:
