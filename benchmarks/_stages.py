@@ -22,6 +22,10 @@ writes one JSON line per batch that held events, each stage a
   committed the transport's commit ran (the sync token)
   jobdone   the job returned
   handled   ``_handle`` returned on the event loop
+
+On PostgreSQL each batch's line also lists its waits for the database
+(``waits``: milliseconds and the statements sent together, in order), so
+a stage's time can be told apart into round trips and the rest.
 """
 
 from __future__ import annotations
@@ -95,6 +99,37 @@ def _watch_loop(path: str) -> None:
             for name, times in sorted(_LOOP_WORK.items(), key=lambda kv: -sum(kv[1])):
                 out.write(f"{sum(times):9.1f} ms {len(times):6d} calls  {name}\n")
     atexit.register(dump)
+
+
+def _trace_waits() -> None:
+    """Each round trip a batch's job makes to PostgreSQL: its time and what went out."""
+    from bridge.service.storage import pgdialect
+
+    def record(texts: list[str], start: float) -> None:
+        if _JOB["on"] and _batch:
+            _batch.setdefault("waits", []).append([round((time.perf_counter() - start) * 1000, 3),
+                                                   [" ".join(t.split())[:70] for t in texts]])
+
+    run, pipelined = pgdialect.PgConnection._run, pgdialect.PgConnection._pipelined
+
+    def traced_run(self: Any, text: str, params: Any, **kwargs: Any) -> Any:
+        if self._deferred:  # sent by _pipelined, traced there
+            return run(self, text, params, **kwargs)
+        start = time.perf_counter()
+        try:
+            return run(self, text, params, **kwargs)
+        finally:
+            record([text], start)
+
+    def traced_pipelined(self: Any, statements: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return pipelined(self, statements)
+        finally:
+            record([s[0] for s in statements], start)
+
+    pgdialect.PgConnection._run = traced_run  # type: ignore[method-assign]
+    pgdialect.PgConnection._pipelined = traced_pipelined  # type: ignore[method-assign]
 
 
 def install() -> None:
@@ -212,6 +247,7 @@ def install() -> None:
                 _mark("jobdone")
 
     StoreThread._job = traced_job  # type: ignore[method-assign]
+    _trace_waits()
 
     flush = Pipeline.flush
 
