@@ -178,13 +178,18 @@ def _quietly(call, *args) -> None:
         pass  # ended by the server: what the test wants
 
 
-def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_server):
+def leader_and_successor(shared, postgres_server) -> tuple[Lease, Lease, Store]:
+    """A leader whose store is fenced by its lease, and an instance waiting to take over."""
     url, lease = shared
     old = lease(ttl=1)
     wait_for(lambda: old.leading)
     store = Store("unused", url=url, password=postgres_server.password)
     old.guard_store(store)
-    new = lease(ttl=1)
+    return old, lease(ttl=1), store
+
+
+def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_server):
+    old, new, store = leader_and_successor(shared, postgres_server)
     with store.transaction():
         freeze(old)
         store.mark_processed("$in-flight", "accepted")
@@ -197,12 +202,7 @@ def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_
 
 
 def test_a_transaction_that_sent_nothing_before_its_lease_was_taken_over_commits_nothing(shared, postgres_server):
-    url, lease = shared
-    old = lease(ttl=1)
-    wait_for(lambda: old.leading)
-    store = Store("unused", url=url, password=postgres_server.password)
-    old.guard_store(store)
-    new = lease(ttl=1)
+    old, new, store = leader_and_successor(shared, postgres_server)
     with pytest.raises(LeaseLost):
         with store.transaction():
             freeze(old)
