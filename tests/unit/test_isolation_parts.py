@@ -294,3 +294,17 @@ def test_a_reference_no_store_can_look_up_is_refused_alone_and_the_rest_of_its_b
     del unfit_target["content"]["elicitation_id"]
     pipeline.process([unfit_elicitation, unfit_target, answer(0, "$good", "Borealis", sender=BOB)])
     assert AnswersFile(folders[ROOM]).load()["answers"]["name"]["text"] == "Borealis"
+
+
+def test_each_leaf_names_the_log_entry_it_was_appended_with(tmp_path: Path) -> None:
+    """An entry's leaf takes the entry's ``seq`` inside its own INSERT (the
+    entry is not read back): every leaf of a batch is its own entry's."""
+    store, pipeline, _transport, _folders = setup(tmp_path)
+    pipeline.process([answer(0, f"$a{n}", f"answer {n}", sender=ALICE if n % 2 else BOB) for n in range(4)]
+                     + [answer(0, "$refused", {"not": "text"}), answer(0, "$a9", "last")])
+    pairs = store.db.execute("SELECT l.leaf, a.event_id, a.outcome FROM audit_leaf l JOIN answer_log a"
+                             " ON a.seq = l.seq ORDER BY l.idx").fetchall()
+    logged = store.db.execute("SELECT event_id FROM answer_log ORDER BY seq").fetchall()
+    assert [(json.loads(leaf)["event_id"], json.loads(leaf)["outcome"]) for leaf, _e, _o in pairs] \
+        == [(event_id, outcome) for _l, event_id, outcome in pairs]
+    assert [row[1] for row in pairs] == [row[0] for row in logged] == [f"$a{n}" for n in range(4)] + ["$refused", "$a9"]

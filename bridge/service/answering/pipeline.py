@@ -285,10 +285,10 @@ class Pipeline:
             return
         self.report_trouble("event", "internal_error")
         if fit_id(room_id) and fit_id(sender):
-            self.store.append_log(LogEntry(event_id, room_id, sender, "answer_event", "refused", layer="schema",
-                                           reason="internal_error",
-                                           message="the bridge could not process this message. "
-                                                   "Please try answering again.", ts=_ts(event)))
+            self.store.log(LogEntry(event_id, room_id, sender, "answer_event", "refused", layer="schema",
+                                    reason="internal_error",
+                                    message="the bridge could not process this message. "
+                                            "Please try answering again.", ts=_ts(event)))
         self.store.mark_processed(event_id, "refused")
         result.refused += 1
 
@@ -307,7 +307,7 @@ class Pipeline:
             entry = self._with_device(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
                                                set_dir=set_dir, qid=qid, ts=_ts(event), replaces=target,
                                                question_event_id=logged[0] if logged else question_event_id))
-            self.store.append_log(entry)
+            self.store.log(entry)
             if self.on_logged:
                 self.on_logged(entry)
             result.withdrawn += 1
@@ -352,7 +352,7 @@ class Pipeline:
             result.refused += 1
         else:
             result.accepted += 1
-        self.store.append_log(entry)
+        self.store.log(entry)
         if self.on_logged:
             self.on_logged(entry)
         self.store.mark_processed(entry.event_id, entry.outcome)

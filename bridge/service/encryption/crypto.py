@@ -567,7 +567,7 @@ class Crypto:
                                  question_event_id=question.event_id if question else None,
                                  ts=event.get("origin_server_ts") if isinstance(event.get("origin_server_ts"), int)
                                  else 0)
-                self.store.append_log(entry)
+                self.store.log(entry)
                 entries.append(entry)
                 log.warning("event %s from %s refused: %s", event_id, sender, reason)
         if self.on_outcome:

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from bridge.service.storage.auditlog import LAST_LOGGED, LastLogged
+
 
 @dataclass(frozen=True)
 class LogEntry:
@@ -74,6 +76,18 @@ SET_ASIDE_REASONS = ("internal_error", "unstorable")
 RECORDING = ("accepted", "annotated")
 # Answers ever accepted for a question (``accepted_count``, ``Projection.projection``).
 _ACCEPTED_COUNT = "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'"
+_APPEND = ("INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
+           " layer, reason, message, record, ts, replaces, carry_note, noted, thread_root)"
+           " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)")
+
+
+def _row(entry: LogEntry) -> tuple[Any, ...]:
+    """``entry`` as ``_APPEND`` inserts it."""
+    return (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
+            entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
+            None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces,
+            entry.carry_note, int(entry.outcome == "accepted" and bool((entry.record or {}).get("note"))),
+            entry.thread_root)
 
 
 class AnswerLog:
@@ -81,22 +95,23 @@ class AnswerLog:
     read; answers accepted are counted once a batch (``Store.know_batch``)."""
 
     def append_log(self, entry: LogEntry) -> int:
-        cursor = self.db.execute(
-            "INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"
-            " layer, reason, message, record, ts, replaces, carry_note, noted, thread_root)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (entry.event_id, entry.room_id, entry.sender, entry.set_id, entry.set_dir, entry.qid,
-             entry.question_event_id, entry.via, entry.outcome, entry.layer, entry.reason, entry.message,
-             None if entry.record is None else json.dumps(entry.record), entry.ts, entry.replaces,
-             entry.carry_note, int(entry.outcome == "accepted" and bool((entry.record or {}).get("note"))),
-             entry.thread_root),
-        )
+        """Log ``entry`` (with its leaf); its ``seq``, read back (a round trip on PostgreSQL)."""
+        seq = self.db.execute(_APPEND, _row(entry)).lastrowid
+        self._logged(entry, seq)
+        return seq
+
+    def log(self, entry: LogEntry) -> None:
+        """``append_log`` for a caller that needs no ``seq``: on PostgreSQL sent
+        with the next statement that waits (its leaf reads the ``seq`` itself)."""
+        self.db.defer(_APPEND, _row(entry))
+        self._logged(entry, LAST_LOGGED)
+
+    def _logged(self, entry: LogEntry, seq: "int | LastLogged") -> None:
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
             self._dirty((entry.set_dir, entry.set_id, entry.qid))
         if entry.outcome == "accepted" and self._batch is not None and (entry.set_dir, entry.qid) in self._batch.counts:
             self._batch.counts[(entry.set_dir, entry.qid)] += 1
-        self.append_leaf(entry, cursor.lastrowid)
-        return cursor.lastrowid
+        self.append_leaf(entry, seq)
 
     def logged_sender(self, event_id: str) -> str | None:
         row = self.db.execute("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1", (event_id,)).fetchone()

@@ -19,18 +19,31 @@ from bridge.protocol import audit_leaf, merkle
 CHECKPOINTS_LISTED = 1000
 
 
+class LastLogged:
+    """A leaf's ``seq``: the answer-log entry inserted just before it, read
+    inside the leaf's own INSERT (the highest: only the leader writes)."""
+
+
+LAST_LOGGED = LastLogged()
+
+
 class AuditLog:
     """The ``audit_leaf`` and ``audit_checkpoint`` tables through a store connection."""
 
     def __init__(self, db: Any):
         self.db = db
 
-    def append(self, leaf: dict[str, Any], seq: int | None) -> None:
+    def append(self, leaf: dict[str, Any], seq: "int | None | LastLogged") -> None:
         """Append one leaf (its canonical bytes and hash), at the next index;
         sent with the next statement that waits (``defer``)."""
         data = audit_leaf.canonical(leaf)
-        self.db.defer("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
-                      " FROM audit_leaf", (data.decode("utf-8"), merkle.leaf_hash(data).hex(), seq))
+        text, hashed = data.decode("utf-8"), merkle.leaf_hash(data).hex()
+        if isinstance(seq, LastLogged):
+            self.db.defer("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?,"
+                          " (SELECT MAX(seq) FROM answer_log) FROM audit_leaf", (text, hashed))
+        else:
+            self.db.defer("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
+                          " FROM audit_leaf", (text, hashed, seq))
 
     def size(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM audit_leaf").fetchone()[0])

@@ -8,7 +8,7 @@ from typing import Any
 
 from bridge.protocol import audit_leaf
 from bridge.service.storage.answerlog import LogEntry
-from bridge.service.storage.auditlog import AuditLog
+from bridge.service.storage.auditlog import AuditLog, LastLogged
 
 
 class Leaves:
@@ -19,7 +19,7 @@ class Leaves:
     def audit(self) -> AuditLog:
         return AuditLog(self.db)
 
-    def append_leaf(self, entry: LogEntry, seq: int | None, *, outcome: str | None = None) -> None:
+    def append_leaf(self, entry: LogEntry, seq: "int | None | LastLogged", *, outcome: str | None = None) -> None:
         """The answer log's leaf for ``entry`` (``outcome`` when it differs
         from the entry's: a later decision about it), appended in the caller's
         transaction (none with ``audit.enabled`` off).  Every place an outcome
