@@ -71,9 +71,6 @@ def _log_entry(r: tuple[Any, ...]) -> LogEntry:
 
 # Refusals for what an event carried or caused, not for what it said.
 SET_ASIDE_REASONS = ("internal_error", "unstorable")
-# The outcomes that put something into a record: an answer, or a note /
-# file / timecode added to one (which does not count as an answer).
-RECORDING = ("accepted", "annotated")
 # Answers ever accepted for a question (``accepted_count``, ``Projection.projection``).
 _ACCEPTED_COUNT = "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted'"
 _APPEND = ("INSERT INTO answer_log(event_id, room_id, sender, set_id, set_dir, qid, question_event_id, via, outcome,"

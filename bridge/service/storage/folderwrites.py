@@ -65,7 +65,7 @@ class FolderWrites:
         each = len(rows[3:]) // len(ahead) if ahead else 0
         still = set(view.dirty)
         for n, question in enumerate(ahead):
-            if question in still:  # not written by a flush since
+            if question in still:  # dirty as the view reads it (a batch's always are)
                 set_dir, _set_id, qid = question
                 view.records[(set_dir, qid)] = self.projected(set_dir, qid, rows[3 + n * each:3 + (n + 1) * each])
         return view

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from bridge.protocol.fit import fit_id
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.service.storage.answerlog import RECORDING, SET_ASIDE_REASONS, AnswerLog, LogEntry
+from bridge.service.storage.answerlog import SET_ASIDE_REASONS, AnswerLog, LogEntry
 from bridge.service.storage.attachments import Attachments
 from bridge.service.storage.dbclock import DatabaseClock, LocalClock
 from bridge.service.storage.folderwrites import FlushView, FolderWrites
@@ -50,7 +50,7 @@ T = TypeVar("T")
 
 # The store's face: ``Store``, and the names its callers import from here
 # (the parts' own modules are where they are defined).
-__all__ = ["Store", "StoreVersionError", "MIGRATIONS", "SCHEMA_VERSION", "LogEntry", "RECORDING", "SET_ASIDE_REASONS",
+__all__ = ["Store", "StoreVersionError", "MIGRATIONS", "SCHEMA_VERSION", "LogEntry", "SET_ASIDE_REASONS",
            "PostingConflict", "PostedQuestion", "PARKED_FOR_MS", "votes_key", "PENDING", "SENT", "COALESCED", "DROPPED",
            "FlushView"]
 
