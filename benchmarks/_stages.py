@@ -132,6 +132,23 @@ def _trace_waits() -> None:
     pgdialect.PgConnection._pipelined = traced_pipelined  # type: ignore[method-assign]
 
 
+def _trace_gc() -> None:
+    """Each garbage collection while a batch is handled: its generation and milliseconds."""
+    import gc
+
+    started: dict[str, float] = {}
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started["at"] = time.perf_counter()
+        elif _batch and "at" in started:
+            took = (time.perf_counter() - started.pop("at")) * 1000
+            if took > 1:
+                _batch.setdefault("gc", []).append([info.get("generation"), round(took, 2)])
+
+    gc.callbacks.append(callback)
+
+
 def install() -> None:
     if os.environ.get("ASKWRIGHT_BENCH_LOOP_WORK"):
         _watch_loop(os.environ["ASKWRIGHT_BENCH_LOOP_WORK"])
@@ -248,6 +265,7 @@ def install() -> None:
 
     StoreThread._job = traced_job  # type: ignore[method-assign]
     _trace_waits()
+    _trace_gc()
 
     flush = Pipeline.flush
 
