@@ -25,6 +25,8 @@ class LastLogged:
 
 
 LAST_LOGGED = LastLogged()
+# A leaf at the next index; its seq a parameter, or (``LAST_LOGGED``) the log's newest.
+_APPEND_LEAF = "INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, {} FROM audit_leaf"
 
 
 class AuditLog:
@@ -37,13 +39,11 @@ class AuditLog:
         """Append one leaf (its canonical bytes and hash), at the next index;
         sent with the next statement that waits (``defer``)."""
         data = audit_leaf.canonical(leaf)
-        text, hashed = data.decode("utf-8"), merkle.leaf_hash(data).hex()
+        leaf_row = (data.decode("utf-8"), merkle.leaf_hash(data).hex())
         if isinstance(seq, LastLogged):
-            self.db.defer("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?,"
-                          " (SELECT MAX(seq) FROM answer_log) FROM audit_leaf", (text, hashed))
+            self.db.defer(_APPEND_LEAF.format("(SELECT MAX(seq) FROM answer_log)"), leaf_row)
         else:
-            self.db.defer("INSERT INTO audit_leaf(idx, leaf, hash, seq) SELECT COALESCE(MAX(idx) + 1, 0), ?, ?, ?"
-                          " FROM audit_leaf", (text, hashed, seq))
+            self.db.defer(_APPEND_LEAF.format("?"), (*leaf_row, seq))
 
     def size(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM audit_leaf").fetchone()[0])

@@ -201,12 +201,7 @@ class PgConnection:
                 self._open = False
         if kind == "COMMIT":
             try:
-                if not self._begun():  # nothing was sent since BEGIN: nothing to end
-                    self._forget_deferred()
-                    return Result(None, -1, None)
-                if self._unchecked is not None:  # the fence is read before anything commits
-                    self._send([])
-                return self._run(kind, None)
+                return self._run(kind, None) if self._ready_to_commit() else Result(None, -1, None)
             except BaseException:
                 if self._open and not (self.conn.closed or self.conn.broken):
                     # A write sent with the COMMIT failed, so the COMMIT never ran: the
@@ -240,7 +235,18 @@ class PgConnection:
 
     def _begun(self) -> bool:
         """Whether the open transaction sent or will send anything but its BEGIN."""
-        return len(self._deferred) > self._prelude or not self._deferred
+        return self._prelude == 0 or len(self._deferred) > self._prelude
+
+    def _ready_to_commit(self) -> bool:
+        """Before a COMMIT: False when the transaction sent nothing since its
+        BEGIN (nothing to end, nothing is sent); else the fence deferred with
+        BEGIN is read first, so nothing commits unchecked."""
+        if not self._begun():
+            self._forget_deferred()
+            return False
+        if self._unchecked is not None:
+            self._send([])
+        return True
 
     def _forget_deferred(self) -> None:
         self._deferred.clear()
@@ -303,7 +309,7 @@ class PgConnection:
         self._deferred.append(("BEGIN", None, False))
         if not self._commit_waits:
             self._deferred.append(("SET LOCAL synchronous_commit = off", None, False))
-        if fence is not None and check is not None:
+        if check is not None:
             self._unchecked = (fence, len(self._deferred))
             self._deferred.append((*check, False))
         self._prelude = len(self._deferred)
@@ -338,12 +344,9 @@ class PgConnection:
             return [result.fetchall() for result in self._send(sent)]
         if not self._open:
             raise ValueError("no transaction to commit")
-        if not self._begun():  # nothing sent since BEGIN: nothing to end
-            self._forget_deferred()
+        if not self._ready_to_commit():
             self._open = False
             return [result.fetchall() for result in self._send(sent)]
-        if self._unchecked is not None:  # the fence is read before anything commits
-            self._send([])
         results = self._send([*sent, ("COMMIT", None, False)])
         self._open = False
         return [result.fetchall() for result in results[:-1]]

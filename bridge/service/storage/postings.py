@@ -173,10 +173,17 @@ class Postings:
             for value in values:
                 batch.postings.setdefault((where, value), None)
             for row in found:
-                posting = tuple(row[:3])
-                batch.postings[(where, row[column])] = posting
-                batch.postings[("event_id=?", row[0])] = posting
-                batch.counts.setdefault((row[3], row[4]), row[5])
+                Postings._remember(batch, (where, row[column]), row)
+
+    @staticmethod
+    def _remember(batch: Any, key: tuple[str, str], row: tuple) -> tuple:
+        """A ``_POSTING_WITH_COUNT`` row into the batch's memo, found by ``key``
+        and by its event id, with its question's count; the posting's row."""
+        posting = tuple(row[:3])
+        batch.postings[key] = posting
+        batch.postings[("event_id=?", row[0])] = posting
+        batch.counts.setdefault((row[3], row[4]), row[5])
+        return posting
 
     def _one(self, where: str, value: str) -> RecordedQuestion | None:
         batch = self._batch
@@ -189,12 +196,10 @@ class Postings:
         # Not asked yet in this batch (a question is looked up by each answer's
         # parts).  An answer to it is counted next: the count comes with it.
         found = self.db.execute(f"{_POSTING_WITH_COUNT} WHERE {where}", (value,)).fetchone()
-        row = tuple(found[:3]) if found is not None else None
-        batch.postings[(where, value)] = row
-        if found is not None:  # found by its elicitation or poll: the same posting by its id
-            batch.postings[("event_id=?", found[0])] = row
-            batch.counts.setdefault((found[3], found[4]), found[5])
-        return self._posting(row)
+        if found is None:
+            batch.postings[(where, value)] = None
+            return None
+        return self._posting(self._remember(batch, (where, value), found))
 
     def _posting(self, row: Any) -> RecordedQuestion | None:
         """A posting from its (event id, open, closed_why) row, or None for no row."""

@@ -218,8 +218,10 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
                       (f"SELECT target, sender FROM redaction WHERE target IN ({marks})", part),
                       (f"SELECT DISTINCT target FROM parked_edit WHERE target IN ({marks})", part)]
         looked_up = len(reads)
-        for start in range(0, max(len(asked), len(related)), _IDS_PER_READ):
-            reads += self.postings_reads(asked[start:start + _IDS_PER_READ], related[start:start + _IDS_PER_READ])
+        parts = [(asked[start:start + _IDS_PER_READ], related[start:start + _IDS_PER_READ])
+                 for start in range(0, max(len(asked), len(related)), _IDS_PER_READ)]
+        for part in parts:
+            reads += self.postings_reads(*part)
         rows = self.db.reads(reads) if reads else []
         known = _Batch(threading.get_ident(), set(ids), set(), {}, set())
         for processed, redactions, parked in zip(rows[0:looked_up:3], rows[1:looked_up:3], rows[2:looked_up:3]):
@@ -227,10 +229,10 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
             known.parked.update(row[0] for row in parked)
             for target, sender in redactions:
                 known.redacted_by.setdefault(target, []).append(sender)
-        for start in range(looked_up, len(rows), 3):
-            part = (start - looked_up) // 3 * _IDS_PER_READ
-            self.know_postings(known, rows[start:start + 3], asked[part:part + _IDS_PER_READ],
-                               related[part:part + _IDS_PER_READ])
+        each = (len(rows) - looked_up) // len(parts) if parts else 0
+        for n, part in enumerate(parts):
+            start = looked_up + n * each
+            self.know_postings(known, rows[start:start + each], *part)
         self._kept_batch = known
 
     def _forget_batch(self) -> None:
