@@ -45,9 +45,11 @@ class StandIn:
     async def prepare(self, events: list[dict[str, Any]]) -> None:
         return None
 
-    def process(self, events: list[dict[str, Any]], *, commit=None) -> BatchResult:
+    def process(self, events: list[dict[str, Any]], *, commit=None, delivery=None) -> BatchResult:
         if self.fail:
             raise self.fail
+        if delivery is not None and self.store.txn_seen(delivery):
+            return BatchResult(repeated=True)
         self.batches.append(events)
         with self.store.transaction():
             if commit:

@@ -33,3 +33,26 @@ def test_a_batch_waits_for_the_database_a_fixed_number_of_times_and_once_more_an
     pipeline.process([answer(0, f"$more{n}", f"answer {n}", sender=ALICE if n % 2 else BOB) for n in range(5)])
     assert waits[0] == 5 + 4  # each further answer: its entry, leaf and marks with its RELEASE
     assert written(folders[ROOM])["rev"] == 7
+
+
+def test_an_appservice_transaction_costs_no_wait_more_and_is_taken_once(tmp_path, monkeypatch, postgres_server):
+    """Whether the transaction was taken before is read with the batch's
+    look-ups and marked with its commit: the same waits as a sync's batch."""
+    on_postgresql(monkeypatch, postgres_server)
+    store, pipeline, _transport, folders = setup(tmp_path)
+
+    def deliver(txn: str, events: list) -> object:
+        return pipeline.process(events, commit=lambda: store.mark_txn(txn), delivery=txn)
+
+    deliver("t0", [answer(0, "$warm", "first")])
+    waits = round_trips(monkeypatch)
+    assert not deliver("t1", [answer(0, "$one", "alone", sender=BOB)]).repeated
+    assert waits[0] == 5
+    waits[0] = 0
+    # The homeserver sends it again (the 200 was lost), holding an answer it
+    # did not hold the first time: nothing of it is handled.
+    assert deliver("t1", [answer(0, "$other", "changed", sender=BOB)]).repeated
+    assert waits[0] == 2  # the look-ups, then the empty transaction's COMMIT
+    assert written(folders[ROOM])["rev"] == 2
+    assert store.db.execute("SELECT COUNT(*) FROM answer_log WHERE event_id='$other'").fetchone()[0] == 0
+    assert store.txn_seen("t1") and not store.txn_seen("t2")

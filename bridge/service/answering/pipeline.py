@@ -112,6 +112,7 @@ class BatchResult:
     withdrawn: int = 0
     skipped: int = 0
     written_sets: int = 0
+    repeated: bool = False  # the delivery was taken before: nothing was handled
 
 
 @dataclass
@@ -175,12 +176,13 @@ class Pipeline:
 
     # -- the batch ---------------------------------------------------------
 
-    def process(self, events: list[dict[str, Any]], *, commit: Callable[[], None] | None = None) -> BatchResult:
+    def process(self, events: list[dict[str, Any]], *, commit: Callable[[], None] | None = None,
+                delivery: str | None = None) -> BatchResult:
         """Steps 1-3.  ``commit`` runs in the final store transaction, after the
-        folder writes: that is where a transport records its progress."""
+        folder writes: that is where a transport records its progress.  A
+        ``delivery`` (an appservice transaction's key, which ``commit`` marks
+        taken) taken before is not handled again: ``BatchResult.repeated``."""
         result = BatchResult()
-        if self.on_batch:
-            self.on_batch(events)
         now = self.clock()
         # One fsync for the whole batch: this commit is made durable by the
         # flushed commit at the end of ``flush``, which always follows it
@@ -190,7 +192,12 @@ class Pipeline:
         with self.store.transaction(flush=False):
             elicitations, targets = posting_keys(events)
             self.store.know_batch((event.get("event_id") for event in events), elicitations=elicitations,
-                                  targets=targets)
+                                  targets=targets, delivery=delivery)
+            if delivery is not None and self.store.txn_seen(delivery):
+                result.repeated = True
+                return result
+            if self.on_batch:
+                self.on_batch(events)
             for event in events:
                 self._guarded(event, now, result)
             view = self.store.flush_view(commit=True)  # the flush's reads, and the COMMIT with them

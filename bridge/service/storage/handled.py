@@ -7,8 +7,9 @@ from __future__ import annotations
 
 class Handled:
     """A part of ``Store`` (store.py): ``processed`` and ``appservice_txn``.
-    Whether an event was processed is answered from the batch's memo
-    (``Store.know_batch``) when the batch read it, and kept in it."""
+    Whether an event was processed, and whether the batch's transaction was
+    taken, are answered from the batch's memo (``Store.know_batch``) when the
+    batch read them, and kept in it."""
 
     def is_processed(self, event_id: str) -> bool:
         known = self._known(event_id)
@@ -21,8 +22,17 @@ class Handled:
         if self._batch is not None:
             self._batch.processed.add(event_id)
 
+    def txn_read(self, txn_id: str) -> tuple[str, tuple[str]]:
+        return ("SELECT 1 FROM appservice_txn WHERE txn_id=?", (txn_id,))
+
     def txn_seen(self, txn_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM appservice_txn WHERE txn_id=?", (txn_id,)).fetchone() is not None
+        batch = self._batch
+        if batch is not None and batch.delivery == txn_id:
+            return batch.delivered
+        return self.db.execute(*self.txn_read(txn_id)).fetchone() is not None
 
     def mark_txn(self, txn_id: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO appservice_txn(txn_id) VALUES (?)", (txn_id,))
+        self.db.defer("INSERT OR IGNORE INTO appservice_txn(txn_id) VALUES (?)", (txn_id,))
+        batch = self._batch
+        if batch is not None and batch.delivery == txn_id:
+            batch.delivered = True

@@ -76,6 +76,9 @@ class _Batch:
     postings: dict[tuple[str, str], Any] = dataclasses.field(default_factory=dict)
     # Questions made dirty in this batch; answers accepted for each, (set dir, qid) -> count.
     dirtied: set[tuple[str, str, str]] = dataclasses.field(default_factory=set)
+    # The delivery (an appservice transaction's key) the batch came in, and whether it was taken before.
+    delivery: str | None = None
+    delivered: bool = False
     counts: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
 
 
@@ -199,12 +202,13 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
     # -- a batch's events, looked up at once --------------------------------
 
     def know_batch(self, event_ids: Iterable[str], *, elicitations: Iterable[str] = (),
-                   targets: Iterable[str] = ()) -> None:
+                   targets: Iterable[str] = (), delivery: str | None = None) -> None:
         """Inside a transaction, before its events are handled: whether each
         was processed, the redactions that came before it and whether edits
         wait for it, and the postings they may be looked up by (``elicitations``
-        and related events, ``targets``: see ``normalize.posting_keys``), read
-        at once (one round trip on PostgreSQL, not several per event).  Kept
+        and related events, ``targets``: see ``normalize.posting_keys``) and
+        whether the delivery they came in was taken before (``delivery``, an
+        appservice transaction's key: ``txn_seen``), read at once (one round trip on PostgreSQL, not several per event).  Kept
         up to date by this store's writes until the transaction ends; any part
         undone forgets it (the reads go to the database again)."""
         # Ids the store can't key by are skipped by the batch itself (``fit_id``), unread.
@@ -222,8 +226,12 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
                  for start in range(0, max(len(asked), len(related)), _IDS_PER_READ)]
         for part in parts:
             reads += self.postings_reads(*part)
+        if delivery is not None:
+            reads.append(self.txn_read(delivery))
         rows = self.db.reads(reads) if reads else []
-        known = _Batch(threading.get_ident(), set(ids), set(), {}, set())
+        known = _Batch(threading.get_ident(), set(ids), set(), {}, set(), delivery=delivery)
+        if delivery is not None:
+            known.delivered = bool(rows.pop())
         for processed, redactions, parked in zip(rows[0:looked_up:3], rows[1:looked_up:3], rows[2:looked_up:3]):
             known.processed.update(row[0] for row in processed)
             known.parked.update(row[0] for row in parked)

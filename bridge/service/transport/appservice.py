@@ -192,9 +192,6 @@ class TransactionServer:
             except Exception as exc:  # noqa: BLE001 - the homeserver sends it again
                 log.warning("transaction %s: its encryption parts failed (%s); it will come again", txn_id, exc)
                 return _error(500, "M_UNKNOWN", "not processed; send it again")
-        if await self.store.run(self.store.txn_seen, key):
-            log.debug("transaction %s seen before; nothing to do", txn_id)
-            return web.json_response({})
         if self.catchup is not None:
             self.catchup.heard()
             if self._skips(txn_id):
@@ -202,21 +199,29 @@ class TransactionServer:
         self._answer_invites(events)
         wanted = [e for e in events if isinstance(e, dict) and e.get("room_id") in self.rooms]
         try:
-            result = await self._feed(wanted, lambda: self.store.mark_txn(key))
+            result = await self._feed(wanted, lambda: self.store.mark_txn(key), delivery=key)
         except Exception as exc:  # noqa: BLE001 - anything here is worth a retry by the homeserver
             log.warning("transaction %s not processed (%s); the homeserver will send it again", txn_id, exc)
             self._trouble()  # the homeserver's recovery can strand a transaction
             return _error(500, "M_UNKNOWN", "not processed; send it again")
-        log.debug("transaction %s: %d events, %s", txn_id, len(events), result)
+        log.debug("transaction %s: %d events, %s", txn_id, len(events),
+                  "taken before" if result is None or result.repeated else result)
         self._remember(wanted)
         return web.json_response({})
 
-    async def _feed(self, events: list[dict[str, Any]], commit: Callable[[], None]) -> Any:
+    async def _feed(self, events: list[dict[str, Any]], commit: Callable[[], None],
+                    delivery: str | None = None) -> Any:
         if self.crypto is not None:
+            # Screening keeps what it cannot decrypt yet: a resend must not keep its events again.
+            if delivery is not None and await self.store.run(self.store.txn_seen, delivery):
+                return None
             events, commit = await self._screen(events, commit)
         await self.pipeline.prepare(events)
         # On the store's thread: the listener goes on answering meanwhile.
-        result = await self.store.run(self.pipeline.process, events, commit=commit)
+        # Whether the transaction was taken before is read with the batch's
+        # other look-ups, not in a job of its own (a resend finds its files
+        # kept, so preparing it fetched nothing).
+        result = await self.store.run(self.pipeline.process, events, commit=commit, delivery=delivery)
         if self.ops is not None:
             self.ops.mark_ready()
         if self.notices is not None:
