@@ -46,7 +46,7 @@ from bridge.protocol.to_record import to_record
 from bridge.service.answering import quiz
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
-from bridge.service.storage.store import FlushView, LogEntry, Store
+from bridge.service.storage.store import FlushView, LogEntry, PartsFailedTogether, Store
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,10 @@ class Pipeline:
         self._first_flush = True
         self._thread: tuple[str | None, str | None] = (None, None)  # the event being judged, its thread
         self._device: tuple[str | None, dict[str, Any] | None] = (None, None)  # ... and the device that sent it
+        # While a batch is handled: the room state it began with (``_keep_before``), and
+        # whether each event's part ends in a round trip of its own (``_handle``).
+        self._before: dict[tuple[str, str], Any] | None = None
+        self._apart = True
         self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
@@ -182,27 +186,71 @@ class Pipeline:
         folder writes: that is where a transport records its progress.  A
         ``delivery`` (an appservice transaction's key, which ``commit`` marks
         taken) taken before is not handled again: ``BatchResult.repeated``."""
-        result = BatchResult()
         now = self.clock()
+        before = self.store.changes()
+        self._before = {}
+        try:
+            try:
+                result, view = self._handle(events, now, delivery, apart=False)
+            except PartsFailedTogether as exc:
+                # Rare: a write failed in a round trip several events' parts
+                # shared.  Nothing of the batch was kept; it is handled again
+                # from the room state it began with, each part in a round
+                # trip of its own, so the failure is set aside with its event.
+                log.warning("a write of a batch of %d events failed (%s); handling it again event by event",
+                            len(events), exc)
+                self._restore_before()
+                result, view = self._handle(events, now, delivery, apart=True)
+        finally:
+            self._before = None
+        if result.repeated:
+            return result
+        result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before, view=view)
+        return result
+
+    def _handle(self, events: list[dict[str, Any]], now: str, delivery: str | None,
+                apart: bool) -> tuple[BatchResult, FlushView | None]:
+        """The batch judged in one store transaction; what the flush starts
+        from is read last in it, with its COMMIT.  ``apart``: each event's
+        part ends in a round trip of its own (``Store.savepoint``)."""
+        result = BatchResult()
+        self._apart = apart
         # One fsync for the whole batch: this commit is made durable by the
         # flushed commit at the end of ``flush``, which always follows it
         # before the transport advances or a notice goes out (``process``
         # never awaits, so nothing runs in between).
-        before = self.store.changes()
         with self.store.transaction(flush=False):
             elicitations, targets = posting_keys(events)
             self.store.know_batch((event.get("event_id") for event in events), elicitations=elicitations,
                                   targets=targets, delivery=delivery)
             if delivery is not None and self.store.txn_seen(delivery):
                 result.repeated = True
-                return result
-            if self.on_batch:
+                return result, None
+            if self.on_batch and not apart:  # (told once, when a batch is handled again)
                 self.on_batch(events)
             for event in events:
                 self._guarded(event, now, result)
-            view = self.store.flush_view(commit=True)  # the flush's reads, and the COMMIT with them
-        result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before, view=view)
-        return result
+            return result, self.store.flush_view(commit=True)  # the flush's reads, and the COMMIT with them
+
+    def _keep_before(self, event: dict[str, Any]) -> None:
+        """The room's members or power levels as the batch found them, before
+        its first event that changes them (a batch handled again starts there)."""
+        if self._before is None:
+            return
+        room, kind = str(event.get("room_id")), event.get("type")
+        if kind == "m.room.member":
+            self._before.setdefault(("members", room), set(self.members[room]) if room in self.members else None)
+        elif kind == "m.room.power_levels":
+            self._before.setdefault(("power", room), self.power.get(room))
+
+    def _restore_before(self) -> None:
+        for (what, room), kept in (self._before or {}).items():
+            table: dict[str, Any] = self.members if what == "members" else self.power
+            if kept is None:
+                table.pop(room, None)
+            else:
+                table[room] = kept
+        self._before = {}
 
     def _one(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
         event_id = event.get("event_id")
@@ -224,6 +272,7 @@ class Pipeline:
         self._thread = (event_id, _thread_root(event))
         device = event.get("askwright.device")  # set by the encryption layer for a decrypted event
         self._device = (event_id, device if isinstance(device, dict) else None)
+        self._keep_before(event)
         self._track_membership(event)
         self.timeline.track_power(event)
         sender = event.get("sender")
@@ -272,14 +321,14 @@ class Pipeline:
         Only the store failing as a whole (disk I/O, locked, full) and the
         disk are transient: they fail the batch for a retry."""
         try:
-            with self.store.savepoint():
+            with self.store.savepoint(apart=self._apart):
                 self._one(event, now, result)
         except (sqlite3.OperationalError, OSError):
             raise
         except Exception:  # noqa: BLE001 - whatever the cause, this event must not stop the stream
             log.exception("event %s could not be processed; refused as internal_error", event.get("event_id"))
             try:
-                with self.store.savepoint():
+                with self.store.savepoint(apart=self._apart):
                     self._set_aside(event, result)
             except (sqlite3.OperationalError, OSError):
                 raise

@@ -51,8 +51,10 @@ from psycopg import errors as pgerrors
 
 from bridge.service.storage.dbclock import DatabaseClock
 from bridge.service.storage.pgconnect import STORE_DEADLINE, STORE_LIMITS, WATCHDOG, connect
+from bridge.service.storage.store import PartsFailedTogether
 
 _SCHEMA_TABLE = "askwright_schema"
+_KEPT_CURSORS = 2000  # cursors kept for pipelines (each holds its last result until used again)
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
 _INSERT = re.compile(r"^\s*INSERT\s+(OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*(?:\(([^)]*)\))?", re.I | re.S)
 # SQLite's query-planner hint; PostgreSQL's planner picks its indexes itself.
@@ -128,6 +130,7 @@ class PgConnection:
         self.fence: Fence | None = None
         self._plans: dict[str, tuple] = {}  # SQL as the store writes it -> what it is, what is sent (``_plan``)
         self._one: psycopg.Cursor | None = None  # ``_cursor``
+        self._kept: list[psycopg.Cursor] = []  # ``_cursors``
         self._deferred: list[tuple[str, Any, bool]] = []  # ``defer``: (text, parameters, counts)
         self._unchecked: tuple[Fence, int] | None = None  # the fence deferred with BEGIN, its place in _deferred
         self._prelude = 0  # how many of _deferred are the BEGIN not sent yet and what goes with it
@@ -223,10 +226,11 @@ class PgConnection:
 
     def defer(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Inside a transaction: ``sql`` (a write whose result nobody reads,
-        or a SAVEPOINT) sent with the next statement that waits for an
-        answer, in one round trip.  Its error, if any, is raised by that
-        statement; a RELEASE, a ROLLBACK TO or a COMMIT always waits, so an
-        error stays within the savepoint or transaction it was made in."""
+        a SAVEPOINT, or a RELEASE) sent with the next statement that waits
+        for an answer, in one round trip.  Its error, if any, is raised by
+        that statement; a ROLLBACK TO or a COMMIT always waits, so an error
+        stays within the transaction it was made in, and within its savepoint
+        unless a RELEASE went with it (then ``PartsFailedTogether``)."""
         plan = self._plan(sql) if self._open else None
         if plan is None or plan[0] != "SQL":  # outside a transaction nothing comes to wait with: at once
             self.execute(sql, params)
@@ -259,7 +263,14 @@ class PgConnection:
         transaction is then rolled back by its owner, nothing committed)."""
         waiting, self._deferred = self._deferred, []
         unchecked, self._unchecked, self._prelude = self._unchecked, None, 0
-        results = self._pipelined([*waiting, *statements])
+        try:
+            results = self._pipelined([*waiting, *statements])
+        except sqlite3.OperationalError:
+            raise
+        except sqlite3.DatabaseError as exc:
+            if any(text.startswith("RELEASE") for text, _params, _counts in waiting):
+                raise PartsFailedTogether(str(exc)) from exc
+            raise
         if unchecked is not None:
             fence, index = unchecked
             fence.held(results[index].fetchone() is not None)
@@ -365,8 +376,10 @@ class PgConnection:
         the lot (those after it did not run)."""
         try:
             with WATCHDOG.limit(self.conn, self._deadline):
+                cursors = self._cursors(len(statements))
                 with self.conn.pipeline():
-                    cursors = [self.conn.execute(text, params) for text, params, _counts in statements]
+                    for cursor, (text, params, _counts) in zip(cursors, statements):
+                        cursor.execute(text, params)
                 results = [Result(cursor.fetchall() if cursor.description is not None else None, cursor.rowcount,
                                   None) for cursor in cursors]
         except psycopg.Error as exc:
@@ -376,6 +389,16 @@ class PgConnection:
         self.total_changes += sum(r.rowcount for r, (_t, _p, counts) in zip(results, statements)
                                   if counts and r.rowcount > 0)
         return results
+
+    def _cursors(self, count: int) -> list[psycopg.Cursor]:
+        """A cursor for each statement of a pipeline, kept for the next ones
+        (up to ``_KEPT_CURSORS``): making a cursor cost as much as sending
+        its statement, and a batch sends a thousand."""
+        if self._kept and self._kept[0].connection is not self.conn:
+            self._kept = []
+        while len(self._kept) < min(count, _KEPT_CURSORS):
+            self._kept.append(self.conn.cursor())
+        return self._kept[:count] + [self.conn.cursor() for _ in range(count - len(self._kept))]
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Result:
         text = self._plan(sql)[1]

@@ -195,9 +195,14 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         """Rows changed through this connection so far (to tell whether a batch changed anything)."""
         return self.db.total_changes
 
-    def savepoint(self) -> "_Savepoint":
-        """Inside a transaction: undo just this part when it raises."""
-        return _Savepoint(self.db, undone=self._forget_batch)
+    def savepoint(self, *, apart: bool = True) -> "_Savepoint":
+        """Inside a transaction: undo just this part when it raises.
+        ``apart=False``: its RELEASE is deferred too (``defer``), so on
+        PostgreSQL the parts of a batch share round trips; a write that
+        fails late may then belong to a part already released, and raises
+        ``PartsFailedTogether`` (the transaction goes: handle it again with
+        parts apart)."""
+        return _Savepoint(self.db, undone=self._forget_batch, apart=apart)
 
     # -- a batch's events, looked up at once --------------------------------
 
@@ -307,22 +312,37 @@ class _Transaction:
                 self.db.execute("PRAGMA synchronous=FULL")
 
 
+class PartsFailedTogether(sqlite3.OperationalError):
+    """A write failed in a round trip that carried more than one part
+    (savepoint) of a transaction, so which part it belonged to is not known:
+    the transaction goes, and its owner handles it again with its parts
+    apart (``Store.savepoint(apart=True)``), where the failure finds its part."""
+
+
 class _Savepoint:
     """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception
-    (then ``undone`` is called), a late write's failure at RELEASE too."""
+    (then ``undone`` is called), a late write's failure at RELEASE too;
+    ``apart=False``: the RELEASE deferred (``Store.savepoint``)."""
 
-    def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] = lambda: None):
+    def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] = lambda: None, apart: bool = True):
         self.db = db
         self.undone = undone
+        self.apart = apart
 
     def __enter__(self) -> sqlite3.Connection:
         self.db.defer("SAVEPOINT part")
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and issubclass(exc_type, sqlite3.OperationalError):
+            self.undone()  # the store failed as a whole (or parts together): the whole transaction goes
+            return
         if exc_type is None:
             try:
-                self.db.execute("RELEASE part")
+                if self.apart:
+                    self.db.execute("RELEASE part")
+                else:
+                    self.db.defer("RELEASE part")
                 return
             except Exception as late:  # noqa: BLE001 - re-raised, once this part is undone
                 if isinstance(late, sqlite3.OperationalError):
