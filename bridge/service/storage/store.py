@@ -213,9 +213,10 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         wait for it, and the postings they may be looked up by (``elicitations``
         and related events, ``targets``: see ``normalize.posting_keys``) and
         whether the delivery they came in was taken before (``delivery``, an
-        appservice transaction's key: ``txn_seen``), read at once (one round trip on PostgreSQL, not several per event).  Kept
-        up to date by this store's writes until the transaction ends; any part
-        undone forgets it (the reads go to the database again)."""
+        appservice transaction's key: ``txn_seen``), read at once (one round
+        trip on PostgreSQL, not several per event).  Kept up to date by this
+        store's writes until the transaction ends; any part undone forgets it
+        (the reads go to the database again)."""
         # Ids the store can't key by are skipped by the batch itself (``fit_id``), unread.
         ids, asked, related = (sorted({i for i in values if fit_id(i)})
                                for values in (event_ids, elicitations, targets))
