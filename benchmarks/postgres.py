@@ -105,10 +105,17 @@ def main() -> int:
     sqlite = asyncio.run(backend("SQLite", None, answers, backlog))
     with Postgres(durable=True) as server:
         pg = asyncio.run(backend("PostgreSQL", server, answers, backlog))
+        # Printed and written before slowdb runs: a failure there must not
+        # lose the measurements before it.
+        report(sqlite, pg)
         import slowdb  # here: slowdb imports this module's helpers
 
         print("/health and the agents' API with the database 5 ms further away ...", flush=True)
         slowdb.run(server, 20 if args.quick else 60)  # its own table, and benchmarks/out/slowdb.json
+    return 0
+
+
+def report(sqlite: dict[str, Any], pg: dict[str, Any]) -> None:
     rows = table(sqlite, pg)
     for result in (sqlite, pg):
         for row in result["latency"]:
@@ -118,8 +125,7 @@ def main() -> int:
     (OUT / "postgres.json").write_text(json.dumps(
         {"sqlite": sqlite, "postgresql": pg,
          "table": [dict(zip(("measure", "postgresql", "sqlite", "difference"), r)) for r in rows]}, indent=2))
-    print(render(rows))
-    return 0
+    print(render(rows), flush=True)
 
 
 if __name__ == "__main__":
