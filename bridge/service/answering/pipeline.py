@@ -145,10 +145,8 @@ class Pipeline:
         self._first_flush = True
         self._thread: tuple[str | None, str | None] = (None, None)  # the event being judged, its thread
         self._device: tuple[str | None, dict[str, Any] | None] = (None, None)  # ... and the device that sent it
-        # While a batch is handled: the room state it began with (``_keep_before``), and
-        # whether each event's part ends in a round trip of its own (``_handle``).
+        # While a batch is handled: the room state it began with (``_keep_before``).
         self._before: dict[tuple[str, str], Any] | None = None
-        self._apart = True
         self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
@@ -214,7 +212,6 @@ class Pipeline:
         from is read last in it, with its COMMIT.  ``apart``: each event's
         part ends in a round trip of its own (``Store.savepoint``)."""
         result = BatchResult()
-        self._apart = apart
         # One fsync for the whole batch: this commit is made durable by the
         # flushed commit at the end of ``flush``, which always follows it
         # before the transport advances or a notice goes out (``process``
@@ -229,7 +226,7 @@ class Pipeline:
             if self.on_batch and not apart:  # (told once, when a batch is handled again)
                 self.on_batch(events)
             for event in events:
-                self._guarded(event, now, result)
+                self._guarded(event, now, result, apart)
             return result, self.store.flush_view(commit=True)  # the flush's reads, and the COMMIT with them
 
     def _keep_before(self, event: dict[str, Any]) -> None:
@@ -238,8 +235,8 @@ class Pipeline:
         if self._before is None:
             return
         room, kind = str(event.get("room_id")), event.get("type")
-        if kind == "m.room.member":
-            self._before.setdefault(("members", room), set(self.members[room]) if room in self.members else None)
+        if kind == "m.room.member" and ("members", room) not in self._before:  # copied once a batch, not per event
+            self._before[("members", room)] = set(self.members[room]) if room in self.members else None
         elif kind == "m.room.power_levels":
             self._before.setdefault(("power", room), self.power.get(room))
 
@@ -315,20 +312,20 @@ class Pipeline:
         for parked in self.store.unpark_edits(event_id):
             self._one(parked, now, result)
 
-    def _guarded(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
+    def _guarded(self, event: dict[str, Any], now: str, result: BatchResult, apart: bool) -> None:
         """One event whose handling raises is set aside as refused, so it cannot
         block every later event forever (the transport would redeliver it).
         Only the store failing as a whole (disk I/O, locked, full) and the
         disk are transient: they fail the batch for a retry."""
         try:
-            with self.store.savepoint(apart=self._apart):
+            with self.store.savepoint(apart=apart):
                 self._one(event, now, result)
         except (sqlite3.OperationalError, OSError):
             raise
         except Exception:  # noqa: BLE001 - whatever the cause, this event must not stop the stream
             log.exception("event %s could not be processed; refused as internal_error", event.get("event_id"))
             try:
-                with self.store.savepoint(apart=self._apart):
+                with self.store.savepoint(apart=apart):
                     self._set_aside(event, result)
             except (sqlite3.OperationalError, OSError):
                 raise
