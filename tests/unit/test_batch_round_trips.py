@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import time
+
+from bridge.service.storage.leader import Lease
 from helpers.pgstore import on_postgresql, round_trips
 from test_isolation_parts import ALICE, BOB, ROOM, answer, setup
 
@@ -55,3 +58,27 @@ def test_an_appservice_transaction_costs_no_wait_more_and_is_taken_once(tmp_path
     assert written(folders[ROOM])["rev"] == 2
     assert store.db.execute("SELECT COUNT(*) FROM answer_log WHERE event_id='$other'").fetchone()[0] == 0
     assert store.txn_seen("t1") and not store.txn_seen("t2")
+
+
+def test_the_leaders_fence_costs_no_wait_more(tmp_path, monkeypatch, postgres_server):
+    """Under the leader's lease each transaction reads the lease row with its
+    BEGIN, and the flush's end, whose first wait is its COMMIT, sends the
+    COMMIT with it: the row missing fails on the server, so nothing commits
+    unchecked (``tests/unit/test_leader.py``)."""
+    on_postgresql(monkeypatch, postgres_server)
+    store, pipeline, _transport, folders = setup(tmp_path)
+    lease = Lease(store.db.url, postgres_server.password, ttl=30)
+    lease.start()
+    try:
+        began = time.monotonic()
+        while not lease.leading:
+            assert time.monotonic() - began < 15, "the lease was not taken"
+            time.sleep(0.05)
+        lease.guard_store(store)
+        pipeline.process([answer(0, "$warm", "first")])
+        waits = round_trips(monkeypatch)
+        pipeline.process([answer(0, "$one", "alone", sender=BOB)])
+        assert waits[0] == 4  # as without a lease
+        assert written(folders[ROOM])["rev"] == 2
+    finally:
+        lease.stop()

@@ -248,24 +248,34 @@ def test_begin_and_its_fence_go_out_with_the_first_statement_that_waits(postgres
     assert waits[0] == 2 and Fence.checked == [True]
     with store.transaction():
         store.set_meta("t2", "two")
-    assert waits[0] == 4 and Fence.checked == [True, True]  # the fence read before the COMMIT goes
-    assert store.get_meta("t1") == "one"
+    # A transaction that only writes: BEGIN, the fence, the write and the COMMIT in one round trip.
+    assert waits[0] == 3 and Fence.checked == [True, True]
+    assert store.get_meta("t1") == "one" and store.get_meta("t2") == "two"
 
 
-def test_a_fence_not_held_commits_nothing_sent_with_it(postgres_server):
+@pytest.mark.parametrize("then_read", [False, True], ids=["only-writes", "writes-then-reads"])
+def test_a_fence_not_held_commits_nothing_sent_with_it(postgres_server, monkeypatch, then_read):
     class Lost:
+        checked: list[bool] = []
+
         def statement(self):
-            return ("SELECT 1 WHERE false", ())
+            return ("SELECT 1 / COUNT(*) FROM (SELECT 1 WHERE false) AS held", ())  # as the lease's, not held
 
         def held(self, found):
+            self.checked.append(found)
             if not found:
                 raise RuntimeError("another instance leads")
 
     store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
     store.db.fence = Lost()
+    waits = round_trips(monkeypatch)
     with pytest.raises(RuntimeError):
         with store.transaction():
             store.set_meta("t1", "written by an instance that no longer leads")
+            if then_read:
+                store.get_meta("t1")
+    assert Lost.checked == [False]
+    assert waits[0] == 2  # what was sent with the fence (its COMMIT too), then the ROLLBACK
     store.db.fence = None
     assert store.get_meta("t1") is None
     with store.transaction():  # no transaction was left open

@@ -128,11 +128,13 @@ class Lease:
             raise LeaseLost("the lease ran out")
 
     # The store's fence (``pgdialect.Fence``): each write transaction holds the
-    # lease row, read with its BEGIN, so a takeover waits for it to end.
+    # lease row, read with its BEGIN, so a takeover waits for it to end; no
+    # such row (another instance leads) divides by zero on the server, so
+    # nothing sent with it, its COMMIT too, runs.
     def statement(self) -> tuple[str, tuple[Any, ...]]:
         self.check()
-        return ("SELECT 1 FROM askwright_lease WHERE name = 'leader' AND epoch = %s AND holder = %s FOR KEY SHARE",
-                (self.epoch, self.name))
+        return ("SELECT 1 / COUNT(*) FROM (SELECT 1 FROM askwright_lease WHERE name = 'leader' AND epoch = %s"
+                " AND holder = %s FOR KEY SHARE) AS held", (self.epoch, self.name))
 
     def held(self, found: bool) -> None:
         if not found:

@@ -22,9 +22,11 @@ stay as they are:
   is its host's language's, where "a" comes before "B";
 - ``BEGIN IMMEDIATE`` is ``BEGIN`` with the fence (the leader's lease
   check, see ``bridge/service/storage/leader.py``) when one is set, both
-  sent with the transaction's first statement that waits (and the fence
-  checked on its answer, always before a ``COMMIT`` is sent); a
-  transaction that sent nothing costs no round trip;
+  sent with the transaction's first statement that waits.  The fence fails
+  on the server when the lease is not held (a division by zero), so what
+  was sent after it, a ``COMMIT`` too, does not run: a transaction whose
+  first wait is its ``COMMIT`` waits once.  A transaction that sent
+  nothing costs no round trip;
 - ``lastrowid`` comes from ``RETURNING`` the table's identity column,
   ``total_changes`` is counted here;
 - what only this backend has, for its round trips: ``reads`` (several
@@ -91,11 +93,14 @@ class Fence(Protocol):
     """What each write transaction checks first (the leader's lease: ``leader.Lease``)."""
 
     def statement(self) -> tuple[str, Sequence[Any]]:
-        """The read sent with BEGIN (psycopg's ``%s`` placeholders); raises when
-        there is no need to ask (this instance surely no longer leads)."""
+        """The read sent with BEGIN (psycopg's ``%s`` placeholders): a row
+        when the transaction may write, a division by zero on the server when
+        it must not (so nothing sent after it runs).  Raises when there is no
+        need to ask (this instance surely no longer leads)."""
 
     def held(self, found: bool) -> None:
-        """Whether that read found a row; raises when the transaction must write nothing."""
+        """Whether that read found a row (False: it failed on the server);
+        raises when the transaction must write nothing."""
 
 
 class Result:
@@ -243,13 +248,12 @@ class PgConnection:
 
     def _ready_to_commit(self) -> bool:
         """Before a COMMIT: False when the transaction sent nothing since its
-        BEGIN (nothing to end, nothing is sent); else the fence deferred with
-        BEGIN is read first, so nothing commits unchecked."""
+        BEGIN (nothing to end, nothing is sent).  A fence not read yet goes
+        with the COMMIT: it fails on the server first when the lease is not
+        held, and the COMMIT does not run."""
         if not self._begun():
             self._forget_deferred()
             return False
-        if self._unchecked is not None:
-            self._send([])
         return True
 
     def _forget_deferred(self) -> None:
@@ -268,6 +272,8 @@ class PgConnection:
         except sqlite3.OperationalError:
             raise
         except sqlite3.DatabaseError as exc:
+            if unchecked is not None and isinstance(exc.__cause__, pgerrors.DivisionByZero):
+                unchecked[0].held(False)  # the fence failed on the server (the store never divides)
             if any(text.startswith("RELEASE") for text, _params, _counts in waiting):
                 raise PartsFailedTogether(str(exc)) from exc
             raise
