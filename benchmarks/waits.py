@@ -56,6 +56,9 @@ def process(pid: int) -> dict[str, float]:
             "fds": len(list(Path(f"/proc/{pid}/fd").iterdir()))}
 
 
+WHOLE_TIMELINE = {"room": {"timeline": {"limit": 1000}}}
+
+
 class Room:
     """A bare client in the room: when each question event reaches it."""
 
@@ -67,7 +70,11 @@ class Room:
     async def run(self) -> None:
         since = None
         while True:
-            response = await self.client.sync(timeout=1000, since=since)
+            # Every event since the last sync, not the last ten (the default):
+            # a set's questions and polls come faster than ten between two
+            # syncs, and an observer whose first sync reads a busy room's
+            # history long would miss some of them.
+            response = await self.client.sync(timeout=1000, since=since, sync_filter=WHOLE_TIMELINE)
             now = time.perf_counter()
             if isinstance(response, SyncResponse):
                 since = response.next_batch
