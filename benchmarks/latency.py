@@ -354,6 +354,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     await person.close()
     w.stop_bridge()
     row = summary(mode, bridge_ms, bare_ms, count)
+    row["samples"]["round_sizes"] = round_sizes  # the answers of each round, in order
     row["reference"] = "bare transaction receiver" if receiver is not None else "bare /sync client"
     if sync_ms:
         row["bare_sync_p50_ms"] = round(percentile(sync_ms, 50), 2)
@@ -372,7 +373,6 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         row["delivery_p50_ms"], row["delivery_p99_ms"] = (round(percentile(delivery, p), 2) for p in (50, 99))
         row["own_p50_ms"], row["own_p99_ms"] = (round(percentile(own, p), 2) for p in (50, 99))
         row["samples"]["own_ms"] = [round(v, 3) for v in own]
-        row["samples"]["round_sizes"] = round_sizes  # the answers of each round, in order
     access_log = w.synapse.data_dir / "access.log"
     if mode == "bot" and access_log.exists():
         row["homeserver_side"] = _sync_timing.explain(timed, w.bot["user_id"], _sync_timing.sync_requests(access_log))
