@@ -197,9 +197,12 @@ def test_an_event_that_raises_is_refused_and_the_rest_goes_on(tmp_path, monkeypa
     assert store.is_processed("$e1")  # $e2 is no answer at all: nothing to remember about it
     rows = store.db.execute("SELECT event_id, outcome, layer, reason FROM answer_log").fetchall()
     assert rows == [("$e1", "refused", "schema", "internal_error")]
-    # Redelivered, it is not judged again.
-    pipeline.process([event(1)])
-    assert seen == ["$e1", "$e2"]
+    # Redelivered, nothing of it is judged again.  (On PostgreSQL a batch
+    # takes its events as new and is handled again once the server says one
+    # was processed: what that first pass did is not kept, ``guesses``.)
+    again = pipeline.process([event(1)])
+    assert again.skipped == 1 and again.refused == 0
+    assert store.db.execute("SELECT event_id, outcome, layer, reason FROM answer_log").fetchall() == rows
     store.close()
 
 

@@ -10,31 +10,57 @@ from pathlib import Path
 
 import time
 
+import bridge.answers.file as answers_file
 from bridge.service.storage.leader import Lease
 from helpers.pgstore import on_postgresql, round_trips
-from test_isolation_parts import ALICE, BOB, ROOM, answer, setup
+from test_isolation_parts import ALICE, BOB, OTHER_ROOM, ROOM, answer, setup
 
 
 def written(folder: Path) -> dict:
     return json.loads((folder / "answers.json").read_text())["answers"]["name"]
 
 
+def noted_writes(monkeypatch, waits: list[int]) -> list[int]:
+    """The waits counted so far each time an answers.json is written."""
+    noted: list[int] = []
+    replace = answers_file.atomic_replace
+
+    def note(path, data):
+        noted.append(waits[0])
+        replace(path, data)
+
+    monkeypatch.setattr(answers_file, "atomic_replace", note)
+    return noted
+
+
 def test_a_batch_waits_for_the_database_a_fixed_number_of_times(tmp_path, monkeypatch, postgres_server):
     on_postgresql(monkeypatch, postgres_server)
-    store, pipeline, _transport, folders = setup(tmp_path)
-    pipeline.process([answer(0, "$warm", "first")])  # each statement's translation worked out once
+    store, pipeline, _transport, folders = setup(tmp_path, rooms=(ROOM, OTHER_ROOM))
+    # Each statement's translation worked out once, in both sets; the last
+    # batch looked up the first room's question only.
+    pipeline.process([answer(1, "$warm1", "first", room=OTHER_ROOM)])
+    pipeline.process([answer(0, "$warm0", "first")])
     waits = round_trips(monkeypatch)
-    pipeline.process([answer(0, "$one", "alone", sender=BOB)])
-    # BEGIN with the batch's look-ups (its postings and their counts too); the
-    # entry, its leaf, its marks and RELEASE, with what the flush starts from,
-    # the record to write and the COMMIT; the log's origin (not kept yet: no
-    # key); the flush's end.
-    assert waits[0] == 4
-    assert written(folders[ROOM])["rev"] == 2
-    waits[0] = 0
-    pipeline.process([answer(0, f"$more{n}", f"answer {n}", sender=ALICE if n % 2 else BOB) for n in range(50)])
-    assert waits[0] == 4  # each answer's entry, leaf, marks and RELEASE go with the flush's reads
-    assert written(folders[ROOM])["rev"] == 52
+    before_write = noted_writes(monkeypatch, waits)
+    pipeline.process([answer(1, "$one", "alone", sender=BOB, room=OTHER_ROOM)])
+    # A question no batch has looked up yet: BEGIN with the batch's look-ups
+    # (its postings and their counts too); the entry, its leaf, its marks and
+    # RELEASE, with what the flush starts from, the record to write and the
+    # COMMIT; the log's origin (not kept here: no key); answers.json; the
+    # flush's end.
+    assert before_write == [3] and waits[0] == 4
+    assert written(folders[OTHER_ROOM])["rev"] == 2
+    waits[0], before_write[:] = 0, []
+    pipeline.process([answer(1, "$two", "again", sender=ALICE, room=OTHER_ROOM)])
+    # A question the batch before looked up: its posting and count taken from
+    # that batch, its event taken as new, and that condition sent with the
+    # writes and the COMMIT (``guesses``): one wait fewer before answers.json.
+    assert before_write == [2] and waits[0] == 3
+    waits[0], before_write[:] = 0, []
+    pipeline.process([answer(1, f"$more{n}", f"answer {n}", sender=ALICE if n % 2 else BOB, room=OTHER_ROOM)
+                      for n in range(50)])
+    assert before_write == [2] and waits[0] == 3  # each answer's writes go with the flush's reads
+    assert written(folders[OTHER_ROOM])["rev"] == 53
 
 
 def test_an_appservice_transaction_costs_no_wait_more_and_is_taken_once(tmp_path, monkeypatch, postgres_server):
@@ -49,12 +75,15 @@ def test_an_appservice_transaction_costs_no_wait_more_and_is_taken_once(tmp_path
     deliver("t0", [answer(0, "$warm", "first")])
     waits = round_trips(monkeypatch)
     assert not deliver("t1", [answer(0, "$one", "alone", sender=BOB)]).repeated
-    assert waits[0] == 4
+    assert waits[0] == 3  # as a sync's batch answering the same question
     waits[0] = 0
     # The homeserver sends it again (the 200 was lost), holding an answer it
     # did not hold the first time: nothing of it is handled.
     assert deliver("t1", [answer(0, "$other", "changed", sender=BOB)]).repeated
-    assert waits[0] == 2  # the look-ups, then the empty transaction's COMMIT
+    # Taken as new with the rest, it fails that condition on the server (its
+    # writes with it); ROLLBACK; read again: the look-ups, then the empty
+    # transaction's COMMIT.
+    assert waits[0] == 4
     assert written(folders[ROOM])["rev"] == 2
     assert store.db.execute("SELECT COUNT(*) FROM answer_log WHERE event_id='$other'").fetchone()[0] == 0
     assert store.txn_seen("t1") and not store.txn_seen("t2")
@@ -78,7 +107,7 @@ def test_the_leaders_fence_costs_no_wait_more(tmp_path, monkeypatch, postgres_se
         pipeline.process([answer(0, "$warm", "first")])
         waits = round_trips(monkeypatch)
         pipeline.process([answer(0, "$one", "alone", sender=BOB)])
-        assert waits[0] == 4  # as without a lease
+        assert waits[0] == 3  # as without a lease
         assert written(folders[ROOM])["rev"] == 2
     finally:
         lease.stop()

@@ -46,7 +46,7 @@ from bridge.protocol.to_record import to_record
 from bridge.service.answering import quiz
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
-from bridge.service.storage.store import FlushView, LogEntry, PartsFailedTogether, Store
+from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,14 @@ class Pipeline:
         self._before = {}
         try:
             try:
-                result, view = self._handle(events, now, delivery, apart=False)
+                try:
+                    result, view = self._handle(events, now, delivery)
+                except GuessedWrong:
+                    # What the batch took from the batch before instead of
+                    # reading it (``guesses``) had changed on the server:
+                    # nothing of it was kept; it is handled again, reading first.
+                    self._restore_before()
+                    result, view = self._handle(events, now, delivery, again=True)
             except PartsFailedTogether as exc:
                 # Rare: a write failed in a round trip several events' parts
                 # shared.  Nothing of the batch was kept; it is handled again
@@ -198,7 +205,7 @@ class Pipeline:
                 log.warning("a write of a batch of %d events failed (%s); handling it again event by event",
                             len(events), exc)
                 self._restore_before()
-                result, view = self._handle(events, now, delivery, apart=True)
+                result, view = self._handle(events, now, delivery, apart=True, again=True)
         finally:
             self._before = None
         if result.repeated:
@@ -206,11 +213,12 @@ class Pipeline:
         result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before, view=view)
         return result
 
-    def _handle(self, events: list[dict[str, Any]], now: str, delivery: str | None,
-                apart: bool) -> tuple[BatchResult, FlushView | None]:
+    def _handle(self, events: list[dict[str, Any]], now: str, delivery: str | None, *, apart: bool = False,
+                again: bool = False) -> tuple[BatchResult, FlushView | None]:
         """The batch judged in one store transaction; what the flush starts
         from is read last in it, with its COMMIT.  ``apart``: each event's
-        part ends in a round trip of its own (``Store.savepoint``)."""
+        part ends in a round trip of its own (``Store.savepoint``).  ``again``:
+        the batch is handled a second time, its look-ups read, not guessed."""
         result = BatchResult()
         # One fsync for the whole batch: this commit is made durable by the
         # flushed commit at the end of ``flush``, which always follows it
@@ -219,11 +227,11 @@ class Pipeline:
         with self.store.transaction(flush=False):
             elicitations, targets = posting_keys(events)
             self.store.know_batch((event.get("event_id") for event in events), elicitations=elicitations,
-                                  targets=targets, delivery=delivery)
+                                  targets=targets, delivery=delivery, guess=not again)
             if delivery is not None and self.store.txn_seen(delivery):
                 result.repeated = True
                 return result, None
-            if self.on_batch and not apart:  # (told once, when a batch is handled again)
+            if self.on_batch and not again:  # (told once, when a batch is handled again)
                 self.on_batch(events)
             for event in events:
                 self._guarded(event, now, result, apart)

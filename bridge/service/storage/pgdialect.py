@@ -30,9 +30,10 @@ stay as they are:
 - ``lastrowid`` comes from ``RETURNING`` the table's identity column,
   ``total_changes`` is counted here;
 - what only this backend has, for its round trips: ``reads`` (several
-  reads sent at once) and ``defer`` (a write whose result nobody reads,
-  sent with the next statement that waits); see docs/architecture.md, "A
-  batch's round trips";
+  reads sent at once), ``defer`` (a write whose result nobody reads,
+  sent with the next statement that waits) and ``expect`` (what a batch
+  took for granted instead of reading it, checked on the server with its
+  writes: ``guesses``); see docs/architecture.md, "A batch's round trips";
 - psycopg's errors are raised as the ``sqlite3`` classes the callers already
   catch (a lost connection is an ``OperationalError``: the store failed as a
   whole, the batch is retried), with psycopg's error as the cause.
@@ -53,7 +54,7 @@ from psycopg import errors as pgerrors
 
 from bridge.service.storage.dbclock import DatabaseClock
 from bridge.service.storage.pgconnect import STORE_DEADLINE, STORE_LIMITS, WATCHDOG, connect
-from bridge.service.storage.store import PartsFailedTogether
+from bridge.service.storage.store import GuessedWrong, PartsFailedTogether
 
 _SCHEMA_TABLE = "askwright_schema"
 _KEPT_CURSORS = 2000  # cursors kept for pipelines (each holds its last result until used again)
@@ -66,6 +67,11 @@ _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
 _CREATE = re.compile(r"^\s*CREATE\s+TABLE\s+\w+\s*\(", re.I)
 _DDL = re.compile(r"^\s*(CREATE|ALTER)\s+TABLE", re.I)
 _DML = re.compile(r"^\s*(INSERT|UPDATE|DELETE)\b", re.I)
+# ``expect``: a condition that, false, fails the statement on the server (a
+# subquery of two rows where one value is wanted: cardinality_violation, which
+# nothing else the store sends can raise), so nothing sent after it runs.
+_EXPECTED = "SELECT CASE WHEN {} THEN 1 ELSE (SELECT 1 UNION ALL SELECT 2) END"
+_EXPECTED_PREFIX = _EXPECTED[:_EXPECTED.index("{")]
 
 
 class StoreOperationalError(sqlite3.OperationalError):
@@ -124,6 +130,8 @@ class Result:
 
 class PgConnection:
     """A PostgreSQL connection used through the ``sqlite3`` calls the store makes."""
+
+    guesses = True  # a read costs a round trip here: a batch may take look-ups for granted (``expect``)
 
     def __init__(self, url: str, *, read_only: bool = False, password: str | None = None,
                  session: Sequence[str] = ()):
@@ -242,6 +250,16 @@ class PgConnection:
             return
         self._deferred.append((plan[1], _adapt(params), plan[3]))
 
+    def expect(self, condition: str, params: Sequence[Any]) -> None:
+        """Inside a transaction: ``condition`` (PostgreSQL's SQL, ``%s``
+        placeholders), what the transaction took for granted instead of
+        reading it, sent with the next statement that waits, ahead of what
+        is written after it.  False, it fails on the server (nothing after it
+        runs, the COMMIT neither) and that statement raises ``GuessedWrong``."""
+        if not self._open:
+            raise ValueError("nothing to expect outside a transaction")
+        self._deferred.append((_EXPECTED.format(condition), _adapt(params), False))
+
     def _begun(self) -> bool:
         """Whether the open transaction sent or will send anything but its BEGIN."""
         return self._prelude == 0 or len(self._deferred) > self._prelude
@@ -274,6 +292,9 @@ class PgConnection:
         except sqlite3.DatabaseError as exc:
             if unchecked is not None and isinstance(exc.__cause__, pgerrors.DivisionByZero):
                 unchecked[0].held(False)  # the fence failed on the server (the store never divides)
+            if isinstance(exc.__cause__, pgerrors.CardinalityViolation) and any(
+                    text.startswith(_EXPECTED_PREFIX) for text, _params, _counts in waiting):
+                raise GuessedWrong(str(exc)) from exc
             if any(text.startswith("RELEASE") for text, _params, _counts in waiting):
                 raise PartsFailedTogether(str(exc)) from exc
             raise

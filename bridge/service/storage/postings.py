@@ -166,6 +166,12 @@ class Postings:
                 for (where, _column), values in zip(_LOOKED_UP_BY, (elicitations, targets, targets))]
 
     @staticmethod
+    def looked_up(elicitations: list[str], targets: list[str]) -> list[tuple[str, str]]:
+        """The (where, value) keys ``postings_reads`` reads, as ``_one`` finds them."""
+        return [(where, value) for (where, _column), values in zip(_LOOKED_UP_BY, (elicitations, targets, targets))
+                for value in values]
+
+    @staticmethod
     def know_postings(batch: Any, rows: list[list[tuple]], elicitations: list[str], targets: list[str]) -> None:
         """What ``postings_reads`` read, into the batch's memo: every id asked
         about, found or not, and each found posting's count."""
@@ -182,6 +188,7 @@ class Postings:
         posting = tuple(row[:3])
         batch.postings[key] = posting
         batch.postings[("event_id=?", row[0])] = posting
+        batch.questions[row[0]] = (row[3], row[4])
         batch.counts.setdefault((row[3], row[4]), row[5])
         return posting
 

@@ -33,6 +33,7 @@ from bridge.service.storage.answerlog import SET_ASIDE_REASONS, AnswerLog, LogEn
 from bridge.service.storage.attachments import Attachments
 from bridge.service.storage.dbclock import DatabaseClock, LocalClock
 from bridge.service.storage.folderwrites import FlushView, FolderWrites
+from bridge.service.storage.guesses import MOST, condition, taken
 from bridge.service.storage.handled import Handled
 from bridge.service.storage.leaves import Leaves
 from bridge.service.storage.meta import Meta
@@ -80,6 +81,8 @@ class _Batch:
     delivery: str | None = None
     delivered: bool = False
     counts: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    # The question (set dir, qid) of each posting found, by its event id.
+    questions: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def _clock_of(db: Any) -> "DatabaseClock | LocalClock":
@@ -110,6 +113,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
         self._origin: str | None = None  # ``audit_origin``, once read
         self._kept_batch: _Batch | None = None  # ``know_batch``
+        self._carried: _Batch | None = None  # the last batch kept, for the next one's guesses (``guesses``)
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
         self._migrate()
@@ -144,6 +148,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         store._recent_questions = OrderedDict()
         store._origin = None
         store._kept_batch = None
+        store._carried = None
         store.audit_enabled = False  # nothing is written through a read-only store
         if url:
             from bridge.service.storage.pgdialect import PgConnection, redact
@@ -189,7 +194,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         batch always follows before anything relies on it (the WAL is one
         append-only file, so that fsync makes both durable; a power cut in
         between loses both, and the transport delivers the batch again)."""
-        return _Transaction(self.db, flush=flush, ended=self._forget_batch)
+        return _Transaction(self.db, flush=flush, ended=self._end_batch)
 
     def changes(self) -> int:
         """Rows changed through this connection so far (to tell whether a batch changed anything)."""
@@ -207,7 +212,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
     # -- a batch's events, looked up at once --------------------------------
 
     def know_batch(self, event_ids: Iterable[str], *, elicitations: Iterable[str] = (),
-                   targets: Iterable[str] = (), delivery: str | None = None) -> None:
+                   targets: Iterable[str] = (), delivery: str | None = None, guess: bool = False) -> None:
         """Inside a transaction, before its events are handled: whether each
         was processed, the redactions that came before it and whether edits
         wait for it, and the postings they may be looked up by (``elicitations``
@@ -216,10 +221,14 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         appservice transaction's key: ``txn_seen``), read at once (one round
         trip on PostgreSQL, not several per event).  Kept up to date by this
         store's writes until the transaction ends; any part undone forgets it
-        (the reads go to the database again)."""
+        (the reads go to the database again).  ``guess``: on PostgreSQL, what
+        the last batch kept knew is taken instead of read when it is enough,
+        checked on the server with the writes (``guesses``; ``GuessedWrong``)."""
         # Ids the store can't key by are skipped by the batch itself (``fit_id``), unread.
         ids, asked, related = (sorted({i for i in values if fit_id(i)})
                                for values in (event_ids, elicitations, targets))
+        if guess and getattr(self.db, "guesses", False) and self._guessed(ids, asked, related, delivery):
+            return
         reads = []
         for start in range(0, len(ids), _IDS_PER_READ):
             part = ids[start:start + _IDS_PER_READ]
@@ -249,7 +258,25 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
             self.know_postings(known, rows[start:start + each], *part)
         self._kept_batch = known
 
+    def _guessed(self, ids: list[str], asked: list[str], related: list[str], delivery: str | None) -> bool:
+        keys = self.looked_up(asked, related)
+        known = taken(self._carried, keys) if len(ids) + len(keys) <= MOST else None
+        if known is None:
+            return False
+        postings, questions, counts = known
+        self.db.expect(*condition(ids, keys, postings, questions, counts, delivery))
+        self._kept_batch = _Batch(threading.get_ident(), set(ids), set(), {}, set(), postings=postings,
+                                  delivery=delivery, counts=counts, questions=questions)
+        return True
+
     def _forget_batch(self) -> None:
+        self._kept_batch = None
+
+    def _end_batch(self, kept: bool) -> None:
+        """A transaction ends: a batch's memo, when the batch is kept, is what
+        the next batch may guess from (it is checked on the server then)."""
+        if kept and self._batch is not None:
+            self._carried = self._batch
         self._kept_batch = None
 
     @property
@@ -269,6 +296,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self.db.defer("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", question)
 
     def _postings_changed(self) -> None:
+        self._carried = None
         if self._batch is not None:
             self._batch.postings.clear()
 
@@ -285,10 +313,10 @@ class _Transaction:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception; ``ended`` is
     called when it ends, either way."""
 
-    def __init__(self, db: sqlite3.Connection, flush: bool = True, ended: Callable[[], None] = lambda: None):
+    def __init__(self, db: sqlite3.Connection, flush: bool = True, ended: Callable[[bool], None] = lambda kept: None):
         self.db = db
         self.flush = flush
-        self.ended = ended
+        self.ended = ended  # called with whether the transaction is kept (committed)
 
     def __enter__(self) -> sqlite3.Connection:
         if not self.flush:
@@ -302,7 +330,7 @@ class _Transaction:
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.ended()
+        self.ended(exc_type is None)
         try:
             if exc_type is not None:
                 self.db.execute("ROLLBACK")
@@ -318,6 +346,12 @@ class PartsFailedTogether(sqlite3.OperationalError):
     (savepoint) of a transaction, so which part it belonged to is not known:
     the transaction goes, and its owner handles it again with its parts
     apart (``Store.savepoint(apart=True)``), where the failure finds its part."""
+
+
+class GuessedWrong(sqlite3.OperationalError):
+    """What a batch took from the batch before instead of reading it no longer
+    held on the server (``guesses``): nothing of the transaction was kept,
+    and its owner handles the batch again, reading first."""
 
 
 class _Savepoint:
