@@ -201,6 +201,7 @@ class AnswerLog:
                         " WHERE seq=?", (reason, message, seq))
         if self._batch is not None:
             self._batch.counts.clear()
+        self._carried = None  # a count changed that no memo follows
         if entry is not None:
             self.append_leaf(dataclasses.replace(entry, reason=reason, record=None), seq, outcome="set_aside")
         if row and row[0] and row[2]:

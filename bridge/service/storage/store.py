@@ -113,7 +113,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._recent_questions: OrderedDict[str, tuple[RecordedQuestion, str]] = OrderedDict()
         self._origin: str | None = None  # ``audit_origin``, once read
         self._kept_batch: _Batch | None = None  # ``know_batch``
-        self._carried: _Batch | None = None  # the last batch kept, for the next one's guesses (``guesses``)
+        self._carried: _Batch | None = None  # what the batches kept knew, for later ones' guesses (``guesses``)
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
         self._migrate()
@@ -273,10 +273,11 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._kept_batch = None
 
     def _end_batch(self, kept: bool) -> None:
-        """A transaction ends: a batch's memo, when the batch is kept, is what
-        the next batch may guess from (it is checked on the server then)."""
-        if kept and self._batch is not None:
-            self._carried = self._batch
+        """A transaction ends: a batch's memo, when the batch is kept, joins
+        what later batches may guess from (checked on the server then)."""
+        batch = self._batch
+        if kept and batch is not None:
+            self._carried = _carried_on(self._carried, batch)
         self._kept_batch = None
 
     @property
@@ -307,6 +308,22 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
 
 # Ids in one IN (...) of ``know_batch``: well within SQLite's and PostgreSQL's limits on parameters.
 _IDS_PER_READ = 500
+# Postings carried from batch to batch (``_carried_on``): the ones being answered now, not every one.
+_CARRIED_MOST = 2000
+
+
+def _carried_on(before: _Batch | None, batch: _Batch) -> _Batch:
+    """What later batches may take (``guesses``): the postings, questions
+    and counts ``batch`` knew over those known before it.  Merged, not
+    replaced: a batch of acknowledgements between two answers knows no
+    posting, and the next answer's would be read again.  Nothing in it is
+    trusted: each batch checks on the server what it takes."""
+    if before is None or len(before.postings) > _CARRIED_MOST:
+        return batch
+    before.postings.update(batch.postings)
+    before.questions.update(batch.questions)
+    before.counts.update(batch.counts)
+    return before
 
 
 class _Transaction:
