@@ -78,7 +78,7 @@ def round_trips(monkeypatch: Any) -> list[int]:
     """A counter of each time a PostgreSQL store waits for its server (a
     pipeline, or one statement), from now on."""
     waits = [0]
-    pipelined, cursor = PgConnection._pipelined, PgConnection._cursor
+    pipelined, cursor, rollback = PgConnection._pipelined, PgConnection._cursor, PgConnection._rollback
 
     def counted_pipelined(self: PgConnection, statements: Any) -> Any:
         waits[0] += 1
@@ -88,6 +88,11 @@ def round_trips(monkeypatch: Any) -> list[int]:
         waits[0] += 1  # taken for each statement sent on its own
         return cursor(self)
 
+    def counted_rollback(self: PgConnection) -> Any:
+        waits[0] += 1  # psycopg's own ROLLBACK
+        return rollback(self)
+
     monkeypatch.setattr(PgConnection, "_pipelined", counted_pipelined)
     monkeypatch.setattr(PgConnection, "_cursor", counted_cursor)
+    monkeypatch.setattr(PgConnection, "_rollback", counted_rollback)
     return waits

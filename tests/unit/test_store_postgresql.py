@@ -281,3 +281,32 @@ def test_a_fence_not_held_commits_nothing_sent_with_it(postgres_server, monkeypa
     with store.transaction():  # no transaction was left open
         store.set_meta("t2", "next")
     assert store.get_meta("t2") == "next"
+
+
+def test_a_pipeline_that_fails_leaves_no_statement_half_prepared(postgres_server):
+    """psycopg prepares a statement on the server the sixth time it is sent.
+    Sent in a pipeline after a statement that fails, its preparation is
+    skipped with it; the ROLLBACK must make psycopg forget it, or every later
+    use fails ("prepared statement ... does not exist") and the store with it."""
+    db = PgConnection(fresh_schema(postgres_server), password=postgres_server.password)
+    db.execute("CREATE TABLE t (k TEXT PRIMARY KEY)")
+    for _ in range(2):  # a ROLLBACK psycopg has seen before (the first one it sees clears what it prepared)
+        db.execute("BEGIN")
+        assert db.execute("SELECT 1").fetchone() == (1,)
+        db.execute("ROLLBACK")
+    for n in range(5):
+        db.execute("BEGIN")
+        db.defer("INSERT INTO t(k) VALUES (?)", (f"a{n}",))
+        db.execute("COMMIT")
+    db.execute("BEGIN")
+    db.defer("INSERT INTO t(k) SELECT ? WHERE 1 = 1", ("a0",))  # a key already there: refused on the server
+    db.defer("INSERT INTO t(k) VALUES (?)", ("b",))  # its sixth time: prepared with it, but never run
+    with pytest.raises(sqlite3.IntegrityError):
+        db.execute("COMMIT")
+    for key in ("c", "d"):
+        db.execute("BEGIN")
+        db.defer("INSERT INTO t(k) VALUES (?)", (key,))
+        db.execute("COMMIT")
+    assert [r[0] for r in db.execute("SELECT k FROM t ORDER BY k").fetchall()] == ["a0", "a1", "a2", "a3", "a4",
+                                                                                    "c", "d"]
+    db.close()

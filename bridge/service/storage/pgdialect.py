@@ -212,7 +212,7 @@ class PgConnection:
             begun = self._begun()
             self._forget_deferred()  # undone with the rest
             try:
-                return self._run(kind, None) if begun else Result(None, -1, None)
+                return self._rollback() if begun else Result(None, -1, None)
             finally:
                 self._open = False
         if kind == "COMMIT":
@@ -223,7 +223,7 @@ class PgConnection:
                     # A write sent with the COMMIT failed, so the COMMIT never ran: the
                     # transaction is still open (aborted), and ends here.
                     with contextlib.suppress(sqlite3.Error):
-                        self._run("ROLLBACK", None)
+                        self._rollback()
                 raise
             finally:
                 self._open = False
@@ -259,6 +259,19 @@ class PgConnection:
         if not self._open:
             raise ValueError("nothing to expect outside a transaction")
         self._deferred.append((_EXPECTED.format(condition), _adapt(params), False))
+
+    def _rollback(self) -> Result:
+        """ROLLBACK, by psycopg's own call: it also forgets the statements it
+        prepared.  A pipeline that failed skips the rest of its statements on
+        the server, one psycopg was preparing too, which it may still count as
+        prepared: every later use of it would then fail ("prepared statement
+        ... does not exist")."""
+        try:
+            with WATCHDOG.limit(self.conn, self._deadline):
+                self.conn.rollback()
+        except psycopg.Error as exc:
+            raise _as_sqlite(exc) from exc
+        return Result(None, -1, None)
 
     def _begun(self) -> bool:
         """Whether the open transaction sent or will send anything but its BEGIN."""
