@@ -195,6 +195,8 @@ class Pipeline:
                     # What the batch took from the batch before instead of
                     # reading it (``guesses``) had changed on the server:
                     # nothing of it was kept; it is handled again, reading first.
+                    log.info("a batch of %d events took for granted what had changed; handling it again, read",
+                             len(events))
                     self._restore_before()
                     result, view = self._handle(events, now, delivery, again=True)
             except PartsFailedTogether as exc:
