@@ -43,7 +43,11 @@ class _Keys:
     async def maintain(self) -> None:
         self.known.add(NEWCOMER)
 
-    async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
+        return set()
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Any,
+                     processed: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         return events, []
 
 

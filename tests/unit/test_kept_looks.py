@@ -72,3 +72,41 @@ async def test_with_nothing_kept_a_plain_batch_makes_no_job_for_the_kept_events(
     finally:
         await client.close()
         store.close()
+
+
+async def test_a_screen_told_which_sealed_events_were_processed_makes_no_job_to_ask(tmp_path: Path) -> None:
+    """In appservice mode every event of an encrypted room comes sealed.  The
+    transaction's one job before screening reads whether it was taken and
+    which of its sealed events were processed (``processed_of``); screening
+    then asks the store nothing more about them, and skips the processed."""
+    store = Store(tmp_path / "bridge.sqlite")
+    (tmp_path / "crypto").mkdir()
+    client = AsyncClient("http://127.0.0.1:1", "@askbot:example.org", store_path=str(tmp_path / "crypto"),
+                         config=client_config(encryption=True))
+    client.restore_login("@askbot:example.org", "BRIDGE", "token")
+    client.to_device = _unreachable  # type: ignore[method-assign] - the key requests go nowhere
+    with store.transaction():
+        store.mark_processed("$done", "accepted")
+    crypto = Crypto(client, store, Encryption(grace="300s"))
+    jobs: list[str] = []
+    run = store.run
+
+    async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        jobs.append(getattr(fn, "__name__", "?"))
+        return await run(fn, *args, **kwargs)
+
+    store.run = counted  # type: ignore[method-assign]
+    try:
+        sealed = [_sealed("$done"), _sealed("$new")]
+        processed = await store.run(crypto.processed_of, sealed)
+        assert processed == {"$done"}
+        jobs.clear()
+        batch, _ = await crypto.screen(sealed, lambda user: False, processed)
+        assert batch == [] and [e["event_id"] for e, _seen in store.undecrypted()] == ["$new"]  # $done not kept
+        assert "processed_of" not in jobs and "<lambda>" not in jobs
+        jobs.clear()
+        await crypto.screen([_sealed("$other")], lambda user: False)  # not told: it asks, in one job
+        assert jobs[0] == "processed_of"
+    finally:
+        await client.close()
+        store.close()

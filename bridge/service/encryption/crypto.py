@@ -388,8 +388,13 @@ class Crypto:
         with self.store.transaction():
             return [e for e in events if self.store.keep_undecrypted(e, now)]
 
-    async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
-            list[dict[str, Any]], list[str]]:
+    def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
+        """On the store's thread: the sealed events (appservice mode: every
+        event of an encrypted room comes sealed) already processed."""
+        return {e["event_id"] for e in events if _sealed(e) and self.store.is_processed(e["event_id"])}
+
+    async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool],
+                     processed: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
         """The batch the pipeline should judge, and the kept events it resolves.
 
         Events still encrypted are kept (durably, before the caller moves the
@@ -401,16 +406,17 @@ class Crypto:
         sender's devices could not be read (their homeserver did not answer)
         is not judged yet: it is kept like an undecryptable one, and judged
         when an answer comes (or refused after the grace period).
+        ``processed``: which of the sealed events (``sealed``) were processed,
+        when the caller read it already; else one job reads it here.
         """
         newly_kept: list[dict[str, Any]] = []
         batch: list[dict[str, Any]] = []
         refusals: list[tuple[dict[str, Any], str, str]] = []
         now = self.clock()
-        sealed = [e["event_id"] for e in events if e.get("type") == ENCRYPTED and isinstance(e.get("event_id"), str)]
-        # Appservice mode: every event of an encrypted room comes sealed; one job looks them all up.
-        processed = await self.store.run(lambda: {e for e in sealed if self.store.is_processed(e)}) if sealed else set()
+        if processed is None:
+            processed = await self.store.run(self.processed_of, events) if any(map(_sealed, events)) else set()
         for event in events:
-            if event.get("type") == ENCRYPTED and isinstance(event.get("event_id"), str):
+            if _sealed(event):
                 sender = event.get("sender")
                 if not isinstance(sender, str) or is_own(sender) or event["event_id"] in processed:
                     continue
@@ -606,3 +612,8 @@ def _trust_word(device: Any) -> str:
     if device.verified:
         return "no olm session yet"
     return "unverified"
+
+
+def _sealed(event: dict[str, Any]) -> bool:
+    """Still encrypted, with an id to look it up by."""
+    return event.get("type") == ENCRYPTED and isinstance(event.get("event_id"), str)
