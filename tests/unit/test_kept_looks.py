@@ -36,7 +36,8 @@ def _sealed(event_id: str) -> dict[str, Any]:
                         "session_id": "session", "device_id": "PHONE"}}
 
 
-async def test_with_nothing_kept_a_plain_batch_makes_no_job_for_the_kept_events(tmp_path: Path) -> None:
+def _counted(tmp_path: Path) -> tuple[Store, AsyncClient, Crypto, list[str]]:
+    """A store whose jobs are noted by name, and the encryption over it."""
     store = Store(tmp_path / "bridge.sqlite")
     (tmp_path / "crypto").mkdir()
     client = AsyncClient("http://127.0.0.1:1", "@askbot:example.org", store_path=str(tmp_path / "crypto"),
@@ -51,7 +52,11 @@ async def test_with_nothing_kept_a_plain_batch_makes_no_job_for_the_kept_events(
         return await run(fn, *args, **kwargs)
 
     store.run = counted  # type: ignore[method-assign]
-    crypto = Crypto(client, store, Encryption(grace="300s"))
+    return store, client, Crypto(client, store, Encryption(grace="300s")), jobs
+
+
+async def test_with_nothing_kept_a_plain_batch_makes_no_job_for_the_kept_events(tmp_path: Path) -> None:
+    store, client, crypto, jobs = _counted(tmp_path)
     try:
         assert await crypto.sync_timeout_ms(30000) == 30000
         assert jobs == ["undecrypted"]  # the first look reads the store
@@ -79,23 +84,9 @@ async def test_a_screen_told_which_sealed_events_were_processed_makes_no_job_to_
     transaction's one job before screening reads whether it was taken and
     which of its sealed events were processed (``processed_of``); screening
     then asks the store nothing more about them, and skips the processed."""
-    store = Store(tmp_path / "bridge.sqlite")
-    (tmp_path / "crypto").mkdir()
-    client = AsyncClient("http://127.0.0.1:1", "@askbot:example.org", store_path=str(tmp_path / "crypto"),
-                         config=client_config(encryption=True))
-    client.restore_login("@askbot:example.org", "BRIDGE", "token")
-    client.to_device = _unreachable  # type: ignore[method-assign] - the key requests go nowhere
+    store, client, crypto, jobs = _counted(tmp_path)
     with store.transaction():
         store.mark_processed("$done", "accepted")
-    crypto = Crypto(client, store, Encryption(grace="300s"))
-    jobs: list[str] = []
-    run = store.run
-
-    async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        jobs.append(getattr(fn, "__name__", "?"))
-        return await run(fn, *args, **kwargs)
-
-    store.run = counted  # type: ignore[method-assign]
     try:
         sealed = [_sealed("$done"), _sealed("$new")]
         processed = await store.run(crypto.processed_of, sealed)
