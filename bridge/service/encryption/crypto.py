@@ -406,7 +406,7 @@ class Crypto:
         sender's devices could not be read (their homeserver did not answer)
         is not judged yet: it is kept like an undecryptable one, and judged
         when an answer comes (or refused after the grace period).
-        ``processed``: which of the sealed events (``sealed``) were processed,
+        ``processed``: which of the sealed events (``_sealed``) were processed,
         when the caller read it already; else one job reads it here.
         """
         newly_kept: list[dict[str, Any]] = []
