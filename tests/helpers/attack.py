@@ -24,6 +24,7 @@ from nio import MessageDirection, RoomGetStateResponse, RoomMessagesResponse
 from bridge.devserver import SERVER_NAME, Synapse, free_port
 from helpers.auditcheck import STATE as CHECKPOINT_STATE, check_answer_log
 from helpers.harness import Bridge, Person, answer_content, question_posts, store_rows
+from helpers.waiting import until
 
 AS_LOCALPART = "askbot"
 AS_BOT = f"@{AS_LOCALPART}:{SERVER_NAME}"
@@ -181,10 +182,11 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
         # signs anything; the middle kill waits for one checkpoint, so the room
         # always holds one published across the kills to check against the last.
         before = await checkpoint_size(people[0], bridge.room_id)
-        deadline = time.monotonic() + 60
-        while await checkpoint_size(people[0], bridge.room_id) <= before:
-            assert time.monotonic() < deadline, "no checkpoint put within 60 s of a restart"
-            await asyncio.sleep(0.2)
+
+        async def grown() -> bool:
+            return await checkpoint_size(people[0], bridge.room_id) > before
+
+        await until(grown, timeout=60, what="a checkpoint put after a restart", every=0.2)
 
     storm.before_middle_kill = checkpoint_put
     began = time.monotonic()
@@ -200,10 +202,11 @@ async def crash_storm(bridge: Bridge, people: list[Person], seed: int, *, questi
     # the period (the last restart's bridge may not have signed one yet, and
     # then the room held only the one from before the middle kill).
     leaves = store_rows(bridge.store_path, "SELECT COUNT(*) FROM audit_leaf")[0][0]
-    deadline = time.monotonic() + 60
-    while await checkpoint_size(people[0], bridge.room_id) < leaves:
-        assert time.monotonic() < deadline, f"no checkpoint of the whole log ({leaves} leaves) within 60 s"
-        await asyncio.sleep(0.2)
+
+    async def whole_log_signed() -> bool:
+        return await checkpoint_size(people[0], bridge.room_id) >= leaves
+
+    await until(whole_log_signed, timeout=60, what=f"a checkpoint of the whole log ({leaves} leaves)", every=0.2)
     assert watch.problems == [], watch.problems[:5]
     assert watch.reads > 100
     await storm.check("storm", questions, people[0])

@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import time
-
 import bridge.answers.file as answers_file
 from bridge.service.storage.leader import Lease
 from helpers.pgstore import on_postgresql, round_trips
 from test_isolation_parts import ALICE, BOB, OTHER_ROOM, ROOM, answer, setup
+from test_leader import wait_for
 
 THIRD_ROOM = "!third:hs"
 
@@ -103,10 +102,7 @@ def test_the_leaders_fence_costs_no_wait_more(tmp_path, monkeypatch, postgres_se
     lease = Lease(store.db.url, postgres_server.password, ttl=30)
     lease.start()
     try:
-        began = time.monotonic()
-        while not lease.leading:
-            assert time.monotonic() - began < 15, "the lease was not taken"
-            time.sleep(0.05)
+        wait_for(lambda: lease.leading)
         lease.guard_store(store)
         pipeline.process([answer(0, "$warm", "first")])
         waits = round_trips(monkeypatch)
@@ -135,4 +131,3 @@ def test_a_batch_between_two_answers_keeps_what_the_first_knew(tmp_path, monkeyp
     pipeline.process([answer(0, "$next", "again", sender=BOB)])
     assert before_write == [2] and waits[0] == 3  # taken, as right after the first
     assert written(folders[ROOM])["rev"] == 2
-

@@ -49,7 +49,6 @@ def test_an_event_another_writer_handled_is_not_handled_again(tmp_path):
     assert records(folders[ROOM])["rev"] == 2
 
 
-
 def test_a_count_changed_by_a_writer_the_batch_did_not_see_is_read_again(tmp_path):
     """A question's accepted count numbers its next answer (the record's
     rev): the count taken from the batch before is part of the condition."""

@@ -227,7 +227,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         # Ids the store can't key by are skipped by the batch itself (``fit_id``), unread.
         ids, asked, related = (sorted({i for i in values if fit_id(i)})
                                for values in (event_ids, elicitations, targets))
-        if guess and getattr(self.db, "guesses", False) and self._guessed(ids, asked, related, delivery):
+        if guess and self._guesses and self._guessed(ids, asked, related, delivery):
             return
         reads = []
         for start in range(0, len(ids), _IDS_PER_READ):
@@ -276,9 +276,15 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         """A transaction ends: a batch's memo, when the batch is kept, joins
         what later batches may guess from (checked on the server then)."""
         batch = self._batch
-        if kept and batch is not None:
+        if kept and batch is not None and self._guesses:
             self._carried = _carried_on(self._carried, batch)
         self._kept_batch = None
+
+    @property
+    def _guesses(self) -> bool:
+        """Whether batches take their look-ups from the batches before
+        (``guesses``): on PostgreSQL, where a read costs a round trip."""
+        return getattr(self.db, "guesses", False)
 
     @property
     def _batch(self) -> "_Batch | None":
