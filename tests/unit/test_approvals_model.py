@@ -209,6 +209,24 @@ def test_a_vote_taken_back_twice_stops_counting_at_the_earlier(tmp_path: Path) -
     room.store.close()
 
 
+def test_a_redaction_read_after_a_later_emptying_still_withdraws_at_its_place(tmp_path: Path) -> None:
+    """Alice's poll vote is redacted, and later she empties her votes; the
+    emptying reaches the bridge first, then the redaction with Bob's answer.
+    Her vote stopped counting at the redaction, before Bob's answer, so
+    nothing was decided (found by the machine above)."""
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([vote("$v", ANA, T0 + 1, ["main"])])
+    room.deliver([vote("$c", ANA, T0 + 9, []), redact("$r", ANA, T0 + 2, "$v"), answer("$a", BO, T0 + 8, "main")])
+    record = room.record()
+    assert record is not None and record["state"] == "pending", record
+    assert [(v["sender"], v["event_id"]) for v in record["votes"]] == [(BO, "$a")]
+    assert "decided_by" not in record
+    assert room.verify() == []
+    room.store.close()
+
+
 ApprovalTimeline.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 test_approval_record_is_the_rooms = ApprovalTimeline.TestCase

@@ -113,6 +113,14 @@ class Projection:
                 found = [tuple(row) for row in self.db.execute(
                     "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND replaces IN (?, ?)"
                     " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchall()]
+                # The sender's own redaction that found the pick already withdrawn
+                # (by a later emptied vote, read first) logged nothing: only
+                # the redaction itself still says when.
+                redacted = self.db.execute(
+                    "SELECT MIN(ts) FROM redaction WHERE target IN (?, ?) AND sender=?",
+                    (event_id, replaces or event_id, sender)).fetchone()
+                if redacted and redacted[0] is not None:
+                    found.append((redacted[0], 0))
                 if via == "poll":
                     cleared = self.db.execute(
                         "SELECT MIN(ts) FROM redaction WHERE target=? AND ts>=?",
