@@ -178,8 +178,8 @@ class OutboxHook:
         now = int(self.clock() * 1000)
         for url in urls:
             self.store.db.execute(
-                "INSERT OR IGNORE INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts) "
-                "VALUES (?, ?, ?, ?, ?, ?, 0)", (key, owner.agent, url, body, now, now))
+                "INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts) "
+                "VALUES (?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING", (key, owner.agent, url, body, now, now))
         if self.on_queued:
             self.on_queued()
 

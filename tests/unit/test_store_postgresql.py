@@ -123,22 +123,23 @@ def test_store_url_must_be_postgresql(tmp_path):
         parse_config(raw, base_dir=tmp_path, environ={})
 
 
-def test_the_sqlite_dialect_edge_cases_mean_the_same_on_postgresql(postgres_server):
+def test_placeholders_comments_and_percent_signs_mean_the_same_on_postgresql(postgres_server):
+    # The store's SQL is one text for both backends, with SQLite's "?"
+    # placeholders: a "?" or "%" inside a literal or a comment is not one.
     store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
     db = store.db
     with store.transaction():
-        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')  -- isn't this a comment? yes, 100%",
+        db.execute("INSERT INTO dirty VALUES (?, 's', 'q1') ON CONFLICT DO NOTHING -- isn't this a comment? yes, 100%",
                    ("/sets/50%",))
-        db.execute("INSERT OR IGNORE INTO dirty VALUES (?, 's', 'q1')", ("/sets/50%",))
-        db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 1)")
-        db.execute("INSERT OR REPLACE INTO reminders VALUES ('$q', 2)")
-    assert db.execute("SELECT set_dir FROM dirty WHERE set_dir LIKE '%50\\%' ESCAPE '\\'").fetchall() == [("/sets/50%",)]
-    assert db.execute("SELECT COUNT(*) FROM dirty WHERE set_dir LIKE '/sets/%'").fetchone()[0] == 1
-    assert store.reminded() == {"$q": 2}
+        db.execute("INSERT INTO dirty VALUES (?, 's', 'q1?') ON CONFLICT DO NOTHING", ("/sets/50%",))
+        db.execute("INSERT INTO dirty VALUES (?, 's', 'q1') ON CONFLICT DO NOTHING", ("/sets/50%",))
+    assert db.execute("SELECT set_dir FROM dirty WHERE set_dir LIKE '%50\\%' ESCAPE '\\' AND qid='q1'"
+                      ).fetchall() == [("/sets/50%",)]
+    assert db.execute("SELECT COUNT(*) FROM dirty WHERE set_dir LIKE '/sets/%'").fetchone()[0] == 2
     before = store.changes()
     with store.transaction():
         store.clear_dirty([("/sets/50%", "s", "q1"), ("/nowhere", "s", "q9")])
-    assert store.changes() - before == 1 and store.dirty() == []
+    assert store.changes() - before == 1 and store.dirty() == [("/sets/50%", "s", "q1?")]
 
 
 def test_text_is_ordered_byte_by_byte_as_on_sqlite_in_a_database_that_sorts_by_language(postgres_server):
@@ -208,8 +209,7 @@ def test_a_deferred_write_does_not_wait_for_the_server(postgres_server):
 
 
 def test_a_statement_after_the_connection_dropped_reconnects_even_one_never_run_before(postgres_server):
-    """Working out how to send a new INSERT may ask the server (its table's
-    identity column): asked after the reconnect, not on the dropped connection."""
+    """A statement never sent before is prepared for the new connection, not the dropped one."""
     db = PgConnection(fresh_schema(postgres_server), password=postgres_server.password)
     db.execute("CREATE TABLE t (x INTEGER PRIMARY KEY AUTOINCREMENT, y TEXT)")
     pid = db.execute("SELECT pg_backend_pid()").fetchone()[0]
@@ -217,7 +217,7 @@ def test_a_statement_after_the_connection_dropped_reconnects_even_one_never_run_
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     with pytest.raises(sqlite3.OperationalError):
         db.execute("SELECT 1")  # finds the connection gone
-    assert db.execute("INSERT INTO t(y) VALUES (?)", ("a",)).lastrowid == 1
+    assert db.execute("INSERT INTO t(y) VALUES (?) RETURNING x", ("a",)).fetchone() == (1,)
     db.close()
 
 
@@ -310,3 +310,37 @@ def test_a_pipeline_that_fails_leaves_no_statement_half_prepared(postgres_server
     assert [r[0] for r in db.execute("SELECT k FROM t ORDER BY k").fetchall()] == ["a0", "a1", "a2", "a3", "a4",
                                                                                     "c", "d"]
     db.close()
+
+
+def test_the_store_s_sql_reaches_postgresql_as_written_but_for_its_placeholders(postgres_server, monkeypatch,
+                                                                                tmp_path):
+    # One text for both backends (``dialect``): what PostgreSQL runs is the
+    # store's own statement, its "?" marks in psycopg's style, never a
+    # statement rewritten into another (an INSERT OR IGNORE made an upsert).
+    from helpers.pgstore import on_postgresql
+    from helpers.timeline import Room, answer, edit, redact, vote
+
+    on_postgresql(monkeypatch, postgres_server)
+    sent: dict[str, str] = {}
+    plan = PgConnection._plan
+
+    def recorded(self: PgConnection, sql: str) -> tuple:
+        found = plan(self, sql)
+        if found[0] == "SQL":
+            sent[sql] = found[1]
+        return found
+
+    monkeypatch.setattr(PgConnection, "_plan", recorded)
+    ana, bo, t0 = "@alice:hs", "@bob:hs", 1_800_000_000_000
+    room = Room(tmp_path, approval={"answerers": [ana, bo], "quorum": {"required": 2}, "expires": "45s"},
+                posted_ms=t0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([vote("$v", ana, t0 + 1, ["main"]), answer("$x", bo, t0 + 2, "stable")])
+    room.deliver([edit("$e", bo, t0 + 3, "$x", "main"), redact("$r", ana, t0 + 4, "$v"), vote("$c", ana, t0 + 5, [])])
+    room.crash()
+    room.deliver([answer("$late", ana, t0 + 6, "main")])
+    assert room.record()["state"] == "answered"
+    room.store.close()
+    assert any(sql.startswith("INSERT") and "ON CONFLICT" in sql for sql in sent)
+    assert {sql: text for sql, text in sent.items() if text.replace("%s", "?").replace("%%", "%") != sql} == {}

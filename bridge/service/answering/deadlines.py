@@ -254,8 +254,7 @@ class Deadlines:
             # later undo that decision, the deadline still stands.
             with self.store.transaction():
                 self.store.mark_expired(event_id, question.expires_ms)
-                self.store.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
-                                      (set_dir, question.set_id, question.qid))
+                self.store.mark_dirty((set_dir, question.set_id, question.qid))
             self.flush()
         if not question.open and question.closed_why in (CLOSED_DECIDED, CLOSED_EXPIRED):
             # Closed as decided or expired, then an earlier event read late (a
@@ -283,8 +282,7 @@ class Deadlines:
         with self.store.transaction():
             if why == CLOSED_EXPIRED:
                 self.store.mark_expired(question.event_id, question.expires_ms or 0)
-                self.store.db.execute("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)",
-                                      (set_dir, question.set_id, question.qid))
+                self.store.mark_dirty((set_dir, question.set_id, question.qid))
             self.store.close_question(question.event_id, why)
             self.store.set_meta(UNTOLD + question.event_id, why)
             after = self.store.projection(set_dir, question.qid or "")

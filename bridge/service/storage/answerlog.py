@@ -93,7 +93,7 @@ class AnswerLog:
 
     def append_log(self, entry: LogEntry) -> int:
         """Log ``entry`` (with its leaf); its ``seq``, read back (a round trip on PostgreSQL)."""
-        seq = self.db.execute(_APPEND, _row(entry)).lastrowid
+        seq = self.db.execute(_APPEND + " RETURNING seq", _row(entry)).fetchone()[0]
         self._logged(entry, seq)
         return seq
 
@@ -105,7 +105,7 @@ class AnswerLog:
 
     def _logged(self, entry: LogEntry, seq: "int | LastLogged") -> None:
         if entry.outcome in ("accepted", "annotated", "withdrawn") and entry.set_dir and entry.qid:
-            self._dirty((entry.set_dir, entry.set_id, entry.qid))
+            self.mark_dirty((entry.set_dir, entry.set_id, entry.qid))
         if entry.outcome == "accepted" and self._batch is not None and (entry.set_dir, entry.qid) in self._batch.counts:
             self._batch.counts[(entry.set_dir, entry.qid)] += 1
         self.append_leaf(entry, seq)
@@ -205,7 +205,7 @@ class AnswerLog:
         if entry is not None:
             self.append_leaf(dataclasses.replace(entry, reason=reason, record=None), seq, outcome="set_aside")
         if row and row[0] and row[2]:
-            self._dirty(tuple(row))
+            self.mark_dirty(tuple(row))
 
     def set_aside_counts(self) -> dict[str, int]:
         """reason -> events set aside for it (refused for what they carried, not for what they said)."""

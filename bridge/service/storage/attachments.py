@@ -21,7 +21,8 @@ class Attachments:
 
     def record_attachment(self, event_id: str, set_dir: str, qid: str, path: str | None,
                           problem: str | None) -> None:
-        self.db.execute("INSERT OR IGNORE INTO attachment(event_id, set_dir, qid, path, problem) VALUES (?,?,?,?,?)",
+        self.db.execute("INSERT INTO attachment(event_id, set_dir, qid, path, problem) VALUES (?,?,?,?,?)"
+                        " ON CONFLICT DO NOTHING",
                         (event_id, set_dir, qid, path, problem))
 
     def upload_of(self, sha256: str) -> tuple[str, dict[str, Any]] | None:
@@ -29,5 +30,5 @@ class Attachments:
         return (row[0], json.loads(row[1])) if row else None
 
     def record_upload(self, sha256: str, url: str, info: dict[str, Any]) -> None:
-        self.db.execute("INSERT OR IGNORE INTO media_upload(sha256, url, info) VALUES (?,?,?)",
+        self.db.execute("INSERT INTO media_upload(sha256, url, info) VALUES (?,?,?) ON CONFLICT DO NOTHING",
                         (sha256, url, json.dumps(info)))

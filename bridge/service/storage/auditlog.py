@@ -73,7 +73,8 @@ class AuditLog:
         return (int(row[0]), row[1]) if row else None
 
     def keep_checkpoint(self, size: int, note: str, at_ms: int) -> None:
-        self.db.execute("INSERT OR IGNORE INTO audit_checkpoint(size, note, at) VALUES (?,?,?)", (size, note, at_ms))
+        self.db.execute("INSERT INTO audit_checkpoint(size, note, at) VALUES (?,?,?)"
+                        " ON CONFLICT DO NOTHING", (size, note, at_ms))
 
     def latest_checkpoint(self) -> tuple[int, str] | None:
         row = self.db.execute("SELECT size, note FROM audit_checkpoint ORDER BY size DESC LIMIT 1").fetchone()

@@ -18,7 +18,8 @@ class Handled:
         return self.db.execute("SELECT 1 FROM processed WHERE event_id=?", (event_id,)).fetchone() is not None
 
     def mark_processed(self, event_id: str, outcome: str) -> None:
-        self.db.defer("INSERT OR IGNORE INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
+        self.db.defer("INSERT INTO processed(event_id, outcome) VALUES (?, ?)"
+                      " ON CONFLICT DO NOTHING", (event_id, outcome))
         if self._batch is not None:
             self._batch.processed.add(event_id)
 
@@ -32,7 +33,7 @@ class Handled:
         return self.db.execute(*self.txn_read(txn_id)).fetchone() is not None
 
     def mark_txn(self, txn_id: str) -> None:
-        self.db.defer("INSERT OR IGNORE INTO appservice_txn(txn_id) VALUES (?)", (txn_id,))
+        self.db.defer("INSERT INTO appservice_txn(txn_id) VALUES (?) ON CONFLICT DO NOTHING", (txn_id,))
         batch = self._batch
         if batch is not None and batch.delivery == txn_id:
             batch.delivered = True

@@ -22,6 +22,6 @@ class Meta:
 
     def meta_with_prefix(self, prefix: str) -> list[tuple[str, str]]:
         """(key, value) of every meta row whose key starts with ``prefix``."""
-        rows = self.db.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key COLLATE BINARY",
+        rows = self.db.execute(f"SELECT key, value FROM meta WHERE substr(key, 1, ?)=? ORDER BY key{self.sql.bytewise}",
                                (len(prefix), prefix)).fetchall()
         return [(key, value) for key, value in rows]

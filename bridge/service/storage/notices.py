@@ -74,7 +74,8 @@ class Notices:
 
     def drop_notice(self, seq: int, room_id: str, reason: str, at_ms: int) -> None:
         self.mark_acked(seq, DROPPED)
-        self.db.defer("INSERT OR REPLACE INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?)",
+        self.db.defer("INSERT INTO dropped_notice(seq, room_id, reason, at) VALUES (?,?,?,?) ON CONFLICT (seq)"
+                      " DO UPDATE SET room_id=excluded.room_id, reason=excluded.reason, at=excluded.at",
                       (seq, room_id, reason, at_ms))
 
     def dropped_notices(self, limit: int = 50) -> list[tuple[int, str, str, int]]:
@@ -85,8 +86,8 @@ class Notices:
     def record_sent(self, event_id: str, room_id: str, *, question_event_id: str | None, about: str | None = None,
                     kind: str = "notice") -> None:
         """One of the bridge's own messages, and what it is about."""
-        self.db.defer("INSERT OR IGNORE INTO sent(event_id, room_id, question_event_id, about, kind)"
-                      " VALUES (?,?,?,?,?)", (event_id, room_id, question_event_id, about, kind))
+        self.db.defer("INSERT INTO sent(event_id, room_id, question_event_id, about, kind)"
+                      " VALUES (?,?,?,?,?) ON CONFLICT DO NOTHING", (event_id, room_id, question_event_id, about, kind))
 
     def sent_question(self, event_id: str) -> str | None:
         """The question a message the bridge sent is about (None: not the bridge's, or about none)."""

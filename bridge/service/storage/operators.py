@@ -69,4 +69,5 @@ class Operators:
         return self.db.execute("SELECT 1 FROM admin_command WHERE event_id=?", (event_id,)).fetchone() is not None
 
     def mark_command(self, event_id: str, at_ms: int) -> None:
-        self.db.execute("INSERT OR IGNORE INTO admin_command(event_id, handled_at) VALUES (?, ?)", (event_id, at_ms))
+        self.db.execute("INSERT INTO admin_command(event_id, handled_at) VALUES (?, ?)"
+                        " ON CONFLICT DO NOTHING", (event_id, at_ms))

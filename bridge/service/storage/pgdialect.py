@@ -1,25 +1,20 @@
 """The store's SQL on PostgreSQL: a connection that speaks like ``sqlite3``.
 
-``store.py`` writes SQLite-flavoured SQL (``?`` placeholders, ``INSERT OR
-IGNORE``, ``PRAGMA user_version``, ``BEGIN IMMEDIATE``, ``lastrowid``) and the
-same ``MIGRATIONS`` list creates both schemas.  Every difference between the
-two dialects is translated here, in one place, so the store and its callers
-stay as they are:
+The store's statements are one text for both backends (``dialect`` holds
+the little each says its own way), with ``?`` placeholders; the same
+``MIGRATIONS`` list creates both schemas, and the store calls what
+``sqlite3`` has (``PRAGMA user_version``, ``BEGIN IMMEDIATE``).  Here:
 
-- ``?`` becomes ``%s`` (outside string literals) and every ``%`` is doubled;
-- ``INSERT OR IGNORE`` becomes ``... ON CONFLICT DO NOTHING`` and ``INSERT OR
-  REPLACE`` an upsert on the table's primary key;
-- in migrations, ``INTEGER PRIMARY KEY AUTOINCREMENT`` becomes an identity
+- the parameter style: ``?`` becomes psycopg's ``%s`` (outside string
+  literals) and every ``%`` is doubled; the SQL itself is sent as written;
+- in migrations (SQLite's text, frozen once shipped, run once per store),
+  ``INTEGER PRIMARY KEY AUTOINCREMENT`` becomes an identity
   column and every ``INTEGER`` a ``BIGINT`` (times are milliseconds); a
   table without an integer key gets the ``rowid`` SQLite gives it, as an
   identity column;
 - ``PRAGMA user_version`` is a row in ``askwright_schema``; ``PRAGMA
   synchronous`` is ``SET LOCAL synchronous_commit`` in the transactions
   that follow; other pragmas mean nothing here;
-- ``INDEXED BY`` (a SQLite planner hint) is dropped;
-- ``COLLATE BINARY`` (text in byte order, SQLite's own; the store says it
-  wherever it orders by text) is ``COLLATE "C"``: a database's own order
-  is its host's language's, where "a" comes before "B";
 - ``BEGIN IMMEDIATE`` is ``BEGIN`` with the fence (the leader's lease
   check, see ``bridge/service/storage/leader.py``) when one is set, both
   sent with the transaction's first statement that waits.  The fence fails
@@ -27,8 +22,7 @@ stay as they are:
   was sent after it, a ``COMMIT`` too, does not run: a transaction whose
   first wait is its ``COMMIT`` waits once.  A transaction that sent
   nothing costs no round trip;
-- ``lastrowid`` comes from ``RETURNING`` the table's identity column,
-  ``total_changes`` is counted here;
+- ``total_changes`` is counted here;
 - what only this backend has, for its round trips: ``reads`` (several
   reads sent at once), ``defer`` (a write whose result nobody reads,
   sent with the next statement that waits) and ``expect`` (what a batch
@@ -53,16 +47,13 @@ import psycopg
 from psycopg import errors as pgerrors
 
 from bridge.service.storage.dbclock import DatabaseClock
+from bridge.service.storage.dialect import POSTGRESQL
 from bridge.service.storage.pgconnect import STORE_DEADLINE, STORE_LIMITS, WATCHDOG, connect
 from bridge.service.storage.store import GuessedWrong, PartsFailedTogether
 
 _SCHEMA_TABLE = "askwright_schema"
 _KEPT_CURSORS = 2000  # cursors kept for pipelines (each holds its last result until used again)
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
-_INSERT = re.compile(r"^\s*INSERT\s+(OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*(?:\(([^)]*)\))?", re.I | re.S)
-# SQLite's query-planner hint; PostgreSQL's planner picks its indexes itself.
-_INDEXED_BY = re.compile(r"\s+INDEXED\s+BY\s+\w+", re.I)
-_BINARY = re.compile(r"\bCOLLATE\s+BINARY\b", re.I)
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
 _CREATE = re.compile(r"^\s*CREATE\s+TABLE\s+\w+\s*\(", re.I)
 _DDL = re.compile(r"^\s*(CREATE|ALTER)\s+TABLE", re.I)
@@ -112,10 +103,9 @@ class Fence(Protocol):
 class Result:
     """What ``sqlite3.Connection.execute`` returns, as far as the store uses it."""
 
-    def __init__(self, rows: list[tuple] | None, rowcount: int, lastrowid: int | None):
+    def __init__(self, rows: list[tuple] | None, rowcount: int):
         self._rows = rows or []
         self.rowcount = rowcount
-        self.lastrowid = lastrowid
 
     def fetchone(self) -> tuple | None:
         return self._rows.pop(0) if self._rows else None
@@ -132,6 +122,7 @@ class PgConnection:
     """A PostgreSQL connection used through the ``sqlite3`` calls the store makes."""
 
     guesses = True  # a read costs a round trip here: a batch may take look-ups for granted (``expect``)
+    dialect = POSTGRESQL
 
     def __init__(self, url: str, *, read_only: bool = False, password: str | None = None,
                  session: Sequence[str] = ()):
@@ -148,8 +139,6 @@ class PgConnection:
         self._unchecked: tuple[Fence, int] | None = None  # the fence deferred with BEGIN, its place in _deferred
         self._prelude = 0  # how many of _deferred are the BEGIN not sent yet and what goes with it
         self._commit_waits = True  # PRAGMA synchronous: FULL (True) or NORMAL (a commit that does not wait)
-        self._serial: dict[str, str | None] | None = None
-        self._keys: dict[str, list[str]] = {}
         self._open = False  # inside a BEGIN this connection issued
         self._deadline: float | None = STORE_DEADLINE  # None while migrating (no statement limit)
         # The store's clock: the server's, measured at each connect (see dbclock).
@@ -200,9 +189,9 @@ class PgConnection:
             if sql.strip().upper() == "ROLLBACK" and self._open:  # the transaction died with the connection
                 self._open = False
                 self._forget_deferred()
-                return Result(None, -1, None)
+                return Result(None, -1)
             self._reconnect()
-        plan = self._plan(sql)  # (after any reconnect: working out an INSERT's may ask the server)
+        plan = self._plan(sql)
         kind = plan[0]
         if kind == "PRAGMA":
             return self._pragma(plan[1], plan[2])
@@ -212,12 +201,12 @@ class PgConnection:
             begun = self._begun()
             self._forget_deferred()  # undone with the rest
             try:
-                return self._rollback() if begun else Result(None, -1, None)
+                return self._rollback() if begun else Result(None, -1)
             finally:
                 self._open = False
         if kind == "COMMIT":
             try:
-                return self._run(kind, None) if self._ready_to_commit() else Result(None, -1, None)
+                return self._run(kind, None) if self._ready_to_commit() else Result(None, -1)
             except BaseException:
                 if self._open and not (self.conn.closed or self.conn.broken):
                     # A write sent with the COMMIT failed, so the COMMIT never ran: the
@@ -228,14 +217,11 @@ class PgConnection:
             finally:
                 self._open = False
         if kind == "DDL":
-            self._serial = None
-            self._keys.clear()
-            self._plans.clear()  # an INSERT's RETURNING and upsert keys follow the tables
             return self._run(_ddl(sql), None)
-        _kind, text, returning, counts, _verb = plan
-        if plan[4] == "ROLLBACK TO":
+        _kind, text, counts, verb = plan
+        if verb == "ROLLBACK TO":
             self._drop_deferred_after_savepoint()
-        return self._run(text, _adapt(params), returning=returning, counts=counts)
+        return self._run(text, _adapt(params), counts=counts)
 
     def defer(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Inside a transaction: ``sql`` (a write whose result nobody reads,
@@ -248,7 +234,7 @@ class PgConnection:
         if plan is None or plan[0] != "SQL":  # outside a transaction nothing comes to wait with: at once
             self.execute(sql, params)
             return
-        self._deferred.append((plan[1], _adapt(params), plan[3]))
+        self._deferred.append((plan[1], _adapt(params), plan[2]))
 
     def expect(self, condition: str, params: Sequence[Any]) -> None:
         """Inside a transaction: ``condition`` (PostgreSQL's SQL, ``%s``
@@ -271,7 +257,7 @@ class PgConnection:
                 self.conn.rollback()
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
-        return Result(None, -1, None)
+        return Result(None, -1)
 
     def _begun(self) -> bool:
         """Whether the open transaction sent or will send anything but its BEGIN."""
@@ -327,8 +313,8 @@ class PgConnection:
 
     def _plan(self, sql: str) -> tuple:
         """What ``sql`` is and what is sent for it, worked out once per text
-        (every statement of a batch comes through here: a few microseconds
-        each, not the parse of every pattern above)."""
+        (every statement of a batch comes through here: looked up, not
+        parsed again)."""
         plan = self._plans.get(sql)
         if plan is not None:
             return plan
@@ -343,9 +329,8 @@ class PgConnection:
         elif _DDL.match(sql):
             return ("DDL",)  # run once (migrations): not kept
         else:
-            text, returning = self._rewrite(sql)
-            plan = ("SQL", text, returning, bool(_DML.match(sql)), "ROLLBACK TO" if word.startswith("ROLLBACK TO")
-                    else None)
+            plan = ("SQL", _LITERAL_OR_MARK.sub(_mark, sql), bool(_DML.match(sql)),
+                    "ROLLBACK TO" if word.startswith("ROLLBACK TO") else None)
         self._plans[sql] = plan
         return plan
 
@@ -365,7 +350,7 @@ class PgConnection:
             self._deferred.append((*check, False))
         self._prelude = len(self._deferred)
         self._open = True
-        return Result(None, -1, None)
+        return Result(None, -1)
 
     def _reconnect(self) -> None:
         """The connection is gone: made again, unless a transaction died with it
@@ -388,7 +373,7 @@ class PgConnection:
         sent = []
         for sql, params in statements:
             plan = self._plan(sql)
-            if plan[0] != "SQL" or plan[3]:
+            if plan[0] != "SQL" or plan[2]:
                 raise ValueError(f"not a read: {sql!r}")
             sent.append((plan[1], _adapt(params), False))
         if not commit:
@@ -420,8 +405,8 @@ class PgConnection:
                 with self.conn.pipeline():
                     for cursor, (text, params, _counts) in zip(cursors, statements):
                         cursor.execute(text, params)
-                results = [Result(cursor.fetchall() if cursor.description is not None else None, cursor.rowcount,
-                                  None) for cursor in cursors]
+                results = [Result(cursor.fetchall() if cursor.description is not None else None, cursor.rowcount)
+                           for cursor in cursors]
         except psycopg.Error as exc:
             raise _as_sqlite(exc) from exc
         except (ValueError, TypeError) as exc:  # a value psycopg could not send (a lone surrogate)
@@ -444,7 +429,7 @@ class PgConnection:
         text = self._plan(sql)[1]
         batch = [_adapt(row) for row in rows]
         if not batch:
-            return Result(None, 0, None)
+            return Result(None, 0)
         if self._deferred:
             self._send([])
         try:
@@ -455,20 +440,15 @@ class PgConnection:
             raise _as_sqlite(exc) from exc
         if cursor.rowcount > 0:
             self.total_changes += cursor.rowcount
-        return Result(None, cursor.rowcount, None)
+        return Result(None, cursor.rowcount)
 
     # -- translation ----------------------------------------------------
 
-    def _run(self, text: str, params: Sequence[Any] | None, *, returning: str | None = None,
-             counts: bool = False) -> Result:
+    def _run(self, text: str, params: Sequence[Any] | None, *, counts: bool = False) -> Result:
         """``params`` None: ``text`` is sent as it is; a sequence (empty too):
         its ``%s`` are filled and its ``%%`` are ``%``.  What was deferred goes first, with it."""
         if self._deferred:
-            result = self._send([(text, params, counts)])[0]
-            if returning:
-                rows = result.fetchall()
-                return Result(None, result.rowcount, rows[0][0] if rows else None)
-            return result
+            return self._send([(text, params, counts)])[0]
         try:
             with WATCHDOG.limit(self.conn, self._deadline):
                 cursor = self._cursor()
@@ -479,54 +459,12 @@ class PgConnection:
         rowcount = cursor.rowcount
         if counts and rowcount > 0:
             self.total_changes += rowcount
-        lastrowid = rows[0][0] if returning and rows else None
-        return Result(None if returning else rows, rowcount, lastrowid)
-
-    def _rewrite(self, sql: str) -> tuple[str, str | None]:
-        text = _BINARY.sub('COLLATE "C"', _INDEXED_BY.sub(" ", _LITERAL_OR_MARK.sub(_mark, sql)))
-        insert = _INSERT.match(text)
-        if not insert:
-            return text, None
-        verb, table, columns = (insert.group(2) or "").upper(), insert.group(3), insert.group(4)
-        text = re.sub(r"^\s*INSERT\s+OR\s+\w+\s+INTO", "INSERT INTO", text, count=1, flags=re.I)
-        if verb == "IGNORE":
-            return text + " ON CONFLICT DO NOTHING", None
-        if verb == "REPLACE":
-            keys = self._primary_key(table)
-            names = [c.strip() for c in columns.split(",")] if columns else self._columns(table)
-            updates = ", ".join(f"{c}=EXCLUDED.{c}" for c in names if c not in keys)
-            action = f"DO UPDATE SET {updates}" if updates else "DO NOTHING"
-            return f"{text} ON CONFLICT ({', '.join(keys)}) {action}", None
-        serial = self._serial_column(table)
-        if serial and " RETURNING " not in text.upper():
-            return f"{text} RETURNING {serial}", serial
-        return text, None
-
-    def _serial_column(self, table: str) -> str | None:
-        if self._serial is None:
-            rows = self._run("SELECT table_name, column_name FROM information_schema.columns"
-                             " WHERE table_schema = current_schema() AND is_identity = 'YES'", None).fetchall()
-            self._serial = {t: c for t, c in rows}
-        return self._serial.get(table)
-
-    def _columns(self, table: str) -> list[str]:
-        return [r[0] for r in self._run("SELECT column_name FROM information_schema.columns WHERE table_schema ="
-                                        " current_schema() AND table_name = %s ORDER BY ordinal_position",
-                                        (table,)).fetchall()]
-
-    def _primary_key(self, table: str) -> list[str]:
-        if table not in self._keys:
-            rows = self._run(
-                "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
-                " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary"
-                " ORDER BY array_position(i.indkey, a.attnum)", (table,)).fetchall()
-            self._keys[table] = [r[0] for r in rows]
-        return self._keys[table]
+        return Result(rows, rowcount)
 
     def _pragma(self, name: str, value: str | None) -> Result:
         if name == "user_version":
             if value is None:
-                return Result([(self.schema_version(),)], -1, None)
+                return Result([(self.schema_version(),)], -1)
             self._run(f"CREATE TABLE IF NOT EXISTS {_SCHEMA_TABLE}"
                       " (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)", None)
             self._run(f"INSERT INTO {_SCHEMA_TABLE}(id, version) VALUES (1, %s)"
@@ -535,7 +473,7 @@ class PgConnection:
             # NORMAL: the next transactions commit without waiting for the
             # disk; FULL: they wait (the default).  Said at each BEGIN (``_begin``).
             self._commit_waits = value.upper() not in ("NORMAL", "OFF", "0", "1")
-        return Result(None, -1, None)
+        return Result(None, -1)
 
     def schema_version(self) -> int:
         if self._run("SELECT to_regclass(%s)", (_SCHEMA_TABLE,)).fetchone()[0] is None:

@@ -141,7 +141,7 @@ class Postings:
     def folders_with_open(self) -> list[str]:
         """The set folders that still have an open posting."""
         return [row[0] for row in self.db.execute(  # in byte order (the order removed sets are closed in)
-            "SELECT set_dir FROM posted WHERE open=1 GROUP BY set_dir ORDER BY set_dir COLLATE BINARY").fetchall()]
+            f"SELECT set_dir FROM posted WHERE open=1 GROUP BY set_dir ORDER BY set_dir{self.sql.bytewise}").fetchall()]
 
     def set_dir_of(self, event_id: str) -> str | None:
         kept = self._recent_questions.get(event_id)

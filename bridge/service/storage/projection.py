@@ -48,8 +48,8 @@ class Projection:
             (_ACCEPTED_COUNT, (set_dir, qid)),
             (f"SELECT record, whole, carry_note, ts, seq{receipt} FROM answer_log a WHERE {live}"
              f" AND outcome='accepted' {order} LIMIT 1", (set_dir, qid)),
-            (f"SELECT record, whole, carry_note, ts, seq FROM answer_log INDEXED BY log_noted WHERE {live}"
-             f" AND outcome='accepted' AND noted=1 {order} LIMIT 2", (set_dir, qid)),
+            (f"SELECT record, whole, carry_note, ts, seq FROM answer_log{self.sql.indexed_by('log_noted')}"
+             f" WHERE {live} AND outcome='accepted' AND noted=1 {order} LIMIT 2", (set_dir, qid)),
             (f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
              (set_dir, qid)),
             (_LATEST_POSTED, (set_dir, qid)),

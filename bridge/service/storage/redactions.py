@@ -24,8 +24,8 @@ class RedactionsAndEdits:
     (``Store.know_batch``) answers, and these writes keep up to date."""
 
     def keep_redaction(self, event_id: str, target: str, room_id: str, sender: str, ts: int) -> None:
-        kept = self.db.execute("INSERT OR IGNORE INTO redaction(event_id, target, room_id, sender, ts)"
-                               " VALUES (?,?,?,?,?)", (event_id, target, room_id, sender, ts)).rowcount
+        kept = self.db.execute("INSERT INTO redaction(event_id, target, room_id, sender, ts) VALUES (?,?,?,?,?)"
+                               " ON CONFLICT DO NOTHING", (event_id, target, room_id, sender, ts)).rowcount
         if self._batch is not None and kept > 0:
             self._batch.redacted_by.setdefault(target, []).append(sender)
 
@@ -35,7 +35,7 @@ class RedactionsAndEdits:
     def redaction_since(self, target: str, ts: int) -> tuple[str, int] | None:
         """(event id, ts) of the first redaction of ``target`` at or after ``ts``."""
         row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=?"
-                              " ORDER BY ts, event_id COLLATE BINARY LIMIT 1", (target, ts)).fetchone()
+                              f" ORDER BY ts, event_id{self.sql.bytewise} LIMIT 1", (target, ts)).fetchone()
         return (row[0], row[1]) if row else None
 
     def redactions_of(self, target: str) -> list[str]:
@@ -47,7 +47,8 @@ class RedactionsAndEdits:
 
     def park_edit(self, event: dict[str, Any], target: str, now_ms: int) -> None:
         self.db.execute("DELETE FROM parked_edit WHERE parked_at<?", (now_ms - PARKED_FOR_MS,))
-        self.db.execute("INSERT OR IGNORE INTO parked_edit(event_id, target, event, parked_at) VALUES (?,?,?,?)",
+        self.db.execute("INSERT INTO parked_edit(event_id, target, event, parked_at) VALUES (?,?,?,?)"
+                        " ON CONFLICT DO NOTHING",
                         (event["event_id"], target, json.dumps(event), now_ms))
         if self._batch is not None:
             self._batch.parked.add(target)
@@ -58,7 +59,7 @@ class RedactionsAndEdits:
         if known is not None and target not in known.parked:
             return []
         rows = self.db.execute("SELECT event_id, event FROM parked_edit WHERE target=?"
-                               " ORDER BY parked_at, event_id COLLATE BINARY", (target,)).fetchall()
+                               f" ORDER BY parked_at, event_id{self.sql.bytewise}", (target,)).fetchall()
         for event_id, _event in rows:
             self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
             self.db.execute("DELETE FROM processed WHERE event_id=?", (event_id,))
@@ -81,4 +82,5 @@ class RedactionsAndEdits:
 
     def link_edit(self, event_id: str, original: str) -> None:
         """Every edit seen, counted or not, so an edit of it finds the original."""
-        self.db.execute("INSERT OR IGNORE INTO edit_link(event_id, original) VALUES (?, ?)", (event_id, original))
+        self.db.execute("INSERT INTO edit_link(event_id, original) VALUES (?, ?)"
+                        " ON CONFLICT DO NOTHING", (event_id, original))

@@ -32,6 +32,7 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.answerlog import SET_ASIDE_REASONS, AnswerLog, LogEntry
 from bridge.service.storage.attachments import Attachments
 from bridge.service.storage.dbclock import DatabaseClock, LocalClock
+from bridge.service.storage.dialect import SQLITE, Dialect
 from bridge.service.storage.folderwrites import FlushView, FolderWrites
 from bridge.service.storage.guesses import MOST, condition, taken
 from bridge.service.storage.handled import Handled
@@ -281,6 +282,11 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._kept_batch = None
 
     @property
+    def sql(self) -> Dialect:
+        """What this store's SQL says its own way (``dialect``)."""
+        return getattr(self.db, "dialect", SQLITE)
+
+    @property
     def _guesses(self) -> bool:
         """Whether batches take their look-ups from the batches before
         (``guesses``): on PostgreSQL, where a read costs a round trip."""
@@ -294,13 +300,13 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         batch = self._kept_batch
         return batch if batch is not None and batch.thread == threading.get_ident() else None
 
-    def _dirty(self, question: tuple[str, str, str]) -> None:
+    def mark_dirty(self, question: tuple[str, str, str]) -> None:
         """(set dir, set id, qid) to be written to its answers.json (once a batch is enough)."""
         if self._batch is not None:
             if question in self._batch.dirtied:
                 return
             self._batch.dirtied.add(question)
-        self.db.defer("INSERT OR IGNORE INTO dirty(set_dir, set_id, qid) VALUES (?,?,?)", question)
+        self.db.defer("INSERT INTO dirty(set_dir, set_id, qid) VALUES (?,?,?) ON CONFLICT DO NOTHING", question)
 
     def _postings_changed(self) -> None:
         self._carried = None

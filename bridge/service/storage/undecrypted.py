@@ -14,7 +14,8 @@ class Undecrypted:
     def keep_undecrypted(self, event: dict[str, Any], first_seen: int) -> bool:
         """Keep an event not decrypted yet; False when it was already kept."""
         cursor = self.db.execute(
-            "INSERT OR IGNORE INTO undecrypted(event_id, room_id, sender, event, first_seen) VALUES (?,?,?,?,?)",
+            "INSERT INTO undecrypted(event_id, room_id, sender, event, first_seen) VALUES (?,?,?,?,?)"
+            " ON CONFLICT DO NOTHING",
             (event["event_id"], event["room_id"], event["sender"], json.dumps(event), first_seen))
         return cursor.rowcount > 0
 

@@ -33,7 +33,8 @@ class Withdrawals:
         for seq, set_dir, _set_id, _qid, outcome, record, whole, _replaces in rows:
             if outcome == "annotated" and record and set_dir and not whole:
                 for path in json.loads(record).get("attachments") or ():
-                    self.db.execute("INSERT OR IGNORE INTO doomed_file(set_dir, path) VALUES (?, ?)", (set_dir, path))
+                    self.db.execute("INSERT INTO doomed_file(set_dir, path) VALUES (?, ?)"
+                                    " ON CONFLICT DO NOTHING", (set_dir, path))
         touched = self._withdraw_rows([row[:4] for row in rows])
         for root in {row[7] for row in rows if row[7]}:
             self.reshadow(root)
@@ -63,6 +64,6 @@ class Withdrawals:
             return None
         for seq, set_dir, set_id, qid in rows:
             self.db.execute("UPDATE answer_log SET withdrawn=1 WHERE seq=?", (seq,))
-            self._dirty((set_dir, set_id, qid))
+            self.mark_dirty((set_dir, set_id, qid))
         _seq, set_dir, set_id, qid = rows[-1]
         return set_dir, set_id, qid
