@@ -204,16 +204,18 @@ def test_migrations_add_the_reminder_and_command_tables(tmp_path):
 def test_an_older_store_migrates_forward_keeping_its_rows(tmp_path):
     import sqlite3
 
-    from bridge.service.storage.store import MIGRATIONS
+    from bridge.service.storage.dialect import SQLITE
+    from bridge.service.storage.schema import SCHEMA_VERSION, migration
 
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(path, isolation_level=None)
-    for number, script in enumerate(MIGRATIONS[:-1]):
-        db.executescript(script)
+    for number in range(SCHEMA_VERSION - 1):
+        for statement in migration(number, SQLITE):
+            db.execute(statement)
         db.execute(f"PRAGMA user_version={number + 1}")
     db.execute("INSERT INTO meta(key, value) VALUES ('sync_token', 's1')")
     db.close()
     store = Store(path)
     assert store.get_meta("sync_token") == "s1"
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert store.reminded() == {}

@@ -8,28 +8,32 @@ each in its own transaction, and refuses a store newer than
 
 from __future__ import annotations
 
-# Each entry moves the schema one version forward; never edit a shipped one.
+from bridge.service.storage.dialect import Dialect
+
+# Each entry moves the schema one version forward; never change what a shipped
+# one runs.  ``{int}``, ``{serial}`` and ``{rowid}`` are the types each backend
+# writes its own way (``dialect.Dialect.types``): ``migration`` fills them in.
 MIGRATIONS: list[str] = [
     """
-    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL{rowid});
     CREATE TABLE posted (
         event_id TEXT PRIMARY KEY,
         room_id TEXT NOT NULL,
         set_id TEXT NOT NULL,
         set_dir TEXT NOT NULL,
         qid TEXT NOT NULL,
-        rev INTEGER NOT NULL,
+        rev {int} NOT NULL,
         elicitation_id TEXT NOT NULL UNIQUE,
         content TEXT NOT NULL,
-        open INTEGER NOT NULL DEFAULT 1,
+        open {int} NOT NULL DEFAULT 1,
         poll_event_id TEXT,
-        posted_at INTEGER NOT NULL
+        posted_at {int} NOT NULL{rowid}
     );
     CREATE INDEX posted_by_question ON posted (set_id, qid, rev);
     CREATE INDEX posted_by_poll ON posted (poll_event_id);
-    CREATE TABLE processed (event_id TEXT PRIMARY KEY, outcome TEXT NOT NULL);
+    CREATE TABLE processed (event_id TEXT PRIMARY KEY, outcome TEXT NOT NULL{rowid});
     CREATE TABLE answer_log (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        seq {serial},
         event_id TEXT NOT NULL,
         room_id TEXT NOT NULL,
         sender TEXT NOT NULL,
@@ -43,15 +47,15 @@ MIGRATIONS: list[str] = [
         reason TEXT,
         message TEXT,
         record TEXT,                    -- the answers.json record, for accepted answers
-        withdrawn INTEGER NOT NULL DEFAULT 0,
-        acked INTEGER NOT NULL DEFAULT 0,
-        ts INTEGER NOT NULL
+        withdrawn {int} NOT NULL DEFAULT 0,
+        acked {int} NOT NULL DEFAULT 0,
+        ts {int} NOT NULL
     );
     CREATE INDEX log_by_question ON answer_log (set_dir, qid, outcome);
     CREATE INDEX log_by_event ON answer_log (event_id);
     CREATE TABLE dirty (set_dir TEXT NOT NULL, set_id TEXT NOT NULL, qid TEXT NOT NULL,
-                        PRIMARY KEY (set_dir, qid));
-    CREATE TABLE appservice_txn (txn_id TEXT PRIMARY KEY);
+                        PRIMARY KEY (set_dir, qid){rowid});
+    CREATE TABLE appservice_txn (txn_id TEXT PRIMARY KEY{rowid});
     """,
     # Element's gestures (issue 5): edits point at the event they replace so a
     # redaction of the original withdraws its edits too; files people send are
@@ -64,21 +68,21 @@ MIGRATIONS: list[str] = [
         set_dir TEXT NOT NULL,
         qid TEXT NOT NULL,
         path TEXT,                      -- relative to the set folder, NULL when not saved
-        problem TEXT                    -- why it was not saved (a reason code)
+        problem TEXT{rowid}                    -- why it was not saved (a reason code)
     );
     CREATE INDEX attachment_by_question ON attachment (set_dir, qid);
     CREATE TABLE media_upload (
         sha256 TEXT PRIMARY KEY,
         url TEXT NOT NULL,
-        info TEXT NOT NULL              -- JSON: mimetype, size, w, h, duration_ms
+        info TEXT NOT NULL{rowid}              -- JSON: mimetype, size, w, h, duration_ms
     );
     """,
     # Operators (issue 10): when each question was last nudged, so a reminder
     # goes out at most once per period across restarts; management commands
     # handled, so a replayed batch does not run one twice.
     """
-    CREATE TABLE reminders (event_id TEXT PRIMARY KEY, last_at INTEGER NOT NULL);
-    CREATE TABLE admin_command (event_id TEXT PRIMARY KEY, handled_at INTEGER NOT NULL);
+    CREATE TABLE reminders (event_id TEXT PRIMARY KEY, last_at {int} NOT NULL{rowid});
+    CREATE TABLE admin_command (event_id TEXT PRIMARY KEY, handled_at {int} NOT NULL{rowid});
     """,
     # Encrypted rooms (issue 9): events the bridge could not decrypt yet are
     # kept here before the sync token moves past them, retried as keys arrive
@@ -89,7 +93,7 @@ MIGRATIONS: list[str] = [
         room_id TEXT NOT NULL,
         sender TEXT NOT NULL,
         event TEXT NOT NULL,            -- the m.room.encrypted event as received (JSON)
-        first_seen INTEGER NOT NULL     -- ms since the epoch
+        first_seen {int} NOT NULL{rowid}     -- ms since the epoch
     );
     """,
     # Speed (issue 8): the notices still to send are looked up after every
@@ -107,15 +111,15 @@ MIGRATIONS: list[str] = [
         set_dir TEXT PRIMARY KEY,
         set_id TEXT NOT NULL,
         reason TEXT NOT NULL,
-        since INTEGER NOT NULL,         -- ms since the epoch
-        attempts INTEGER NOT NULL,
-        next_try INTEGER NOT NULL       -- ms since the epoch
+        since {int} NOT NULL,         -- ms since the epoch
+        attempts {int} NOT NULL,
+        next_try {int} NOT NULL{rowid}       -- ms since the epoch
     );
     CREATE TABLE dropped_notice (
-        seq INTEGER PRIMARY KEY,        -- the answer_log entry whose notice was dropped
+        seq {int} PRIMARY KEY,        -- the answer_log entry whose notice was dropped
         room_id TEXT NOT NULL,
         reason TEXT NOT NULL,
-        at INTEGER NOT NULL
+        at {int} NOT NULL
     );
     """,
     # A word back for every gesture (issue 17): the bridge's own messages
@@ -129,7 +133,7 @@ MIGRATIONS: list[str] = [
         room_id TEXT NOT NULL,
         question_event_id TEXT,             -- the question it is about
         about TEXT,                         -- the person's event it answers (an acknowledgement's answer)
-        kind TEXT NOT NULL                  -- notice | reminder | closed | score
+        kind TEXT NOT NULL{rowid}                  -- notice | reminder | closed | score
     );
     CREATE INDEX sent_by_about ON sent (about);
     UPDATE answer_log SET acked=1 WHERE outcome='withdrawn';
@@ -139,14 +143,14 @@ MIGRATIONS: list[str] = [
     # URL took it (or when it is given up on).
     """
     CREATE TABLE webhook_outbox (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        id {serial},
         key TEXT NOT NULL,              -- the idempotency key: the same on every attempt
         agent TEXT NOT NULL,
         url TEXT NOT NULL,
         body TEXT NOT NULL,             -- the JSON body, signed as sent
-        created_at INTEGER NOT NULL,    -- ms since the epoch
-        next_at INTEGER NOT NULL,       -- ms since the epoch
-        attempts INTEGER NOT NULL DEFAULT 0,
+        created_at {int} NOT NULL,    -- ms since the epoch
+        next_at {int} NOT NULL,       -- ms since the epoch
+        attempts {int} NOT NULL DEFAULT 0,
         UNIQUE (key, url)
     );
     CREATE INDEX webhook_due ON webhook_outbox (next_at);
@@ -164,10 +168,10 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE posted ADD COLUMN closed_why TEXT;
     CREATE INDEX posted_by_folder ON posted (set_dir, qid);
-    ALTER TABLE answer_log ADD COLUMN shadowed INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE answer_log ADD COLUMN shadowed {int} NOT NULL DEFAULT 0;
     ALTER TABLE answer_log ADD COLUMN carry_note TEXT;
-    ALTER TABLE answer_log ADD COLUMN whole INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE answer_log ADD COLUMN noted INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE answer_log ADD COLUMN whole {int} NOT NULL DEFAULT 0;
+    ALTER TABLE answer_log ADD COLUMN noted {int} NOT NULL DEFAULT 0;
     UPDATE answer_log SET whole=1, noted=1 WHERE outcome='accepted';
     CREATE INDEX log_by_question_time ON answer_log (set_dir, qid, outcome, ts);
     CREATE INDEX log_noted ON answer_log (set_dir, qid, ts) WHERE noted=1;
@@ -176,18 +180,18 @@ MIGRATIONS: list[str] = [
         target TEXT NOT NULL,
         room_id TEXT NOT NULL,
         sender TEXT NOT NULL,
-        ts INTEGER NOT NULL
+        ts {int} NOT NULL{rowid}
     );
     CREATE INDEX redaction_by_target ON redaction (target);
     CREATE TABLE parked_edit (
         event_id TEXT PRIMARY KEY,
         target TEXT NOT NULL,
         event TEXT NOT NULL,
-        parked_at INTEGER NOT NULL
+        parked_at {int} NOT NULL{rowid}
     );
     CREATE INDEX parked_by_target ON parked_edit (target);
-    CREATE TABLE doomed_file (set_dir TEXT NOT NULL, path TEXT NOT NULL, PRIMARY KEY (set_dir, path));
-    CREATE TABLE edit_link (event_id TEXT PRIMARY KEY, original TEXT NOT NULL);
+    CREATE TABLE doomed_file (set_dir TEXT NOT NULL, path TEXT NOT NULL, PRIMARY KEY (set_dir, path){rowid});
+    CREATE TABLE edit_link (event_id TEXT PRIMARY KEY, original TEXT NOT NULL{rowid});
     """,
     # A word back where it is seen: an answer sent in a thread is answered in
     # that thread (Element shows a plain reply to a thread message nowhere).
@@ -199,16 +203,16 @@ MIGRATIONS: list[str] = [
     # hex), and the signed checkpoints of the tree (C2SP signed notes).
     """
     CREATE TABLE audit_leaf (
-        idx INTEGER PRIMARY KEY,            -- 0, 1, 2, ... with no gap
+        idx {int} PRIMARY KEY,            -- 0, 1, 2, ... with no gap
         leaf TEXT NOT NULL,                 -- the leaf: canonical JSON (docs/audit.md)
         hash TEXT NOT NULL,                 -- SHA-256(0x00 || leaf), hex
-        seq INTEGER                         -- the answer_log entry it records, if any
+        seq {int}                         -- the answer_log entry it records, if any
     );
     CREATE INDEX audit_by_seq ON audit_leaf (seq);
     CREATE TABLE audit_checkpoint (
-        size INTEGER PRIMARY KEY,           -- the tree size it signs
+        size {int} PRIMARY KEY,           -- the tree size it signs
         note TEXT NOT NULL,                 -- the signed note
-        at INTEGER NOT NULL                 -- ms since the epoch
+        at {int} NOT NULL                 -- ms since the epoch
     );
     """,
 ]
@@ -216,6 +220,8 @@ MIGRATIONS: list[str] = [
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def statements(script: str) -> list[str]:
-    """A migration's statements, run one at a time (both backends)."""
+def migration(number: int, dialect: Dialect) -> list[str]:
+    """The statements that move a store of ``dialect`` from version ``number``
+    to the next, run one at a time."""
+    script = MIGRATIONS[number].format_map(dialect.types)
     return [s.strip() for s in script.split(";") if s.strip()]

@@ -43,7 +43,7 @@ from bridge.service.storage.operators import Operators, PostedQuestion
 from bridge.service.storage.postings import PostingConflict, Postings
 from bridge.service.storage.projection import Projection
 from bridge.service.storage.redactions import PARKED_FOR_MS, RedactionsAndEdits, votes_key
-from bridge.service.storage.schema import MIGRATIONS, SCHEMA_VERSION, statements
+from bridge.service.storage.schema import SCHEMA_VERSION, migration
 from bridge.service.storage.storethread import StoreThread
 from bridge.service.storage.undecrypted import Undecrypted
 from bridge.service.storage.withdrawals import Withdrawals
@@ -52,7 +52,7 @@ T = TypeVar("T")
 
 # The store's face: ``Store``, and the names its callers import from here
 # (the parts' own modules are where they are defined).
-__all__ = ["Store", "StoreVersionError", "MIGRATIONS", "SCHEMA_VERSION", "LogEntry", "SET_ASIDE_REASONS",
+__all__ = ["Store", "StoreVersionError", "SCHEMA_VERSION", "LogEntry", "SET_ASIDE_REASONS",
            "PostingConflict", "PostedQuestion", "PARKED_FOR_MS", "votes_key", "PENDING", "SENT", "COALESCED", "DROPPED",
            "FlushView"]
 
@@ -185,7 +185,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         with unbounded():
             for number in range(version, SCHEMA_VERSION):
                 with self.transaction():
-                    for statement in statements(MIGRATIONS[number]):
+                    for statement in migration(number, self.sql):
                         self.db.execute(statement)
                     self.db.execute(f"PRAGMA user_version={number + 1}")
 
