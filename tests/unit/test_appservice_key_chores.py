@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.service.encryption import ascrypto
+from bridge.service.encryption.crypto import Crypto
 from bridge.service.storage.store import Store
 from bridge.service.transport.appservice import TransactionServer
 
@@ -42,6 +43,8 @@ class _Keys:
 
     async def maintain(self) -> None:
         self.known.add(NEWCOMER)
+
+    sealed_in = staticmethod(Crypto.sealed_in)
 
     def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
         return set()
@@ -99,6 +102,36 @@ async def test_an_answer_from_unknown_devices_waits_for_the_chores(tmp_path: Pat
         keys.released.set()
         assert await asyncio.wait_for(put, 5) == 200
         assert [e["event_id"] for b in stand_in.batches for e in b] == ["$e1"]
+    finally:
+        keys.released.set()
+        await server.close()
+        await client.close()
+
+
+async def test_a_transaction_with_nothing_sealed_makes_no_store_job_before_its_batch(tmp_path: Path,
+                                                                                       monkeypatch: Any) -> None:
+    """An encrypting bridge screens every transaction, and reads first whether
+    it was taken: screening keeps what it cannot decrypt, which a resend must
+    not keep again.  A transaction with nothing sealed (a plain room's) has
+    nothing screening could keep: its batch is the one job it waits for."""
+    client, stand_in, server, keys = await _served(tmp_path, monkeypatch)
+    jobs: list[str] = []
+    run = server.store.run
+
+    async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        jobs.append(getattr(fn, "__name__", "?"))
+        return await run(fn, *args, **kwargs)
+
+    server.store.run = counted  # type: ignore[method-assign]
+    plain = {"type": "m.room.message", "event_id": "$p", "room_id": ROOM, "sender": PERSON, "origin_server_ts": 1,
+             "content": {"msgtype": "m.text", "body": "yes"}}
+    try:
+        assert await _put(client, "1", [plain]) == 200
+        assert jobs == ["process"]
+        jobs.clear()
+        assert await _put(client, "2", [_encrypted(2, PERSON)]) == 200
+        assert jobs == ["_seen", "process"]
+        assert [e["event_id"] for b in stand_in.batches for e in b] == ["$p", "$e2"]
     finally:
         keys.released.set()
         await server.close()

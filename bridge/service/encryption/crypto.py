@@ -388,6 +388,11 @@ class Crypto:
         with self.store.transaction():
             return [e for e in events if self.store.keep_undecrypted(e, now)]
 
+    @staticmethod
+    def sealed_in(events: list[dict[str, Any]]) -> bool:
+        """Whether any of ``events`` is still sealed (``_sealed``): screening keeps only those."""
+        return any(map(_sealed, events))
+
     def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
         """On the store's thread: the sealed events (appservice mode: every
         event of an encrypted room comes sealed) already processed."""
@@ -414,7 +419,7 @@ class Crypto:
         refusals: list[tuple[dict[str, Any], str, str]] = []
         now = self.clock()
         if processed is None:
-            processed = await self.store.run(self.processed_of, events) if any(map(_sealed, events)) else set()
+            processed = await self.store.run(self.processed_of, events) if self.sealed_in(events) else set()
         for event in events:
             if _sealed(event):
                 sender = event.get("sender")

@@ -215,9 +215,13 @@ class TransactionServer:
             # Screening keeps what it cannot decrypt yet: a resend must not keep
             # its events again.  One job reads whether the transaction was taken
             # and which of its sealed events were processed (screening's look).
-            taken, processed = await self.store.run(self._seen, delivery, events)
-            if taken:
-                return None
+            # With nothing sealed, screening keeps nothing: no job before the
+            # batch's own, which finds a resend taken.
+            processed: set[str] = set()
+            if self.crypto.sealed_in(events):
+                taken, processed = await self.store.run(self._seen, delivery, events)
+                if taken:
+                    return None
             events, commit = await self._screen(events, commit, processed)
         await self.pipeline.prepare(events)
         # On the store's thread: the listener goes on answering meanwhile.
