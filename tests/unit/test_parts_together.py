@@ -43,3 +43,25 @@ def test_a_write_that_fails_beside_other_events_is_set_aside_with_its_own(tmp_pa
     assert outcomes == {"$alice": "accepted:", "$poison": "refused:internal_error", "$bob": "accepted:"}
     assert ALICE not in pipeline.members[ROOM]
     assert {row[0] for row in store.db.execute("SELECT event_id FROM processed")} >= {"$alice", "$poison", "$bob"}
+
+
+def test_a_batch_handled_again_counts_each_outcome_once(tmp_path: Path) -> None:
+    """The metrics hear a batch's outcomes once it is kept: a first pass that
+    was undone (a part failed beside others) counts nothing."""
+    store, pipeline, _transport, _folders = setup(tmp_path)
+    observed: list[tuple[str, str]] = []
+    pipeline.on_outcome = lambda entry: observed.append((entry.event_id, entry.outcome))
+    troubles: list[tuple[str, str]] = []
+    pipeline.on_trouble = lambda kind, reason: troubles.append((kind, reason))
+    mark = store.mark_processed
+
+    def failing_mark(event_id: str, outcome: str) -> None:
+        mark(event_id, outcome)
+        if event_id == "$poison" and outcome != "refused":
+            store.db.defer("INSERT INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
+
+    store.mark_processed = failing_mark  # type: ignore[method-assign]
+    pipeline.process([answer(0, "$alice", "Borealis"), answer(0, "$poison", "Aurora", sender=BOB),
+                      answer(0, "$bob", "Australis", sender=BOB)])
+    assert sorted(observed) == [("$alice", "accepted"), ("$bob", "accepted")]  # $poison: set aside
+    assert troubles == [("event", "internal_error")]

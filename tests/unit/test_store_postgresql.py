@@ -346,3 +346,27 @@ def test_the_store_s_sql_reaches_postgresql_as_written_but_for_its_placeholders(
     room.store.close()
     assert any(sql.startswith("INSERT") and "ON CONFLICT" in sql for sql in sent)
     assert {sql: text for sql, text in sent.items() if text.replace("%s", "?").replace("%%", "%") != sql} == {}
+
+
+def test_a_batch_s_events_share_round_trips_with_no_savepoint_between_them(postgres_server, monkeypatch, tmp_path):
+    # Two statements an event fewer; a part that fails is found by handling
+    # the batch again with its parts apart (test_parts_together.py).
+    from helpers.pgstore import on_postgresql
+    from helpers.timeline import Room, answer
+
+    on_postgresql(monkeypatch, postgres_server)
+    sent: list[str] = []
+    plan = PgConnection._plan
+
+    def recorded(self: PgConnection, sql: str) -> tuple:
+        sent.append(sql)
+        return plan(self, sql)
+
+    room = Room(tmp_path)
+    monkeypatch.setattr(PgConnection, "_plan", recorded)
+    t0 = 1_800_000_000_000
+    room.deliver([answer(f"$a{n}", "@alice:hs", t0 + n, "main") for n in range(3)])
+    assert room.record()["state"] == "answered"
+    room.store.close()
+    assert any(sql.startswith("INSERT INTO answer_log") for sql in sent)
+    assert [sql for sql in sent if sql.split()[0] in ("SAVEPOINT", "RELEASE", "ROLLBACK")] == []

@@ -147,6 +147,10 @@ class Pipeline:
         self._device: tuple[str | None, dict[str, Any] | None] = (None, None)  # ... and the device that sent it
         # While a batch is handled: the room state it began with (``_keep_before``).
         self._before: dict[tuple[str, str], Any] | None = None
+        # What a batch's handling observed for the metrics (outcomes, trouble),
+        # told once its transaction is kept: a batch handled again, or one that
+        # failed, counts nothing twice.
+        self._observed: list[Callable[[], None]] | None = None
         self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
@@ -200,16 +204,21 @@ class Pipeline:
                     self._restore_before()
                     result, view = self._handle(events, now, delivery, again=True)
             except PartsFailedTogether as exc:
-                # Rare: a write failed in a round trip several events' parts
-                # shared.  Nothing of the batch was kept; it is handled again
-                # from the room state it began with, each part in a round
-                # trip of its own, so the failure is set aside with its event.
-                log.warning("a write of a batch of %d events failed (%s); handling it again event by event",
+                # Rare: an event's part failed (a write, sent with other
+                # events' in one round trip, or its handling), and the parts
+                # had no savepoints between them.  Nothing of the batch was
+                # kept; it is handled again from the room state it began with,
+                # each part apart, so the failure is set aside with its event.
+                log.warning("a part of a batch of %d events failed (%s); handling it again event by event",
                             len(events), exc)
                 self._restore_before()
                 result, view = self._handle(events, now, delivery, apart=True, again=True)
+            observed = self._observed or []
         finally:
             self._before = None
+            self._observed = None
+        for observe in observed:
+            observe()
         if result.repeated:
             return result
         result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before, view=view)
@@ -222,6 +231,7 @@ class Pipeline:
         part ends in a round trip of its own (``Store.savepoint``).  ``again``:
         the batch is handled a second time, its look-ups read, not guessed."""
         result = BatchResult()
+        self._observed = []
         # One fsync for the whole batch: this commit is made durable by the
         # flushed commit at the end of ``flush``, which always follows it
         # before the transport advances or a notice goes out (``process``
@@ -327,12 +337,15 @@ class Pipeline:
         block every later event forever (the transport would redeliver it).
         Only the store failing as a whole (disk I/O, locked, full) and the
         disk are transient: they fail the batch for a retry."""
+        observed = self._observed if self._observed is not None else []
+        before = len(observed)
         try:
             with self.store.savepoint(apart=apart):
                 self._one(event, now, result)
         except (sqlite3.OperationalError, OSError):
             raise
         except Exception:  # noqa: BLE001 - whatever the cause, this event must not stop the stream
+            del observed[before:]  # what the undone part observed never happened
             log.exception("event %s could not be processed; refused as internal_error", event.get("event_id"))
             try:
                 with self.store.savepoint(apart=apart):
@@ -358,7 +371,14 @@ class Pipeline:
     def report_trouble(self, kind: str, reason: str) -> None:
         """Count something held back or set aside (kind: event, set, notice, download)."""
         if self.on_trouble is not None:
-            self.on_trouble(kind, reason)
+            self._observe(self.on_trouble, kind, reason)
+
+    def _observe(self, tell: Callable[..., None], *args: Any) -> None:
+        """``tell(*args)`` now, or (inside a batch's handling) once the batch is kept."""
+        if self._observed is None:
+            tell(*args)
+        else:
+            self._observed.append(lambda: tell(*args))
 
     def _withdrawn(self, touched: tuple[str, str, str] | None, event_id: str, room_id: str, sender: str, via: str,
                    event: dict[str, Any], result: BatchResult, target: str | None = None,
@@ -420,7 +440,7 @@ class Pipeline:
             self.on_logged(entry)
         self.store.mark_processed(entry.event_id, entry.outcome)
         if self.on_outcome:
-            self.on_outcome(entry)
+            self._observe(self.on_outcome, entry)
 
     def _with_device(self, entry: LogEntry) -> LogEntry:
         """The entry with the device that sent the event being judged (encrypted rooms)."""

@@ -132,6 +132,7 @@ class PgConnection:
         self._deferred: list[tuple[str, Any, bool]] = []  # ``defer``: (text, parameters, counts)
         self._unchecked: tuple[Fence, int] | None = None  # the fence deferred with BEGIN, its place in _deferred
         self._prelude = 0  # how many of _deferred are the BEGIN not sent yet and what goes with it
+        self._together = False  # ``parts_together``
         self._commit_waits = True  # PRAGMA synchronous: FULL (True) or NORMAL (a commit that does not wait)
         self._open = False  # inside a BEGIN this connection issued
         self._deadline: float | None = STORE_DEADLINE  # None while migrating (no statement limit)
@@ -219,11 +220,11 @@ class PgConnection:
 
     def defer(self, sql: str, params: Sequence[Any] = ()) -> None:
         """Inside a transaction: ``sql`` (a write whose result nobody reads,
-        a SAVEPOINT, or a RELEASE) sent with the next statement that waits
-        for an answer, in one round trip.  Its error, if any, is raised by
-        that statement; a ROLLBACK TO or a COMMIT always waits, so an error
-        stays within the transaction it was made in, and within its savepoint
-        unless a RELEASE went with it (then ``PartsFailedTogether``)."""
+        or a SAVEPOINT) sent with the next statement that waits for an
+        answer, in one round trip.  Its error, if any, is raised by that
+        statement; a RELEASE, a ROLLBACK TO or a COMMIT always waits, so an
+        error stays within the transaction it was made in, and within its
+        savepoint; with parts together, ``PartsFailedTogether``."""
         plan = self._plan(sql) if self._open else None
         if plan is None or plan[0] != "SQL":  # outside a transaction nothing comes to wait with: at once
             self.execute(sql, params)
@@ -270,6 +271,14 @@ class PgConnection:
     def _forget_deferred(self) -> None:
         self._deferred.clear()
         self._unchecked, self._prelude = None, 0
+        self._together = False
+
+    def parts_together(self) -> None:
+        """The open transaction's parts share round trips with no savepoint
+        between them (``Store.savepoint(apart=False)``): a write that fails
+        in it can't be told to its part (``PartsFailedTogether``)."""
+        if self._open:
+            self._together = True
 
     def _send(self, statements: Sequence[tuple[str, Sequence[Any] | None, bool]]) -> list[Result]:
         """What was deferred, then ``statements``, in one round trip: the
@@ -288,7 +297,7 @@ class PgConnection:
             if isinstance(exc.__cause__, pgerrors.CardinalityViolation) and any(
                     text.startswith(_EXPECTED_PREFIX) for text, _params, _counts in waiting):
                 raise GuessedWrong(str(exc)) from exc
-            if any(text.startswith("RELEASE") for text, _params, _counts in waiting):
+            if self._together:
                 raise PartsFailedTogether(str(exc)) from exc
             raise
         if unchecked is not None:

@@ -201,14 +201,17 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         """Rows changed through this connection so far (to tell whether a batch changed anything)."""
         return self.db.total_changes
 
-    def savepoint(self, *, apart: bool = True) -> "_Savepoint":
-        """Inside a transaction: undo just this part when it raises.
-        ``apart=False``: its RELEASE is deferred too (``defer``), so on
-        PostgreSQL the parts of a batch share round trips; a write that
-        fails late may then belong to a part already released, and raises
-        ``PartsFailedTogether`` (the transaction goes: handle it again with
-        parts apart)."""
-        return _Savepoint(self.db, undone=self._forget_batch, apart=apart)
+    def savepoint(self, *, apart: bool = True) -> "_Savepoint | _Together":
+        """Inside a transaction: a part of it (one event's), undone alone
+        when it raises.  ``apart=False``: no savepoint, two statements a part
+        fewer; the parts share round trips on PostgreSQL, so a write that
+        fails may belong to any of them, and a part that raises can't be
+        undone alone: ``PartsFailedTogether`` (the transaction goes: its
+        owner handles it again with parts apart, where the failure finds its
+        part)."""
+        if apart:
+            return _Savepoint(self.db, undone=self._forget_batch)
+        return _Together(self.db, undone=self._forget_batch)
 
     # -- a batch's events, looked up at once --------------------------------
 
@@ -371,10 +374,11 @@ class _Transaction:
 
 
 class PartsFailedTogether(sqlite3.OperationalError):
-    """A write failed in a round trip that carried more than one part
-    (savepoint) of a transaction, so which part it belonged to is not known:
-    the transaction goes, and its owner handles it again with its parts
-    apart (``Store.savepoint(apart=True)``), where the failure finds its part."""
+    """A part of a transaction whose parts were not apart failed (a write
+    sent with others' in one round trip, or the part's own handling), so it
+    can't be undone alone: the transaction goes, and its owner handles it
+    again with its parts apart (``Store.savepoint(apart=True)``), where the
+    failure finds its part."""
 
 
 class GuessedWrong(sqlite3.OperationalError):
@@ -383,15 +387,36 @@ class GuessedWrong(sqlite3.OperationalError):
     and its owner handles the batch again, reading first."""
 
 
-class _Savepoint:
-    """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception
-    (then ``undone`` is called), a late write's failure at RELEASE too;
-    ``apart=False``: the RELEASE deferred (``Store.savepoint``)."""
+class _Together:
+    """A part with no savepoint (``Store.savepoint(apart=False)``): raising,
+    it raises ``PartsFailedTogether`` (then ``undone`` is called) unless the
+    store failed as a whole or the disk did (the batch is tried again)."""
 
-    def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] = lambda: None, apart: bool = True):
+    def __init__(self, db: sqlite3.Connection, undone: Callable[[], None]):
         self.db = db
         self.undone = undone
-        self.apart = apart
+
+    def __enter__(self) -> sqlite3.Connection:
+        together = getattr(self.db, "parts_together", None)  # PostgreSQL's: its failures name no part
+        if together is not None:
+            together()
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            return
+        self.undone()
+        if not issubclass(exc_type, (sqlite3.OperationalError, OSError)):
+            raise PartsFailedTogether(f"a part of a batch failed: {exc_type.__name__}: {exc}") from exc
+
+
+class _Savepoint:
+    """SAVEPOINT ... RELEASE, rolled back to the savepoint on any exception
+    (then ``undone`` is called), a late write's failure at RELEASE too."""
+
+    def __init__(self, db: sqlite3.Connection, undone: Callable[[], None] = lambda: None):
+        self.db = db
+        self.undone = undone
 
     def __enter__(self) -> sqlite3.Connection:
         self.db.defer("SAVEPOINT part")
@@ -403,10 +428,7 @@ class _Savepoint:
             return
         if exc_type is None:
             try:
-                if self.apart:
-                    self.db.execute("RELEASE part")
-                else:
-                    self.db.defer("RELEASE part")
+                self.db.execute("RELEASE part")
                 return
             except Exception as late:  # noqa: BLE001 - re-raised, once this part is undone
                 if isinstance(late, sqlite3.OperationalError):
