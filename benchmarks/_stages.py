@@ -1,17 +1,22 @@
-"""Where a bot-mode batch's time goes, stage by stage (``latency.py --stages``).
+"""Where a batch's time goes, stage by stage (``latency.py --stages``).
 
 Imported by ``_traced.py`` when ``ASKWRIGHT_BENCH_STAGES`` names a file: it
 wraps the steps of the answers' path (nothing of what they do changes) and
 writes one JSON line per batch that held events, each stage a
 ``perf_counter`` time:
 
+  arrived   appservice mode: the transaction's request came in (the stages
+            of a sync, up to ``asked``, are bot mode's)
   headers   the sync's response headers are in (nio starts reading the body)
   parsed    the body read, parsed and turned into nio's ``SyncResponse``
   received  nio's own handling of it done (``receive_response``)
   synced    ``AsyncClient.sync`` returned (the time ``_traced.py`` notes)
   ahead     the sync loop asks for the next long poll (``_ask_ahead`` called)
   asked     ... and has asked for it
-  handle    ``SyncLoop._handle`` started on the batch
+  handle    ``SyncLoop._handle`` started on the batch (appservice mode:
+            ``TransactionServer._process``, the transactions' lock held)
+  feeding   appservice mode: ``TransactionServer._feed`` (screening, with encryption)
+  preparing ``Pipeline.prepare`` started (files fetched from here)
   prepared  ``Pipeline.prepare`` done (files fetched)
   job       the batch's job started on the store's thread
   judged    judging done (the batch's store transaction ends, ``flush`` starts)
@@ -149,6 +154,48 @@ def _trace_gc() -> None:
     gc.callbacks.append(callback)
 
 
+def _trace_transactions() -> None:
+    """Appservice mode: a transaction's batch, from its request's arrival
+    (``arrived``) and its turn to be handled (``handle``, after any
+    transaction before it) to ``handled``, with the same stages between."""
+    from bridge.service.transport.appservice import TransactionServer
+
+    arrivals: dict[str, float] = {}
+    transaction, process = TransactionServer.transaction, TransactionServer._process
+
+    async def traced_transaction(self: TransactionServer, request: Any) -> Any:
+        arrivals[request.match_info.get("txn_id", "")] = time.perf_counter()
+        try:
+            return await transaction(self, request)
+        finally:
+            arrivals.pop(request.match_info.get("txn_id", ""), None)
+
+    async def traced_process(self: TransactionServer, txn_id: str, events: list[Any], *args: Any) -> Any:
+        if not events:
+            return await process(self, txn_id, events, *args)
+        _batch.clear()
+        _batch.update(ids=[e.get("event_id") for e in events if isinstance(e, dict)], txn=txn_id,
+                      stages={"arrived": arrivals.get(txn_id, time.perf_counter())}, before=_last["handled"])
+        _mark("handle")
+        try:
+            return await process(self, txn_id, events, *args)
+        finally:
+            _mark("handled")
+            _last["handled"] = _batch["stages"]["handled"]
+            _out.write(json.dumps(_batch) + "\n")
+            _batch.clear()
+
+    feed = TransactionServer._feed
+
+    async def traced_feed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _mark("feeding")
+        return await feed(self, *args, **kwargs)
+
+    TransactionServer._feed = traced_feed  # type: ignore[method-assign]
+    TransactionServer.transaction = traced_transaction  # type: ignore[method-assign]
+    TransactionServer._process = traced_process  # type: ignore[method-assign]
+
+
 def install() -> None:
     if os.environ.get("ASKWRIGHT_BENCH_LOOP_WORK"):
         _watch_loop(os.environ["ASKWRIGHT_BENCH_LOOP_WORK"])
@@ -229,10 +276,12 @@ def install() -> None:
             _batch.clear()
 
     SyncLoop._handle = traced_handle  # type: ignore[method-assign]
+    _trace_transactions()
 
     prepare = Pipeline.prepare
 
     async def traced_prepare(self: Pipeline, events: list[dict[str, Any]]) -> None:
+        _mark("preparing")
         await prepare(self, events)
         _mark("prepared")
 

@@ -385,9 +385,9 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     return row
 
 
-STAGE_ORDER = ["headers", "parsed", "received", "synced", "ahead", "asked", "handle", "prepared", "job", "judged", "update", "writing",
-               "tempsynced", "replaced",
-               "committed", "jobdone", "handled"]
+STAGE_ORDER = ["arrived", "headers", "parsed", "received", "synced", "ahead", "asked", "handle", "feeding", "preparing",
+               "prepared", "job", "judged", "update", "writing", "tempsynced", "replaced", "committed", "jobdone",
+               "handled"]
 
 
 def stage_summary(path: Path) -> dict[str, list[float]]:
