@@ -36,13 +36,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Migrates the store forward now, or refuses one from a newer bridge
         # before anything touches the network.
-        if config.store.url:
-            from bridge.service.storage.leader import migration_lock
-
-            with migration_lock(config.store.url, config.store.password):  # instances starting together
-                Store(config.store.path, url=config.store.url, password=config.store.password).close()
-        else:
-            Store(config.store.path).close()
+        Store(config.store.path, url=config.store.url, password=config.store.password).close()
     except StoreVersionError as exc:
         return _store_refused(exc)
     except (sqlite3.Error, OSError) as exc:

@@ -370,3 +370,29 @@ def test_a_batch_s_events_share_round_trips_with_no_savepoint_between_them(postg
     room.store.close()
     assert any(sql.startswith("INSERT INTO answer_log") for sql in sent)
     assert [sql for sql in sent if sql.split()[0] in ("SAVEPOINT", "RELEASE", "ROLLBACK")] == []
+
+
+def test_instances_starting_together_migrate_one_after_the_other(postgres_server):
+    # Each store takes the migration's lock only when its schema is behind,
+    # and reads the version again under it: the second finds it done.
+    url = fresh_schema(postgres_server)
+    opened: list[Store] = []
+    failed: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            opened.append(Store("unused", url=url, password=postgres_server.password))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failed.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert failed == [] and len(opened) == 3
+    for store in opened:
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        store.close()

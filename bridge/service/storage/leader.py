@@ -41,7 +41,7 @@ import os
 import secrets
 import socket
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import psycopg
 
@@ -308,24 +308,6 @@ class _Guarded:
                 return value(*args, **kwargs)
             return guarded_context
         return value
-
-
-@contextlib.contextmanager
-def migration_lock(url: str, password: str | None) -> Iterator[None]:
-    """Instances starting together migrate the store one after the other."""
-    from bridge.service.storage.pgdialect import _as_sqlite
-
-    try:
-        conn = _connect(url, password)
-    except psycopg.Error as exc:
-        raise _as_sqlite(exc) from exc
-    try:
-        conn.execute("SET statement_timeout = 0")
-        conn.execute("SET lock_timeout = 0")  # the other instance's migration may take a while
-        conn.execute("SELECT pg_advisory_lock(hashtext('askwright-bridge migrate'))")
-        yield
-    finally:
-        conn.close()
 
 
 def instances(url: str, password: str | None) -> list[dict[str, Any]]:

@@ -47,6 +47,7 @@ from bridge.service.storage.pgconnect import STORE_DEADLINE, STORE_LIMITS, WATCH
 from bridge.service.storage.store import GuessedWrong, PartsFailedTogether
 
 _SCHEMA_TABLE = "askwright_schema"
+_MIGRATING = "hashtext('askwright-bridge migrate')"  # the session lock a migration holds
 _KEPT_CURSORS = 2000  # cursors kept for pipelines (each holds its last result until used again)
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
@@ -167,15 +168,24 @@ class PgConnection:
             self.clock.measure(self.conn)
 
     @contextlib.contextmanager
-    def unbounded(self) -> Iterator[None]:
-        """No statement timeout for a while: a migration may rewrite a large table."""
+    def migrating(self) -> Iterator[None]:
+        """While migrating: instances starting together migrate one after the
+        other (a lock of this session), and with no statement or lock limit
+        (a migration may rewrite a large table, another instance's may hold
+        the lock a while)."""
         self.execute("SET statement_timeout = 0")
+        self.execute("SET lock_timeout = 0")
         self._deadline = None
         try:
-            yield
+            self.execute(f"SELECT pg_advisory_lock({_MIGRATING})")
+            try:
+                yield
+            finally:
+                self.execute(f"SELECT pg_advisory_unlock({_MIGRATING})")
         finally:
             self._deadline = STORE_DEADLINE
             self.execute("RESET statement_timeout")
+            self.execute("RESET lock_timeout")
 
     # -- the sqlite3 calls ----------------------------------------------
 

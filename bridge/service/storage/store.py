@@ -163,31 +163,33 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
                                        check_same_thread=False, timeout=10)
         store.path = path
         store._own_connection()
-        version = store.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
+        try:
+            store._version()
+        except StoreVersionError:
             store.db.close()
-            raise StoreVersionError(
-                f"{path} was written by a newer askwright-bridge (store schema {version}, "
-                f"this version knows {SCHEMA_VERSION}); upgrade the bridge or restore a backup"
-            )
+            raise
         return store
 
     def _migrate(self) -> None:
+        if self._version() == SCHEMA_VERSION:
+            return
+        migrating = getattr(self.db, "migrating", contextlib.nullcontext)  # PostgreSQL's lock and limits
+        with migrating():
+            for number in range(self._version(), SCHEMA_VERSION):  # another instance may have migrated it
+                with self.transaction():
+                    for statement in migration(number, self.sql):
+                        self.db.execute(statement)
+                    self.db.execute(f"PRAGMA user_version={number + 1}")
+
+    def _version(self) -> int:
+        """The store's schema version; a store from a newer bridge is refused."""
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreVersionError(
                 f"{self.path} was written by a newer askwright-bridge (store schema {version}, "
                 f"this version knows {SCHEMA_VERSION}); upgrade the bridge or restore a backup"
             )
-        if version == SCHEMA_VERSION:
-            return
-        unbounded = getattr(self.db, "unbounded", contextlib.nullcontext)  # PostgreSQL's statement timeout
-        with unbounded():
-            for number in range(version, SCHEMA_VERSION):
-                with self.transaction():
-                    for statement in migration(number, self.sql):
-                        self.db.execute(statement)
-                    self.db.execute(f"PRAGMA user_version={number + 1}")
+        return version
 
     def transaction(self, *, flush: bool = True) -> "_Transaction":
         """BEGIN IMMEDIATE ... COMMIT.  ``flush=False`` commits without waiting
