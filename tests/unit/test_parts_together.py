@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from bridge.service.storage.store import Store
+
 from test_isolation_parts import ALICE, BOB, ROOM, answer, setup
 
 pytestmark = pytest.mark.usefixtures("store_backend")  # on SQLite and on PostgreSQL
@@ -23,18 +25,23 @@ def leave(user: str, event_id: str) -> dict[str, Any]:
             "origin_server_ts": 3000, "content": {"membership": "leave"}}
 
 
-def test_a_write_that_fails_beside_other_events_is_set_aside_with_its_own(tmp_path: Path) -> None:
-    store, pipeline, _transport, _folders = setup(tmp_path)
+def poison(store: Store) -> None:
+    """``$poison`` accepted writes a second row for itself: the key refuses
+    it, on PostgreSQL on the server when the write is sent (with a later
+    event's, there)."""
     mark = store.mark_processed
 
     def failing_mark(event_id: str, outcome: str) -> None:
         mark(event_id, outcome)
         if event_id == "$poison" and outcome != "refused":
-            # A second row for the same event: the key refuses it, on the
-            # server, when the write is sent (with a later event's, there).
             store.db.defer("INSERT INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
 
     store.mark_processed = failing_mark  # type: ignore[method-assign]
+
+
+def test_a_write_that_fails_beside_other_events_is_set_aside_with_its_own(tmp_path: Path) -> None:
+    store, pipeline, _transport, _folders = setup(tmp_path)
+    poison(store)
     pipeline.process([answer(0, "$alice", "Borealis"), answer(0, "$poison", "Aurora", sender=BOB),
                       leave(ALICE, "$left"), answer(0, "$bob", "Australis", sender=BOB)])
     outcomes = dict(store.db.execute("SELECT event_id, outcome || ':' || COALESCE(reason, '') FROM answer_log"))
@@ -53,14 +60,7 @@ def test_a_batch_handled_again_counts_each_outcome_once(tmp_path: Path) -> None:
     pipeline.on_outcome = lambda entry: observed.append((entry.event_id, entry.outcome))
     troubles: list[tuple[str, str]] = []
     pipeline.on_trouble = lambda kind, reason: troubles.append((kind, reason))
-    mark = store.mark_processed
-
-    def failing_mark(event_id: str, outcome: str) -> None:
-        mark(event_id, outcome)
-        if event_id == "$poison" and outcome != "refused":
-            store.db.defer("INSERT INTO processed(event_id, outcome) VALUES (?, ?)", (event_id, outcome))
-
-    store.mark_processed = failing_mark  # type: ignore[method-assign]
+    poison(store)
     pipeline.process([answer(0, "$alice", "Borealis"), answer(0, "$poison", "Aurora", sender=BOB),
                       answer(0, "$bob", "Australis", sender=BOB)])
     assert sorted(observed) == [("$alice", "accepted"), ("$bob", "accepted")]  # $poison: set aside
