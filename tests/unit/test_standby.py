@@ -58,3 +58,15 @@ async def test_with_another_instance_the_lease_goes_to_it_at_once(postgres_serve
         stop.set()
         await asyncio.wait_for(running, 15)
         other.stop()
+
+
+def test_a_bot_without_metrics_on_a_cluster_loads_no_http_server_to_stand_by():
+    # Each start pays for what it imports (aiohttp's server is a sixtieth of
+    # a second): an instance with no listener to stand by on has no use for it.
+    import subprocess
+    import sys
+
+    code = ("import sys, bridge.service.app, bridge.service.storage.standby;"
+            " print('aiohttp.web' in sys.modules)")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert found == "False"

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Awaitable, Callable
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from bridge.service.eventwait import any_set
 from bridge.service.config import Config
 from bridge.service.storage.leader import Lease
-from bridge.service.operators.health import health_routes
 from bridge.service.operators.metrics import Metrics
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,12 @@ async def _standby_listener(config: Config) -> web.AppRunner | None:
         host, port = config.metrics.listen_host_port
     else:
         return None
+    # Loaded only here: an instance with no listener (bot mode without
+    # metrics) never loads aiohttp's server, a sixtieth of a second at each start.
+    from aiohttp import web
+
+    from bridge.service.operators.health import health_routes, quiet_client_faults
+
     app = web.Application()
     app.add_routes(health_routes(standby_metrics()))
 
@@ -104,8 +110,6 @@ async def _standby_listener(config: Config) -> web.AppRunner | None:
                                  status=503)
 
     app.router.add_route("*", "/{tail:.*}", not_leading)
-    from bridge.service.operators.health import quiet_client_faults
-
     quiet_client_faults()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
