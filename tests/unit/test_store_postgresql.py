@@ -314,6 +314,22 @@ def test_a_pipeline_that_fails_leaves_no_statement_half_prepared(postgres_server
     db.close()
 
 
+def _sent(monkeypatch) -> dict[str, str | None]:
+    """From now on: each statement the store hands a PostgreSQL connection ->
+    the text sent for it, or None when the connection speaks for it (BEGIN,
+    COMMIT, ROLLBACK, a pragma, DDL)."""
+    sent: dict[str, str | None] = {}
+    plan = PgConnection._plan
+
+    def recorded(self: PgConnection, sql: str) -> tuple:
+        found = plan(self, sql)
+        sent[sql] = found[1] if found[0] == "SQL" else None
+        return found
+
+    monkeypatch.setattr(PgConnection, "_plan", recorded)
+    return sent
+
+
 def test_the_store_s_sql_reaches_postgresql_as_written_but_for_its_placeholders(postgres_server, monkeypatch,
                                                                                 tmp_path):
     # One text for both backends (``dialect``): what PostgreSQL runs is the
@@ -323,16 +339,7 @@ def test_the_store_s_sql_reaches_postgresql_as_written_but_for_its_placeholders(
     from helpers.timeline import Room, answer, edit, redact, vote
 
     on_postgresql(monkeypatch, postgres_server)
-    sent: dict[str, str] = {}
-    plan = PgConnection._plan
-
-    def recorded(self: PgConnection, sql: str) -> tuple:
-        found = plan(self, sql)
-        if found[0] == "SQL":
-            sent[sql] = found[1]
-        return found
-
-    monkeypatch.setattr(PgConnection, "_plan", recorded)
+    sent = _sent(monkeypatch)
     ana, bo, t0 = "@alice:hs", "@bob:hs", 1_800_000_000_000
     room = Room(tmp_path, approval={"answerers": [ana, bo], "quorum": {"required": 2}, "expires": "45s"},
                 posted_ms=t0)
@@ -345,7 +352,8 @@ def test_the_store_s_sql_reaches_postgresql_as_written_but_for_its_placeholders(
     assert room.record()["state"] == "answered"
     room.store.close()
     assert any(sql.startswith("INSERT") and "ON CONFLICT" in sql for sql in sent)
-    assert {sql: text for sql, text in sent.items() if text.replace("%s", "?").replace("%%", "%") != sql} == {}
+    assert {sql: text for sql, text in sent.items()
+            if text is not None and text.replace("%s", "?").replace("%%", "%") != sql} == {}
 
 
 def test_a_batch_s_events_share_round_trips_with_no_savepoint_between_them(postgres_server, monkeypatch, tmp_path):
@@ -355,15 +363,8 @@ def test_a_batch_s_events_share_round_trips_with_no_savepoint_between_them(postg
     from helpers.timeline import Room, answer
 
     on_postgresql(monkeypatch, postgres_server)
-    sent: list[str] = []
-    plan = PgConnection._plan
-
-    def recorded(self: PgConnection, sql: str) -> tuple:
-        sent.append(sql)
-        return plan(self, sql)
-
     room = Room(tmp_path)
-    monkeypatch.setattr(PgConnection, "_plan", recorded)
+    sent = _sent(monkeypatch)
     t0 = 1_800_000_000_000
     room.deliver([answer(f"$a{n}", "@alice:hs", t0 + n, "main") for n in range(3)])
     assert room.record()["state"] == "answered"

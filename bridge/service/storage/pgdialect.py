@@ -307,7 +307,7 @@ class PgConnection:
             if isinstance(exc.__cause__, pgerrors.CardinalityViolation) and any(
                     text.startswith(_EXPECTED_PREFIX) for text, _params, _counts in waiting):
                 raise GuessedWrong(str(exc)) from exc
-            if self._together:
+            if self._together and self._open:
                 raise PartsFailedTogether(str(exc)) from exc
             raise
         if unchecked is not None:

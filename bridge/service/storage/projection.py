@@ -113,20 +113,15 @@ class Projection:
                 found = [tuple(row) for row in self.db.execute(
                     "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND replaces IN (?, ?)"
                     " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchall()]
-                # The sender's own redaction that found the pick already withdrawn
-                # (by a later emptied vote, read first) logged nothing: only
-                # the redaction itself still says when.
-                redacted = self.db.execute(
-                    "SELECT MIN(ts) FROM redaction WHERE target IN (?, ?) AND sender=?",
-                    (event_id, replaces or event_id, sender)).fetchone()
-                if redacted and redacted[0] is not None:
-                    found.append((redacted[0], 0))
-                if via == "poll":
-                    cleared = self.db.execute(
-                        "SELECT MIN(ts) FROM redaction WHERE target=? AND ts>=?",
-                        (votes_key(question_event_id, sender), ts)).fetchone()
-                    if cleared and cleared[0] is not None:
-                        found.append((cleared[0], 0))
+                # Or what the sender's redactions kept says: their own redaction
+                # (one that found the pick already withdrawn, by a later emptied
+                # vote read first, logged nothing), or an emptied vote after it.
+                cleared = votes_key(question_event_id, sender) if via == "poll" else None
+                kept = self.db.execute(
+                    "SELECT MIN(ts) FROM redaction WHERE sender=? AND (target IN (?, ?) OR (target=? AND ts>=?))",
+                    (sender, event_id, replaces or event_id, cleared, ts)).fetchone()
+                if kept and kept[0] is not None:
+                    found.append((kept[0], 0))
                 # None found: withdrawn by what the log no longer tells apart; one
                 # before the pick itself (in the room): it never stood.
                 gone = max(min(found, default=(ts, seq)), (ts, seq))
