@@ -11,8 +11,6 @@ writes one JSON line per batch that held events, each stage a
   parsed    the body read, parsed and turned into nio's ``SyncResponse``
   received  nio's own handling of it done (``receive_response``)
   synced    ``AsyncClient.sync`` returned (the time ``_traced.py`` notes)
-  ahead     the sync loop asks for the next long poll (``_ask_ahead`` called)
-  asked     ... and has asked for it
   handle    ``SyncLoop._handle`` started on the batch (appservice mode:
             ``TransactionServer._process``, the transactions' lock held)
   feeding   appservice mode: ``TransactionServer._feed`` (screening, with encryption)
@@ -25,6 +23,9 @@ writes one JSON line per batch that held events, each stage a
   tempsynced the temp file written and fsynced
   replaced  answers.json renamed into place (what the bench's watcher sees)
   committed the transport's commit ran (the sync token)
+  ahead     bot mode: the event loop asks for the next long poll
+            (``_ask_ahead`` called; the store's thread meanwhile makes the COMMIT)
+  asked     ... and has asked for it
   jobdone   the job returned
   handled   ``_handle`` returned on the event loop
 
@@ -242,9 +243,9 @@ def install() -> None:
     ask_ahead = SyncLoop._ask_ahead
 
     async def traced_ask_ahead(self: SyncLoop, since: str, *args: Any) -> Any:
-        stages = _by_token.get(since)
-        if stages is not None:
-            stages["ahead"] = time.perf_counter()
+        ours = _batch.get("token") == since  # asked from the batch being handled
+        if ours:
+            _mark("ahead")
         profile = _profile("ahead")
         if profile is not None:
             profile.enable()
@@ -253,22 +254,23 @@ def install() -> None:
         finally:
             if profile is not None:
                 profile.disable()
-            if stages is not None:
-                stages["asked"] = time.perf_counter()
+            if ours:
+                _mark("asked")
 
     SyncLoop._ask_ahead = traced_ask_ahead  # type: ignore[method-assign]
 
     handle = SyncLoop._handle
 
-    async def traced_handle(self: SyncLoop, events: list[dict[str, Any]], token: str | None = None) -> None:
+    async def traced_handle(self: SyncLoop, events: list[dict[str, Any]], token: str | None = None,
+                            then: Any = None) -> None:
         if not events or token is None:
-            return await handle(self, events, token)
+            return await handle(self, events, token, then)
         _batch.clear()
         _batch.update(ids=[e.get("event_id") for e in events], stages=dict(_by_token.get(token, {})),
-                      before=_last["handled"])
+                      before=_last["handled"], token=token)
         _mark("handle")
         try:
-            await handle(self, events, token)
+            await handle(self, events, token, then)
         finally:
             _mark("handled")
             _last["handled"] = _batch["stages"]["handled"]

@@ -385,9 +385,12 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
     return row
 
 
-STAGE_ORDER = ["arrived", "headers", "parsed", "received", "synced", "ahead", "asked", "handle", "feeding", "preparing",
+STAGE_ORDER = ["arrived", "headers", "parsed", "received", "synced", "handle", "feeding", "preparing",
                "prepared", "job", "judged", "update", "writing", "tempsynced", "replaced", "committed", "jobdone",
                "handled"]
+# Bot mode's next long poll is asked on the event loop while the store's
+# thread makes the COMMIT (``nextpoll``): its steps run beside the chain's last ones.
+BESIDE = [("committed", "ahead"), ("ahead", "asked")]
 
 
 def stage_summary(path: Path) -> dict[str, list[float]]:
@@ -404,8 +407,9 @@ def stage_summary(path: Path) -> dict[str, list[float]]:
             steps.setdefault("queued behind the batch before", []).append(
                 max(0.0, batch.get("before", 0.0) - stages["synced"]) * 1000)
         present = [name for name in STAGE_ORDER if name in stages]
-        for a, b in zip(present, present[1:]):
-            steps.setdefault(f"{a}->{b}", []).append((stages[b] - stages[a]) * 1000)
+        for a, b in [*zip(present, present[1:]), *BESIDE]:
+            if a in stages and b in stages:
+                steps.setdefault(f"{a}->{b}", []).append((stages[b] - stages[a]) * 1000)
         if "synced" in stages:
             steps.setdefault("synced->replaced", []).append((stages["replaced"] - stages["synced"]) * 1000)
         if "headers" in stages:

@@ -1,15 +1,18 @@
 """Bot mode keeps a long poll outstanding, as a bare client does: the next
-/sync is asked for as soon as a response arrives, while its batch is judged
-and made durable (Synapse answers the long polls waiting on a room one after
-another; a bridge that asked only once its batch was durable was often not
-waiting when the next answer came).  Only the request runs ahead: batches
-are made durable one after another in the order they came, the token in the
-store moves only with a durable batch, and a batch that fails is retried
-from that token, the sync asked past it dropped."""
+/sync is out while its batch is made durable (Synapse answers the long polls
+waiting on a room one after another; a bridge that asked only once its batch
+was durable was often not waiting when the next answer came), asked from the
+batch's commit so that the request's cost comes after its answers are in
+their folders.  Only the request runs ahead: batches are made durable one
+after another in the order they came, the token in the store moves only with
+a durable batch, and a batch that fails is retried from that token, the sync
+asked past it dropped."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import threading
 from functools import partial
 from pathlib import Path
@@ -49,8 +52,15 @@ class _Homeserver:
         self.cancelled: list[str | None] = []
         self.new_request = asyncio.Event()
 
+    def durable_token(self) -> str | None:
+        """The token the store has committed, read beside the store's own
+        connection (a request may come while the store's thread commits)."""
+        with contextlib.closing(sqlite3.connect(self.store.path)) as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (SYNC_TOKEN,)).fetchone()
+        return row[0] if row else None
+
     async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
-        self.asked.append((since, self.store.get_meta(SYNC_TOKEN)))
+        self.asked.append((since, self.durable_token()))
         self.timeouts.append(timeout)
         self.filters.append(sync_filter)
         self.new_request.set()
@@ -66,12 +76,16 @@ class _Homeserver:
 
 class _Pipeline:
     """Judges nothing; ``prepare`` waits for ``release`` (a slow batch) and
-    fails ``failures`` times; ``process`` commits and notes what it made durable."""
+    fails ``failures`` times; ``process`` commits and notes what it made
+    durable, its COMMIT waiting for ``commit_may_end`` when one is given and
+    failing ``failed_commits`` times."""
 
-    def __init__(self, store: Store, failures: int = 0):
+    def __init__(self, store: Store, failures: int = 0, failed_commits: int = 0):
         self.store = store
         self.release = asyncio.Event()
         self.failures = failures
+        self.failed_commits = failed_commits
+        self.commit_may_end: threading.Event | None = None
         self.durable: list[str] = []  # event ids, in the order they were made durable
 
     def own_users(self, user_id: str) -> bool:
@@ -86,6 +100,11 @@ class _Pipeline:
     def process(self, events: list[dict[str, Any]], *, commit: Any) -> None:
         with self.store.transaction():
             commit()
+            if self.commit_may_end is not None:
+                assert self.commit_may_end.wait(10)
+            if self.failed_commits:
+                self.failed_commits -= 1
+                raise RuntimeError("the disk is full")
         self.durable += [e["event_id"] for e in events]
 
     def retry_held(self) -> bool:  # the notices' pass: nothing held here
@@ -108,12 +127,18 @@ async def _stopped(loop: asyncio.Future[Any], stop: asyncio.Event) -> None:
 async def test_the_next_long_poll_is_out_while_the_batch_is_made_durable(tmp_path: Path) -> None:
     store = _store(tmp_path)
     homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    pipeline.commit_may_end = threading.Event()
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
-    await _until(lambda: len(homeserver.asked) == 2)
-    # Asked from the batch just received, before anything of it is durable.
-    assert homeserver.asked == [("s1", "s1"), ("s2", "s1")]
-    assert pipeline.durable == [] and store.get_meta(SYNC_TOKEN) == "s1"
+    await _until(lambda: len(homeserver.asked) == 1)
+    await asyncio.sleep(0.1)
+    # Nothing is asked while the batch is prepared and judged: the request's
+    # cost (the event loop's) would go before the batch's answers.
+    assert len(homeserver.asked) == 1
     pipeline.release.set()
+    # Asked from the batch just received, while its commit waits: nothing of it is durable yet.
+    await _until(lambda: len(homeserver.asked) == 2)
+    assert homeserver.asked[1] == ("s2", "s1") and pipeline.durable == []
+    pipeline.commit_may_end.set()
     await _until(lambda: pipeline.durable == ["$a"])
     assert store.get_meta(SYNC_TOKEN) == "s2"
     assert len(homeserver.asked) == 2  # the long poll asked ahead is the one waited on: no second request
@@ -144,11 +169,13 @@ async def test_a_batch_asked_ahead_is_made_durable_only_after_the_one_before(tmp
     store = _store(tmp_path)
     batches = {"s1": _batch("$a", "s2"), "s2": _batch("$b", "s3")}
     homeserver, pipeline, stop = _Homeserver(store, batches), _Pipeline(store), asyncio.Event()
+    pipeline.commit_may_end = threading.Event()
+    pipeline.release.set()
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
     await _until(lambda: len(homeserver.asked) == 2)
-    await asyncio.sleep(0.1)  # the second batch has arrived; the first is still being prepared
-    assert pipeline.durable == [] and store.get_meta(SYNC_TOKEN) == "s1"
-    pipeline.release.set()
+    await asyncio.sleep(0.1)  # the second batch has arrived; the first is still being committed
+    assert pipeline.durable == [] and homeserver.durable_token() == "s1"
+    pipeline.commit_may_end.set()
     await _until(lambda: pipeline.durable == ["$a", "$b"])
     assert store.get_meta(SYNC_TOKEN) == "s3"
     await _stopped(loop, stop)
@@ -161,9 +188,23 @@ async def test_a_failed_batch_is_retried_from_the_durable_token(tmp_path: Path) 
     pipeline.release.set()
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
     await _until(lambda: pipeline.durable == ["$a"])
-    # The sync asked past the failed batch was dropped; the retry went from
-    # the store's token, and the batch was made durable once.
-    assert homeserver.cancelled == ["s2"]
+    # Nothing was asked past the batch that failed before its commit; the
+    # retry went from the store's token, and the batch was made durable once.
+    assert [since for since, _ in homeserver.asked] == ["s1", "s1", "s2"]
+    assert store.get_meta(SYNC_TOKEN) == "s2"
+    await _stopped(loop, stop)
+
+
+async def test_a_batch_whose_commit_fails_drops_the_long_poll_asked_past_it(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver = _Homeserver(store, {"s1": _batch("$a", "s2")})
+    pipeline, stop = _Pipeline(store, failed_commits=1), asyncio.Event()
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(lambda: pipeline.durable == ["$a"])
+    # Asked from the failed commit, then dropped; the retry went from the
+    # store's token, and the batch was made durable once.
+    assert homeserver.cancelled[:1] == ["s2"]
     assert [since for since, _ in homeserver.asked] == ["s1", "s2", "s1", "s2"]
     assert store.get_meta(SYNC_TOKEN) == "s2"
     await _stopped(loop, stop)
@@ -171,15 +212,20 @@ async def test_a_failed_batch_is_retried_from_the_durable_token(tmp_path: Path) 
 
 async def test_a_crash_with_a_sync_asked_ahead_replays_from_the_durable_token(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    homeserver = _Homeserver(store, {"s1": _batch("$a", "s2")})
+    pipeline, stop = _Pipeline(store, failed_commits=1), asyncio.Event()
+    pipeline.commit_may_end = threading.Event()
+    pipeline.release.set()
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
     await _until(lambda: len(homeserver.asked) == 2)
-    loop.cancel()  # the process dies with the batch not yet durable and the next sync out
+    # The process dies with the batch's COMMIT not made and the next sync out.
+    loop.cancel()
+    pipeline.commit_may_end.set()
     await asyncio.gather(loop, return_exceptions=True)
-    assert store.get_meta(SYNC_TOKEN) == "s1"
+    await _until(lambda: pipeline.failed_commits == 0)
+    assert homeserver.durable_token() == "s1"
     # The next start asks from the last durable token and makes the batch durable.
     restarted = _Homeserver(store, {"s1": _batch("$a", "s2")})
-    pipeline.release.set()
     loop = asyncio.ensure_future(SyncLoop(restarted, store, pipeline, asyncio.Event()).run())
     await _until(lambda: pipeline.durable == ["$a"])
     assert restarted.asked[0] == ("s1", "s1")
@@ -244,14 +290,17 @@ async def test_the_long_poll_asked_ahead_waits_for_no_look_at_the_kept_events(tm
     store = _store(tmp_path)
     homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
     crypto = _LookAtTheStore()
+    pipeline.commit_may_end = threading.Event()
+    pipeline.release.set()
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop, crypto=crypto).run())
-    # Nothing was kept at the first look: the next long poll is out at once,
-    # not after a second look (a job on the store's thread) while the batch waits.
+    # Nothing was kept at the first look: the next long poll is out from the
+    # batch's commit, not after a second look (a job on the store's thread,
+    # busy with that commit).
     await _until(lambda: len(homeserver.asked) == 2)
     assert crypto.looks == 1 and homeserver.timeouts == [30000, 30000]
-    crypto.free.set()
-    pipeline.release.set()
+    pipeline.commit_may_end.set()
     await _until(lambda: pipeline.durable == ["$a"])
+    crypto.free.set()
     # Once the batch is durable the kept events are looked at again (it kept none: nothing asked again).
     await _until(lambda: crypto.looks == 2)
     assert len(homeserver.asked) == 2

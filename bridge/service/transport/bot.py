@@ -3,13 +3,14 @@
 The sync token is advanced only inside the pipeline's final commit, after
 every answer of the batch is durable, so a crash replays the batch and the
 processed-event table makes the replay change nothing.  The next long poll
-is asked for as soon as a response arrives, while its batch is judged (a
-bare client's pace); only its response waits for the batch to be durable.
+is out while a batch is made durable (``nextpoll``); only its response
+waits for the batch to be durable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Collection
 from typing import Any
@@ -21,6 +22,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir, event_dict
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
+from bridge.service.transport.nextpoll import FirstSync, NextPoll
 from bridge.service.storage.store import Store
 from bridge.service.supervisor import Supervisor
 
@@ -161,9 +163,6 @@ async def gap_pages(client: AsyncClient, response: SyncResponse, since: str | No
         log.info("filled a gap of %d events in %s", count, room_id)
 
 
-FirstSync = tuple[str | None, "asyncio.Future[Any]"]  # (the token it was asked from, the sync)
-
-
 def ask_first_sync(client: AsyncClient, store: Store) -> FirstSync:
     """The start's first sync, asked for at once, as ``SyncLoop`` would ask
     (its own messages left out, no long poll while the first posting is not
@@ -228,8 +227,8 @@ class SyncLoop:
     async def _loop(self, notices: Notices) -> None:
         backoff = 0.5
         polled = own_events_left_out(self.client.user_id)
-        # The next long poll, asked for as soon as the last response arrived
-        # (its since, its request): see ``_ask_ahead``.
+        # The next long poll, asked for while the last batch was made durable
+        # (its since, its request): see ``nextpoll``.
         ahead: FirstSync | None = None
         try:
             while not self.stop.is_set():
@@ -248,12 +247,13 @@ class SyncLoop:
                 if sync not in done:
                     sync.cancel()  # nothing of this sync was handled: it is simply asked again next start
                     break
+                upcoming: NextPoll | None = None
                 try:
                     response = sync.result()
                     if not isinstance(response, SyncResponse):
                         raise MatrixError("sync", response)
                     if not polling:
-                        ahead = await self._ask_ahead(response.next_batch)
+                        upcoming = NextPoll(functools.partial(self._ask_ahead, response.next_batch))
                     # A long outage's gap first, page by page (read ahead while
                     # judged); the token moves only with the sync's own events.
                     notices.reading_gap = True
@@ -262,7 +262,10 @@ class SyncLoop:
                             await self._handle(page)
                     finally:
                         notices.reading_gap = False
-                    await self._handle(batch_events(response, self.client.user_id), token=response.next_batch)
+                    await self._handle(batch_events(response, self.client.user_id), token=response.next_batch,
+                                       then=upcoming)
+                    if upcoming is not None:
+                        ahead, upcoming = await upcoming.asked(), None
                     ahead = await self._wake_in_time(ahead)
                     if self.on_synced:
                         self.on_synced()
@@ -280,6 +283,9 @@ class SyncLoop:
                     log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                     await sleep_or_stop(self.stop, backoff)
                     backoff = min(backoff * 2, 30)
+                finally:
+                    if upcoming is not None:  # the batch was not made durable: nothing is asked past it
+                        await upcoming.drop()
         finally:
             await _drop(ahead)
 
@@ -318,32 +324,29 @@ class SyncLoop:
         return await self._ask_ahead(ahead[0])
 
     async def _ask_ahead(self, since: str) -> FirstSync:
-        """The next long poll, asked for from the batch just received, before
-        that batch is judged and made durable: as a bare client asks again at
-        once.  Synapse answers the long polls waiting on a room one after
-        another, and a bridge that asked only once its batch was durable (and
-        its acknowledgements queued) was often not waiting at all when the
-        next answer came, so it was answered after every other client.
-
-        Only the request runs ahead: its response is handled once this batch
-        is durable, and the token in the store still moves only in a batch's
-        commit, so a crash replays from the last durable token as before.
+        """The next long poll, asked for from the batch just received while
+        that batch is made durable (``nextpoll``).  Synapse answers the long
+        polls waiting on a room one after another, and a bridge that asked
+        only once its batch was durable (and its acknowledgements queued)
+        was often not waiting at all when the next answer came, so it was
+        answered after every other client.
 
         It waits for no job on the store's thread: with nothing kept for its
         key at the last look it is asked with the default timeout at once
-        (a look first would hand the loop to the store's thread and back
-        before the request is out, and before the batch is judged), and
-        ``_wake_in_time`` looks again once the batch is durable: a batch that
-        kept an event has the long poll asked again with the timeout it needs."""
+        (the thread is busy with the batch's commit: a look would wait for
+        it), and ``_wake_in_time`` looks again once the batch is durable: a
+        batch that kept an event has the long poll asked again with the
+        timeout it needs."""
         sync = await self._ask(since, 30000, look=self._wanted_sooner)
-        # Runs the request up to its first wait on the network (the request
-        # is sent) before anything of the batch is done.
+        # Runs the request up to its first wait on the network (the request is sent).
         await asyncio.sleep(0)
         return since, sync
 
-    async def _handle(self, events: list[dict[str, Any]], token: str | None = None) -> None:
+    async def _handle(self, events: list[dict[str, Any]], token: str | None = None,
+                      then: NextPoll | None = None) -> None:
         """Judge ``events`` and make them durable; with ``token``, the sync
-        token moves to it in the same commit."""
+        token moves to it in the same commit, and ``then`` is asked for while
+        that commit is made."""
         resolved: list[str] = []
         if self.crypto is not None:
             if any(event.get("type") == "m.room.encrypted" for event in events):
@@ -359,7 +362,7 @@ class SyncLoop:
         await self.pipeline.prepare(events)
         # On the store's thread, the event loop serving /health and the agents
         # meanwhile; runs to completion even when a stop is asked for mid-batch.
-        await self.store.run(self.pipeline.process, events, commit=lambda: self._commit(token, resolved))
+        await self.store.run(self.pipeline.process, events, commit=lambda: self._commit(token, resolved, then))
 
     async def _key_upkeep(self) -> None:
         assert self.crypto is not None
@@ -377,12 +380,14 @@ class SyncLoop:
             await answer_invite(self.client, self.pipeline, room_id, inviter,
                                 welcome_invite(room_id, inviter, self.rooms, self.inviters))
 
-    def _commit(self, token: str | None, resolved: list[str]) -> None:
+    def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None) -> None:
         if token is not None:
             self.store.set_meta(SYNC_TOKEN, token)
         if resolved:
             # Kept events decrypted in this batch are now processed like any other.
             self.store.drop_undecrypted(resolved)
+        if then is not None:
+            then.now()  # sent by the event loop while this transaction's COMMIT waits
 
 
 def welcome_invite(room_id: str, inviter: str | None, rooms: Collection[str],
