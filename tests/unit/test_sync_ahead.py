@@ -21,17 +21,18 @@ from typing import Any
 from nio import SyncResponse
 
 from bridge.service.storage.store import Store
+from bridge.service.transport import bot
 from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop
 from helpers.waiting import until
 
 ROOM = "!room:example.org"
 
 
-def _batch(event_id: str, next_batch: str, *more: tuple[str, str]) -> SyncResponse:
-    """A sync response with ``event_id`` from alice and ``more`` (event id, sender) after it."""
+def _batch(event_id: str | None, next_batch: str, *more: tuple[str, str]) -> SyncResponse:
+    """A sync response with ``event_id`` from alice (if any) and ``more`` (event id, sender) after it."""
     events = [{"type": "m.room.message", "event_id": one, "sender": sender, "origin_server_ts": 1,
                "content": {"msgtype": "m.text", "body": "yes"}}
-              for one, sender in [(event_id, "@alice:example.org"), *more]]
+              for one, sender in [*([(event_id, "@alice:example.org")] if event_id else []), *more]]
     return SyncResponse.from_dict({"next_batch": next_batch, "rooms": {"join": {ROOM: {"timeline": {
         "events": events, "limited": False, "prev_batch": "p"}}}}})
 
@@ -87,6 +88,7 @@ class _Pipeline:
         self.failed_commits = failed_commits
         self.commit_may_end: threading.Event | None = None
         self.durable: list[str] = []  # event ids, in the order they were made durable
+        self.jobs = 0  # batches handed to the store's thread
 
     def own_users(self, user_id: str) -> bool:
         return False
@@ -98,6 +100,7 @@ class _Pipeline:
             raise RuntimeError("the store is away")
 
     def process(self, events: list[dict[str, Any]], *, commit: Any) -> None:
+        self.jobs += 1
         with self.store.transaction():
             commit()
             if self.commit_may_end is not None:
@@ -162,6 +165,38 @@ async def test_a_long_poll_asks_for_the_bridge_s_own_events_and_leaves_them_out_
     long_polls = [f for f, timeout in zip(homeserver.filters, homeserver.timeouts) if timeout == 30000]
     assert len(long_polls) == 3
     assert all("not_senders" not in f["room"]["timeline"] for f in long_polls)
+    await _stopped(loop, stop)
+
+
+async def test_a_sync_of_the_bridge_s_own_messages_alone_makes_no_store_job(tmp_path: Path,
+                                                                          monkeypatch: Any) -> None:
+    """An acknowledgement after every answer comes back in a sync of its own:
+    nothing to judge, so no job on the store's thread (on PostgreSQL two
+    round trips) for it; its token is stored by the next batch, or by such
+    a sync once ``IDLE_TOKEN_EVERY`` has passed."""
+    store = _store(tmp_path)
+    ack = (("$ack", _Homeserver.user_id),)
+    homeserver = _Homeserver(store, {"s1": _batch("$a", "s2"), "s2": _batch(None, "s3", *ack),
+                                     "s3": _batch("$b", "s4"), "s4": _batch(None, "s5", *ack)})
+    pipeline, stop = _Pipeline(store), asyncio.Event()
+    pipeline.release.set()
+    gate, held = asyncio.Event(), asyncio.Event()
+    sync = homeserver.sync
+
+    async def held_at_s4(timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
+        if since == "s4":
+            held.set()
+            await gate.wait()
+        return await sync(timeout, sync_filter, since)
+
+    homeserver.sync = held_at_s4  # type: ignore[method-assign]
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(lambda: pipeline.durable == ["$a", "$b"] and held.is_set())
+    assert pipeline.jobs == 2 and store.get_meta(SYNC_TOKEN) == "s4"
+    monkeypatch.setattr(bot, "IDLE_TOKEN_EVERY", 0.0)  # the next such sync comes after the wait
+    gate.set()
+    await _until(lambda: store.get_meta(SYNC_TOKEN) == "s5")
+    assert pipeline.jobs == 3 and pipeline.durable == ["$a", "$b"]
     await _stopped(loop, stop)
 
 

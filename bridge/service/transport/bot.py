@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
@@ -174,6 +175,13 @@ def ask_first_sync(client: AsyncClient, store: Store) -> FirstSync:
                                                     since=since))
 
 
+# A sync that brings the pipeline nothing (the bridge's own messages coming
+# back, which a long poll asks for: an acknowledgement after every answer)
+# makes no store job; the token it brings is stored by the next batch that
+# does, or by such a sync once this many seconds have passed, so a restart
+# reads back at most that much of the bridge's own messages.
+IDLE_TOKEN_EVERY = 30.0
+
 # Until the first posting is done, the loop asks every POSTING_POLL seconds
 # instead of long-polling: a pending long poll makes Synapse build a sync
 # response for the bridge at every message it posts (the bridge's own,
@@ -204,6 +212,7 @@ class SyncLoop:
         # The last look at the kept events (``Crypto.sync_timeout_ms``) found
         # the loop needed back before the default timeout (none yet: look).
         self._wanted_sooner = True
+        self._token_stored_at = 0.0  # time.monotonic() of the last commit that stored a sync token
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -357,6 +366,8 @@ class SyncLoop:
                 await self.crypto.maintain()
             # Events not decryptable yet are durably kept here, before the token can move.
             events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
+        if not events and not resolved and time.monotonic() - self._token_stored_at < IDLE_TOKEN_EVERY:
+            return  # nothing to judge or to make durable: the token waits for the next batch
         # Files people sent are fetched first: judging runs in one store
         # transaction and does no network I/O.
         await self.pipeline.prepare(events)
@@ -383,6 +394,7 @@ class SyncLoop:
     def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None) -> None:
         if token is not None:
             self.store.set_meta(SYNC_TOKEN, token)
+            self._token_stored_at = time.monotonic()
         if resolved:
             # Kept events decrypted in this batch are now processed like any other.
             self.store.drop_undecrypted(resolved)
