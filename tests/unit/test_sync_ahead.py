@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 from nio import SyncResponse
 
 from bridge.service.storage.store import Store
@@ -216,31 +217,23 @@ async def test_a_batch_asked_ahead_is_made_durable_only_after_the_one_before(tmp
     await _stopped(loop, stop)
 
 
-async def test_a_failed_batch_is_retried_from_the_durable_token(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where, asked, cancelled", [
+    # Failed before its commit: nothing was asked past it.
+    ({"failures": 1}, ["s1", "s1", "s2"], []),
+    # Failed in its commit: asked from it, then dropped.
+    ({"failed_commits": 1}, ["s1", "s2", "s1", "s2"], ["s2"]),
+])
+async def test_a_failed_batch_is_retried_from_the_durable_token(tmp_path: Path, where: dict[str, int],
+                                                                asked: list[str], cancelled: list[str]) -> None:
     store = _store(tmp_path)
-    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store, failures=1), \
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store, **where), \
         asyncio.Event()
     pipeline.release.set()
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
     await _until(lambda: pipeline.durable == ["$a"])
-    # Nothing was asked past the batch that failed before its commit; the
-    # retry went from the store's token, and the batch was made durable once.
-    assert [since for since, _ in homeserver.asked] == ["s1", "s1", "s2"]
-    assert store.get_meta(SYNC_TOKEN) == "s2"
-    await _stopped(loop, stop)
-
-
-async def test_a_batch_whose_commit_fails_drops_the_long_poll_asked_past_it(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    homeserver = _Homeserver(store, {"s1": _batch("$a", "s2")})
-    pipeline, stop = _Pipeline(store, failed_commits=1), asyncio.Event()
-    pipeline.release.set()
-    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
-    await _until(lambda: pipeline.durable == ["$a"])
-    # Asked from the failed commit, then dropped; the retry went from the
-    # store's token, and the batch was made durable once.
-    assert homeserver.cancelled[:1] == ["s2"]
-    assert [since for since, _ in homeserver.asked] == ["s1", "s2", "s1", "s2"]
+    # The retry went from the store's token, and the batch was made durable once.
+    assert [since for since, _ in homeserver.asked] == asked
+    assert homeserver.cancelled[:len(cancelled)] == cancelled
     assert store.get_meta(SYNC_TOKEN) == "s2"
     await _stopped(loop, stop)
 
