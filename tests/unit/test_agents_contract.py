@@ -24,6 +24,7 @@ from bridge.agents.waiting import wait_answers
 from bridge.answers.arrival import arrived, parse_time
 from bridge.answers.document import put_record
 from bridge.answers.file import AnswersFile
+from bridge.service.answering.pipeline import utc_now
 
 DOCUMENT = {
     "openapi": "3.1.0", "info": {"title": "t", "version": "1"},
@@ -120,8 +121,7 @@ def answer_later(folder: Path, choice: str, seconds: float) -> threading.Thread:
 
     def write() -> None:
         time.sleep(seconds)
-        now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
-        AnswersFile(folder, "plan").update(lambda doc, at: put_record(doc, record, at), now)
+        AnswersFile(folder, "plan").update(lambda doc, at: put_record(doc, record, at), utc_now())
 
     thread = threading.Thread(target=write, daemon=True)
     thread.start()

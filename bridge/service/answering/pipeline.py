@@ -68,7 +68,12 @@ class Transport(Protocol):
 
 
 def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+    """Now, to the millisecond, from one reading of the clock: seconds and
+    milliseconds read apart straddle a second once in a while (a thread
+    descheduled between them), and the time went back by one, so an agent
+    waiting for an answer ``after`` the last one missed the next."""
+    ms = int(time.time() * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 class _StoreLookup:

@@ -1,0 +1,24 @@
+"""The time an answer is recorded (``updated``) never goes back: agents wait
+for an answer ``after`` the last one they saw by it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bridge.answers.arrival import parse_time
+from bridge.service.answering.pipeline import utc_now
+
+
+def test_the_clock_read_across_a_second_s_end_does_not_go_back_a_second(monkeypatch: Any) -> None:
+    # The thread is descheduled between two readings of the clock, across the end of a second.
+    readings = iter([1_780_000_000.9995, 1_780_000_001.0004, 1_780_000_001.0004])
+    monkeypatch.setattr(time, "time", lambda: next(readings))
+    stamp = utc_now()
+    assert stamp == "2026-05-28T20:26:40.999Z"
+    assert parse_time(stamp).timestamp() > 1_780_000_000.5
+
+
+def test_answers_recorded_one_after_another_are_in_order() -> None:
+    stamps = [utc_now() for _ in range(2000)]
+    assert [parse_time(s) for s in stamps] == sorted(parse_time(s) for s in stamps)
