@@ -201,6 +201,27 @@ async def test_a_sync_of_the_bridge_s_own_messages_alone_makes_no_store_job(tmp_
     await _stopped(loop, stop)
 
 
+async def test_a_poll_while_the_first_posting_goes_on_stores_the_token_of_each_sync(tmp_path: Path,
+                                                                                   monkeypatch: Any) -> None:
+    """A poll is asked from the token in the store: a sync of the bridge's
+    own messages alone still stores its token, or every poll would ask from
+    the same one again, over more of the bridge's posted questions each time
+    (an answer sent while 10,000 were posted waited 30 s)."""
+    monkeypatch.setattr(bot, "POSTING_POLL", 0.01)
+    store = _store(tmp_path)
+    ack = ("$posted", _Homeserver.user_id)
+    homeserver = _Homeserver(store, {"s1": _batch(None, "s2", ack), "s2": _batch(None, "s3", ack),
+                                     "s3": _batch("$a", "s4")})
+    pipeline, stop, posting = _Pipeline(store), asyncio.Event(), asyncio.Event()
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop, posted=posting).run())
+    await _until(lambda: pipeline.durable == ["$a"])
+    assert [since for since, _ in homeserver.asked[:3]] == ["s1", "s2", "s3"]
+    assert homeserver.timeouts[:3] == [0, 0, 0]
+    await _until(lambda: store.get_meta(SYNC_TOKEN) == "s4")
+    await _stopped(loop, stop)
+
+
 async def test_a_batch_asked_ahead_is_made_durable_only_after_the_one_before(tmp_path: Path) -> None:
     store = _store(tmp_path)
     batches = {"s1": _batch("$a", "s2"), "s2": _batch("$b", "s3")}

@@ -175,11 +175,11 @@ def ask_first_sync(client: AsyncClient, store: Store) -> FirstSync:
                                                     since=since))
 
 
-# A sync that brings the pipeline nothing (the bridge's own messages coming
-# back, which a long poll asks for: an acknowledgement after every answer)
-# makes no store job; the token it brings is stored by the next batch that
-# does, or by such a sync once this many seconds have passed, so a restart
-# reads back at most that much of the bridge's own messages.
+# A long poll's sync that brings the pipeline nothing (the bridge's own
+# messages coming back, which it asks for: an acknowledgement after every
+# answer) makes no store job; the token it brings is stored by the next batch
+# that does, or by such a sync once this many seconds have passed, so a
+# restart reads back at most that much of the bridge's own messages.
 IDLE_TOKEN_EVERY = 30.0
 
 # Until the first posting is done, the loop asks every POSTING_POLL seconds
@@ -366,8 +366,12 @@ class SyncLoop:
                 await self.crypto.maintain()
             # Events not decryptable yet are durably kept here, before the token can move.
             events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
-        if not events and not resolved and time.monotonic() - self._token_stored_at < IDLE_TOKEN_EVERY:
-            return  # nothing to judge or to make durable: the token waits for the next batch
+        if then is not None and not events and not resolved \
+                and time.monotonic() - self._token_stored_at < IDLE_TOKEN_EVERY:
+            # Nothing to judge or to make durable: the token waits for the next
+            # batch.  Only with a long poll asked from it: a poll (while the
+            # first posting goes on) is asked from the token in the store.
+            return
         # Files people sent are fetched first: judging runs in one store
         # transaction and does no network I/O.
         await self.pipeline.prepare(events)
