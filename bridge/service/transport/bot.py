@@ -23,7 +23,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir, event_dict
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
-from bridge.service.transport.nextpoll import FirstSync, NextPoll
+from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
 from bridge.service.storage.store import Store
 from bridge.service.supervisor import Supervisor
 
@@ -288,7 +288,7 @@ class SyncLoop:
                 except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
                     # The batch is not durable: what was asked past it is dropped,
                     # and the retry goes from the token in the store.
-                    ahead = await _drop(ahead)
+                    ahead = await drop_sync(ahead)
                     log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
                     await sleep_or_stop(self.stop, backoff)
                     backoff = min(backoff * 2, 30)
@@ -296,7 +296,7 @@ class SyncLoop:
                     if upcoming is not None:  # the batch was not made durable: nothing is asked past it
                         await upcoming.drop()
         finally:
-            await _drop(ahead)
+            await drop_sync(ahead)
 
     def _start_upkeep(self) -> None:
         """Key chores run beside the sync, as nio's own sync loop runs them: a
@@ -329,7 +329,7 @@ class SyncLoop:
         wanted = asyncio.get_running_loop().time() + timeout / 1000
         if wanted >= self._wakes_at - 0.05:
             return ahead
-        await _drop(ahead)
+        await drop_sync(ahead)
         return await self._ask_ahead(ahead[0])
 
     async def _ask_ahead(self, since: str) -> FirstSync:
@@ -440,13 +440,6 @@ def _inviter(info: Any, user_id: str) -> str | None:
         if source.get("type") == "m.room.member" and source.get("state_key") == user_id:
             return source.get("sender")
     return None
-
-
-async def _drop(ahead: FirstSync | None) -> None:
-    """Cancel a sync asked ahead whose response will not be handled."""
-    if ahead is not None:
-        ahead[1].cancel()
-        await asyncio.gather(ahead[1], return_exceptions=True)
 
 
 async def sleep_or_stop(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:

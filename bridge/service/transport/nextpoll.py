@@ -53,6 +53,11 @@ class NextPoll:
         if not task.done():
             task.cancel()
         asked = await asyncio.gather(task, return_exceptions=True)
-        if isinstance(asked[0], tuple):
-            asked[0][1].cancel()
-            await asyncio.gather(asked[0][1], return_exceptions=True)
+        await drop_sync(asked[0] if isinstance(asked[0], tuple) else None)
+
+
+async def drop_sync(ahead: FirstSync | None) -> None:
+    """Cancel a sync asked ahead whose response will not be handled."""
+    if ahead is not None:
+        ahead[1].cancel()
+        await asyncio.gather(ahead[1], return_exceptions=True)
