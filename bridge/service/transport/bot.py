@@ -212,7 +212,7 @@ class SyncLoop:
         # The last look at the kept events (``Crypto.sync_timeout_ms``) found
         # the loop needed back before the default timeout (none yet: look).
         self._wanted_sooner = True
-        self._token_stored_at = 0.0  # time.monotonic() of the last commit that stored a sync token
+        self._token_stored_at = 0.0  # time.monotonic() when a batch's commit last stored a sync token
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -378,6 +378,8 @@ class SyncLoop:
         # On the store's thread, the event loop serving /health and the agents
         # meanwhile; runs to completion even when a stop is asked for mid-batch.
         await self.store.run(self.pipeline.process, events, commit=lambda: self._commit(token, resolved, then))
+        if token is not None:
+            self._token_stored_at = time.monotonic()  # its COMMIT made: the token is in the store
 
     async def _key_upkeep(self) -> None:
         assert self.crypto is not None
@@ -398,7 +400,6 @@ class SyncLoop:
     def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None) -> None:
         if token is not None:
             self.store.set_meta(SYNC_TOKEN, token)
-            self._token_stored_at = time.monotonic()
         if resolved:
             # Kept events decrypted in this batch are now processed like any other.
             self.store.drop_undecrypted(resolved)
