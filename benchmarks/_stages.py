@@ -8,9 +8,10 @@ writes one JSON line per batch that held events, each stage a
   arrived   appservice mode: the transaction's request came in (the stages
             of a sync, up to ``asked``, are bot mode's)
   headers   the sync's response headers are in (nio starts reading the body)
-  parsed    the body read, parsed and turned into nio's ``SyncResponse``
+  parsed    the body read and parsed: into the bridge's ``SyncBatch``, or
+            with encryption into nio's ``SyncResponse``
   received  nio's own handling of it done (``receive_response``)
-  synced    ``AsyncClient.sync`` returned (the time ``_traced.py`` notes)
+  synced    ``sync_batch`` returned (the time ``_traced.py`` notes)
   handle    ``SyncLoop._handle`` started on the batch (appservice mode:
             ``TransactionServer._process``, the transactions' lock held)
   feeding   appservice mode: ``TransactionServer._feed`` (screening, with encryption)
@@ -137,6 +138,42 @@ def _trace_waits() -> None:
     pgdialect.PgConnection._run = traced_run  # type: ignore[method-assign]
     pgdialect.PgConnection._pipelined = traced_pipelined  # type: ignore[method-assign]
 
+    # On SQLite, each statement of a batch's job: milliseconds since the job
+    # began, then the statement (``waits`` has the same shape on both).
+    from bridge.service.storage.storethread import _Gated
+
+    execute = _Gated.execute
+
+    def traced_execute(self: Any, sql: str, params: Any = ()) -> Any:
+        start = time.perf_counter()
+        try:
+            return execute(self, sql, params)
+        finally:
+            if not hasattr(self._db, "reads"):
+                record([sql], start)
+
+    defer, reads = _Gated.defer, _Gated.reads
+
+    def traced_defer(self: Any, sql: str, params: Any = ()) -> Any:
+        start = time.perf_counter()
+        try:
+            return defer(self, sql, params)
+        finally:
+            if not hasattr(self._db, "reads"):
+                record([sql], start)
+
+    def traced_reads(self: Any, statements: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return reads(self, statements, **kwargs)
+        finally:
+            if not hasattr(self._db, "reads"):
+                record([s[0] for s in statements] + (["COMMIT"] if kwargs.get("commit") else []), start)
+
+    _Gated.execute = traced_execute  # type: ignore[method-assign]
+    _Gated.defer = traced_defer  # type: ignore[method-assign]
+    _Gated.reads = traced_reads  # type: ignore[method-assign]
+
 
 def _trace_gc() -> None:
     """Each garbage collection while a batch is handled: its generation and milliseconds."""
@@ -203,14 +240,16 @@ def install() -> None:
     from bridge.answers import file as answers_file
     from bridge.service.answering.pipeline import Pipeline
     from bridge.service.storage.storethread import StoreThread
+    from bridge.service.transport import bot
     from bridge.service.transport.bot import SyncLoop
+    from bridge.service.transport.syncbatch import SyncBatch
 
     create = AsyncClient.create_matrix_response
 
     async def create_matrix_response(self: AsyncClient, response_class: type, *args: Any, **kwargs: Any) -> Any:
         headers = time.perf_counter()
         response = await create(self, response_class, *args, **kwargs)
-        if isinstance(response, SyncResponse):
+        if isinstance(response, (SyncResponse, SyncBatch)):
             response._stages = {"headers": headers, "parsed": time.perf_counter()}
         return response
 
@@ -229,16 +268,16 @@ def install() -> None:
 
     AsyncClient.receive_response = receive_response  # type: ignore[method-assign]
 
-    sync = AsyncClient.sync
+    sync = bot.sync_batch
 
-    async def traced_sync(self: AsyncClient, *args: Any, **kwargs: Any) -> Any:
-        response = await sync(self, *args, **kwargs)
+    async def traced_sync(*args: Any, **kwargs: Any) -> Any:
+        response = await sync(*args, **kwargs)
         stages = _by_token.get(getattr(response, "next_batch", None) or "")
         if stages is not None:
             stages["synced"] = time.perf_counter()
         return response
 
-    AsyncClient.sync = traced_sync  # type: ignore[method-assign]
+    bot.sync_batch = traced_sync  # type: ignore[assignment]
 
     ask_ahead = SyncLoop._ask_ahead
 

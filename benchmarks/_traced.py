@@ -4,8 +4,9 @@ transaction (appservice mode) reaches it.
     python benchmarks/_traced.py run -c CONFIG    (ASKWRIGHT_BENCH_TRACE=<file>)
 
 Writes "<event id> <perf_counter>" for every timeline event of every sync
-response, taken right after matrix-nio hands the response over: the same
-moment the latency bench's bare observer notes.  The bench splits the
+response, taken right after the response is read (``sync_batch`` returns):
+the moment the latency bench's bare observer notes, once matrix-nio hands
+the response over.  The bench splits the
 bridge's overhead with it into what the homeserver's delivery costs (the
 bridge's sync answered later than the observer's) and what the bridge itself
 does (judging, the store, answers.json).  Nothing else of the bridge changes.
@@ -19,19 +20,35 @@ import time
 
 from nio import AsyncClient
 
-_sync = AsyncClient.sync
+from bridge.service.transport import bot
+
 _out = open(os.environ["ASKWRIGHT_BENCH_TRACE"], "a", buffering=1)
 
 
-async def _traced_sync(self: AsyncClient, *args, **kwargs):  # type: ignore[no-untyped-def]
-    response = await _sync(self, *args, **kwargs)
+def _note(event_ids: list[str]) -> None:
     now = time.perf_counter()
-    rooms = getattr(getattr(response, "rooms", None), "join", None) or {}
-    _out.write("".join(f"{event.event_id} {now}\n" for room in rooms.values() for event in room.timeline.events))
-    return response
+    _out.write("".join(f"{event_id} {now}\n" for event_id in event_ids))
 
 
-AsyncClient.sync = _traced_sync  # type: ignore[method-assign]
+if hasattr(bot, "sync_batch"):
+    _sync = bot.sync_batch
+
+    async def _traced_sync(*args, **kwargs):  # type: ignore[no-untyped-def]
+        response = await _sync(*args, **kwargs)
+        _note([event.get("event_id") for event in response.events()])
+        return response
+
+    bot.sync_batch = _traced_sync  # type: ignore[assignment]
+else:  # a bridge from before SyncBatch (``latency.py --against``): nio read every sync
+    _nio_sync = AsyncClient.sync
+
+    async def _traced_nio_sync(self: AsyncClient, *args, **kwargs):  # type: ignore[no-untyped-def]
+        response = await _nio_sync(self, *args, **kwargs)
+        rooms = getattr(getattr(response, "rooms", None), "join", None) or {}
+        _note([event.event_id for room in rooms.values() for event in room.timeline.events])
+        return response
+
+    AsyncClient.sync = _traced_nio_sync  # type: ignore[method-assign]
 
 
 def _trace_transactions() -> None:

@@ -12,6 +12,7 @@ from nio import RoomMessagesResponse
 from helpers.fake_pages import RoomMessagesPages
 
 from bridge.service.transport.bot import StopRequested, gap_pages
+from bridge.service.transport.syncbatch import SyncBatch, Timeline
 
 
 class _EndlessHistory(RoomMessagesPages):
@@ -33,8 +34,7 @@ class _EndlessHistory(RoomMessagesPages):
 async def test_a_stop_during_a_back_fill_ends_it_before_the_next_page():
     stop = asyncio.Event()
     client = _EndlessHistory(stop)
-    timeline = SimpleNamespace(limited=True, prev_batch="p1", events=[])
-    response = SimpleNamespace(rooms=SimpleNamespace(join={"!r": SimpleNamespace(timeline=timeline)}))
+    response = SyncBatch(next_batch="s1", timelines={"!r": Timeline([], True, "p1")})
     with pytest.raises(StopRequested):
         async for _page in gap_pages(client, response, "s0", stop):
             pass

@@ -11,6 +11,7 @@ from helpers.fake_pages import RoomMessagesPages
 
 from bridge.service.transport.bot import gap_pages
 from bridge.service.transport.matrix import read_ahead
+from bridge.service.transport.syncbatch import SyncBatch, Timeline
 
 
 class _History(RoomMessagesPages):
@@ -32,9 +33,8 @@ class _History(RoomMessagesPages):
         return RoomMessagesResponse(room_id, chunk=chunk, start=start, end=f"t{n + 1}")
 
 
-def _limited(prev_batch: str) -> SimpleNamespace:
-    timeline = SimpleNamespace(limited=True, prev_batch=prev_batch, events=[])
-    return SimpleNamespace(rooms=SimpleNamespace(join={"!r:example.org": SimpleNamespace(timeline=timeline)}))
+def _limited(prev_batch: str) -> SyncBatch:
+    return SyncBatch(next_batch="s9", timelines={"!r:example.org": Timeline([], True, prev_batch)})
 
 
 async def test_the_gap_comes_oldest_first_and_each_page_is_judged_while_the_next_is_read():
@@ -49,6 +49,6 @@ async def test_no_gap_without_a_token_or_a_limited_timeline():
     log: list[str] = []
     assert [page async for page in gap_pages(_History(3, log), _limited("p9"), None)] == []
     unlimited = _limited("p9")
-    unlimited.rooms.join["!r:example.org"].timeline.limited = False
+    unlimited.timelines["!r:example.org"].limited = False
     assert [page async for page in gap_pages(_History(3, log), unlimited, "s0")] == []
     assert log == []

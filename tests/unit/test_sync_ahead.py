@@ -19,33 +19,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nio import SyncResponse
-
 from bridge.service.storage.store import Store
 from bridge.service.transport import bot
 from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop
+from helpers.fake_sync import SyncBodies
 from helpers.waiting import until
 
 ROOM = "!room:example.org"
 
 
-def _batch(event_id: str | None, next_batch: str, *more: tuple[str, str]) -> SyncResponse:
+def _batch(event_id: str | None, next_batch: str, *more: tuple[str, str]) -> dict[str, Any]:
     """A sync response with ``event_id`` from alice (if any) and ``more`` (event id, sender) after it."""
     events = [{"type": "m.room.message", "event_id": one, "sender": sender, "origin_server_ts": 1,
                "content": {"msgtype": "m.text", "body": "yes"}}
               for one, sender in [*([(event_id, "@alice:example.org")] if event_id else []), *more]]
-    return SyncResponse.from_dict({"next_batch": next_batch, "rooms": {"join": {ROOM: {"timeline": {
-        "events": events, "limited": False, "prev_batch": "p"}}}}})
+    return {"next_batch": next_batch, "rooms": {"join": {ROOM: {"timeline": {
+        "events": events, "limited": False, "prev_batch": "p"}}}}}
 
 
-class _Homeserver:
+class _Homeserver(SyncBodies):
     """A fake homeserver at the transport seam: ``batches[since]`` answers a
     sync from ``since`` at once; any other since is a long poll with nothing
     new.  Notes each request with the token durable in the store as it came."""
 
     user_id = "@askbot:example.org"
 
-    def __init__(self, store: Store, batches: dict[str, SyncResponse]):
+    def __init__(self, store: Store, batches: dict[str, dict[str, Any]]):
         self.store = store
         self.batches = batches
         self.asked: list[tuple[str | None, str | None]] = []  # (since, the store's token then)
@@ -61,7 +60,7 @@ class _Homeserver:
             row = db.execute("SELECT value FROM meta WHERE key=?", (SYNC_TOKEN,)).fetchone()
         return row[0] if row else None
 
-    async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
+    async def sync_body(self, timeout: int, sync_filter: Any, since: str | None) -> dict[str, Any]:
         self.asked.append((since, self.durable_token()))
         self.timeouts.append(timeout)
         self.filters.append(sync_filter)
@@ -182,15 +181,15 @@ async def test_a_sync_of_the_bridge_s_own_messages_alone_makes_no_store_job(tmp_
     pipeline, stop = _Pipeline(store), asyncio.Event()
     pipeline.release.set()
     gate, held = asyncio.Event(), asyncio.Event()
-    sync = homeserver.sync
+    sync = homeserver.sync_body
 
-    async def held_at_s4(timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
+    async def held_at_s4(timeout: int, sync_filter: Any, since: str | None) -> dict[str, Any]:
         if since == "s4":
             held.set()
             await gate.wait()
         return await sync(timeout, sync_filter, since)
 
-    homeserver.sync = held_at_s4  # type: ignore[method-assign]
+    homeserver.sync_body = held_at_s4  # type: ignore[method-assign]
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
     await _until(lambda: pipeline.durable == ["$a", "$b"] and held.is_set())
     assert pipeline.jobs == 2 and store.get_meta(SYNC_TOKEN) == "s4"

@@ -12,7 +12,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from nio import SyncResponse
+from helpers.fake_sync import SyncBodies
 
 from bridge.service.storage.store import Store
 from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop, ask_first_sync
@@ -20,26 +20,26 @@ from bridge.service.transport.bot import SYNC_TOKEN, SyncLoop, ask_first_sync
 ROOM = "!room:example.org"
 
 
-def _sync_response(event_type: str) -> SyncResponse:
+def _sync_body(event_type: str) -> dict[str, Any]:
     event = {"type": event_type, "event_id": "$answer", "sender": "@alice:example.org", "origin_server_ts": 1,
              "content": {"msgtype": "m.text", "body": "yes"} if event_type == "m.room.message" else
              {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "x", "sender_key": "k", "session_id": "s",
               "device_id": "D"}}
-    return SyncResponse.from_dict({"next_batch": "s2", "rooms": {"join": {ROOM: {"timeline": {
-        "events": [event], "limited": False, "prev_batch": "p1"}}}}})
+    return {"next_batch": "s2", "rooms": {"join": {ROOM: {"timeline": {
+        "events": [event], "limited": False, "prev_batch": "p1"}}}}}
 
 
-class _Client:
+class _Client(SyncBodies):
     """The first sync returns the batch waiting since the stop; later ones long-poll."""
 
     user_id = "@askbot:example.org"
 
     def __init__(self, event_type: str):
-        self.batch = _sync_response(event_type)
+        self.batch = _sync_body(event_type)
         self.syncs = 0
         self.asked: list[tuple[str | None, int]] = []  # (since, timeout) of each sync
 
-    async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> SyncResponse:
+    async def sync_body(self, timeout: int, sync_filter: Any, since: str | None) -> dict[str, Any]:
         self.syncs += 1
         self.asked.append((since, timeout))
         if self.syncs == 1:

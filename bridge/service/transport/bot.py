@@ -20,10 +20,11 @@ from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, Whoa
 
 from bridge.service.eventwait import any_set
 from bridge.service.config import Config, ConfigError
-from bridge.service.encryption.crypto import Crypto, available, crypto_dir, event_dict
+from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
 from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
+from bridge.service.transport.syncbatch import SyncBatch, sync_batch
 from bridge.service.storage.store import Store
 from bridge.service.supervisor import Supervisor
 
@@ -50,7 +51,7 @@ def own_events_left_out(user_id: str) -> dict[str, Any]:
 
     Only for a sync that may span many of them (the start's, the posting's
     polls).  A long poll asks with ``SYNC_FILTER`` and leaves them out
-    itself (``batch_events``): a timeline with an event left out is no
+    itself (``SyncBatch.events``): a timeline with an event left out is no
     longer a chain for the homeserver, so Synapse works out the room's
     whole state three times over for it, which put the bridge's response
     3.4 ms behind a bare client's for every answer that followed one of
@@ -134,29 +135,18 @@ async def prime_sync_token(client: AsyncClient, store: Store) -> None:
         store.set_meta(SYNC_TOKEN, response.next_batch)
 
 
-def batch_events(response: SyncResponse, own: str | None = None) -> list[dict[str, Any]]:
-    """The timeline events of ``response``, without those sent by ``own``
-    (the bridge's, which a long poll asks for: see ``own_events_left_out``)."""
-    events: list[dict[str, Any]] = []
-    for room_id, room in response.rooms.join.items():
-        for event in room.timeline.events:
-            if own is None or getattr(event, "sender", None) != own:
-                events.append(event_dict(event, room_id))
-    return events
-
-
-async def gap_pages(client: AsyncClient, response: SyncResponse, since: str | None,
+async def gap_pages(client: AsyncClient, response: SyncBatch, since: str | None,
                     stop: asyncio.Event | None = None) -> AsyncIterator[list[dict[str, Any]]]:
     """The events a limited sync skipped, a page at a time and oldest first:
     each room's timeline read forward from ``since`` to where the sync's own
     timeline starts, so each page can be judged as it comes, in timeline order."""
     if since is None:
         return  # the first sync of a new bridge has no past to catch up on
-    for room_id, room in response.rooms.join.items():
-        if not room.timeline.limited or not room.timeline.prev_batch:
+    for room_id, timeline in response.timelines.items():
+        if not timeline.limited or not timeline.prev_batch:
             continue
         count = 0
-        async for page in timeline_pages(client, room_id, since, room.timeline.prev_batch, stop, GAP_PAGE,
+        async for page in timeline_pages(client, room_id, since, timeline.prev_batch, stop, GAP_PAGE,
                                          MessageDirection.front):
             count += len(page.chunk)
             if page.chunk:
@@ -164,15 +154,15 @@ async def gap_pages(client: AsyncClient, response: SyncResponse, since: str | No
         log.info("filled a gap of %d events in %s", count, room_id)
 
 
-def ask_first_sync(client: AsyncClient, store: Store) -> FirstSync:
+def ask_first_sync(client: AsyncClient, store: Store, encrypted: bool = False) -> FirstSync:
     """The start's first sync, asked for at once, as ``SyncLoop`` would ask
     (its own messages left out, no long poll while the first posting is not
     done): the homeserver answers it while the bridge joins its rooms and
     reads their members, which its batch waits for (``SyncLoop`` runs once
-    they are in)."""
+    they are in).  ``encrypted``: the loop runs with ``Crypto``."""
     since = store.get_meta(SYNC_TOKEN)
-    return since, asyncio.ensure_future(client.sync(timeout=0, sync_filter=own_events_left_out(client.user_id),
-                                                    since=since))
+    return since, asyncio.ensure_future(sync_batch(client, 0, own_events_left_out(client.user_id), since,
+                                                   nio_reads=encrypted))
 
 
 # A long poll's sync that brings the pipeline nothing (the bridge's own
@@ -259,8 +249,6 @@ class SyncLoop:
                 upcoming: NextPoll | None = None
                 try:
                     response = sync.result()
-                    if not isinstance(response, SyncResponse):
-                        raise MatrixError("sync", response)
                     if not polling:
                         upcoming = NextPoll(functools.partial(self._ask_ahead, response.next_batch))
                     # A long outage's gap first, page by page (read ahead while
@@ -271,7 +259,7 @@ class SyncLoop:
                             await self._handle(page)
                     finally:
                         notices.reading_gap = False
-                    await self._handle(batch_events(response, self.client.user_id), token=response.next_batch,
+                    await self._handle(response.events(leave_out=self.client.user_id), token=response.next_batch,
                                        then=upcoming)
                     if upcoming is not None:
                         ahead, upcoming = await upcoming.asked(), None
@@ -315,7 +303,8 @@ class SyncLoop:
             default, timeout = timeout, await self.crypto.sync_timeout_ms(timeout)
             self._wanted_sooner = timeout < default
         self._wakes_at = asyncio.get_running_loop().time() + timeout / 1000
-        return asyncio.ensure_future(self.client.sync(timeout=timeout, sync_filter=sync_filter, since=since))
+        return asyncio.ensure_future(sync_batch(self.client, timeout, sync_filter, since,
+                                                nio_reads=self.crypto is not None))
 
     async def _wake_in_time(self, ahead: FirstSync | None) -> FirstSync | None:
         """The long poll asked ahead again, with a shorter timeout, when the
@@ -388,12 +377,12 @@ class SyncLoop:
         except Exception as exc:  # noqa: BLE001 - key chores are retried beside the next sync
             log.warning("encryption key upkeep failed (%s); retrying beside the next sync", exc)
 
-    async def _answer_invites(self, response: SyncResponse) -> None:
+    async def _answer_invites(self, response: SyncBatch) -> None:
         """Join a configured room when someone who may answer invites the
         bridge back; decline every other invite, so nobody can pull the
         bridge (and the questions it posts) into a room of their choosing."""
-        for room_id, info in response.rooms.invite.items():
-            inviter = _inviter(info, self.client.user_id)
+        for room_id, invite_state in response.invites.items():
+            inviter = _inviter(invite_state, self.client.user_id)
             await answer_invite(self.client, self.pipeline, room_id, inviter,
                                 welcome_invite(room_id, inviter, self.rooms, self.inviters))
 
@@ -435,11 +424,10 @@ async def answer_invite(client: AsyncClient, pipeline: Any, room_id: str, invite
         log.warning("could not answer the invite to %s (%s)", room_id, exc)
 
 
-def _inviter(info: Any, user_id: str) -> str | None:
-    for event in getattr(info, "invite_state", ()):
-        source = getattr(event, "source", {}) or {}
-        if source.get("type") == "m.room.member" and source.get("state_key") == user_id:
-            return source.get("sender")
+def _inviter(invite_state: list[dict[str, Any]], user_id: str) -> str | None:
+    for event in invite_state:
+        if event.get("type") == "m.room.member" and event.get("state_key") == user_id:
+            return event.get("sender")
     return None
 
 
