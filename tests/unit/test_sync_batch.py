@@ -74,3 +74,12 @@ def test_malformed_parts_are_skipped_not_fatal() -> None:
     assert (batch.timelines[ROOM].limited, batch.timelines[ROOM].prev_batch) == (False, None)
     assert batch.timelines[OTHER].events == [] and batch.invites == {"!x:example.org": []}
     assert isinstance(SyncBatch.from_dict({"next_batch": "s3"}), SyncBatch)  # nothing new at all
+
+
+def test_a_gap_is_a_timeline_cut_short_with_a_place_to_read_back_from() -> None:
+    batch = SyncBatch.from_dict({"next_batch": "s2", "rooms": {"join": {
+        ROOM: {"timeline": {"events": [], "limited": True, "prev_batch": "p1"}},
+        OTHER: {"timeline": {"events": [], "limited": True}},
+        "!whole:example.org": {"timeline": {"events": [], "limited": False, "prev_batch": "p2"}}}}})
+    assert isinstance(batch, SyncBatch)
+    assert batch.gaps() == {ROOM: "p1"}

@@ -142,11 +142,9 @@ async def gap_pages(client: AsyncClient, response: SyncBatch, since: str | None,
     timeline starts, so each page can be judged as it comes, in timeline order."""
     if since is None:
         return  # the first sync of a new bridge has no past to catch up on
-    for room_id, timeline in response.timelines.items():
-        if not timeline.limited or not timeline.prev_batch:
-            continue
+    for room_id, prev_batch in response.gaps().items():
         count = 0
-        async for page in timeline_pages(client, room_id, since, timeline.prev_batch, stop, GAP_PAGE,
+        async for page in timeline_pages(client, room_id, since, prev_batch, stop, GAP_PAGE,
                                          MessageDirection.front):
             count += len(page.chunk)
             if page.chunk:
@@ -251,14 +249,8 @@ class SyncLoop:
                     response = sync.result()
                     if not polling:
                         upcoming = NextPoll(functools.partial(self._ask_ahead, response.next_batch))
-                    # A long outage's gap first, page by page (read ahead while
-                    # judged); the token moves only with the sync's own events.
-                    notices.reading_gap = True
-                    try:
-                        async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
-                            await self._handle(page)
-                    finally:
-                        notices.reading_gap = False
+                    if response.gaps():
+                        await self._fill_gaps(notices, response, since)
                     await self._handle(response.events(leave_out=self.client.user_id), token=response.next_batch,
                                        then=upcoming)
                     if upcoming is not None:
@@ -285,6 +277,18 @@ class SyncLoop:
                         await upcoming.drop()
         finally:
             await drop_sync(ahead)
+
+    async def _fill_gaps(self, notices: Notices, response: SyncBatch, since: str | None) -> None:
+        """A long outage's gap first, page by page (read ahead while judged);
+        the token moves only with the sync's own events.  (Only when a
+        timeline was cut short: reading ahead costs the answers in the
+        sync's own a turn of the event loop.)"""
+        notices.reading_gap = True
+        try:
+            async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
+                await self._handle(page)
+        finally:
+            notices.reading_gap = False
 
     def _start_upkeep(self) -> None:
         """Key chores run beside the sync, as nio's own sync loop runs them: a

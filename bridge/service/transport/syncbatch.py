@@ -64,6 +64,11 @@ class SyncBatch(Response):
                    invites={room_id: [getattr(event, "source", None) or {} for event in info.invite_state]
                             for room_id, info in response.rooms.invite.items()})
 
+    def gaps(self) -> dict[str, str]:
+        """Room id -> where its timeline's left-out part ends, for each room whose timeline was cut short."""
+        return {room_id: timeline.prev_batch for room_id, timeline in self.timelines.items()
+                if timeline.limited and timeline.prev_batch}
+
     def events(self, leave_out: str | None = None) -> list[dict[str, Any]]:
         """Every room's timeline events, without those sent by ``leave_out``."""
         return [event for timeline in self.timelines.values() for event in timeline.events
