@@ -30,9 +30,10 @@ writes one JSON line per batch that held events, each stage a
   jobdone   the job returned
   handled   ``_handle`` returned on the event loop
 
-On PostgreSQL each batch's line also lists its waits for the database
-(``waits``: milliseconds and the statements sent together, in order), so
-a stage's time can be told apart into round trips and the rest.
+Each batch's line also lists its waits for the database (``waits``:
+milliseconds and the statements sent together, in order; on SQLite each
+statement alone), so a stage's time can be told apart into the store's
+and the rest.
 """
 
 from __future__ import annotations
