@@ -3,8 +3,8 @@
 where), the invites, and the token to go on from.
 
 matrix-nio builds an object for every part of a response and checks each
-against its schemas (about half a millisecond for a sync bringing one
-answer, which a bare client spends too, before it shows the answer); the
+against its schemas (about 0.4 ms for a sync bringing one answer, which
+a bare client spends too, before it shows the answer); the
 pipeline takes raw events and the bridge reads nothing else of it.  So
 without encryption the response is read here, as ``TimelinePage`` reads
 ``/messages``; with it, nio's ``SyncResponse`` (which nio needs to see:
