@@ -139,29 +139,21 @@ def _trace_waits() -> None:
     pgdialect.PgConnection._run = traced_run  # type: ignore[method-assign]
     pgdialect.PgConnection._pipelined = traced_pipelined  # type: ignore[method-assign]
 
-    # On SQLite, each statement of a batch's job: milliseconds since the job
-    # began, then the statement (``waits`` has the same shape on both).
+    # On SQLite, each statement of a batch's job alone, with its milliseconds
+    # (``waits`` has the same shape on both; PostgreSQL's are traced above).
     from bridge.service.storage.storethread import _Gated
 
-    execute = _Gated.execute
+    def one_statement(call: Any) -> Any:
+        def traced(self: Any, sql: str, params: Any = ()) -> Any:
+            start = time.perf_counter()
+            try:
+                return call(self, sql, params)
+            finally:
+                if not hasattr(self._db, "reads"):
+                    record([sql], start)
+        return traced
 
-    def traced_execute(self: Any, sql: str, params: Any = ()) -> Any:
-        start = time.perf_counter()
-        try:
-            return execute(self, sql, params)
-        finally:
-            if not hasattr(self._db, "reads"):
-                record([sql], start)
-
-    defer, reads = _Gated.defer, _Gated.reads
-
-    def traced_defer(self: Any, sql: str, params: Any = ()) -> Any:
-        start = time.perf_counter()
-        try:
-            return defer(self, sql, params)
-        finally:
-            if not hasattr(self._db, "reads"):
-                record([sql], start)
+    reads = _Gated.reads
 
     def traced_reads(self: Any, statements: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -171,8 +163,8 @@ def _trace_waits() -> None:
             if not hasattr(self._db, "reads"):
                 record([s[0] for s in statements] + (["COMMIT"] if kwargs.get("commit") else []), start)
 
-    _Gated.execute = traced_execute  # type: ignore[method-assign]
-    _Gated.defer = traced_defer  # type: ignore[method-assign]
+    _Gated.execute = one_statement(_Gated.execute)  # type: ignore[method-assign]
+    _Gated.defer = one_statement(_Gated.defer)  # type: ignore[method-assign]
     _Gated.reads = traced_reads  # type: ignore[method-assign]
 
 
