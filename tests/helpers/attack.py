@@ -344,8 +344,25 @@ class Storm:
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"{logged} of {len(self.sent)} answers logged after {timeout} s\n"
-                                     f"{self.bridge.log_text()[-3000:]}")
+                                     f"{self.missing_report()}\n{self.bridge.log_text()[-3000:]}")
             await asyncio.sleep(0.2)
+
+    def missing_report(self) -> str:
+        """Each answer sent and not accepted: what the store holds of it and
+        every line of the bridge's log (all its runs) that names it."""
+        store = self.bridge.store_path
+        accepted = {row[0] for row in store_rows(store, "SELECT event_id FROM answer_log WHERE outcome='accepted'")}
+        lines = self.bridge.log_text().splitlines()
+        report = []
+        for event_id, qid in self.sent:
+            if event_id in accepted:
+                continue
+            rows = {table: store_rows(store, f"SELECT * FROM {table} WHERE event_id = ?", event_id)
+                    for table in ("processed", "answer_log", "undecrypted")}
+            report.append(f"not accepted: {event_id} ({qid}), sent as answer {self.sent.index((event_id, qid)) + 1}; "
+                          f"store: {rows}")
+            report.extend(f"  {line}" for line in lines if event_id in line)
+        return "\n".join(report)
 
     async def check(self, set_name: str, question_count: int, reader: Person) -> dict[str, int]:
         """Every guarantee the storm attacks; returns its figures."""
