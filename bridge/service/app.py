@@ -192,8 +192,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if lease is not None and getattr(front, "server", None) is not None:
             front.server.fence = lease.check  # type: ignore[attr-defined]
         rooms, refused = await join_rooms(transport, configured_rooms(config), stop)
-        for room in rooms:
-            await pipeline.load_members(room)
+        # The first batch waits for every room's members: asked for together.
+        await asyncio.gather(*(pipeline.load_members(room) for room in rooms))
         # Heal a crash between the store commit and the folder write.  A set
         # that can't be written is held back on its own and a logged answer
         # that can't be projected any more is set aside: stored state never

@@ -17,6 +17,7 @@ its own, and neither stops the batch, the other sets or the transport.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -159,15 +160,22 @@ class Pipeline:
         self.timeline = Timeline(self.store, self.power)
 
     async def load_members(self, room_id: str) -> None:
-        """The room's joined members, and its power levels (who may redact others)."""
-        self.members[room_id] = set(await self.transport.joined_members(room_id))
+        """The room's joined members, and its power levels (who may redact
+        others): asked for together, as the first batch waits for both."""
         levels = getattr(self.transport, "power_levels", None)
-        if levels is not None:
-            try:
-                self.power[room_id] = await levels(room_id)
-            except Exception as exc:  # noqa: BLE001 - without them, only a sender's own redaction counts
-                log.warning("power levels of %s not read (%s); only people's own redactions count there",
-                            room_id, exc)
+        members, power = await asyncio.gather(self.transport.joined_members(room_id),
+                                              levels(room_id) if levels is not None else _nothing(),
+                                              return_exceptions=True)
+        if isinstance(members, BaseException):
+            raise members
+        self.members[room_id] = set(members)
+        if isinstance(power, Exception):  # without them, only a sender's own redaction counts
+            log.warning("power levels of %s not read (%s); only people's own redactions count there",
+                        room_id, power)
+        elif isinstance(power, BaseException):
+            raise power
+        elif levels is not None:
+            self.power[room_id] = power
 
     async def prepare(self, events: list[dict[str, Any]]) -> None:
         """The I/O a batch needs before ``process``: files people sent into a
@@ -878,3 +886,7 @@ def _folder_problem(exc: BaseException) -> str:
 
 def _ts(event: dict[str, Any]) -> int:
     return timestamp(event.get("origin_server_ts"))
+
+
+async def _nothing() -> None:
+    return None

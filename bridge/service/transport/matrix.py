@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinResponse, MessageDirection,
+from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinedRoomsResponse, JoinResponse,
+                 MessageDirection,
                  RoomGetStateEventError, RoomGetStateEventResponse, RoomMessagesError,
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
 from nio.responses import Response
@@ -292,6 +293,13 @@ class NioTransport:
         response = await self.client.room_redact(room_id, event_id, reason=reason, tx_id=txn_id)
         if not isinstance(response, RoomRedactResponse):
             raise MatrixError(f"redacting {event_id}", response)
+
+    async def joined_rooms(self) -> set[str]:
+        """The rooms the account is in now."""
+        response = await self.client.joined_rooms()
+        if not isinstance(response, JoinedRoomsResponse):
+            raise MatrixError("listing the joined rooms", response)
+        return set(response.rooms)
 
     async def joined_members(self, room_id: str) -> set[str]:
         response = await self.client.joined_members(room_id)
