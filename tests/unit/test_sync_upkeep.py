@@ -2,7 +2,8 @@
 than they need.  The key chores (every known person's devices queried) run
 beside the sync, not before it: answers waiting in plain rooms are judged
 without waiting on them; a batch holding encrypted events still waits, since
-its trust check needs the devices known.  The first sync is asked for before
+its trust check needs the devices known, and so does one whose answers nio
+decrypted while this run has not settled their senders' devices.  The first sync is asked for before
 the loop starts (while the rooms are joined), and the loop handles its batch
 once, from the token it was asked from."""
 
@@ -48,12 +49,27 @@ class _Client(SyncBodies):
         raise AssertionError("unreachable")
 
 
+class _Decrypted(_Client):
+    """The batch's answer came encrypted and nio decrypted it in the sync."""
+
+    async def sync(self, timeout: int, sync_filter: Any, since: str | None) -> Any:
+        response = await super().sync(timeout, sync_filter, since)
+        for room in response.rooms.join.values():
+            for event in room.timeline.events:
+                event.decrypted, event.sender_key = True, "k"
+        return response
+
+
 class _SlowKeys:
     """A homeserver slow to answer the key queries of a start."""
 
-    def __init__(self) -> None:
+    def __init__(self, settled: bool = False) -> None:
         self.released = asyncio.Event()
         self.chores = 0
+        self.settled = settled  # what this run has read of the senders' devices settles their trust
+
+    def devices_settled(self, senders: set[str]) -> bool:
+        return self.settled
 
     async def maintain(self) -> None:
         self.chores += 1
@@ -86,12 +102,13 @@ class _Pipeline:
         return False
 
 
-async def _run(tmp_path: Path, event_type: str) -> tuple[bool, _SlowKeys, Store]:
+async def _run(tmp_path: Path, event_type: str, client: type[_Client] = _Client,
+               settled: bool = False) -> tuple[bool, _SlowKeys, Store]:
     store = Store(tmp_path / "bridge.sqlite")
     with store.transaction():
         store.set_meta(SYNC_TOKEN, "s1")
-    keys, pipeline, stop = _SlowKeys(), _Pipeline(store), asyncio.Event()
-    loop = asyncio.ensure_future(SyncLoop(_Client(event_type), store, pipeline, stop, crypto=keys).run())
+    keys, pipeline, stop = _SlowKeys(settled), _Pipeline(store), asyncio.Event()
+    loop = asyncio.ensure_future(SyncLoop(client(event_type), store, pipeline, stop, crypto=keys).run())
     try:
         await asyncio.wait_for(pipeline.processed.wait(), 2)
         processed_before_keys = True
@@ -115,6 +132,19 @@ async def test_a_batch_with_encrypted_events_waits_for_them(tmp_path: Path) -> N
     processed_before_keys, _keys, store = await _run(tmp_path, "m.room.encrypted")
     assert not processed_before_keys, "an encrypted batch was judged before the senders' devices were known"
     assert store.get_meta(SYNC_TOKEN) == "s2"
+
+
+async def test_a_decrypted_answer_waits_while_its_senders_devices_are_unsettled(tmp_path: Path) -> None:
+    # After a restart nio's trust in a device is what the run before left;
+    # the trust check waits for this run's read of the sender's keys.
+    processed_before_keys, _keys, store = await _run(tmp_path, "m.room.message", _Decrypted)
+    assert not processed_before_keys, "a decrypted answer was judged on trust this run had not read"
+    assert store.get_meta(SYNC_TOKEN) == "s2"
+
+
+async def test_a_decrypted_answer_from_settled_devices_does_not_wait(tmp_path: Path) -> None:
+    processed_before_keys, _keys, _store = await _run(tmp_path, "m.room.message", _Decrypted, settled=True)
+    assert processed_before_keys, "an answer from devices already settled waited for the key chores"
 
 
 async def test_the_first_sync_asked_before_the_loop_is_the_one_it_handles(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, Whoa
 
 from bridge.service.eventwait import any_set
 from bridge.service.config import Config, ConfigError
-from bridge.service.encryption.crypto import Crypto, available, crypto_dir
+from bridge.service.encryption.crypto import ORIGIN, Crypto, available, crypto_dir
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
 from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
@@ -351,8 +351,8 @@ class SyncLoop:
         that commit is made."""
         resolved: list[str] = []
         if self.crypto is not None:
-            if any(event.get("type") == "m.room.encrypted" for event in events):
-                # New senders' devices are queried first, for the trust check
+            if self._trust_unsettled(events):
+                # The senders' devices are queried first, for the trust check
                 # (a batch of plain events has nothing to check: it is not delayed).
                 if self._upkeep is not None:
                     await self._upkeep
@@ -373,6 +373,24 @@ class SyncLoop:
         await self.store.run(self.pipeline.process, events, commit=lambda: self._commit(token, resolved, then))
         if token is not None:
             self._token_stored_at = time.monotonic()  # its COMMIT made: the token is in the store
+
+    def _trust_unsettled(self, events: list[dict[str, Any]]) -> bool:
+        """Whether the batch's trust check must wait for the key chores: an
+        event nio could not decrypt (its sender may be new), or one it did
+        whose sender's devices this run has not settled (``devices_settled``).
+        nio keeps each device's trust from the run before, and that may be
+        stale (a device blacklisted while its owner's cross-signing keys went
+        unread, the bridge stopped before they were read): judged on it at
+        the next start, an answer from a device its owner has cross-signed
+        would be refused."""
+        senders: set[Any] = set()
+        for event in events:
+            if event.get("type") == "m.room.encrypted":
+                return True
+            if ORIGIN in event:
+                senders.add(event.get("sender"))
+        return bool(senders) and not (all(isinstance(sender, str) for sender in senders)
+                                      and self.crypto is not None and self.crypto.devices_settled(senders))
 
     async def _key_upkeep(self) -> None:
         assert self.crypto is not None
