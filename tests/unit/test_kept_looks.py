@@ -101,3 +101,32 @@ async def test_a_screen_told_which_sealed_events_were_processed_makes_no_job_to_
     finally:
         await client.close()
         store.close()
+
+
+def _decrypted(event_id: str) -> dict[str, Any]:
+    """An answer nio decrypted in the sync, as the sync loop hands it over."""
+    from bridge.service.encryption.crypto import ORIGIN
+
+    return {**_plain(event_id), ORIGIN: {"sender_key": "key", "verified": False}}
+
+
+async def test_an_event_kept_and_delivered_again_is_judged_once(tmp_path: Path) -> None:
+    # An answer decrypted while its sender's devices went unread is kept as
+    # read; the bridge stopped before the token moved past it, so the next
+    # sync brings it again while it is still kept.
+    store, client, crypto, _jobs = _counted(tmp_path)
+    crypto._devices_unanswered = {"@person:example.org"}  # their homeserver has not answered for their devices
+    try:
+        batch, resolved = await crypto.screen([_decrypted("$late")], lambda user: False)
+        assert batch == [] and resolved == []
+        assert [e["event_id"] for e, _seen in store.undecrypted()] == ["$late"]
+        batch, resolved = await crypto.screen([_decrypted("$late")], lambda user: False)
+        assert batch == [] and resolved == []  # still kept, once
+        assert [e["event_id"] for e, _seen in store.undecrypted()] == ["$late"]
+        crypto._devices_unanswered = set()
+        crypto.settings.trust = "all"  # their devices answered for: judged, once
+        batch, resolved = await crypto.screen([_decrypted("$late")], lambda user: False)
+        assert [e["event_id"] for e in batch] == ["$late"] and resolved == ["$late"]
+    finally:
+        await client.close()
+        store.close()

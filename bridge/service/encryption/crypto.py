@@ -460,7 +460,10 @@ class Crypto:
             refusals.append((event, "undecryptable", UNDECRYPTABLE_MESSAGE))
         out: list[dict[str, Any]] = []
         unchecked: list[dict[str, Any]] = []
-        for event in recovered + batch:
+        # An event kept before and delivered again (the token had not moved
+        # past it when the bridge stopped) is judged once, as the kept one.
+        again = {event["event_id"] for event in recovered}
+        for event in recovered + [event for event in batch if event.get("event_id") not in again]:
             origin = event.pop(ORIGIN, None)
             strict = self.settings.trust in ("verified", "cross-signed")
             if origin is not None and strict and not self._from_verified(event, origin):
