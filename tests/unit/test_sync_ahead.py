@@ -393,3 +393,45 @@ async def test_a_batch_is_judged_while_the_event_loop_serves_everything_else(tmp
     await _until(lambda: pipeline.durable == ["$a"])
     assert pipeline.saw_the_loop
     await _stopped(loop, stop)
+
+
+class _KeptAndSlowToLook(_KeepingCrypto):
+    """Keeps an event, and its look after the batch (the store's thread
+    busy) lasts until the long poll asked ahead has been answered."""
+
+    def __init__(self, looking: asyncio.Event, answered: asyncio.Event) -> None:
+        super().__init__()
+        self.looking, self.answered = looking, answered
+
+    async def sync_timeout_ms(self, default: int) -> int:
+        if self.kept and not self.answered.is_set():
+            self.looking.set()
+            await self.answered.wait()
+            await asyncio.sleep(0.05)  # its response in the loop's hands
+        return await super().sync_timeout_ms(default)
+
+
+async def test_a_long_poll_answered_while_the_kept_events_are_looked_at_is_kept(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    homeserver = _Homeserver(store, {"s1": _batch("$a", "s2"), "s2": _batch("$b", "s3")})
+    pipeline, stop = _Pipeline(store), asyncio.Event()
+    looking, answered = asyncio.Event(), asyncio.Event()
+    sync_body = homeserver.sync_body
+
+    async def answered_during_the_look(timeout: int, sync_filter: Any, since: str | None) -> dict[str, Any]:
+        if since == "s2" and not answered.is_set():
+            await looking.wait()
+            body = await sync_body(timeout, sync_filter, since)
+            answered.set()
+            return body
+        return await sync_body(timeout, sync_filter, since)
+
+    homeserver.sync_body = answered_during_the_look  # type: ignore[method-assign]
+    pipeline.release.set()
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop,
+                                          crypto=_KeptAndSlowToLook(looking, answered)).run())
+    await _until(lambda: pipeline.durable == ["$a", "$b"])
+    # The answer to the long poll from s2 was handled, not dropped and asked for again.
+    assert [since for since, _ in homeserver.asked].count("s2") == 1, homeserver.asked
+    assert "s2" not in homeserver.cancelled
+    await _stopped(loop, stop)

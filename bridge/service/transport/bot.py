@@ -320,7 +320,7 @@ class SyncLoop:
         timeout = await self.crypto.sync_timeout_ms(30000)
         self._wanted_sooner = timeout < 30000
         wanted = asyncio.get_running_loop().time() + timeout / 1000
-        if wanted >= self._wakes_at - 0.05:
+        if wanted >= self._wakes_at - 0.05 or ahead[1].done():  # (answered while the store was looked at: kept)
             return ahead
         await drop_sync(ahead)
         return await self._ask_ahead(ahead[0])
