@@ -117,6 +117,7 @@ class Crypto:
         # homeserver unreachable): nio keeps them to ask again, and their
         # encrypted messages wait rather than being judged on devices unread.
         self._devices_unanswered: set[str] = set()
+        self._querying = asyncio.Lock()
         self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
         # The last look at the kept events found none, and none was kept
         # since: the next look needs no job on the store's thread.  Only this
@@ -235,14 +236,18 @@ class Crypto:
             return
         await self.upload_keys()
         outdated: set[str] = set()
-        if client.should_query_keys:
-            outdated = set(client.users_for_key_query)
-            response = await client.keys_query()
-            # nio changes nothing of someone left out of the answer and asks
-            # them again with the next query; until then they are not known.
-            data = {"device_keys": response.device_keys, "failures": response.failures} \
-                if isinstance(response, KeysQueryResponse) else {}
-            self._devices_unanswered = (self._devices_unanswered | outdated) - answered(outdated, data)
+        # One query at a time (a send's chores run beside the loop's): a
+        # query that failed after a later one answered for someone would
+        # mark her unanswered again, and nio, settled, never asks again.
+        async with self._querying:
+            if client.should_query_keys:
+                outdated = set(client.users_for_key_query)
+                response = await client.keys_query()
+                # nio changes nothing of someone left out of the answer and asks
+                # them again with the next query; until then they are not known.
+                data = {"device_keys": response.device_keys, "failures": response.failures} \
+                    if isinstance(response, KeysQueryResponse) else {}
+                self._devices_unanswered = (self._devices_unanswered | outdated) - answered(outdated, data)
         if self.settings.trust == "cross-signed" and self.cross_signing is not None:
             # nio reads no cross-signing keys: the same people are asked again for theirs.
             unknown = {user for user in client.device_store.users if not self.cross_signing.known(user)}
