@@ -163,19 +163,19 @@ class Pipeline:
         """The room's joined members, and its power levels (who may redact
         others): asked for together, as the first batch waits for both."""
         levels = getattr(self.transport, "power_levels", None)
-        members, power = await asyncio.gather(self.transport.joined_members(room_id),
-                                              levels(room_id) if levels is not None else _nothing(),
-                                              return_exceptions=True)
+        reads = [self.transport.joined_members(room_id), *([levels(room_id)] if levels is not None else [])]
+        members, *power = await asyncio.gather(*reads, return_exceptions=True)
         if isinstance(members, BaseException):
             raise members
         self.members[room_id] = set(members)
-        if isinstance(power, Exception):  # without them, only a sender's own redaction counts
-            log.warning("power levels of %s not read (%s); only people's own redactions count there",
-                        room_id, power)
-        elif isinstance(power, BaseException):
-            raise power
-        elif levels is not None:
-            self.power[room_id] = power
+        for found in power:
+            if isinstance(found, Exception):  # without them, only a sender's own redaction counts
+                log.warning("power levels of %s not read (%s); only people's own redactions count there",
+                            room_id, found)
+            elif isinstance(found, BaseException):
+                raise found  # cancelled
+            else:
+                self.power[room_id] = found
 
     async def prepare(self, events: list[dict[str, Any]]) -> None:
         """The I/O a batch needs before ``process``: files people sent into a
@@ -886,7 +886,3 @@ def _folder_problem(exc: BaseException) -> str:
 
 def _ts(event: dict[str, Any]) -> int:
     return timestamp(event.get("origin_server_ts"))
-
-
-async def _nothing() -> None:
-    return None

@@ -19,8 +19,7 @@ from urllib.parse import quote
 
 import aiohttp
 from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, JoinedRoomsResponse, JoinResponse,
-                 MessageDirection,
-                 RoomGetStateEventError, RoomGetStateEventResponse, RoomMessagesError,
+                 MessageDirection, RoomGetStateEventError, RoomGetStateEventResponse, RoomMessagesError,
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
 from nio.responses import Response
 
