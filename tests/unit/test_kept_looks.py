@@ -130,3 +130,19 @@ async def test_an_event_kept_and_delivered_again_is_judged_once(tmp_path: Path) 
     finally:
         await client.close()
         store.close()
+
+
+async def test_why_a_kept_event_stays_encrypted_is_said_once(tmp_path: Path, caplog: Any) -> None:
+    # The storms' reports name what the log says of an answer; nio says
+    # nothing of most reasons a decryption fails.
+    store, client, crypto, _jobs = _counted(tmp_path)
+    try:
+        with caplog.at_level("INFO", logger="bridge.service.encryption.crypto"):
+            for _pass in range(3):
+                batch, _ = await crypto.screen([_sealed("$secret")], lambda user: False)
+                assert batch == []
+        said = [r.getMessage() for r in caplog.records if "$secret not decrypted" in r.getMessage()]
+        assert len(said) == 1, said
+    finally:
+        await client.close()
+        store.close()

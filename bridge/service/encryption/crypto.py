@@ -119,6 +119,7 @@ class Crypto:
         self._devices_unanswered: set[str] = set()
         self._querying = asyncio.Lock()
         self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
+        self._undecrypted_said: set[Any] = set()  # events ``_not_decrypted`` spoke of
         # The last look at the kept events found none, and none was kept
         # since: the next look needs no job on the store's thread.  Only this
         # object keeps events, and a term as leader has one of its own (a
@@ -525,15 +526,26 @@ class Crypto:
             return None
         parsed = MegolmEvent.from_dict(event)
         if not isinstance(parsed, MegolmEvent):
-            return None
+            return self._not_decrypted(event, "nio cannot read it as a megolm event")
         parsed.room_id = event["room_id"]
         try:
             decrypted = self.client.decrypt_event(parsed)
-        except (EncryptionError, LocalProtocolError):
-            return None
+        except (EncryptionError, LocalProtocolError) as exc:
+            return self._not_decrypted(event, f"{type(exc).__name__}: {exc}")
         if type(decrypted).__name__ in ("BadEvent", "UnknownBadEvent"):
-            return None
+            return self._not_decrypted(event, "its plaintext is not an event nio accepts")
         return event_dict(decrypted, event["room_id"])
+
+    def _not_decrypted(self, event: dict[str, Any], why: str) -> None:
+        """Why an event stays encrypted, said once per event (a kept one is
+        tried again at every pass); nio says nothing of most of these."""
+        event_id = event.get("event_id")
+        if event_id not in self._undecrypted_said:
+            if len(self._undecrypted_said) >= 10_000:
+                self._undecrypted_said.clear()
+            self._undecrypted_said.add(event_id)
+            log.info("event %s not decrypted: %s", event_id, why)
+        return None
 
     def _device_of(self, event: dict[str, Any], origin: dict[str, Any]) -> dict[str, Any]:
         """Which device sent a decrypted event, and whether its owner cross-signed it (for the answer log)."""
