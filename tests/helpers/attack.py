@@ -354,12 +354,12 @@ class Storm:
         accepted = {row[0] for row in store_rows(store, "SELECT event_id FROM answer_log WHERE outcome='accepted'")}
         lines = self.bridge.log_text().splitlines()
         report = []
-        for event_id, qid in self.sent:
+        for n, (event_id, qid) in enumerate(self.sent, 1):
             if event_id in accepted:
                 continue
             rows = {table: store_rows(store, f"SELECT * FROM {table} WHERE event_id = ?", event_id)
                     for table in ("processed", "answer_log", "undecrypted")}
-            report.append(f"not accepted: {event_id} ({qid}), sent as answer {self.sent.index((event_id, qid)) + 1}; "
+            report.append(f"not accepted: {event_id} ({qid}), sent as answer {n}; "
                           f"store: {rows}")
             report.extend(f"  {line}" for line in lines if event_id in line)
         return "\n".join(report)

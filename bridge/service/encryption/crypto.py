@@ -119,7 +119,7 @@ class Crypto:
         self._devices_unanswered: set[str] = set()
         self._querying = asyncio.Lock()
         self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
-        self._undecrypted_said: set[Any] = set()  # events ``_not_decrypted`` spoke of
+        self._undecrypted_said: set[Any] = set()  # kept events ``_not_decrypted`` spoke of
         # The last look at the kept events found none, and none was kept
         # since: the next look needs no job on the store's thread.  Only this
         # object keeps events, and a term as leader has one of its own (a
@@ -462,6 +462,7 @@ class Crypto:
             else:
                 still_kept.append(event)
         await self.key_requests.ask(still_kept)
+        self._undecrypted_said &= {event["event_id"] for event in still_kept}  # said again if seen anew
         for event in expired:
             refusals.append((event, "undecryptable", UNDECRYPTABLE_MESSAGE))
         out: list[dict[str, Any]] = []
@@ -541,8 +542,6 @@ class Crypto:
         tried again at every pass); nio says nothing of most of these."""
         event_id = event.get("event_id")
         if event_id not in self._undecrypted_said:
-            if len(self._undecrypted_said) >= 10_000:
-                self._undecrypted_said.clear()
             self._undecrypted_said.add(event_id)
             log.info("event %s not decrypted: %s", event_id, why)
         return None
