@@ -52,35 +52,62 @@ def taken(before: Any, keys: Sequence[tuple[str, str]]) -> tuple[dict, dict, dic
     return postings, questions, counts
 
 
+# The columns a posting is looked up by (``Postings.looked_up``'s keys).
+_BY = {"elicitation_id=?": "elicitation_id", "event_id=?": "event_id", "poll_event_id=?": "poll_event_id"}
+
+
+def _postings_hold(column: str) -> str:
+    """The postings looked up by ``column`` as taken: those taken as absent
+    found nowhere, every other found once, with the values taken."""
+    return (f"NOT EXISTS (SELECT 1 FROM posted WHERE {column} = ANY(%s::text[]))"
+            " AND NOT EXISTS (SELECT 1 FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[],"
+            " %s::text[]) AS g(value, event_id, open, closed_why, set_dir, qid)"
+            f" WHERE (SELECT COUNT(*) FROM posted p WHERE p.{column} = g.value) <> 1"
+            f" OR NOT EXISTS (SELECT 1 FROM posted p WHERE p.{column} = g.value AND p.event_id = g.event_id"
+            " AND p.open = g.open AND p.closed_why IS NOT DISTINCT FROM g.closed_why AND p.set_dir = g.set_dir"
+            " AND p.qid = g.qid))")
+
+
+# One text whatever the batch holds (its values go in arrays): the server
+# keeps it prepared and planned, where a text made to the batch's shape was
+# parsed and planned again nearly every batch, costing more than the round
+# trip the guess saves.
+CONDITION = " AND ".join([
+    *(f"NOT EXISTS (SELECT 1 FROM {table} WHERE {column} = ANY(%s::text[]))"
+      for table, column in (("processed", "event_id"), ("redaction", "target"), ("parked_edit", "target"))),
+    *(_postings_hold(column) for column in _BY.values()),
+    "NOT EXISTS (SELECT 1 FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS c(set_dir, qid, n)"
+    " WHERE (SELECT COUNT(*) FROM answer_log a WHERE a.set_dir = c.set_dir AND a.qid = c.qid"
+    " AND a.outcome = 'accepted') <> c.n)",
+    "NOT EXISTS (SELECT 1 FROM appservice_txn WHERE txn_id = %s::text)",  # NULL (no delivery): none found
+])
+
+
 def condition(ids: Sequence[str], keys: Sequence[tuple[str, str]], postings: dict, questions: dict,
               counts: dict, delivery: str | None) -> tuple[str, list[Any]]:
-    """What the batch took for granted, as one SQL condition and its parameters:
-    its events new, each posting as taken (found once, or not at all), each
-    question's accepted count, its delivery not taken before."""
-    terms: list[str] = []
-    params: list[Any] = []
-    if ids:
-        marks = ",".join(["%s"] * len(ids))
-        for table, column in (("processed", "event_id"), ("redaction", "target"), ("parked_edit", "target")):
-            terms.append(f"NOT EXISTS (SELECT 1 FROM {table} WHERE {column} IN ({marks}))")
-            params += ids
-    for where, value in keys:
-        found = where.replace("?", "%s")
-        posting = postings[(where, value)]
-        if posting is None:
-            terms.append(f"NOT EXISTS (SELECT 1 FROM posted WHERE {found})")
-            params.append(value)
-            continue
-        event_id, is_open, closed_why = posting
-        set_dir, qid = questions[event_id]
-        terms.append(f"(SELECT COUNT(*) FROM posted WHERE {found}) = 1")
-        terms.append(f"EXISTS (SELECT 1 FROM posted WHERE {found} AND event_id = %s AND open = %s"
-                     " AND closed_why IS NOT DISTINCT FROM %s AND set_dir = %s AND qid = %s)")
-        params += [value, value, event_id, int(is_open), closed_why, set_dir, qid]
-    for (set_dir, qid), count in counts.items():
-        terms.append("(SELECT COUNT(*) FROM answer_log WHERE set_dir = %s AND qid = %s AND outcome = 'accepted') = %s")
-        params += [set_dir, qid, count]
-    if delivery is not None:
-        terms.append("NOT EXISTS (SELECT 1 FROM appservice_txn WHERE txn_id = %s)")
-        params.append(delivery)
-    return " AND ".join(terms) or "true", params
+    """What the batch took for granted, as one SQL condition (``CONDITION``)
+    and its parameters: its events new, each posting as taken (found once,
+    or not at all), each question's accepted count, its delivery not taken
+    before.  Numbers go as text, cast on the server: psycopg types an array
+    of numbers by its values, and each typing is another statement to the
+    server's cache."""
+    params: list[Any] = [list(ids)] * 3
+    for by in _BY:
+        absent: list[str] = []
+        found: list[list[Any]] = [[] for _ in range(6)]  # value, event id, open, closed_why, set dir, qid
+        for where, value in keys:
+            if where != by:
+                continue
+            posting = postings[(where, value)]
+            if posting is None:
+                absent.append(value)
+                continue
+            event_id, is_open, closed_why = posting
+            for values, taken_value in zip(found, (value, event_id, str(int(is_open)), closed_why,
+                                                   *questions[event_id])):
+                values.append(taken_value)
+        params += [absent, *found]
+    params += [[set_dir for set_dir, _qid in counts], [qid for _set_dir, qid in counts],
+               [str(n) for n in counts.values()]]
+    params.append(delivery)
+    return CONDITION, params
