@@ -12,7 +12,6 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from bridge.service.encryption import ascrypto
-from bridge.service.encryption.crypto import Crypto
 from bridge.service.storage.store import Store
 from bridge.service.transport.appservice import TransactionServer
 
@@ -44,13 +43,7 @@ class _Keys:
     async def maintain(self) -> None:
         self.known.add(NEWCOMER)
 
-    sealed_in = staticmethod(Crypto.sealed_in)
-
-    def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
-        return set()
-
-    async def screen(self, events: list[dict[str, Any]], is_own: Any,
-                     processed: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    async def screen(self, events: list[dict[str, Any]], is_own: Any) -> tuple[list[dict[str, Any]], list[str]]:
         return events, []
 
 
@@ -108,12 +101,13 @@ async def test_an_answer_from_unknown_devices_waits_for_the_chores(tmp_path: Pat
         await client.close()
 
 
-async def test_a_transaction_with_nothing_sealed_makes_no_store_job_before_its_batch(tmp_path: Path,
-                                                                                       monkeypatch: Any) -> None:
-    """An encrypting bridge screens every transaction, and reads first whether
-    it was taken: screening keeps what it cannot decrypt, which a resend must
-    not keep again.  A transaction with nothing sealed (a plain room's) has
-    nothing screening could keep: its batch is the one job it waits for."""
+async def test_a_transaction_screening_keeps_nothing_of_makes_no_store_job_before_its_batch(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """An encrypting bridge screens every transaction.  Screening asks the
+    store only about what it would keep (``test_kept_looks.py``): a plain
+    room's transaction, or one whose sealed events all decrypt (as the
+    stand-in's do), waits for its batch's job alone; a resend is found taken
+    by the batch's own look-ups."""
     client, stand_in, server, keys = await _served(tmp_path, monkeypatch)
     jobs: list[str] = []
     run = server.store.run
@@ -130,7 +124,7 @@ async def test_a_transaction_with_nothing_sealed_makes_no_store_job_before_its_b
         assert jobs == ["process"]
         jobs.clear()
         assert await _put(client, "2", [_encrypted(2, PERSON)]) == 200
-        assert jobs == ["_seen", "process"]
+        assert jobs == ["process"]
         assert [e["event_id"] for b in stand_in.batches for e in b] == ["$p", "$e2"]
     finally:
         keys.released.set()

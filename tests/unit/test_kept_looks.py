@@ -79,25 +79,33 @@ async def test_with_nothing_kept_a_plain_batch_makes_no_job_for_the_kept_events(
         store.close()
 
 
-async def test_a_screen_told_which_sealed_events_were_processed_makes_no_job_to_ask(tmp_path: Path) -> None:
-    """In appservice mode every event of an encrypted room comes sealed.  The
-    transaction's one job before screening reads whether it was taken and
-    which of its sealed events were processed (``processed_of``); screening
-    then asks the store nothing more about them, and skips the processed."""
+async def test_sealed_events_that_decrypt_make_no_job_before_the_batchs_own(tmp_path: Path) -> None:
+    """In appservice mode every event of an encrypted room comes sealed.
+    Screening looks up in the store only what it would keep: events that
+    decrypt go to the batch, whose own look-ups skip what was processed."""
+    store, client, crypto, jobs = _counted(tmp_path)
+    crypto._decrypt = lambda event: _plain(event["event_id"])  # type: ignore[method-assign] - as with its key
+    try:
+        await crypto.screen([_plain("$warm")], lambda user: False)  # the first look at the kept events
+        jobs.clear()
+        batch, _ = await crypto.screen([_sealed("$a"), _sealed("$b")], lambda user: False)
+        assert [e["event_id"] for e in batch] == ["$a", "$b"] and jobs == []
+    finally:
+        await client.close()
+        store.close()
+
+
+async def test_what_screening_would_keep_is_kept_only_when_not_processed(tmp_path: Path) -> None:
+    """An event judged before and delivered again (a transaction sent again)
+    that does not decrypt now is not kept again: one job looks it up."""
     store, client, crypto, jobs = _counted(tmp_path)
     with store.transaction():
         store.mark_processed("$done", "accepted")
     try:
-        sealed = [_sealed("$done"), _sealed("$new")]
-        processed = await store.run(crypto.processed_of, sealed)
-        assert processed == {"$done"}
         jobs.clear()
-        batch, _ = await crypto.screen(sealed, lambda user: False, processed)
+        batch, _ = await crypto.screen([_sealed("$done"), _sealed("$new")], lambda user: False)
         assert batch == [] and [e["event_id"] for e, _seen in store.undecrypted()] == ["$new"]  # $done not kept
-        assert "processed_of" not in jobs and "<lambda>" not in jobs
-        jobs.clear()
-        await crypto.screen([_sealed("$other")], lambda user: False)  # not told: it asks, in one job
-        assert jobs[0] == "processed_of"
+        assert jobs.count("processed_of") == 1
     finally:
         await client.close()
         store.close()

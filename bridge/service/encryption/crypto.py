@@ -394,18 +394,12 @@ class Crypto:
         with self.store.transaction():
             return [e for e in events if self.store.keep_undecrypted(e, now)]
 
-    @staticmethod
-    def sealed_in(events: list[dict[str, Any]]) -> bool:
-        """Whether any of ``events`` is still sealed (``_sealed``): screening keeps only those."""
-        return any(map(_sealed, events))
-
     def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
-        """On the store's thread: the sealed events (appservice mode: every
-        event of an encrypted room comes sealed) already processed."""
+        """On the store's thread: the sealed events of ``events`` already processed."""
         return {e["event_id"] for e in events if _sealed(e) and self.store.is_processed(e["event_id"])}
 
-    async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool],
-                     processed: set[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
+            list[dict[str, Any]], list[str]]:
         """The batch the pipeline should judge, and the kept events it resolves.
 
         Events still encrypted are kept (durably, before the caller moves the
@@ -417,19 +411,21 @@ class Crypto:
         sender's devices could not be read (their homeserver did not answer)
         is not judged yet: it is kept like an undecryptable one, and judged
         when an answer comes (or refused after the grace period).
-        ``processed``: which of the sealed events (``_sealed``) were processed,
-        when the caller read it already; else one job reads it here.
+
+        Only what it would keep is looked up in the store (one job): an event
+        judged before and delivered again (a transaction sent again, a sync
+        replayed after a restart) must not be kept again.  What decrypts
+        goes to the batch, whose own look-ups skip what was processed, so a
+        batch whose events all decrypt waits for no job before its own.
         """
         newly_kept: list[dict[str, Any]] = []
         batch: list[dict[str, Any]] = []
         refusals: list[tuple[dict[str, Any], str, str]] = []
         now = self.clock()
-        if processed is None:
-            processed = await self.store.run(self.processed_of, events) if self.sealed_in(events) else set()
         for event in events:
             if _sealed(event):
                 sender = event.get("sender")
-                if not isinstance(sender, str) or is_own(sender) or event["event_id"] in processed:
+                if not isinstance(sender, str) or is_own(sender):
                     continue
                 # Still encrypted: in appservice mode nobody tried yet (a sync
                 # decrypts in bot mode, and trying again there costs little).
@@ -440,6 +436,9 @@ class Crypto:
                     batch.append(decrypted)
                 continue
             batch.append(event)
+        if newly_kept:
+            processed = await self.store.run(self.processed_of, newly_kept)
+            newly_kept = [event for event in newly_kept if event["event_id"] not in processed]
         if newly_kept:
             for event in self._keep(newly_kept, now):
                 log.warning("event %s from %s in %s could not be decrypted yet; kept, keys asked for",

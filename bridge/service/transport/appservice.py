@@ -212,17 +212,10 @@ class TransactionServer:
     async def _feed(self, events: list[dict[str, Any]], commit: Callable[[], None],
                     delivery: str | None = None) -> Any:
         if self.crypto is not None:
-            # Screening keeps what it cannot decrypt yet: a resend must not keep
-            # its events again.  One job reads whether the transaction was taken
-            # and which of its sealed events were processed (screening's look).
-            # With nothing sealed, screening keeps nothing: no job before the
-            # batch's own, which finds a resend taken.
-            processed: set[str] = set()
-            if self.crypto.sealed_in(events):
-                taken, processed = await self.store.run(self._seen, delivery, events)
-                if taken:
-                    return None
-            events, commit = await self._screen(events, commit, processed)
+            # A resend is screened again (what decrypts, decrypts again; what
+            # would be kept is looked up first) and found taken by the batch's
+            # own look-ups: no job before the batch's own, unless screening keeps.
+            events, commit = await self._screen(events, commit)
         await self.pipeline.prepare(events)
         # On the store's thread: the listener goes on answering meanwhile.
         # Whether the transaction was taken before is read with the batch's
@@ -246,15 +239,8 @@ class TransactionServer:
 
         await take_extensions(self.crypto.client, body, txn_id)
 
-    def _seen(self, delivery: str | None, events: list[dict[str, Any]]) -> tuple[bool, set[str]]:
-        """On the store's thread: whether ``delivery`` was taken, and, if not,
-        which of ``events`` still sealed were processed."""
-        if delivery is not None and self.store.txn_seen(delivery):
-            return True, set()
-        return False, self.crypto.processed_of(events)
-
-    async def _screen(self, events: list[dict[str, Any]], commit: Callable[[], None],
-                      processed: set[str] | None = None) -> tuple[list[dict[str, Any]], Callable[[], None]]:
+    async def _screen(self, events: list[dict[str, Any]],
+                      commit: Callable[[], None]) -> tuple[list[dict[str, Any]], Callable[[], None]]:
         """Encrypted events decrypted, or kept (durably, before the 200) until
         their keys come; kept ones that decrypt now join the batch."""
         for event in events:
@@ -270,7 +256,7 @@ class TransactionServer:
                 self._chores_beside()
             else:
                 await self._chores()  # newcomers' devices queried first, for the trust check
-        events, resolved = await self.crypto.screen(events, self.pipeline.own_users, processed)
+        events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
         if encrypted:
             self.kept.set()  # after screen: what it kept is in the store for the watcher's reckoning
 
