@@ -11,7 +11,7 @@ from pathlib import Path
 import bridge.answers.file as answers_file
 from bridge.service.storage.leader import Lease
 from helpers.pgstore import on_postgresql, round_trips
-from test_isolation_parts import ALICE, BOB, OTHER_ROOM, ROOM, answer, setup
+from test_isolation_parts import ALICE, BOB, BOT, OTHER_ROOM, ROOM, answer, setup
 from test_leader import wait_for
 
 THIRD_ROOM = "!third:hs"
@@ -130,4 +130,29 @@ def test_a_batch_between_two_answers_keeps_what_the_first_knew(tmp_path, monkeyp
     before_write = noted_writes(monkeypatch, waits)
     pipeline.process([answer(0, "$next", "again", sender=BOB)])
     assert before_write == [2] and waits[0] == 3  # taken, as right after the first
+    assert written(folders[ROOM])["rev"] == 2
+
+
+def acknowledgement(event_id: str, answer_id: str) -> dict:
+    """The bridge's own reaction to an answer, as appservice mode gets it back."""
+    return {"type": "m.reaction", "event_id": event_id, "room_id": ROOM, "sender": BOT, "origin_server_ts": 3000,
+            "content": {"m.relates_to": {"rel_type": "m.annotation", "event_id": answer_id, "key": "✅"}}}
+
+
+def test_the_bridges_own_events_cost_no_read(tmp_path, monkeypatch, postgres_server):
+    """Appservice mode gets the bridge's acknowledgements back, each relating
+    to a new answer.  They are never judged, so they are never looked up by
+    posting: a transaction of them waits as an answer's does, not once more
+    to read what they relate to, and the answer's transaction queued behind
+    it (the homeserver sends one at a time) waits no longer for it."""
+    on_postgresql(monkeypatch, postgres_server)
+    _store, pipeline, _transport, folders = setup(tmp_path)
+    pipeline.process([answer(0, "$warm", "first")])
+    waits = round_trips(monkeypatch)
+    pipeline.process([acknowledgement("$ack1", "$warm")])
+    assert waits[0] == 1  # the guess, with the flush's reads and the COMMIT (nothing to write)
+    waits[0] = 0
+    before_write = noted_writes(monkeypatch, waits)
+    pipeline.process([answer(0, "$next", "again", sender=BOB)])
+    assert before_write == [2] and waits[0] == 3  # as right after the first: its guess still stands
     assert written(folders[ROOM])["rev"] == 2

@@ -186,6 +186,11 @@ class Pipeline:
             await prefetch(events, self.store, download, self._may_answer, self.report_trouble,
                            max_bytes=self.attachment_max_bytes)
 
+    def _own(self, event: dict[str, Any]) -> bool:
+        """The bridge's own event (or one with no sender): never judged."""
+        sender = event.get("sender")
+        return not isinstance(sender, str) or self.own_users(sender)
+
     def _may_answer(self, sender: str, room_id: str) -> bool:
         if self.own_users(sender):
             return False
@@ -250,7 +255,10 @@ class Pipeline:
         # before the transport advances or a notice goes out (``process``
         # never awaits, so nothing runs in between).
         with self.store.transaction(flush=False):
-            elicitations, targets = posting_keys(events)
+            # The bridge's own events (appservice mode gets its acknowledgements
+            # back) are never looked up by posting: their keys, new each time,
+            # would make the batch read where it could take what it knows.
+            elicitations, targets = posting_keys(e for e in events if not self._own(e))
             self.store.know_batch((event.get("event_id") for event in events), elicitations=elicitations,
                                   targets=targets, delivery=delivery, guess=not again)
             if delivery is not None and self.store.txn_seen(delivery):
@@ -305,9 +313,9 @@ class Pipeline:
         self._keep_before(event)
         self._track_membership(event)
         self.timeline.track_power(event)
-        sender = event.get("sender")
-        if not isinstance(sender, str) or self.own_users(sender):
+        if self._own(event):
             return
+        sender = event["sender"]
         if self.is_command is not None and self.is_command(event):
             self.store.mark_processed(event_id, "command")  # a management command, never an answer
             return
