@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-# Guessing for more than this many ids and postings reads instead: one
-# statement's parameters stay well within the server's limit.
+# Guessing for more than this many ids and postings reads instead (a
+# back-fill's page, whose one read costs little beside its writes): the
+# condition's arrays stay small.
 MOST = 500
 
 Posting = tuple[Any, Any, Any]  # (event id, open, closed_why), as ``Postings._remember`` keeps it
