@@ -250,7 +250,9 @@ async def test_a_failed_batch_is_retried_from_the_durable_token(tmp_path: Path, 
         asyncio.Event()
     pipeline.release.set()
     loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
-    await _until(lambda: pipeline.durable == ["$a"])
+    # The next long poll is asked once the batch is durable, by the event loop
+    # the commit hands it to: wait for it too, not only for the batch.
+    await _until(lambda: pipeline.durable == ["$a"] and len(homeserver.asked) >= len(asked))
     # The retry went from the store's token, and the batch was made durable once.
     assert [since for since, _ in homeserver.asked] == asked
     assert homeserver.cancelled[:len(cancelled)] == cancelled
