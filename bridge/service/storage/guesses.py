@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from bridge.service.storage.postings import _LOOKED_UP_BY
+
 # Guessing for more than this many ids and postings reads instead (a
 # back-fill's page, whose one read costs little beside its writes): the
 # condition's arrays stay small.
@@ -53,8 +55,8 @@ def taken(before: Any, keys: Sequence[tuple[str, str]]) -> tuple[dict, dict, dic
     return postings, questions, counts
 
 
-# The columns a posting is looked up by (``Postings.looked_up``'s keys).
-_BY = {"elicitation_id=?": "elicitation_id", "event_id=?": "event_id", "poll_event_id=?": "poll_event_id"}
+# The columns a posting is looked up by, by ``Postings.looked_up``'s keys ("event_id=?").
+_BY = {where: where.removesuffix("=?") for where, _column in _LOOKED_UP_BY}
 
 
 def _postings_hold(column: str) -> str:
