@@ -395,8 +395,8 @@ class Crypto:
             return [e for e in events if self.store.keep_undecrypted(e, now)]
 
     def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
-        """On the store's thread: the sealed events of ``events`` already processed."""
-        return {e["event_id"] for e in events if _sealed(e) and self.store.is_processed(e["event_id"])}
+        """On the store's thread: which of ``events`` were already processed."""
+        return {e["event_id"] for e in events if self.store.is_processed(e["event_id"])}
 
     async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
             list[dict[str, Any]], list[str]]:
