@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol
 
+from bridge.protocol.fit import timestamp
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
@@ -193,6 +194,21 @@ def posting_keys(events: Iterable[dict[str, Any]]) -> tuple[set[str], set[str]]:
                 if isinstance(target, str):
                     targets.add(target)
     return elicitations, targets
+
+
+def poll_votes(events: Iterable[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """The (poll, sender) of a batch's poll votes, each with its earliest
+    ``origin_server_ts``: a vote asks whether an empty vote later in the room
+    took it back (``Timeline.vote_cleared``), and a store can read that for
+    all of them with the batch's other look-ups."""
+    votes: dict[tuple[str, str], int] = {}
+    for event in events:
+        content = event.get("content")
+        poll = _related(content, "m.reference") if isinstance(content, dict) else None
+        if event.get("type") in POLL_RESPONSE_TYPES and poll is not None and isinstance(event.get("sender"), str):
+            key, ts = (poll, event["sender"]), timestamp(event.get("origin_server_ts"))
+            votes[key] = min(ts, votes.get(key, ts))
+    return votes
 
 
 def _question_for(content: dict[str, Any], lookup: Lookup) -> RecordedQuestion | None:

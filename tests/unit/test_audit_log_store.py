@@ -215,6 +215,16 @@ def test_a_vote_taken_back_before_it_arrived_gets_its_withdrawal_leaf(tmp_path):
     in_order.deliver([vote("$empty", PEOPLE[0], 200, [])])
     assert [o[:2] for o in _outcomes(in_order.store)] == [("accepted", "$v1"), ("withdrawn", "$empty")]
 
+    # In one batch, the empty vote known from the batch's look-ups and kept up to date by its own write.
+    (tmp_path / "together").mkdir()
+    together = Room(tmp_path / "together")
+    together.deliver([vote("$warm", PEOPLE[1], 50, ["main"])])  # what later batches take (PostgreSQL)
+    together.deliver([vote("$empty", PEOPLE[0], 200, []), vote("$v1", PEOPLE[0], 100, ["main"]),
+                      vote("$v2", PEOPLE[0], 300, ["stable"])])
+    assert together.record()["choice"] == "stable"  # $v2 came after the empty vote: it stands
+    assert _outcomes(together.store)[1:] == [("accepted", "$v1", None), ("withdrawn", "$empty", "$v1"),
+                                             ("accepted", "$v2", None)]
+
     # and the log still verifies: every leaf under a signed checkpoint
     key = Ed25519PrivateKey.generate()
     size = late.store.audit.size()

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import bridge.answers.file as answers_file
 from bridge.service.storage.leader import Lease
+from helpers import timeline
 from helpers.pgstore import on_postgresql, round_trips
+from helpers.timeline import PEOPLE, Room
 from test_isolation_parts import ALICE, BOB, BOT, OTHER_ROOM, ROOM, answer, setup
 from test_leader import wait_for
 
@@ -156,3 +158,27 @@ def test_the_bridges_own_events_cost_no_read(tmp_path, monkeypatch, postgres_ser
     pipeline.process([answer(0, "$next", "again", sender=BOB)])
     assert before_write == [2] and waits[0] == 3  # as right after the first: its guess still stands
     assert written(folders[ROOM])["rev"] == 2
+
+
+def test_a_poll_vote_waits_as_an_answer_does(tmp_path, monkeypatch, postgres_server):
+    """A vote asks whether the person took their votes back later in the
+    room (an empty vote, read before it): that is known with the batch's
+    look-ups, read or taken, not asked mid-judging in a round trip of its
+    own before answers.json can be written."""
+    on_postgresql(monkeypatch, postgres_server)
+    room = Room(tmp_path)
+    room.deliver([timeline.answer("$warm", PEOPLE[2], 1000, "main")])
+    room.store.set_poll("$q", "$poll2")  # a posting changed: nothing known carries over (as after a start)
+    waits = round_trips(monkeypatch)
+    before_write = noted_writes(monkeypatch, waits)
+    room.deliver([timeline.vote("$v1", PEOPLE[0], 1001, ["main"]) | {"content": poll_of("$poll2", ["main"])}])
+    assert before_write == [3]  # read with the batch's look-ups
+    waits[0], before_write[:] = 0, []
+    room.deliver([timeline.vote("$v2", PEOPLE[1], 1002, ["stable"]) | {"content": poll_of("$poll2", ["stable"])}])
+    assert before_write == [2]  # taken from the batch before, checked with the writes
+    assert room.record()["rev"] == 3
+
+
+def poll_of(poll: str, options: list[str]) -> dict:
+    return {"m.relates_to": {"rel_type": "m.reference", "event_id": poll},
+            "org.matrix.msc3381.poll.response": {"answers": options}}

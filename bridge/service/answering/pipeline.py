@@ -38,7 +38,7 @@ from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.quorum import Tally, progress_words
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
-                                      normalize, posting_keys)
+                                      normalize, poll_votes, posting_keys)
 from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
     recorded_notice, refused_notice, with_remark
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
@@ -258,9 +258,10 @@ class Pipeline:
             # The bridge's own events (appservice mode gets its acknowledgements
             # back) are never looked up by posting: their keys, new each time,
             # would make the batch read where it could take what it knows.
-            elicitations, targets = posting_keys(e for e in events if not self._own(e))
+            judged = [event for event in events if not self._own(event)]
+            elicitations, targets = posting_keys(judged)
             self.store.know_batch((event.get("event_id") for event in events), elicitations=elicitations,
-                                  targets=targets, delivery=delivery, guess=not again)
+                                  targets=targets, votes=poll_votes(judged), delivery=delivery, guess=not again)
             if delivery is not None and self.store.txn_seen(delivery):
                 result.repeated = True
                 return result, None

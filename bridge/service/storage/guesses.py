@@ -82,16 +82,19 @@ CONDITION = " AND ".join([
     "NOT EXISTS (SELECT 1 FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS c(set_dir, qid, n)"
     " WHERE (SELECT COUNT(*) FROM answer_log a WHERE a.set_dir = c.set_dir AND a.qid = c.qid"
     " AND a.outcome = 'accepted') <> c.n)",
+    "NOT EXISTS (SELECT 1 FROM unnest(%s::text[], %s::bigint[]) AS v(target, ts)"
+    " JOIN redaction r ON r.target = v.target AND r.ts >= v.ts)",  # no empty vote since a vote
     "NOT EXISTS (SELECT 1 FROM appservice_txn WHERE txn_id = %s::text)",  # NULL (no delivery): none found
 ])
 
 
 def condition(ids: Sequence[str], keys: Sequence[tuple[str, str]], postings: dict, questions: dict,
-              counts: dict, delivery: str | None) -> tuple[str, list[Any]]:
+              counts: dict, votes: dict, delivery: str | None) -> tuple[str, list[Any]]:
     """What the batch took for granted, as one SQL condition (``CONDITION``)
     and its parameters: its events new, each posting as taken (found once,
-    or not at all), each question's accepted count, its delivery not taken
-    before.  Numbers go as text, cast on the server: psycopg types an array
+    or not at all), each question's accepted count, no empty vote since
+    each vote (``votes``: ``votes_key`` -> (earliest vote's ts, ...)), its
+    delivery not taken before.  Numbers go as text, cast on the server: psycopg types an array
     of numbers by its values, and each typing is another statement to the
     server's cache."""
     params: list[Any] = [list(ids)] * 3
@@ -112,5 +115,6 @@ def condition(ids: Sequence[str], keys: Sequence[tuple[str, str]], postings: dic
         params += [absent, *found]
     params += [[set_dir for set_dir, _qid in counts], [qid for _set_dir, qid in counts],
                [str(n) for n in counts.values()]]
+    params += [list(votes), [str(floor) for floor, _redactions in votes.values()]]
     params.append(delivery)
     return CONDITION, params

@@ -15,7 +15,15 @@ PARKED_FOR_MS = 7 * 24 * 3600 * 1000
 
 def votes_key(question_event_id: str, sender: str) -> str:
     """The redaction target an emptied poll vote is kept under: every vote of one person in one poll."""
-    return f"votes\x1f{question_event_id}\x1f{sender}"
+    return f"{_VOTES}{question_event_id}{_VOTES_BY}{sender}"
+
+
+_VOTES, _VOTES_BY = "votes\x1f", "\x1f"
+# The empty votes of each (poll, sender) pair of a VALUES list, by the
+# posting the poll belongs to (``votes_key`` worked out by the database).
+_EMPTY_VOTES = ("SELECT v.column1, v.column2, r.event_id, r.ts FROM (VALUES {pairs}) AS v"
+                " JOIN posted p ON p.poll_event_id = v.column1"
+                " JOIN redaction r ON r.target = ? || p.event_id || ? || v.column2")
 
 
 class RedactionsAndEdits:
@@ -28,12 +36,35 @@ class RedactionsAndEdits:
                                " ON CONFLICT DO NOTHING", (event_id, target, room_id, sender, ts)).rowcount
         if self._batch is not None and kept > 0:
             self._batch.redacted_by.setdefault(target, []).append(sender)
+            votes = self._batch.votes.get(target)
+            if votes is not None:
+                votes[1].append((ts, event_id))
 
-    def redacted_since(self, target: str, ts: int) -> bool:
-        return self.redaction_since(target, ts) is not None
+    @staticmethod
+    def votes_reads(votes: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+        """The read of the empty votes of each (poll, sender) pair, for ``know_votes``."""
+        marks = ",".join("(?,?)" for _pair in votes)
+        return [(_EMPTY_VOTES.format(pairs=marks), [*(part for pair in votes for part in pair), _VOTES, _VOTES_BY])]
+
+    @staticmethod
+    def know_votes(batch: Any, rows: list[tuple], votes: list[tuple[str, str]]) -> None:
+        """What ``votes_reads`` read, into the batch's memo: every empty vote
+        of each pair whose poll is a posting's (its postings known already)."""
+        for poll, sender in votes:
+            posting = batch.postings.get(("poll_event_id=?", poll))
+            if posting is not None:
+                batch.votes[votes_key(posting[0], sender)] = (None, [])
+        for poll, sender, event_id, ts in rows:
+            posting = batch.postings.get(("poll_event_id=?", poll))
+            if posting is not None:
+                batch.votes[votes_key(posting[0], sender)][1].append((ts, event_id))
 
     def redaction_since(self, target: str, ts: int) -> tuple[str, int] | None:
         """(event id, ts) of the first redaction of ``target`` at or after ``ts``."""
+        known = self._batch.votes.get(target) if self._batch is not None else None
+        if known is not None and (known[0] is None or ts >= known[0]):
+            later = [redaction for redaction in known[1] if redaction[0] >= ts]
+            return (min(later)[1], min(later)[0]) if later else None
         row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=?"
                               f" ORDER BY ts, event_id{self.sql.bytewise} LIMIT 1", (target, ts)).fetchone()
         return (row[0], row[1]) if row else None

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from bridge.protocol.fit import fit_id
 from bridge.protocol.recorded import RecordedQuestion
@@ -84,6 +84,9 @@ class _Batch:
     counts: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     # The question (set dir, qid) of each posting found, by its event id.
     questions: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    # Empty votes (``votes_key`` -> (floor, [(ts, event id)])): every one at
+    # or after the floor (None: every one) of the batch's voters' polls.
+    votes: dict[str, tuple[int | None, list[tuple[int, str]]]] = dataclasses.field(default_factory=dict)
 
 
 def _clock_of(db: Any) -> "DatabaseClock | LocalClock":
@@ -218,14 +221,17 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
     # -- a batch's events, looked up at once --------------------------------
 
     def know_batch(self, event_ids: Iterable[str], *, elicitations: Iterable[str] = (),
-                   targets: Iterable[str] = (), delivery: str | None = None, guess: bool = False) -> None:
+                   targets: Iterable[str] = (), votes: Mapping[tuple[str, str], int] | None = None,
+                   delivery: str | None = None, guess: bool = False) -> None:
         """Inside a transaction, before its events are handled: whether each
         was processed, the redactions that came before it and whether edits
-        wait for it, and the postings they may be looked up by (``elicitations``
-        and related events, ``targets``: see ``normalize.posting_keys``) and
-        whether the delivery they came in was taken before (``delivery``, an
-        appservice transaction's key: ``txn_seen``), read at once (one round
-        trip on PostgreSQL, not several per event).  Kept up to date by this
+        wait for it, the postings they may be looked up by (``elicitations``
+        and related events, ``targets``: see ``normalize.posting_keys``), the
+        empty votes of the voters in each poll voted in (``votes``: (poll,
+        sender) -> earliest ts, ``normalize.poll_votes``) and whether the
+        delivery they came in was taken before (``delivery``, an appservice
+        transaction's key: ``txn_seen``), read at once (one round trip on
+        PostgreSQL, not several per event).  Kept up to date by this
         store's writes until the transaction ends; any part undone forgets it
         (the reads go to the database again).  ``guess``: on PostgreSQL, what
         the last batch kept knew is taken instead of read when it is enough,
@@ -233,7 +239,8 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         # Ids the store can't key by are skipped by the batch itself (``fit_id``), unread.
         ids, asked, related = (sorted({i for i in values if fit_id(i)})
                                for values in (event_ids, elicitations, targets))
-        if guess and self._guesses and self._guessed(ids, asked, related, delivery):
+        votes = {pair: ts for pair, ts in (votes or {}).items() if fit_id(pair[0]) and fit_id(pair[1])}
+        if guess and self._guesses and self._guessed(ids, asked, related, votes, delivery):
             return
         reads = []
         for start in range(0, len(ids), _IDS_PER_READ):
@@ -247,12 +254,18 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
                  for start in range(0, max(len(asked), len(related)), _IDS_PER_READ)]
         for part in parts:
             reads += self.postings_reads(*part)
+        pairs = sorted(votes)
+        voted = [pairs[start:start + _IDS_PER_READ // 2] for start in range(0, len(pairs), _IDS_PER_READ // 2)]
+        for part in voted:
+            reads += self.votes_reads(part)
         if delivery is not None:
             reads.append(self.txn_read(delivery))
         rows = self.db.reads(reads) if reads else []
         known = _Batch(threading.get_ident(), set(ids), set(), {}, set(), delivery=delivery)
         if delivery is not None:
             known.delivered = bool(rows.pop())
+        voted_rows = rows[len(rows) - len(voted):]
+        del rows[len(rows) - len(voted):]
         for processed, redactions, parked in zip(rows[0:looked_up:3], rows[1:looked_up:3], rows[2:looked_up:3]):
             known.processed.update(row[0] for row in processed)
             known.parked.update(row[0] for row in parked)
@@ -262,17 +275,23 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         for n, part in enumerate(parts):
             start = looked_up + n * each
             self.know_postings(known, rows[start:start + each], *part)
+        for part, found in zip(voted, voted_rows):  # after the postings: a vote's key is its poll's posting's
+            self.know_votes(known, found, part)
         self._kept_batch = known
 
-    def _guessed(self, ids: list[str], asked: list[str], related: list[str], delivery: str | None) -> bool:
+    def _guessed(self, ids: list[str], asked: list[str], related: list[str], votes: dict[tuple[str, str], int],
+                 delivery: str | None) -> bool:
         keys = self.looked_up(asked, related)
-        known = taken(self._carried, keys) if len(ids) + len(keys) <= MOST else None
+        known = taken(self._carried, keys) if len(ids) + len(keys) + len(votes) <= MOST else None
         if known is None:
             return False
         postings, questions, counts = known
-        self.db.expect(*condition(ids, keys, postings, questions, counts, delivery))
+        # No empty vote since each vote: the posting of each poll voted in is known now.
+        empty_votes = {votes_key(posting[0], sender): (ts, []) for (poll, sender), ts in votes.items()
+                       if (posting := postings.get(("poll_event_id=?", poll))) is not None}
+        self.db.expect(*condition(ids, keys, postings, questions, counts, empty_votes, delivery))
         self._kept_batch = _Batch(threading.get_ident(), set(ids), set(), {}, set(), postings=postings,
-                                  delivery=delivery, counts=counts, questions=questions)
+                                  delivery=delivery, counts=counts, questions=questions, votes=empty_votes)
         return True
 
     def _forget_batch(self) -> None:
