@@ -94,9 +94,9 @@ def condition(ids: Sequence[str], keys: Sequence[tuple[str, str]], postings: dic
     and its parameters: its events new, each posting as taken (found once,
     or not at all), each question's accepted count, no empty vote since
     each vote (``votes``: ``votes_key`` -> (earliest vote's ts, ...)), its
-    delivery not taken before.  Numbers go as text, cast on the server: psycopg types an array
-    of numbers by its values, and each typing is another statement to the
-    server's cache."""
+    delivery not taken before.  Numbers go as text, cast on the server:
+    psycopg types an array of numbers by its values, and each typing is
+    another statement to the server's cache."""
     params: list[Any] = [list(ids)] * 3
     for by in _BY:
         absent: list[str] = []

@@ -12,13 +12,14 @@ from typing import Any
 # An edit whose original never comes is dropped after this long.
 PARKED_FOR_MS = 7 * 24 * 3600 * 1000
 
+_VOTES, _VOTES_BY = "votes\x1f", "\x1f"
+
 
 def votes_key(question_event_id: str, sender: str) -> str:
     """The redaction target an emptied poll vote is kept under: every vote of one person in one poll."""
     return f"{_VOTES}{question_event_id}{_VOTES_BY}{sender}"
 
 
-_VOTES, _VOTES_BY = "votes\x1f", "\x1f"
 # The empty votes of each (poll, sender) pair of a VALUES list, by the
 # posting the poll belongs to (``votes_key`` worked out by the database).
 _EMPTY_VOTES = ("SELECT v.column1, v.column2, r.event_id, r.ts FROM (VALUES {pairs}) AS v"
