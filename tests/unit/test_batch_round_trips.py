@@ -5,15 +5,18 @@ round trip, so a database a few milliseconds away multiplies them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import bridge.answers.file as answers_file
+from bridge.service.answering.pipeline import Pipeline
 from bridge.service.storage.leader import Lease
+from bridge.service.storage.store import Store
 from helpers import timeline
 from helpers.pgstore import on_postgresql, round_trips
 from helpers.timeline import PEOPLE, Room
-from test_isolation_parts import ALICE, BOB, BOT, OTHER_ROOM, ROOM, answer, setup
+from test_isolation_parts import ALICE, BOB, BOT, OTHER_ROOM, ROOM, Transport, answer, setup
 from test_leader import wait_for
 
 THIRD_ROOM = "!third:hs"
@@ -158,6 +161,27 @@ def test_the_bridges_own_events_cost_no_read(tmp_path, monkeypatch, postgres_ser
     pipeline.process([answer(0, "$next", "again", sender=BOB)])
     assert before_write == [2] and waits[0] == 3  # as right after the first: its guess still stands
     assert written(folders[ROOM])["rev"] == 2
+
+
+def test_a_question_first_answered_after_a_start_costs_no_wait_more(tmp_path, monkeypatch, postgres_server):
+    """A question's posting is read with what the bridge keeps parsed of it
+    (its content): a question answered for the first time since the start
+    (or since it was posted, the common case: most questions are answered
+    once) waits as often as one answered before, not once more to read it."""
+    on_postgresql(monkeypatch, postgres_server)
+    store, _pipeline, _transport, folders = setup(tmp_path)
+    with store.transaction():
+        store.set_meta("audit_origin", "example.org/askwright-bridge/bot")  # as the first start with a key does
+    store.close()
+    store = Store(tmp_path / "bridge.sqlite")  # the same store, as a new process opens it
+    pipeline = Pipeline(store=store, transport=Transport(), answerers=None, own_users=lambda u: u == BOT)
+    asyncio.run(pipeline.load_members(ROOM))
+    store.audit_origin()  # read once a process, at its start (``open_log``)
+    waits = round_trips(monkeypatch)
+    before_write = noted_writes(monkeypatch, waits)
+    pipeline.process([answer(0, "$first", "first")])
+    assert before_write == [2]  # the look-ups; the writes, the flush's reads and the COMMIT
+    assert written(folders[ROOM])["rev"] == 1
 
 
 def test_a_poll_vote_waits_as_an_answer_does(tmp_path, monkeypatch, postgres_server):

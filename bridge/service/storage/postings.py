@@ -4,8 +4,9 @@ room, its set folder, its poll, whether it is open and why it was closed.
 Postings belong to a set folder and are found newest first by posting
 order, whatever their rev.  What is posted never changes (a new revision is
 a new event), so a posting being answered is parsed once and kept
-(``_recorded``); only whether it is open is read every time, and a batch
-remembers what it looked up (``Store.know_batch``) until any posting changes.
+(``_recorded``), from the same read that looks it up; only whether it is
+open is read every time, and a batch remembers what it looked up
+(``Store.know_batch``) until any posting changes.
 A close, a decision and an expiry are outcomes the answer log records.
 """
 
@@ -26,9 +27,11 @@ _LATEST_POSTED = "SELECT event_id, open, closed_why FROM posted WHERE set_dir=? 
 # A posting's question's accepted answers (``_ACCEPTED_COUNT``), as a subselect of a read of ``posted p``.
 _ACCEPTED_COUNT_OF_POSTING = ("SELECT COUNT(*) FROM answer_log a WHERE a.set_dir=p.set_dir AND a.qid=p.qid"
                               " AND a.outcome='accepted'")
-# A posting with its question's accepted count and the ids it is looked up by (``Postings.postings_reads``).
+# A posting with its question's accepted count, the ids it is looked up by
+# (``Postings.postings_reads``) and what ``_recorded`` parses (``_keep_parsed``):
+# the first answer to a question waits for no read of its own for it.
 _POSTING_WITH_COUNT = (f"SELECT event_id, open, closed_why, set_dir, qid, ({_ACCEPTED_COUNT_OF_POSTING}),"
-                       " elicitation_id, poll_event_id FROM posted p")
+                       " elicitation_id, poll_event_id, room_id, set_id, content FROM posted p")
 # What a posting is looked up by, as ``_one`` keys it, and the column of _POSTING_WITH_COUNT holding it.
 _LOOKED_UP_BY = (("elicitation_id=?", 6), ("event_id=?", 0), ("poll_event_id=?", 7))
 # Posted questions kept parsed: the ones being answered now, not every one ever posted.
@@ -171,14 +174,14 @@ class Postings:
         return [(where, value) for (where, _column), values in zip(_LOOKED_UP_BY, (elicitations, targets, targets))
                 for value in values]
 
-    @staticmethod
-    def know_postings(batch: Any, rows: list[list[tuple]], elicitations: list[str], targets: list[str]) -> None:
+    def know_postings(self, batch: Any, rows: list[list[tuple]], elicitations: list[str], targets: list[str]) -> None:
         """What ``postings_reads`` read, into the batch's memo: every id asked
         about, found or not, and each found posting's count."""
         for (where, column), values, found in zip(_LOOKED_UP_BY, (elicitations, targets, targets), rows):
             for value in values:
                 batch.postings.setdefault((where, value), None)
             for row in found:
+                self._keep_parsed(row)
                 Postings._remember(batch, (where, row[column]), row)
 
     @staticmethod
@@ -206,6 +209,7 @@ class Postings:
         if found is None:
             batch.postings[(where, value)] = None
             return None
+        self._keep_parsed(found)
         return self._posting(self._remember(batch, (where, value), found))
 
     def _posting(self, row: Any) -> RecordedQuestion | None:
@@ -222,20 +226,29 @@ class Postings:
         working out its options again for each one cost more than judging.
         What is posted never changes (a new revision is a new event), so only
         ``open`` is read from the table every time."""
-        recent = self._recent_questions
-        kept = recent.get(event_id)
+        kept = self._recent_questions.get(event_id)
         if kept is None:
             row = self.db.execute(f"SELECT {_Q}, set_dir FROM posted WHERE event_id=?", (event_id,)).fetchone()
-            kept = (_question(row[:-1]), row[-1])
-            recent[event_id] = kept
-            while len(recent) > _RECENT_QUESTIONS:
-                recent.popitem(last=False)
+            kept = self._keep(_question(row[:-1]), row[-1])
         else:
-            recent.move_to_end(event_id)
+            self._recent_questions.move_to_end(event_id)
         question = kept[0]
         if question.open == is_open and question.closed_why == closed_why:
             return question
         return dataclasses.replace(question, open=is_open, closed_why=closed_why)
+
+    def _keep_parsed(self, row: tuple) -> None:
+        """A ``_POSTING_WITH_COUNT`` row's posting kept parsed for ``_recorded``, unless it is already."""
+        if row[0] not in self._recent_questions:
+            event_id, is_open, closed_why, set_dir, *_rest, room_id, set_id, content = row
+            self._keep(_question((event_id, room_id, set_id, content, is_open, closed_why)), set_dir)
+
+    def _keep(self, question: RecordedQuestion, set_dir: str) -> tuple[RecordedQuestion, str]:
+        recent = self._recent_questions
+        recent[question.event_id] = kept = (question, set_dir)
+        while len(recent) > _RECENT_QUESTIONS:
+            recent.popitem(last=False)
+        return kept
 
     def mark_expired(self, question_event_id: str, at_ms: int) -> None:
         """The posting reached its deadline (the bridge closed it, or the homeserver's own closing came)."""
