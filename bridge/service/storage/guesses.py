@@ -6,7 +6,9 @@ questions' counts (``Store.know_batch``): a round trip before anything can
 be written, and a second one carries the writes and the COMMIT.  Answers
 to questions already being answered need nothing new: the batch before
 read those postings and counts and kept them up to date with its own
-writes.  So a batch takes them from it, and takes its events as new, and
+writes; and what the bridge posted itself, it knows from its own writes
+(``Postings.record_posted``, ``set_poll``).  So a batch takes them from
+there, and takes its events as new, and
 sends instead one condition that all of it still holds, ahead of its writes
 and with its COMMIT (``PgConnection.expect``): it waits once before
 answers.json can be written, not twice.

@@ -18,7 +18,7 @@ import sqlite3
 from typing import Any
 
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.service.storage.answerlog import LogEntry
+from bridge.service.storage.answerlog import _ACCEPTED_COUNT, LogEntry
 
 # The columns a posting is read with (``_question``).
 _Q = "event_id, room_id, set_id, content, open, closed_why"
@@ -52,29 +52,39 @@ class Postings:
         event, or the same elicitation id) is never ignored: it raises
         PostingConflict, naming both, and nothing is recorded."""
         content = question.content
+        event_id, elicitation_id, qid = question.event_id, content["elicitation_id"], content["question"]["id"]
         # Looked up before the insert, not after it fails: on PostgreSQL a
         # failed statement aborts the transaction, so nothing could be read
         # to name the clash.  (Writers take turns: nothing comes in between.)
-        row = self.db.execute("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?"
-                              " ORDER BY rowid LIMIT 1", (question.event_id, content["elicitation_id"])).fetchone()
-        if row is not None:
-            raise PostingConflict(f"posting {question.event_id} ({content['elicitation_id']}) clashes with the posting"
+        # The question's accepted count comes with it, for ``_learned``.
+        clash, count = self.db.reads([
+            ("SELECT event_id, set_dir, qid, rev FROM posted WHERE event_id=? OR elicitation_id=?"
+             " ORDER BY rowid LIMIT 1", (event_id, elicitation_id)),
+            (_ACCEPTED_COUNT, (set_dir, qid))])
+        if clash:
+            row = clash[0]
+            raise PostingConflict(f"posting {event_id} ({elicitation_id}) clashes with the posting"
                                   f" already recorded: {row[0]} of {row[1]}/{row[2]} rev {row[3]}")
+        stored = json.dumps(content)
         try:
             self.db.execute(
                 "INSERT INTO posted(event_id, room_id, set_id, set_dir, qid, rev, elicitation_id, content,"
                 " open, poll_event_id, posted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (question.event_id, question.room_id, question.set_id, set_dir, content["question"]["id"],
-                 content["question"]["rev"], content["elicitation_id"], json.dumps(content), int(question.open),
-                 poll_event_id, posted_at),
+                (event_id, question.room_id, question.set_id, set_dir, qid, content["question"]["rev"],
+                 elicitation_id, stored, int(question.open), poll_event_id, posted_at),
             )
         except sqlite3.IntegrityError:  # a posting missing a part the table requires
-            raise PostingConflict(f"posting {question.event_id} could not be recorded") from None
-        self._postings_changed()
+            raise PostingConflict(f"posting {event_id} could not be recorded") from None
+        # Kept parsed as a read would find it (``_recorded``), and known to later batches (``_learned``).
+        posting = (event_id, int(question.open), None)
+        self._keep(_question((event_id, question.room_id, question.set_id, stored, *posting[1:])), set_dir)
+        keys = [("event_id=?", event_id), ("elicitation_id=?", elicitation_id),
+                *([("poll_event_id=?", poll_event_id)] if poll_event_id else [])]
+        self._postings_changed(learned=lambda known: _learned(known, keys, posting, (set_dir, qid), count[0][0]))
 
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
-        self._postings_changed()
+        self._postings_changed(learned=lambda known: _poll_learned(known, event_id, poll_event_id))
 
     def close_question(self, event_id: str, why: str | None = None, *, by: str = "") -> None:
         """Close a posting; the answer log records it (``by``: who closed it, the bridge when empty)."""
@@ -256,6 +266,28 @@ class Postings:
 
     def is_expired(self, question_event_id: str) -> bool:
         return self.get_meta(f"expired:{question_event_id}") is not None
+
+
+def _learned(known: Any, keys: list[tuple[str, str]], posting: tuple, question: tuple[str, str], count: int) -> None:
+    """A posting this process recorded, into what later batches take
+    (``guesses``): the first answer to it needs no read of its own.  An
+    answer relating to it looks it up as a poll too: no posting's poll."""
+    for key in keys:
+        known.postings[key] = posting
+    known.postings.setdefault(("poll_event_id=?", posting[0]), None)
+    known.questions[posting[0]] = question
+    known.counts[question] = count
+
+
+def _poll_learned(known: Any, event_id: str, poll_event_id: str) -> None:
+    """A posting's poll, into what later batches take: a vote finds the
+    posting by it, and no posting is the poll's own event."""
+    posting = known.postings.get(("event_id=?", event_id))
+    if posting is None:
+        known.postings.pop(("poll_event_id=?", poll_event_id), None)
+    else:
+        known.postings[("poll_event_id=?", poll_event_id)] = posting
+        known.postings.setdefault(("event_id=?", poll_event_id), None)
 
 
 def _question(row: tuple) -> RecordedQuestion:

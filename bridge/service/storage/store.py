@@ -118,6 +118,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._origin: str | None = None  # ``audit_origin``, once read
         self._kept_batch: _Batch | None = None  # ``know_batch``
         self._carried: _Batch | None = None  # what the batches kept knew, for later ones' guesses (``guesses``)
+        self._learning: list[Callable[[_Batch], None]] = []  # what this transaction wrote of postings, for them
         # Every outcome appends a leaf to the answer log unless ``audit.enabled`` is off.
         self.audit_enabled = True
         self._migrate()
@@ -153,6 +154,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         store._origin = None
         store._kept_batch = None
         store._carried = None
+        store._learning = []
         store.audit_enabled = False  # nothing is written through a read-only store
         if url:
             from bridge.service.storage.pgdialect import PgConnection, redact
@@ -295,14 +297,23 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         return True
 
     def _forget_batch(self) -> None:
+        """A part undone: what it read or wrote is not known any more (which of it was undone, unknown)."""
         self._kept_batch = None
+        self._learning = []
 
     def _end_batch(self, kept: bool) -> None:
         """A transaction ends: a batch's memo, when the batch is kept, joins
-        what later batches may guess from (checked on the server then)."""
+        what later batches may guess from (checked on the server then), and
+        so does what it wrote of the postings (``_postings_changed``)."""
         batch = self._batch
         if kept and batch is not None and self._guesses:
             self._carried = _carried_on(self._carried, batch)
+        learning, self._learning = self._learning, []
+        if kept and learning:
+            if self._carried is None or len(self._carried.postings) > _CARRIED_MOST:  # the newest postings, not all
+                self._carried = _Batch(threading.get_ident(), set(), set(), {}, set())
+            for learned in learning:
+                learned(self._carried)
         self._kept_batch = None
 
     @property
@@ -332,8 +343,15 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
             self._batch.dirtied.add(question)
         self.db.defer("INSERT INTO dirty(set_dir, set_id, qid) VALUES (?,?,?) ON CONFLICT DO NOTHING", question)
 
-    def _postings_changed(self) -> None:
-        self._carried = None
+    def _postings_changed(self, learned: Callable[[_Batch], None] | None = None) -> None:
+        """A posting was recorded or changed: what this transaction's batch
+        looked up of the postings is read again.  What later batches take
+        (``guesses``) is dropped, or, with ``learned`` (what this store wrote
+        of it), brought up to date that way once the transaction is kept."""
+        if learned is None:
+            self._carried = None
+        elif self._guesses:
+            self._learning.append(learned)
         if self._batch is not None:
             self._batch.postings.clear()
 
