@@ -150,7 +150,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--latency", type=int, help="answers per mode (200; quick 50)")
     parser.add_argument("--answers", type=int, nargs="+", help="catch-up backlogs (1000 5000; quick 1000)")
+    parser.add_argument("--stages", metavar="PREFIX",
+                        help="each batch's stages and waits for the database, as latency.py --stages writes them")
     args, _others = parser.parse_known_args()  # make bench passes run_all's flags too
+    latency.STAGES = args.stages or ""
     answers = args.latency or (50 if args.quick else 200)
     # Both backlogs the target names: 1,000, where the start-up still weighs, and 5,000.
     backlogs = args.answers or ([1000] if args.quick else [1000, 5000])
