@@ -10,10 +10,12 @@ outcome is the one reading would give, on both backends."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
+from bridge.protocol.recorded import RecordedQuestion
 from test_isolation_parts import BOB, ROOM, answer, setup
 
 pytestmark = pytest.mark.usefixtures("store_backend")  # on SQLite and on PostgreSQL
@@ -58,3 +60,43 @@ def test_a_count_changed_by_a_writer_the_batch_did_not_see_is_read_again(tmp_pat
     pipeline.process([answer(0, "$next", "Australis", sender=BOB)])
     record = store.db.execute("SELECT record FROM answer_log WHERE event_id='$next'").fetchone()[0]
     assert json.loads(record)["rev"] == 2  # one accepted before it, as reading the log says
+
+
+def posted_again(store, n: int, like: str) -> None:
+    """The question of posting ``like`` posted again in its set folder, as ``$q<n>`` (elicitation ``elc_<n>``)."""
+    first = store.question_by_event(like)
+    content = {**first.content, "elicitation_id": f"elc_{n}"}
+    store.record_posted(RecordedQuestion(event_id=f"$q{n}", room_id=ROOM, set_id=first.set_id, content=content),
+                        set_dir=store.set_dir_of(like), posted_at=2)
+
+
+def test_a_posting_the_bridge_made_is_taken_with_the_count_its_question_had(tmp_path, caplog):
+    """What the bridge recorded of its own posting (the question's count
+    read beside it) numbers the first answer to it, as reading would, and
+    holds on the server: the batch is not handled again."""
+    store, pipeline, _transport, folders = setup(tmp_path)
+    pipeline.process([answer(0, "$first", "Borealis"), answer(0, "$second", "Aurora", sender=BOB)])
+    with store.transaction():
+        posted_again(store, 7, "$q0")
+    caplog.set_level(logging.INFO, logger="bridge.service.answering.pipeline")
+    pipeline.process([answer(7, "$third", "Australis")])
+    assert outcome(store, "$third") == "accepted" and records(folders[ROOM])["rev"] == 3
+    assert "took for granted" not in caplog.text
+
+
+def test_a_posting_the_bridge_made_then_closed_by_another_writer_refuses_the_answer(tmp_path):
+    store, pipeline, _transport, folders = setup(tmp_path)
+    with store.transaction():
+        posted_again(store, 7, "$q0")
+    store.db.execute("UPDATE posted SET open=0, closed_why='withdrawn' WHERE event_id='$q7'")
+    pipeline.process([answer(7, "$late", "Australis")])
+    assert outcome(store, "$late") == "refused"
+
+
+def test_a_posting_whose_transaction_was_rolled_back_is_not_taken(tmp_path):
+    store, pipeline, _transport, _folders = setup(tmp_path)
+    with pytest.raises(RuntimeError), store.transaction():
+        posted_again(store, 7, "$q0")
+        raise RuntimeError("the posting's send failed")
+    pipeline.process([answer(7, "$orphan", "Australis")])
+    assert outcome(store, "$orphan") != "accepted" and store.question_by_event("$q7") is None
