@@ -189,8 +189,7 @@ def test_the_bridges_own_events_cost_no_read(tmp_path, monkeypatch, postgres_ser
 def test_a_question_first_answered_after_a_start_costs_no_wait_more(tmp_path, monkeypatch, postgres_server):
     """A question's posting is read with what the bridge keeps parsed of it
     (its content): a question answered for the first time since the start
-    (or since it was posted, the common case: most questions are answered
-    once) waits as often as one answered before, not once more to read it."""
+    waits as often as any question read, not once more to read its content."""
     on_postgresql(monkeypatch, postgres_server)
     store, _pipeline, _transport, folders = setup(tmp_path)
     with store.transaction():
