@@ -7,7 +7,7 @@ dropped if it never comes, and every edit is linked to what it edits
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable
 
 # An edit whose original never comes is dropped after this long.
 PARKED_FOR_MS = 7 * 24 * 3600 * 1000
@@ -18,6 +18,13 @@ _VOTES, _VOTES_BY = "votes\x1f", "\x1f"
 def votes_key(question_event_id: str, sender: str) -> str:
     """The redaction target an emptied poll vote is kept under: every vote of one person in one poll."""
     return f"{_VOTES}{question_event_id}{_VOTES_BY}{sender}"
+
+
+def votes_keys(postings: dict, votes: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The ``votes_key`` of each (poll, sender) whose poll is a posting's in
+    ``postings`` (a batch's memo: ``Postings.looked_up``'s keys)."""
+    return {(poll, sender): votes_key(posting[0], sender) for poll, sender in votes
+            if (posting := postings.get(("poll_event_id=?", poll))) is not None}
 
 
 # The empty votes of each (poll, sender) pair of a VALUES list, by the
@@ -51,21 +58,18 @@ class RedactionsAndEdits:
     def know_votes(batch: Any, rows: list[tuple], votes: list[tuple[str, str]]) -> None:
         """What ``votes_reads`` read, into the batch's memo: every empty vote
         of each pair whose poll is a posting's (its postings known already)."""
-        for poll, sender in votes:
-            posting = batch.postings.get(("poll_event_id=?", poll))
-            if posting is not None:
-                batch.votes[votes_key(posting[0], sender)] = (None, [])
+        keys = votes_keys(batch.postings, votes)
+        batch.votes.update({key: (None, []) for key in keys.values()})
         for poll, sender, event_id, ts in rows:
-            posting = batch.postings.get(("poll_event_id=?", poll))
-            if posting is not None:
-                batch.votes[votes_key(posting[0], sender)][1].append((ts, event_id))
+            if (poll, sender) in keys:
+                batch.votes[keys[(poll, sender)]][1].append((ts, event_id))
 
     def redaction_since(self, target: str, ts: int) -> tuple[str, int] | None:
         """(event id, ts) of the first redaction of ``target`` at or after ``ts``."""
         known = self._batch.votes.get(target) if self._batch is not None else None
         if known is not None and (known[0] is None or ts >= known[0]):
-            later = [redaction for redaction in known[1] if redaction[0] >= ts]
-            return (min(later)[1], min(later)[0]) if later else None
+            first = min((redaction for redaction in known[1] if redaction[0] >= ts), default=None)
+            return (first[1], first[0]) if first else None
         row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=?"
                               f" ORDER BY ts, event_id{self.sql.bytewise} LIMIT 1", (target, ts)).fetchone()
         return (row[0], row[1]) if row else None

@@ -42,7 +42,7 @@ from bridge.service.storage.notices import COALESCED, DROPPED, PENDING, SENT, No
 from bridge.service.storage.operators import Operators, PostedQuestion
 from bridge.service.storage.postings import PostingConflict, Postings
 from bridge.service.storage.projection import Projection
-from bridge.service.storage.redactions import PARKED_FOR_MS, RedactionsAndEdits, votes_key
+from bridge.service.storage.redactions import PARKED_FOR_MS, RedactionsAndEdits, votes_key, votes_keys
 from bridge.service.storage.schema import SCHEMA_VERSION, migration
 from bridge.service.storage.storethread import StoreThread
 from bridge.service.storage.undecrypted import Undecrypted
@@ -289,8 +289,7 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
             return False
         postings, questions, counts = known
         # No empty vote since each vote: the posting of each poll voted in is known now.
-        empty_votes = {votes_key(posting[0], sender): (ts, []) for (poll, sender), ts in votes.items()
-                       if (posting := postings.get(("poll_event_id=?", poll))) is not None}
+        empty_votes = {key: (votes[pair], []) for pair, key in votes_keys(postings, votes).items()}
         self.db.expect(*condition(ids, keys, postings, questions, counts, empty_votes, delivery))
         self._kept_batch = _Batch(threading.get_ident(), set(ids), set(), {}, set(), postings=postings,
                                   delivery=delivery, counts=counts, questions=questions, votes=empty_votes)
