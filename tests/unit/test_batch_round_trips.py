@@ -186,6 +186,30 @@ def test_the_bridges_own_events_cost_no_read(tmp_path, monkeypatch, postgres_ser
     assert written(folders[ROOM])["rev"] == 2
 
 
+def test_an_appservice_transaction_of_the_bridges_own_events_waits_once(tmp_path, monkeypatch, postgres_server):
+    """Appservice mode gets its own events back, about two transactions an
+    answer, one at a time: an answer sent meanwhile queues behind them.
+    Such a transaction changes nothing, so it is marked taken with its
+    batch's COMMIT, not in a transaction of its own after the flush."""
+    on_postgresql(monkeypatch, postgres_server)
+    store, pipeline, _transport, folders = setup(tmp_path)
+
+    def deliver(txn: str, events: list) -> object:
+        return pipeline.process(events, commit=lambda: store.mark_txn(txn), delivery=txn)
+
+    deliver("t0", [answer(0, "$warm", "first")])
+    waits = round_trips(monkeypatch)
+    assert not deliver("t1", [acknowledgement("$ack1", "$warm")]).repeated
+    assert waits[0] == 1  # the guess, the mark, the flush's reads and the COMMIT
+    assert store.txn_seen("t1")
+    assert deliver("t1", [acknowledgement("$ack1", "$warm")]).repeated  # sent again: taken once
+    waits[0] = 0
+    before_write = noted_writes(monkeypatch, waits)
+    assert not deliver("t2", [answer(0, "$next", "again", sender=BOB)]).repeated
+    assert before_write == [2] and waits[0] == 3  # an answer's transaction: marked after its answers.json
+    assert written(folders[ROOM])["rev"] == 2 and store.txn_seen("t2")
+
+
 def test_a_question_first_answered_after_a_start_costs_no_wait_more(tmp_path, monkeypatch, postgres_server):
     """A question's posting is read with what the bridge keeps parsed of it
     (its content): a question answered for the first time since the start

@@ -203,7 +203,8 @@ class Pipeline:
     def process(self, events: list[dict[str, Any]], *, commit: Callable[[], None] | None = None,
                 delivery: str | None = None) -> BatchResult:
         """Steps 1-3.  ``commit`` runs in the final store transaction, after the
-        folder writes: that is where a transport records its progress.  A
+        folder writes: that is where a transport records its progress (in the
+        batch's own, when the batch changed nothing: ``_handle``).  A
         ``delivery`` (an appservice transaction's key, which ``commit`` marks
         taken) taken before is not handled again: ``BatchResult.repeated``."""
         now = self.clock()
@@ -212,7 +213,7 @@ class Pipeline:
         try:
             try:
                 try:
-                    result, view = self._handle(events, now, delivery)
+                    result, view, left = self._handle(events, now, delivery, commit, before)
                 except GuessedWrong:
                     # What the batch took from the batch before instead of
                     # reading it (``guesses``) had changed on the server:
@@ -220,7 +221,7 @@ class Pipeline:
                     log.info("a batch of %d events took for granted what had changed; handling it again, read",
                              len(events))
                     self._restore_before()
-                    result, view = self._handle(events, now, delivery, again=True)
+                    result, view, left = self._handle(events, now, delivery, commit, before, again=True)
             except PartsFailedTogether as exc:
                 # Rare: an event's part failed (a write, sent with other
                 # events' in one round trip, or its handling), and the parts
@@ -230,7 +231,7 @@ class Pipeline:
                 log.warning("a part of a batch of %d events failed (%s); handling it again event by event",
                             len(events), exc)
                 self._restore_before()
-                result, view = self._handle(events, now, delivery, apart=True, again=True)
+                result, view, left = self._handle(events, now, delivery, commit, before, apart=True, again=True)
             observed = self._observed or []
         finally:
             self._before = None
@@ -239,15 +240,19 @@ class Pipeline:
             observe()
         if result.repeated:
             return result
-        result.written_sets = self.flush(commit=commit, idle=self.store.changes() == before, view=view)
+        # A commit the batch's own transaction took was taken because it was idle.
+        idle = left is not commit or self.store.changes() == before
+        result.written_sets = self.flush(commit=left, idle=idle, view=view)
         return result
 
-    def _handle(self, events: list[dict[str, Any]], now: str, delivery: str | None, *, apart: bool = False,
-                again: bool = False) -> tuple[BatchResult, FlushView | None]:
+    def _handle(self, events: list[dict[str, Any]], now: str, delivery: str | None,
+                commit: Callable[[], None] | None, before: int, *, apart: bool = False,
+                again: bool = False) -> tuple[BatchResult, FlushView | None, Callable[[], None] | None]:
         """The batch judged in one store transaction; what the flush starts
         from is read last in it, with its COMMIT.  ``apart``: each event's
         part ends in a round trip of its own (``Store.savepoint``).  ``again``:
-        the batch is handled a second time, its look-ups read, not guessed."""
+        the batch is handled a second time, its look-ups read, not guessed.
+        Returns the ``commit`` left for the flush: None when it ran here."""
         result = BatchResult()
         self._observed = []
         # One fsync for the whole batch: this commit is made durable by the
@@ -264,12 +269,21 @@ class Pipeline:
                                   targets=targets, votes=poll_votes(judged), delivery=delivery, guess=not again)
             if delivery is not None and self.store.txn_seen(delivery):
                 result.repeated = True
-                return result, None
+                return result, None, commit
             if self.on_batch and not again:  # (told once, when a batch is handled again)
                 self.on_batch(events)
             for event in events:
                 self._guarded(event, now, result, apart)
-            return result, self.store.flush_view(commit=True)  # the flush's reads, and the COMMIT with them
+            if commit is not None and self.store.unchanged_since(before):
+                # Nothing of the batch to make durable (the bridge's own events
+                # coming back, chatter): the transport's progress goes with
+                # this COMMIT, not in a transaction of its own after the flush
+                # (a round trip fewer on PostgreSQL).  Not waiting for the disk
+                # either, as an idle flush's: losing it to a power cut only
+                # means the same nothing is received again.
+                commit()
+                commit = None
+            return result, self.store.flush_view(commit=True), commit  # the flush's reads, and the COMMIT with them
 
     def _keep_before(self, event: dict[str, Any]) -> None:
         """The room's members or power levels as the batch found them, before
@@ -603,7 +617,20 @@ class Pipeline:
                 written.extend((set_dir, set_id, qid) for qid in qids)
             else:
                 holds[(set_dir, set_id)] = problem
-        with self.store.transaction(flush=not (idle and not dirty)):
+        if written or holds or commit:  # (nothing to end with: the batch's own COMMIT was the end)
+            self._end_flush(written, holds, held, now_ms, commit, flush=not (idle and not dirty))
+        self._first_flush = False
+        for _problem in holds.values():
+            self.report_trouble("set", "unwritable")
+        if view.doomed:  # the usual case, after every batch: none
+            self._delete_withdrawn_files(view.doomed, {d for d, _s, _q in set(dirty) - set(written)})
+        return len({d for d, _s, _q in written})
+
+    def _end_flush(self, written: list[tuple[str, str, str]], holds: dict[tuple[str, str], str],
+                   held: dict[str, int], now_ms: int, commit: Callable[[], None] | None, *, flush: bool) -> None:
+        """The flush's final transaction: the questions written are clean,
+        the sets held back are noted, and the transport's ``commit``."""
+        with self.store.transaction(flush=flush):
             self.store.clear_dirty(written)
             for set_dir in {d for d, _s, _q in written} & held.keys():
                 self.store.release_set(set_dir)
@@ -617,12 +644,6 @@ class Pipeline:
                     attempts, problem)
             if commit:
                 commit()
-        self._first_flush = False
-        for _problem in holds.values():
-            self.report_trouble("set", "unwritable")
-        if view.doomed:  # the usual case, after every batch: none
-            self._delete_withdrawn_files(view.doomed, {d for d, _s, _q in set(dirty) - set(written)})
-        return len({d for d, _s, _q in written})
 
     def _log_outcome_changes(self, dirty: list[tuple[str, str, str]],
                              postings: dict[tuple[str, str], RecordedQuestion],

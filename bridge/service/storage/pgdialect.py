@@ -241,6 +241,12 @@ class PgConnection:
             return
         self._deferred.append((plan[1], _adapt(params), plan[2]))
 
+    @property
+    def writes_waiting(self) -> int:
+        """How many deferred statements change rows (not counted in
+        ``total_changes`` until their round trip)."""
+        return sum(1 for _text, _params, counts in self._deferred if counts)
+
     def expect(self, condition: str, params: Sequence[Any]) -> None:
         """Inside a transaction: ``condition`` (PostgreSQL's SQL, ``%s``
         placeholders), what the transaction took for granted instead of

@@ -208,6 +208,11 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         """Rows changed through this connection so far (to tell whether a batch changed anything)."""
         return self.db.total_changes
 
+    def unchanged_since(self, before: int) -> bool:
+        """No row changed since ``changes()`` was ``before``, and no write
+        waits to be sent (PostgreSQL's deferred ones count when they are)."""
+        return self.db.total_changes == before and not getattr(self.db, "writes_waiting", 0)
+
     def savepoint(self, *, apart: bool = True) -> "_Savepoint | _Together":
         """Inside a transaction: a part of it (one event's), undone alone
         when it raises.  ``apart=False``: no savepoint, two statements a part
