@@ -134,11 +134,13 @@ async def served(tmp_path, store_backend):
     gaps: list[int] = []
     troubles: list[int] = []
     heard: list[int] = []
+    held: list[set[str]] = []
 
     class Looker:
-        async def look_now(self) -> None:
+        async def look_now(self, arriving: set[str]) -> None:
             assert server.one_at_a_time.locked()  # no transaction is handled meanwhile
             gaps.append(len(stand_in.batches))  # how many transactions were handled before it
+            held.append(arriving)  # the events of the transaction it holds up
 
         def suspect_gap(self) -> None:
             troubles.append(1)
@@ -150,13 +152,13 @@ async def served(tmp_path, store_backend):
     server.catchup = Looker()  # type: ignore[assignment]
     client = TestClient(TestServer(server.app()))
     await client.start_server()
-    yield client, server, gaps, troubles, heard
+    yield client, server, gaps, troubles, heard, held
     await client.close()
     store.close()
 
 
 async def test_a_transaction_id_that_skips_one_is_looked_into_first(served):
-    client, server, gaps, troubles, heard = served
+    client, server, gaps, troubles, heard, held = served
 
     async def put(txn_id: str, n: int, status: int = 200) -> None:
         response = await client.put(f"/_matrix/app/v1/transactions/{txn_id}", json={"events": [event(n)]},
@@ -168,7 +170,7 @@ async def test_a_transaction_id_that_skips_one_is_looked_into_first(served):
     await put("2", 2)  # a resend
     assert gaps == []
     await put("4", 4)
-    assert gaps == [2]  # the look came before transaction 4 was handled
+    assert gaps == [2] and held == [{"$e4"}]  # the look came before transaction 4 was handled
     await put("3", 3)  # late: no new gap
     await put("abc", 5)  # not Synapse's numbering: nothing to tell
     await put("1", 7)  # a homeserver that counts from 1 again
@@ -228,6 +230,35 @@ async def test_skips_whose_looks_keep_finding_nothing_are_left_to_the_periodic_l
     assert [await looked() for _ in range(4)] == [True, True, True, False]
     looker.suspect_gap()  # a refused transaction: the homeserver may strand the next one
     assert await looked()
+
+
+async def test_the_held_transactions_own_events_and_later_ones_are_not_stranded(store):
+    """A look before a transaction finds that transaction's events in the
+    timeline (and, on a busy room, events sent after them): they are on
+    their way, not stranded.  Beside other appservices, whose transactions
+    share the numbering, every transaction skips an id; counting those as
+    stranded made every look find something, so each skip held its
+    transaction up by a look, never left to the periodic one."""
+    now = [100.0]
+    fed = Fed(store)
+    timeline = Timeline([message(1)])
+    store.set_meta(TOKEN_KEY + ROOM, "1")
+    looker = catchup(store, timeline, fed, clock=lambda: now[0])
+
+    async def looked(n: int, stranded: int = 0) -> bool:
+        """Transaction ``n`` (message n, with message n + 1 sent meanwhile)
+        skips an id; ``stranded`` messages before it came in none."""
+        timeline.events += [message(n - k) for k in range(stranded, 0, -1)] + [message(n), message(n + 1)]
+        before = len(timeline.calls)
+        await looker.look_now({f"$m{n}"})
+        now[0] += 20  # never the burst limit
+        return len(timeline.calls) > before
+
+    # One that came before the held transaction's, and in no transaction, is stranded.
+    assert await looked(20, stranded=2) and looker.idle_looks == 0
+    assert [await looked(n) for n in (30, 40, 50, 60)] == [True, True, True, False]
+    assert fed.batches == [["$m18", "$m19", "$m20", "$m21"], ["$m30", "$m31"], ["$m40", "$m41"],
+                           ["$m50", "$m51"]]  # what the look finds is fed oldest first, as before
 
 
 async def test_a_failed_look_before_a_transaction_is_tried_again_off_the_request_path(store):

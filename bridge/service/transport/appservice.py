@@ -195,7 +195,9 @@ class TransactionServer:
         if self.catchup is not None:
             self.catchup.heard()
             if self._skips(txn_id):
-                await self.catchup.look_now()  # what went missing is judged before what came after it
+                # What went missing is judged before what came after it.
+                await self.catchup.look_now({e["event_id"] for e in events
+                                             if isinstance(e, dict) and isinstance(e.get("event_id"), str)})
         self._answer_invites(events)
         wanted = [e for e in events if isinstance(e, dict) and e.get("room_id") in self.rooms]
         try:

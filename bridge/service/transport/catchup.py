@@ -38,7 +38,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection
 
 from nio import AsyncClient
 
@@ -118,8 +118,9 @@ class CatchUp:
         self.activity.set()
         self.pushed.set()
 
-    async def look_now(self) -> None:
-        """Before a transaction that skips an id (the caller holds the lock)."""
+    async def look_now(self, arriving: Collection[str] = ()) -> None:
+        """Before a transaction that skips an id (the caller holds the lock);
+        ``arriving``: its events' ids (see ``_sweep``)."""
         if self.idle_looks >= IDLE_LOOKS:
             return  # the numbering is shared with other appservices: left to the periodic look
         now = self.clock()
@@ -128,7 +129,8 @@ class CatchUp:
             return
         self.looks_now.append(now)
         try:
-            if not await asyncio.wait_for(self.sweep(), LOOK_TIMEOUT):
+            _fed, stranded = await asyncio.wait_for(self._sweep(arriving), LOOK_TIMEOUT)
+            if not stranded:
                 self.idle_looks += 1
         except Exception as exc:  # noqa: BLE001 - the transaction goes on; the look is tried again soon
             log.warning("looking for what did not arrive failed (%s); trying again shortly",
@@ -164,16 +166,29 @@ class CatchUp:
 
     async def sweep(self) -> int:
         """One look at every room; returns how many events were fed."""
-        fed = 0
+        return (await self._sweep())[0]
+
+    async def _sweep(self, arriving: Collection[str] = ()) -> tuple[int, int]:
+        """One look at every room: how many events were fed, and how many of
+        them a transaction that never came must have held.  ``arriving``: the
+        events of the transaction this look holds up, which are in the
+        timeline already: they are on their way, and so is what comes after
+        them in their room (sent later, so pushed later).  Counted as
+        stranded, they made every look find something, and skips beside
+        other appservices were looked into forever (``IDLE_LOOKS``)."""
+        fed = stranded = 0
         for room_id in dict.fromkeys(self.rooms):
             if self.stop.is_set():
                 break
-            fed += await self.sweep_room(room_id)
-        if fed:
+            missing = await self.sweep_room(room_id)
+            fed += len(missing)
+            stranded += len(_before_arriving(missing, arriving))
+        if stranded:
             self.idle_looks = 0  # something was stranded: skips are worth a look again
-        return fed
+        return fed, stranded
 
-    async def sweep_room(self, room_id: str) -> int:
+    async def sweep_room(self, room_id: str) -> list[dict[str, Any]]:
+        """One look at a room: the events fed (those no transaction brought), oldest first."""
         key = TOKEN_KEY + room_id
         since = self.store.get_meta(key)
         oldest_ts = None if since else self._oldest_wanted(room_id)
@@ -184,7 +199,7 @@ class CatchUp:
             if page.start:
                 with self.store.transaction(flush=False):
                     self.store.set_meta(key, page.start)
-            return 0
+            return []
         def too_old(event: dict[str, Any]) -> bool:
             ts = event.get("origin_server_ts")
             return oldest_ts is not None and isinstance(ts, int) and ts < oldest_ts
@@ -202,7 +217,7 @@ class CatchUp:
                 if any(too_old(e) for e in page.chunk):
                     break
         except StopRequested:
-            return 0  # nothing fed, nothing committed: the next start looks again
+            return []  # nothing fed, nothing committed: the next start looks again
         missing = [e for e in reversed(newest) if isinstance(e.get("event_id"), str)
                    and not self.received(e["event_id"]) and not self.store.is_processed(e["event_id"])]
 
@@ -218,8 +233,16 @@ class CatchUp:
         elif token and token != since:
             with self.store.transaction(flush=False):  # only progress: losing it means looking again
                 commit()
-        return len(missing)
+        return missing
 
     def _oldest_wanted(self, room_id: str) -> int | None:
         posted = [q.posted_at for q in self.store.open_posted() if q.room_id == room_id]
         return min(posted) - CLOCK_MARGIN_MS if posted else None
+
+
+def _before_arriving(missing: list[dict[str, Any]], arriving: Collection[str]) -> list[dict[str, Any]]:
+    """Of a room's events no transaction brought (oldest first), those that
+    came before the last of the arriving transaction's events in the room
+    and are not among them (all but those, when it holds none there)."""
+    last = max((n for n, event in enumerate(missing) if event["event_id"] in arriving), default=len(missing))
+    return [event for event in missing[:last] if event["event_id"] not in arriving]
