@@ -20,7 +20,7 @@ from helpers.waiting import until
 
 from bridge.service.transport.appservice import TransactionServer
 from bridge.service.transport import catchup as catchup_module
-from bridge.service.transport.catchup import TOKEN_KEY, CatchUp
+from bridge.service.transport.catchup import IDLE_LOOKS, TOKEN_KEY, CatchUp
 from bridge.service.storage.store import Store
 from test_appservice_endpoint import BEARER, ROOM, StandIn, config, event
 
@@ -193,17 +193,22 @@ async def test_looks_before_transactions_are_held_to_a_few_in_ten_seconds(store)
     timeline = Timeline([message(n) for n in range(1, 3)])
     store.set_meta(TOKEN_KEY + ROOM, "1")
     looker = catchup(store, timeline, fed, clock=lambda: now[0])
+
+    async def skipping(n: int) -> None:
+        """A transaction holding message 100 + n skips an id; message n came in none (stranded)."""
+        timeline.events += [message(n), message(100 + n)]
+        await looker.look_now({f"$m{100 + n}"})
+
     for n in range(3, 6):
-        timeline.events.append(message(n))
-        await looker.look_now()
+        await skipping(n)
         now[0] += 1
-    assert fed.batches == [["$m2", "$m3"], ["$m4"], ["$m5"]] and not looker.suspected.is_set()
-    timeline.events.append(message(6))
-    await looker.look_now()  # a fourth within ten seconds: left to the background look
+    assert fed.batches == [["$m2", "$m3", "$m103"], ["$m4", "$m104"], ["$m5", "$m105"]]
+    assert not looker.suspected.is_set()
+    await skipping(6)  # a fourth within ten seconds: left to the background look
     assert len(fed.batches) == 3 and looker.suspected.is_set()
     now[0] += 7
-    await looker.look_now()
-    assert fed.batches[-1] == ["$m6"]
+    await skipping(7)
+    assert fed.batches[-1] == ["$m6", "$m106", "$m7", "$m107"]
 
 
 async def test_skips_whose_looks_keep_finding_nothing_are_left_to_the_periodic_look(store):
@@ -214,7 +219,8 @@ async def test_skips_whose_looks_keep_finding_nothing_are_left_to_the_periodic_l
     fed = Fed(store)
     timeline = Timeline([message(1)])
     store.set_meta(TOKEN_KEY + ROOM, "1")
-    looker = catchup(store, timeline, fed, clock=lambda: now[0])
+    received: set[str] = set()
+    looker = catchup(store, timeline, fed, received, clock=lambda: now[0])
 
     async def looked() -> bool:
         """A skip: did the bridge read the timeline before the transaction?"""
@@ -225,7 +231,8 @@ async def test_skips_whose_looks_keep_finding_nothing_are_left_to_the_periodic_l
 
     assert [await looked() for _ in range(4)] == [True, True, True, False]
     assert fed.batches == []
-    timeline.events.append(message(2))
+    timeline.events += [message(2), message(3)]
+    received.add("$m3")
     assert await looker.sweep() == 1  # the periodic look finds a stranded event: skips count again
     assert [await looked() for _ in range(4)] == [True, True, True, False]
     looker.suspect_gap()  # a refused transaction: the homeserver may strand the next one
@@ -259,6 +266,10 @@ async def test_the_held_transactions_own_events_and_later_ones_are_not_stranded(
     assert [await looked(n) for n in (30, 40, 50, 60)] == [True, True, True, False]
     assert fed.batches == [["$m18", "$m19", "$m20", "$m21"], ["$m30", "$m31"], ["$m40", "$m41"],
                            ["$m50", "$m51"]]  # what the look finds is fed oldest first, as before
+    # The periodic look, holding no transaction up, finds the newest (60, 61, 70) on their way,
+    # none followed by one that came: nothing stranded.
+    timeline.events.append(message(70))
+    assert await looker.sweep() == 3 and looker.idle_looks == IDLE_LOOKS
 
 
 async def test_a_failed_look_before_a_transaction_is_tried_again_off_the_request_path(store):

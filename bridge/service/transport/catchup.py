@@ -170,25 +170,22 @@ class CatchUp:
 
     async def _sweep(self, arriving: Collection[str] = ()) -> tuple[int, int]:
         """One look at every room: how many events were fed, and how many of
-        them a transaction that never came must have held.  ``arriving``: the
-        events of the transaction this look holds up, which are in the
-        timeline already: they are on their way, and so is what comes after
-        them in their room (sent later, so pushed later).  Counted as
-        stranded, they made every look find something, and skips beside
-        other appservices were looked into forever (``IDLE_LOOKS``)."""
+        them a transaction that never came must have held (``_stranded``).
+        ``arriving``: the events of the transaction this look holds up."""
         fed = stranded = 0
         for room_id in dict.fromkeys(self.rooms):
             if self.stop.is_set():
                 break
-            missing = await self.sweep_room(room_id)
-            fed += len(missing)
-            stranded += len(_before_arriving(missing, arriving))
+            room_fed, room_stranded = await self.sweep_room(room_id, arriving)
+            fed += room_fed
+            stranded += room_stranded
         if stranded:
             self.idle_looks = 0  # something was stranded: skips are worth a look again
         return fed, stranded
 
-    async def sweep_room(self, room_id: str) -> list[dict[str, Any]]:
-        """One look at a room: the events fed (those no transaction brought), oldest first."""
+    async def sweep_room(self, room_id: str, arriving: Collection[str] = ()) -> tuple[int, int]:
+        """One look at a room: how many events were fed (those no transaction
+        brought), and how many of them were stranded."""
         key = TOKEN_KEY + room_id
         since = self.store.get_meta(key)
         oldest_ts = None if since else self._oldest_wanted(room_id)
@@ -199,7 +196,7 @@ class CatchUp:
             if page.start:
                 with self.store.transaction(flush=False):
                     self.store.set_meta(key, page.start)
-            return []
+            return 0, 0
         def too_old(event: dict[str, Any]) -> bool:
             ts = event.get("origin_server_ts")
             return oldest_ts is not None and isinstance(ts, int) and ts < oldest_ts
@@ -217,9 +214,9 @@ class CatchUp:
                 if any(too_old(e) for e in page.chunk):
                     break
         except StopRequested:
-            return []  # nothing fed, nothing committed: the next start looks again
-        missing = [e for e in reversed(newest) if isinstance(e.get("event_id"), str)
-                   and not self.received(e["event_id"]) and not self.store.is_processed(e["event_id"])]
+            return 0, 0  # nothing fed, nothing committed: the next start looks again
+        in_order = [e for e in reversed(newest) if isinstance(e.get("event_id"), str)]
+        missing = [e for e in in_order if not self.received(e["event_id"]) and not self.store.is_processed(e["event_id"])]
 
         def commit() -> None:
             if token:
@@ -233,16 +230,23 @@ class CatchUp:
         elif token and token != since:
             with self.store.transaction(flush=False):  # only progress: losing it means looking again
                 commit()
-        return missing
+        return len(missing), _stranded(in_order, missing, arriving)
 
     def _oldest_wanted(self, room_id: str) -> int | None:
         posted = [q.posted_at for q in self.store.open_posted() if q.room_id == room_id]
         return min(posted) - CLOCK_MARGIN_MS if posted else None
 
 
-def _before_arriving(missing: list[dict[str, Any]], arriving: Collection[str]) -> list[dict[str, Any]]:
-    """Of a room's events no transaction brought (oldest first), those that
-    came before the last of the arriving transaction's events in the room
-    and are not among them (all but those, when it holds none there)."""
-    last = max((n for n, event in enumerate(missing) if event["event_id"] in arriving), default=len(missing))
-    return [event for event in missing[:last] if event["event_id"] not in arriving]
+def _stranded(in_order: list[dict[str, Any]], missing: list[dict[str, Any]], arriving: Collection[str]) -> int:
+    """How many of a room's events no transaction brought (``missing``, of
+    the look's events ``in_order``, oldest first) came before one that did
+    come, in a transaction or in the one the look holds up (``arriving``).
+    The homeserver pushes a room's events in order, so those were in a
+    transaction that never came; one after the last that came may still be
+    on its way (the held transaction's own events are in the timeline
+    already, and on a busy room so are those sent after them).  Counting
+    those too made every look find something, so beside other appservices
+    every skip was looked into, never left to the periodic look."""
+    missed = {id(event) for event in missing if event["event_id"] not in arriving}
+    last_came = max((n for n, event in enumerate(in_order) if id(event) not in missed), default=0)
+    return sum(1 for event in in_order[:last_came] if id(event) in missed)
