@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import aiohttp
 import yaml
@@ -30,11 +30,12 @@ AS_LOCALPART = "askbot"
 AS_BOT = f"@{AS_LOCALPART}:{SERVER_NAME}"
 
 
-def start_appservice_synapse(workdir: Path, preamble: str = "", **synapse_options: Any) -> Synapse:
+def start_appservice_synapse(workdir: Path, preamble: str = "", beside: Sequence[str] = (),
+                             **synapse_options: Any) -> Synapse:
     """A Synapse that loads the registration ``generate-registration`` wrote
     (into ``workdir``, from ``workdir/config.yaml``, which starts with
-    ``preamble``); its ``appservice`` attribute holds the bridge's appservice
-    settings."""
+    ``preamble``), and those of the appservices ``beside`` it; its
+    ``appservice`` attribute holds the bridge's appservice settings."""
     workdir.mkdir(parents=True, exist_ok=True)
     hs_port, as_port = free_port(), free_port()
     config_path = workdir / "config.yaml"
@@ -50,10 +51,48 @@ def start_appservice_synapse(workdir: Path, preamble: str = "", **synapse_option
     registration = workdir / "registration.yaml"
     subprocess.run([sys.executable, "-m", "bridge", "generate-registration", "-c", str(config_path),
                     "-o", str(registration)], check=True, capture_output=True)
-    server = Synapse(workdir / "synapse", port=hs_port, appservice_files=[str(registration)], **synapse_options)
+    server = Synapse(workdir / "synapse", port=hs_port, appservice_files=[str(registration), *beside],
+                     **synapse_options)
     server.start()
     server.appservice = yaml.safe_load(config_path.read_text())["appservice"]
     return server
+
+
+class OtherAppservice:
+    """Another appservice on the same homeserver (a second bridge, say),
+    interested in every room, not exclusively: it takes each transaction at
+    once.  The homeserver numbers the transactions of all its appservices
+    from one sequence, so beside it the bridge's ids skip."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.transactions = 0
+        self._runner: web.AppRunner | None = None
+
+    def registration(self, workdir: Path) -> str:
+        path = workdir / "other-appservice.yaml"
+        path.write_text(yaml.safe_dump({
+            "id": "other", "url": f"http://127.0.0.1:{self.port}", "as_token": "other-as-token",
+            "hs_token": "other-hs-token", "sender_localpart": "other_bot", "rate_limited": False,
+            "namespaces": {"users": [], "aliases": [], "rooms": [{"exclusive": False, "regex": "!.*"}]},
+        }))
+        return str(path)
+
+    async def _taken(self, request: web.Request) -> web.Response:
+        self.transactions += request.method == "PUT"
+        return web.json_response({})
+
+    async def __aenter__(self) -> "OtherAppservice":
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._taken)  # (Synapse's ping, the old paths)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner:
+            await self._runner.cleanup()
 
 
 class Relay:
@@ -76,6 +115,7 @@ class Relay:
         self.swallowed: list[str] = []  # event ids the bridge never got from the homeserver
         self.delivered: list[str] = []  # event ids in transactions the bridge answered 200 (durable there)
         self.passed = 0
+        self.in_flight = 0  # requests passed on and not answered yet
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -106,6 +146,7 @@ class Relay:
                 return web.json_response({})
         assert self._http is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        self.in_flight += 1
         try:
             async with self._http.request(request.method, self.target + request.path_qs, data=body,
                                           headers=headers) as response:
@@ -116,6 +157,8 @@ class Relay:
                 return web.Response(status=response.status, body=answer, content_type=response.content_type)
         except aiohttp.ClientError:
             return web.json_response({"errcode": "M_UNKNOWN", "error": "the bridge is not there"}, status=502)
+        finally:
+            self.in_flight -= 1
 
 
 async def room_history(person: Person, room_id: str) -> list[dict[str, Any]]:

@@ -12,13 +12,14 @@ only when a later look finds it."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
 from bridge.devserver import free_port
-from helpers.attack import Relay, appservice_storm_bridge
+from helpers.attack import OtherAppservice, Relay, appservice_storm_bridge, start_appservice_synapse
 from helpers.harness import Bridge, Person, answer_content, store_rows, unique
 from test_timeline_record import answer_edit, one_choice_set, until
 
@@ -140,3 +141,51 @@ async def test_an_edit_that_came_before_its_stranded_original_is_not_lost(appser
     finally:
         bridge.kill()
         await alice.close()
+
+
+async def test_beside_another_appservice_no_transaction_waits_for_a_look_for_long(tmp_path_factory, tmp_path):
+    """Beside another appservice every transaction's id skips one (the
+    homeserver numbers all its appservices' transactions from one sequence).
+    The bridge looks into the timeline before such a transaction, in case
+    one went missing, but not once three looks in a row found nothing
+    stranded: each holds an answer up by a round trip to the homeserver.
+    The look finds the held transaction's own answer in the timeline, sent
+    and not yet taken; that is not stranded.  (It was counted so: every
+    look found something, and skips were looked into for as long as the
+    bridge ran, three transactions held up every ten seconds.)"""
+    async with OtherAppservice() as other:
+        workdir = tmp_path_factory.mktemp("beside")
+        hs = start_appservice_synapse(workdir, beside=[other.registration(workdir)])
+        bridge, alice = await started(hs, tmp_path)
+        try:
+            async with Stranding(hs, bridge) as net:
+                held_up: list[str] = []  # timeline reads while the bridge held a transaction
+                net.homeserver.fail = lambda request: bool(
+                    "/messages" in request.path and net.pushes.in_flight and held_up.append(request.path))
+                bridge.start()
+                question = (await bridge.wait_questions(alice, 1))[("branch", 1)]
+                room = bridge.room_id
+
+                async def answers(count: int) -> None:
+                    for n in range(count):
+                        await net.deliver(alice, room, answer_content(question, option_id=("main", "stable")[n % 2]))
+
+                await answers(1)
+                assert other.transactions > 0
+                # Started again with its question posted: the first transactions are answers'.
+                assert await asyncio.to_thread(bridge.stop) == 0  # (the relays go on meanwhile)
+                bridge.start()
+                held_up.clear()
+                await answers(4)
+                assert len(held_up) >= 1  # a start looks before the first skips
+                # Past the burst the looks may make (catchup.LOOK_WINDOW): each look is its own choice now.
+                await asyncio.sleep(11)
+                held_up.clear()
+                await answers(4)
+                assert held_up == []
+                assert bridge.answers("takes")["answers"]["branch"]["rev"] == 9
+                bridge.check_alive()
+        finally:
+            bridge.kill()
+            await alice.close()
+            hs.stop()
