@@ -181,12 +181,7 @@ def atomic_replace(path: Path, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        replaced = _held_open(path)
-        try:
-            os.replace(temp, path)
-        finally:
-            if replaced is not None:
-                os.close(replaced)
+        os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
@@ -268,18 +263,6 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _held_open(path: Path) -> int | None:
-    """The file about to be replaced, open: a rename that drops a file's last
-    link frees its blocks then and there (most of the rename's time on
-    ext4, more the larger the file), unless the file is still open.  Held
-    across the rename and closed after it, the freeing comes after the
-    moment readers see the new file instead of before it."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # none yet (the first write), or not readable: replaced as it is
-        return None
 
 
 def _fsync_dir(path: Path) -> None:
