@@ -94,14 +94,19 @@ def test_a_batch_waits_for_the_database_a_fixed_number_of_times(tmp_path, monkey
     assert written(folders[OTHER_ROOM])["rev"] == 53
 
 
+def delivering(store: Store, pipeline: Pipeline):
+    """Appservice transactions into ``pipeline``, as the transaction server hands them over."""
+    def deliver(txn: str, events: list) -> object:
+        return pipeline.process(events, commit=lambda: store.mark_txn(txn), delivery=txn)
+    return deliver
+
+
 def test_an_appservice_transaction_costs_no_wait_more_and_is_taken_once(tmp_path, monkeypatch, postgres_server):
     """Whether the transaction was taken before is read with the batch's
     look-ups and marked with its commit: the same waits as a sync's batch."""
     on_postgresql(monkeypatch, postgres_server)
     store, pipeline, _transport, folders = setup(tmp_path)
-
-    def deliver(txn: str, events: list) -> object:
-        return pipeline.process(events, commit=lambda: store.mark_txn(txn), delivery=txn)
+    deliver = delivering(store, pipeline)
 
     deliver("t0", [answer(0, "$warm", "first")])
     waits = round_trips(monkeypatch)
@@ -193,9 +198,7 @@ def test_an_appservice_transaction_of_the_bridges_own_events_waits_once(tmp_path
     batch's COMMIT, not in a transaction of its own after the flush."""
     on_postgresql(monkeypatch, postgres_server)
     store, pipeline, _transport, folders = setup(tmp_path)
-
-    def deliver(txn: str, events: list) -> object:
-        return pipeline.process(events, commit=lambda: store.mark_txn(txn), delivery=txn)
+    deliver = delivering(store, pipeline)
 
     deliver("t0", [answer(0, "$warm", "first")])
     waits = round_trips(monkeypatch)
