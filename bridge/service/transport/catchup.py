@@ -216,7 +216,8 @@ class CatchUp:
         except StopRequested:
             return 0, 0  # nothing fed, nothing committed: the next start looks again
         in_order = [e for e in reversed(newest) if isinstance(e.get("event_id"), str)]
-        missing = [e for e in in_order if not self.received(e["event_id"]) and not self.store.is_processed(e["event_id"])]
+        missing = [e for e in in_order
+                   if not self.received(e["event_id"]) and not self.store.is_processed(e["event_id"])]
 
         def commit() -> None:
             if token:
