@@ -248,6 +248,6 @@ def _stranded(in_order: list[dict[str, Any]], missing: list[dict[str, Any]], arr
     already, and on a busy room so are those sent after them).  Counting
     those too made every look find something, so beside other appservices
     every skip was looked into, never left to the periodic look."""
-    missed = {id(event) for event in missing if event["event_id"] not in arriving}
-    last_came = max((n for n, event in enumerate(in_order) if id(event) not in missed), default=0)
-    return sum(1 for event in in_order[:last_came] if id(event) in missed)
+    missed = {event["event_id"] for event in missing} - set(arriving)
+    last_came = max((n for n, event in enumerate(in_order) if event["event_id"] not in missed), default=0)
+    return sum(1 for event in in_order[:last_came] if event["event_id"] in missed)
