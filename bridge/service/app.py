@@ -104,7 +104,7 @@ class BotFront:
         if self.crypto is not None:
             await self.crypto.start()
         # Asked for now, answered while the rooms are joined and their members read.
-        self.first_sync = ask_first_sync(self.client, self.store, encrypted=self.crypto is not None)
+        self.first_sync = ask_first_sync(self.client, self.store)
 
     async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
         assert self.client is not None

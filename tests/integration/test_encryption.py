@@ -7,10 +7,12 @@ import asyncio
 import io
 import json
 import time
+from urllib.parse import quote
 
 import pytest
 from nio import UploadResponse
 
+from bridge.devserver import _http_json
 from helpers.attack import AS_BOT
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
 from helpers.harness import Bridge, answer_content, store_rows, unique
@@ -26,23 +28,25 @@ POLL_KEY = "dev.superpipeline.question.poll"
 BOTH_MODES = pytest.mark.parametrize("encrypted", ["bot", "appservice"], indirect=True)
 
 
-@pytest.fixture
-async def encrypted(request, tmp_path):
-    """An encrypted room with one encrypting person in it, and a bridge not yet
-    started: in bot mode (the bot made the room) or, with the parameter
-    "appservice", in appservice mode (she made it and invited the bridge)."""
+async def _bridge_beside_alice(request, tmp_path, initial_state: list[dict]) -> Bridge:
+    """A room with one encrypting person in it, and a bridge not yet started:
+    in bot mode (the bot made the room) or, with the parameter "appservice",
+    in appservice mode (she made it and invited the bridge).  ``turn_on``
+    turns the room's encryption on, as the room's creator."""
     mode = getattr(request, "param", "bot")
     synapse = request.getfixturevalue("appservice_synapse" if mode == "appservice" else "synapse")
     alice = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-keys")
     if mode == "appservice":
         bot = {"user_id": AS_BOT, "access_token": None}
-        room_id = synapse.create_room(alice.token, invite=[AS_BOT], initial_state=[ENCRYPTION_STATE])
+        room_id = synapse.create_room(alice.token, invite=[AS_BOT], initial_state=initial_state)
         extra = {"appservice": dict(synapse.appservice)}
+        creator = alice.token
     else:
         bot = synapse.register(unique("askbot"))
-        room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=[ENCRYPTION_STATE])
+        room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=initial_state)
         synapse.join(alice.token, room_id)
         extra = {}
+        creator = bot["access_token"]
     # Her device keys and her cross-signing are on the homeserver before the
     # bridge shares its first room key (trust: cross-signed, the default).
     await alice.cross_sign()
@@ -52,9 +56,27 @@ async def encrypted(request, tmp_path):
                  extra_config={**extra, "encryption": {"grace": "3s"}})
     env.sets_root.mkdir()
     env.alice = alice
+    env.turn_on = lambda: _http_json("PUT", f"{synapse.url}/_matrix/client/v3/rooms/{quote(room_id)}/state/"
+                                     "m.room.encryption/", ENCRYPTION_STATE["content"], creator)
+    return env
+
+
+@pytest.fixture
+async def encrypted(request, tmp_path):
+    """An encrypted room (``_bridge_beside_alice``)."""
+    env = await _bridge_beside_alice(request, tmp_path, [ENCRYPTION_STATE])
     yield env
     env.kill()
-    await alice.close()
+    await env.alice.close()
+
+
+@pytest.fixture
+async def plain_room(request, tmp_path):
+    """A room whose encryption is not on yet (``_bridge_beside_alice``)."""
+    env = await _bridge_beside_alice(request, tmp_path, [])
+    yield env
+    env.kill()
+    await env.alice.close()
 
 
 async def started(bridge: Bridge) -> dict:
@@ -114,6 +136,32 @@ async def test_questions_go_out_encrypted_and_every_way_of_answering_lands(encry
     assert wire_notice[0]["type"] == "m.room.encrypted"
     log = bridge.log_text()
     assert f"device {alice.client.device_id} of {alice.user_id}" in log and "shared with" in log
+
+
+@pytest.mark.parametrize("plain_room", ["bot", "appservice"], indirect=True)
+async def test_a_room_whose_encryption_is_turned_on_while_the_bridge_runs_gets_nothing_in_the_clear(plain_room):
+    bridge, alice, room = plain_room, plain_room.alice, plain_room.room_id
+    questions = await started(bridge)
+    bot = bridge.bot["user_id"]
+    before = [e for e in await alice.wire(room) if e["sender"] == bot and "state_key" not in e]
+    assert before and "m.room.encrypted" not in {e["type"] for e in before}  # the room was plain
+
+    bridge.turn_on()
+    # Her client learns it at its next sync and encrypts her answer.
+    reply = await alice.send(room, answer_content(questions[("name", 1)], text="After the switch"))
+    assert (await bridge.wait_answer("kinds", "name"))["text"] == "After the switch"
+    notice = await alice.wait_notice(room, reply)
+    assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+    wire = {e["event_id"]: e for e in await alice.wire(room)}
+    assert wire[reply]["type"] == "m.room.encrypted"
+    assert wire[notice["event_id"]]["type"] == "m.room.encrypted", "the bridge answered in the clear"
+    # And after a restart, what it sends there is encrypted too.
+    assert bridge.stop() == 0
+    bridge.start()
+    again = await alice.send(room, answer_content(questions[("ship", 1)], option_id="unsure"))
+    assert (await bridge.wait_answer("kinds", "ship"))["state"] == "unsure"
+    notice = await alice.wait_notice(room, again)
+    assert {e["event_id"]: e for e in await alice.wire(room)}[notice["event_id"]]["type"] == "m.room.encrypted"
 
 
 async def test_after_a_restart_the_stored_keys_still_decrypt_and_nothing_is_lost(encrypted):

@@ -1,7 +1,7 @@
-"""Bot mode reads a plain room's ``/sync`` itself (``SyncBatch``), not
-through matrix-nio's response objects and schema checks: the bridge gets
-what nio would have handed it, and a body nio would refuse or a part it
-would drop does not stop the batch."""
+"""Bot mode reads its ``/sync`` itself (``SyncBatch``), not through
+matrix-nio's response objects and schema checks: the bridge gets what nio
+would have handed it, a body nio would refuse or a part it would drop does
+not stop the batch, and what nio's encryption must see is kept for it."""
 
 from __future__ import annotations
 
@@ -38,11 +38,16 @@ BODY: dict[str, Any] = {
 
 
 def test_it_reads_what_nio_would_hand_over() -> None:
-    ours, nios = SyncBatch.from_dict(BODY), SyncBatch.from_nio(SyncResponse.from_dict(BODY))
-    assert isinstance(ours, SyncBatch)
+    ours, nios = SyncBatch.from_dict(BODY), SyncResponse.from_dict(BODY)
+    assert isinstance(ours, SyncBatch) and isinstance(nios, SyncResponse)
     assert ours.next_batch == nios.next_batch == "s9"
-    assert ours.timelines == nios.timelines
-    assert ours.invites == nios.invites
+    for room_id, room in nios.rooms.join.items():
+        assert ours.timelines[room_id].events == [{**event.source, "room_id": room_id}
+                                                  for event in room.timeline.events]
+        assert (ours.timelines[room_id].limited, ours.timelines[room_id].prev_batch) == \
+            (bool(room.timeline.limited), room.timeline.prev_batch)
+    assert ours.invites == {room_id: [event.source for event in info.invite_state]
+                            for room_id, info in nios.rooms.invite.items()}
     assert [e["event_id"] for e in ours.events()] == ["$a", "$ack", "$b"]
     assert all(e["room_id"] == ROOM for e in ours.timelines[ROOM].events)
     assert (ours.timelines[ROOM].limited, ours.timelines[ROOM].prev_batch) == (True, "p3")
@@ -83,3 +88,21 @@ def test_a_gap_is_a_timeline_cut_short_with_a_place_to_read_back_from() -> None:
         "!whole:example.org": {"timeline": {"events": [], "limited": False, "prev_batch": "p2"}}}}})
     assert isinstance(batch, SyncBatch)
     assert batch.gaps() == {ROOM: "p1"}
+
+
+def test_what_the_bridges_device_must_see_is_kept_for_nio_in_the_shape_it_reads() -> None:
+    room_key = {"type": "m.room.encrypted", "sender": "@alice:example.org",
+                "content": {"algorithm": "m.olm.v1.curve25519-aes-sha2", "sender_key": "k", "ciphertext": {}}}
+    body = {"next_batch": "s4", "to_device": {"events": [room_key, "junk"]},
+            "device_lists": {"changed": ["@alice:example.org"], "left": ["@bob:example.org"]},
+            "device_one_time_keys_count": {"signed_curve25519": 50}}
+    batch = SyncBatch.from_dict(body)
+    assert isinstance(batch, SyncBatch) and batch.events() == []
+    nios = SyncResponse.from_dict({**batch.device, "next_batch": "s4"})
+    assert isinstance(nios, SyncResponse)
+    assert [event.source for event in nios.to_device_events] == [room_key]
+    assert (nios.device_list.changed, nios.device_list.left) == (["@alice:example.org"], ["@bob:example.org"])
+    assert nios.device_key_count.signed_curve25519 == 50
+    empty = SyncBatch.from_dict({"next_batch": "s5", "to_device": "junk", "device_lists": 3})
+    assert isinstance(empty, SyncBatch)
+    assert empty.device["to_device"]["events"] == [] and empty.device["device_lists"] == {"changed": [], "left": []}

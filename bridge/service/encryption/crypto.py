@@ -3,11 +3,14 @@ modes (appservice mode feeds nio its transactions' to-device messages and
 device lists: ``ascrypto``).
 
 What nio does by itself: it encrypts in ``room_send`` when it knows the room
-is encrypted, decrypts timeline events inside ``sync`` (room keys arrive as
-to-device messages in the same response, handled first), and keeps the
+is encrypted, takes the room keys and other to-device messages handed to it
+(``devicenews``: nio reads no sync response in either mode), and keeps the
 account, sessions and device keys in its SQLite store.  What it leaves to its
 caller, and this module does:
 
+* decrypting the rooms' events (``screen``) and telling nio what those
+  events say of members and encryption (``note_events``), since nio does
+  not read them;
 * making sure nio knows every room the bridge sends to, with its encryption
   state and members, before anything is posted: the bridge may post before
   its first sync, and a room nio does not know would otherwise get plaintext;
@@ -228,6 +231,50 @@ class Crypto:
         if self.client.olm is not None:
             self.client.invalidate_outbound_session(room_id)
 
+    def note_events(self, events: list[dict[str, Any]]) -> None:
+        """What nio would have learned from these room events had it read them
+        (the bridge reads them itself, in both modes): who joined or left, and
+        a room whose encryption was turned on, after which nothing is sent
+        there in the clear."""
+        for event in events:
+            room_id, kind = event.get("room_id"), event.get("type")
+            if not isinstance(room_id, str) or not isinstance(event.get("state_key"), str):
+                continue
+            if kind == "m.room.member":
+                self.members_changed(room_id)
+            elif kind == ENCRYPTION_STATE and event["state_key"] == "" and \
+                    isinstance(event.get("content"), dict) and event["content"].get("algorithm"):
+                self._encryption_on(room_id)
+
+    def _encryption_on(self, room_id: str) -> None:
+        room = self.client.rooms.get(room_id)
+        if room_id in self.client.encrypted_rooms and (room is None or room.encrypted):
+            return
+        self.client.encrypted_rooms.add(room_id)
+        if self.client.store is not None:
+            self.client.store.save_encrypted_rooms([room_id])
+        if room is not None:
+            room.encrypted = True
+        self.members_changed(room_id)  # read again before the next send: their devices get the room key
+        log.info("room %s is encrypted now: the bridge encrypts what it sends there", room_id)
+
+    def waits_for_chores(self, events: list[dict[str, Any]]) -> bool:
+        """Whether a batch's trust check must wait for the key chores: it has
+        encrypted events from someone whose devices this run has not settled
+        (``devices_settled``: a newcomer, devices changed, or not read since
+        the start: nio keeps each device's trust from the run before, which
+        may be stale, and an answer from a device its owner has since
+        cross-signed would be refused).  Otherwise the chores run beside it."""
+        senders = {event.get("sender") for event in events if event.get("type") == ENCRYPTED}
+        return bool(senders) and not (all(isinstance(sender, str) for sender in senders)
+                                      and self.devices_settled(senders))
+
+    async def chores(self) -> None:
+        """Members read again where they changed (their devices are then
+        queried), then the key chores."""
+        await self.read_changed_members()
+        await self.maintain()
+
     # -- key chores and trust -------------------------------------------
 
     async def maintain(self) -> None:
@@ -427,8 +474,7 @@ class Crypto:
                 sender = event.get("sender")
                 if not isinstance(sender, str) or is_own(sender):
                     continue
-                # Still encrypted: in appservice mode nobody tried yet (a sync
-                # decrypts in bot mode, and trying again there costs little).
+                # Still encrypted: nobody tried yet (nio reads no sync).
                 decrypted = self._decrypt(event)
                 if decrypted is None:
                     newly_kept.append(event)
@@ -495,7 +541,7 @@ class Crypto:
                 event[DEVICE] = self._device_of(event, origin)
             out.append(event)
         if unchecked:
-            # Kept as read: the ciphertext is gone once nio decrypted it in the sync.
+            # Kept decrypted, with its origin: what waits is the trust check, not a key.
             for event in self._keep(unchecked, now):
                 log.warning("event %s from %s in %s waits: the keys of %s's devices were not answered for yet",
                             event["event_id"], event["sender"], event["room_id"], event["sender"])

@@ -245,19 +245,15 @@ class TransactionServer:
                       commit: Callable[[], None]) -> tuple[list[dict[str, Any]], Callable[[], None]]:
         """Encrypted events decrypted, or kept (durably, before the 200) until
         their keys come; kept ones that decrypt now join the batch."""
-        for event in events:
-            if event.get("type") == "m.room.member" and isinstance(event.get("room_id"), str):
-                # nio learns members from syncs, which this mode has none of.
-                self.crypto.members_changed(event["room_id"])
-        senders = {event.get("sender") for event in events if event.get("type") == "m.room.encrypted"}
-        encrypted = bool(senders)
+        self.crypto.note_events(events)  # members, encryption turned on: nio reads no room events
+        encrypted = any(event.get("type") == "m.room.encrypted" for event in events)
         if encrypted:
-            if all(isinstance(s, str) for s in senders) and self.crypto.devices_settled(senders):
+            if self.crypto.waits_for_chores(events):
+                await self._chores()  # newcomers' devices queried first, for the trust check
+            else:
                 # The senders' devices are known: the chores (a newcomer's
                 # devices read, say) run beside this batch, not before it.
                 self._chores_beside()
-            else:
-                await self._chores()  # newcomers' devices queried first, for the trust check
         events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
         if encrypted:
             self.kept.set()  # after screen: what it kept is in the store for the watcher's reckoning
@@ -272,8 +268,7 @@ class TransactionServer:
         """Members read again where they changed (their devices are then
         queried), then the key chores; one run at a time."""
         async with self._chores_lock:
-            await self.crypto.read_changed_members()
-            await self.crypto.maintain()
+            await self.crypto.chores()
 
     def _chores_beside(self) -> None:
         if self._beside is None or self._beside.done():

@@ -20,7 +20,8 @@ from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, Whoa
 
 from bridge.service.eventwait import any_set
 from bridge.service.config import Config, ConfigError
-from bridge.service.encryption.crypto import ORIGIN, Crypto, available, crypto_dir
+from bridge.service.encryption.crypto import Crypto, available, crypto_dir
+from bridge.service.encryption.devicenews import hand_to_nio
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
 from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
@@ -152,15 +153,14 @@ async def gap_pages(client: AsyncClient, response: SyncBatch, since: str | None,
         log.info("filled a gap of %d events in %s", count, room_id)
 
 
-def ask_first_sync(client: AsyncClient, store: Store, encrypted: bool = False) -> FirstSync:
+def ask_first_sync(client: AsyncClient, store: Store) -> FirstSync:
     """The start's first sync, asked for at once, as ``SyncLoop`` would ask
     (its own messages left out, no long poll while the first posting is not
     done): the homeserver answers it while the bridge joins its rooms and
     reads their members, which its batch waits for (``SyncLoop`` runs once
-    they are in).  ``encrypted``: the loop runs with ``Crypto``."""
+    they are in)."""
     since = store.get_meta(SYNC_TOKEN)
-    return since, asyncio.ensure_future(sync_batch(client, 0, own_events_left_out(client.user_id), since,
-                                                   nio_reads=encrypted))
+    return since, asyncio.ensure_future(sync_batch(client, 0, own_events_left_out(client.user_id), since))
 
 
 # A long poll's sync that brings the pipeline nothing (the bridge's own
@@ -247,6 +247,8 @@ class SyncLoop:
                 upcoming: NextPoll | None = None
                 try:
                     response = sync.result()
+                    if self.crypto is not None:
+                        await self._tell_nio(response)
                     if not polling:
                         upcoming = NextPoll(functools.partial(self._ask_ahead, response.next_batch))
                     if response.gaps():
@@ -286,6 +288,8 @@ class SyncLoop:
         notices.reading_gap = True
         try:
             async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
+                if self.crypto is not None:
+                    self.crypto.note_events(page)
                 await self._handle(page)
         finally:
             notices.reading_gap = False
@@ -307,8 +311,7 @@ class SyncLoop:
             default, timeout = timeout, await self.crypto.sync_timeout_ms(timeout)
             self._wanted_sooner = timeout < default
         self._wakes_at = asyncio.get_running_loop().time() + timeout / 1000
-        return asyncio.ensure_future(sync_batch(self.client, timeout, sync_filter, since,
-                                                nio_reads=self.crypto is not None))
+        return asyncio.ensure_future(sync_batch(self.client, timeout, sync_filter, since))
 
     async def _wake_in_time(self, ahead: FirstSync | None) -> FirstSync | None:
         """The long poll asked ahead again, with a shorter timeout, when the
@@ -351,12 +354,12 @@ class SyncLoop:
         that commit is made."""
         resolved: list[str] = []
         if self.crypto is not None:
-            if self._trust_unsettled(events):
+            if self.crypto.waits_for_chores(events):
                 # The senders' devices are queried first, for the trust check
                 # (a batch of plain events has nothing to check: it is not delayed).
                 if self._upkeep is not None:
                     await self._upkeep
-                await self.crypto.maintain()
+                await self.crypto.chores()
             # Events not decryptable yet are durably kept here, before the token can move.
             events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
         if then is not None and not events and not resolved \
@@ -374,28 +377,18 @@ class SyncLoop:
         if token is not None:
             self._token_stored_at = time.monotonic()  # its COMMIT made: the token is in the store
 
-    def _trust_unsettled(self, events: list[dict[str, Any]]) -> bool:
-        """Whether the batch's trust check must wait for the key chores: an
-        event nio could not decrypt (its sender may be new), or one it did
-        whose sender's devices this run has not settled (``devices_settled``).
-        nio keeps each device's trust from the run before, and that may be
-        stale (a device blacklisted while its owner's cross-signing keys went
-        unread, the bridge stopped before they were read): judged on it at
-        the next start, an answer from a device its owner has cross-signed
-        would be refused."""
-        senders: set[Any] = set()
-        for event in events:
-            if event.get("type") == "m.room.encrypted":
-                return True
-            if ORIGIN in event:
-                senders.add(event.get("sender"))
-        return bool(senders) and not (all(isinstance(sender, str) for sender in senders)
-                                      and self.crypto is not None and self.crypto.devices_settled(senders))
+    async def _tell_nio(self, response: SyncBatch) -> None:
+        """What nio must know of a sync before its events are decrypted:
+        the device's parts (a room key and the message it opens may come
+        together) and what the rooms' events say of members and encryption."""
+        assert self.crypto is not None
+        await hand_to_nio(self.crypto.client, response.device, response.next_batch)
+        self.crypto.note_events(response.events())
 
     async def _key_upkeep(self) -> None:
         assert self.crypto is not None
         try:
-            await self.crypto.maintain()
+            await self.crypto.chores()
         except Exception as exc:  # noqa: BLE001 - key chores are retried beside the next sync
             log.warning("encryption key upkeep failed (%s); retrying beside the next sync", exc)
 

@@ -6,9 +6,10 @@ matrix-nio builds an object for every part of a response and checks each
 against its schemas (about 0.4 ms for a sync bringing one answer, which
 a bare client spends too, before it shows the answer); the
 pipeline takes raw events and the bridge reads nothing else of it.  So
-without encryption the response is read here, as ``TimelinePage`` reads
-``/messages``; with it, nio's ``SyncResponse`` (which nio needs to see:
-keys, to-device messages, decryption) is turned into the same.
+the response is read here, as ``TimelinePage`` reads ``/messages``.  With
+encryption on, what nio must see (the device's to-device messages, device
+lists and key count) is kept apart for it (``devicenews``), and encrypted
+events are decrypted by ``Crypto.screen``.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nio import Api, AsyncClient, SyncError, SyncResponse
+from nio import Api, AsyncClient, SyncError
 from nio.responses import Response
 
-from bridge.service.encryption.crypto import event_dict
+from bridge.service.encryption.devicenews import of_sync
 from bridge.service.transport.matrix import MatrixError
 
 
@@ -35,6 +36,8 @@ class SyncBatch(Response):
     next_batch: str = ""
     timelines: dict[str, Timeline] = field(default_factory=dict)  # joined rooms, by id
     invites: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # room id -> its invite_state
+    # The bridge's device's parts, in the shape nio reads (``devicenews``).
+    device: dict[str, Any] = field(default_factory=lambda: of_sync({}))
 
     @classmethod
     def from_dict(cls, parsed: Any) -> "SyncBatch | SyncError":
@@ -52,17 +55,7 @@ class SyncBatch(Response):
         invites = {room_id: [event for event in _list(_dict(_dict(room).get("invite_state")).get("events"))
                              if isinstance(event, dict)]
                    for room_id, room in _dict(rooms.get("invite")).items()}
-        return cls(next_batch=parsed["next_batch"], timelines=timelines, invites=invites)
-
-    @classmethod
-    def from_nio(cls, response: SyncResponse) -> "SyncBatch":
-        """nio's response (encryption on): its events as nio left them, decrypted where it could."""
-        return cls(next_batch=response.next_batch,
-                   timelines={room_id: Timeline([event_dict(event, room_id) for event in room.timeline.events],
-                                                bool(room.timeline.limited), room.timeline.prev_batch)
-                              for room_id, room in response.rooms.join.items()},
-                   invites={room_id: [getattr(event, "source", None) or {} for event in info.invite_state]
-                            for room_id, info in response.rooms.invite.items()})
+        return cls(next_batch=parsed["next_batch"], timelines=timelines, invites=invites, device=of_sync(parsed))
 
     def gaps(self) -> dict[str, str]:
         """Room id -> where its timeline's left-out part ends, for each room whose timeline was cut short."""
@@ -75,15 +68,9 @@ class SyncBatch(Response):
                 if leave_out is None or event.get("sender") != leave_out]
 
 
-async def sync_batch(client: AsyncClient, timeout: int, sync_filter: dict[str, Any], since: str | None,
-                     nio_reads: bool = False) -> SyncBatch:
-    """One ``/sync``, read by ``SyncBatch`` (by nio when ``nio_reads``: its
-    encryption must see every response).  MatrixError when refused."""
-    if nio_reads:
-        response = await client.sync(timeout=timeout, sync_filter=sync_filter, since=since)
-        if not isinstance(response, SyncResponse):
-            raise MatrixError("sync", response)
-        return SyncBatch.from_nio(response)
+async def sync_batch(client: AsyncClient, timeout: int, sync_filter: dict[str, Any],
+                     since: str | None) -> SyncBatch:
+    """One ``/sync``, read by ``SyncBatch``.  MatrixError when refused."""
     method, path = Api.sync(client.access_token, since=since, timeout=timeout or None, filter=sync_filter)
     # Through nio's request path, as ``AsyncClient.sync`` sends it: its waits
     # on 429 and its retries hold here too, and a long poll is given 15 s

@@ -1,0 +1,70 @@
+"""What nio's encryption is told of a sync response or an appservice
+transaction: the bridge's device's to-device messages (room keys, key
+requests, verification), device-list changes and one-time-key count,
+handed over as a sync response of those parts alone.
+
+The rooms' events never go through nio's response objects, in either mode:
+the bridge reads them itself, decrypts what is encrypted (``Crypto.screen``)
+and tells nio what it would have learned from them (``Crypto.note_events``:
+members, a room's encryption turned on).  Building and schema-checking
+nio's whole sync response took 0.8 ms of every encrypted answer in bot mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from nio import AsyncClient, SyncResponse
+
+log = logging.getLogger(__name__)
+
+
+def device_sync(to_device: list[Any], changed: list[Any], left: list[Any], counts: Any) -> dict[str, Any]:
+    """The device's parts in the shape of a sync response (what nio reads)."""
+    return {"next_batch": "", "to_device": {"events": [event for event in to_device if isinstance(event, dict)]},
+            "device_lists": {"changed": changed, "left": left},
+            "device_one_time_keys_count": counts if isinstance(counts, dict) else {},
+            "rooms": {"join": {}, "invite": {}, "leave": {}}}
+
+
+def of_sync(body: dict[str, Any]) -> dict[str, Any]:
+    """The device's parts of a ``/sync`` response body."""
+    lists = _dict(body.get("device_lists"))
+    return device_sync(_list(_dict(body.get("to_device")).get("events")), _list(lists.get("changed")),
+                       _list(lists.get("left")), body.get("device_one_time_keys_count"))
+
+
+def news_for_nio(data: dict[str, Any], client: AsyncClient) -> bool:
+    """Whether the device's parts tell nio anything it does not know.
+    The homeserver sends the device's one-time key count every time; handing
+    nio an unchanged count meant building and schema-checking a sync
+    response for nothing, about 15% of the bridge's time per appservice
+    transaction."""
+    if data["to_device"]["events"] or data["device_lists"]["changed"] or data["device_lists"]["left"]:
+        return True
+    count = data["device_one_time_keys_count"].get("signed_curve25519")
+    # nio takes a count only when it is not zero (``_handle_olm_events``).
+    return bool(count) and getattr(client.olm, "uploaded_key_count", None) != count
+
+
+async def hand_to_nio(client: AsyncClient, data: dict[str, Any], token: str) -> bool:
+    """The device's parts handed to nio when they tell it anything; True when
+    they did.  ``token`` names the hand-over: nio skips a sync response whose
+    token it just saw (a delivery taken again brings nothing new)."""
+    if not news_for_nio(data, client):
+        return False
+    response = SyncResponse.from_dict({**data, "next_batch": token})
+    if not isinstance(response, SyncResponse):
+        log.warning("the encryption parts of %s were not understood: %s", token, getattr(response, "message", response))
+        return False
+    await client.receive_response(response)
+    return True
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
