@@ -2,8 +2,8 @@
 modes), so ``Crypto.note_events`` tells it what they say, on a real
 matrix-nio client with its olm machine: a room whose encryption is turned on
 gets nothing in the clear from then on (nor after a restart), and a member
-joining or leaving has the room's members read again under a new room key
-before the next send."""
+joining or leaving an encrypted room has its members read again under a new
+room key before the next send (a plain room's are left alone)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from bridge.service.storage.store import Store
 from bridge.service.transport.matrix import client_config
 
 BOT, PERSON = "@askbot:example.org", "@person:example.org"
-ROOM = "!room:example.org"
+ROOM, PLAIN = "!room:example.org", "!plain:example.org"
 
 
 def _client(folder: Path) -> AsyncClient:
@@ -71,17 +71,20 @@ async def test_encryption_turned_on_in_a_known_room_is_kept_from_then_on(tmp_pat
         await again.close()
 
 
-async def test_a_member_joining_or_leaving_has_the_members_read_again_under_a_new_room_key(tmp_path: Path) -> None:
+async def test_a_member_joining_or_leaving_an_encrypted_room_has_its_members_read_again_under_a_new_key(tmp_path: Path) -> None:
     client = _client(tmp_path / "keys")
     crypto = Crypto(client, Store(tmp_path / "bridge.sqlite"), Encryption())
     try:
         client.rooms[ROOM] = MatrixRoom(ROOM, BOT, True)
+        client.encrypted_rooms.add(ROOM)  # as ``ensure_room`` leaves it
+        client.rooms[PLAIN] = MatrixRoom(PLAIN, BOT, False)
         reads = _Reads(client)
         invalidated: list[str] = []
         client.invalidate_outbound_session = invalidated.append  # type: ignore[method-assign]
-        crypto.note_events([{"type": "m.room.message", "room_id": ROOM, "sender": PERSON, "content": {}}])
+        crypto.note_events([{"type": "m.room.message", "room_id": ROOM, "sender": PERSON, "content": {}},
+                            {**_state("m.room.member", PERSON, {"membership": "join"}), "room_id": PLAIN}])
         await crypto.read_changed_members()
-        assert reads.rooms == [] and invalidated == []
+        assert reads.rooms == [] and invalidated == []  # nothing is encrypted for a plain room's members
         crypto.note_events([_state("m.room.member", PERSON, {"membership": "leave"})])
         assert invalidated == [ROOM]
         await crypto.read_changed_members()

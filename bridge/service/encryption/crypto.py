@@ -241,7 +241,10 @@ class Crypto:
             if not isinstance(room_id, str) or not isinstance(event.get("state_key"), str):
                 continue
             if kind == "m.room.member":
-                self.members_changed(room_id)
+                # Only where nio encrypts: a plain room's members are read
+                # when its encryption is turned on (``_encryption_on``).
+                if room_id in self.client.encrypted_rooms:
+                    self.members_changed(room_id)
             elif kind == ENCRYPTION_STATE and event["state_key"] == "" and \
                     isinstance(event.get("content"), dict) and event["content"].get("algorithm"):
                 self._encryption_on(room_id)
