@@ -1,6 +1,6 @@
 """End-to-end encryption on matrix-nio's olm machine (vodozemac), for both
-modes (appservice mode feeds nio its transactions' to-device messages and
-device lists: ``ascrypto``).
+modes (each hands nio what it receives for the bridge's device:
+``devicenews``; appservice mode's transactions: ``ascrypto``).
 
 What nio does by itself: it encrypts in ``room_send`` when it knows the room
 is encrypted, takes the room keys and other to-device messages handed to it
