@@ -28,13 +28,6 @@ def device_sync(to_device: list[Any], changed: list[Any], left: list[Any], count
             "rooms": {"join": {}, "invite": {}, "leave": {}}}
 
 
-def of_sync(body: dict[str, Any]) -> dict[str, Any]:
-    """The device's parts of a ``/sync`` response body."""
-    lists = _dict(body.get("device_lists"))
-    return device_sync(_list(_dict(body.get("to_device")).get("events")), _list(lists.get("changed")),
-                       _list(lists.get("left")), body.get("device_one_time_keys_count"))
-
-
 def news_for_nio(data: dict[str, Any], client: AsyncClient) -> bool:
     """Whether the device's parts tell nio anything it does not know.
     The homeserver sends the device's one-time key count every time; handing
@@ -60,11 +53,3 @@ async def hand_to_nio(client: AsyncClient, data: dict[str, Any], token: str) -> 
         return False
     await client.receive_response(response)
     return True
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []

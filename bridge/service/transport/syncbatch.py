@@ -20,7 +20,7 @@ from typing import Any
 from nio import Api, AsyncClient, SyncError
 from nio.responses import Response
 
-from bridge.service.encryption.devicenews import of_sync
+from bridge.service.encryption.devicenews import device_sync
 from bridge.service.transport.matrix import MatrixError
 
 
@@ -37,7 +37,7 @@ class SyncBatch(Response):
     timelines: dict[str, Timeline] = field(default_factory=dict)  # joined rooms, by id
     invites: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # room id -> its invite_state
     # The bridge's device's parts, in the shape nio reads (``devicenews``).
-    device: dict[str, Any] = field(default_factory=lambda: of_sync({}))
+    device: dict[str, Any] = field(default_factory=lambda: _device_parts({}))
 
     @classmethod
     def from_dict(cls, parsed: Any) -> "SyncBatch | SyncError":
@@ -55,7 +55,8 @@ class SyncBatch(Response):
         invites = {room_id: [event for event in _list(_dict(_dict(room).get("invite_state")).get("events"))
                              if isinstance(event, dict)]
                    for room_id, room in _dict(rooms.get("invite")).items()}
-        return cls(next_batch=parsed["next_batch"], timelines=timelines, invites=invites, device=of_sync(parsed))
+        return cls(next_batch=parsed["next_batch"], timelines=timelines, invites=invites,
+                   device=_device_parts(parsed))
 
     def gaps(self) -> dict[str, str]:
         """Room id -> where its timeline's left-out part ends, for each room whose timeline was cut short."""
@@ -79,6 +80,13 @@ async def sync_batch(client: AsyncClient, timeout: int, sync_filter: dict[str, A
     if not isinstance(batch, SyncBatch):
         raise MatrixError("sync", batch)
     return batch
+
+
+def _device_parts(body: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a response body for the bridge's device, as nio reads them."""
+    lists = _dict(body.get("device_lists"))
+    return device_sync(_list(_dict(body.get("to_device")).get("events")), _list(lists.get("changed")),
+                       _list(lists.get("left")), body.get("device_one_time_keys_count"))
 
 
 def _dict(value: Any) -> dict[str, Any]:
