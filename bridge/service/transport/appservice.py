@@ -485,26 +485,39 @@ async def ensure_user(config: Config, stop: asyncio.Event) -> None:
         delay = min(delay * 2, 30)
 
 
-async def ping_homeserver(config: Config) -> None:
-    """Ask the homeserver to ping us.  Besides checking the whole path, a
-    successful ping makes Synapse resend the transactions it holds for us at
-    once instead of after its back-off (which doubles up to minutes)."""
+# A ping the homeserver could not make is asked for again, this often and
+# this many times: Synapse's own ping can fail while it retries a held
+# transaction itself (cancelling its back-off timer as that fires), and a
+# proxy in front of a shared store may take a moment to route to this
+# instance.  A refusal that says the homeserver has no ping (or refuses us)
+# is not tried again.
+PING_TRIES = 10
+PING_INTERVAL = 0.5
+
+
+async def ping_homeserver(config: Config) -> bool:
+    """Ask the homeserver to ping us; True when it did.  Besides checking the
+    whole path, a successful ping makes Synapse resend the transactions it
+    holds for us at once instead of after its back-off (which doubles up to
+    minutes): while it holds them it also drops what it would have pushed
+    with them that is not a room event (the room keys people's clients send
+    the bridge's device among it), so a start cannot wait for the back-off."""
     path = f"/_matrix/client/v1/appservice/{config.appservice.id}/ping"
-    # On a shared store a proxy in front may take a moment to see that this
-    # instance leads now: the ping is tried a few times.
-    tries = 10 if config.store.url else 1
-    for attempt in range(tries):
+    for attempt in range(PING_TRIES):
         try:
             status, reply = await _post(config, path, {})
+            why = f"{status} {reply.get('error', reply)}"
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("pinging the homeserver failed: %s", exc)
-            return
+            status, why = 0, str(exc)
         if status == 200:
             log.info("the homeserver reaches the bridge (%s ms)", reply.get("duration_ms"))
-            return
-        if attempt + 1 < tries:
-            await asyncio.sleep(0.5)
-    log.warning("the homeserver's ping of the bridge failed: %s %s", status, reply.get("error", reply))
+            return True
+        if status and status < 500 and status != 429:
+            break  # no ping on this homeserver, or not for us: asking again changes nothing
+        if attempt + 1 < PING_TRIES:
+            await asyncio.sleep(PING_INTERVAL)
+    log.warning("the homeserver's ping of the bridge failed: %s", why)
+    return False
 
 
 class _Reply:

@@ -1,0 +1,129 @@
+"""The ping an appservice bridge asks of its homeserver at start.
+
+A successful ping is what makes Synapse resend at once the transactions it
+held while the bridge was away; until then it also drops the to-device
+messages (room keys) it would have pushed.  Synapse's ping can fail for a
+moment: when it lands while Synapse's own retry of a held transaction is in
+flight, Synapse answers 502 ("AlreadyCalled: Tried to cancel an
+already-called event", its back-off timer cancelled after it fired).  The
+homeserver here is a stand-in for the ping route only, answering in
+Synapse's words: no real Synapse can be made to hit that moment on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from bridge.service.config import parse_config
+from bridge.service.transport import appservice
+from bridge.service.transport.appservice import ping_homeserver
+
+SYNAPSE_RACE = (502, {"errcode": "M_CONNECTION_FAILED",
+                      "error": "AlreadyCalled: Tried to cancel an already-called event."})
+NO_PING = (404, {"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"})
+PINGED = (200, {"duration_ms": 3})
+
+
+class Homeserver:
+    """Answers the ping route with the answers it is given, in turn (the last one from then on)."""
+
+    def __init__(self, answers: list[tuple[int, dict]]):
+        self.answers = answers
+        self.asked: list[str] = []
+
+    async def ping(self, request: web.Request) -> web.Response:
+        self.asked.append(request.headers.get("Authorization", ""))
+        status, body = self.answers[min(len(self.asked), len(self.answers)) - 1]
+        return web.json_response(body, status=status)
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch):
+    monkeypatch.setattr(appservice, "PING_INTERVAL", 0.01)
+
+
+async def serving(homeserver: Homeserver) -> TestServer:
+    app = web.Application()
+    app.router.add_post("/_matrix/client/v1/appservice/askwright/ping", homeserver.ping)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+def config(tmp_path: Path, url: str):
+    return parse_config({
+        "homeserver": {"url": url},
+        "bot": {"user_id": "@askbot:example.org"},
+        "sets": {"root": "sets"},
+        "rooms": {"default": "!room:example.org"},
+        "store": {"path": "bridge.sqlite"},
+        "appservice": {"enabled": True, "id": "askwright", "as_token": "as-secret", "hs_token": "hs-secret",
+                       "listen": "127.0.0.1:0"},
+    }, base_dir=tmp_path, environ={})
+
+
+async def test_a_ping_that_lands_on_synapses_own_retry_is_asked_for_again_until_it_is_made(tmp_path, caplog):
+    homeserver = Homeserver([SYNAPSE_RACE, SYNAPSE_RACE, PINGED])
+    server = await serving(homeserver)
+    try:
+        caplog.set_level("INFO", logger=appservice.log.name)
+        assert await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
+    finally:
+        await server.close()
+    assert homeserver.asked == ["Bearer as-secret"] * 3
+    assert "the homeserver reaches the bridge (3 ms)" in caplog.text
+    assert "failed" not in caplog.text
+
+
+async def test_a_homeserver_without_the_ping_is_asked_once(tmp_path, caplog):
+    homeserver = Homeserver([NO_PING, PINGED])
+    server = await serving(homeserver)
+    try:
+        assert not await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
+    finally:
+        await server.close()
+    assert len(homeserver.asked) == 1
+    assert "the homeserver's ping of the bridge failed: 404 Unrecognized request" in caplog.text
+
+
+async def test_a_ping_that_keeps_failing_stops_after_its_tries_and_says_why(tmp_path, caplog):
+    homeserver = Homeserver([SYNAPSE_RACE])
+    server = await serving(homeserver)
+    try:
+        assert not await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
+    finally:
+        await server.close()
+    assert len(homeserver.asked) == appservice.PING_TRIES
+    assert "failed: 502 AlreadyCalled: Tried to cancel an already-called event." in caplog.text
+
+
+async def test_a_homeserver_not_listening_yet_is_asked_again(tmp_path):
+    homeserver = Homeserver([PINGED])
+    server = await serving(homeserver)
+    url = str(server.make_url("")).rstrip("/")
+    port = server.port
+    await server.close()  # nothing listens there for the first tries
+
+    async def listen_again() -> None:
+        await asyncio.sleep(0.03)
+        app = web.Application()
+        app.router.add_post("/_matrix/client/v1/appservice/askwright/ping", homeserver.ping)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        started.append(runner)
+
+    started: list[web.AppRunner] = []
+    later = asyncio.ensure_future(listen_again())
+    try:
+        assert await ping_homeserver(config(tmp_path, url))
+    finally:
+        await later
+        for runner in started:
+            await runner.cleanup()
+    assert len(homeserver.asked) == 1
