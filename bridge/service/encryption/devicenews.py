@@ -41,10 +41,23 @@ def news_for_nio(data: dict[str, Any], client: AsyncClient) -> bool:
     return bool(count) and getattr(client.olm, "uploaded_key_count", None) != count
 
 
+def _not_its_own_requests(events: list[dict[str, Any]], client: AsyncClient) -> list[dict[str, Any]]:
+    """The to-device messages less the key requests this very device sent.
+    The bridge asks its own user's other sessions for a missing key (all of
+    them: ``keyrequests``), which the homeserver delivers to the asking
+    device too; nio would try to answer itself, without the key it asked for,
+    and warn that it cannot every time the request is made again."""
+    return [event for event in events
+            if not (event.get("type") == "m.room_key_request" and event.get("sender") == client.user_id
+                    and isinstance(event.get("content"), dict)
+                    and event["content"].get("requesting_device_id") == client.device_id)]
+
+
 async def hand_to_nio(client: AsyncClient, data: dict[str, Any], token: str) -> bool:
     """The device's parts handed to nio when they tell it anything; True when
     they did.  ``token`` names the hand-over: nio skips a sync response whose
     token it just saw (a delivery taken again brings nothing new)."""
+    data = {**data, "to_device": {"events": _not_its_own_requests(data["to_device"]["events"], client)}}
     if not news_for_nio(data, client):
         return False
     response = SyncResponse.from_dict({**data, "next_batch": token})
