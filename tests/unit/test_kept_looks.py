@@ -113,7 +113,7 @@ async def test_what_screening_would_keep_is_kept_only_when_not_processed(tmp_pat
 
 def _decrypted(event_id: str) -> dict[str, Any]:
     """An answer nio decrypted in the sync, as the sync loop hands it over."""
-    from bridge.service.encryption.crypto import ORIGIN
+    from bridge.service.encryption.receiving import ORIGIN
 
     return {**_plain(event_id), ORIGIN: {"sender_key": "key", "verified": False}}
 
@@ -145,7 +145,7 @@ async def test_why_a_kept_event_stays_encrypted_is_said_once(tmp_path: Path, cap
     # nothing of most reasons a decryption fails.
     store, client, crypto, _jobs = _counted(tmp_path)
     try:
-        with caplog.at_level("INFO", logger="bridge.service.encryption.crypto"):
+        with caplog.at_level("INFO", logger="bridge.service.encryption.receiving"):
             for _pass in range(3):
                 batch, _ = await crypto.screen([_sealed("$secret")], lambda user: False)
                 assert batch == []

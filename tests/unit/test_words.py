@@ -28,7 +28,7 @@ from bridge.protocol.to_record import to_record
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
 from bridge.questionset.builtin import BUILTIN_IDS
 from bridge.questionset.model import QuestionSet
-from bridge.service.encryption import crypto
+from bridge.service.encryption import receiving
 from bridge.protocol.file_problems import file_problem
 from helpers.sets import SUBJECT, all_kinds_set
 
@@ -153,7 +153,7 @@ def _gesture_refusals() -> list[tuple[RecordedQuestion | None, str, str]]:
              ("internal_error", "the bridge could not process this message. Please try answering again."),
              ("unstorable", "the answer holds a number that is not finite, which can't be recorded."),
              ("unplaced_reply", UNPLACED_MESSAGE),
-             ("undecryptable", crypto.UNDECRYPTABLE_MESSAGE), ("device_not_verified", crypto.UNVERIFIED_MESSAGE)]
+             ("undecryptable", receiving.UNDECRYPTABLE_MESSAGE), ("device_not_verified", receiving.UNVERIFIED_MESSAGE)]
     shell += [(reason, file_problem(reason, name, 12 * 1024 * 1024))
               for reason in ("attachment_too_large", "too_many_attachments", "attachment_encrypted",
                              "attachment_not_fetched", "attachment_download_failed", "attachment_not_saved")
