@@ -6,6 +6,7 @@ yet still waits for them, since the trust check needs them."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,40 @@ async def test_an_answer_from_a_known_device_does_not_wait_for_a_newcomers_keys(
     try:
         status = await asyncio.wait_for(_put(client, "1", [_encrypted(1, PERSON)]), 5)
         assert status == 200 and [e["event_id"] for b in stand_in.batches for e in b] == ["$e1"]
-        assert keys.member_reads == 1  # they run beside it
+        await _soon(lambda: keys.member_reads == 1)  # they run after it
+    finally:
+        keys.released.set()
+        await server.close()
+        await client.close()
+
+
+async def _soon(check: Any) -> None:
+    for _ in range(100):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    assert check()
+
+
+async def test_a_newcomers_chores_start_once_the_answers_batch_is_durable_not_while_it_is_made(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """The chores are work on the event loop (nio's checks, its key store):
+    run while the store's thread makes the batch durable, they slowed each of
+    its steps.  They start after it."""
+    client, stand_in, server, keys = await _served(tmp_path, monkeypatch)
+    seen: list[int] = []
+    process = stand_in.process
+
+    def watched(events: list[dict[str, Any]], **kwargs: Any) -> Any:
+        time.sleep(0.05)  # the loop meanwhile runs whatever it was given to run
+        seen.append(keys.member_reads)
+        return process(events, **kwargs)
+
+    stand_in.process = watched  # type: ignore[method-assign]
+    try:
+        assert await asyncio.wait_for(_put(client, "1", [_encrypted(1, PERSON)]), 5) == 200
+        assert seen == [0]  # nothing of the chores ran while the batch was made durable
+        await _soon(lambda: keys.member_reads == 1)
     finally:
         keys.released.set()
         await server.close()

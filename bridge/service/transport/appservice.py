@@ -94,7 +94,8 @@ class TransactionServer:
         self.crypto: Any = None  # bridge.service.encryption.crypto.Crypto when the bridge encrypts
         self.kept = asyncio.Event()  # set when encrypted events came: kept ones have a grace period to watch
         self._chores_lock = asyncio.Lock()
-        self._beside: asyncio.Future[None] | None = None  # key chores running beside a batch (``_screen``)
+        self._chores_running: asyncio.Future[None] | None = None  # key chores run after a batch (``_screen``)
+        self._chores_due = False  # a batch screened asked for them: they start once it is durable
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
         # Raises when this instance no longer leads a shared store: then no 200.
@@ -127,9 +128,9 @@ class TransactionServer:
     async def close(self) -> None:
         if self.runner:
             await self.runner.cleanup()
-        if self._beside is not None:
-            self._beside.cancel()
-            await asyncio.gather(self._beside, return_exceptions=True)
+        if self._chores_running is not None:
+            self._chores_running.cancel()
+            await asyncio.gather(self._chores_running, return_exceptions=True)
 
     def open(self, rooms: list[str], notices: Notices) -> None:
         """Start accepting transactions; only events of ``rooms`` are bridged."""
@@ -223,7 +224,12 @@ class TransactionServer:
         # Whether the transaction was taken before is read with the batch's
         # other look-ups, not in a job of its own (a resend finds its files
         # kept, so preparing it fetched nothing).
-        result = await self.store.run(self.pipeline.process, events, commit=commit, delivery=delivery)
+        try:
+            result = await self.store.run(self.pipeline.process, events, commit=commit, delivery=delivery)
+        finally:
+            if self._chores_due:
+                self._chores_due = False
+                self._chores_after()
         if self.ops is not None:
             self.ops.mark_ready()
         if self.notices is not None:
@@ -252,8 +258,10 @@ class TransactionServer:
                 await self._chores()  # newcomers' devices queried first, for the trust check
             else:
                 # The senders' devices are known: the chores (a newcomer's
-                # devices read, say) run beside this batch, not before it.
-                self._chores_beside()
+                # devices read, say) run after this batch, not before it, nor
+                # beside it: on the event loop while the store's thread makes
+                # the batch durable, they slowed every step of it.
+                self._chores_due = True
         events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
         if encrypted:
             self.kept.set()  # after screen: what it kept is in the store for the watcher's reckoning
@@ -270,9 +278,9 @@ class TransactionServer:
         async with self._chores_lock:
             await self.crypto.chores()
 
-    def _chores_beside(self) -> None:
-        if self._beside is None or self._beside.done():
-            self._beside = asyncio.ensure_future(self._chores_logged())
+    def _chores_after(self) -> None:
+        if self._chores_running is None or self._chores_running.done():
+            self._chores_running = asyncio.ensure_future(self._chores_logged())
 
     async def _chores_logged(self) -> None:
         try:
