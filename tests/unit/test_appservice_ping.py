@@ -102,6 +102,20 @@ async def test_a_ping_that_keeps_failing_stops_after_its_tries_and_says_why(tmp_
     assert "failed: 502 AlreadyCalled: Tried to cancel an already-called event." in caplog.text
 
 
+async def test_a_ping_is_not_asked_for_past_its_patience(tmp_path, monkeypatch):
+    """The rooms' timelines are looked into only after the ping: a
+    homeserver that keeps failing it does not hold that up for long."""
+    monkeypatch.setattr(appservice, "PING_INTERVAL", 0.05)
+    monkeypatch.setattr(appservice, "PING_PATIENCE", 0.12)
+    homeserver = Homeserver([SYNAPSE_RACE])
+    server = await serving(homeserver)
+    try:
+        assert not await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
+    finally:
+        await server.close()
+    assert 2 <= len(homeserver.asked) <= 3 < appservice.PING_TRIES
+
+
 async def test_a_homeserver_not_listening_yet_is_asked_again(tmp_path):
     homeserver = Homeserver([PINGED])
     server = await serving(homeserver)

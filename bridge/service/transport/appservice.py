@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import re
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -498,9 +499,11 @@ async def ensure_user(config: Config, stop: asyncio.Event) -> None:
 # transaction itself (cancelling its back-off timer as that fires), and a
 # proxy in front of a shared store may take a moment to route to this
 # instance.  A refusal that says the homeserver has no ping (or refuses us)
-# is not tried again.
+# is not tried again, nor is one past ``PING_PATIENCE`` seconds of trying
+# (the rooms' timelines are looked into only after the ping).
 PING_TRIES = 10
 PING_INTERVAL = 0.5
+PING_PATIENCE = 15.0
 
 
 async def ping_homeserver(config: Config) -> bool:
@@ -511,6 +514,7 @@ async def ping_homeserver(config: Config) -> bool:
     with them that is not a room event (the room keys people's clients send
     the bridge's device among it), so a start cannot wait for the back-off."""
     path = f"/_matrix/client/v1/appservice/{config.appservice.id}/ping"
+    give_up = time.monotonic() + PING_PATIENCE
     for attempt in range(PING_TRIES):
         try:
             status, reply = await _post(config, path, {})
@@ -522,8 +526,10 @@ async def ping_homeserver(config: Config) -> bool:
             return True
         if status and status < 500 and status != 429:
             break  # no ping on this homeserver, or not for us: asking again changes nothing
-        if attempt + 1 < PING_TRIES:
+        if attempt + 1 < PING_TRIES and time.monotonic() + PING_INTERVAL < give_up:
             await asyncio.sleep(PING_INTERVAL)
+        else:
+            break
     log.warning("the homeserver's ping of the bridge failed: %s", why)
     return False
 
