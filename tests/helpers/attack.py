@@ -102,6 +102,10 @@ class Relay:
     transaction while ``answer_all`` is set.  Those it answers 200 itself, so
     the homeserver counts them as delivered and never sends them again.
 
+    While ``hold`` is set, it keeps each transaction waiting until ``hold``
+    is released, then answers it 502 (counted in ``held``): the homeserver's
+    push stays in flight meanwhile, as to a bridge that hangs.
+
     Put in front of the homeserver instead (the bridge's homeserver url), it
     answers the requests ``fail`` picks with a 502 itself, as a homeserver
     that is having trouble would."""
@@ -116,6 +120,8 @@ class Relay:
         self.delivered: list[str] = []  # event ids in transactions the bridge answered 200 (durable there)
         self.passed = 0
         self.in_flight = 0  # requests passed on and not answered yet
+        self.hold: asyncio.Event | None = None
+        self.held = 0
         self._runner: web.AppRunner | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -140,6 +146,10 @@ class Relay:
             return web.json_response({"errcode": "M_UNKNOWN", "error": "try again later"}, status=502)
         events: list[dict[str, Any]] = []
         if request.method == "PUT" and "/transactions/" in request.path:
+            if self.hold is not None:
+                self.held += 1
+                await self.hold.wait()
+                return web.json_response({"errcode": "M_UNKNOWN", "error": "held, then dropped"}, status=502)
             events = json.loads(body).get("events", [])
             if self.answer_all or any(self.swallow(event) for event in events):
                 self.swallowed.extend(event["event_id"] for event in events)

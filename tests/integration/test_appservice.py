@@ -201,6 +201,48 @@ async def test_kill_9_while_the_homeserver_pushes_loses_and_repeats_nothing(brid
     print(f"60 answers, two kill -9s: all durable {settled:.1f} s after the first send")
 
 
+async def test_a_start_whose_ping_lands_on_synapses_own_retry_still_ends_the_hold(bridge):
+    """After a failed push Synapse holds the bridge's transactions and retries
+    them with a back-off (2 s, 4 s, 8 s, up to minutes), dropping meanwhile
+    the to-device messages (room keys) it would push with them.  A start
+    ends that by asking the homeserver to ping the bridge: a ping that
+    reaches it makes Synapse retry at once.  Synapse's ping fails (502,
+    "AlreadyCalled") when it lands while its own retry is in flight: here a
+    relay in front of the bridge holds that retry until the bridge's first
+    ping has gone by.  The bridge asks again, and the held transaction comes
+    within seconds, not after the next back-off."""
+    registered = urlsplit(bridge.synapse.appservice["url"])
+    port = free_port()
+    bridge.extra_config["appservice"]["listen"] = f"127.0.0.1:{port}"
+    seen: list[str] = []
+
+    def noted(request: Any) -> bool:
+        seen.append("ping" if request.path.endswith("/ping") else "push" if "/transactions/" in request.path else "")
+        return False
+
+    async with Relay((registered.hostname, registered.port), f"http://127.0.0.1:{port}") as relay:
+        questions = await started(bridge)
+        bridge.kill()
+        relay.fail = noted
+        away = await bridge.alice.send(bridge.room_id, answer_content(questions[("approve", 1)], option_id="approve"))
+        await until(lambda: seen.count("push") >= 2, timeout=30)  # the push and Synapse's first retry: nobody there
+        relay.hold = hold = asyncio.Event()
+        await until(lambda: relay.held == 1, timeout=30)  # its second retry, in flight
+        bridge.start()
+        await until(lambda: "ping" in seen, timeout=60)
+        await asyncio.sleep(0.3)  # Synapse answers the bridge's ping 502 meanwhile
+        relay.hold = None
+        hold.set()  # the retry fails: Synapse's next one is 8 s away
+        released = time.monotonic()
+        await until(lambda: away in relay.delivered, timeout=30)
+        waited = time.monotonic() - released
+        assert waited < 4, f"the held transaction came {waited:.1f} s after Synapse's retry failed"
+        assert seen.count("ping") >= 2
+        assert "the homeserver reaches the bridge" in bridge.log_text()
+        record = await bridge.wait_answer("kinds", "approve", timeout=30)
+        assert record["source"]["event_id"] == away
+
+
 async def test_answers_whose_transaction_never_reaches_the_bridge_still_land(bridge):
     """The homeserver counts a transaction as delivered that the bridge never
     got (Synapse strands one now and then when it recovers from the bridge
