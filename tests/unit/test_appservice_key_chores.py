@@ -17,6 +17,7 @@ from bridge.service.encryption.crypto import Crypto
 from bridge.service.storage.store import Store
 from bridge.service.transport.appservice import TransactionServer
 
+from helpers.waiting import until
 from test_appservice_endpoint import BEARER, ROOM, StandIn, config
 
 PERSON, NEWCOMER = "@person:example.org", "@newcomer:example.org"
@@ -84,19 +85,11 @@ async def test_an_answer_from_a_known_device_does_not_wait_for_a_newcomers_keys(
     try:
         status = await asyncio.wait_for(_put(client, "1", [_encrypted(1, PERSON)]), 5)
         assert status == 200 and [e["event_id"] for b in stand_in.batches for e in b] == ["$e1"]
-        await _soon(lambda: keys.member_reads == 1)  # they run after it
+        await until(lambda: keys.member_reads == 1, 5)  # they run after it
     finally:
         keys.released.set()
         await server.close()
         await client.close()
-
-
-async def _soon(check: Any) -> None:
-    for _ in range(100):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    assert check()
 
 
 async def test_a_newcomers_chores_start_once_the_answers_batch_is_durable_not_while_it_is_made(
@@ -117,7 +110,7 @@ async def test_a_newcomers_chores_start_once_the_answers_batch_is_durable_not_wh
     try:
         assert await asyncio.wait_for(_put(client, "1", [_encrypted(1, PERSON)]), 5) == 200
         assert seen == [0]  # nothing of the chores ran while the batch was made durable
-        await _soon(lambda: keys.member_reads == 1)
+        await until(lambda: keys.member_reads == 1, 5)
     finally:
         keys.released.set()
         await server.close()

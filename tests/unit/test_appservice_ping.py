@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from bridge.devserver import free_port
 from bridge.service.config import parse_config
 from bridge.service.transport import appservice
 from bridge.service.transport.appservice import ping_homeserver
@@ -47,12 +48,20 @@ def quick(monkeypatch):
     monkeypatch.setattr(appservice, "PING_INTERVAL", 0.01)
 
 
-async def serving(homeserver: Homeserver) -> TestServer:
+def _app(homeserver: Homeserver) -> web.Application:
     app = web.Application()
     app.router.add_post("/_matrix/client/v1/appservice/askwright/ping", homeserver.ping)
-    server = TestServer(app)
+    return app
+
+
+async def pinged(tmp_path: Path, homeserver: Homeserver) -> bool:
+    """What ``ping_homeserver`` says of ``homeserver``, served for the while."""
+    server = TestServer(_app(homeserver))
     await server.start_server()
-    return server
+    try:
+        return await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
+    finally:
+        await server.close()
 
 
 def config(tmp_path: Path, url: str):
@@ -69,12 +78,8 @@ def config(tmp_path: Path, url: str):
 
 async def test_a_ping_that_lands_on_synapses_own_retry_is_asked_for_again_until_it_is_made(tmp_path, caplog):
     homeserver = Homeserver([SYNAPSE_RACE, SYNAPSE_RACE, PINGED])
-    server = await serving(homeserver)
-    try:
-        caplog.set_level("INFO", logger=appservice.log.name)
-        assert await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
-    finally:
-        await server.close()
+    caplog.set_level("INFO", logger=appservice.log.name)
+    assert await pinged(tmp_path, homeserver)
     assert homeserver.asked == ["Bearer as-secret"] * 3
     assert "the homeserver reaches the bridge (3 ms)" in caplog.text
     assert "failed" not in caplog.text
@@ -82,22 +87,14 @@ async def test_a_ping_that_lands_on_synapses_own_retry_is_asked_for_again_until_
 
 async def test_a_homeserver_without_the_ping_is_asked_once(tmp_path, caplog):
     homeserver = Homeserver([NO_PING, PINGED])
-    server = await serving(homeserver)
-    try:
-        assert not await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
-    finally:
-        await server.close()
+    assert not await pinged(tmp_path, homeserver)
     assert len(homeserver.asked) == 1
     assert "the homeserver's ping of the bridge failed: 404 Unrecognized request" in caplog.text
 
 
 async def test_a_ping_that_keeps_failing_stops_after_its_tries_and_says_why(tmp_path, caplog):
     homeserver = Homeserver([SYNAPSE_RACE])
-    server = await serving(homeserver)
-    try:
-        assert not await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
-    finally:
-        await server.close()
+    assert not await pinged(tmp_path, homeserver)
     assert len(homeserver.asked) == appservice.PING_TRIES
     assert "failed: 502 AlreadyCalled: Tried to cancel an already-called event." in caplog.text
 
@@ -108,36 +105,24 @@ async def test_a_ping_is_not_asked_for_past_its_patience(tmp_path, monkeypatch):
     monkeypatch.setattr(appservice, "PING_INTERVAL", 0.05)
     monkeypatch.setattr(appservice, "PING_PATIENCE", 0.12)
     homeserver = Homeserver([SYNAPSE_RACE])
-    server = await serving(homeserver)
-    try:
-        assert not await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
-    finally:
-        await server.close()
+    assert not await pinged(tmp_path, homeserver)
     assert 2 <= len(homeserver.asked) <= 3 < appservice.PING_TRIES
 
 
 async def test_a_homeserver_not_listening_yet_is_asked_again(tmp_path):
     homeserver = Homeserver([PINGED])
-    server = await serving(homeserver)
-    url = str(server.make_url("")).rstrip("/")
-    port = server.port
-    await server.close()  # nothing listens there for the first tries
+    runner = web.AppRunner(_app(homeserver))
+    await runner.setup()
+    port = free_port()  # nothing listens there for the first tries
 
-    async def listen_again() -> None:
+    async def listen_later() -> None:
         await asyncio.sleep(0.03)
-        app = web.Application()
-        app.router.add_post("/_matrix/client/v1/appservice/askwright/ping", homeserver.ping)
-        runner = web.AppRunner(app)
-        await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        started.append(runner)
 
-    started: list[web.AppRunner] = []
-    later = asyncio.ensure_future(listen_again())
+    later = asyncio.ensure_future(listen_later())
     try:
-        assert await ping_homeserver(config(tmp_path, url))
+        assert await ping_homeserver(config(tmp_path, f"http://127.0.0.1:{port}"))
     finally:
         await later
-        for runner in started:
-            await runner.cleanup()
+        await runner.cleanup()
     assert len(homeserver.asked) == 1
