@@ -96,7 +96,6 @@ class TransactionServer:
         self.kept = asyncio.Event()  # set when encrypted events came: kept ones have a grace period to watch
         self._chores_lock = asyncio.Lock()
         self._chores_running: asyncio.Future[None] | None = None  # key chores run after a batch (``_screen``)
-        self._chores_due = False  # a batch screened asked for them: they start once it is durable
         self.last_txn: int | None = None
         self.received: OrderedDict[str, None] = OrderedDict()
         # Raises when this instance no longer leads a shared store: then no 200.
@@ -215,11 +214,12 @@ class TransactionServer:
 
     async def _feed(self, events: list[dict[str, Any]], commit: Callable[[], None],
                     delivery: str | None = None) -> Any:
+        chores_after = False
         if self.crypto is not None:
             # A resend is screened again (what decrypts, decrypts again; what
             # would be kept is looked up first) and found taken by the batch's
             # own look-ups: no job before the batch's own, unless screening keeps.
-            events, commit = await self._screen(events, commit)
+            events, commit, chores_after = await self._screen(events, commit)
         await self.pipeline.prepare(events)
         # On the store's thread: the listener goes on answering meanwhile.
         # Whether the transaction was taken before is read with the batch's
@@ -228,8 +228,7 @@ class TransactionServer:
         try:
             result = await self.store.run(self.pipeline.process, events, commit=commit, delivery=delivery)
         finally:
-            if self._chores_due:
-                self._chores_due = False
+            if chores_after:
                 self._chores_after()
         if self.ops is not None:
             self.ops.mark_ready()
@@ -248,12 +247,14 @@ class TransactionServer:
 
         await take_extensions(self.crypto.client, body, txn_id)
 
-    async def _screen(self, events: list[dict[str, Any]],
-                      commit: Callable[[], None]) -> tuple[list[dict[str, Any]], Callable[[], None]]:
+    async def _screen(self, events: list[dict[str, Any]], commit: Callable[[], None]
+                      ) -> tuple[list[dict[str, Any]], Callable[[], None], bool]:
         """Encrypted events decrypted, or kept (durably, before the 200) until
-        their keys come; kept ones that decrypt now join the batch."""
+        their keys come; kept ones that decrypt now join the batch.  Last,
+        whether the key chores are to run once the batch is durable."""
         self.crypto.note_events(events)  # members, encryption turned on: nio reads no room events
         encrypted = any(event.get("type") == "m.room.encrypted" for event in events)
+        chores_after = False
         if encrypted:
             if self.crypto.waits_for_chores(events):
                 await self._chores()  # newcomers' devices queried first, for the trust check
@@ -262,7 +263,7 @@ class TransactionServer:
                 # devices read, say) run after this batch, not before it, nor
                 # beside it: on the event loop while the store's thread makes
                 # the batch durable, they slowed every step of it.
-                self._chores_due = True
+                chores_after = True
         events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
         if encrypted:
             self.kept.set()  # after screen: what it kept is in the store for the watcher's reckoning
@@ -271,7 +272,7 @@ class TransactionServer:
             commit()
             if resolved:
                 self.store.drop_undecrypted(resolved)
-        return events, commit_all
+        return events, commit_all, chores_after
 
     async def _chores(self) -> None:
         """Members read again where they changed (their devices are then
