@@ -2,26 +2,24 @@
 and the MCP tool ``upload_media``): the file lands in the set's folder,
 where the set names it by ``src`` exactly as a local agent's set would.
 
-The body is streamed to a hidden temporary file in that folder, counted
+The body is streamed to a temporary file in that folder (``bridge.wholefile``), counted
 against the limit while it is read (whatever Content-Length said), then
 fsynced and renamed over the name: a failed or cut-off upload leaves
 nothing, and the poster never sees half a file."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bridge.agents.errors import AgentError, BadRequest
-from bridge.agents.owner import sync_dir
 from bridge.questionset.media import UPLOAD_EXTENSIONS, mimetype
+from bridge.wholefile import TempFile, in_thread
 
 # A plain name: no /, never two dots in a row; the OpenAPI document's
 # pattern for {name} is exactly NAME_PATTERN.
@@ -85,36 +83,32 @@ async def receive(set_dir: Path, set_id: str, name: str, chunks: AsyncIterator[b
         raise BadRequest(f"name: {name!r} is a folder in this set", findings=[
             {"where": "name", "message": "a folder of the set has this name"}])
     created = not os.path.lexists(final)
-    tmp = Path(set_dir) / f".{name}.upload-{uuid.uuid4().hex[:12]}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        part = TempFile(final, unique=True)  # two uploads of one name at once each write their own
     except OSError as exc:
         raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
     digest, size, pending = hashlib.sha256(), 0, bytearray()
     try:
-        try:
-            async for chunk in _until_cut(chunks):
-                size += len(chunk)
-                if size > limit:
-                    raise TooLarge(f"the file is larger than {limit} bytes (agent_api.media_max)")
-                digest.update(chunk)
-                pending += chunk
-                if len(pending) >= WRITE_BATCH:
-                    await asyncio.to_thread(_write_all, fd, bytes(pending))
-                    pending.clear()
-            if expected is not None and size != expected:
-                raise BadRequest(f"the body ended after {size} of {expected} bytes")
-            if size == 0:
-                raise BadRequest("the body is empty: send the file's bytes")
-            await asyncio.to_thread(_finish, fd, bytes(pending))
-        finally:
-            os.close(fd)
-        await asyncio.to_thread(_rename, tmp, final)
+        async for chunk in _until_cut(chunks):
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(f"the file is larger than {limit} bytes (agent_api.media_max)")
+            digest.update(chunk)
+            pending += chunk
+            if len(pending) >= WRITE_BATCH:
+                await in_thread(part.write, bytes(pending))
+                pending.clear()
+        if expected is not None and size != expected:
+            raise BadRequest(f"the body ended after {size} of {expected} bytes")
+        if size == 0:
+            raise BadRequest("the body is empty: send the file's bytes")
+        await in_thread(part.write, bytes(pending))
+        await in_thread(part.commit)
     except OSError as exc:
-        _remove(tmp)
+        part.discard()
         raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
     except BaseException:
-        _remove(tmp)
+        part.discard()
         raise
     return Stored(set_id, name, size, digest.hexdigest(), created)
 
@@ -139,26 +133,3 @@ async def pieces(data: bytes) -> AsyncIterator[bytes]:
     """``data`` as the chunks ``receive`` takes (for a file that came whole, over MCP)."""
     for start in range(0, len(data), WRITE_BATCH):
         yield data[start:start + WRITE_BATCH]
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _finish(fd: int, data: bytes) -> None:
-    _write_all(fd, data)
-    os.fsync(fd)
-
-
-def _rename(tmp: Path, final: Path) -> None:
-    os.replace(tmp, final)  # over a symlink of that name, the link itself is replaced, never its target
-    sync_dir(final.parent)
-
-
-def _remove(tmp: Path) -> None:
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass

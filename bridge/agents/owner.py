@@ -38,24 +38,5 @@ def read_owner(set_dir: str | os.PathLike[str]) -> Owner | None:
     return Owner(data["agent"], urls)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary name, fsync, rename over ``path``, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    sync_dir(path.parent)
-
-
-def sync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def owner_bytes(owner: Owner) -> bytes:
     return json.dumps(owner.as_dict(), indent=2).encode() + b"\n"

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 from bridge.agents.changes import Changes
 from bridge.agents.closing import blocks_close, close_questions
 from bridge.agents.errors import BadRequest, LintFailed, NotFound
-from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner, sync_dir, write_atomic
+from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner
 from bridge.agents.waitcap import Waits
 from bridge.answers.view import ReadError, load_view
 from bridge.answers.arrival import as_read
@@ -29,6 +28,7 @@ from bridge.questionset.lint import LintResult, lint
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
+from bridge.wholefile import replace_whole, sync_dir, temp_path
 
 # The format's set id: a letter or digit, then letters, digits, _, . or -; 64 at most.
 SET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -101,8 +101,8 @@ class AgentSets:
         data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
         new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()))
         if exists:
-            write_atomic(set_dir / OWNER_FILE, owner_bytes(new_owner))
-            write_atomic(set_dir / QUESTIONS_FILE, data)
+            replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))
+            replace_whole(set_dir / QUESTIONS_FILE, data)
         else:
             try:
                 self._create(set_dir, data, new_owner)
@@ -122,12 +122,13 @@ class AgentSets:
         place: the poster never sees a half-written set.  FileExistsError
         when another request made the folder first."""
         self.root.mkdir(parents=True, exist_ok=True)
-        staging = self.root / f".incoming-{set_dir.name}-{uuid.uuid4().hex[:8]}"
+        # Hidden and named as a temporary file is: a start removes it when its writer died.
+        staging = temp_path(self.root / f".incoming-{set_dir.name}", unique=True)
         staging.mkdir()
         try:
-            write_atomic(staging / OWNER_FILE, owner_bytes(owner))
+            replace_whole(staging / OWNER_FILE, owner_bytes(owner))
             if data is not None:
-                write_atomic(staging / QUESTIONS_FILE, data)
+                replace_whole(staging / QUESTIONS_FILE, data)
             os.rename(staging, set_dir)
         except OSError as exc:
             shutil.rmtree(staging, ignore_errors=True)
@@ -195,7 +196,7 @@ class AgentSets:
         if blocking:
             raise LintFailed("the set would fail lint", findings=_dicts(blocking))
         if done:
-            write_atomic(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
+            replace_whole(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
             self._written(set_dir)
         return {"ok": True, "set": set_id, "status": status, "closed": done}
 

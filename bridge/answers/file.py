@@ -16,7 +16,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -25,19 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from bridge.answers import document
+from bridge.wholefile import TEMP_MARK, is_stray, replace_whole
 
 ANSWERS_NAME = "answers.json"
 LOCK_NAME = ".answers.lock"
-# A file being replaced is first written beside it as
-# ``<name>.askwright-tmp.<host>.<pid>``: recognisably the bridge's, naming
-# the writer, so what a killed writer left behind can be told and removed
-# (``remove_stray_temps``).
-TEMP_MARK = ".askwright-tmp."
+# answers.json being replaced is first written beside it under this name
+# and the writer's (``bridge.wholefile``), so what a killed writer left
+# behind can be told and removed (``remove_stray_temps``).
 TEMP_PREFIX = ANSWERS_NAME + TEMP_MARK
-# A temp file this old is a dead writer's whoever wrote it (a write takes
-# milliseconds), also one from another machine sharing the folder, whose
-# processes cannot be asked after.
-STRAY_SECONDS = 300.0
 
 Doc = dict[str, Any]
 
@@ -128,7 +122,7 @@ class AnswersFile:
             return new
 
     def _replace(self, data: bytes) -> None:
-        atomic_replace(self.path, data)
+        replace_whole(self.path, data)
 
 
 # The last document each recent writer wrote or read, with the bytes it was
@@ -167,29 +161,6 @@ def _forget(key: str) -> None:
     _kept_docs.pop(key, None)
 
 
-def atomic_replace(path: Path, data: bytes) -> None:
-    """Atomically make ``data`` the content of ``path``.
-
-    On any failure the temp file is removed and the error raised; the old
-    file is untouched because only the final rename changes it.
-    """
-    temp = path.with_name(f"{path.name}{TEMP_MARK}{_HOST}.{os.getpid()}")
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    # The rename is only durable once the folder's entry is on disk.
-    _fsync_dir(path.parent)
-
-
 class LockBusy(BlockingIOError):
     """Another process held the set's writer lock for longer than the wait."""
 
@@ -209,15 +180,14 @@ def _flock_within(fd: int, seconds: float) -> None:
             time.sleep(0.01)
 
 
-_HOST = socket.gethostname().replace(".", "-").replace("/", "-") or "host"
-
-
 def remove_stray_temps(set_dir: str | os.PathLike[str], *, wait: bool = True) -> list[str]:
     """Under the set's lock, remove the temp files writers that died (kill -9,
     a power cut) left in ``set_dir``; returns their names.  One a live writer
     may still hold is kept: a temp file of this machine is removed once its
     process is gone, one of another machine once it is ``STRAY_SECONDS`` old.
     ``wait=False``: nothing is done (and [] returned) while another holds the lock."""
+    if not _strays(Path(set_dir)):
+        return []  # the usual case, and no lock file made in a folder that is no set
     try:
         with AnswersFile(set_dir).locked(wait=wait):
             return [name for name in _strays(Path(set_dir)) if _unlink(Path(set_dir) / name)]
@@ -227,7 +197,7 @@ def remove_stray_temps(set_dir: str | os.PathLike[str], *, wait: bool = True) ->
 
 def _strays(folder: Path) -> list[str]:
     with os.scandir(folder) as entries:
-        return [e.name for e in entries if TEMP_MARK in e.name and e.is_file(follow_symlinks=False) and _stray(e)]
+        return [e.name for e in entries if e.is_file(follow_symlinks=False) and is_stray(e)]
 
 
 def _unlink(path: Path) -> bool:
@@ -236,38 +206,3 @@ def _unlink(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def _stray(entry: os.DirEntry[str]) -> bool:
-    host, _, pid = entry.name.rpartition(TEMP_MARK)[2].rpartition(".")
-    try:
-        if time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_SECONDS:
-            return True
-    except FileNotFoundError:
-        return False
-    if host != _HOST or not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return False  # this process's own: it writes them only under a lock of its own, or is writing now
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, another user's
-    return False
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

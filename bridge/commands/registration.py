@@ -10,13 +10,11 @@ are used as they are.  Both files are written with mode 0600.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import secrets
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import yaml
 
 from bridge.service.transport.appservice import user_namespace
 from bridge.service.config import Config, ConfigError, load_config
+from bridge.wholefile import replace_whole
 
 TOKEN_KEYS = ("as_token", "hs_token")
 
@@ -166,17 +165,6 @@ def _edit_text(text: str, tokens: dict[str, str]) -> str:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Replace ``path`` whole with ``text``, readable by its owner only."""
-    path = path.resolve()
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o600)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    """Replace ``path`` whole with ``text``, readable by its owner only (a
+    symlinked config is replaced where it leads)."""
+    replace_whole(path.resolve(), text.encode("utf-8"), mode=0o600)

@@ -22,7 +22,7 @@ from watchfiles import Change, awatch
 from bridge.service.eventwait import any_set
 from bridge.answers.file import remove_stray_temps
 from bridge.questionset.setdir import QUESTIONS_FILE
-from bridge.service.posting.sets import discover
+from bridge.service.posting.sets import folders
 from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token, sleep_or_stop
 from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
@@ -36,6 +36,7 @@ from bridge.service.storage.store import LogEntry, Store
 from bridge.service.auditing.checkpoints import Checkpointer, open_log
 from bridge.service.auditing.keys import LogKeyError
 from bridge.service.supervisor import Supervisor
+from bridge.wholefile import TEMP_MARK, remove_stray_folders
 
 # What only posting, the folder watch, encryption or appservice mode needs is
 # imported where it is first used: the first sync (and the answers waiting in
@@ -272,11 +273,14 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
 
 
 def remove_strays(root: Path) -> None:
-    """The temp files writers that died left in the set folders; a set whose
-    lock is held now is left for the next start."""
-    for folder in discover(root):
+    """What writers that died left under the root: temp files in its folders
+    (a set whose lock is held now is left for the next start), and folders
+    the agents' API was making a set in."""
+    for folder, _files in folders(root):
         if removed := remove_stray_temps(folder, wait=False):
             log.info("removed %s, left in %s by a writer that died", ", ".join(removed), folder)
+        for name in remove_stray_folders(Path(folder)):
+            log.info("removed the folder %s, left in %s by a writer that died", name, folder)
 
 
 async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event,
@@ -357,9 +361,11 @@ def _maybe_a_folder(path: str) -> bool:
     """A path added or deleted that may be a set folder moved in, back or away
     (the poster then posts its questions, or closes them); not the files the
     bridge itself replaces or deletes in a set (answers.json's temporary
-    file, its lock, attachments)."""
+    file, its lock, attachments), nor any file the bridge writes whole while
+    it is being written."""
     name = os.path.basename(path)
-    return not name.startswith(("answers.json", ".")) and "attachments" not in Path(path).parts
+    return not name.startswith(("answers.json", ".")) and TEMP_MARK not in name \
+        and "attachments" not in Path(path).parts
 
 
 def run_forever(config: Config) -> int:

@@ -26,6 +26,7 @@ from nio import UploadResponse
 from helpers.agents import auth, one_question, start, structured, wait_listener
 from helpers.samples import clip_mp4, noisy_png
 from helpers.harness import answer_content, unique
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -134,6 +135,51 @@ async def test_a_remote_agent_sends_a_clip_and_gets_the_persons_screenshot_byte_
     async with mcp_client(base, "other") as stranger:
         with pytest.raises(Exception, match="no set"):
             await stranger.read_resource(uri)
+    bridge.check_alive()
+
+
+# What a set folder the agents' API made holds of its own.
+SET_FILES = {".askwright-agent.json", ".answers.lock", "questions.json", "take.mp4"}
+
+
+def others(folder: Path) -> dict[str, int]:
+    """The files of ``folder`` that are none of the set's own (an upload under
+    way, or what one left), with their sizes."""
+    return {p.name: p.stat().st_size for p in folder.iterdir() if p.name not in SET_FILES} if folder.exists() else {}
+
+
+async def test_a_bridge_killed_in_the_middle_of_an_upload_leaves_none_of_it_after_its_next_start(bridge, tmp_path):
+    """A clip half sent when the bridge is killed -9: its next start removes
+    the part on disk (megabytes, which nothing else would ever remove), and
+    the agent's upload sent again lands whole."""
+    clip = clip_mp4(tmp_path / "take.mp4")
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("killed-upload")
+    folder = bridge.sets_root / set_id
+
+    async def half_then_nothing():
+        yield clip[:len(clip) // 2]
+        await asyncio.Event().wait()  # the rest never comes: the bridge is killed first
+
+    async with aiohttp.ClientSession(headers=auth("planner"), timeout=aiohttp.ClientTimeout(total=120)) as http:
+        upload = asyncio.create_task(http.put(f"{base}/v1/sets/{set_id}/media/take.mp4", data=half_then_nothing()))
+        await until(lambda: sum(others(folder).values()) >= 4 * 1024 * 1024, 60, "4 MB of the upload on disk")
+        bridge.kill()
+        with pytest.raises(aiohttp.ClientError):
+            await upload
+    assert sum(others(folder).values()) >= 4 * 1024 * 1024  # what the killed bridge left
+
+    bridge.start()
+    await wait_listener(bridge, base)
+    await until(lambda: not others(folder), 30, "the killed upload's part removed")
+    async with aiohttp.ClientSession(headers=auth("planner"), timeout=aiohttp.ClientTimeout(total=120)) as http:
+        async with http.put(f"{base}/v1/sets/{set_id}/media/take.mp4", data=clip) as response:
+            assert response.status in (200, 201), await response.text()
+        async with http.put(f"{base}/v1/sets/{set_id}", json=compare_set(set_id, "take.mp4", "intro")) as response:
+            assert response.status == 201, await response.text()
+    assert others(folder) == {} and (folder / "questions.json").exists()
+    assert hashlib.sha256((folder / "take.mp4").read_bytes()).digest() == hashlib.sha256(clip).digest()
     bridge.check_alive()
 
 

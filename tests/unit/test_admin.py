@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.answers.file import TEMP_MARK
+from bridge.wholefile import TEMP_MARK
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.operators.admin import (CLOSE, HELP, INVALID, MAX_COMMAND_AGE_MS, POST, REMIND, STATUS, AdminContext,
                                   AdminDispatcher, Command, close_in_file, describe_post, handle, is_command,

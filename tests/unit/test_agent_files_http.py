@@ -19,6 +19,7 @@ from bridge.agents.errors import BadRequest, NotFound
 from bridge.answers import document
 from bridge.answers.file import AnswersFile
 from bridge.service.config import parse_config
+from bridge.wholefile import TEMP_MARK
 from helpers.config import GOOD
 
 TOKENS = {"planner": "planner-token-0123456789", "other": "other-token-0123456789"}
@@ -58,7 +59,7 @@ async def api(tmp_path: Path):
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if ".upload-" in p.name) if folder.exists() else []
+    return sorted(p.name for p in folder.iterdir() if TEMP_MARK in p.name) if folder.exists() else []
 
 
 def answered_with(set_dir: Path, set_id: str, files: list[str]) -> None:

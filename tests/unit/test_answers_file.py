@@ -14,8 +14,8 @@ import pytest
 
 from bridge.answers import document
 from bridge.answers.document import AnswersError
-from bridge.answers import file as file_module
-from bridge.answers.file import LOCK_NAME, STRAY_SECONDS, TEMP_MARK, TEMP_PREFIX, AnswersFile, remove_stray_temps
+from bridge.answers.file import LOCK_NAME, TEMP_PREFIX, AnswersFile, remove_stray_temps
+from bridge.wholefile import HOST, STRAY_SECONDS, TEMP_MARK
 
 NOW = "2026-11-30T12:00:00.000Z"
 INCREMENTS = 200
@@ -243,7 +243,7 @@ def test_the_temp_file_of_a_writer_killed_mid_write_is_removed_and_a_live_ones_k
     # A live process's temp file written outside the lock (questions.json, closed by an admin).
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        questions = tmp_path / f"questions.json{TEMP_MARK}{file_module._HOST}.{sleeper.pid}"
+        questions = tmp_path / f"questions.json{TEMP_MARK}{HOST}.{sleeper.pid}"
         questions.write_bytes(b"{")
         assert remove_stray_temps(tmp_path) == []
     finally:

@@ -29,13 +29,13 @@ def written(folder: Path) -> dict:
 def noted_writes(monkeypatch, waits: list[int]) -> list[int]:
     """The waits counted so far each time an answers.json is written."""
     noted: list[int] = []
-    replace = answers_file.atomic_replace
+    replace = answers_file.replace_whole
 
     def note(path, data):
         noted.append(waits[0])
         replace(path, data)
 
-    monkeypatch.setattr(answers_file, "atomic_replace", note)
+    monkeypatch.setattr(answers_file, "replace_whole", note)
     return noted
 
 

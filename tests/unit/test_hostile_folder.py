@@ -61,7 +61,7 @@ def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_
     def refuse(_path: Path, _data: bytes) -> None:
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(answers_file, "atomic_replace", refuse)
+    monkeypatch.setattr(answers_file, "replace_whole", refuse)
     pipeline.process([answer], commit=lambda: committed.append("token"))
     assert committed == ["token"]  # the transport moves on: the answer is durable in the store
     notices = Notices(pipeline, asyncio.Event())

@@ -192,14 +192,14 @@ class Timeline(RuleBasedStateMachine):
         def killed(_path: Path, _data: bytes) -> None:
             raise OSError(5, "killed")
 
-        real = answers_file.atomic_replace
-        answers_file.atomic_replace = killed
+        real = answers_file.replace_whole
+        answers_file.replace_whole = killed
         try:
             self._deliver(batch)
         except OSError:
             pass
         finally:
-            answers_file.atomic_replace = real
+            answers_file.replace_whole = real
         self.room.crash()
         self._deliver(batch)
 

@@ -34,6 +34,7 @@ from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
 from bridge.protocol.normalize import FILE_MSGTYPES
 from bridge.questionset.media import is_inside
 from bridge.service.storage.store import Store
+from bridge.wholefile import TempFile, in_thread
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,7 @@ async def _save(path: Path, chunks: Any, body: FileBody) -> None:
     """The body streamed into ``path``'s part file, renamed over ``path``
     once whole, checked and on disk; on any failure nothing is left."""
     try:
-        part = PartFile(path)  # an open, on the loop: a thread could leave it open when the try is cancelled
+        part = part_file(path)  # an open, on the loop: a thread could leave it open when the try is cancelled
     except OSError as exc:
         raise NotSaved(str(exc)) from exc
     try:
@@ -223,15 +224,9 @@ T = TypeVar("T")
 
 
 async def _on_disk(work: Callable[..., T], *args: Any) -> T:
-    """``work`` in a thread (a slow disk never holds the event loop), its
-    OSError as NotSaved.  Cancelled (the try ran out of time), it still
-    waits for the thread: the part file is never cleaned up under a write."""
-    task = asyncio.ensure_future(asyncio.to_thread(work, *args))
+    """``work`` in a thread (``in_thread``), its OSError as NotSaved."""
     try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        raise
+        return await in_thread(work, *args)
     except OSError as exc:
         raise NotSaved(str(exc)) from exc
 
@@ -277,42 +272,7 @@ def sweep_abandoned(folder: Path, older_than: float) -> None:
                     os.unlink(entry.path)
 
 
-class PartFile:
-    """A file written as ``.<name>.part`` beside ``path`` and renamed over it
-    once whole and on disk (fsync of the file, then of the folder), so
-    ``path`` is never seen half-written.  The part's name is fixed: a try
-    after a crash truncates what the crashed one left."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.part = path.with_name(f".{path.name}.part")
-        self._fd: int | None = os.open(self.part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                                       | getattr(os, "O_NOFOLLOW", 0), 0o644)
-
-    def write(self, data: bytes) -> None:
-        assert self._fd is not None
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
-
-    def commit(self) -> None:
-        assert self._fd is not None
-        os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = None
-        os.replace(self.part, self.path)
-        folder = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)  # the rename itself survives a power cut
-        finally:
-            os.close(folder)
-
-    def discard(self) -> None:
-        """Nothing left of an unfinished write (safe to call more than once)."""
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.part)
-
+def part_file(path: Path) -> TempFile:
+    """The file written as ``.<name>.part`` beside ``path``.  The part's name is
+    fixed: a try after a crash truncates what the crashed one left."""
+    return TempFile(path, temp=path.with_name(f".{path.name}.part"))

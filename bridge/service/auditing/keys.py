@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
+
+from bridge.wholefile import replace_whole
 
 if TYPE_CHECKING:  # cryptography is loaded when the bridge first signs, after its first sync
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -80,13 +80,7 @@ def read_key(path: Path) -> LogKey:
 
 def write_key(path: Path, key: LogKey) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(_text(key))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    replace_whole(path, _text(key).encode(), mode=0o600)
 
 
 def check_present(path: Path, leaves: int) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +26,7 @@ from nio import AsyncClient
 
 from bridge.protocol.crosssigning import Identity, cross_signed_devices, the_key, verify
 from bridge.protocol.keyquery import Retries, answered, failed_servers, server_of
+from bridge.wholefile import replace_whole
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +62,8 @@ def load_identity(path: Path, user_id: str) -> Identity | None:
 
 
 def save_identity(path: Path, identity: Identity, user_id: str) -> None:
-    """Written whole (temporary file, fsync, rename), readable by the owner only."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(identity.to_json(user_id), out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    """Written whole (``bridge.wholefile``), readable by the owner only."""
+    replace_whole(path, json.dumps(identity.to_json(user_id)).encode(), mode=0o600)
 
 
 async def call(client: AsyncClient, method: str, path: str, body: dict[str, Any],

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge.answers.file import atomic_replace
 from bridge.protocol.outcome import txn_id
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
@@ -37,6 +36,7 @@ from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.storage.store import Store
 from bridge.service.storage.storethread import loop_side
 from bridge.service.supervisor import format_tasks
+from bridge.wholefile import replace_whole
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def close_in_file(set_dir: Path, qid: str) -> str:
         return f"“{qid}” is already {status}."
     found["status"] = "closed"
     try:
-        atomic_replace(path, (json.dumps(raw, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        replace_whole(path, (json.dumps(raw, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
     except OSError as exc:
         return f"questions.json could not be written: {exc.strerror or exc}"
     log.info("question closed by an admin: %s/%s", set_dir.name, qid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -19,8 +20,7 @@ def discover(root: Path) -> list[Path]:
     symlink leading out of the root is no set: a set must really live under the root."""
     found: list[Path] = []
     real_root = os.path.realpath(root)
-    for current, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED)
+    for current, files in folders(root):
         if QUESTIONS in files:
             target = os.path.realpath(os.path.join(current, QUESTIONS))
             if os.path.commonpath([target, real_root]) != real_root:
@@ -28,6 +28,15 @@ def discover(root: Path) -> list[Path]:
                 continue
             found.append(Path(current))
     return found
+
+
+def folders(root: Path) -> Iterator[tuple[str, list[str]]]:
+    """Every folder below ``root`` (itself included) that may be or hold a
+    set, with its files: hidden folders, ``attachments`` and symlinked
+    folders are passed over."""
+    for current, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED)
+        yield current, files
 
 
 def duplicate_set_message(set_id: str, owner: str, refused: str) -> str:
