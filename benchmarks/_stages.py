@@ -367,13 +367,13 @@ def install() -> None:
 
     answers_file.AnswersFile.update = traced_update  # type: ignore[method-assign]
 
-    atomic = answers_file.atomic_replace
+    atomic = answers_file.replace_whole
 
     def traced_atomic(path: Any, data: bytes) -> None:
         _mark("writing")
         atomic(path, data)
 
-    answers_file.atomic_replace = traced_atomic  # type: ignore[assignment]
+    answers_file.replace_whole = traced_atomic  # type: ignore[assignment]
 
     fsync = os.fsync
 

@@ -34,7 +34,8 @@ from typing import Any
 from _world import World, answer, question_set, send, world
 
 from bridge.answers.document import dumps, put_records
-from bridge.answers.file import AnswersFile, atomic_replace
+from bridge.answers.file import AnswersFile
+from bridge.wholefile import replace_whole
 from bridge.devserver import free_port
 
 
@@ -199,7 +200,7 @@ def answers_growth(sizes: tuple[int, ...] = (10, 100, 1000, 10000), writes: int 
             floor = []
             for _ in range(writes):
                 started = time.perf_counter()
-                atomic_replace(folder / "bare.json", data)
+                replace_whole(folder / "bare.json", data)
                 floor.append((time.perf_counter() - started) * 1000)
             rows.append({"records": size, "bytes": len(data), "write_ms": round(statistics.median(times), 2),
                          "bare_replace_ms": round(statistics.median(floor), 2)})
