@@ -11,7 +11,7 @@ import fcntl
 import os
 import threading
 
-from bridge.service.answering.pipeline import LOCK_BUSY_PROBLEM
+from bridge.service.answering.folderflush import LOCK_BUSY_PROBLEM
 from helpers.timeline import Room, answer
 
 ANA = "@alice:hs"

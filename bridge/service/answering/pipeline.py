@@ -20,44 +20,28 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import sqlite3
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bridge.answers.document import mirror_records
-from bridge.answers.file import AnswersFile, LockBusy
 from bridge.protocol import annotate
-from bridge.answers.document import AnswersError, record_problem
-from bridge.protocol.approval_record import outcome_of
 from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
-from bridge.protocol.quorum import Tally, progress_words
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                       normalize, poll_votes, posting_keys)
-from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
-    recorded_notice, refused_notice, with_remark
-from bridge.protocol.withdrawn import UNPLACED_MESSAGE, withdrawn_notice
+from bridge.protocol.withdrawn import UNPLACED_MESSAGE
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
-from bridge.service.answering import quiz
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
-from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
+from bridge.service.answering.folderflush import FolderFlush
 from bridge.service.answering.timeline import NOT_NOW, Timeline
+from bridge.service.answering.wordback import WordBack
+from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
 
 log = logging.getLogger(__name__)
-
-# How long a flush waits for a set's writer lock before holding the set back
-# (and how soon it tries again): a writer paused while it holds the lock (a
-# frozen former leader) must not stall every room with it.
-LOCK_WAIT = 0.2
-LOCK_RETRY_MS = 500
-LOCK_BUSY_PROBLEM = "another process holds the set's lock (a writer paused or slow); tried again shortly"
 
 
 class Transport(Protocol):
@@ -122,7 +106,7 @@ class BatchResult:
 
 
 @dataclass
-class Pipeline:
+class Pipeline(FolderFlush):
     store: Store
     transport: Transport
     answerers: frozenset[str] | None
@@ -148,6 +132,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
+        self.words = WordBack(self.store)
         self._first_flush = True
         self._thread: tuple[str | None, str | None] = (None, None)  # the event being judged, its thread
         self._device: tuple[str | None, dict[str, Any] | None] = (None, None)  # ... and the device that sent it
@@ -575,311 +560,11 @@ class Pipeline:
         else:
             room.discard(event["state_key"])
 
-    # -- the folder --------------------------------------------------------
-
-    def flush(self, *, commit: Callable[[], None] | None = None, idle: bool = False,
-              view: FlushView | None = None) -> int:
-        """Project every dirty question into its set's answers.json; returns
-        how many sets were written.
-
-        Each set stands alone: one whose folder can't be written (gone,
-        read-only, full, a corrupt answers.json) is held back with its
-        reason and retried with backoff, its questions staying dirty in the
-        store (durable there, not yet in the folder, not acknowledged),
-        while the other sets and the transport's progress move on.
-
-        ``idle``: the batch changed nothing in the store (the bridge's own
-        messages coming back, chatter), so the transport's progress is
-        committed without waiting for the disk.  Losing that progress to a
-        power cut only means the same nothing is received again; the WAL
-        keeps commits in order, so it can never outlive an earlier one.
-
-        ``view``: what the flush starts from, when already read (``process``
-        reads it with its transaction's COMMIT)."""
-        if view is None:
-            view = self.store.flush_view()
-        dirty = view.dirty
-        # The records read with the view stand unless an approval's outcome is logged now.
-        records = {} if self._log_outcome_changes(dirty, view.postings, view.records) else view.records
-        by_set: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for set_dir, set_id, qid in dirty:
-            by_set[(set_dir, set_id)].append(qid)
-        now = self.clock()
-        now_ms = self.store.clock.now_ms()  # next_try is judged by whichever instance leads (dbclock)
-        held = {row[0]: row[5] for row in view.held}
-        written: list[tuple[str, str, str]] = []
-        holds: dict[tuple[str, str], str] = {}
-        for (set_dir, set_id), qids in by_set.items():
-            if held.get(set_dir, 0) > now_ms and not self._first_flush:
-                continue  # held back, and not due for another try yet (a start tries them all)
-            problem = self._write_set(set_dir, set_id, qids, now, records)
-            if problem is None:
-                written.extend((set_dir, set_id, qid) for qid in qids)
-            else:
-                holds[(set_dir, set_id)] = problem
-        if written or holds or commit:  # (nothing to end with: the batch's own COMMIT was the end)
-            self._end_flush(written, holds, held, now_ms, commit, flush=not (idle and not dirty))
-        self._first_flush = False
-        for _problem in holds.values():
-            self.report_trouble("set", "unwritable")
-        if view.doomed:  # the usual case, after every batch: none
-            self._delete_withdrawn_files(view.doomed, {d for d, _s, _q in set(dirty) - set(written)})
-        return len({d for d, _s, _q in written})
-
-    def _end_flush(self, written: list[tuple[str, str, str]], holds: dict[tuple[str, str], str],
-                   held: dict[str, int], now_ms: int, commit: Callable[[], None] | None, *, flush: bool) -> None:
-        """The flush's final transaction: the questions written are clean,
-        the sets held back are noted, and the transport's ``commit``."""
-        with self.store.transaction(flush=flush):
-            self.store.clear_dirty(written)
-            for set_dir in {d for d, _s, _q in written} & held.keys():
-                self.store.release_set(set_dir)
-                log.info("answers.json of %s written again; the set is no longer held back", set_dir)
-            for (set_dir, set_id), problem in holds.items():
-                busy = problem == LOCK_BUSY_PROBLEM  # another writer's turn: no backing off
-                attempts = self.store.hold_set(set_dir, set_id, problem, now_ms,
-                                               retry_ms=LOCK_RETRY_MS if busy else None)
-                (log.warning if attempts == 1 else log.info)(
-                    "set %s held back (try %d): %s; its answers are kept in the store and retried", set_dir,
-                    attempts, problem)
-            if commit:
-                commit()
-
-    def _log_outcome_changes(self, dirty: list[tuple[str, str, str]],
-                             postings: dict[tuple[str, str], RecordedQuestion],
-                             records: dict[tuple[str, str], dict[str, Any] | None]) -> bool:
-        """Before any record is written: an approval whose outcome changed
-        (to decided, or to expired) gets its leaf in the answer log (True
-        when one did).  ``records``: those already read, by (set dir, qid).
-
-        This is the one place, whatever changed it: a vote, a redaction or
-        an edit read late (an earlier event in the room's order can undo a
-        decision after the deadline, or decide a question already closed as
-        expired), or the deadlines pass marking the deadline reached.  Every
-        such change leaves its question dirty until written, so a crash
-        before the write comes back here at the next start."""
-        changes = []
-        for set_dir, _set_id, qid in dirty:
-            posting = postings.get((set_dir, qid))
-            if posting is None or (posting.quorum is None and posting.expires_ms is None):
-                continue
-            known = (set_dir, qid) in records
-            outcome = outcome_of(records[(set_dir, qid)] if known else self.store.projection(set_dir, qid))
-            if outcome is not None and self.store.approval_outcome_logged(posting.event_id) != outcome:
-                changes.append((posting, outcome))
-        if changes:
-            with self.store.transaction(flush=False):  # made durable by the flushed commit after the writes
-                for posting, outcome in changes:
-                    self.store.log_approval_outcome(posting.event_id, outcome)
-                    if not posting.open:
-                        # Closed already: the deadlines pass tells the room what it is now.
-                        # (Imported here: the first sync does not need the room's deadline code.)
-                        from bridge.service.answering.deadlines import TRACKED
-
-                        self.store.set_meta(TRACKED + posting.event_id, "1")
-        return bool(changes)
-
-    def retry_held(self) -> bool:
-        """Write the held sets that are due; True when some are still held."""
-        rows = self.store.held_sets()
-        if rows and min(row[5] for row in rows) <= self.store.clock.now_ms():
-            self.flush()
-        return bool(self.store.held_sets())
-
-    def _write_set(self, set_dir: str, set_id: str, qids: list[str], now: str,
-                   known: dict[tuple[str, str], dict[str, Any] | None]) -> str | None:
-        """Write one set's dirty records (those in ``known`` as read there);
-        the reason when the folder can't take them."""
-        if os.path.islink(set_dir):
-            return "the set folder is now a symlink; the bridge does not write through it"
-        records = {qid: known[(set_dir, qid)] if (set_dir, qid) in known else self.store.projection(set_dir, qid)
-                   for qid in qids}
-        for attempt in range(2):
-            started = time.monotonic()
-            try:
-                AnswersFile(set_dir, set_id).update(
-                    lambda doc, now, records=records: _respecting_others(self._fenced(doc), records, now, set_dir),
-                    now, lock_wait=LOCK_WAIT)
-            except LockBusy as exc:
-                return _folder_problem(exc)  # nothing wrong with the records: held, and tried again soon
-            except (AnswersError, OSError, ValueError, TypeError, RecursionError) as exc:
-                if attempt == 0 and self._set_aside_unwritable(set_dir, qids, records):
-                    continue  # a record no write could take was set aside; the rest is tried again
-                return _folder_problem(exc)
-            if self.on_write:
-                self.on_write(time.monotonic() - started)
-            if self.on_set_written:
-                self.on_set_written(set_dir)
-            return None
-        return None
-
-    def _fenced(self, doc: Any) -> Any:
-        if self.may_write is not None:
-            self.may_write()
-        return doc
-
-    def _set_aside_unwritable(self, set_dir: str, qids: list[str], records: dict[str, Any]) -> bool:
-        """After a failed write: set aside every logged entry that makes a
-        record no write could take (stored before the checks at the door
-        existed, say), so the set is written without them.  True when any was."""
-        changed = False
-        with self.store.transaction():
-            for qid in qids:
-                for _ in range(50):
-                    record = records[qid]
-                    problem = record_problem(qid, record) if record is not None else None
-                    seq = self.store.latest_recording(set_dir, qid) if problem else None
-                    if seq is None:
-                        break
-                    log.warning("logged answer %d for %s can't be written (%s); set aside as unstorable",
-                                seq, qid, problem)
-                    self.store.set_aside_entry(seq, "unstorable", "the answer holds a value that can't be "
-                                                                  "recorded.")
-                    self.report_trouble("event", "unstorable")
-                    records[qid] = self.store.projection(set_dir, qid)
-                    changed = True
-        return changed
-
-    def _delete_withdrawn_files(self, doomed: list[tuple[str, str]], held: set[str]) -> None:
-        """Files whose annotation was withdrawn, deleted now that answers.json
-        no longer lists them (a pasted secret must be removable); not yet
-        where a set is ``held`` (its answers.json still lists them)."""
-        for set_dir, path in doomed:
-            if set_dir in held:
-                continue  # answers.json there still lists it: deleted once the set is written
-            if path.startswith("attachments/") and ".." not in path.split("/"):
-                try:
-                    (Path(set_dir) / path).unlink(missing_ok=True)
-                except OSError as exc:
-                    log.warning("withdrawn file %s in %s not deleted: %s", path, set_dir, exc)
-                    continue
-            with self.store.transaction(flush=False):  # a lost mark only deletes nothing again
-                self.store.forget_doomed(set_dir, path)
-
     # -- telling people ----------------------------------------------------
 
-    def _stood_before(self, entry: LogEntry) -> str | None:
-        """Whose answer the record held just before ``entry`` in the room's order, if any still stands."""
-        if entry.set_dir is None or entry.qid is None:
-            return None
-        sender = self.store.standing_before(entry.set_dir, entry.qid, entry.event_id)
-        return None if sender is None else OWN if sender == entry.sender else OTHER
-
-    def _picked(self, entry: LogEntry) -> bool:
-        """Whether an answer stands for ``entry``'s question (a note adds to it)."""
-        return entry.set_dir is not None and entry.qid is not None and self.store.has_standing_pick(
-            entry.set_dir, entry.qid)
-
     def notice_for(self, entry: LogEntry, replaced: int = 0) -> dict[str, Any]:
-        """The word back on ``entry``; ``replaced``: how many earlier answers
-        of the same person to the same question it also stands for."""
-        question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
-        via = entry.via if entry.via in _OUTCOME_VIAS else None
-        if entry.outcome == "withdrawn":
-            return self._withdrawal_notice(entry, question)
-        if entry.outcome == "accepted" and entry.record is not None and question is not None:
-            content = recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
-                                      record=entry.record, title=question.content["question"]["title"], via=via,
-                                      extra=quiz.feedback_for(entry, question), labels=display_names(question),
-                                      subject=question.subject if question.subject_bound else None,
-                                      replaced=replaced, numbers=option_numbers(question),
-                                      # On a quorum each person's vote stands beside the others'; none replaces another's.
-                                      stood_before=None if question.quorum is not None else self._stood_before(entry))
-        elif entry.outcome == "annotated" and entry.record is not None and question is not None:
-            content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
-                                       added=entry.record, title=question.content["question"]["title"],
-                                       qid=question.qid or "", q_rev=question.rev or 1,
-                                       record_rev=self._record_rev(entry),
-                                       picked=self._picked(entry))
-            if entry.message:  # the file that came with the note could not be kept
-                content = with_remark(content, entry.message)
-        else:
-            message = entry.message or "the answer could not be read."
-            if entry.reason == "input_required" and entry.via in _GESTURE_VIAS:
-                # "Add them as text" cannot be done in a poll or with an emoji: say where the words go.
-                gesture = "a vote in the poll" if entry.via == "poll" else "a reaction"
-                message = (message.removesuffix(" Add them as text.").rstrip(".")
-                           + f", and {gesture} carries none. Reply to the question with other: and your words.")
-            content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
-                                     qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
-                                     message=message, via=via)
-        if question is not None and question.quorum is not None and entry.outcome == "accepted":
-            content = with_remark(content, *self._quorum_words(entry, question))
-        if entry.replaces:
-            # An edit: clients show the original message, not the edit event.
-            content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
-        if question is not None and entry.via not in _TIMELINE_VIAS:
-            # A vote, a reaction or a note has no message worth quoting in the
-            # timeline: the word back goes to the question's thread.
-            content["m.relates_to"] = in_thread(question.event_id)
-        elif entry.thread_root is not None:
-            # An answer sent in a thread: a plain reply to it shows nowhere in
-            # Element, so the word back joins the thread, replying to it there.
-            replied = content.get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id", entry.event_id)
-            content["m.relates_to"] = {**in_thread(entry.thread_root), "is_falling_back": False,
-                                       "m.in_reply_to": {"event_id": replied}}
-        return content
-
-    def _quorum_words(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
-        """Where the votes stand: "1 of 2 for “Ship it” so far; waiting for @bo or @cy",
-        and the people it names."""
-        record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
-        record = record or {}
-        required, veto = question.quorum or (1, frozenset())
-        labels = {o["id"]: str(o.get("label", o["id"])) for o in question.options}
-        tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
-                      record.get("decided_by") or [], veto=record.get("choice") in veto)
-        people = question.answerers_at(entry.ts)
-        named = people + [v.get("sender", "") for v in tally.votes] + tally.decided_by
-        if record.get("decided_by") and _deciding(record, entry.sender):
-            # The decision's own announcement follows in the thread and says
-            # who decided; this word back only says this vote was the one.
-            return ("With your veto it is decided." if tally.veto else "With your vote it is decided."), named
-        words = progress_words(tally, required, people, labels)
-        if record.get("decided_by") and not _deciding(record, entry.sender):
-            # After the decision (a vote, a changed vote, a withdrawn one): it stands.
-            words += " Withdrawing it does not change the decision." if entry.outcome == "withdrawn" \
-                else " Your vote is recorded; it does not change the decision."
-        return words, named
-
-    def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
-        """Told where the acknowledgement of what was withdrawn went, as a reply to it."""
-        logged = self.store.logged_question(entry.replaces) if entry.replaces else None
-        withdrawn_via = logged[1] if logged else entry.via
-        ack = self.store.acknowledgement_of(entry.replaces) if entry.replaces else None
-        now = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
-        title = question.question.get("title", entry.qid) if question else (entry.qid or "")
-        content = withdrawn_notice(event_id=entry.event_id, withdrawn_event_id=entry.replaces,
-                                   question_event_id=entry.question_event_id, qid=entry.qid, title=str(title),
-                                   withdrawn_via=withdrawn_via, now=now, reply_to=ack or entry.event_id,
-                                   labels=display_names(question) if question else None,
-                                   # On a quorum the record is everyone's votes, not this person's earlier answer.
-                                   vote=question is not None and question.quorum is not None)
-        if question is not None and question.quorum is not None:
-            content = with_remark(content, *self._quorum_words(entry, question))
-        if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
-            thread = in_thread(question.event_id)
-            if ack is not None:
-                thread.update({"is_falling_back": False, "m.in_reply_to": {"event_id": ack}})
-            content["m.relates_to"] = thread
-        return content
-
-    def _record_rev(self, entry: LogEntry) -> int:
-        record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
-        return record["rev"] if record else 1
-
-
-def _deciding(record: dict[str, Any], sender: str) -> bool:
-    """Whether ``sender``'s standing vote is one that decided the quorum (no
-    remark then: it is the decision); a decider who changed or withdrew it is told it stands."""
-    return sender in record.get("decided_by", []) and any(
-        v.get("sender") == sender and v.get("choice") == record.get("choice") for v in record.get("votes") or [])
-
-
-# Answers that are a click, with no room for text.
-_GESTURE_VIAS = frozenset({"poll", "reaction"})
-# Answers whose word back replies to them in the timeline; the rest go to the question's thread.
-_TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
+        """The word back on ``entry`` (``WordBack.notice_for``)."""
+        return self.words.notice_for(entry, replaced)
 
 
 def _thread_root(event: dict[str, Any]) -> str | None:
@@ -888,30 +573,6 @@ def _thread_root(event: dict[str, Any]) -> str | None:
     if isinstance(relates, dict) and relates.get("rel_type") == "m.thread" and fit_id(relates.get("event_id")):
         return relates["event_id"]
     return None
-
-
-def _respecting_others(doc: dict[str, Any], records: dict[str, Any], now: str, set_dir: str) -> dict[str, Any]:
-    """The bridge's records written, except where another writer's is newer (kept, and said)."""
-    written, kept = mirror_records(doc, records, now)
-    for line in kept:
-        log.warning("%s: %s", set_dir, line)
-    return written
-
-
-# The `via` values the outcome schema knows; a note or a file is reported without one.
-_OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})
-
-def _folder_problem(exc: BaseException) -> str:
-    """What an operator needs to hear about a set folder that can't be written."""
-    if isinstance(exc, LockBusy):
-        return LOCK_BUSY_PROBLEM
-    if isinstance(exc, AnswersError):
-        return f"answers.json can't be read: {exc.message}"
-    if isinstance(exc, FileNotFoundError):
-        return "the set folder is gone"
-    if isinstance(exc, OSError):
-        return f"the set folder can't be written: {exc.strerror or exc}"
-    return f"answers.json can't be written: {exc}"
 
 
 def _ts(event: dict[str, Any]) -> int:

@@ -1,0 +1,149 @@
+"""The word back: what the bridge tells a person about what they sent
+(recorded, added, refused, withdrawn), and on a quorum where the votes stand.
+
+The content of one notice for one logged entry, from what the store holds
+of it and its question; ``Notices`` sends it (and retries what is not sent
+yet).  Split from the pipeline, which judges and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
+    recorded_notice, refused_notice, with_remark
+from bridge.protocol.quorum import Tally, progress_words
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.withdrawn import withdrawn_notice
+from bridge.service.answering import quiz
+from bridge.service.storage.store import LogEntry, Store
+
+
+@dataclass
+class WordBack:
+    store: Store
+
+    def _stood_before(self, entry: LogEntry) -> str | None:
+        """Whose answer the record held just before ``entry`` in the room's order, if any still stands."""
+        if entry.set_dir is None or entry.qid is None:
+            return None
+        sender = self.store.standing_before(entry.set_dir, entry.qid, entry.event_id)
+        return None if sender is None else OWN if sender == entry.sender else OTHER
+
+    def _picked(self, entry: LogEntry) -> bool:
+        """Whether an answer stands for ``entry``'s question (a note adds to it)."""
+        return entry.set_dir is not None and entry.qid is not None and self.store.has_standing_pick(
+            entry.set_dir, entry.qid)
+
+    def notice_for(self, entry: LogEntry, replaced: int = 0) -> dict[str, Any]:
+        """The word back on ``entry``; ``replaced``: how many earlier answers
+        of the same person to the same question it also stands for."""
+        question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
+        via = entry.via if entry.via in _OUTCOME_VIAS else None
+        if entry.outcome == "withdrawn":
+            return self._withdrawal_notice(entry, question)
+        if entry.outcome == "accepted" and entry.record is not None and question is not None:
+            content = recorded_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
+                                      record=entry.record, title=question.content["question"]["title"], via=via,
+                                      extra=quiz.feedback_for(entry, question), labels=display_names(question),
+                                      subject=question.subject if question.subject_bound else None,
+                                      replaced=replaced, numbers=option_numbers(question),
+                                      # On a quorum each person's vote stands beside the others'; none replaces another's.
+                                      stood_before=None if question.quorum is not None else self._stood_before(entry))
+        elif entry.outcome == "annotated" and entry.record is not None and question is not None:
+            content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
+                                       added=entry.record, title=question.content["question"]["title"],
+                                       qid=question.qid or "", q_rev=question.rev or 1,
+                                       record_rev=self._record_rev(entry),
+                                       picked=self._picked(entry))
+            if entry.message:  # the file that came with the note could not be kept
+                content = with_remark(content, entry.message)
+        else:
+            message = entry.message or "the answer could not be read."
+            if entry.reason == "input_required" and entry.via in _GESTURE_VIAS:
+                # "Add them as text" cannot be done in a poll or with an emoji: say where the words go.
+                gesture = "a vote in the poll" if entry.via == "poll" else "a reaction"
+                message = (message.removesuffix(" Add them as text.").rstrip(".")
+                           + f", and {gesture} carries none. Reply to the question with other: and your words.")
+            content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
+                                     qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
+                                     message=message, via=via)
+        if question is not None and question.quorum is not None and entry.outcome == "accepted":
+            content = with_remark(content, *self._quorum_words(entry, question))
+        if entry.replaces:
+            # An edit: clients show the original message, not the edit event.
+            content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
+        if question is not None and entry.via not in _TIMELINE_VIAS:
+            # A vote, a reaction or a note has no message worth quoting in the
+            # timeline: the word back goes to the question's thread.
+            content["m.relates_to"] = in_thread(question.event_id)
+        elif entry.thread_root is not None:
+            # An answer sent in a thread: a plain reply to it shows nowhere in
+            # Element, so the word back joins the thread, replying to it there.
+            replied = content.get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id", entry.event_id)
+            content["m.relates_to"] = {**in_thread(entry.thread_root), "is_falling_back": False,
+                                       "m.in_reply_to": {"event_id": replied}}
+        return content
+
+    def _quorum_words(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
+        """Where the votes stand: "1 of 2 for “Ship it” so far; waiting for @bo or @cy",
+        and the people it names."""
+        record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        record = record or {}
+        required, veto = question.quorum or (1, frozenset())
+        labels = {o["id"]: str(o.get("label", o["id"])) for o in question.options}
+        tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
+                      record.get("decided_by") or [], veto=record.get("choice") in veto)
+        people = question.answerers_at(entry.ts)
+        named = people + [v.get("sender", "") for v in tally.votes] + tally.decided_by
+        if record.get("decided_by") and _deciding(record, entry.sender):
+            # The decision's own announcement follows in the thread and says
+            # who decided; this word back only says this vote was the one.
+            return ("With your veto it is decided." if tally.veto else "With your vote it is decided."), named
+        words = progress_words(tally, required, people, labels)
+        if record.get("decided_by") and not _deciding(record, entry.sender):
+            # After the decision (a vote, a changed vote, a withdrawn one): it stands.
+            words += " Withdrawing it does not change the decision." if entry.outcome == "withdrawn" \
+                else " Your vote is recorded; it does not change the decision."
+        return words, named
+
+    def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
+        """Told where the acknowledgement of what was withdrawn went, as a reply to it."""
+        logged = self.store.logged_question(entry.replaces) if entry.replaces else None
+        withdrawn_via = logged[1] if logged else entry.via
+        ack = self.store.acknowledgement_of(entry.replaces) if entry.replaces else None
+        now = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        title = question.question.get("title", entry.qid) if question else (entry.qid or "")
+        content = withdrawn_notice(event_id=entry.event_id, withdrawn_event_id=entry.replaces,
+                                   question_event_id=entry.question_event_id, qid=entry.qid, title=str(title),
+                                   withdrawn_via=withdrawn_via, now=now, reply_to=ack or entry.event_id,
+                                   labels=display_names(question) if question else None,
+                                   # On a quorum the record is everyone's votes, not this person's earlier answer.
+                                   vote=question is not None and question.quorum is not None)
+        if question is not None and question.quorum is not None:
+            content = with_remark(content, *self._quorum_words(entry, question))
+        if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
+            thread = in_thread(question.event_id)
+            if ack is not None:
+                thread.update({"is_falling_back": False, "m.in_reply_to": {"event_id": ack}})
+            content["m.relates_to"] = thread
+        return content
+
+    def _record_rev(self, entry: LogEntry) -> int:
+        record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        return record["rev"] if record else 1
+
+
+def _deciding(record: dict[str, Any], sender: str) -> bool:
+    """Whether ``sender``'s standing vote is one that decided the quorum (no
+    remark then: it is the decision); a decider who changed or withdrew it is told it stands."""
+    return sender in record.get("decided_by", []) and any(
+        v.get("sender") == sender and v.get("choice") == record.get("choice") for v in record.get("votes") or [])
+
+
+# Answers that are a click, with no room for text.
+_GESTURE_VIAS = frozenset({"poll", "reaction"})
+# Answers whose word back replies to them in the timeline; the rest go to the question's thread.
+_TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
+# The `via` values the outcome schema knows; a note or a file is reported without one.
+_OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})
