@@ -30,7 +30,7 @@ from bridge.questionset.media import mimetype
 ATTACHMENTS = "attachments"
 # The names the bridge gives people's files (``<qid>-<n>.<ext>``): no /,
 # never two dots in a row.  The OpenAPI document's pattern is NAME's.
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*$")
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*$")  # checked with fullmatch: $ also matches before a final newline
 NAME_MAX = 200
 HASH_CHUNK = 1024 * 1024
 
@@ -39,7 +39,7 @@ Link = Callable[[str], str]
 
 def check_name(name: str, where: str = "name") -> str:
     """``name`` when it can only be a file directly in ``attachments/``; BadRequest naming ``where`` otherwise."""
-    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.match(name):
+    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.fullmatch(name):
         message = f"a file name of at most {NAME_MAX} characters: letters, digits, _, - and single dots, no /"
         raise BadRequest(f"{where}: {message}", findings=[{"where": where, "message": message}])
     return name
@@ -137,7 +137,7 @@ async def with_file_objects(view: dict[str, Any], set_dir: Path, link: Link, dig
 
 async def _file_object(path: str, folder: str, set_dir: Path, link: Link, digests: Digests) -> dict[str, Any]:
     name = os.path.basename(path)
-    if os.path.dirname(path) != folder or len(name) > NAME_MAX or not NAME.match(name):
+    if os.path.dirname(path) != folder or len(name) > NAME_MAX or not NAME.fullmatch(name):
         shown = os.path.relpath(path, os.path.abspath(set_dir))
         return {"name": shown, "type": mimetype(shown), "size": None, "sha256": None, "url": None}
     try:

@@ -29,6 +29,7 @@ from referencing.jsonschema import DRAFT202012
 
 from bridge.agents.errors import BadRequest
 from bridge.answers.arrival import parse_time
+from bridge.protocol.patterns import Validator
 
 BASE = "urn:askwright:openapi"
 # Formats checked: a date-time is what an answers.json's updated is.
@@ -89,8 +90,7 @@ class Contract:
                     self.operations[(method.upper(), path)] = self._operation(path, method, item[method], shared)
 
     def _validator(self, pointer: str) -> Any:
-        return jsonschema.Draft202012Validator({"$ref": f"{BASE}#/{pointer}"}, registry=self.registry,
-                                               format_checker=FORMATS)
+        return Validator({"$ref": f"{BASE}#/{pointer}"}, registry=self.registry, format_checker=FORMATS)
 
     def _resolve(self, node: Any) -> Any:
         while isinstance(node, dict) and "$ref" in node:
@@ -109,7 +109,7 @@ class Contract:
             kind = schema.get("type", "string")
             types = tuple(kind) if isinstance(kind, list) else (kind,)
             pointer = _pointer(*where) + "/schema" if "$ref" not in raw else None
-            validator = self._validator(pointer) if pointer else jsonschema.Draft202012Validator(
+            validator = self._validator(pointer) if pointer else Validator(
                 schema, registry=self.registry, format_checker=FORMATS)
             op.parameters[(param["in"], param["name"])] = Parameter(
                 param["name"], param["in"], bool(param.get("required")), types, validator)
@@ -181,11 +181,11 @@ def _typed(text: str, types: tuple[str, ...]) -> Any:
     for kind in types:
         if kind == "string":
             return text
-        if kind == "number" and _NUMBER.match(text):
+        if kind == "number" and _NUMBER.fullmatch(text):
             number = float(text)
             if math.isfinite(number):
-                return int(text) if _INTEGER.match(text) else number
-        elif kind == "integer" and _INTEGER.match(text):
+                return int(text) if _INTEGER.fullmatch(text) else number
+        elif kind == "integer" and _INTEGER.fullmatch(text):
             return int(text)
         elif kind == "boolean" and text in ("true", "false"):
             return text == "true"

@@ -6,6 +6,9 @@ like every route; what they may touch is decided in ``attachment_files`` and
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Mapping
+
 from aiohttp import web
 
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
@@ -41,10 +44,15 @@ class FileRoutes:
             raise NotFound(f"no file {name!r} in this set's answers")
         path = attachment_path(set_dir, name)
         # Served as a download, never rendered on the bridge's origin (an svg or html a person sent).
-        return web.FileResponse(path, chunk_size=READ_CHUNK, headers={
+        response = web.FileResponse(path, chunk_size=READ_CHUNK, headers={
             "Content-Type": mimetype(name), "X-Content-Type-Options": "nosniff",
             "Content-Disposition": f'attachment; filename="{name}"',
             "Content-Security-Policy": "default-src 'none'; sandbox"})
+        if range_ignored(request.headers, lambda: etag_of(path)):
+            headers = request.headers.copy()
+            del headers["Range"]
+            await response.prepare(request.clone(headers=headers))  # the whole file, 200
+        return response
 
     async def put_media(self, request: web.Request, agent: str) -> web.Response:
         set_id = request.match_info["id"]
@@ -52,7 +60,30 @@ class FileRoutes:
         expected = request.content_length
         if expected is not None and expected > self.media_max:
             raise TooLarge(f"the file is larger than {self.media_max} bytes (agent_api.media_max)")
-        set_dir = self.sets.media_dir(agent, set_id)
-        stored = await receive(set_dir, set_id, name, request.content.iter_chunked(READ_CHUNK), self.media_max,
-                               expected=expected)
+        with self.sets.media_dir(agent, set_id) as set_dir:
+            stored = await receive(set_dir, set_id, name, request.content.iter_chunked(READ_CHUNK), self.media_max,
+                                   expected=expected)
         return web.json_response(stored.as_dict(), status=201 if stored.created else 200)
+
+
+def range_ignored(headers: Mapping[str, str], etag: Callable[[], str]) -> bool:
+    """Whether a request's Range is to be ignored, and the whole file served
+    (RFC 9110 14.2 and 13.1.5): a unit other than bytes (which MUST be
+    ignored), several ranges (served whole rather than as a multipart body),
+    or an ``If-Range`` naming another version of the file than ``etag``'s
+    (a resumed download must not splice the new file onto the old).  A
+    single byte range, and an ``If-Range`` date, are aiohttp's to serve."""
+    requested = headers.get("Range")
+    if requested is None:
+        return False
+    unit, equals, ranges = requested.partition("=")
+    if not equals or unit.strip().lower() != "bytes" or "," in ranges:
+        return True
+    if_range = headers.get("If-Range", "").strip()
+    return if_range.startswith(('"', "W/")) and if_range != etag()  # a weak tag never matches (13.1.5)
+
+
+def etag_of(path: os.PathLike[str] | str) -> str:
+    """The ETag aiohttp's FileResponse gives ``path`` as it is now."""
+    st = os.stat(path)
+    return f'"{st.st_mtime_ns:x}-{st.st_size:x}"'

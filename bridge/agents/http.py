@@ -71,14 +71,28 @@ class AgentApi:
         routes.put("/v1/sets/{id}")(self._guarded(self.put_set, MAX_QUESTIONS_BYTES))
         routes.get("/v1/sets/{id}/answers")(self._guarded(self.answers))
         routes.post("/v1/sets/{id}/close")(self._guarded(self.close))
-        routes.get("/v1/sets/{id}/attachments/{name}")(self._guarded(self.files.attachment))
-        routes.put("/v1/sets/{id}/media/{name}")(self._guarded(self.files.put_media))
+        # {name} takes a / or a newline too, so such a name is refused naming it (400), not missed by the router.
+        routes.get("/v1/sets/{id}/attachments/{name:[\\s\\S]+}")(self._guarded(self.files.attachment))
+        routes.put("/v1/sets/{id}/media/{name:[\\s\\S]+}")(self._guarded(self.files.put_media))
         if self.log is not None:
             routes.get("/v1/log/checkpoint")(self._guarded(self.log.checkpoint))
             routes.get("/v1/log/inclusion")(self._guarded(self.log.inclusion))
             routes.get("/v1/log/consistency")(self._guarded(self.log.consistency))
             routes.get("/v1/log/leaves")(self._guarded(self.log.leaves))
+        routes.route("*", "/v1/{tail:[\\s\\S]*}")(self.elsewhere)  # last: what no route above took
         return routes
+
+    async def elsewhere(self, request: web.Request) -> web.Response:
+        """No route of the API for this request: 405 naming the methods the
+        path has, or 404; in JSON like every answer of the API."""
+        allowed: set[str] = set()
+        for resource in request.app.router.resources():
+            if resource is not request.match_info.route.resource:
+                allowed |= (await resource.resolve(request))[1]
+        if allowed:
+            return Refusal(405, "method_not_allowed", f"{request.path} takes {', '.join(sorted(allowed))}",
+                           headers={"Allow": ", ".join(sorted(allowed))}).response
+        return Refusal(404, "not_found", f"no route {request.path} in this API (see /v1/openapi.json)").response
 
     def _guarded(self, handler: Handler, body_limit: int = MAX_SMALL_BODY) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """``handler`` behind the token, the rate limit and the contract: it

@@ -96,6 +96,6 @@ class McpFiles:
             data = base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
             raise BadRequest("data: not base64", findings=[{"where": "data", "message": "the file's bytes in base64"}]) from None
-        set_dir = self.sets.media_dir(agent, set_id)
-        stored = await receive(set_dir, set_id, name, pieces(data), self.media_max)
+        with self.sets.media_dir(agent, set_id) as set_dir:
+            stored = await receive(set_dir, set_id, name, pieces(data), self.media_max)
         return stored.as_dict()

@@ -9,12 +9,13 @@ reason as its content, never a traceback."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jsonschema
+from jsonschema.exceptions import best_match
 import mcp_types as types
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp.server import Server
@@ -29,8 +30,9 @@ from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
 from bridge.agents.mcp_files import ATTACHMENT_TEMPLATE, McpFiles, attachment_of_uri
 from bridge.agents.media_files import DEFAULT_MEDIA_MAX
 from bridge.agents.mcp_tools import ANSWERS_TEMPLATE, TOOLS, answers_uri, set_of_uri
-from bridge.agents.sets import SET_ID, SET_ID_RULE, AgentSets
+from bridge.agents.sets import SET_ID_RULE, AgentSets, is_set_id
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
+from bridge.protocol.patterns import Validator
 from bridge.service.config import Agent
 
 log = logging.getLogger(__name__)
@@ -209,11 +211,10 @@ class Tools:
         spec = TOOLS.get(name)
         if spec is None:
             raise BadRequest(f"no tool {name!r}")
-        try:
-            jsonschema.validate(arguments, spec["input"])
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
-            raise BadRequest(f"{where}: {exc.message}") from None
+        error = best_match(_validator(name).iter_errors(arguments))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+            raise BadRequest(f"{where}: {error.message}")
         if name == "ask":
             callbacks = arguments.get("callbacks")
             if callbacks and not self.agents[agent].webhook_secret:
@@ -223,7 +224,7 @@ class Tools:
             await check_callbacks(callbacks, allow_private=self.allow_private_callbacks)
             document = arguments["set"]
             set_id = document.get("id")
-            if not isinstance(set_id, str) or not SET_ID.match(set_id):
+            if not is_set_id(set_id):
                 # The set's id is the document's here: a finding in it, as lint reports it.
                 raise LintFailed("the set's id is not a set id", findings=[{"where": "id", "message": SET_ID_RULE}])
             return self.sets.ask(agent, set_id, document, callbacks).as_dict()
@@ -250,3 +251,9 @@ class Tools:
 
             return verify_tool(self.sets, self.log_store, agent, arguments["set_id"], arguments.get("checkpoints", []))
         return {"sets": self.sets.list_sets(agent)}
+
+
+@functools.cache
+def _validator(tool: str) -> Any:
+    """The tool's input schema, compiled once (its patterns read as ECMA-262's)."""
+    return Validator(TOOLS[tool]["input"])

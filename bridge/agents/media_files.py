@@ -24,7 +24,7 @@ from bridge.wholefile import TempFile, in_thread
 # A plain name: no /, never two dots in a row; the OpenAPI document's
 # pattern for {name} is exactly NAME_PATTERN.
 PLAIN = r"[A-Za-z0-9][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*"
-NAME = re.compile(f"^{PLAIN}$")
+NAME = re.compile(PLAIN)
 NAME_PATTERN = f"^{PLAIN}\\.(?:{'|'.join(UPLOAD_EXTENSIONS)})$"
 NAME_MAX = 128
 # agent_api.media_max's default (the config's own), for callers built without a config.
@@ -61,10 +61,10 @@ class Stored:
 def check_media_name(name: Any) -> str:
     """``name`` when it is a plain file name whose extension the format's media
     table knows (a video, sound or image, or a video's .vtt captions); BadRequest naming ``name``."""
-    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.match(name):
+    if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.fullmatch(name):
         problem = (f"a plain file name of at most {NAME_MAX} characters: a letter or digit, then letters, digits, "
                    "_, - and single dots; no /")
-    elif not re.match(NAME_PATTERN, name):
+    elif not re.fullmatch(NAME_PATTERN, name):
         shown = "." + name.rsplit(".", 1)[-1] if "." in name else "(none)"
         problem = (f"the extension {shown} is not a media type the format knows (in lower case): "
                    "video .mp4 .m4v .webm .mov, audio .mp3 .m4a .wav .ogg .oga .opus .flac, "

@@ -8,11 +8,11 @@ atomically, so the bridge's poster picks it up as it picks up any set."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,15 +25,20 @@ from bridge.agents.waitcap import Waits
 from bridge.answers.view import ReadError, load_view
 from bridge.answers.arrival import as_read
 from bridge.questionset.lint import LintResult, lint
+from bridge.questionset.lint.identity import ID_PATTERN
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 from bridge.wholefile import replace_whole, sync_dir, temp_path
 
 # The format's set id: a letter or digit, then letters, digits, _, . or -; 64 at most.
-SET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SET_ID_RULE = "a letter or digit, then letters, digits, _, . or -; 64 at most"
 MAX_CALLBACKS = 5
+
+
+def is_set_id(value: object) -> bool:
+    """The format's id rule (lint's ``ID_PATTERN``), over the whole value: a trailing newline makes no id."""
+    return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -161,25 +166,55 @@ class AgentSets:
     def set_dir(self, agent: str, set_id: str) -> Path:
         return self._own_dir(agent, set_id)
 
-    def media_dir(self, agent: str, set_id: str) -> Path:
-        """The folder ``agent``'s media for ``set_id`` goes into: its set's, or,
-        before the set's first PUT, a folder it claims for it (the owner file
-        alone, no questions.json, so no set yet).  NotFound for another's."""
-        if not isinstance(set_id, str) or not SET_ID.match(set_id):
-            raise NotFound(f"no set {set_id!r}")
+    @contextlib.contextmanager
+    def media_dir(self, agent: str, set_id: str) -> Iterator[Path]:
+        """The folder ``agent``'s media for ``set_id`` goes into, while an
+        upload is stored there: its set's, or, before the set's first PUT, a
+        folder it claims for it (the owner file alone, no questions.json, so
+        no set yet).  NotFound for another's.  An upload that fails in a
+        folder it claimed gives the claim up again, when nothing else came
+        into it meanwhile: a refused upload takes no set id."""
+        set_dir, claimed = self._media_dir(agent, set_id)
+        try:
+            yield set_dir
+        except BaseException:
+            if claimed:
+                self._give_up(set_dir)
+            raise
+
+    def _media_dir(self, agent: str, set_id: str) -> tuple[Path, bool]:
+        check_set_id(set_id)
         set_dir = self.root / set_id
         for _attempt in range(2):
             if os.path.lexists(set_dir):
                 owner = read_owner(set_dir)
                 if set_dir.is_symlink() or not set_dir.is_dir() or owner is None or owner.agent != agent:
                     raise NotFound(f"no set {set_id!r}")
-                return set_dir
+                return set_dir, False
             try:
                 self._create(set_dir, None, Owner(agent))
             except FileExistsError:
                 continue  # claimed at the same moment: whose it is decides
-            return set_dir
+            return set_dir, True
         raise NotFound(f"no set {set_id!r}")
+
+    def _give_up(self, set_dir: Path) -> None:
+        """The folder claimed for an upload removed, if it still holds only
+        its owner file (another upload of the agent's may be under way in it)."""
+        owner = set_dir / OWNER_FILE
+        try:
+            if os.listdir(set_dir) != [OWNER_FILE]:
+                return
+            kept = owner.read_bytes()
+            owner.unlink()
+        except OSError:
+            return
+        try:
+            set_dir.rmdir()
+        except OSError:  # something came into it between the look and now: it stays claimed
+            replace_whole(owner, kept)
+            return
+        sync_dir(self.root)
 
     # -- close ------------------------------------------------------------------------
 
@@ -225,7 +260,7 @@ class AgentSets:
 
 def check_set_id(set_id: object, where: str = "id") -> str:
     """The one id rule of both doors: an id that can't be a set's is a bad request (400), naming it."""
-    if not isinstance(set_id, str) or not SET_ID.match(set_id):
+    if not is_set_id(set_id):
         raise BadRequest(f"{where}: not a set id ({SET_ID_RULE})")
     return set_id
 

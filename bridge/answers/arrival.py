@@ -26,7 +26,7 @@ def has_answer(entry: dict[str, Any]) -> bool:
 def parse_time(text: str) -> datetime | None:
     """An answers.json ``updated`` (an RFC 3339 date-time: date, time and
     offset, such as 2026-05-01T12:00:00.000Z) as an aware datetime; None when it is not one."""
-    if not isinstance(text, str) or not _RFC3339.match(text):
+    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
         return None
     text = text.upper()
     if text[17:19] == "60":  # a leap second: RFC 3339 has them, datetime does not

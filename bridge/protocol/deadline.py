@@ -21,13 +21,13 @@ _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+
 
 
 def is_rfc3339(value: str) -> bool:
-    return bool(_RFC3339.match(value.strip()))
+    return bool(_RFC3339.fullmatch(value.strip()))
 
 
 def parse_rfc3339_ms(value: str) -> int:
     """Milliseconds since the epoch of an RFC 3339 time; ValueError when it is not one (or has no zone)."""
     text = value.strip()
-    if not _RFC3339.match(text):
+    if not _RFC3339.fullmatch(text):
         raise ValueError("must be an RFC 3339 time with a zone, such as 2026-12-01T14:00:00Z")
     parsed = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00").replace("t", "T"))
     return int(parsed.timestamp() * 1000)

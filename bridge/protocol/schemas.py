@@ -19,13 +19,12 @@ from __future__ import annotations
 import functools
 import json
 import numbers
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from bridge.protocol.patterns import Validator, compiled
 from bridge.resources import schema_path
 
 QUESTION = "dev.superpipeline.question.v2"
@@ -55,9 +54,9 @@ def schema(event_type: str) -> dict[str, Any]:
 
 
 @functools.cache
-def validator(event_type: str) -> Draft202012Validator:
+def validator(event_type: str) -> Any:
     """The compiled jsonschema validator of ``event_type`` (one per process)."""
-    return Draft202012Validator(schema(event_type))
+    return Validator(schema(event_type))
 
 
 @functools.cache
@@ -283,7 +282,7 @@ def _build_minimum(value: Any) -> Predicate | None:
 def _build_pattern(value: Any) -> Predicate | None:
     if not isinstance(value, str):
         return None
-    regex = re.compile(value)
+    regex = compiled(value)  # as jsonschema reads it here: ECMA-262's $
     return lambda x: not isinstance(x, str) or regex.search(x) is not None
 
 

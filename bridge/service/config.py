@@ -306,7 +306,7 @@ class Config(Section):
 
     def check(self) -> None:
         for name in self.agents:
-            if not _AGENT_NAME.match(name):
+            if not _AGENT_NAME.fullmatch(name):
                 raise Invalid(f"agent name {name!r} must be letters, digits, _, . or - (64 at most)", "agents")
             if not self.agent_api.allow_private_callbacks:
                 _webhook_goes_outward(name, self.agents[name])

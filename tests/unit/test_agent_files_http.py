@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from bridge.agents.http import AgentApi
 from bridge.agents.mcp_server import Tools
@@ -60,6 +61,11 @@ async def api(tmp_path: Path):
 
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if TEMP_MARK in p.name) if folder.exists() else []
+
+
+def made(root: Path) -> list[str]:
+    """What is in the sets' root (nothing when it was never made)."""
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
 
 def answered_with(set_dir: Path, set_id: str, files: list[str]) -> None:
@@ -202,6 +208,83 @@ async def test_upload_media_over_mcp_takes_base64_and_refuses_what_http_refuses(
     asked = await tools.call("planner", "ask", {"set": compare_set("intro")})
     assert asked["created"] is True
     assert json.loads((root / "intro" / "questions.json").read_text())["questions"][0]["media"][0]["src"] == "take-2.mp4"
+
+
+async def test_a_name_or_set_id_with_a_newline_at_its_end_is_refused_and_makes_nothing(api):
+    """Python's $ matches before a final newline: a name with one at its end
+    passed every check written ^...$ and became a file, and such a set id a
+    folder no set can live in."""
+    http, root, agent_api = api
+    for url, where in (("/v1/sets/intro/media/take.png%0A", "name"), ("/v1/sets/intro%0A/media/take.png", "id"),
+                       ("/v1/sets/intro/media/shots/take.png", "name")):
+        async with http.put(URL(url, encoded=True), data=b"\x89PNG", headers=auth("planner")) as response:
+            assert response.status == 400, (url, response.status, await response.text())
+            assert (await response.json())["errors"][0]["where"] == where, url
+    tools = Tools(agent_api.sets, agent_api.config.agents)
+    with pytest.raises(BadRequest, match="name"):
+        await tools.call("planner", "upload_media", {"set_id": "intro", "name": "take.png\n", "data": "AAAA"})
+    with pytest.raises(BadRequest, match="set_id"):
+        await tools.call("planner", "upload_media", {"set_id": "intro\n", "name": "take.png", "data": "AAAA"})
+    assert made(root) == []
+
+
+async def test_an_upload_refused_in_a_set_it_would_have_made_takes_no_set_id(api):
+    """A refused upload to a new set id leaves no folder: the id is not the agent's for good."""
+    http, root, agent_api = api
+
+    async def over_the_limit():
+        for _ in range(4):
+            yield b"\0" * (1024 * 1024)
+
+    for body in (b"", over_the_limit()):
+        async with http.put("/v1/sets/intro/media/take.png", data=body, headers=auth("planner")) as response:
+            assert response.status in (400, 413)
+        assert made(root) == []
+    with pytest.raises(BadRequest):
+        await Tools(agent_api.sets, agent_api.config.agents).call(
+            "planner", "upload_media", {"set_id": "intro", "name": "take.png", "data": ""})
+    assert made(root) == []
+    async with http.put("/v1/sets/intro/media/take-2.mp4", data=b"clip", headers=auth("other")) as response:
+        assert response.status == 201  # the id is free for whoever asks next
+    # A claim that already holds a file is kept when a second upload fails.
+    async with http.put("/v1/sets/intro/media/take-5.mp4", data=b"", headers=auth("other")) as response:
+        assert response.status == 400
+    assert sorted(p.name for p in (root / "intro").iterdir()) == [".askwright-agent.json", "take-2.mp4"]
+
+
+async def test_a_range_of_another_unit_or_of_several_or_a_stale_if_range_gets_the_whole_file(api):
+    http, root, _ = api
+    async with http.put("/v1/sets/intro/media/take-2.mp4", data=b"clip", headers=auth("planner")) as response:
+        assert response.status == 201
+    async with http.put("/v1/sets/intro", json=compare_set("intro"), headers=auth("planner")) as response:
+        assert response.status == 201
+    shot = os.urandom(60_000)
+    (root / "intro" / "attachments").mkdir()
+    (root / "intro" / "attachments" / "takes-1.png").write_bytes(shot)
+    answered_with(root / "intro", "intro", ["attachments/takes-1.png"])
+    url = "/v1/sets/intro/attachments/takes-1.png"
+    async with http.get(url, headers=auth("planner")) as response:
+        etag = response.headers["ETag"]
+    for headers in ({"Range": "bytes=0-1,5-6"}, {"Range": "items=0-5"},
+                    {"Range": "bytes=0-9", "If-Range": '"an-older-version"'},
+                    {"Range": "bytes=0-9", "If-Range": f"W/{etag}"}):
+        async with http.get(url, headers={**auth("planner"), **headers}) as response:
+            assert (response.status, await response.read()) == (200, shot), headers
+    async with http.get(url, headers={**auth("planner"), "Range": "bytes=0-9", "If-Range": etag}) as response:
+        assert (response.status, await response.read()) == (206, shot[:10])
+    async with http.head(url, headers={**auth("planner"), "Range": "items=0-5"}) as response:
+        assert response.status == 200 and int(response.headers["Content-Length"]) == len(shot)
+    async with http.get(url, headers={**auth("planner"), "Range": "bytes=70000-"}) as response:
+        assert response.status == 416 and response.headers["Content-Range"] == f"bytes */{len(shot)}"
+
+
+async def test_a_request_no_route_takes_is_answered_in_json(api):
+    http, _root, _ = api
+    async with http.delete("/v1/sets/intro", headers=auth("planner")) as response:
+        assert response.status == 405 and response.headers["Allow"] == "PUT"
+        assert (await response.json())["error"] == "method_not_allowed"
+    async with http.get("/v1/nothing/here", headers=auth("planner")) as response:
+        assert response.status == 404 and (await response.json())["error"] == "not_found"
 
 
 async def test_a_files_hash_is_remembered_until_the_file_changes(tmp_path, monkeypatch):

@@ -55,6 +55,7 @@ def test_a_room_version_12_id_without_server_part_is_accepted(tmp_path):
     (lambda d: d.update(attachments={"max_bytes": 0}), "attachments.max_bytes"),
     (lambda d: d.update(attachments={"max_bytes": "20MB"}), "attachments.max_bytes"),
     (lambda d: d.update(attachments={"max_size": 10}), "attachments.max_size"),
+    (lambda d: d.update(agents={"planner\n": {"token": "planner-token-0123456789"}}), "agents"),
 ])
 def test_a_bad_key_is_named(tmp_path, mutate, key):
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in GOOD.items()}

@@ -233,6 +233,8 @@ def test_a_figure_is_posted_as_escaped_text():
 @pytest.mark.parametrize("content, info, ext", [
     ({"body": "shot.PNG"}, {}, "png"), ({"body": "../../etc/passwd"}, {"mimetype": "image/jpeg"}, "jpg"),
     ({"body": "x.tar.gz;rm -rf"}, {}, "bin"), ({"body": "noext", "filename": "a.webp"}, {}, "webp"),
+    # A newline at the name's end (Python's $ matches before it) would end up in the saved file's name.
+    ({"body": "shot.png\n"}, {"mimetype": "image/jpeg"}, "jpg"), ({"body": "x", "filename": "a.gif\n"}, {}, "bin"),
 ])
 def test_attachment_extensions_are_safe(content, info, ext):
     assert extension(content, info) == ext

@@ -21,7 +21,7 @@ USER_ID_MAX = 255
 def user_id_problem(value: Any) -> str | None:
     if not isinstance(value, str):
         return "must be a Matrix user id such as @ana:example.org"
-    if len(value) > USER_ID_MAX or not _USER_ID.match(value):
+    if len(value) > USER_ID_MAX or not _USER_ID.fullmatch(value):
         return f"{quote(value)} is not a Matrix user id (like @ana:example.org)"
     return None
 

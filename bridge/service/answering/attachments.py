@@ -47,7 +47,7 @@ FOLDER = "attachments"
 Download = Callable[[str, float], AsyncContextManager[Any]]
 MayAnswer = Callable[[str, str], bool]
 
-_SAFE_EXT = re.compile(r"^[a-z0-9]{1,8}$")
+_SAFE_EXT = re.compile(r"[a-z0-9]{1,8}")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _EXT_BY_MIMETYPE = {
     "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp", "image/svg+xml": "svg",
@@ -236,7 +236,7 @@ def extension(content: dict[str, Any], info: dict[str, Any]) -> str:
     for name in (content.get("filename"), content.get("body")):
         if isinstance(name, str) and "." in name:
             ext = name.rsplit(".", 1)[-1].lower()
-            if _SAFE_EXT.match(ext):
+            if _SAFE_EXT.fullmatch(ext):
                 return ext
     mimetype = info.get("mimetype")
     return _EXT_BY_MIMETYPE.get(mimetype, "bin") if isinstance(mimetype, str) else "bin"
