@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.protocol.deadline import format_rfc3339
-from bridge.protocol.quorum import ANSWERED, EXPIRED, PENDING, Cast, tally
+from bridge.protocol.quorum import ANSWERED, EXPIRED, PENDING, Cast, Tally, tally
 from bridge.protocol.recorded import RecordedQuestion
 
 _PICK_FIELDS = ("choice", "label", "side", "choices", "order", "text", "matched_guess")
@@ -35,7 +35,11 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     result = tally(casts, required=required, veto=veto, expires_ms=posting.expires_ms,
                    expired=expired and posting.expires_ms is not None)
     if result.state is None:
-        return base
+        if base is None or base.get("state") != ANSWERED:
+            return base  # nothing stands, or "not sure": no vote, and no pick to act on
+        # A standing pick that is no vote ("other"): the person's words are
+        # kept, and the question is as undecided as before it.
+        result = Tally(PENDING, [])
     if result.state == EXPIRED:
         return _expired(base, posting, count, votes=result.votes, required=required)
     out = {k: v for k, v in (base or fallback or {}).items() if k not in _PICK_FIELDS}

@@ -231,7 +231,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             # Deadlines, quorum decisions and escalations: a pass at once (what
             # expired while the bridge was down), then every second.
             poster.deadlines = Deadlines(store, transport, flush=pipeline.flush, on_decided=ops.on_decided,
-                                         on_expired=ops.on_expired)
+                                         on_expired=ops.on_expired, on_closed=ops.on_closed)
             await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                             serve_http=not config.appservice.enabled)
             # What start-up made (the code, the sets, the first sync's state)

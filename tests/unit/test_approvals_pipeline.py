@@ -181,6 +181,24 @@ def test_votes_a_changed_vote_a_withdrawn_vote_and_the_decision(tmp_path):
     assert [v["sender"] for v in record["votes"]] == [CY]
 
 
+def test_something_else_is_no_vote_and_decides_nothing(tmp_path):
+    """PROTOCOL 2a: other is not a vote.  One person's "other: next week" on
+    a 2-of-3 approval read as answered (wait returned, the word back said
+    "Decided: … by ."), until a real vote made it pending again."""
+    room = room_with(tmp_path)
+    other = answer("$o1", ANA, T0 + 1000, "other")
+    other["content"]["text"] = "next week"
+    room.deliver([other])
+    record = room.record()
+    assert record["state"] == "pending" and record["votes"] == [] and record["required"] == 2
+    assert "choice" not in record and "decided_by" not in record
+    (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$o1'").fetchone()
+    told = room.pipeline.notice_for(room.store.log_entry(seq))["body"]
+    assert "Decided" not in told and told.endswith("No votes stand yet; 2 must agree.")
+    room.deliver([answer("$b1", BO, T0 + 2000, "main")])
+    assert room.record()["state"] == "pending" and [v["sender"] for v in room.record()["votes"]] == [BO]
+
+
 def test_a_veto_decides_at_once_and_a_late_delivered_earlier_vote_keeps_the_rooms_order(tmp_path):
     room = room_with(tmp_path)
     room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 3000, "stable")])
@@ -282,6 +300,36 @@ def test_webhooks_tell_every_vote_with_the_votes_then_the_decision_or_the_expiry
     expired = next(b for b in bodies() if b["type"] == "question.expired")
     assert expired["state"] == "expired" and "choice" not in expired["record"]
     assert expired["qid"] == "branch" and expired["question_event_id"] == "$q"
+
+
+def test_a_question_answered_before_its_deadline_is_closed_by_it_not_expired(tmp_path):
+    """No quorum, answered in time: at the deadline the answer stands.  The
+    log had an "expired" leaf for it and the agent a question.expired (whose
+    record said answered), so a record forged to expired would verify."""
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.protocol.audit_leaf import parse_leaf
+    from bridge.service.config import Agent
+
+    room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush, on_decided=hook.decided,
+                          on_expired=hook.expired, on_closed=hook.closed, clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered" and room.record()["choice"] == "main"
+    assert not room.store.question_by_event("$q").open
+    bodies = [json.loads(row.body) for row in due(room.store, 2**62)]
+    assert [b["type"] for b in bodies] == ["answer.accepted", "question.closed"]
+    assert "deadline" in bodies[1]["why"]
+    leaves = [parse_leaf(leaf.encode()) for _i, leaf in room.store.audit.leaves(0, 100)]
+    assert [leaf["outcome"] for leaf in leaves][-2:] == ["accepted", "closed"]
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert any("the answer given before it stands" in s for s in said)
 
 
 def test_a_decision_is_told_once_as_question_decided(tmp_path):

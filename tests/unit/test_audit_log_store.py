@@ -33,7 +33,8 @@ def _store(tmp_path) -> Store:
 def _answer(store: Store, event_id: str, choice: str, ts: int, device=None) -> int:
     record = {"qid": "branch", "state": "answered", "choice": choice, "subject": {"id": "deploy-42",
               "digest": "sha256:ab"}, "q_rev": 1, "rev": 1, "updated": "t",
-              "source": {"via": "matrix", "event_id": event_id}}
+              "source": {"via": "matrix", "how": "answer_event", "room_id": "!r", "event_id": event_id,
+                         "sender": "@ana:hs", "ts": ts}}
     with store.transaction():
         return store.append_log(LogEntry(event_id, "!r", "@ana:hs", "answer_event", "accepted", set_id="s",
                                          set_dir="/sets/s", qid="branch", question_event_id="$q", record=record,
@@ -99,6 +100,15 @@ def test_a_set_verifies_and_each_tampering_is_named(tmp_path):
     problems = audit_verify.verify_set(changed, _leaves(store), notes, ORIGIN, key.public).problems
     assert problems == ["record 'branch' (leaf 1): the record's answer (choice, q_rev, qid, state, subject) differs "
                         "from what the log recorded"]
+
+    # Who answered, where and when is what the log vouches for too: a record given to another sender is named.
+    record = doc["answers"]["branch"]
+    for field, value, words in (("sender", "@mallory:hs", "sender"), ("room_id", "!elsewhere", "room"),
+                                ("ts", 21, "time")):
+        forged = {**doc, "answers": {"branch": {**record, "source": {**record["source"], field: value}}}}
+        problems = audit_verify.verify_set(forged, _leaves(store), notes, ORIGIN, key.public).problems
+        assert problems == [f"record 'branch' (leaf 1): the record's {words} {value!r} differs from the leaf's "
+                            f"{record['source'][field]!r}"]
 
     past = {**doc, "answers": {"branch": {**doc["answers"]["branch"],
                                           "receipt": {"log": ORIGIN, "index": 7, "leaf": "00"}}}}

@@ -38,7 +38,8 @@ def good(tmp_path_factory) -> Path:
                                 set_dir="/sets/s", posted_at=n)
         for n in range(QUESTIONS):
             record = {"qid": f"q{n}", "state": "answered", "choice": "main", "q_rev": 1, "rev": 1, "updated": "t",
-                      "source": {"via": "matrix", "event_id": f"$a{n}"}}
+                      "source": {"via": "matrix", "how": "answer_event", "room_id": "!r", "event_id": f"$a{n}",
+                                 "sender": "@ana:hs", "ts": n}}
             store.append_log(LogEntry(f"$a{n}", "!r", "@ana:hs", "answer_event", "accepted", set_id="s",
                                       set_dir="/sets/s", qid=f"q{n}", question_event_id=f"$q{n}", record=record, ts=n))
     key = LogKey(ORIGIN, Ed25519PrivateKey.generate())

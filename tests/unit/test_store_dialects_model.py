@@ -237,7 +237,7 @@ class DialectsAgree(RuleBasedStateMachine):
                 posting = store.question_by_event(event)
                 if why == "expired":
                     store.mark_expired(event, side.clock.now_ms())
-                store.close_question(event, why, by=by)
+                store.close_question(event, why, by=by, outcome=why if why in ("decided", "expired") else None)
                 if posting is not None and why in ("decided", "expired"):
                     getattr(side.hook, why)(posting, store.projection(store.set_dir_of(event), posting.qid))
                 elif posting is not None:

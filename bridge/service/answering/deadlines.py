@@ -64,12 +64,14 @@ class Deadlines:
     def __init__(self, store: Store, transport: Any, flush: Callable[[], Any] = lambda: None,
                  on_decided: Callable[[RecordedQuestion, dict[str, Any]], None] | None = None,
                  on_expired: Callable[[RecordedQuestion, dict[str, Any] | None], None] | None = None,
+                 on_closed: Callable[[RecordedQuestion, str], None] | None = None,
                  clock: Callable[[], float] | None = None):
         self.store = store
         self.transport = transport
         self.flush = flush
         self.on_decided = on_decided
         self.on_expired = on_expired
+        self.on_closed = on_closed
         # The store's clock: a deadline one instance set is judged by whichever leads when it passes.
         self.clock = clock or store.clock.seconds
         # Postings whose delayed events are being handed over right now (the
@@ -283,13 +285,18 @@ class Deadlines:
             if why == CLOSED_EXPIRED:
                 self.store.mark_expired(question.event_id, question.expires_ms or 0)
                 self.store.mark_dirty((set_dir, question.set_id, question.qid))
-            self.store.close_question(question.event_id, why)
-            self.store.set_meta(UNTOLD + question.event_id, why)
             after = self.store.projection(set_dir, question.qid or "")
-            if why == CLOSED_DECIDED and self.on_decided is not None:
+            # The deadline closes a question with no quorum that was answered
+            # in time too; its answer stands, and it did not expire undecided.
+            outcome = why if why == CLOSED_DECIDED or outcome_of(after) == CLOSED_EXPIRED else None
+            self.store.close_question(question.event_id, why, outcome=outcome)
+            self.store.set_meta(UNTOLD + question.event_id, why)
+            if outcome == CLOSED_DECIDED and self.on_decided is not None:
                 self.on_decided(question, after or record or {})
-            if why == CLOSED_EXPIRED and self.on_expired is not None:
+            elif outcome == CLOSED_EXPIRED and self.on_expired is not None:
                 self.on_expired(question, after)
+            elif outcome is None and self.on_closed is not None:
+                self.on_closed(question, "its deadline passed; the answer given before it stands")
         log.info("question %s: %s/%s rev %s", why, question.set_id, question.qid, question.rev)
 
     async def _tell(self, question: RecordedQuestion, set_dir: str, why: str) -> None:

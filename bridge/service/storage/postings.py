@@ -86,14 +86,17 @@ class Postings:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
         self._postings_changed(learned=lambda known: _poll_learned(known, event_id, poll_event_id))
 
-    def close_question(self, event_id: str, why: str | None = None, *, by: str = "") -> None:
-        """Close a posting; the answer log records it (``by``: who closed it, the bridge when empty)."""
+    def close_question(self, event_id: str, why: str | None = None, *, by: str = "",
+                       outcome: str | None = None) -> None:
+        """Close a posting; the answer log records it: as ``outcome`` when the
+        close is an approval's (``decided``, or ``expired`` undecided at its
+        deadline: outcomes of their own in the log), otherwise as a close
+        (``by``: who closed it, the bridge when empty)."""
         row = self.db.execute("SELECT room_id, set_id, open FROM posted WHERE event_id=?", (event_id,)).fetchone()
         self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
         self._postings_changed()
-        if why in ("decided", "expired"):
-            # A quorum's decision and an expiry are outcomes of their own in the log.
-            self.log_approval_outcome(event_id, why)
+        if outcome is not None:
+            self.log_approval_outcome(event_id, outcome)
         elif row is not None and row[2]:
             # The close happens now (no room event carries it), hence the clock.
             self.append_leaf(LogEntry(event_id, row[0], by, "bridge", "closed", set_id=row[1],
