@@ -141,15 +141,21 @@ async def test_bad_uploads_name_their_field_and_leave_nothing(api):
     assert not (root / "other.png").exists()
 
 
-async def test_a_persons_file_downloads_whole_in_ranges_and_with_its_etag(api):
-    http, root, _ = api
+async def a_persons_file(http: aiohttp.ClientSession, root: Path, size: int) -> bytes:
+    """The set "intro" asked, and a person's file of ``size`` bytes saved as attachments/takes-1.png."""
     async with http.put("/v1/sets/intro/media/take-2.mp4", data=b"clip", headers=auth("planner")) as response:
         assert response.status == 201
     async with http.put("/v1/sets/intro", json=compare_set("intro"), headers=auth("planner")) as response:
         assert response.status == 201
-    shot = os.urandom(1400 * 1024)
+    shot = os.urandom(size)
     (root / "intro" / "attachments").mkdir()
     (root / "intro" / "attachments" / "takes-1.png").write_bytes(shot)
+    return shot
+
+
+async def test_a_persons_file_downloads_whole_in_ranges_and_with_its_etag(api):
+    http, root, _ = api
+    shot = await a_persons_file(http, root, 1400 * 1024)
     (root / "intro" / "attachments" / "takes-2.png").write_bytes(b"not named by any answer")
     answered_with(root / "intro", "intro", ["attachments/takes-1.png"])
 
@@ -254,13 +260,7 @@ async def test_an_upload_refused_in_a_set_it_would_have_made_takes_no_set_id(api
 
 async def test_a_range_of_another_unit_or_of_several_or_a_stale_if_range_gets_the_whole_file(api):
     http, root, _ = api
-    async with http.put("/v1/sets/intro/media/take-2.mp4", data=b"clip", headers=auth("planner")) as response:
-        assert response.status == 201
-    async with http.put("/v1/sets/intro", json=compare_set("intro"), headers=auth("planner")) as response:
-        assert response.status == 201
-    shot = os.urandom(60_000)
-    (root / "intro" / "attachments").mkdir()
-    (root / "intro" / "attachments" / "takes-1.png").write_bytes(shot)
+    shot = await a_persons_file(http, root, 60_000)
     answered_with(root / "intro", "intro", ["attachments/takes-1.png"])
     url = "/v1/sets/intro/attachments/takes-1.png"
     async with http.get(url, headers=auth("planner")) as response:
