@@ -93,7 +93,7 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
             base.pop("timecodes", None)
             if not base.get("note"):
                 base.pop("note", None)
-                kept = _kept_note(picks[1:])
+                kept = _kept_note((standing.get("source") or {}).get("sender"), picks[1:])
                 if kept:
                     base["note"] = kept
     for delta in added:
@@ -114,12 +114,17 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
     return base
 
 
-def _kept_note(earlier: list[tuple[dict[str, Any], bool, str | None, Position]]) -> str | None:
+def _kept_note(sender: str | None, earlier: list[tuple[dict[str, Any], bool, str | None, Position]]) -> str | None:
     # A new pick without words keeps the person's earlier note: it is their
     # data, and a changed mind about the pick rarely retracts the remark.
+    # Only their own: another person's pick in between is passed over, and
+    # its note is never carried onto this one.
     for record, whole, carry, _position in earlier:
+        if (record.get("source") or {}).get("sender") != sender:
+            continue
         if whole:
             return None  # a record from before: its note may hold annotations counted on their own
         if record.get("note"):
             return carry
+        return None  # the person's earlier answer had no note
     return None

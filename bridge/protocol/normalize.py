@@ -41,8 +41,8 @@ class Lookup(Protocol):
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         """(question event id, via) the bridge logged for an earlier event, whatever came of it."""
 
-    def has_record(self, question: RecordedQuestion) -> bool:
-        """Whether the question's record holds anything yet."""
+    def has_answered(self, question: RecordedQuestion, sender: str) -> bool:
+        """Whether ``sender``'s answer to the question stands."""
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
         """(saved path, problem) of a file a person sent; None when it was never fetched."""
@@ -312,10 +312,11 @@ def _edited_gesture(event: dict[str, Any], content: dict[str, Any], new: dict[st
 def _read_words(event: dict[str, Any], body: str, question: RecordedQuestion, lookup: Lookup, *, in_thread: bool,
                 via: str, replaces: str | None = None) -> Found:
     pick = read_reply(body, question)
-    # In the thread, words on a text question that already has an answer are
-    # a remark about it, not a second answer.
+    # In the thread, words on a text question the person already answered
+    # are a remark about their answer, not a second one (someone else's
+    # first words there are their answer).
     if pick is not None and in_thread and question.kind == "text" and pick.option_id is None \
-            and lookup.has_record(question):
+            and lookup.has_answered(question, _s(event, "sender")):
         pick = None
     if pick is not None:
         answer = _incoming(event, _answer_content(question, pick, body), via)

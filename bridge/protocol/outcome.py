@@ -221,10 +221,13 @@ def describe_added(added: dict[str, Any]) -> str:
 
 
 def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dict[str, Any], title: str, qid: str,
-                     q_rev: int, record_rev: int, picked: bool = True) -> dict[str, Any]:
+                     q_rev: int, record_rev: int, picked: bool = True, whose: str | None = None) -> dict[str, Any]:
     """``picked``: an answer stands that the note is added to; before any,
-    the note is kept for the pick to come (there is no answer to add it to)."""
-    if picked:
+    the note is kept for the pick to come (there is no answer to add it to).
+    ``whose``: who gave that answer, when it is not the person noting."""
+    if picked and whose:
+        text = sentence(f"Added to the answer {whose} gave to “{title}”: {describe_added(added)}")
+    elif picked:
         text = sentence(f"Added to your answer to “{title}”: {describe_added(added)}")
     else:
         text = (sentence(f"Kept for “{title}”: {describe_added(added)}")

@@ -25,9 +25,13 @@ def gesture(via: str | None) -> str:
 
 
 def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
-                   labels: Mapping[str, str] | None = None, vote: bool = False) -> str:
+                   labels: Mapping[str, str] | None = None, vote: bool = False, by: str | None = None,
+                   again: bool = True) -> str:
     """``vote``: a quorum question's vote (PROTOCOL 2a), whose record holds
-    everyone's votes: only the head is said (the caller adds where they stand)."""
+    everyone's votes: only the head is said (the caller adds where they stand).
+    ``by``: who withdrew it, so an answer of someone else's that stands is
+    not called theirs; ``again``: the answer standing now stood before what
+    was withdrawn (False: what was withdrawn had not stood, and nothing changed)."""
     what = "vote" if vote else gesture(withdrawn_via)
     head = f"Your {what} on “{title}” is withdrawn" if what in ("note", "file") else \
         f"Your {what} to “{title}” is withdrawn"
@@ -35,22 +39,28 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
         return f"{head}."
     if now is None:
         return f"{head}; no answer is recorded now."
+    sender = (now.get("source") or {}).get("sender")
+    own = by is None or sender in (None, by)
     if now.get("state") == "note_only":
-        return f"{head}; no answer is recorded now, only your notes."
+        return f"{head}; no answer is recorded now, only {'your notes' if own else 'notes'}."
     earlier = gesture((now.get("source") or {}).get("how"))
     standing = describe_record(now, labels)
     if what in ("note", "file"):
-        return sentence(f"{head}; your {earlier} stands: {standing}")
-    return sentence(f"{head}; your earlier {earlier}, {standing}, stands again")
+        return sentence(f"{head}; {f'your {earlier}' if own else f'the {earlier} {sender} gave'} stands: {standing}")
+    if own:
+        mine = f"your earlier {earlier}, {standing}," if again else f"your {earlier}, {standing}, still"
+        return sentence(f"{head}; {mine} {'stands again' if again else 'stands'}")
+    return sentence(f"{head}; the {earlier} {sender} gave, {standing}, {'stands again' if again else 'still stands'}")
 
 
 def withdrawn_notice(*, event_id: str, withdrawn_event_id: str | None, question_event_id: str | None,
                      qid: str | None, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
-                     reply_to: str, labels: Mapping[str, str] | None = None, vote: bool = False) -> dict[str, Any]:
+                     reply_to: str, labels: Mapping[str, str] | None = None, vote: bool = False,
+                     by: str | None = None, again: bool = True) -> dict[str, Any]:
     """``event_id``: the redaction (or empty vote); ``now``: the record as
     ``answers.json`` holds it after the withdrawal (None: no record)."""
-    content = notice(withdrawn_text(title=title, withdrawn_via=withdrawn_via, now=now, labels=labels, vote=vote),
-                     reply_to, {})
+    content = notice(withdrawn_text(title=title, withdrawn_via=withdrawn_via, now=now, labels=labels, vote=vote,
+                                    by=by, again=again), reply_to, {})
     content.pop("dev.superpipeline.question.outcome", None)
     content[WITHDRAWN_KEY] = {
         "schema_version": 1,

@@ -218,7 +218,7 @@ class AnythingLookup:
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         return (self._any(event_id).event_id, ["reply", "poll", "reaction", "answer_event", "note"][self.pick % 5])
 
-    def has_record(self, question: RecordedQuestion) -> bool:
+    def has_answered(self, question: RecordedQuestion, sender: str) -> bool:
         return bool(self.pick % 3)
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:

@@ -38,7 +38,7 @@ class FakeLookup:
     questions: dict[str, RecordedQuestion] = field(default_factory=lambda: dict(QUESTIONS))
     polls: dict[str, str] = field(default_factory=lambda: {f"$poll_{qid}": qid for qid in QUESTIONS})
     logged: dict[str, tuple[str, str]] = field(default_factory=dict)
-    records: set[str] = field(default_factory=set)
+    answered: set[tuple[str, str]] = field(default_factory=set)  # (qid, sender) whose answer stands
     files: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     sent: dict[str, str] = field(default_factory=dict)  # the bridge's messages -> question event
     senders: dict[str, str] = field(default_factory=dict)  # logged gestures -> who sent them
@@ -60,8 +60,8 @@ class FakeLookup:
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         return self.logged.get(event_id)
 
-    def has_record(self, question: RecordedQuestion) -> bool:
-        return question.qid in self.records
+    def has_answered(self, question: RecordedQuestion, sender: str) -> bool:
+        return (question.qid, sender) in self.answered
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
         return self.files.get(event_id)
@@ -279,10 +279,12 @@ def test_words_in_the_thread_are_a_note_with_timecodes():
     assert found.timecodes == ({"t": 1.4, "text": "the arrow jumps"},)
 
 
-def test_words_in_the_thread_of_an_answered_text_question_are_a_note():
+def test_words_in_the_thread_of_a_text_question_one_answered_are_a_note_and_anothers_first_words_an_answer():
     body = {"msgtype": "m.text", "body": "also fine with Aurora"}
     assert isinstance(normalize(in_thread("name", body), FakeLookup()), Candidate)
-    assert isinstance(normalize(in_thread("name", body), FakeLookup(records={"name"})), Annotation)
+    assert isinstance(normalize(in_thread("name", body), FakeLookup(answered={("name", ALICE)})), Annotation)
+    # Bob answered, not Alice: her first words in the thread are her answer, not a note on his.
+    assert isinstance(normalize(in_thread("name", body), FakeLookup(answered={("name", "@bob:hs")})), Candidate)
 
 
 def test_a_picture_in_the_thread_is_the_saved_file():

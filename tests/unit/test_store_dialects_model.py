@@ -668,7 +668,7 @@ class DialectsAgree(RuleBasedStateMachine):
             where = f"{Path(set_dir).name!r}/{qid}"
             out[f"postings {where}"] = store.postings(set_dir, qid)
             out[f"projection {where}"] = store.projection(set_dir, qid)
-            out[f"counts {where}"] = (store.accepted_count(set_dir, qid), store.has_standing_pick(set_dir, qid),
+            out[f"counts {where}"] = (store.accepted_count(set_dir, qid), store.standing_pick_sender(set_dir, qid),
                                       canon(seq, store.latest_recording(set_dir, qid)),
                                       store.attachment_count(set_dir, qid))
             out[f"standing_before {where}"] = [store.standing_before(set_dir, qid, a) for a in ANSWERS if a in used]

@@ -102,3 +102,48 @@ def test_a_note_before_any_pick_is_said_to_be_kept_for_the_pick_to_come(tmp_path
     assert "Added to your answer" not in said and "once you pick one" in said and said.startswith("Kept for")
     room.deliver([answer("$a", ALICE, 2, "main"), note("$n2", ALICE, 3, "and slow")])
     assert _word_back(room, "$n2").startswith("Added to your answer to")
+
+
+# -- two people, one question: the record is one answer, and the words say whose ------------------
+
+
+def _with_note(event: dict, text: str) -> dict:
+    event["content"]["note"] = text
+    return event
+
+
+def test_a_withdrawal_says_whose_answer_stands_and_whether_anything_changed(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    # Bob answers, then Alice; Alice takes hers back: Bob's stands again, and it is his, not "your earlier answer".
+    room.deliver([answer("$b1", BOB, 1000, "main"), answer("$a1", ALICE, 2000, "stable")])
+    room.deliver([redact("$r1", ALICE, 3000, "$a1")])
+    assert room.record()["choice"] == "main" and room.record()["source"]["sender"] == BOB
+    told = _word_back(room, "$r1")
+    assert "the answer @bob:hs gave" in told and told.endswith("stands again.") and "your earlier" not in told
+    # Alice answers twice and takes back the first, which no longer stood: her second still stands.
+    room.deliver([answer("$a2", ALICE, 4000, "main"), answer("$a3", ALICE, 5000, "stable")])
+    room.deliver([redact("$r2", ALICE, 6000, "$a2")])
+    assert room.record()["choice"] == "stable"
+    told = _word_back(room, "$r2")
+    assert "your answer" in told and told.endswith("still stands.") and "earlier" not in told
+
+
+def test_one_persons_note_never_goes_onto_anothers_answer(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    # Alice's pick comes with her note; Bob's bare pick after it keeps none of hers.
+    room.deliver([_with_note(answer("$a1", ALICE, 1000, "stable"), "the stable branch is tested"),
+                  answer("$b1", BOB, 2000, "main")])
+    record = room.record()
+    assert (record["choice"], record["source"]["sender"]) == ("main", BOB) and "note" not in record
+    # Alice changes her pick without words: her own note comes with it.
+    room.deliver([answer("$a2", ALICE, 3000, "main")])
+    assert room.record()["note"] == "the stable branch is tested"
+
+
+def test_a_note_on_someone_elses_answer_says_so(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    room.deliver([answer("$a1", ALICE, 1000, "main"), note("$n1", BOB, 2000, "not on a Friday")])
+    told = _word_back(room, "$n1")
+    assert told.startswith("Added to the answer @alice:hs gave to") and "your answer" not in told
+    room.deliver([redact("$r1", ALICE, 3000, "$a1")])
+    assert _word_back(room, "$r1").endswith("no answer is recorded now, only notes.")

@@ -178,7 +178,7 @@ class _Lookup:
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         return None
 
-    def has_record(self, question: RecordedQuestion) -> bool:
+    def has_answered(self, question: RecordedQuestion, sender: str) -> bool:
         return False
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:

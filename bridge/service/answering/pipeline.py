@@ -83,9 +83,10 @@ class _StoreLookup:
     def logged_question(self, event_id: str) -> tuple[str, str] | None:
         return self.store.logged_question(event_id)
 
-    def has_record(self, question: RecordedQuestion) -> bool:
+    def has_answered(self, question: RecordedQuestion, sender: str) -> bool:
         set_dir = self.store.set_dir_of(question.event_id)
-        return bool(set_dir and question.qid and self.store.projection(set_dir, question.qid))
+        return bool(set_dir and question.qid and self.store.has_answered(set_dir, question.qid, question.event_id,
+                                                                        sender))
 
     def attachment(self, event_id: str) -> tuple[str | None, str | None] | None:
         return self.store.attachment(event_id)

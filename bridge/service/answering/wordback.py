@@ -30,10 +30,11 @@ class WordBack:
         sender = self.store.standing_before(entry.set_dir, entry.qid, entry.event_id)
         return None if sender is None else OWN if sender == entry.sender else OTHER
 
-    def _picked(self, entry: LogEntry) -> bool:
-        """Whether an answer stands for ``entry``'s question (a note adds to it)."""
-        return entry.set_dir is not None and entry.qid is not None and self.store.has_standing_pick(
-            entry.set_dir, entry.qid)
+    def _pick_sender(self, entry: LogEntry) -> str | None:
+        """Who gave the answer that stands for ``entry``'s question (a note adds to it); None: none stands."""
+        if entry.set_dir is None or entry.qid is None:
+            return None
+        return self.store.standing_pick_sender(entry.set_dir, entry.qid)
 
     def notice_for(self, entry: LogEntry, replaced: int = 0) -> dict[str, Any]:
         """The word back on ``entry``; ``replaced``: how many earlier answers
@@ -51,11 +52,12 @@ class WordBack:
                                       # On a quorum each person's vote stands beside the others'; none replaces another's.
                                       stood_before=None if question.quorum is not None else self._stood_before(entry))
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
+            picker = self._pick_sender(entry)
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,
                                        added=entry.record, title=question.content["question"]["title"],
                                        qid=question.qid or "", q_rev=question.rev or 1,
-                                       record_rev=self._record_rev(entry),
-                                       picked=self._picked(entry))
+                                       record_rev=self._record_rev(entry), picked=picker is not None,
+                                       whose=None if picker in (None, entry.sender) else picker)
             if entry.message:  # the file that came with the note could not be kept
                 content = with_remark(content, entry.message)
         else:
@@ -119,7 +121,8 @@ class WordBack:
                                    withdrawn_via=withdrawn_via, now=now, reply_to=ack or entry.event_id,
                                    labels=display_names(question) if question else None,
                                    # On a quorum the record is everyone's votes, not this person's earlier answer.
-                                   vote=question is not None and question.quorum is not None)
+                                   vote=question is not None and question.quorum is not None,
+                                   by=entry.sender, again=self._stands_again(entry, now))
         if question is not None and question.quorum is not None:
             content = with_remark(content, *self._quorum_words(entry, question))
         if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
@@ -128,6 +131,14 @@ class WordBack:
                 thread.update({"is_falling_back": False, "m.in_reply_to": {"event_id": ack}})
             content["m.relates_to"] = thread
         return content
+
+    def _stands_again(self, entry: LogEntry, now: dict[str, Any] | None) -> bool:
+        """Whether the answer standing after a withdrawal stood before the
+        withdrawn one (earlier in the room's order), rather than after it:
+        then the withdrawn one had not been standing, and nothing changed."""
+        withdrawn = self.store.accepted_answer(entry.replaces) if entry.replaces else None
+        standing_ts = ((now or {}).get("source") or {}).get("ts")
+        return withdrawn is None or not isinstance(standing_ts, int) or standing_ts <= withdrawn.ts
 
     def _record_rev(self, entry: LogEntry) -> int:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None

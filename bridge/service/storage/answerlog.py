@@ -174,12 +174,21 @@ class AnswerLog:
             return None
         return _entry(_ACCEPTED_ANSWER_COLUMNS, row)
 
-    def has_standing_pick(self, set_dir: str, qid: str) -> bool:
-        """Whether an accepted answer to the question stands (not withdrawn,
-        not an edited original): what a note is added to."""
+    def standing_pick_sender(self, set_dir: str, qid: str) -> str | None:
+        """Who gave the answer to the question that stands (the latest in the
+        room's order, not withdrawn, not an edited original): what a note is
+        added to.  None when none stands."""
+        row = self.db.execute(
+            "SELECT sender FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
+            " AND shadowed=0 ORDER BY ts DESC, seq DESC LIMIT 1", (set_dir, qid)).fetchone()
+        return row[0] if row else None
+
+    def has_answered(self, set_dir: str, qid: str, question_event_id: str, sender: str) -> bool:
+        """Whether ``sender`` has an answer to this posting of the question that stands."""
         return self.db.execute(
-            "SELECT 1 FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND withdrawn=0"
-            " AND shadowed=0 LIMIT 1", (set_dir, qid)).fetchone() is not None
+            "SELECT 1 FROM answer_log WHERE set_dir=? AND qid=? AND outcome='accepted' AND question_event_id=?"
+            " AND sender=? AND withdrawn=0 AND shadowed=0 LIMIT 1",
+            (set_dir, qid, question_event_id, sender)).fetchone() is not None
 
     def log_entry(self, seq: int) -> LogEntry | None:
         row = self.db.execute(f"SELECT {_LOG_ENTRY} FROM answer_log WHERE seq=?", (seq,)).fetchone()

@@ -35,9 +35,10 @@ class Projection:
         sent with others (a flush's own, ``flush_view``)."""
         live = "set_dir=? AND qid=? AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL"
         # The standing pick is the latest in the room; when it has no note of
-        # its own, the latest earlier pick with one (or from before the
-        # notes were kept apart) is the one whose note it keeps: of the two
-        # latest noted picks, the first before it.  Both are found through
+        # its own, its sender's latest earlier pick with one (or from before
+        # the notes were kept apart) is the one whose note it keeps: of the
+        # two latest noted picks of that person, the first before it.  (Never
+        # another person's: their note is not this answer's.)  Both are found through
         # the index without decoding the picks in between, so a question's
         # thousandth answer costs what its first did.
         order = "ORDER BY ts DESC, seq DESC"
@@ -49,7 +50,8 @@ class Projection:
             (f"SELECT record, whole, carry_note, ts, seq{receipt} FROM answer_log a WHERE {live}"
              f" AND outcome='accepted' {order} LIMIT 1", (set_dir, qid)),
             (f"SELECT record, whole, carry_note, ts, seq FROM answer_log{self.sql.indexed_by('log_noted')}"
-             f" WHERE {live} AND outcome='accepted' AND noted=1 {order} LIMIT 2", (set_dir, qid)),
+             f" WHERE {live} AND outcome='accepted' AND noted=1 AND sender=(SELECT sender FROM answer_log"
+             f" WHERE {live} AND outcome='accepted' {order} LIMIT 1) {order} LIMIT 2", (set_dir, qid, set_dir, qid)),
             (f"SELECT record, ts, seq FROM answer_log WHERE {live} AND outcome='annotated' ORDER BY ts, seq",
              (set_dir, qid)),
             (_LATEST_POSTED, (set_dir, qid)),
