@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sqlite3
 import sys
+import threading
+from typing import Any
 
 from bridge.service.storage import runlock
 from bridge.service.config import ConfigError, load_config, world_readable
 from bridge.service.logs import setup_logging
 from bridge.service.storage.store import Store, StoreVersionError
+
+log = logging.getLogger("bridge.run")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,17 +38,12 @@ def run(args: argparse.Namespace) -> int:
     except runlock.StoreBusy as exc:
         print(f"askwright-bridge: store.path: {exc}; is another bridge running?", file=sys.stderr)
         return 2
-    try:
-        # Migrates the store forward now, or refuses one from a newer bridge
-        # before anything touches the network.
-        Store(config.store.path, url=config.store.url, password=config.store.password).close()
-    except StoreVersionError as exc:
-        return _store_refused(exc)
-    except (sqlite3.Error, OSError) as exc:
-        key = "store.url" if config.store.url else "store.path"
-        print(f"askwright-bridge: {key}: cannot open {config.store.where} ({exc})", file=sys.stderr)
-        return 2
     setup_logging(config.logging.level, args.log_format or config.logging.format)
+    refused = _open_store(config)
+    if refused is not None:
+        if lock is not None:
+            lock.close()
+        return refused
     if world_readable(args.config):
         logging.getLogger("bridge").warning("%s is readable by other users and holds secrets; chmod 600 it",
                                             args.config)
@@ -56,6 +56,55 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if lock is not None:
             lock.close()
+
+
+def _open_store(config: Any) -> int | None:
+    """Migrate the store forward now, or refuse one from a newer bridge,
+    before anything touches the network; the exit code when refused.  A
+    PostgreSQL that can't be reached yet (starting with the machine,
+    restarting) is waited for, as the bridge rides out one that goes away
+    later; SIGTERM ends the wait (exit 0).  A store refused for good (a
+    wrong password, no such database, an unreadable file) exits 2."""
+    wait, stop = FIRST_WAIT, threading.Event()
+    main = threading.current_thread() is threading.main_thread()  # where a signal handler can be set
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if main else None
+    try:
+        while True:
+            try:
+                Store(config.store.path, url=config.store.url, password=config.store.password).close()
+                return None
+            except StoreVersionError as exc:
+                return _store_refused(exc)
+            except (sqlite3.Error, OSError) as exc:
+                key = "store.url" if config.store.url else "store.path"
+                if not (config.store.url and _not_reached(exc)):
+                    print(f"askwright-bridge: {key}: cannot open {config.store.where} ({exc})", file=sys.stderr)
+                    return 2
+                log.warning("%s: %s can't be reached yet (%s); trying again in %.0f s", key, config.store.where,
+                            " ".join(str(exc).split()), wait)
+            if stop.wait(wait):
+                return 0
+            wait = min(wait * 2, LAST_WAIT)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+# Waiting for a PostgreSQL that can't be reached at start: the first pause, doubling up to the last.
+FIRST_WAIT, LAST_WAIT = 1.0, 30.0
+
+
+def _not_reached(exc: BaseException) -> bool:
+    """A PostgreSQL down or on its way (no answer, refused, starting up,
+    shutting down, full), not one that refused the bridge (its password, its
+    database).  libpq's words tell them apart: a connection that fails gives
+    no SQLSTATE either way, and a server that answered says FATAL."""
+    said = str(exc.__cause__ or exc)
+    return "FATAL:" not in said or any(words in said for words in _SERVER_NOT_READY)
+
+
+# What a server that answered says when it will take connections again soon.
+_SERVER_NOT_READY = ("the database system is", "too many clients", "remaining connection slots")
 
 
 def _store_refused(exc: StoreVersionError) -> int:

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, TypeVar
 
 from nio import AsyncClient
 from watchfiles import Change, awatch
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from bridge.service.posting.poster import Poster
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Front(Protocol):
@@ -171,13 +172,15 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     metrics = Metrics()
     if lease is not None:
         lease.guard_store(store)
-        metrics.set_role("leader")
+        metrics.follow_lease(lambda: lease.leading)
     ops = Operators(config, store, metrics)
     front = make_front(config, store, ops)
     client: AsyncClient | None = None
     try:
-        client = await front.connect(stop)
-        if stop.is_set():
+        # A homeserver that does not answer at start (nio asks again and
+        # again) must not keep a stop waiting: SIGTERM ends the start too.
+        client = await unless_stopped(front.connect(stop), stop)
+        if client is None or stop.is_set():
             return
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
         if lease is not None:
@@ -270,6 +273,24 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if client is not None:
             await client.close()
         store.close()
+
+
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """``work``'s result, or None once ``stop`` is set first (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        stopped.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
 
 
 def remove_strays(root: Path) -> None:

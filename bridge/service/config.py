@@ -91,6 +91,15 @@ class Logging(Section):
     level: str = "INFO"
     format: str = "text"
 
+    def check(self) -> None:
+        if self.level.upper() not in LOG_LEVELS:
+            raise Invalid(f"must be one of {', '.join(LOG_LEVELS)}", "level")
+        if self.format not in ("text", "json"):
+            raise Invalid("must be text or json", "format")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 def _host_port(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")

@@ -56,6 +56,8 @@ def test_a_room_version_12_id_without_server_part_is_accepted(tmp_path):
     (lambda d: d.update(attachments={"max_bytes": "20MB"}), "attachments.max_bytes"),
     (lambda d: d.update(attachments={"max_size": 10}), "attachments.max_size"),
     (lambda d: d.update(agents={"planner\n": {"token": "planner-token-0123456789"}}), "agents"),
+    (lambda d: d.update(logging={"level": "VERBOSE"}), "logging.level"),
+    (lambda d: d.update(logging={"format": "xml"}), "logging.format"),
 ])
 def test_a_bad_key_is_named(tmp_path, mutate, key):
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in GOOD.items()}

@@ -3,6 +3,7 @@ and a leader that lost it writes nothing to the store."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -257,3 +258,34 @@ def test_a_leader_cut_off_from_the_database_stops_writing_and_a_standby_takes_ov
     wait_for(lambda: any(row["id"] == old.name and row["seen_seconds_ago"] < 1
                          for row in instances(url, postgres_server.password)), timeout=10)
     assert old._thread.is_alive() and old.role == "standby" and new.leading
+
+
+async def test_a_leaders_health_says_standby_once_its_lease_runs_out_not_once_it_has_wound_down(shared):
+    """A leader whose renewals stop (its database paused or cut off) steps
+    down only once the work stuck on the database gives up, twenty seconds
+    later in a probe; meanwhile /health said ready leader, and HAProxy kept
+    routing to it.  It says what the lease says now."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from bridge.service.operators.health import health_app
+    from bridge.service.operators.metrics import Metrics
+
+    _url, lease = shared
+    leader = lease()
+    assert wait_for(lambda: leader.leading)
+    metrics = Metrics()
+    metrics.follow_lease(lambda: leader.leading)
+    metrics.mark_ready()
+    client = TestClient(TestServer(health_app(metrics)))
+    await client.start_server()
+    try:
+        response = await client.get("/health")
+        assert (response.status, (await response.json())["role"]) == (200, "leader")
+        freeze(leader)
+        await asyncio.sleep(TTL_SECONDS)  # the lease runs out; nothing has told the bridge to stop yet
+        response = await client.get("/health")
+        assert (response.status, (await response.json())["role"]) == (503, "standby")
+        body = await (await client.get("/metrics")).text()
+        assert "askwright_bridge_standby 1.0" in body and "askwright_bridge_ready 0.0" in body
+    finally:
+        await client.close()

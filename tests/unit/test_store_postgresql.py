@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -104,6 +105,19 @@ def test_the_password_comes_from_the_environment_and_never_shows_in_messages(pos
     assert redact("postgresql://bridge:s3cret@db:5432/bridge") == "postgresql://bridge@db:5432/bridge"
 
 
+@pytest.mark.parametrize("url, shown", [
+    ("postgresql://bridge:s3cret@db:5432/bridge", "postgresql://bridge@db:5432/bridge"),
+    # libpq takes the password in the query too; and one with an unencoded @ or ? in it
+    ("postgresql://bridge@db/b?password=Sekr1t%40Pw&sslmode=disable", "postgresql://bridge@db/b?password=***&sslmode=disable"),
+    ("postgres://bridge@db/b?sslmode=require&SSLPASSWORD=keypass", "postgres://bridge@db/b?sslmode=require&SSLPASSWORD=***"),
+    ("postgresql://bridge:Sekr1t@Pw@db/b", "postgresql://bridge@db/b"),
+    ("postgresql://bridge:Se?kr1t@db/b", "postgresql://bridge@db/b"),
+    ("postgresql://db/bridge", "postgresql://db/bridge"),
+])
+def test_the_store_url_is_never_shown_with_its_password(url, shown):
+    assert redact(url) == shown
+
+
 def test_a_wrong_password_is_one_line_naming_store_url_and_exit_2(postgres_server, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("PGPASSWORD", raising=False)
     url = postgres_server.url().replace("postgres@", "postgres:wrong-password@")
@@ -116,6 +130,75 @@ def test_a_wrong_password_is_one_line_naming_store_url_and_exit_2(postgres_serve
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("askwright-bridge: store.url: cannot open")
     assert "wrong-password" not in err
+
+
+def test_status_before_the_first_start_on_a_new_empty_database_says_nothing_is_posted(postgres_server, tmp_path,
+                                                                                    capsys):
+    """The database made as docs/operators.md says, the bridge not run yet:
+    status answers as on SQLite before the first start (it said "relation
+    posted does not exist" and exited 2)."""
+    (tmp_path / "sets" / "release").mkdir(parents=True)
+    (tmp_path / "sets" / "release" / "questions.json").write_text(json.dumps({
+        "askwright": 1, "id": "release", "title": "Release", "questions": [{
+            "id": "go", "kind": "text", "title": "Go", "question": "Go?", "why": "To know."}]}))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path / "sets")}, "rooms": {"default": "!r"},
+        "store": {"path": "./bridge.sqlite", "url": fresh_schema(postgres_server),
+                  "password": postgres_server.password}}))
+    config.chmod(0o600)
+    assert main(["status", "-c", str(config), "--json"]) == 0, capsys.readouterr().err
+    (release,) = json.loads(capsys.readouterr().out)["sets"]
+    assert (release["set_id"], release["posted"]) == ("release", 0)
+
+
+def test_a_postgresql_not_reached_at_start_is_waited_for_and_sigterm_ends_the_wait(postgres_server, tmp_path):
+    """PostgreSQL down when the bridge starts (the machine booting, a restart):
+    the bridge waits for it and goes on once it answers, instead of exiting 2,
+    which the shipped systemd unit never restarts.  SIGTERM meanwhile is exit 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from helpers.agents import free_port
+
+    cable = Cable(postgres_server.port)
+    cable.sever()  # a network that says nothing: connecting times out
+    url = fresh_schema(postgres_server).replace(f":{postgres_server.port}/", f":{cable.port}/")
+    schema = url.rpartition("search_path%3D")[2]
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": f"http://127.0.0.1:{free_port()}"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
+        "store": {"path": "./bridge.sqlite", "url": url, "password": postgres_server.password}}))
+    config.chmod(0o600)
+    log = tmp_path / "bridge.log"
+
+    def made() -> bool:
+        with psycopg.connect(postgres_server.url(with_password=True)) as conn:
+            return conn.execute("SELECT 1 FROM information_schema.tables WHERE table_schema=%s AND table_name="
+                                "'askwright_schema'", (schema,)).fetchone() is not None
+
+    with open(log, "wb") as out:
+        bridge = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(config)], stdout=out,
+                                  stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        time.sleep(5)
+        assert bridge.poll() is None, log.read_text()
+        assert "can't be reached yet" in log.read_text() and not made()
+        cable.mend()
+        time.sleep(3)
+        assert bridge.poll() is None, log.read_text()
+        until_made = time.monotonic() + 30
+        while not made():
+            assert time.monotonic() < until_made, log.read_text()
+            time.sleep(0.2)
+        bridge.send_signal(signal.SIGTERM)  # the homeserver is not there either: it is still starting
+        assert bridge.wait(15) == 0, log.read_text()
+    finally:
+        bridge.kill()
+        bridge.wait()
 
 
 def test_store_url_must_be_postgresql(tmp_path):

@@ -71,7 +71,8 @@ class Metrics:
                              "1 while this instance stands by (another one leads the shared store), else 0.",
                              registry=r)
         # "leader" or "standby" on a shared PostgreSQL store; None when the bridge runs alone.
-        self.role: str | None = None
+        self._role: str | None = None
+        self._leading: Callable[[], bool] | None = None  # ``follow_lease``
         self._ready = False
         # What is held back (``heldback.counts``), for /health; None when
         # nothing reads the store for it.  Read off the event loop every
@@ -84,7 +85,22 @@ class Metrics:
 
     @property
     def ready(self) -> bool:
-        return self._ready
+        return self._ready and (self._leading is None or self._leading())
+
+    @property
+    def role(self) -> str | None:
+        if self._leading is not None:
+            return "leader" if self._leading() else "standby"
+        return self._role
+
+    def follow_lease(self, leading: Callable[[], bool]) -> None:
+        """A leader's metrics: its role and readiness are the lease's as it is
+        now, so /health says standby (503) the moment the lease is lost or runs
+        out, not once the bridge has wound down (which waits for whatever was
+        stuck on the database that cost it the lease)."""
+        self._leading = leading
+        self.standby.set_function(lambda: 0 if leading() else 1)
+        self.ready_gauge.set_function(lambda: 1 if self.ready else 0)
 
     def mark_ready(self) -> None:
         if not self._ready:
@@ -92,7 +108,7 @@ class Metrics:
             self.ready_gauge.set(1)
 
     def set_role(self, role: str) -> None:
-        self.role = role
+        self._role = role
         self.standby.set(1 if role == "standby" else 0)
 
     def mark_not_ready(self) -> None:

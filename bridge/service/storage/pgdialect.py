@@ -77,8 +77,23 @@ class LeaseLost(sqlite3.OperationalError):
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1@", url)
+    """The store's URL without its password, for messages and logs: neither
+    the one before the host (``user:pw@``, an ``@`` in it unencoded too) nor
+    one in the query (``?password=``, as libpq also takes it)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    # The last @: a password may hold one unencoded (or a ? or /); all
+    # before it but the user name goes, whatever it held.
+    userinfo, at, rest = rest.rpartition("@")
+    user = f"{userinfo.split(':', 1)[0].split('?', 1)[0]}@" if at else ""
+    head, query_sep, query = rest.partition("?")
+    query = _SECRET_PARAM.sub(r"\1***", query)
+    return f"{scheme}://{user}{head}{query_sep}{query}"
+
+
+# The query parameters libpq reads a secret from.
+_SECRET_PARAM = re.compile(r"((?:^|&)(?:password|sslpassword)=)[^&#]*", re.I)
 
 
 class Fence(Protocol):

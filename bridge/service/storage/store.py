@@ -147,7 +147,8 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
     def read_only(cls, path: str | Path, *, url: str | None = None, password: str | None = None) -> "Store":
         """A store opened for reading only (``status`` while the bridge runs):
         never created, never migrated.  A store from a newer version is
-        refused like on start; FileNotFoundError when there is none."""
+        refused like on start; FileNotFoundError when there is none (no
+        file, or a database the bridge has not made its tables in yet)."""
         path = Path(path)
         store = cls.__new__(cls)
         store._recent_questions = OrderedDict()
@@ -169,8 +170,11 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         store.path = path
         store._own_connection()
         try:
-            store._version()
-        except StoreVersionError:
+            if store._version() == 0:
+                # A database made for the bridge that it has not run on yet
+                # (PostgreSQL's, created empty as docs/operators.md says): no store yet.
+                raise FileNotFoundError(f"{path}: no store there yet")
+        except (StoreVersionError, FileNotFoundError):
             store.db.close()
             raise
         return store

@@ -79,6 +79,14 @@ async def login(config: Config, store: Store) -> AsyncClient:
         store_path = str(folder)
     client = AsyncClient(config.homeserver.url, config.bot.user_id, store_path=store_path,
                          config=client_config(encryption=encrypt))
+    try:
+        return await _logged_in(client, config, store, encrypt)
+    except BaseException:  # refused, or cancelled (a stop while the homeserver does not answer)
+        await client.close()
+        raise
+
+
+async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt: bool) -> AsyncClient:
     token = config.bot.access_token or store.get_meta("access_token")
     if token:
         client.access_token = token
@@ -86,7 +94,6 @@ async def login(config: Config, store: Store) -> AsyncClient:
         if isinstance(whoami, WhoamiResponse):
             device_id = whoami.device_id or store.get_meta("device_id") or ""
             if encrypt and not device_id:
-                await client.close()
                 raise MatrixError("the homeserver did not say which device the access token belongs to; "
                                   "encryption needs one (log in with bot.password)", None)
             known = store.get_meta("device_id")
@@ -103,15 +110,12 @@ async def login(config: Config, store: Store) -> AsyncClient:
                 client.user_id, client.device_id = whoami.user_id, device_id
             return client
         if config.bot.access_token:
-            await client.close()
             raise MatrixError("the configured access token was refused", whoami)
     if not config.bot.password:
-        await client.close()
         raise MatrixError("no usable credentials (set bot.access_token or bot.password)", None)
     client.device_id = store.get_meta("device_id") or ""
     response = await client.login(config.bot.password, device_name=config.bot.device_name)
     if not isinstance(response, LoginResponse):
-        await client.close()
         raise MatrixError("logging in with bot.password", response)
     with store.transaction():
         store.set_meta("access_token", response.access_token)
