@@ -47,10 +47,8 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
     standing = describe_record(now, labels)
     if what in ("note", "file"):
         return sentence(f"{head}; {f'your {earlier}' if own else f'the {earlier} {sender} gave'} stands: {standing}")
-    if own:
-        mine = f"your earlier {earlier}, {standing}," if again else f"your {earlier}, {standing}, still"
-        return sentence(f"{head}; {mine} {'stands again' if again else 'stands'}")
-    return sentence(f"{head}; the {earlier} {sender} gave, {standing}, {'stands again' if again else 'still stands'}")
+    whose = (f"your earlier {earlier}" if again else f"your {earlier}") if own else f"the {earlier} {sender} gave"
+    return sentence(f"{head}; {whose}, {standing}, {'stands again' if again else 'still stands'}")
 
 
 def withdrawn_notice(*, event_id: str, withdrawn_event_id: str | None, question_event_id: str | None,

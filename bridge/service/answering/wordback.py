@@ -133,9 +133,9 @@ class WordBack:
         return content
 
     def _stands_again(self, entry: LogEntry, now: dict[str, Any] | None) -> bool:
-        """Whether the answer standing after a withdrawal stood before the
-        withdrawn one (earlier in the room's order), rather than after it:
-        then the withdrawn one had not been standing, and nothing changed."""
+        """Whether the answer standing after a withdrawal comes before the
+        withdrawn one in the room's order (it stands again), rather than after
+        it (the withdrawn one had not been standing: nothing changed)."""
         withdrawn = self.store.accepted_answer(entry.replaces) if entry.replaces else None
         standing_ts = ((now or {}).get("source") or {}).get("ts")
         return withdrawn is None or not isinstance(standing_ts, int) or standing_ts <= withdrawn.ts
