@@ -24,7 +24,7 @@ from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
 from bridge.agents.mcp_files import MCP_MEDIA_MAX, base64_size
 from bridge.agents.mcp_server import Subscribers, build_server
-from bridge.agents.mcp_sessions import LastingSessionManager, SessionIds
+from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
 from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
 from bridge.agents.webhooks import Deliverer
@@ -78,6 +78,7 @@ async def _request_id(request: web.Request) -> str | int | None:
 class AgentsFront:
     def __init__(self, config: Config, store: Store, metrics: Metrics, supervisor: Supervisor | None = None):
         self.config = config
+        self.store = store
         self.supervisor = supervisor or Supervisor()
         self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
         from bridge.agents.log_routes import LogRoutes
@@ -170,7 +171,7 @@ class AgentsFront:
         # Room for a questions.json, or for a file upload_media takes (base64).
         body_max = max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX)))
         self.manager = LastingSessionManager(self.server, SessionIds(self.config.agents), AGENT_SCOPE_KEY,
-                                             max_request_body_size=body_max + 65536)
+                                             EndedSessions(self.store), max_request_body_size=body_max + 65536)
         async with self.manager.run():
             self._ready.set()
             await stop.wait()

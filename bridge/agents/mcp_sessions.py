@@ -79,19 +79,47 @@ class SessionIds:
         return expected is not None and hmac.compare_digest(mac.encode(), expected.encode())
 
 
+class EndedSessions:
+    """Sessions their clients ended (DELETE): they stay ended, also in a
+    restarted process or an instance that took over, because the store
+    keeps them (when there is one; the latest are also kept in memory)."""
+
+    def __init__(self, store: Any = None):
+        self.store = store
+        self.recent: OrderedDict[str, None] = OrderedDict()
+
+    async def end(self, session_id: str) -> None:
+        self.recent[session_id] = None
+        while len(self.recent) > MAX_ENDED_REMEMBERED:
+            self.recent.popitem(last=False)
+        if self.store is not None:
+            await self.store.run(self._keep, session_id)
+
+    def _keep(self, session_id: str) -> None:
+        with self.store.transaction(flush=False):  # lost to a power cut, the session can only be taken up again
+            self.store.set_meta(ENDED + session_id, "1")
+
+    async def ended(self, session_id: str) -> bool:
+        if session_id in self.recent:
+            return True
+        return self.store is not None and await self.store.run(self.store.get_meta, ENDED + session_id) is not None
+
+
+ENDED = "mcp_session_ended:"
+
+
 class LastingSessionManager(StreamableHTTPSessionManager):
     """The SDK's session manager, with ids from ``SessionIds`` and a session
-    rebuilt for a valid id it does not hold (after a restart or a takeover).
-    ``agent_key`` is the ASGI scope key the agent of the request is under."""
+    rebuilt for a valid id it does not hold (after a restart or a takeover),
+    unless its client ended it.  ``agent_key`` is the ASGI scope key the
+    agent of the request is under."""
 
-    def __init__(self, app: Any, ids: SessionIds, agent_key: str, **options: Any):
+    def __init__(self, app: Any, ids: SessionIds, agent_key: str, ended: EndedSessions | None = None,
+                 **options: Any):
         super().__init__(app, **options)
         self.ids = ids
         self.agent_key = agent_key
-        # Sessions their clients ended (DELETE) stay ended: the latest ones, in
-        # this process.  (A restarted bridge would take one up again; a client
-        # that ended its session does not send its id again.)
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self.ended = ended or EndedSessions()
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {name: value for name, value in scope["headers"]}
@@ -106,11 +134,14 @@ class LastingSessionManager(StreamableHTTPSessionManager):
             await self._serve_opening_request(transport, scope, receive, send)
             return
         session_id = raw_id.decode("latin-1")
-        if session_id in self._ended or not self.ids.valid(session_id, agent):
+        if session_id in self.ended.recent or not self.ids.valid(session_id, agent):
             await _error_response("Session not found", 404)(scope, receive, send)
             return
         transport = self._server_instances.get(session_id)
         if transport is None:
+            if await self.ended.ended(session_id):  # ended before this process (asked of the store only now)
+                await _error_response("Session not found", 404)(scope, receive, send)
+                return
             version = headers.get(MCP_PROTOCOL_VERSION_HEADER.lower().encode(), b"").decode("latin-1")
             async with self._session_creation_lock:
                 transport = self._server_instances.get(session_id)
@@ -121,9 +152,7 @@ class LastingSessionManager(StreamableHTTPSessionManager):
                 return
         await transport.handle_request(scope, receive, send)
         if transport.is_terminated:
-            self._ended[session_id] = None
-            while len(self._ended) > MAX_ENDED_REMEMBERED:
-                self._ended.popitem(last=False)
+            await self.ended.end(session_id)
             await self._discard_session(session_id, transport)
 
     def _has_room(self) -> bool:

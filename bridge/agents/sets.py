@@ -104,6 +104,11 @@ class AgentSets:
         if not result.ok:
             raise LintFailed("the set fails lint", findings=_dicts(result.errors), warnings=_dicts(result.warnings))
         data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+        if len(data) > MAX_QUESTIONS_BYTES:
+            # As it is written (a document that came as JSON inside an envelope,
+            # or through MCP, was never measured): a file the bridge can't read back is never written.
+            raise BadRequest(f"questions.json would be {len(data)} bytes as written, larger than the format allows "
+                             f"({MAX_QUESTIONS_BYTES})")
         new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()))
         if exists:
             replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))

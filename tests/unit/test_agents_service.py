@@ -103,6 +103,21 @@ def test_ask_writes_the_set_whole_with_its_owner_and_read_is_reads_shape(tmp_pat
     assert sets.list_sets("b") == []
 
 
+def test_a_set_over_the_formats_16_mb_as_written_is_refused_whatever_door_it_came_by(tmp_path, monkeypatch):
+    """A document that came as JSON inside an envelope or through MCP was
+    never measured: a 17 MB set was written, then never posted (the poster
+    refuses such a file) while the agent waited on it for ever."""
+    from bridge.agents import sets as sets_module
+
+    monkeypatch.setattr(sets_module, "MAX_QUESTIONS_BYTES", 4096)  # the rule, at a size a unit test can write
+    sets = AgentSets(tmp_path)
+    big = one_question()
+    big["questions"][0]["why"] = "It matters. " * 400
+    with pytest.raises(BadRequest, match="larger than the format allows"):
+        sets.ask("a", "plan", big)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_another_agents_set_and_a_hand_written_set_are_not_there(tmp_path):
     sets = AgentSets(tmp_path)
     sets.ask("a", "plan", one_question())

@@ -33,3 +33,22 @@ def test_a_new_token_ends_the_sessions_issued_under_the_old_one():
     issued = SessionIds(AGENTS).mint("planner")
     rotated = SessionIds({**AGENTS, "planner": Agent(token="a-new-planner-token-0123456789")})
     assert not rotated.valid(issued, "planner")
+
+
+async def test_a_session_its_client_ended_stays_ended_in_a_restarted_process(tmp_path):
+    """docs/agents.md: a session its client ended with DELETE stays ended.
+    The ended ids were kept in the process's memory only, so a restarted
+    bridge (or a standby that took over) took one up again."""
+    from bridge.agents.mcp_sessions import EndedSessions
+    from bridge.service.storage.store import Store
+
+    session = SessionIds(AGENTS).mint("planner")
+    store = Store(tmp_path / "bridge.sqlite")
+    await EndedSessions(store).end(session)
+    store.close()
+    restarted = Store(tmp_path / "bridge.sqlite")
+    try:
+        assert await EndedSessions(restarted).ended(session)
+        assert not await EndedSessions(restarted).ended(SessionIds(AGENTS).mint("planner"))
+    finally:
+        restarted.close()

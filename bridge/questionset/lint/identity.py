@@ -9,6 +9,7 @@ from bridge.questionset.lint.context import Context, QuestionView
 from bridge.questionset.lint.unknown import check_unknown
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_REV = 2**53 - 1
 SUPERSEDES_PATTERN = re.compile(r"(?P<id>[^@]+)(?:@(?P<rev>[1-9][0-9]*))?")
 
 
@@ -45,6 +46,10 @@ def check_show_if(ctx: Context, q: QuestionView, by_id: dict[str, QuestionView])
     if target_id == q.id:
         ctx.error(f"{where}.question", "a question can't depend on its own answer; name another question")
         return
+    if (loop := _show_if_loop(q.id, by_id)) is not None:
+        ctx.error(f"{where}.question", f"the questions {' -> '.join(quote(i) for i in loop)} each wait for the next "
+                                       "one's answer: none of them could ever be shown")
+        return
     target = by_id.get(target_id)
     if target is None:
         ctx.error(f"{where}.question", f"{quote(target_id)} is not a question in this set")
@@ -56,6 +61,17 @@ def check_show_if(ctx: Context, q: QuestionView, by_id: dict[str, QuestionView])
         ctx.error(f"{where}.option", f"name at least one option of {quote(target_id)} that shows this question")
     elif unknown := [p for p in picks if p not in target.option_ids]:
         ctx.error(f"{where}.option", f"{', '.join(quote(p) for p in unknown)} not among the option ids of {quote(target_id)}")
+
+
+def _show_if_loop(start: str | None, by_id: dict[str, QuestionView]) -> list[str] | None:
+    """The ids of the show_if chain from ``start`` back to it, when it comes back."""
+    chain: list[str] = []
+    current = start
+    while current is not None and current not in chain:
+        chain.append(current)
+        show_if = dict_at(by_id[current].raw, "show_if") if current in by_id else None
+        current = str_at(show_if, "question") if show_if is not None else None
+    return [*chain, start] if current == start and start is not None and len(chain) > 1 else None
 
 
 def check_status(ctx: Context, q: QuestionView, by_id: dict[str, QuestionView]) -> None:
@@ -76,6 +92,9 @@ def check_rev_and_supersedes(ctx: Context, q: QuestionView) -> None:
     rev = q.raw.get("rev")
     if is_int(rev) and rev < 1:
         ctx.error(f"{q.where}.rev", f"rev is {rev}; revisions start at 1")
+    elif is_int(rev) and rev > MAX_REV:
+        # Matrix homeservers refuse integers past 2^53 - 1 in events (PROTOCOL 2).
+        ctx.error(f"{q.where}.rev", f"rev is {rev}; a rev can be at most {MAX_REV}")
     supersedes = str_at(q.raw, "supersedes")
     if supersedes is None:
         return

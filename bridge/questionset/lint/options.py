@@ -8,7 +8,7 @@ from typing import Any
 from bridge.questionset.lint.access import blank, quote, str_at
 from bridge.questionset.lint.context import Context, QuestionView
 from bridge.questionset.lint.unknown import check_unknown
-from bridge.questionset.builtin import BUILTIN_IDS
+from bridge.questionset.builtin import BUILTIN_IDS, OTHER_LABEL, UNSURE_LABEL
 
 
 def _norm_label(label: str) -> str:
@@ -88,13 +88,17 @@ def _check_option_id(ctx: Context, where: str, option: dict[str, Any], seen: set
     oid = str_at(option, "id")
     if oid is None:
         return
-    if oid in BUILTIN_IDS:
+    if oid.casefold() in BUILTIN_IDS:  # a reply names an option by id in any case: "Unsure" is the built-in's
         ctx.error(f"{where}.id", f"{quote(oid)} is a built-in answer every question offers; give this option another id")
     elif problem := _option_id_problem(oid):
         ctx.error(f"{where}.id", f"the option id {problem}")
     elif oid in seen:
         ctx.error(f"{where}.id", f"two options have the id {quote(oid)}; give each its own id")
     seen.add(oid)
+
+
+# The built-ins' labels, as a reply may name them (in any case).
+_BUILTIN_LABELS = frozenset(label.casefold() for label in (UNSURE_LABEL, OTHER_LABEL))
 
 
 def _check_option_label(ctx: Context, q: QuestionView, where: str, option: dict[str, Any], seen: set[str]) -> None:
@@ -106,7 +110,10 @@ def _check_option_label(ctx: Context, q: QuestionView, where: str, option: dict[
         return
     # A quiz may offer "We" and "we" as different answers; elsewhere case is ignored.
     key = label.strip() if ctx.study else label.strip().casefold()
-    if key in seen:
+    if label.strip().casefold() in _BUILTIN_LABELS:
+        ctx.error(f"{where}.label", f"{quote(label)} is the label of a built-in answer every question offers; "
+                                    "label this option otherwise")
+    elif key in seen:
         ctx.error(f"{where}.label", f"another option is also labelled {quote(label)}; make each label distinct")
     seen.add(key)
     if q.kind == "confirm" and _YES_NO_START.match(label.strip()):
