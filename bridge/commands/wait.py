@@ -101,12 +101,18 @@ def run(args: argparse.Namespace) -> int:
         view = load_view(set_dir, include_all=True, warn=_warn)
     except ReadError as exc:
         return _fail(exc.message)
-    if args.question is not None and all(e["qid"] != args.question for e in view["answers"]):
+    # A question removed from questions.json keeps its record in read's view
+    # (status "removed"): it can get no answer now, so it is not there to wait for.
+    if args.question is not None and all(e["qid"] != args.question or e.get("status") == "removed"
+                                         for e in view["answers"]):
         return _fail(f"no question {args.question!r} in {set_dir / QUESTIONS_FILE}")
 
     done = arrived(view, args.question, args.until)
     if not done and (deadline is None or time.monotonic() < deadline):
-        view, done = _watch(set_dir, view, args.question, args.until, deadline)
+        try:
+            view, done = _watch(set_dir, view, args.question, args.until, deadline)
+        except FileNotFoundError:
+            return _fail(f"the set folder {set_dir} was removed while waiting")
     sys.stdout.write(render(as_read(view, args.include_all)))
     if done and expired_in(view, args.question, args.until):
         return EXIT_EXPIRED
@@ -118,11 +124,43 @@ def _watch(set_dir: Path, view: dict[str, Any], question: str | None, until: str
     """Re-read on every change of answers.json or questions.json until the
     answers arrive or the deadline passes; the latest good view and whether
     it is done.  A file caught mid-rewrite by its writer (questions.json is
-    the agent's, written any way it likes) is read again on its next change."""
+    the agent's, written any way it likes) is read again on its next change.
+    A set folder replaced by another of its name is followed; one removed is
+    FileNotFoundError."""
+    while True:
+        found = _watch_folder(set_dir, _inode(set_dir), view, question, until, deadline)
+        if found is not None:
+            return found
+
+
+# A folder gone for this long is removed, not being replaced (moved away, then another moved in).
+GONE_SECONDS = 2.0
+
+
+def _inode(set_dir: Path) -> int:
+    """The folder's inode, waiting ``GONE_SECONDS`` for one to be there; FileNotFoundError after."""
+    given_up = time.monotonic() + GONE_SECONDS
+    while True:
+        try:
+            return os.stat(set_dir).st_ino
+        except FileNotFoundError:
+            if time.monotonic() >= given_up:
+                raise
+            time.sleep(0.1)
+
+
+def _watch_folder(set_dir: Path, inode: int, view: dict[str, Any], question: str | None, until: str,
+                  deadline: float | None) -> tuple[dict[str, Any], bool] | None:
+    """``_watch`` on the folder that is ``inode``; None once another folder took its name."""
     names = {ANSWERS_NAME, QUESTIONS_FILE}
     first = True
     for changes in watch(set_dir, watch_filter=lambda _change, path: os.path.basename(path) in names,
                          debounce=200, step=20, rust_timeout=TICK_MS, yield_on_timeout=True, recursive=False):
+        try:
+            if os.stat(set_dir).st_ino != inode:
+                return None  # another folder has its name now: watched instead
+        except FileNotFoundError:
+            return None  # gone, perhaps on its way to being replaced
         # The first wake-up always re-reads: a write between the first check
         # and the watcher starting would otherwise go unseen.
         if changes or first:

@@ -179,6 +179,38 @@ def test_an_unknown_question_or_set_exits_2(set_dir, tmp_path, capsys):
     assert "no set folder" in capsys.readouterr().err
 
 
+def test_a_question_removed_from_the_set_is_not_there_to_wait_for(set_dir, capsys):
+    """Its record stays in read's view (status removed), but it can get no answer now: exit 2, not 0."""
+    answer(set_dir, {"qid": "b", "text": "yes", "q_rev": 1})
+    write_questions(set_dir, [text_q("a")])
+    assert main(["wait", str(set_dir), "--question", "b", "--timeout", "1"]) == 2
+    assert "no question 'b'" in capsys.readouterr().err
+
+
+def test_a_set_folder_removed_while_waiting_exits_2_and_one_replaced_is_followed(set_dir, tmp_path, capsys):
+    import shutil
+
+    later(0.5, lambda: shutil.rmtree(set_dir))
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "30"]) == 2  # it waited to its timeout
+    assert time.monotonic() - started < 10 and "removed while waiting" in capsys.readouterr().err
+
+    set_dir.mkdir()
+    write_questions(set_dir, [text_q("a")])
+
+    def replace() -> None:  # moved away, and another folder of the name moved in, holding the answer
+        set_dir.rename(tmp_path / "old")
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        write_questions(fresh, [text_q("a")])
+        answer(fresh, {"qid": "a", "text": "yes", "q_rev": 1})
+        fresh.rename(set_dir)
+
+    later(0.5, replace)
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["answers"][0]["text"] == "yes"
+
+
 def test_question_and_until_all_do_not_go_together(set_dir, capsys):
     assert main(["wait", str(set_dir), "--question", "a", "--until", "all"]) == 2
     assert "leave out --question" in capsys.readouterr().err
