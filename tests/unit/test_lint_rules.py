@@ -639,3 +639,15 @@ def test_a_show_if_loop_is_an_error_on_each_question_in_it(set_dir: Path) -> Non
     assert sorted(findings(result)) == [("questions[many].show_if.question", "error"),
                                         ("questions[pick].show_if.question", "error")]
     assert "could ever be shown" in result.errors[0].message
+
+
+def test_a_question_too_large_for_one_event_is_an_error(set_dir: Path) -> None:
+    """The bridge shortens a question's text to fit an event, but not its
+    structured fields: lint passed a 70 KB why, and the poster then tried the
+    set again and again, posting none of it."""
+    raw = decide_set()
+    q(raw, "many")["look_for"] = [f"Whether item {n} of the list reads well in every language we ship" * 3
+                                  for n in range(400)]
+    errors = [(f.where, f.message) for f in run(raw, set_dir).errors]
+    assert [where for where, _message in errors] == ["questions[many]"]
+    assert "too large for one Matrix event" in errors[0][1]

@@ -11,6 +11,7 @@ from bridge.questionset.lint.access import list_at
 from bridge.questionset.lint.approvals import check_approvals, check_set_expires
 from bridge.questionset.lint.confined import check_confined_backgrounds, check_confined_roots
 from bridge.questionset.lint.context import Context, QuestionView, question_view
+from bridge.questionset.lint.eventsize import check_fits_one_event
 from bridge.questionset.lint.guess import check_guess
 from bridge.questionset.lint.identity import check_question_id, check_rev_and_supersedes, check_show_if, check_status
 from bridge.questionset.lint.media_items import check_media
@@ -76,6 +77,8 @@ def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.
     for q in questions:
         _check_question(ctx, q, by_id)
     check_across_questions(ctx, questions)
+    if not ctx.errors:
+        check_fits_one_event(ctx, model, questions)
 
     typed = [f.where for f in type_errors]
     set_id = raw.get("id") if isinstance(raw.get("id"), str) else None
