@@ -319,3 +319,16 @@ def test_media_max_is_100_mb_unless_configured(tmp_path):
     assert parse_config(GOOD, base_dir=tmp_path, environ={}).agent_api.media_max == DEFAULT_MEDIA_MAX == 100 * 1024 * 1024
     with pytest.raises(ConfigError, match="agent_api.media_max"):
         parse_config({**GOOD, "agent_api": {"media_max": 0}}, base_dir=tmp_path, environ={})
+
+
+async def test_the_put_envelope_of_a_set_is_checked_as_its_parts_say(api):
+    """``{"set": ..., "callbacks": [...]}``: callbacks null was taken as none,
+    and callbacks without a set was read as a bare questions.json (a 422
+    about its id) instead of naming what is missing."""
+    http, root, _ = api
+    for body, field in (({"set": compare_set("intro"), "callbacks": None}, "body.callbacks"),
+                        ({"callbacks": []}, "body.set")):
+        async with http.put("/v1/sets/intro", json=body, headers=auth("planner")) as response:
+            assert response.status == 400, await response.text()
+            assert (await response.json())["message"].startswith(field)
+    assert made(root) == []
