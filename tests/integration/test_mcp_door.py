@@ -23,6 +23,7 @@ from mcp.shared.exceptions import MCPError
 
 from helpers.agents import auth, one_question, start, structured, wait_listener
 from helpers.harness import answer_content, unique
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +107,31 @@ async def test_a_handshake_era_session_serves_only_the_agent_it_was_opened_by(br
                 assert response.status == status, agent
                 body = await response.text()
         assert '"name":"ask"' in body.replace(" ", "")
+
+
+async def test_a_session_its_client_ended_stays_ended_after_the_bridge_is_killed_and_started(bridge):
+    """docs/agents.md: a session its client ended with DELETE stays ended.  A
+    restarted bridge took it up again (the ended ids lived in memory only)."""
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(base + "/mcp", json=INITIALIZE, headers={**MCP_HEADERS, **auth("planner")}) as response:
+            session = response.headers["Mcp-Session-Id"]
+        headers = {**MCP_HEADERS, **auth("planner"), "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        async with http.delete(base + "/mcp", headers=headers) as response:
+            assert response.status in (200, 204)
+        async with http.post(base + "/mcp", json=listing, headers=headers) as response:
+            assert response.status == 404
+        bridge.kill()
+        bridge.start()
+        await wait_listener(bridge, base)
+
+        async def asked_again() -> int | None:
+            async with http.post(base + "/mcp", json=listing, headers=headers) as response:
+                return None if response.status == 503 else response.status  # 503: the MCP door still opening
+
+        assert await until(asked_again, 30, "an answer from the restarted bridge's MCP door") == 404
 
 
 @pytest.mark.parametrize("mode", [LEGACY, MODERN])
