@@ -134,12 +134,13 @@ class LastingSessionManager(StreamableHTTPSessionManager):
             await self._serve_opening_request(transport, scope, receive, send)
             return
         session_id = raw_id.decode("latin-1")
-        if session_id in self.ended.recent or not self.ids.valid(session_id, agent):
+        if not self.ids.valid(session_id, agent):
             await _error_response("Session not found", 404)(scope, receive, send)
             return
         transport = self._server_instances.get(session_id)
         if transport is None:
-            if await self.ended.ended(session_id):  # ended before this process (asked of the store only now)
+            # An ended session is never held: only an id not held is asked after (the store, only then).
+            if await self.ended.ended(session_id):
                 await _error_response("Session not found", 404)(scope, receive, send)
                 return
             version = headers.get(MCP_PROTOCOL_VERSION_HEADER.lower().encode(), b"").decode("latin-1")

@@ -296,12 +296,14 @@ async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
 def remove_strays(root: Path) -> None:
     """What writers that died left under the root: temp files in its folders
     (a set whose lock is held now is left for the next start), and folders
-    the agents' API was making a set in."""
-    for folder, _files in folders(root):
-        if removed := remove_stray_temps(folder, wait=False):
+    the agents' API was making a set in (it makes them in the root only)."""
+    for folder, files in folders(root):
+        # The walk's own listing says whether a folder holds a temp file at all: most hold none.
+        if any(TEMP_MARK in name for name in files) and (removed := remove_stray_temps(folder, wait=False)):
             log.info("removed %s, left in %s by a writer that died", ", ".join(removed), folder)
-        for name in remove_stray_folders(Path(folder)):
-            log.info("removed the folder %s, left in %s by a writer that died", name, folder)
+    if root.is_dir():
+        for name in remove_stray_folders(root):
+            log.info("removed the folder %s, left in %s by a writer that died", name, root)
 
 
 async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event,
