@@ -103,19 +103,26 @@ def test_ask_writes_the_set_whole_with_its_owner_and_read_is_reads_shape(tmp_pat
     assert sets.list_sets("b") == []
 
 
-def test_a_set_over_the_formats_16_mb_as_written_is_refused_whatever_door_it_came_by(tmp_path, monkeypatch):
+def test_a_set_over_the_formats_16_mb_as_written_is_refused_whatever_door_it_came_by(tmp_path):
     """A document that came as JSON inside an envelope or through MCP was
     never measured: a 17 MB set was written, then never posted (the poster
-    refuses such a file) while the agent waited on it for ever."""
-    from bridge.agents import sets as sets_module
+    refuses such a file) while the agent waited on it for ever.  At the real
+    size: a set of closed questions with long whys around one open question."""
 
-    monkeypatch.setattr(sets_module, "MAX_QUESTIONS_BYTES", 4096)  # the rule, at a size a unit test can write
+    def with_history(questions: int) -> dict:
+        document = one_question()
+        document["questions"] += [{"id": f"old{n}", "kind": "text", "title": f"Old {n}", "question": f"What about {n}?",
+                                   "why": "It mattered then. " * 850, "status": "closed",
+                                   "guess": {"text": "Fine.", "why": "As before.", "confidence": "low"}}
+                                  for n in range(questions)]
+        return document
+
     sets = AgentSets(tmp_path)
-    big = one_question()
-    big["questions"][0]["why"] = "It matters. " * 400
     with pytest.raises(BadRequest, match="larger than the format allows"):
-        sets.ask("a", "plan", big)
+        sets.ask("a", "plan", with_history(1100))  # 17.1 MB as written
     assert list(tmp_path.iterdir()) == []
+    sets.ask("a", "plan", with_history(1000))  # 15.6 MB: within the format
+    assert 15_000_000 < (tmp_path / "plan" / "questions.json").stat().st_size < 16 * 1024 * 1024
 
 
 def test_another_agents_set_and_a_hand_written_set_are_not_there(tmp_path):
