@@ -229,6 +229,13 @@ def _question_for(content: dict[str, Any], lookup: Lookup) -> RecordedQuestion |
 # ---------------------------------------------------------------- polls and reactions
 
 
+def is_empty_vote(event: dict[str, Any]) -> bool:
+    """A poll response naming no option: it takes its sender's earlier votes
+    back, and a redaction of it does not give them back (see Timeline)."""
+    content = event.get("content")
+    return event.get("type") in POLL_RESPONSE_TYPES and isinstance(content, dict) and _selections(content) == []
+
+
 def _poll_vote(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Found | None:
     poll = _related(content, "m.reference")
     question = lookup.question_by_poll(poll) if poll else None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from nio import AsyncClient, RoomMessagesResponse, RoomSendResponse
+from nio import AsyncClient, RoomMessagesResponse, RoomRedactResponse, RoomSendResponse
 
 from bridge.devserver import Synapse
 
@@ -45,8 +45,11 @@ class Person:
         assert isinstance(response, RoomSendResponse), response
         return response.event_id
 
-    async def redact(self, room_id: str, event_id: str) -> None:
-        await self.client.room_redact(room_id, event_id)
+    async def redact(self, room_id: str, event_id: str) -> str:
+        """The redaction's event id."""
+        response = await self.client.room_redact(room_id, event_id)
+        assert isinstance(response, RoomRedactResponse), response
+        return response.event_id
 
     async def messages(self, room_id: str, limit: int = 500) -> list[dict[str, Any]]:
         """The room's events, oldest first."""

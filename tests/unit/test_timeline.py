@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.timeline import MODERATOR, Room, answer, edit, note, picture, redact, saved_file
+from helpers.timeline import MODERATOR, Room, answer, edit, note, picture, redact, saved_file, vote
 
 ALICE, BOB = "@alice:hs", "@bob:hs"
 
@@ -147,3 +147,38 @@ def test_a_note_on_someone_elses_answer_says_so(tmp_path: Path) -> None:
     assert told.startswith("Added to the answer @alice:hs gave to") and "your answer" not in told
     room.deliver([redact("$r1", ALICE, 3000, "$a1")])
     assert _word_back(room, "$r1").endswith("no answer is recorded now, only notes.")
+
+
+def test_a_redacted_empty_vote_takes_the_votes_back_whichever_arrives_first(tmp_path: Path) -> None:
+    # Read before its redaction, an empty vote took Bob's vote back for good;
+    # the same room read in another order (the empty vote late by another
+    # path, or held for its keys) gives the same record.
+    def room_where(path: str, name: str) -> Room:
+        (tmp_path / name).mkdir()
+        room = Room(tmp_path / name)
+        room.deliver([vote("$v", BOB, 1000, ["main"])])
+        empty, redaction = vote("$e", BOB, 2000, []), redact("$r", BOB, 3000, "$e")
+        if path == "live":
+            room.deliver([empty])
+            room.deliver([redaction])
+        elif path == "late":
+            room.deliver([redaction])
+            room.deliver([empty])
+        else:
+            room.hold(empty)
+            room.deliver([redaction])
+            room.release([empty])
+        return room
+
+    for path in ("live", "late", "held"):
+        assert room_where(path, path).record() is None, path
+
+
+def test_a_held_event_redacted_while_it_waits_is_still_dropped_once_read(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    room.deliver([vote("$v", BOB, 1000, ["main"])])
+    held = vote("$v2", BOB, 2000, ["stable"])
+    room.hold(held)
+    room.deliver([redact("$r", BOB, 3000, "$v2")])
+    room.release([held])
+    assert room.record()["choice"] == "main"

@@ -30,7 +30,7 @@ from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
-                                      normalize, poll_votes, posting_keys)
+                                      is_empty_vote, normalize, poll_votes, posting_keys)
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
@@ -320,7 +320,10 @@ class Pipeline(FolderFlush):
         if self.is_command is not None and self.is_command(event):
             self.store.mark_processed(event_id, "command")  # a management command, never an answer
             return
-        if self.timeline.redacted_before(event_id, sender, str(event.get("room_id"))):
+        # An empty vote stands even when its redaction came first: read before
+        # its redaction it took the votes back for good, so it must here too,
+        # or the record would hang on the order the two arrived in.
+        if not is_empty_vote(event) and self.timeline.redacted_before(event_id, sender, str(event.get("room_id"))):
             return
         target = edit_target(event)
         if target is not None:

@@ -7,7 +7,8 @@ settle: an edit counts only from the sender of what it edits and waits for
 its original when that comes later; a redaction counts from the target's
 sender or someone with the power to redact others, and waits for a target
 not seen yet (held for decryption, or coming by a slower path), which is
-then dropped unjudged.  Everything here runs inside the pipeline's batch
+then dropped unjudged, unless it is an empty poll vote: that takes its
+sender's earlier votes back whichever of the two the bridge reads first.  Everything here runs inside the pipeline's batch
 transaction.
 """
 
@@ -84,8 +85,12 @@ class Timeline:
                      found.event_id, found.sender, author, target)
             self.store.mark_processed(found.event_id, "ignored")
             return NOT_NOW
-        # A held or waiting target is dropped and never judged.
-        self.store.drop_undecrypted([target])
+        if self.store.is_undecrypted(target):
+            # Held for its keys: it is dropped when they come (``redacted_before``),
+            # unless it is an empty vote, which nobody can tell before then.
+            self.store.mark_processed(found.event_id, "withdrawn")
+            return NOT_NOW
+        # A waiting edit is dropped and never judged.
         self.store.drop_parked(target)
         self.store.mark_processed(target, "withdrawn")
         return self.store.withdraw(target)

@@ -296,6 +296,10 @@ class Receiving:
                 self.store.drop_undecrypted([event_id])
                 if self.store.is_processed(event_id):
                     continue
+                if self.store.redactions_of(event_id):
+                    # Taken back while it waited: nothing to refuse, nobody to tell.
+                    self.store.mark_processed(event_id, "withdrawn")
+                    continue
                 question = self._question_of(event)
                 self.store.mark_processed(event_id, "refused")
                 if question is None:
