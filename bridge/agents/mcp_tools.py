@@ -25,7 +25,8 @@ TOOLS: dict[str, dict[str, Any]] = {
                        "findings. Writing a set again with the same id replaces it (new revisions are posted).",
         "input": {"type": "object", "required": ["set"], "additionalProperties": False, "properties": {
             "set": {"type": "object", "description": "The questions.json document; its id names the set."},
-            "callbacks": {"type": "array", "items": {"type": "string"}, "maxItems": 5,
+            "callbacks": {"type": "array", "maxItems": 5,
+                          "items": {"type": "string", "pattern": "^https?://", "maxLength": 2000},
                           "description": "Webhook URLs told of each accepted answer (signed with this agent's secret)."}}},
         "output": {"type": "object", "required": ["ok", "set", "created", "questions", "warnings"], "properties": {
             "ok": {"type": "boolean"}, "set": {"type": "string"}, "created": {"type": "boolean"},

@@ -327,8 +327,13 @@ async def test_the_put_envelope_of_a_set_is_checked_as_its_parts_say(api):
     about its id) instead of naming what is missing."""
     http, root, _ = api
     for body, field in (({"set": compare_set("intro"), "callbacks": None}, "body.callbacks"),
-                        ({"callbacks": []}, "body.set")):
+                        ({"callbacks": []}, "body.set"),
+                        ({"set": [compare_set("intro")]}, "body.set"),
+                        ({"set": compare_set("intro"), "callbacks": [7]}, "body.callbacks.0"),
+                        ({"set": compare_set("intro"), "hooks": []}, "body.hooks")):
         async with http.put("/v1/sets/intro", json=body, headers=auth("planner")) as response:
             assert response.status == 400, await response.text()
-            assert (await response.json())["message"].startswith(field)
+            error = await response.json()
+            assert error["message"].startswith(field + ":"), error
+            assert [f["where"] for f in error["errors"]] == [field], error
     assert made(root) == []
