@@ -401,7 +401,8 @@ def run_forever(config: Config) -> int:
         if config.store.url:
             from bridge.service.storage.standby import run_with_standby  # psycopg only when it is used
 
-            await run_with_standby(config, stop, serve)  # several instances may share the store
+            # Several instances may share the store.
+            await run_with_standby(config, stop, serve, fatal=(ConfigError, MatrixError, LogKeyError))
         else:
             await serve(config, stop)
 

@@ -7,9 +7,13 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
+from bridge.service.auditing.keys import LogKeyError
 from bridge.service.storage.leader import Lease
 from bridge.service.storage.pgdialect import StoreOperationalError
 from bridge.service.storage.standby import run_with_standby
+from bridge.service.storage.store import LogEntry, Store
 from helpers.pgstore import fresh_schema
 from helpers.waiting import until
 
@@ -18,7 +22,8 @@ SHUTTING_DOWN = "PostgreSQL: connection failed: FATAL:  the database system is s
 
 def cluster_config(url: str, password: str | None) -> SimpleNamespace:
     return SimpleNamespace(store=SimpleNamespace(url=url, password=password),
-                           appservice=SimpleNamespace(enabled=False), metrics=SimpleNamespace(enabled=False))
+                           appservice=SimpleNamespace(enabled=False), metrics=SimpleNamespace(enabled=False),
+                           audit=SimpleNamespace(enabled=False))
 
 
 async def test_alone_it_leads_again_after_the_store_failed_to_open(postgres_server):
@@ -58,6 +63,41 @@ async def test_with_another_instance_the_lease_goes_to_it_at_once(postgres_serve
         stop.set()
         await asyncio.wait_for(running, 15)
         other.stop()
+
+
+async def test_what_will_not_fix_itself_ends_the_instance_instead_of_going_round(postgres_server):
+    # A key file missing for a log with leaves, a config or credentials
+    # refused: on SQLite the bridge exits (2 or 1); on a cluster it used to
+    # hand the lease on and try again every 1 to 30 s for ever, reporting a
+    # standby nobody would look at.
+    config = cluster_config(fresh_schema(postgres_server), postgres_server.password)
+    terms = 0
+
+    async def serve(_config, _term, _lease: Lease) -> None:
+        nonlocal terms
+        terms += 1
+        raise LogKeyError("the answer log has 3 leaves but its key file is missing")
+
+    with pytest.raises(LogKeyError):
+        await asyncio.wait_for(run_with_standby(config, asyncio.Event(), serve, fatal=(LogKeyError,)), 15)
+    assert terms == 1
+
+
+async def test_a_standby_without_the_logs_key_refuses_to_start_not_at_the_failover(postgres_server, tmp_path):
+    url = fresh_schema(postgres_server)
+    store = Store(tmp_path / "unused.db", url=url, password=postgres_server.password)
+    store.log(LogEntry(event_id="$a", room_id="!r:hs", sender="@a:hs", via="answer_event", outcome="refused",
+                       layer="schema", reason="x", message="x", ts=1))
+    store.close()
+    config = cluster_config(url, postgres_server.password)
+    config.store.path = str(tmp_path / "bridge.db")
+    config.audit = SimpleNamespace(enabled=True, key_file=None)
+
+    async def serve(*_args) -> None:
+        raise AssertionError("never leads")
+
+    with pytest.raises(LogKeyError, match="1 leaves but its key file"):
+        await asyncio.wait_for(run_with_standby(config, asyncio.Event(), serve, fatal=(LogKeyError,)), 15)
 
 
 def test_a_bot_without_metrics_on_a_cluster_loads_no_http_server_to_stand_by():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from bridge.service.eventwait import any_set
@@ -31,8 +32,14 @@ FIRST_BACKOFF = 1.0
 LAST_BACKOFF = 30.0
 
 
-async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) -> None:
+async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
+                           fatal: tuple[type[BaseException], ...] = ()) -> None:
+    """``fatal``: what will not fix itself by trying again (a config or a key
+    refused, credentials the homeserver refuses); it ends the instance, as it
+    ends a bridge on SQLite, instead of handing the lease round for ever."""
     assert config.store.url
+    if config.audit.enabled:
+        await asyncio.to_thread(_could_sign, config)
     loop = asyncio.get_running_loop()
     lease = Lease(config.store.url, config.store.password)
     changed = asyncio.Event()
@@ -58,6 +65,8 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) ->
             try:
                 await serve(config, term, lease)
                 backoff = FIRST_BACKOFF
+            except fatal:
+                raise
             except Exception:  # noqa: BLE001 - an instance outlives a failed term as leader
                 # The store could not be opened (PostgreSQL restarting) or the
                 # bridge failed while leading: the lease goes to another
@@ -72,6 +81,26 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve) ->
                 log.warning("stepped down: standing by again")
     finally:
         lease.stop()
+
+
+def _could_sign(config: Config) -> None:
+    """A standby that could never lead says so at its start, not at the
+    failover it stands by for: the log's key file must be where its config
+    says when the log has leaves (LogKeyError).  A store not made yet, or not
+    reachable now, is left to the term as leader."""
+    from bridge.service.auditing.keys import check_present, key_file
+    from bridge.service.storage.store import Store
+
+    try:
+        store = Store.read_only(config.store.path, url=config.store.url, password=config.store.password)
+    except Exception as exc:  # noqa: BLE001 - no tables yet, or PostgreSQL away: the lease waits for it anyway
+        log.info("the answer log's key is checked when this instance leads (%s)", type(exc).__name__)
+        return
+    try:
+        leaves = store.audit.size()
+    finally:
+        store.close()
+    check_present(key_file(Path(config.store.path), config.audit.key_file), leaves)
 
 
 async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event, term: asyncio.Event) -> None:
