@@ -104,7 +104,8 @@ def _not_reached(exc: BaseException) -> bool:
 
 
 # What a server that answered says when it will take connections again soon.
-_SERVER_NOT_READY = ("the database system is", "too many clients", "remaining connection slots")
+_SERVER_NOT_READY = ("the database system is", "too many clients", "remaining connection slots",
+                     "too many connections for")  # role or database: its CONNECTION LIMIT, full for now
 
 
 def _store_refused(exc: StoreVersionError) -> int:

@@ -174,6 +174,7 @@ def test_a_set_folder_that_vanishes_closes_its_questions_and_comes_back_as_new_p
     assert isinstance(refused, Refused) and "this set was removed" in refused.message
     words = [c for _t, c, _ in transport.sent if "dev.superpipeline.question.closed" in c]
     assert words and words[0]["dev.superpipeline.question.closed"]["why"] == "this set was removed"
+    assert words[0]["body"].startswith("“Which take?” is closed (this set was removed); answers to this message")
 
     shutil.move(str(tmp_path / "archived"), str(folder))
     asyncio.run(p.sync_changed(root, [folder / "questions.json"]))

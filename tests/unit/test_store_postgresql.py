@@ -153,6 +153,28 @@ def test_status_before_the_first_start_on_a_new_empty_database_says_nothing_is_p
     assert (release["set_id"], release["posted"]) == ("release", 0)
 
 
+def test_a_role_or_database_at_its_connection_limit_is_waited_for_like_a_full_server(postgres_server):
+    # Its slots free up as other clients leave, like the server's own; exit 2
+    # at start is never restarted by the shipped systemd unit.
+    from bridge.commands.run import _not_reached
+
+    role = f"limited_{time.monotonic_ns()}"
+    with psycopg.connect(postgres_server.url(with_password=True), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' CONNECTION LIMIT 0")
+    try:
+        url = postgres_server.url().replace("postgres@", f"{role}:pw@")
+        with pytest.raises(Exception) as full:
+            Store("unused", url=url)
+        assert "too many connections for role" in str(full.value.__cause__ or full.value)
+        assert _not_reached(full.value)
+        with pytest.raises(Exception) as refused:
+            Store("unused", url=url.replace(":pw@", ":wrong@"))
+        assert not _not_reached(refused.value)
+    finally:
+        with psycopg.connect(postgres_server.url(with_password=True), autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")
+
+
 def test_a_postgresql_not_reached_at_start_is_waited_for_and_sigterm_ends_the_wait(postgres_server, tmp_path):
     """PostgreSQL down when the bridge starts (the machine booting, a restart):
     the bridge waits for it and goes on once it answers, instead of exiting 2,

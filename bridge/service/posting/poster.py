@@ -295,7 +295,9 @@ class Poster:
 
     async def _tell_closed(self, recorded: RecordedQuestion, why: str) -> None:
         title = recorded.question.get("title", recorded.qid)
-        text = f"“{title}” is {why}; answers to this message are no longer accepted."
+        # Every other why says the question's state ("withdrawn (...)", "replaced by revision 2").
+        state = f"closed ({why})" if why == SET_REMOVED else why
+        text = f"“{title}” is {state}; answers to this message are no longer accepted."
         content = {
             "msgtype": "m.notice",
             "body": text,
