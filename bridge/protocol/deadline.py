@@ -33,20 +33,31 @@ def parse_rfc3339_ms(value: str) -> int:
     return int(parsed.timestamp() * 1000)
 
 
+# 9999-12-31T23:59:59.999Z: the last moment RFC 3339's four-digit year (and
+# the event's own time field) can carry.
+LATEST_MS = 253_402_300_799_999
+
+
 def parse_when(value: Any, base_ms: int) -> int:
     """``value`` (a duration or an RFC 3339 time) as milliseconds since the epoch,
-    a duration counted from ``base_ms``.  ValueError with plain words otherwise."""
+    a duration counted from ``base_ms``.  ValueError with plain words otherwise,
+    also for a time the posted event could not carry (past the year 9999)."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError("must be a duration such as 90m, 2h or 3d, or an RFC 3339 time with a zone")
     if is_rfc3339(value):
-        return parse_rfc3339_ms(value)
-    if re.match(r"^\s*\d{4}-", value):
+        at = parse_rfc3339_ms(value)
+    elif re.match(r"^\s*\d{4}-", value):
         raise ValueError("must be an RFC 3339 time with a zone, such as 2026-12-01T14:00:00Z")
-    try:
-        seconds = parse_duration(value)
-    except ValueError:
-        raise ValueError("must be a duration such as 45s, 90m, 2h, 3d or 1w, or an RFC 3339 time with a zone") from None
-    return base_ms + int(seconds * 1000)
+    else:
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            raise ValueError("must be a duration such as 45s, 90m, 2h, 3d or 1w, "
+                             "or an RFC 3339 time with a zone") from None
+        at = base_ms + seconds * 1000 if seconds * 1000 < LATEST_MS else LATEST_MS + 1
+    if at > LATEST_MS:
+        raise ValueError("is too far away: it must fall before the year 10000")
+    return int(at)
 
 
 def format_rfc3339(ms: int) -> str:

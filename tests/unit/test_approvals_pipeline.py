@@ -61,6 +61,11 @@ def test_a_clean_approval_lints_clean(tmp_path):
     ({"expires": "2030-01-01T00:00:00"}, "questions[branch].expires", "RFC 3339 time with a zone"),
     ({"answerers": ["alice"]}, "questions[branch].answerers[0]", "is not a Matrix user id"),
     ({"escalate": {"after": "1h", "to": ["bob@hs"]}}, "questions[branch].escalate.to[0]", "is not a Matrix user id"),
+    # Lint passed these; the first was never posted (retried for ever), the
+    # second called people in once nobody could answer any more.
+    ({"expires": "500000w"}, "questions[branch].expires", "too far away"),
+    ({"expires": "8s", "escalate": {"after": "14s", "to": ["@dee:hs"]}}, "questions[branch].escalate.after",
+     "is not before expires"),
 ])
 def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, words):
     raw = all_kinds_set("kinds")
@@ -479,6 +484,19 @@ def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
     clock[0] = T0 + 10_000
     asyncio.run(deadlines.pass_once())
     assert room.record()["state"] == "answered" and hs.delayed == {}
+
+
+def test_an_escalation_due_at_or_after_the_deadline_is_not_handed_to_the_homeserver(tmp_path):
+    # A duration against a time escapes lint; the homeserver would send the
+    # mention while the bridge is down, to a question closed by then.
+    deadline = format_rfc3339(T0 + 8000)
+    room = room_with(tmp_path, expires=deadline, escalate={"after": "14s", "to": [DEE]})
+    hs = Delaying()
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: (T0 + 1000) / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    assert [content["body"] for kind, content, _delay in hs.delayed.values() if "m.new_content" not in content
+            and kind == "m.room.message"] == []
+    assert len(hs.delayed) == 2  # the poll's end and the closing edit
 
 
 def test_a_kill_between_scheduling_the_new_closing_edit_and_cancelling_the_old_leaves_one(tmp_path):

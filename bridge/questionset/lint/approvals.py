@@ -42,6 +42,8 @@ def check_approvals(ctx: Context, q: QuestionView) -> None:
             ctx.error(f"{where}.after", "escalate needs `after`: when to bring the others in (a duration such as 2h)")
         else:
             _check_when(ctx, value_at(escalate, "after"), f"{where}.after", "escalate.after")
+            _check_escalates_in_time(ctx, value_at(escalate, "after"),
+                                     value_at(q.raw, "expires") or value_at(ctx.raw, "expires"), f"{where}.after")
         if value_at(escalate, "to") is None:
             ctx.error(f"{where}.to", "escalate needs `to`: the user ids to bring in")
         else:
@@ -61,6 +63,22 @@ def _check_when(ctx: Context, value: Any, where: str, name: str) -> None:
         return
     if is_rfc3339(value) and at <= ctx.now_ms:
         ctx.error(where, f"{name} {quote(value)} is in the past; give a later time or a duration such as 2h")
+
+
+def _check_escalates_in_time(ctx: Context, after: Any, expires: Any, where: str) -> None:
+    """An escalation at or after the deadline would bring people in to a
+    question nobody may answer any more.  Told only when both are durations
+    (counted from the same posting) or both times: a duration against a time
+    depends on when the revision is posted."""
+    if not (isinstance(after, str) and isinstance(expires, str)) or is_rfc3339(after) != is_rfc3339(expires):
+        return
+    try:
+        late = parse_when(after, ctx.now_ms) >= parse_when(expires, ctx.now_ms)
+    except ValueError:
+        return  # said where each is checked
+    if late:
+        ctx.error(where, f"escalate.after {quote(after)} is not before expires {quote(expires)}: "
+                         "the people brought in could no longer answer")
 
 
 def _check_users(ctx: Context, obj: dict[str, Any], key: str, where: str) -> list[str]:

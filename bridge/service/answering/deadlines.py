@@ -109,7 +109,9 @@ class Deadlines:
             closing = self._closing(question)
             planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing,
                                                                          question.expires_ms), question.expires_ms))
-        if question.escalation is not None and question.escalation[0] > now:
+        if question.escalation is not None and question.escalation[0] > now and \
+                (question.expires_ms is None or question.escalation[0] < question.expires_ms):
+            # (One due at or after the deadline would call people in to a closed question.)
             planned.append(("escalate", "m.room.message", escalation_content(question), question.escalation[0]))
         for what, event_type, content, at in planned:
             if what in delays:
