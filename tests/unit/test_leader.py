@@ -61,8 +61,8 @@ def test_exactly_one_of_three_leads_and_status_lists_them(shared, postgres_serve
     assert roles == ["leader", "standby", "standby"]
 
 
-def test_a_standby_takes_over_a_silent_leader_with_a_higher_epoch(shared):
-    _url, lease = shared
+def test_a_standby_takes_over_a_silent_leader_with_a_higher_epoch(shared, postgres_server):
+    url, lease = shared
     first = lease(ttl=2)
     wait_for(lambda: first.leading)
     second = lease(ttl=2)
@@ -73,6 +73,9 @@ def test_a_standby_takes_over_a_silent_leader_with_a_higher_epoch(shared):
     assert second.epoch == first.epoch + 1
     with pytest.raises(LeaseLost):
         first.check()  # its own clock ran out before the database let the standby in
+    # Still heard from (its last word: it led), but only the lease's holder leads.
+    rows = {row["id"]: row["role"] for row in instances(url, postgres_server.password)}
+    assert rows == {first.name: "stale", second.name: "leader"}
 
 
 def test_a_clean_stop_hands_the_lease_on_at_once(shared):

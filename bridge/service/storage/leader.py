@@ -316,10 +316,15 @@ def instances(url: str, password: str | None) -> list[dict[str, Any]]:
     try:
         if conn.execute("SELECT to_regclass('askwright_instance')").fetchone()[0] is None:
             return []
+        # An instance leads when the lease says so, not when its last word did:
+        # a leader killed or paused is still heard from for SEEN_SECONDS after
+        # its lease ran out or went to another.
         rows = conn.execute(
-            "SELECT id, role, epoch, EXTRACT(EPOCH FROM now() - seen) FROM askwright_instance"
-            " WHERE seen > now() - make_interval(secs => %s) ORDER BY role <> 'leader', id",
-            (SEEN_SECONDS,)).fetchall()
+            "SELECT i.id, CASE WHEN i.role <> 'leader' THEN i.role WHEN EXISTS (SELECT 1 FROM askwright_lease l"
+            " WHERE l.name = 'leader' AND l.holder = i.id AND l.epoch = i.epoch AND l.expires > now())"
+            " THEN 'leader' ELSE 'stale' END AS role, i.epoch, EXTRACT(EPOCH FROM now() - i.seen)"
+            " FROM askwright_instance i WHERE i.seen > now() - make_interval(secs => %s)"
+            " ORDER BY role <> 'leader', i.id", (SEEN_SECONDS,)).fetchall()
     finally:
         conn.close()
     return [{"id": i, "role": role, "epoch": epoch, "seen_seconds_ago": round(float(ago), 1)}
