@@ -13,9 +13,10 @@ from bridge.service.config import Agent
 
 def agent_for(header: str | None, agents: Mapping[str, Agent]) -> str | None:
     """The agent named by an ``Authorization: Bearer <token>`` header, or None."""
-    if not header or not header.startswith("Bearer "):
+    scheme, _, given_text = (header or "").partition(" ")
+    if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 7235)
         return None
-    given = header[len("Bearer "):].strip().encode()
+    given = given_text.strip().encode()
     found = None
     for name, agent in agents.items():
         # Every token is compared, so the time taken says nothing about which matched.

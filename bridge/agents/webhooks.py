@@ -211,7 +211,7 @@ class Deliverer:
         problem = None
         try:
             async with http.post(row.url, data=row.body, headers=headers, allow_redirects=False) as response:
-                await response.read()
+                await _drain(response)
                 if 200 <= response.status < 300:
                     self.sent.inc()
                     log.info("webhook %s delivered to %s", row.key, host_of(row.url))
@@ -240,3 +240,20 @@ class Deliverer:
         delivered(self.store, row.id)
         self.dropped.inc()
         log.warning("webhook %s to %s dropped: %s", row.key, host_of(row.url), why)
+
+
+# What of a receiver's answer is read: its status says all, and a body read
+# whole would let a receiver make the bridge hold gigabytes.
+ANSWER_READ = 64 * 1024
+
+
+async def _drain(response: aiohttp.ClientResponse) -> None:
+    """Read a short answer to its end (its connection can be used again);
+    close the connection on a longer one instead of reading it."""
+    left = ANSWER_READ
+    while left > 0:
+        chunk = await response.content.read(left)  # what has come, up to ``left``
+        if not chunk:
+            return
+        left -= len(chunk)
+    response.close()

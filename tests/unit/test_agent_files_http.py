@@ -337,3 +337,31 @@ async def test_the_put_envelope_of_a_set_is_checked_as_its_parts_say(api):
             assert error["message"].startswith(field + ":"), error
             assert [f["where"] for f in error["errors"]] == [field], error
     assert made(root) == []
+
+
+async def test_a_malformed_request_never_puts_its_token_in_the_log(api, caplog):
+    # A token read from a file with its newline, or a client ending lines in
+    # LF: aiohttp refuses the request and quotes the offending header line,
+    # which the bridge logged as it was.
+    import asyncio
+    import logging
+
+    from bridge.service.operators.health import quiet_client_faults
+
+    quiet_client_faults()
+    http, _root, _ = api
+    host, port = http._base_url.host, http._base_url.port
+    caplog.set_level(logging.INFO, logger="aiohttp.server")
+    for raw in (f"GET /v1/sets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS['planner']}\n\r\n",
+                f"GET /v1/sets HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS['planner']}\x00\r\n\r\n"):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(raw.encode())
+        await writer.drain()
+        assert (await reader.read(1024)).split(b" ")[1] == b"400"
+        writer.close()
+    await asyncio.sleep(0.1)
+    said = "\n".join(record.getMessage() for record in caplog.records)
+    assert "400" in said and TOKENS["planner"] not in said and "planner-token" not in said
+    # The scheme is case-insensitive (RFC 7235): a lowercase one names the agent too.
+    async with http.get("/v1/sets", headers={"Authorization": f"bearer {TOKENS['planner']}"}) as response:
+        assert response.status == 200

@@ -190,3 +190,50 @@ async def test_a_url_that_keeps_timing_out_is_left_alone_then_probed_one_at_a_ti
         await task
         await silent.close()
         store.close()
+
+
+async def test_a_receiver_answering_with_a_huge_body_gets_its_connection_closed_not_read(tmp_path: Path) -> None:
+    # Any token holder names the URL; the bridge read each answer whole,
+    # 1.5 GB of a 500's body held in memory at every retry.
+    pushed = 0
+    done = asyncio.Event()
+
+    async def flood(request: web.Request) -> web.StreamResponse:
+        nonlocal pushed
+        response = web.StreamResponse(status=500, headers={"Content-Length": str(1024 ** 3)})
+        await response.prepare(request)
+        chunk = b"x" * (1024 * 1024)
+        try:
+            while pushed < 1024 ** 3:
+                await response.write(chunk)
+                pushed += len(chunk)
+        except (ConnectionError, RuntimeError):
+            pass
+        finally:
+            done.set()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/hook", flood)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/hook"
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "flood", one_question("flood"), callbacks=[url])
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=30, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    answered(hook, store, tmp_path / "sets", "flood", "$a")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+        assert pushed < 64 * 1024 * 1024, f"the bridge took {pushed >> 20} MB of a receiver's answer"
+        assert pending(store) == 1  # a 500: tried again later
+    finally:
+        stop.set()
+        await task
+        await runner.cleanup()
+        store.close()

@@ -5,6 +5,7 @@ when something is served (metrics or the agents' API on, or appservice mode)."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,9 +28,16 @@ class _ClientFaults(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
             record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg = f"{record.getMessage()}: {exc.code} {' '.join(str(exc.message).split())[:200]}"
+            record.msg = f"{record.getMessage()}: {exc.code} {_fault_kind(exc.message)}"
             record.args, record.exc_info, record.exc_text = None, None, None
         return True
+
+
+def _fault_kind(message: object) -> str:
+    """What kind of fault, never what was sent: aiohttp's message quotes the
+    offending bytes after a colon, and that may be an Authorization header."""
+    kind = re.split(r"[:'\"]", " ".join(str(message).split()), maxsplit=1)[0].strip()
+    return kind[:120] or "bad request"
 
 
 def quiet_client_faults() -> None:
