@@ -132,16 +132,22 @@ def judge(question: RecordedQuestion | None, answer: IncomingAnswer, ctx: JudgeC
     """Accept or refuse ``answer`` as an answer to ``question``.
 
     ``question`` is None when the answer's reference names no question the
-    bridge recorded.  Never raises.
+    bridge recorded.  Never raises, but OSError: the machine failing (out of
+    descriptors while the schema is first read) says nothing of the answer,
+    and the batch is tried again rather than the answer refused for good.
     """
     try:
         refusal = check_schema(answer.content)
+    except OSError:
+        raise
     except Exception:  # noqa: BLE001 - the contract is "never raises"
         return _unjudgeable("schema")
     if refusal is not None:
         return refusal
     try:
         return check_recorded(question, answer, ctx)
+    except OSError:
+        raise
     except Exception:  # noqa: BLE001
         return _unjudgeable("recorded")
 

@@ -35,6 +35,7 @@ from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
 from bridge.service.auditing.checkpoints import Checkpointer, open_log
 from bridge.service.auditing.keys import LogKeyError
+from bridge.service.descriptors import raise_to_hard_limit
 from bridge.service.supervisor import Supervisor
 from bridge.wholefile import TEMP_MARK, remove_stray_folders
 
@@ -392,6 +393,8 @@ def _maybe_a_folder(path: str) -> bool:
 
 
 def run_forever(config: Config) -> int:
+    raise_to_hard_limit()
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -520,3 +520,30 @@ def test_a_builtin_in_a_list_is_named_by_its_number_and_label(kind: str, text: s
     assert v.message == "4 (“Not sure, ask me later”) can't be combined with other picks; send it on its own."
     other = verdict(question(kind), content(text="other, a"))
     assert isinstance(other, Refused) and other.message.startswith("5 (“Something else”) can't be combined")
+
+
+def test_the_machine_failing_while_the_schema_is_first_read_is_no_refusal(monkeypatch, tmp_path) -> None:
+    # Out of descriptors (idle connections filling the bridge's limit) at the
+    # first answer after a start: the answer was refused for good as
+    # unjudgeable. It fails the batch instead, which is tried again.
+    import errno
+
+    from helpers.timeline import Room, answer
+
+    room = Room(tmp_path)
+    read = Path.read_text
+
+    def out_of_descriptors(self: Path, *args: Any, **kwargs: Any) -> str:
+        if self.suffix == ".json" and "schema" in str(self):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return read(self, *args, **kwargs)
+
+    schemas.schema.cache_clear()
+    schemas.validator.cache_clear()
+    monkeypatch.setattr(Path, "read_text", out_of_descriptors)
+    with pytest.raises(OSError):
+        room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    assert room.record() is None
+    monkeypatch.setattr(Path, "read_text", read)
+    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    assert room.record()["choice"] == "main"

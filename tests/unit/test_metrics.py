@@ -185,3 +185,30 @@ async def test_start_http_serves_on_the_configured_address_and_stops():
         await runner.cleanup()
     with socket.socket() as sock:  # nobody listens any more
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_a_connection_that_sends_nothing_is_closed_and_the_descriptor_limit_is_raised(monkeypatch):
+    # aiohttp keeps a silent connection an hour: a thousand of them held every
+    # descriptor of a service's default 1024, and the first answer after them
+    # was refused. Each listener closes them after IDLE_SECONDS (a minute and
+    # a bit; shortened here).
+    import subprocess
+    import sys
+
+    from bridge.service.operators import health
+
+    monkeypatch.setattr(health, "IDLE_SECONDS", 0.5)
+    port = free_port()
+    runner = await start_http(f"127.0.0.1:{port}", Metrics())
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(1), 5) == b""  # closed by the bridge, nothing said
+        writer.close()
+    finally:
+        await runner.cleanup()
+    # The soft limit (a service manager's 1024) goes up to the hard one at start.
+    code = ("import resource; from bridge.service.descriptors import raise_to_hard_limit;"
+            " raise_to_hard_limit(); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    out = subprocess.run(["prlimit", "--nofile=1024:4096", sys.executable, "-c", code], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "4096"

@@ -40,6 +40,19 @@ def _fault_kind(message: object) -> str:
     return kind[:120] or "bad request"
 
 
+# A connection that sends nothing (or nothing more) is closed after this:
+# aiohttp's own default is an hour, so a thousand silent connections held
+# every descriptor a service gets by default.  (A request being handled, a
+# long poll, is not idle.)
+IDLE_SECONDS = 75.0
+
+
+def runner_for(app: web.Application) -> web.AppRunner:
+    """The runner of each of the bridge's listeners: client faults logged as one line, idle connections closed."""
+    quiet_client_faults()
+    return web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_SECONDS)
+
+
 def quiet_client_faults() -> None:
     """Install the filter on aiohttp's server logger, once (every listener of the bridge uses that logger)."""
     logger = logging.getLogger("aiohttp.server")
@@ -92,8 +105,7 @@ async def start_http(listen: str | tuple[str, int], state: Metrics,
         host, port_number = host or "127.0.0.1", int(port)
     else:
         host, port_number = listen
-    quiet_client_faults()
-    runner = web.AppRunner(health_app(state, extra), access_log=None)
+    runner = runner_for(health_app(state, extra))
     await runner.setup()
     site = web.TCPSite(runner, host, port_number)
     try:

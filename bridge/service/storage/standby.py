@@ -129,7 +129,7 @@ async def _standby_listener(config: Config) -> web.AppRunner | None:
     # metrics) never loads aiohttp's server, a sixtieth of a second at each start.
     from aiohttp import web
 
-    from bridge.service.operators.health import health_routes, quiet_client_faults
+    from bridge.service.operators.health import health_routes, runner_for
 
     app = web.Application()
     app.add_routes(health_routes(standby_metrics()))
@@ -139,8 +139,7 @@ async def _standby_listener(config: Config) -> web.AppRunner | None:
                                  status=503)
 
     app.router.add_route("*", "/{tail:.*}", not_leading)
-    quiet_client_faults()
-    runner = web.AppRunner(app, access_log=None)
+    runner = runner_for(app)
     await runner.setup()
     for attempt in range(50):  # the port may still be held by the bridge this instance just stopped
         try:

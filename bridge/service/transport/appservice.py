@@ -116,10 +116,9 @@ class TransactionServer:
         return app
 
     async def start(self) -> None:
-        from bridge.service.operators.health import quiet_client_faults
+        from bridge.service.operators.health import runner_for
 
-        quiet_client_faults()
-        self.runner = web.AppRunner(self.app(), access_log=None)
+        self.runner = runner_for(self.app())
         await self.runner.setup()
         host, port = self.listen
         await web.TCPSite(self.runner, host, port).start()
