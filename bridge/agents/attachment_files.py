@@ -29,8 +29,10 @@ from bridge.questionset.media import mimetype
 
 ATTACHMENTS = "attachments"
 # The names the bridge gives people's files (``<qid>-<n>.<ext>``): no /,
-# never two dots in a row.  The OpenAPI document's pattern is NAME's.
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+)*$")  # checked with fullmatch: $ also matches before a final newline
+# never a dot first, so always one file directly in ``attachments/`` (and
+# only one answers.json names is served).  A question id may hold dots in a
+# row (``v1..2``), so its files' names do.  The OpenAPI document's pattern is NAME's.
+NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")  # checked with fullmatch: $ also matches before a final newline
 NAME_MAX = 200
 HASH_CHUNK = 1024 * 1024
 
@@ -40,7 +42,7 @@ Link = Callable[[str], str]
 def check_name(name: str, where: str = "name") -> str:
     """``name`` when it can only be a file directly in ``attachments/``; BadRequest naming ``where`` otherwise."""
     if not isinstance(name, str) or len(name) > NAME_MAX or not NAME.fullmatch(name):
-        message = f"a file name of at most {NAME_MAX} characters: letters, digits, _, - and single dots, no /"
+        message = f"a file name of at most {NAME_MAX} characters: letters, digits, _, - and dots, not first, no /"
         raise BadRequest(f"{where}: {message}", findings=[{"where": where, "message": message}])
     return name
 

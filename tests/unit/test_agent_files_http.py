@@ -365,3 +365,18 @@ async def test_a_malformed_request_never_puts_its_token_in_the_log(api, caplog):
     # The scheme is case-insensitive (RFC 7235): a lowercase one names the agent too.
     async with http.get("/v1/sets", headers={"Authorization": f"bearer {TOKENS['planner']}"}) as response:
         assert response.status == 200
+
+
+async def test_a_file_of_a_question_whose_id_has_dots_in_a_row_is_served(api):
+    # A question id may be v1..2 (lint allows it), and its files are named
+    # after it: the API listed them with size, sha256 and url null, as if gone,
+    # and refused to serve them.
+    http, root, _ = api
+    shot = await a_persons_file(http, root, 2048)
+    os.rename(root / "intro" / "attachments" / "takes-1.png", root / "intro" / "attachments" / "v1..2-1.png")
+    answered_with(root / "intro", "intro", ["attachments/v1..2-1.png"])
+    async with http.get("/v1/sets/intro/answers", headers=auth("planner")) as response:
+        (listed,) = (await response.json())["answers"][0]["attachments"]
+    assert (listed["size"], listed["url"]) == (len(shot), "/v1/sets/intro/attachments/v1..2-1.png")
+    async with http.get(listed["url"], headers=auth("planner")) as response:
+        assert response.status == 200 and await response.read() == shot
