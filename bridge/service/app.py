@@ -253,7 +253,9 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         # operators' supervisor: one that raises is restarted and shown in /health.
         supervise = ops.supervisor.spawn
         after = asyncio.ensure_future(after_the_first_batch())
-        tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted), stop), after]
+        tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted), stop), after,
+                 # Files still coming when their batch went on, and those a stop cut short.
+                 supervise("downloads", lambda: pipeline.downloads.run(stop, after=front.first_batch), stop)]
         if checkpointer is not None:
             checkpointer.put_state = transport.put_state
             checkpointer.rooms = lambda: rooms

@@ -192,3 +192,83 @@ async def cut_off(bridge: Bridge, proxy: CuttingProxy, port: int, cuts: int | No
     # Nothing else was held up for good: the answer sent beside the file landed.
     assert (await bridge.wait_answer("files", "q1", timeout=60))["text"] == "the settings page"
     assert (await alice.wait_notice(bridge.room_id, other))["content"][OUTCOME]["outcome"] == "recorded"
+
+
+# ---------------------------------------------------------------- a download that stalls
+
+
+class StallingProxy(Relay):
+    """The homeserver through a proxy whose media downloads send the status
+    line, the full Content-Length and half the body, then nothing until
+    ``released`` is set (a content repository, or a federated server, that
+    hangs); every other request passes."""
+
+    def __init__(self, listen: tuple[str, int], target: str):
+        super().__init__(listen, target)
+        self.released = asyncio.Event()
+        self.stalled = 0
+
+    async def __aenter__(self) -> "StallingProxy":
+        await super().__aenter__()
+        assert self._runner is not None
+        self._runner._shutdown_timeout = 1.0
+        return self
+
+    async def _relay(self, request):
+        from aiohttp import web
+
+        if "/media/download/" not in request.path:
+            return await super()._relay(request)
+        assert self._http is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        async with self._http.get(self.target + request.path_qs, headers=headers) as upstream:
+            data = await upstream.read()
+        response = web.StreamResponse(status=200)
+        response.content_type = "application/octet-stream"
+        response.content_length = len(data)
+        await response.prepare(request)
+        if not self.released.is_set():
+            self.stalled += 1
+            await response.write(data[:len(data) // 2])
+            await self.released.wait()
+            request.transport.close()  # that try is dead; the next one gets it all
+            return response
+        await response.write(data)
+        await response.write_eof()
+        return response
+
+
+@pytest.mark.parametrize("files_room", ["bot-plain", "appservice-plain"], indirect=True)
+async def test_a_stalled_download_holds_up_no_other_answer_and_lands_once_it_moves_even_across_a_kill(files_room):
+    # A batch waited for its files: one stalled download held every later
+    # answer, in every room, for up to three tries of 20 s and more (and in
+    # appservice mode the homeserver's push timed out, counting the bridge
+    # down). Now the batch goes on after a few seconds and the file's event
+    # is judged once its download ends, also after a kill -9 in between.
+    bridge, alice = files_room, files_room.alice
+    port = free_port()
+    async with StallingProxy(("127.0.0.1", port), bridge.synapse.url) as proxy:
+        try:
+            bridge.extra_config = {**bridge.extra_config, "homeserver": {"url": f"http://127.0.0.1:{port}"}}
+            bridge.add_set(files_set())
+            bridge.start()
+            questions = await bridge.wait_questions(alice, QUESTIONS, timeout=60)
+            [file] = random_files((3_200_000,))
+            await send_files(alice, bridge.room_id, questions, [file], encrypted=False)
+            other = await alice.send(bridge.room_id, answer_content(questions[("q1", 1)], text="the settings page"))
+            # Landed while the file is still stalled (it would be given up after about a minute and a half).
+            assert (await bridge.wait_answer("files", "q1", timeout=45))["text"] == "the settings page"
+            assert (await alice.wait_notice(bridge.room_id, other))["content"][OUTCOME]["outcome"] == "recorded"
+            assert proxy.stalled >= 1 and not proxy.released.is_set()
+            bridge.kill()  # with the file still coming: kept in the store, fetched again at the start
+            proxy.released.set()
+            bridge.start()
+            notice = await alice.wait_notice(bridge.room_id, file.event_id, timeout=90)
+            assert notice["content"][OUTCOME]["outcome"] == "recorded", notice["content"]["body"]
+            saved = bridge.sets_root / "files" / "attachments" / "q0-1.bin"
+            assert hashlib.sha256(saved.read_bytes()).hexdigest() == file.sha256
+            record = bridge.answers("files")["answers"]["q0"]
+            assert record["attachments"] == ["attachments/q0-1.bin"]
+            assert sorted(p.name for p in saved.parent.iterdir()) == ["q0-1.bin"]
+        finally:
+            bridge.kill()

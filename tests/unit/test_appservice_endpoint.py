@@ -42,8 +42,8 @@ class StandIn:
         self.batches: list[list[dict[str, Any]]] = []
         self.fail: Exception | None = None
 
-    async def prepare(self, events: list[dict[str, Any]]) -> None:
-        return None
+    async def prepare(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return events
 
     def process(self, events: list[dict[str, Any]], *, commit=None, delivery=None) -> BatchResult:
         if self.fail:

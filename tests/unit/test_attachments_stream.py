@@ -63,7 +63,7 @@ def set_dir(tmp_path: Path, monkeypatch) -> Path:
 
 
 def fetch(set_dir: Path, content: dict[str, Any], repository: Repository, limit: int = MIB):
-    return asyncio.run(attachments._fetch_bounded(content, str(set_dir), "q", 1, repository.download, limit))
+    return asyncio.run(attachments.fetch_bounded(content, str(set_dir), "q", 1, repository.download, limit))
 
 
 def test_a_body_cut_short_is_tried_again_and_lands_whole(set_dir: Path) -> None:

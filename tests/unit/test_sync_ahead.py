@@ -94,11 +94,12 @@ class _Pipeline:
     def own_users(self, user_id: str) -> bool:
         return False
 
-    async def prepare(self, events: list[dict[str, Any]]) -> None:
+    async def prepare(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         await self.release.wait()
         if self.failures:
             self.failures -= 1
             raise RuntimeError("the store is away")
+        return events
 
     def process(self, events: list[dict[str, Any]], *, commit: Any) -> None:
         self.jobs += 1

@@ -92,8 +92,8 @@ class _Pipeline:
     def own_users(self, user_id: str) -> bool:
         return False
 
-    async def prepare(self, events: list[dict[str, Any]]) -> None:
-        pass
+    async def prepare(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return events
 
     def process(self, events: list[dict[str, Any]], *, commit: Any) -> None:
         with self.store.transaction():

@@ -1,7 +1,8 @@
 """Files people send into a question's thread -> ``attachments/`` in the set folder.
 
 Runs before a batch is judged (the judging step is synchronous and inside a
-store transaction), so the pure step only has to look up what was saved.
+store transaction), so the pure step only has to look up what was saved;
+``downloads.py`` runs these fetches and lets a slow one go on apart.
 Each file is saved once: the store remembers every event it fetched (or why
 it could not), and a crash between the write and that row rewrites the same
 name, because names are numbered from the store's count, not from the disk.
@@ -83,45 +84,7 @@ def try_seconds(limit: int) -> float:
     return TRY_SECONDS + limit / SLOWEST_RATE
 
 
-async def prefetch(events: list[dict[str, Any]], store: Store, download: Download, may_answer: MayAnswer,
-                   on_trouble: Callable[[str, str], None] | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
-    """Save every new file of ``events`` sent to an open question; returns how many were saved.
-
-    Every outcome is remembered in the store (the file's path, or why it was
-    not kept), so a file is fetched once and the person is told.  Nothing
-    one download does raises out of here but the store failing.
-    """
-    jobs = []
-    numbers: dict[tuple[str, str], int] = {}
-    for event in events:
-        target = _target(event, store)
-        if target is None:
-            continue
-        event_id, question_event_id, qid, set_dir = target
-        if not may_answer(str(event.get("sender")), str(event.get("room_id"))):
-            continue  # the judging step refuses the sender; a stranger's file is never written
-        # Numbered in the batch's order before any download starts: the files
-        # of one batch are fetched side by side, so a slow one costs its
-        # bound once, not once per file.
-        key = (set_dir, qid)
-        numbers[key] = numbers.get(key, store.attachment_count(set_dir, qid)) + 1
-        jobs.append((event_id, set_dir, qid,
-                     _fetch_bounded(event["content"], set_dir, qid, numbers[key], download, max_bytes)))
-    if not jobs:
-        return 0
-    results = await asyncio.gather(*(job for *_ids, job in jobs))
-    with store.transaction():
-        for (event_id, set_dir, qid, _job), (path, problem) in zip(jobs, results):
-            store.record_attachment(event_id, set_dir, qid, path, problem)
-    for (event_id, _set_dir, qid, _job), (_path, problem) in zip(jobs, results):
-        if problem:
-            log.info("file %s for %s not kept: %s", event_id, qid, problem)
-            if on_trouble is not None:
-                on_trouble("download", problem)
-    return sum(path is not None for path, _problem in results)
-
-
-async def _fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
+async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
                          download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
     for attempt in range(1, TRIES + 1):
         try:
@@ -134,7 +97,7 @@ async def _fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number
     return None, "attachment_not_fetched"
 
 
-def _target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:
+def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:
     """(event id, question event id, qid, set dir) of a new file sent to an open question."""
     content = event.get("content")
     event_id = event.get("event_id")

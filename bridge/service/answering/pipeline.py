@@ -35,7 +35,8 @@ from bridge.protocol.withdrawn import UNPLACED_MESSAGE
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
 from bridge.protocol.file_problems import file_problem as file_problem_words
-from bridge.service.answering.attachments import DEFAULT_MAX_BYTES, prefetch
+from bridge.service.answering.attachments import DEFAULT_MAX_BYTES
+from bridge.service.answering.downloads import Downloads
 from bridge.service.answering.folderflush import FolderFlush
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack
@@ -130,6 +131,9 @@ class Pipeline(FolderFlush):
     on_set_written: Callable[[str], None] | None = None
     # The largest file a person may send (``attachments.max_bytes``).
     attachment_max_bytes: int = DEFAULT_MAX_BYTES
+    # Told when events were judged apart from the transport's batches (a file
+    # that came late): the transport's notifier says what they did.
+    on_judged_apart: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.lookup = _StoreLookup(self.store)
@@ -144,6 +148,8 @@ class Pipeline(FolderFlush):
         # failed, counts nothing twice.
         self._observed: list[Callable[[], None]] | None = None
         self.timeline = Timeline(self.store, self.power)
+        self.downloads = Downloads(self.store, getattr(self.transport, "download", None), self._may_answer,
+                                   self.report_trouble, self.attachment_max_bytes, self._judge_later)
 
     async def load_members(self, room_id: str) -> None:
         """The room's joined members, and its power levels (who may redact
@@ -163,14 +169,18 @@ class Pipeline(FolderFlush):
             else:
                 self.power[room_id] = found
 
-    async def prepare(self, events: list[dict[str, Any]]) -> None:
-        """The I/O a batch needs before ``process``: files people sent into a
-        question's thread are downloaded into the set folder (``process`` runs
-        inside a store transaction and must not wait on the network)."""
-        download = getattr(self.transport, "download", None)
-        if download is not None:
-            await prefetch(events, self.store, download, self._may_answer, self.report_trouble,
-                           max_bytes=self.attachment_max_bytes)
+    async def prepare(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The I/O a batch needs before ``process``, and the events to judge
+        now: files people sent into a question's thread are downloaded into
+        the set folder (``process`` runs inside a store transaction and must
+        not wait on the network); one still coming after a few seconds goes on
+        apart, its event judged when it is in (``downloads.py``)."""
+        return await self.downloads.prefetch(events)
+
+    async def _judge_later(self, events: list[dict[str, Any]]) -> None:
+        await self.store.run(self.process, events)
+        if self.on_judged_apart is not None:
+            self.on_judged_apart()
 
     def _own(self, event: dict[str, Any]) -> bool:
         """The bridge's own event (or one with no sender): never judged."""

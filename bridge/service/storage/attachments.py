@@ -25,6 +25,10 @@ class Attachments:
                         " ON CONFLICT DO NOTHING",
                         (event_id, set_dir, qid, path, problem))
 
+    def settle_attachment(self, event_id: str, path: str | None, problem: str | None) -> None:
+        """A file recorded as still coming (``downloads.PENDING``): now in, or why not."""
+        self.db.execute("UPDATE attachment SET path=?, problem=? WHERE event_id=?", (path, problem, event_id))
+
     def upload_of(self, sha256: str) -> tuple[str, dict[str, Any]] | None:
         row = self.db.execute("SELECT url, info FROM media_upload WHERE sha256=?", (sha256,)).fetchone()
         return (row[0], json.loads(row[1])) if row else None

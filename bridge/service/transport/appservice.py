@@ -219,7 +219,7 @@ class TransactionServer:
             # would be kept is looked up first) and found taken by the batch's
             # own look-ups: no job before the batch's own, unless screening keeps.
             events, commit, chores_after = await self._screen(events, commit)
-        await self.pipeline.prepare(events)
+        events = await self.pipeline.prepare(events)
         # On the store's thread: the listener goes on answering meanwhile.
         # Whether the transaction was taken before is read with the batch's
         # other look-ups, not in a job of its own (a resend finds its files
@@ -419,6 +419,7 @@ class AppserviceFront:
         # Notices go out off the request path: a 200 must not wait on the
         # homeserver, which may itself be waiting on that 200.
         notices = Notices(pipeline, stop)
+        pipeline.on_judged_apart = notices.wake
         spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
         notifier = spawn("notices", notices.run, stop)
         server.on_invite = lambda room_id, inviter: answer_invite(

@@ -208,6 +208,7 @@ class SyncLoop:
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
+        self.pipeline.on_judged_apart = notices.wake
         notifier = self.supervisor.spawn("notices", notices.run, self.stop)
         try:
             await self._loop(notices)
@@ -374,7 +375,7 @@ class SyncLoop:
             return
         # Files people sent are fetched first: judging runs in one store
         # transaction and does no network I/O.
-        await self.pipeline.prepare(events)
+        events = await self.pipeline.prepare(events)
         # On the store's thread, the event loop serving /health and the agents
         # meanwhile; runs to completion even when a stop is asked for mid-batch.
         await self.store.run(self.pipeline.process, events, commit=lambda: self._commit(token, resolved, then))

@@ -1,0 +1,170 @@
+"""Files people send, fetched without holding anything else up.
+
+A batch waits for its files at most BATCH_WAIT.  A download still going on
+then goes on by itself: its event leaves the batch, kept in the store (its
+``attachment`` row says ``pending``, the event waits in meta under
+``download:<id>``) before the transport's progress can move past it, and is
+judged on its own once the file is whole or given up on.  So a content
+repository that stalls costs that one file's word back, never another
+person's answer or another room's (and an appservice transaction is answered
+well within the homeserver's timeout, which would otherwise count the bridge
+as down and drop the room keys it pushes meanwhile).
+
+A start (and the new leader) takes the kept ones up again: a file fetched and
+recorded but not yet judged is judged, one not fetched is fetched again under
+the same name.  The file's number is given when the batch meets it, so the
+files after it never take its name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+from bridge.protocol.normalize import FILE_MSGTYPES
+from bridge.service.answering.attachments import Download, MayAnswer, fetch_bounded, target
+from bridge.service.eventwait import any_set, set_within
+from bridge.service.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+PENDING = "pending"  # the attachment row of a file still coming
+KEPT = "download:"  # meta: the event of a file still coming, with where it goes
+# How long a batch waits for its files before it goes on without the slow ones.
+BATCH_WAIT = 3.0
+# How often kept downloads nobody is running (a failed judging, a start) are taken up.
+RESUME_EVERY = 30.0
+
+JudgeLater = Callable[[list[dict[str, Any]]], Awaitable[Any]]
+
+
+class Downloads:
+    def __init__(self, store: Store, download: Download | None, may_answer: MayAnswer,
+                 on_trouble: Callable[[str, str], None] | None, max_bytes: int, judge_later: JudgeLater):
+        self.store, self.download, self.may_answer = store, download, may_answer
+        self.on_trouble, self.max_bytes, self.judge_later = on_trouble, max_bytes, judge_later
+        self.running: dict[str, asyncio.Future[Any]] = {}  # event id -> its download and judging
+
+    async def prefetch(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Save the new files of ``events`` sent to open questions; the events to judge now."""
+        if self.download is None:
+            return events
+        later: set[str] = set()
+        jobs: list[tuple[dict[str, Any], str, str, int, asyncio.Future[Any]]] = []
+        numbers: dict[tuple[str, str], int] = {}
+        for event in events:
+            event_id = event.get("event_id")
+            if event_id in self.running or (_is_file(event) and self.store.attachment(event_id) == (None, PENDING)):
+                later.add(event_id)  # its file is still coming: judged when it has
+                continue
+            found = target(event, self.store)
+            if found is None:
+                continue
+            event_id, _question_event_id, qid, set_dir = found
+            if not self.may_answer(str(event.get("sender")), str(event.get("room_id"))):
+                continue  # the judging step refuses the sender; a stranger's file is never written
+            # Numbered in the batch's order before any download starts: the files
+            # of one batch are fetched side by side, so a slow one costs its
+            # bound once, not once per file.
+            key = (set_dir, qid)
+            numbers[key] = numbers.get(key, self.store.attachment_count(set_dir, qid)) + 1
+            jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(
+                fetch_bounded(event["content"], set_dir, qid, numbers[key], self.download, self.max_bytes))))
+        if not jobs:
+            return [event for event in events if event.get("event_id") not in later] if later else events
+        await asyncio.wait([job for *_parts, job in jobs], timeout=BATCH_WAIT)
+        with self.store.transaction():
+            for event, set_dir, qid, number, job in jobs:
+                if job.done():
+                    path, problem = job.result()
+                    self.store.record_attachment(event["event_id"], set_dir, qid, path, problem)
+                else:
+                    self.store.record_attachment(event["event_id"], set_dir, qid, None, PENDING)
+                    self.store.set_meta(KEPT + event["event_id"], json.dumps(
+                        {"event": event, "set_dir": set_dir, "qid": qid, "number": number}))
+        for event, _set_dir, qid, _number, job in jobs:
+            if job.done():
+                self._told(event["event_id"], qid, job.result()[1])
+            else:
+                later.add(event["event_id"])
+                log.info("file %s for %s still coming after %.0f s: judged once it is in, the batch goes on",
+                         event["event_id"], qid, BATCH_WAIT)
+                self._follow(event, qid, job)
+        return [event for event in events if event.get("event_id") not in later]
+
+    async def run(self, stop: asyncio.Event, after: asyncio.Event | None = None) -> None:
+        """Take up the kept downloads nobody runs (at start, then every
+        RESUME_EVERY); on stop, leave the running ones to the next start."""
+        try:
+            if after is not None:
+                await any_set([stop, after])  # the answers waiting at start come first
+            while not stop.is_set():
+                await self.resume()
+                await set_within(stop, RESUME_EVERY)
+        finally:
+            for running in list(self.running.values()):
+                running.cancel()
+
+    async def resume(self) -> None:
+        if self.download is None:
+            return
+        kept = await self.store.run(self.store.meta_with_prefix, KEPT)
+        for key, value in kept:
+            event_id = key[len(KEPT):]
+            if event_id in self.running:
+                continue
+            kept_event = json.loads(value)
+            event, qid = kept_event["event"], kept_event["qid"]
+            saved = await self.store.run(self.store.attachment, event_id)
+            if saved == (None, PENDING):
+                log.info("file %s for %s fetched again (its download was cut short)", event_id, qid)
+                self._follow(event, qid, asyncio.ensure_future(fetch_bounded(
+                    event["content"], kept_event["set_dir"], qid, kept_event["number"], self.download,
+                    self.max_bytes)))
+            else:
+                self._follow(event, qid, None)  # fetched, not judged yet
+
+    def _follow(self, event: dict[str, Any], qid: str, job: asyncio.Future[Any] | None) -> None:
+        event_id = event["event_id"]
+        self.running[event_id] = asyncio.ensure_future(self._settle(event, qid, job))
+        self.running[event_id].add_done_callback(lambda _done: self.running.pop(event_id, None))
+
+    async def _settle(self, event: dict[str, Any], qid: str, job: asyncio.Future[Any] | None) -> None:
+        """The file in (or given up on), then its event judged; its kept
+        event goes last, so a failure between leaves it to be taken up again."""
+        event_id = event["event_id"]
+        try:
+            if job is not None:
+                path, problem = await job
+                await self.store.run(self._settled, event_id, path, problem)
+                self._told(event_id, qid, problem)
+            await self.judge_later([event])
+            await self.store.run(self._forget, event_id)
+        except asyncio.CancelledError:
+            if job is not None:
+                job.cancel()
+            raise
+        except Exception:  # noqa: BLE001 - kept: taken up again within RESUME_EVERY
+            log.exception("file %s for %s not judged yet; tried again", event_id, qid)
+
+    def _settled(self, event_id: str, path: str | None, problem: str | None) -> None:
+        with self.store.transaction():
+            self.store.settle_attachment(event_id, path, problem)
+
+    def _forget(self, event_id: str) -> None:
+        with self.store.transaction(flush=False):
+            self.store.delete_meta(KEPT + event_id)
+
+    def _told(self, event_id: str, qid: str, problem: str | None) -> None:
+        if problem:
+            log.info("file %s for %s not kept: %s", event_id, qid, problem)
+            if self.on_trouble is not None:
+                self.on_trouble("download", problem)
+
+
+def _is_file(event: dict[str, Any]) -> bool:
+    content = event.get("content")
+    return isinstance(content, dict) and content.get("msgtype") in FILE_MSGTYPES
+
