@@ -73,8 +73,10 @@ class Notices:
         # Set while a catch-up's gap is judged page by page: its answers are
         # told once the whole gap is in, one reply per person and question.
         self.reading_gap = False
+        self.woken = 0  # wake-ups so far: a pass sees whether new entries came while it sent
 
     def wake(self) -> None:
+        self.woken += 1
         self.pending.set()
 
     async def run(self) -> None:
@@ -99,6 +101,7 @@ class Notices:
         """One pass over the notices still to send (the oldest ``PASS`` of each
         kind); returns how many were sent."""
         self.next_due = None
+        woken_at_start = self.woken
         now = self.clock()
         waiting = [room for room, (not_before, _delay) in self.room_retry.items() if not_before > now]
         for room in waiting:  # backed off: left out of this pass, looked at again when due
@@ -113,6 +116,11 @@ class Notices:
         with priority(ACK):
             for last, _count in acks:
                 if self._out_of_time():
+                    break
+                if self.woken != woken_at_start and not self.stop.is_set():
+                    # New entries came while these were sent (at the homeserver's
+                    # pace): the next pass puts their senders in turn with the
+                    # rest, so one person's backlog delays nobody else's word.
                     break
                 entry = await self._send(functools.partial(self._standing, last), self._ack_maker)
                 if entry is not None:

@@ -60,6 +60,9 @@ class WordBack:
                                        whose=None if picker in (None, entry.sender) else picker)
             if entry.message:  # the file that came with the note could not be kept
                 content = with_remark(content, entry.message)
+            if replaced > 0:  # one reply for a run of them (a flood gets a handful of replies)
+                content = with_remark(content, f"({replaced} earlier addition{'s' if replaced > 1 else ''} of "
+                                               f"yours to this answer {'were' if replaced > 1 else 'was'} kept too.)")
         else:
             message = entry.message or "the answer could not be read."
             if entry.reason == "input_required" and entry.via in _GESTURE_VIAS:

@@ -31,17 +31,21 @@ class Notices:
         return row[0] == len(set(seqs))
 
     def pending_acks(self, limit: int, skip_rooms: Iterable[str] = ()) -> list[tuple[int, int]]:
-        """(last seq, entries) of the oldest ``limit`` acknowledgements to send:
-        one per person per question for accepted answers (the last one, which
-        stands), one per entry otherwise; entries whose set is held (dirty)
-        and rooms in ``skip_rooms`` (backed off) wait."""
+        """(last seq, entries) of ``limit`` acknowledgements to send: one per
+        person per question for accepted answers (the last one, which stands)
+        and one for their additions (notes, files), one per entry otherwise;
+        entries whose set is held (dirty) and rooms in ``skip_rooms`` (backed
+        off) wait.  Each person in turn, oldest first: one sending many
+        messages waits behind everyone else's oldest, never the other way."""
         rooms = list(skip_rooms)
         return self.db.execute(
             "SELECT MAX(seq), COUNT(*) FROM answer_log a WHERE acked=0 AND outcome IN ('accepted','annotated','withdrawn')"
             " AND NOT EXISTS (SELECT 1 FROM dirty d WHERE d.set_dir=a.set_dir AND d.qid=a.qid)"
             + (f" AND room_id NOT IN ({','.join('?' * len(rooms))})" if rooms else "") +
-            " GROUP BY room_id, sender, question_event_id, CASE WHEN outcome='accepted' THEN 0 ELSE seq END"
-            " ORDER BY MIN(seq) LIMIT ?", (*rooms, limit)).fetchall()
+            " GROUP BY room_id, sender, question_event_id,"
+            " CASE outcome WHEN 'accepted' THEN 0 WHEN 'annotated' THEN -1 ELSE seq END"
+            " ORDER BY ROW_NUMBER() OVER (PARTITION BY sender ORDER BY MIN(seq)), MIN(seq) LIMIT ?",
+            (*rooms, limit)).fetchall()
 
     def pending_refusals(self, limit: int, skip_rooms: Iterable[str] = ()) -> list[tuple[int, int, str, str, str | None]]:
         """(last seq, entries, room, sender, question event) of the oldest ``limit``
@@ -55,11 +59,12 @@ class Notices:
 
     def notice_seqs(self, last: int) -> list[int]:
         """The pending entries the notice of entry ``last`` stands for, oldest
-        first: for an accepted answer or a refusal, the same person's pending
-        ones of that outcome on that question up to it; otherwise itself."""
+        first: for an accepted answer, an addition or a refusal, the same
+        person's pending ones of that outcome on that question up to it;
+        otherwise itself."""
         row = self.db.execute("SELECT outcome, room_id, sender, question_event_id FROM answer_log WHERE seq=?",
                               (last,)).fetchone()
-        if row is None or row[0] not in ("accepted", "refused"):
+        if row is None or row[0] not in ("accepted", "annotated", "refused"):
             return [last]
         outcome, room_id, sender, question = row
         same_question = "question_event_id IS NULL" if question is None else "question_event_id=?"
