@@ -21,7 +21,7 @@ from aiohttp import web
 from bridge.agents.auth import RateLimiter, agent_for
 from bridge.agents.callbacks import check_callbacks
 from bridge.agents.contract import Checked, Contract
-from bridge.agents.errors import AgentError, BadRequest, LintFailed
+from bridge.agents.errors import AgentError, LintFailed
 from bridge.agents.files_http import FileRoutes
 from bridge.agents.sets import AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 from nio import AsyncClient
 from watchfiles import Change, awatch
@@ -23,7 +23,7 @@ from bridge.service.eventwait import any_set
 from bridge.answers.file import remove_stray_temps
 from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.service.posting.sets import folders
-from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token, sleep_or_stop
+from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token
 from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
@@ -314,29 +314,55 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
     """Post what is not posted yet, then follow the folder.  The watcher starts
     first, so an edit made during a long first posting is not missed (the
     poster takes one set at a time, so both never post the same set at once).
-    ``on_changed`` is told each set folder whose questions.json changed."""
+    ``on_changed`` is told each set folder whose questions.json changed.  A
+    set that could not be posted (its room refuses the bridge, say), at the
+    start or after an edit, is tried again with backoff until it is."""
+    failed: set[Path] = set()
+    more = asyncio.Event()
+
+    def could_not_post(paths: list[Path]) -> None:
+        failed.update(paths)
+        more.set()
+
     watching = asyncio.Event()
-    watcher = asyncio.ensure_future(watch_sets(poster, root, stop, watching, on_changed))
-    failed = await _post_sets(poster, root, stop)
+    watcher = asyncio.ensure_future(watch_sets(poster, root, stop, watching, on_changed, could_not_post))
+    could_not_post(await _post_sets(poster, root, stop))
     posted.set()
     # A set written after the first scan but before the watcher was up (an
     # agent asking as the bridge starts) is taken by a second scan; sets
     # already posted are skipped by their fingerprint.
-    up = asyncio.ensure_future(sleep_or_stop_event(stop, watching))
-    await asyncio.wait([up, watcher], return_when=asyncio.FIRST_COMPLETED)
-    up.cancel()
+    await _first_of([stop.wait(), watching.wait()], watcher)
     if watcher.done():  # the watcher failed before it was up: the supervisor starts this again
-        failed = []
-    elif not stop.is_set():
-        failed = await _post_sets(poster, root, stop)
+        await watcher
+        return
+    if not stop.is_set():
+        failed.clear()
+        could_not_post(await _post_sets(poster, root, stop))
     delay = 1.0
-    while failed and not stop.is_set():
-        # A set that could not be posted (its room refuses the bridge, say) is
-        # tried again with backoff; the others are long posted.
-        await sleep_or_stop(stop, delay)
+    while not stop.is_set() and not watcher.done():
+        if not failed:
+            delay = 1.0
+            more.clear()
+            await _first_of([stop.wait(), more.wait()], watcher)
+            continue
+        await _first_of([asyncio.sleep(delay), stop.wait()], watcher)
+        if stop.is_set() or watcher.done():
+            break
         delay = min(delay * 2, 300)
-        failed = await _post_sets(poster, root, stop, None if failed == [root] else failed)
+        again = sorted(failed)
+        failed.clear()
+        could_not_post(await _post_sets(poster, root, stop, None if root in again else again))
     await watcher
+
+
+async def _first_of(waits: list[Awaitable[Any]], watcher: asyncio.Future[Any]) -> None:
+    """Until one of ``waits`` is done, or the watcher has ended."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait([*tasks, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _post_sets(poster: Poster, root: Path, stop: asyncio.Event, only: list[Path] | None = None) -> list[Path]:
@@ -354,8 +380,10 @@ async def sleep_or_stop_event(stop: asyncio.Event, event: asyncio.Event) -> None
 
 
 async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: asyncio.Event | None = None,
-                     on_changed: Callable[[str], None] | None = None) -> None:
-    """``watching`` is set once the watcher is up (its first wake-up)."""
+                     on_changed: Callable[[str], None] | None = None,
+                     could_not_post: Callable[[list[Path]], None] | None = None) -> None:
+    """``watching`` is set once the watcher is up (its first wake-up);
+    ``could_not_post`` is told the sets an edit could not post (tried again)."""
     async for changes in awatch(root, stop_event=stop, debounce=200, step=50, recursive=True,
                                 watch_filter=_set_change, rust_timeout=1000, yield_on_timeout=True):
         if watching is not None:
@@ -369,9 +397,12 @@ async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: 
                 on_changed(folder)
         try:
             # Only the sets that changed are read again, not every set under the root.
-            await poster.sync_changed(root, files)
+            report = await poster.sync_changed(root, files)
         except Exception:  # noqa: BLE001 - a bad edit must not stop the bridge
             log.exception("re-reading the sets failed")
+            continue
+        if report.failed and could_not_post is not None:
+            could_not_post(report.failed)
 
 
 def _set_change(change: Change, path: str) -> bool:

@@ -229,3 +229,47 @@ async def test_a_room_the_bridge_may_no_longer_post_in_drops_its_notice_only(syn
         assert "cannot join" in bridge.log_text()
     finally:
         bridge.kill()
+
+
+async def test_a_set_edited_while_its_room_refuses_the_bridge_is_posted_once_the_room_takes_it_back(
+        synapse, tmp_path, person):
+    # Only a set that failed in the start's scan was tried again: one an
+    # agent edited while its room refused the bridge stayed unposted for good.
+    owner, alice = person(), person()
+    bot = synapse.register(f"askbot{os.getpid()}{int(time.time() * 1000) % 100000}")
+    room_a = synapse.create_room(bot["access_token"], invite=[alice.user_id])
+    synapse.join(alice.token, room_a)
+    room_b = synapse.create_room(owner.token, invite=[alice.user_id, bot["user_id"]])
+    synapse.join(alice.token, room_b)
+    synapse.join(bot["access_token"], room_b)
+    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=room_a, bot=bot,
+                    extra_config={"rooms": {"default": room_a, "sets": {"beta": room_b}}})
+    bridge.sets_root.mkdir()
+    bridge.alice = alice
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        beta = bridge.add_set(text_set("beta", 1))
+        bridge.start()
+        await bridge.wait_questions(alice, 1)
+        deadline = time.monotonic() + 30
+        while not await alice.questions(room_b):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(3)  # the start's scans are over: only the folder watch sees the edit
+        levels = await owner.client.room_get_state_event(room_b, "m.room.power_levels")
+        before = dict(levels.content)
+        await owner.client.room_put_state(room_b, "m.room.power_levels", {
+            **before, "events_default": 50, "users": {**before.get("users", {}), alice.user_id: 50}})
+        (beta / "questions.json").write_text(json.dumps(text_set("beta", 2)))
+        deadline = time.monotonic() + 30
+        while "not posted yet" not in bridge.log_text():
+            assert time.monotonic() < deadline, "the edit was never tried"
+            await asyncio.sleep(0.2)
+        await owner.client.room_put_state(room_b, "m.room.power_levels", before)
+        deadline = time.monotonic() + 45
+        while ("q1", 1) not in await alice.questions(room_b):
+            bridge.check_alive()
+            assert time.monotonic() < deadline, "the edited set was never posted once the room took the bridge back"
+            await asyncio.sleep(0.5)
+    finally:
+        bridge.kill()
