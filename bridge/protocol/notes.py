@@ -72,7 +72,9 @@ def parse_note(text: str) -> Note:
             codes.extend(found)
         else:
             kept.append(line)
-    return Note(clip("\n".join(kept).strip(), MAX_NOTE), tuple(codes))
+    # Not cut to MAX_NOTE here: a note that would not fit is refused as
+    # note_too_long (the person told), never kept shortened as if whole.
+    return Note("\n".join(kept).strip(), tuple(codes))
 
 
 def parse_timecode(line: str) -> Timecode | None:

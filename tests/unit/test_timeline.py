@@ -182,3 +182,16 @@ def test_a_held_event_redacted_while_it_waits_is_still_dropped_once_read(tmp_pat
     room.deliver([redact("$r", BOB, 3000, "$v2")])
     room.release([held])
     assert room.record()["choice"] == "main"
+
+
+def test_a_note_too_long_to_keep_is_refused_and_said_never_kept_cut_short(tmp_path: Path) -> None:
+    # A 36,000-character note was kept as its first 20,000 and acknowledged
+    # "Added to your answer: a note", the rest lost without a word.
+    room = Room(tmp_path)
+    room.deliver([answer("$a", ALICE, 1000, "main"), note("$n", ALICE, 2000, "word " * 7200)])
+    record = room.record()
+    assert record["choice"] == "main" and not record.get("note")
+    (reason,) = [row[0] for row in room.store.db.execute("SELECT reason FROM answer_log WHERE event_id='$n'")]
+    assert reason == "note_too_long"
+    room.deliver([note("$n2", ALICE, 3000, "word " * 3000)])  # one that fits is kept whole
+    assert room.record()["note"] == ("word " * 3000).strip()
