@@ -104,13 +104,27 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
             verdict.checked_records += 1
             verdict.problems.extend(_tally_problems(f"record {qid!r}", qid, record, doc, logged))
             continue
+        stands = None if is_tally(record) else logged.standing().get((doc.get("set"), qid))
         if receipt is None:
-            if source.get("via") == "matrix":
+            if stands is not None:
+                # Whoever wrote it (or a writer's name taken off), the log
+                # holds an answer that stands: the record is not what it says.
+                verdict.problems.append(f"record {qid!r}: no receipt, where the log's answer that stands is "
+                                        f"leaf {stands}")
+            elif source.get("via") == "matrix" and record.get("state") != "note_only":
+                # (Notes kept before any pick vouch for no answer: they carry no receipt.)
                 verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
             continue  # another writer's record: the log does not speak for it
         verdict.checked_records += 1
         verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin,
                                                  tree, logged))
+        index = receipt.get("index") if isinstance(receipt, dict) else None
+        if not is_tally(record) and index in logged.withdrawn:
+            verdict.problems.append(f"record {qid!r} (leaf {index}): the log took this answer back later "
+                                    "(withdrawn)")
+        elif stands is not None and isinstance(index, int) and index != stands:
+            verdict.problems.append(f"record {qid!r} (leaf {index}): the log's answer that stands is leaf {stands} "
+                                    "(a later answer replaced this one, or it was withdrawn)")
     return verdict
 
 
@@ -122,10 +136,49 @@ class _Logged:
     def __init__(self, leaves: Sequence[bytes]):
         self._leaves = leaves
         self._accepted: dict[str, dict[str, Any]] | None = None
+        self._standing: dict[tuple[Any, Any], int] | None = None
+        self.withdrawn: set[int] = set()  # accepted answers the log took back later (``standing``)
         # (set, question id) -> the log's latest word on its approval outcome: decided or expired
         self.outcome: dict[tuple[Any, Any], str] = {}
         # (set, question id, sender) -> the hashes of the answers the log accepted from them
         self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
+
+    def standing(self) -> dict[tuple[Any, Any], int]:
+        """(set, question id) -> the index of the accepted answer that stands,
+        as the room's order says: the latest by time (then by leaf) that no
+        withdrawal took back (an original's withdrawal takes its edits with
+        it; an empty poll vote takes back its sender's votes up to its time; a
+        set-aside answer never stood)."""
+        if self._standing is None:
+            taken_back: set[Any] = set()
+            cleared: dict[tuple[Any, Any, Any], int] = {}  # (set, question, sender) -> latest empty vote's time
+            answers: list[tuple[int, dict[str, Any]]] = []
+            for index, data in enumerate(self._leaves):
+                try:
+                    leaf = audit_leaf.parse_leaf(data)
+                except audit_leaf.LeafError:
+                    continue  # named by the log's check
+                target = {"withdrawn": leaf.get("replaces"), "set_aside": leaf.get("event_id")}.get(
+                    str(leaf.get("outcome")))
+                if leaf.get("outcome") == "accepted":
+                    answers.append((index, leaf))
+                elif isinstance(target, str):
+                    taken_back.add(target)
+                elif leaf.get("outcome") == "withdrawn" and leaf.get("via") == "poll":
+                    key = (leaf.get("set"), _question_id(leaf), leaf.get("sender"))
+                    cleared[key] = max(cleared.get(key, 0), _ts(leaf))
+            best: dict[tuple[Any, Any], tuple[tuple[int, int], int]] = {}
+            self.withdrawn = set()
+            for index, leaf in answers:
+                key = (leaf.get("set"), _question_id(leaf))
+                if leaf.get("event_id") in taken_back or leaf.get("replaces") in taken_back or (
+                        leaf.get("via") == "poll" and cleared.get((*key, leaf.get("sender")), -1) >= _ts(leaf)):
+                    self.withdrawn.add(index)
+                    continue
+                if key not in best or (_ts(leaf), index) > best[key][0]:
+                    best[key] = ((_ts(leaf), index), index)
+            self._standing = {key: index for key, (_position, index) in best.items()}
+        return self._standing
 
     def accepted(self) -> dict[str, dict[str, Any]]:
         if self._accepted is None:
@@ -143,6 +196,14 @@ class _Logged:
                 elif leaf.get("outcome") in ("decided", "expired"):
                     self.outcome[(leaf.get("set"), question.get("id"))] = leaf["outcome"]
         return self._accepted
+
+
+def _question_id(leaf: dict[str, Any]) -> Any:
+    return leaf["question"].get("id") if isinstance(leaf.get("question"), dict) else None
+
+
+def _ts(leaf: dict[str, Any]) -> int:
+    return leaf["ts"] if isinstance(leaf.get("ts"), int) else 0
 
 
 def is_tally(record: dict[str, Any]) -> bool:

@@ -195,3 +195,32 @@ def test_a_note_too_long_to_keep_is_refused_and_said_never_kept_cut_short(tmp_pa
     assert reason == "note_too_long"
     room.deliver([note("$n2", ALICE, 3000, "word " * 3000)])  # one that fits is kept whole
     assert room.record()["note"] == ("word " * 3000).strip()
+
+
+def test_verify_names_a_record_rolled_back_or_stripped_of_its_receipt(tmp_path: Path) -> None:
+    # Each record was checked against its own receipt's leaf only: rolled back
+    # to an answer a later edit replaced (with that answer's own receipt),
+    # brought back after its redaction, or stripped of its receipt and given
+    # another writer's name, answers.json passed verify.
+    import json
+
+    room = Room(tmp_path)
+    room.deliver([answer("$a", ALICE, 1000, "main")])
+    first = room.record()
+    room.deliver([edit("$e", ALICE, 2000, "$a", "stable")])
+    assert room.verify() == []
+    path = room.set_dir / "answers.json"
+    honest = json.loads(path.read_text())
+
+    def forged(record: dict) -> list[str]:
+        path.write_text(json.dumps({**honest, "answers": {**honest["answers"], "branch": record}}))
+        return room.verify()
+
+    assert any("stands is leaf 1" in p for p in forged(first))
+    stripped = {k: v for k, v in {**honest["answers"]["branch"], "choice": "main"}.items() if k != "receipt"}
+    assert any("no receipt" in p for p in forged({**stripped, "source": {"via": "askwright"}}))
+    assert any("no receipt" in p for p in forged({k: v for k, v in stripped.items() if k != "source"}))
+    path.write_text(json.dumps(honest))
+    room.deliver([redact("$r", ALICE, 3000, "$a")])  # taken back: no answer stands
+    assert room.verify() == [] and room.record() is None
+    assert any("stands" in p or "withdrawn" in p for p in forged(honest["answers"]["branch"]))

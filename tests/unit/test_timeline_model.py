@@ -209,6 +209,11 @@ class Timeline(RuleBasedStateMachine):
         # redaction of one still counts once it is released (it drops it).
         assert seen(self.room.record()) == reference(self.delivered)
 
+    @invariant()
+    def verify_accepts_the_record(self) -> None:
+        # The answer that stands in answers.json is the one the log says stands.
+        assert self.room.verify() == []
+
 
 Timeline.TestCase.settings = settings(max_examples=80, stateful_step_count=30, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])
