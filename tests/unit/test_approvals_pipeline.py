@@ -499,6 +499,23 @@ def test_an_escalation_due_at_or_after_the_deadline_is_not_handed_to_the_homeser
     assert len(hs.delayed) == 2  # the poll's end and the closing edit
 
 
+def test_a_vote_just_before_a_stop_is_in_the_homeservers_closing_edit(tmp_path):
+    # The closing edit was restated only by the pass each second: a bridge
+    # stopped within that second left the homeserver to say "no votes" at
+    # the deadline, while it was down, though a vote stood.
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: (T0 + 1000) / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    stop = asyncio.Event()
+    stop.set()
+    asyncio.run(deadlines.run(stop))
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
+    assert [words for words, _delay in hs.closing_edits()] == [
+        closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})")]
+
+
 def test_a_kill_between_scheduling_the_new_closing_edit_and_cancelling_the_old_leaves_one(tmp_path):
     room = room_with(tmp_path, expires="45s")
     hs = Delaying()

@@ -467,6 +467,20 @@ class Deadlines:
                 except Exception as exc:  # noqa: BLE001 - tried again on the next tick
                     log.warning("the homeserver's delayed events not read (%s); trying again", exc)
             await set_within(stop, tick)
+        # What the last second changed (a vote, so the homeserver's closing
+        # edit must say it) is handed on before the bridge goes: the edit is
+        # sent at the deadline by the homeserver, while the bridge may be down.
+        last = asyncio.ensure_future(self.pass_once())
+        done, _ = await asyncio.wait([last], timeout=FINAL_PASS_SECONDS)
+        if not done:
+            last.cancel()
+        if not done or last.exception() is not None:  # the next start's first pass restates it
+            log.warning("approvals' last pass before stopping not finished (%s)",
+                        "out of time" if not done else last.exception())
+
+
+# How long a stop waits for the last pass of approvals.
+FINAL_PASS_SECONDS = 5.0
 
 
 def labels_of(question: RecordedQuestion) -> dict[str, str]:
