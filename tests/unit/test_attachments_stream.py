@@ -142,3 +142,31 @@ def test_a_part_file_a_crash_left_is_swept_once_no_try_can_still_be_writing_it(s
     data = os.urandom(1000)
     assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, Repository(data)) == ("attachments/q-1.png", None)
     assert sorted(p.name for p in folder.iterdir()) == [".q8-1.png.part", "q-1.png", "q7-1.png"]
+
+
+def test_files_taken_back_leave_room_for_others_and_no_name_is_taken_twice(tmp_path: Path, monkeypatch) -> None:
+    # The cap of 20 files counted every file ever fetched for the question:
+    # with 10 of 20 redacted the answer held 10, and the next file was
+    # refused "an answer holds at most 20 files".
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import Room, answer, picture, redact
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
+    room = Room(tmp_path)
+    repository = Repository(b"\x89PNG" + os.urandom(2000))
+    downloads = Downloads(room.store, repository.download, lambda *_: True, None, MIB, judge_later=None)
+
+    def send(events: list[dict[str, Any]]) -> None:
+        room.deliver(asyncio.run(downloads.prefetch(events)))
+
+    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    send([picture(f"$f{n}", "@alice:hs", 2000 + n) for n in range(20)])
+    assert len(room.record()["attachments"]) == 20
+    send([picture("$over", "@alice:hs", 2500)])  # a 21st: refused, nothing written
+    assert len(room.record()["attachments"]) == 20
+    room.deliver([redact(f"$r{n}", "@alice:hs", 3000 + n, f"$f{n}") for n in range(10)])
+    assert len(room.record()["attachments"]) == 10
+    send([picture("$g", "@alice:hs", 4000)])
+    held = room.record()["attachments"]
+    assert len(held) == 11 and len(set(held)) == 11
+    assert all((room.set_dir / path).is_file() for path in held)

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any, AsyncContextManager, Callable, TypeVar
 
-from bridge.protocol.annotate import MAX_ATTACHMENTS
 from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
 from bridge.protocol.normalize import FILE_MSGTYPES
 from bridge.questionset.media import is_inside
@@ -85,7 +84,12 @@ def try_seconds(limit: int) -> float:
 
 
 async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
-                         download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
+                         download: Download, limit: int = DEFAULT_MAX_BYTES,
+                         full: bool = False) -> tuple[str | None, str | None]:
+    """``number`` names the file (never a name taken before); ``full``: the
+    answer already holds as many files as it may."""
+    if full:
+        return None, "too_many_attachments"
     for attempt in range(1, TRIES + 1):
         try:
             return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit), try_seconds(limit))
@@ -125,8 +129,6 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
                  download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
     """One try: (the saved path, None), or (None, the reason it is not kept).
     Raises for what another try may mend (the network, a body cut short)."""
-    if number > MAX_ATTACHMENTS:
-        return None, "too_many_attachments"
     url = content.get("url")
     encrypted = content.get("file") if isinstance(content.get("file"), dict) else None
     if not isinstance(url, str) and encrypted is not None:

@@ -23,6 +23,7 @@ import json
 import logging
 from typing import Any, Awaitable, Callable
 
+from bridge.protocol.annotate import room_left
 from bridge.protocol.normalize import FILE_MSGTYPES
 from bridge.service.answering.attachments import Download, MayAnswer, fetch_bounded, target
 from bridge.service.eventwait import any_set, set_within
@@ -54,6 +55,7 @@ class Downloads:
         later: set[str] = set()
         jobs: list[tuple[dict[str, Any], str, str, int, asyncio.Future[Any]]] = []
         numbers: dict[tuple[str, str], int] = {}
+        room: dict[tuple[str, str], int] = {}  # files each answer may still take
         for event in events:
             event_id = event.get("event_id")
             if event_id in self.running or (_is_file(event) and self.store.attachment(event_id) == (None, PENDING)):
@@ -69,9 +71,15 @@ class Downloads:
             # of one batch are fetched side by side, so a slow one costs its
             # bound once, not once per file.
             key = (set_dir, qid)
-            numbers[key] = numbers.get(key, self.store.attachment_count(set_dir, qid)) + 1
-            jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(
-                fetch_bounded(event["content"], set_dir, qid, numbers[key], self.download, self.max_bytes))))
+            if key not in numbers:
+                # Names go on from every file ever fetched for the question (none
+                # is taken twice); the cap counts what the answer holds now.
+                numbers[key] = self.store.attachment_count(set_dir, qid)
+                room[key] = room_left(self.store.projection(set_dir, qid))["attachments"]
+            numbers[key] += 1
+            room[key] -= 1
+            jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(fetch_bounded(
+                event["content"], set_dir, qid, numbers[key], self.download, self.max_bytes, full=room[key] < 0))))
         if not jobs:
             return [event for event in events if event.get("event_id") not in later] if later else events
         await asyncio.wait([job for *_parts, job in jobs], timeout=BATCH_WAIT)
