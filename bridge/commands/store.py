@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         return _say(str(exc), 2 if "verification" not in str(exc) else 1)
     except sqlite3.Error as exc:
         return _say(f"copying to {target} failed: {exc}", 1)
+    except Exception as exc:  # noqa: BLE001 - PostgreSQL's own (psycopg, loaded only for this): run it again
+        return _say(f"copying to {target} failed ({type(exc).__name__}: {exc}); nothing of it was kept, "
+                    "so the same command can be run again", 1)
     finally:
         lock.close()
     width = max(len(t) for t in report.counts)

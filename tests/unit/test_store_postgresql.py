@@ -502,3 +502,38 @@ def test_instances_starting_together_migrate_one_after_the_other(postgres_server
     for store in opened:
         assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         store.close()
+
+
+def test_a_migrate_cut_short_can_be_run_again_and_says_why_in_one_line(postgres_server, tmp_path, capsys,
+                                                                      monkeypatch):
+    # A copy that failed (the 5 s statement limit on a large store's COPY, a
+    # kill -9 halfway) left the target with the store's empty schema, and
+    # every later run was refused "the target database already has tables";
+    # PostgreSQL's failure itself came out as a traceback.
+    from bridge.service.storage import storecopy
+
+    store = Store(tmp_path / "bridge.sqlite")
+    store.log(LogEntry("$a", "!r:hs", "@a:hs", "answer_event", "refused", layer="schema", reason="x", message="x",
+                       ts=1))
+    store.close()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite"}}))
+    config.chmod(0o600)
+    url = fresh_schema(postgres_server)
+    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    real = storecopy._copy_rows
+
+    def cut(db, target, tables):
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(storecopy, "_copy_rows", cut)
+    assert main(["store", "migrate", "-c", str(config), "--to", url]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "statement timeout" in err and "run again" in err
+    monkeypatch.setattr(storecopy, "_copy_rows", real)
+    assert main(["store", "migrate", "-c", str(config), "--to", url]) == 0, capsys.readouterr().err
+    assert "verified" in capsys.readouterr().out
+    assert main(["store", "migrate", "-c", str(config), "--to", url]) == 2  # now it holds rows
+    assert "already has tables with rows" in capsys.readouterr().err

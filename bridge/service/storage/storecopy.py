@@ -29,13 +29,19 @@ def copy_store(source: Path, url: str, password: str | None) -> CopyReport:
     if not source.is_file():
         raise CopyRefused(f"{source}: there is no SQLite store to copy")
     Store(source).close()  # brings an older store to the current schema (or refuses a newer one)
-    if _tables_in(url, password):
-        raise CopyRefused(f"the target database already has tables ({', '.join(_tables_in(url, password)[:5])});"
+    with sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True) as db:
+        tables = _copied_tables(db)
+    held = _rows_in(url, password, tables)
+    if held:
+        raise CopyRefused(f"the target database already has tables with rows ({', '.join(held[:5])});"
                           " migrate copies into an empty database only")
     target = Store("unused", url=url, password=password)
     try:
+        # The copy is one transaction of any length: the limits the store puts
+        # on every statement (5 s) and on an idle transaction do not apply.
+        for limit in UNLIMITED:
+            target.db.conn.execute(f"SET {limit} = 0")
         with sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True) as db:
-            tables = _copied_tables(db)
             _copy_rows(db, target, tables)
             report = CopyReport()
             for table, columns in tables.items():
@@ -88,13 +94,23 @@ def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str
                          f" COALESCE((SELECT MAX({column}) FROM {table}), 0) + 1, false)")
 
 
-def _tables_in(url: str, password: str | None) -> list[str]:
+UNLIMITED = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
+
+
+def _rows_in(url: str, password: str | None, tables: dict[str, list[str]]) -> list[str]:
+    """The target's tables that hold rows: none of the store's (a copy that
+    failed left its empty schema, and a second run copies into it), and no
+    table of anything else."""
     from bridge.service.storage.pgdialect import PgConnection
 
     db = PgConnection(url, password=password, read_only=True)
     try:
-        return [row[0] for row in db.execute(
+        names = [row[0] for row in db.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
             " ORDER BY table_name").fetchall()]
+        if "askwright_schema" not in names:
+            return names  # not a store at all: whatever it is, it is not ours to write into
+        return [name for name in names if name in tables
+                and db.execute(f"SELECT EXISTS (SELECT 1 FROM {name})").fetchone()[0]]
     finally:
         db.close()
