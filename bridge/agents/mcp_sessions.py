@@ -87,6 +87,7 @@ class EndedSessions:
     def __init__(self, store: Any = None):
         self.store = store
         self.recent: OrderedDict[str, None] = OrderedDict()
+        self._swept_at = 0  # the store's ms when ended sessions past KEEP_ENDED_MS were last dropped
 
     async def end(self, session_id: str) -> None:
         self.recent[session_id] = None
@@ -96,8 +97,18 @@ class EndedSessions:
             await self.store.run(self._keep, session_id)
 
     def _keep(self, session_id: str) -> None:
+        now = self.store.clock.now_ms()
         with self.store.transaction(flush=False):  # lost to a power cut, the session can only be taken up again
-            self.store.set_meta(ENDED + session_id, "1")
+            self.store.set_meta(ENDED + session_id, str(now))
+            if now - self._swept_at >= SWEEP_EVERY_MS:
+                # Each DELETE a client sends (any id its agent's token makes
+                # valid) kept a row for good. Past a day, an ended session
+                # taken up again harms no one: only its own agent can name it.
+                self._swept_at = now
+                stale = [key for key, value in self.store.meta_with_prefix(ENDED)
+                         if not value.isdigit() or int(value) < now - KEEP_ENDED_MS]
+                for key in stale:
+                    self.store.delete_meta(key)
 
     async def ended(self, session_id: str) -> bool:
         if session_id in self.recent:
@@ -105,7 +116,9 @@ class EndedSessions:
         return self.store is not None and await self.store.run(self.store.get_meta, ENDED + session_id) is not None
 
 
-ENDED = "mcp_session_ended:"
+ENDED = "mcp_session_ended:"  # meta: a session its client ended, the store's ms when it did
+KEEP_ENDED_MS = 24 * 3600 * 1000
+SWEEP_EVERY_MS = 3600 * 1000
 
 
 class LastingSessionManager(StreamableHTTPSessionManager):

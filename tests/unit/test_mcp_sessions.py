@@ -52,3 +52,28 @@ async def test_a_session_its_client_ended_stays_ended_in_a_restarted_process(tmp
         assert not await EndedSessions(restarted).ended(SessionIds(AGENTS).mint("planner"))
     finally:
         restarted.close()
+
+
+async def test_ended_sessions_are_not_kept_for_good(tmp_path, monkeypatch):
+    # Every DELETE kept a row for good, and an agent's token makes any id
+    # valid: 2,000 DELETEs, 2,000 rows, at 120 requests a minute 170,000 a day.
+    from bridge.agents import mcp_sessions
+    from bridge.agents.mcp_sessions import ENDED, KEEP_ENDED_MS, EndedSessions
+    from bridge.service.storage.store import Store
+
+    store = Store(tmp_path / "bridge.sqlite")
+    now = [1_800_000_000_000]
+    monkeypatch.setattr(store.clock, "now_ms", lambda: now[0])
+    try:
+        ended = EndedSessions(store)
+        old = [SessionIds(AGENTS).mint("planner") for _ in range(300)]
+        for session in old:
+            await ended.end(session)
+        assert len(store.meta_with_prefix(ENDED)) == 300
+        now[0] += KEEP_ENDED_MS + mcp_sessions.SWEEP_EVERY_MS
+        fresh = SessionIds(AGENTS).mint("planner")
+        await ended.end(fresh)
+        assert [key for key, _ms in store.meta_with_prefix(ENDED)] == [ENDED + fresh]
+        assert await EndedSessions(store).ended(fresh)
+    finally:
+        store.close()
