@@ -206,3 +206,25 @@ def test_a_set_folder_moved_in_is_a_changed_set(tmp_path: Path) -> None:
     (root / "group" / "takes" / "attachments").mkdir()
     assert changed_sets(root, [root / "group"]) == [root / "group" / "takes"]
     assert changed_sets(root, [root / "group" / "takes" / "attachments"]) == []
+
+
+def test_a_room_that_refuses_polls_still_gets_every_question_of_the_set(tmp_path: Path) -> None:
+    # One poll the room's power levels forbid stopped the whole set: 7 of 8
+    # questions never posted, the set retried for ever with the same refusal.
+    from types import SimpleNamespace
+
+    from bridge.service.transport.matrix import MatrixError
+
+    class NoPolls(Transport):
+        async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+            if event_type == "org.matrix.msc3381.poll.start":
+                raise MatrixError("sending a poll", SimpleNamespace(status_code="M_FORBIDDEN", message="no"))
+            return await super().send(room_id, event_type, content, txn_id)
+
+    root = tmp_path / "sets"
+    write_set(root / "takes", "takes", choice(1, "one"), choice(1, "two"), choice(1, "three"))
+    transport = NoPolls()
+    p, store = poster(tmp_path, transport)
+    report = asyncio.run(p.sync_root(root))
+    assert report.failed == []  # nothing left to try again with a room that said no for good
+    assert len(transport.questions()) == 3

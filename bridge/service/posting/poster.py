@@ -269,12 +269,25 @@ class Poster:
 
     async def _ensure_poll(self, recorded: RecordedQuestion) -> None:
         """Post the question's poll once (the transaction id makes a retry the same event)."""
-        if self.store.poll_of(recorded.event_id):
+        if self.store.poll_of(recorded.event_id) or self.store.get_meta(_NO_POLL + recorded.event_id):
             return
         content = poll_start(recorded)
         if content is None:
             return
-        poll_id = await self.transport.send(recorded.room_id, POLL_START, content, txn_id("poll", recorded.event_id))
+        try:
+            poll_id = await self.transport.send(recorded.room_id, POLL_START, content,
+                                                txn_id("poll", recorded.event_id))
+        except Exception as exc:
+            if not getattr(exc, "permanent", False):
+                raise  # tried again with the set
+            # The room refuses polls (its power levels), not the question: the
+            # question stands, answered by reply or reaction, and the set's
+            # other questions are posted; retrying would never work.
+            log.warning("poll for %s/%s not posted (%s); it is answered by reply or reaction there",
+                        recorded.set_id, recorded.qid, exc)
+            with self.store.transaction(flush=False):
+                self.store.set_meta(_NO_POLL + recorded.event_id, str(getattr(exc, "status", "")))
+            return
         with self.store.transaction(flush=False):  # as for the question: a lost record re-sends the same poll
             self.store.set_poll(recorded.event_id, poll_id)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
@@ -327,6 +340,8 @@ class Poster:
 
 # Meta key prefix: a closed question whose room has not been told yet (value: why).
 _UNTOLD = "close_untold:"
+# Meta key prefix: a question whose room refused its poll for good (value: the error code).
+_NO_POLL = "poll_refused:"
 SET_REMOVED = "this set was removed"
 
 
