@@ -158,3 +158,39 @@ def test_a_close_the_room_was_not_told_of_is_told_on_the_next_pass(tmp_path: Pat
     assert content["dev.superpipeline.question.closed"]["why"] == "withdrawn (moot)"
     assert content["m.relates_to"]["event_id"] == "$e1"
     assert txn == txn_id("close", "$e1")  # the transaction id a send that did get through would have had
+
+
+def test_a_media_upload_the_homeserver_fails_once_is_tried_again_before_the_question_goes_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One 502 on the upload posted the question for good without its screen
+    # ("could not be sent"), never tried again: people answered it blind.
+    from types import SimpleNamespace
+
+    from bridge.service.transport.matrix import MatrixError
+
+    class Flaky(Transport):
+        failures = 1
+
+        async def upload(self, data: bytes, mimetype: str, name: str) -> str:
+            if self.failures:
+                self.failures -= 1
+                raise MatrixError(f"uploading {name}", SimpleNamespace(status_code="502", message="Bad Gateway"))
+            return await super().upload(data, mimetype, name)
+
+    monkeypatch.setattr(media, "probe", lambda _path: (None, None, None))
+    set_dir = tmp_path / "qa"
+    set_dir.mkdir()
+    (set_dir / "chart.png").write_bytes(PNG)
+    raw = {"askwright": 1, "id": "qa", "title": "QA", "questions": [question(media=[{"src": "chart.png"}])]}
+    (set_dir / "questions.json").write_text(json.dumps(raw))
+    qset = QuestionSet.model_validate(raw)
+    store = Store(tmp_path / "bridge.sqlite")
+    transport = Flaky()
+    poster = Poster(store, transport, room_for=lambda _set: ROOM, load_set=lambda _dir: (qset, []))
+    first = asyncio.run(poster.sync_root(tmp_path))
+    assert first.failed == [set_dir] and transport.sent == []  # nothing posted without its screen
+    second = asyncio.run(poster.sync_dirs(first.failed))
+    assert second.failed == []
+    posted = transport.sent[0][1]
+    assert "chart.png" in json.dumps(posted["question"]["media"]) and "mxc://hs/chart_png" in json.dumps(posted)
+    assert not any("could not be sent" in c.get("body", "") for _t, c, _txn in transport.sent)

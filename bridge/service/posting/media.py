@@ -88,6 +88,10 @@ async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: S
         try:
             upload = await _upload_once(Path(found.path), store, transport, encrypted)
         except Exception as exc:  # noqa: BLE001 - one bad file must not keep the question back
+            if passing(exc):
+                # A 502, a timeout, a connection reset: the question waits and
+                # its set is tried again, rather than posted for good without it.
+                raise
             log.warning("media %s of %s/%s not uploaded: %s", item.src, qset.id, question.id, exc)
             out.messages.append(_missing_message(item))
             continue
@@ -103,6 +107,13 @@ async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: S
                 log.warning("captions %s not uploaded: %s", captions, exc)
         out.messages.append(media_message(item, upload))
     return out
+
+
+def passing(exc: BaseException) -> bool:
+    """A failure of the homeserver or the network that another try may not meet."""
+    import aiohttp
+
+    return bool(getattr(exc, "transient", False)) or isinstance(exc, (asyncio.TimeoutError, aiohttp.ClientError))
 
 
 def captions_caption(video_name: str) -> str:
