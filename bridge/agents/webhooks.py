@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 300.0
 IDLE_SECONDS = 5.0
 MAX_IN_FLIGHT = 256          # deliveries in flight over all URLs
+PER_AGENT = 64               # ... of one agent's URLs: however many URLs an agent names, others' go out too
 STORE_RETRY_MAX = 30.0       # seconds between tries of a failing store, at most
 SWEEP_SECONDS = 60.0         # how often rows past webhook_drop_after are looked for
 
@@ -85,6 +86,7 @@ class Deliverer:
         self.clock = clock or store.clock.seconds
         self.wake = asyncio.Event()
         self.in_flight: dict[str, set[int]] = {}   # URL -> ids of its rows being sent
+        self.agent_in_flight: dict[str, int] = {}  # agent -> its rows being sent
         self.circuits: dict[str, Circuit] = {}
         self._store_failures = 0
         self._swept_at = 0.0
@@ -110,6 +112,7 @@ class Deliverer:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self.in_flight.clear()
+                self.agent_in_flight.clear()
 
     async def _pass(self, http: aiohttp.ClientSession, tasks: set[asyncio.Task[None]]) -> float:
         """Start what may start now; the seconds until the next pass is needed.
@@ -122,10 +125,12 @@ class Deliverer:
                     break
                 lane = self.in_flight.setdefault(row.url, set())
                 circuit = self.circuits.setdefault(row.url, Circuit())
-                if row.id in lane or circuit.room(now, len(lane)) <= 0:
+                if row.id in lane or circuit.room(now, len(lane)) <= 0 or \
+                        self.agent_in_flight.get(row.agent, 0) >= PER_AGENT:
                     continue
                 circuit.started(now)
                 lane.add(row.id)
+                self.agent_in_flight[row.agent] = self.agent_in_flight.get(row.agent, 0) + 1
                 task = asyncio.ensure_future(self._one(http, row))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -186,6 +191,7 @@ class Deliverer:
             log.exception("webhook delivery %s failed unexpectedly", row.key)
         finally:
             self.in_flight.get(row.url, set()).discard(row.id)
+            self.agent_in_flight[row.agent] -= 1
             circuit = self.circuits.setdefault(row.url, Circuit())
             if taken:
                 circuit.taken()

@@ -237,3 +237,44 @@ async def test_a_receiver_answering_with_a_huge_body_gets_its_connection_closed_
         await task
         await runner.cleanup()
         store.close()
+
+
+async def test_one_agent_naming_many_silent_urls_delays_no_other_agents_webhook(tmp_path: Path, monkeypatch) -> None:
+    # Per-URL lanes did not help when one agent named many URLs: their
+    # deliveries filled every slot in flight, and another agent's webhook
+    # waited out a timeout. (The limits shrunk here: 8 in flight in all.)
+    from bridge.agents import webhooks
+
+    monkeypatch.setattr(webhooks, "MAX_IN_FLIGHT", 8)
+    monkeypatch.setattr(webhooks, "PER_AGENT", 4, raising=False)
+    silents = [Silent() for _ in range(4)]
+    for silent in silents:
+        await silent.start()
+    receiver = Receiver(SECRETS["other"])
+    await receiver.start()
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "stuck", one_question("stuck"), callbacks=[s.url.replace("/never", f"/n{i}")
+                                                                  for i, s in enumerate(silents)])
+    sets.ask("other", "fine", one_question("fine"), callbacks=[receiver.url])
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=30, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(10):
+        answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await until(lambda: sum(s.connections for s in silents) >= 4, what="the silent URLs were never tried")
+        sent = time.monotonic()
+        answered(hook, store, tmp_path / "sets", "fine", "$fine")
+        (taken,) = await receiver.wait_for(1, timeout=30)
+        took = time.monotonic() - sent
+        assert took < 5.0, f"the other agent's webhook took {took:.1f} s behind one agent's silent URLs"
+        assert taken["body"]["set"] == "fine"
+    finally:
+        stop.set()
+        await task
+        await receiver.close()
+        for silent in silents:
+            await silent.close()
+        store.close()
