@@ -108,19 +108,13 @@ async def test_a_matrix_js_sdk_person_in_an_encrypted_room_too(js_files_room, tm
 # ---------------------------------------------------------------- a download cut off midway
 
 
-class CuttingProxy(Relay):
-    """The homeserver as the bridge reaches it, through a proxy that closes
-    the connection after half of a media body, ``cuts`` times (every time
-    when None): the status line and the full Content-Length go out first, as
-    a connection that dies in the middle of a transfer does."""
+class MediaProxy(Relay):
+    """The homeserver as the bridge reaches it, through a proxy that passes
+    everything on but media downloads: of those it fetches the whole body,
+    sends the status line and the full Content-Length, and leaves the body
+    to ``_serve``."""
 
-    def __init__(self, listen: tuple[str, int], target: str, cuts: int | None):
-        super().__init__(listen, target)
-        self.cuts = cuts
-        self.cut: list[str] = []
-        self.whole: list[str] = []
-
-    async def __aenter__(self) -> "CuttingProxy":
+    async def __aenter__(self) -> "MediaProxy":
         await super().__aenter__()
         assert self._runner is not None
         self._runner._shutdown_timeout = 1.0  # a sync still waiting at the homeserver is not waited for
@@ -141,16 +135,33 @@ class CuttingProxy(Relay):
         response.content_type = "application/octet-stream"
         response.content_length = len(data)
         await response.prepare(request)
+        await self._serve(request, response, data)
+        return response
+
+    async def _serve(self, request, response, data: bytes) -> None:
+        await response.write(data)
+        await response.write_eof()
+
+
+class CuttingProxy(MediaProxy):
+    """A media body closed after its half, ``cuts`` times (every time when
+    None), as a connection that dies in the middle of a transfer does."""
+
+    def __init__(self, listen: tuple[str, int], target: str, cuts: int | None):
+        super().__init__(listen, target)
+        self.cuts = cuts
+        self.cut: list[str] = []
+        self.whole: list[str] = []
+
+    async def _serve(self, request, response, data: bytes) -> None:
         if self.cuts is None or len(self.cut) < self.cuts:
             self.cut.append(request.path)
             await response.write(data[:len(data) // 2])
             await asyncio.sleep(0.1)  # the half is on its way before the connection dies
             request.transport.close()
-            return response
+            return
         self.whole.append(request.path)
-        await response.write(data)
-        await response.write_eof()
-        return response
+        await super()._serve(request, response, data)
 
 
 @pytest.mark.parametrize("cuts", [2, None], ids=["lands-on-the-third-try", "refused-after-the-tries"])
@@ -197,45 +208,24 @@ async def cut_off(bridge: Bridge, proxy: CuttingProxy, port: int, cuts: int | No
 # ---------------------------------------------------------------- a download that stalls
 
 
-class StallingProxy(Relay):
-    """The homeserver through a proxy whose media downloads send the status
-    line, the full Content-Length and half the body, then nothing until
-    ``released`` is set (a content repository, or a federated server, that
-    hangs); every other request passes."""
+class StallingProxy(MediaProxy):
+    """A media body that stops after its half until ``released`` is set (a
+    content repository, or a federated server, that hangs); that try then
+    dies, and the next one gets it all."""
 
     def __init__(self, listen: tuple[str, int], target: str):
         super().__init__(listen, target)
         self.released = asyncio.Event()
         self.stalled = 0
 
-    async def __aenter__(self) -> "StallingProxy":
-        await super().__aenter__()
-        assert self._runner is not None
-        self._runner._shutdown_timeout = 1.0
-        return self
-
-    async def _relay(self, request):
-        from aiohttp import web
-
-        if "/media/download/" not in request.path:
-            return await super()._relay(request)
-        assert self._http is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
-        async with self._http.get(self.target + request.path_qs, headers=headers) as upstream:
-            data = await upstream.read()
-        response = web.StreamResponse(status=200)
-        response.content_type = "application/octet-stream"
-        response.content_length = len(data)
-        await response.prepare(request)
-        if not self.released.is_set():
-            self.stalled += 1
-            await response.write(data[:len(data) // 2])
-            await self.released.wait()
-            request.transport.close()  # that try is dead; the next one gets it all
-            return response
-        await response.write(data)
-        await response.write_eof()
-        return response
+    async def _serve(self, request, response, data: bytes) -> None:
+        if self.released.is_set():
+            await super()._serve(request, response, data)
+            return
+        self.stalled += 1
+        await response.write(data[:len(data) // 2])
+        await self.released.wait()
+        request.transport.close()
 
 
 @pytest.mark.parametrize("files_room", ["bot-plain", "appservice-plain"], indirect=True)

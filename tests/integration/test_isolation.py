@@ -175,10 +175,9 @@ async def test_a_file_the_homeserver_cannot_serve_is_refused_and_the_rest_goes_o
     await restarts_after_kill(bridge, beta, "after a restart")
 
 
-async def test_a_room_the_bridge_may_no_longer_post_in_drops_its_notice_only(synapse, tmp_path, person):
-    """The bridge may not post in room B any more (its power taken away) while
-    an answer there waits for its notice: the notice is dropped and counted,
-    and room A's notices keep coming."""
+def two_rooms(synapse, tmp_path, person) -> tuple[Any, Any, dict[str, Any], str, str, Bridge]:
+    """Room A the bot made; room B someone else owns, where set beta goes;
+    Alice in both. (owner, alice, bot, room A, room B, a bridge not started.)"""
     owner, alice = person(), person()
     bot = synapse.register(f"askbot{os.getpid()}{int(time.time() * 1000) % 100000}")
     room_a = synapse.create_room(bot["access_token"], invite=[alice.user_id])
@@ -190,6 +189,14 @@ async def test_a_room_the_bridge_may_no_longer_post_in_drops_its_notice_only(syn
                     extra_config={"rooms": {"default": room_a, "sets": {"beta": room_b}}})
     bridge.sets_root.mkdir()
     bridge.alice = alice
+    return owner, alice, bot, room_a, room_b, bridge
+
+
+async def test_a_room_the_bridge_may_no_longer_post_in_drops_its_notice_only(synapse, tmp_path, person):
+    """The bridge may not post in room B any more (its power taken away) while
+    an answer there waits for its notice: the notice is dropped and counted,
+    and room A's notices keep coming."""
+    owner, alice, bot, room_a, room_b, bridge = two_rooms(synapse, tmp_path, person)
     try:
         bridge.add_set(text_set("alpha", 1))
         bridge.add_set(text_set("beta", 1))
@@ -235,17 +242,7 @@ async def test_a_set_edited_while_its_room_refuses_the_bridge_is_posted_once_the
         synapse, tmp_path, person):
     # Only a set that failed in the start's scan was tried again: one an
     # agent edited while its room refused the bridge stayed unposted for good.
-    owner, alice = person(), person()
-    bot = synapse.register(f"askbot{os.getpid()}{int(time.time() * 1000) % 100000}")
-    room_a = synapse.create_room(bot["access_token"], invite=[alice.user_id])
-    synapse.join(alice.token, room_a)
-    room_b = synapse.create_room(owner.token, invite=[alice.user_id, bot["user_id"]])
-    synapse.join(alice.token, room_b)
-    synapse.join(bot["access_token"], room_b)
-    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=room_a, bot=bot,
-                    extra_config={"rooms": {"default": room_a, "sets": {"beta": room_b}}})
-    bridge.sets_root.mkdir()
-    bridge.alice = alice
+    owner, alice, bot, room_a, room_b, bridge = two_rooms(synapse, tmp_path, person)
     try:
         bridge.add_set(text_set("alpha", 1))
         beta = bridge.add_set(text_set("beta", 1))
