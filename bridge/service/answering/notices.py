@@ -114,13 +114,15 @@ class Notices:
             lambda: (self.store.pending_acks(PASS, waiting), self.store.pending_refusals(PASS, waiting)))
         refused = 0
         with priority(ACK):
-            for last, _count in acks:
+            for tried, (last, _count) in enumerate(acks):
                 if self._out_of_time():
                     break
-                if self.woken != woken_at_start and not self.stop.is_set():
+                if tried and self.woken != woken_at_start and not self.stop.is_set():
                     # New entries came while these were sent (at the homeserver's
                     # pace): the next pass puts their senders in turn with the
                     # rest, so one person's backlog delays nobody else's word.
+                    # (Each pass sends one first: wake-ups faster than a pass
+                    # never leave every notice unsent.)
                     break
                 entry = await self._send(functools.partial(self._standing, last), self._ack_maker)
                 if entry is not None:
