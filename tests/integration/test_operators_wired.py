@@ -65,7 +65,8 @@ async def test_metrics_and_health_move_during_a_run(bridge):
         return status == 200 and seen == {"live": True, "ready": True, "held": NOTHING_HELD} and \
             {name: task["state"] for name, task in tasks.items()} == {
                 "transport": "running", "notices": "running", "sets": "running", "joining": "finished",
-                "commands": "running", "deadlines": "running", "checkpoints": "running", "held-back": "running"}
+                "commands": "running", "deadlines": "running", "checkpoints": "running", "held-back": "running",
+                "downloads": "running"}
     await until(ready, what="ready /health")
 
     # Ready means answers are taken; the first posting may still be finishing
