@@ -227,6 +227,28 @@ def test_a_redaction_read_after_a_later_emptying_still_withdraws_at_its_place(tm
     room.store.close()
 
 
+def test_an_earlier_emptying_read_late_counts_the_decision_again(tmp_path: Path) -> None:
+    """Alice votes in the poll and empties her votes twice (the first emptying
+    read last); Bob answers between the two, Alice answers after both. Read
+    first, the later emptying left her vote standing at Bob's answer:
+    decided by Alice and Bob. The earlier one, read late, stops her vote
+    before Bob's answer: decided by Bob and Alice's answer. Her vote was
+    withdrawn already, so nothing was counted again (found by the machine
+    above, seed 11)."""
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([vote("$v", ANA, T0 + 1, ["main"])])
+    room.deliver([answer("$b", BO, T0 + 6, "main"), answer("$a", ANA, T0 + 10, "main"), vote("$c2", ANA, T0 + 7, [])])
+    assert room.record()["decided_by"] == [ANA, BO]
+    room.deliver([vote("$c1", ANA, T0 + 2, [])])
+    record = room.record()
+    assert (record["state"], record["decided_by"]) == ("answered", [BO, ANA]), record
+    assert [(v["sender"], v["event_id"]) for v in record["votes"]] == [(BO, "$b"), (ANA, "$a")]
+    assert room.verify() == []
+    room.store.close()
+
+
 ApprovalTimeline.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 test_approval_record_is_the_rooms = ApprovalTimeline.TestCase
