@@ -135,6 +135,7 @@ class _Logged:
 
     def __init__(self, leaves: Sequence[bytes]):
         self._leaves = leaves
+        self._parsed: list[tuple[int, dict[str, Any]]] | None = None
         self._accepted: dict[str, dict[str, Any]] | None = None
         self._standing: dict[tuple[Any, Any], int] | None = None
         self.withdrawn: set[int] = set()  # accepted answers the log took back later (``standing``)
@@ -153,11 +154,7 @@ class _Logged:
             taken_back: set[Any] = set()
             cleared: dict[tuple[Any, Any, Any], int] = {}  # (set, question, sender) -> latest empty vote's time
             answers: list[tuple[int, dict[str, Any]]] = []
-            for index, data in enumerate(self._leaves):
-                try:
-                    leaf = audit_leaf.parse_leaf(data)
-                except audit_leaf.LeafError:
-                    continue  # named by the log's check
+            for index, leaf in self.parsed():
                 target = {"withdrawn": leaf.get("replaces"), "set_aside": leaf.get("event_id")}.get(
                     str(leaf.get("outcome")))
                 if leaf.get("outcome") == "accepted":
@@ -180,21 +177,27 @@ class _Logged:
             self._standing = {key: index for key, (_position, index) in best.items()}
         return self._standing
 
+    def parsed(self) -> list[tuple[int, dict[str, Any]]]:
+        """(index, leaf) of every leaf that parses, parsed once for every reading here."""
+        if self._parsed is None:
+            self._parsed = []
+            for index, data in enumerate(self._leaves):
+                try:
+                    self._parsed.append((index, audit_leaf.parse_leaf(data)))
+                except audit_leaf.LeafError:
+                    continue  # named by the log's check
+        return self._parsed
+
     def accepted(self) -> dict[str, dict[str, Any]]:
         if self._accepted is None:
             self._accepted = {}
-            for data in self._leaves:
-                try:
-                    leaf = audit_leaf.parse_leaf(data)
-                except audit_leaf.LeafError:
-                    continue  # named by the log's check
-                question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
+            for _index, leaf in self.parsed():
                 if leaf.get("outcome") == "accepted" and isinstance(leaf.get("event_id"), str):
                     self._accepted[leaf["event_id"]] = leaf
-                    self.answered.setdefault((leaf.get("set"), question.get("id"), leaf.get("sender")),
+                    self.answered.setdefault((leaf.get("set"), _question_id(leaf), leaf.get("sender")),
                                              set()).add(leaf.get("answer_sha256"))
                 elif leaf.get("outcome") in ("decided", "expired"):
-                    self.outcome[(leaf.get("set"), question.get("id"))] = leaf["outcome"]
+                    self.outcome[(leaf.get("set"), _question_id(leaf))] = leaf["outcome"]
         return self._accepted
 
 
