@@ -24,18 +24,17 @@ class Withdrawals:
         Returns (set_dir, set_id, qid) of the question touched, or None when
         the event had recorded nothing (a refused answer, a stranger's event).
         """
-        rows = self.db.execute(
-            "SELECT seq, set_dir, set_id, qid, outcome, record, whole, replaces FROM answer_log"
-            " WHERE (event_id=? OR replaces=?) AND withdrawn=0 AND outcome IN ('accepted','annotated') ORDER BY seq",
+        found = self.db.execute(
+            "SELECT seq, set_dir, set_id, qid, outcome, record, whole, replaces, withdrawn, event_id FROM answer_log"
+            " WHERE (event_id=? OR replaces=?) AND outcome IN ('accepted','annotated') ORDER BY seq",
             (event_id, event_id)).fetchall()
+        rows = [row for row in found if not row[8]]
         if not rows:
             # Withdrawn already (by a later empty vote read first): the earlier
             # moment it stopped counting may change a quorum's tally.
-            self._recount(self.db.execute(
-                "SELECT set_dir, set_id, qid FROM answer_log WHERE event_id=? AND withdrawn=1"
-                " AND outcome='accepted' LIMIT 1", (event_id,)).fetchone())
+            self._recount(next((row[1:4] for row in found if row[4] == "accepted" and row[9] == event_id), None))
             return None
-        for seq, set_dir, _set_id, _qid, outcome, record, whole, _replaces in rows:
+        for _seq, set_dir, _set_id, _qid, outcome, record, whole, *_rest in rows:
             if outcome == "annotated" and record and set_dir and not whole:
                 for path in json.loads(record).get("attachments") or ():
                     self.db.execute("INSERT INTO doomed_file(set_dir, path) VALUES (?, ?)"
@@ -58,22 +57,22 @@ class Withdrawals:
         """An empty poll vote: withdraw every vote ``sender`` gave in the
         question's poll before it (in the room's order)."""
         until = "" if until_ts is None else " AND ts<=?"
-        params = (question_event_id, sender) + (() if until_ts is None else (until_ts,))
-        rows = self.db.execute(
-            "SELECT seq, set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
-            f" AND outcome='accepted' AND withdrawn=0{until} ORDER BY seq", params).fetchall()
+        found = self.db.execute(
+            "SELECT seq, set_dir, set_id, qid, withdrawn FROM answer_log WHERE question_event_id=? AND sender=?"
+            f" AND via='poll' AND outcome='accepted'{until} ORDER BY seq",
+            (question_event_id, sender) + (() if until_ts is None else (until_ts,))).fetchall()
+        rows = [row[:4] for row in found if not row[4]]
         if not rows:
             # Votes a later empty vote took back already: read late, this one
             # moves the moment they stopped counting earlier, and a quorum's
             # tally (who decided, and when) is counted again.
-            self._recount(self.db.execute(
-                "SELECT set_dir, set_id, qid FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
-                f" AND outcome='accepted' AND withdrawn=1{until} LIMIT 1", params).fetchone())
+            self._recount(found[0][1:4] if found else None)
         return self._withdraw_rows(rows)
 
-    def _recount(self, row: tuple | None) -> None:
-        if row is not None:
-            self.mark_dirty((row[0], row[1], row[2]))
+    def _recount(self, question: tuple | None) -> None:
+        """(set_dir, set_id, qid), when a withdrawal found it withdrawn already."""
+        if question is not None:
+            self.mark_dirty((question[0], question[1], question[2]))
 
     def _withdraw_rows(self, rows: list[tuple]) -> tuple[str, str, str] | None:
         if not rows:
