@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, TypeVar
 
 from nio import AsyncClient
 from watchfiles import Change, awatch
@@ -324,14 +324,15 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
         failed.update(paths)
         more.set()
 
-    watching = asyncio.Event()
+    watching, ended = asyncio.Event(), asyncio.Event()
     watcher = asyncio.ensure_future(watch_sets(poster, root, stop, watching, on_changed, could_not_post))
+    watcher.add_done_callback(lambda _done: ended.set())
     could_not_post(await _post_sets(poster, root, stop))
     posted.set()
     # A set written after the first scan but before the watcher was up (an
     # agent asking as the bridge starts) is taken by a second scan; sets
     # already posted are skipped by their fingerprint.
-    await _first_of([stop.wait(), watching.wait()], watcher)
+    await any_set([stop, watching, ended])
     if watcher.done():  # the watcher failed before it was up: the supervisor starts this again
         await watcher
         return
@@ -339,30 +340,20 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
         failed.clear()
         could_not_post(await _post_sets(poster, root, stop))
     delay = 1.0
-    while not stop.is_set() and not watcher.done():
+    while not (stop.is_set() or ended.is_set()):
         if not failed:
             delay = 1.0
             more.clear()
-            await _first_of([stop.wait(), more.wait()], watcher)
+            await any_set([stop, more, ended])
             continue
-        await _first_of([asyncio.sleep(delay), stop.wait()], watcher)
-        if stop.is_set() or watcher.done():
+        await any_set([stop, ended], delay)
+        if stop.is_set() or ended.is_set():
             break
         delay = min(delay * 2, 300)
         again = sorted(failed)
         failed.clear()
         could_not_post(await _post_sets(poster, root, stop, None if root in again else again))
     await watcher
-
-
-async def _first_of(waits: list[Awaitable[Any]], watcher: asyncio.Future[Any]) -> None:
-    """Until one of ``waits`` is done, or the watcher has ended."""
-    tasks = [asyncio.ensure_future(wait) for wait in waits]
-    try:
-        await asyncio.wait([*tasks, watcher], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 async def _post_sets(poster: Poster, root: Path, stop: asyncio.Event, only: list[Path] | None = None) -> list[Path]:
