@@ -8,8 +8,8 @@ its original when that comes later; a redaction counts from the target's
 sender or someone with the power to redact others, and waits for a target
 not seen yet (held for decryption, or coming by a slower path), which is
 then dropped unjudged, unless it is an empty poll vote: that takes its
-sender's earlier votes back whichever of the two the bridge reads first.  Everything here runs inside the pipeline's batch
-transaction.
+sender's earlier votes back whichever of the two the bridge reads first.
+Everything here runs inside the pipeline's batch transaction.
 """
 
 from __future__ import annotations

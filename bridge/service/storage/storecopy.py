@@ -31,34 +31,38 @@ def copy_store(source: Path, url: str, password: str | None) -> CopyReport:
     Store(source).close()  # brings an older store to the current schema (or refuses a newer one)
     with sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True) as db:
         tables = _copied_tables(db)
-    held = _rows_in(url, password, tables)
-    if held:
-        raise CopyRefused(f"the target database already has tables with rows ({', '.join(held[:5])});"
-                          " migrate copies into an empty database only")
-    target = Store("unused", url=url, password=password)
-    try:
-        # The copy is one transaction of any length: the limits the store puts
-        # on every statement (5 s) and on an idle transaction do not apply.
-        for limit in UNLIMITED:
-            target.db.conn.execute(f"SET {limit} = 0")
-        with sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True) as db:
+        held = _rows_in(url, password, tables)
+        if held:
+            raise CopyRefused(f"the target database already has tables with rows ({', '.join(held[:5])});"
+                              " migrate copies into an empty database only")
+        target = Store("unused", url=url, password=password)
+        try:
+            # The copy is one transaction of any length: the limits the store puts
+            # on every statement (5 s) and on an idle transaction do not apply.
+            for limit in UNLIMITED:
+                target.db.conn.execute(f"SET {limit} = 0")
             _copy_rows(db, target, tables)
-            report = CopyReport()
-            for table, columns in tables.items():
-                here = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-                there = target.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-                if here != there:
-                    raise CopyRefused(f"verification failed: {table} has {here} rows here and {there} there")
-                report.counts[table] = here
-            cols = ", ".join(tables["answer_log"])
-            mine = log_checksum(db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq"))
-            theirs = log_checksum(target.db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq").fetchall())
-            if mine != theirs:
-                raise CopyRefused("verification failed: the answer log differs after the copy")
-            report.log_checksum = mine
-            return report
-    finally:
-        target.close()
+            return _verified(db, target, tables)
+        finally:
+            target.close()
+
+
+def _verified(db: sqlite3.Connection, target: Store, tables: dict[str, list[str]]) -> CopyReport:
+    """The same rows in every table on both sides, and the same answer log."""
+    report = CopyReport()
+    for table in tables:
+        here = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        there = target.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        if here != there:
+            raise CopyRefused(f"verification failed: {table} has {here} rows here and {there} there")
+        report.counts[table] = here
+    cols = ", ".join(tables["answer_log"])
+    mine = log_checksum(db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq"))
+    theirs = log_checksum(target.db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq").fetchall())
+    if mine != theirs:
+        raise CopyRefused("verification failed: the answer log differs after the copy")
+    report.log_checksum = mine
+    return report
 
 
 def log_checksum(rows: Iterable[tuple[Any, ...]]) -> str:
