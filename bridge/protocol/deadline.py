@@ -54,7 +54,7 @@ def parse_when(value: Any, base_ms: int) -> int:
         except ValueError:
             raise ValueError("must be a duration such as 45s, 90m, 2h, 3d or 1w, "
                              "or an RFC 3339 time with a zone") from None
-        at = base_ms + seconds * 1000 if seconds * 1000 < LATEST_MS else LATEST_MS + 1
+        at = base_ms + seconds * 1000  # a float: a duration too long for an int is inf, and too far away
     if at > LATEST_MS:
         raise ValueError("is too far away: it must fall before the year 10000")
     return int(at)
