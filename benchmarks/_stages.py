@@ -314,10 +314,11 @@ def install() -> None:
 
     prepare = Pipeline.prepare
 
-    async def traced_prepare(self: Pipeline, events: list[dict[str, Any]]) -> None:
+    async def traced_prepare(self: Pipeline, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         _mark("preparing")
-        await prepare(self, events)
+        judged = await prepare(self, events)
         _mark("prepared")
+        return judged
 
     Pipeline.prepare = traced_prepare  # type: ignore[method-assign]
 
