@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.protocol.audit_leaf import answer_sha256
 from bridge.protocol.deadline import format_rfc3339
 from bridge.protocol.quorum import ANSWERED, EXPIRED, PENDING, Cast, Tally, tally
 from bridge.protocol.recorded import RecordedQuestion
@@ -73,6 +74,13 @@ def outcome_of(record: dict[str, Any] | None) -> str | None:
     if record.get("state") == EXPIRED:
         return "expired"
     return "decided" if record.get("state") == ANSWERED and record.get("decided_by") else None
+
+
+def outcome_mark(outcome: str, record: dict[str, Any] | None) -> str:
+    """What tells one logged approval outcome from the next: the outcome
+    and, with the record, the hash of the decision it holds (a decision can
+    change and stay ``decided``: a veto read late, other deciders)."""
+    return outcome if record is None else f"{outcome} {answer_sha256(record, outcome)}"
 
 
 def _expired(base: dict[str, Any] | None, posting: RecordedQuestion, count: int, *, votes: list[dict[str, Any]] | None,

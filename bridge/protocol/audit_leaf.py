@@ -26,6 +26,12 @@ LEAF_VERSION = 1
 ANSWER_FIELDS = ("qid", "state", "choice", "choices", "order", "text", "subject", "q_rev")
 # What an annotation adds to a record.
 ANNOTATION_FIELDS = ("note", "attachments", "timecodes")
+# What an approval's outcome (``decided``, ``expired``) says of the question:
+# the decision itself, so a record can't swap it for another the votes in
+# the log would also allow (a veto someone once picked, fewer deciders).
+# Not ``votes``: a decider may change their vote after the decision.
+OUTCOME_FIELDS = ("qid", "state", "choice", "decided_by", "required", "subject", "q_rev")
+_FIELDS_OF = {"annotated": ANNOTATION_FIELDS, "decided": OUTCOME_FIELDS, "expired": OUTCOME_FIELDS}
 
 
 class LeafError(ValueError):
@@ -124,8 +130,7 @@ def _content_sha256(content: dict[str, Any]) -> str:
 
 
 def answer_fields(record: dict[str, Any], outcome: str = "accepted") -> dict[str, Any]:
-    fields = ANNOTATION_FIELDS if outcome == "annotated" else ANSWER_FIELDS
-    return {k: record[k] for k in fields if k in record}
+    return {k: record[k] for k in _FIELDS_OF.get(outcome, ANSWER_FIELDS) if k in record}
 
 
 def answer_sha256(record: dict[str, Any] | None, outcome: str = "accepted") -> str | None:

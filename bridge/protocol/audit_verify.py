@@ -139,8 +139,10 @@ class _Logged:
         self._accepted: dict[str, dict[str, Any]] | None = None
         self._standing: dict[tuple[Any, Any], int] | None = None
         self.withdrawn: set[int] = set()  # accepted answers the log took back later (``standing``)
-        # (set, question id) -> the log's latest word on its approval outcome: decided or expired
-        self.outcome: dict[tuple[Any, Any], str] = {}
+        # (set, question id) -> the log's latest word on its approval outcome:
+        # decided or expired, and the hash of the decision it logged (None
+        # from a bridge that logged none)
+        self.outcome: dict[tuple[Any, Any], tuple[str, Any]] = {}
         # (set, question id, sender) -> the hashes of the answers the log accepted from them
         self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
 
@@ -197,7 +199,7 @@ class _Logged:
                     self.answered.setdefault((leaf.get("set"), _question_id(leaf), leaf.get("sender")),
                                              set()).add(leaf.get("answer_sha256"))
                 elif leaf.get("outcome") in ("decided", "expired"):
-                    self.outcome[(leaf.get("set"), _question_id(leaf))] = leaf["outcome"]
+                    self.outcome[(leaf.get("set"), _question_id(leaf))] = (leaf["outcome"], leaf.get("answer_sha256"))
         return self._accepted
 
 
@@ -260,14 +262,26 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
                                 f"not {record.get('choice')!r}")
     # The outcome can change after it was logged (an earlier event read late),
     # and the bridge logs each change: the log's latest word is the record's.
-    last = logged.outcome.get((doc.get("set"), qid))
+    last, logged_sha256 = logged.outcome.get((doc.get("set"), qid), (None, None))
     if state == "expired" and last != "expired":
         problems.append(f"{where}: the record says expired, and the log records no expiry of the question"
                         + (" since its decision" if last == "decided" else ""))
-    if state == "answered" and record.get("decided_by") and last != "decided":
+    elif state == "answered" and record.get("decided_by") and last != "decided":
         problems.append(f"{where}: the record says decided, and the log records no decision of the question"
                         + (" since its expiry" if last == "expired" else ""))
+    elif last == {"answered": "decided", "expired": "expired"}.get(str(state)) and logged_sha256 is not None \
+            and logged_sha256 != _sha256_or_none(record, last):
+        fields = ", ".join(sorted(audit_leaf.answer_fields(record, last)))
+        problems.append(f"{where}: the record's {'decision' if last == 'decided' else 'expiry'} ({fields}) "
+                        f"differs from what the log's latest {last} leaf recorded")
     return problems
+
+
+def _sha256_or_none(record: dict[str, Any], outcome: str) -> str | None:
+    try:
+        return audit_leaf.answer_sha256(record, outcome)
+    except (ValueError, RecursionError):
+        return None  # nothing JCS can write: it differs from any hash logged
 
 
 def _vote_sha256(qid: str, vote: dict[str, Any], record: dict[str, Any]) -> str | None:

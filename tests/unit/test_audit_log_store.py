@@ -304,16 +304,65 @@ def test_an_approvals_tally_verifies_pending_decided_and_expired_and_a_changed_v
 
     assert tamper(pending, lambda r: r["votes"][0].update(choice="stable")) == [
         "record 'branch' (leaf 0): the vote $a1: its choice 'stable' differs from what the log recorded"]
+    # (Each also differs from the decision the log's ``decided`` leaf hashed.)
+    decision = ("record 'branch' (leaf 1): the record's decision ({}) differs from what the log's latest decided "
+                "leaf recorded")
     assert tamper(decided, lambda r: r.update(decided_by=[ana, cy])) == [
-        f"record 'branch' (leaf 1): {cy} decided it, and the log holds no vote of theirs it lists"]
+        f"record 'branch' (leaf 1): {cy} decided it, and the log holds no vote of theirs it lists",
+        decision.format("choice, decided_by, q_rev, qid, required, state")]
     assert tamper(decided, lambda r: r.update(choice="stable")) == [
         f"record 'branch' (leaf 1): {ana} decided it but voted 'main', not 'stable'",
-        f"record 'branch' (leaf 1): {bob} decided it but voted 'main', not 'stable'"]
+        f"record 'branch' (leaf 1): {bob} decided it but voted 'main', not 'stable'",
+        decision.format("choice, decided_by, q_rev, qid, required, state")]
     assert tamper(decided, lambda r: r.pop("decided_by")) == [
-        "record 'branch' (leaf 1): the record says decided, and names no one who decided it"]
+        "record 'branch' (leaf 1): the record says decided, and names no one who decided it",
+        decision.format("choice, q_rev, qid, required, state")]
     assert tamper(pending, lambda r: r.update(state="expired")) == [
         "record 'branch' (leaf 0): the record says expired, and the log records no expiry of the question"]
     assert AnswersFile(pending.set_dir).load()["answers"]["branch"]["state"] == "pending"
+
+
+def test_a_decision_swapped_for_another_the_votes_in_the_log_allow_is_named(tmp_path):
+    """Ana first picked stable, then changed it to main, and Bob's main
+    decided it.  A record rewritten to "stable, decided by Ana, one needed"
+    names only votes the log holds, yet it is not what the room decided: the
+    log's ``decided`` leaf hashes the decision, and verify holds the record
+    to it.  So are fewer deciders, or a lower quorum, than the decision's."""
+    import json
+
+    from helpers.timeline import PEOPLE, Room, answer, edit
+
+    t0 = 1_800_000_000_000
+    ana, bob, _cy = PEOPLE
+    (tmp_path / "r").mkdir()
+    room = Room(tmp_path / "r", approval={"answerers": list(PEOPLE), "quorum": {"required": 2}}, posted_ms=t0)
+    room.deliver([answer("$a1", ana, t0 + 1000, "stable"), edit("$a2", ana, t0 + 2000, "$a1", "main"),
+                  answer("$b1", bob, t0 + 3000, "main")])
+    record = room.record()
+    assert (record["state"], record["choice"], record["decided_by"]) == ("answered", "main", [ana, bob])
+    assert room.verify() == []
+    decided = [audit_leaf.parse_leaf(leaf.encode()) for _i, leaf in room.store.audit.leaves(0, 1000)][-1]
+    assert decided["outcome"] == "decided"
+    assert decided["answer_sha256"] == audit_leaf.answer_sha256(record, "decided")
+
+    def tamper(change) -> list[str]:
+        path = room.set_dir / "answers.json"
+        original = path.read_text()
+        doc = json.loads(original)
+        change(doc["answers"]["branch"])
+        path.write_text(json.dumps(doc))
+        try:
+            return room.verify()
+        finally:
+            path.write_text(original)
+
+    fields = "choice, decided_by, q_rev, qid, required, state"
+    named = f"record 'branch' (leaf 2): the record's decision ({fields}) differs from what the log's latest " \
+            "decided leaf recorded"
+    assert tamper(lambda r: r.update(choice="stable", label="The stable branch", decided_by=[ana],
+                                     required=1)) == [named]
+    assert tamper(lambda r: r.update(decided_by=[ana])) == [named]
+    assert tamper(lambda r: r.update(required=1)) == [named]
 
 
 def test_a_decision_undone_by_an_earlier_event_read_after_the_deadline_logs_the_expiry(tmp_path):

@@ -291,7 +291,7 @@ class Deadlines:
             # The deadline closes a question with no quorum that was answered
             # in time too; its answer stands, and it did not expire undecided.
             outcome = why if why == CLOSED_DECIDED or outcome_of(after) == CLOSED_EXPIRED else None
-            self.store.close_question(question.event_id, why, outcome=outcome)
+            self.store.close_question(question.event_id, why, outcome=outcome, record=after)
             self.store.set_meta(UNTOLD + question.event_id, why)
             if outcome == CLOSED_DECIDED and self.on_decided is not None:
                 self.on_decided(question, after or record or {})

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from bridge.answers.document import AnswersError, mirror_records, record_problem
 from bridge.answers.file import AnswersFile, LockBusy
-from bridge.protocol.approval_record import outcome_of
+from bridge.protocol.approval_record import outcome_mark, outcome_of
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.store import FlushView, Store
 
@@ -126,13 +126,15 @@ class FolderFlush:
             if posting is None or (posting.quorum is None and posting.expires_ms is None):
                 continue
             known = (set_dir, qid) in records
-            outcome = outcome_of(records[(set_dir, qid)] if known else self.store.projection(set_dir, qid))
-            if outcome is not None and self.store.approval_outcome_logged(posting.event_id) != outcome:
-                changes.append((posting, outcome))
+            record = records[(set_dir, qid)] if known else self.store.projection(set_dir, qid)
+            outcome = outcome_of(record)
+            if outcome is not None and \
+                    self.store.approval_outcome_logged(posting.event_id) != outcome_mark(outcome, record):
+                changes.append((posting, outcome, record))
         if changes:
             with self.store.transaction(flush=False):  # made durable by the flushed commit after the writes
-                for posting, outcome in changes:
-                    self.store.log_approval_outcome(posting.event_id, outcome)
+                for posting, outcome, record in changes:
+                    self.store.log_approval_outcome(posting.event_id, outcome, record)
                     if not posting.open:
                         # Closed already: the deadlines pass tells the room what it is now.
                         # (Imported here: the first sync does not need the room's deadline code.)

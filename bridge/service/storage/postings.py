@@ -17,6 +17,7 @@ import json
 import sqlite3
 from typing import Any
 
+from bridge.protocol.approval_record import outcome_mark
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.answerlog import _ACCEPTED_COUNT, LogEntry
 
@@ -87,40 +88,45 @@ class Postings:
         self._postings_changed(learned=lambda known: _poll_learned(known, event_id, poll_event_id))
 
     def close_question(self, event_id: str, why: str | None = None, *, by: str = "",
-                       outcome: str | None = None) -> None:
+                       outcome: str | None = None, record: dict[str, Any] | None = None) -> None:
         """Close a posting; the answer log records it: as ``outcome`` when the
         close is an approval's (``decided``, or ``expired`` undecided at its
-        deadline: outcomes of their own in the log), otherwise as a close
-        (``by``: who closed it, the bridge when empty)."""
+        deadline: outcomes of their own in the log, with ``record``, what the
+        question's record says of it), otherwise as a close (``by``: who
+        closed it, the bridge when empty)."""
         row = self.db.execute("SELECT room_id, set_id, open FROM posted WHERE event_id=?", (event_id,)).fetchone()
         self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
         self._postings_changed()
         if outcome is not None:
-            self.log_approval_outcome(event_id, outcome)
+            self.log_approval_outcome(event_id, outcome, record)
         elif row is not None and row[2]:
             # The close happens now (no room event carries it), hence the clock.
             self.append_leaf(LogEntry(event_id, row[0], by, "bridge", "closed", set_id=row[1],
                                       question_event_id=event_id, reason=why, ts=self.clock.now_ms()), None)
 
-    def log_approval_outcome(self, event_id: str, outcome: str) -> bool:
+    def log_approval_outcome(self, event_id: str, outcome: str, record: dict[str, Any] | None = None) -> bool:
         """The posting's approval outcome (``decided`` or ``expired``) is now
-        ``outcome``: when that differs from the last one the log recorded for
-        it, the log gets its leaf.  The record can change outcome after the
-        question closed (an earlier event read late), so this is asked
-        wherever the record is written; True when a leaf was appended.  (A
-        record that is neither again, pending, needs no leaf: verify asks
-        the log's latest word only of a decided or expired record.)"""
+        ``outcome``, as ``record`` has it (its leaf hashes the decision:
+        ``audit_leaf.OUTCOME_FIELDS``): when that differs from the last one
+        the log recorded for it, the log gets its leaf.  The record can
+        change after the question closed (an earlier event read late), so
+        this is asked wherever the record is written; True when a leaf was
+        appended.  (A record that is neither again, pending, needs no leaf:
+        verify asks the log's latest word only of a decided or expired
+        record.)"""
         key = f"approval_logged:{event_id}"
-        if self.get_meta(key) == outcome:
+        mark = outcome_mark(outcome, record)
+        if self.get_meta(key) == mark:
             return False
         row = self.db.execute("SELECT room_id, set_id FROM posted WHERE event_id=?", (event_id,)).fetchone()
         if row is not None:
-            self.append_leaf(LogEntry(event_id, row[0], "", "bridge", outcome, set_id=row[1],
+            self.append_leaf(LogEntry(event_id, row[0], "", "bridge", outcome, set_id=row[1], record=record,
                                       question_event_id=event_id, reason=outcome, ts=self.clock.now_ms()), None)
-        self.set_meta(key, outcome)
+        self.set_meta(key, mark)
         return True
 
     def approval_outcome_logged(self, event_id: str) -> str | None:
+        """The ``outcome_mark`` of the approval outcome the log last recorded for the posting."""
         return self.get_meta(f"approval_logged:{event_id}")
 
     def question_by_event(self, event_id: str) -> RecordedQuestion | None:
