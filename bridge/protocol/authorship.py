@@ -41,10 +41,3 @@ def edit_target(event: dict[str, Any]) -> str | None:
     if isinstance(relates, dict) and relates.get("rel_type") == "m.replace" and isinstance(relates.get("event_id"), str):
         return relates["event_id"]
     return None
-
-
-def retargeted(event: dict[str, Any], original: str) -> dict[str, Any]:
-    """An edit of an edit, pointed at the original (as the spec has every edit do)."""
-    content = dict(event["content"])
-    content["m.relates_to"] = {**content["m.relates_to"], "event_id": original}
-    return {**event, "content": content}

@@ -44,12 +44,28 @@ def test_a_redaction_counts_from_the_sender_or_a_moderator_only(tmp_path: Path) 
 def test_redacting_an_edit_restores_the_version_before_it(tmp_path: Path) -> None:
     room = Room(tmp_path)
     room.deliver([answer("$a", ALICE, 1000, "main"), edit("$e1", ALICE, 2000, "$a", "stable"),
-                  edit("$e2", ALICE, 3000, "$e1", "main")])  # an edit of the edit
+                  edit("$e2", ALICE, 3000, "$a", "main")])  # a second edit (of the original, as clients send it)
     assert room.record()["choice"] == "main" and room.record()["source"]["event_id"] == "$e2"
     room.deliver([redact("$r", ALICE, 4000, "$e2")])
     assert room.record()["choice"] == "stable"
     room.deliver([redact("$r2", ALICE, 5000, "$e1")])
     assert room.record()["choice"] == "main" and room.record()["source"]["event_id"] == "$a"
+
+
+def test_an_edit_of_an_edit_is_ignored_as_clients_ignore_it(tmp_path: Path) -> None:
+    """The spec: the event an edit replaces must not itself be an edit, and
+    clients (Element among them) show the original with its own edits only.
+    Alice's edit of her edit changes nothing people see, so it changes
+    nothing in answers.json, whichever of the two edits arrives first."""
+    for order in ("in order", "the edit of the edit first"):
+        (tmp_path / order.replace(" ", "-")).mkdir()
+        room = Room(tmp_path / order.replace(" ", "-"))
+        first = edit("$e1", ALICE, 2000, "$a", "stable")
+        second = edit("$e2", ALICE, 3000, "$e1", "main")  # an edit of the edit
+        room.deliver([answer("$a", ALICE, 1000, "main")])
+        room.deliver([first, second] if order == "in order" else [second, first])
+        assert room.record()["choice"] == "stable", order
+        assert room.record()["source"]["event_id"] == "$e1", order
 
 
 def test_a_redaction_of_a_held_event_drops_it(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from bridge.protocol.authorship import may_redact, retargeted
+from bridge.protocol.authorship import may_redact
 from bridge.protocol.normalize import Withdrawal
 from bridge.service.storage.store import Store, votes_key
 
@@ -50,11 +50,16 @@ class Timeline:
                        target: str) -> dict[str, Any] | None:
         """The edit as the spec counts it, or None: an edit from anyone but the
         original's sender is ignored (clients ignore it too), and so is an
-        edit of a redacted event; an edit of an edit is one of the original;
-        an edit whose original has not arrived waits for it (parked, judged
-        when it comes)."""
+        edit of a redacted event, and an edit of an edit (the spec's rule:
+        clients show the original with its own edits, never the edit's
+        edits); an edit whose original has not arrived waits for it (parked,
+        judged when it comes, or ignored then if what it edits is an edit)."""
         original = self.store.original_of(target)
         self.store.link_edit(event_id, original)
+        if original != target:
+            log.info("edit %s of the edit %s ignored: only edits of the original count", event_id, target)
+            self.store.mark_processed(event_id, "ignored")
+            return None
         author = self.store.logged_sender(original)
         if author is None:
             self.store.park_edit(event, original, self.store.clock.now_ms())
@@ -68,7 +73,7 @@ class Timeline:
                      event_id, sender, author, original)
             self.store.mark_processed(event_id, "ignored")
             return None
-        return retargeted(event, original) if original != target else event
+        return event
 
     def redaction(self, found: Withdrawal, ts: int) -> Any:
         """Apply a redaction: the question it touched, None, or NOT_NOW."""
