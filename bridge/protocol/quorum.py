@@ -6,8 +6,9 @@ vote; ``unsure`` and ``other`` are not votes.  The question is decided at the
 first point of the room's order where ``required`` distinct people's votes
 agree on one option, or at once when anyone picks a ``veto`` option.  What
 happens after that point is recorded without changing the decision.  Not
-decided before the deadline, and the deadline reached: ``expired``, which
-is never consent, whatever votes stood.
+decided before the deadline, and the deadline reached: ``expired``, with
+the votes that stood at the deadline, which is never consent, whatever
+votes stood.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ def tally(casts: list[Cast], *, required: int, veto: frozenset[str], expires_ms:
         choice, by, was_veto = decided
         return Tally(ANSWERED, votes, choice, by, decided_at, was_veto)
     if expired:
-        return Tally(EXPIRED, votes)
+        # What stood at the deadline, in the room's order: a vote taken back
+        # after it was still standing when the question expired.
+        last = standing(casts, (expires_ms - 1, NEVER[1])) if expires_ms is not None else now
+        return Tally(EXPIRED, [vote_entry(c) for c in sorted(last.values(), key=lambda c: c.at) if is_vote(c.choice)])
     return Tally(PENDING if votes else None, votes)
 
 

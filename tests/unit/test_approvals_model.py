@@ -84,7 +84,7 @@ def reference(events: list[dict[str, Any]], expired: bool) -> tuple[Any, ...]:
                     votes(standing(LAST)))
     final = votes(standing(LAST))
     if expired:
-        return "expired", None, None, final
+        return "expired", None, None, votes(standing(EXPIRES - 1))  # what stood at the deadline
     return ("pending" if final else None), None, None, final
 
 

@@ -236,6 +236,28 @@ def test_an_expired_question_is_never_consent_and_later_votes_are_refused(tmp_pa
     assert room.record()["state"] == "answered" and room.record()["decided_by"] == [ANA, CY]
 
 
+def test_an_expired_record_keeps_the_votes_that_stood_at_the_deadline(tmp_path):
+    """Ana's vote stood when the question expired; she took it back after
+    the deadline, and Bo took his back before it.  The record keeps what
+    stood at the deadline, as the room's closing words said: hers, not his."""
+    room = room_with(tmp_path, expires="45s")
+    room.deliver([answer("$b1", BO, T0 + 1000, "main"), redact("$rb", BO, T0 + 2000, "$b1"),
+                  answer("$a1", ANA, T0 + 3000, "main")])
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000).pass_once())
+    assert [v["sender"] for v in room.record()["votes"]] == [ANA]
+    room.deliver([redact("$ra", ANA, T0 + 50_000, "$a1")])  # after the deadline, in the room's order
+    record = room.record()
+    assert record["state"] == "expired" and [v["event_id"] for v in record["votes"]] == ["$a1"]
+    assert room.verify() == []
+    seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$ra'").fetchone()[0]
+    told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
+    assert told.endswith("(“The main branch”: @alice:hs). Your vote stood at the deadline; withdrawing "
+                         "it now does not change that."), told
+
+
 def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
     deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,

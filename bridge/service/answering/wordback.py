@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
     recorded_notice, refused_notice, with_remark
-from bridge.protocol.quorum import Tally, progress_words
+from bridge.protocol.quorum import EXPIRED, Tally, progress_words
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.withdrawn import withdrawn_notice
 from bridge.service.answering import quiz
@@ -110,6 +110,10 @@ class WordBack:
             # After the decision (a vote, a changed vote, a withdrawn one): it stands.
             words += " Withdrawing it does not change the decision." if entry.outcome == "withdrawn" \
                 else " Your vote is recorded; it does not change the decision."
+        elif record.get("state") == EXPIRED and entry.outcome == "withdrawn" and \
+                any(v.get("sender") == entry.sender for v in tally.votes):
+            # Taken back after the deadline: the expiry keeps what stood then.
+            words += " Your vote stood at the deadline; withdrawing it now does not change that."
         return words, named
 
     def _withdrawal_notice(self, entry: LogEntry, question: RecordedQuestion | None) -> dict[str, Any]:
