@@ -75,7 +75,8 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
 
     The record is the standing pick with the notes, files and timecodes of
     every standing annotation folded in, before or after it: a withdrawn
-    annotation is simply not there.  A pick without words keeps the note of
+    annotation is simply not there.  A note by anyone but the record's
+    sender starts with theirs ("@bo:hs: ...").  A pick without words keeps the note of
     the pick before it (its ``carry_note``: none when that note was an
     option's input).  A ``whole`` pick is a record from before this rule,
     with the annotations before it already folded in: only later ones are
@@ -96,10 +97,14 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
                 kept = _kept_note((standing.get("source") or {}).get("sender"), picks[1:])
                 if kept:
                     base["note"] = kept
+    # Whose record it is: the standing pick's sender, or, notes alone, the
+    # last one's (the record's source).  Another person's note says whose
+    # it is, so their words never read as the picker's.
+    owner = _sender(base) if base is not None else (_sender(added[-1]) if added else None)
     for delta in added:
         if base is None:
             base = {"qid": qid, "state": NOTE_ONLY, "q_rev": delta.get("q_rev", 1), "source": delta.get("source", {})}
-        base = merge(base, delta)
+        base = merge(base, attributed(delta, owner))
         if base.get("state") == NOTE_ONLY:
             base["q_rev"] = delta.get("q_rev", base["q_rev"])
             base["source"] = delta.get("source", base["source"])
@@ -112,6 +117,26 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
     # A note is not an answer; a record of notes alone is still the first version.
     base["rev"] = max(accepted_count, 1)
     return base
+
+
+def _sender(record: dict[str, Any]) -> str | None:
+    source = record.get("source")
+    return source.get("sender") if isinstance(source, dict) else None
+
+
+def attributed(delta: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    """``delta`` with its note prefixed by its sender when that is not ``owner``."""
+    sender, note = _sender(delta), delta.get("note")
+    if not isinstance(note, str) or not note.strip() or not sender or sender == owner:
+        return delta
+    return {**delta, "note": f"{sender}: {note}"}
+
+
+def note_as_kept(note: str, sender: str, record: dict[str, Any] | None) -> str:
+    """``note`` as ``record`` would hold it once added: with its sender's name
+    when the record holds another person's pick (what its room is counted by)."""
+    owner = _sender(record) if record is not None and record.get("state") != NOTE_ONLY else sender
+    return attributed({"note": note, "source": {"sender": sender}}, owner)["note"]
 
 
 def _kept_note(sender: str | None, earlier: list[tuple[dict[str, Any], bool, str | None, Position]]) -> str | None:

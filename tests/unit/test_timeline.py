@@ -68,6 +68,21 @@ def test_an_edit_of_an_edit_is_ignored_as_clients_ignore_it(tmp_path: Path) -> N
         assert room.record()["source"]["event_id"] == "$e1", order
 
 
+def test_a_note_by_anyone_but_the_picker_says_whose_it_is(tmp_path: Path) -> None:
+    """Bob picks stable and says why in the thread, then takes his pick
+    back: Alice's main stands again, and Bob's reasons must not read as
+    hers.  His note says it is his; hers, and his own while his pick stood,
+    are plain."""
+    room = Room(tmp_path)
+    room.deliver([answer("$a", ALICE, 1000, "main"), answer("$b", BOB, 2000, "stable"),
+                  note("$n1", BOB, 3000, "the fixes can wait")])
+    assert room.record()["choice"] == "stable" and room.record()["note"] == "the fixes can wait"
+    room.deliver([redact("$r", BOB, 4000, "$b"), note("$n2", ALICE, 5000, "ship it")])
+    record = room.record()
+    assert record["choice"] == "main" and record["source"]["sender"] == ALICE
+    assert record["note"] == f"{BOB}: the fixes can wait\n\nship it"
+
+
 def test_a_redaction_of_a_held_event_drops_it(tmp_path: Path) -> None:
     room = Room(tmp_path)
     held = answer("$a", ALICE, 1000, "main")

@@ -59,7 +59,12 @@ def reference(events: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     if pick is None and not added:
         return None
     out: dict[str, Any] = {"choice": pick["option"] if pick else None, "event_id": pick["id"] if pick else None}
-    out["note"] = "\n\n".join(n["text"] for n in added if n["kind"] == "note") or None
+    # A note by anyone but the record's sender (the pick's; with no pick, the
+    # last addition's) says whose it is.
+    notes = [n for n in added if n["kind"] == "note"]
+    owner = pick["sender"] if pick else added[-1]["sender"]
+    out["note"] = "\n\n".join(n["text"] if n["sender"] == owner else f"{n['sender']}: {n['text']}"
+                                for n in notes) or None
     out["attachments"] = [f["path"] for f in added if f["kind"] == "file"] or None
     return out
 

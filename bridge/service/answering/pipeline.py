@@ -555,8 +555,9 @@ class Pipeline(FolderFlush):
                                                                  self.attachment_max_bytes)
         if not (found.note or found.attachments or found.timecodes):
             return "schema", "empty_note", "There was nothing in this message to keep."
-        room = annotate.room_left(self.store.projection(set_dir, qid) if set_dir and qid else None)
-        if found.note and len(found.note) > room["note"]:
+        record = self.store.projection(set_dir, qid) if set_dir and qid else None
+        room = annotate.room_left(record)
+        if found.note and len(annotate.note_as_kept(found.note, found.sender, record)) > room["note"]:
             return "recorded", "note_too_long", "Your notes on this question would pass 20,000 characters."
         if len(found.attachments) > room["attachments"]:
             return "recorded", "too_many_attachments", file_problem_words("too_many_attachments", found.filename)
