@@ -246,6 +246,20 @@ def coalesced(content: dict[str, Any], more: int) -> dict[str, Any]:
     return with_remark(content, f"({more} more of your messages about this were not recorded either.)")
 
 
+def addressed(content: dict[str, Any], person: str) -> dict[str, Any]:
+    """``content`` opening with whom it is for: a word back in the question's
+    thread that quotes nothing of theirs (a vote, a reaction) would otherwise
+    leave everyone there guessing whose "your" it means.  Named, not
+    mentioned: ``m.mentions`` stays empty, so nobody is pinged."""
+    return {**content, "body": f"{person}: " + content["body"],
+            "formatted_body": esc_people(f"{person}: ", [person]) + content.get("formatted_body", "")}
+
+
+def in_thread_reply(question_event_id: str, event_id: str) -> dict[str, Any]:
+    """An ``m.relates_to`` that replies to ``event_id`` inside the question's thread."""
+    return {**in_thread(question_event_id), "is_falling_back": False, "m.in_reply_to": {"event_id": event_id}}
+
+
 def with_remark(content: dict[str, Any], remark: str, people: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
     """``content`` with a sentence added to its text; ``people``: user ids the
     bridge names in it, shown as pills (as the decision's announcement shows

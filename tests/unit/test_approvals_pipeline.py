@@ -578,7 +578,9 @@ def test_after_the_decision_a_deciders_changed_or_withdrawn_vote_is_told_the_dec
     # Ana withdraws hers: told it is withdrawn and that this changes nothing (not that an earlier answer stands).
     room.deliver([redact("$r1", ANA, T0 + 4000, "$a1")])
     told = word_back("$r1")
-    assert told.startswith("Your vote to \u201cRelease branch\u201d is withdrawn. Decided: \u201cThe main branch\u201d")
+    # (Its acknowledgement not sent here, the word back goes to the thread, naming her.)
+    assert told.startswith(f"{ANA}: Your vote to \u201cRelease branch\u201d is withdrawn. Decided: "
+                           "\u201cThe main branch\u201d")
     assert told.endswith("Withdrawing it does not change the decision.") and "stands again" not in told
     assert room.record()["decided_by"] == [ANA, BO] and room.record()["choice"] == "main"
 
@@ -707,8 +709,8 @@ def test_picking_something_else_in_the_poll_is_told_where_the_words_go(tmp_path)
     room.deliver([vote("$o1", ANA, T0 + 1000, ["other"])])
     (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$o1'").fetchone()
     told = room.pipeline.notice_for(room.store.log_entry(seq))["body"]
-    assert told == ("Not recorded: \u201cSomething else\u201d needs a few words from you, and a vote in the poll "
-                    "carries none. Reply to the question with other: and your words.")
+    assert told == (f"{ANA}: Not recorded: \u201cSomething else\u201d needs a few words from you, and a vote in the "
+                    "poll carries none. Reply to the question with other: and your words.")
 
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["clear", "encrypted"])

@@ -83,6 +83,30 @@ def test_a_note_by_anyone_but_the_picker_says_whose_it_is(tmp_path: Path) -> Non
     assert record["note"] == f"{BOB}: the fixes can wait\n\nship it"
 
 
+def test_a_word_back_in_the_thread_says_whom_it_is_for(tmp_path: Path) -> None:
+    """Alice and Bob vote in the poll and add notes in the question's thread,
+    where every word back goes.  "Recorded ... your vote" under nothing of
+    theirs would leave both guessing which is whose: a vote's word back opens
+    with the voter's name (a pill, pinging nobody), a note's replies to the
+    note in the thread."""
+    room = Room(tmp_path)
+    room.deliver([vote("$v1", ALICE, 1000, ["main"]), vote("$v2", BOB, 2000, ["stable"]),
+                  note("$n1", BOB, 3000, "the fixes can wait")])
+
+    def word_back(event_id: str) -> dict:
+        (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id=?", (event_id,)).fetchone()
+        return room.pipeline.notice_for(room.store.log_entry(seq))
+
+    alice, bob = word_back("$v1"), word_back("$v2")
+    assert alice["body"].startswith(f"{ALICE}: Recorded for") and bob["body"].startswith(f"{BOB}: Recorded for")
+    assert bob["formatted_body"].startswith(f'<a href="https://matrix.to/#/{BOB}">{BOB}</a>: ')
+    assert bob["m.mentions"] == {} and bob["m.relates_to"]["rel_type"] == "m.thread"
+    noted = word_back("$n1")
+    assert noted["m.relates_to"] == {"rel_type": "m.thread", "event_id": "$q", "is_falling_back": False,
+                                     "m.in_reply_to": {"event_id": "$n1"}}
+    assert noted["body"].startswith("Added to your answer")
+
+
 def test_a_redaction_of_a_held_event_drops_it(tmp_path: Path) -> None:
     room = Room(tmp_path)
     held = answer("$a", ALICE, 1000, "main")

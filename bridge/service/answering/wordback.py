@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.protocol.outcome import OWN, OTHER, annotated_notice, display_names, in_thread, option_numbers, \
-    recorded_notice, refused_notice, with_remark
+from bridge.protocol.outcome import OWN, OTHER, addressed, annotated_notice, display_names, in_thread, \
+    in_thread_reply, option_numbers, recorded_notice, refused_notice, with_remark
 from bridge.protocol.quorum import EXPIRED, Tally, progress_words
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.withdrawn import withdrawn_notice
@@ -78,16 +78,20 @@ class WordBack:
         if entry.replaces:
             # An edit: clients show the original message, not the edit event.
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
-        if question is not None and entry.via not in _TIMELINE_VIAS:
-            # A vote, a reaction or a note has no message worth quoting in the
-            # timeline: the word back goes to the question's thread.
+        if question is not None and entry.via in _THREAD_VIAS:
+            # A note or a file sent in the question's thread: the word back
+            # replies to it there, so it shows whose it is.
+            content["m.relates_to"] = in_thread_reply(question.event_id, entry.event_id)
+        elif question is not None and entry.via not in _TIMELINE_VIAS:
+            # A vote or a reaction has no message to quote: the word back goes
+            # to the question's thread, saying whom it is for.
+            content = addressed(content, entry.sender)
             content["m.relates_to"] = in_thread(question.event_id)
         elif entry.thread_root is not None:
             # An answer sent in a thread: a plain reply to it shows nowhere in
             # Element, so the word back joins the thread, replying to it there.
             replied = content.get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id", entry.event_id)
-            content["m.relates_to"] = {**in_thread(entry.thread_root), "is_falling_back": False,
-                                       "m.in_reply_to": {"event_id": replied}}
+            content["m.relates_to"] = in_thread_reply(entry.thread_root, replied)
         return content
 
     def _quorum_words(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
@@ -133,10 +137,11 @@ class WordBack:
         if question is not None and question.quorum is not None:
             content = with_remark(content, *self._quorum_words(entry, question))
         if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
-            thread = in_thread(question.event_id)
             if ack is not None:
-                thread.update({"is_falling_back": False, "m.in_reply_to": {"event_id": ack}})
-            content["m.relates_to"] = thread
+                content["m.relates_to"] = in_thread_reply(question.event_id, ack)
+            else:  # nothing to quote: say whom it is for
+                content = addressed(content, entry.sender)
+                content["m.relates_to"] = in_thread(question.event_id)
         return content
 
     def _stands_again(self, entry: LogEntry, now: dict[str, Any] | None) -> bool:
@@ -163,5 +168,7 @@ def _deciding(record: dict[str, Any], sender: str) -> bool:
 _GESTURE_VIAS = frozenset({"poll", "reaction"})
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
 _TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
+# Messages sent in the question's thread, whose word back replies to them there.
+_THREAD_VIAS = frozenset({"note", "attachment"})
 # The `via` values the outcome schema knows; a note or a file is reported without one.
 _OUTCOME_VIAS = frozenset({"answer_event", "poll", "reply", "reaction", "edit"})
