@@ -171,6 +171,27 @@ def test_a_room_that_refuses_for_good_drops_its_notice_and_the_others_go_out(tmp
     assert asyncio.run(notices.send_pending()) == 0  # dropped, not retried
 
 
+def test_wake_ups_faster_than_a_pass_still_let_every_pass_send_one(tmp_path: Path) -> None:
+    """A pass stops early when new entries came while it sent (their senders
+    then get their turn), but never before its first notice: with new
+    entries arriving faster than a pass (a wake-up after every read of the
+    store here), each pass still tells one person, and the word gets out."""
+    store, pipeline, transport, _folders = setup(tmp_path, rooms=(ROOM, OTHER_ROOM))
+    pipeline.process([answer(0, "$a", "one"), answer(1, "$b", "two", sender=BOB, room=OTHER_ROOM)])
+    notices = Notices(pipeline, asyncio.Event())
+    reading = store.run
+
+    async def woken_meanwhile(job: Any, *args: Any) -> Any:
+        result = await reading(job, *args)
+        notices.wake()
+        return result
+
+    store.run = woken_meanwhile  # type: ignore[method-assign]
+    assert asyncio.run(notices.send_pending()) == 1
+    assert asyncio.run(notices.send_pending()) == 1
+    assert sorted(room for room, _c in transport.sent) == sorted([ROOM, OTHER_ROOM])
+
+
 def test_a_room_that_fails_for_now_is_backed_off_alone(tmp_path: Path) -> None:
     store, pipeline, transport, _folders = setup(tmp_path, rooms=(ROOM, OTHER_ROOM))
     transport.refuse[OTHER_ROOM] = "M_UNKNOWN"
