@@ -5,11 +5,14 @@ leader's process exited) hands the lease on and it tries again later."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.auditing.keys import LogKeyError
+from bridge.service.config import ConfigError
 from bridge.service.storage.leader import Lease
 from bridge.service.storage.pgdialect import StoreOperationalError
 from bridge.service.storage.standby import run_with_standby
@@ -20,10 +23,10 @@ from helpers.waiting import until
 SHUTTING_DOWN = "PostgreSQL: connection failed: FATAL:  the database system is shutting down"
 
 
-def cluster_config(url: str, password: str | None) -> SimpleNamespace:
-    return SimpleNamespace(store=SimpleNamespace(url=url, password=password),
+def cluster_config(url: str, password: str | None, sets_root: Path = Path("/sets-not-here")) -> SimpleNamespace:
+    return SimpleNamespace(store=SimpleNamespace(url=url, password=password, path="/store-not-here/bridge.db"),
                            appservice=SimpleNamespace(enabled=False), metrics=SimpleNamespace(enabled=False),
-                           audit=SimpleNamespace(enabled=False))
+                           audit=SimpleNamespace(enabled=False), sets=SimpleNamespace(root=sets_root))
 
 
 async def test_alone_it_leads_again_after_the_store_failed_to_open(postgres_server):
@@ -98,6 +101,39 @@ async def test_a_standby_without_the_logs_key_refuses_to_start_not_at_the_failov
 
     with pytest.raises(LogKeyError, match="1 leaves but its key file"):
         await asyncio.wait_for(run_with_standby(config, asyncio.Event(), serve, fatal=(LogKeyError,)), 15)
+
+
+async def test_a_standby_that_sees_the_sets_at_another_path_refuses_to_start(postgres_server, tmp_path):
+    """The leader posted from /…/a/alpha; this machine has the same share at
+    /…/b.  Taking over, it would find none of the store's sets and every set
+    folder new: every question closed and posted again.  It says so at its
+    start instead; where the sets are at the same path, it stands by."""
+    url = fresh_schema(postgres_server)
+    store = Store(tmp_path / "unused.db", url=url, password=postgres_server.password)
+    with store.transaction():
+        store.record_posted(RecordedQuestion(event_id="$q", room_id="!r:hs", set_id="alpha",
+                                             content={"elicitation_id": "elc_q", "set": "alpha",
+                                                      "question": {"id": "q0", "rev": 1, "title": "T"}}),
+                            set_dir=str(tmp_path / "a" / "alpha"), posted_at=1)
+    store.close()
+    (tmp_path / "b" / "alpha").mkdir(parents=True)
+
+    async def serve(*_args) -> None:
+        raise AssertionError("never leads")
+
+    elsewhere = cluster_config(url, postgres_server.password, tmp_path / "b")
+    with pytest.raises(ConfigError, match=f"under {tmp_path / 'a'}, which this machine does not have.*same path"):
+        await asyncio.wait_for(run_with_standby(elsewhere, asyncio.Event(), serve), 15)
+
+    (tmp_path / "a" / "alpha").mkdir(parents=True)  # the share where the store knows it
+    stop = asyncio.Event()
+
+    async def leads(*_args) -> None:
+        stop.set()
+
+    await asyncio.wait_for(run_with_standby(cluster_config(url, postgres_server.password, tmp_path / "a"), stop,
+                                            leads), 15)
+    assert stop.is_set()
 
 
 def test_a_bot_without_metrics_on_a_cluster_loads_no_http_server_to_stand_by():

@@ -1,7 +1,8 @@
 """An instance on a PostgreSQL store: a standby until it holds the lease,
 then the bridge, then a standby again if it loses the lease.
 
-While it stands by it touches neither the homeserver nor the sets folder.
+While it stands by it touches neither the homeserver nor the sets folder
+(beyond looking, at its start, that the sets are where the store knows them).
 It answers /health (503, ``"role": "standby"``) and /metrics
 (``askwright_bridge_standby 1``) on its metrics listener, and in appservice
 mode on the appservice listener, where every transaction gets 503 so the
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from bridge.service.eventwait import any_set
-from bridge.service.config import Config
+from bridge.service.config import Config, ConfigError
 from bridge.service.storage.leader import Lease
 from bridge.service.operators.metrics import Metrics
 
@@ -38,8 +40,7 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
     refused, credentials the homeserver refuses); it ends the instance, as it
     ends a bridge on SQLite, instead of handing the lease round for ever."""
     assert config.store.url
-    if config.audit.enabled:
-        await asyncio.to_thread(_could_sign, config)
+    await asyncio.to_thread(_could_lead, config)
     loop = asyncio.get_running_loop()
     lease = Lease(config.store.url, config.store.password)
     changed = asyncio.Event()
@@ -83,24 +84,45 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
         lease.stop()
 
 
-def _could_sign(config: Config) -> None:
+def _could_lead(config: Config) -> None:
     """A standby that could never lead says so at its start, not at the
     failover it stands by for: the log's key file must be where its config
-    says when the log has leaves (LogKeyError).  A store not made yet, or not
-    reachable now, is left to the term as leader."""
+    says when the log has leaves (LogKeyError), and the sets must be where
+    the store knows them (ConfigError, ``sets_seen_elsewhere``).  A store not
+    made yet, or not reachable now, is left to the term as leader."""
     from bridge.service.auditing.keys import check_present, key_file
     from bridge.service.storage.store import Store
 
     try:
         store = Store.read_only(config.store.path, url=config.store.url, password=config.store.password)
     except Exception as exc:  # noqa: BLE001 - no tables yet, or PostgreSQL away: the lease waits for it anyway
-        log.info("the answer log's key is checked when this instance leads (%s)", type(exc).__name__)
+        log.info("what this instance needs to lead is checked when it leads (%s)", type(exc).__name__)
         return
     try:
         leaves = store.audit.size()
+        folders = store.folders_with_open()
     finally:
         store.close()
-    check_present(key_file(Path(config.store.path), config.audit.key_file), leaves)
+    if config.audit.enabled:
+        check_present(key_file(Path(config.store.path), config.audit.key_file), leaves)
+    elsewhere = sets_seen_elsewhere(folders, config.sets.root)
+    if elsewhere is not None:
+        raise ConfigError(
+            f"sets.root: the sets the store knows are under {elsewhere}, which this machine does not have, and "
+            f"{config.sets.root} here holds them: mount the share at the same path on every instance (the store "
+            "knows a set by its folder's path; seen elsewhere, every set would be closed and posted again)")
+
+
+def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
+    """The folder the store's open sets are under when none of them is there
+    on this machine and ``root`` holds them all by name (the share mounted
+    at another path), else None."""
+    if not folders or any(os.path.isdir(folder) for folder in folders):
+        return None
+    if not all((root / Path(folder).name).is_dir() for folder in folders):
+        return None  # not the same sets: gone, or another share
+    parents = {str(Path(folder).parent) for folder in folders}
+    return parents.pop() if len(parents) == 1 else ", ".join(sorted(parents))
 
 
 async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event, term: asyncio.Event) -> None:
