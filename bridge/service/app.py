@@ -28,7 +28,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
-from bridge.service.transport.rooms import configured_rooms, join_rooms, keep_joining
+from bridge.service.transport.rooms import RoomIds, configured_rooms, join_rooms, keep_joining
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.operators.operators import Operators
 from bridge.service.operators.metrics import Metrics
@@ -196,7 +196,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         await front.open(pipeline)
         if lease is not None and getattr(front, "server", None) is not None:
             front.server.fence = lease.check  # type: ignore[attr-defined]
-        rooms, refused = await join_rooms(transport, configured_rooms(config), stop)
+        room_ids = RoomIds()
+        rooms, refused = await join_rooms(transport, configured_rooms(config), stop, room_ids)
         # The first batch waits for every room's members: asked for together.
         await asyncio.gather(*(pipeline.load_members(room) for room in rooms))
         # Heal a crash between the store commit and the folder write.  A set
@@ -228,8 +229,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                 return
             from bridge.service.posting.poster import Poster
 
-            poster = Poster(store, transport, config.room_for, load_set, on_posted=ops.on_posted,
-                            on_closed=ops.on_closed)
+            poster = Poster(store, transport, room_ids.resolving(config.room_for), load_set,
+                            on_posted=ops.on_posted, on_closed=ops.on_closed)
             from bridge.service.answering.deadlines import Deadlines
 
             # Deadlines, quorum decisions and escalations: a pass at once (what
@@ -243,7 +244,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             # passes, which walked it all (60 ms in the latency bench, every
             # thread stopped, a batch with them) and found nothing to free.
             gc.freeze()
-            await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined), stop),
+            await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined, room_ids), stop),
                                  supervise("sets", lambda: keep_sets(poster, config.sets.root, stop, posted,
                                                                          ops.on_set_changed), stop),
                                  supervise("deadlines", lambda: poster.deadlines.run(stop), stop),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bridge.service.transport.rooms import join_rooms
+from bridge.service.transport.rooms import RoomIds, join_rooms
 
 
 class _Transport:
@@ -33,11 +33,14 @@ class _Transport:
 
 def test_rooms_joined_already_are_not_joined_again() -> None:
     transport = _Transport({"!a:example.org", "!b:example.org"})
+    ids = RoomIds()
     joined, refused = asyncio.run(join_rooms(transport, ["!a:example.org", "!b:example.org", "!c:example.org",
-                                                         "#alias:example.org"], asyncio.Event()))
+                                                         "#alias:example.org"], asyncio.Event(), ids))
     assert transport.joins == ["!c:example.org", "#alias:example.org"]
     assert joined == ["!a:example.org", "!b:example.org", "!c:example.org", "!aliased:example.org"]
     assert refused == []
+    # A set configured with the alias is posted in the room it named (a message goes to a room id).
+    assert ids.of("#alias:example.org") == "!aliased:example.org" and ids.of("!a:example.org") == "!a:example.org"
     # What a join teaches the transport (whether the room is encrypted) is learnt without it.
     assert transport.encryption_read == ["!a:example.org", "!b:example.org"]
 

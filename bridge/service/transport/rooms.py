@@ -28,8 +28,29 @@ def configured_rooms(config: Any) -> list[str]:
     return list(dict.fromkeys([config.rooms.default, *config.rooms.sets.values()]))
 
 
-async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event) -> tuple[list[str], list[str]]:
-    """(room ids joined, rooms that refused for now)."""
+class RoomIds:
+    """The configured rooms (ids or aliases) by the id each was joined as: a
+    message goes to a room id, never to an alias, so a set configured with
+    ``#team:example.org`` is posted in the room the alias named at the join."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, str] = {}
+
+    def joined(self, room: str, room_id: str) -> None:
+        self._ids[room] = room_id
+
+    def of(self, room: str) -> str:
+        """``room``'s id (itself until joined: posting there fails and is retried)."""
+        return self._ids.get(room, room)
+
+    def resolving(self, room_for: Callable[[str], str]) -> Callable[[str], str]:
+        """``room_for`` (a set id -> its configured room) giving room ids."""
+        return lambda set_id: self.of(room_for(set_id))
+
+
+async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
+                     ids: RoomIds | None = None) -> tuple[list[str], list[str]]:
+    """(room ids joined, rooms that refused for now); ``ids`` learns each room's id."""
     joined: list[str] = []
     refused: list[str] = []
     already = await _joined_now(transport)
@@ -38,6 +59,8 @@ async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event) -> 
         while not stop.is_set():
             try:
                 joined.append(await _join(transport, room, already))
+                if ids is not None:
+                    ids.joined(room, joined[-1])
                 break
             except MatrixError as exc:
                 if exc.permanent:
@@ -79,7 +102,7 @@ async def _join(transport: Any, room: str, already: set[str]) -> str:
 
 
 async def keep_joining(transport: Any, rooms: list[str], stop: asyncio.Event,
-                       on_joined: Callable[[str], Awaitable[None]]) -> None:
+                       on_joined: Callable[[str], Awaitable[None]], ids: RoomIds | None = None) -> None:
     """Ask for each room of ``rooms`` again, with backoff, until it is joined."""
     delay = 5.0
     waiting = list(rooms)
@@ -92,6 +115,8 @@ async def keep_joining(transport: Any, rooms: list[str], stop: asyncio.Event,
                 log.info("still cannot join %s (%s)", room, exc)
                 continue
             waiting.remove(room)
+            if ids is not None:
+                ids.joined(room, room_id)
             log.info("joined %s at last", room)
             try:
                 await on_joined(room_id)

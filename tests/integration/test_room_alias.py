@@ -1,0 +1,41 @@
+"""Rooms named in the config by their alias, as people know them in Element
+(``rooms.default: "#team:example.org"``): the bridge posts in the rooms the
+aliases name and takes the answers there, against a real Synapse."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.attack import text_set
+from helpers.harness import Bridge, answer_content, unique
+
+pytestmark = pytest.mark.integration
+
+
+async def test_rooms_named_by_their_alias_get_their_questions_and_answers(synapse, tmp_path, person):
+    bot = synapse.register(unique("askbot"))
+    alice = person()
+    server = bot["user_id"].split(":", 1)[1]
+    rooms = {}
+    for name in ("team", "beta"):
+        local = unique(name)
+        room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id], room_alias_name=local)
+        synapse.join(alice.token, room_id)
+        rooms[name] = (f"#{local}:{server}", room_id)
+    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=rooms["team"][1], bot=bot,
+                    extra_config={"rooms": {"default": rooms["team"][0], "sets": {"beta": rooms["beta"][0]}}})
+    bridge.sets_root.mkdir()
+    bridge.alice = alice
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.add_set(text_set("beta", 1))
+        bridge.start()
+        for set_id, name in (("alpha", "team"), ("beta", "beta")):
+            bridge.room_id = rooms[name][1]  # where this set's question is looked for
+            question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+            assert question["content"]["set"]["id"] == set_id
+            await alice.send(rooms[name][1], answer_content(question, text=f"word for {set_id}"))
+            record = await bridge.wait_answer(set_id, "q0")
+            assert record["text"] == f"word for {set_id}" and record["source"]["room_id"] == rooms[name][1]
+    finally:
+        bridge.kill()
