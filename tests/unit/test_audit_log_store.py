@@ -4,6 +4,7 @@ outcome's transaction; receipts on records; checkpoints; offline verification.""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -248,13 +249,25 @@ def _verify_room(room) -> list[str]:
     return room.verify()
 
 
+def tamper(room, change) -> list[str]:
+    """What verify says of ``room``'s answers.json with ``change`` made to the
+    record (the file put back after)."""
+    path = room.set_dir / "answers.json"
+    original = path.read_text()
+    doc = json.loads(original)
+    change(doc["answers"]["branch"])
+    path.write_text(json.dumps(doc))
+    try:
+        return room.verify()
+    finally:
+        path.write_text(original)
+
+
 def test_an_approvals_tally_verifies_pending_decided_and_expired_and_a_changed_vote_is_named(tmp_path):
     """An approval's record is a tally (PROTOCOL 2a): its state and pick come
     from the votes it lists.  verify checks each vote against its leaf, the
     deciders against the pick and an expiry against the log's, rather than
     the tally against the one vote its receipt names."""
-    import json
-
     from bridge.answers.file import AnswersFile
     from bridge.service.answering.deadlines import Deadlines
     from helpers.timeline import PEOPLE, Room, answer
@@ -291,16 +304,6 @@ def test_an_approvals_tally_verifies_pending_decided_and_expired_and_a_changed_v
     assert _verify_room(nothing) == []
 
     # Tampered: a vote's choice, the deciders, an expiry the log never recorded.
-    def tamper(room, change) -> list[str]:
-        path = room.set_dir / "answers.json"
-        original = path.read_text()
-        doc = json.loads(original)
-        change(doc["answers"]["branch"])
-        path.write_text(json.dumps(doc))
-        try:
-            return _verify_room(room)
-        finally:
-            path.write_text(original)
 
     assert tamper(pending, lambda r: r["votes"][0].update(choice="stable")) == [
         "record 'branch' (leaf 0): the vote $a1: its choice 'stable' differs from what the log recorded"]
@@ -328,8 +331,6 @@ def test_a_decision_swapped_for_another_the_votes_in_the_log_allow_is_named(tmp_
     names only votes the log holds, yet it is not what the room decided: the
     log's ``decided`` leaf hashes the decision, and verify holds the record
     to it.  So are fewer deciders, or a lower quorum, than the decision's."""
-    import json
-
     from helpers.timeline import PEOPLE, Room, answer, edit
 
     t0 = 1_800_000_000_000
@@ -345,24 +346,13 @@ def test_a_decision_swapped_for_another_the_votes_in_the_log_allow_is_named(tmp_
     assert decided["outcome"] == "decided"
     assert decided["answer_sha256"] == audit_leaf.answer_sha256(record, "decided")
 
-    def tamper(change) -> list[str]:
-        path = room.set_dir / "answers.json"
-        original = path.read_text()
-        doc = json.loads(original)
-        change(doc["answers"]["branch"])
-        path.write_text(json.dumps(doc))
-        try:
-            return room.verify()
-        finally:
-            path.write_text(original)
-
     fields = "choice, decided_by, q_rev, qid, required, state"
     named = f"record 'branch' (leaf 2): the record's decision ({fields}) differs from what the log's latest " \
             "decided leaf recorded"
-    assert tamper(lambda r: r.update(choice="stable", label="The stable branch", decided_by=[ana],
+    assert tamper(room, lambda r: r.update(choice="stable", label="The stable branch", decided_by=[ana],
                                      required=1)) == [named]
-    assert tamper(lambda r: r.update(decided_by=[ana])) == [named]
-    assert tamper(lambda r: r.update(required=1)) == [named]
+    assert tamper(room, lambda r: r.update(decided_by=[ana])) == [named]
+    assert tamper(room, lambda r: r.update(required=1)) == [named]
 
 
 def test_a_decision_undone_by_an_earlier_event_read_after_the_deadline_logs_the_expiry(tmp_path):
