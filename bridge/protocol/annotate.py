@@ -76,9 +76,9 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
     The record is the standing pick with the notes, files and timecodes of
     every standing annotation folded in, before or after it: a withdrawn
     annotation is simply not there.  A note by anyone but the record's
-    sender starts with theirs ("@bo:hs: ...").  A pick without words keeps the note of
-    the pick before it (its ``carry_note``: none when that note was an
-    option's input).  A ``whole`` pick is a record from before this rule,
+    sender starts with theirs ("@bo:hs: ...").  A pick without words keeps
+    the note of the pick before it (its ``carry_note``: none when that note
+    was an option's input).  A ``whole`` pick is a record from before this rule,
     with the annotations before it already folded in: only later ones are
     added to it.
     """

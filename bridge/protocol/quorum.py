@@ -6,9 +6,9 @@ vote; ``unsure`` and ``other`` are not votes.  The question is decided at the
 first point of the room's order where ``required`` distinct people's votes
 agree on one option, or at once when anyone picks a ``veto`` option.  What
 happens after that point is recorded without changing the decision.  Not
-decided before the deadline, and the deadline reached: ``expired``, with
-the votes that stood at the deadline, which is never consent, whatever
-votes stood.
+decided before the deadline, and the deadline reached: ``expired``, which
+is never consent, whatever votes stood; the record lists those that stood
+at the deadline.
 """
 
 from __future__ import annotations
