@@ -244,7 +244,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             # passes, which walked it all (60 ms in the latency bench, every
             # thread stopped, a batch with them) and found nothing to free.
             gc.freeze()
-            await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined, room_ids), stop),
+            await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined, room_ids),
+                                           stop),
                                  supervise("sets", lambda: keep_sets(poster, config.sets.root, stop, posted,
                                                                          ops.on_set_changed), stop),
                                  supervise("deadlines", lambda: poster.deadlines.run(stop), stop),
