@@ -107,6 +107,23 @@ def test_a_word_back_in_the_thread_says_whom_it_is_for(tmp_path: Path) -> None:
     assert noted["body"].startswith("Added to your answer")
 
 
+def test_an_upgraded_room_is_told_to_the_operator(tmp_path: Path, caplog) -> None:
+    """Upgraded from Element's settings, the room's people move to the new one
+    and lose their power to send in the old: the bridge, which stays where its
+    config says, logs what happened and what to change, and counts it."""
+    room = Room(tmp_path)
+    told: list[tuple[str, str]] = []
+    room.pipeline.on_trouble = lambda kind, reason: told.append((kind, reason))
+    room.deliver([answer("$a", ALICE, 1000, "main"),
+                  {"type": "m.room.tombstone", "state_key": "", "event_id": "$t", "room_id": "!room:hs",
+                   "sender": MODERATOR, "origin_server_ts": 2000,
+                   "content": {"body": "This room has been replaced", "replacement_room": "!new:hs"}}])
+    assert room.record()["choice"] == "main"
+    assert told == [("room", "upgraded")]
+    assert any("was upgraded to !new:hs" in r.getMessage() and "rooms.default" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_a_redaction_of_a_held_event_drops_it(tmp_path: Path) -> None:
     room = Room(tmp_path)
     held = answer("$a", ALICE, 1000, "main")

@@ -324,6 +324,7 @@ class Pipeline(FolderFlush):
         self._keep_before(event)
         self._track_membership(event)
         self.timeline.track_power(event)
+        self._upgraded(event)
         if self._own(event):
             return
         sender = event["sender"]
@@ -564,6 +565,19 @@ class Pipeline(FolderFlush):
         if len(found.timecodes) > room["timecodes"]:
             return "recorded", "too_many_timecodes", "An answer holds at most 50 timecodes."
         return None
+
+    def _upgraded(self, event: dict[str, Any]) -> None:
+        """A room upgraded (``m.room.tombstone``): the bridge stays where its
+        config says, and people there may no longer be able to answer (an
+        upgrade takes their power to send away), so the operator is told."""
+        if event.get("type") != "m.room.tombstone" or event.get("state_key") != "":
+            return
+        content = event.get("content") if isinstance(event.get("content"), dict) else {}
+        log.warning("room %s was upgraded to %s by %s; the bridge stays in %s, where people may no longer be able "
+                    "to answer: name the new room (or an alias of it) in rooms.default or rooms.sets and restart "
+                    "(questions posted already stay in the old room)", event.get("room_id"),
+                    content.get("replacement_room"), event.get("sender"), event.get("room_id"))
+        self.report_trouble("room", "upgraded")
 
     def _track_membership(self, event: dict[str, Any]) -> None:
         if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):
