@@ -34,6 +34,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """The homeserver could not listen: its port was taken meanwhile."""
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on TCP ``port``
+    (read from Linux's /proc; True where that can't be read, as before)."""
+    try:
+        inodes = set()
+        for table in ("tcp", "tcp6"):
+            for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except (OSError, ValueError):
+        return True
+    return any(_link(fd) in inodes for fd in fds)
+
+
+def _link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed meanwhile
+        return ""
+
+
 def first_free_port(preferred: int, tries: int = 50) -> int:
     """``preferred`` when nothing listens there, else the next free port after
     it: ``make demo`` keeps one address run after run, so a client set up
@@ -180,30 +207,47 @@ class Synapse:
         return path
 
     def start(self, timeout: float = 60) -> None:
-        self.write_config()
-        if not (self.data_dir / "signing.key").exists():
-            subprocess.run(
-                [sys.executable, "-m", "synapse.app.homeserver", "-c", str(self.config_path), "--generate-keys"],
-                check=True, capture_output=True,
+        for attempt in range(3):
+            # A port picked here can be picked by another process in the
+            # moment between (two test workers each starting a homeserver):
+            # then this one can't listen, and it starts again on another.
+            picked = not self.port
+            self.write_config()
+            if not (self.data_dir / "signing.key").exists():
+                subprocess.run(
+                    [sys.executable, "-m", "synapse.app.homeserver", "-c", str(self.config_path), "--generate-keys"],
+                    check=True, capture_output=True,
+                )
+            out = open(self.data_dir / "stdout.log", "ab")
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "synapse.app.homeserver", "-c", str(self.config_path)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        out = open(self.data_dir / "stdout.log", "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "synapse.app.homeserver", "-c", str(self.config_path)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        self.wait_ready(timeout)
+            try:
+                self.wait_ready(timeout)
+                return
+            except PortTaken:
+                if not picked or attempt == 2:
+                    raise
+                self.port = 0
 
     def wait_ready(self, timeout: float) -> None:
+        """Until this process serves its port: another homeserver answering
+        there (it took the port first) is not this one."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process and self.process.poll() is not None:
                 log = (self.data_dir / "stdout.log").read_text(errors="replace")[-3000:]
+                if f"Failed to listen on TCP port ({self.port})" in log:
+                    raise PortTaken(f"port {self.port} was taken by another process:\n{log}")
                 raise RuntimeError(f"Synapse exited with {self.process.returncode}:\n{log}")
             try:
                 with urllib.request.urlopen(f"{self.url}/_matrix/client/versions", timeout=1):
-                    return
+                    if self.process is None or listens(self.process.pid, self.port):
+                        return
             except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise RuntimeError(f"Synapse did not answer on {self.url} within {timeout} s")
 
     def stop(self, timeout: float = 20) -> None:
