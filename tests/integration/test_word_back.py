@@ -79,7 +79,10 @@ async def test_2_a_withdrawal_is_told_with_what_stands_now(bridge):
     risk = questions[("risk", 1)]
     poll = (await polls(alice, room))[risk["event_id"]]
     voted = await alice.send(room, vote(poll["event_id"], ["low"]), "org.matrix.msc3381.poll.response")
-    await alice.wait_notice(room, voted)
+    told = await alice.wait_notice(room, voted)
+    # In the question's thread, where everyone's votes are told: it says whose this one is, pinging nobody.
+    assert told["content"]["body"].startswith(f"{alice.user_id}: Recorded for “Risk”: ")
+    assert told["content"]["m.relates_to"]["rel_type"] == "m.thread" and told["content"]["m.mentions"] == {}
     answer = await alice.send(room, element_reply(risk, "3", bot))
     ack = await alice.wait_notice(room, answer)
     await bridge.wait_answer("kinds", "risk", rev=2)
