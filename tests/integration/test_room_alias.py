@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.attack import text_set
-from helpers.harness import Bridge, answer_content, unique
+from helpers.attack import appservice_storm_bridge, text_set
+from helpers.harness import Bridge, Person, answer_content, unique
 
 pytestmark = pytest.mark.integration
 
 
-async def test_rooms_named_by_their_alias_get_their_questions_and_answers(synapse, tmp_path, person):
+async def test_rooms_named_by_their_alias_get_their_questions_and_answers_in_bot_mode(synapse, tmp_path, person):
     bot = synapse.register(unique("askbot"))
     alice = person()
     server = bot["user_id"].split(":", 1)[1]
@@ -39,3 +39,24 @@ async def test_rooms_named_by_their_alias_get_their_questions_and_answers(synaps
             assert record["text"] == f"word for {set_id}" and record["source"]["room_id"] == rooms[name][1]
     finally:
         bridge.kill()
+
+
+async def test_a_room_named_by_its_alias_gets_its_questions_and_answers_in_appservice_mode(appservice_synapse,
+                                                                                           tmp_path):
+    hs = appservice_synapse
+    alice = Person(hs, hs.register(unique("ana")))
+    local = unique("team")
+    bridge = appservice_storm_bridge(hs, tmp_path, [alice], room_alias_name=local)
+    alias = f"#{local}:{alice.user_id.split(':', 1)[1]}"
+    bridge.extra_config = {**bridge.extra_config, "rooms": {"default": alias}}
+    bridge.alice = alice
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+        await alice.send(bridge.room_id, answer_content(question, text="word"))
+        record = await bridge.wait_answer("alpha", "q0")
+        assert record["text"] == "word" and record["source"]["room_id"] == bridge.room_id
+    finally:
+        bridge.kill()
+        await alice.close()
