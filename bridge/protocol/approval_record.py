@@ -92,6 +92,10 @@ def _expired(base: dict[str, Any] | None, posting: RecordedQuestion, count: int,
         out["votes"] = votes
         out["required"] = required
     out["expired_at"] = at
+    if posting.subject is not None:
+        # What was to be approved, with no pick standing too (its votes were
+        # cast on it: their leaves hashed it, and ``read`` shows it).
+        out.setdefault("subject", {"id": posting.subject[0], "digest": posting.subject[1]})
     out.setdefault("q_rev", posting.rev or 1)
     out.setdefault("rev", max(count, 1))
     out.setdefault("updated", at)

@@ -258,6 +258,26 @@ def test_an_expired_record_keeps_the_votes_that_stood_at_the_deadline(tmp_path):
                          "it now does not change that."), told
 
 
+def test_an_expired_approval_keeps_its_subject_when_its_last_vote_is_taken_back_after_the_deadline(tmp_path):
+    """A deploy's approval expires with Ana's poll vote standing; she empties
+    her vote after the deadline.  No pick stands any more, but the expiry
+    keeps her vote, and so what was to be approved: its subject, which her
+    vote's leaf hashed (verify held the vote against a record without it)."""
+    from helpers.sets import SUBJECT
+
+    room = room_with(tmp_path, expires="45s", subject=dict(SUBJECT))
+    room.deliver([vote("$v1", ANA, T0 + 1000, ["main"])])
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000).pass_once())
+    room.deliver([vote("$v2", ANA, T0 + 50_000, [])])
+    record = room.record()
+    assert record["state"] == "expired" and [v["event_id"] for v in record["votes"]] == ["$v1"]
+    assert record["subject"] == {"id": SUBJECT["id"], "digest": SUBJECT["digest"]}
+    assert room.verify() == []
+
+
 def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
     deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
