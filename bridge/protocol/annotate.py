@@ -100,7 +100,7 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
     # Whose record it is: the standing pick's sender, or, notes alone, the
     # last one's (the record's source).  Another person's note says whose
     # it is, so their words never read as the picker's.
-    owner = _sender(base) if base is not None else (_sender(added[-1]) if added else None)
+    owner = sender_of(base) if base is not None else (sender_of(added[-1]) if added else None)
     for delta in added:
         if base is None:
             base = {"qid": qid, "state": NOTE_ONLY, "q_rev": delta.get("q_rev", 1), "source": delta.get("source", {})}
@@ -119,24 +119,32 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
     return base
 
 
-def _sender(record: dict[str, Any]) -> str | None:
+def sender_of(record: dict[str, Any]) -> str | None:
+    """Whose a record (or an addition) is: its source's sender."""
     source = record.get("source")
     return source.get("sender") if isinstance(source, dict) else None
 
 
 def attributed(delta: dict[str, Any], owner: str | None) -> dict[str, Any]:
     """``delta`` with its note prefixed by its sender when that is not ``owner``."""
-    sender, note = _sender(delta), delta.get("note")
+    sender, note = sender_of(delta), delta.get("note")
     if not isinstance(note, str) or not note.strip() or not sender or sender == owner:
         return delta
-    return {**delta, "note": f"{sender}: {note}"}
+    return {**delta, "note": f"{sender}{_NAMED}{note}"}
 
 
-def note_as_kept(note: str, sender: str, record: dict[str, Any] | None) -> str:
-    """``note`` as ``record`` would hold it once added: with its sender's name
-    when the record holds another person's pick (what its room is counted by)."""
-    owner = _sender(record) if record is not None and record.get("state") != NOTE_ONLY else sender
-    return attributed({"note": note, "source": {"sender": sender}}, owner)["note"]
+def note_room_needed(note: str, sender: str, record: dict[str, Any] | None, owner_additions: int) -> int:
+    """The room in ``record``'s note that ``note`` by ``sender`` needs, however
+    the record's owner changes later (a pick taken back, another's pick):
+    every note may come to start with its writer's name, so this one counts
+    with its own, and the ``owner_additions`` notes of the record's sender
+    now (nameless while theirs stands) with theirs."""
+    owner = sender_of(record) if record is not None else None
+    reserve = owner_additions * (len(owner) + len(_NAMED)) if owner else 0
+    return len(sender) + len(_NAMED) + len(note) + reserve
+
+
+_NAMED = ": "  # between a note's writer and their words
 
 
 def _kept_note(sender: str | None, earlier: list[tuple[dict[str, Any], bool, str | None, Position]]) -> str | None:

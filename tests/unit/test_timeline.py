@@ -124,6 +124,27 @@ def test_an_upgraded_room_is_told_to_the_operator(tmp_path: Path, caplog) -> Non
                for r in caplog.records)
 
 
+def test_a_note_once_kept_is_never_cut_when_it_comes_to_carry_its_writers_name(tmp_path: Path) -> None:
+    """Alice's notes, kept while no pick stands, carry no name; Bob's pick
+    then makes them another person's, and each gains hers.  A note is only
+    taken when it fits with every note named, so none is cut short later:
+    one that fills the room to the last character named is kept whole, one
+    character more is refused up front (note_too_long), never clipped."""
+    from bridge.protocol.notes import MAX_NOTE
+
+    room = Room(tmp_path)
+    first = "a" * 9_000 + "ANAEND"
+    fits = "b" * (MAX_NOTE - 2 * len(ALICE + ": ") - len("\n\n") - len(first) - len("BOBEND")) + "BOBEND"
+    room.deliver([note("$n1", ALICE, 1000, first), note("$n2", ALICE, 2000, fits + "x")])
+    assert room.record()["note"] == first  # one character past the room: refused, not kept in part
+    (reason,) = room.store.db.execute("SELECT reason FROM answer_log WHERE event_id='$n2'").fetchone()
+    assert reason == "note_too_long"
+    room.deliver([note("$n3", ALICE, 3000, fits), answer("$b", BOB, 4000, "main")])
+    record = room.record()
+    assert record["choice"] == "main" and len(record["note"]) == MAX_NOTE
+    assert record["note"] == f"{ALICE}: {first}\n\n{ALICE}: {fits}"
+
+
 def test_a_redaction_of_a_held_event_drops_it(tmp_path: Path) -> None:
     room = Room(tmp_path)
     held = answer("$a", ALICE, 1000, "main")

@@ -110,6 +110,12 @@ class AnswerLog:
             self._batch.counts[(entry.set_dir, entry.qid)] += 1
         self.append_leaf(entry, seq)
 
+    def additions_by(self, set_dir: str, qid: str, sender: str) -> int:
+        """How many of ``sender``'s additions (notes, files) to a question stand."""
+        return self.db.execute(
+            "SELECT COUNT(*) FROM answer_log WHERE set_dir=? AND qid=? AND sender=? AND outcome='annotated'"
+            " AND withdrawn=0 AND shadowed=0 AND record IS NOT NULL", (set_dir, qid, sender)).fetchone()[0]
+
     def logged_sender(self, event_id: str) -> str | None:
         row = self.db.execute("SELECT sender FROM answer_log WHERE event_id=? LIMIT 1", (event_id,)).fetchone()
         return row[0] if row else None
