@@ -104,19 +104,21 @@ async def test_a_standby_without_the_logs_key_refuses_to_start_not_at_the_failov
 
 
 async def test_a_standby_that_sees_the_sets_at_another_path_refuses_to_start(postgres_server, tmp_path):
-    """The leader posted from /…/a/alpha; this machine has the same share at
+    """The leader posted from /…/a/team/alpha; this machine has the same share at
     /…/b.  Taking over, it would find none of the store's sets and every set
     folder new: every question closed and posted again.  It says so at its
     start instead; where the sets are at the same path, it stands by."""
     url = fresh_schema(postgres_server)
     store = Store(tmp_path / "unused.db", url=url, password=postgres_server.password)
+    # Sets nested as the scan finds them anywhere below the root, and one removed from the share meanwhile.
     with store.transaction():
-        store.record_posted(RecordedQuestion(event_id="$q", room_id="!r:hs", set_id="alpha",
-                                             content={"elicitation_id": "elc_q", "set": "alpha",
-                                                      "question": {"id": "q0", "rev": 1, "title": "T"}}),
-                            set_dir=str(tmp_path / "a" / "alpha"), posted_at=1)
+        for n, folder in enumerate(("team/alpha", "gone")):
+            store.record_posted(RecordedQuestion(event_id=f"$q{n}", room_id="!r:hs", set_id=f"s{n}",
+                                                 content={"elicitation_id": f"elc_{n}", "set": f"s{n}",
+                                                          "question": {"id": "q0", "rev": 1, "title": "T"}}),
+                                set_dir=str(tmp_path / "a" / folder), posted_at=1)
     store.close()
-    (tmp_path / "b" / "alpha").mkdir(parents=True)
+    (tmp_path / "b" / "team" / "alpha").mkdir(parents=True)
 
     async def serve(*_args) -> None:
         raise AssertionError("never leads")
@@ -125,7 +127,7 @@ async def test_a_standby_that_sees_the_sets_at_another_path_refuses_to_start(pos
     with pytest.raises(ConfigError, match=f"under {tmp_path / 'a'}, which this machine does not have.*same path"):
         await asyncio.wait_for(run_with_standby(elsewhere, asyncio.Event(), serve), 15)
 
-    (tmp_path / "a" / "alpha").mkdir(parents=True)  # the share where the store knows it
+    (tmp_path / "a" / "team" / "alpha").mkdir(parents=True)  # the share where the store knows it
     stop = asyncio.Event()
 
     async def leads(*_args) -> None:

@@ -114,15 +114,19 @@ def _could_lead(config: Config) -> None:
 
 
 def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
-    """The folder the store's open sets are under when none of them is there
-    on this machine and ``root`` holds them all by name (the share mounted
-    at another path), else None."""
+    """The folder the store's open sets are under when none of them is at its
+    path on this machine and ``root`` holds them at the same place below it
+    (the share mounted at another path; nested sets too, and some removed
+    meanwhile), else None."""
     if not folders or any(os.path.isdir(folder) for folder in folders):
         return None
-    if not all((root / Path(folder).name).is_dir() for folder in folders):
-        return None  # not the same sets: gone, or another share
-    parents = {str(Path(folder).parent) for folder in folders}
-    return parents.pop() if len(parents) == 1 else ", ".join(sorted(parents))
+    parts = Path(folders[0]).parts
+    for depth in range(len(parts) - 1, 0, -1):  # the store's root: the deepest that holds some here
+        old_root = Path(*parts[:depth])
+        below = [Path(folder).relative_to(old_root) for folder in folders if Path(folder).is_relative_to(old_root)]
+        if len(below) == len(folders) and any((root / rel).is_dir() for rel in below):
+            return str(old_root)
+    return None
 
 
 async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event, term: asyncio.Event) -> None:
