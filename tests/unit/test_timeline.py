@@ -105,6 +105,14 @@ def test_a_word_back_in_the_thread_says_whom_it_is_for(tmp_path: Path) -> None:
     assert noted["m.relates_to"] == {"rel_type": "m.thread", "event_id": "$q", "is_falling_back": False,
                                      "m.in_reply_to": {"event_id": "$n1"}}
     assert noted["body"].startswith("Added to your answer")
+    # Bob edits his note as Element does: the word back stays in the thread, on the note clients show.
+    room.deliver([{"type": "m.room.message", "event_id": "$n1e", "room_id": "!room:hs", "sender": BOB,
+                   "origin_server_ts": 4000,
+                   "content": {"msgtype": "m.text", "body": "* the fixes can wait a month",
+                               "m.new_content": {"msgtype": "m.text", "body": "the fixes can wait a month"},
+                               "m.relates_to": {"rel_type": "m.replace", "event_id": "$n1"}}}])
+    assert room.record()["note"] == "the fixes can wait a month"
+    assert word_back("$n1e")["m.relates_to"] == noted["m.relates_to"]
 
 
 def test_an_upgraded_room_is_told_to_the_operator(tmp_path: Path, caplog) -> None:

@@ -78,10 +78,11 @@ class WordBack:
         if entry.replaces:
             # An edit: clients show the original message, not the edit event.
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
-        if question is not None and entry.via in _THREAD_VIAS:
-            # A note or a file sent in the question's thread: the word back
-            # replies to it there, so it shows whose it is.
-            content["m.relates_to"] = in_thread_reply(question.event_id, entry.event_id)
+        if question is not None and (entry.via in _THREAD_VIAS or (entry.outcome == "annotated" and entry.replaces)):
+            # A note or a file sent in the question's thread (or a note's
+            # edit, which clients show as the note): the word back replies
+            # to it there, so it shows whose it is.
+            content["m.relates_to"] = in_thread_reply(question.event_id, entry.replaces or entry.event_id)
         elif question is not None and entry.via not in _TIMELINE_VIAS:
             # A vote or a reaction has no message to quote: the word back goes
             # to the question's thread, saying whom it is for.
