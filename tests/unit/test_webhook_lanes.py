@@ -39,19 +39,28 @@ def answered(hook: OutboxHook, store: Store, sets_root: Path, set_id: str, event
 until = partial(until, timeout=30, every=0.02)
 
 
+def stuck_beside_fine(tmp_path: Path, stuck_urls: list[str], fine_url: str,
+                      stuck: int) -> tuple[Store, Deliverer, OutboxHook]:
+    """The planner's set "stuck", ``stuck`` answers pending to ``stuck_urls``,
+    beside another agent's set "fine" calling back ``fine_url``: the store,
+    a deliverer not yet running, and the hook that queues (as the pipeline's)."""
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "stuck", one_question("stuck"), callbacks=stuck_urls)
+    sets.ask("other", "fine", one_question("fine"), callbacks=[fine_url])
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=30, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(stuck):
+        answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
+    return store, deliverer, hook
+
+
 async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path: Path) -> None:
     silent, receiver = Silent(), Receiver(SECRETS["other"])
     await silent.start()
     silent_url = silent.url
     await receiver.start()
-    sets = AgentSets(tmp_path / "sets")
-    sets.ask("planner", "stuck", one_question("stuck"), callbacks=[silent_url])
-    sets.ask("other", "fine", one_question("fine"), callbacks=[receiver.url])
-    store = Store(tmp_path / "store.sqlite")
-    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=30, allow_private=True)
-    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
-    for n in range(100):
-        answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
+    store, deliverer, hook = stuck_beside_fine(tmp_path, [silent_url], receiver.url, 100)
     stop = asyncio.Event()
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
@@ -252,15 +261,8 @@ async def test_one_agent_naming_many_silent_urls_delays_no_other_agents_webhook(
         await silent.start()
     receiver = Receiver(SECRETS["other"])
     await receiver.start()
-    sets = AgentSets(tmp_path / "sets")
-    sets.ask("planner", "stuck", one_question("stuck"), callbacks=[s.url.replace("/never", f"/n{i}")
-                                                                  for i, s in enumerate(silents)])
-    sets.ask("other", "fine", one_question("fine"), callbacks=[receiver.url])
-    store = Store(tmp_path / "store.sqlite")
-    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=30, allow_private=True)
-    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
-    for n in range(10):
-        answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
+    urls = [s.url.replace("/never", f"/n{i}") for i, s in enumerate(silents)]
+    store, deliverer, hook = stuck_beside_fine(tmp_path, urls, receiver.url, 10)
     stop = asyncio.Event()
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
