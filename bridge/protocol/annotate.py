@@ -133,13 +133,12 @@ def attributed(delta: dict[str, Any], owner: str | None) -> dict[str, Any]:
     return {**delta, "note": f"{sender}{_NAMED}{note}"}
 
 
-def note_room_needed(note: str, sender: str, record: dict[str, Any] | None, owner_additions: int) -> int:
-    """The room in ``record``'s note that ``note`` by ``sender`` needs, however
+def note_room_needed(note: str, sender: str, owner: str | None, owner_additions: int) -> int:
+    """The room in a record's note that ``note`` by ``sender`` needs, however
     the record's owner changes later (a pick taken back, another's pick):
     every note may come to start with its writer's name, so this one counts
     with its own, and the ``owner_additions`` notes of the record's sender
-    now (nameless while theirs stands) with theirs."""
-    owner = sender_of(record) if record is not None else None
+    now, ``owner`` (nameless while theirs stands), with theirs."""
     reserve = owner_additions * (len(owner) + len(_NAMED)) if owner else 0
     return len(sender) + len(_NAMED) + len(note) + reserve
 

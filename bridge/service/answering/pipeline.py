@@ -560,7 +560,7 @@ class Pipeline(FolderFlush):
         room = annotate.room_left(record)
         owner = annotate.sender_of(record) if record is not None else None
         owned = self.store.additions_by(set_dir, qid, owner) if found.note and owner and set_dir and qid else 0
-        if found.note and annotate.note_room_needed(found.note, found.sender, record, owned) > room["note"]:
+        if found.note and annotate.note_room_needed(found.note, found.sender, owner, owned) > room["note"]:
             return "recorded", "note_too_long", "Your notes on this question would pass 20,000 characters."
         if len(found.attachments) > room["attachments"]:
             return "recorded", "too_many_attachments", file_problem_words("too_many_attachments", found.filename)
