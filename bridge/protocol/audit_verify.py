@@ -277,7 +277,7 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
     return problems
 
 
-def _sha256_or_none(record: dict[str, Any], outcome: str) -> str | None:
+def _sha256_or_none(record: dict[str, Any], outcome: str = "accepted") -> str | None:
     try:
         return audit_leaf.answer_sha256(record, outcome)
     except (ValueError, RecursionError):
@@ -289,10 +289,7 @@ def _vote_sha256(qid: str, vote: dict[str, Any], record: dict[str, Any]) -> str 
     fields = {"qid": qid, "state": "answered", "choice": vote.get("choice"), "q_rev": record.get("q_rev")}
     if "subject" in record:
         fields["subject"] = record["subject"]
-    try:
-        return audit_leaf.answer_sha256(fields)
-    except (ValueError, RecursionError):
-        return None
+    return _sha256_or_none(fields)
 
 
 def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dict[str, Any], doc: dict[str, Any],
