@@ -28,6 +28,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
+from bridge.service.transport.invites import Invites
 from bridge.service.transport.rooms import RoomIds, configured_rooms, join_rooms, keep_joining
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.operators.operators import Operators
@@ -64,9 +65,11 @@ class Front(Protocol):
     async def open(self, pipeline: Pipeline) -> None:
         """Called once the pipeline exists, before rooms are joined."""
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event,
+                  room_ids: RoomIds | None = None) -> None:
         """Feed events to the pipeline until ``stop``; ``posted`` is set once
-        the first posting is done."""
+        the first posting is done; ``room_ids`` learns a configured alias's
+        room when an invite joins it."""
 
     async def close(self) -> None: ...
 
@@ -109,12 +112,13 @@ class BotFront:
         # Asked for now, answered while the rooms are joined and their members read.
         self.first_sync = ask_first_sync(self.client, self.store)
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event,
+                  room_ids: RoomIds | None = None) -> None:
         assert self.client is not None
         first_sync, self.first_sync = self.first_sync, None
+        invites = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters, room_ids)
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self._synced, crypto=self.crypto,
-                       rooms=[*rooms, *configured_rooms(self.config)], inviters=self.config.inviters,
-                       posted=posted, first_sync=first_sync, supervisor=self.supervisor).run()
+                       invites=invites, posted=posted, first_sync=first_sync, supervisor=self.supervisor).run()
 
     def _synced(self) -> None:
         self.first_batch.set()
@@ -255,7 +259,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         # operators' supervisor: one that raises is restarted and shown in /health.
         supervise = ops.supervisor.spawn
         after = asyncio.ensure_future(after_the_first_batch())
-        tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted), stop), after,
+        tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted, room_ids), stop), after,
                  # Files still coming when their batch went on, and those a stop cut short.
                  supervise("downloads", lambda: pipeline.downloads.run(stop, after=front.first_batch), stop)]
         if checkpointer is not None:

@@ -196,12 +196,15 @@ def text_set(set_id: str, count: int) -> dict[str, Any]:
     }
 
 
-def appservice_storm_bridge(synapse: Synapse, workdir: Path, people: list[Person], **room: Any) -> Bridge:
+def appservice_storm_bridge(synapse: Synapse, workdir: Path, people: list[Person], *, invited: bool = True,
+                            **room: Any) -> Bridge:
     """A room made by the first person with the others in it (``room``: more of
-    createRoom's body), and an appservice bridge invited, not yet started."""
+    createRoom's body), and an appservice bridge invited (unless not
+    ``invited``), not yet started."""
     # The bridge may put state (the answer log's checkpoints), as an operator lets it.
     room.setdefault("power_level_content_override", {"users": {AS_BOT: 50}})
-    room_id = synapse.create_room(people[0].token, invite=[AS_BOT, *(p.user_id for p in people[1:])], **room)
+    bridge_invited = [AS_BOT] if invited else []
+    room_id = synapse.create_room(people[0].token, invite=[*bridge_invited, *(p.user_id for p in people[1:])], **room)
     for person in people[1:]:
         synapse.join(person.token, room_id)
     bridge = Bridge(synapse=synapse, workdir=workdir, room_id=room_id, bot={"user_id": AS_BOT, "access_token": None},

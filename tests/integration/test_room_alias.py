@@ -4,9 +4,11 @@ aliases name and takes the answers there, against a real Synapse."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from helpers.attack import appservice_storm_bridge, text_set
+from helpers.attack import AS_BOT, appservice_storm_bridge, text_set
 from helpers.harness import Bridge, Person, answer_content, unique
 
 pytestmark = pytest.mark.integration
@@ -53,6 +55,65 @@ async def test_a_room_named_by_its_alias_gets_its_questions_and_answers_in_appse
     try:
         bridge.add_set(text_set("alpha", 1))
         bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+        await alice.send(bridge.room_id, answer_content(question, text="word"))
+        record = await bridge.wait_answer("alpha", "q0")
+        assert record["text"] == "word" and record["source"]["room_id"] == bridge.room_id
+    finally:
+        bridge.kill()
+        await alice.close()
+
+
+async def _logged(bridge: Bridge, text: str, timeout: float = 30) -> None:
+    for _ in range(int(timeout * 10)):
+        bridge.check_alive()
+        if text in bridge.log_text():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the bridge never logged {text!r}:\n{bridge.log_text()[-3000:]}")
+
+
+async def test_an_invite_into_the_invite_only_room_an_alias_names_is_taken_in_bot_mode(synapse, tmp_path, person):
+    """The usual way to set a team up: a private room with an alias, the
+    alias in the config, the bridge started, then invited.  It could not
+    join before the invite, so it knows the room only by its alias, and the
+    invite names the room's id: it must take the invite, not decline it."""
+    bot = synapse.register(unique("askbot"))
+    alice = person()
+    local = unique("team")
+    room_id = synapse.create_room(alice.token, room_alias_name=local)  # private: nobody joins uninvited
+    alias = f"#{local}:{alice.user_id.split(':', 1)[1]}"
+    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=room_id, bot=bot,
+                    extra_config={"rooms": {"default": alias}})
+    bridge.sets_root.mkdir()
+    bridge.alice = alice
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.start()
+        await _logged(bridge, f"cannot join {alias}")
+        synapse.invite(alice.token, room_id, bot["user_id"])
+        question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+        await alice.send(room_id, answer_content(question, text="word"))
+        record = await bridge.wait_answer("alpha", "q0")
+        assert record["text"] == "word" and record["source"]["room_id"] == room_id
+    finally:
+        bridge.kill()
+
+
+async def test_an_invite_into_the_invite_only_room_an_alias_names_is_taken_in_appservice_mode(appservice_synapse,
+                                                                                               tmp_path):
+    hs = appservice_synapse
+    alice = Person(hs, hs.register(unique("ana")))
+    local = unique("team")
+    bridge = appservice_storm_bridge(hs, tmp_path, [alice], room_alias_name=local, invited=False)
+    alias = f"#{local}:{alice.user_id.split(':', 1)[1]}"
+    bridge.extra_config = {**bridge.extra_config, "rooms": {"default": alias}}
+    bridge.alice = alice
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.start()
+        await _logged(bridge, f"cannot join {alias}")
+        hs.invite(alice.token, bridge.room_id, AS_BOT)
         question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
         await alice.send(bridge.room_id, answer_content(question, text="word"))
         record = await bridge.wait_answer("alpha", "q0")

@@ -28,12 +28,13 @@ from aiohttp import web
 from nio import AsyncClient
 
 from bridge.service.eventwait import set_within
-from bridge.service.transport.bot import answer_invite, sleep_or_stop, welcome_invite
+from bridge.service.transport.bot import sleep_or_stop
+from bridge.service.transport.invites import Invites
 from bridge.service.transport.catchup import CatchUp
 from bridge.service.config import Config, ConfigError
 from bridge.service.transport.matrix import MatrixError, client_config
 from bridge.service.answering.notices import Notices
-from bridge.service.transport.rooms import configured_rooms
+from bridge.service.transport.rooms import RoomIds, configured_rooms
 from bridge.service.supervisor import Supervisor
 
 if TYPE_CHECKING:  # the registration command imports this module and needs none of them
@@ -412,7 +413,8 @@ class AppserviceFront:
             await self.crypto.maintain()
         await self.server.start()
 
-    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event) -> None:
+    async def run(self, pipeline: Pipeline, rooms: list[str], stop: asyncio.Event, posted: asyncio.Event,
+                  room_ids: RoomIds | None = None) -> None:
         # ``posted`` is not needed here: nothing long-polls, so posting costs the homeserver no extra work.
         assert self.server is not None and self.client is not None
         server = self.server
@@ -422,9 +424,8 @@ class AppserviceFront:
         pipeline.on_judged_apart = notices.wake
         spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
         notifier = spawn("notices", notices.run, stop)
-        server.on_invite = lambda room_id, inviter: answer_invite(
-            self.client, pipeline, room_id, inviter,
-            welcome_invite(room_id, inviter, [*rooms, *configured_rooms(self.config)], self.config.inviters), rooms)
+        server.on_invite = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters,
+                                   room_ids).answer
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator
 from typing import Any
 
 from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, WhoamiResponse
@@ -23,6 +23,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.encryption.devicenews import hand_to_nio
 from bridge.service.answering.notices import Notices
+from bridge.service.transport.invites import Invites
 from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
 from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
 from bridge.service.transport.syncbatch import SyncBatch, sync_batch
@@ -183,8 +184,8 @@ POSTING_POLL = 1.0
 
 class SyncLoop:
     def __init__(self, client: AsyncClient, store: Store, pipeline: Any, stop: asyncio.Event,
-                 on_synced: Any = None, crypto: Crypto | None = None, rooms: Collection[str] = (),
-                 inviters: frozenset[str] | None = None, posted: asyncio.Event | None = None,
+                 on_synced: Any = None, crypto: Crypto | None = None, invites: Invites | None = None,
+                 posted: asyncio.Event | None = None,
                  first_sync: FirstSync | None = None, supervisor: Supervisor | None = None):
         self.client = client
         self.supervisor = supervisor or Supervisor()
@@ -193,10 +194,8 @@ class SyncLoop:
         self.stop = stop
         self.on_synced = on_synced
         self.crypto = crypto
-        # Invites: the bridge joins only its configured rooms, and only when
-        # invited by someone who may answer there (None: any room member).
-        self.rooms = frozenset(rooms)
-        self.inviters = inviters
+        # Invites: the bridge joins only its configured rooms (none here unless told).
+        self.invites = invites or Invites(client, pipeline, [], (), None)
         self.posted = posted  # set once the first posting is done
         self._upkeep: asyncio.Future[None] | None = None  # the key chores running beside the sync
         self.first_sync = first_sync  # asked for before the loop started (``ask_first_sync``)
@@ -398,13 +397,8 @@ class SyncLoop:
             log.warning("encryption key upkeep failed (%s); retrying beside the next sync", exc)
 
     async def _answer_invites(self, response: SyncBatch) -> None:
-        """Join a configured room when someone who may answer invites the
-        bridge back; decline every other invite, so nobody can pull the
-        bridge (and the questions it posts) into a room of their choosing."""
         for room_id, invite_state in response.invites.items():
-            inviter = _inviter(invite_state, self.client.user_id)
-            await answer_invite(self.client, self.pipeline, room_id, inviter,
-                                welcome_invite(room_id, inviter, self.rooms, self.inviters))
+            await self.invites.answer(room_id, _inviter(invite_state, self.client.user_id))
 
     def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None) -> None:
         if token is not None:
@@ -414,34 +408,6 @@ class SyncLoop:
             self.store.drop_undecrypted(resolved)
         if then is not None:
             then.now()  # sent by the event loop while this transaction's COMMIT waits
-
-
-def welcome_invite(room_id: str, inviter: str | None, rooms: Collection[str],
-                   inviters: frozenset[str] | None) -> bool:
-    """Only a configured room, and only at the invite of someone who may
-    answer (anyone, when every member may): nobody can pull the bridge, and
-    the questions it posts, into a room of their choosing."""
-    return room_id in rooms and (inviters is None or inviter in inviters)
-
-
-async def answer_invite(client: AsyncClient, pipeline: Any, room_id: str, inviter: str | None,
-                        welcome: bool, rooms: list[str] | None = None) -> None:
-    """Join (and learn the members) or decline; both transports answer invites so.
-    ``rooms``: the rooms whose events are bridged, the joined one added."""
-    try:
-        if welcome:
-            # Through the transport: in an encrypted room, what is posted next must go out encrypted.
-            room_id = await pipeline.transport.join(room_id)
-            if rooms is not None and room_id not in rooms:
-                rooms.append(room_id)
-            await pipeline.load_members(room_id)
-            log.info("rejoined %s at the invite of %s", room_id, inviter)
-        else:
-            await client.room_leave(room_id)
-            log.info("declined an invite to %s from %s: not a configured room or not an answerer",
-                     room_id, inviter)
-    except Exception as exc:  # noqa: BLE001 - an invite left unanswered joins nothing
-        log.warning("could not answer the invite to %s (%s)", room_id, exc)
 
 
 def _inviter(invite_state: list[dict[str, Any]], user_id: str) -> str | None:

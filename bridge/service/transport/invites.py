@@ -1,0 +1,82 @@
+"""Which invites the bridge takes, and taking them (both transports).
+
+Only a configured room, and only at the invite of someone who may answer:
+nobody can pull the bridge, and the questions it posts, into a room of their
+choosing.  A room the config names by its alias (``#team:example.org``) is
+known by its id only once joined; an invite into a room the bridge could not
+join yet (an invite-only room, a room made after the bridge started) names
+the room's id, so the configured aliases are asked of the room directory
+before the invite is declined.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import Any
+
+from bridge.service.transport.rooms import RoomIds
+
+log = logging.getLogger(__name__)
+
+
+def welcome_invite(room_id: str, inviter: str | None, rooms: Collection[str],
+                   inviters: frozenset[str] | None) -> bool:
+    """Only a room of ``rooms``, and only at the invite of someone who may
+    answer (anyone, when every member may)."""
+    return room_id in rooms and may_invite(inviter, inviters)
+
+
+def may_invite(inviter: str | None, inviters: frozenset[str] | None) -> bool:
+    return inviters is None or inviter in inviters
+
+
+class Invites:
+    """The invites of one transport.  ``rooms``: the room ids whose events are
+    bridged (the list the transport reads; a room joined is added);
+    ``configured``: the config's rooms (ids or aliases)."""
+
+    def __init__(self, client: Any, pipeline: Any, rooms: list[str], configured: Collection[str],
+                 inviters: frozenset[str] | None, ids: RoomIds | None = None):
+        self.client = client
+        self.pipeline = pipeline
+        self.rooms = rooms
+        self.configured = configured
+        self.inviters = inviters
+        self.ids = ids
+
+    async def answer(self, room_id: str, inviter: str | None) -> None:
+        """Join (and learn the members) or decline."""
+        try:
+            alias = None
+            welcome = welcome_invite(room_id, inviter, [*self.rooms, *self.configured], self.inviters)
+            if not welcome and may_invite(inviter, self.inviters):
+                alias = await self._alias_naming(room_id)
+                welcome = alias is not None
+            if welcome:
+                # Through the transport: in an encrypted room, what is posted next must go out encrypted.
+                room_id = await self.pipeline.transport.join(room_id)
+                if room_id not in self.rooms:
+                    self.rooms.append(room_id)
+                if alias is not None and self.ids is not None:
+                    self.ids.joined(alias, room_id)  # its sets are posted here from now on
+                await self.pipeline.load_members(room_id)
+                log.info("joined %s at the invite of %s", room_id if alias is None else f"{alias} ({room_id})",
+                         inviter)
+            else:
+                await self.client.room_leave(room_id)
+                log.info("declined an invite to %s from %s: not a configured room or not an answerer",
+                         room_id, inviter)
+        except Exception as exc:  # noqa: BLE001 - an invite left unanswered joins nothing
+            log.warning("could not answer the invite to %s (%s)", room_id, exc)
+
+    async def _alias_naming(self, room_id: str) -> str | None:
+        """The configured alias that names ``room_id`` now, asked of the room
+        directory (an alias that names no room, or can't be asked, names none)."""
+        for room in self.configured:
+            if not room.startswith("#"):
+                continue
+            response = await self.client.room_resolve_alias(room)
+            if getattr(response, "room_id", None) == room_id:
+                return room
+        return None
