@@ -221,16 +221,18 @@ def describe_added(added: dict[str, Any]) -> str:
 
 
 def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dict[str, Any], title: str, qid: str,
-                     q_rev: int, record_rev: int, picked: bool = True, whose: str | None = None) -> dict[str, Any]:
+                     q_rev: int, record_rev: int, picked: bool = True, whose: str | None = None,
+                     edited: bool = False) -> dict[str, Any]:
     """``picked``: an answer stands that the note is added to; before any,
     the note is kept for the pick to come (there is no answer to add it to).
-    ``whose``: who gave that answer, when it is not the person noting."""
-    if picked and whose:
-        text = sentence(f"Added to the answer {whose} gave to “{title}”: {describe_added(added)}")
-    elif picked:
-        text = sentence(f"Added to your answer to “{title}”: {describe_added(added)}")
+    ``whose``: who gave that answer, when it is not the person noting.
+    ``edited``: the note is an edit of one kept before, which it replaces."""
+    what = describe_added(added)
+    if picked:
+        answer = f"the answer {whose} gave to “{title}”" if whose else f"your answer to “{title}”"
+        text = sentence(f"Changed what you added to {answer}, now: {what}" if edited else f"Added to {answer}: {what}")
     else:
-        text = (sentence(f"Kept for “{title}”: {describe_added(added)}")
+        text = (sentence(f"Kept, as changed, for “{title}”: {what}" if edited else f"Kept for “{title}”: {what}")
                 + " It goes with your answer once you pick one.")
     return notice(text, answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id, qid=qid, q_rev=q_rev,

@@ -112,7 +112,10 @@ def test_a_word_back_in_the_thread_says_whom_it_is_for(tmp_path: Path) -> None:
                                "m.new_content": {"msgtype": "m.text", "body": "the fixes can wait a month"},
                                "m.relates_to": {"rel_type": "m.replace", "event_id": "$n1"}}}])
     assert room.record()["note"] == "the fixes can wait a month"
-    assert word_back("$n1e")["m.relates_to"] == noted["m.relates_to"]
+    edited = word_back("$n1e")
+    assert edited["m.relates_to"] == noted["m.relates_to"]
+    # It says the note changed: "Added" would read as a second note beside the first.
+    assert edited["body"].startswith("Changed what you added to your answer to") and "Added" not in edited["body"]
 
 
 def test_an_upgraded_room_is_told_to_the_operator(tmp_path: Path, caplog) -> None:
