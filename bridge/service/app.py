@@ -201,7 +201,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if lease is not None and getattr(front, "server", None) is not None:
             front.server.fence = lease.check  # type: ignore[attr-defined]
         room_ids = RoomIds()
-        rooms, refused = await join_rooms(transport, configured_rooms(config), stop, room_ids)
+        rooms, refused = await join_rooms(transport, configured_rooms(config), stop, room_ids,
+                                         asking=store.rooms_with_open())
         # The first batch waits for every room's members: asked for together.
         await asyncio.gather(*(pipeline.load_members(room) for room in rooms))
         # Heal a crash between the store commit and the folder write.  A set

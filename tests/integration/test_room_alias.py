@@ -121,3 +121,63 @@ async def test_an_invite_into_the_invite_only_room_an_alias_names_is_taken_in_ap
     finally:
         bridge.kill()
         await alice.close()
+
+
+async def test_answers_in_the_room_a_question_was_posted_in_count_after_the_config_names_another(synapse, tmp_path,
+                                                                                                 person):
+    """The operator moves the team to another room (a new room in the
+    config, or the alias moved): the questions posted in the old room stay
+    open there until answered, and the bridge is still in it, so an answer
+    there must count, not be refused as from someone not in the room."""
+    bot = synapse.register(unique("askbot"))
+    alice = person()
+    rooms = []
+    for _ in range(2):
+        rooms.append(synapse.create_room(bot["access_token"], invite=[alice.user_id]))
+        synapse.join(alice.token, rooms[-1])
+    old, new = rooms
+    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=old, bot=bot)
+    bridge.sets_root.mkdir()
+    bridge.alice = alice
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+        assert bridge.stop() == 0
+        bridge.extra_config = {**bridge.extra_config, "rooms": {"default": new}}
+        bridge.start()
+        bridge.add_set(text_set("beta", 1))
+        bridge.room_id = new  # new sets are posted in the room the config names now
+        assert (await bridge.wait_questions(alice, 1))[("q0", 1)]["content"]["set"]["id"] == "beta"
+        await alice.send(old, answer_content(question, text="word in the old room"))
+        record = await bridge.wait_answer("alpha", "q0")
+        assert record["text"] == "word in the old room" and record["source"]["room_id"] == old
+    finally:
+        bridge.kill()
+
+
+async def test_answers_in_the_room_a_question_was_posted_in_count_after_the_config_names_another_in_appservice_mode(
+        appservice_synapse, tmp_path):
+    hs = appservice_synapse
+    alice = Person(hs, hs.register(unique("ana")))
+    bridge = appservice_storm_bridge(hs, tmp_path, [alice])
+    old = bridge.room_id
+    bridge.alice = alice
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+        assert bridge.stop() == 0
+        # Made while the bridge is stopped: running, it declines an invite to a room it is not configured for.
+        new = hs.create_room(alice.token, invite=[AS_BOT], power_level_content_override={"users": {AS_BOT: 50}})
+        bridge.extra_config = {**bridge.extra_config, "rooms": {"default": new}}
+        bridge.start()
+        bridge.add_set(text_set("beta", 1))
+        bridge.room_id = new
+        assert (await bridge.wait_questions(alice, 1))[("q0", 1)]["content"]["set"]["id"] == "beta"
+        await alice.send(old, answer_content(question, text="word in the old room"))
+        record = await bridge.wait_answer("alpha", "q0")
+        assert record["text"] == "word in the old room" and record["source"]["room_id"] == old
+    finally:
+        bridge.kill()
+        await alice.close()

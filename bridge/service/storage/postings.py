@@ -165,6 +165,11 @@ class Postings:
         return [row[0] for row in self.db.execute(  # in byte order (the order removed sets are closed in)
             f"SELECT set_dir FROM posted WHERE open=1 GROUP BY set_dir ORDER BY set_dir{self.sql.bytewise}").fetchall()]
 
+    def rooms_with_open(self) -> list[str]:
+        """The rooms that still have an open posting (their answers count
+        wherever the config says new sets go now)."""
+        return [row[0] for row in self.db.execute("SELECT DISTINCT room_id FROM posted WHERE open=1").fetchall()]
+
     def set_dir_of(self, event_id: str) -> str | None:
         kept = self._recent_questions.get(event_id)
         if kept is not None:

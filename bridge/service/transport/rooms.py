@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from bridge.service.eventwait import set_within
@@ -49,8 +49,13 @@ class RoomIds:
 
 
 async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
-                     ids: RoomIds | None = None) -> tuple[list[str], list[str]]:
-    """(room ids joined, rooms that refused for now); ``ids`` learns each room's id."""
+                     ids: RoomIds | None = None, asking: Collection[str] = ()) -> tuple[list[str], list[str]]:
+    """(room ids joined, rooms that refused for now); ``ids`` learns each room's id.
+
+    ``asking``: rooms that still have open questions.  One the config no
+    longer names (its rooms changed, or an alias moved to another room) is
+    among the rooms joined when the bridge is still in it: the questions
+    there stay open until answered, so their answers must count."""
     joined: list[str] = []
     refused: list[str] = []
     already = await _joined_now(transport)
@@ -73,6 +78,10 @@ async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
                 log.warning("cannot join %s yet (%s); retrying in %.0f s", room, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 60)
+    for room in asking:
+        if room in already and room not in joined:
+            log.info("still bridging %s, no longer configured: it has open questions", room)
+            joined.append(room)
     return joined, refused
 
 
