@@ -5,6 +5,12 @@ verified.  The bridge must be stopped; the command says so if it is not.
 Exit 0 when copied and verified, 1 when the copy failed or did not verify,
 2 when the config can't be used, the bridge is running or the target is not
 empty.  The password may be in the URL or in ASKWRIGHT_BRIDGE_STORE_PASSWORD.
+
+``askwright-bridge store move-sets -c CONFIG --from OLD_ROOT``: the sets were
+moved from OLD_ROOT to the config's ``sets.root`` (a new disk, another mount
+path); the store's paths are moved with them (``storage/setpaths.py``).  Exit
+0 when moved, 2 when the config can't be used, a bridge runs on the store, or
+there is nothing to move.
 """
 
 from __future__ import annotations
@@ -13,16 +19,18 @@ import argparse
 import os
 import sqlite3
 import sys
+from pathlib import Path
 from typing import Any
 
 from bridge.service.config import ConfigError, load_config
 from bridge.service.storage.runlock import StoreBusy, hold
-from bridge.service.storage.store import StoreVersionError
+from bridge.service.storage.setpaths import MoveRefused, move_sets
+from bridge.service.storage.store import Store, StoreVersionError
 from bridge.service.storage.storecopy import CopyRefused, copy_store
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("store", help="manage the bridge's store (migrate it to PostgreSQL)")
+    parser = subparsers.add_parser("store", help="manage the bridge's store (migrate it to PostgreSQL, move the sets' paths)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     migrate = actions.add_parser(
         "migrate", help="copy the SQLite store into an empty PostgreSQL database and verify the copy",
@@ -31,10 +39,24 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "store.url in the config to the same URL.")
     migrate.add_argument("-c", "--config", required=True, help="the bridge's YAML config file")
     migrate.add_argument("--to", required=True, metavar="URL", help="postgresql://user@host:port/database")
+    move = actions.add_parser(
+        "move-sets", help="the sets moved from another root to sets.root: move the store's paths with them",
+        description="The store knows each set by its folder's path.  After moving the sets folder (and setting "
+                    "sets.root to the new place), run this with the old root, with every bridge on the store "
+                    "stopped: the questions stay posted and keep their answers, none is posted again.")
+    move.add_argument("-c", "--config", required=True, help="the bridge's YAML config file")
+    move.add_argument("--from", dest="old_root", required=True, metavar="OLD_ROOT",
+                      help="the sets root the sets were posted from")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "move-sets":
+        return _move_sets(args)
+    return _migrate(args)
+
+
+def _migrate(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -69,6 +91,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say(message: str, code: int) -> int:
-    print(f"askwright-bridge store migrate: {' '.join(message.split())}", file=sys.stderr)
+def _move_sets(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return _say(str(exc), 2, "move-sets")
+    lock = None
+    try:
+        if config.store.url:
+            from bridge.service.storage.leader import instances
+
+            running = instances(config.store.url, config.store.password)
+            if running:
+                return _say(f"instance {running[0]['id']} ({running[0]['role']}) was heard from "
+                            f"{running[0]['seen_seconds_ago']} s ago; stop every instance first", 2, "move-sets")
+        else:
+            lock = hold(config.store.path)
+        store = Store(config.store.path, url=config.store.url, password=config.store.password)
+    except StoreBusy as exc:
+        return _say(f"the bridge is running: {exc}; stop it first", 2, "move-sets")
+    except Exception as exc:  # noqa: BLE001 - sqlite3's, psycopg's (PostgreSQL away), a newer store
+        if lock is not None:
+            lock.close()
+        return _say(f"cannot open {config.store.where} ({exc})", 2, "move-sets")
+    new_root = str(Path(config.sets.root).resolve())
+    old_root = os.path.normpath(os.path.abspath(args.old_root))
+    try:
+        moved = move_sets(store, old_root, new_root)
+    except MoveRefused as exc:
+        return _say(str(exc), 2, "move-sets")
+    finally:
+        store.close()
+        if lock is not None:
+            lock.close()
+    print(f"moved {moved} set folder{'s' if moved != 1 else ''} from {old_root} to {new_root} in the store; "
+          "start the bridge")
+    return 0
+
+
+def _say(message: str, code: int, action: str = "migrate") -> int:
+    print(f"askwright-bridge store {action}: {' '.join(message.split())}", file=sys.stderr)
     return code

@@ -28,6 +28,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
+from bridge.service.storage.setpaths import check_sets_where_known
 from bridge.service.transport.invites import Invites
 from bridge.service.transport.rooms import RoomIds, configured_rooms, join_rooms, keep_joining
 from bridge.service.storage.heldback import format_held, held_back
@@ -166,14 +167,16 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     store = Store(config.store.path, url=config.store.url, password=config.store.password)
     store.audit_enabled = config.audit.enabled
     checkpointer: Checkpointer | None = None
-    if config.audit.enabled:
-        try:
+    try:
+        # Sets moved without the store: posted again, every one (``setpaths``).
+        check_sets_where_known(store.folders_with_open(), config)
+        if config.audit.enabled:
             log_plan = open_log(store, user_id=config.bot.user_id, store_path=config.store.path,
-                               key_file=config.audit.key_file)
-        except BaseException:
-            store.close()
-            raise
-        checkpointer = Checkpointer(store, log_plan, config.audit.checkpoint_seconds)
+                                key_file=config.audit.key_file)
+            checkpointer = Checkpointer(store, log_plan, config.audit.checkpoint_seconds)
+    except BaseException:
+        store.close()
+        raise
     metrics = Metrics()
     if lease is not None:
         lease.guard_store(store)

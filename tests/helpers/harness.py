@@ -112,10 +112,11 @@ class Bridge:
     extra_config: dict[str, Any] = field(default_factory=dict)
     process: subprocess.Popen | None = None
     starts: int = 0
+    sets_folder: str = "sets"  # below workdir: where sets.root is (the operator may move it)
 
     @property
     def sets_root(self) -> Path:
-        return self.workdir / "sets"
+        return self.workdir / self.sets_folder
 
     @property
     def config_path(self) -> Path:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from bridge.service.eventwait import any_set
-from bridge.service.config import Config, ConfigError
+from bridge.service.config import Config
 from bridge.service.storage.leader import Lease
+from bridge.service.storage.setpaths import check_sets_where_known
 from bridge.service.operators.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -105,28 +105,7 @@ def _could_lead(config: Config) -> None:
         store.close()
     if config.audit.enabled:
         check_present(key_file(Path(config.store.path), config.audit.key_file), leaves)
-    elsewhere = sets_seen_elsewhere(folders, config.sets.root)
-    if elsewhere is not None:
-        raise ConfigError(
-            f"sets.root: the sets the store knows are under {elsewhere}, which this machine does not have, and "
-            f"{config.sets.root} here holds them: mount the share at the same path on every instance (the store "
-            "knows a set by its folder's path; seen elsewhere, every set would be closed and posted again)")
-
-
-def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
-    """The folder the store's open sets are under when none of them is at its
-    path on this machine and ``root`` holds them at the same place below it
-    (the share mounted at another path; nested sets too, and some removed
-    meanwhile), else None."""
-    if not folders or any(os.path.isdir(folder) for folder in folders):
-        return None
-    parts = Path(folders[0]).parts
-    for depth in range(len(parts) - 1, 0, -1):  # the store's root: the deepest that holds some here
-        old_root = Path(*parts[:depth])
-        below = [Path(folder).relative_to(old_root) for folder in folders if Path(folder).is_relative_to(old_root)]
-        if len(below) == len(folders) and any((root / rel).is_dir() for rel in below):
-            return str(old_root)
-    return None
+    check_sets_where_known(folders, config)
 
 
 async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event, term: asyncio.Event) -> None:

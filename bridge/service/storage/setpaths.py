@@ -1,0 +1,87 @@
+"""Where the store knows the sets: by their folders' paths.
+
+Every row about a set names its folder as a path (``posted.set_dir`` and
+the tables beside it).  Move the sets root (a new disk, another mount path)
+and start the bridge on it, and the store finds none of its sets: each one
+looked removed (every question closed in the room) and each folder new
+(every question posted again).  So a start refuses when the store's sets
+are all missing and the sets root holds them at the same places below it
+(``sets_seen_elsewhere``), and ``store move-sets`` moves the store's paths
+along with the folders (``move_sets``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from bridge.service.config import Config, ConfigError
+
+# The tables whose rows name a set's folder, and the meta keys that do.
+SET_DIR_TABLES = ("posted", "answer_log", "dirty", "attachment", "held_set", "doomed_file")
+FOLDER_KEYED_META = ("set_synced:",)
+
+
+def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
+    """The folder the store's open sets are under when none of them is at its
+    path on this machine and ``root`` holds them at the same place below it
+    (the sets moved, or a share mounted at another path; nested sets too,
+    and some removed meanwhile), else None."""
+    if not folders or any(os.path.isdir(folder) for folder in folders):
+        return None
+    parts = Path(folders[0]).parts
+    for depth in range(len(parts) - 1, 0, -1):  # the store's root: the deepest that holds some here
+        old_root = Path(*parts[:depth])
+        below = [Path(folder).relative_to(old_root) for folder in folders if Path(folder).is_relative_to(old_root)]
+        if len(below) == len(folders) and any((root / rel).is_dir() for rel in below):
+            return str(old_root)
+    return None
+
+
+def check_sets_where_known(folders: list[str], config: Config) -> None:
+    """ConfigError when the store's sets are seen under another root (see the module)."""
+    elsewhere = sets_seen_elsewhere(folders, config.sets.root)
+    if elsewhere is None:
+        return
+    raise ConfigError(
+        f"sets.root: the sets the store knows are under {elsewhere}, which this machine does not have, and "
+        f"{config.sets.root} here holds them.  The store knows a set by its folder's path: started like "
+        "this, every question would be closed and posted again.  If the sets moved, stop every instance and "
+        f"run `askwright-bridge store move-sets -c <config> --from {elsewhere}`; if this is a standby seeing "
+        "a share at another path, mount it at the same path on every instance")
+
+
+class MoveRefused(Exception):
+    """One sentence: why nothing was moved."""
+
+
+def move_sets(store: Any, old_root: str, new_root: str) -> int:
+    """Every path the store holds under ``old_root`` made the same place
+    under ``new_root``, in one transaction; the number of set folders moved."""
+    old, new = old_root.rstrip("/") or "/", new_root.rstrip("/") or "/"
+    if old == new:
+        raise MoveRefused(f"{old} is sets.root already")
+    under_old, under_new = _below(store, old), _below(store, new)
+    if not under_old:
+        raise MoveRefused(f"the store knows no set under {old}")
+    if under_new:
+        raise MoveRefused(f"the store knows sets under {new} already ({under_new[0]}, ...): they were posted "
+                          "there anew, and two sets can't be made one")
+    with store.transaction():
+        for table in SET_DIR_TABLES:
+            store.db.execute(f"UPDATE {table} SET set_dir = ? || substr(set_dir, ?) "
+                             "WHERE set_dir = ? OR substr(set_dir, 1, ?) = ?",
+                             (new, len(old) + 1, old, len(old) + 1, old + "/"))
+        for prefix in FOLDER_KEYED_META:
+            start = len(prefix + old) + 1
+            store.db.execute("UPDATE meta SET key = ? || substr(key, ?) WHERE substr(key, 1, ?) = ?",
+                             (prefix + new, start, start, prefix + old + "/"))
+    return len(under_old)
+
+
+def _below(store: Any, root: str) -> list[str]:
+    """The set folders the store knows at or below ``root``."""
+    rows = store.db.execute("SELECT DISTINCT set_dir FROM posted WHERE set_dir = ? OR substr(set_dir, 1, ?) = ?",
+                            (root, len(root) + 1, root + "/")).fetchall()
+    return sorted(row[0] for row in rows)
