@@ -117,7 +117,8 @@ class BotFront:
                   room_ids: RoomIds | None = None) -> None:
         assert self.client is not None
         first_sync, self.first_sync = self.first_sync, None
-        invites = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters, room_ids)
+        invites = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters, room_ids,
+                          self.store.rooms_with_open)
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self._synced, crypto=self.crypto,
                        invites=invites, posted=posted, first_sync=first_sync, supervisor=self.supervisor).run()
 
@@ -255,7 +256,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             await asyncio.gather(supervise("joining", lambda: keep_joining(transport, refused, stop, joined, room_ids),
                                            stop),
                                  supervise("sets", lambda: keep_sets(poster, config.sets.root, stop, posted,
-                                                                         ops.on_set_changed), stop),
+                                                                         ops.on_set_changed, room_ids.news), stop),
                                  supervise("deadlines", lambda: poster.deadlines.run(stop), stop),
                                  return_exceptions=True)
 
@@ -320,13 +321,14 @@ def remove_strays(root: Path) -> None:
 
 
 async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event,
-                    on_changed: Callable[[str], None] | None = None) -> None:
+                    on_changed: Callable[[str], None] | None = None, joins: asyncio.Event | None = None) -> None:
     """Post what is not posted yet, then follow the folder.  The watcher starts
     first, so an edit made during a long first posting is not missed (the
     poster takes one set at a time, so both never post the same set at once).
     ``on_changed`` is told each set folder whose questions.json changed.  A
     set that could not be posted (its room refuses the bridge, say), at the
-    start or after an edit, is tried again with backoff until it is."""
+    start or after an edit, is tried again with backoff until it is, and at
+    once when a room is joined (``joins``: the room it waited for, maybe)."""
     failed: set[Path] = set()
     more = asyncio.Event()
 
@@ -356,10 +358,14 @@ async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asy
             more.clear()
             await any_set([stop, more, ended])
             continue
-        await any_set([stop, ended], delay)
+        await any_set([stop, ended, *([joins] if joins is not None else [])], delay)
         if stop.is_set() or ended.is_set():
             break
-        delay = min(delay * 2, 300)
+        if joins is not None and joins.is_set():
+            joins.clear()
+            delay = 1.0
+        else:
+            delay = min(delay * 2, 300)
         again = sorted(failed)
         failed.clear()
         could_not_post(await _post_sets(poster, root, stop, None if root in again else again))

@@ -332,11 +332,9 @@ class TransactionServer:
                     and event.get("state_key") == self.pipeline.transport.user_id
                     and isinstance(event.get("content"), dict) and event["content"].get("membership") == "invite"
                     and isinstance(event.get("room_id"), str)):
-                if event["room_id"] in self.rooms:
-                    # An old invite replayed (the homeserver resends what the
-                    # bridge had not taken when it stopped) into a room it is
-                    # in: declining it would leave that room.
-                    continue
+                # One into a room the bridge is in (the homeserver resends what the
+                # bridge had not taken when it stopped) is told apart by the handler:
+                # a room in ``rooms`` may be one the bridge was kicked from.
                 sender = event.get("sender")
                 asyncio.ensure_future(self.on_invite(event["room_id"], sender if isinstance(sender, str) else None))
 
@@ -425,7 +423,7 @@ class AppserviceFront:
         spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
         notifier = spawn("notices", notices.run, stop)
         server.on_invite = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters,
-                                   room_ids).answer
+                                   room_ids, self.store.rooms_with_open).answer
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)

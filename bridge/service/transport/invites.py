@@ -12,7 +12,7 @@ before the invite is declined.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from bridge.service.transport.rooms import RoomIds
@@ -34,35 +34,41 @@ def may_invite(inviter: str | None, inviters: frozenset[str] | None) -> bool:
 class Invites:
     """The invites of one transport.  ``rooms``: the room ids whose events are
     bridged (the list the transport reads; a room joined is added);
-    ``configured``: the config's rooms (ids or aliases)."""
+    ``configured``: the config's rooms (ids or aliases); ``asking``: the rooms
+    that still have open questions (an invite back into one is welcome
+    whatever the config says now, so those questions can be answered)."""
 
     def __init__(self, client: Any, pipeline: Any, rooms: list[str], configured: Collection[str],
-                 inviters: frozenset[str] | None, ids: RoomIds | None = None):
+                 inviters: frozenset[str] | None, ids: RoomIds | None = None,
+                 asking: Callable[[], Collection[str]] = lambda: ()):
         self.client = client
         self.pipeline = pipeline
         self.rooms = rooms
         self.configured = configured
         self.inviters = inviters
         self.ids = ids
+        self.asking = asking
 
     async def answer(self, room_id: str, inviter: str | None) -> None:
         """Join (and learn the members) or decline."""
         try:
-            alias = None
-            welcome = welcome_invite(room_id, inviter, [*self.rooms, *self.configured], self.inviters)
-            if not welcome and may_invite(inviter, self.inviters):
-                alias = await self._alias_naming(room_id)
-                welcome = alias is not None
-            if welcome:
+            if room_id in await self._joined_now():
+                # An invite the homeserver sent again (appservice mode, after a
+                # restart) into a room the bridge is in: declining would leave it.
+                return
+            welcome = welcome_invite(room_id, inviter, [*self.rooms, *self.configured, *self.asking()],
+                                     self.inviters)
+            aliases = await self._aliases_naming(room_id) if may_invite(inviter, self.inviters) else []
+            if welcome or aliases:
                 # Through the transport: in an encrypted room, what is posted next must go out encrypted.
                 room_id = await self.pipeline.transport.join(room_id)
                 if room_id not in self.rooms:
                     self.rooms.append(room_id)
-                if alias is not None and self.ids is not None:
-                    self.ids.joined(alias, room_id)  # its sets are posted here from now on
                 await self.pipeline.load_members(room_id)
-                log.info("joined %s at the invite of %s", room_id if alias is None else f"{alias} ({room_id})",
-                         inviter)
+                if self.ids is not None:  # its sets are posted here from now on, and at once
+                    for name in [*aliases, *([room_id] if room_id in self.configured else [])]:
+                        self.ids.joined(name, room_id)
+                log.info("joined %s at the invite of %s", " ".join([*aliases, room_id]), inviter)
             else:
                 await self.client.room_leave(room_id)
                 log.info("declined an invite to %s from %s: not a configured room or not an answerer",
@@ -70,13 +76,19 @@ class Invites:
         except Exception as exc:  # noqa: BLE001 - an invite left unanswered joins nothing
             log.warning("could not answer the invite to %s (%s)", room_id, exc)
 
-    async def _alias_naming(self, room_id: str) -> str | None:
-        """The configured alias that names ``room_id`` now, asked of the room
+    async def _joined_now(self) -> set[str]:
+        try:
+            return set(getattr(await self.client.joined_rooms(), "rooms", ()))
+        except Exception:  # noqa: BLE001 - not known: the invite is answered as if not joined
+            return set()
+
+    async def _aliases_naming(self, room_id: str) -> list[str]:
+        """The configured aliases that name ``room_id`` now, asked of the room
         directory (an alias that names no room, or can't be asked, names none)."""
+        naming = []
         for room in self.configured:
-            if not room.startswith("#"):
-                continue
-            response = await self.client.room_resolve_alias(room)
-            if getattr(response, "room_id", None) == room_id:
-                return room
-        return None
+            if room.startswith("#"):
+                response = await self.client.room_resolve_alias(room)
+                if getattr(response, "room_id", None) == room_id:
+                    naming.append(room)
+        return naming

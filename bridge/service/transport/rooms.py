@@ -35,9 +35,13 @@ class RoomIds:
 
     def __init__(self) -> None:
         self._ids: dict[str, str] = {}
+        # Set at every join: sets that could not be posted (their room would
+        # not have the bridge yet) are tried again then, not at their backoff.
+        self.news = asyncio.Event()
 
     def joined(self, room: str, room_id: str) -> None:
         self._ids[room] = room_id
+        self.news.set()
 
     def of(self, room: str) -> str:
         """``room``'s id (itself until joined: posting there fails and is retried)."""
