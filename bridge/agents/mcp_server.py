@@ -178,7 +178,7 @@ def _own_set(sets: AgentSets, agent: str, uri: str, protocol_version: str) -> st
         if set_id is None:
             raise NotFound(f"no resource {uri}")
         sets.set_dir(agent, set_id)
-    except NotFound as exc:
+    except (NotFound, BadRequest) as exc:  # BadRequest: no set id in it ("../answers"): no such resource either
         raise _missing(uri, exc.message, protocol_version) from None
     return set_id
 

@@ -197,6 +197,11 @@ async def test_ordinary_sdk_use_logs_no_error_and_a_client_giving_up_a_wait_stop
     async with mcp_client(base, mode) as client:
         listed = structured(await client.call_tool("list_sets", {}))
         assert len(listed["sets"]) == 3
+        # An address that holds no set id is a resource that is not there, not the server's error.
+        for uri in ("askwright://sets/a%2Fb/answers", "askwright://sets/%2E%2E/answers"):
+            with pytest.raises(MCPError) as caught:
+                await client.read_resource(uri)
+            assert caught.value.code == (-32002 if mode == "legacy" else -32602) and "uri" in caught.value.data
     assert errors_in(bridge.log_text()) == []
 
 
