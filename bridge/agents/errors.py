@@ -22,9 +22,21 @@ class AgentError(Exception):
     def as_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"ok": False, "error": self.code, "message": self.message}
         if self.findings or self.code == "lint_failed":
-            body["errors"] = self.findings
-            body["warnings"] = self.warnings
+            listed(body, "errors", self.findings)
+            listed(body, "warnings", self.warnings)
         return body
+
+
+# A set of thousands of questions can have a finding on each: a reply lists
+# the first ones and says how many more there are (an MCP client reads a
+# message of at most 1 MB; the 422 of a big set was 11 MB of findings).
+MAX_LISTED = 100
+
+
+def listed(body: dict[str, Any], key: str, items: list[Any]) -> None:
+    body[key] = items[:MAX_LISTED]
+    if len(items) > MAX_LISTED:
+        body[f"{key}_omitted"] = len(items) - MAX_LISTED
 
 
 class BadRequest(AgentError):

@@ -23,7 +23,7 @@ from bridge.agents.callbacks import check_callbacks
 from bridge.agents.contract import Checked, Contract
 from bridge.agents.errors import AgentError, LintFailed
 from bridge.agents.files_http import FileRoutes
-from bridge.agents.sets import AgentSets
+from bridge.agents.sets import BIG_DOCUMENT, AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
 from bridge.service.config import Config
@@ -101,7 +101,7 @@ class AgentApi:
         async def guarded(request: web.Request) -> web.StreamResponse:
             try:
                 agent = self.authenticate(request)
-                request[CHECKED] = await self.check(request, body_limit)
+                request[CHECKED] = await self.check(request, body_limit, agent)
                 return await handler(request, agent)
             except Refusal as exc:
                 return exc.response
@@ -109,7 +109,7 @@ class AgentApi:
                 return web.json_response(exc.as_dict(), status=exc.status, headers=exc.headers or None)
         return guarded
 
-    async def check(self, request: web.Request, body_limit: int) -> Checked:
+    async def check(self, request: web.Request, body_limit: int, agent: str) -> Checked:
         """The request as its operation in the document reads it; BadRequest (400) or 413 otherwise."""
         # HEAD is GET without the body (aiohttp serves it on every GET route).
         method = "GET" if request.method == "HEAD" else request.method
@@ -121,7 +121,10 @@ class AgentApi:
         checked = Checked(path, query)
         if op.takes_json(request.content_type):
             checked.raw = await _body(request, body_limit)
-            checked.body = self.contract.check_body(op, checked.raw)
+            if len(checked.raw) > BIG_DOCUMENT:  # parsed and checked in seconds: off the event loop, in the agent's turn
+                checked.body = await self.sets.apart.run(agent, self.contract.check_body, op, checked.raw)
+            else:
+                checked.body = self.contract.check_body(op, checked.raw)
         return checked
 
     # -- the routes ------------------------------------------------------------
@@ -130,7 +133,7 @@ class AgentApi:
         return web.Response(body=self.document, content_type="application/json")
 
     async def list_sets(self, _request: web.Request, agent: str) -> web.Response:
-        return web.json_response({"ok": True, "sets": self.sets.list_sets(agent)})
+        return web.json_response({"ok": True, "sets": await self.sets.list_sets_apart(agent)})
 
     async def put_set(self, request: web.Request, agent: str) -> web.Response:
         checked: Checked = request[CHECKED]
@@ -139,7 +142,7 @@ class AgentApi:
             raise LintFailed("callbacks need a webhook_secret for this agent in the bridge's config", findings=[
                 {"where": "callbacks", "message": "this agent has no webhook_secret to sign deliveries with"}])
         await check_callbacks(callbacks, allow_private=self.config.agent_api.allow_private_callbacks)
-        asked = self.sets.ask(agent, checked.path["id"], document, callbacks)
+        asked = await self.sets.ask_apart(agent, checked.path["id"], document, callbacks)
         return web.json_response(asked.as_dict(), status=201 if asked.created else 200)
 
     async def answers(self, request: web.Request, agent: str) -> web.Response:
@@ -159,8 +162,8 @@ class AgentApi:
     async def close(self, request: web.Request, agent: str) -> web.Response:
         checked: Checked = request[CHECKED]
         data = checked.body or {}
-        return web.json_response(self.sets.close(agent, checked.path["id"], data.get("questions"),
-                                                 data.get("status", "closed"), data.get("reason")))
+        return web.json_response(await self.sets.close_apart(agent, checked.path["id"], data.get("questions"),
+                                                             data.get("status", "closed"), data.get("reason")))
 
 
 class Refusal(Exception):

@@ -116,7 +116,7 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
 
     async def list_resources(ctx: ServerRequestContext[Any, Any], _params: Any) -> types.ListResourcesResult:
         agent = who(ctx)
-        own = [s["set"] for s in sets.list_sets(agent)]
+        own = [s["set"] for s in await sets.list_sets_apart(agent)]
         return types.ListResourcesResult(resources=[
             *(types.Resource(uri=answers_uri(s), name=f"answers to {s}", mime_type="application/json") for s in own),
             *files.resources(agent, own)])
@@ -227,7 +227,7 @@ class Tools:
             if not is_set_id(set_id):
                 # The set's id is the document's here: a finding in it, as lint reports it.
                 raise LintFailed("the set's id is not a set id", findings=[{"where": "id", "message": SET_ID_RULE}])
-            return self.sets.ask(agent, set_id, document, callbacks).as_dict()
+            return (await self.sets.ask_apart(agent, set_id, document, callbacks)).as_dict()
         if name == "read":
             view = self.sets.read(agent, arguments["set_id"], include_all=bool(arguments.get("all")))
             return await self.files.view(agent, arguments["set_id"], view)
@@ -242,15 +242,15 @@ class Tools:
                 include_all=bool(arguments.get("all")), after=arguments.get("after"), progress=progress)
             return {"arrived": arrived, "answers": await self.files.view(agent, arguments["set_id"], view)}
         if name == "close":
-            return self.sets.close(agent, arguments["set_id"], arguments.get("questions"),
-                                   arguments.get("status", "closed"), arguments.get("reason"))
+            return await self.sets.close_apart(agent, arguments["set_id"], arguments.get("questions"),
+                                               arguments.get("status", "closed"), arguments.get("reason"))
         if name == "upload_media":
             return await self.files.upload(agent, arguments)
         if name == "verify":
             from bridge.agents.log_verify import verify_tool
 
             return verify_tool(self.sets, self.log_store, agent, arguments["set_id"], arguments.get("checkpoints", []))
-        return {"sets": self.sets.list_sets(agent)}
+        return {"sets": await self.sets.list_sets_apart(agent)}
 
 
 @functools.cache

@@ -30,7 +30,9 @@ TOOLS: dict[str, dict[str, Any]] = {
                           "description": "Webhook URLs told of each accepted answer (signed with this agent's secret)."}}},
         "output": {"type": "object", "required": ["ok", "set", "created", "questions", "warnings"], "properties": {
             "ok": {"type": "boolean"}, "set": {"type": "string"}, "created": {"type": "boolean"},
-            "questions": {"type": "array", "items": {"type": "string"}}, "warnings": _FINDINGS}},
+            "questions": {"type": "array", "items": {"type": "string"}}, "warnings": _FINDINGS,
+            "warnings_omitted": {"type": "integer", "minimum": 1,
+                                 "description": "How many more warnings there are: the first 100 are listed."}}},
     },
     "read": {
         "description": "The answers to a set so far, judged by the bridge (exactly what `askwright-bridge read` prints). "

@@ -17,18 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.agents.apart import Apart, in_a_process
 from bridge.agents.changes import Changes
 from bridge.agents.closing import blocks_close, close_questions
-from bridge.agents.errors import BadRequest, LintFailed, NotFound
+from bridge.agents.judgeset import judge_set
+from bridge.agents.errors import BadRequest, LintFailed, NotFound, listed
 from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner
 from bridge.agents.waitcap import Waits
 from bridge.answers.view import ReadError, load_view
 from bridge.answers.arrival import as_read
-from bridge.questionset.lint import LintResult, lint
+from bridge.questionset.lint import lint
 from bridge.questionset.lint.identity import ID_PATTERN
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
-from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
+from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.wholefile import replace_whole, sync_dir, temp_path
 
 # The format's set id: a letter or digit, then letters, digits, _, . or -; 64 at most.
@@ -49,8 +51,15 @@ class Asked:
     warnings: list[dict[str, str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": True, "set": self.set_id, "created": self.created, "questions": self.open_questions,
-                "warnings": self.warnings}
+        body = {"ok": True, "set": self.set_id, "created": self.created, "questions": self.open_questions}
+        listed(body, "warnings", self.warnings)
+        return body
+
+
+# A document this large is judged in a process of its own (``apart.py``):
+# beyond it, parsing and linting hold the interpreter lock for tens of ms.
+BIG_DOCUMENT = 256 * 1024
+BIG_SET = 500  # questions: about as much, parsed already (MCP hands the set over as an object)
 
 
 class AgentSets:
@@ -70,6 +79,7 @@ class AgentSets:
         # Inside the bridge: the poster is told of a set written, beside its
         # folder watcher (which may not watch yet in the first moments of a start).
         self.on_written = on_written
+        self.apart = Apart()  # the *_apart calls' threads
 
     # -- where a set lives, and whose it is --------------------------------------
 
@@ -87,8 +97,21 @@ class AgentSets:
     def ask(self, agent: str, set_id: str, document: bytes | dict[str, Any],
             callbacks: list[str] | None = None) -> Asked:
         """Lint and write a set; LintFailed with the findings when it fails."""
+        asked, set_dir = self._write_set(agent, set_id, document, callbacks)
+        self._written(set_dir)
+        return asked
+
+    async def ask_apart(self, agent: str, set_id: str, document: bytes | dict[str, Any],
+                        callbacks: list[str] | None = None) -> Asked:
+        """``ask`` with its lint and writes off the event loop (``apart.py``)."""
+        asked, set_dir = await self.apart.run(agent, self._write_set, agent, set_id, document, callbacks)
+        self._written(set_dir)
+        return asked
+
+    def _write_set(self, agent: str, set_id: str, document: bytes | dict[str, Any],
+                   callbacks: list[str] | None) -> tuple[Asked, Path]:
+        """Lint and write a set, telling nobody (any thread)."""
         check_set_id(set_id)
-        raw = _parsed(document)
         urls = _callbacks(callbacks)
         set_dir = self.root / set_id
         exists = set_dir.exists()
@@ -96,30 +119,22 @@ class AgentSets:
         owner = read_owner(set_dir) if exists else None
         if exists and (owner is None or owner.agent != agent):
             raise NotFound(f"no set {set_id!r}")  # someone else's: as if there were none
-        if raw.get("id") != set_id:
-            raise LintFailed("the set's id must be the id in the address", findings=[
-                {"where": "id", "message": f"must be {set_id!r}, the set id in the address"}])
-        result = lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=None, posted_revs=self._revs(set_dir),
-                      confined=True)
-        if not result.ok:
-            raise LintFailed("the set fails lint", findings=_dicts(result.errors), warnings=_dicts(result.warnings))
-        data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
-        if len(data) > MAX_QUESTIONS_BYTES:
-            # As it is written (a document that came as JSON inside an envelope,
-            # or through MCP, was never measured): a file the bridge can't read back is never written.
-            raise BadRequest(f"questions.json would be {len(data)} bytes as written, larger than the format allows "
-                             f"({MAX_QUESTIONS_BYTES})")
+        revs = dict(self._revs(set_dir))
+        if _big(document):
+            judged = in_a_process(judge_set, document, set_id, str(set_dir), revs)
+        else:
+            judged = judge_set(document, set_id, str(set_dir), revs)
+        judged.raise_refusal()
         new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()))
         if exists:
             replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))
-            replace_whole(set_dir / QUESTIONS_FILE, data)
+            replace_whole(set_dir / QUESTIONS_FILE, judged.data)
         else:
             try:
-                self._create(set_dir, data, new_owner)
+                self._create(set_dir, judged.data, new_owner)
             except FileExistsError:
                 raise BadRequest("the set was created at the same moment by another request") from None
-        self._written(set_dir)
-        return Asked(set_id, not had_questions, _open_ids(result), _dicts(result.warnings))
+        return Asked(set_id, not had_questions, judged.open_ids, judged.warnings), set_dir
 
     def _revs(self, set_dir: Path) -> Mapping[str, int]:
         if self.posted_revs is None:
@@ -225,6 +240,25 @@ class AgentSets:
 
     def close(self, agent: str, set_id: str, qids: list[str] | None, status: str,
               reason: str | None) -> dict[str, Any]:
+        closed, set_dir = self._close(agent, set_id, qids, status, reason)
+        if closed["closed"]:
+            self._written(set_dir)
+        return closed
+
+    async def close_apart(self, agent: str, set_id: str, qids: list[str] | None, status: str,
+                          reason: str | None) -> dict[str, Any]:
+        """``close`` with its lint and write off the event loop (``apart.py``)."""
+        closed, set_dir = await self.apart.run(agent, self._close, agent, set_id, qids, status, reason)
+        if closed["closed"]:
+            self._written(set_dir)
+        return closed
+
+    async def list_sets_apart(self, agent: str) -> list[dict[str, Any]]:
+        """``list_sets`` off the event loop: it reads every set of the agent's."""
+        return await self.apart.run(agent, self.list_sets, agent)
+
+    def _close(self, agent: str, set_id: str, qids: list[str] | None, status: str,
+               reason: str | None) -> tuple[dict[str, Any], Path]:
         set_dir = self._own_dir(agent, set_id)
         try:
             raw = parse_json((set_dir / QUESTIONS_FILE).read_bytes())
@@ -237,8 +271,7 @@ class AgentSets:
             raise LintFailed("the set would fail lint", findings=_dicts(blocking))
         if done:
             replace_whole(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
-            self._written(set_dir)
-        return {"ok": True, "set": set_id, "status": status, "closed": done}
+        return {"ok": True, "set": set_id, "status": status, "closed": done}, set_dir
 
     # -- list ---------------------------------------------------------------------------
 
@@ -270,19 +303,6 @@ def check_set_id(set_id: object, where: str = "id") -> str:
     return set_id
 
 
-def _parsed(document: bytes | dict[str, Any]) -> dict[str, Any]:
-    if isinstance(document, dict):
-        return document
-    if len(document) > MAX_QUESTIONS_BYTES:
-        raise BadRequest("questions.json is larger than the format allows")
-    try:
-        return parse_json(document)
-    except LoadError as exc:
-        raise BadRequest(exc.message) from None
-    except (RecursionError, ValueError):
-        raise BadRequest("questions.json is not usable JSON") from None
-
-
 def _callbacks(callbacks: list[str] | None) -> list[str]:
     if callbacks is None:
         return []
@@ -294,9 +314,14 @@ def _callbacks(callbacks: list[str] | None) -> list[str]:
     return list(dict.fromkeys(callbacks))
 
 
+def _big(document: bytes | dict[str, Any]) -> bool:
+    if isinstance(document, dict):
+        questions = document.get("questions")
+        return isinstance(questions, list) and len(questions) > BIG_SET
+    return len(document) > BIG_DOCUMENT
+
+
 def _dicts(findings: list[Any]) -> list[dict[str, str]]:
     return [f.as_dict() for f in findings]
 
 
-def _open_ids(result: LintResult) -> list[str]:
-    return [q.id for q in result.model.questions if q.is_open] if result.model else []

@@ -1,0 +1,72 @@
+"""What lint makes of a set an agent writes: a pure function over the
+document and the set's folder (its media files are looked at, never
+written), so a big one is judged in a process of its own (``apart.py``)
+and its seconds of parsing and linting never hold this process's
+interpreter lock, which the event loop needs too."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from bridge.agents.errors import BadRequest, LintFailed
+from bridge.questionset.lint import lint
+from bridge.questionset.load import LoadError, parse_json
+from bridge.questionset.media import LocalFilesystem
+from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
+
+
+@dataclass
+class JudgedSet:
+    """The file to write and what to tell the agent, or why not (exceptions
+    carry their findings as attributes a process boundary would drop)."""
+    data: bytes = b""
+    open_ids: list[str] = field(default_factory=list)
+    warnings: list[dict[str, str]] = field(default_factory=list)
+    bad: str | None = None  # BadRequest's message
+    failed: tuple[str, list[dict[str, str]], list[dict[str, str]]] | None = None  # LintFailed's
+
+    def raise_refusal(self) -> None:
+        if self.bad is not None:
+            raise BadRequest(self.bad)
+        if self.failed is not None:
+            message, findings, warnings = self.failed
+            raise LintFailed(message, findings=findings, warnings=warnings)
+
+
+def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
+              revs: Mapping[str, int]) -> JudgedSet:
+    try:
+        raw = parsed(document)
+    except BadRequest as exc:
+        return JudgedSet(bad=exc.message)
+    if raw.get("id") != set_id:
+        return JudgedSet(failed=("the set's id must be the id in the address",
+                                 [{"where": "id", "message": f"must be {set_id!r}, the set id in the address"}], []))
+    result = lint(raw, LocalFilesystem(os.path.abspath(folder)), probe=None, posted_revs=revs, confined=True)
+    warnings = [f.as_dict() for f in result.warnings]
+    if not result.ok:
+        return JudgedSet(failed=("the set fails lint", [f.as_dict() for f in result.errors], warnings))
+    data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+    if len(data) > MAX_QUESTIONS_BYTES:
+        # As it is written (a document that came as JSON inside an envelope,
+        # or through MCP, was never measured): a file the bridge can't read back is never written.
+        return JudgedSet(bad=f"questions.json would be {len(data)} bytes as written, larger than the format "
+                             f"allows ({MAX_QUESTIONS_BYTES})")
+    open_ids = [q.id for q in result.model.questions if q.is_open] if result.model else []
+    return JudgedSet(data=data, open_ids=open_ids, warnings=warnings)
+
+
+def parsed(document: bytes | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(document, dict):
+        return document
+    if len(document) > MAX_QUESTIONS_BYTES:
+        raise BadRequest("questions.json is larger than the format allows")
+    try:
+        return parse_json(document)
+    except LoadError as exc:
+        raise BadRequest(exc.message) from None
+    except (RecursionError, ValueError):
+        raise BadRequest("questions.json is not usable JSON") from None

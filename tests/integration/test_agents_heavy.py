@@ -1,0 +1,73 @@
+"""One agent's big set does not stop the bridge for the others, against the
+real bridge: a questions.json near the format's 16 MB, tens of thousands of
+questions, lints for seconds, and while it does ``/health`` and another
+agent's calls are answered as usual."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from helpers.agents import auth, one_question, start, wait_listener
+from helpers.harness import unique
+from test_mcp_door import mcp_client
+
+pytestmark = pytest.mark.integration
+
+QUESTIONS = 30_000  # about 12 MB of JSON: seconds of linting
+
+
+def huge_set(set_id: str) -> bytes:
+    template = one_question(set_id)["questions"][0]
+    questions = [{**template, "id": f"q{n}", "title": f"Release branch {n}"} for n in range(QUESTIONS)]
+    questions[-1]["id"] = "q0"  # one id twice: refused, once every question is linted
+    return json.dumps({**one_question(set_id), "questions": questions}).encode()
+
+
+async def slowest_answer(http: aiohttp.ClientSession, url: str, agent: str, busy: asyncio.Future) -> tuple[float, int]:
+    """The longest any request to ``url`` took while ``busy`` ran, and how many were made."""
+    slowest, made = 0.0, 0
+    while not busy.done():
+        began = time.monotonic()
+        async with http.get(url, headers=auth(agent)) as response:
+            assert response.status == 200, await response.text()
+            await response.read()
+        slowest, made = max(slowest, time.monotonic() - began), made + 1
+        await asyncio.sleep(0.02)
+    return slowest, made
+
+
+async def put_over_http(base: str, http: aiohttp.ClientSession, body: bytes) -> tuple[int, str]:
+    async with http.put(f"{base}/v1/sets/{json.loads(body)['id']}", data=body,
+                        headers={**auth("planner"), "Content-Type": "application/json"}) as response:
+        return response.status, await response.text()
+
+
+async def ask_over_mcp(base: str, _http: aiohttp.ClientSession, body: bytes) -> tuple[int, str]:
+    async with mcp_client(base, "2026-07-28") as client:
+        result = await client.call_tool("ask", {"set": json.loads(body)})
+    return (422 if result.is_error else 200), result.content[0].text
+
+
+@pytest.mark.parametrize("door", [put_over_http, ask_over_mcp], ids=["http", "mcp"])
+async def test_a_huge_set_being_linted_leaves_health_and_other_agents_answered(bridge, door):
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    body = huge_set(unique("huge"))
+    assert 10_000_000 < len(body) < 16 * 1024 * 1024
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        async with http.get(f"{base}/v1/sets", headers=auth("other")) as response:
+            assert response.status == 200  # warm: the first request loads the routes' code
+        asked = asyncio.ensure_future(door(base, http, body))
+        health, others = await asyncio.gather(slowest_answer(http, f"{base}/health", "other", asked),
+                                              slowest_answer(http, f"{base}/v1/sets", "other", asked))
+        status, said = await asked
+    assert status == 422 and "q0" in said, said[:500]
+    # The lint took seconds (many looks meanwhile); not one look waited for it.
+    assert health[1] >= 20 and others[1] >= 20, (health, others)
+    assert health[0] < 1.0 and others[0] < 1.0, (health, others)
+    bridge.check_alive()
