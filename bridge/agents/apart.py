@@ -15,10 +15,11 @@ own (``in_a_process``), its thread waiting with the lock free.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import logging
 import multiprocessing
-import threading
+import signal
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, TypeVar
@@ -46,25 +47,29 @@ class Apart:
                 self._pool, functools.partial(fn, *args, **kwargs))
 
 
-_processes: ProcessPoolExecutor | None = None  # started by the first big set
-_starting = threading.Lock()
-
-
 def in_a_process(fn: Callable[..., T], /, *args: Any) -> T:
     """``fn(*args)`` (a module-level function; its arguments and result cross
-    by pickle) in a process of the pool, waited for; in this thread when the
-    pool broke (a worker killed), which is started again for the next."""
-    global _processes
-    with _starting:
-        if _processes is None:
-            # Spawned, not forked: a fork of a process with threads may copy a lock held.
-            _processes = ProcessPoolExecutor(max_workers=WORKERS, mp_context=multiprocessing.get_context("spawn"))
-        pool = _processes
+    by pickle) in a process of its own, waited for.  One process a call,
+    gone after it: none sits idle holding memory, and a bridge killed
+    meanwhile takes it along (``_die_with_parent``).  Its start costs a few
+    tenths of a second, against the seconds a big set lints.  A process
+    that could not do it (killed) leaves the call to this thread."""
     try:
-        return pool.submit(fn, *args).result()
+        # Spawned, not forked: a fork of a process with threads may copy a lock held.
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_die_with_parent) as pool:
+            return pool.submit(fn, *args).result()
     except BrokenProcessPool:
-        log.warning("the processes judging big sets stopped; this one is judged here, and they start again")
-        with _starting:
-            if _processes is pool:
-                _processes = None
+        log.warning("the process judging a big set stopped; it is judged here instead")
         return fn(*args)
+
+
+def _die_with_parent() -> None:
+    """Linux: this process is killed when the bridge dies, however it dies."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: it ends with its call anyway
+        pass
+
+
+PR_SET_PDEATHSIG = 1

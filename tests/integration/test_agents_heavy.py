@@ -18,7 +18,7 @@ from test_mcp_door import mcp_client
 
 pytestmark = pytest.mark.integration
 
-QUESTIONS = 30_000  # about 12 MB of JSON: seconds of linting
+QUESTIONS = 40_000  # about 15 MB of JSON (the format allows 16 MiB): seconds of linting
 
 
 def huge_set(set_id: str) -> bytes:
@@ -55,10 +55,10 @@ async def ask_over_mcp(base: str, _http: aiohttp.ClientSession, body: bytes) -> 
 
 @pytest.mark.parametrize("door", [put_over_http, ask_over_mcp], ids=["http", "mcp"])
 async def test_a_huge_set_being_linted_leaves_health_and_other_agents_answered(bridge, door):
-    base = start(bridge)
+    base = start(bridge, rate_per_minute=100_000)  # the looks every 20 ms are not what is measured
     await wait_listener(bridge, base)
     body = huge_set(unique("huge"))
-    assert 10_000_000 < len(body) < 16 * 1024 * 1024
+    assert 14_000_000 < len(body) < 16 * 1024 * 1024
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
         async with http.get(f"{base}/v1/sets", headers=auth("other")) as response:
             assert response.status == 200  # warm: the first request loads the routes' code
@@ -69,5 +69,5 @@ async def test_a_huge_set_being_linted_leaves_health_and_other_agents_answered(b
     assert status == 422 and "q0" in said, said[:500]
     # The lint took seconds (many looks meanwhile); not one look waited for it.
     assert health[1] >= 20 and others[1] >= 20, (health, others)
-    assert health[0] < 1.0 and others[0] < 1.0, (health, others)
+    assert health[0] < 1.5 and others[0] < 1.5, (health, others)
     bridge.check_alive()
