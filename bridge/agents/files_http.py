@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
+from bridge.agents.bodyread import paced
 from bridge.agents.errors import NotFound
 from bridge.agents.media_files import TooLarge, check_media_name, receive
 from bridge.agents.sets import AgentSets
@@ -61,7 +62,7 @@ class FileRoutes:
         if expected is not None and expected > self.media_max:
             raise TooLarge(f"the file is larger than {self.media_max} bytes (agent_api.media_max)")
         with self.sets.media_dir(agent, set_id) as set_dir:
-            stored = await receive(set_dir, set_id, name, request.content.iter_chunked(READ_CHUNK), self.media_max,
+            stored = await receive(set_dir, set_id, name, paced(request.content.iter_chunked(READ_CHUNK)), self.media_max,
                                    expected=expected)
         return web.json_response(stored.as_dict(), status=201 if stored.created else 200)
 

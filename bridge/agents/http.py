@@ -23,6 +23,7 @@ from bridge.agents.callbacks import check_callbacks
 from bridge.agents.contract import Checked, Contract
 from bridge.agents.errors import AgentError, LintFailed
 from bridge.agents.files_http import FileRoutes
+from bridge.agents.bodyread import paced
 from bridge.agents.sets import BIG_DOCUMENT, AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
@@ -182,7 +183,7 @@ async def _body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise Refusal(413, "too_large", f"the body is larger than {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.content.iter_any():
+    async for chunk in paced(request.content.iter_any()):
         size += len(chunk)
         if size > limit:
             raise Refusal(413, "too_large", f"the body is larger than {limit} bytes")

@@ -71,3 +71,46 @@ async def test_a_huge_set_being_linted_leaves_health_and_other_agents_answered(b
     assert health[1] >= 20 and others[1] >= 20, (health, others)
     assert health[0] < 1.5 and others[0] < 1.5, (health, others)
     bridge.check_alive()
+
+
+async def held_body(base: str, path: str, first: bytes, trickle: float | None = None) -> tuple[float, bytes]:
+    """A PUT whose body stops after ``first`` (or goes on a byte every
+    ``trickle`` seconds): how long until the bridge answers, and what it says."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    began = time.monotonic()
+    writer.write(f"PUT {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth('planner')['Authorization']}\r\n"
+                 f"Content-Type: application/octet-stream\r\nContent-Length: 5000000\r\n\r\n".encode() + first)
+    await writer.drain()
+
+    async def dribble() -> None:
+        while trickle is not None:
+            await asyncio.sleep(trickle)
+            writer.write(b"x")
+            await writer.drain()
+
+    dribbling = asyncio.ensure_future(dribble())
+    try:
+        said = await asyncio.wait_for(reader.readline(), 60)
+        return time.monotonic() - began, said
+    finally:
+        dribbling.cancel()
+        writer.close()
+
+
+async def test_a_body_that_stops_coming_or_trickles_is_cut_off_not_held(bridge):
+    """Headers and a few bytes of body, then nothing (or a byte now and
+    then): each such request held a connection, and a descriptor, for ever."""
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("slow")
+    async with aiohttp.ClientSession() as http:  # the set, for the media upload to go into
+        async with http.put(f"{base}/v1/sets/{set_id}", json=one_question(set_id), headers=auth("planner")) as r:
+            assert r.status == 201, await r.text()
+    cut = await asyncio.gather(held_body(base, f"/v1/sets/{unique('stalled')}", b'{"ask'),
+                               held_body(base, f"/v1/sets/{set_id}/media/take.png", b"\x89PNG"),
+                               held_body(base, f"/v1/sets/{unique('trickled')}", b"{", trickle=4))
+    for took, said in cut:
+        assert said.startswith(b"HTTP/1.1 408"), said
+        assert took < 45, took  # within the 20 s it may stop for, or the average it must keep after 20 s
+    bridge.check_alive()
