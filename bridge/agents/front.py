@@ -23,7 +23,7 @@ from bridge.agents.changes import Changes
 from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
 from bridge.agents.mcp_files import MCP_MEDIA_MAX, base64_size
-from bridge.agents.mcp_server import Subscribers, build_server
+from bridge.agents.mcp_server import GONE_SCOPE_KEY, Subscribers, build_server
 from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
 from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
@@ -124,7 +124,9 @@ class AgentsFront:
                                {"Retry-After": retry} if retry else None)
         if self.manager is None or not self._ready.is_set():
             return mcp_refusal(503, "the bridge is starting; try again in a moment", await _request_id(request))
-        return await serve_asgi(self._mcp_app, request, {AGENT_SCOPE_KEY: agent})
+        return await serve_asgi(self._mcp_app, request, {
+            AGENT_SCOPE_KEY: agent,
+            GONE_SCOPE_KEY: lambda: request.transport is None or request.transport.is_closing()})
 
     @property
     def changes(self) -> Changes:

@@ -172,6 +172,20 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
                   get_tool_input_schema=lambda name: TOOLS[name]["input"] if name in TOOLS else None)
 
 
+# The ASGI scope key under which /mcp's door puts whether the HTTP
+# connection carrying a request has gone (``front.py``).
+GONE_SCOPE_KEY = "askwright.gone"
+
+
+def connection_gone(ctx: ServerRequestContext[Any, Any] | None) -> Callable[[], bool] | None:
+    """Whether the client of this request has gone: a wait watches it, so a
+    client killed mid-wait gives its slot back at once.  The SDK does not
+    cancel a handshake-era call when its stream is cut, so the wait held
+    its slot (``agent_api.max_waits``) until its full timeout."""
+    scope = getattr(getattr(ctx, "request", None), "scope", None)
+    return scope.get(GONE_SCOPE_KEY) if isinstance(scope, dict) else None
+
+
 def _own_set(sets: AgentSets, agent: str, uri: str, protocol_version: str) -> str:
     set_id = set_of_uri(uri)
     try:
@@ -239,7 +253,8 @@ class Tools:
             view, arrived = await wait_answers(
                 self.sets, agent, arguments["set_id"], until=arguments.get("until", "answered"),
                 question=arguments.get("question"), timeout=arguments.get("timeout", DEFAULT_TIMEOUT),
-                include_all=bool(arguments.get("all")), after=arguments.get("after"), progress=progress)
+                include_all=bool(arguments.get("all")), after=arguments.get("after"), progress=progress,
+                gone=connection_gone(ctx))
             return {"arrived": arrived, "answers": await self.files.view(agent, arguments["set_id"], view)}
         if name == "close":
             return await self.sets.close_apart(agent, arguments["set_id"], arguments.get("questions"),

@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
+import time
 from typing import Any
 
 import aiohttp
@@ -21,7 +24,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from helpers.agents import auth, one_question, start, structured, wait_listener
+from helpers.agents import TOKENS, auth, one_question, start, structured, wait_listener
 from helpers.harness import answer_content, unique
 from helpers.waiting import until
 
@@ -231,3 +234,59 @@ async def test_a_kill_mid_wait_costs_the_client_one_call_and_the_answer_still_ar
         assert [s["set"] for s in structured(await client.call_tool("list_sets", {}))["sets"]] == [set_id]
     if mode == "legacy":
         assert "taken up again" in bridge.log_text().split("--- start 2 ---")[1]
+
+
+WAITING_CLIENT = """
+import asyncio, sys
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+async def main(base, token, set_id, mode):
+    async def progress(done, total, message):
+        print("waiting", flush=True)  # the bridge read the set and holds the wait from here
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))
+    async with Client(streamable_http_client(base + "/mcp", http_client=http), mode=mode) as client:
+        await client.call_tool("wait", {"set_id": set_id, "timeout": 250}, progress_callback=progress)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+async def test_a_client_killed_mid_wait_gives_its_wait_back_at_once(bridge, mode, tmp_path):
+    """An agent's client crashes (or its machine loses the network) in a
+    wait: its slot under agent_api.max_waits is free again within seconds,
+    not held until the wait's timeout (250 s here) locking the agent out."""
+    base = start(bridge, max_waits=2)
+    await wait_listener(bridge, base)
+    set_id = unique("vanished")
+    async with mcp_client(base, mode) as client:
+        structured(await client.call_tool("ask", {"set": one_question(set_id)}))
+    script = tmp_path / "waiting_client.py"
+    script.write_text(WAITING_CLIENT)
+    said = tmp_path / "clients.log"
+    with open(said, "wb") as out:
+        clients = [subprocess.Popen([sys.executable, str(script), base, TOKENS["planner"], set_id, mode],
+                                    stdout=out, stderr=subprocess.STDOUT) for _ in range(2)]
+    url = f"{base}/v1/sets/{set_id}/answers"
+    try:
+        async with aiohttp.ClientSession(headers=auth("planner")) as http:
+            async def a_wait() -> int:
+                async with http.get(url, params={"wait": "answered", "timeout": "1"}) as response:
+                    return response.status
+            await until(lambda: said.read_text().count("waiting") == 2, timeout=60)
+            await asyncio.sleep(1)
+            assert await a_wait() == 429, said.read_text()  # both held: a third wait is over the cap
+            for process in clients:
+                process.kill()
+                process.wait()
+            began = time.monotonic()
+            while await a_wait() == 429:
+                assert time.monotonic() - began < 15, "the killed clients' waits still hold their slots"
+                await asyncio.sleep(0.5)
+    finally:
+        for process in clients:
+            process.kill()
+    bridge.check_alive()
