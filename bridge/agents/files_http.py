@@ -62,8 +62,8 @@ class FileRoutes:
         if expected is not None and expected > self.media_max:
             raise TooLarge(f"the file is larger than {self.media_max} bytes (agent_api.media_max)")
         with self.sets.media_dir(agent, set_id) as set_dir:
-            stored = await receive(set_dir, set_id, name, paced(request.content.iter_chunked(READ_CHUNK)), self.media_max,
-                                   expected=expected)
+            body = paced(request.content.iter_chunked(READ_CHUNK))
+            stored = await receive(set_dir, set_id, name, body, self.media_max, expected=expected)
         return web.json_response(stored.as_dict(), status=201 if stored.created else 200)
 
 

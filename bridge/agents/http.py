@@ -122,7 +122,7 @@ class AgentApi:
         checked = Checked(path, query)
         if op.takes_json(request.content_type):
             checked.raw = await _body(request, body_limit)
-            if len(checked.raw) > BIG_DOCUMENT:  # parsed and checked in seconds: off the event loop, in the agent's turn
+            if len(checked.raw) > BIG_DOCUMENT:  # seconds to parse and check: off the loop, in the agent's turn
                 checked.body = await self.sets.apart.run(agent, self.contract.check_body, op, checked.raw)
             else:
                 checked.body = self.contract.check_body(op, checked.raw)

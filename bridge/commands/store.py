@@ -30,7 +30,8 @@ from bridge.service.storage.storecopy import CopyRefused, copy_store
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("store", help="manage the bridge's store (migrate it to PostgreSQL, move the sets' paths)")
+    parser = subparsers.add_parser("store",
+                                   help="manage the bridge's store (migrate it to PostgreSQL, move the sets' paths)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     migrate = actions.add_parser(
         "migrate", help="copy the SQLite store into an empty PostgreSQL database and verify the copy",

@@ -232,8 +232,8 @@ def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dic
         answer = f"the answer {whose} gave to “{title}”" if whose else f"your answer to “{title}”"
         text = sentence(f"Changed what you added to {answer}, now: {what}" if edited else f"Added to {answer}: {what}")
     else:
-        text = (sentence(f"Kept, as changed, for “{title}”: {what}" if edited else f"Kept for “{title}”: {what}")
-                + " It goes with your answer once you pick one.")
+        kept = f"Kept, as changed, for “{title}”" if edited else f"Kept for “{title}”"
+        text = sentence(f"{kept}: {what}") + " It goes with your answer once you pick one."
     return notice(text, answer_event_id, outcome_field(
         answer_event_id=answer_event_id, recorded=True, question_event_id=question_event_id, qid=qid, q_rev=q_rev,
         record_rev=record_rev))

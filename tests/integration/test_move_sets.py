@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from helpers.attack import text_set
-from helpers.harness import Bridge, answer_content, unique
+from helpers.harness import Bridge, answer_content
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +26,8 @@ def move_sets(bridge: Bridge, old_root: str) -> subprocess.CompletedProcess:
                            "--from", old_root], capture_output=True, text=True, timeout=60)
 
 
-async def test_sets_moved_to_another_root_keep_their_questions_and_answers(synapse, tmp_path, person):
-    bot = synapse.register(unique("askbot"))
-    alice = person()
-    room = synapse.create_room(bot["access_token"], invite=[alice.user_id])
-    synapse.join(alice.token, room)
-    bridge = Bridge(synapse=synapse, workdir=tmp_path, room_id=room, bot=bot)
-    bridge.sets_root.mkdir()
-    bridge.alice = alice
+async def test_sets_moved_to_another_root_keep_their_questions_and_answers(bridge, tmp_path):
+    alice, room = bridge.alice, bridge.room_id
     try:
         bridge.add_set(text_set("alpha", 2))
         bridge.start()

@@ -14,6 +14,17 @@ from helpers.harness import Bridge, Person, answer_content, unique
 pytestmark = pytest.mark.integration
 
 
+def alias_bridge(hs, tmp_path, alice: Person, invited: bool = True) -> tuple[Bridge, str]:
+    """An appservice bridge, not yet started, whose rooms.default is the
+    alias of a room Alice made (the bridge invited to it, unless not ``invited``)."""
+    local = unique("team")
+    bridge = appservice_storm_bridge(hs, tmp_path, [alice], room_alias_name=local, invited=invited)
+    alias = f"#{local}:{alice.user_id.split(':', 1)[1]}"
+    bridge.extra_config = {**bridge.extra_config, "rooms": {"default": alias}}
+    bridge.alice = alice
+    return bridge, alias
+
+
 async def test_rooms_named_by_their_alias_get_their_questions_and_answers_in_bot_mode(synapse, tmp_path, person):
     bot = synapse.register(unique("askbot"))
     alice = person()
@@ -47,11 +58,7 @@ async def test_a_room_named_by_its_alias_gets_its_questions_and_answers_in_appse
                                                                                            tmp_path):
     hs = appservice_synapse
     alice = Person(hs, hs.register(unique("ana")))
-    local = unique("team")
-    bridge = appservice_storm_bridge(hs, tmp_path, [alice], room_alias_name=local)
-    alias = f"#{local}:{alice.user_id.split(':', 1)[1]}"
-    bridge.extra_config = {**bridge.extra_config, "rooms": {"default": alias}}
-    bridge.alice = alice
+    bridge, alias = alias_bridge(hs, tmp_path, alice)
     try:
         bridge.add_set(text_set("alpha", 1))
         bridge.start()
@@ -111,11 +118,7 @@ async def test_an_invite_into_the_invite_only_room_an_alias_names_is_taken_in_ap
                                                                                                tmp_path):
     hs = appservice_synapse
     alice = Person(hs, hs.register(unique("ana")))
-    local = unique("team")
-    bridge = appservice_storm_bridge(hs, tmp_path, [alice], room_alias_name=local, invited=False)
-    alias = f"#{local}:{alice.user_id.split(':', 1)[1]}"
-    bridge.extra_config = {**bridge.extra_config, "rooms": {"default": alias}}
-    bridge.alice = alice
+    bridge, alias = alias_bridge(hs, tmp_path, alice, invited=False)
     try:
         bridge.add_set(text_set("alpha", 1))
         bridge.start()
