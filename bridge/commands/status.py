@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
                "held_back": held}
         if running is not None:
             out["instances"] = running
-        if tasks is not None:
-            out["tasks"] = tasks
+        if health_url(config) is not None:
+            # ``bridge_answered`` false: not running, or not answering (frozen); then no task is known.
+            out["tasks"] = tasks or {}
+            out["bridge_answered"] = tasks is not None
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running) + _format_tasks(tasks))
@@ -122,11 +124,12 @@ def health_url(config: Any) -> str | None:
 
 
 def _tasks(config: Any) -> dict[str, Any] | None:
-    """The running bridge's background tasks (its /health); {} when it did
-    not answer (not running, say), None when it serves no /health."""
+    """The running bridge's background tasks (its /health), None when it did
+    not answer (not running, say); ``{}`` when it serves no /health (see
+    ``health_url``: then nothing is asked)."""
     url = health_url(config)
     if url is None:
-        return None
+        return {}
     try:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the bridge's own listener, never a proxy
         with opener.open(url, timeout=2) as response:
@@ -135,19 +138,17 @@ def _tasks(config: Any) -> dict[str, Any] | None:
         try:
             body = json.loads(exc.read())
         except ValueError:
-            return {}
+            return None
     except (OSError, ValueError):
-        return {}
+        return None
     tasks = body.get("tasks") if isinstance(body, dict) else None
-    return tasks if isinstance(tasks, dict) else {}
+    return tasks if isinstance(tasks, dict) else None
 
 
 def _format_tasks(tasks: dict[str, Any] | None) -> str:
     if tasks is None:
-        return ""
-    if not tasks:
         return "tasks: the bridge did not answer at /health (not running?)\n"
-    return format_tasks(tasks)
+    return format_tasks(tasks) if tasks else ""
 
 
 def _fail(message: str) -> int:

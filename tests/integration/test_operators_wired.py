@@ -103,8 +103,8 @@ async def test_management_commands_work_for_an_admin_and_are_refused_for_others(
     synapse.join(bob.token, bridge.room_id)
     alice, room = bridge.alice, bridge.room_id
 
-    async def reply_to(event_id: str) -> dict | None:
-        for event in await alice.messages(room):
+    async def reply_to(event_id: str, where: str = room) -> dict | None:
+        for event in await alice.messages(where):
             relates = event.get("content", {}).get("m.relates_to", {})
             if relates.get("m.in_reply_to", {}).get("event_id") == event_id and event["sender"] == bridge.bot["user_id"]:
                 return event
@@ -113,6 +113,16 @@ async def test_management_commands_work_for_an_admin_and_are_refused_for_others(
     status = await alice.send(room, {"msgtype": "m.text", "body": "!ask status"})
     reply = await until(lambda: reply_to(status), what="status reply")
     assert "kinds" in reply["content"]["body"] and "PENDING" in reply["content"]["body"]
+
+    # In a direct message, as the guide offers admins: the bridge takes her invite.
+    direct = synapse.create_room(alice.token, invite=[bridge.bot["user_id"]], is_direct=True)
+    await until(lambda: f"joined {direct} at the invite of {alice.user_id}" in bridge.log_text(), what="join")
+    status = await alice.send(direct, {"msgtype": "m.text", "body": "!ask status"})
+    reply = await until(lambda: reply_to(status, direct), what="status reply in the direct message")
+    assert "kinds" in reply["content"]["body"]
+    # Anyone else's invite into a room of theirs is declined.
+    bobs = synapse.create_room(bob.token, invite=[bridge.bot["user_id"]], is_direct=True)
+    await until(lambda: f"declined an invite to {bobs} from {bob.user_id}" in bridge.log_text(), what="decline")
 
     refused = await bob.send(room, {"msgtype": "m.text", "body": "!ask close kinds branch"})
     reply = await until(lambda: reply_to(refused), what="refusal")

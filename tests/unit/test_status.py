@@ -173,3 +173,18 @@ def test_a_rev_lower_than_one_posted_is_a_warning_under_the_sets_row(bridge_conf
     lines = capsys.readouterr().out.splitlines()
     below = lines[[line.split()[0] for line in lines].index("fresh") + 1]
     assert below.startswith("  warning: questions[x].rev: rev went back from 3 to 1")
+
+
+def test_json_says_whether_the_bridge_answered_at_health(bridge_config, capsys):
+    """A bridge stopped, or frozen (SIGSTOP), answers nothing: --json says so,
+    as the table does, instead of an empty list of tasks that reads as none."""
+    from helpers.agents import free_port  # a port nothing listens on
+
+    config = yaml.safe_load(bridge_config.read_text())
+    config["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}
+    bridge_config.write_text(yaml.safe_dump(config))
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bridge_answered"] is False and out["tasks"] == {}
+    assert main(["status", "-c", str(bridge_config)]) == 0
+    assert "the bridge did not answer at /health" in capsys.readouterr().out

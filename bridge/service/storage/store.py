@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -55,6 +56,9 @@ T = TypeVar("T")
 __all__ = ["Store", "StoreVersionError", "SCHEMA_VERSION", "LogEntry", "SET_ASIDE_REASONS",
            "PostingConflict", "PostedQuestion", "PARKED_FOR_MS", "votes_key", "PENDING", "SENT", "COALESCED", "DROPPED",
            "FlushView"]
+
+
+log = logging.getLogger(__name__)
 
 
 class StoreVersionError(Exception):
@@ -412,12 +416,23 @@ class _Transaction:
         self.ended(exc_type is None)
         try:
             if exc_type is not None:
-                self.db.execute("ROLLBACK")
+                self._roll_back()
             elif self.db.in_transaction:  # not committed with its last reads (``flush_view(commit=True)``)
                 self.db.execute("COMMIT")
         finally:
             if not self.flush:
                 self.db.execute("PRAGMA synchronous=FULL")
+
+    def _roll_back(self) -> None:
+        """What failed is what the caller hears: a COMMIT that failed for a
+        full disk was rolled back by SQLite already, and the ROLLBACK's "no
+        transaction is active" took its place in every log line."""
+        if not self.db.in_transaction:
+            return
+        try:
+            self.db.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.warning("rolling back after a failure failed too (%s)", exc)
 
 
 class PartsFailedTogether(sqlite3.OperationalError):

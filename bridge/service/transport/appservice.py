@@ -423,7 +423,7 @@ class AppserviceFront:
         spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
         notifier = spawn("notices", notices.run, stop)
         server.on_invite = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters,
-                                   room_ids, self.store.rooms_with_open).answer
+                                   room_ids, self.store.rooms_with_open, self.config.admins).answer
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)

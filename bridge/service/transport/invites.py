@@ -2,7 +2,9 @@
 
 Only a configured room, and only at the invite of someone who may answer:
 nobody can pull the bridge, and the questions it posts, into a room of their
-choosing.  A room the config names by its alias (``#team:example.org``) is
+choosing.  An admin's invite is taken into any room (a direct message to
+give ``!ask`` commands in; nothing is posted there, and an answer there to
+a question asked elsewhere is refused as in the wrong room).  A room the config names by its alias (``#team:example.org``) is
 known by its id only once joined; an invite into a room the bridge could not
 join yet (an invite-only room, a room made after the bridge started) names
 the room's id, so the configured aliases are asked of the room directory
@@ -40,7 +42,8 @@ class Invites:
 
     def __init__(self, client: Any, pipeline: Any, rooms: list[str], configured: Collection[str],
                  inviters: frozenset[str] | None, ids: RoomIds | None = None,
-                 asking: Callable[[], Collection[str]] = lambda: ()):
+                 asking: Callable[[], Collection[str]] = lambda: (), admins: Collection[str] = ()):
+        self.admins = frozenset(admins)  # may bring the bridge into any room: a direct message for ``!ask``
         self.client = client
         self.pipeline = pipeline
         self.rooms = rooms
@@ -56,8 +59,8 @@ class Invites:
                 # An invite the homeserver sent again (appservice mode, after a
                 # restart) into a room the bridge is in: declining would leave it.
                 return
-            welcome = welcome_invite(room_id, inviter, [*self.rooms, *self.configured, *self.asking()],
-                                     self.inviters)
+            welcome = inviter in self.admins or welcome_invite(
+                room_id, inviter, [*self.rooms, *self.configured, *self.asking()], self.inviters)
             aliases = await self._aliases_naming(room_id) if may_invite(inviter, self.inviters) else []
             if welcome or aliases:
                 # Through the transport: in an encrypted room, what is posted next must go out encrypted.
