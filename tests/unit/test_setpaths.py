@@ -12,6 +12,7 @@ import pytest
 
 from bridge.service.storage.setpaths import SET_DIR_TABLES, MoveRefused, move_sets, sets_seen_elsewhere
 from bridge.service.storage.store import Store
+from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.answering.pipeline import Pipeline
 from test_isolation_parts import BOT, ROOM, Transport, answer, setup
 
@@ -70,8 +71,17 @@ def test_nothing_to_move_or_a_root_posted_anew_is_refused(tmp_path: Path, store_
         move_sets(store, str(tmp_path / "elsewhere"), str(tmp_path / "disk2"))
     with pytest.raises(MoveRefused, match="already"):
         move_sets(store, str(tmp_path), str(tmp_path))  # old and new the same
+    # The new root holds a set the store knows already (the bridge started
+    # there and posted it anew): two sets can't be made one.
+    disk2 = tmp_path.parent / f"{tmp_path.name}-disk2"
+    other = disk2 / "set0"
+    posted = store.question_by_event("$q0")
+    with store.transaction():
+        store.record_posted(RecordedQuestion(event_id="$again", room_id=posted.room_id, set_id=posted.set_id,
+                                             content={**posted.content, "elicitation_id": "elc_again"}),
+                            set_dir=str(other), posted_at=2)
     with pytest.raises(MoveRefused, match="knows sets under"):
-        move_sets(store, str(tmp_path), str(folders[ROOM]))  # the new root already holds a set the store knows
+        move_sets(store, str(tmp_path), str(disk2))
     store.close()
 
 
@@ -84,3 +94,28 @@ def test_a_start_sees_the_sets_moved_only_when_none_is_where_the_store_says(tmp_
     assert sets_seen_elsewhere(old, new_root) is None  # one is still where the store says: not moved
     assert sets_seen_elsewhere([str(tmp_path / "gone" / "x")], new_root) is None  # not under the new root either
     assert sets_seen_elsewhere([], new_root) is None
+
+
+def test_a_set_deleted_beside_an_unrelated_one_of_the_same_name_is_no_move(tmp_path: Path) -> None:
+    """team/alpha deleted, an unrelated set made at alpha: nothing moved, the
+    start goes on (it refused, naming team as the sets' old root)."""
+    root = tmp_path / "sets"
+    (root / "team").mkdir(parents=True)
+    (root / "alpha").mkdir()
+    assert sets_seen_elsewhere([str(root / "team" / "alpha")], root) is None
+
+
+def test_the_old_root_is_the_one_most_sets_are_found_under_not_the_first_name_that_matches(tmp_path: Path) -> None:
+    new_root = tmp_path / "disk2"
+    for rel in ("team/alpha", "team/beta", "alpha"):  # "alpha": an unrelated set that shares a name
+        (new_root / rel).mkdir(parents=True)
+    old = [str(tmp_path / "sets" / "team" / "alpha"), str(tmp_path / "sets" / "team" / "beta")]
+    assert sets_seen_elsewhere(old, new_root) == str(tmp_path / "sets")
+
+
+def test_sets_moved_up_into_the_folder_that_held_their_root_can_be_moved(tmp_path: Path, store_backend) -> None:
+    (tmp_path / "sets").mkdir()
+    store, _pipeline, _transport, folders = setup(tmp_path / "sets")  # the set at <tmp>/sets/set0
+    assert move_sets(store, str(tmp_path / "sets"), str(tmp_path)) == 1
+    assert store.db.execute("SELECT set_dir FROM posted").fetchall() == [(str(tmp_path / "set0"),)]
+    store.close()

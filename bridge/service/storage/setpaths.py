@@ -25,18 +25,33 @@ FOLDER_KEYED_META = ("set_synced:",)
 
 def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
     """The folder the store's open sets are under when none of them is at its
-    path on this machine and ``root`` holds them at the same place below it
+    path on this machine and ``root`` holds them at the same places below it
     (the sets moved, or a share mounted at another path; nested sets too,
-    and some removed meanwhile), else None."""
+    and some removed meanwhile), else None.
+
+    Of the folders all the sets are below, the one whose sets ``root`` holds
+    the most of at the same places (the shallowest of equals): an unrelated
+    set that happens to share a name must not decide it.  A folder at or
+    below ``root`` that is there is no other root: sets under it that are
+    gone were deleted, not moved."""
     if not folders or any(os.path.isdir(folder) for folder in folders):
         return None
+    best, most = None, 0
     parts = Path(folders[0]).parts
-    for depth in range(len(parts) - 1, 0, -1):  # the store's root: the deepest that holds some here
+    for depth in range(1, len(parts)):
         old_root = Path(*parts[:depth])
-        below = [Path(folder).relative_to(old_root) for folder in folders if Path(folder).is_relative_to(old_root)]
-        if len(below) == len(folders) and any((root / rel).is_dir() for rel in below):
-            return str(old_root)
-    return None
+        if not all(Path(folder).is_relative_to(old_root) for folder in folders):
+            break
+        if _is_within(old_root, root) and old_root.is_dir():
+            continue
+        found = sum((root / Path(folder).relative_to(old_root)).is_dir() for folder in folders)
+        if found > most:
+            best, most = str(old_root), found
+    return best
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
 
 
 def check_sets_where_known(folders: list[str], config: Config) -> None:
@@ -62,7 +77,10 @@ def move_sets(store: Any, old_root: str, new_root: str) -> int:
     old, new = old_root.rstrip("/") or "/", new_root.rstrip("/") or "/"
     if old == new:
         raise MoveRefused(f"{old} is sets.root already")
-    under_old, under_new = _below(store, old), _below(store, new)
+    under_old = _below(store, old)
+    # Sets under both (the new root holds the old one, or the other way
+    # round) are the ones moving, not sets posted at the new place.
+    under_new = [folder for folder in _below(store, new) if folder not in under_old]
     if not under_old:
         raise MoveRefused(f"the store knows no set under {old}")
     if under_new:
