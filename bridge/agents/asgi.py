@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bridge.agents.bodyread import TooSlow, paced
 from bridge.service.eventwait import set_within
 
 log = logging.getLogger(__name__)
@@ -55,11 +56,22 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
     finished = asyncio.Event()
     body_done = False
     response: web.StreamResponse | None = None
+    # Read against the clock: a body that stops coming ends the request (as
+    # the client leaving), never holding its connection for ever.
+    body = paced(request.content.iter_any())
 
     async def receive() -> Message:
         nonlocal body_done
         if not body_done:
-            chunk = await request.content.readany()
+            try:
+                chunk = await anext(body, b"")
+            except TooSlow as exc:
+                log.info("%s %s: %s", request.method, request.path, exc.message)
+                body_done = True
+                finished.set()
+                if request.transport is not None:
+                    request.transport.close()
+                return {"type": "http.disconnect"}
             if chunk:
                 return {"type": "http.request", "body": chunk, "more_body": True}
             body_done = True

@@ -23,6 +23,7 @@ from bridge.agents.changes import Changes
 from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
 from bridge.agents.mcp_files import MCP_MEDIA_MAX, base64_size
+from bridge.agents.bodyread import STALL_SECONDS
 from bridge.agents.mcp_server import GONE_SCOPE_KEY, Subscribers, build_server
 from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
 from bridge.agents.outbox import OutboxHook
@@ -68,7 +69,7 @@ async def _request_id(request: web.Request) -> str | int | None:
     if request.method != "POST" or (request.content_length or 0) > _ID_LOOKUP_BYTES:
         return None
     try:
-        message = json.loads(await request.content.read(_ID_LOOKUP_BYTES + 1))
+        message = json.loads(await asyncio.wait_for(request.content.read(_ID_LOOKUP_BYTES + 1), STALL_SECONDS))
     except (ValueError, UnicodeDecodeError, OSError, asyncio.TimeoutError):
         return None
     found = message.get("id") if isinstance(message, dict) else None

@@ -114,27 +114,43 @@ class AgentSets:
         check_set_id(set_id)
         urls = _callbacks(callbacks)
         set_dir = self.root / set_id
-        exists = set_dir.exists()
-        had_questions = (set_dir / QUESTIONS_FILE).is_file()
-        owner = read_owner(set_dir) if exists else None
-        if exists and (owner is None or owner.agent != agent):
-            raise NotFound(f"no set {set_id!r}")  # someone else's: as if there were none
+        self._whose(set_dir, agent, set_id)  # someone else's: refused before the lint's seconds
         revs = dict(self._revs(set_dir))
         if _big(document):
             judged = in_a_process(judge_set, document, set_id, str(set_dir), revs)
         else:
             judged = judge_set(document, set_id, str(set_dir), revs)
         judged.raise_refusal()
-        new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()))
-        if exists:
-            replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))
-            replace_whole(set_dir / QUESTIONS_FILE, judged.data)
-        else:
+        # Looked at again after the lint, which may have taken seconds: the
+        # folder may have come meanwhile (the agent's own media upload claims
+        # it; another agent's set makes it theirs).
+        for _attempt in range(3):
+            owner = self._whose(set_dir, agent, set_id)
+            had_questions = (set_dir / QUESTIONS_FILE).is_file()
+            new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()))
+            if owner is not None:
+                replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))
+                replace_whole(set_dir / QUESTIONS_FILE, judged.data)
+                break
             try:
                 self._create(set_dir, judged.data, new_owner)
+                break
             except FileExistsError:
-                raise BadRequest("the set was created at the same moment by another request") from None
+                continue  # made this moment: whose it is decides
+        else:  # something stands at the name that is no set folder (a dangling link)
+            raise BadRequest(f"the set's folder {set_id!r} can't be made")
         return Asked(set_id, not had_questions, judged.open_ids, judged.warnings), set_dir
+
+    @staticmethod
+    def _whose(set_dir: Path, agent: str, set_id: str) -> Owner | None:
+        """The set folder's owner when it is ``agent`` (None: no folder yet);
+        NotFound when it is someone else's, as if there were none."""
+        if not set_dir.exists():
+            return None
+        owner = read_owner(set_dir)
+        if owner is None or owner.agent != agent:
+            raise NotFound(f"no set {set_id!r}")
+        return owner
 
     def _revs(self, set_dir: Path) -> Mapping[str, int]:
         if self.posted_revs is None:

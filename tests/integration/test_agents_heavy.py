@@ -76,14 +76,17 @@ async def test_a_huge_set_being_linted_leaves_health_and_other_agents_answered(b
     bridge.check_alive()
 
 
-async def held_body(base: str, path: str, first: bytes, trickle: float | None = None) -> tuple[float, bytes]:
-    """A PUT whose body stops after ``first`` (or goes on a byte every
-    ``trickle`` seconds): how long until the bridge answers, and what it says."""
+async def held_body(base: str, path: str, first: bytes, trickle: float | None = None,
+                    method: str = "PUT", content_type: str = "application/octet-stream") -> tuple[float, bytes]:
+    """A request whose body stops after ``first`` (or goes on a byte every
+    ``trickle`` seconds): how long until the bridge is done with it (its
+    connection closed), and all it said."""
     host, port = base.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     began = time.monotonic()
-    writer.write(f"PUT {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth('planner')['Authorization']}\r\n"
-                 f"Content-Type: application/octet-stream\r\nContent-Length: 5000000\r\n\r\n".encode() + first)
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth('planner')['Authorization']}\r\n"
+                 f"Accept: application/json, text/event-stream\r\nContent-Type: {content_type}\r\n"
+                 "Content-Length: 5000000\r\n\r\n".encode() + first)
     await writer.drain()
 
     async def dribble() -> None:
@@ -94,7 +97,7 @@ async def held_body(base: str, path: str, first: bytes, trickle: float | None = 
 
     dribbling = asyncio.ensure_future(dribble())
     try:
-        said = await asyncio.wait_for(reader.readline(), 60)
+        said = await asyncio.wait_for(reader.read(), 60)  # to the end: the bridge closed the connection
         return time.monotonic() - began, said
     finally:
         dribbling.cancel()
@@ -112,8 +115,48 @@ async def test_a_body_that_stops_coming_or_trickles_is_cut_off_not_held(bridge):
             assert r.status == 201, await r.text()
     cut = await asyncio.gather(held_body(base, f"/v1/sets/{unique('stalled')}", b'{"ask'),
                                held_body(base, f"/v1/sets/{set_id}/media/take.png", b"\x89PNG"),
-                               held_body(base, f"/v1/sets/{unique('trickled')}", b"{", trickle=4))
-    for took, said in cut:
-        assert said.startswith(b"HTTP/1.1 408"), said
-        assert took < 45, took  # within the 20 s it may stop for, or the average it must keep after 20 s
+                               held_body(base, f"/v1/sets/{unique('trickled')}", b"{", trickle=4),
+                               held_body(base, "/mcp", b'{"jsonrpc"', method="POST", content_type="application/json"))
+    for took, said in cut[:3]:
+        assert said.startswith(b"HTTP/1.1 408") and b"too_slow" in said, said
+    for took, said in cut:  # within the 20 s it may stop for, or the average it must keep after 20 s
+        assert took < 45, (took, said)
+    bridge.check_alive()
+
+
+async def test_a_folder_made_while_a_set_lints_is_looked_at_again_not_refused(bridge):
+    """The lint of a big set takes a while, and the folder can come
+    meanwhile: the agent's own media upload claims it (the set is then
+    written into it), or another agent's set makes it theirs (then it is
+    another's set, 404 as ever, not a 400 saying one was made)."""
+    base = start(bridge, rate_per_minute=100_000)
+    await wait_listener(bridge, base)
+    mine, contested = unique("mine"), unique("contested")
+    headers = {**auth("planner"), "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        async def put(set_id: str, body: bytes, agent_headers: dict[str, str]) -> tuple[int, str]:
+            async with http.put(f"{base}/v1/sets/{set_id}", data=body, headers=agent_headers) as response:
+                return response.status, await response.text()
+
+        async def upload() -> int:
+            await asyncio.sleep(0.3)
+            async with http.put(f"{base}/v1/sets/{mine}/media/shot.png", data=b"\x89PNG\r\n\x1a\n" + b"\0" * 64,
+                                headers=auth("planner")) as response:
+                return response.status
+
+        async def theirs() -> tuple[int, str]:
+            await asyncio.sleep(0.3)
+            return await put(contested, json.dumps(one_question(contested)).encode(),
+                             {**auth("other"), "Content-Type": "application/json"})
+
+        big = json.loads(huge_set(mine))  # 1,500 distinct questions: valid, and linted apart
+        big["questions"] = [{**q, "question": f"Which branch should release {n} be cut from?"}
+                            for n, q in enumerate(big["questions"][:1500])]
+        (set_status, said), upload_status = await asyncio.gather(put(mine, json.dumps(big).encode(), headers),
+                                                                 upload())
+        assert (set_status, upload_status) == (201, 201), said[:300]
+        contested_big = {**big, "id": contested}
+        (mine_status, said), (their_status, _) = await asyncio.gather(
+            put(contested, json.dumps(contested_big).encode(), headers), theirs())
+        assert their_status == 201 and mine_status == 404, said[:300]
     bridge.check_alive()
