@@ -64,12 +64,12 @@ def in_a_process(fn: Callable[..., T], /, *args: Any) -> T:
         return fn(*args)
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
 def _die_with_parent() -> None:
     """Linux: this process is killed when the bridge dies, however it dies."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: it ends with its call anyway
         pass
-
-
-PR_SET_PDEATHSIG = 1

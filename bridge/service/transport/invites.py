@@ -4,11 +4,13 @@ Only a configured room, and only at the invite of someone who may answer:
 nobody can pull the bridge, and the questions it posts, into a room of their
 choosing.  An admin's invite is taken into any room (a direct message to
 give ``!ask`` commands in; nothing is posted there, and an answer there to
-a question asked elsewhere is refused as in the wrong room).  A room the config names by its alias (``#team:example.org``) is
-known by its id only once joined; an invite into a room the bridge could not
-join yet (an invite-only room, a room made after the bridge started) names
-the room's id, so the configured aliases are asked of the room directory
-before the invite is declined.
+a question asked elsewhere is refused as in the wrong room).
+
+A room the config names by its alias (``#team:example.org``) is known by
+its id only once joined; an invite into a room the bridge could not join
+yet (an invite-only room, a room made after the bridge started) names the
+room's id, so the configured aliases are asked of the room directory before
+the invite is declined.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ class Invites:
     def __init__(self, client: Any, pipeline: Any, rooms: list[str], configured: Collection[str],
                  inviters: frozenset[str] | None, ids: RoomIds | None = None,
                  asking: Callable[[], Collection[str]] = lambda: (), admins: Collection[str] = ()):
-        self.admins = frozenset(admins)  # may bring the bridge into any room: a direct message for ``!ask``
         self.client = client
         self.pipeline = pipeline
         self.rooms = rooms
@@ -51,6 +52,7 @@ class Invites:
         self.inviters = inviters
         self.ids = ids
         self.asking = asking
+        self.admins = frozenset(admins)  # may bring the bridge into any room: a direct message for ``!ask``
 
     async def answer(self, room_id: str, inviter: str | None) -> None:
         """Join (and learn the members) or decline."""
