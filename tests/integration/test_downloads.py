@@ -16,6 +16,7 @@ from helpers.attack import AS_BOT, Relay
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
 from helpers.files import LIMIT, OUTCOME, check_files, files_set, random_files, send_files
 from helpers.harness import Bridge, Person, answer_content, unique
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -217,10 +218,12 @@ class StallingProxy(MediaProxy):
         super().__init__(listen, target)
         self.released = asyncio.Event()
         self.stalled = 0
+        self.served = 0  # whole bodies, once released
 
     async def _serve(self, request, response, data: bytes) -> None:
         if self.released.is_set():
             await super()._serve(request, response, data)
+            self.served += 1
             return
         self.stalled += 1
         await response.write(data[:len(data) // 2])
@@ -260,5 +263,35 @@ async def test_a_stalled_download_holds_up_no_other_answer_and_lands_once_it_mov
             record = bridge.answers("files")["answers"]["q0"]
             assert record["attachments"] == ["attachments/q0-1.bin"]
             assert sorted(p.name for p in saved.parent.iterdir()) == ["q0-1.bin"]
+        finally:
+            bridge.kill()
+
+
+@pytest.mark.parametrize("files_room", ["bot-plain"], indirect=True)
+async def test_a_file_whose_message_is_redacted_while_it_comes_is_not_left_behind(files_room):
+    """Alice sends a file, then takes it back while it is still coming: once
+    it is in, its event is judged to record nothing, and the file must go as
+    a withdrawn one does (it stayed in attachments/ for good, named by no
+    answer and served to no agent)."""
+    bridge, alice = files_room, files_room.alice
+    port = free_port()
+    async with StallingProxy(("127.0.0.1", port), bridge.synapse.url) as proxy:
+        try:
+            bridge.extra_config = {**bridge.extra_config, "homeserver": {"url": f"http://127.0.0.1:{port}"}}
+            bridge.add_set(files_set())
+            bridge.start()
+            questions = await bridge.wait_questions(alice, QUESTIONS, timeout=60)
+            [file] = random_files((3_200_000,))
+            await send_files(alice, bridge.room_id, questions, [file], encrypted=False)
+            await until(lambda: proxy.stalled >= 1, what="the download under way", timeout=30)
+            redacted = await alice.client.room_redact(bridge.room_id, file.event_id)
+            assert not hasattr(redacted, "status_code"), redacted
+            other = await alice.send(bridge.room_id, answer_content(questions[("q1", 1)], text="the settings page"))
+            await alice.wait_notice(bridge.room_id, other)  # the redaction is in the store too by now
+            proxy.released.set()
+            await until(lambda: proxy.served >= 1, what="the file fetched whole", timeout=60)
+            folder = bridge.sets_root / "files" / "attachments"
+            await until(lambda: not folder.exists() or not any(folder.iterdir()), what="no file left", timeout=20)
+            assert "q0" not in bridge.answers("files")["answers"]
         finally:
             bridge.kill()

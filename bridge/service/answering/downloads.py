@@ -43,9 +43,11 @@ JudgeLater = Callable[[list[dict[str, Any]]], Awaitable[Any]]
 
 class Downloads:
     def __init__(self, store: Store, download: Download | None, may_answer: MayAnswer,
-                 on_trouble: Callable[[str, str], None] | None, max_bytes: int, judge_later: JudgeLater):
+                 on_trouble: Callable[[str, str], None] | None, max_bytes: int, judge_later: JudgeLater,
+                 flush: Callable[[], Awaitable[Any]] | None = None):
         self.store, self.download, self.may_answer = store, download, may_answer
         self.on_trouble, self.max_bytes, self.judge_later = on_trouble, max_bytes, judge_later
+        self.flush = flush  # the folders written (and doomed files deleted) now
         self.running: dict[str, asyncio.Future[Any]] = {}  # event id -> its download and judging
 
     async def prefetch(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,7 +151,8 @@ class Downloads:
                 await self.store.run(self._settled, event_id, path, problem)
                 self._told(event_id, qid, problem)
             await self.judge_later([event])
-            await self.store.run(self._forget, event_id)
+            if await self.store.run(self._forget, event_id) and self.flush is not None:
+                await self.flush()
         except asyncio.CancelledError:
             if job is not None:
                 job.cancel()
@@ -161,9 +164,14 @@ class Downloads:
         with self.store.transaction():
             self.store.settle_attachment(event_id, path, problem)
 
-    def _forget(self, event_id: str) -> None:
+    def _forget(self, event_id: str) -> bool:
+        """Its kept event let go; and its file doomed when the event was judged
+        to record nothing (redacted while the file came, its question closed
+        meanwhile), as a withdrawn file is: ``attachments/`` holds only what
+        answers.json names.  Whether a file was doomed."""
         with self.store.transaction(flush=False):
             self.store.delete_meta(KEPT + event_id)
+            return self.store.doom_if_unused(event_id)
 
     def _told(self, event_id: str, qid: str, problem: str | None) -> None:
         if problem:

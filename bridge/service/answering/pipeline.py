@@ -149,7 +149,8 @@ class Pipeline(FolderFlush):
         self._observed: list[Callable[[], None]] | None = None
         self.timeline = Timeline(self.store, self.power)
         self.downloads = Downloads(self.store, getattr(self.transport, "download", None), self._may_answer,
-                                   self.report_trouble, self.attachment_max_bytes, self._judge_later)
+                                   self.report_trouble, self.attachment_max_bytes, self._judge_later,
+                                   flush=lambda: self.store.run(self.flush))
 
     async def load_members(self, room_id: str) -> None:
         """The room's joined members, and its power levels (who may redact

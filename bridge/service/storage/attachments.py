@@ -25,6 +25,19 @@ class Attachments:
                         " ON CONFLICT DO NOTHING",
                         (event_id, set_dir, qid, path, problem))
 
+    def doom_if_unused(self, event_id: str) -> bool:
+        """The file ``event_id`` brought, to be deleted when nothing it sent
+        stands in the log (redacted while the file came, its question closed
+        meanwhile: judged, it recorded nothing); whether it was."""
+        row = self.db.execute(
+            "SELECT a.set_dir, a.path FROM attachment a WHERE a.event_id=? AND a.path IS NOT NULL AND NOT EXISTS"
+            " (SELECT 1 FROM answer_log l WHERE l.event_id=a.event_id AND l.outcome IN ('accepted','annotated')"
+            " AND l.withdrawn=0)", (event_id,)).fetchone()
+        if row is None:
+            return False
+        self.db.execute("INSERT INTO doomed_file(set_dir, path) VALUES (?, ?) ON CONFLICT DO NOTHING", row)
+        return True
+
     def settle_attachment(self, event_id: str, path: str | None, problem: str | None) -> None:
         """A file recorded as still coming (``downloads.PENDING``): now in, or why not."""
         self.db.execute("UPDATE attachment SET path=?, problem=? WHERE event_id=?", (path, problem, event_id))
