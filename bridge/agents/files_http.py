@@ -6,7 +6,9 @@ like every route; what they may touch is decided in ``attachment_files`` and
 
 from __future__ import annotations
 
+import math
 import os
+from email.utils import parsedate_to_datetime
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
@@ -49,10 +51,15 @@ class FileRoutes:
             "Content-Type": mimetype(name), "X-Content-Type-Options": "nosniff",
             "Content-Disposition": f'attachment; filename="{name}"',
             "Content-Security-Policy": "default-src 'none'; sandbox"})
-        if range_ignored(request.headers, lambda: etag_of(path)):
+        ignored = range_ignored(request.headers, lambda: etag_of(path), lambda: math.ceil(os.stat(path).st_mtime))
+        if ignored or "If-Range" in request.headers:
+            # If-Range decided here: aiohttp's own test takes a later date as a
+            # match and the exact Last-Modified (whole seconds) as none.
             headers = request.headers.copy()
-            del headers["Range"]
-            await response.prepare(request.clone(headers=headers))  # the whole file, 200
+            headers.popall("If-Range", None)
+            if ignored:
+                del headers["Range"]  # the whole file, 200
+            await response.prepare(request.clone(headers=headers))
         return response
 
     async def put_media(self, request: web.Request, agent: str) -> web.Response:
@@ -67,13 +74,17 @@ class FileRoutes:
         return web.json_response(stored.as_dict(), status=201 if stored.created else 200)
 
 
-def range_ignored(headers: Mapping[str, str], etag: Callable[[], str]) -> bool:
+def range_ignored(headers: Mapping[str, str], etag: Callable[[], str], modified: Callable[[], int]) -> bool:
     """Whether a request's Range is to be ignored, and the whole file served
     (RFC 9110 14.2 and 13.1.5): a unit other than bytes (which MUST be
     ignored), several ranges (served whole rather than as a multipart body),
-    or an ``If-Range`` naming another version of the file than ``etag``'s
-    (a resumed download must not splice the new file onto the old).  A
-    single byte range, and an ``If-Range`` date, are aiohttp's to serve."""
+    or an ``If-Range`` naming another version of the file than ``etag``'s or
+    ``modified``'s (its Last-Modified, as aiohttp sends it: the mtime's
+    second rounded up): a resumed download
+    must not splice the new file onto the old.  An If-Range date matches
+    only when it is exactly the Last-Modified (aiohttp took any date after
+    it), and one that is neither a tag nor a date matches nothing.  A single
+    byte range is aiohttp's to serve."""
     requested = headers.get("Range")
     if requested is None:
         return False
@@ -81,7 +92,14 @@ def range_ignored(headers: Mapping[str, str], etag: Callable[[], str]) -> bool:
     if not equals or unit.strip().lower() != "bytes" or "," in ranges:
         return True
     if_range = headers.get("If-Range", "").strip()
-    return if_range.startswith(('"', "W/")) and if_range != etag()  # a weak tag never matches (13.1.5)
+    if not if_range:
+        return False
+    if if_range.startswith(('"', "W/")):
+        return if_range != etag()  # a weak tag never matches (13.1.5)
+    try:
+        return int(parsedate_to_datetime(if_range).timestamp()) != modified()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return True
 
 
 def etag_of(path: os.PathLike[str] | str) -> str:

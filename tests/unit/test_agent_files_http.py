@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from datetime import timedelta
+from email.utils import format_datetime, parsedate_to_datetime
 from pathlib import Path
 
 import aiohttp
@@ -264,14 +266,18 @@ async def test_a_range_of_another_unit_or_of_several_or_a_stale_if_range_gets_th
     answered_with(root / "intro", "intro", ["attachments/takes-1.png"])
     url = "/v1/sets/intro/attachments/takes-1.png"
     async with http.get(url, headers=auth("planner")) as response:
-        etag = response.headers["ETag"]
+        etag, modified = response.headers["ETag"], response.headers["Last-Modified"]
+    later = format_datetime(parsedate_to_datetime(modified) + timedelta(hours=1), usegmt=True)
     for headers in ({"Range": "bytes=0-1,5-6"}, {"Range": "items=0-5"},
                     {"Range": "bytes=0-9", "If-Range": '"an-older-version"'},
-                    {"Range": "bytes=0-9", "If-Range": f"W/{etag}"}):
+                    {"Range": "bytes=0-9", "If-Range": f"W/{etag}"},
+                    # A date must be the Last-Modified exactly, and what is neither a tag nor a date matches nothing.
+                    {"Range": "bytes=0-9", "If-Range": later}, {"Range": "bytes=0-9", "If-Range": "garbage"}):
         async with http.get(url, headers={**auth("planner"), **headers}) as response:
             assert (response.status, await response.read()) == (200, shot), headers
-    async with http.get(url, headers={**auth("planner"), "Range": "bytes=0-9", "If-Range": etag}) as response:
-        assert (response.status, await response.read()) == (206, shot[:10])
+    for if_range in (etag, modified):
+        async with http.get(url, headers={**auth("planner"), "Range": "bytes=0-9", "If-Range": if_range}) as response:
+            assert (response.status, await response.read()) == (206, shot[:10]), if_range
     async with http.head(url, headers={**auth("planner"), "Range": "items=0-5"}) as response:
         assert response.status == 200 and int(response.headers["Content-Length"]) == len(shot)
     async with http.get(url, headers={**auth("planner"), "Range": "bytes=70000-"}) as response:
