@@ -235,6 +235,9 @@ def test_a_figure_is_posted_as_escaped_text():
     ({"body": "x.tar.gz;rm -rf"}, {}, "bin"), ({"body": "noext", "filename": "a.webp"}, {}, "webp"),
     # A newline at the name's end (Python's $ matches before it) would end up in the saved file's name.
     ({"body": "shot.png\n"}, {"mimetype": "image/jpeg"}, "jpg"), ({"body": "x", "filename": "a.gif\n"}, {}, "bin"),
+    # With a filename the body is a caption (the spec's m.file): never the name's extension.
+    ({"body": "crash in v2.3", "filename": "Screenshot"}, {"mimetype": "image/png"}, "png"),
+    ({"body": "see example.com", "filename": "clip"}, {}, "bin"),
 ])
 def test_attachment_extensions_are_safe(content, info, ext):
     assert extension(content, info) == ext

@@ -197,12 +197,14 @@ async def _on_disk(work: Callable[..., T], *args: Any) -> T:
 
 
 def extension(content: dict[str, Any], info: dict[str, Any]) -> str:
-    """A short, safe extension: the sent name's if it is plain, else from the mimetype."""
-    for name in (content.get("filename"), content.get("body")):
-        if isinstance(name, str) and "." in name:
-            ext = name.rsplit(".", 1)[-1].lower()
-            if _SAFE_EXT.fullmatch(ext):
-                return ext
+    """A short, safe extension: the sent name's if it is plain, else from the
+    mimetype.  The name is ``filename``, or ``body`` without one (with one,
+    the body is a caption: "crash in v2.3" made the file a ``.3``)."""
+    name = content.get("filename") if "filename" in content else content.get("body")
+    if isinstance(name, str) and "." in name:
+        ext = name.rsplit(".", 1)[-1].lower()
+        if _SAFE_EXT.fullmatch(ext):
+            return ext
     mimetype = info.get("mimetype")
     return _EXT_BY_MIMETYPE.get(mimetype, "bin") if isinstance(mimetype, str) else "bin"
 
