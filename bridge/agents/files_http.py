@@ -51,6 +51,8 @@ class FileRoutes:
             "Content-Type": mimetype(name), "X-Content-Type-Options": "nosniff",
             "Content-Disposition": f'attachment; filename="{name}"',
             "Content-Security-Policy": "default-src 'none'; sandbox"})
+        if _empty_suffix(request.headers.get("Range")):  # "the last 0 bytes": unsatisfiable (RFC 9110 14.1.1)
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{os.stat(path).st_size}"})
         ignored = range_ignored(request.headers, lambda: etag_of(path), lambda: math.ceil(os.stat(path).st_mtime))
         if ignored or "If-Range" in request.headers:
             # If-Range decided here: aiohttp's own test takes a later date as a
@@ -100,6 +102,13 @@ def range_ignored(headers: Mapping[str, str], etag: Callable[[], str], modified:
         return int(parsedate_to_datetime(if_range).timestamp()) != modified()
     except (TypeError, ValueError, IndexError, OverflowError):
         return True
+
+
+def _empty_suffix(requested: str | None) -> bool:
+    """``bytes=-0`` (or ``-00``...): aiohttp served it as the whole file, 206."""
+    unit, equals, ranges = (requested or "").partition("=")
+    suffix = ranges.strip()
+    return bool(equals) and unit.strip().lower() == "bytes" and suffix.startswith("-") and not suffix[1:].strip("0")
 
 
 def etag_of(path: os.PathLike[str] | str) -> str:
