@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from typing import Any
 
 import pytest
 
@@ -231,6 +232,18 @@ class StallingProxy(MediaProxy):
         request.transport.close()
 
 
+async def a_file_behind(bridge: Bridge, port: int) -> tuple[dict, Any]:
+    """The bridge started with the homeserver behind the proxy at ``port``,
+    and a 3.2 MB file Alice sends to q0: (the questions, the file)."""
+    bridge.extra_config = {**bridge.extra_config, "homeserver": {"url": f"http://127.0.0.1:{port}"}}
+    bridge.add_set(files_set())
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, QUESTIONS, timeout=60)
+    [file] = random_files((3_200_000,))
+    await send_files(bridge.alice, bridge.room_id, questions, [file], encrypted=False)
+    return questions, file
+
+
 @pytest.mark.parametrize("files_room", ["bot-plain", "appservice-plain"], indirect=True)
 async def test_a_stalled_download_holds_up_no_other_answer_and_lands_once_it_moves_even_across_a_kill(files_room):
     # A batch waited for its files: one stalled download held every later
@@ -242,12 +255,7 @@ async def test_a_stalled_download_holds_up_no_other_answer_and_lands_once_it_mov
     port = free_port()
     async with StallingProxy(("127.0.0.1", port), bridge.synapse.url) as proxy:
         try:
-            bridge.extra_config = {**bridge.extra_config, "homeserver": {"url": f"http://127.0.0.1:{port}"}}
-            bridge.add_set(files_set())
-            bridge.start()
-            questions = await bridge.wait_questions(alice, QUESTIONS, timeout=60)
-            [file] = random_files((3_200_000,))
-            await send_files(alice, bridge.room_id, questions, [file], encrypted=False)
+            questions, file = await a_file_behind(bridge, port)
             other = await alice.send(bridge.room_id, answer_content(questions[("q1", 1)], text="the settings page"))
             # Landed while the file is still stalled (it would be given up after about a minute and a half).
             assert (await bridge.wait_answer("files", "q1", timeout=45))["text"] == "the settings page"
@@ -277,12 +285,7 @@ async def test_a_file_whose_message_is_redacted_while_it_comes_is_not_left_behin
     port = free_port()
     async with StallingProxy(("127.0.0.1", port), bridge.synapse.url) as proxy:
         try:
-            bridge.extra_config = {**bridge.extra_config, "homeserver": {"url": f"http://127.0.0.1:{port}"}}
-            bridge.add_set(files_set())
-            bridge.start()
-            questions = await bridge.wait_questions(alice, QUESTIONS, timeout=60)
-            [file] = random_files((3_200_000,))
-            await send_files(alice, bridge.room_id, questions, [file], encrypted=False)
+            questions, file = await a_file_behind(bridge, port)
             await until(lambda: proxy.stalled >= 1, what="the download under way", timeout=30)
             redacted = await alice.client.room_redact(bridge.room_id, file.event_id)
             assert not hasattr(redacted, "status_code"), redacted
