@@ -51,7 +51,7 @@ class FileRoutes:
             "Content-Type": mimetype(name), "X-Content-Type-Options": "nosniff",
             "Content-Disposition": f'attachment; filename="{name}"',
             "Content-Security-Policy": "default-src 'none'; sandbox"})
-        if _empty_suffix(request.headers.get("Range")):  # "the last 0 bytes": unsatisfiable (RFC 9110 14.1.1)
+        if _empty_suffix(byte_ranges(request.headers)):  # "the last 0 bytes": unsatisfiable (RFC 9110 14.1.1)
             return web.Response(status=416, headers={"Content-Range": f"bytes */{os.stat(path).st_size}"})
         ignored = range_ignored(request.headers, lambda: etag_of(path), lambda: math.ceil(os.stat(path).st_mtime))
         if ignored or "If-Range" in request.headers:
@@ -82,16 +82,15 @@ def range_ignored(headers: Mapping[str, str], etag: Callable[[], str], modified:
     ignored), several ranges (served whole rather than as a multipart body),
     or an ``If-Range`` naming another version of the file than ``etag``'s or
     ``modified``'s (its Last-Modified, as aiohttp sends it: the mtime's
-    second rounded up): a resumed download
-    must not splice the new file onto the old.  An If-Range date matches
-    only when it is exactly the Last-Modified (aiohttp took any date after
-    it), and one that is neither a tag nor a date matches nothing.  A single
-    byte range is aiohttp's to serve."""
-    requested = headers.get("Range")
-    if requested is None:
+    second rounded up): a resumed download must not splice the new file
+    onto the old.  An If-Range date matches only when it is exactly the
+    Last-Modified (aiohttp took any date after it), and one that is neither
+    a tag nor a date matches nothing.  A single byte range is aiohttp's to
+    serve."""
+    if "Range" not in headers:
         return False
-    unit, equals, ranges = requested.partition("=")
-    if not equals or unit.strip().lower() != "bytes" or "," in ranges:
+    ranges = byte_ranges(headers)
+    if ranges is None or "," in ranges:
         return True
     if_range = headers.get("If-Range", "").strip()
     if not if_range:
@@ -104,11 +103,16 @@ def range_ignored(headers: Mapping[str, str], etag: Callable[[], str], modified:
         return True
 
 
-def _empty_suffix(requested: str | None) -> bool:
+def byte_ranges(headers: Mapping[str, str]) -> str | None:
+    """What a ``Range: bytes=...`` asks for ("0-9", "-500", "0-1,5-6"); None
+    for no Range, or one of another unit."""
+    unit, equals, ranges = headers.get("Range", "").partition("=")
+    return ranges.strip() if equals and unit.strip().lower() == "bytes" else None
+
+
+def _empty_suffix(ranges: str | None) -> bool:
     """``bytes=-0`` (or ``-00``...): aiohttp served it as the whole file, 206."""
-    unit, equals, ranges = (requested or "").partition("=")
-    suffix = ranges.strip()
-    return bool(equals) and unit.strip().lower() == "bytes" and suffix.startswith("-") and not suffix[1:].strip("0")
+    return ranges is not None and ranges.startswith("-") and not ranges[1:].strip("0")
 
 
 def etag_of(path: os.PathLike[str] | str) -> str:

@@ -46,9 +46,9 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
         return JudgedSet(failed=("the set's id must be the id in the address",
                                  [{"where": "id", "message": f"must be {set_id!r}, the set id in the address"}], []))
     result = lint(raw, LocalFilesystem(os.path.abspath(folder)), probe=None, posted_revs=revs, confined=True)
-    warnings = [f.as_dict() for f in result.warnings]
+    warnings = dicts(result.warnings)
     if not result.ok:
-        return JudgedSet(failed=("the set fails lint", [f.as_dict() for f in result.errors], warnings))
+        return JudgedSet(failed=("the set fails lint", dicts(result.errors), warnings))
     data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
     if len(data) > MAX_QUESTIONS_BYTES:
         # As it is written (a document that came as JSON inside an envelope,
@@ -57,6 +57,10 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
                              f"allows ({MAX_QUESTIONS_BYTES})")
     open_ids = [q.id for q in result.model.questions if q.is_open] if result.model else []
     return JudgedSet(data=data, open_ids=open_ids, warnings=warnings)
+
+
+def dicts(findings: list[Any]) -> list[dict[str, str]]:
+    return [f.as_dict() for f in findings]
 
 
 def parsed(document: bytes | dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 from bridge.agents.apart import Apart, in_a_process
 from bridge.agents.changes import Changes
 from bridge.agents.closing import blocks_close, close_questions
-from bridge.agents.judgeset import judge_set
+from bridge.agents.judgeset import dicts, judge_set
 from bridge.agents.errors import BadRequest, LintFailed, NotFound, listed
 from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner
 from bridge.agents.waitcap import Waits
@@ -87,8 +87,7 @@ class AgentSets:
         """The folder of ``agent``'s set; NotFound for no set or another's."""
         check_set_id(set_id)
         set_dir = self.root / set_id
-        owner = read_owner(set_dir)
-        if owner is None or owner.agent != agent or not (set_dir / QUESTIONS_FILE).is_file():
+        if self._whose(set_dir, agent, set_id) is None or not (set_dir / QUESTIONS_FILE).is_file():
             raise NotFound(f"no set {set_id!r}")
         return set_dir
 
@@ -284,7 +283,7 @@ class AgentSets:
         result = lint(new, LocalFilesystem(os.path.abspath(set_dir)), probe=None, confined=True)
         blocking = [f for f in result.errors if blocks_close(f.where, f.message)]
         if blocking:
-            raise LintFailed("the set would fail lint", findings=_dicts(blocking))
+            raise LintFailed("the set would fail lint", findings=dicts(blocking))
         if done:
             replace_whole(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
         return {"ok": True, "set": set_id, "status": status, "closed": done}, set_dir
@@ -335,9 +334,3 @@ def _big(document: bytes | dict[str, Any]) -> bool:
         questions = document.get("questions")
         return isinstance(questions, list) and len(questions) > BIG_SET
     return len(document) > BIG_DOCUMENT
-
-
-def _dicts(findings: list[Any]) -> list[dict[str, str]]:
-    return [f.as_dict() for f in findings]
-
-

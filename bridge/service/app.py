@@ -117,8 +117,7 @@ class BotFront:
                   room_ids: RoomIds | None = None) -> None:
         assert self.client is not None
         first_sync, self.first_sync = self.first_sync, None
-        invites = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters, room_ids,
-                          self.store.rooms_with_open, self.config.admins)
+        invites = Invites.of(self.client, pipeline, rooms, self.config, self.store, room_ids)
         await SyncLoop(self.client, self.store, pipeline, stop, on_synced=self._synced, crypto=self.crypto,
                        invites=invites, posted=posted, first_sync=first_sync, supervisor=self.supervisor).run()
 

@@ -42,16 +42,12 @@ def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
         old_root = Path(*parts[:depth])
         if not all(Path(folder).is_relative_to(old_root) for folder in folders):
             break
-        if _is_within(old_root, root) and old_root.is_dir():
+        if old_root.is_relative_to(root) and old_root.is_dir():
             continue
         found = sum((root / Path(folder).relative_to(old_root)).is_dir() for folder in folders)
         if found > most:
             best, most = str(old_root), found
     return best
-
-
-def _is_within(path: Path, root: Path) -> bool:
-    return path == root or path.is_relative_to(root)
 
 
 def check_sets_where_known(folders: list[str], config: Config) -> None:

@@ -34,7 +34,7 @@ from bridge.service.transport.catchup import CatchUp
 from bridge.service.config import Config, ConfigError
 from bridge.service.transport.matrix import MatrixError, client_config
 from bridge.service.answering.notices import Notices
-from bridge.service.transport.rooms import RoomIds, configured_rooms
+from bridge.service.transport.rooms import RoomIds
 from bridge.service.supervisor import Supervisor
 
 if TYPE_CHECKING:  # the registration command imports this module and needs none of them
@@ -422,8 +422,7 @@ class AppserviceFront:
         pipeline.on_judged_apart = notices.wake
         spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
         notifier = spawn("notices", notices.run, stop)
-        server.on_invite = Invites(self.client, pipeline, rooms, configured_rooms(self.config), self.config.inviters,
-                                   room_ids, self.store.rooms_with_open, self.config.admins).answer
+        server.on_invite = Invites.of(self.client, pipeline, rooms, self.config, self.store, room_ids).answer
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
-from bridge.service.transport.rooms import RoomIds
+from bridge.service.transport.rooms import RoomIds, configured_rooms, joined_now
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,17 @@ class Invites:
         self.asking = asking
         self.admins = frozenset(admins)  # may bring the bridge into any room: a direct message for ``!ask``
 
+    @classmethod
+    def of(cls, client: Any, pipeline: Any, rooms: list[str], config: Any, store: Any,
+           ids: RoomIds | None) -> "Invites":
+        """The invites a transport answers as ``config`` and ``store`` say."""
+        return cls(client, pipeline, rooms, configured_rooms(config), config.inviters, ids, store.rooms_with_open,
+                   config.admins)
+
     async def answer(self, room_id: str, inviter: str | None) -> None:
         """Join (and learn the members) or decline."""
         try:
-            if room_id in await self._joined_now():
+            if room_id in await joined_now(self.pipeline.transport):
                 # An invite the homeserver sent again (appservice mode, after a
                 # restart) into a room the bridge is in: declining would leave it.
                 return
@@ -80,12 +87,6 @@ class Invites:
                          room_id, inviter)
         except Exception as exc:  # noqa: BLE001 - an invite left unanswered joins nothing
             log.warning("could not answer the invite to %s (%s)", room_id, exc)
-
-    async def _joined_now(self) -> set[str]:
-        try:
-            return set(getattr(await self.client.joined_rooms(), "rooms", ()))
-        except Exception:  # noqa: BLE001 - not known: the invite is answered as if not joined
-            return set()
 
     async def _aliases_naming(self, room_id: str) -> list[str]:
         """The configured aliases that name ``room_id`` now, asked of the room

@@ -62,7 +62,7 @@ async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
     there stay open until answered, so their answers must count."""
     joined: list[str] = []
     refused: list[str] = []
-    already = await _joined_now(transport)
+    already = await joined_now(transport)
     for room in dict.fromkeys(wanted):
         delay = 1.0
         while not stop.is_set():
@@ -89,12 +89,13 @@ async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
     return joined, refused
 
 
-async def _joined_now(transport: Any) -> set[str]:
-    """The rooms the bridge is in already (after a restart, all of them): a
-    join of one costs the homeserver about what a sync does (12 to 20 ms of
-    Synapse for a small room, more for a big one), and at start it is made
-    while the first sync, which brings the answers waiting, is being answered.
-    Empty when it can't be told: every room is then joined, as before."""
+async def joined_now(transport: Any) -> set[str]:
+    """The rooms the bridge is in now (after a restart, all of them): at start
+    no room is joined again (a join costs the homeserver about what a sync
+    does, 12 to 20 ms of Synapse for a small room, while the first sync,
+    which brings the answers waiting, is being answered), and an invite into
+    one is one sent again.  Empty when it can't be told: every room is then
+    joined, and every invite answered, as before."""
     listed = getattr(transport, "joined_rooms", None)
     if listed is None:
         return set()
