@@ -14,6 +14,16 @@ from helpers.harness import Bridge, Person, answer_content, unique
 pytestmark = pytest.mark.integration
 
 
+async def asked_and_answered(bridge: Bridge, alice: Person, room_id: str, within: float = 30) -> None:
+    """Set alpha's question is posted in ``room_id`` within ``within`` seconds,
+    and Alice's answer there is recorded."""
+    bridge.room_id = room_id  # where the question is looked for
+    question = (await bridge.wait_questions(alice, 1, timeout=within))[("q0", 1)]
+    await alice.send(room_id, answer_content(question, text="word"))
+    record = await bridge.wait_answer("alpha", "q0")
+    assert record["text"] == "word" and record["source"]["room_id"] == room_id
+
+
 def alias_bridge(hs, tmp_path, alice: Person, invited: bool = True) -> tuple[Bridge, str]:
     """An appservice bridge, not yet started, whose rooms.default is the
     alias of a room Alice made (the bridge invited to it, unless not ``invited``)."""
@@ -62,10 +72,7 @@ async def test_a_room_named_by_its_alias_gets_its_questions_and_answers_in_appse
     try:
         bridge.add_set(text_set("alpha", 1))
         bridge.start()
-        question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
-        await alice.send(bridge.room_id, answer_content(question, text="word"))
-        record = await bridge.wait_answer("alpha", "q0")
-        assert record["text"] == "word" and record["source"]["room_id"] == bridge.room_id
+        await asked_and_answered(bridge, alice, bridge.room_id)
     finally:
         bridge.kill()
         await alice.close()
@@ -106,10 +113,7 @@ async def test_an_invite_into_the_invite_only_room_an_alias_names_is_taken_in_bo
                 break
             await asyncio.sleep(0.1)
         synapse.invite(alice.token, room_id, bot["user_id"])
-        question = (await bridge.wait_questions(alice, 1, timeout=8))[("q0", 1)]
-        await alice.send(room_id, answer_content(question, text="word"))
-        record = await bridge.wait_answer("alpha", "q0")
-        assert record["text"] == "word" and record["source"]["room_id"] == room_id
+        await asked_and_answered(bridge, alice, room_id, within=8)
     finally:
         bridge.kill()
 
@@ -124,10 +128,7 @@ async def test_an_invite_into_the_invite_only_room_an_alias_names_is_taken_in_ap
         bridge.start()
         await _logged(bridge, f"cannot join {alias}")
         hs.invite(alice.token, bridge.room_id, AS_BOT)
-        question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
-        await alice.send(bridge.room_id, answer_content(question, text="word"))
-        record = await bridge.wait_answer("alpha", "q0")
-        assert record["text"] == "word" and record["source"]["room_id"] == bridge.room_id
+        await asked_and_answered(bridge, alice, bridge.room_id)
     finally:
         bridge.kill()
         await alice.close()
