@@ -307,6 +307,13 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
         return Refused("recorded", "wrong_reference", "This answer refers to a different message than this question.")
     if answer.room_id != question.room_id:
         return Refused("recorded", "wrong_room", "Answer this question in the room where it was asked.")
+    # A question closed for good is closed to everyone, and says so first:
+    # who may answer is not known for every room (a room the config no
+    # longer names, once its last question closed, has its members unread).
+    if not question.open and question.closed_why not in KEEPS_TAKING:
+        why = f" ({question.closed_why})" if question.closed_why else ""
+        return Refused("recorded", "question_closed",
+                       f"This question is no longer open{why}, so the answer was not recorded.")
     if not _may_answer(sender, ctx):
         return Refused("recorded", "sender_not_allowed", "You are not one of the people who may answer this question.")
     if not question.may_answer_at(sender, answer.origin_server_ts):
@@ -327,12 +334,6 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
         return Refused("recorded", "expired",
                        f"This question expired at {clock_words(expires)} ({format_rfc3339(expires)}); "
                        "answers after that are not recorded.")
-    if not question.open and question.closed_why in KEEPS_TAKING:
-        return None
-    if not question.open:
-        why = f" ({question.closed_why})" if question.closed_why else ""
-        return Refused("recorded", "question_closed",
-                       f"This question is no longer open{why}, so the answer was not recorded.")
     return None
 
 

@@ -239,6 +239,19 @@ def test_question_closed() -> None:
     refused(verdict(question(open=False), content(option_id="a")), "question_closed")
 
 
+def test_a_closed_question_says_so_to_a_sender_whose_membership_is_unknown() -> None:
+    """A room the config no longer names has its members unread once its last
+    question closed: an answer there, after a restart, hears that the question
+    is closed, not that its sender may not answer."""
+    unread = JudgeContext(allowed=None, members=frozenset(), bridge_user=BRIDGE)
+    posted = question()
+    closed = RecordedQuestion(posted.event_id, posted.room_id, posted.set_id, posted.content,
+                              open=False, closed_why="this set was removed")
+    verdict_ = verdict(closed, content(option_id="a"), unread)
+    refused(verdict_, "question_closed")
+    assert "no longer open (this set was removed)" in verdict_.message
+
+
 SUBJECT = {"id": "subj-1", "digest": "sha256:abc"}
 
 
