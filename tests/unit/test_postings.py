@@ -228,3 +228,25 @@ def test_a_room_that_refuses_polls_still_gets_every_question_of_the_set(tmp_path
     report = asyncio.run(p.sync_root(root))
     assert report.failed == []  # nothing left to try again with a room that said no for good
     assert len(transport.questions()) == 3
+
+
+def test_a_set_mapped_to_another_room_says_once_that_its_open_questions_stay(tmp_path: Path, caplog) -> None:
+    """rooms.sets changed under a running set: its open postings keep their
+    room (their answers are there); the operator is told so, once, and a
+    revision is posted in the new room."""
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    p.room_for = lambda _set: "!new:hs"
+    with caplog.at_level(logging.WARNING, logger="bridge.service.posting.poster"):
+        for _ in range(2):
+            asyncio.run(p.sync_root(tmp_path / "sets"))
+    said = [r.getMessage() for r in caplog.records if "stay in" in r.getMessage()]
+    assert said == ["set takes is now mapped to room !new:hs; its open questions stay in !room:hs, where they "
+                    "were asked, and move there only when they are revised (or are closed and opened again)"]
+    assert len(transport.questions()) == 1
+    write_set(folder, "takes", choice(2))
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert store.latest_posted(str(folder.resolve()), "pick").room_id == "!new:hs"

@@ -63,10 +63,12 @@ class Poster:
         # The first posting and the folder watcher run side by side; one set
         # at a time keeps them from posting the same question twice.
         self._one_at_a_time = asyncio.Lock()
+        self._told_stays: set[tuple[str, str, str]] = set()  # (set id, room posted in, room mapped to) logged
 
     async def sync_root(self, root: Path, stop: asyncio.Event | None = None) -> PostReport:
         """Every set under ``root``; a stop is honoured between sets, so a
         SIGTERM in a long first posting does not wait for the last set."""
+        self.tell_moved()
         return await self.sync_dirs(discover(root), stop)
 
     async def sync_dirs(self, set_dirs: Iterable[Path], stop: asyncio.Event | None = None) -> PostReport:
@@ -160,6 +162,7 @@ class Poster:
                     continue
                 if done:
                     continue
+                self._tell_stays(qset.id, latest.room_id, room)
                 # A crash between posting the question and its poll or media: finish the job.
                 await self._ensure_poll(latest)
                 if self.deadlines is not None and self.store.get_meta(f"approval:{latest.event_id}") is None:
@@ -183,6 +186,24 @@ class Poster:
                 why = self.store.get_meta(_UNTOLD + recorded.event_id)
                 if why is not None:
                     await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
+
+    def tell_moved(self) -> None:
+        """``_tell_stays`` for every set with open questions (at a pass over the
+        root: a set unchanged since its last sync is not read again)."""
+        for set_id, posted_in in self.store.open_set_rooms():
+            self._tell_stays(set_id, posted_in, self.room_for(set_id))
+
+    def _tell_stays(self, set_id: str, posted_in: str, room: str) -> None:
+        """An open posting stays where it was asked (its answers are there) when
+        the config now maps its set to another room: said once, so no one looks
+        for the questions in the new room in vain.  (An alias not joined yet
+        names no room to compare.)"""
+        if room == posted_in or not room.startswith("!") or (set_id, posted_in, room) in self._told_stays:
+            return
+        self._told_stays.add((set_id, posted_in, room))
+        log.warning("set %s is now mapped to room %s; its open questions stay in %s, where they were asked, "
+                    "and move there only when they are revised (or are closed and opened again)",
+                    set_id, room, posted_in)
 
     def _owner_elsewhere(self, set_id: str, folder: str) -> str | None:
         """Another folder that posted under ``set_id`` first and still holds that set."""

@@ -170,6 +170,11 @@ class Postings:
         wherever the config says new sets go now)."""
         return [row[0] for row in self.db.execute("SELECT DISTINCT room_id FROM posted WHERE open=1").fetchall()]
 
+    def open_set_rooms(self) -> list[tuple[str, str]]:
+        """(set id, room) of every room a set has an open posting in."""
+        return [(row[0], row[1]) for row in self.db.execute(
+            "SELECT DISTINCT set_id, room_id FROM posted WHERE open=1").fetchall()]
+
     def set_dir_of(self, event_id: str) -> str | None:
         kept = self._recent_questions.get(event_id)
         if kept is not None:
