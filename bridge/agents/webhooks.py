@@ -217,7 +217,7 @@ class Deliverer:
         problem = None
         try:
             async with http.post(row.url, data=row.body, headers=headers, allow_redirects=False) as response:
-                await _drain(response)
+                await _drain(response)  # never raises: the status already says what the URL did
                 if 200 <= response.status < 300:
                     self.sent.inc()
                     log.info("webhook %s delivered to %s", row.key, host_of(row.url))
@@ -255,11 +255,16 @@ ANSWER_READ = 64 * 1024
 
 async def _drain(response: aiohttp.ClientResponse) -> None:
     """Read a short answer to its end (its connection can be used again);
-    close the connection on a longer one instead of reading it."""
+    close the connection instead on a longer one, or on one that stalls or
+    breaks before its end: a 2xx whose body came slowly is still taken, not
+    sent again and again."""
     left = ANSWER_READ
-    while left > 0:
-        chunk = await response.content.read(left)  # what has come, up to ``left``
-        if not chunk:
-            return
-        left -= len(chunk)
+    try:
+        while left > 0:
+            chunk = await response.content.read(left)  # what has come, up to ``left``
+            if not chunk:
+                return
+            left -= len(chunk)
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        pass
     response.close()

@@ -143,3 +143,45 @@ async def test_a_webhook_url_going_inward_stops_the_start_with_the_key_named(bri
     assert bridge.process.returncode != 0
     log = bridge.log_text()
     assert "agents.planner.webhook_url" in log and "allow_private_callbacks" in log
+
+
+async def test_a_2xx_whose_body_comes_slowly_is_taken_once(bridge):
+    """'Any 2xx takes it', however slowly the rest of the answer comes: the
+    status is read, the body given up at the timeout, and the event is not
+    sent again (it was, at every backoff, for a day)."""
+    keys: list[str] = []
+
+    async def answer_200_then_dawdle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().lower().split("\r\n")
+        fields = dict(line.split(":", 1) for line in head[1:] if ":" in line)
+        keys.append(fields["idempotency-key"].strip())
+        await reader.readexactly(int(fields["content-length"]))
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/plain\r\n\r\n2\r\nok\r\n")
+        await writer.drain()
+        await asyncio.sleep(4)  # the last chunk after the bridge's 2 s timeout
+        writer.write(b"0\r\n\r\n")
+        writer.close()
+
+    hook_port = free_port()
+    server = await asyncio.start_server(answer_200_then_dawdle, "127.0.0.1", hook_port)
+    port = free_port()
+    bridge.extra_config = agents_config(port, webhook_urls={"planner": f"http://127.0.0.1:{hook_port}/hook"},
+                                        webhook_timeout="2s")
+    bridge.start()
+    base = f"http://127.0.0.1:{port}"
+    set_id = unique("slowbody")
+    try:
+        await wait_listener(bridge, base)
+        async with aiohttp.ClientSession() as http:
+            assert (await put(http, base, "planner", set_id))[0] == 201
+        (question,) = (await bridge.wait_questions(bridge.alice, 1)).values()
+        await bridge.alice.send(bridge.room_id, answer_content(question, option_id="main"))
+        deadline = time.monotonic() + 30
+        while not keys or store_rows(bridge.store_path, "SELECT id FROM webhook_outbox"):
+            assert time.monotonic() < deadline, ("the 200 was not taken", keys)
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(5)  # a retry would come 1 s after the first try's timeout
+    finally:
+        server.close()
+    assert len(keys) == 1, keys
+    assert "not taken" not in bridge.log_text()
