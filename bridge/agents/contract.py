@@ -220,7 +220,23 @@ def _described(error: ValidationError, root: str) -> tuple[str, str]:
             return ".".join([*path, missing[0]]), "required"
     if error.validator == "type":
         return ".".join(path), f"must be {_kinds(error.validator_value)}, not {_kind_of(instance)}"
-    return ".".join(path), error.message
+    if error.validator in _COUNTED and isinstance(instance, (list, str, dict)):
+        return ".".join(path), _COUNTED[error.validator].format(limit=error.validator_value, given=len(instance))
+    message, shown = error.message, repr(instance)
+    if message.startswith(shown) and len(shown) > _SHOWN:
+        # The schema's words quote the value first, and the limit of a
+        # message's length would cut the reason off after it.
+        message = f"the {_kind_of(instance)}{message[len(shown):]}"
+    return ".".join(path), message
+
+
+# The size limits in words that say the limit (the schema's say "is too long").
+_COUNTED = {
+    "maxItems": "at most {limit} items, not {given}", "minItems": "at least {limit} items, not {given}",
+    "maxLength": "at most {limit} characters, not {given}", "minLength": "at least {limit} characters, not {given}",
+    "maxProperties": "at most {limit} fields, not {given}", "minProperties": "at least {limit} fields, not {given}",
+}
+_SHOWN = 60
 
 
 def _kinds(value: Any) -> str:

@@ -155,3 +155,17 @@ async def test_without_a_bridge_the_folder_watcher_feeds_the_waits_and_the_caps_
     finally:
         stop.set()
         await asyncio.gather(watcher, return_exceptions=True)
+
+
+def test_a_refusal_says_the_limit_and_the_reason_however_long_the_value():
+    """jsonschema quotes the value before its reason ("[...] is too long"), and
+    a refusal's words are cut at 200 characters: six callbacks were refused
+    with a clipped list and no reason."""
+    contract = Contract(json.loads(OPENAPI.read_text()))
+    put = contract.operation("PUT", "/v1/sets/{id}")
+    callbacks = [f"https://agents.example.org/hooks/{'x' * 40}/{n}" for n in range(6)]
+    body = {"set": {"askwright": 1, "id": "s", "title": "t", "questions": []}, "callbacks": callbacks}
+    finding = refused(lambda: contract.check_body(put, json.dumps(body).encode()))
+    assert finding == {"where": "body.callbacks", "message": "at most 5 items, not 6"}
+    bad_id = refused(lambda: contract.check_parameters(put, {"id": "Bad Id" * 20}, MultiDict()))
+    assert bad_id["message"].startswith("the string does not match"), bad_id
