@@ -76,6 +76,19 @@ def outcome_of(record: dict[str, Any] | None) -> str | None:
     return "decided" if record.get("state") == ANSWERED and record.get("decided_by") else None
 
 
+STANDS = "stands"  # closed at its deadline, the answer given before it standing (no quorum to decide)
+
+
+def told_outcome(record: dict[str, Any] | None) -> str | None:
+    """What the room is told of a question its deadline or quorum closed, as
+    the record stands: ``decided``, ``expired`` (undecided), ``stands`` (an
+    answer given in time, no quorum), or None (nothing to tell yet)."""
+    outcome = outcome_of(record)
+    if outcome is None and record is not None and record.get("state") == ANSWERED:
+        return STANDS
+    return outcome
+
+
 def outcome_mark(outcome: str, record: dict[str, Any] | None) -> str:
     """What tells one logged approval outcome from the next: the outcome
     and, with the record, the hash of the decision it holds (a decision can

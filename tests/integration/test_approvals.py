@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import time
 from functools import partial
@@ -116,6 +117,51 @@ async def test_a_deadline_with_the_bridge_running_and_an_answer_a_second_late(br
             assert await highlights(synapse, person, bridge.room_id) == [question["event_id"]], person.user_id
     finally:
         await bob.close()
+
+
+async def test_votes_placed_in_time_while_the_bridge_is_frozen_across_the_deadline_decide_it_in_the_room(bridge,
+                                                                                                         synapse):
+    """SIGSTOP before both votes, SIGCONT after the deadline: the bridge wakes
+    to a deadline passed by its clock and to the votes not read yet.  The
+    room may hear "expired" first, but the votes the room placed in time
+    decide it, and the room and the agent hear that (they heard "expired"
+    for good: the pass stopped watching the question while telling it)."""
+    alice = bridge.alice
+    (bob,) = await joined(synapse, bridge.room_id, bridge.bot["access_token"], 1)
+    receiver = Receiver(SECRETS["planner"])
+    await receiver.start()
+    bridge.extra_config = {**bridge.extra_config, **agents_config(free_port(), webhook_urls={"planner": receiver.url})}
+    (bridge.add_set(approval_set([alice.user_id, bob.user_id], "12s")) / OWNER_FILE).write_text(
+        json.dumps({"agent": "planner"}))
+    try:
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1, timeout=60))[("ship", 1)]
+        await poll_of(alice, bridge.room_id, question)
+        expires = event_time_ms(question["content"]["question"]["expires"]) or 0
+        bridge.process.send_signal(signal.SIGSTOP)
+        for person in (alice, bob):
+            await person.send(bridge.room_id, element_reply(question, "1", bridge.bot["user_id"]))
+        assert time.time() * 1000 < expires - 1000, "the votes were not sent in time"
+        await asyncio.sleep(expires / 1000 - time.time() + 3)
+        bridge.process.send_signal(signal.SIGCONT)
+
+        async def told_decided() -> list[str] | None:
+            edits = [e["content"]["m.new_content"]["body"] for e in
+                     await bot_events(alice, bridge.room_id, bridge.bot["user_id"], "m.room.message")
+                     if e["content"].get("m.relates_to", {}).get("rel_type") == "m.replace"]
+            hooks = [t["body"]["type"] for t in receiver.taken]
+            return edits if edits and "decided: \u201cShip it" in edits[-1] and "question.decided" in hooks else None
+        await until(told_decided, 40, "the room and the agent told of the decision")
+        assert record(bridge)["decided_by"] == [alice.user_id, bob.user_id]
+        notices = [e["content"]["body"] for e in await bot_events(alice, bridge.room_id, bridge.bot["user_id"],
+                                                                  "m.room.message")
+                   if "dev.superpipeline.question.approval" in e["content"]]
+        assert notices[-1].startswith("Decided: \u201cShip it to production\u201d"), notices
+    finally:
+        if bridge.process is not None and bridge.process.poll() is None:
+            bridge.process.send_signal(signal.SIGCONT)
+        await bob.close()
+        await receiver.close()
 
 
 async def highlights(synapse: Synapse, person: Person, room: str) -> list[str]:

@@ -773,3 +773,70 @@ def test_stray_delayed_events_past_the_homeservers_memory_of_the_transaction_are
     asyncio.run(deadlines.pass_once())
     assert room.record()["state"] == "answered" and hs.delayed  # the forgotten ones are still scheduled
     assert asyncio.run(deadlines.sweep()) == 2 and hs.delayed == {}
+
+
+def _told_while_votes_arrive(tmp_path: Path, approval: dict[str, Any], late: list[dict[str, Any]]):
+    """The deadline passes with the bridge behind the room: the pass closes
+    the question and, while it tells the room (a send the network holds up),
+    the batch holding ``late`` (placed before the deadline) is read."""
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = Room(tmp_path, approval=approval, posted_ms=T0)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    transport = room.pipeline.transport
+    plain_send = transport.send
+
+    async def send_while_the_batch_comes(room_id, event_type, content, txn_id):
+        if late and "dev.superpipeline.question.approval" in content:
+            room.deliver(late.copy())
+            late.clear()
+        return await plain_send(room_id, event_type, content, txn_id)
+
+    transport.send = send_while_the_batch_comes
+    deadlines = Deadlines(room.store, transport, flush=room.pipeline.flush, on_decided=hook.decided,
+                          on_expired=hook.expired, on_closed=hook.closed, clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    for _ in range(3):
+        asyncio.run(deadlines.pass_once())
+    notices = [c["body"] for c in transport.sent if "dev.superpipeline.question.approval" in c]
+    edits = [c["m.new_content"]["body"].rsplit("\n", 1)[-1] for c in transport.sent
+             if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    hooks = [json.loads(row.body)["type"] for row in due(room.store, 2**62)]
+    return room, notices, edits, hooks
+
+
+def test_votes_read_while_the_room_hears_the_expiry_decide_it_and_the_room_hears_that_too(tmp_path):
+    """Both votes were placed in time and read while the expiry was being
+    told: answers.json said decided, and the room and the agent heard only
+    "expired" for good (the pass stopped watching the question as it ended)."""
+    room, notices, edits, hooks = _told_while_votes_arrive(
+        tmp_path, {"answerers": [ANA, BO], "quorum": {"required": 2}, "expires": "45s"},
+        [answer("$a1", ANA, T0 + 40_000, "main"), answer("$b1", BO, T0 + 41_000, "main")])
+    assert room.record()["state"] == "answered" and room.record()["decided_by"] == [ANA, BO]
+    assert notices[0].startswith("This question expired undecided")
+    assert notices[1:] == ["Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs."], notices
+    assert edits[-1] == "Closed: no longer accepting answers (decided: \u201cThe main branch\u201d by @alice:hs and " \
+                        "@bob:hs).", edits
+    assert hooks.count("question.decided") == 1, hooks
+    assert room.store.meta_with_prefix("approval:") == []
+
+
+def test_an_answer_read_while_the_room_hears_the_expiry_stands_and_the_room_hears_that_too(tmp_path):
+    """No quorum: an answer placed in time and read while the expiry was being
+    told stands (answers.json says answered); the room, which heard "expired
+    undecided ... no answer", now hears that the answer given in time stands,
+    and the agent gets question.closed."""
+    room, notices, edits, hooks = _told_while_votes_arrive(
+        tmp_path, {"expires": "45s"}, [answer("$a1", ANA, T0 + 40_000, "main")])
+    assert room.record()["state"] == "answered" and room.record()["choice"] == "main"
+    assert notices[0].startswith("This question expired undecided")
+    assert notices[1:] == [f"The deadline ({format_rfc3339(T0 + 45_000)}) has passed; the answer given before it "
+                           "stands."], notices
+    assert edits[-1] == "Closed: no longer accepting answers (closed at its deadline, 08:00:45 UTC).", edits
+    assert hooks[-1] == "question.closed" and hooks.count("question.closed") == 1, hooks
+    assert room.store.meta_with_prefix("approval:") == []

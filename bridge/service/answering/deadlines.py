@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.service.eventwait import set_within
-from bridge.protocol.approval_record import outcome_of
+from bridge.protocol.approval_record import told_outcome
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.poll import POLL_END, deadline_poll_end, poll_end
@@ -43,6 +43,7 @@ DELAYS = "delays:"  # meta: JSON {what: delay_id} handed to the homeserver
 UNTOLD = "approval_untold:"  # meta: decided / expired, the room not told yet
 ESCALATED = "escalated:"  # meta: the escalation's mention was sent (or handed to the homeserver)
 CLOSING = "approval_closing:"  # meta: JSON {words, gen[, next]}: what the delayed closing edit says
+TOLD = "approval_told:"  # meta: JSON {said, n}: the outcome the room last heard, and how many tellings so far
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
 
@@ -263,11 +264,12 @@ class Deadlines:
         if not question.open and question.closed_why in (CLOSED_DECIDED, CLOSED_EXPIRED):
             # Closed as decided or expired, then an earlier event read late (a
             # vote from before the deadline, a redaction from before the
-            # decision) made it the other: the room is told what it is now.
+            # decision, an answer given in time) made it another outcome: the
+            # room is told what it is now.
             record = self.store.projection(set_dir, question.qid)
-            now_outcome = outcome_of(record)
-            if now_outcome in (CLOSED_DECIDED, CLOSED_EXPIRED) and now_outcome != question.closed_why:
-                self._close(question, set_dir, now_outcome, record)
+            due = self._due(question, record)
+            if due is not None:
+                self._close(question, set_dir, CLOSED_DECIDED if due == CLOSED_DECIDED else CLOSED_EXPIRED, record)
                 self.flush()
                 question = self.store.question_by_event(event_id) or question
         why = self.store.get_meta(UNTOLD + event_id)
@@ -275,12 +277,35 @@ class Deadlines:
             await self._tell(question, set_dir, why)
         elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
             await self._cancel(event_id)  # closed otherwise (withdrawn, replaced): nothing more is due
-        watching_deadline = question.closed_why == CLOSED_DECIDED and question.expires_ms is not None \
-            and not self.store.is_expired(event_id)
-        if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) and not watching_deadline:
-            with self.store.transaction(flush=False):
+        with self.store.transaction(flush=False):
+            # Looked at again in the transaction that stops the watch: a vote
+            # read while the room was being told (the flush then marks the
+            # question to watch) is not forgotten with it.
+            question = self.store.question_by_event(event_id) or question
+            watching_deadline = question.closed_why == CLOSED_DECIDED and question.expires_ms is not None \
+                and not self.store.is_expired(event_id)
+            if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) \
+                    and not watching_deadline and (question.open or question.qid is None or self._due(
+                        question, self.store.projection(set_dir, question.qid)) is None):
                 self.store.delete_meta(TRACKED + event_id)
                 self.store.delete_meta(CLOSING + event_id)
+
+    def _due(self, question: RecordedQuestion, record: dict[str, Any] | None) -> str | None:
+        """The outcome (``told_outcome``) the room must hear now, when it heard
+        another; None when what it heard (or is about to hear) stands."""
+        now = told_outcome(record)
+        if now is None or question.open:
+            return None
+        if now in (CLOSED_DECIDED, CLOSED_EXPIRED) and now != question.closed_why:
+            return now
+        if self.store.get_meta(UNTOLD + question.event_id) is not None:
+            return None  # being told: the words are made from the record as it is then
+        heard = self._told(question.event_id).get("said", question.closed_why)
+        return now if now != heard else None
+
+    def _told(self, event_id: str) -> dict[str, Any]:
+        raw = self.store.get_meta(TOLD + event_id)
+        return json.loads(raw) if raw else {}
 
     def _close(self, question: RecordedQuestion, set_dir: str, why: str, record: dict[str, Any] | None) -> None:
         with self.store.transaction():
@@ -290,7 +315,7 @@ class Deadlines:
             after = self.store.projection(set_dir, question.qid or "")
             # The deadline closes a question with no quorum that was answered
             # in time too; its answer stands, and it did not expire undecided.
-            outcome = why if why == CLOSED_DECIDED or outcome_of(after) == CLOSED_EXPIRED else None
+            outcome = why if why == CLOSED_DECIDED or told_outcome(after) == CLOSED_EXPIRED else None
             self.store.close_question(question.event_id, why, outcome=outcome, record=after)
             self.store.set_meta(UNTOLD + question.event_id, why)
             if outcome == CLOSED_DECIDED and self.on_decided is not None:
@@ -328,22 +353,28 @@ class Deadlines:
             if "edit" in delays:
                 self._forget_delay(question.event_id, "edit")
             delayed_poll_end = "poll_end" in delays
+        said = CLOSED_DECIDED if why == CLOSED_DECIDED else (told_outcome(record) or CLOSED_EXPIRED)
+        told = self._told(question.event_id)
+        # A telling after the first (the outcome changed since) is new to the
+        # homeserver; a telling tried again after a crash is the same request.
+        again = (str(told["n"]),) if told.get("n") else ()
         people = [v.get("sender", "") for v in record.get("votes") or []] + list(record.get("decided_by") or [])
         await self.transport.send(question.room_id, "m.room.message", {
             "msgtype": "m.notice", "body": words, "format": HTML_FORMAT, "formatted_body": esc_people(words, people),
             "m.mentions": {},  # the voters named are told, not pinged
             "m.relates_to": in_thread(question.event_id),
             NOTICE_KEY: {"question_event_id": question.event_id, "what": why, "record": _small(record)},
-        }, txn_id("approval-notice", question.event_id, why))
+        }, txn_id("approval-notice", question.event_id, why, *again))
         if not delayed_edit:
             await self.transport.send(question.room_id, "m.room.message",
                                       closed_replacement(question.event_id, question.content, closing, closed_at),
-                                      txn_id("approval-edit", question.event_id, why))
+                                      txn_id("approval-edit", question.event_id, why, *again))
         poll = self.store.poll_of(question.event_id)
         if poll and not (why == CLOSED_EXPIRED and delayed_poll_end):
             await self.transport.send(question.room_id, POLL_END, poll_end(poll, closing), txn_id("poll-end", poll))
         with self.store.transaction(flush=False):
             self.store.delete_meta(UNTOLD + question.event_id)
+            self.store.set_meta(TOLD + question.event_id, json.dumps({"said": said, "n": told.get("n", 0) + 1}))
 
     def _forget_delay(self, event_id: str, what: str) -> None:
         delays = self._delays(event_id)

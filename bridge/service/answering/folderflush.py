@@ -121,26 +121,31 @@ class FolderFlush:
         such change leaves its question dirty until written, so a crash
         before the write comes back here at the next start."""
         changes = []
+        revisit = []  # closed approvals whose record changed: the pass tells the room what it is now, if new
         for set_dir, _set_id, qid in dirty:
             posting = postings.get((set_dir, qid))
             if posting is None or (posting.quorum is None and posting.expires_ms is None):
                 continue
+            if not posting.open:
+                revisit.append(posting.event_id)
             known = (set_dir, qid) in records
             record = records[(set_dir, qid)] if known else self.store.projection(set_dir, qid)
             outcome = outcome_of(record)
             if outcome is not None and \
                     self.store.approval_outcome_logged(posting.event_id) != outcome_mark(outcome, record):
                 changes.append((posting, outcome, record))
-        if changes:
+        if changes or revisit:
             with self.store.transaction(flush=False):  # made durable by the flushed commit after the writes
                 for posting, outcome, record in changes:
                     self.store.log_approval_outcome(posting.event_id, outcome, record)
-                    if not posting.open:
-                        # Closed already: the deadlines pass tells the room what it is now.
-                        # (Imported here: the first sync does not need the room's deadline code.)
-                        from bridge.service.answering.deadlines import TRACKED
+                if revisit:
+                    # Closed already: the deadlines pass tells the room what it is now
+                    # (an outcome of its own, or an answer given in time standing).
+                    # (Imported here: the first sync does not need the room's deadline code.)
+                    from bridge.service.answering.deadlines import TRACKED
 
-                        self.store.set_meta(TRACKED + posting.event_id, "1")
+                    for event_id in revisit:
+                        self.store.set_meta(TRACKED + event_id, "1")
         return bool(changes)
 
     def retry_held(self) -> bool:
