@@ -187,6 +187,29 @@ def test_the_key_is_made_at_the_first_start_before_any_leaf(tmp_path):
     assert again.key(store).public == plan.key(store).public
 
 
+def test_another_keys_file_is_refused_at_start_and_never_signs_on(tmp_path):
+    """A wrong backup of the key file restored: the bridge took the key,
+    signed on with it and overwrote the store's verifier key, and ``verify
+    --room`` then called the rooms' genuine checkpoints forged."""
+    from bridge.service.auditing.checkpoints import LogPlan, open_log
+    from bridge.service.auditing.keys import write_key
+
+    store_path, path = tmp_path / "s.sqlite", tmp_path / "s.sqlite.log-key"
+    store = Store(store_path)
+    plan = open_log(store, user_id="@bridge:example.org", store_path=store_path, key_file=None)
+    _answer(store, "$a1", "main", 10)
+    first = Checkpointer(store, plan, 60.0).sign_if_grown()
+    signed_with = store.get_meta("audit_key")
+    write_key(path, LogKey(store.audit_origin(), Ed25519PrivateKey.generate()))
+    with pytest.raises(LogKeyError, match="holds another key .* than the one that signed this log's checkpoints"):
+        open_log(store, user_id="@bridge:example.org", store_path=store_path, key_file=None)
+    _answer(store, "$a2", "main", 11)
+    late = Checkpointer(store, LogPlan(path, store.audit_origin(), may_create=False), 60.0)
+    with pytest.raises(LogKeyError, match="another key"):
+        late.sign_if_grown()
+    assert store.get_meta("audit_key") == signed_with and store.audit.latest_checkpoint() == first
+
+
 def test_a_leaf_is_canonical_json_and_a_changed_byte_is_not_a_leaf():
     leaf = audit_leaf.build_leaf(outcome="accepted", set_id="s", room_id="!r", event_id="$e", sender="@p:hs", ts=1,
                                  question={"question": {"id": "q", "rev": 1}, "n": 2 ** 60},

@@ -103,6 +103,32 @@ async def test_a_standby_without_the_logs_key_refuses_to_start_not_at_the_failov
         await asyncio.wait_for(run_with_standby(config, asyncio.Event(), serve, fatal=(LogKeyError,)), 15)
 
 
+async def test_a_standby_given_another_keys_file_refuses_to_start(postgres_server, tmp_path):
+    """Given another key than the one that signed the log, a standby would
+    take over and sign on with it: every checkpoint the rooms hold would
+    then read as forged."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from bridge.service.auditing.keys import LogKey, write_key
+
+    url = fresh_schema(postgres_server)
+    store = Store(tmp_path / "unused.db", url=url, password=postgres_server.password)
+    signing = LogKey("example.org/askwright-bridge/bridge", Ed25519PrivateKey.generate())
+    with store.transaction():
+        store.set_meta("audit_key", signing.verifier_key)
+    store.close()
+    config = cluster_config(url, postgres_server.password)
+    config.store.path = str(tmp_path / "bridge.db")
+    config.audit = SimpleNamespace(enabled=True, key_file=None)
+    write_key(tmp_path / "bridge.db.log-key", LogKey(signing.origin, Ed25519PrivateKey.generate()))
+
+    async def serve(*_args) -> None:
+        raise AssertionError("never leads")
+
+    with pytest.raises(LogKeyError, match="holds another key"):
+        await asyncio.wait_for(run_with_standby(config, asyncio.Event(), serve, fatal=(LogKeyError,)), 15)
+
+
 async def test_a_standby_that_sees_the_sets_at_another_path_refuses_to_start(postgres_server, tmp_path):
     """The leader posted from /…/a/team/alpha; this machine has the same share at
     /…/b.  Taking over, it would find none of the store's sets and every set

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bridge.service.eventwait import set_within
 from bridge.protocol import merkle
-from bridge.service.auditing.keys import LogKey, check_present, load_or_create
+from bridge.service.auditing.keys import LogKey, LogKeyError, check_present, check_same, load_or_create
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,15 @@ class Checkpointer:
     @property
     def key(self) -> LogKey:
         if not isinstance(self._key, LogKey):
-            self._key = self._key.key(self.store)
-            if self.store.get_meta("audit_key") != self._key.verifier_key:
+            key = self._key.key(self.store)
+            signed_with = self.store.get_meta("audit_key")
+            if signed_with is not None and signed_with != key.verifier_key:
+                raise LogKeyError(f"the answer log's key file holds another key than the one that signed this "
+                                  f"log's checkpoints ({signed_with}); restore that key's file")
+            if signed_with is None:
                 with self.store.transaction():  # the public key, for exports and agents (never the private one)
-                    self.store.set_meta("audit_key", self._key.verifier_key)
+                    self.store.set_meta("audit_key", key.verifier_key)
+            self._key = key
         return self._key
 
     def _catch_up(self) -> None:
@@ -174,6 +179,7 @@ def open_log(store: Store, *, user_id: str, store_path: Any, key_file: str | Non
     path = default_key_file(Path(store_path), key_file)
     leaves = store.audit.size()
     check_present(path, leaves)
+    check_same(path, store.get_meta("audit_key"))
     if not path.exists():
         # Made now, before the first leaf: a bridge killed before its first
         # checkpoint must find its key on the next start.  (Only a first start

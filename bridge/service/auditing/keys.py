@@ -90,6 +90,25 @@ def check_present(path: Path, leaves: int) -> None:
                           "(a new key would orphan the checkpoints the rooms hold)")
 
 
+def check_same(path: Path, signed_with: str | None) -> None:
+    """At start, before anything is loaded: the key file holds the key that
+    signed the log's checkpoints (``signed_with``, its verifier key), by the
+    key hash both carry.  Another key (a wrong backup restored, a standby
+    given another file) would sign on, and ``verify --room`` would then
+    call every checkpoint the rooms hold forged."""
+    if signed_with is None:
+        return
+    try:
+        parts = path.read_text(encoding="utf-8").strip().split("+", 4)
+    except OSError:
+        return  # missing or unreadable: said by check_present / load_or_create
+    stored = signed_with.split("+", 2)
+    if len(parts) == 5 and len(stored) == 3 and parts[2:4] != stored[:2]:
+        raise LogKeyError(f"the answer log's key file {path} holds another key ({parts[2]}+{parts[3]}) than the "
+                          f"one that signed this log's checkpoints ({stored[0]}+{stored[1]}); restore that key's "
+                          "file (signing on with another would orphan the checkpoints the rooms hold)")
+
+
 def load_or_create(path: Path, origin: str, leaves: int) -> LogKey:
     """The log's key; created when there is none and the log is empty.  A log
     with leaves and no key is refused: a new key would orphan every

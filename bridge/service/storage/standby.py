@@ -87,10 +87,10 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
 def _could_lead(config: Config) -> None:
     """A standby that could never lead says so at its start, not at the
     failover it stands by for: the log's key file must be where its config
-    says when the log has leaves (LogKeyError), and the sets must be where
+    says when the log has leaves, and hold the key that signed it (LogKeyError), and the sets must be where
     the store knows them (ConfigError, ``sets_seen_elsewhere``).  A store not
     made yet, or not reachable now, is left to the term as leader."""
-    from bridge.service.auditing.keys import check_present, key_file
+    from bridge.service.auditing.keys import check_present, check_same, key_file
     from bridge.service.storage.store import Store
 
     try:
@@ -100,11 +100,14 @@ def _could_lead(config: Config) -> None:
         return
     try:
         leaves = store.audit.size()
+        signed_with = store.get_meta("audit_key")
         folders = store.folders_with_open()
     finally:
         store.close()
     if config.audit.enabled:
-        check_present(key_file(Path(config.store.path), config.audit.key_file), leaves)
+        path = key_file(Path(config.store.path), config.audit.key_file)
+        check_present(path, leaves)
+        check_same(path, signed_with)
     check_sets_where_known(folders, config)
 
 
