@@ -210,6 +210,41 @@ def test_another_keys_file_is_refused_at_start_and_never_signs_on(tmp_path):
     assert store.get_meta("audit_key") == signed_with and store.audit.latest_checkpoint() == first
 
 
+@pytest.mark.parametrize("tampering", ["a middle leaf deleted", "the last leaf deleted", "a leaf changed"])
+def test_a_log_edited_in_the_store_is_never_signed_over_and_says_so_once(tmp_path, caplog, tampering):
+    """A leaf deleted from the store: the restarted bridge counted 9 leaves,
+    read on from index 9 and put leaf 9 in twice, then signed checkpoints
+    of 12 and 13 leaves over a log of 12, which no export can match."""
+    from bridge.service.auditing.checkpoints import LogDamaged
+
+    store = _store(tmp_path)
+    for n in range(10):
+        _answer(store, f"$a{n}", "main", 10 + n)
+    key = LogKey(ORIGIN, Ed25519PrivateKey.generate())
+    signed = Checkpointer(store, key, 60).sign_if_grown()
+    assert signed[0] == 10
+    with store.transaction():
+        if tampering == "a middle leaf deleted":
+            store.db.execute("DELETE FROM audit_leaf WHERE idx=3")
+        elif tampering == "the last leaf deleted":
+            store.db.execute("DELETE FROM audit_leaf WHERE idx=9")
+        else:
+            store.db.execute("UPDATE audit_leaf SET hash=? WHERE idx=4", ("00" * 32,))
+    for n in range(3):
+        _answer(store, f"$b{n}", "main", 30 + n)
+    restarted = Checkpointer(store, key, 60)
+    with pytest.raises(LogDamaged):
+        restarted.sign_if_grown()
+    with caplog.at_level("ERROR"):
+        stop = asyncio.Event()
+        stop.set()
+        for _ in range(2):
+            asyncio.run(restarted.run(stop))
+    assert store.audit.latest_checkpoint() == signed
+    said = [r.getMessage() for r in caplog.records if "not the one this bridge signed" in r.getMessage()]
+    assert len(said) == 1, said
+
+
 def test_a_leaf_is_canonical_json_and_a_changed_byte_is_not_a_leaf():
     leaf = audit_leaf.build_leaf(outcome="accepted", set_id="s", room_id="!r", event_id="$e", sender="@p:hs", ts=1,
                                  question={"question": {"id": "q", "rev": 1}, "n": 2 ** 60},

@@ -36,6 +36,11 @@ def origin_for(user_id: str) -> str:
     return f"{server}/askwright-bridge/{localpart}".replace("+", "-").replace(" ", "-")
 
 
+class LogDamaged(Exception):
+    """The log in the store is not the one the bridge signed: a leaf is
+    missing, or the leaves under its latest checkpoint hash to another root."""
+
+
 class CompactRange:
     """The perfect subtrees of the tree's left-to-right edge: append and root in O(log n)."""
 
@@ -76,6 +81,8 @@ class Checkpointer:
         self.tree = CompactRange()
         self._published: dict[str, int] = {}  # room -> size last put there
         self._refused: set[str] = set()
+        self._broken: LogDamaged | None = None  # what was found wrong with the log: nothing is signed over it
+        self._said_broken = False
 
     @property
     def key(self) -> LogKey:
@@ -92,8 +99,30 @@ class Checkpointer:
         return self._key
 
     def _catch_up(self) -> None:
-        for data in self.store.audit.hashes_from(self.tree.size):
-            self.tree.append(data)
+        """The new leaves into the tree.  The log is only signed on as the
+        bridge left it: every index in turn, and (read at start) the leaves
+        under the latest checkpoint hashing to the root it signed.  A log
+        edited in the store is never covered by a new signature."""
+        if self._broken is not None:
+            raise self._broken  # found at start: the store is not mended under a running bridge
+        signed = self.store.audit.latest_checkpoint() if self.tree.size == 0 else None
+        try:
+            for index, data in self.store.audit.hashes_from(self.tree.size):
+                if index != self.tree.size:
+                    raise LogDamaged(f"leaf {self.tree.size} is missing from the store (the next one is leaf "
+                                     f"{index})")
+                self.tree.append(data)
+                if signed is not None and self.tree.size == signed[0]:
+                    self._check_signed(*signed)
+        except LogDamaged as exc:
+            self._broken = exc
+            raise
+
+    def _check_signed(self, size: int, note: str) -> None:
+        from bridge.protocol import checkpoint as cp
+
+        if cp.parse_checkpoint(note.split("\n\n", 1)[0] + "\n").root != self.tree.root():
+            raise LogDamaged(f"the store's first {size} leaves are not those its latest checkpoint signed")
 
     def sign_if_grown(self, now_ms: int | None = None) -> tuple[int, str] | None:
         """A new checkpoint when the log grew since the last one (kept in the store); the latest otherwise."""
@@ -140,15 +169,21 @@ class Checkpointer:
             waiting.cancel()
             stopping.cancel()
         while not stop.is_set():
-            try:
-                await self.once()
-            except Exception:  # noqa: BLE001 - the log is in the store; a checkpoint missed is taken next time
-                log.exception("the answer log's checkpoint could not be taken; tried again in %ss", self.every)
+            await self._once_said()
             await set_within(stop, self.every)
+        await self._once_said()  # what the last minute added is signed before the bridge goes
+
+    async def _once_said(self) -> None:
         try:
-            await self.once()  # what the last minute added is signed before the bridge goes
-        except Exception:  # noqa: BLE001
-            log.exception("the answer log's last checkpoint could not be taken")
+            await self.once()
+        except LogDamaged as exc:
+            if not self._said_broken:
+                self._said_broken = True
+                log.error("the answer log in the store is not the one this bridge signed: %s. No checkpoint is "
+                          "signed over it; answers are still taken and logged. 'askwright-bridge audit export' "
+                          "and 'askwright-bridge verify --log' show what changed", exc)
+        except Exception:  # noqa: BLE001 - the log is in the store; a checkpoint missed is taken next time
+            log.exception("the answer log's checkpoint could not be taken; tried again in %ss", self.every)
 
 
 

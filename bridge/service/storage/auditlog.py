@@ -56,10 +56,10 @@ class AuditLog:
             rows = self.db.execute("SELECT hash FROM audit_leaf WHERE idx<? ORDER BY idx", (end,)).fetchall()
         return [bytes.fromhex(h) for (h,) in rows]
 
-    def hashes_from(self, start: int) -> list[bytes]:
-        """The leaf hashes from index ``start`` on, in order."""
-        rows = self.db.execute("SELECT hash FROM audit_leaf WHERE idx>=? ORDER BY idx", (start,)).fetchall()
-        return [bytes.fromhex(h) for (h,) in rows]
+    def hashes_from(self, start: int) -> list[tuple[int, bytes]]:
+        """(index, leaf hash) from index ``start`` on, in order."""
+        rows = self.db.execute("SELECT idx, hash FROM audit_leaf WHERE idx>=? ORDER BY idx", (start,)).fetchall()
+        return [(int(idx), bytes.fromhex(h)) for idx, h in rows]
 
     def leaves(self, start: int, end: int) -> list[tuple[int, str]]:
         """(index, canonical JSON) of the leaves start <= index < end."""
