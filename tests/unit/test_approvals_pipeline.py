@@ -840,3 +840,24 @@ def test_an_answer_read_while_the_room_hears_the_expiry_stands_and_the_room_hear
     assert edits[-1] == "Closed: no longer accepting answers (closed at its deadline, 08:00:45 UTC).", edits
     assert hooks[-1] == "question.closed" and hooks.count("question.closed") == 1, hooks
     assert room.store.meta_with_prefix("approval:") == []
+
+
+def test_the_deciding_vote_is_told_once_however_the_votes_were_batched(tmp_path):
+    """Two votes deciding a 2 of 3, read in one batch (after a restart, say):
+    both voters were told "With your vote it is decided"; read one by one,
+    the first hears where the votes stood.  Now the same words either way."""
+    told: dict[bool, list[str]] = {}
+    for batched in (False, True):
+        (tmp_path / str(batched)).mkdir()
+        room = room_with(tmp_path / str(batched))
+        votes = [answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")]
+        told[batched] = []
+        for batch in ([votes] if batched else [[v] for v in votes]):
+            room.deliver(batch)  # each batch's word backs are made once it is in, as the pipeline's are
+            for vote in batch:
+                seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id=?",
+                                            (vote["event_id"],)).fetchone()[0]
+                told[batched].append(room.pipeline.words.notice_for(room.store.log_entry(seq))["body"])
+    assert told[True] == told[False], told
+    assert told[True][0].endswith("1 of 2 for \u201cThe main branch\u201d so far; waiting for @bob:hs or @carol:hs."), told
+    assert told[True][1].endswith("With your vote it is decided."), told

@@ -108,6 +108,12 @@ class WordBack:
         people = question.answerers_at(entry.ts)
         named = people + [v.get("sender", "") for v in tally.votes] + tally.decided_by
         if record.get("decided_by") and _deciding(record, entry.sender):
+            before = _votes_until(record, entry.event_id)
+            if before is not None and entry.sender != record["decided_by"][-1]:
+                # One of the votes that decided it, not the last: read in one
+                # batch with the deciding one, it hears what it would have
+                # heard read alone, where the votes stood at it.
+                return progress_words(Tally(None, before), required, people, labels), named
             # The decision's own announcement follows in the thread and says
             # who decided; this word back only says this vote was the one.
             return ("With your veto it is decided." if tally.veto else "With your vote it is decided."), named
@@ -157,6 +163,16 @@ class WordBack:
     def _record_rev(self, entry: LogEntry) -> int:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         return record["rev"] if record else 1
+
+
+def _votes_until(record: dict[str, Any], event_id: str) -> list[dict[str, Any]] | None:
+    """The record's votes up to and with the one ``event_id`` cast (in the
+    room's order); None when it cast none of them."""
+    votes = record.get("votes") or []
+    for n, vote in enumerate(votes):
+        if vote.get("event_id") == event_id:
+            return votes[:n + 1]
+    return None
 
 
 def _deciding(record: dict[str, Any], sender: str) -> bool:
