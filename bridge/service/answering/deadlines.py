@@ -300,8 +300,9 @@ class Deadlines:
             return now
         if self.store.get_meta(UNTOLD + question.event_id) is not None:
             return None  # being told: the words are made from the record as it is then
-        heard = self._told(question.event_id).get("said", question.closed_why)
-        return now if now != heard else None
+        heard = self._told(question.event_id).get("said")
+        # (None: told before the bridge kept what it said; taken to stand.)
+        return now if heard is not None and now != heard else None
 
     def _told(self, event_id: str) -> dict[str, Any]:
         raw = self.store.get_meta(TOLD + event_id)
