@@ -3,8 +3,8 @@
 The shell (``service/answering/attachments.py``) reads the content
 repository's response in chunks and feeds them here; what comes back is what
 it writes to disk.  Here the body is counted against the limit (whatever
-Content-Length said), judged short against every length it was promised
-(Content-Length, the event's ``info.size``), and, for a file sent in an
+Content-Length said), judged short against the homeserver's length (and
+the event's ``info.size`` where nothing surer judges it), and, for a file sent in an
 encrypted room, decrypted as it streams with its ciphertext's sha256 checked
 at the end (the Matrix spec's encrypted attachments: AES-256-CTR, a JWK key,
 a 16-byte counter block, the hash of the ciphertext).  A body is only good
@@ -51,7 +51,8 @@ class FileBody:
     def __init__(self, limit: int, file: dict[str, Any] | None = None):
         self.limit = limit
         self.received = 0
-        self.promised = 0  # the longest length the body was announced with
+        self.promised = 0  # the longest length the homeserver gave the body (Content-Length)
+        self.announced = 0  # the length the event's ``info.size`` claims (the sender's client's word)
         self._decryptor: Any = None
         self._sha256: Any = None
         self._expected_hash = b""
@@ -60,13 +61,20 @@ class FileBody:
             self._sha256 = hashlib.sha256()
 
     def expect(self, length: Any) -> None:
-        """A length the body was announced with (Content-Length, ``info.size``);
-        anything but a whole number of bytes is no promise."""
-        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-            return
-        if length > self.limit:
-            raise BodyTooLarge(f"announced as {length} bytes, over the limit of {self.limit}")
-        self.promised = max(self.promised, length)
+        """The length the homeserver gives the body (Content-Length); anything
+        but a whole number of bytes is no promise."""
+        if _length(length, self.limit) is not None:
+            self.promised = max(self.promised, length)
+
+    def announce(self, size: Any) -> None:
+        """The length the event's ``info.size`` claims.  Over the limit, it is
+        refused at once; otherwise it judges a body only where nothing surer
+        does: a plain body the homeserver gave no length (one that ends early
+        looks like one that ended), or an encrypted one whose hash fails.  A
+        body whole by the homeserver's length or by its hash is kept, however
+        wrong the sender's client counted (sending it again would not help)."""
+        if _length(size, self.limit) is not None:
+            self.announced = size
 
     def take(self, chunk: bytes) -> bytes:
         """The next chunk as it arrived -> what to write (plaintext)."""
@@ -83,11 +91,25 @@ class FileBody:
         encrypted) its hash matches; raises otherwise."""
         if self.received < self.promised:
             raise BodyCutShort(f"{self.received} of {self.promised} bytes arrived")
+        short = BodyCutShort(f"{self.received} of the {self.announced} bytes the event announced arrived")
         if self._decryptor is None:
+            if self.received < self.announced and not self.promised:
+                raise short
             return b""
         if not hmac.compare_digest(self._sha256.digest(), self._expected_hash):
+            if self.received < self.announced:
+                raise short
             raise BodyUndecryptable("the ciphertext's sha256 is not the one the event names")
         return self._decryptor.finalize()
+
+
+def _length(value: Any, limit: int) -> int | None:
+    """A length in bytes (None when it is not a whole number); BodyTooLarge past ``limit``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    if value > limit:
+        raise BodyTooLarge(f"announced as {value} bytes, over the limit of {limit}")
+    return value
 
 
 def _decryption(file: dict[str, Any]) -> tuple[Any, bytes]:

@@ -94,6 +94,14 @@ def test_a_body_that_ends_early_without_an_error_is_not_saved(set_dir: Path) -> 
     assert on_disk(set_dir) == []
 
 
+def test_a_file_whole_by_the_homeservers_length_is_kept_though_its_event_claimed_more(set_dir: Path) -> None:
+    data = os.urandom(200_000)
+    repository = Repository(data)  # Content-Length: what it holds
+    content = {"url": "mxc://hs/a", "body": "a.png", "info": {"size": len(data) + 4096}}
+    assert fetch(set_dir, content, repository) == ("attachments/q-1.png", None)
+    assert repository.tries == 1 and (set_dir / "attachments" / "q-1.png").read_bytes() == data
+
+
 def test_a_body_past_the_limit_is_refused_at_once_whatever_it_announced(set_dir: Path) -> None:
     repository = Repository(os.urandom(MIB + 1), length=1000)
     assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, repository) == (None, "attachment_too_large")

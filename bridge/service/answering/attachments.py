@@ -139,7 +139,7 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
     info = content.get("info") if isinstance(content.get("info"), dict) else {}
     try:
         body = FileBody(limit, encrypted if encrypted is not None and url == encrypted.get("url") else None)
-        body.expect(info.get("size"))
+        body.announce(info.get("size"))
     except BodyUndecryptable:
         return None, "attachment_encrypted"
     except BodyTooLarge:
