@@ -231,8 +231,8 @@ def test_a_reply_quotes_the_command_and_keeps_a_table_in_pre():
 NOW = 1_800_000_000.0
 
 
-def message(event_id: str, body: str, sender: str = ADMIN, age_ms: int = 1000) -> dict:
-    return {"type": "m.room.message", "event_id": event_id, "room_id": "!r", "sender": sender,
+def message(event_id: str, body: str, sender: str = ADMIN, age_ms: int = 1000, room: str = "!r") -> dict:
+    return {"type": "m.room.message", "event_id": event_id, "room_id": room, "sender": sender,
             "origin_server_ts": int(NOW * 1000) - age_ms, "content": {"msgtype": "m.text", "body": body}}
 
 
@@ -275,6 +275,37 @@ async def test_a_reply_that_cannot_be_sent_is_retried_without_running_the_comman
     assert await dispatcher.drain() == 1
     assert ctx.calls.reminded == ["release"]  # run once, though the reply was sent on the second try
     assert len(send.sent) == 1 and send.sent[0][2]["body"] == "Sent 2 reminders for “release”."
+
+
+async def test_a_room_that_refuses_the_reply_for_good_holds_up_no_other_command(ctx):
+    """An admin's command in a room that then made the bridge read-only: its
+    reply was retried every 5 s for good, and every later command, in any
+    room, waited behind it.  It is dropped now; a room that refuses only for
+    now keeps its commands, in order, while other rooms' are answered."""
+    from types import SimpleNamespace
+
+    from bridge.service.transport.matrix import MatrixError
+
+    sent: list[tuple[str, str]] = []
+    away = {"!busy:hs"}
+
+    async def send(room_id: str, event_type: str, content: dict, txn_id: str) -> str:
+        if room_id == "!muted:hs":
+            raise MatrixError("send", SimpleNamespace(status_code="M_FORBIDDEN", message="not allowed"))
+        if room_id in away:
+            raise MatrixError("send", SimpleNamespace(status_code="M_LIMIT_EXCEEDED", message="slow down"))
+        sent.append((room_id, content["m.relates_to"]["m.in_reply_to"]["event_id"]))
+        return "$reply"
+
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: NOW)
+    dispatcher.collect([message("$1", "!ask help", room="!muted:hs"), message("$2", "!ask help", room="!busy:hs"),
+                        message("$3", "!ask help", room="!busy:hs"), message("$4", "!ask help")])
+    assert await dispatcher.drain() == 1
+    assert sent == [("!r", "$4")]
+    assert ctx.store.command_handled("$1") and [p.event_id for p in dispatcher.queue] == ["$2", "$3"]
+    away.clear()
+    assert await dispatcher.drain() == 2
+    assert sent[1:] == [("!busy:hs", "$2"), ("!busy:hs", "$3")]
 
 
 async def test_a_command_that_raises_is_answered_with_the_error(ctx):

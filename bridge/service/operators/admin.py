@@ -36,6 +36,7 @@ from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.storage.store import Store
 from bridge.service.storage.storethread import loop_side
 from bridge.service.supervisor import format_tasks
+from bridge.service.transport.matrix import MatrixError
 from bridge.wholefile import replace_whole
 
 log = logging.getLogger(__name__)
@@ -288,11 +289,16 @@ class AdminDispatcher:
             await self.drain()
 
     async def drain(self) -> int:
-        """Answer every queued command; one whose reply can't be sent stays
-        queued for the next wake-up."""
+        """Answer every queued command.  One whose reply can't be sent now
+        stays queued for the next wake-up, and so do the later ones in its
+        room (in order); other rooms' go on.  One whose room refuses the
+        bridge for good (kicked, made read-only) is dropped, said in the log:
+        nothing behind it waits on a reply that can never go."""
         answered = 0
-        while self.queue:
-            pending = self.queue[0]
+        waiting: set[str] = set()  # rooms whose reply could not be sent now
+        for pending in list(self.queue):
+            if pending.room_id in waiting:
+                continue
             text = self.replies.get(pending.event_id)
             if text is None:
                 try:
@@ -304,15 +310,24 @@ class AdminDispatcher:
             try:
                 await self.send(pending.room_id, "m.room.message", reply_content(text, pending.event_id),
                                 txn_id("admin", pending.event_id))
+            except MatrixError as exc:
+                if not exc.permanent:
+                    log.warning("reply to command %s not sent yet (%s)", pending.event_id, exc)
+                    waiting.add(pending.room_id)
+                    continue
+                log.warning("reply to command %s dropped: %s can't be written to (%s)", pending.event_id,
+                            pending.room_id, exc)
             except Exception as exc:  # noqa: BLE001 - the homeserver is away: try again later
                 log.warning("reply to command %s not sent yet (%s)", pending.event_id, exc)
-                return answered
+                waiting.add(pending.room_id)
+                continue
+            else:
+                log.info("command %s from %s answered", pending.command.verb, pending.sender)
+                answered += 1
             with self.ctx.store.transaction():
                 self.ctx.store.mark_command(pending.event_id, int(self.clock() * 1000))
-            self.queue.pop(0)
+            self.queue.remove(pending)
             self.replies.pop(pending.event_id, None)
-            log.info("command %s from %s answered", pending.command.verb, pending.sender)
-            answered += 1
         return answered
 
 
