@@ -158,7 +158,7 @@ def make_front(config: Config, store: Store, ops: Operators) -> Front:
         from bridge.service.transport.appservice import AppserviceFront
 
         return AppserviceFront(config, store, ops)
-    return BotFront(config, store, on_synced=ops.mark_ready, on_outcome=ops.on_outcome, supervisor=ops.supervisor)
+    return BotFront(config, store, on_synced=ops.synced, on_outcome=ops.on_outcome, supervisor=ops.supervisor)
 
 
 async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None) -> None:

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from bridge.devserver import Synapse
+from helpers.agents import free_port
 from helpers.attack import room_history, text_set
 from helpers.harness import Bridge, Person, answer_content, question_posts, read_set, unique
 from helpers.sets import ALL_KINDS_PICKS, all_kinds_set, check_all_kinds_read
@@ -22,7 +23,22 @@ pytestmark = pytest.mark.integration
 OUTAGE_SECONDS = 30
 
 
+def _health_and_metrics(port: int) -> tuple[dict, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+        health = json.loads(response.read())
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return health, response.read().decode()
+
+
+def _sample(text: str, name: str) -> float:
+    """The sum of a metric's samples in the exposition (0 when it has none)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
 async def test_homeserver_down_30_seconds_then_back_loses_nothing(bridge, synapse):
+    port = free_port()
+    bridge.extra_config = {"metrics": {"enabled": True, "listen": f"127.0.0.1:{port}"}}
     bridge.add_set(all_kinds_set("kinds"))
     bridge.start()
     questions = await bridge.wait_questions(bridge.alice, 8)
@@ -35,6 +51,13 @@ async def test_homeserver_down_30_seconds_then_back_loses_nothing(bridge, synaps
     while time.monotonic() - went < OUTAGE_SECONDS:
         bridge.check_alive()  # it waits; it does not give up and exit
         await asyncio.sleep(1)
+    # What monitoring sees: nio retries without end (nothing of the bridge's
+    # own fails), so the silence itself, and nio's warnings, must show.
+    health, metrics = _health_and_metrics(port)
+    assert health["homeserver_silent_seconds"] >= OUTAGE_SECONDS - 5, health
+    assert _sample(metrics, "askwright_bridge_homeserver_silent_seconds") >= OUTAGE_SECONDS - 5
+    assert _sample(metrics, 'askwright_bridge_errors_total{where="nio"}') \
+        + _sample(metrics, 'askwright_bridge_errors_total{where="bot"}') >= 1, metrics
     synapse.start()
     after = await alice.send(room, answer_content(questions[("name", 1)], text="After the outage"))
 
@@ -49,6 +72,7 @@ async def test_homeserver_down_30_seconds_then_back_loses_nothing(bridge, synaps
     log = bridge.log_text()
     # It did meet the outage, and retried (inside the client, or the whole batch).
     assert "Timed out, sleeping" in log or "sync batch not handled" in log
+    assert _health_and_metrics(port)[0]["homeserver_silent_seconds"] < 31  # a long poll comes back within 30 s
     bridge.check_alive()
 
 

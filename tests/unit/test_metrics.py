@@ -212,3 +212,24 @@ async def test_a_connection_that_sends_nothing_is_closed_and_the_descriptor_limi
     out = subprocess.run(["prlimit", "--nofile=1024:4096", sys.executable, "-c", code], capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "4096"
+
+
+def test_the_matrix_client_librarys_warnings_count_and_the_homeservers_silence_shows():
+    """nio retries a homeserver that does not answer without end, logging only
+    its own warnings: they count (where="nio"), and bot mode's silence since
+    the last sync is a gauge and a /health field."""
+    now = [1000.0]
+    metrics = Metrics(clock=lambda: now[0])
+    assert sample(metrics, "askwright_bridge_homeserver_silent_seconds") != 0  # NaN: no sync yet (appservice mode)
+    handler = metrics.error_counter(where="nio")
+    logger = logging.getLogger("nio")
+    logger.addHandler(handler)
+    try:
+        logging.getLogger("nio.client.async_client").warning("Timed out, sleeping for 5s")
+    finally:
+        logger.removeHandler(handler)
+    assert sample(metrics, "askwright_bridge_errors_total", where="nio") == 1
+    metrics.heard()
+    now[0] += 42.5
+    assert sample(metrics, "askwright_bridge_homeserver_silent_seconds") == 42.5
+    assert metrics.silent_seconds == 42.5

@@ -81,6 +81,9 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
             body["role"] = state.role
         if state.held_now is not None:
             body["held"] = state.held_now
+        if state.silent_seconds is not None:
+            # Bot mode: a long poll comes back within 30 s, so much more says the homeserver is not answering.
+            body["homeserver_silent_seconds"] = round(state.silent_seconds, 1)
         if state.tasks_view is not None:
             # A task restarting does not make the bridge unready either: it is shown, counted and retried.
             body["tasks"] = state.tasks_view()

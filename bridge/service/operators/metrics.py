@@ -58,6 +58,14 @@ class Metrics:
                                        buckets=_WRITE_BUCKETS, registry=r)
         self.ready_gauge = Gauge("askwright_bridge_ready", "1 once the first sync or transaction is handled.",
                                  registry=r)
+        self._heard_at: float | None = None
+        # Bot mode: a homeserver that stopped answering (nio retries without
+        # end, so nothing else says so).  NaN in appservice mode, where an idle
+        # homeserver pushes nothing.
+        self.silent = Gauge("askwright_bridge_homeserver_silent_seconds",
+                            "Bot mode: seconds since a sync last came back (a long poll returns within 30 s).",
+                            registry=r)
+        self.silent.set_function(lambda: float("nan") if self.silent_seconds is None else self.silent_seconds)
         self.held_back = Counter("askwright_bridge_held_back",
                                  "Things held back or set aside, by kind (event, set, notice, download) and reason.",
                                  ["kind", "reason"], registry=r)
@@ -153,15 +161,24 @@ class Metrics:
         self.held_now = found
         self.sets_held.set(found.get("sets_held", 0))
 
+    def heard(self) -> None:
+        """Bot mode: a sync came back (a long poll returns at least every 30 s)."""
+        self._heard_at = self.clock()
+
+    @property
+    def silent_seconds(self) -> float | None:
+        """Since the homeserver last answered a sync; None until bot mode's first one."""
+        return None if self._heard_at is None else max(0.0, self.clock() - self._heard_at)
+
     def observe_error(self, where: str) -> None:
         self.errors.labels(where=where or "unknown").inc()
 
-    def error_counter(self) -> logging.Handler:
+    def error_counter(self, where: str | None = None) -> logging.Handler:
         """A logging handler counting every WARNING and above into errors_total,
-        labelled with the logger's last name part (``bot``, ``pipeline``,
-        ``poster``, ``app``, ``appservice``): every place that already logs a
-        failure is counted without another call."""
-        return _ErrorCounter(self)
+        labelled ``where``, or else with the logger's last name part (``bot``,
+        ``pipeline``, ``poster``, ``app``, ``appservice``): every place that
+        already logs a failure is counted without another call."""
+        return _ErrorCounter(self, where)
 
     # -- exposition ------------------------------------------------------------
 
@@ -170,9 +187,10 @@ class Metrics:
 
 
 class _ErrorCounter(logging.Handler):
-    def __init__(self, metrics: Metrics):
+    def __init__(self, metrics: Metrics, where: str | None = None):
         super().__init__(level=logging.WARNING)
         self.metrics = metrics
+        self.where = where
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.metrics.observe_error(record.name.rsplit(".", 1)[-1])
+        self.metrics.observe_error(self.where or record.name.rsplit(".", 1)[-1])

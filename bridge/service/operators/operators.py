@@ -49,6 +49,7 @@ class Operators:
         self.runner: web.AppRunner | None = None
         self.tasks: list[asyncio.Future[Any]] = []
         self._log_handler: logging.Handler | None = None
+        self._nio_handler: logging.Handler | None = None
         self._read_held()  # before anything runs beside it: /health holds the counts from the start
         # Every long-lived background task of the bridge runs under this one.
         self.supervisor = Supervisor(self.metrics.registry)
@@ -143,6 +144,11 @@ class Operators:
         """After the first sync batch or appservice transaction is handled."""
         self.metrics.mark_ready()
 
+    def synced(self) -> None:
+        """Bot mode, after every sync (one with nothing in it too)."""
+        self.metrics.heard()
+        self.metrics.mark_ready()
+
     @staticmethod
     def is_command(event: dict[str, Any]) -> bool:
         return is_command(event)
@@ -161,6 +167,10 @@ class Operators:
         routes are served by the appservice listener instead."""
         self._log_handler = self.metrics.error_counter()
         logging.getLogger("bridge").addHandler(self._log_handler)
+        # The Matrix client library's own warnings (a homeserver timing out,
+        # which it retries without end) are failures an operator must see too.
+        self._nio_handler = self.metrics.error_counter(where="nio")
+        logging.getLogger("nio").addHandler(self._nio_handler)
         if (self.config.metrics.enabled or self.agents is not None) and serve_http:
             from bridge.service.operators.health import start_http  # aiohttp's server only when something is served
 
@@ -221,4 +231,5 @@ class Operators:
             self.runner = None
         if self._log_handler is not None:
             logging.getLogger("bridge").removeHandler(self._log_handler)
+            logging.getLogger("nio").removeHandler(self._nio_handler)
             self._log_handler = None
