@@ -178,3 +178,19 @@ def test_files_taken_back_leave_room_for_others_and_no_name_is_taken_twice(tmp_p
     held = room.record()["attachments"]
     assert len(held) == 11 and len(set(held)) == 11
     assert all((room.set_dir / path).is_file() for path in held)
+
+
+@pytest.mark.parametrize("how", ["reply", "thread"])
+@pytest.mark.parametrize("to", ["$q", "$poll"])
+def test_a_file_replying_to_the_question_or_its_poll_or_in_either_thread_is_the_questions(tmp_path, how, to):
+    """Element shows the question and its poll apart; a file sent as a reply to
+    the poll was never fetched, and its sender was told to send it again."""
+    from helpers.timeline import ROOM, Room
+
+    room = Room(tmp_path)
+    relates = {"m.in_reply_to": {"event_id": to}} if how == "reply" else \
+        {"rel_type": "m.thread", "event_id": to, "is_falling_back": True, "m.in_reply_to": {"event_id": to}}
+    event = {"event_id": "$f", "room_id": ROOM, "sender": "@alice:hs", "origin_server_ts": 5, "type": "m.room.message",
+             "content": {"msgtype": "m.file", "body": "shot.png", "url": "mxc://hs/a", "m.relates_to": relates}}
+    found = attachments.target(event, room.store)
+    assert found is not None and found[:3] == ("$f", "$q", "branch"), found

@@ -118,7 +118,8 @@ def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | N
     reply = relates.get("m.in_reply_to")
     if root is None and isinstance(reply, dict):
         root = reply.get("event_id")
-    question = store.question_by_event(root) if isinstance(root, str) else None
+    # The question itself or its poll: a file in either's thread, or replying to either, is the question's.
+    question = (store.question_by_event(root) or store.question_by_poll(root)) if isinstance(root, str) else None
     if question is None or not question.open or not question.qid:
         return None
     set_dir = store.set_dir_of(question.event_id)
