@@ -194,3 +194,32 @@ def test_a_file_replying_to_the_question_or_its_poll_or_in_either_thread_is_the_
              "content": {"msgtype": "m.file", "body": "shot.png", "url": "mxc://hs/a", "m.relates_to": relates}}
     found = attachments.target(event, room.store)
     assert found is not None and found[:3] == ("$f", "$q", "branch"), found
+
+
+def test_a_part_file_a_crash_left_and_no_download_takes_up_is_swept(tmp_path: Path) -> None:
+    """Killed a second into a download, and the file's message redacted before
+    the next start: nothing fetched that file again, and its part stayed in
+    attachments/ for good.  The downloads task sweeps what no try can still
+    be writing; a part a download may be writing now is left alone."""
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import Room
+
+    room = Room(tmp_path)
+    folder = room.set_dir / "attachments"
+    folder.mkdir()
+    left, writing = folder / ".branch-1.png.part", folder / ".branch-2.png.part"
+    for part in (left, writing):
+        part.write_bytes(os.urandom(1 << 20))
+    old = time.time() - attachments.abandoned_after(MIB) - 1
+    os.utime(left, (old, old))
+    downloads = Downloads(room.store, Repository(b"").download, lambda *_: True, None, MIB, judge_later=None)
+    stop = asyncio.Event()
+
+    async def one_pass() -> None:
+        running = asyncio.ensure_future(downloads.run(stop))
+        await asyncio.sleep(0.2)
+        stop.set()
+        await running
+
+    asyncio.run(one_pass())
+    assert not left.exists() and writing.exists()

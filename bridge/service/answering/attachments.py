@@ -28,7 +28,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, AsyncContextManager, Callable, TypeVar
+from typing import Any, AsyncContextManager, Callable, Iterable, TypeVar
 
 from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
 from bridge.protocol.normalize import FILE_MSGTYPES
@@ -150,7 +150,7 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
         async with download(url, TRY_SECONDS) as media:
             body.expect(media.length)
             folder = attachments_folder_or_refuse(set_dir)
-            await _on_disk(sweep_abandoned, folder, TRIES * (try_seconds(limit) + RETRY_PAUSE * TRIES))
+            await _on_disk(sweep_abandoned, folder, abandoned_after(limit))
             await _save(folder / name, media.chunks, body)
     except BodyTooLarge:
         return None, "attachment_too_large"
@@ -225,6 +225,18 @@ def attachments_folder_or_refuse(set_dir: str) -> Path:
         return attachments_folder(set_dir)
     except OSError as exc:
         raise NotSaved(str(exc)) from exc
+
+
+def abandoned_after(limit: int) -> float:
+    """Seconds after which no download can still be writing a part file (every try is bounded)."""
+    return TRIES * (try_seconds(limit) + RETRY_PAUSE * TRIES)
+
+
+def sweep_sets(set_dirs: Iterable[str], older_than: float) -> None:
+    """``sweep_abandoned`` in the attachments folder of each set that has one."""
+    for set_dir in set_dirs:
+        with contextlib.suppress(OSError):  # gone, unreadable: nothing of ours to sweep there
+            sweep_abandoned(Path(set_dir) / FOLDER, older_than)
 
 
 def sweep_abandoned(folder: Path, older_than: float) -> None:

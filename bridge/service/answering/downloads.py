@@ -21,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 from bridge.protocol.annotate import room_left
 from bridge.protocol.normalize import FILE_MSGTYPES
-from bridge.service.answering.attachments import Download, MayAnswer, fetch_bounded, target
+from bridge.service.answering.attachments import (Download, MayAnswer, abandoned_after, fetch_bounded, sweep_sets,
+                                                  target)
 from bridge.service.eventwait import any_set, set_within
+from bridge.wholefile import in_thread
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,10 @@ KEPT = "download:"  # meta: the event of a file still coming, with where it goes
 BATCH_WAIT = 3.0
 # How often kept downloads nobody is running (a failed judging, a start) are taken up.
 RESUME_EVERY = 30.0
+# How often the sets' attachments folders are swept of part files no
+# download is writing any more (a crash mid-download whose file was never
+# tried again: redacted or its question closed before the next start).
+SWEEP_EVERY = 300.0
 
 JudgeLater = Callable[[list[dict[str, Any]]], Awaitable[Any]]
 
@@ -110,8 +117,12 @@ class Downloads:
         try:
             if after is not None:
                 await any_set([stop, after])  # the answers waiting at start come first
+            swept = 0.0
             while not stop.is_set():
                 await self.resume()
+                if self.download is not None and time.monotonic() - swept >= SWEEP_EVERY:
+                    swept = time.monotonic()
+                    await self._sweep()
                 await set_within(stop, RESUME_EVERY)
         finally:
             for running in list(self.running.values()):
@@ -135,6 +146,10 @@ class Downloads:
                     self.max_bytes)))
             else:
                 self._follow(event, qid, None)  # fetched, not judged yet
+
+    async def _sweep(self) -> None:
+        folders = await self.store.run(self.store.folders_posted)
+        await in_thread(sweep_sets, folders, abandoned_after(self.max_bytes))
 
     def _follow(self, event: dict[str, Any], qid: str, job: asyncio.Future[Any] | None) -> None:
         event_id = event["event_id"]

@@ -165,6 +165,10 @@ class Postings:
         return [row[0] for row in self.db.execute(  # in byte order (the order removed sets are closed in)
             f"SELECT set_dir FROM posted WHERE open=1 GROUP BY set_dir ORDER BY set_dir{self.sql.bytewise}").fetchall()]
 
+    def folders_posted(self) -> list[str]:
+        """Every set folder that ever posted a question."""
+        return [row[0] for row in self.db.execute("SELECT DISTINCT set_dir FROM posted").fetchall()]
+
     def rooms_with_open(self) -> list[str]:
         """The rooms that still have an open posting (their answers count
         wherever the config says new sets go now)."""
