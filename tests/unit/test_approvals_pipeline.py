@@ -775,7 +775,8 @@ def test_stray_delayed_events_past_the_homeservers_memory_of_the_transaction_are
     assert asyncio.run(deadlines.sweep()) == 2 and hs.delayed == {}
 
 
-def _told_while_votes_arrive(tmp_path: Path, approval: dict[str, Any], late: list[dict[str, Any]]):
+def _told_while_votes_arrive(tmp_path: Path, approval: dict[str, Any], late: list[dict[str, Any]],
+                             before: list[dict[str, Any]] = ()):
     """The deadline passes with the bridge behind the room: the pass closes
     the question and, while it tells the room (a send the network holds up),
     the batch holding ``late`` (placed before the deadline) is read."""
@@ -787,6 +788,8 @@ def _told_while_votes_arrive(tmp_path: Path, approval: dict[str, Any], late: lis
     (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
     hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
     room.pipeline.on_logged = hook
+    if before:
+        room.deliver(list(before))
     transport = room.pipeline.transport
     plain_send = transport.send
 
@@ -861,3 +864,18 @@ def test_the_deciding_vote_is_told_once_however_the_votes_were_batched(tmp_path)
     assert told[True] == told[False], told
     assert told[True][0].endswith("1 of 2 for \u201cThe main branch\u201d so far; waiting for @bob:hs or @carol:hs."), told
     assert told[True][1].endswith("With your vote it is decided."), told
+
+
+def test_a_vote_taken_back_before_the_deadline_and_read_after_it_is_not_named_as_standing(tmp_path):
+    """Ana's vote, withdrawn before the deadline, read after the room heard
+    "expired undecided: 1 of the 2 votes needed (... Ana)": answers.json had
+    no vote standing, the room went on naming hers."""
+    room, notices, edits, hooks = _told_while_votes_arrive(
+        tmp_path, {"answerers": [ANA, BO], "quorum": {"required": 2}, "expires": "45s"},
+        [redact("$ra", ANA, T0 + 44_000, "$a0")], before=[answer("$a0", ANA, T0 + 30_000, "main")])
+    assert room.record()["state"] == "expired" and room.record()["votes"] == []
+    assert ANA in notices[0] and ANA not in notices[-1], notices
+    assert notices[-1].startswith("This question expired undecided at 08:00:45 UTC: no votes"), notices
+    assert ANA not in edits[-1], edits
+    assert hooks.count("question.expired") == 1, hooks
+    assert room.store.meta_with_prefix("approval:") == []

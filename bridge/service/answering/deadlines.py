@@ -268,7 +268,12 @@ class Deadlines:
             # room is told what it is now.
             record = self.store.projection(set_dir, question.qid)
             due = self._due(question, record)
-            if due is not None:
+            if due is not None and due == self._told(event_id).get("said"):
+                # The same outcome, what stood changed: the room hears it again
+                # (the agent heard the vote's change as it came).
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(UNTOLD + event_id, question.closed_why or CLOSED_EXPIRED)
+            elif due is not None:
                 self._close(question, set_dir, CLOSED_DECIDED if due == CLOSED_DECIDED else CLOSED_EXPIRED, record)
                 self.flush()
                 question = self.store.question_by_event(event_id) or question
@@ -300,9 +305,15 @@ class Deadlines:
             return now
         if self.store.get_meta(UNTOLD + question.event_id) is not None:
             return None  # being told: the words are made from the record as it is then
-        heard = self._told(question.event_id).get("said")
-        # (None: told before the bridge kept what it said; taken to stand.)
-        return now if heard is not None and now != heard else None
+        told = self._told(question.event_id)
+        if "said" not in told:
+            return None  # told before the bridge kept what it said: taken to stand
+        if now != told["said"]:
+            return now
+        # The same outcome, but what stood changed (a vote taken back before
+        # the deadline, read after it; a veto read late): the room hears that too.
+        words = outcome_words(question, record, question.closed_why or CLOSED_EXPIRED)[0]
+        return now if "words" in told and words != told["words"] else None
 
     def _told(self, event_id: str) -> dict[str, Any]:
         raw = self.store.get_meta(TOLD + event_id)
@@ -329,21 +340,16 @@ class Deadlines:
 
     async def _tell(self, question: RecordedQuestion, set_dir: str, why: str) -> None:
         record = self.store.projection(set_dir, question.qid or "") or {}
-        labels = labels_of(question)
-        tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
-                      record.get("decided_by") or [], veto=bool(question.quorum and record.get("choice") in question.quorum[1]))
+        words, closing = outcome_words(question, record, why)
         delayed_poll_end = delayed_edit = False
         closed_at = self._now()
         if why == CLOSED_DECIDED:
             await self._cancel(question.event_id)
-            words, closing = decision_words(tally, labels), decision_line(tally, labels)
         else:
             closed_at = question.expires_ms or closed_at
             # The homeserver's own poll end (a delayed event) already closed it, or is about to.
             delays = self._delays(question.event_id)
             await self._cancel(question.event_id, keep=("poll_end", "edit"))
-            words, closing = expiry_words(record, question.quorum[0] if question.quorum else None,
-                                          question.expires_ms or 0, labels)
             said = self.store.get_meta(CLOSING + question.event_id)
             # The homeserver's closing edit says just this (same words, same
             # time): a second, identical edit from the bridge would only flicker.
@@ -375,7 +381,8 @@ class Deadlines:
             await self.transport.send(question.room_id, POLL_END, poll_end(poll, closing), txn_id("poll-end", poll))
         with self.store.transaction(flush=False):
             self.store.delete_meta(UNTOLD + question.event_id)
-            self.store.set_meta(TOLD + question.event_id, json.dumps({"said": said, "n": told.get("n", 0) + 1}))
+            self.store.set_meta(TOLD + question.event_id, json.dumps({"said": said, "words": words,
+                                                                      "n": told.get("n", 0) + 1}))
 
     def _forget_delay(self, event_id: str, what: str) -> None:
         delays = self._delays(event_id)
@@ -513,6 +520,17 @@ class Deadlines:
 
 # How long a stop waits for the last pass of approvals.
 FINAL_PASS_SECONDS = 5.0
+
+
+def outcome_words(question: RecordedQuestion, record: dict[str, Any], why: str) -> tuple[str, str]:
+    """(the thread's notice, the closing line) for a question ``why`` closed, as ``record`` stands."""
+    labels = labels_of(question)
+    if why == CLOSED_DECIDED:
+        tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
+                      record.get("decided_by") or [],
+                      veto=bool(question.quorum and record.get("choice") in question.quorum[1]))
+        return decision_words(tally, labels), decision_line(tally, labels)
+    return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0, labels)
 
 
 def labels_of(question: RecordedQuestion) -> dict[str, str]:
