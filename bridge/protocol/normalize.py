@@ -15,7 +15,7 @@ saved as) come through ``Lookup``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Protocol
 
 from bridge.protocol.fit import timestamp
@@ -310,7 +310,17 @@ def _edited_gesture(event: dict[str, Any], content: dict[str, Any], new: dict[st
     logged = lookup.logged_question(original)
     question = lookup.question_by_event(logged[0]) if logged else None
     body = new.get("body")
-    if question is None or not isinstance(body, str) or (_s(new, "msgtype") or "m.text") not in TEXT_MSGTYPES:
+    if question is None or not isinstance(body, str):
+        return None
+    msgtype = _s(new, "msgtype") or "m.text"
+    if msgtype in FILE_MSGTYPES and logged is not None and logged[1] == "attachment":
+        # A file's caption edited (Element sends the file message again, new
+        # body, same file): the note changes, the file stays the one kept.
+        kept = _attachment({**event, "event_id": original}, new, question, lookup)
+        if not kept.attachments:
+            return None  # the file was not kept: there is no note of it to change
+        return replace(kept, event_id=_s(event, "event_id"), ts=_ts(event), via="edit", replaces=original)
+    if msgtype not in TEXT_MSGTYPES:
         return None
     in_thread = logged is not None and logged[1] in ("note", "thread")
     return _read_words(event, body, question, lookup, in_thread=in_thread, via="edit", replaces=original)

@@ -223,3 +223,36 @@ def test_a_part_file_a_crash_left_and_no_download_takes_up_is_swept(tmp_path: Pa
 
     asyncio.run(one_pass())
     assert not left.exists() and writing.exists()
+
+
+def test_an_edited_caption_replaces_the_files_note_and_keeps_the_file(tmp_path: Path, monkeypatch) -> None:
+    """Element edits a caption as an m.replace whose new content is the file
+    message with the new body: it was ignored (no word back, the old note
+    stayed), as only text was read as an edit."""
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import Room, answer, picture
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
+    room = Room(tmp_path)
+    downloads = Downloads(room.store, Repository(b"\x89PNG" + os.urandom(2000)).download, lambda *_: True, None, MIB,
+                          judge_later=None)
+    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    shot = picture("$f", "@alice:hs", 2000)
+    shot["content"]["body"] = "the red button is off"
+    room.deliver(asyncio.run(downloads.prefetch([shot])))
+    first = room.record()
+    assert first["note"] == "the red button is off" and len(first["attachments"]) == 1
+    new = {k: v for k, v in shot["content"].items() if k != "m.relates_to"}
+    new["body"] = "the red button is off by 3 px"
+    edit = {"event_id": "$e", "room_id": shot["room_id"], "sender": "@alice:hs", "origin_server_ts": 3000,
+            "type": "m.room.message",
+            "content": {**new, "body": "* the red button is off by 3 px", "m.new_content": new,
+                        "m.relates_to": {"rel_type": "m.replace", "event_id": "$f"}}}
+    room.deliver(asyncio.run(downloads.prefetch([edit])))
+    record = room.record()
+    assert record["note"] == "the red button is off by 3 px", record
+    assert record["attachments"] == first["attachments"]
+    assert (room.set_dir / record["attachments"][0]).is_file()
+    seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$e'").fetchone()[0]
+    told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
+    assert told.startswith("Changed what you added to your answer"), told
