@@ -106,6 +106,10 @@ def _move_sets(args: argparse.Namespace) -> int:
             if running:
                 return _say(f"instance {running[0]['id']} ({running[0]['role']}) was heard from "
                             f"{running[0]['seen_seconds_ago']} s ago; stop every instance first", 2, "move-sets")
+        elif not Path(config.store.path).is_file():
+            # (Opening it would make an empty store there, which knows no set.)
+            return _say(f"there is no store at {config.store.path}; is {args.config} the bridge's config?", 2,
+                        "move-sets")
         else:
             lock = hold(config.store.path)
         store = Store(config.store.path, url=config.store.url, password=config.store.password)

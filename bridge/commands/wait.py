@@ -84,7 +84,9 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value < 0 or value != value:
+    if value != value:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    if value < 0:
         raise argparse.ArgumentTypeError("the timeout can't be negative")
     return value
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from bridge.questionset.lint.approvals import user_id_problem
 from bridge.service.sections import Duration, Invalid, Section, parse_duration
 
 # Environment variables that override (or stand in for) secrets in the file.
@@ -319,12 +320,18 @@ class Config(Section):
                 raise Invalid(f"agent name {name!r} must be letters, digits, _, . or - (64 at most)", "agents")
             if not self.agent_api.allow_private_callbacks:
                 _webhook_goes_outward(name, self.agents[name])
+        for key in ("answerers", "admins"):
+            for user in getattr(self, key):
+                # A misspelt id would match nobody, silently: an admin who is never one.
+                problem = user_id_problem(user)
+                if problem is not None:
+                    raise Invalid(problem, key)
         if self.appservice.enabled:
             localpart = self.bot.user_id[1:].split(":", 1)[0]
             if localpart != self.appservice.sender_localpart:
-                raise ValueError("bot.user_id must be the appservice's sender_localpart user")
+                raise Invalid("must be the appservice's sender_localpart user", "bot", "user_id")
         elif not (self.bot.access_token or self.bot.password):
-            raise ValueError("bot needs access_token or password (or ASKWRIGHT_BRIDGE_ACCESS_TOKEN)")
+            raise Invalid("needs access_token or password (or ASKWRIGHT_BRIDGE_ACCESS_TOKEN)", "bot")
 
     @property
     def inviters(self) -> frozenset[str] | None:

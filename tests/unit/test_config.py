@@ -51,7 +51,9 @@ def test_a_room_version_12_id_without_server_part_is_accepted(tmp_path):
     (lambda d: d["rooms"].update(default="room"), "rooms.default"),
     (lambda d: d.update(answerers="@a:b"), "answerers"),
     (lambda d: d.update(colour="blue"), "colour"),
-    (lambda d: d["bot"].pop("access_token"), "(top level)"),
+    (lambda d: d["bot"].pop("access_token"), "bot"),
+    (lambda d: d.update(admins=["notauser"]), "admins"),
+    (lambda d: d.update(answerers=["@a:b", "bob"]), "answerers"),
     (lambda d: d.update(attachments={"max_bytes": 0}), "attachments.max_bytes"),
     (lambda d: d.update(attachments={"max_bytes": "20MB"}), "attachments.max_bytes"),
     (lambda d: d.update(attachments={"max_size": 10}), "attachments.max_size"),
@@ -64,7 +66,7 @@ def test_a_bad_key_is_named(tmp_path, mutate, key):
     mutate(data)
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, data), environ={})
-    assert f": {key}:" in str(caught.value) or key == "(top level)"
+    assert f": {key}:" in str(caught.value)
 
 
 def test_secrets_can_come_from_the_environment(tmp_path):
@@ -122,3 +124,20 @@ def test_what_yaml_users_write_for_booleans_numbers_and_durations_is_taken(tmp_p
     assert config.reminders.after_seconds == 3600 and config.reminders.every_seconds == 2 * 86400
     assert config.encryption.verified_devices == {"@a:hs": {"DEV": "abcdefgh"}}
     assert config.logging.level == "INFO" and config.appservice.enabled is False  # defaults of sections left out
+
+
+def test_move_sets_with_a_config_naming_no_store_says_so_and_makes_none(tmp_path, capsys):
+    """It made an empty store where the config pointed, then said that store
+    knew no set under the old root: the wrong config went unnoticed."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in GOOD.items()}
+    data["store"] = {"path": str(tmp_path / "nowhere.sqlite")}
+    data["sets"] = {"root": str(tmp_path / "sets")}
+    assert main(["store", "move-sets", "-c", str(write(tmp_path, data)), "--from", str(tmp_path / "old")]) == 2
+    assert "there is no store at" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere.sqlite").exists()
+
+
+def test_a_wait_timeout_that_is_not_a_number_says_so(tmp_path, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["wait", str(tmp_path), "--timeout", "nan"])
+    assert caught.value.code == 2 and "not a number of seconds: 'nan'" in capsys.readouterr().err
