@@ -879,3 +879,31 @@ def test_a_vote_taken_back_before_the_deadline_and_read_after_it_is_not_named_as
     assert ANA not in edits[-1], edits
     assert hooks.count("question.expired") == 1, hooks
     assert room.store.meta_with_prefix("approval:") == []
+
+
+def test_a_decision_read_just_before_a_new_revision_closed_the_posting_is_announced(tmp_path):
+    """Bo's vote decided revision 1 and was read; the agent's revision 2
+    closed it ("replaced") before the once-a-second pass saw the decision:
+    answers.json said decided, the room and the agent never heard it."""
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = room_with(tmp_path)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+    with room.store.transaction():
+        room.store.close_question("$q", "replaced by revision 2")
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush, on_decided=hook.decided,
+                          on_expired=hook.expired, clock=lambda: (T0 + 3000) / 1000)
+    for _ in range(2):
+        asyncio.run(deadlines.pass_once())
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert said.count("Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs.") == 1, said
+    hooks = [json.loads(row.body)["type"] for row in due(room.store, 2**62)]
+    assert hooks.count("question.decided") == 1, hooks
+    assert room.store.meta_with_prefix("approval:") == []

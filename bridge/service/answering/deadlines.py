@@ -277,6 +277,14 @@ class Deadlines:
                 self._close(question, set_dir, CLOSED_DECIDED if due == CLOSED_DECIDED else CLOSED_EXPIRED, record)
                 self.flush()
                 question = self.store.question_by_event(event_id) or question
+        elif not question.open and self._decided_unsaid(question, set_dir):
+            # Decided by a vote the room placed before it was closed otherwise
+            # (replaced by a new revision, say) and read just before that close:
+            # the decision stands for this posting, and is announced.
+            with self.store.transaction():
+                self.store.set_meta(UNTOLD + event_id, CLOSED_DECIDED)
+                if self.on_decided is not None:
+                    self.on_decided(question, self.store.projection(set_dir, question.qid) or {})
         why = self.store.get_meta(UNTOLD + event_id)
         if why is not None:
             await self._tell(question, set_dir, why)
@@ -299,8 +307,8 @@ class Deadlines:
         """The outcome (``told_outcome``) the room must hear now, when it heard
         another; None when what it heard (or is about to hear) stands."""
         now = told_outcome(record)
-        if now is None or question.open:
-            return None
+        if now is None or question.open or question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
+            return None  # (closed otherwise, its record may be a later posting's)
         if now in (CLOSED_DECIDED, CLOSED_EXPIRED) and now != question.closed_why:
             return now
         if self.store.get_meta(UNTOLD + question.event_id) is not None:
@@ -314,6 +322,14 @@ class Deadlines:
         # the deadline, read after it; a veto read late): the room hears that too.
         words = outcome_words(question, record, question.closed_why or CLOSED_EXPIRED)[0]
         return now if "words" in told and words != told["words"] else None
+
+    def _decided_unsaid(self, question: RecordedQuestion, set_dir: str) -> bool:
+        """A posting closed otherwise whose own quorum decided it, not announced yet."""
+        if question.quorum is None or question.closed_why in (CLOSED_DECIDED, CLOSED_EXPIRED) \
+                or self._told(question.event_id) or self.store.get_meta(UNTOLD + question.event_id) is not None:
+            return False
+        record = self.store.projection(set_dir, question.qid or "")
+        return told_outcome(record) == CLOSED_DECIDED and record is not None and record.get("q_rev") == question.rev
 
     def _told(self, event_id: str) -> dict[str, Any]:
         raw = self.store.get_meta(TOLD + event_id)
