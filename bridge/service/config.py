@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from bridge.questionset.lint.approvals import user_id_problem
+from bridge.protocol.userids import user_id_problem
 from bridge.service.sections import Duration, Invalid, Section, parse_duration
 
 # Environment variables that override (or stand in for) secrets in the file.

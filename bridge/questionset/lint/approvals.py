@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from bridge.protocol.deadline import is_rfc3339, parse_rfc3339_ms, parse_when
+from bridge.protocol.userids import user_id_problem
 from bridge.questionset.builtin import BUILTIN_IDS
 from bridge.questionset.lint.access import dict_at, is_int, list_at, quote, value_at
 from bridge.questionset.lint.context import Context, QuestionView
@@ -13,17 +13,6 @@ from bridge.questionset.lint.unknown import check_unknown
 
 # The kinds whose answer is one pick: the only ones a vote can be counted on.
 QUORUM_KINDS = ("choice", "confirm", "scale", "compare")
-# A Matrix user id: @localpart:server (the grammar's characters, loosely; the server part as given).
-_USER_ID = re.compile(r"^@[^\s:]+:[^\s]+$")
-USER_ID_MAX = 255
-
-
-def user_id_problem(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return "must be a Matrix user id such as @ana:example.org"
-    if len(value) > USER_ID_MAX or not _USER_ID.fullmatch(value):
-        return f"{quote(value)} is not a Matrix user id (like @ana:example.org)"
-    return None
 
 
 def check_set_expires(ctx: Context) -> None:
