@@ -62,7 +62,9 @@ async def test_metrics_and_health_move_during_a_run(bridge):
         status, body = await asyncio.to_thread(get, base + "/health")
         seen = json.loads(body)
         tasks = seen.pop("tasks", {})  # the supervisor's tasks, each running (joining: done at once)
+        silent = seen.pop("homeserver_silent_seconds", None)  # bot mode: a long poll comes back within 30 s
         return status == 200 and seen == {"live": True, "ready": True, "held": NOTHING_HELD} and \
+            silent is not None and 0 <= silent < 31 and \
             {name: task["state"] for name, task in tasks.items()} == {
                 "transport": "running", "notices": "running", "sets": "running", "joining": "finished",
                 "commands": "running", "deadlines": "running", "checkpoints": "running", "held-back": "running",
