@@ -256,3 +256,65 @@ def test_an_edited_caption_replaces_the_files_note_and_keeps_the_file(tmp_path: 
     seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$e'").fetchone()[0]
     told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
     assert told.startswith("Changed what you added to your answer"), told
+
+
+class Repositories:
+    """A content repository holding a file per mxc URL, some slow to come."""
+
+    def __init__(self, files: dict[str, bytes], slow: dict[str, float] | None = None):
+        self.files, self.slow = files, slow or {}
+
+    @contextlib.asynccontextmanager
+    async def download(self, mxc: str, _stall: float):
+        data = self.files[mxc]
+
+        async def chunks():
+            await asyncio.sleep(self.slow.get(mxc, 0))
+            yield data
+
+        yield MediaBody(len(data), chunks())
+
+
+@pytest.mark.parametrize("case", ["a refused file among them", "a slow first file"])
+def test_the_twenty_places_go_to_the_files_kept_in_the_rooms_order(tmp_path: Path, monkeypatch, case) -> None:
+    """A file refused (too large) still cost a place, so the twentieth good
+    file was refused as one too many; and a first file still coming when the
+    next batch came lost its place to that batch's files."""
+    from bridge.service.answering import downloads as downloads_module
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import Room, answer, picture
+
+    monkeypatch.setattr(downloads_module, "BATCH_WAIT", 0.5)
+    room = Room(tmp_path)
+    events = [picture(f"$f{n}", "@alice:hs", 2000 + n) for n in range(21)]
+    for n, event in enumerate(events):
+        event["content"]["url"] = f"mxc://hs/{n}"
+    files = {f"mxc://hs/{n}": b"\x89PNG" + bytes([n]) * 1000 for n in range(21)}
+    if case == "a refused file among them":
+        files["mxc://hs/3"] = os.urandom(MIB + 1)
+        expected_refused = {"$f3": "attachment_too_large"}
+    else:
+        expected_refused = {"$f20": "too_many_attachments"}
+    repository = Repositories(files, slow={"mxc://hs/0": 1.0} if case == "a slow first file" else None)
+    judged: list[list[dict[str, Any]]] = []
+
+    async def judge_later(later: list[dict[str, Any]]) -> None:
+        judged.append(later)
+        room.deliver(later)
+
+    downloads = Downloads(room.store, repository.download, lambda *_: True, None, MIB, judge_later=judge_later)
+    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+
+    async def send() -> None:
+        # The slow file in a batch of its own, still coming when the next batch comes.
+        for batch in ([events[:1], events[1:]] if case == "a slow first file" else [events]):
+            room.deliver(await downloads.prefetch(batch))
+        while downloads.running:
+            await asyncio.sleep(0.05)
+
+    asyncio.run(send())
+    kept = room.record()["attachments"]
+    assert len(kept) == 20
+    refused = {event_id: room.store.attachment(event_id)[1] for event_id in (e["event_id"] for e in events)
+               if room.store.attachment(event_id)[0] is None}
+    assert refused == expected_refused

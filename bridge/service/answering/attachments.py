@@ -84,12 +84,8 @@ def try_seconds(limit: int) -> float:
 
 
 async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
-                         download: Download, limit: int = DEFAULT_MAX_BYTES,
-                         full: bool = False) -> tuple[str | None, str | None]:
-    """``number`` names the file (never a name taken before); ``full``: the
-    answer already holds as many files as it may."""
-    if full:
-        return None, "too_many_attachments"
+                         download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
+    """``number`` names the file (never a name taken before)."""
     for attempt in range(1, TRIES + 1):
         try:
             return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit), try_seconds(limit))

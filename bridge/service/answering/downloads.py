@@ -19,6 +19,7 @@ files after it never take its name.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -28,6 +29,7 @@ from bridge.protocol.annotate import room_left
 from bridge.protocol.normalize import FILE_MSGTYPES
 from bridge.service.answering.attachments import (Download, MayAnswer, abandoned_after, fetch_bounded, sweep_sets,
                                                   target)
+from bridge.service.answering.places import Places
 from bridge.service.eventwait import any_set, set_within
 from bridge.wholefile import in_thread
 from bridge.service.storage.store import Store
@@ -56,6 +58,7 @@ class Downloads:
         self.on_trouble, self.max_bytes, self.judge_later = on_trouble, max_bytes, judge_later
         self.flush = flush  # the folders written (and doomed files deleted) now
         self.running: dict[str, asyncio.Future[Any]] = {}  # event id -> its download and judging
+        self._places: dict[tuple[str, str], Places] = {}  # answers with files not judged yet: their places
 
     async def prefetch(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Save the new files of ``events`` sent to open questions; the events to judge now."""
@@ -64,7 +67,7 @@ class Downloads:
         later: set[str] = set()
         jobs: list[tuple[dict[str, Any], str, str, int, asyncio.Future[Any]]] = []
         numbers: dict[tuple[str, str], int] = {}
-        room: dict[tuple[str, str], int] = {}  # files each answer may still take
+        places: dict[tuple[str, str], Places] = {}  # the files each answer may still take
         for event in events:
             event_id = event.get("event_id")
             if event_id in self.running or (_is_file(event) and self.store.attachment(event_id) == (None, PENDING)):
@@ -84,11 +87,12 @@ class Downloads:
                 # Names go on from every file ever fetched for the question (none
                 # is taken twice); the cap counts what the answer holds now.
                 numbers[key] = self.store.attachment_count(set_dir, qid)
-                room[key] = room_left(self.store.projection(set_dir, qid))["attachments"]
+                places[key] = self._places.get(key) or Places(room_left(self.store.projection(set_dir, qid))["attachments"])
+                self._places[key] = places[key]
             numbers[key] += 1
-            room[key] -= 1
-            jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(fetch_bounded(
-                event["content"], set_dir, qid, numbers[key], self.download, self.max_bytes, full=room[key] < 0))))
+            places[key].owed += 1
+            jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(places[key].fetched(functools.partial(
+                fetch_bounded, event["content"], set_dir, qid, numbers[key], self.download, self.max_bytes)))))
         if not jobs:
             return [event for event in events if event.get("event_id") not in later] if later else events
         await asyncio.wait([job for *_parts, job in jobs], timeout=BATCH_WAIT)
@@ -101,14 +105,16 @@ class Downloads:
                     self.store.record_attachment(event["event_id"], set_dir, qid, None, PENDING)
                     self.store.set_meta(KEPT + event["event_id"], json.dumps(
                         {"event": event, "set_dir": set_dir, "qid": qid, "number": number}))
-        for event, _set_dir, qid, _number, job in jobs:
+        for event, set_dir, qid, _number, job in jobs:
+            judged = functools.partial(self._judged, (set_dir, qid))
             if job.done():
                 self._told(event["event_id"], qid, job.result()[1])
+                judged()  # (by the caller, with the rest of the batch)
             else:
                 later.add(event["event_id"])
                 log.info("file %s for %s still coming after %.0f s: judged once it is in, the batch goes on",
                          event["event_id"], qid, BATCH_WAIT)
-                self._follow(event, qid, job)
+                self._follow(event, qid, job, judged)
         return [event for event in events if event.get("event_id") not in later]
 
     async def run(self, stop: asyncio.Event, after: asyncio.Event | None = None) -> None:
@@ -151,10 +157,22 @@ class Downloads:
         folders = await self.store.run(self.store.folders_posted)
         await in_thread(sweep_sets, folders, abandoned_after(self.max_bytes))
 
-    def _follow(self, event: dict[str, Any], qid: str, job: asyncio.Future[Any] | None) -> None:
+    def _judged(self, key: tuple[str, str]) -> None:
+        places = self._places.get(key)
+        if places is not None:
+            places.owed -= 1
+            if places.owed <= 0:
+                del self._places[key]  # the record holds them all now: the next batch counts from it
+
+    def _follow(self, event: dict[str, Any], qid: str, job: asyncio.Future[Any] | None,
+                judged: Callable[[], None] = lambda: None) -> None:
         event_id = event["event_id"]
         self.running[event_id] = asyncio.ensure_future(self._settle(event, qid, job))
-        self.running[event_id].add_done_callback(lambda _done: self.running.pop(event_id, None))
+
+        def done(_task: asyncio.Future[Any]) -> None:
+            self.running.pop(event_id, None)
+            judged()
+        self.running[event_id].add_done_callback(done)
 
     async def _settle(self, event: dict[str, Any], qid: str, job: asyncio.Future[Any] | None) -> None:
         """The file in (or given up on), then its event judged; its kept
