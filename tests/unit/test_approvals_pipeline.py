@@ -827,6 +827,8 @@ def test_votes_read_while_the_room_hears_the_expiry_decide_it_and_the_room_hears
                         "@bob:hs).", edits
     assert hooks.count("question.decided") == 1, hooks
     assert room.store.meta_with_prefix("approval:") == []
+    # The poll was ended once, at the first telling (Element shows each end as "ended poll").
+    assert sum("org.matrix.msc3381.poll.end" in c for c in room.pipeline.transport.sent) == 1
 
 
 def test_an_answer_read_while_the_room_hears_the_expiry_stands_and_the_room_hears_that_too(tmp_path):
@@ -907,3 +909,79 @@ def test_a_decision_read_just_before_a_new_revision_closed_the_posting_is_announ
     hooks = [json.loads(row.body)["type"] for row in due(room.store, 2**62)]
     assert hooks.count("question.decided") == 1, hooks
     assert room.store.meta_with_prefix("approval:") == []
+
+
+def _revise(room: Room, deadlines: Deadlines) -> RecordedQuestion:
+    """The agent's revision 2, posted as the poster posts it: the replaced
+    posting's record kept, the new posting recorded, the old one closed."""
+    import copy
+
+    content = copy.deepcopy(room.posted.content)
+    content["question"]["rev"] = 2
+    content["elicitation_id"] = "elc_branch_2"
+    new = RecordedQuestion(event_id="$q2", room_id=room.posted.room_id, set_id="kinds", content=content)
+    still_open = room.store.question_by_event("$q").open
+    with room.store.transaction():
+        if still_open:  # (the poster closes only what is open: a decided posting stays decided)
+            deadlines.keep_record(room.posted, str(room.set_dir))
+        room.store.record_posted(new, set_dir=str(room.set_dir), posted_at=2)
+        if still_open:
+            room.store.close_question("$q", "replaced by revision 2")
+        room.store.set_meta("approval:$q2", "1")
+    return new
+
+
+def _vote_on(posting: RecordedQuestion, event_id: str, sender: str, ts: int, option: str) -> dict[str, Any]:
+    event = answer(event_id, sender, ts, option)
+    event["content"]["elicitation_id"] = posting.elicitation_id
+    event["content"]["m.relates_to"]["event_id"] = posting.event_id
+    return event
+
+
+def test_a_replaced_revisions_thread_hears_its_own_outcome_never_the_next_revisions(tmp_path):
+    """Revision 1 decided and told; revision 2 then vetoed: revision 1's thread
+    was told "Vetoed", and its question edited to say so, every second pass
+    comparing it with the question's record, by then revision 2's."""
+    room = room_with(tmp_path, expires="1h")
+    transport = room.pipeline.transport
+    deadlines = Deadlines(room.store, transport, flush=room.pipeline.flush, clock=lambda: (T0 + 3000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+    asyncio.run(deadlines.pass_once())
+    told = len(transport.sent)
+    assert "Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in [c.get("body") for c in transport.sent]
+    rev2 = _revise(room, deadlines)
+    room.deliver([_vote_on(rev2, "$c2", CY, T0 + 4000, "stable")])  # the veto, on revision 2
+    for _ in range(3):
+        asyncio.run(deadlines.pass_once())
+    about_rev1 = [c for c in transport.sent[told:]
+                  if "$q" in json.dumps(c.get("m.relates_to", {})) and "$q2" not in json.dumps(c.get("m.relates_to", {}))]
+    assert about_rev1 == [], about_rev1
+
+
+def test_a_decision_revised_away_before_the_pass_saw_it_is_announced_with_its_own_words(tmp_path):
+    """Ana and Bo decided revision 1; revision 2 was posted within the pass's
+    second: the question's record was revision 2's (pending) by then, so the
+    decision was never announced."""
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = room_with(tmp_path)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush, on_decided=hook.decided,
+                          clock=lambda: (T0 + 3000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+    _revise(room, deadlines)
+    for _ in range(2):
+        asyncio.run(deadlines.pass_once())
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert said.count("Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs.") == 1, said
+    decided = [json.loads(row.body) for row in due(room.store, 2**62) if "question.decided" in row.key]
+    assert len(decided) == 1 and decided[0]["record"]["decided_by"] == [ANA, BO]
+    assert room.store.get_meta("approval:$q") is None

@@ -43,7 +43,8 @@ DELAYS = "delays:"  # meta: JSON {what: delay_id} handed to the homeserver
 UNTOLD = "approval_untold:"  # meta: decided / expired, the room not told yet
 ESCALATED = "escalated:"  # meta: the escalation's mention was sent (or handed to the homeserver)
 CLOSING = "approval_closing:"  # meta: JSON {words, gen[, next]}: what the delayed closing edit says
-TOLD = "approval_told:"  # meta: JSON {said, n}: the outcome the room last heard, and how many tellings so far
+TOLD = "approval_told:"  # meta: JSON {said, words, n}: what the room last heard, and how many tellings so far
+RECORD = "approval_record:"  # meta: JSON, a replaced posting's record as it closed
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
 
@@ -266,7 +267,7 @@ class Deadlines:
             # vote from before the deadline, a redaction from before the
             # decision, an answer given in time) made it another outcome: the
             # room is told what it is now.
-            record = self.store.projection(set_dir, question.qid)
+            record = self._record_of(question, set_dir)
             due = self._due(question, record)
             if due is not None and due == self._told(event_id).get("said"):
                 # The same outcome, what stood changed: the room hears it again
@@ -284,7 +285,7 @@ class Deadlines:
             with self.store.transaction():
                 self.store.set_meta(UNTOLD + event_id, CLOSED_DECIDED)
                 if self.on_decided is not None:
-                    self.on_decided(question, self.store.projection(set_dir, question.qid) or {})
+                    self.on_decided(question, self._record_of(question, set_dir) or {})
         why = self.store.get_meta(UNTOLD + event_id)
         if why is not None:
             await self._tell(question, set_dir, why)
@@ -296,10 +297,10 @@ class Deadlines:
             # question to watch) is not forgotten with it.
             question = self.store.question_by_event(event_id) or question
             watching_deadline = question.closed_why == CLOSED_DECIDED and question.expires_ms is not None \
-                and not self.store.is_expired(event_id)
+                and not self.store.is_expired(event_id) and self._latest(question, set_dir)
             if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) \
                     and not watching_deadline and (question.open or question.qid is None or self._due(
-                        question, self.store.projection(set_dir, question.qid)) is None):
+                        question, self._record_of(question, set_dir)) is None):
                 self.store.delete_meta(TRACKED + event_id)
                 self.store.delete_meta(CLOSING + event_id)
 
@@ -328,8 +329,29 @@ class Deadlines:
         if question.quorum is None or question.closed_why in (CLOSED_DECIDED, CLOSED_EXPIRED) \
                 or self._told(question.event_id) or self.store.get_meta(UNTOLD + question.event_id) is not None:
             return False
-        record = self.store.projection(set_dir, question.qid or "")
+        record = self._record_of(question, set_dir)
         return told_outcome(record) == CLOSED_DECIDED and record is not None and record.get("q_rev") == question.rev
+
+    def _latest(self, question: RecordedQuestion, set_dir: str) -> bool:
+        latest = self.store.latest_posted(set_dir, question.qid or "")
+        return latest is None or latest.event_id == question.event_id
+
+    def _record_of(self, question: RecordedQuestion, set_dir: str) -> dict[str, Any] | None:
+        """The posting's record: the question's, while it is the newest posting;
+        a revision's posting after it was replaced is judged and told by the
+        record kept as it closed (the question's is the new revision's then)."""
+        if self._latest(question, set_dir):
+            return self.store.projection(set_dir, question.qid or "")
+        raw = self.store.get_meta(RECORD + question.event_id)
+        return json.loads(raw) if raw else None
+
+    def keep_record(self, replaced: RecordedQuestion, set_dir: str) -> None:
+        """In the transaction that posts a new revision, before it is recorded:
+        the record the replaced posting closes with (an approval's only)."""
+        if wants_tracking(replaced) and replaced.qid:
+            record = self.store.projection(set_dir, replaced.qid)
+            if record is not None:
+                self.store.set_meta(RECORD + replaced.event_id, json.dumps(record))
 
     def _told(self, event_id: str) -> dict[str, Any]:
         raw = self.store.get_meta(TOLD + event_id)
@@ -355,7 +377,7 @@ class Deadlines:
         log.info("question %s: %s/%s rev %s", why, question.set_id, question.qid, question.rev)
 
     async def _tell(self, question: RecordedQuestion, set_dir: str, why: str) -> None:
-        record = self.store.projection(set_dir, question.qid or "") or {}
+        record = self._record_of(question, set_dir) or {}
         words, closing = outcome_words(question, record, why)
         delayed_poll_end = delayed_edit = False
         closed_at = self._now()
@@ -393,7 +415,8 @@ class Deadlines:
                                       closed_replacement(question.event_id, question.content, closing, closed_at),
                                       txn_id("approval-edit", question.event_id, why, *again))
         poll = self.store.poll_of(question.event_id)
-        if poll and not (why == CLOSED_EXPIRED and delayed_poll_end):
+        # (A telling after the first: the poll was ended at the first, by the bridge or the homeserver.)
+        if poll and not again and not (why == CLOSED_EXPIRED and delayed_poll_end):
             await self.transport.send(question.room_id, POLL_END, poll_end(poll, closing), txn_id("poll-end", poll))
         with self.store.transaction(flush=False):
             self.store.delete_meta(UNTOLD + question.event_id)

@@ -244,6 +244,9 @@ class Poster:
         try:
             # Flushed: the old posting's close must not be lost once the new one is out.
             with self.store.transaction():
+                if self.deadlines is not None:
+                    for old in replaced:  # before the new posting makes the question's record its own
+                        self.deadlines.keep_record(old, folder)
                 self.store.record_posted(recorded, set_dir=folder, posted_at=self.store.clock.now_ms())
                 for old in replaced:
                     self.store.close_question(old.event_id, why)
