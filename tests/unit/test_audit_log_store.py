@@ -182,6 +182,8 @@ def test_the_key_is_made_at_the_first_start_before_any_leaf(tmp_path):
     plan = open_log(store, user_id="@bridge:example.org", store_path=tmp_path / "s.sqlite", key_file=None)
     assert (tmp_path / "s.sqlite.log-key").is_file()
     assert store.audit_origin() == "example.org/askwright-bridge/bridge"
+    # Known to the store at once: a standby started now is held to it (before any checkpoint).
+    assert store.get_meta("audit_key") == plan.key(store).verifier_key
     _answer(store, "$a1", "main", 10)
     again = open_log(store, user_id="@bridge:example.org", store_path=tmp_path / "s.sqlite", key_file=None)
     assert again.key(store).public == plan.key(store).public
@@ -210,7 +212,8 @@ def test_another_keys_file_is_refused_at_start_and_never_signs_on(tmp_path):
     assert store.get_meta("audit_key") == signed_with and store.audit.latest_checkpoint() == first
 
 
-@pytest.mark.parametrize("tampering", ["a middle leaf deleted", "the last leaf deleted", "a leaf changed"])
+@pytest.mark.parametrize("tampering", ["a middle leaf deleted", "the last leaf deleted", "a leaf changed",
+                                       "the last leaf deleted, nothing added"])
 def test_a_log_edited_in_the_store_is_never_signed_over_and_says_so_once(tmp_path, caplog, tampering):
     """A leaf deleted from the store: the restarted bridge counted 9 leaves,
     read on from index 9 and put leaf 9 in twice, then signed checkpoints
@@ -226,11 +229,11 @@ def test_a_log_edited_in_the_store_is_never_signed_over_and_says_so_once(tmp_pat
     with store.transaction():
         if tampering == "a middle leaf deleted":
             store.db.execute("DELETE FROM audit_leaf WHERE idx=3")
-        elif tampering == "the last leaf deleted":
+        elif tampering.startswith("the last leaf deleted"):
             store.db.execute("DELETE FROM audit_leaf WHERE idx=9")
         else:
             store.db.execute("UPDATE audit_leaf SET hash=? WHERE idx=4", ("00" * 32,))
-    for n in range(3):
+    for n in range(0 if tampering.endswith("nothing added") else 3):
         _answer(store, f"$b{n}", "main", 30 + n)
     restarted = Checkpointer(store, key, 60)
     with pytest.raises(LogDamaged):

@@ -103,10 +103,13 @@ async def test_a_standby_without_the_logs_key_refuses_to_start_not_at_the_failov
         await asyncio.wait_for(run_with_standby(config, asyncio.Event(), serve, fatal=(LogKeyError,)), 15)
 
 
-async def test_a_standby_given_another_keys_file_refuses_to_start(postgres_server, tmp_path):
+@pytest.mark.parametrize("given", ["another key", "no key file"])
+async def test_a_standby_given_another_keys_file_refuses_to_start(postgres_server, tmp_path, given):
     """Given another key than the one that signed the log, a standby would
     take over and sign on with it: every checkpoint the rooms hold would
-    then read as forged."""
+    then read as forged.  Given none while the log had no leaf yet (the
+    leader made its key at its first start), it stood by, then exited at
+    the failover: no instance led."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from bridge.service.auditing.keys import LogKey, write_key
@@ -120,12 +123,13 @@ async def test_a_standby_given_another_keys_file_refuses_to_start(postgres_serve
     config = cluster_config(url, postgres_server.password)
     config.store.path = str(tmp_path / "bridge.db")
     config.audit = SimpleNamespace(enabled=True, key_file=None)
-    write_key(tmp_path / "bridge.db.log-key", LogKey(signing.origin, Ed25519PrivateKey.generate()))
+    if given == "another key":
+        write_key(tmp_path / "bridge.db.log-key", LogKey(signing.origin, Ed25519PrivateKey.generate()))
 
     async def serve(*_args) -> None:
         raise AssertionError("never leads")
 
-    with pytest.raises(LogKeyError, match="holds another key"):
+    with pytest.raises(LogKeyError, match="holds another key" if given == "another key" else "give it the same file"):
         await asyncio.wait_for(run_with_standby(config, asyncio.Event(), serve, fatal=(LogKeyError,)), 15)
 
 

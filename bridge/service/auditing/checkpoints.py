@@ -114,6 +114,9 @@ class Checkpointer:
                 self.tree.append(data)
                 if signed is not None and self.tree.size == signed[0]:
                     self._check_signed(*signed)
+            if signed is not None and self.tree.size < signed[0]:
+                raise LogDamaged(f"the store holds {self.tree.size} leaves, fewer than the {signed[0]} its latest "
+                                 "checkpoint signed")
         except LogDamaged as exc:
             self._broken = exc
             raise
@@ -219,5 +222,10 @@ def open_log(store: Store, *, user_id: str, store_path: Any, key_file: str | Non
         # Made now, before the first leaf: a bridge killed before its first
         # checkpoint must find its key on the next start.  (Only a first start
         # loads cryptography this early; otherwise the key is read at the first signing.)
-        return LogPlan(path, origin, may_create=False, key=load_or_create(path, origin, leaves))
+        key = load_or_create(path, origin, leaves)
+        with store.transaction():
+            # Known to the store from now on: a standby started before the first
+            # checkpoint is held to the same key at its start, not at the failover.
+            store.set_meta("audit_key", key.verifier_key)
+        return LogPlan(path, origin, may_create=False, key=key)
     return LogPlan(path, origin, may_create=False)

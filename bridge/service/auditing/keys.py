@@ -83,11 +83,16 @@ def write_key(path: Path, key: LogKey) -> None:
     replace_whole(path, _text(key).encode(), mode=0o600)
 
 
-def check_present(path: Path, leaves: int) -> None:
-    """At start, before anything is loaded: a log with leaves needs its key file."""
+def check_present(path: Path, leaves: int, made: bool = False) -> None:
+    """At start, before anything is loaded: a log with leaves needs its key
+    file; so does a standby's whose leader made the key (``made``: the store
+    knows it), leaves or not yet."""
     if leaves and not path.exists():
         raise LogKeyError(f"the answer log has {leaves} leaves but its key file {path} is missing; restore it "
                           "(a new key would orphan the checkpoints the rooms hold)")
+    if made and not path.exists():
+        raise LogKeyError(f"the answer log's key was made by the instance that leads, and this one's key file "
+                          f"{path} is missing; give it the same file")
 
 
 def check_same(path: Path, signed_with: str | None) -> None:

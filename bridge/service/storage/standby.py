@@ -106,7 +106,7 @@ def _could_lead(config: Config) -> None:
         store.close()
     if config.audit.enabled:
         path = key_file(Path(config.store.path), config.audit.key_file)
-        check_present(path, leaves)
+        check_present(path, leaves, made=signed_with is not None)
         check_same(path, signed_with)
     check_sets_where_known(folders, config)
 
