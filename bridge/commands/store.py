@@ -102,6 +102,11 @@ def _move_sets(args: argparse.Namespace) -> int:
         if config.store.url:
             from bridge.service.storage.leader import instances
 
+            try:  # (opening it for writing would make the bridge's tables in a database it never used)
+                Store.read_only(config.store.path, url=config.store.url, password=config.store.password).close()
+            except FileNotFoundError:
+                return _say(f"there is no store at {config.store.where}; is {args.config} the bridge's config?", 2,
+                            "move-sets")
             running = instances(config.store.url, config.store.password)
             if running:
                 return _say(f"instance {running[0]['id']} ({running[0]['role']}) was heard from "

@@ -178,3 +178,28 @@ def test_a_bot_without_metrics_on_a_cluster_loads_no_http_server_to_stand_by():
             " print('aiohttp.web' in sys.modules)")
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert found == "False"
+
+
+def test_move_sets_against_a_database_the_bridge_never_used_makes_no_tables_there(postgres_server, tmp_path,
+                                                                                  capsys):
+    """A wrong store.url: it made the bridge's 22 tables in that database,
+    then said the store knew no set under the old root."""
+    import psycopg
+    import yaml
+
+    from bridge.cli import main
+    from helpers.config import GOOD
+
+    url = fresh_schema(postgres_server)
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in GOOD.items()}
+    data["store"] = {"path": str(tmp_path / "bridge.db"), "url": url, "password": postgres_server.password}
+    data["sets"] = {"root": str(tmp_path / "sets")}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert main(["store", "move-sets", "-c", str(config), "--from", str(tmp_path / "old")]) == 2
+    assert "there is no store at" in capsys.readouterr().err
+    schema = url.rsplit("search_path%3D", 1)[1]
+    with psycopg.connect(postgres_server.url(with_password=True)) as conn:
+        tables = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema=%s",
+                              (schema,)).fetchone()[0]
+    assert tables == 0
