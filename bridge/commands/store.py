@@ -99,22 +99,18 @@ def _move_sets(args: argparse.Namespace) -> int:
         return _say(str(exc), 2, "move-sets")
     lock = None
     try:
+        try:  # (opening it for writing would make an empty store there, which knows no set)
+            Store.read_only(config.store.path, url=config.store.url, password=config.store.password).close()
+        except FileNotFoundError:
+            return _say(f"there is no store at {config.store.where}; is {args.config} the bridge's config?", 2,
+                        "move-sets")
         if config.store.url:
             from bridge.service.storage.leader import instances
 
-            try:  # (opening it for writing would make the bridge's tables in a database it never used)
-                Store.read_only(config.store.path, url=config.store.url, password=config.store.password).close()
-            except FileNotFoundError:
-                return _say(f"there is no store at {config.store.where}; is {args.config} the bridge's config?", 2,
-                            "move-sets")
             running = instances(config.store.url, config.store.password)
             if running:
                 return _say(f"instance {running[0]['id']} ({running[0]['role']}) was heard from "
                             f"{running[0]['seen_seconds_ago']} s ago; stop every instance first", 2, "move-sets")
-        elif not Path(config.store.path).is_file():
-            # (Opening it would make an empty store there, which knows no set.)
-            return _say(f"there is no store at {config.store.path}; is {args.config} the bridge's config?", 2,
-                        "move-sets")
         else:
             lock = hold(config.store.path)
         store = Store(config.store.path, url=config.store.url, password=config.store.password)
