@@ -58,7 +58,8 @@ class Downloads:
         self.on_trouble, self.max_bytes, self.judge_later = on_trouble, max_bytes, judge_later
         self.flush = flush  # the folders written (and doomed files deleted) now
         self.running: dict[str, asyncio.Future[Any]] = {}  # event id -> its download and judging
-        self._places: dict[tuple[str, str], Places] = {}  # answers with files not judged yet: their places
+        # The files each answer may still take, kept while any of its files is not judged yet.
+        self._places: dict[tuple[str, str], Places] = {}
 
     async def prefetch(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Save the new files of ``events`` sent to open questions; the events to judge now."""
@@ -67,7 +68,6 @@ class Downloads:
         later: set[str] = set()
         jobs: list[tuple[dict[str, Any], str, str, int, asyncio.Future[Any]]] = []
         numbers: dict[tuple[str, str], int] = {}
-        places: dict[tuple[str, str], Places] = {}  # the files each answer may still take
         for event in events:
             event_id = event.get("event_id")
             if event_id in self.running or (_is_file(event) and self.store.attachment(event_id) == (None, PENDING)):
@@ -87,11 +87,12 @@ class Downloads:
                 # Names go on from every file ever fetched for the question (none
                 # is taken twice); the cap counts what the answer holds now.
                 numbers[key] = self.store.attachment_count(set_dir, qid)
-                places[key] = self._places.get(key) or Places(room_left(self.store.projection(set_dir, qid))["attachments"])
-                self._places[key] = places[key]
+                if key not in self._places:  # (else files of an earlier batch still hold some)
+                    self._places[key] = Places(room_left(self.store.projection(set_dir, qid))["attachments"])
             numbers[key] += 1
-            places[key].owed += 1
-            jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(places[key].fetched(functools.partial(
+            places = self._places[key]
+            places.owed += 1
+            jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(places.fetched(functools.partial(
                 fetch_bounded, event["content"], set_dir, qid, numbers[key], self.download, self.max_bytes)))))
         if not jobs:
             return [event for event in events if event.get("event_id") not in later] if later else events

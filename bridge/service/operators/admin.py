@@ -310,17 +310,13 @@ class AdminDispatcher:
             try:
                 await self.send(pending.room_id, "m.room.message", reply_content(text, pending.event_id),
                                 txn_id("admin", pending.event_id))
-            except MatrixError as exc:
-                if not exc.permanent:
+            except Exception as exc:  # noqa: BLE001 - the homeserver is away: try again later
+                if not (isinstance(exc, MatrixError) and exc.permanent):
                     log.warning("reply to command %s not sent yet (%s)", pending.event_id, exc)
                     waiting.add(pending.room_id)
                     continue
                 log.warning("reply to command %s dropped: %s can't be written to (%s)", pending.event_id,
                             pending.room_id, exc)
-            except Exception as exc:  # noqa: BLE001 - the homeserver is away: try again later
-                log.warning("reply to command %s not sent yet (%s)", pending.event_id, exc)
-                waiting.add(pending.room_id)
-                continue
             else:
                 log.info("command %s from %s answered", pending.command.verb, pending.sender)
                 answered += 1
