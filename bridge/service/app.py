@@ -184,6 +184,10 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     ops = Operators(config, store, metrics)
     front = make_front(config, store, ops)
     client: AsyncClient | None = None
+    ops.count_errors()
+    if not config.appservice.enabled:
+        metrics.listening()
+        ops.serve_while_starting(front.first_batch)
     try:
         # A homeserver that does not answer at start (nio asks again and
         # again) must not keep a stop waiting: SIGTERM ends the start too.

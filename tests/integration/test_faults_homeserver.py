@@ -193,3 +193,45 @@ async def test_slow_homeserver_responses_lose_nothing(bridge, synapse):
         assert proxy.chunks_delayed > 20  # the bridge really talked through the slow path
         bridge.check_alive()
         bridge.kill()
+
+
+def _health(port: int) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_a_bridge_started_while_the_homeserver_is_down_answers_health_not_ready(bridge, synapse):
+    # An orchestrator starts the bridge beside its homeserver, or restarts it
+    # during the homeserver's outage: its probe must find the bridge alive
+    # and not ready, not a refused connection (which reads as dead).
+    port = free_port()
+    bridge.extra_config = {"metrics": {"enabled": True, "listen": f"127.0.0.1:{port}"}}
+    bridge.add_set(text_set("down", 1))
+    synapse.stop()
+    bridge.start()
+    deadline = time.monotonic() + 30
+    while True:
+        bridge.check_alive()
+        try:
+            status, health = _health(port)
+            if health.get("homeserver_silent_seconds", 0) >= 5:
+                break
+        except (urllib.error.URLError, ConnectionError):
+            assert time.monotonic() < deadline, "no /health while the homeserver is down"
+        await asyncio.sleep(0.5)
+    assert (status, health["live"], health["ready"]) == (503, True, False), health
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    assert _sample(metrics, "askwright_bridge_ready") == 0
+    assert _sample(metrics, 'askwright_bridge_errors_total{where="nio"}') >= 1, metrics
+
+    synapse.start()
+    questions = await bridge.wait_questions(bridge.alice, 1, timeout=60)
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("q0", 1)], text="after the start"))
+    assert (await bridge.wait_answer("down", "q0", timeout=60))["text"] == "after the start"
+    status, health = _health(port)
+    assert (status, health["ready"]) == (200, True), health
+    assert health["homeserver_silent_seconds"] < 31

@@ -161,13 +161,18 @@ class Metrics:
         self.held_now = found
         self.sets_held.set(found.get("sets_held", 0))
 
+    def listening(self) -> None:
+        """Bot mode, at start: the silence counts from now until a first sync comes back."""
+        if self._heard_at is None:
+            self._heard_at = self.clock()
+
     def heard(self) -> None:
         """Bot mode: a sync came back (a long poll returns at least every 30 s)."""
         self._heard_at = self.clock()
 
     @property
     def silent_seconds(self) -> float | None:
-        """Since the homeserver last answered a sync; None until bot mode's first one."""
+        """Since the homeserver last answered a sync (or bot mode started); None in appservice mode."""
         return None if self._heard_at is None else max(0.0, self.clock() - self._heard_at)
 
     def observe_error(self, where: str) -> None:

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Bot mode: a start that has not had its first sync by then serves /health on
+# its own.  The usual start is well within it, and loads no HTTP server before
+# its first sync.
+EARLY_HEALTH_SECONDS = 2.0
+
 Send = Callable[[str, str, dict[str, Any], str], Awaitable[str]]
 # How old /health's held-back counts may be.
 HELD_SECONDS = 1.0
@@ -47,6 +52,8 @@ class Operators:
         # handled before the operators start): handed to the dispatcher then.
         self._early_commands: list[dict[str, Any]] = []
         self.runner: web.AppRunner | None = None
+        # Bot mode's /health while the start waits on the homeserver (see ``serve_while_starting``).
+        self._early: asyncio.Future[web.AppRunner | None] | None = None
         self.tasks: list[asyncio.Future[Any]] = []
         self._log_handler: logging.Handler | None = None
         self._nio_handler: logging.Handler | None = None
@@ -161,17 +168,60 @@ class Operators:
 
     # -- lifetime ----------------------------------------------------------------
 
-    async def start(self, *, send: Send, poster: Any, own_user: Callable[[str], bool], stop: asyncio.Event,
-                    serve_http: bool = True) -> None:
-        """Start what runs alongside the bridge.  ``serve_http`` False when the
-        routes are served by the appservice listener instead."""
+    def count_errors(self) -> None:
+        """Errors logged from now on counted in ``errors_total``: from the start,
+        so a homeserver down at start counts (its login or first sync retried)."""
+        if self._log_handler is not None:
+            return
         self._log_handler = self.metrics.error_counter()
         logging.getLogger("bridge").addHandler(self._log_handler)
         # The Matrix client library's own warnings (a homeserver timing out,
         # which it retries without end) are failures an operator must see too.
         self._nio_handler = self.metrics.error_counter(where="nio")
         logging.getLogger("nio").addHandler(self._nio_handler)
-        if (self.config.metrics.enabled or self.agents is not None) and serve_http:
+
+    def _serves_http(self) -> bool:
+        return self.config.metrics.enabled or self.agents is not None
+
+    def serve_while_starting(self, started: asyncio.Event) -> None:
+        """Bot mode: /health (503, not ready) and /metrics served on their own
+        when the start has not reached its first sync within
+        EARLY_HEALTH_SECONDS, until ``start`` serves everything.  A homeserver
+        down at start keeps the bridge retrying its login or first sync for as
+        long as it is down; a probe meanwhile must see a bridge alive and not
+        ready, not a refused connection (which an orchestrator's liveness
+        probe takes as dead, and restarts)."""
+        if self._serves_http():
+            self._early = asyncio.ensure_future(self._serve_early(started))
+
+    async def _serve_early(self, started: asyncio.Event) -> web.AppRunner | None:
+        if await set_within(started, EARLY_HEALTH_SECONDS):
+            return None  # the usual start: aiohttp's server is loaded only by ``start``
+        from bridge.service.operators.health import start_http
+
+        try:
+            return await start_http(self.config.metrics.listen, self.metrics)
+        except OSError as exc:  # the port taken: ``start`` meets it again and stops the bridge with it
+            log.warning("/health not served while starting: %s", exc)
+            return None
+
+    async def _end_early(self) -> None:
+        """The early listener closed, its port free for the whole one."""
+        early, self._early = self._early, None
+        if early is None:
+            return
+        early.cancel()
+        runner = (await asyncio.gather(early, return_exceptions=True))[0]
+        if runner is not None and not isinstance(runner, BaseException):
+            await runner.cleanup()
+
+    async def start(self, *, send: Send, poster: Any, own_user: Callable[[str], bool], stop: asyncio.Event,
+                    serve_http: bool = True) -> None:
+        """Start what runs alongside the bridge.  ``serve_http`` False when the
+        routes are served by the appservice listener instead."""
+        await self._end_early()
+        self.count_errors()
+        if self._serves_http() and serve_http:
             from bridge.service.operators.health import start_http  # aiohttp's server only when something is served
 
             extra = self.agents.routes() if self.agents is not None else ()
@@ -219,6 +269,7 @@ class Operators:
         self._early_commands.clear()
 
     async def close(self) -> None:
+        await self._end_early()
         if self.agents is not None:
             await self.agents.close()
         for task in self.tasks:
