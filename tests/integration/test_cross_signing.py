@@ -108,6 +108,48 @@ async def test_an_answer_from_a_session_its_owner_did_not_verify_is_refused_with
         await bob.close()
 
 
+async def test_an_answer_sent_in_the_clear_into_the_encrypted_room_is_refused_from_any_session(room_with_js,
+                                                                                             synapse, tmp_path):
+    # An event sent unencrypted names no device, so no session can be checked:
+    # a stolen token's unsigned session (or one with no keys at all) must not
+    # approve a deploy by leaving its message in the clear.  Her js-sdk client
+    # sends reactions in the clear, as Element does.
+    bridge, alice, room = room_with_js, room_with_js.alice, room_with_js.room_id
+    bob = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "bob-keys")
+    try:
+        synapse.invite(bridge.bot["access_token"], room, bob.user_id)
+        synapse.join(bob.token, room)
+        await bob.keep_up()
+        bridge.add_set(all_kinds_set("kinds"))
+        bridge.start()
+        questions = await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
+        approve = await bob.send_raw(room, "m.room.message",
+                                     answer_content(questions[("approve", 1)], option_id="approve"))
+        reply = await bob.send_raw(room, "m.room.message", {
+            "msgtype": "m.text", "body": "in the clear",
+            "m.relates_to": {"m.in_reply_to": {"event_id": questions[("name", 1)]["event_id"]}}})
+        reaction = await alice.send(room, {"m.relates_to": {"rel_type": "m.annotation", "key": "1\ufe0f\u20e3",
+                                                            "event_id": questions[("ship", 1)]["event_id"]}},
+                                    "m.reaction")
+        assert {e["event_id"]: e["wire_type"] for e in await alice.messages(room)}[reaction] == "m.reaction"
+        chat = await bob.send_raw(room, "m.room.message", {"msgtype": "m.text", "body": "morning, all"})
+        for event_id in (approve, reply, reaction):
+            notice = await alice.wait_notice(room, event_id, timeout=30)
+            outcome = notice["content"]["dev.superpipeline.question.outcome"]
+            assert (outcome["outcome"], outcome["reason"]) == ("refused", "device_not_verified")
+            assert "Vote in the poll or reply to the question" in notice["content"]["body"]
+        assert bridge.answers("kinds")["answers"] == {}
+        assert await alice.notices_for(room, chat) == []
+        # Her encrypted reply to the same question is hers, from her signed session.
+        ship = questions[("ship", 1)]["event_id"]
+        taken = await alice.send(room, {"msgtype": "m.text", "body": "1",
+                                        "m.relates_to": {"m.in_reply_to": {"event_id": ship}}})
+        record = await bridge.wait_answer("kinds", "ship", timeout=40)
+        assert (record["source"]["event_id"], record["choice"]) == (taken, "go")
+    finally:
+        await bob.close()
+
+
 def own_keys(bridge: Bridge) -> tuple[str, str]:
     """The bridge's master key and current device, as the homeserver has them."""
     user = bridge.bot["user_id"]

@@ -86,3 +86,18 @@ def test_the_cross_signing_key_file_sits_beside_the_store_unless_configured():
     moved = parse_config({**GOOD, "encryption": {"cross_signing_keys": "secrets/cs.json"}},
                          base_dir=Path("/srv/bridge"), environ={})
     assert keys_file(moved.store.path, moved.encryption.cross_signing_keys) == Path("/srv/bridge/secrets/cs.json")
+
+
+def test_what_was_sent_in_the_clear_into_an_encrypted_room_follows_the_timeline():
+    from bridge.service.encryption.receiving import sent_in_the_clear
+
+    def event(n: int, room: str, kind: str = "m.room.message", **more: object) -> dict:
+        return {"event_id": f"$e{n}", "room_id": room, "type": kind, "sender": "@p:hs", "content": {}, **more}
+
+    events = [event(1, "!late"),  # before encryption was turned on: a plain room then
+              event(2, "!late", "m.room.encryption", state_key=""),
+              event(3, "!late", "m.reaction"),
+              event(4, "!old"), event(5, "!old", "m.room.redaction"), event(6, "!old", "m.room.member", state_key="@p:hs"),
+              event(7, "!old", "m.room.encrypted"), event(8, "!plain")]
+    clear = sent_in_the_clear(events, {"!late", "!old"})
+    assert [e["event_id"] for e in clear] == ["$e3", "$e4"]

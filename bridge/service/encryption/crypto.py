@@ -39,7 +39,7 @@ from nio.rooms import MatrixRoom
 from bridge.protocol.keyquery import answered
 from bridge.service.config import Encryption
 from bridge.service.encryption.keyrequests import KeyRequests
-from bridge.service.encryption.receiving import ENCRYPTED, Receiving
+from bridge.service.encryption.receiving import ENCRYPTED, ENCRYPTION_STATE, Receiving
 from bridge.service.transport.matrix import MatrixError
 from bridge.service.storage.store import LogEntry, Store
 
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENCRYPTION_STATE = "m.room.encryption"
 
 
 def available() -> bool:

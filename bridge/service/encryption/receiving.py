@@ -17,6 +17,7 @@ splits its client: one object, its parts in modules of their own.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Callable
 
 from nio import AsyncClient, MegolmEvent
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENCRYPTED = "m.room.encrypted"
+ENCRYPTION_STATE = "m.room.encryption"
+REDACTION = "m.room.redaction"
 # A key the sync loop adds to a decrypted event's dict (and removes before the
 # pipeline sees it): which device sent it, for the ``verified`` policy.
 ORIGIN = "askwright.e2e"
@@ -50,6 +53,11 @@ UNANSWERED_PATIENCE_MS = 24 * 3600 * 1000
 UNCHECKED_MESSAGE = ("the bridge could not check the session this message was sent from: your homeserver did "
                      "not answer when asked for its keys, so the bridge could not accept your answer. Please "
                      "send it again.")
+# An answer sent in the clear into an encrypted room carries no device, so no
+# trust policy that names devices can accept it.  Element sends reactions so.
+PLAIN_MESSAGE = ("this was not encrypted, so the bridge cannot tell which of your sessions sent it, and in this "
+                 "room it takes answers only from sessions it can check. Vote in the poll or reply to the question "
+                 "instead: your client encrypts those.")
 NOT_CROSS_SIGNED_MESSAGE = ("this message was sent from a session you have not verified, so the bridge does "
                             "not accept answers from it. Verify this session in your client (from a session "
                             "you already trust, or with your recovery key), then send your answer again.")
@@ -141,7 +149,15 @@ class Receiving:
         batch: list[dict[str, Any]] = []
         refusals: list[tuple[dict[str, Any], str, str]] = []
         now = self.clock()
+        strict = self.settings.trust in ("verified", "cross-signed")
+        unattributable = {id(event) for event in sent_in_the_clear(events, self.client.encrypted_rooms)} \
+            if strict else set()
         for event in events:
+            if id(event) in unattributable:
+                sender = event.get("sender")
+                if isinstance(sender, str) and not is_own(sender):
+                    refusals.append((event, "device_not_verified", PLAIN_MESSAGE))
+                    continue
             if _sealed(event):
                 sender = event.get("sender")
                 if not isinstance(sender, str) or is_own(sender):
@@ -189,7 +205,6 @@ class Receiving:
         again = {event["event_id"] for event in recovered}
         for event in recovered + [event for event in batch if event.get("event_id") not in again]:
             origin = event.pop(ORIGIN, None)
-            strict = self.settings.trust in ("verified", "cross-signed")
             if origin is not None and strict and not self._from_verified(event, origin):
                 sender = event.get("sender")
                 if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
@@ -344,6 +359,20 @@ class Receiving:
             if found is not None:
                 return found
         return None
+
+
+def sent_in_the_clear(events: list[dict[str, Any]], encrypted_rooms: Collection[str]) -> list[dict[str, Any]]:
+    """The events (in order) a person sent unencrypted while their room was
+    encrypted: no state, no redaction (never encrypted).  ``encrypted_rooms``
+    already counts encryption turned on in this batch; an event before that
+    in the timeline was sent into a plain room."""
+    turned_on: dict[str, int] = {}
+    for index, event in enumerate(events):
+        if event.get("type") == ENCRYPTION_STATE and event.get("state_key") == "":
+            turned_on.setdefault(event.get("room_id"), index)
+    return [event for index, event in enumerate(events)
+            if event.get("room_id") in encrypted_rooms and index >= turned_on.get(event.get("room_id"), -1)
+            and event.get("type") not in (ENCRYPTED, REDACTION) and "state_key" not in event]
 
 
 def _sealed(event: dict[str, Any]) -> bool:
