@@ -33,13 +33,22 @@ class Pick:
         return {k: v for k, v in (("option_id", self.option_id), ("text", self.text), ("note", self.note)) if v}
 
 
+# A reply fallback's first line names the sender of what it quotes:
+# "> <@alice:hs> ..." (an emote: "> * <@alice:hs> ...").
+_FALLBACK_HEAD = re.compile(r"^> (?:\* )?<@[^>\s]+>")
+
+
 def strip_fallback(body: str) -> str:
     """The reply without the ``> `` quote of the message replied to.
 
     Element no longer sends one (PROTOCOL section 3), but older clients and
-    bridges do, and a quoted question must never be read as the answer.
+    bridges do, and a quoted question must never be read as the answer.  A
+    quote the person typed (Markdown's ``> ``, no sender named) is theirs
+    and stays.
     """
     lines = body.splitlines()
+    if not lines or not _FALLBACK_HEAD.match(lines[0]):
+        return body.strip()
     index = 0
     while index < len(lines) and (lines[index].startswith("> ") or lines[index] == ">"):
         index += 1

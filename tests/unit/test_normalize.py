@@ -216,6 +216,14 @@ def test_text_is_the_whole_reply():
 def test_a_reply_fallback_quote_is_not_the_answer():
     body = "> <@bot:hs> Release name\n> What should this release be called?\n\nBorealis"
     assert accepted(normalize(reply("name", body), FakeLookup())).text == "Borealis"
+    emote = "> * <@bot:hs> waves\n\nBorealis"
+    assert accepted(normalize(reply("name", emote), FakeLookup())).text == "Borealis"
+
+
+def test_a_quote_the_person_typed_is_part_of_their_answer():
+    # Markdown's quote in Element's composer: no sender named, so no fallback.
+    body = "> Aurora was already used in 2019\n\nso: Borealis"
+    assert accepted(normalize(reply("name", body), FakeLookup())).text == body
 
 
 @pytest.mark.parametrize("qid, body", [("branch", "I like the second one"), ("branch", "7"), ("branch", "0"),
