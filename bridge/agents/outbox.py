@@ -115,17 +115,19 @@ class OutboxHook:
             return
         self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key, receipt))
 
-    def decided(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
-        self._approval("decided", question, record)
+    def decided(self, question: RecordedQuestion, record: dict[str, Any] | None, again: int = 0) -> None:
+        self._approval("decided", question, record, again)
 
-    def expired(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
-        self._approval("expired", question, record)
+    def expired(self, question: RecordedQuestion, record: dict[str, Any] | None, again: int = 0) -> None:
+        self._approval("expired", question, record, again)
 
-    def _approval(self, kind: str, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
+    def _approval(self, kind: str, question: RecordedQuestion, record: dict[str, Any] | None, again: int) -> None:
+        """``again``: how many times the room was told an outcome of this
+        posting before; a later one (the decision changed) gets a key of its own."""
         set_dir = self.store.set_dir_of(question.event_id)
         if not set_dir:
             return
-        key = f"question.{kind}:{question.event_id}"
+        key = f"question.{kind}:{question.event_id}" + (f":{again}" if again else "")
         self._queue(set_dir, key, lambda agent: approval_body(kind, question, record, agent, key))
 
     def closed(self, question: RecordedQuestion, why: str) -> None:

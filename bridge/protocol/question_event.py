@@ -480,6 +480,25 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
     }
 
 
+def reopened_replacement(question_event_id: str, content: Mapping[str, Any], line: str) -> dict[str, Any]:
+    """An ``m.replace`` that shows a question closed as decided open again
+    (its decision undone): the message as first posted, ``line`` after it."""
+    body = f"{content.get('body', '')}\n\n{line[:1].upper()}{line[1:]}."
+    new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": body}
+    html = content.get("formatted_body")
+    if isinstance(html, str):
+        new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc(line[:1].upper() + line[1:])}.</strong></p>")
+    new["m.mentions"] = dict(content["m.mentions"]) if isinstance(content.get("m.mentions"), Mapping) else {}
+    q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
+    return {
+        "msgtype": new["msgtype"],
+        "body": f"* {q.get('title', '')}: {line}",
+        "m.new_content": new,
+        "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
+        "m.mentions": {},
+    }
+
+
 def _swap_line(body: str, old: str, new: str | None) -> str:
     lines = body.split("\n")
     return "\n".join(x for text in lines for x in ([text] if text != old else [] if new is None else [new]))

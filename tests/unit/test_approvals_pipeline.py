@@ -403,6 +403,64 @@ def test_a_decision_is_told_once_as_question_decided(tmp_path):
     assert any("Decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs." in s for s in said)
 
 
+def _with_webhooks(room: Room, now_ms: int) -> tuple[Any, Deadlines, Any]:
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush, on_decided=hook.decided,
+                          on_expired=hook.expired, clock=lambda: now_ms / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    return hook, deadlines, lambda: [json.loads(row.body) for row in due(room.store, 2**62)]
+
+
+def test_a_decision_a_late_veto_changes_is_a_new_question_decided(tmp_path):
+    # Two votes decide it; then a veto the room placed before them is read
+    # (its server was cut off): vetoed now.  An agent acting on
+    # question.decided must hear the new decision, not only the room.
+    room = room_with(tmp_path)
+    _hook, deadlines, bodies = _with_webhooks(room, T0 + 5000)
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main"), answer("$b1", BO, T0 + 3000, "main")])
+    asyncio.run(deadlines.pass_once())
+    room.deliver([answer("$c1", CY, T0 + 1000, "stable")])
+    asyncio.run(deadlines.pass_once())
+    asyncio.run(deadlines.pass_once())
+    decided = [b for b in bodies() if b["type"] == "question.decided"]
+    assert [(b["record"]["choice"], b["record"]["decided_by"]) for b in decided] == \
+        [("main", [ANA, BO]), ("stable", [CY])]
+    assert decided[0]["id"] != decided[1]["id"]
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert any(s.startswith("Vetoed") for s in said)
+
+
+def test_a_decision_undone_by_a_late_redaction_is_told_and_a_later_decision_too(tmp_path):
+    # Ana voted and took it back; the take-back is read after Bo's vote
+    # decided it with hers.  answers.json is pending again: so must the room
+    # be, and the next vote that decides it is told to the room and the agent.
+    room = room_with(tmp_path)
+    _hook, deadlines, bodies = _with_webhooks(room, T0 + 9000)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 3000, "main")])
+    asyncio.run(deadlines.pass_once())
+    room.deliver([redact("$a1-gone", ANA, T0 + 2000, "$a1")])
+    assert room.record()["state"] == "pending"
+    asyncio.run(deadlines.pass_once())
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert any(s.startswith("The decision is undone") and "1 of the 2 votes needed" in s for s in said), said
+    edits = [c for c in room.pipeline.transport.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert "Undecided again: 1 of the 2 votes needed" in edits[-1]["m.new_content"]["body"]
+    room.deliver([answer("$c1", CY, T0 + 8000, "main")])
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["decided_by"] == [BO, CY]
+    decided = [b for b in bodies() if b["type"] == "question.decided"]
+    assert [b["record"]["decided_by"] for b in decided] == [[ANA, BO], [BO, CY]]
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert said[-1:] != [] and any("by @bob:hs and @carol:hs" in s for s in said)
+
+
 # -- bad input -------------------------------------------------------------------------
 
 

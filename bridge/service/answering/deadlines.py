@@ -30,8 +30,8 @@ from bridge.protocol.approval_record import told_outcome
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.poll import POLL_END, deadline_poll_end, poll_end
-from bridge.protocol.question_event import closed_replacement
-from bridge.protocol.quorum import Tally, decision_line, decision_words, expiry_words
+from bridge.protocol.question_event import closed_replacement, reopened_replacement
+from bridge.protocol.quorum import PENDING, Tally, decision_line, decision_words, expiry_words, stood_words
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.render import HTML_FORMAT, esc_people
 from bridge.service.storage.store import Store
@@ -47,6 +47,9 @@ TOLD = "approval_told:"  # meta: JSON {said, words, n}: what the room last heard
 RECORD = "approval_record:"  # meta: JSON, a replaced posting's record as it closed
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
+# What the room is told when a decision it heard is undone (a vote it counted
+# was taken back before it, read late): undecided again, open to votes.
+UNDONE = "undone"
 
 
 def wants_tracking(question: RecordedQuestion) -> bool:
@@ -64,8 +67,8 @@ def escalation_content(question: RecordedQuestion) -> dict[str, Any]:
 
 class Deadlines:
     def __init__(self, store: Store, transport: Any, flush: Callable[[], Any] = lambda: None,
-                 on_decided: Callable[[RecordedQuestion, dict[str, Any]], None] | None = None,
-                 on_expired: Callable[[RecordedQuestion, dict[str, Any] | None], None] | None = None,
+                 on_decided: Callable[[RecordedQuestion, dict[str, Any], int], None] | None = None,
+                 on_expired: Callable[[RecordedQuestion, dict[str, Any] | None, int], None] | None = None,
                  on_closed: Callable[[RecordedQuestion, str], None] | None = None,
                  clock: Callable[[], float] | None = None):
         self.store = store
@@ -269,11 +272,19 @@ class Deadlines:
             # room is told what it is now.
             record = self._record_of(question, set_dir)
             due = self._due(question, record)
-            if due is not None and due == self._told(event_id).get("said"):
-                # The same outcome, what stood changed: the room hears it again
-                # (the agent heard the vote's change as it came).
+            told = self._told(event_id)
+            if due is not None and due == told.get("said"):
+                # The same outcome, what stood changed: the room hears it again.
+                # The agent heard each vote as it came; a decision that is
+                # another one now (a veto read late) is a new question.decided.
                 with self.store.transaction(flush=False):
                     self.store.set_meta(UNTOLD + event_id, question.closed_why or CLOSED_EXPIRED)
+                    if due == CLOSED_DECIDED and told.get("decision") != _decision(record) \
+                            and self.on_decided is not None:
+                        self.on_decided(question, record or {}, told.get("n", 0))
+            elif due == UNDONE:
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(UNTOLD + event_id, UNDONE)
             elif due is not None:
                 self._close(question, set_dir, CLOSED_DECIDED if due == CLOSED_DECIDED else CLOSED_EXPIRED, record)
                 self.flush()
@@ -285,7 +296,7 @@ class Deadlines:
             with self.store.transaction():
                 self.store.set_meta(UNTOLD + event_id, CLOSED_DECIDED)
                 if self.on_decided is not None:
-                    self.on_decided(question, self._record_of(question, set_dir) or {})
+                    self.on_decided(question, self._record_of(question, set_dir) or {}, 0)
         why = self.store.get_meta(UNTOLD + event_id)
         if why is not None:
             await self._tell(question, set_dir, why)
@@ -308,13 +319,18 @@ class Deadlines:
         """The outcome (``told_outcome``) the room must hear now, when it heard
         another; None when what it heard (or is about to hear) stands."""
         now = told_outcome(record)
-        if now is None or question.open or question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
+        if question.open or question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
             return None  # (closed otherwise, its record may be a later posting's)
         if now in (CLOSED_DECIDED, CLOSED_EXPIRED) and now != question.closed_why:
             return now
         if self.store.get_meta(UNTOLD + question.event_id) is not None:
             return None  # being told: the words are made from the record as it is then
         told = self._told(question.event_id)
+        if now is None:
+            # Heard "decided", and the decision is gone (its deciding vote taken
+            # back before it, read late): the room hears it is undecided again.
+            pending = record is not None and record.get("state") == PENDING
+            return UNDONE if pending and told.get("said") == CLOSED_DECIDED else None
         if "said" not in told:
             return None  # told before the bridge kept what it said: taken to stand
         if now != told["said"]:
@@ -368,10 +384,12 @@ class Deadlines:
             outcome = why if why == CLOSED_DECIDED or told_outcome(after) == CLOSED_EXPIRED else None
             self.store.close_question(question.event_id, why, outcome=outcome, record=after)
             self.store.set_meta(UNTOLD + question.event_id, why)
+            # A telling after the first is a new webhook (its own key), not the first one again.
+            again = self._told(question.event_id).get("n", 0)
             if outcome == CLOSED_DECIDED and self.on_decided is not None:
-                self.on_decided(question, after or record or {})
+                self.on_decided(question, after or record or {}, again)
             elif outcome == CLOSED_EXPIRED and self.on_expired is not None:
-                self.on_expired(question, after)
+                self.on_expired(question, after, again)
             elif outcome is None and self.on_closed is not None:
                 self.on_closed(question, "its deadline passed; the answer given before it stands")
         log.info("question %s: %s/%s rev %s", why, question.set_id, question.qid, question.rev)
@@ -383,6 +401,8 @@ class Deadlines:
         closed_at = self._now()
         if why == CLOSED_DECIDED:
             await self._cancel(question.event_id)
+        elif why == UNDONE:
+            pass  # what was scheduled was cancelled at the decision; the poll stays ended
         else:
             closed_at = question.expires_ms or closed_at
             # The homeserver's own poll end (a delayed event) already closed it, or is about to.
@@ -398,7 +418,7 @@ class Deadlines:
             if "edit" in delays:
                 self._forget_delay(question.event_id, "edit")
             delayed_poll_end = "poll_end" in delays
-        said = CLOSED_DECIDED if why == CLOSED_DECIDED else (told_outcome(record) or CLOSED_EXPIRED)
+        said = why if why in (CLOSED_DECIDED, UNDONE) else (told_outcome(record) or CLOSED_EXPIRED)
         told = self._told(question.event_id)
         # A telling after the first (the outcome changed since) is new to the
         # homeserver; a telling tried again after a crash is the same request.
@@ -411,8 +431,9 @@ class Deadlines:
             NOTICE_KEY: {"question_event_id": question.event_id, "what": why, "record": _small(record)},
         }, txn_id("approval-notice", question.event_id, why, *again))
         if not delayed_edit:
-            await self.transport.send(question.room_id, "m.room.message",
-                                      closed_replacement(question.event_id, question.content, closing, closed_at),
+            edit = reopened_replacement(question.event_id, question.content, closing) if why == UNDONE \
+                else closed_replacement(question.event_id, question.content, closing, closed_at)
+            await self.transport.send(question.room_id, "m.room.message", edit,
                                       txn_id("approval-edit", question.event_id, why, *again))
         poll = self.store.poll_of(question.event_id)
         # (A telling after the first: the poll was ended at the first, by the bridge or the homeserver.)
@@ -421,7 +442,8 @@ class Deadlines:
         with self.store.transaction(flush=False):
             self.store.delete_meta(UNTOLD + question.event_id)
             self.store.set_meta(TOLD + question.event_id, json.dumps({"said": said, "words": words,
-                                                                      "n": told.get("n", 0) + 1}))
+                                                                      "n": told.get("n", 0) + 1,
+                                                                      "decision": _decision(record)}))
 
     def _forget_delay(self, event_id: str, what: str) -> None:
         delays = self._delays(event_id)
@@ -564,12 +586,24 @@ FINAL_PASS_SECONDS = 5.0
 def outcome_words(question: RecordedQuestion, record: dict[str, Any], why: str) -> tuple[str, str]:
     """(the thread's notice, the closing line) for a question ``why`` closed, as ``record`` stands."""
     labels = labels_of(question)
+    if why == UNDONE:
+        required = question.quorum[0] if question.quorum else 1
+        stood = stood_words(Tally(PENDING, record.get("votes") or []), required, labels)
+        return (f"The decision is undone: a vote it counted was taken back before it. Now {stood}; the question "
+                "is open to votes again (reply to it to vote).", f"undecided again: {stood}")
     if why == CLOSED_DECIDED:
         tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
                       record.get("decided_by") or [],
                       veto=bool(question.quorum and record.get("choice") in question.quorum[1]))
         return decision_words(tally, labels), decision_line(tally, labels)
     return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0, labels)
+
+
+def _decision(record: dict[str, Any] | None) -> list[Any] | None:
+    """What an agent acts on in a decision: the option and who decided it."""
+    if not record or not record.get("decided_by"):
+        return None
+    return [record.get("choice"), sorted(record["decided_by"])]
 
 
 def labels_of(question: RecordedQuestion) -> dict[str, str]:

@@ -117,19 +117,20 @@ class Operators:
         except Exception:  # noqa: BLE001 - a wait's trouble never touches the answers' path
             log.exception("telling the waits of %s failed", set_dir)
 
-    def on_decided(self, question: Any, record: dict[str, Any]) -> None:
-        """Deadlines, inside the store transaction closing a decided question: ``question.decided``."""
-        self._outbox("decided", question, record)
+    def on_decided(self, question: Any, record: dict[str, Any], again: int = 0) -> None:
+        """Deadlines, inside the store transaction closing a decided question
+        (or telling a decision that changed): ``question.decided``."""
+        self._outbox("decided", question, record, again)
 
-    def on_expired(self, question: Any, record: dict[str, Any] | None) -> None:
+    def on_expired(self, question: Any, record: dict[str, Any] | None, again: int = 0) -> None:
         """Deadlines, inside the store transaction closing an expired question: ``question.expired``."""
-        self._outbox("expired", question, record)
+        self._outbox("expired", question, record, again)
 
-    def _outbox(self, what: str, question: Any, record: dict[str, Any] | None) -> None:
+    def _outbox(self, what: str, question: Any, record: dict[str, Any] | None, again: int) -> None:
         if self.agents is None:
             return
         try:
-            getattr(self.agents.outbox, what)(question, record)
+            getattr(self.agents.outbox, what)(question, record, again)
         except sqlite3.Error:
             raise
         except Exception:  # noqa: BLE001 - a webhook must never stop a close
