@@ -130,6 +130,9 @@ async def with_file_objects(view: dict[str, Any], set_dir: Path, link: Link, dig
     folder = os.path.join(os.path.abspath(set_dir), ATTACHMENTS)
     answers = []
     for entry in view["answers"]:
+        if entry.get("attachments") == []:
+            answers.append(entry)  # nothing to describe (most entries): not copied
+            continue
         files = []
         for path in entry.get("attachments") or ():
             files.append(await _file_object(str(path), folder, set_dir, link, digests))

@@ -43,7 +43,7 @@ class FileRoutes:
         set_id, name = request.match_info["id"], request.match_info["name"]
         check_name(name)
         set_dir = self.sets.set_dir(agent, set_id)
-        if name not in named_in(self.sets.read_all(agent, set_id), set_dir):
+        if name not in named_in(await self.sets.read_all_apart(agent, set_id), set_dir):
             raise NotFound(f"no file {name!r} in this set's answers")
         path = attachment_path(set_dir, name)
         # Served as a download, never rendered on the bridge's origin (an svg or html a person sent).

@@ -9,7 +9,9 @@ runs ``verify`` itself on an export; this tool is the quick look.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any, Callable
 
 from bridge.agents.errors import AgentError, BadRequest
@@ -23,26 +25,40 @@ class NoLog(AgentError):
     code = "no_log"
 
 
-def verify_tool(sets: AgentSets, store_of: Callable[[], Store | None], agent: str, set_id: str,
-                saved: list[str]) -> dict[str, Any]:
+# Leaves read a slice per job on the store's thread: a batch of answers waits
+# for one slice at most, however long the log.
+LEAVES_PER_JOB = 5000
+
+
+async def verify_tool(sets: AgentSets, store_of: Callable[[], Store | None], agent: str, set_id: str,
+                      saved: list[str]) -> dict[str, Any]:
+    """The check, off the event loop: a long log (every agent's leaves are
+    read and hashed) costs the asking agent time, never the rooms, /health
+    or the other agents."""
     set_dir = sets.set_dir(agent, set_id)
-    try:
-        doc = json.loads((set_dir / "answers.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        doc = {"set": set_id, "answers": {}}
-    except (OSError, ValueError) as exc:
-        raise BadRequest(f"answers.json of {set_id} can't be read ({exc})") from None
+    doc = await asyncio.to_thread(_answers_of, set_dir, set_id)
     store = store_of()
     if store is None:
         raise NoLog("the bridge has no answer log yet")
-    vkey = store.get_meta("audit_key")
+    vkey = await store.run(store.get_meta, "audit_key")
     if vkey is None:
         raise NoLog("no checkpoint signed yet; ask again in a minute")
     origin, public = cp.parse_verifier_key(vkey)
-    size = store.audit.size()
-    leaves = [leaf.encode() for start in range(0, size, 5000) for _i, leaf in store.audit.leaves(start, start + 5000)]
-    notes = [note for _size, note in store.audit.all_checkpoints()] + list(saved)
-    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public)
+    size = await store.run(store.audit.size)
+    leaves: list[bytes] = []
+    for start in range(0, size, LEAVES_PER_JOB):
+        leaves += [leaf.encode() for _i, leaf in await store.run(store.audit.leaves, start, start + LEAVES_PER_JOB)]
+    notes = [note for _size, note in await store.run(store.audit.all_checkpoints)] + list(saved)
+    verdict = await asyncio.to_thread(audit_verify.verify_set, doc, leaves, notes, origin, public)
     return {"ok": True, "set": set_id, "holds": verdict.holds, "problems": verdict.problems,
             "records": verdict.checked_records, "leaves": verdict.leaves, "checkpoint_size": verdict.checkpoint_size,
             "key": vkey}
+
+
+def _answers_of(set_dir: Path, set_id: str) -> dict[str, Any]:
+    try:
+        return json.loads((set_dir / "answers.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {"set": set_id, "answers": {}}
+    except (OSError, ValueError) as exc:
+        raise BadRequest(f"answers.json of {set_id} can't be read ({exc})") from None

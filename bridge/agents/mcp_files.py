@@ -53,13 +53,13 @@ class McpFiles:
         return await with_file_objects(view, self.sets.set_dir(agent, set_id),
                                        lambda name: attachment_uri(set_id, name), self.digests)
 
-    def resources(self, agent: str, set_ids: list[str]) -> list[types.Resource]:
+    async def resources(self, agent: str, set_ids: list[str]) -> list[types.Resource]:
         """Every file the answers of the agent's sets name, as a blob resource."""
         found = []
         for set_id in set_ids:
             try:
                 set_dir = self.sets.set_dir(agent, set_id)
-                names = sorted(named_in(self.sets.read_all(agent, set_id), set_dir))
+                names = sorted(named_in(await self.sets.read_all_apart(agent, set_id), set_dir))
             except NotFound:
                 continue
             for name in names:
@@ -80,7 +80,7 @@ class McpFiles:
         set_id, name = parsed
         check_name(name)
         set_dir = self.sets.set_dir(agent, set_id)
-        if name not in named_in(self.sets.read_all(agent, set_id), set_dir):
+        if name not in named_in(await self.sets.read_all_apart(agent, set_id), set_dir):
             raise NotFound(f"no file {name!r} in this set's answers")
         data = await asyncio.to_thread(attachment_path(set_dir, name).read_bytes)
         return types.ReadResourceResult(contents=[types.BlobResourceContents(

@@ -119,7 +119,7 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
         own = [s["set"] for s in await sets.list_sets_apart(agent)]
         return types.ListResourcesResult(resources=[
             *(types.Resource(uri=answers_uri(s), name=f"answers to {s}", mime_type="application/json") for s in own),
-            *files.resources(agent, own)])
+            *await files.resources(agent, own)])
 
     async def list_templates(_ctx: ServerRequestContext[Any, Any], _params: Any) -> types.ListResourceTemplatesResult:
         return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(
@@ -137,7 +137,7 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
             except AgentError as exc:
                 raise _missing(str(params.uri), exc.message, ctx.protocol_version) from None
         set_id = _own_set(sets, agent, str(params.uri), ctx.protocol_version)
-        view = await files.view(agent, set_id, sets.read(agent, set_id, include_all=True))
+        view = await files.view(agent, set_id, await sets.read_apart(agent, set_id, include_all=True))
         return types.ReadResourceResult(contents=[types.TextResourceContents(
             uri=str(params.uri), mime_type="application/json", text=json.dumps(view, ensure_ascii=False))])
 
@@ -243,7 +243,7 @@ class Tools:
                 raise LintFailed("the set's id is not a set id", findings=[{"where": "id", "message": SET_ID_RULE}])
             return (await self.sets.ask_apart(agent, set_id, document, callbacks)).as_dict()
         if name == "read":
-            view = self.sets.read(agent, arguments["set_id"], include_all=bool(arguments.get("all")))
+            view = await self.sets.read_apart(agent, arguments["set_id"], include_all=bool(arguments.get("all")))
             return await self.files.view(agent, arguments["set_id"], view)
         if name == "wait":
             async def progress(done: float, total: float, message: str) -> None:
@@ -264,7 +264,8 @@ class Tools:
         if name == "verify":
             from bridge.agents.log_verify import verify_tool
 
-            return verify_tool(self.sets, self.log_store, agent, arguments["set_id"], arguments.get("checkpoints", []))
+            return await verify_tool(self.sets, self.log_store, agent, arguments["set_id"],
+                                     arguments.get("checkpoints", []))
         return {"sets": await self.sets.list_sets_apart(agent)}
 
 

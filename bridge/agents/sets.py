@@ -38,6 +38,26 @@ SET_ID_RULE = "a letter or digit, then letters, digits, _, . or -; 64 at most"
 MAX_CALLBACKS = 5
 
 
+def _view(set_dir: Path) -> dict[str, Any]:
+    """``read --all``'s view of a set folder; NotFound when nothing can be read."""
+    try:
+        return load_view(set_dir, include_all=True)
+    except ReadError as exc:
+        raise NotFound(exc.message) from None
+
+
+def _files_now(set_dir: Path) -> tuple[Any, ...]:
+    """What tells one state of a set's two files from the next (a write replaces a file: a new inode)."""
+    out: list[Any] = []
+    for name in (QUESTIONS_FILE, "answers.json"):
+        try:
+            st = os.stat(set_dir / name)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 def is_set_id(value: object) -> bool:
     """The format's id rule (lint's ``ID_PATTERN``), over the whole value: a trailing newline makes no id."""
     return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
@@ -80,6 +100,8 @@ class AgentSets:
         # folder watcher (which may not watch yet in the first moments of a start).
         self.on_written = on_written
         self.apart = Apart()  # the *_apart calls' threads
+        # Readings under way: (set folder, its files' stat) -> the view being read.
+        self._reading: dict[tuple[Path, Any], asyncio.Future[dict[str, Any]]] = {}
 
     # -- where a set lives, and whose it is --------------------------------------
 
@@ -192,11 +214,36 @@ class AgentSets:
         return as_read(self.read_all(agent, set_id), include_all)
 
     def read_all(self, agent: str, set_id: str) -> dict[str, Any]:
+        return _view(self._own_dir(agent, set_id))
+
+    async def read_apart(self, agent: str, set_id: str, *, include_all: bool = False) -> dict[str, Any]:
+        """``read`` off the event loop (``read_all_apart``)."""
+        return as_read(await self.read_all_apart(agent, set_id), include_all)
+
+    async def read_all_apart(self, agent: str, set_id: str) -> dict[str, Any]:
+        """``read_all``, a big set's off the event loop: a set of 24,000
+        questions takes seconds to read, which on the loop held every room,
+        /health and every agent.  Callers asking for the same files while a
+        reading of them runs share it: a hundred waits woken by one change
+        read the set once."""
         set_dir = self._own_dir(agent, set_id)
-        try:
-            return load_view(set_dir, include_all=True)
-        except ReadError as exc:
-            raise NotFound(exc.message) from None
+        key = (set_dir, _files_now(set_dir))
+        if (key[1][0] or (0, 0, 0))[2] <= BIG_DOCUMENT:
+            return _view(set_dir)  # a few milliseconds: read here, at once
+        reading = self._reading.get(key)
+        if reading is None:
+            # A big set is read in a process of its own, as it is judged: in a
+            # thread its seconds of Python held the interpreter's lock from
+            # the event loop at every turn.
+            reading = asyncio.ensure_future(self.apart.run(agent, in_a_process, _view, set_dir))
+            self._reading[key] = reading
+
+            def done(future: asyncio.Future[dict[str, Any]]) -> None:
+                self._reading.pop(key, None)
+                if not future.cancelled():
+                    future.exception()  # every caller may have gone: not an unretrieved error
+            reading.add_done_callback(done)
+        return await asyncio.shield(reading)
 
     def set_dir(self, agent: str, set_id: str) -> Path:
         return self._own_dir(agent, set_id)

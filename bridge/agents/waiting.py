@@ -64,7 +64,7 @@ async def wait_answers(sets: AgentSets, agent: str, set_id: str, *, until: str =
     deadline = time.monotonic() + timeout
     # Subscribed before the first reading: a change between the two is not missed.
     with sets.changes.subscribe(set_dir) as changed:
-        view = sets.read_all(agent, set_id)
+        view = await sets.read_all_apart(agent, set_id)
         if question is not None and all(e["qid"] != question for e in view["answers"]):
             raise Unprocessable(f"question: no question {question!r} in this set")
         done = arrived(view, question, until, since)
@@ -90,7 +90,7 @@ async def _follow(sets: AgentSets, agent: str, set_id: str, changed: asyncio.Eve
                 if sets.stopping() or (gone is not None and gone()):
                     break
                 try:
-                    view = sets.read_all(agent, set_id)
+                    view = await sets.read_all_apart(agent, set_id)
                 except NotFound:
                     continue  # mid-rewrite by its writer, or gone: the next change says more
                 if arrived(view, question, until, since):

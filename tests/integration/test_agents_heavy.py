@@ -6,14 +6,16 @@ agent's calls are answered as usual."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import sqlite3
 import time
 
 import aiohttp
 import pytest
 
-from helpers.agents import auth, one_question, start, wait_listener
-from helpers.harness import unique
+from helpers.agents import agents_config, auth, free_port, one_question, start, wait_listener
+from helpers.harness import answer_content, unique
 from test_mcp_door import mcp_client
 
 pytestmark = pytest.mark.integration
@@ -159,4 +161,97 @@ async def test_a_folder_made_while_a_set_lints_is_looked_at_again_not_refused(br
         (mine_status, said), (their_status, _) = await asyncio.gather(
             put(contested, json.dumps(contested_big).encode(), headers), theirs())
         assert their_status == 201 and mine_status == 404, said[:300]
+    bridge.check_alive()
+
+
+def big_answered_set(set_id: str, count: int = 24_000) -> bytes:
+    """A valid set of ``count`` questions (about 9 MB; 16 MB as the bridge writes it), all but the first
+    closed already: nothing to post, all of it to read."""
+    template = one_question(set_id)["questions"][0]
+    questions = [{**template, "id": f"q{n}", "title": f"Release branch {n}",
+                  "question": f"Which branch should release {n} be cut from?",
+                  **({"status": "closed"} if n else {})} for n in range(count)]
+    return json.dumps({**one_question(set_id), "questions": questions}).encode()
+
+
+async def test_reads_and_waits_on_a_big_set_leave_health_and_other_agents_answered(bridge):
+    """Reading a set of 24,000 questions takes seconds: on the event loop,
+    each read held every room, /health and every agent, and every wait on
+    the set read it again at each change (ten waits and one close: 20 s)."""
+    base = start(bridge, rate_per_minute=100_000)
+    await wait_listener(bridge, base)
+    set_id = unique("big")
+    async with aiohttp.ClientSession(headers=auth("planner"), timeout=aiohttp.ClientTimeout(total=300)) as http:
+        async with http.put(f"{base}/v1/sets/{set_id}", data=big_answered_set(set_id),
+                            headers={"Content-Type": "application/json"}) as response:
+            assert response.status == 201, (await response.text())[:300]
+        async with http.get(f"{base}/v1/sets", headers=auth("other")) as response:
+            assert response.status == 200
+
+        async def get(params: dict[str, str]) -> tuple[int, dict]:
+            async with http.get(f"{base}/v1/sets/{set_id}/answers", params=params) as response:
+                return response.status, await response.json()
+
+        async def load() -> list[tuple[int, dict]]:
+            waits = [asyncio.ensure_future(get({"wait": "all", "timeout": "200"})) for _ in range(10)]
+            reads = await asyncio.gather(*(get({"all": "1"}) for _ in range(3)))
+            await asyncio.sleep(2)  # the waits have read the set once
+            async with http.post(f"{base}/v1/sets/{set_id}/close", json={"questions": ["q0"]}) as response:
+                assert response.status == 200, await response.text()
+            return [*reads, *await asyncio.gather(*waits)]
+
+        busy = asyncio.ensure_future(load())
+        health, others = await asyncio.gather(slowest_answer(http, f"{base}/health", "other", busy),
+                                              slowest_answer(http, f"{base}/v1/sets", "other", busy))
+        answered = await busy
+    assert [status for status, _ in answered] == [200] * 13
+    assert all(len(body["answers"]) == 24_000 for _status, body in answered[:3])
+    assert health[1] >= 20 and others[1] >= 20, (health, others)
+    assert health[0] < 1.5 and others[0] < 1.5, (health, others)
+    bridge.check_alive()
+
+
+LOG_LEAVES = 100_000  # a busy bridge's answer log after some months
+
+
+async def test_verify_over_a_long_answer_log_leaves_health_and_other_agents_answered(bridge):
+    """MCP ``verify`` reads and hashes every leaf of the log (every agent's):
+    on the event loop, one call over 100,000 leaves held the bridge 4 s."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    bridge.extra_config = {**agents_config(port, rate_per_minute=100_000), "audit": {"checkpoint_every": "1s"}}
+    bridge.start()
+    await wait_listener(bridge, base)
+    mine = unique("logged")
+    async with aiohttp.ClientSession(headers=auth("planner")) as http:
+        async with http.put(f"{base}/v1/sets/{mine}", json=one_question(mine)) as response:
+            assert response.status == 201
+    (question,) = (await bridge.wait_questions(bridge.alice, 1)).values()
+    await bridge.alice.send(bridge.room_id, answer_content(question, option_id="stable"))
+    await bridge.wait_answer(mine, "branch")
+    await asyncio.sleep(3)  # its checkpoint signed
+    bridge.stop()
+    # The log grown as months of other sets' answers grow it (copies of the
+    # one leaf: what is measured is the reading and hashing, not the verdict).
+    db = sqlite3.connect(bridge.store_path)
+    (count, leaf), = db.execute("SELECT count(*), max(leaf) FROM audit_leaf").fetchall()
+    digest = hashlib.sha256(b"\0" + leaf.encode()).hexdigest()
+    db.executemany("INSERT INTO audit_leaf (idx, leaf, hash, seq) VALUES (?, ?, ?, NULL)",
+                   ((n, leaf, digest) for n in range(count, count + LOG_LEAVES)))
+    db.commit()
+    db.close()
+    bridge.start()
+    await wait_listener(bridge, base)
+    await asyncio.sleep(3)  # a checkpoint over the grown log
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http, \
+            mcp_client(base, "2026-07-28") as client:
+        busy = asyncio.ensure_future(asyncio.gather(*(client.call_tool("verify", {"set_id": mine})
+                                                      for _ in range(3))))
+        health, others = await asyncio.gather(slowest_answer(http, f"{base}/health", "other", busy),
+                                              slowest_answer(http, f"{base}/v1/sets", "other", busy))
+        results = await busy
+    assert all(not result.is_error for result in results), results[0].content[0].text[:300]
+    assert all(json.loads(r.content[0].text)["leaves"] >= LOG_LEAVES for r in results)
+    assert health[1] >= 20 and others[1] >= 20, (health, others)
+    assert health[0] < 1.5 and others[0] < 1.5, (health, others)
     bridge.check_alive()

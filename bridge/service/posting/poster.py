@@ -130,7 +130,9 @@ class Poster:
                     self.store.set_meta(key, fingerprint)
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
-        qset, errors = self.load_set(set_dir)
+        # Off the event loop: a set of tens of thousands of questions lints
+        # for seconds, which held every room, /health and every agent.
+        qset, errors = await asyncio.to_thread(self.load_set, set_dir)
         if qset is None:
             report.broken[str(set_dir)] = errors
             log.error("set %s skipped: it fails lint:\n  %s", set_dir, "\n  ".join(errors))
