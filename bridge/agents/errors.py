@@ -64,6 +64,13 @@ class Unprocessable(AgentError):
     code = "unprocessable"
 
 
+class NotLeading(AgentError):
+    """A write asked of an instance of a shared store that lost its lease (frozen, cut off)."""
+
+    status = 503
+    code = "not_leading"
+
+
 class TooManyWaits(AgentError):
     """Over ``agent_api.max_waits`` (this agent's) or ``max_waits_total`` (everyone's)."""
 

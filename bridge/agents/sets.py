@@ -21,7 +21,7 @@ from bridge.agents.apart import Apart, in_a_process
 from bridge.agents.changes import Changes
 from bridge.agents.closing import blocks_close, close_questions
 from bridge.agents.judgeset import dicts, judge_set
-from bridge.agents.errors import BadRequest, LintFailed, NotFound, listed
+from bridge.agents.errors import BadRequest, LintFailed, NotFound, NotLeading, listed
 from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner
 from bridge.agents.waitcap import Waits
 from bridge.answers.view import ReadError, load_view
@@ -100,6 +100,10 @@ class AgentSets:
         # folder watcher (which may not watch yet in the first moments of a start).
         self.on_written = on_written
         self.apart = Apart()  # the *_apart calls' threads
+        # Inside a leader of a shared store: raises unless this instance still
+        # leads.  A leader frozen with a request in hand, woken after another
+        # took over, must not write that request's set over the new leader's.
+        self.fence: Callable[[], None] | None = None
         # Readings under way: (set folder, its files' stat) -> the view being read.
         self._reading: dict[tuple[Path, Any], asyncio.Future[dict[str, Any]]] = {}
 
@@ -142,6 +146,7 @@ class AgentSets:
         else:
             judged = judge_set(document, set_id, str(set_dir), revs)
         judged.raise_refusal()
+        self._fenced()
         # Looked at again after the lint, which may have taken seconds: the
         # folder may have come meanwhile (the agent's own media upload claims
         # it; another agent's set makes it theirs).
@@ -202,6 +207,16 @@ class AgentSets:
     def stopping(self) -> bool:
         return self.changes.closed or (self.stop is not None and self.stop.is_set())
 
+    def _fenced(self) -> None:
+        """Before a write: NotLeading (503) when this instance no longer leads."""
+        if self.fence is None:
+            return
+        try:
+            self.fence()
+        except Exception as exc:  # noqa: BLE001 - the lease's refusal, whatever its type
+            raise NotLeading(f"this instance no longer leads ({exc}); send it again: the one that leads takes it") \
+                from None
+
     def _written(self, set_dir: Path) -> None:
         self.changes.publish(set_dir)
         if self.on_written is not None:
@@ -256,6 +271,7 @@ class AgentSets:
         no set yet).  NotFound for another's.  An upload that fails in a
         folder it claimed gives the claim up again, when nothing else came
         into it meanwhile: a refused upload takes no set id."""
+        self._fenced()
         set_dir, claimed = self._media_dir(agent, set_id)
         try:
             yield set_dir
@@ -332,6 +348,7 @@ class AgentSets:
         if blocking:
             raise LintFailed("the set would fail lint", findings=dicts(blocking))
         if done:
+            self._fenced()
             replace_whole(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
         return {"ok": True, "set": set_id, "status": status, "closed": done}, set_dir
 

@@ -207,6 +207,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         await front.open(pipeline)
         if lease is not None and getattr(front, "server", None) is not None:
             front.server.fence = lease.check  # type: ignore[attr-defined]
+        if lease is not None and ops.agents is not None:
+            ops.agents.sets.fence = lease.check  # the agents' writes too: a set, a close, a media file
         room_ids = RoomIds()
         rooms, refused = await join_rooms(transport, configured_rooms(config), stop, room_ids,
                                          asking=store.rooms_with_open())

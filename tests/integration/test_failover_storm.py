@@ -30,7 +30,7 @@ from bridge.devserver import free_port
 from bridge.service.storage.leader import TTL_SECONDS
 from helpers.attack import AS_BOT, text_set
 from helpers.failover import Cluster, FailoverStorm
-from helpers.harness import Person, unique
+from helpers.harness import Bridge, Person, unique
 from helpers.proxy import HAProxy
 
 pytestmark = pytest.mark.integration
@@ -117,3 +117,67 @@ async def test_failover_storm_appservice_mode_behind_haproxy(appservice_synapse,
         proxy.stop()
         for p in people:
             await p.close()
+
+
+async def test_an_agents_write_a_frozen_leader_holds_is_refused_when_it_wakes_after_the_takeover(
+        synapse, postgres_server, tmp_path, person):
+    """An agent's PUT reaches the leader as it freezes (SIGSTOP); another
+    instance takes over and takes the agent's next version of the set.  The
+    old leader, woken, must not write the request it held over it."""
+    import asyncio
+    import signal
+    import socket
+    import urllib.request
+
+    from helpers.agents import TOKENS, agents_config, one_question
+
+    bot = synapse.register(unique("askbot"))
+    alice = person()
+    room_id = synapse.create_room(bot["access_token"], invite=[alice.user_id])
+    synapse.join(alice.token, room_id)
+    cluster = Cluster(synapse=synapse, postgres=postgres_server, workdir=tmp_path, room_id=room_id, bot=bot)
+    first, second = cluster.add(), cluster.add()
+    for instance in (first, second):  # the agents' API on each instance's own listener
+        agents = agents_config(free_port())
+        agents.pop("metrics")
+        instance.extra_config = {**instance.extra_config, **agents}
+
+    def body(words: str) -> bytes:
+        document = one_question("plan")
+        document["questions"][0]["question"] = f"Which branch should the release be cut from ({words})?"
+        return json.dumps(document).encode()
+
+    def put(instance: Bridge, words: str) -> int:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{cluster.ports[id(instance)]}/v1/sets/plan", data=body(words), method="PUT",
+            headers={"Authorization": f"Bearer {TOKENS['planner']}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+
+    try:
+        first.start()
+        assert await cluster.leader(timeout=60) is first
+        second.start()
+        await cluster.role_of(second, "standby")
+        assert put(first, "one") == 201
+        await first.wait_questions(alice, 1, timeout=60)
+        first.process.send_signal(signal.SIGSTOP)
+        stale = body("stale")
+        held = socket.create_connection(("127.0.0.1", cluster.ports[id(first)]))
+        held.sendall(f"PUT /v1/sets/plan HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS['planner']}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(stale)}\r\n\r\n".encode() + stale)
+        new = await cluster.leader(timeout=30, besides=first)
+        assert put(new, "three, the latest") == 200
+        first.process.send_signal(signal.SIGCONT)
+        held.settimeout(30)
+        reply = held.recv(400)
+        held.close()
+        assert reply.startswith(b"HTTP/1.1 503") and b"not_leading" in reply, reply
+        written = json.loads((cluster.sets_root / "plan" / "questions.json").read_text())
+        assert written["questions"][0]["question"] == "Which branch should the release be cut from (three, the latest)?"
+        await cluster.role_of(first, "standby", timeout=30)
+        await asyncio.sleep(1)
+        assert "three, the latest" in json.loads((cluster.sets_root / "plan" / "questions.json").read_text()) \
+            ["questions"][0]["question"]
+    finally:
+        cluster.stop_all()
