@@ -262,7 +262,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                                            stop),
                                  supervise("sets", lambda: keep_sets(poster, config.sets.root, stop, posted,
                                                                          ops.on_set_changed, room_ids.news), stop),
-                                 supervise("deadlines", lambda: poster.deadlines.run(stop), stop),
+                                 supervise("deadlines", lambda: poster.deadlines.run(
+                                     stop, after=getattr(front, "looked_back", None)), stop),
                                  return_exceptions=True)
 
         # The transport, the folder watch and the joining run under the

@@ -542,9 +542,14 @@ class Delaying(Transport):
                 raise KeyboardInterrupt("killed after the homeserver took it")
         return self.by_txn[txn]
 
-    async def cancel_delayed(self, delay_id: str) -> None:
+    async def cancel_delayed(self, delay_id: str) -> bool:
         self.cancelled.append(delay_id)
-        self.delayed.pop(delay_id, None)
+        return self.delayed.pop(delay_id, None) is not None  # False: sent already (``fire``) or cancelled
+
+    def fire(self, delay_id: str) -> None:
+        """The homeserver sends a delayed event as it falls due."""
+        kind, content, _delay = self.delayed.pop(delay_id)
+        self.sent.append({**content, "type_sent": kind})
 
     async def list_delayed(self) -> list[dict[str, Any]]:
         sealed = {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "AwgA..."}
@@ -584,6 +589,56 @@ def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
     clock[0] = T0 + 10_000
     asyncio.run(deadlines.pass_once())
     assert room.record()["state"] == "answered" and hs.delayed == {}
+
+
+def test_a_vote_in_time_read_after_the_homeservers_poll_end_decides_it_without_a_second_poll_end(tmp_path):
+    # The bridge frozen (or a new leader taking over) across the deadline: the
+    # homeserver ended the poll at it; the vote placed before it decides the
+    # question, and the bridge does not end the poll a second time.
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    room.pipeline.transport = hs
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    asyncio.run(deadlines.pass_once())
+    (poll_end,) = [d for d, (kind, _c, _delay) in hs.delayed.items() if kind == "org.matrix.msc3381.poll.end"]
+    hs.fire(poll_end)
+    room.deliver([answer("$b1", BO, T0 + 44_000, "main")])
+    clock[0] = T0 + 46_000
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered" and room.record()["decided_by"] == [ANA, BO]
+    ends = [c for c in hs.sent if "org.matrix.msc3381.poll.end" in c]
+    assert len(ends) == 1 and ends[0].get("type_sent"), ends  # the homeserver's, and no other
+    assert any(c.get("body", "").startswith("Decided") for c in hs.sent)
+
+
+def test_the_first_pass_waits_for_the_first_look_into_the_rooms(tmp_path):
+    # Appservice mode, a new leader: a vote the frozen leader never read is in
+    # the rooms' timelines, not in a transaction.  Its first pass must not call
+    # the question expired before that look.
+    room = room_with(tmp_path, expires="45s")
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+
+    async def scenario() -> tuple[bool, bool]:
+        stop, looked = asyncio.Event(), asyncio.Event()
+        running = asyncio.ensure_future(deadlines.run(stop, tick=0.05, after=looked))
+        await asyncio.sleep(0.3)
+        before = room.store.question_by_event("$q").open
+        room.deliver([answer("$a1", ANA, T0 + 44_000, "main"), answer("$b1", BO, T0 + 44_500, "main")])
+        looked.set()
+        await asyncio.sleep(0.3)
+        stop.set()
+        await running
+        return before, room.store.question_by_event("$q").closed_why == "decided"
+
+    assert asyncio.run(scenario()) == (True, True)
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert not any("expired" in s for s in said), said
 
 
 def test_an_escalation_due_at_or_after_the_deadline_is_not_handed_to_the_homeserver(tmp_path):

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from bridge.service.eventwait import set_within
+from bridge.service.eventwait import any_set, set_within
 from bridge.protocol.approval_record import told_outcome
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
@@ -198,15 +198,19 @@ class Deadlines:
         raw = self.store.get_meta(DELAYS + event_id)
         return json.loads(raw) if raw else {}
 
-    async def _cancel(self, event_id: str, keep: tuple[str, ...] = ()) -> None:
+    async def _cancel(self, event_id: str, keep: tuple[str, ...] = ()) -> set[str]:
+        """The posting's delayed events cancelled (but ``keep``); which of them
+        were gone already: the homeserver sent them."""
         delays = self._delays(event_id)
         cancel = getattr(self.transport, "cancel_delayed", None)
         left = dict(delays)
+        sent: set[str] = set()
         for what, delay_id in delays.items():
             if what in keep or cancel is None:
                 continue
             try:
-                await cancel(delay_id)
+                if await cancel(delay_id) is False:
+                    sent.add(what)
             except Exception as exc:  # noqa: BLE001 - tried again on the next pass
                 log.warning("cancelling delayed %s of %s failed (%s)", what, event_id, exc)
                 continue
@@ -216,6 +220,7 @@ class Deadlines:
                 self.store.set_meta(DELAYS + event_id, json.dumps(left))
             else:
                 self.store.delete_meta(DELAYS + event_id)
+        return sent
 
     # -- the pass ------------------------------------------------------------
 
@@ -400,7 +405,10 @@ class Deadlines:
         delayed_poll_end = delayed_edit = False
         closed_at = self._now()
         if why == CLOSED_DECIDED:
-            await self._cancel(question.event_id)
+            # Decided by a vote placed in time and read after the deadline: the
+            # homeserver's poll end went out at it, too late to cancel.  A
+            # second poll end from the bridge would only end it again.
+            delayed_poll_end = "poll_end" in await self._cancel(question.event_id)
         elif why == UNDONE:
             pass  # what was scheduled was cancelled at the decision; the poll stays ended
         else:
@@ -437,7 +445,7 @@ class Deadlines:
                                       txn_id("approval-edit", question.event_id, why, *again))
         poll = self.store.poll_of(question.event_id)
         # (A telling after the first: the poll was ended at the first, by the bridge or the homeserver.)
-        if poll and not again and not (why == CLOSED_EXPIRED and delayed_poll_end):
+        if poll and not again and not delayed_poll_end:
             await self.transport.send(question.room_id, POLL_END, poll_end(poll, closing), txn_id("poll-end", poll))
         with self.store.transaction(flush=False):
             self.store.delete_meta(UNTOLD + question.event_id)
@@ -551,9 +559,14 @@ class Deadlines:
             return None
         return found if found is not None and found.room_id == event.get("room_id") else None
 
-    async def run(self, stop: asyncio.Event, tick: float = DEFAULT_TICK_SECONDS) -> None:
+    async def run(self, stop: asyncio.Event, tick: float = DEFAULT_TICK_SECONDS,
+                  after: asyncio.Event | None = None) -> None:
         """A pass at start (what expired while the bridge was down), the
-        sweep of stray delayed events once, and a pass every ``tick`` until ``stop``."""
+        sweep of stray delayed events once, and a pass every ``tick`` until
+        ``stop``.  ``after``: the first pass waits for it (appservice mode:
+        the first look into the rooms' timelines)."""
+        if after is not None:
+            await any_set([after, stop], AFTER_AT_MOST)
         swept = False
         while not stop.is_set():
             try:
@@ -579,6 +592,8 @@ class Deadlines:
                         "out of time" if not done else last.exception())
 
 
+# How long the first pass waits for ``after`` (a look the homeserver does not answer).
+AFTER_AT_MOST = 30.0
 # How long a stop waits for the last pass of approvals.
 FINAL_PASS_SECONDS = 5.0
 

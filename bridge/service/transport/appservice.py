@@ -369,6 +369,11 @@ class AppserviceFront:
         self.crypto: Any = None  # set when the bridge encrypts; the transport uses it too
         self.first_batch = asyncio.Event()  # nothing to wait for: transactions come when they come
         self.first_batch.set()
+        # Set once the rooms' timelines were first looked into (``CatchUp.looked``):
+        # what a frozen or dead instance before this one left unread is judged
+        # by then, so the deadlines' first pass does not call expired what a
+        # vote placed in time decided.
+        self.looked_back = asyncio.Event()
 
     async def connect(self, stop: asyncio.Event) -> AsyncClient:
         settings = self.config.appservice
@@ -427,6 +432,7 @@ class AppserviceFront:
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)
         server.catchup = catchup
+        catchup.looked = self.looked_back
         server.open(rooms, notices)
         tasks = [notifier]
         try:

@@ -106,6 +106,9 @@ class CatchUp:
         self.looks_now: deque[float] = deque(maxlen=LOOK_BURST)
         self.idle_looks = 0  # looks before a transaction in a row that found nothing
         self.pushed = asyncio.Event()  # a transaction came since this start
+        # Set once the first look since this start is done (found or failed):
+        # what the rooms hold that no transaction brought is judged by then.
+        self.looked = asyncio.Event()
 
     def suspect_gap(self) -> None:
         """Look again once transactions have gone quiet, off the request path;
@@ -148,6 +151,7 @@ class CatchUp:
             except Exception as exc:  # noqa: BLE001 - the next look tries again
                 log.warning("looking for events the homeserver did not push failed (%s); trying again shortly",
                             str(exc) or type(exc).__name__)
+            self.looked.set()
             if not self.pushed.is_set() and self.clock() - started < FAST_FOR:
                 # Nothing pushed since the start: perhaps nothing can be yet.
                 if not await self._wait(FAST_PERIOD, self.pushed):

@@ -231,8 +231,9 @@ class NioTransport:
         delay_id = body.get("delay_id") if isinstance(body, dict) else None
         return delay_id if isinstance(delay_id, str) else None
 
-    async def cancel_delayed(self, delay_id: str) -> None:
-        """Cancel a delayed event; one already sent or cancelled is gone either way."""
+    async def cancel_delayed(self, delay_id: str) -> bool:
+        """Cancel a delayed event: True when this cancelled it, False when it
+        was gone already (sent, or cancelled before); gone either way."""
         path = f"/_matrix/client/unstable/org.matrix.msc4140/delayed_events/{quote(delay_id, safe='')}"
         response = await self.client.send("POST", path, data=json.dumps({"action": "cancel"}),
                                           headers={"Authorization": f"Bearer {self.client.access_token}",
@@ -243,6 +244,7 @@ class NioTransport:
             response.release()
         if status >= 500 or status == 429:
             raise MatrixError(f"cancelling delayed event {delay_id}", f"HTTP {status}")
+        return status < 300
 
     async def list_delayed(self) -> list[dict[str, Any]] | None:
         """The delayed events the homeserver still holds for the bridge's user
