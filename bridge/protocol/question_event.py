@@ -464,34 +464,31 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
         start = html.rfind("<p><em>To answer:</em>")
         kept = html[:start].rstrip("\n") if start >= 0 else html
         new.update(format=HTML_FORMAT, formatted_body=f"{kept}\n<p><strong>{esc(line)}</strong></p>")
-    # Mentions (the Matrix rules for edits): the message's own stay with the
-    # message as replaced; the edit itself mentions nobody, so closing a
-    # question pings none of the people it names again.
-    new["m.mentions"] = dict(content["m.mentions"]) if isinstance(content.get("m.mentions"), Mapping) else {}
-    title = q.get("title", "")
-    return {
-        "msgtype": new["msgtype"],
-        # The fallback for clients without edits: short, the whole message is in m.new_content.
-        "body": f"* {title}: {line}",
-        "m.new_content": new,
-        "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
-        "m.mentions": {},
-        SHOWN_CLOSED_KEY: {"question_event_id": question_event_id, "why": why},
-    }
+    return {**_replacement(question_event_id, content, new, line),
+            SHOWN_CLOSED_KEY: {"question_event_id": question_event_id, "why": why}}
 
 
 def reopened_replacement(question_event_id: str, content: Mapping[str, Any], line: str) -> dict[str, Any]:
     """An ``m.replace`` that shows a question closed as decided open again
     (its decision undone): the message as first posted, ``line`` after it."""
-    body = f"{content.get('body', '')}\n\n{line[:1].upper()}{line[1:]}."
-    new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": body}
+    said = f"{line[:1].upper()}{line[1:]}."
+    new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": f"{content.get('body', '')}\n\n{said}"}
     html = content.get("formatted_body")
     if isinstance(html, str):
-        new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc(line[:1].upper() + line[1:])}.</strong></p>")
+        new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc(said)}</strong></p>")
+    return _replacement(question_event_id, content, new, line)
+
+
+def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[str, Any], line: str) -> dict[str, Any]:
+    """The edit of a question's message to ``new``; ``line`` says what changed."""
+    # Mentions (the Matrix rules for edits): the message's own stay with the
+    # message as replaced; the edit itself mentions nobody, so closing a
+    # question pings none of the people it names again.
     new["m.mentions"] = dict(content["m.mentions"]) if isinstance(content.get("m.mentions"), Mapping) else {}
     q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
     return {
         "msgtype": new["msgtype"],
+        # The fallback for clients without edits: short, the whole message is in m.new_content.
         "body": f"* {q.get('title', '')}: {line}",
         "m.new_content": new,
         "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
