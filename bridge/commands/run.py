@@ -68,6 +68,7 @@ def _open_store(config: Any) -> int | None:
     wait, stop = FIRST_WAIT, threading.Event()
     main = threading.current_thread() is threading.main_thread()  # where a signal handler can be set
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if main else None
+    health = None
     try:
         while True:
             try:
@@ -80,14 +81,34 @@ def _open_store(config: Any) -> int | None:
                 if not (config.store.url and _not_reached(exc)):
                     print(f"askwright-bridge: {key}: cannot open {config.store.where} ({exc})", file=sys.stderr)
                     return 2
+                said = " ".join(str(exc).split())
                 log.warning("%s: %s can't be reached yet (%s); trying again in %.0f s", key, config.store.where,
-                            " ".join(str(exc).split()), wait)
+                            said, wait)
+                health = health or _serve_health_meanwhile(config)
+                if health is not None:
+                    health.why = f"{key} can't be reached yet ({said[:200]})"
             if stop.wait(wait):
                 return 0
             wait = min(wait * 2, LAST_WAIT)
     finally:
+        if health is not None:
+            health.close()
         if main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_health_meanwhile(config: Any) -> Any:
+    """/health (503, waiting) on the bridge's own address while the store is waited for; None when not served."""
+    from bridge.service.operators.starting import StartingHealth, health_address
+
+    address = health_address(config)
+    if address is None:
+        return None
+    try:
+        return StartingHealth(address)
+    except OSError as exc:  # the address taken: the bridge's own listener will say so when it starts
+        log.warning("/health not served while waiting for the store (%s)", exc)
+        return None
 
 
 # Waiting for a PostgreSQL that can't be reached at start: the first pause, doubling up to the last.

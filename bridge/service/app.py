@@ -28,7 +28,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
-from bridge.service.storage.setpaths import check_sets_where_known
+from bridge.service.storage.setpaths import check_sets_where_known, warn_sets_outside
 from bridge.service.transport.invites import Invites
 from bridge.service.transport.rooms import RoomIds, configured_rooms, join_rooms, keep_joining
 from bridge.service.storage.heldback import format_held, held_back
@@ -169,7 +169,9 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     checkpointer: Checkpointer | None = None
     try:
         # Sets moved without the store: posted again, every one (``setpaths``).
-        check_sets_where_known(store.folders_with_open(), config)
+        open_folders = store.folders_with_open()
+        check_sets_where_known(open_folders, config)
+        warn_sets_outside(open_folders, config)
         if config.audit.enabled:
             log_plan = open_log(store, user_id=config.bot.user_id, store_path=config.store.path,
                                 key_file=config.audit.key_file)
@@ -201,6 +203,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                             own_users=front.own_user, on_outcome=ops.on_outcome, on_batch=ops.on_batch,
                             on_write=ops.on_write, is_command=ops.is_command, on_trouble=ops.on_trouble,
                             on_logged=ops.on_logged, on_set_written=ops.on_set_changed,
+                            on_processed=ops.metrics.batch_ended,
                             attachment_max_bytes=config.attachments.max_bytes)
         if lease is not None:
             pipeline.may_write = lease.check

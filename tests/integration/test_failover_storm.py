@@ -181,3 +181,38 @@ async def test_an_agents_write_a_frozen_leader_holds_is_refused_when_it_wakes_af
             ["questions"][0]["question"]
     finally:
         cluster.stop_all()
+
+
+async def test_an_instance_started_while_postgresql_is_away_answers_health_while_it_waits(
+        synapse, postgres_server, tmp_path):
+    """An orchestrator starts the bridge beside its database (or restarts it
+    during the database's restart): its probe must find the instance alive
+    and waiting, not a refused connection, and then leading."""
+    import asyncio
+    import time
+
+    bot = synapse.register(unique("askbot"))
+    room_id = synapse.create_room(bot["access_token"])
+    cluster = Cluster(synapse=synapse, postgres=postgres_server, workdir=tmp_path, room_id=room_id, bot=bot)
+    instance = cluster.add()
+    away = asyncio.ensure_future(asyncio.to_thread(postgres_server.restart, 15.0))
+    try:
+        await asyncio.sleep(1)  # the database is down
+        instance.start()
+        began = time.monotonic()
+        seen = None
+        while not away.done():
+            health = cluster.health(instance)
+            if health is not None and seen is None:
+                seen = (time.monotonic() - began, health)
+            await asyncio.sleep(0.3)
+        assert seen is not None, "no /health while the database was away"
+        waited, health = seen
+        assert waited < 8 and (health["live"], health["ready"], health["role"]) == (True, False, "starting"), seen
+        assert "store.url" in health["waiting_for"], health
+        await away
+        assert await cluster.leader(timeout=60) is instance
+    finally:
+        if not away.done():
+            await away
+        cluster.stop_all()

@@ -235,3 +235,36 @@ async def test_a_bridge_started_while_the_homeserver_is_down_answers_health_not_
     status, health = _health(port)
     assert (status, health["ready"]) == (200, True), health
     assert health["homeserver_silent_seconds"] < 31
+
+
+async def test_batches_the_store_refuses_show_in_health_until_they_are_made_durable(bridge):
+    # An operator's session holds the store's write lock: no batch is made
+    # durable (each is retried).  /health said ready, nothing held, every task
+    # running; monitoring must see answers waiting, and why.
+    import sqlite3
+
+    port = free_port()
+    bridge.extra_config = {"metrics": {"enabled": True, "listen": f"127.0.0.1:{port}"}}
+    bridge.add_set(text_set("locked", 1))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, 1)
+    assert "batches_failing" not in _health(port)[1]
+    operator = sqlite3.connect(bridge.store_path, timeout=30, isolation_level=None)
+    operator.execute("BEGIN EXCLUSIVE")
+    try:
+        await bridge.alice.send(bridge.room_id, answer_content(questions[("q0", 1)], text="while locked"))
+        deadline = time.monotonic() + 60
+        while "batches_failing" not in (health := _health(port)[1]):
+            assert time.monotonic() < deadline, health
+            await asyncio.sleep(0.5)
+        assert "locked" in health["batches_failing"]["error"], health
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert _sample(response.read().decode(), "askwright_bridge_batches_failing_seconds") >= 0
+    finally:
+        operator.execute("ROLLBACK")
+        operator.close()
+    assert (await bridge.wait_answer("locked", "q0", timeout=60))["text"] == "while locked"
+    deadline = time.monotonic() + 30
+    while "batches_failing" in (health := _health(port)[1]):
+        assert time.monotonic() < deadline, health
+        await asyncio.sleep(0.5)

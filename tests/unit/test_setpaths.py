@@ -119,3 +119,24 @@ def test_sets_moved_up_into_the_folder_that_held_their_root_can_be_moved(tmp_pat
     assert move_sets(store, str(tmp_path / "sets"), str(tmp_path)) == 1
     assert store.db.execute("SELECT set_dir FROM posted").fetchall() == [(str(tmp_path / "set0"),)]
     store.close()
+
+
+def test_open_sets_outside_the_sets_root_are_named_at_start(tmp_path, caplog):
+    # A standby configured with another sets.root than its leader: the sets
+    # it would lead are not below it, and new sets under the leader's root
+    # would never be posted.  Said at start, naming both.
+    from bridge.service.config import parse_config
+    from bridge.service.storage.setpaths import sets_outside, warn_sets_outside
+    from helpers.config import GOOD
+
+    theirs, mine = tmp_path / "shared" / "sets", tmp_path / "local" / "sets"
+    (theirs / "release").mkdir(parents=True)
+    mine.mkdir(parents=True)
+    folders = [str(theirs / "release")]
+    assert sets_outside(folders, mine) == folders
+    assert sets_outside(folders, theirs) == []
+    config = parse_config({**GOOD, "sets": {"root": str(mine)}}, base_dir=tmp_path, environ={})
+    with caplog.at_level("WARNING"):
+        warn_sets_outside(folders, config)
+    said = caplog.text
+    assert str(mine) in said and str(theirs / "release") in said and "same sets.root" in said

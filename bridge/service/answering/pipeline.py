@@ -129,6 +129,9 @@ class Pipeline(FolderFlush):
     may_write: Callable[[], None] | None = None
     # Told the folder of each answers.json written (the agents' waits follow it).
     on_set_written: Callable[[str], None] | None = None
+    # Told how each batch ended: None when it was made durable, else why not
+    # (a store that refuses, a lock an operator holds): /health shows it.
+    on_processed: Callable[[BaseException | None], None] | None = None
     # The largest file a person may send (``attachments.max_bytes``).
     attachment_max_bytes: int = DEFAULT_MAX_BYTES
     # Told when events were judged apart from the transport's batches (a file
@@ -204,6 +207,18 @@ class Pipeline(FolderFlush):
         batch's own, when the batch changed nothing: ``_handle``).  A
         ``delivery`` (an appservice transaction's key, which ``commit`` marks
         taken) taken before is not handled again: ``BatchResult.repeated``."""
+        try:
+            result = self._process(events, commit=commit, delivery=delivery)
+        except BaseException as exc:
+            if self.on_processed is not None:
+                self.on_processed(exc)
+            raise
+        if self.on_processed is not None:
+            self.on_processed(None)
+        return result
+
+    def _process(self, events: list[dict[str, Any]], *, commit: Callable[[], None] | None,
+                 delivery: str | None) -> BatchResult:
         now = self.clock()
         before = self.store.changes()
         self._before = {}

@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from bridge.service.operators.metrics import Metrics
+from bridge.service.operators.stalled import StalledWrites
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,11 @@ IDLE_SECONDS = 75.0
 
 
 def runner_for(app: web.Application) -> web.AppRunner:
-    """The runner of each of the bridge's listeners: client faults logged as one line, idle connections closed."""
+    """The runner of each of the bridge's listeners: client faults logged as
+    one line, idle connections closed, and those whose client stopped reading
+    a response cut off (``stalled``)."""
     quiet_client_faults()
+    StalledWrites().install(app)
     return web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_SECONDS)
 
 
@@ -84,6 +88,10 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
         if state.silent_seconds is not None:
             # Bot mode: a long poll comes back within 30 s, so much more says the homeserver is not answering.
             body["homeserver_silent_seconds"] = round(state.silent_seconds, 1)
+        failing = state.failing
+        if failing is not None:
+            # Events are not made durable now (retried meanwhile): answers wait.
+            body["batches_failing"] = {"seconds": round(state.failing_seconds, 1), "error": failing[1]}
         if state.tasks_view is not None:
             # A task restarting does not make the bridge unready either: it is shown, counted and retried.
             body["tasks"] = state.tasks_view()

@@ -59,6 +59,13 @@ class Metrics:
         self.ready_gauge = Gauge("askwright_bridge_ready", "1 once the first sync or transaction is handled.",
                                  registry=r)
         self._heard_at: float | None = None
+        # Since when batches of events fail to be made durable, and the last
+        # failure's words; None while they are made durable.
+        self.failing: tuple[float, str] | None = None
+        self.failing_gauge = Gauge("askwright_bridge_batches_failing_seconds",
+                                   "Seconds since batches of events stopped being made durable (0 when they are).",
+                                   registry=r)
+        self.failing_gauge.set_function(lambda: self.failing_seconds)
         # Bot mode: a homeserver that stopped answering (nio retries without
         # end, so nothing else says so).  NaN in appservice mode, where an idle
         # homeserver pushes nothing.
@@ -161,6 +168,19 @@ class Metrics:
         self.held_now = found
         self.sets_held.set(found.get("sets_held", 0))
 
+    def batch_ended(self, failure: BaseException | None) -> None:
+        """A batch of events made durable (None), or not, and why (any thread)."""
+        if failure is None:
+            self.failing = None
+        else:
+            since = self.failing[0] if self.failing is not None else self.clock()
+            self.failing = (since, _said(failure))
+
+    @property
+    def failing_seconds(self) -> float:
+        failing = self.failing
+        return 0.0 if failing is None else max(0.0, self.clock() - failing[0])
+
     def listening(self) -> None:
         """Bot mode, at start: the silence counts from now until a first sync comes back."""
         if self._heard_at is None:
@@ -199,3 +219,9 @@ class _ErrorCounter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.metrics.observe_error(self.where or record.name.rsplit(".", 1)[-1])
+
+
+def _said(failure: BaseException) -> str:
+    """A failure in one line, short: what /health shows of it."""
+    words = " ".join(str(failure).split()) or type(failure).__name__
+    return words[:200]

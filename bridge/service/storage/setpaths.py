@@ -12,6 +12,7 @@ along with the folders (``move_sets``).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,26 @@ def check_sets_where_known(folders: list[str], config: Config) -> None:
         "this, every question would be closed and posted again.  If the sets moved, stop every instance and "
         f"run `askwright-bridge store move-sets -c <config> --from {elsewhere}`; if this is a standby seeing "
         "a share at another path, mount it at the same path on every instance")
+
+
+def sets_outside(folders: list[str], root: Path) -> list[str]:
+    """The store's set folders with open questions that are not below
+    ``root``: another instance's ``sets.root`` (a standby configured apart
+    from its leader) would leave them unwatched and new sets unposted."""
+    resolved = Path(os.path.realpath(root))
+    return [folder for folder in folders
+            if not Path(os.path.realpath(folder)).is_relative_to(resolved)]
+
+
+def warn_sets_outside(folders: list[str], config: Config) -> None:
+    """Say so when open sets are not below ``sets.root`` (``sets_outside``)."""
+    outside = sets_outside(folders, config.sets.root)
+    if outside:
+        logging.getLogger("bridge.sets").warning(
+            "sets.root is %s, but the store has open questions in %d set folder(s) outside it (%s%s): their "
+            "folders are not watched here, and sets written under the root the other instances use are not "
+            "posted. Every instance sharing a store needs the same sets.root", config.sets.root, len(outside),
+            outside[0], ", ..." if len(outside) > 1 else "")
 
 
 class MoveRefused(Exception):

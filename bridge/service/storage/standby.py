@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from bridge.service.eventwait import any_set
 from bridge.service.config import Config
 from bridge.service.storage.leader import Lease
-from bridge.service.storage.setpaths import check_sets_where_known
+from bridge.service.storage.setpaths import check_sets_where_known, warn_sets_outside
 from bridge.service.operators.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ def _could_lead(config: Config) -> None:
         check_present(path, leaves, made=signed_with is not None)
         check_same(path, signed_with)
     check_sets_where_known(folders, config)
+    warn_sets_outside(folders, config)
 
 
 async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event, term: asyncio.Event) -> None:

@@ -1,0 +1,78 @@
+"""Connections whose client stopped reading what the bridge sends it.
+
+aiohttp's idle timeout counts only while no request is being handled; a
+response being written waits for the client for ever.  A client that asks
+for a big read (a set's answers, 13 MB) and never reads it held its
+connection, a descriptor and the response's memory for good: sixty of them
+pinned 1.6 GB.  Each listener's connections are watched here: one whose
+unsent output has not gone down for ``STALLED_SECONDS`` is cut off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+STALLED_SECONDS = 60.0  # a client that reads nothing of a response for a minute is gone
+LOOK_EVERY = 5.0
+
+
+class StalledWrites:
+    def __init__(self, stalled_after: float | None = None, every: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stalled_after = STALLED_SECONDS if stalled_after is None else stalled_after
+        self.every = LOOK_EVERY if every is None else every
+        self.clock = clock
+        # transport -> (its unsent bytes when last looked at, since when no fewer)
+        self._watched: weakref.WeakKeyDictionary[Any, tuple[int, float]] = weakref.WeakKeyDictionary()
+        self._task: asyncio.Future[None] | None = None
+
+    def install(self, app: web.Application) -> None:
+        app.middlewares.append(self._middleware)
+        app.on_cleanup.append(self._stop)
+
+    @web.middleware
+    async def _middleware(self, request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        transport = request.transport
+        if transport is not None and transport not in self._watched:
+            self._watched[transport] = (0, self.clock())
+            if self._task is None or self._task.done():
+                self._task = asyncio.ensure_future(self._run())
+        return await handler(request)
+
+    async def _run(self) -> None:
+        while self._watched:
+            await asyncio.sleep(self.every)
+            self.look()
+
+    def look(self) -> int:
+        """Cut off the connections stalled by now; how many."""
+        now, cut = self.clock(), 0
+        for transport, (unsent_before, since) in list(self._watched.items()):
+            if transport.is_closing():
+                self._watched.pop(transport, None)
+                continue
+            unsent = transport.get_write_buffer_size()
+            if unsent == 0 or unsent < unsent_before:
+                self._watched[transport] = (unsent, now)  # reading, or nothing to read
+            elif now - since >= self.stalled_after:
+                peer = transport.get_extra_info("peername")
+                log.info("a client that read nothing of %d bytes for %.0f s cut off (%s)", unsent, now - since, peer)
+                transport.abort()
+                self._watched.pop(transport, None)
+                cut += 1
+        return cut
+
+    async def _stop(self, _app: web.Application) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

@@ -1,0 +1,95 @@
+"""A client that stops reading a response is cut off; one that reads, however
+slowly, and a long poll with nothing sent yet, are not (a real aiohttp
+listener, real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from aiohttp import web
+
+from bridge.service.operators import stalled
+from bridge.service.operators.health import runner_for
+
+BIG = 20 * 1024 * 1024
+
+
+async def _serve() -> tuple[web.AppRunner, int]:
+    app = web.Application()
+
+    async def big(_request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * BIG)
+
+    async def long_poll(_request: web.Request) -> web.Response:
+        await asyncio.sleep(2.5)
+        return web.Response(text="done")
+
+    app.router.add_get("/big", big)
+    app.router.add_get("/poll", long_poll)
+    runner = runner_for(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def _ask(port: int, path: str) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    sock.setblocking(False)
+    return sock
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server cut the connection (what was sent read and dropped)."""
+    try:
+        while True:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                return True
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_a_reader_and_a_long_poll_are_not(monkeypatch):
+    monkeypatch.setattr(stalled, "STALLED_SECONDS", 1.0)
+    monkeypatch.setattr(stalled, "LOOK_EVERY", 0.2)
+
+    async def scenario() -> tuple[bool, bool, int, bool]:
+        runner, port = await _serve()
+        try:
+            silent = _ask(port, "/big")
+            reader = _ask(port, "/big")
+            poll = _ask(port, "/poll")
+            got = 0
+            for _ in range(60):  # 3 s: the reader takes a little every 50 ms
+                await asyncio.sleep(0.05)
+                try:
+                    got += len(reader.recv(256 * 1024))
+                except BlockingIOError:
+                    pass
+            silent_cut = await asyncio.to_thread(_closed, silent)
+            reader_cut = await asyncio.to_thread(_closed, reader)
+            poll_answered = False
+            for _ in range(40):
+                await asyncio.sleep(0.1)
+                try:
+                    poll_answered = b"done" in poll.recv(4096)
+                except BlockingIOError:
+                    continue
+                break
+            for sock in (silent, reader, poll):
+                sock.close()
+            return silent_cut, reader_cut, got, poll_answered
+        finally:
+            await runner.cleanup()
+
+    silent_cut, reader_cut, got, poll_answered = asyncio.run(scenario())
+    assert silent_cut
+    assert not reader_cut and got > 100_000  # slow, and still served
+    assert poll_answered
