@@ -14,8 +14,10 @@ the transport's specification allows for any request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, AsyncContextManager
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -32,10 +34,61 @@ def _accepts_stream(scope: Scope) -> bool:
     return any(name == b"accept" and b"text/event-stream" in value.lower() for name, value in scope["headers"])
 
 
-def start_early(app: AsgiApp, after: float = EARLY_SECONDS) -> AsgiApp:
+# Requests answered whole, never on an early stream: a client reads one
+# server-sent event of at most 1 MiB (the Python SDK's default), and a file
+# read over MCP (a 20 MB screenshot, 27 MB of base64) that took over a second
+# arrived as one such event and failed.  A read takes as long as its file
+# does to read, not a restart's 15 s.
+WHOLE_METHODS = (b"resources/read",)
+_PEEK_AT_MOST = 64 * 1024  # a request of these is small; a bigger body is not one
+
+
+async def _peek(receive: Receive) -> tuple[list[Message], bytes | None]:
+    """The request's first messages, and its whole body when small enough to
+    be read at once (None otherwise); the messages are handed on as they came."""
+    taken: list[Message] = []
+    body = bytearray()
+    while True:
+        message = await receive()
+        taken.append(message)
+        if message["type"] != "http.request":
+            return taken, None
+        body.extend(message.get("body", b""))
+        if not message.get("more_body", False):
+            return taken, bytes(body)
+        if len(body) > _PEEK_AT_MOST:
+            return taken, None
+
+
+def _replaying(taken: list[Message], receive: Receive) -> Receive:
+    async def again() -> Message:
+        return taken.pop(0) if taken else await receive()
+    return again
+
+
+def _answered_whole(body: bytes | None) -> bool:
+    if body is None:
+        return False
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(request, dict) and str(request.get("method", "")).encode() in WHOLE_METHODS
+
+
+def start_early(app: AsgiApp, after: float = EARLY_SECONDS,
+                gate: Callable[[Scope], AsyncContextManager[Any]] | None = None) -> AsgiApp:
+    """``gate``: entered around each request answered whole, until its
+    response is sent (a file read holds the file several times over until then)."""
     async def early(scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("method") != "POST" or not _accepts_stream(scope):
             await app(scope, receive, send)
+            return
+        taken, body = await _peek(receive)
+        receive = _replaying(taken, receive)
+        if _answered_whole(body):
+            async with (gate(scope) if gate is not None else contextlib.nullcontext()):
+                await app(scope, receive, send)
             return
         lock = asyncio.Lock()
         state = {"app_started": False, "ours": False, "json": False}

@@ -26,6 +26,7 @@ from bridge.agents.mcp_files import MCP_MEDIA_MAX, base64_size
 from bridge.agents.bodyread import STALL_SECONDS
 from bridge.agents.mcp_server import GONE_SCOPE_KEY, Subscribers, build_server
 from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
+from bridge.agents.readgate import ReadGate
 from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
 from bridge.agents.webhooks import Deliverer
@@ -85,6 +86,7 @@ class AgentsFront:
         from bridge.agents.log_routes import LogRoutes
 
         self.api = AgentApi(config, self.sets, log=LogRoutes(store, self.sets))
+        self.reads = ReadGate(AGENT_SCOPE_KEY)  # MCP file reads: a few at a time
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
                                    media_max=config.agent_api.media_max,
@@ -142,7 +144,7 @@ class AgentsFront:
         if poster is not None:
             self.sets.on_written = lambda set_dir: self._post_soon(poster, set_dir)
         # Requests go to the manager running now (a restart of the task makes a new one).
-        self._mcp_app = start_early(self._current_manager)
+        self._mcp_app = start_early(self._current_manager, gate=self.reads.turn)
         spawn = self.supervisor.spawn
         manager = spawn("mcp", lambda: self._run_manager(stop), stop)
         self.tasks.append(manager)

@@ -240,3 +240,32 @@ async def test_a_set_reaching_outside_its_folder_is_refused_over_http_and_mcp(br
             assert where in {e["where"] for e in body["errors"]}, f"{form}: {body['errors']}"
     assert json.loads((mcp_dir / "questions.json").read_text())["questions"][0].get("media") is None
     bridge.check_alive()
+
+
+async def test_a_screenshot_of_20_mb_reaches_an_mcp_agent_whole_however_many_read_it_at_once(bridge):
+    """A read over MCP that took more than a second went out as one
+    server-sent event, and the SDK's client reads events of at most 1 MiB:
+    a 20 MB screenshot (27 MB of base64) never reached the agent.  Read now
+    as one JSON answer, by several reads at once."""
+    from test_mcp_door import mcp_client as mcp_client_in
+
+    base = start(bridge, rate_per_minute=100_000)
+    await wait_listener(bridge, base)
+    set_id = unique("shot")
+    async with aiohttp.ClientSession(headers=auth("planner")) as http:
+        async with http.put(f"{base}/v1/sets/{set_id}/media/take.png", data=noisy_png(64, 64),
+                            headers={"Content-Type": "application/octet-stream"}) as response:
+            assert response.status == 201, await response.text()
+        async with http.put(f"{base}/v1/sets/{set_id}", json=compare_set(set_id, "take.png", "intro")) as response:
+            assert response.status == 201, await response.text()
+    (question,) = (await bridge.wait_questions(bridge.alice, 1, timeout=60)).values()
+    shot = noisy_png(2600, 2600)
+    assert len(shot) > 20_000_000
+    await answer_with_screenshot(bridge, question, shot)
+    uri = f"askwright://sets/{set_id}/attachments/intro-1.png"
+    async with mcp_client_in(base, "2026-07-28") as client:
+        reads = await asyncio.gather(*(client.read_resource(uri) for _ in range(16)))
+    for result in reads:
+        (content,) = result.contents
+        assert hashlib.sha256(base64.b64decode(content.blob)).hexdigest() == hashlib.sha256(shot).hexdigest()
+    bridge.check_alive()

@@ -1,0 +1,73 @@
+"""The early stream of a slow MCP call, and the requests answered whole
+(an ASGI application of our own behind ``start_early``, called as the
+bridge's MCP front calls it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from bridge.agents.early_stream import start_early
+
+SSE = b"text/event-stream"
+
+
+def _call(method: str, answer_after: float, answer: bytes, gate: Any = None) -> tuple[list[dict[str, Any]], bytes]:
+    """What the client gets for a JSON-RPC ``method`` the application answers after ``answer_after`` s."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        request = await receive()
+        assert json.loads(request["body"])["method"] == method  # the body reaches the application whole
+        await asyncio.sleep(answer_after)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": answer, "more_body": False})
+
+    sent: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": {}}).encode()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "headers": [(b"accept", b"application/json, text/event-stream")],
+                 "askwright.agent": "planner"}
+        await start_early(app, after=0.1, gate=gate)(scope, receive, send)
+
+    asyncio.run(run())
+    return sent, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def test_a_slow_call_gets_its_stream_early_and_its_answer_on_it():
+    sent, body = _call("tools/call", 0.3, b'{"jsonrpc":"2.0","id":1,"result":{}}')
+    assert dict(sent[0]["headers"])[b"content-type"] == SSE
+    assert body.endswith(b'event: message\ndata: {"jsonrpc":"2.0","id":1,"result":{}}\n\n')
+
+
+def test_a_slow_file_read_is_answered_whole_not_as_one_event_past_what_clients_read():
+    # The SDK's client reads server-sent events of at most 1 MiB: a 20 MB
+    # file's read that took over a second never reached the agent.
+    answer = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"contents": [{"blob": "A" * 3_000_000}]}}).encode()
+    turns: list[str] = []
+
+    class Gate:
+        def __call__(self, scope: Any) -> Any:
+            gate = self
+
+            class Turn:
+                async def __aenter__(self) -> None:
+                    turns.append(f"in {scope['askwright.agent']}")
+
+                async def __aexit__(self, *_exc: Any) -> None:
+                    turns.append("out")
+            return Turn()
+
+    sent, body = _call("resources/read", 0.3, answer, gate=Gate())
+    assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
+    assert body == answer
+    assert turns == ["in planner", "out"]  # held until the answer was sent
