@@ -129,10 +129,31 @@ def _watch(set_dir: Path, view: dict[str, Any], question: str | None, until: str
     the agent's, written any way it likes) is read again on its next change.
     A set folder replaced by another of its name is followed; one removed is
     FileNotFoundError."""
+    polling = False
     while True:
-        found = _watch_folder(set_dir, _inode(set_dir), view, question, until, deadline)
+        try:
+            found = _watch_folder(set_dir, _inode(set_dir), view, question, until, deadline, polling=polling)
+        except (RuntimeError, OSError) as exc:
+            if polling or not _out_of_watches(exc):
+                raise
+            # Every inotify instance the user may have is taken (hundreds of
+            # waits, or other programs): the folder is looked at instead.
+            _warn(f"no file watch left ({' '.join(str(exc).split())[:120]}); looking every "
+                  f"{POLL_MS} ms instead (raise fs.inotify.max_user_instances to watch)")
+            polling = True
+            continue
         if found is not None:
             return found
+
+
+# How often a wait with no file watch left looks at the folder.
+POLL_MS = 300
+
+
+def _out_of_watches(exc: BaseException) -> bool:
+    """inotify refused: its instances (EMFILE) or its watches (ENOSPC) are used up."""
+    said = str(exc)
+    return "Too many open files" in said or "No space left on device" in said or "inotify" in said.lower()
 
 
 # A folder gone for this long is removed, not being replaced (moved away, then another moved in).
@@ -152,12 +173,13 @@ def _inode(set_dir: Path) -> int:
 
 
 def _watch_folder(set_dir: Path, inode: int, view: dict[str, Any], question: str | None, until: str,
-                  deadline: float | None) -> tuple[dict[str, Any], bool] | None:
+                  deadline: float | None, polling: bool = False) -> tuple[dict[str, Any], bool] | None:
     """``_watch`` on the folder that is ``inode``; None once another folder took its name."""
     names = {ANSWERS_NAME, QUESTIONS_FILE}
     first = True
     for changes in watch(set_dir, watch_filter=lambda _change, path: os.path.basename(path) in names,
-                         debounce=200, step=20, rust_timeout=TICK_MS, yield_on_timeout=True, recursive=False):
+                         debounce=200, step=20, rust_timeout=TICK_MS, yield_on_timeout=True, recursive=False,
+                         force_polling=polling, poll_delay_ms=POLL_MS):
         try:
             if os.stat(set_dir).st_ino != inode:
                 return None  # another folder has its name now: watched instead

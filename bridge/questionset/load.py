@@ -32,19 +32,32 @@ class LoadError(Exception):
 
 
 def parse_json(data: bytes | str) -> dict[str, Any]:
+    """questions.json's object, by JSON's own rules (RFC 8259), as the agents'
+    door reads a set too: a byte-order mark some editors write is passed
+    over; NaN and Infinity, which Python's parser takes, are no JSON."""
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
     except UnicodeDecodeError as exc:
         raise LoadError(f"questions.json is not UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text.removeprefix("\ufeff"), parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise LoadError(f"questions.json is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except _NotJson as exc:
+        raise LoadError(f"questions.json is not JSON: {exc}") from None
     except RecursionError:
         raise LoadError("questions.json is nested too deeply") from None
     if not isinstance(value, dict):
         raise LoadError(f"questions.json must hold a JSON object, not {type(value).__name__}")
     return value
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON number")
 
 
 def where_of(loc: tuple[Any, ...], raw: dict[str, Any] | None = None) -> str:

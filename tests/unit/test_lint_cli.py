@@ -109,6 +109,9 @@ UNREADABLE = {
     "deep-nesting": DEEP,
     "deep-nesting-in-object": b'{"questions": ' + DEEP + b"}",
     "huge-integer": b'{"askwright": ' + b"9" * 5000 + b"}",
+    # Python's parser takes these; JSON (and the agents' door) does not.
+    "nan": b'{"askwright": 1, "id": "tiny", "questions": [], "score": NaN}',
+    "infinity": b'{"askwright": 1, "id": "tiny", "questions": [], "score": -Infinity}',
 }
 
 
@@ -145,7 +148,8 @@ NASTY = [
     {"askwright": 1, "id": "x", "title": "T", "questions": [{"id": "\ud800", "kind": "text", "title": "\ud800\x1b[31m", "question": "a\nb"}]},
     {"askwright": 1.5, "id": None, "title": {}, "mode": [], "media_roots": "r", "questions": [None, "q", 3, [], {"media": [{"src": "/etc/passwd"}]}]},
     {"questions": [{"figure": json.loads("[" * 500 + "]" * 500), "media": [{"figure": json.loads('{"a":' * 500 + "1" + "}" * 500)}]}]},
-    {"askwright": float("nan"), "id": "y", "title": "T", "questions": [{"id": "q", "kind": "choice", "points": float("inf")}]},
+    # (NaN and Infinity are no JSON: UNREADABLE above.)
+    {"askwright": 1e308, "id": "y", "title": "T", "questions": [{"id": "q", "kind": "choice", "points": -1e308}]},
 ]
 
 
@@ -258,3 +262,11 @@ def test_a_sets_root_is_linted_set_by_set_and_a_second_folder_under_one_id_is_an
     assert first["ok"] is True
     message = second["errors"][-1]["message"]
     assert str((tmp_path / "a-release").resolve()) in message and str((tmp_path / "b-release").resolve()) in message
+
+
+def test_a_byte_order_mark_some_editors_write_is_passed_over(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # PowerShell 5's Out-File writes one; the agents' door took such a set, lint refused it.
+    folder = write_set(tmp_path / "s", b"\xef\xbb\xbf" + json.dumps(CLEAN).encode())
+    code, out = lint_json(capsys, str(folder))
+    assert (code, out["ok"], out["set"]) == (0, True, "tiny")

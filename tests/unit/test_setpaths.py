@@ -22,6 +22,9 @@ def rows_naming(store: Store, folder: str) -> dict[str, int]:
               for table in SET_DIR_TABLES}
     counts["meta"] = store.db.execute("SELECT COUNT(*) FROM meta WHERE key = ?",
                                       (f"set_synced:{folder}",)).fetchone()[0]
+    # When each revision was first posted: the clock of its expires and escalate.
+    counts["meta first posted"] = store.db.execute("SELECT COUNT(*) FROM meta WHERE substr(key, 1, ?) = ?", (
+        len(f"rev_first_posted:{folder}\x1f"), f"rev_first_posted:{folder}\x1f")).fetchone()[0]
     return counts
 
 
@@ -38,6 +41,7 @@ def test_every_row_naming_a_moved_set_names_its_new_place(tmp_path: Path, store_
         store.db.execute("INSERT INTO attachment(event_id, set_dir, qid, path) VALUES ('$f', ?, 'name', 'a.png')",
                          (old,))
         store.set_meta(f"set_synced:{old}", "fingerprint")
+        store.set_meta(f"rev_first_posted:{old}\x1fname\x1f1", "1800000000000")
         # A set under a folder whose name only starts like the old root's is not moved with it.
         store.db.execute("INSERT INTO held_set(set_dir, set_id, reason, since, attempts, next_try)"
                          " VALUES (?, 'other', 'x', 1, 1, 2)", (sibling,))

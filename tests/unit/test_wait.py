@@ -246,3 +246,24 @@ def test_the_top_help_opens_with_what_the_bridge_does_for_a_user_and_examples(ca
     assert opening.startswith("Post an agent's askwright questions into a Matrix room")
     assert "bridge.commands" not in out and "add_parser" not in out
     assert "examples:\n  askwright-bridge lint " in out and "askwright-bridge run --config" in out
+
+
+def test_with_no_file_watch_left_the_wait_looks_at_the_folder_and_still_returns(set_dir, capsys, monkeypatch):
+    # 160 waits on one machine: past the user's 128 inotify instances, each
+    # further wait died with a traceback and exit 1 (no code of wait's).
+    import bridge.commands.wait as wait_command
+    from watchfiles import watch as real_watch
+    from watchfiles._rust_notify import WatchfilesRustInternalError
+
+    def no_inotify_left(*args, **kwargs):
+        if not kwargs.get("force_polling"):
+            raise WatchfilesRustInternalError("Error creating watcher: Too many open files (os error 24)")
+        return real_watch(*args, **kwargs)
+
+    monkeypatch.setattr(wait_command, "watch", no_inotify_left)
+    writer = later(0.5, lambda: answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1}))
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "20"]) == 0
+    writer.join()
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["answers"][0]["text"] == "yes"
+    assert "no file watch left" in captured.err

@@ -26,6 +26,7 @@ from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service.posting import media
 from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message
+from bridge.service.storage.setpaths import REV_FIRST_POSTED, SET_SYNCED
 from bridge.service.storage.store import PostingConflict, Store
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class Poster:
                     if recorded.open:
                         await self._close(recorded, SET_REMOVED, report)
                 with self.store.transaction(flush=False):  # if it comes back, it is read again in full
-                    self.store.delete_meta(f"set_synced:{folder}")
+                    self.store.delete_meta(f"{SET_SYNCED}{folder}")
 
     async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
         """``sync_set``, unless the set's questions.json is byte for byte the one
@@ -121,7 +122,7 @@ class Poster:
         half-way leaves it to be synced again."""
         async with self._one_at_a_time:
             fingerprint = _fingerprint(set_dir)
-            key = f"set_synced:{set_dir.resolve()}"
+            key = f"{SET_SYNCED}{set_dir.resolve()}"
             if fingerprint is not None and self.store.get_meta(key) == fingerprint:
                 return
             await self.sync_set(set_dir, report)
@@ -284,7 +285,7 @@ class Poster:
         durations count from it.  Kept in the store before the send, so a
         retried post (a crash before its commit) builds the same content, and
         a repost of the same revision keeps its deadline."""
-        key = f"rev_first_posted:{folder}\x1f{question.id}\x1f{question.rev}"
+        key = f"{REV_FIRST_POSTED}{folder}\x1f{question.id}\x1f{question.rev}"
         kept = self.store.get_meta(key)
         if kept is not None:
             return int(kept)

@@ -21,7 +21,9 @@ from bridge.service.config import Config, ConfigError
 
 # The tables whose rows name a set's folder, and the meta keys that do.
 SET_DIR_TABLES = ("posted", "answer_log", "dirty", "attachment", "held_set", "doomed_file")
-FOLDER_KEYED_META = ("set_synced:",)
+# (The key goes on after the folder: a "/" below it, or "\x1f" and more.)
+SET_SYNCED, REV_FIRST_POSTED = "set_synced:", "rev_first_posted:"
+FOLDER_KEYED_META = (SET_SYNCED, REV_FIRST_POSTED)
 
 
 def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
@@ -110,8 +112,8 @@ def move_sets(store: Any, old_root: str, new_root: str) -> int:
                              (new, len(old) + 1, old, len(old) + 1, old + "/"))
         for prefix in FOLDER_KEYED_META:
             start = len(prefix + old) + 1
-            store.db.execute("UPDATE meta SET key = ? || substr(key, ?) WHERE substr(key, 1, ?) = ?",
-                             (prefix + new, start, start, prefix + old + "/"))
+            store.db.execute("UPDATE meta SET key = ? || substr(key, ?) WHERE key = ? OR substr(key, 1, ?) IN (?, ?)",
+                             (prefix + new, start, prefix + old, start, prefix + old + "/", prefix + old + "\x1f"))
     return len(under_old)
 
 
