@@ -125,6 +125,13 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         elif stands is not None and isinstance(index, int) and index != stands:
             verdict.problems.append(f"record {qid!r} (leaf {index}): the log's answer that stands is leaf {stands} "
                                     "(a later answer replaced this one, or it was withdrawn)")
+    # A record taken out of answers.json (a veto, an answer someone would
+    # rather nobody acted on) is named too: the log holds an answer that
+    # stands for it, and the bridge drops a record only with its withdrawal.
+    for (set_id, qid), stands in sorted(logged.standing().items(), key=lambda item: str(item[0])):
+        if set_id == doc.get("set") and qid not in answers:
+            verdict.problems.append(f"question {qid!r}: the log's answer that stands is leaf {stands}, but "
+                                    "answers.json has no record of it")
     return verdict
 
 

@@ -111,6 +111,11 @@ def test_a_set_verifies_and_each_tampering_is_named(tmp_path):
         assert problems == [f"record 'branch' (leaf 1): the record's {words} {value!r} differs from the leaf's "
                             f"{record['source'][field]!r}"]
 
+    # A record taken out (the answer someone would rather nobody acted on) is named.
+    removed = {**doc, "answers": {}}
+    assert audit_verify.verify_set(removed, _leaves(store), notes, ORIGIN, key.public).problems == [
+        "question 'branch': the log's answer that stands is leaf 1, but answers.json has no record of it"]
+
     past = {**doc, "answers": {"branch": {**doc["answers"]["branch"],
                                           "receipt": {"log": ORIGIN, "index": 7, "leaf": "00"}}}}
     assert "points past the tree" in audit_verify.verify_set(past, _leaves(store), notes, ORIGIN, key.public).problems[0]
