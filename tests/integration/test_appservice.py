@@ -281,3 +281,34 @@ async def test_answers_whose_transaction_never_reaches_the_bridge_still_land(bri
     assert accepted_count(bridge) == 3
     assert store_rows(bridge.store_path, "SELECT event_id FROM answer_log GROUP BY event_id HAVING COUNT(*) > 1") == []
     assert bridge.log_text().count("came in no transaction") >= 2
+
+
+async def test_health_says_when_the_homeserver_cannot_reach_the_bridge_until_it_can(bridge):
+    """The registration's URL reaches nothing (a proxy down, a wrong port):
+    answers still come, from the rooms' timelines every 30 s, but no push
+    does.  /health said ready and nothing else; it names the failure until
+    the homeserver gets through."""
+    import json as json_lib
+    import urllib.error
+    import urllib.request
+
+    registered = urlsplit(bridge.synapse.appservice["url"])
+    port = free_port()
+    bridge.extra_config["appservice"]["listen"] = f"127.0.0.1:{port}"
+
+    def health() -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+                return json_lib.loads(reply.read())
+        except urllib.error.HTTPError as error:
+            return json_lib.loads(error.read())
+        except (urllib.error.URLError, OSError):
+            return {}
+
+    await started(bridge)
+    await until(lambda: "homeserver_cannot_reach_bridge" in health(), timeout=60, every=0.5)
+    said = health()
+    assert "Connection refused" in said["homeserver_cannot_reach_bridge"]["error"], said
+    async with Relay((registered.hostname, registered.port), f"http://127.0.0.1:{port}"):
+        await until(lambda: "homeserver_cannot_reach_bridge" not in health(), timeout=60, every=0.5)
+    bridge.check_alive()

@@ -88,6 +88,11 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
         if state.silent_seconds is not None:
             # Bot mode: a long poll comes back within 30 s, so much more says the homeserver is not answering.
             body["homeserver_silent_seconds"] = round(state.silent_seconds, 1)
+        unreached = state.unreached
+        if unreached is not None:
+            # Appservice mode: answers still come, from a look into the rooms every 30 s.
+            body["homeserver_cannot_reach_bridge"] = {"seconds": round(max(0.0, state.clock() - unreached[0]), 1),
+                                                      "error": unreached[1]}
         failing = state.failing
         if failing is not None:
             # Events are not made durable now (retried meanwhile): answers wait.

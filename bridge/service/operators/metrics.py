@@ -62,6 +62,9 @@ class Metrics:
         # Since when batches of events fail to be made durable, and the last
         # failure's words; None while they are made durable.
         self.failing: tuple[float, str] | None = None
+        # Appservice mode: since when the homeserver's ping of the bridge
+        # fails (no push reaches it), and why; None once one got through.
+        self.unreached: tuple[float, str] | None = None
         self.failing_gauge = Gauge("askwright_bridge_batches_failing_seconds",
                                    "Seconds since batches of events stopped being made durable (0 when they are).",
                                    registry=r)
@@ -180,6 +183,15 @@ class Metrics:
     def failing_seconds(self) -> float:
         failing = self.failing
         return 0.0 if failing is None else max(0.0, self.clock() - failing[0])
+
+    def not_reached(self, why: str) -> None:
+        """Appservice mode: the homeserver's ping of the bridge failed."""
+        since = self.unreached[0] if self.unreached is not None else self.clock()
+        self.unreached = (since, why)
+
+    def reached(self) -> None:
+        """Appservice mode: a ping or a transaction came through."""
+        self.unreached = None
 
     def listening(self) -> None:
         """Bot mode, at start: the silence counts from now until a first sync comes back."""

@@ -193,6 +193,8 @@ class TransactionServer:
             except Exception as exc:  # noqa: BLE001 - the homeserver sends it again
                 log.warning("transaction %s: its encryption parts failed (%s); it will come again", txn_id, exc)
                 return _error(500, "M_UNKNOWN", "not processed; send it again")
+        if self.ops is not None:
+            self.ops.metrics.reached()  # a push came: the homeserver reaches us
         if self.catchup is not None:
             self.catchup.heard()
             if self._skips(txn_id):
@@ -436,7 +438,12 @@ class AppserviceFront:
         server.open(rooms, notices)
         tasks = [notifier]
         try:
-            await ping_homeserver(self.config)
+            unreached = await ping_failure(self.config)
+            if unreached is not None and self.ops is not None:
+                # Answers still come, from the timelines' look every 30 s;
+                # monitoring must see that the pushes do not.
+                self.ops.metrics.not_reached(unreached)
+                tasks.append(spawn("ping", lambda: ping_until_reached(self.config, self.ops.metrics, stop), stop))
             tasks.append(spawn("catch-up", catchup.run, stop))
             if self.crypto is not None:
                 from bridge.service.encryption.ascrypto import keep_up_kept  # noqa: PLC0415
@@ -512,7 +519,12 @@ PING_PATIENCE = 15.0
 
 
 async def ping_homeserver(config: Config) -> bool:
-    """Ask the homeserver to ping us; True when it did.  Besides checking the
+    """Ask the homeserver to ping us; True when it did (``ping_failure``)."""
+    return await ping_failure(config) is None
+
+
+async def ping_failure(config: Config) -> str | None:
+    """Ask the homeserver to ping us; None when it did, else why not.  Besides checking the
     whole path, a successful ping makes Synapse resend the transactions it
     holds for us at once instead of after its back-off (which doubles up to
     minutes): while it holds them it also drops what it would have pushed
@@ -528,7 +540,7 @@ async def ping_homeserver(config: Config) -> bool:
             status, why = 0, str(exc)
         if status == 200:
             log.info("the homeserver reaches the bridge (%s ms)", reply.get("duration_ms"))
-            return True
+            return None
         if status and status < 500 and status != 429:
             break  # no ping on this homeserver, or not for us: asking again changes nothing
         if attempt + 1 < PING_TRIES and time.monotonic() + PING_INTERVAL < give_up:
@@ -536,7 +548,24 @@ async def ping_homeserver(config: Config) -> bool:
         else:
             break
     log.warning("the homeserver's ping of the bridge failed: %s", why)
-    return False
+    return " ".join(why.split())[:200]
+
+
+# A failed ping is asked for again this often, until one succeeds or the
+# homeserver pushes a transaction: meanwhile /health says it can't reach us.
+PING_AGAIN = 30.0
+
+
+async def ping_until_reached(config: Config, metrics: Any, stop: asyncio.Event) -> None:
+    """After a failed ping at start: ping again until the homeserver reaches the bridge."""
+    while metrics.unreached is not None and not await set_within(stop, PING_AGAIN):
+        if metrics.unreached is None:
+            return  # a transaction came meanwhile
+        why = await ping_failure(config)
+        if why is None:
+            metrics.reached()
+        else:
+            metrics.not_reached(why)
 
 
 class _Reply:
