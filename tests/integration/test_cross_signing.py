@@ -45,6 +45,15 @@ async def room_with_js(synapse, tmp_path, js_sdk):
     await alice.close()
 
 
+async def unsigned_member(synapse, bridge: Bridge, tmp_path) -> EncryptingPerson:
+    """Bob, in the room: his client encrypts, but he never cross-signed his session."""
+    bob = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "bob-keys")
+    synapse.invite(bridge.bot["access_token"], bridge.room_id, bob.user_id)
+    synapse.join(bob.token, bridge.room_id)
+    await bob.keep_up()
+    return bob
+
+
 async def test_a_person_who_excludes_insecure_devices_reads_every_question_and_her_acknowledgements(room_with_js):
     bridge, alice, room = room_with_js, room_with_js.alice, room_with_js.room_id
     bridge.add_set(all_kinds_set("kinds"))
@@ -72,12 +81,8 @@ async def test_a_person_who_excludes_insecure_devices_reads_every_question_and_h
 async def test_an_answer_from_a_session_its_owner_did_not_verify_is_refused_with_what_to_do(room_with_js, synapse,
                                                                                            tmp_path):
     bridge, alice, room = room_with_js, room_with_js.alice, room_with_js.room_id
-    # Bob's client encrypts but he never cross-signed his session.
-    bob = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "bob-keys")
+    bob = await unsigned_member(synapse, bridge, tmp_path)
     try:
-        synapse.invite(bridge.bot["access_token"], room, bob.user_id)
-        synapse.join(bob.token, room)
-        await bob.keep_up()
         bridge.add_set(all_kinds_set("kinds"))
         bridge.start()
         questions = await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
@@ -115,11 +120,8 @@ async def test_an_answer_sent_in_the_clear_into_the_encrypted_room_is_refused_fr
     # approve a deploy by leaving its message in the clear.  Her js-sdk client
     # sends reactions in the clear, as Element does.
     bridge, alice, room = room_with_js, room_with_js.alice, room_with_js.room_id
-    bob = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "bob-keys")
+    bob = await unsigned_member(synapse, bridge, tmp_path)
     try:
-        synapse.invite(bridge.bot["access_token"], room, bob.user_id)
-        synapse.join(bob.token, room)
-        await bob.keep_up()
         bridge.add_set(all_kinds_set("kinds"))
         bridge.start()
         questions = await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
