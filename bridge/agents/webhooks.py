@@ -70,8 +70,17 @@ def backoff(attempts: int) -> float:
 
 
 def host_of(url: str) -> str:
-    # Logged instead of the URL, which may carry a token in its path or query.
-    return urlsplit(url).netloc or "?"
+    # Logged instead of the URL, which may carry a token in its path or query,
+    # or a user and password before its host (never logged).
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return (f"{host}:{port}" if port is not None else host) or "?"
 
 
 class Deliverer:

@@ -118,3 +118,53 @@ async def test_each_way_a_question_closes_is_one_webhook_with_its_why(bridge):
         assert all(a["good"] for a in receiver.attempts)
     finally:
         await receiver.close()
+
+
+async def test_the_docs_receiver_run_as_written_takes_every_event_once_and_refuses_the_unsigned(bridge, tmp_path):
+    """docs/agents.md's receiver, copied as an agent's author would (its port
+    and secret alone changed): it lost every question.closed (no record),
+    marking it seen before the failure so the retry was taken as done."""
+    import re
+    import subprocess
+    import sys
+
+    from helpers.agents import wait_listener
+    from helpers.harness import answer_content
+    from helpers.waiting import until
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
+    snippet = next(block for block in re.findall(r"```python\n(.*?)```", docs.read_text(), re.S)
+                   if "X-Askwright-Signature" in block)
+    hook_port = free_port()
+    snippet = snippet.replace('b"another-long-random-string"', repr(SECRETS["planner"].encode()))
+    snippet = snippet.replace("port=8080", f"host='127.0.0.1', port={hook_port}")
+    (tmp_path / "receiver.py").write_text(snippet)
+    said = tmp_path / "receiver.out"
+    receiver = subprocess.Popen([sys.executable, "-u", str(tmp_path / "receiver.py")], stdout=said.open("w"),
+                                stderr=subprocess.STDOUT)
+    port = free_port()
+    bridge.extra_config = agents_config(port, webhook_urls={"planner": f"http://127.0.0.1:{hook_port}/askwright"})
+    bridge.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await wait_listener(bridge, base)
+        set_id = unique("docs")
+        async with aiohttp.ClientSession(headers=auth("planner")) as http:
+            async with http.put(f"{base}/v1/sets/{set_id}", json=one_question(set_id)) as response:
+                assert response.status == 201, await response.text()
+            (question,) = (await bridge.wait_questions(bridge.alice, 1)).values()
+            await bridge.alice.send(bridge.room_id, answer_content(question, option_id="main"))
+            await until(lambda: "answer.accepted" in said.read_text(), timeout=30)
+            async with http.post(f"{base}/v1/sets/{set_id}/close", json={"status": "closed"}) as response:
+                assert response.status == 200, await response.text()
+            await until(lambda: "question.closed" in said.read_text(), timeout=30)
+        async with aiohttp.ClientSession() as anyone:
+            async with anyone.post(f"http://127.0.0.1:{hook_port}/askwright", data=b"{}") as response:
+                assert response.status == 401
+    finally:
+        receiver.terminate()
+        receiver.wait()
+    out = said.read_text()
+    assert "Traceback" not in out and "Error" not in out, out
+    assert [line.split()[0] for line in out.splitlines() if line.startswith(("answer.", "question."))] == \
+        ["answer.accepted", "question.closed"], out

@@ -57,3 +57,22 @@ async def test_a_name_is_resolved_and_judged_by_every_address_it_has():
                                            webhook_secret="s")}, allow_private=False)
     await check_configured({"a": Agent(token="a-token-long-enough", webhook_url=f"http://{name}/h",
                                        webhook_secret="s")}, allow_private=True)
+
+
+def test_a_callback_whose_port_is_no_port_is_refused_at_ask(tmp_path):
+    # Taken before, then every delivery failed, retried for a day.
+    from bridge.agents.errors import BadRequest
+    from bridge.agents.sets import AgentSets
+
+    sets = AgentSets(tmp_path)
+    for url in ("https://hooks.example.org:99999/x", "https://hooks.example.org:0/x", "http://h.example:port/x"):
+        with pytest.raises(BadRequest, match="port must be a port number"):
+            sets.ask("planner", "release", b"{}", [url])
+
+
+def test_the_log_names_a_webhook_by_its_host_never_its_user_and_password():
+    from bridge.agents.webhooks import host_of
+
+    assert host_of("https://agent:S3CRET@hooks.example.org:8443/hook?token=t") == "hooks.example.org:8443"
+    assert host_of("http://agent:S3CRET@[::1]:9/h") == "[::1]:9"
+    assert host_of("https://hooks.example.org/h") == "hooks.example.org"
