@@ -197,11 +197,13 @@ def due_by_url(store: Store, now_ms: int, per_url: int, leave_out: Collection[st
     ``leave_out`` (a URL whose circuit is open, or that has its fill in
     flight): one URL's backlog never hides another URL's rows."""
     skip, params = _leaving_out(leave_out)
+    # The window picks ids only; the bodies (kilobytes each) are read for the
+    # rows picked.  Sorting a backlog of 10,000 rows with their bodies took
+    # 0.7 s a pass on the store's thread, which the answers wait for.
     rows = store.db.execute(
-        "SELECT id, key, agent, url, body, created_at, attempts FROM ("
-        "SELECT id, key, agent, url, body, created_at, attempts, "
-        "ROW_NUMBER() OVER (PARTITION BY url ORDER BY id) AS n "
-        f"FROM webhook_outbox WHERE next_at <= ?{skip}) AS due WHERE n <= ? ORDER BY id",
+        "SELECT o.id, o.key, o.agent, o.url, o.body, o.created_at, o.attempts FROM webhook_outbox AS o JOIN ("
+        "SELECT id, ROW_NUMBER() OVER (PARTITION BY url ORDER BY id) AS n "
+        f"FROM webhook_outbox WHERE next_at <= ?{skip}) AS due ON due.id = o.id WHERE due.n <= ? ORDER BY o.id",
         (now_ms, *params, per_url)).fetchall()
     return [_delivery(r) for r in rows]
 
