@@ -61,6 +61,16 @@ def refused_reason(error: BaseException) -> str | None:
     return None
 
 
+def port_refusal(url: str) -> str | None:
+    """Why no connection can be made to ``url``'s port (99999, or no number:
+    every delivery would fail, retried for a day); None when it names none or a good one."""
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        port = 0
+    return "names no port a connection can be made to (1 to 65535)" if port == 0 else None
+
+
 async def url_refusal(url: str) -> str | None:
     """Why the bridge would not POST to ``url`` (a few words); None when it would.
     Every address the host resolves to must be public.  A name that does not
@@ -69,6 +79,9 @@ async def url_refusal(url: str) -> str | None:
     host = host_of_url(url)
     if host is None:
         return "names no host"
+    why = port_refusal(url)
+    if why:
+        return why
     why = refusal_of_name(host)
     if why:
         return f"goes to {host}, {why}"
@@ -90,13 +103,16 @@ async def url_refusal(url: str) -> str | None:
 
 async def check_callbacks(callbacks: Any, *, allow_private: bool) -> None:
     """At ``ask`` (HTTP and MCP): CallbackRefused (422) naming each callback
-    that goes inward.  Anything not a list of strings is left to the set
+    that goes inward (unless allowed), or whose port is none.  Anything not a list of strings is left to the set
     service, which says what is wrong with its shape."""
-    if allow_private or not isinstance(callbacks, list):
+    if not isinstance(callbacks, list):
         return
     findings = []
     for i, url in enumerate(callbacks):
-        if isinstance(url, str) and (why := await url_refusal(url)):
+        if not isinstance(url, str):
+            continue
+        why = port_refusal(url) if allow_private else await url_refusal(url)
+        if why:
             findings.append({"where": f"callbacks[{i}]", "message": f"the callback {why}"})
     if findings:
         raise CallbackRefused("; ".join(f"{f['where']}: {f['message']}" for f in findings), findings=findings)

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from bridge.agents.apart import Apart, in_a_process
 from bridge.agents.changes import Changes
@@ -391,12 +390,6 @@ def _callbacks(callbacks: list[str] | None) -> list[str]:
     for url in callbacks:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 2000:
             raise BadRequest("each callback must be an http:// or https:// URL")
-        try:
-            port = urlsplit(url).port  # 99999, or no number: every delivery would fail for a day
-        except ValueError:
-            port = 0
-        if port == 0:
-            raise BadRequest("each callback's port must be a port number, 1 to 65535")
     return list(dict.fromkeys(callbacks))
 
 

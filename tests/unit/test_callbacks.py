@@ -59,15 +59,15 @@ async def test_a_name_is_resolved_and_judged_by_every_address_it_has():
                                        webhook_secret="s")}, allow_private=True)
 
 
-def test_a_callback_whose_port_is_no_port_is_refused_at_ask(tmp_path):
+async def test_a_callback_whose_port_is_no_port_is_refused_at_ask():
     # Taken before, then every delivery failed, retried for a day.
-    from bridge.agents.errors import BadRequest
-    from bridge.agents.sets import AgentSets
+    from bridge.agents.errors import CallbackRefused
 
-    sets = AgentSets(tmp_path)
     for url in ("https://hooks.example.org:99999/x", "https://hooks.example.org:0/x", "http://h.example:port/x"):
-        with pytest.raises(BadRequest, match="port must be a port number"):
-            sets.ask("planner", "release", b"{}", [url])
+        with pytest.raises(CallbackRefused) as caught:
+            await check_callbacks(["https://hooks.example.org/ok", url], allow_private=False)
+        assert caught.value.findings == [{"where": "callbacks[1]", "message":
+                                          "the callback names no port a connection can be made to (1 to 65535)"}]
 
 
 def test_the_log_names_a_webhook_by_its_host_never_its_user_and_password():
