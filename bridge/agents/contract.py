@@ -15,7 +15,6 @@ Each refusal is a ``BadRequest`` naming the field (``body.questions``,
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from bridge import strictjson
 from bridge.agents.errors import BadRequest
 from bridge.answers.arrival import parse_time
 from bridge.protocol.patterns import Validator
@@ -164,7 +164,7 @@ class Contract:
                 raise _refusal("body", "required")
             return None
         try:
-            value = json.loads(raw, parse_constant=_no_constant)
+            value = strictjson.loads(raw)
         except (ValueError, RecursionError):
             raise _refusal("body", "not JSON") from None
         _raise_first(op.json_body, value, "body")
@@ -190,10 +190,6 @@ def _typed(text: str, types: tuple[str, ...]) -> Any:
         elif kind == "boolean" and text in ("true", "false"):
             return text == "true"
     return _WRONG
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _raise_first(validator: Any, value: Any, where: str) -> None:

@@ -23,6 +23,8 @@ import json
 import posixpath
 from typing import Any
 
+from bridge import strictjson
+
 FORMAT_VERSION = 1
 
 ANSWERED = "answered"
@@ -316,19 +318,17 @@ def parse(data: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise AnswersError(f"answers.json is not UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = strictjson.loads(text)
     except json.JSONDecodeError as exc:
         raise AnswersError(f"answers.json is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except strictjson.NotJson as exc:
+        raise AnswersError(f"answers.json: {exc}") from None
     except RecursionError:
         raise AnswersError("answers.json is nested too deeply") from None
     if not isinstance(value, dict):
         raise AnswersError(f"answers.json must hold a JSON object, not {type(value).__name__}")
     check(value)
     return value
-
-
-def _refuse_constant(name: str) -> Any:
-    raise AnswersError(f"answers.json holds {name}, which is not JSON")
 
 
 def check_changed(doc: dict[str, Any], checked: dict[str, Any]) -> None:

@@ -15,10 +15,11 @@ record, the index, what differs); 2 when an input can't be read.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from bridge import strictjson
 
 EXIT_OK, EXIT_MISMATCH, EXIT_UNREADABLE = 0, 1, 2
 
@@ -97,15 +98,11 @@ def _json(path: Path) -> Any:
 
 def _loads(text: str, path: Path) -> Any:
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return strictjson.loads(text)
     except ValueError as exc:
         raise Unreadable(f"{path}: not JSON ({exc})") from None
     except RecursionError:
         raise Unreadable(f"{path}: not JSON this reader takes (nested too deep)") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _checkpoint_file(path: Path) -> str:

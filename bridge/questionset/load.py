@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bridge import strictjson
+
 if TYPE_CHECKING:
     from bridge.questionset.model import QuestionSet
 
@@ -40,24 +42,16 @@ def parse_json(data: bytes | str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise LoadError(f"questions.json is not UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text.removeprefix("\ufeff"), parse_constant=_no_constant)
+        value = strictjson.loads(text.removeprefix("\ufeff"))
     except json.JSONDecodeError as exc:
         raise LoadError(f"questions.json is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    except _NotJson as exc:
-        raise LoadError(f"questions.json is not JSON: {exc}") from None
+    except strictjson.NotJson as exc:
+        raise LoadError(f"questions.json: {exc}") from None
     except RecursionError:
         raise LoadError("questions.json is nested too deeply") from None
     if not isinstance(value, dict):
         raise LoadError(f"questions.json must hold a JSON object, not {type(value).__name__}")
     return value
-
-
-class _NotJson(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotJson(f"{name} is not a JSON number")
 
 
 def where_of(loc: tuple[Any, ...], raw: dict[str, Any] | None = None) -> str:
