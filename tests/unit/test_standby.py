@@ -17,6 +17,7 @@ from bridge.service.storage.leader import Lease
 from bridge.service.storage.pgdialect import StoreOperationalError
 from bridge.service.storage.standby import run_with_standby
 from bridge.service.storage.store import LogEntry, Store
+from helpers.agents import free_port
 from helpers.pgstore import fresh_schema
 from helpers.waiting import until
 
@@ -26,7 +27,7 @@ SHUTTING_DOWN = "PostgreSQL: connection failed: FATAL:  the database system is s
 def cluster_config(url: str, password: str | None, sets_root: Path = Path("/sets-not-here")) -> SimpleNamespace:
     return SimpleNamespace(store=SimpleNamespace(url=url, password=password, path="/store-not-here/bridge.db"),
                            appservice=SimpleNamespace(enabled=False), metrics=SimpleNamespace(enabled=False),
-                           audit=SimpleNamespace(enabled=False), sets=SimpleNamespace(root=sets_root))
+                           audit=SimpleNamespace(enabled=False), sets=SimpleNamespace(root=sets_root), agents=None)
 
 
 async def test_alone_it_leads_again_after_the_store_failed_to_open(postgres_server):
@@ -166,6 +167,47 @@ async def test_a_standby_that_sees_the_sets_at_another_path_refuses_to_start(pos
     await asyncio.wait_for(run_with_standby(cluster_config(url, postgres_server.password, tmp_path / "a"), stop,
                                             leads), 15)
     assert stop.is_set()
+
+
+async def test_a_standby_serving_agents_without_metrics_answers_health_where_its_leader_would(postgres_server):
+    # The leader serves /health beside the agents' API even with metrics off;
+    # a standby that served nothing there read as dead to the probe that
+    # restarts what does not answer.
+    import aiohttp
+
+    url = fresh_schema(postgres_server)
+    leader = Lease(url, postgres_server.password)
+    leader.start()
+    await until(lambda: leader.leading, timeout=10)
+    port = free_port()
+    config = cluster_config(url, postgres_server.password)
+    config.agents = SimpleNamespace()
+    config.metrics = SimpleNamespace(enabled=False, listen_host_port=("127.0.0.1", port))
+    stop = asyncio.Event()
+
+    async def serve(*_args) -> None:
+        raise AssertionError("the standby led while the other instance held the lease")
+
+    standing_by = asyncio.ensure_future(run_with_standby(config, stop, serve))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def health() -> tuple[int, dict] | None:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/health") as response:
+                        return response.status, await response.json()
+                except aiohttp.ClientConnectionError:
+                    return None
+
+            deadline = asyncio.get_running_loop().time() + 10
+            while (seen := await health()) is None and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)
+        assert seen is not None, "nothing answered /health where the leader serves it"
+        status, body = seen
+        assert status == 503 and body["role"] == "standby"
+    finally:
+        stop.set()
+        await asyncio.wait_for(standing_by, 15)
+        leader.stop()
 
 
 def test_a_bot_without_metrics_on_a_cluster_loads_no_http_server_to_stand_by():

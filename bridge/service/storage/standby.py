@@ -128,12 +128,12 @@ def standby_metrics() -> Metrics:
 async def _standby_listener(config: Config) -> web.AppRunner | None:
     """/health and /metrics where the leader would serve them; in appservice
     mode every other request (a transaction) is answered 503."""
-    if config.appservice.enabled:
-        host, port = config.appservice.listen_host_port
-    elif config.metrics.enabled:
-        host, port = config.metrics.listen_host_port
-    else:
+    from bridge.service.operators.starting import health_address
+
+    address = health_address(config)
+    if address is None:
         return None
+    host, port = address
     # Loaded only here: an instance with no listener (bot mode without
     # metrics) never loads aiohttp's server, a sixtieth of a second at each start.
     from aiohttp import web
