@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestServer
 from bridge.devserver import free_port
 from bridge.service.config import parse_config
 from bridge.service.transport import appservice
-from bridge.service.transport.appservice import ping_homeserver
+from bridge.service.transport.appservice import ping_failure
 
 SYNAPSE_RACE = (502, {"errcode": "M_CONNECTION_FAILED",
                       "error": "AlreadyCalled: Tried to cancel an already-called event."})
@@ -55,11 +55,11 @@ def _app(homeserver: Homeserver) -> web.Application:
 
 
 async def pinged(tmp_path: Path, homeserver: Homeserver) -> bool:
-    """What ``ping_homeserver`` says of ``homeserver``, served for the while."""
+    """Whether ``ping_failure`` finds ``homeserver`` pinged us, served for the while."""
     server = TestServer(_app(homeserver))
     await server.start_server()
     try:
-        return await ping_homeserver(config(tmp_path, str(server.make_url("")).rstrip("/")))
+        return await ping_failure(config(tmp_path, str(server.make_url("")).rstrip("/"))) is None
     finally:
         await server.close()
 
@@ -121,7 +121,7 @@ async def test_a_homeserver_not_listening_yet_is_asked_again(tmp_path):
 
     later = asyncio.ensure_future(listen_later())
     try:
-        assert await ping_homeserver(config(tmp_path, f"http://127.0.0.1:{port}"))
+        assert await ping_failure(config(tmp_path, f"http://127.0.0.1:{port}")) is None
     finally:
         await later
         await runner.cleanup()

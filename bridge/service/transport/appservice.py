@@ -518,11 +518,6 @@ PING_INTERVAL = 0.5
 PING_PATIENCE = 15.0
 
 
-async def ping_homeserver(config: Config) -> bool:
-    """Ask the homeserver to ping us; True when it did (``ping_failure``)."""
-    return await ping_failure(config) is None
-
-
 async def ping_failure(config: Config) -> str | None:
     """Ask the homeserver to ping us; None when it did, else why not.  Besides checking the
     whole path, a successful ping makes Synapse resend the transactions it
