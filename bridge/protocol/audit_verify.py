@@ -321,10 +321,10 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
     if leaf.get("outcome") != "accepted":
         problems.append(f"{where}: the leaf records {leaf.get('outcome')!r}, not an accepted answer")
     # Where the answer came from is part of what the log vouches for: who sent it, in which room, when.
-    for field, words in (("event_id", "answer event"), ("sender", "sender"), ("room_id", "room"), ("ts", "time")):
-        if leaf.get(field) != source.get(field):
-            problems.append(f"{where}: the record's {words} {source.get(field)!r} differs from the leaf's "
-                            f"{leaf.get(field)!r}")
+    for key, words in (("event_id", "answer event"), ("sender", "sender"), ("room_id", "room"), ("ts", "time")):
+        if leaf.get(key) != source.get(key):
+            problems.append(f"{where}: the record's {words} {source.get(key)!r} differs from the leaf's "
+                            f"{leaf.get(key)!r}")
     if leaf.get("set") != doc.get("set"):
         problems.append(f"{where}: the leaf is of the set {leaf.get('set')!r}, not {doc.get('set')!r}")
     question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
