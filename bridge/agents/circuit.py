@@ -29,6 +29,7 @@ class Circuit:
     opened: int = 0         # times opened in a row (the backoff's exponent)
     open_until: float = 0.0
     probing: bool = False   # a half-open probe is in flight
+    failed_at: float = 0.0  # when the last attempt failed
 
     def state(self, now: float) -> str:
         if self.failures < OPEN_AFTER:
@@ -57,6 +58,7 @@ class Circuit:
     def failed(self, now: float) -> None:
         self.failures += 1
         self.probing = False
+        self.failed_at = now
         if self.failures >= OPEN_AFTER and now >= self.open_until:
             self.open_until = now + min(MAX_OPEN, FIRST_OPEN * 2.0 ** self.opened)
             self.opened += 1

@@ -43,6 +43,10 @@ MAX_BACKOFF_SECONDS = 300.0
 IDLE_SECONDS = 5.0
 MAX_IN_FLIGHT = 256          # deliveries in flight over all URLs
 PER_AGENT = 64               # ... of one agent's URLs: however many URLs an agent names, others' go out too
+# ... and of those, the share URLs that failed their last attempt may hold:
+# the rest is kept for the agent's URLs that work, which otherwise waited
+# out the timeouts of its dead callbacks (40 s behind eight silent ones).
+FAILING_SHARE = 0.75
 STORE_RETRY_MAX = 30.0       # seconds between tries of a failing store, at most
 SWEEP_SECONDS = 60.0         # how often rows past webhook_drop_after are looked for
 
@@ -67,6 +71,17 @@ def verify(secret: str, header: str, body: bytes, now: float, tolerance: float =
 def backoff(attempts: int) -> float:
     """Seconds before the next attempt: doubling from 1 s up to 5 min, with jitter."""
     return min(MAX_BACKOFF_SECONDS, 2.0 ** max(0, attempts - 1)) * random.uniform(0.8, 1.2)
+
+
+def fair_order(rows: list[Delivery], failing: Callable[[str], bool]) -> list[Delivery]:
+    """The due rows, one of each URL in turn (URLs that work before those that
+    failed last, then the oldest first): the first slots free go to every URL
+    once, not to the oldest URL's whole fill."""
+    by_url: dict[str, list[Delivery]] = {}
+    for row in rows:
+        by_url.setdefault(row.url, []).append(row)
+    lanes = sorted(by_url.values(), key=lambda lane: (failing(lane[0].url), lane[0].id))
+    return [lane[k] for k in range(max(map(len, lanes), default=0)) for lane in lanes if k < len(lane)]
 
 
 def host_of(url: str) -> str:
@@ -96,6 +111,7 @@ class Deliverer:
         self.wake = asyncio.Event()
         self.in_flight: dict[str, set[int]] = {}   # URL -> ids of its rows being sent
         self.agent_in_flight: dict[str, int] = {}  # agent -> its rows being sent
+        self.agent_failing: dict[str, int] = {}    # ... of them to URLs whose last attempt failed
         self.circuits: dict[str, Circuit] = {}
         self._store_failures = 0
         self._swept_at = 0.0
@@ -122,6 +138,7 @@ class Deliverer:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 self.in_flight.clear()
                 self.agent_in_flight.clear()
+                self.agent_failing.clear()
 
     async def _pass(self, http: aiohttp.ClientSession, tasks: set[asyncio.Task[None]]) -> float:
         """Start what may start now; the seconds until the next pass is needed.
@@ -129,18 +146,20 @@ class Deliverer:
         The outbox is read in jobs on the store's thread, not on the event loop."""
         now = self.clock()
         try:
-            for row in await self.store.run(self._due, now, self._unavailable(now)):
+            due = await self.store.run(self._due, now, self._unavailable(now))
+            for row in fair_order(due, self._failing):
                 if sum(map(len, self.in_flight.values())) >= MAX_IN_FLIGHT:
                     break
                 lane = self.in_flight.setdefault(row.url, set())
                 circuit = self.circuits.setdefault(row.url, Circuit())
-                if row.id in lane or circuit.room(now, len(lane)) <= 0 or \
-                        self.agent_in_flight.get(row.agent, 0) >= PER_AGENT:
+                failing = self._failing(row.url)
+                if row.id in lane or circuit.room(now, len(lane)) <= 0 or not self._agent_room(row.agent, failing):
                     continue
                 circuit.started(now)
                 lane.add(row.id)
                 self.agent_in_flight[row.agent] = self.agent_in_flight.get(row.agent, 0) + 1
-                task = asyncio.ensure_future(self._one(http, row))
+                self.agent_failing[row.agent] = self.agent_failing.get(row.agent, 0) + failing
+                task = asyncio.ensure_future(self._one(http, row, failing))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             soonest = await self.store.run(next_due, self.store, int(now * 1000), self._unavailable(now))
@@ -158,6 +177,15 @@ class Deliverer:
         times += [t for c in self.circuits.values() if (t := c.reopens_at(now)) is not None]
         return max(0.05, min([IDLE_SECONDS, *(t - now for t in times)]))
 
+    def _failing(self, url: str) -> bool:
+        circuit = self.circuits.get(url)
+        return circuit is not None and circuit.failures > 0
+
+    def _agent_room(self, agent: str, failing: bool) -> bool:
+        if self.agent_in_flight.get(agent, 0) >= PER_AGENT:
+            return False
+        return not failing or self.agent_failing.get(agent, 0) < max(1, int(PER_AGENT * FAILING_SHARE))
+
     def _due(self, now: float, unavailable: list[str]) -> list[Delivery]:
         if now - self._swept_at >= SWEEP_SECONDS:
             self._sweep(now)
@@ -171,10 +199,12 @@ class Deliverer:
 
     def _forget_idle(self, now: float) -> None:
         # A URL with nothing in flight and nothing against it needs no lane;
-        # nor does one whose circuit let a probe through long ago and was not
-        # asked for since (a URL with rows pending is probed as soon as it may be).
+        # nor does one that last failed long ago and was not asked for since
+        # (a URL with rows pending is probed as soon as it may be).  One that
+        # failed lately keeps its count, or one delivery at a time to a dead
+        # URL never added up to opening its circuit.
         for url in [u for u, c in self.circuits.items() if not self.in_flight.get(u) and
-                    (c.failures == 0 or now > c.open_until + MAX_OPEN)]:
+                    (c.failures == 0 or now > max(c.open_until, c.failed_at) + MAX_OPEN)]:
             del self.circuits[url]
             self.in_flight.pop(url, None)
 
@@ -192,7 +222,7 @@ class Deliverer:
             for w in waits:
                 w.cancel()
 
-    async def _one(self, http: aiohttp.ClientSession, row: Delivery) -> None:
+    async def _one(self, http: aiohttp.ClientSession, row: Delivery, failing: bool) -> None:
         taken: bool | None = False
         try:
             taken = await self._attempt(http, row)
@@ -201,6 +231,7 @@ class Deliverer:
         finally:
             self.in_flight.get(row.url, set()).discard(row.id)
             self.agent_in_flight[row.agent] -= 1
+            self.agent_failing[row.agent] -= failing
             circuit = self.circuits.setdefault(row.url, Circuit())
             if taken:
                 circuit.taken()

@@ -280,3 +280,47 @@ async def test_one_agent_naming_many_silent_urls_delays_no_other_agents_webhook(
         for silent in silents:
             await silent.close()
         store.close()
+
+
+async def test_an_agents_failing_callbacks_leave_room_for_its_own_healthy_ones(tmp_path: Path, monkeypatch) -> None:
+    # The agent's cap on deliveries in flight kept its other agents out of
+    # reach, but not its own healthy URL: many callbacks that accept and never
+    # answer held every one of its slots, and its working webhook waited
+    # behind their timeouts.  (The limits shrunk here: 4 in flight an agent.)
+    from bridge.agents import webhooks
+
+    monkeypatch.setattr(webhooks, "PER_AGENT", 4)
+    silents = [Silent() for _ in range(8)]
+    for silent in silents:
+        await silent.start()
+    receiver = Receiver(SECRETS["planner"])
+    await receiver.start()
+    sets = AgentSets(tmp_path / "sets")
+    for half in (0, 1):  # at most five callbacks a set
+        sets.ask("planner", f"stuck{half}", one_question(f"stuck{half}"),
+                 callbacks=[s.url for s in silents[half * 4:half * 4 + 4]])
+    sets.ask("planner", "fine", one_question("fine"), callbacks=[receiver.url])
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=2, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(10):
+        for half in (0, 1):
+            answered(hook, store, tmp_path / "sets", f"stuck{half}", f"$stuck{half}.{n}")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        # Every silent URL has timed out once: none of them is news any more.
+        await until(lambda: deliverer.failed._value.get() >= len(silents), what="the silent URLs timed out")
+        sent = time.monotonic()
+        answered(hook, store, tmp_path / "sets", "fine", "$fine")
+        (taken,) = await receiver.wait_for(1, timeout=60)
+        took = time.monotonic() - sent
+        assert took < 1.0, f"the agent's healthy webhook took {took:.1f} s behind its own silent callbacks"
+        assert taken["body"]["set"] == "fine" and taken["good"]
+    finally:
+        stop.set()
+        await task
+        await receiver.close()
+        for silent in silents:
+            await silent.close()
+        store.close()
