@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         doc = _json(Path(args.set_dir) / "answers.json")
+        # Which questions need a quorum: the set's own words (a record may drop its votes).
+        asked = Path(args.set_dir) / "questions.json"
+        questions = _json(asked) if asked.exists() else None
         leaves = read_leaves(Path(args.log) / "leaves.jsonl")
         vkey = args.key or _text(Path(args.log) / "key.txt").strip()
         try:
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     except Unreadable as exc:
         print(f"askwright-bridge verify: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public)
+    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public, questions)
     for problem in verdict.problems:
         print(problem)
     summary = (f"{verdict.checked_records} records, {verdict.leaves} leaves, latest checkpoint "

@@ -84,9 +84,12 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
 
 
 def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str], origin: str,
-               public: bytes) -> Verdict:
-    """Every record of ``answers.json`` against its leaf, under the latest checkpoint."""
+               public: bytes, questions: Any = None) -> Verdict:
+    """Every record of ``answers.json`` against its leaf, under the latest
+    checkpoint.  ``questions``: the set's questions.json, when there is one:
+    which questions need a quorum, whose records must be tallies."""
     verdict, hashes, latest = verify_log(leaves, notes, origin, public)
+    quorums = quorum_questions(questions)
     tree = merkle.Tree(hashes[:latest.size]) if latest is not None else None
     answers = doc.get("answers") if isinstance(doc, dict) else None
     if not isinstance(answers, dict):
@@ -104,7 +107,12 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
             verdict.checked_records += 1
             verdict.problems.extend(_tally_problems(f"record {qid!r}", qid, record, doc, logged))
             continue
-        stands = None if is_tally(record) else logged.standing().get((doc.get("set"), qid))
+        # A vote's leaf hashes what one person's answer would: a pending
+        # approval rewritten as one answer matched its leaf.  The question
+        # says it needs a quorum, so a pick it records is a decision, a tally
+        # whatever the record says (a "not sure" alone is no vote: one answer).
+        tally = is_tally(record) or (qid in quorums and record.get("state") == "answered")
+        stands = None if tally else logged.standing().get((doc.get("set"), qid))
         if receipt is None:
             if stands is not None:
                 # Whoever wrote it (or a writer's name taken off), the log
@@ -117,9 +125,9 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
             continue  # another writer's record: the log does not speak for it
         verdict.checked_records += 1
         verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin,
-                                                 tree, logged))
+                                                 tree, logged, tally))
         index = receipt.get("index") if isinstance(receipt, dict) else None
-        if not is_tally(record) and index in logged.withdrawn:
+        if not tally and index in logged.withdrawn:
             verdict.problems.append(f"record {qid!r} (leaf {index}): the log took this answer back later "
                                     "(withdrawn)")
         elif stands is not None and isinstance(index, int) and index != stands:
@@ -218,6 +226,13 @@ def _ts(leaf: dict[str, Any]) -> int:
     return leaf["ts"] if isinstance(leaf.get("ts"), int) else 0
 
 
+def quorum_questions(questions: Any) -> set[str]:
+    """The ids of the questions of a questions.json that need a quorum (PROTOCOL 2a)."""
+    listed = questions.get("questions") if isinstance(questions, dict) else None
+    return {q["id"] for q in listed or () if isinstance(q, dict) and isinstance(q.get("id"), str)
+            and isinstance(q.get("quorum"), dict)} if isinstance(listed, list) else set()
+
+
 def is_tally(record: dict[str, Any]) -> bool:
     """An approval's record (PROTOCOL 2a): its state and pick come from the
     votes it lists, not from one person's answer."""
@@ -301,7 +316,7 @@ def _vote_sha256(qid: str, vote: dict[str, Any], record: dict[str, Any]) -> str 
 
 def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dict[str, Any], doc: dict[str, Any],
                      leaves: Sequence[bytes], hashes: list[bytes], latest: cp.Checkpoint | None,
-                     origin: str, tree: merkle.Tree | None, logged: _Logged) -> list[str]:
+                     origin: str, tree: merkle.Tree | None, logged: _Logged, tally: bool) -> list[str]:
     if not isinstance(receipt, dict) or not isinstance(receipt.get("index"), int) or isinstance(
             receipt.get("index"), bool) or not isinstance(receipt.get("leaf"), str):
         return [f"record {qid!r}: the receipt is malformed"]
@@ -330,7 +345,7 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
     question = leaf.get("question") if isinstance(leaf.get("question"), dict) else {}
     if question.get("id") != qid:
         problems.append(f"{where}: the leaf answers question {question.get('id')!r}, not {qid!r}")
-    if is_tally(record):
+    if tally:
         # The receipt names the latest vote (its leaf is checked above); the
         # state and pick are the tally of every vote listed, each checked.
         problems.extend(_tally_problems(where, qid, record, doc, logged))

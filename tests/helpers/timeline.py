@@ -108,8 +108,10 @@ class Room:
         origin = self.store.audit_origin() or "example.org/askwright-bridge/bridge"
         point = cp.Checkpoint(origin, len(leaves), merkle.root([merkle.leaf_hash(x) for x in leaves]))
         doc = AnswersFile(self.set_dir).load() if (self.set_dir / "answers.json").exists() else {"answers": {}}
+        asked = self.set_dir / "questions.json"
+        questions = json.loads(asked.read_text()) if asked.exists() else None
         return audit_verify.verify_set(doc, leaves, [cp.sign_checkpoint(point, key)], origin,
-                                       cp.raw_public(key.public_key())).problems
+                                       cp.raw_public(key.public_key()), questions).problems
 
 
 def _base(event_id: str, sender: str, ts: int) -> dict[str, Any]:

@@ -258,6 +258,25 @@ def test_an_expired_record_keeps_the_votes_that_stood_at_the_deadline(tmp_path):
                          "it now does not change that."), told
 
 
+def test_a_pending_approval_rewritten_as_one_persons_answer_does_not_verify(tmp_path):
+    """One vote of the two required: pending.  Rewritten as a plain record of
+    that vote (its votes and required dropped, its receipt kept), it matched
+    the vote's leaf, which hashes what one person's answer would, and verify
+    held: an agent would act on an approval that never met its quorum."""
+    room = room_with(tmp_path)
+    (room.set_dir / "questions.json").write_text(json.dumps(approval_set(**APPROVAL)))
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    pending = room.record()
+    assert pending["state"] == "pending" and room.verify() == []
+    forged = {k: v for k, v in pending.items() if k not in ("votes", "required")}
+    forged.update(state="answered", choice="main")
+    doc = AnswersFile(room.set_dir).load()
+    doc["answers"]["branch"] = forged
+    (room.set_dir / "answers.json").write_text(json.dumps(doc))
+    problems = room.verify()
+    assert problems and "branch" in problems[0], problems
+
+
 def test_an_expired_approval_keeps_its_subject_when_its_last_vote_is_taken_back_after_the_deadline(tmp_path):
     """A deploy's approval expires with Ana's poll vote standing; she empties
     her vote after the deadline.  No pick stands any more, but the expiry
