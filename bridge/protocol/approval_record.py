@@ -26,23 +26,26 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     if posting is None or posting.qid is None:
         return base
     quorum = posting.quorum
+    # What stands for an earlier revision answers none of this one's: at this
+    # revision's deadline it expired unanswered, whatever the one before got.
+    ours = base if base is None or (base.get("q_rev") or 1) == (posting.rev or 1) else None
     if quorum is None:
         if not expired or posting.expires_ms is None:
             return base
-        if base is not None and base.get("state") == ANSWERED:
-            return base  # answered in time: the answer stands, the deadline only closed it
-        return _expired(base, posting, count, votes=None)
+        if ours is not None and ours.get("state") == ANSWERED:
+            return ours  # answered in time: the answer stands, the deadline only closed it
+        return _expired(ours, posting, count, votes=None)
     required, veto = quorum
     result = tally(casts, required=required, veto=veto, expires_ms=posting.expires_ms,
                    expired=expired and posting.expires_ms is not None)
     if result.state is None:
-        if base is None or base.get("state") != ANSWERED:
-            return base  # nothing stands, or "not sure": no vote, and no pick to act on
+        if ours is None or ours.get("state") != ANSWERED:
+            return base  # nothing stands, "not sure" (no vote, no pick to act on), or an earlier revision's
         # A standing pick that is no vote ("other"): the person's words are
         # kept, and the question is as undecided as before it.
         result = Tally(PENDING, [])
     if result.state == EXPIRED:
-        return _expired(base, posting, count, votes=result.votes, required=required)
+        return _expired(ours, posting, count, votes=result.votes, required=required)
     out = {k: v for k, v in (base or fallback or {}).items() if k not in _PICK_FIELDS}
     if base is None and fallback is not None:
         out.pop("note", None)

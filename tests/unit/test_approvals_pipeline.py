@@ -297,6 +297,29 @@ def test_an_expired_approval_keeps_its_subject_when_its_last_vote_is_taken_back_
     assert room.verify() == []
 
 
+@pytest.mark.parametrize("approval", [{"expires": "45s"}, {"expires": "45s", **APPROVAL}], ids=["alone", "quorum"])
+def test_a_revision_nobody_answered_expires_itself_not_as_the_last_revisions_answer(tmp_path, approval):
+    """Revision 1 answered, revision 2 posted with its own deadline and left
+    unanswered: at that deadline revision 2 expired.  Its record kept the
+    answer to revision 1 (alone: told "the answer given before it stands"; a
+    quorum: expired, but of revision 1, so stale), and ``wait`` took neither
+    for revision 2's outcome: it never returned."""
+    room = Room(tmp_path, approval=approval, posted_ms=T0)
+    raw = approval_set(**approval)
+    (room.set_dir / "questions.json").write_text(json.dumps(raw))
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    _revise(room, Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                            clock=lambda: (T0 + 3000) / 1000))
+    next(q for q in raw["questions"] if q["id"] == "branch")["rev"] = 2
+    (room.set_dir / "questions.json").write_text(json.dumps(raw))
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000)
+    asyncio.run(deadlines.pass_once())
+    record = room.record()
+    assert record["state"] == "expired" and record["q_rev"] == 2, record
+    assert main(["wait", str(room.set_dir), "--question", "branch", "--timeout", "2"]) == 4
+
+
 def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
     deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
