@@ -75,6 +75,33 @@ def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, wo
     assert found and words in found[0], findings(raw, tmp_path)
 
 
+@pytest.mark.parametrize("at_set_level", [False, True])
+def test_a_posted_revision_whose_time_passed_leaves_the_rest_of_the_set_free_to_change(tmp_path, at_set_level):
+    """A question expired at its RFC 3339 time; the agent then adds another
+    question.  Lint refused the whole set ("is in the past"), so the poster
+    skipped it: nothing new was ever posted.  A revision not yet posted with
+    a time gone by is still refused."""
+    from bridge.questionset.lint import lint as lint_with
+
+    raw = all_kinds_set("kinds")
+    branch = next(q for q in raw["questions"] if q["id"] == "branch")
+    if at_set_level:
+        raw["expires"] = "2020-01-01T00:00:00Z"
+    else:
+        branch["expires"] = "2020-01-01T00:00:00Z"
+    posted = {q["id"]: 1 for q in raw["questions"]}
+    raw["questions"].append({**branch, "id": "branch2", "expires": "2h", "title": "Which branch next?",
+                             "question": "Which branch do we release next?"})
+
+    def errors(revs: dict[str, int]) -> list[str]:
+        return [f.where for f in lint_with(raw, LocalFilesystem(tmp_path), posted_revs=revs).errors]
+
+    assert errors(posted) == []
+    assert errors({}) == ["expires" if at_set_level else "questions[branch].expires"]
+    branch["rev"] = 2  # a new revision with the old time: it would be posted already expired
+    assert errors(posted) == ["expires" if at_set_level else "questions[branch].expires"]
+
+
 def test_durations_take_the_reminders_units_and_rfc3339_needs_a_zone():
     assert parse_when("45s", T0) == T0 + 45_000
     assert parse_when("90m", T0) == T0 + 90 * 60_000

@@ -16,11 +16,14 @@ QUORUM_KINDS = ("choice", "confirm", "scale", "compare")
 
 
 def check_set_expires(ctx: Context) -> None:
-    _check_when(ctx, value_at(ctx.raw, "expires"), "expires", "expires")
+    questions = [q for q in list_at(ctx.raw, "questions") or () if isinstance(q, dict) and "expires" not in q]
+    _check_when(ctx, value_at(ctx.raw, "expires"), "expires", "expires",
+                posted=all(_posted(ctx, q.get("id"), q.get("rev")) for q in questions))
 
 
 def check_approvals(ctx: Context, q: QuestionView) -> None:
-    _check_when(ctx, value_at(q.raw, "expires"), f"{q.where}.expires", "expires")
+    _check_when(ctx, value_at(q.raw, "expires"), f"{q.where}.expires", "expires",
+                posted=_posted(ctx, q.id, q.raw.get("rev")))
     answerers = _check_users(ctx, q.raw, "answerers", q.where)
     escalate = dict_at(q.raw, "escalate")
     to: list[str] = []
@@ -30,7 +33,8 @@ def check_approvals(ctx: Context, q: QuestionView) -> None:
         if value_at(escalate, "after") is None:
             ctx.error(f"{where}.after", "escalate needs `after`: when to bring the others in (a duration such as 2h)")
         else:
-            _check_when(ctx, value_at(escalate, "after"), f"{where}.after", "escalate.after")
+            _check_when(ctx, value_at(escalate, "after"), f"{where}.after", "escalate.after",
+                        posted=_posted(ctx, q.id, q.raw.get("rev")))
             _check_escalates_in_time(ctx, value_at(escalate, "after"),
                                      value_at(q.raw, "expires") or value_at(ctx.raw, "expires"), f"{where}.after")
         if value_at(escalate, "to") is None:
@@ -42,7 +46,15 @@ def check_approvals(ctx: Context, q: QuestionView) -> None:
         _check_quorum(ctx, q, quorum, answerers, to)
 
 
-def _check_when(ctx: Context, value: Any, where: str, name: str) -> None:
+def _posted(ctx: Context, qid: Any, rev: Any) -> bool:
+    """The bridge posted this revision of the question already."""
+    return isinstance(qid, str) and (rev if is_int(rev) else 1) <= ctx.posted_revs.get(qid, 0)
+
+
+def _check_when(ctx: Context, value: Any, where: str, name: str, posted: bool = False) -> None:
+    """``posted``: the revision it applies to was posted already: its time
+    passing is its deadline having come, not a mistake (the set's other
+    questions can still be added and revised)."""
     if value is None or not isinstance(value, str):
         return  # absent, or a type error already
     try:
@@ -50,7 +62,7 @@ def _check_when(ctx: Context, value: Any, where: str, name: str) -> None:
     except ValueError as exc:
         ctx.error(where, f"{name} {quote(value)} {exc}")
         return
-    if is_rfc3339(value) and at <= ctx.now_ms:
+    if is_rfc3339(value) and at <= ctx.now_ms and not posted:
         ctx.error(where, f"{name} {quote(value)} is in the past; give a later time or a duration such as 2h")
 
 
