@@ -75,6 +75,40 @@ def test_a_body_cut_short_is_tried_again_and_lands_whole(set_dir: Path) -> None:
     assert (set_dir / "attachments" / "q-1.png").read_bytes() == data
 
 
+def test_files_sharing_a_link_all_arrive_though_each_gets_a_share_of_it(set_dir: Path, monkeypatch) -> None:
+    # Each try was bounded as if its file had the link to itself (a second a
+    # MiB of the limit): eight 10 MB files over a shared 1.5 MiB/s link all
+    # ran out of time together, tried again from byte 0 together, and all
+    # were refused, where the link carried them all in under a minute.  (The
+    # figures shrunk here: four files of 896 KiB over 512 KiB/s, 7 s in all.)
+    monkeypatch.setattr(attachments, "TRY_SECONDS", 1.0)
+    link = asyncio.Lock()
+    rate = 512 * 1024
+
+    @contextlib.asynccontextmanager
+    async def download(mxc: str, _stall: float):
+        data = files[mxc]
+
+        async def chunks():
+            for at in range(0, len(data), 65536):
+                async with link:  # one chunk on the wire at a time: the files share the link
+                    await asyncio.sleep(65536 / rate)
+                yield data[at:at + 65536]
+
+        yield MediaBody(len(data), chunks())
+
+    files = {f"mxc://hs/{n}": os.urandom(896 * 1024) for n in range(4)}
+
+    async def all_four():
+        return await asyncio.gather(*(attachments.fetch_bounded({"url": mxc, "body": f"{n}.bin"}, str(set_dir),
+                                                                "q", n + 1, download, MIB)
+                                      for n, mxc in enumerate(files)))
+
+    assert asyncio.run(all_four()) == [(f"attachments/q-{n + 1}.bin", None) for n in range(4)]
+    for n, data in enumerate(files.values()):
+        assert (set_dir / "attachments" / f"q-{n + 1}.bin").read_bytes() == data
+
+
 def test_a_body_always_cut_short_is_refused_after_the_tries_and_nothing_is_left(set_dir: Path) -> None:
     repository = Repository(os.urandom(300_000), cut=99)
     assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.png"}, repository) == (None, "attachment_not_fetched")
