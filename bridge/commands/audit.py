@@ -73,7 +73,9 @@ def export(store: Store, out: Path, config: Any) -> int:
         for start in range(0, size, 5000):
             for _index, leaf in store.audit.leaves(start, start + 5000):
                 handle.write(leaf + "\n")
-    notes = store.audit.all_checkpoints()
+    # A running bridge may sign a checkpoint after the leaves were read: one
+    # past them is left out, or the export would read as truncated.
+    notes = [(point_size, note) for point_size, note in store.audit.all_checkpoints() if point_size <= size]
     for point_size, note in notes:
         (out / "checkpoints" / f"{point_size}.txt").write_text(note, encoding="utf-8")
     (out / "key.txt").write_text(vkey + "\n", encoding="utf-8")

@@ -60,15 +60,20 @@ def run(args: argparse.Namespace) -> int:
         except cp.NoteError as exc:
             raise Unreadable(f"the log's key: {exc}") from None
         notes = [_text(p) for p in sorted((Path(args.log) / "checkpoints").glob("*.txt"))]
-        notes += [_checkpoint_file(Path(p)) for p in args.checkpoint]
+        # Checkpoints from elsewhere may be newer than the export (the bridge runs on).
+        later = [_checkpoint_file(Path(p)) for p in args.checkpoint]
         if args.room:
-            notes += _room_checkpoints(args.config, origin)
+            later += _room_checkpoints(args.config, origin)
     except Unreadable as exc:
         print(f"askwright-bridge verify: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public, questions)
+    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public, questions, later)
     for problem in verdict.problems:
         print(problem)
+    if verdict.newer:
+        print(f"note: {len(verdict.newer)} checkpoint(s) given are newer than the export (up to size "
+              f"{max(verdict.newer)}; the export holds {verdict.leaves} leaves): the answers logged since are not "
+              "checked here; export again to check them")
     summary = (f"{verdict.checked_records} records, {verdict.leaves} leaves, latest checkpoint "
                f"{verdict.checkpoint_size}, {verdict.earlier_checkpoints} earlier checkpoints")
     if verdict.holds:

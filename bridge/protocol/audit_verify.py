@@ -22,6 +22,7 @@ class Verdict:
     leaves: int = 0
     checkpoint_size: int | None = None
     earlier_checkpoints: int = 0
+    newer: list[int] = field(default_factory=list)  # sizes of checkpoints past the export (not checked)
 
     @property
     def holds(self) -> bool:
@@ -29,10 +30,14 @@ class Verdict:
 
 
 def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, public: bytes,
-               verdict: Verdict | None = None) -> tuple[Verdict, list[bytes], cp.Checkpoint | None]:
+               verdict: Verdict | None = None, later: Sequence[str] = ()) -> tuple[Verdict, list[bytes],
+                                                                                  cp.Checkpoint | None]:
     """The leaves against the checkpoints: each signature, the latest's root,
     every earlier one's consistency with it.  Returns the verdict so far, the
-    leaf hashes and the latest checkpoint that verified."""
+    leaf hashes and the latest checkpoint that verified.  ``later``:
+    checkpoints from outside the export (the rooms', an agent's), which a
+    running bridge may have signed after it: one past the export's leaves is
+    named in ``newer``, not a truncation (the export's own one would be)."""
     verdict = verdict or Verdict()
     verdict.leaves = len(leaves)
     for index, data in enumerate(leaves):
@@ -42,11 +47,16 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
             verdict.problems.append(f"leaf {index}: does not parse ({exc})")
     hashes = [merkle.leaf_hash(data) for data in leaves]
     points: list[cp.Checkpoint] = []
-    for number, note in enumerate(notes):
+    for number, note in enumerate([*notes, *later]):
         try:
-            points.append(cp.open_checkpoint(note, public, origin))
+            point = cp.open_checkpoint(note, public, origin)
         except cp.NoteError as exc:
             verdict.problems.append(f"checkpoint {_first_lines(note)}: {exc}")
+            continue
+        if number >= len(notes) and point.size > len(hashes):
+            verdict.newer.append(point.size)
+        else:
+            points.append(point)
     if not points:
         verdict.problems.append("no checkpoint signed by the log's key was given")
         return verdict, hashes, None
@@ -84,11 +94,11 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
 
 
 def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str], origin: str,
-               public: bytes, questions: Any = None) -> Verdict:
+               public: bytes, questions: Any = None, later: Sequence[str] = ()) -> Verdict:
     """Every record of ``answers.json`` against its leaf, under the latest
     checkpoint.  ``questions``: the set's questions.json, when there is one:
     which questions need a quorum, whose records must be tallies."""
-    verdict, hashes, latest = verify_log(leaves, notes, origin, public)
+    verdict, hashes, latest = verify_log(leaves, notes, origin, public, later=later)
     quorums = quorum_questions(questions)
     tree = merkle.Tree(hashes[:latest.size]) if latest is not None else None
     answers = doc.get("answers") if isinstance(doc, dict) else None

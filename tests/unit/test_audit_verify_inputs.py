@@ -23,6 +23,7 @@ from bridge.service.storage.store import LogEntry, Store
 
 ORIGIN = "example.org/askwright-bridge/bridge"
 QUESTIONS = 3
+SIGNING: dict[Path, Ed25519PrivateKey] = {}  # the good export's folder -> the log's signing key
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,7 @@ def good(tmp_path_factory) -> Path:
             store.append_log(LogEntry(f"$a{n}", "!r", "@ana:hs", "answer_event", "accepted", set_id="s",
                                       set_dir="/sets/s", qid=f"q{n}", question_event_id=f"$q{n}", record=record, ts=n))
     key = LogKey(ORIGIN, Ed25519PrivateKey.generate())
+    SIGNING[base] = key.private
     Checkpointer(store, key, 60).sign_if_grown()
     store.set_meta("audit_key", key.verifier_key)
     doc = {"askwright": 1, "set": "s", "rev": 1,
@@ -152,3 +154,26 @@ def test_a_checkpoint_signed_by_another_key_is_named(good, tmp_path, capsys):
     code, said = _run(good, tmp_path / "2", _write("bad.json", b'{"content": {"checkpoint": ['), "bad.json",
                       capsys=capsys)
     assert code == 2 and "bad.json: not JSON" in said
+
+
+def test_a_checkpoint_from_the_room_newer_than_the_export_is_named_not_taken_for_a_truncation(good, tmp_path, capsys):
+    """A bridge running on signs a checkpoint after the export: the room's
+    (given with --room or --checkpoint) is larger than the exported log.
+    That read as a truncated export, exit 1, and nothing else was checked."""
+    lines = _leaves(good).split(b"\n")[:-1]
+
+    def exported_at_two(case: Path) -> None:
+        (case / "log" / "leaves.jsonl").write_bytes(b"\n".join(lines[:2]) + b"\n")
+        newest = case / "log" / "checkpoints" / f"{QUESTIONS}.txt"
+        newest.rename(case / "from-the-room.txt")
+        two = cp.Checkpoint(ORIGIN, 2, merkle.root([merkle.leaf_hash(line) for line in lines[:2]]))
+        (case / "log" / "checkpoints" / "2.txt").write_text(cp.sign_checkpoint(two, SIGNING[good]))
+        path = case / "set" / "answers.json"
+        doc = json.loads(path.read_text())
+        del doc["answers"]["q2"]  # answered after the export was made
+        path.write_text(json.dumps(doc))
+
+    code, said = _run(good, tmp_path, exported_at_two, "from-the-room.txt", capsys=capsys)
+    assert code == 0, said
+    assert "newer than the export (up to size 3; the export holds 2 leaves)" in said
+    assert "all holds: 2 records, 2 leaves, latest checkpoint 2" in said
