@@ -181,9 +181,17 @@ class _Logged:
             taken_back: set[Any] = set()
             cleared: dict[tuple[Any, Any, Any], int] = {}  # (set, question, sender) -> latest empty vote's time
             answers: list[tuple[int, dict[str, Any]]] = []
+            # A deadline that closed a question with its answer standing (no
+            # quorum): what is taken back after it, in the room's order, leaves
+            # that answer standing, as the room and the agent were told.
+            closed_at = {(leaf.get("set"), _question_id(leaf)): _ts(leaf) for _index, leaf in self.parsed()
+                         if leaf.get("outcome") == "closed" and leaf.get("reason") == "expired"}
             for index, leaf in self.parsed():
                 target = {"withdrawn": leaf.get("replaces"), "set_aside": leaf.get("event_id")}.get(
                     str(leaf.get("outcome")))
+                if leaf.get("outcome") == "withdrawn" and \
+                        _ts(leaf) >= closed_at.get((leaf.get("set"), _question_id(leaf)), 2 ** 63):
+                    continue
                 if leaf.get("outcome") == "accepted":
                     answers.append((index, leaf))
                 elif isinstance(target, str):

@@ -26,13 +26,18 @@ def gesture(via: str | None) -> str:
 
 def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
                    labels: Mapping[str, str] | None = None, vote: bool = False, by: str | None = None,
-                   again: bool = True) -> str:
+                   again: bool = True, stood: bool = False) -> str:
     """``vote``: a quorum question's vote (PROTOCOL 2a), whose record holds
     everyone's votes: only the head is said (the caller adds where they stand).
     ``by``: who withdrew it, so an answer of someone else's that stands is
     not called theirs; ``again``: the answer standing now stood before what
-    was withdrawn (False: what was withdrawn had not stood, and nothing changed)."""
+    was withdrawn (False: what was withdrawn had not stood, and nothing changed);
+    ``stood``: what was withdrawn stood when its question's deadline closed
+    it, and still stands (``now``)."""
     what = "vote" if vote else gesture(withdrawn_via)
+    if stood and now is not None:
+        return sentence(f"Your {what} to “{title}” stood at the deadline; withdrawing it now does not change "
+                        f"that: {describe_record(now, labels)} stands")
     head = f"Your {what} on “{title}” is withdrawn" if what in ("note", "file") else \
         f"Your {what} to “{title}” is withdrawn"
     if vote:
@@ -54,11 +59,11 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
 def withdrawn_notice(*, event_id: str, withdrawn_event_id: str | None, question_event_id: str | None,
                      qid: str | None, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
                      reply_to: str, labels: Mapping[str, str] | None = None, vote: bool = False,
-                     by: str | None = None, again: bool = True) -> dict[str, Any]:
+                     by: str | None = None, again: bool = True, stood: bool = False) -> dict[str, Any]:
     """``event_id``: the redaction (or empty vote); ``now``: the record as
     ``answers.json`` holds it after the withdrawal (None: no record)."""
     content = notice(withdrawn_text(title=title, withdrawn_via=withdrawn_via, now=now, labels=labels, vote=vote,
-                                    by=by, again=again), reply_to, {})
+                                    by=by, again=again, stood=stood), reply_to, {})
     content.pop("dev.superpipeline.question.outcome", None)
     content[WITHDRAWN_KEY] = {
         "schema_version": 1,

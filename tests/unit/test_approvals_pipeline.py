@@ -347,6 +347,46 @@ def test_a_revision_nobody_answered_expires_itself_not_as_the_last_revisions_ans
     assert main(["wait", str(room.set_dir), "--question", "branch", "--timeout", "2"]) == 4
 
 
+@pytest.mark.parametrize("answers, withdrawn, stood", [
+    ([("$a1", "main")], "$a1", "main"),
+    ([("$a1", "main"), ("$a2", "stable")], "$a2", "stable"),
+], ids=["the only answer", "the later of two"])
+def test_an_answer_that_stood_at_the_deadline_stays_when_taken_back_after_it(tmp_path, answers, withdrawn, stood):
+    """No quorum: answered in time, closed at the deadline with "the answer
+    given before it stands" (the agent told question.closed).  Taken back
+    after the deadline, the record turned expired (or to the earlier
+    answer), the room was told "expired undecided" and the agent
+    question.expired: two outcomes for one question.  What stood at the
+    deadline stands, as a quorum's expiry keeps the votes that stood."""
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    room.deliver([answer(event_id, ANA, T0 + 1000 * n, option) for n, (event_id, option) in enumerate(answers, 1)])
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush, on_decided=hook.decided,
+                          on_expired=hook.expired, on_closed=hook.closed, clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["choice"] == stood
+    room.deliver([redact("$r", ANA, T0 + 60_000, withdrawn)])
+    asyncio.run(deadlines.pass_once())
+    record = room.record()
+    assert record["state"] == "answered" and record["choice"] == stood, record
+    types = [json.loads(row.body)["type"] for row in due(room.store, 2**62)]
+    assert "question.expired" not in types and types.count("question.closed") == 1, types
+    said = [c.get("body", "") or c.get("m.new_content", {}).get("body", "") for c in room.pipeline.transport.sent]
+    assert not any("expired undecided" in s for s in said), said
+    seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$r'").fetchone()[0]
+    told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
+    assert "stood at the deadline" in told, told
+    assert room.verify() == []
+
+
 def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
     deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,

@@ -387,7 +387,8 @@ class Deadlines:
             # The deadline closes a question with no quorum that was answered
             # in time too; its answer stands, and it did not expire undecided.
             outcome = why if why == CLOSED_DECIDED or told_outcome(after) == CLOSED_EXPIRED else None
-            self.store.close_question(question.event_id, why, outcome=outcome, record=after)
+            self.store.close_question(question.event_id, why, outcome=outcome, record=after,
+                                      at=question.expires_ms if why == CLOSED_EXPIRED else None)
             self.store.set_meta(UNTOLD + question.event_id, why)
             # A telling after the first is a new webhook (its own key), not the first one again.
             again = self._told(question.event_id).get("n", 0)

@@ -141,7 +141,8 @@ class WordBack:
                                    labels=display_names(question) if question else None,
                                    # On a quorum the record is everyone's votes, not this person's earlier answer.
                                    vote=question is not None and question.quorum is not None,
-                                   by=entry.sender, again=self._stands_again(entry, now))
+                                   by=entry.sender, again=self._stands_again(entry, now),
+                                   stood=_stood_at_deadline(entry, question, now))
         if question is not None and question.quorum is not None:
             content = with_remark(content, *self._quorum_words(entry, question))
         if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
@@ -163,6 +164,14 @@ class WordBack:
     def _record_rev(self, entry: LogEntry) -> int:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         return record["rev"] if record else 1
+
+
+def _stood_at_deadline(entry: LogEntry, question: RecordedQuestion | None, now: dict[str, Any] | None) -> bool:
+    """A withdrawal after the deadline of a question without a quorum, of the
+    answer that stood when the deadline closed it (and so stands still)."""
+    return question is not None and question.quorum is None and question.expires_ms is not None and \
+        entry.ts >= question.expires_ms and now is not None and now.get("state") == "answered" and \
+        (now.get("source") or {}).get("event_id") == entry.replaces
 
 
 def _votes_until(record: dict[str, Any], event_id: str) -> list[dict[str, Any]] | None:

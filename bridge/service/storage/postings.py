@@ -88,12 +88,14 @@ class Postings:
         self._postings_changed(learned=lambda known: _poll_learned(known, event_id, poll_event_id))
 
     def close_question(self, event_id: str, why: str | None = None, *, by: str = "",
-                       outcome: str | None = None, record: dict[str, Any] | None = None) -> None:
+                       outcome: str | None = None, record: dict[str, Any] | None = None,
+                       at: int | None = None) -> None:
         """Close a posting; the answer log records it: as ``outcome`` when the
         close is an approval's (``decided``, or ``expired`` undecided at its
         deadline: outcomes of their own in the log, with ``record``, what the
         question's record says of it), otherwise as a close (``by``: who
-        closed it, the bridge when empty)."""
+        closed it, the bridge when empty; ``at``: when in the room's time,
+        a deadline's, else now)."""
         row = self.db.execute("SELECT room_id, set_id, open FROM posted WHERE event_id=?", (event_id,)).fetchone()
         self.db.execute("UPDATE posted SET open=0, closed_why=? WHERE event_id=?", (why, event_id))
         self._postings_changed()
@@ -102,7 +104,8 @@ class Postings:
         elif row is not None and row[2]:
             # The close happens now (no room event carries it), hence the clock.
             self.append_leaf(LogEntry(event_id, row[0], by, "bridge", "closed", set_id=row[1],
-                                      question_event_id=event_id, reason=why, ts=self.clock.now_ms()), None)
+                                      question_event_id=event_id, reason=why,
+                                      ts=self.clock.now_ms() if at is None else at), None)
 
     def log_approval_outcome(self, event_id: str, outcome: str, record: dict[str, Any] | None = None) -> bool:
         """The posting's approval outcome (``decided`` or ``expired``) is now

@@ -9,7 +9,7 @@ from typing import Any
 
 from bridge.protocol.annotate import fold_records
 from bridge.protocol.approval_record import approval_record
-from bridge.protocol.quorum import NEVER, Cast
+from bridge.protocol.quorum import NEVER, Cast, standing
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.answerlog import _ACCEPTED_COUNT
 from bridge.service.storage.postings import _LATEST_POSTED
@@ -72,13 +72,17 @@ class Projection:
                     picks.append((json.loads(earlier[0]), bool(earlier[1]), earlier[2], (earlier[3], earlier[4])))
         notes = [(json.loads(record), (ts, seq)) for record, ts, seq in annotated]
         record = self._with_approval(self._posting(posted[0] if posted else None), fold_records(qid, picks, notes, count), count)
-        if record is not None and row is not None and self.audit_enabled:
+        if record is None or not self.audit_enabled:
+            return record
+        source = record.get("source") if isinstance(record.get("source"), dict) else {}
+        if row is not None and source.get("event_id") == (picks[0][0].get("source") or {}).get("event_id"):
             if row[5] is not None:
                 record["receipt"] = {"log": self.audit_origin(), "index": int(row[5]), "leaf": row[6]}
-        elif record is not None and record.get("state") == "answered" and isinstance(record.get("source"), dict):
-            # A decision whose every vote was withdrawn after it: the record
-            # stands on the latest vote, withdrawn since; its receipt is that vote's.
-            receipt = self.receipt_of(str(record["source"].get("event_id")))
+        elif record.get("state") == "answered" and source:
+            # The record stands on an answer withdrawn since: a decision whose
+            # every vote was withdrawn after it (the latest vote), an answer
+            # that stood at the deadline.  Its receipt is that answer's.
+            receipt = self.receipt_of(str(source.get("event_id")))
             if receipt is not None:
                 record["receipt"] = receipt
         return record
@@ -89,6 +93,8 @@ class Projection:
         the question's latest ``posting`` has a quorum or a deadline; else ``base`` itself."""
         if posting is None or (posting.quorum is None and posting.expires_ms is None):
             return base
+        if posting.quorum is None:
+            base = self._stood_at_deadline(posting, base)
         casts = self.casts(posting.event_id) if posting.quorum is not None else []
         fallback = None
         if base is None and casts:
@@ -97,6 +103,23 @@ class Projection:
             fallback = json.loads(row[0]) if row and row[0] else None
         return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count,
                                fallback=fallback)
+
+    def _stood_at_deadline(self, posting: RecordedQuestion, base: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A question with a deadline and no quorum, past it: the answer that
+        stood at the deadline, in the room's order, though taken back since.
+        Its deadline closed it with that answer standing (the room and the
+        agent were told so), as a quorum's expiry keeps the votes that stood."""
+        if posting.expires_ms is None or not self.is_expired(posting.event_id):
+            return base
+        stood = standing(self.casts(posting.event_id), (posting.expires_ms - 1, NEVER[1]))
+        if not stood:
+            return base
+        last = max(stood.values(), key=lambda c: c.at)
+        if base is not None and (base.get("source") or {}).get("event_id") in (last.event_id, last.original):
+            return base
+        row = self.db.execute("SELECT record FROM answer_log WHERE event_id=? AND outcome='accepted'"
+                              " ORDER BY seq DESC LIMIT 1", (last.event_id,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else base
 
     def casts(self, question_event_id: str) -> list[Cast]:
         """Every pick accepted for one posting, each with where in the room's
