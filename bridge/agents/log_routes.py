@@ -5,7 +5,9 @@
 say nothing about what was answered.  ``GET /v1/log/leaves?start=&end=``
 gives leaves, and an agent gets only those of its own sets (the others are
 left out of the list, as another agent's set looks like none).  Proofs are
-made from the store's leaf hashes, pure ``protocol/merkle.py``.
+made from the store's leaf hashes, pure ``protocol/merkle.py``, over a
+tree kept and grown with the log: built anew for each request, a log of a
+million leaves cost 1.3 s of the store's thread a proof.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ class LogRoutes:
     def __init__(self, store: Store, sets: AgentSets):
         self.store = store
         self.sets = sets
+        self._tree = merkle.Tree()  # the log's leaves read so far (only on the store's thread)
+
+    def _tree_of(self, size: int) -> merkle.Tree:
+        """The tree over at least the first ``size`` leaves (proofs take the size they are for)."""
+        if self._tree.size < size:
+            self._tree.extend([h for _index, h in self.store.audit.hashes_from(self._tree.size)])
+        return self._tree
 
     def _size(self) -> int:
         size = self.store.audit.size()
@@ -65,23 +74,22 @@ class LogRoutes:
 
     def _inclusion(self, request: web.Request, _agent: str) -> dict[str, Any]:
         index, size = _int(request, "index"), _int(request, "size")
-        tree = self._size()
-        if not 0 <= index < size <= tree:
-            raise Unprocessable(f"need 0 <= index < size <= {tree} (the tree's size now)")
-        hashes = self.store.audit.hashes(size)
-        proof = merkle.Tree(hashes).inclusion_proof(index)
-        return {"ok": True, "index": index, "size": size, "leaf_hash": hashes[index].hex(),
-                "root": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]}
+        now = self._size()
+        if not 0 <= index < size <= now:
+            raise Unprocessable(f"need 0 <= index < size <= {now} (the tree's size now)")
+        tree = self._tree_of(size)
+        return {"ok": True, "index": index, "size": size, "leaf_hash": tree.levels[0][index].hex(),
+                "root": tree.root(size).hex(), "proof": [p.hex() for p in tree.inclusion_proof(index, size)]}
 
     def _consistency(self, request: web.Request, _agent: str) -> dict[str, Any]:
         first, second = _int(request, "from"), _int(request, "to")
-        tree = self._size()
-        if not 0 < first <= second <= tree:
-            raise Unprocessable(f"need 0 < from <= to <= {tree} (the tree's size now)")
-        hashes = self.store.audit.hashes(second)
-        proof = merkle.consistency_proof(first, hashes)
-        return {"ok": True, "from": first, "to": second, "root_from": merkle.root(
-            hashes[:first]).hex(), "root_to": merkle.root(hashes).hex(), "proof": [p.hex() for p in proof]}
+        now = self._size()
+        if not 0 < first <= second <= now:
+            raise Unprocessable(f"need 0 < from <= to <= {now} (the tree's size now)")
+        tree = self._tree_of(second)
+        proof = tree.consistency_proof(first, second)
+        return {"ok": True, "from": first, "to": second, "root_from": tree.root(first).hex(),
+                "root_to": tree.root(second).hex(), "proof": [p.hex() for p in proof]}
 
     def _leaves(self, request: web.Request, agent: str) -> dict[str, Any]:
         tree = self._size()

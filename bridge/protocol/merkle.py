@@ -66,12 +66,23 @@ class Tree:
     power-of-two part, so every perfect subtree is one entry of a level;
     only the subtrees along the right edge are folded on demand."""
 
-    def __init__(self, hashes: Sequence[bytes]):
-        self.size = len(hashes)
-        self.levels: list[list[bytes]] = [list(hashes)]
-        while len(self.levels[-1]) > 1:
-            below = self.levels[-1]
-            self.levels.append([node_hash(below[i], below[i + 1]) for i in range(0, len(below) - 1, 2)])
+    def __init__(self, hashes: Sequence[bytes] = ()):
+        self.size = 0
+        self.levels: list[list[bytes]] = [[]]
+        self.extend(hashes)
+
+    def extend(self, hashes: Sequence[bytes]) -> None:
+        """The tree with ``hashes`` appended: a log only grows, and every
+        entry of a level is a perfect subtree, so only the new ones are made."""
+        self.levels[0].extend(hashes)
+        self.size = len(self.levels[0])
+        level = 0
+        while len(self.levels[level]) > 1:
+            if level + 1 == len(self.levels):
+                self.levels.append([])
+            below, above = self.levels[level], self.levels[level + 1]
+            above.extend(node_hash(below[i], below[i + 1]) for i in range(2 * len(above), len(below) - 1, 2))
+            level += 1
 
     def range_root(self, lo: int, hi: int) -> bytes:
         """MTH(D[lo:hi]) for a range that is a subtree of the RFC's tree (or a prefix of it)."""

@@ -186,3 +186,54 @@ def test_one_tree_gives_every_smaller_trees_proofs(hashes, data):
     assert tree.root(size) == merkle.root(hashes[:size])
     assert tree.inclusion_proof(index, size) == merkle.inclusion_proof(index, hashes[:size])
     assert tree.consistency_proof(index + 1, size) == merkle.consistency_proof(index + 1, hashes[:size])
+
+
+@settings(max_examples=40, deadline=None)
+@given(_trees, st.data())
+def test_a_tree_grown_piece_by_piece_is_the_tree_built_at_once(hashes, data):
+    """The agents' proofs come from one tree grown with the log (``extend``):
+    every level, so every proof, must be what a tree of all the leaves has."""
+    cuts = sorted(data.draw(st.lists(st.integers(min_value=0, max_value=len(hashes)), max_size=4)))
+    grown = merkle.Tree()
+    for start, end in zip([0, *cuts], [*cuts, len(hashes)]):
+        grown.extend(hashes[start:end])
+    whole = merkle.Tree(hashes)
+    assert grown.size == whole.size and grown.levels == whole.levels
+
+
+def test_the_agents_proofs_stay_right_as_the_log_grows_between_them(tmp_path):
+    """The HTTP routes keep one tree and grow it with the log: each proof,
+    asked between answers, verifies against the root of the log as it was."""
+    from types import SimpleNamespace
+
+    from bridge.agents.log_routes import LogRoutes
+    from bridge.service.storage.store import LogEntry, Store
+
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.set_meta("audit_origin", "example.org/askwright-bridge/bridge")
+    routes = LogRoutes(store, sets=None)
+
+    def answered(n: int) -> None:
+        with store.transaction():
+            store.append_log(LogEntry(f"$a{n}", "!r", "@ana:hs", "answer_event", "accepted", set_id="s",
+                                      set_dir="/sets/s", qid=f"q{n}", record={"qid": f"q{n}", "state": "answered",
+                                                                             "choice": "x"}, ts=n))
+
+    def asked(route, **query):
+        return route(SimpleNamespace(query={k: str(v) for k, v in query.items()}), "agent")
+
+    for n in range(3):
+        answered(n)
+    first = asked(routes._inclusion, index=1, size=3)
+    for n in range(3, 8):
+        answered(n)
+    hashes = store.audit.hashes()
+    assert len(hashes) == 8
+    assert first["root"] == merkle.root(hashes[:3]).hex()
+    later = asked(routes._inclusion, index=6, size=8)
+    merkle.verify_inclusion(6, 8, hashes[6], [bytes.fromhex(p) for p in later["proof"]], merkle.root(hashes))
+    grown = asked(routes._consistency, **{"from": 3, "to": 8})
+    merkle.verify_consistency(3, 8, merkle.root(hashes[:3]), merkle.root(hashes),
+                              [bytes.fromhex(p) for p in grown["proof"]])
+    store.close()
