@@ -139,6 +139,8 @@ def _room_checkpoints(config_path: str | None, origin: str) -> list[str]:
     except ConfigError as exc:
         raise Unreadable(str(exc)) from None
     try:
-        return asyncio.run(read_room_checkpoints(config, origin))
+        return asyncio.run(read_room_checkpoints(config, origin, on_cut=lambda room, read: print(
+            f"note: room {room}: only its newest {read} checkpoints were read; older ones are not checked",
+            file=sys.stderr)))
     except Exception as exc:  # noqa: BLE001 - the homeserver or the room can't be read: an input unreadable
         raise Unreadable(f"the rooms' checkpoints can't be read ({exc})") from None

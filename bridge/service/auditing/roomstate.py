@@ -10,6 +10,7 @@ key: what a homeserver hands back is never trusted as such.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -17,20 +18,28 @@ import aiohttp
 
 from bridge.service.auditing.checkpoints import STATE_TYPE
 
-PAGES_PER_ROOM = 200  # 100 events a page: far more checkpoints than a room gets in years at one a minute
+# 100 events a page: the newest 100,000 checkpoints of a room (ten weeks of a
+# checkpoint every minute).  Past it the older ones are left, and said so:
+# every one read is still checked against the latest.
+PAGES_PER_ROOM = 1000
 
 
-async def read_room_checkpoints(config: Any, origin: str) -> list[str]:
+async def read_room_checkpoints(config: Any, origin: str,
+                                on_cut: Callable[[str, int], None] | None = None) -> list[str]:
+    """``on_cut(room, read)``: a room whose history held more than is read."""
     token, as_user = _credentials(config)
     base = config.homeserver.url.rstrip("/") + "/_matrix/client/v3"
     headers = {"Authorization": f"Bearer {token}"}
     extra = {"user_id": as_user} if as_user else {}
     notes: list[str] = []
-    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=120)) as http:
+    # Each request bounded, not the whole read: many rooms with long histories take long.
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(sock_connect=30,
+                                                                                   sock_read=120)) as http:
         rooms = (await _get(http, f"{base}/joined_rooms", extra)).get("joined_rooms", [])
         flt = json.dumps({"types": [STATE_TYPE], "lazy_load_members": True})
         for room in rooms:
             token_from: str | None = None
+            read = len(notes)
             for _page in range(PAGES_PER_ROOM):
                 params = {"dir": "b", "limit": "100", "filter": flt, **extra}
                 if token_from:
@@ -44,6 +53,9 @@ async def read_room_checkpoints(config: Any, origin: str) -> list[str]:
                 token_from = page.get("end")
                 if not page.get("chunk") or not token_from:
                     break
+            else:
+                if on_cut is not None:
+                    on_cut(room, len(notes) - read)
     return notes
 
 
