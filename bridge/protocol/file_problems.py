@@ -43,6 +43,9 @@ def file_problem(reason: str, filename: object = None, limit: int = 20 * MIB) ->
         return f"{the_file} could not be downloaded whole. Please send it again."
     if reason == "attachment_download_failed":
         return f"{the_file} could not be downloaded: the homeserver does not have it. Please send it again."
+    if reason == "attachment_misplaced":
+        return f"{the_file} was not kept: files are taken when sent as a reply to the question itself " \
+               "(or to its poll, or in its thread). Please send it there."
     if reason == "attachment_not_saved":
         return f"{the_file} could not be saved beside the answers. Please tell the people who run the bridge."
     return f"{the_file} could not be kept."

@@ -296,7 +296,9 @@ def _message(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> 
     if msgtype in FILE_MSGTYPES:
         target = _direct_target(content)
         if target != question.event_id and lookup.question_by_poll(target or "") is None:
-            return None  # files are fetched only when sent to the question (or its poll) itself
+            # Files are fetched only when sent to the question (or its poll)
+            # itself; one sent to the bridge's word about it is told so, not dropped in silence.
+            return _misplaced_file(event, content, question)
         return _attachment(event, content, question, lookup)
     body = content.get("body")
     if msgtype not in TEXT_MSGTYPES or not isinstance(body, str):
@@ -358,6 +360,13 @@ def _attachment(event: dict[str, Any], content: dict[str, Any], question: Record
                       attachments=(path,) if path else (),
                       timecodes=tuple(tc.as_record() for tc in note.timecodes) if note else (),
                       problem=None if path else (problem or "attachment_not_saved"),
+                      filename=filename if isinstance(filename, str) else body if isinstance(body, str) else None)
+
+
+def _misplaced_file(event: dict[str, Any], content: dict[str, Any], question: RecordedQuestion) -> Annotation:
+    body, filename = content.get("body"), content.get("filename")
+    return Annotation(_s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"), _ts(event), question,
+                      via="attachment", problem="attachment_misplaced",
                       filename=filename if isinstance(filename, str) else body if isinstance(body, str) else None)
 
 

@@ -352,3 +352,25 @@ def test_the_twenty_places_go_to_the_files_kept_in_the_rooms_order(tmp_path: Pat
     refused = {event_id: room.store.attachment(event_id)[1] for event_id in (e["event_id"] for e in events)
                if room.store.attachment(event_id)[0] is None}
     assert refused == expected_refused
+
+
+def test_a_file_sent_to_the_bridges_word_about_an_answer_is_told_where_files_go(tmp_path: Path) -> None:
+    """Element users reply to what is in front of them: a file sent as a reply
+    to the bridge's "Recorded" notice was dropped without a word (a text reply
+    there is read; a file is taken only when sent to the question itself)."""
+    from helpers.timeline import ROOM, Room, answer
+
+    room = Room(tmp_path)
+    room.deliver([answer("$a1", "@alice:hs", 1000, "main")])
+    ack = "$recorded"  # the bridge's notice on it, as the shell records what it sent
+    with room.store.transaction():
+        room.store.record_sent(ack, ROOM, question_event_id="$q", about="$a1")
+    room.deliver([{"event_id": "$f", "room_id": ROOM, "sender": "@alice:hs", "origin_server_ts": 2000,
+                   "type": "m.room.message",
+                   "content": {"msgtype": "m.image", "body": "shot.png", "url": "mxc://hs/a",
+                               "m.relates_to": {"m.in_reply_to": {"event_id": ack}}}}])
+    seq, reason = room.store.db.execute("SELECT seq, reason FROM answer_log WHERE event_id='$f'").fetchone()
+    assert reason == "attachment_misplaced"
+    told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
+    assert "“shot.png” was not kept" in told and "reply to the question itself" in told, told
+    assert "attachments" not in room.record()
