@@ -405,7 +405,7 @@ def test_the_answer_event_path_is_unchanged():
     assert accepted(normalize(event(content), FakeLookup())).via == "answer_event"
 
 
-def test_a_thread_on_the_bridges_word_reads_as_a_reply_and_a_file_there_is_left_alone():
+def test_a_thread_on_the_bridges_word_reads_as_a_reply_and_a_file_there_is_told_where_files_go():
     lookup = FakeLookup(sent={"$ack": "$q_branch"})
     thread = {"rel_type": "m.thread", "event_id": "$ack", "is_falling_back": True, "m.in_reply_to": {"event_id": "$ack"}}
     words = normalize(event({"msgtype": "m.text", "body": "keep it simple", "m.relates_to": thread}), lookup)
@@ -414,7 +414,8 @@ def test_a_thread_on_the_bridges_word_reads_as_a_reply_and_a_file_there_is_left_
     assert isinstance(pick, Candidate) and pick.answer.content["option_id"] == "stable"
     picture = normalize(event({"msgtype": "m.image", "body": "a.png", "url": "mxc://hs/a", "m.relates_to": thread}),
                         lookup)
-    assert picture is None  # files are fetched only for the question itself
+    # Files are fetched only for the question itself: this one is refused, with where to send it.
+    assert isinstance(picture, Annotation) and picture.problem == "attachment_misplaced" and not picture.attachments
 
 
 def test_a_bots_notice_replying_to_the_bridge_is_not_answered():
