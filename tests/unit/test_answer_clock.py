@@ -22,3 +22,16 @@ def test_the_clock_read_across_a_second_s_end_does_not_go_back_a_second(monkeypa
 def test_answers_recorded_one_after_another_are_in_order() -> None:
     stamps = [utc_now() for _ in range(2000)]
     assert [parse_time(s) for s in stamps] == sorted(parse_time(s) for s in stamps)
+
+
+def test_an_answer_is_stamped_by_the_stores_clock_which_a_cluster_shares(tmp_path) -> None:
+    """A new leader whose machine's clock ran two minutes behind stamped the
+    next answers before the last one: every agent waiting ``after`` it
+    missed them.  ``updated`` comes from the store's clock (on PostgreSQL
+    the database's), as every other time another instance reads."""
+    from helpers.timeline import Room, answer
+
+    room = Room(tmp_path)
+    room.store.clock = type("Shared", (), {"now_ms": staticmethod(lambda: 1_800_000_000_123)})()
+    room.deliver([answer("$a1", "@alice:hs", 1000, "main")])
+    assert room.record()["updated"] == "2027-01-15T08:00:00.123Z"

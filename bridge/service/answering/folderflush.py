@@ -27,17 +27,26 @@ LOCK_RETRY_MS = 500
 LOCK_BUSY_PROBLEM = "another process holds the set's lock (a writer paused or slow); tried again shortly"
 
 
+def utc_of_ms(ms: int) -> str:
+    """``2026-05-28T20:26:40.999Z``: the form of ``updated``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
 class FolderFlush:
     """Pipeline's half that writes the folders (a mixin: it shares the
     pipeline's store, clock and hooks)."""
 
     store: Store
-    clock: Callable[[], str]
+    clock: Callable[[], str] | None
     may_write: Callable[[], None] | None
     on_write: Callable[[float], None] | None
     on_set_written: Callable[[str], None] | None
     _first_flush: bool
     report_trouble: Callable[[str, str], None]
+
+    def now(self) -> str:
+        """When an answer is recorded (``updated``): the pipeline's clock, or the store's."""
+        return self.clock() if self.clock is not None else utc_of_ms(self.store.clock.now_ms())
 
     def flush(self, *, commit: Callable[[], None] | None = None, idle: bool = False,
               view: FlushView | None = None) -> int:
@@ -66,7 +75,7 @@ class FolderFlush:
         by_set: dict[tuple[str, str], list[str]] = defaultdict(list)
         for set_dir, set_id, qid in dirty:
             by_set[(set_dir, set_id)].append(qid)
-        now = self.clock()
+        now = self.now()
         now_ms = self.store.clock.now_ms()  # next_try is judged by whichever instance leads (dbclock)
         held = {row[0]: row[5] for row in view.held}
         written: list[tuple[str, str, str]] = []

@@ -37,7 +37,7 @@ from bridge.protocol.to_record import to_record
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES
 from bridge.service.answering.downloads import Downloads
-from bridge.service.answering.folderflush import FolderFlush
+from bridge.service.answering.folderflush import FolderFlush, utc_of_ms
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack
 from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
@@ -58,8 +58,7 @@ def utc_now() -> str:
     milliseconds read apart straddle a second once in a while (a thread
     descheduled between them), and the time went back by one, so an agent
     waiting for an answer ``after`` the last one missed the next."""
-    ms = int(time.time() * 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+    return utc_of_ms(int(time.time() * 1000))
 
 
 class _StoreLookup:
@@ -113,7 +112,12 @@ class Pipeline(FolderFlush):
     transport: Transport
     answerers: frozenset[str] | None
     own_users: Callable[[str], bool]
-    clock: Callable[[], str] = utc_now
+    # The time an answer is recorded (``updated``).  None: the store's clock,
+    # which every instance of a cluster shares: agents wait for an answer
+    # ``after`` the last one by it, and a new leader whose machine's clock ran
+    # 2 minutes behind stamped the next answers before the last, missed by
+    # every such wait.
+    clock: Callable[[], str] | None = None
     members: dict[str, set[str]] = field(default_factory=dict)
     power: dict[str, dict[str, Any]] = field(default_factory=dict)  # room -> m.room.power_levels content
     on_outcome: Callable[[LogEntry], None] | None = None
@@ -219,7 +223,7 @@ class Pipeline(FolderFlush):
 
     def _process(self, events: list[dict[str, Any]], *, commit: Callable[[], None] | None,
                  delivery: str | None) -> BatchResult:
-        now = self.clock()
+        now = self.now()
         before = self.store.changes()
         self._before = {}
         try:
