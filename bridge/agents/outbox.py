@@ -36,8 +36,12 @@ class Delivery:
     attempts: int
 
 
-def event_body(entry: LogEntry, agent: str, key: str, receipt: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a webhook POST carries (pure); ``receipt``: the answer log's leaf of it, as answers.json has it."""
+def event_body(entry: LogEntry, agent: str, key: str, receipt: dict[str, Any] | None = None,
+               now: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a webhook POST carries (pure); ``receipt``: the answer log's leaf
+    of it, as answers.json has it; ``now``: an accepted answer's question's
+    record after it, which the body carries (``stands``: whether this answer
+    is the one it holds)."""
     body = {
         "type": EVENT_TYPES[entry.outcome],
         "id": key,
@@ -49,6 +53,13 @@ def event_body(entry: LogEntry, agent: str, key: str, receipt: dict[str, Any] | 
         "ts": entry.ts,
         "record": entry.record,
     }
+    if now is not None:
+        # An answer read late can be earlier in the room than the one that
+        # stands (a federated server catching up): the record it carried was
+        # its own pick, and an agent acting on the latest webhook acted on an
+        # answer that did not stand.
+        body["record"] = now
+        body["stands"] = (now.get("source") or {}).get("event_id") in (entry.event_id, entry.replaces)
     if receipt is not None:
         body["receipt"] = receipt
     return body
@@ -112,6 +123,11 @@ class OutboxHook:
             self._queue(entry.set_dir, key, lambda agent: {**event_body(entry, agent, key, receipt),
                                                           "state": now.get("state"), "votes": now.get("votes", []),
                                                           "required": question.quorum[0]})
+            return
+        if entry.outcome == "accepted" and entry.qid:
+            set_dir, qid = entry.set_dir, entry.qid
+            self._queue(set_dir, key, lambda agent: event_body(entry, agent, key, receipt,
+                                                               self.store.projection(set_dir, qid)))
             return
         self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key, receipt))
 

@@ -6,6 +6,7 @@ allow_private_callbacks off an inward address is never connected to."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -324,3 +325,27 @@ async def test_an_agents_failing_callbacks_leave_room_for_its_own_healthy_ones(t
         for silent in silents:
             await silent.close()
         store.close()
+
+
+def test_an_answer_read_late_that_does_not_stand_says_so_with_the_record_that_does(tmp_path: Path) -> None:
+    """Carol, on a server cut off a while, answered before Alice; Alice's
+    answer was read first.  Carol's webhook came last, carrying her own pick:
+    an agent acting on the latest webhook acted on an answer that did not
+    stand (answers.json held Alice's, as the room's order says)."""
+    from bridge.agents.outbox import due
+    from bridge.agents.owner import OWNER_FILE
+    from helpers.timeline import Room, answer
+
+    room = Room(tmp_path)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "planner", "callbacks": ["https://hooks.example/p"]}))
+    room.pipeline.on_logged = OutboxHook(room.store, AGENTS, clock=lambda: 5.0)
+    room.deliver([answer("$alice", "@alice:hs", 2000, "stable")])
+    room.deliver([answer("$carol", "@carol:hs", 1000, "main")])  # earlier in the room, read later
+    bodies = {b["answer_event_id"]: b for b in (json.loads(row.body) for row in due(room.store, 2**62))}
+    assert room.record()["choice"] == "stable"
+    assert bodies["$carol"]["record"]["choice"] == "stable" and bodies["$carol"]["stands"] is False
+    assert bodies["$alice"]["record"]["choice"] == "stable" and bodies["$alice"]["stands"] is True
+    told = room.pipeline.words.notice_for(room.store.log_entry(
+        room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$carol'").fetchone()[0]))["body"]
+    assert told.endswith("It does not stand: the answer @alice:hs gave after it in the room does, "
+                         "The stable branch."), told

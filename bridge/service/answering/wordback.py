@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.protocol.outcome import OWN, OTHER, addressed, annotated_notice, display_names, in_thread, \
-    in_thread_reply, option_numbers, recorded_notice, refused_notice, with_remark
+from bridge.protocol.outcome import OWN, OTHER, addressed, annotated_notice, describe_record, display_names, \
+    in_thread, in_thread_reply, option_numbers, recorded_notice, refused_notice, with_remark
 from bridge.protocol.quorum import EXPIRED, Tally, progress_words
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.withdrawn import withdrawn_notice
@@ -76,6 +76,10 @@ class WordBack:
                                      message=message, via=via)
         if question is not None and question.quorum is not None and entry.outcome == "accepted":
             content = with_remark(content, *self._quorum_words(entry, question))
+        elif question is not None and entry.outcome == "accepted" and entry.record is not None:
+            later, named = self._later_stands(entry, question)
+            if later:
+                content = with_remark(content, later, named)
         if entry.replaces:
             # An edit: clients show the original message, not the edit event.
             content["m.relates_to"] = {"m.in_reply_to": {"event_id": entry.replaces}}
@@ -95,6 +99,19 @@ class WordBack:
             replied = content.get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id", entry.event_id)
             content["m.relates_to"] = in_thread_reply(entry.thread_root, replied)
         return content
+
+    def _later_stands(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
+        """An answer read after a later one in the room (a server catching
+        up): recorded, and not the one that stands; said, with the one that does."""
+        now = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        source = (now or {}).get("source") or {}
+        if now is None or now.get("state") != "answered" or source.get("event_id") in (entry.event_id, entry.replaces) \
+                or not isinstance(source.get("ts"), int) or source["ts"] <= entry.ts:
+            return "", []
+        sender = str(source.get("sender"))
+        whose = "your later answer" if sender == entry.sender else f"the answer {sender} gave after it"
+        return (f"It does not stand: {whose} in the room does, {describe_record(now, display_names(question))}.",
+                [] if sender == entry.sender else [sender])
 
     def _quorum_words(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
         """Where the votes stand: "1 of 2 for “Ship it” so far; waiting for @bo or @cy",
