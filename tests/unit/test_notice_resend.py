@@ -60,3 +60,18 @@ def test_a_notice_cut_off_by_a_crash_is_sent_again_as_it_was(tmp_path: Path) -> 
     # $a3 replaces only the answer told just before: $a1 was told within $a2's reply.
     assert "earlier answers" not in bodies["$a3"]
     assert room.store.meta_with_prefix("notice-sending:") == []
+
+
+def test_answers_read_out_of_the_rooms_order_get_one_reply_for_the_one_that_stands(tmp_path: Path) -> None:
+    """One transaction held two answers of Alice's, the later one (in the
+    room) first: the record kept the later, but the one reply named the
+    other, the last read ("Recorded … The main branch. This replaces 1
+    earlier answer …")."""
+    room = Room(tmp_path)
+    room.deliver([answer("$later", ALICE, 2, "stable"), answer("$earlier", ALICE, 1, "main")])
+    assert room.record()["choice"] == "stable"
+    timeline: dict[str, dict[str, Any]] = {}
+    _pass(room, timeline, die=False)
+    (reply,) = timeline.values()
+    assert reply["dev.superpipeline.question.outcome"]["answer_event_id"] == "$later"
+    assert "The stable branch" in reply["body"] and "1 earlier answer" in reply["body"], reply["body"]

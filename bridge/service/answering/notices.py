@@ -145,9 +145,11 @@ class Notices:
         return sent
 
     def _standing(self, last: int) -> tuple[LogEntry, list[int]] | None:
-        """Entry ``last`` and the pending entries its notice stands for."""
-        entry = self.store.log_entry(last)
-        return None if entry is None else (entry, self.store.notice_seqs(last))
+        """The entry the notice of ``last`` is about (of the pending entries it
+        stands for, the latest in the room's order) and those entries."""
+        seqs = self.store.notice_seqs(last)
+        entry = self.store.log_entry(seqs[-1])
+        return None if entry is None else (entry, seqs)
 
     def _ack_maker(self, entry: LogEntry, seqs: list[int]) -> Callable[[], dict[str, Any]]:
         return lambda: self.pipeline.notice_for(entry, len(seqs) - 1)

@@ -58,8 +58,10 @@ class Notices:
             " GROUP BY room_id, sender, question_event_id ORDER BY MIN(seq) LIMIT ?", (*rooms, limit)).fetchall()
 
     def notice_seqs(self, last: int) -> list[int]:
-        """The pending entries the notice of entry ``last`` stands for, oldest
-        first: for an accepted answer, an addition or a refusal, the same
+        """The pending entries the notice of entry ``last`` stands for, in the
+        room's order (the last is the one that stands: the latest sent, not
+        the latest read, which a transaction or a catch-up can hand over out
+        of order): for an accepted answer, an addition or a refusal, the same
         person's pending ones of that outcome on that question up to it;
         otherwise itself."""
         row = self.db.execute("SELECT outcome, room_id, sender, question_event_id FROM answer_log WHERE seq=?",
@@ -70,7 +72,8 @@ class Notices:
         same_question = "question_event_id IS NULL" if question is None else "question_event_id=?"
         rows = self.db.execute(
             f"SELECT seq FROM answer_log WHERE acked=0 AND outcome=? AND room_id=? AND sender=? AND {same_question}"
-            " AND seq<=? ORDER BY seq", (outcome, room_id, sender, *(() if question is None else (question,)), last))
+            " AND seq<=? ORDER BY ts, seq", (outcome, room_id, sender, *(() if question is None else (question,)),
+                                             last))
         return [seq for (seq,) in rows.fetchall()] or [last]
 
     def mark_acked(self, seq: int, state: int = 1) -> None:
