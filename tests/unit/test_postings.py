@@ -250,3 +250,66 @@ def test_a_set_mapped_to_another_room_says_once_that_its_open_questions_stay(tmp
     write_set(folder, "takes", choice(2))
     asyncio.run(p.sync_root(tmp_path / "sets"))
     assert store.latest_posted(str(folder.resolve()), "pick").room_id == "!new:hs"
+
+
+class SlowTransport(Transport):
+    """A homeserver taking its time over each send (as its rate limits make it)."""
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        await asyncio.sleep(0.01)
+        return await super().send(room_id, event_type, content, txn_id)
+
+
+def many(n: int) -> list[dict[str, Any]]:
+    return [choice(qid=f"q{i}", title=f"Take {i}?") for i in range(n)]
+
+
+def test_one_agents_long_set_does_not_hold_another_sets_questions(tmp_path: Path) -> None:
+    # One lock for every set: a set of 1,500 questions held another agent's
+    # one question for 250 s, until its last was out.
+    big, small = tmp_path / "sets" / "big", tmp_path / "sets" / "small"
+    write_set(big, "big", *many(150))
+    write_set(small, "small", choice(qid="urgent", title="Ship today?"))
+    transport = SlowTransport()
+    p, store = poster(tmp_path, transport)
+
+    async def run() -> tuple[int, int]:
+        posting = asyncio.ensure_future(p.sync_dirs([big]))
+        while len(transport.questions()) < 5:
+            await asyncio.sleep(0.01)
+        await p.sync_dirs([small])
+        small_done = len(transport.questions())
+        await posting
+        return small_done, len(transport.questions())
+
+    small_done, total = asyncio.run(run())
+    titles = [c["question"]["title"] for c in transport.questions()]
+    assert total == 151 and "Ship today?" in titles
+    assert small_done < 50, f"the small set waited for {small_done - 1} of the big set's questions"
+    store.close()
+
+
+def test_a_set_closed_while_it_is_posted_is_not_posted_to_its_end(tmp_path: Path) -> None:
+    # An agent closed every question of its set while the bridge posted it:
+    # all 1,500 were posted anyway, then closed again one by one.
+    big = tmp_path / "sets" / "big"
+    questions = many(150)
+    write_set(big, "big", *questions)
+    transport = SlowTransport()
+    p, store = poster(tmp_path, transport)
+
+    async def run() -> None:
+        posting = asyncio.ensure_future(p.sync_dirs([big]))
+        while len(transport.questions()) < 5:
+            await asyncio.sleep(0.01)
+        write_set(big, "big", *[{**q, "status": "closed"} for q in questions])
+        report = await posting
+        assert report.failed == [big]  # taken again as it is now, by the next pass
+        await p.sync_dirs([big])
+
+    asyncio.run(run())
+    posted = len(transport.questions())
+    assert posted < 30, f"{posted} of the 150 closed questions were posted"
+    postings = store.posted_for_set(str(big.resolve()))
+    assert postings and not any(recorded.open for recorded, _poll in postings)
+    store.close()

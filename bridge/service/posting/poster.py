@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 
 LoadSet = Callable[[Path], tuple[QuestionSet | None, list[str]]]
 
+# Sets posted side by side: one agent's set of thousands of questions (a
+# quarter of an hour of sends) held every other set, and every other agent's,
+# until its last question was out.
+SETS_AT_ONCE = 4
+
 
 @dataclass
 class PostReport:
@@ -61,9 +66,10 @@ class Poster:
         self.on_closed = on_closed
         # Deadlines, decisions, escalations (bridge.service.answering.deadlines.Deadlines), when wired.
         self.deadlines: Any = None
-        # The first posting and the folder watcher run side by side; one set
-        # at a time keeps them from posting the same question twice.
-        self._one_at_a_time = asyncio.Lock()
+        # The first posting, the folder watcher and the agents' door run side
+        # by side: a folder (and a set id, which two folders may both claim)
+        # is taken by one of them at a time, so no question is posted twice.
+        self._locks: dict[str, asyncio.Lock] = {}
         self._told_stays: set[tuple[str, str, str]] = set()  # (set id, room posted in, room mapped to) logged
 
     async def sync_root(self, root: Path, stop: asyncio.Event | None = None) -> PostReport:
@@ -81,15 +87,23 @@ class Poster:
             await self.close_vanished(report)
         except Exception as exc:  # noqa: BLE001 - said again at the next pass; the sets go on
             log.warning("closing the questions of a removed set failed (%s); trying again later", exc)
-        for set_dir in set_dirs:
-            if stop is not None and stop.is_set():
-                break
-            try:
-                await self.sync_if_changed(set_dir, report)
-            except Exception as exc:  # noqa: BLE001 - tried again later; the other sets go on
-                log.warning("set %s not posted yet (%s); the other sets go on", set_dir, exc)
-                report.failed.append(set_dir)
+        turns = asyncio.Semaphore(SETS_AT_ONCE)
+
+        async def one(set_dir: Path) -> None:
+            async with turns:
+                if stop is not None and stop.is_set():
+                    return
+                try:
+                    await self.sync_if_changed(set_dir, report)
+                except Exception as exc:  # noqa: BLE001 - tried again later; the other sets go on
+                    log.warning("set %s not posted yet (%s); the other sets go on", set_dir, exc)
+                    report.failed.append(set_dir)
+
+        await asyncio.gather(*(one(set_dir) for set_dir in set_dirs))
         return report
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
 
     async def sync_changed(self, root: Path, paths: Iterable[str | Path]) -> PostReport:
         """Only the sets whose questions.json is among ``paths`` (what the folder
@@ -103,10 +117,12 @@ class Poster:
         refused with that reason.  Should the folder come back, its questions
         are posted again, as new postings.  A folder that is still there but
         can't be read is not gone: its questions stay open."""
-        async with self._one_at_a_time:
-            for folder in self.store.folders_with_open():
+        for folder in self.store.folders_with_open():
+            if os.path.lexists(folder):
+                continue
+            async with self._lock(folder):
                 if os.path.lexists(folder):
-                    continue
+                    continue  # back meanwhile
                 log.warning("set folder %s is gone; closing its open questions", folder)
                 for recorded, _poll in self.store.posted_for_set(folder):
                     if recorded.open:
@@ -120,24 +136,36 @@ class Poster:
         unchanged sets too).  A set is only remembered once every question of
         it is posted, polled, closed as it should be; a broken set or a crash
         half-way leaves it to be synced again."""
-        async with self._one_at_a_time:
+        async with self._lock(str(set_dir.resolve())):
             fingerprint = _fingerprint(set_dir)
             key = f"{SET_SYNCED}{set_dir.resolve()}"
             if fingerprint is not None and self.store.get_meta(key) == fingerprint:
                 return
-            await self.sync_set(set_dir, report)
-            if fingerprint is not None and str(set_dir) not in report.broken:
+            whole = await self._sync_set(set_dir, report)
+            if whole and fingerprint is not None and str(set_dir) not in report.broken:
                 with self.store.transaction():
                     self.store.set_meta(key, fingerprint)
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
+        async with self._lock(str(set_dir.resolve())):
+            await self._sync_set(set_dir, report)
+
+    async def _sync_set(self, set_dir: Path, report: PostReport) -> bool:
+        """False: the set changed while it was posted, and was left for the
+        next pass to take as it is now (in ``report.failed``)."""
+        read_as = _stat(set_dir)
         # Off the event loop: a set of tens of thousands of questions lints
         # for seconds, which held every room, /health and every agent.
         qset, errors = await asyncio.to_thread(self.load_set, set_dir)
         if qset is None:
             report.broken[str(set_dir)] = errors
             log.error("set %s skipped: it fails lint:\n  %s", set_dir, "\n  ".join(errors))
-            return
+            return True
+        async with self._lock(f"set\x00{qset.id}"):
+            return await self._sync_loaded(set_dir, qset, read_as, report)
+
+    async def _sync_loaded(self, set_dir: Path, qset: QuestionSet, read_as: tuple[int, ...] | None,
+                           report: PostReport) -> bool:
         folder = str(set_dir.resolve())
         owner = self._owner_elsewhere(qset.id, folder)
         if owner is not None:
@@ -147,10 +175,17 @@ class Poster:
             message = duplicate_set_message(qset.id, owner, folder)
             report.broken[str(set_dir)] = [message]
             log.error("%s", message)
-            return
+            return True
         room = self.room_for(qset.id)
         current = {q.id: q for q in qset.questions}
         for question in qset.questions:
+            if _stat(set_dir) != read_as:
+                # Closed, revised or removed meanwhile (an agent's close of a set
+                # of thousands came while it was posted, and every closed
+                # question was posted anyway, then closed one by one).
+                log.info("set %s changed while it was posted; it is taken again as it is now", set_dir)
+                report.failed.append(set_dir)
+                return False
             postings = self.store.postings(folder, question.id)
             latest = postings[0] if postings else None
             if question.is_open:
@@ -189,6 +224,7 @@ class Poster:
                 why = self.store.get_meta(_UNTOLD + recorded.event_id)
                 if why is not None:
                     await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
+        return True
 
     def tell_moved(self) -> None:
         """``_tell_stays`` for every set with open questions (at a pass over the
@@ -380,6 +416,16 @@ def _holds_set(set_dir: Path, set_id: str) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(raw, dict) and raw.get("id") == set_id
+
+
+def _stat(set_dir: Path) -> tuple[int, ...] | None:
+    """What tells that a set's questions.json was written since (an atomic
+    replace is a new inode); None when it is not there."""
+    try:
+        st = os.stat(set_dir / QUESTIONS)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _fingerprint(set_dir: Path) -> str | None:
