@@ -29,6 +29,7 @@ from bridge.agents.callbacks import check_callbacks
 from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
 from bridge.agents.mcp_files import ATTACHMENT_TEMPLATE, McpFiles, attachment_of_uri
 from bridge.agents.media_files import DEFAULT_MEDIA_MAX
+from bridge.agents.mcp_fit import fit_view
 from bridge.agents.mcp_tools import ANSWERS_TEMPLATE, TOOLS, answers_uri, set_of_uri
 from bridge.agents.sets import SET_ID_RULE, AgentSets, is_set_id
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
@@ -244,7 +245,7 @@ class Tools:
             return (await self.sets.ask_apart(agent, set_id, document, callbacks)).as_dict()
         if name == "read":
             view = await self.sets.read_apart(agent, arguments["set_id"], include_all=bool(arguments.get("all")))
-            return await self.files.view(agent, arguments["set_id"], view)
+            return fit_view(await self.files.view(agent, arguments["set_id"], view), answers_uri(arguments["set_id"]))
         if name == "wait":
             async def progress(done: float, total: float, message: str) -> None:
                 if ctx is not None:
@@ -255,7 +256,8 @@ class Tools:
                 question=arguments.get("question"), timeout=arguments.get("timeout", DEFAULT_TIMEOUT),
                 include_all=bool(arguments.get("all")), after=arguments.get("after"), progress=progress,
                 gone=connection_gone(ctx))
-            return {"arrived": arrived, "answers": await self.files.view(agent, arguments["set_id"], view)}
+            return {"arrived": arrived, "answers": fit_view(await self.files.view(agent, arguments["set_id"], view),
+                                                            answers_uri(arguments["set_id"]))}
         if name == "close":
             return await self.sets.close_apart(agent, arguments["set_id"], arguments.get("questions"),
                                                arguments.get("status", "closed"), arguments.get("reason"))

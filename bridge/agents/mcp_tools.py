@@ -16,7 +16,12 @@ _READ_VIEW = {"type": "object", "description": "What `askwright-bridge read` pri
               "required": ["ok", "set", "rev", "count", "notice", "answers"],
               "properties": {"ok": {"type": "boolean"}, "set": {"type": ["string", "null"]}, "rev": {"type": "integer"},
                              "count": {"type": "integer"}, "notice": {"type": "string"},
-                             "answers": {"type": "array", "items": {"type": "object"}}}}
+                             "answers": {"type": "array", "items": {"type": "object"}},
+                             "omitted": {"type": "integer", "minimum": 1,
+                                         "description": "A view too big for one message: how many entries are "
+                                                        "left out (unanswered ones first, then the oldest)."},
+                             "resource": {"type": "string", "description": "With omitted: the resource whose "
+                                                                           "read gives the whole view."}}}
 
 TOOLS: dict[str, dict[str, Any]] = {
     "ask": {

@@ -236,6 +236,35 @@ async def test_a_kill_mid_wait_costs_the_client_one_call_and_the_answer_still_ar
         assert "taken up again" in bridge.log_text().split("--- start 2 ---")[1]
 
 
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+async def test_a_wait_on_a_set_too_big_for_one_message_still_brings_the_answer(bridge, mode):
+    """A set of 4,000 closed questions and one open: its whole view is 1.8 MB.
+    A wait longer than a second is answered as one server-sent event, which
+    the SDK's client reads up to 1 MiB: it raised, and the agent lost the
+    answer it waited for.  The view keeps its answers within one message
+    and names the resource that gives it whole."""
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("huge")
+    document = one_question(set_id, qid="open")
+    closed = document["questions"][0]
+    document["questions"] += [{**closed, "id": f"old{n}", "title": f"Old question {n}", "status": "closed",
+                               "question": f"Which branch did release {n} use?"} for n in range(4000)]
+    async with mcp_client(base, mode) as client:
+        structured(await client.call_tool("ask", {"set": document}))
+        (question,) = (await bridge.wait_questions(bridge.alice, 1)).values()
+        waiting = asyncio.ensure_future(client.call_tool("wait", {"set_id": set_id, "timeout": 120, "all": True}))
+        await asyncio.sleep(2)
+        await bridge.alice.send(bridge.room_id, answer_content(question, option_id="stable"))
+        waited = structured(await asyncio.wait_for(waiting, 60))
+        view = waited["answers"]
+        assert waited["arrived"] is True and view["omitted"] > 0 and view["resource"].endswith(f"{set_id}/answers")
+        assert [a["choice"] for a in view["answers"] if a["qid"] == "open"] == ["stable"]
+        if mode != "legacy":  # (a handshake-era session answers every request as an event: docs/agents.md)
+            whole = json.loads((await client.read_resource(view["resource"])).contents[0].text)
+            assert len(whole["answers"]) == 4001
+
+
 WAITING_CLIENT = """
 import asyncio, sys
 import httpx2
