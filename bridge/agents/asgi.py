@@ -24,6 +24,18 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 AsgiApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
+class ClientGone(logging.Filter):
+    """The SDK logs a client gone halfway through its body (starlette's
+    ``ClientDisconnect``) as an error with a traceback; it is the client's
+    leaving (the shell has logged it, at info), not the bridge's fault."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return type(exc).__name__ != "ClientDisconnect"
+
+
+logging.getLogger("mcp.server.streamable_http").addFilter(ClientGone())
+
 # How often a streaming response checks that its client is still there.
 DISCONNECT_POLL_SECONDS = 1.0
 # Hop-by-hop headers aiohttp sets itself.

@@ -27,6 +27,15 @@ class TooSlow(AgentError):
     code = "too_slow"
 
 
+class BodyCut(TooSlow):
+    """The client went away before its body was whole: nobody is left to
+    answer, and no fault of the bridge's (it was logged as an error, with a
+    traceback, at every dropped connection)."""
+
+    status = 400
+    code = "body_cut"
+
+
 def time_left(started: float, now: float, received: int) -> float:
     """How long the next bytes may take to come (<= 0: too late already)."""
     behind_at = started + GRACE_SECONDS + received / MIN_RATE  # when the average falls under MIN_RATE
@@ -48,5 +57,7 @@ async def paced(chunks: AsyncIterator[bytes], clock: Callable[[], float] = time.
         except asyncio.TimeoutError:
             raise TooSlow(f"the body stopped coming ({received} bytes in {clock() - started:.0f} s); "
                           "send it again") from None
+        except ConnectionError:
+            raise BodyCut(f"the connection closed after {received} bytes of the body") from None
         received += len(chunk)
         yield chunk

@@ -265,6 +265,26 @@ async def test_a_wait_on_a_set_too_big_for_one_message_still_brings_the_answer(b
             assert len(whole["answers"]) == 4001
 
 
+async def test_a_body_cut_off_midway_is_no_error_of_the_bridges(bridge):
+    """A client (or its network) gone halfway through its body: each logged
+    an ERROR with a traceback, at /mcp and at the HTTP API alike."""
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    port = int(base.rsplit(":", 1)[1])
+    token = auth("planner")["Authorization"]
+    for target in ("POST /mcp", "PUT /v1/sets/cut"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"{target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {token}\r\n"
+                     "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                     "Content-Length: 100000\r\n\r\n".encode() + b'{"jsonrpc": "2.0", "id": 1, "met')
+        await writer.drain()
+        await asyncio.sleep(0.5)
+        writer.close()
+    await asyncio.sleep(1.5)
+    bridge.check_alive()
+    assert errors_in(bridge.log_text()) == []
+
+
 WAITING_CLIENT = """
 import asyncio, sys
 import httpx2
