@@ -92,8 +92,8 @@ class Deadlines:
         """Track a posting with approval fields, and hand the homeserver what it must send on time."""
         if not wants_tracking(question):
             return
-        with self.store.transaction():
-            self.store.set_meta(TRACKED + question.event_id, "1")
+        # On the store's thread, as all the poster's store work: posting never holds the event loop.
+        await self.store.run(self._in_transaction, self.store.set_meta, TRACKED + question.event_id, "1")
         send_delayed = getattr(self.transport, "send_delayed", None)
         if send_delayed is None:
             return
@@ -103,15 +103,20 @@ class Deadlines:
         finally:
             self._handing.discard(question.event_id)
 
+    def _in_transaction(self, fn: Any, *args: Any) -> None:
+        with self.store.transaction():
+            fn(*args)
+
     async def _schedule(self, question: RecordedQuestion, poll_id: str | None, send_delayed: Any) -> None:
-        delays = self._delays(question.event_id)
+        delays = await self.store.run(self._delays, question.event_id)
         now = self._now()
         planned: list[tuple[str, str, dict[str, Any], int]] = []
+        closing = ""
         if question.expires_ms is not None and question.expires_ms > now:
             if poll_id:
                 planned.append(("poll_end", POLL_END, deadline_poll_end(poll_id, question.expires_ms), question.expires_ms))
             # The closing edit says what stands (nothing yet); restated as votes come (``_restate``).
-            closing = self._closing(question)
+            closing = await self.store.run(self._closing, question)
             planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing,
                                                                          question.expires_ms), question.expires_ms))
         if question.escalation is not None and question.escalation[0] > now and \
@@ -132,12 +137,15 @@ class Deadlines:
                 return  # no delayed events here: the pass does it all
             delays[what] = delay_id
             log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
-            with self.store.transaction():
-                self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
-                if what == "edit":
-                    self.store.set_meta(CLOSING + question.event_id, json.dumps({"words": closing, "gen": 0}))
-                if what == "escalate":
-                    self.store.set_meta(ESCALATED + question.event_id, "delayed")
+            await self.store.run(self._kept_delay, question.event_id, what, dict(delays), closing)
+
+    def _kept_delay(self, event_id: str, what: str, delays: dict[str, str], closing: str) -> None:
+        with self.store.transaction():
+            self.store.set_meta(DELAYS + event_id, json.dumps(delays))
+            if what == "edit":
+                self.store.set_meta(CLOSING + event_id, json.dumps({"words": closing, "gen": 0}))
+            if what == "escalate":
+                self.store.set_meta(ESCALATED + event_id, "delayed")
 
     def _closing(self, question: RecordedQuestion) -> str:
         """The closing line the question would get were its deadline now: what stands."""

@@ -130,7 +130,7 @@ async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, q
     retry after a crash re-sends the same transactions.
     """
     key = f"one_pager_posted:{question_event_id}"
-    if not question.one_pager or store.get_meta(key):
+    if not question.one_pager or await store.run(store.get_meta, key):
         return
     blocks = [block.model_dump(mode="json") for block in question.one_pager]
     parts = render_one_pager(blocks, title=question.title, labels={o.id: o.label for o in question.options or ()})
@@ -151,21 +151,27 @@ async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, q
         # Set text in the thread: any user id in it is the set's words, not a ping.
         content = {**content, "m.mentions": {}, "m.relates_to": in_thread(question_event_id)}
         await transport.send(room_id, "m.room.message", content, txn_id("one-pager", question_event_id, str(index)))
-    with store.transaction():
-        store.set_meta(key, "1")
+    await _mark(store, key)
 
 
 async def post_in_thread(messages: list[dict[str, Any]], question_event_id: str, room_id: str, store: Store,
                          transport: Any) -> None:
     """Post the media messages into the question's thread, once."""
     key = f"media_posted:{question_event_id}"
-    if not messages or store.get_meta(key):
+    if not messages or await store.run(store.get_meta, key):
         return
     for index, content in enumerate(messages):
         content = {**content, "m.mentions": {}, "m.relates_to": in_thread(question_event_id)}
         await transport.send(room_id, "m.room.message", content, txn_id("media", question_event_id, str(index)))
-    with store.transaction():
-        store.set_meta(key, "1")
+    await _mark(store, key)
+
+
+async def _mark(store: Store, key: str) -> None:
+    """A meta key set, on the store's thread (the event loop never waits for the database)."""
+    def job() -> None:
+        with store.transaction():
+            store.set_meta(key, "1")
+    await store.run(job)
 
 
 # ---------------------------------------------------------------- messages
@@ -218,7 +224,7 @@ async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool
     digest = hashlib.sha256(data).hexdigest()
     # An encrypted upload is its own entry: its key must never reach a plain room.
     cache_key = f"e2e:{digest}" if encrypted else digest
-    cached = store.upload_of(cache_key)
+    cached = await store.run(store.upload_of, cache_key)
     if cached is not None:
         url, info = cached
         return Upload(url=url, **{**info, "name": path.name})
@@ -230,12 +236,15 @@ async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool
     if upload.w is None and mime.split("/")[0] in ("video", "audio"):
         probed = await asyncio.to_thread(probe, str(path))
         upload.w, upload.h, upload.duration_ms = probed
-    with store.transaction():
-        info: dict[str, Any] = {"mimetype": mime, "size": len(data), "w": upload.w, "h": upload.h,
-                                "duration_ms": upload.duration_ms}
-        if file_info:
-            info["file"] = file_info
-        store.record_upload(cache_key, url, info)
+    info: dict[str, Any] = {"mimetype": mime, "size": len(data), "w": upload.w, "h": upload.h,
+                            "duration_ms": upload.duration_ms}
+    if file_info:
+        info["file"] = file_info
+
+    def record() -> None:
+        with store.transaction():
+            store.record_upload(cache_key, url, info)
+    await store.run(record)
     return upload
 
 

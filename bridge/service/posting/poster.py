@@ -9,6 +9,7 @@ homeserver hands back the same event instead of posting twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -75,7 +76,7 @@ class Poster:
     async def sync_root(self, root: Path, stop: asyncio.Event | None = None) -> PostReport:
         """Every set under ``root``; a stop is honoured between sets, so a
         SIGTERM in a long first posting does not wait for the last set."""
-        self.tell_moved()
+        await self.tell_moved()
         return await self.sync_dirs(discover(root), stop)
 
     async def sync_dirs(self, set_dirs: Iterable[Path], stop: asyncio.Event | None = None) -> PostReport:
@@ -105,6 +106,19 @@ class Poster:
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
+    # The poster's every store call is a job on the store's thread: with the
+    # database 40 ms away, posting a set held the event loop (/health, every
+    # agent) a second at a time, and with the network to it cut, 18 s.
+    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await self.store.run(fn, *args)
+
+    async def _write(self, fn: Callable[[], Any], *, flush: bool = True) -> Any:
+        """``fn()`` in one store transaction."""
+        def job() -> Any:
+            with self.store.transaction(flush=flush):
+                return fn()
+        return await self.store.run(job)
+
     async def sync_changed(self, root: Path, paths: Iterable[str | Path]) -> PostReport:
         """Only the sets whose questions.json is among ``paths`` (what the folder
         watcher saw change): an edit of one set costs one set, however many
@@ -117,18 +131,18 @@ class Poster:
         refused with that reason.  Should the folder come back, its questions
         are posted again, as new postings.  A folder that is still there but
         can't be read is not gone: its questions stay open."""
-        for folder in self.store.folders_with_open():
+        for folder in await self._read(self.store.folders_with_open):
             if os.path.lexists(folder):
                 continue
             async with self._lock(folder):
                 if os.path.lexists(folder):
                     continue  # back meanwhile
                 log.warning("set folder %s is gone; closing its open questions", folder)
-                for recorded, _poll in self.store.posted_for_set(folder):
+                for recorded, _poll in await self._read(self.store.posted_for_set, folder):
                     if recorded.open:
                         await self._close(recorded, SET_REMOVED, report)
-                with self.store.transaction(flush=False):  # if it comes back, it is read again in full
-                    self.store.delete_meta(f"{SET_SYNCED}{folder}")
+                # If it comes back, it is read again in full.
+                await self._write(functools.partial(self.store.delete_meta, f"{SET_SYNCED}{folder}"), flush=False)
 
     async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
         """``sync_set``, unless the set's questions.json is byte for byte the one
@@ -139,12 +153,11 @@ class Poster:
         async with self._lock(str(set_dir.resolve())):
             fingerprint = _fingerprint(set_dir)
             key = f"{SET_SYNCED}{set_dir.resolve()}"
-            if fingerprint is not None and self.store.get_meta(key) == fingerprint:
+            if fingerprint is not None and await self._read(self.store.get_meta, key) == fingerprint:
                 return
             whole = await self._sync_set(set_dir, report)
             if whole and fingerprint is not None and str(set_dir) not in report.broken:
-                with self.store.transaction():
-                    self.store.set_meta(key, fingerprint)
+                await self._write(functools.partial(self.store.set_meta, key, fingerprint))
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
         async with self._lock(str(set_dir.resolve())):
@@ -167,7 +180,7 @@ class Poster:
     async def _sync_loaded(self, set_dir: Path, qset: QuestionSet, read_as: tuple[int, ...] | None,
                            report: PostReport) -> bool:
         folder = str(set_dir.resolve())
-        owner = self._owner_elsewhere(qset.id, folder)
+        owner = self._owner_elsewhere(qset.id, folder, await self._read(self.store.folders_of_set, qset.id))
         if owner is not None:
             # Postings are a folder's: a second folder under the same id would
             # share the room and the one-pagers with the first.  The first keeps
@@ -186,7 +199,7 @@ class Poster:
                 log.info("set %s changed while it was posted; it is taken again as it is now", set_dir)
                 report.failed.append(set_dir)
                 return False
-            postings = self.store.postings(folder, question.id)
+            postings = await self._read(self.store.postings, folder, question.id)
             latest = postings[0] if postings else None
             if question.is_open:
                 # A posting its quorum decided or its deadline closed is done: it is not posted again.
@@ -203,11 +216,12 @@ class Poster:
                 self._tell_stays(qset.id, latest.room_id, room)
                 # A crash between posting the question and its poll or media: finish the job.
                 await self._ensure_poll(latest)
-                if self.deadlines is not None and self.store.get_meta(f"approval:{latest.event_id}") is None:
-                    await self.deadlines.schedule(latest, self.store.poll_of(latest.event_id))
+                if self.deadlines is not None and \
+                        await self._read(self.store.get_meta, f"approval:{latest.event_id}") is None:
+                    await self.deadlines.schedule(latest, await self._read(self.store.poll_of, latest.event_id))
                 await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
                                            self.transport)
-                if question.media and not self.store.get_meta(f"media_posted:{latest.event_id}"):
+                if question.media and not await self._read(self.store.get_meta, f"media_posted:{latest.event_id}"):
                     prepared = await media.prepare(qset, question, set_dir, self.store, self.transport, room=room)
                     await media.post_in_thread(prepared.messages, latest.event_id, room, self.store, self.transport)
                 for older in postings[1:]:
@@ -217,19 +231,19 @@ class Poster:
                 for posting in postings:
                     if posting.open:
                         await self._close(posting, _closing_words(question, qset), report)
-        for recorded, _poll in self.store.posted_for_set(folder):
+        for recorded, _poll in await self._read(self.store.posted_for_set, folder):
             if recorded.open and recorded.qid not in current:
                 await self._close(recorded, "removed from the set", report)
             elif not recorded.open:
-                why = self.store.get_meta(_UNTOLD + recorded.event_id)
+                why = await self._read(self.store.get_meta, _UNTOLD + recorded.event_id)
                 if why is not None:
                     await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
         return True
 
-    def tell_moved(self) -> None:
+    async def tell_moved(self) -> None:
         """``_tell_stays`` for every set with open questions (at a pass over the
         root: a set unchanged since its last sync is not read again)."""
-        for set_id, posted_in in self.store.open_set_rooms():
+        for set_id, posted_in in await self._read(self.store.open_set_rooms):
             self._tell_stays(set_id, posted_in, self.room_for(set_id))
 
     def _tell_stays(self, set_id: str, posted_in: str, room: str) -> None:
@@ -244,9 +258,11 @@ class Poster:
                     "and move there only when they are revised (or are closed and opened again)",
                     set_id, room, posted_in)
 
-    def _owner_elsewhere(self, set_id: str, folder: str) -> str | None:
-        """Another folder that posted under ``set_id`` first and still holds that set."""
-        for other in self.store.folders_of_set(set_id):
+    @staticmethod
+    def _owner_elsewhere(set_id: str, folder: str, folders: list[str]) -> str | None:
+        """Another folder that posted under ``set_id`` first (``folders``, in
+        the order they did) and still holds that set."""
+        for other in folders:
             if other == folder:
                 return None
             if _holds_set(Path(other), set_id):
@@ -273,25 +289,26 @@ class Poster:
         content = build_question_event(qset, question, elicitation_id=elicitation, media=prepared.uploads,
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
                                        poll=wants_poll(question.kind),
-                                       posted_ms=self._first_posted(folder, question))
+                                       posted_ms=await self._first_posted(folder, question))
         event_id = await self.transport.send(room, "m.room.message", content,
                                              txn_id("post", qset.id, question.id, str(question.rev), digest,
                                                     folder, str(number)))
         recorded = RecordedQuestion(event_id=event_id, room_id=room, set_id=qset.id, content=content)
         replaced = [old for old in replacing if old.open]
         why = f"replaced by revision {question.rev}"
+        def record() -> None:
+            if self.deadlines is not None:
+                for old in replaced:  # before the new posting makes the question's record its own
+                    self.deadlines.keep_record(old, folder)
+            self.store.record_posted(recorded, set_dir=folder, posted_at=self.store.clock.now_ms())
+            for old in replaced:
+                self.store.close_question(old.event_id, why)
+                self.store.set_meta(_UNTOLD + old.event_id, why)
+                if self.on_closed:  # the agent hears of it as of any other close
+                    self.on_closed(old, why)
+
         try:
-            # Flushed: the old posting's close must not be lost once the new one is out.
-            with self.store.transaction():
-                if self.deadlines is not None:
-                    for old in replaced:  # before the new posting makes the question's record its own
-                        self.deadlines.keep_record(old, folder)
-                self.store.record_posted(recorded, set_dir=folder, posted_at=self.store.clock.now_ms())
-                for old in replaced:
-                    self.store.close_question(old.event_id, why)
-                    self.store.set_meta(_UNTOLD + old.event_id, why)
-                    if self.on_closed:  # the agent hears of it as of any other close
-                        self.on_closed(old, why)
+            await self._write(record)  # flushed: the old posting's close must not be lost once the new one is out
         except PostingConflict as exc:
             # The homeserver handed back an event the store already knows (a
             # transaction id reused), or the id is taken: nothing is recorded,
@@ -306,33 +323,37 @@ class Poster:
             log.info("question closed: %s/%s rev %s (%s)", old.set_id, old.qid, old.rev, why)
         await self._ensure_poll(recorded)
         if self.deadlines is not None:
-            await self.deadlines.schedule(recorded, self.store.poll_of(recorded.event_id))
+            await self.deadlines.schedule(recorded, await self._read(self.store.poll_of, recorded.event_id))
         # The background first, the files after it: the thread's summary shows
         # its last message, and a picture or clip says more there.
         await media.post_one_pager(qset, question, set_dir, event_id, room, self.store, self.transport)
         await media.post_in_thread(prepared.messages, event_id, room, self.store, self.transport)
         for old in replaced:
             await self._tell_closed(old, why)
-        if self.on_posted:
-            self.on_posted(recorded)
+        if self.on_posted:  # (the owner of its set kept in the store)
+            await self._read(self.on_posted, recorded)
 
-    def _first_posted(self, folder: str, question: Question) -> int:
+    async def _first_posted(self, folder: str, question: Question) -> int:
         """When this revision was first posted: ``expires`` and ``escalate.after``
         durations count from it.  Kept in the store before the send, so a
         retried post (a crash before its commit) builds the same content, and
         a repost of the same revision keeps its deadline."""
         key = f"{REV_FIRST_POSTED}{folder}\x1f{question.id}\x1f{question.rev}"
-        kept = self.store.get_meta(key)
-        if kept is not None:
-            return int(kept)
-        now = self.store.clock.now_ms()  # deadlines are judged by whichever instance leads (dbclock)
-        with self.store.transaction():
+
+        def kept_or_now() -> int:
+            kept = self.store.get_meta(key)
+            if kept is not None:
+                return int(kept)
+            now = self.store.clock.now_ms()  # deadlines are judged by whichever instance leads (dbclock)
             self.store.set_meta(key, str(now))
-        return now
+            return now
+
+        return await self._write(kept_or_now)
 
     async def _ensure_poll(self, recorded: RecordedQuestion) -> None:
         """Post the question's poll once (the transaction id makes a retry the same event)."""
-        if self.store.poll_of(recorded.event_id) or self.store.get_meta(_NO_POLL + recorded.event_id):
+        if await self._read(self.store.poll_of, recorded.event_id) or \
+                await self._read(self.store.get_meta, _NO_POLL + recorded.event_id):
             return
         content = poll_start(recorded)
         if content is None:
@@ -348,11 +369,11 @@ class Poster:
             # other questions are posted; retrying would never work.
             log.warning("poll for %s/%s not posted (%s); it is answered by reply or reaction there",
                         recorded.set_id, recorded.qid, exc)
-            with self.store.transaction(flush=False):
-                self.store.set_meta(_NO_POLL + recorded.event_id, str(getattr(exc, "status", "")))
+            await self._write(functools.partial(self.store.set_meta, _NO_POLL + recorded.event_id,
+                                                str(getattr(exc, "status", ""))), flush=False)
             return
-        with self.store.transaction(flush=False):  # as for the question: a lost record re-sends the same poll
-            self.store.set_poll(recorded.event_id, poll_id)
+        # As for the question: a lost record re-sends the same poll.
+        await self._write(functools.partial(self.store.set_poll, recorded.event_id, poll_id), flush=False)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
@@ -360,11 +381,13 @@ class Poster:
         # Telling the room is owed until it is done (a crash or a refused send
         # in between leaves the word pending, and the next pass over the set
         # says it, under the same transaction ids).
-        with self.store.transaction():
+        def close() -> None:
             self.store.close_question(recorded.event_id, why)
             self.store.set_meta(_UNTOLD + recorded.event_id, why)
             if self.on_closed:
                 self.on_closed(recorded, why)
+
+        await self._write(close)
         report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
         log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
         await self._tell_closed(recorded, why)
@@ -386,19 +409,21 @@ class Poster:
         sent_id = await self.transport.send(recorded.room_id, "m.room.message", content,
                                             txn_id("close", recorded.event_id))
         # The question's own message says so too: its "To answer" line becomes "Closed".
+        closed_at = await self._read(self.store.clock.now_ms)
         await self.transport.send(recorded.room_id, "m.room.message",
-                                  closed_replacement(recorded.event_id, recorded.content, why,
-                                                     self.store.clock.now_ms()),
+                                  closed_replacement(recorded.event_id, recorded.content, why, closed_at),
                                   txn_id("close-edit", recorded.event_id))
-        poll = self.store.poll_of(recorded.event_id)
+        poll = await self._read(self.store.poll_of, recorded.event_id)
         if poll:
             # Votes after this are refused anyway (the question is closed); ending
             # the poll shows the person so before they vote.
             await self.transport.send(recorded.room_id, POLL_END, poll_end(poll, why), txn_id("poll-end", poll))
-        with self.store.transaction(flush=False):  # a lost mark only says the same again, same transaction ids
+        def told() -> None:
             self.store.delete_meta(_UNTOLD + recorded.event_id)
             if isinstance(sent_id, str):  # a reply to the close notice is refused as question_closed, not ignored
                 self.store.record_sent(sent_id, recorded.room_id, question_event_id=recorded.event_id, kind="closed")
+
+        await self._write(told, flush=False)  # a lost mark only says the same again, same transaction ids
 
 
 # Meta key prefix: a closed question whose room has not been told yet (value: why).
