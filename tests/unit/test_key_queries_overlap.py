@@ -73,3 +73,36 @@ async def test_a_late_failed_query_does_not_unsettle_someone_a_later_one_answere
         assert not client.users_for_key_query  # nio will not ask about her again
     finally:
         store.close()
+
+
+async def test_a_send_to_a_room_without_the_slow_person_waits_for_none_of_their_query(tmp_path: Path) -> None:
+    """Bob's homeserver takes 25 s to answer for his devices.  Every encrypted
+    send (an acknowledgement in a room Bob never joined, too) waited for that
+    query, and for the cross-signing query after it: 48 s.  A send waits only
+    for its own room's people; Bob's query goes on behind it."""
+    from nio.rooms import MatrixRoom
+
+    store = Store(tmp_path / "bridge.sqlite")
+    client = _Client()
+    client.rooms = {}
+    for room_id, members in (("!his:example.org", (PERSON, "@ana:example.org")), ("!hers:example.org",
+                                                                                  ("@ana:example.org",))):
+        room = MatrixRoom(room_id, client.user_id, encrypted=True)
+        room.members_synced = True
+        for member in members:
+            room.add_member(member, None, None)
+        client.rooms[room_id] = room
+    crypto = Crypto(client, store, Encryption(trust="all"))  # type: ignore[arg-type]
+    slow = asyncio.Event()
+    client.answers = [(slow, KeysQueryResponse(device_keys={PERSON: {}}, failures={}))]
+    try:
+        assert await asyncio.wait_for(crypto.before_send("!hers:example.org"), 2) is True
+        his = asyncio.ensure_future(crypto.before_send("!his:example.org"))
+        await asyncio.sleep(0.1)
+        assert not his.done()  # his room's send waits for his devices
+        slow.set()
+        assert await asyncio.wait_for(his, 2) is True
+        assert not client.users_for_key_query
+    finally:
+        await crypto.close()
+        store.close()

@@ -62,6 +62,12 @@ def crypto_dir(store_path: Path) -> Path:
     return store_path.with_name(store_path.name + ".crypto")
 
 
+def _said_if_failed(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("key chores left running behind a send failed (%s); the next send or sync tries again",
+                    task.exception())
+
+
 class Crypto(Receiving):
     """The bridge's encryption state around one nio client with olm loaded."""
 
@@ -87,6 +93,8 @@ class Crypto(Receiving):
         # encrypted messages wait rather than being judged on devices unread.
         self._devices_unanswered: set[str] = set()
         self._querying = asyncio.Lock()
+        self._queried: set[str] = set()  # whom the query under way asks about
+        self._behind: asyncio.Future[None] | None = None  # key chores another room's send left running
         self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
         self._undecrypted_said: set[Any] = set()  # kept events ``_not_decrypted`` spoke of
         # The last look at the kept events found none, and none was kept
@@ -123,9 +131,10 @@ class Crypto(Receiving):
                       "verified by their owner will not show its messages", exc)
 
     async def close(self) -> None:
-        if self._signing is not None and not self._signing.done():
-            self._signing.cancel()
-            await asyncio.gather(self._signing, return_exceptions=True)
+        for task in (self._signing, self._behind):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     # -- rooms ----------------------------------------------------------
 
@@ -163,8 +172,32 @@ class Crypto(Receiving):
         if not room.members_synced or room_id in self._members_changed:
             self._members_changed.discard(room_id)
             await self.client.joined_members(room_id)
-        await self.maintain()
+        members = set(room.users)
+        if self._keys_wanted(members):
+            await self.maintain()
+        else:
+            # Someone elsewhere waits for a key query (their homeserver slow or
+            # away): it goes on behind, and this room's send waits for none of
+            # it.  One slow person held every encrypted send in every room for
+            # twice their query's time.
+            self._maintain_behind()
+            await self.maintain(only=members)
         return True
+
+    def _keys_wanted(self, members: set[str]) -> bool:
+        """Whether one of ``members`` has devices or cross-signing keys to be asked about (or being asked about)."""
+        client = self.client
+        wanted = set(client.users_for_key_query) | self._queried if client.olm is not None else set()
+        if self.settings.trust == "cross-signed" and self.cross_signing is not None:
+            wanted |= {user for user in members if not self.cross_signing.known(user)
+                       or self.cross_signing.is_pending(user)}
+        return bool(members & wanted)
+
+    def _maintain_behind(self) -> None:
+        if self._behind is not None and not self._behind.done():
+            return
+        self._behind = asyncio.ensure_future(self.maintain())
+        self._behind.add_done_callback(_said_if_failed)
 
     async def read_changed_members(self) -> None:
         """The members of rooms ``members_changed`` named, read now: their
@@ -246,12 +279,24 @@ class Crypto(Receiving):
 
     # -- key chores and trust -------------------------------------------
 
-    async def maintain(self) -> None:
-        """What nio's sync_forever does between syncs, then the trust policy."""
+    async def maintain(self, only: set[str] | None = None) -> None:
+        """What nio's sync_forever does between syncs, then the trust policy.
+        ``only``: the members of the room a send is for, none of whom is to be
+        asked about: no query, and one-time keys claimed for them alone."""
         client = self.client
         if client.olm is None:
             return
         await self.upload_keys()
+        if only is not None:
+            if client.should_claim_keys:
+                wanted = {user: devices for user, devices in client.get_users_for_key_claiming().items()
+                          if user in only}
+                if wanted:
+                    await client.keys_claim(wanted)
+            if client.outgoing_to_device_messages:
+                await client.send_to_device_messages()
+            self.apply_trust()
+            return
         outdated: set[str] = set()
         # One query at a time (a send's chores run beside the loop's): a
         # query that failed after a later one answered for someone would
@@ -259,7 +304,11 @@ class Crypto(Receiving):
         async with self._querying:
             if client.should_query_keys:
                 outdated = set(client.users_for_key_query)
-                response = await client.keys_query()
+                self._queried = set(outdated)
+                try:
+                    response = await client.keys_query()
+                finally:
+                    self._queried = set()
                 # nio changes nothing of someone left out of the answer and asks
                 # them again with the next query; until then they are not known.
                 data = {"device_keys": response.device_keys, "failures": response.failures} \
