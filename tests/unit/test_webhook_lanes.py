@@ -12,6 +12,7 @@ import socket
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -249,6 +250,24 @@ async def test_a_receiver_answering_with_a_huge_body_gets_its_connection_closed_
         store.close()
 
 
+async def fine_answered(hook: OutboxHook, store: Store, tmp_path: Path, receiver: Receiver) -> tuple[float, Any]:
+    """The set "fine" answered: how long its webhook took to arrive, and what arrived."""
+    sent = time.monotonic()
+    answered(hook, store, tmp_path / "sets", "fine", "$fine")
+    (taken,) = await receiver.wait_for(1, timeout=60)
+    return time.monotonic() - sent, taken
+
+
+async def ended(stop: asyncio.Event, task: asyncio.Future, receiver: Receiver, silents: list[Silent],
+                store: Store) -> None:
+    stop.set()
+    await task
+    await receiver.close()
+    for silent in silents:
+        await silent.close()
+    store.close()
+
+
 async def test_one_agent_naming_many_silent_urls_delays_no_other_agents_webhook(tmp_path: Path, monkeypatch) -> None:
     # Per-URL lanes did not help when one agent named many URLs: their
     # deliveries filled every slot in flight, and another agent's webhook
@@ -268,19 +287,11 @@ async def test_one_agent_naming_many_silent_urls_delays_no_other_agents_webhook(
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
         await until(lambda: sum(s.connections for s in silents) >= 4, what="the silent URLs were never tried")
-        sent = time.monotonic()
-        answered(hook, store, tmp_path / "sets", "fine", "$fine")
-        (taken,) = await receiver.wait_for(1, timeout=30)
-        took = time.monotonic() - sent
+        took, taken = await fine_answered(hook, store, tmp_path, receiver)
         assert took < 5.0, f"the other agent's webhook took {took:.1f} s behind one agent's silent URLs"
         assert taken["body"]["set"] == "fine"
     finally:
-        stop.set()
-        await task
-        await receiver.close()
-        for silent in silents:
-            await silent.close()
-        store.close()
+        await ended(stop, task, receiver, silents, store)
 
 
 async def test_an_agents_failing_callbacks_leave_room_for_its_own_healthy_ones(tmp_path: Path, monkeypatch) -> None:
@@ -312,19 +323,11 @@ async def test_an_agents_failing_callbacks_leave_room_for_its_own_healthy_ones(t
     try:
         # Every silent URL has timed out once: none of them is news any more.
         await until(lambda: deliverer.failed._value.get() >= len(silents), what="the silent URLs timed out")
-        sent = time.monotonic()
-        answered(hook, store, tmp_path / "sets", "fine", "$fine")
-        (taken,) = await receiver.wait_for(1, timeout=60)
-        took = time.monotonic() - sent
+        took, taken = await fine_answered(hook, store, tmp_path, receiver)
         assert took < 1.0, f"the agent's healthy webhook took {took:.1f} s behind its own silent callbacks"
         assert taken["body"]["set"] == "fine" and taken["good"]
     finally:
-        stop.set()
-        await task
-        await receiver.close()
-        for silent in silents:
-            await silent.close()
-        store.close()
+        await ended(stop, task, receiver, silents, store)
 
 
 def test_an_answer_read_late_that_does_not_stand_says_so_with_the_record_that_does(tmp_path: Path) -> None:
