@@ -39,7 +39,7 @@ from bridge.service.auditing.checkpoints import Checkpointer, open_log
 from bridge.service.auditing.keys import LogKeyError
 from bridge.service.descriptors import raise_to_hard_limit
 from bridge.service.supervisor import Supervisor
-from bridge.wholefile import TEMP_MARK, remove_stray_folders
+from bridge.wholefile import STRAY_SECONDS, TEMP_MARK, remove_stray_folders
 
 # What only posting, the folder watch, encryption or appservice mode needs is
 # imported where it is first used: the first sync (and the answers waiting in
@@ -267,6 +267,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                                                                          ops.on_set_changed, room_ids.news), stop),
                                  supervise("deadlines", lambda: poster.deadlines.run(
                                      stop, after=getattr(front, "looked_back", None)), stop),
+                                 supervise("strays", lambda: keep_removing_strays(config.sets.root, stop), stop),
                                  return_exceptions=True)
 
         # The transport, the folder watch and the joining run under the
@@ -327,6 +328,16 @@ def remove_strays(root: Path) -> None:
     if root.is_dir():
         for name in remove_stray_folders(root):
             log.info("removed the folder %s, left in %s by a writer that died", name, root)
+
+
+async def keep_removing_strays(root: Path, stop: asyncio.Event) -> None:
+    """``remove_strays`` every STRAY_SECONDS: a temp file another machine's
+    writer left (a leader killed mid-write) is kept at the start, while that
+    writer may still be alive, and was then left until the next start."""
+    while not stop.is_set():
+        await any_set([stop], STRAY_SECONDS)
+        if not stop.is_set():
+            await asyncio.to_thread(remove_strays, root)
 
 
 async def keep_sets(poster: Poster, root: Path, stop: asyncio.Event, posted: asyncio.Event,

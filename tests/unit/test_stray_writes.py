@@ -79,3 +79,35 @@ def test_what_an_agents_write_killed_midway_left_is_removed_at_the_next_start_an
             writer.join()
     remove_strays(tmp_path)
     assert _listing(tmp_path) == sorted([*before, f"{SET_ID}/.answers.lock"])  # removed under the set's lock
+
+
+def test_a_temp_file_of_another_machines_writer_is_removed_once_old_without_a_restart(tmp_path, monkeypatch):
+    """A leader on another machine killed mid-write left its temp file; the
+    new leader keeps it at its start (that writer may still be alive, its
+    file under 5 minutes old) and it stayed until some instance started
+    again.  It goes once old, while the bridge runs."""
+    from bridge.service import app
+
+    folder = tmp_path / "sets" / "plan"
+    folder.mkdir(parents=True)
+    (folder / "questions.json").write_text("{}")
+    stray = folder / "answers.json.askwright-tmp.machine-a.4242"
+    stray.write_text("{")
+    app.remove_strays(tmp_path / "sets")
+    assert stray.exists()  # young: its writer may still be at it
+    long_ago = time.time() - 400
+    os.utime(stray, (long_ago, long_ago))
+    monkeypatch.setattr(app, "STRAY_SECONDS", 0.05)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(app.keep_removing_strays(tmp_path / "sets", stop))
+        for _ in range(100):
+            if not stray.exists():
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await task
+
+    asyncio.run(run())
+    assert not stray.exists()
