@@ -39,8 +39,8 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     result = tally(casts, required=required, veto=veto, expires_ms=posting.expires_ms,
                    expired=expired and posting.expires_ms is not None)
     if result.state is None:
-        if ours is None or ours.get("state") != ANSWERED:
-            return base  # nothing stands, "not sure" (no vote, no pick to act on), or an earlier revision's
+        if base is None or base.get("state") != ANSWERED:
+            return base  # nothing stands, or "not sure": no vote, and no pick to act on
         # A standing pick that is no vote ("other"): the person's words are
         # kept, and the question is as undecided as before it.
         result = Tally(PENDING, [])

@@ -387,6 +387,25 @@ def test_an_answer_that_stood_at_the_deadline_stays_when_taken_back_after_it(tmp
     assert room.verify() == []
 
 
+def test_a_vote_on_a_replaced_revision_read_late_is_no_decision(tmp_path):
+    """A 2-of-3 approval expired with no vote and the agent asked again
+    (revision 2).  Then a vote placed before the first deadline arrived
+    (its server had been cut off): the record became a plain "answered",
+    an expired approval read as consent, with no votes and nobody deciding."""
+    room = room_with(tmp_path, expires="45s")
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "expired"
+    _revise(room, deadlines)
+    room.deliver([answer("$late", CY, T0 + 30_000, "main")])  # to revision 1, in time, read now
+    record = room.record()
+    assert record["state"] != "answered" and "choice" not in record, record  # never consent
+    assert room.verify() == []
+
+
 def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
     deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
