@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bridge.answers.document import AnswersError, mirror_records, record_problem
-from bridge.answers.file import AnswersFile, LockBusy
+from bridge.answers.file import ANSWERS_NAME, AnswersFile, LockBusy
 from bridge.protocol.approval_record import outcome_mark, outcome_of
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.store import FlushView, Store
@@ -83,7 +83,7 @@ class FolderFlush:
         for (set_dir, set_id), qids in by_set.items():
             if held.get(set_dir, 0) > now_ms and not self._first_flush:
                 continue  # held back, and not due for another try yet (a start tries them all)
-            problem = self._write_set(set_dir, set_id, qids, now, records)
+            problem = self._write_set(set_dir, set_id, qids, now, records, held=set_dir in held)
             if problem is None:
                 written.extend((set_dir, set_id, qid) for qid in qids)
             else:
@@ -165,11 +165,17 @@ class FolderFlush:
         return bool(self.store.held_sets())
 
     def _write_set(self, set_dir: str, set_id: str, qids: list[str], now: str,
-                   known: dict[tuple[str, str], dict[str, Any] | None]) -> str | None:
+                   known: dict[tuple[str, str], dict[str, Any] | None], held: bool = False) -> str | None:
         """Write one set's dirty records (those in ``known`` as read there);
-        the reason when the folder can't take them."""
+        the reason when the folder can't take them.  ``held``: the set was
+        held back (its folder could not be written)."""
         if os.path.islink(set_dir):
             return "the set folder is now a symlink; the bridge does not write through it"
+        if held and not os.path.lexists(os.path.join(set_dir, ANSWERS_NAME)):
+            # Moved aside by an operator mending a corrupt one, as the docs
+            # say: written anew whole, not with the dirty records alone,
+            # which lost every answer accepted before.
+            qids = list(dict.fromkeys([*qids, *self.store.recorded_qids(set_dir)]))
         records = {qid: known[(set_dir, qid)] if (set_dir, qid) in known else self.store.projection(set_dir, qid)
                    for qid in qids}
         for attempt in range(2):

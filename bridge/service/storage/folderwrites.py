@@ -90,6 +90,12 @@ class FolderWrites:
             " next_try=excluded.next_try", (set_dir, set_id, reason, now_ms, attempts, now_ms + delay))
         return attempts
 
+    def recorded_qids(self, set_dir: str) -> list[str]:
+        """Every question of the folder the answer log holds anything for."""
+        return [qid for (qid,) in self.db.execute(
+            "SELECT DISTINCT qid FROM answer_log WHERE set_dir=? AND qid IS NOT NULL ORDER BY qid",
+            (set_dir,)).fetchall()]
+
     def release_set(self, set_dir: str) -> bool:
         return self.db.execute("DELETE FROM held_set WHERE set_dir=?", (set_dir,)).rowcount > 0
 
