@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
@@ -40,7 +41,13 @@ def set_paths(path: str | os.PathLike[str]) -> tuple[str, str]:
 def read_questions(file: str) -> dict:
     """The parsed object in questions.json; LoadError for anything unreadable."""
     try:
-        with open(file, "rb") as handle:
+        # Opened without waiting: a FIFO (or a device) under that name held
+        # whoever read it (`!ask status` froze the bridge's event loop) until
+        # someone wrote into it.  Only a regular file is a questions.json.
+        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        with open(descriptor, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise LoadError(f"{file} is not a regular file")
             data = handle.read(MAX_QUESTIONS_BYTES + 1)
     except FileNotFoundError:
         raise LoadError(f"{file} does not exist") from None

@@ -270,3 +270,26 @@ def test_a_byte_order_mark_some_editors_write_is_passed_over(tmp_path: Path,
     folder = write_set(tmp_path / "s", b"\xef\xbb\xbf" + json.dumps(CLEAN).encode())
     code, out = lint_json(capsys, str(folder))
     assert (code, out["ok"], out["set"]) == (0, True, "tiny")
+
+
+def test_a_questions_json_that_is_a_fifo_is_refused_at_once_not_waited_on(tmp_path, capsys):
+    # `!ask status` read it with a plain open() on the event loop: the whole
+    # bridge froze until someone wrote into the FIFO; the CLI hung too.
+    import os
+    import threading
+
+    from bridge.cli import main
+
+    folder = tmp_path / "set"
+    folder.mkdir()
+    os.mkfifo(folder / "questions.json")
+    done: list[int] = []
+    reader = threading.Thread(target=lambda: done.append(main(["lint", str(folder)])), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # unblock the stuck reader so the suite goes on, then fail
+        with open(folder / "questions.json", "wb") as fifo:
+            fifo.write(b"{}")
+        reader.join(10)
+        raise AssertionError("lint waited on a FIFO named questions.json")
+    assert done == [2] and "not a regular file" in capsys.readouterr().err
