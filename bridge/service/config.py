@@ -104,7 +104,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 def _host_port(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
-    return host or "127.0.0.1", int(port)
+    # An IPv6 address is written in brackets ([::1]:9464); it is bound without them.
+    return host.removeprefix("[").removesuffix("]") or "127.0.0.1", int(port)
 
 
 def _check_listen(value: str) -> None:
@@ -121,6 +122,12 @@ class Appservice(Section):
     sender_localpart: str = "askbot"
     as_token: str | None = None
     hs_token: str | None = None
+
+    def check(self) -> None:
+        # Read at the start; unchecked, a bad one stopped the bridge with a traceback.
+        _check_listen(self.listen)
+        if not self.url.startswith(("http://", "https://")):
+            raise Invalid("must start with http:// or https:// (where the homeserver reaches the bridge)", "url")
 
     @property
     def listen_host_port(self) -> tuple[str, int]:
@@ -353,6 +360,8 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Conf
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: the config file is not UTF-8 (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -370,11 +379,18 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
             raw.setdefault(section, {})
             if isinstance(raw[section], dict):
                 raw[section][key] = environ[var]
-    _agent_secrets(raw, environ)
+    _agent_secrets(raw, environ, source)
     try:
         config = Config.read(raw)
     except Invalid as exc:
         raise ConfigError(f"{source}: {'.'.join(exc.path) or '(top level)'}: {exc.message}") from None
+    tokens: dict[str, str] = {}
+    for name, agent in config.agents.items():
+        if agent.token in tokens:
+            # The token is who the agent is: the second was taken for the first.
+            raise ConfigError(f"{source}: agents.{name}.token is the token of agents.{tokens[agent.token]} too: "
+                              "each agent needs its own")
+        tokens[str(agent.token)] = name
     # Relative paths are relative to the config file, not the working directory.
     config.sets.root = (base_dir / config.sets.root).resolve()
     config.store.path = (base_dir / config.store.path).resolve()
@@ -385,13 +401,18 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
     return config
 
 
-def _agent_secrets(raw: dict[str, Any], environ: dict[str, str]) -> None:
+def _agent_secrets(raw: dict[str, Any], environ: dict[str, str], source: str = "config") -> None:
     """ASKWRIGHT_BRIDGE_AGENT_<NAME>_TOKEN and ..._WEBHOOK_SECRET for each agent named in the file."""
     agents = raw.get("agents")
     if not isinstance(agents, dict):
         return
+    named: dict[str, str] = {}
     for name, section in list(agents.items()):
         prefix = agent_env_prefix(str(name))
+        if prefix in named:
+            raise ConfigError(f"{source}: agents: {named[prefix]!r} and {name!r} share the environment variables {prefix}…: "
+                              "rename one (their secrets would be taken for both)")
+        named[prefix] = str(name)
         for key in ("token", "webhook_secret"):
             value = environ.get(prefix + key.upper())
             if value:

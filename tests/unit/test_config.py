@@ -108,6 +108,10 @@ def test_run_names_the_bad_key(tmp_path, capsys):
     ({"logging": None}, "logging", "mapping"),
     ({"store": {"path": 5}}, "store.path", "path"),
     ({"reminders": {"every": "often"}}, "reminders.every", "duration"),
+    # Unchecked, these stopped the start with a traceback (exit 1).
+    ({"appservice": {"listen": "garbage"}}, "appservice.listen", "host:port"),
+    ({"appservice": {"listen": "127.0.0.1:99999"}}, "appservice.listen", "host:port"),
+    ({"appservice": {"url": "nope"}}, "appservice.url", "http://"),
 ])
 def test_a_value_of_the_wrong_kind_names_its_key_and_what_it_takes(tmp_path, extra, where, words):
     with pytest.raises(ConfigError) as caught:
@@ -141,3 +145,30 @@ def test_a_wait_timeout_that_is_not_a_number_says_so(tmp_path, capsys):
     with pytest.raises(SystemExit) as caught:
         main(["wait", str(tmp_path), "--timeout", "nan"])
     assert caught.value.code == 2 and "not a number of seconds: 'nan'" in capsys.readouterr().err
+
+
+def test_a_config_that_is_not_utf8_is_one_line_and_exit_2_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(yaml.safe_dump(GOOD).encode() + "# caf\u00e9\n".encode("latin-1"))
+    assert main(["run", "-c", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not UTF-8" in err
+
+
+def test_two_agents_with_one_token_or_one_environment_name_are_refused(tmp_path):
+    # The second was authenticated as the first: it saw the first's sets, never its own.
+    same = {**GOOD, "agents": {"planner": {"token": "the-same-token-0123456789"},
+                               "other": {"token": "the-same-token-0123456789"}}}
+    with pytest.raises(ConfigError, match="agents.other.token is the token of agents.planner"):
+        parse_config(same, base_dir=tmp_path, environ={})
+    # release-agent and release.agent both read ASKWRIGHT_BRIDGE_AGENT_RELEASE_AGENT_TOKEN.
+    alike = {**GOOD, "agents": {"release-agent": {"token": "first-token-0123456789"},
+                                "release.agent": {"token": "second-token-0123456789"}}}
+    with pytest.raises(ConfigError, match="share the environment variables ASKWRIGHT_BRIDGE_AGENT_RELEASE_AGENT_"):
+        parse_config(alike, base_dir=tmp_path, environ={})
+
+
+def test_a_listen_address_in_brackets_is_bound_without_them(tmp_path):
+    config = parse_config({**GOOD, "metrics": {"enabled": True, "listen": "[::1]:9464"}}, base_dir=tmp_path,
+                          environ={})
+    assert config.metrics.listen_host_port == ("::1", 9464)
