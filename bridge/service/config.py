@@ -108,9 +108,9 @@ def _host_port(listen: str) -> tuple[str, int]:
     return host.removeprefix("[").removesuffix("]") or "127.0.0.1", int(port)
 
 
-def _check_listen(value: str) -> None:
+def _check_listen(value: str, lowest: int = 1) -> None:
     _host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isdigit() or not lowest <= int(port) < 65536:
         raise Invalid("must be host:port, such as 127.0.0.1:9464", "listen")
 
 
@@ -125,7 +125,7 @@ class Appservice(Section):
 
     def check(self) -> None:
         # Read at the start; unchecked, a bad one stopped the bridge with a traceback.
-        _check_listen(self.listen)
+        _check_listen(self.listen, lowest=0)  # (0: any free port, which tests use)
         if not self.url.startswith(("http://", "https://")):
             raise Invalid("must start with http:// or https:// (where the homeserver reaches the bridge)", "url")
 
