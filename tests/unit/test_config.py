@@ -172,3 +172,12 @@ def test_a_listen_address_in_brackets_is_bound_without_them(tmp_path):
     config = parse_config({**GOOD, "metrics": {"enabled": True, "listen": "[::1]:9464"}}, base_dir=tmp_path,
                           environ={})
     assert config.metrics.listen_host_port == ("::1", 9464)
+
+
+def test_run_with_a_sets_root_that_is_not_there_names_it_and_exits_2(tmp_path, capsys):
+    # It started, said it was ready, and its folder watch crash-looped with
+    # "No path was found", naming no key.
+    path = write(tmp_path, {**GOOD, "sets": {"root": str(tmp_path / "not-here")}})
+    assert main(["run", "-c", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sets.root" in err and "not-here" in err
