@@ -312,3 +312,26 @@ async def test_health_says_when_the_homeserver_cannot_reach_the_bridge_until_it_
     async with Relay((registered.hostname, registered.port), f"http://127.0.0.1:{port}"):
         await until(lambda: "homeserver_cannot_reach_bridge" not in health(), timeout=60, every=0.5)
     bridge.check_alive()
+
+
+async def test_a_restart_into_quiet_rooms_is_ready_without_a_push(bridge):
+    """Only a pushed transaction made the bridge ready: restarted into rooms
+    where nobody says anything, /health stayed 503 "ready": false for good,
+    and a readiness check gating the homeserver's pushes never let it in."""
+    import json as json_lib
+    import urllib.error
+    import urllib.request
+
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(endpoint(bridge, "/health"), timeout=5) as reply:
+                return bool(json_lib.loads(reply.read()).get("ready"))
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    await started(bridge)
+    await until(ready, timeout=60, every=0.5)
+    assert bridge.stop() == 0
+    bridge.start()
+    await until(ready, timeout=30, every=0.5)
+    bridge.check_alive()

@@ -435,6 +435,8 @@ class AppserviceFront:
                           pipeline.load_members, server.one_at_a_time, stop)
         server.catchup = catchup
         catchup.looked = self.looked_back
+        if self.ops is not None:
+            catchup.on_caught_up = self.ops.mark_ready
         server.open(rooms, notices)
         tasks = [notifier]
         try:

@@ -109,6 +109,10 @@ class CatchUp:
         # Set once the first look since this start is done (found or failed):
         # what the rooms hold that no transaction brought is judged by then.
         self.looked = asyncio.Event()
+        # Told after the first look that read every room: the bridge is caught
+        # up then, whether or not the homeserver pushes anything (a restart into
+        # quiet rooms stayed "not ready" for good, waiting for a transaction).
+        self.on_caught_up: Callable[[], None] | None = None
 
     def suspect_gap(self) -> None:
         """Look again once transactions have gone quiet, off the request path;
@@ -148,6 +152,8 @@ class CatchUp:
             try:
                 async with self.lock:
                     await self.sweep()
+                if self.on_caught_up is not None:
+                    self.on_caught_up()
             except Exception as exc:  # noqa: BLE001 - the next look tries again
                 log.warning("looking for events the homeserver did not push failed (%s); trying again shortly",
                             str(exc) or type(exc).__name__)
