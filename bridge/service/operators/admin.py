@@ -142,7 +142,7 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
         rows = collect(ctx.sets_root, ctx.store.posted_question_counts(), ctx.store.highest_posted_revs())
         table = format_table(rows)
         troubled = format_tasks(ctx.tasks(), troubled_only=True) if ctx.tasks is not None else ""
-        return (table + format_held(held_back(ctx.store)) + troubled).rstrip("\n")
+        return within_one_message((table + format_held(held_back(ctx.store)) + troubled).rstrip("\n"))
     set_dir = find_set(ctx.sets_root, command.set_id or "")
     if set_dir is None:
         return f"There is no set “{command.set_id}” in the bridge's sets folder."
@@ -325,6 +325,26 @@ class AdminDispatcher:
             self.queue.remove(pending)
             self.replies.pop(pending.event_id, None)
         return answered
+
+
+# What a reply may hold, in UTF-8 bytes: it goes as text and as HTML, and a
+# Matrix event is at most 65,536 bytes.  With some 400 sets the status table
+# passed it: the homeserver refused the reply and the admin heard nothing.
+REPLY_BYTES = 24_000
+
+
+def within_one_message(text: str, limit: int = REPLY_BYTES) -> str:
+    """``text``, its lines cut where it would not fit in one message, saying so."""
+    if len(text.encode()) <= limit:
+        return text
+    lines, kept, size = text.split("\n"), [], 0
+    for line in lines:
+        size += len(line.encode()) + 1
+        if size > limit - 200:
+            break
+        kept.append(line)
+    return "\n".join(kept) + (f"\n… and {len(lines) - len(kept)} more lines, too many for one message: "
+                              "`askwright-bridge status -c CONFIG` prints them all.")
 
 
 def poster_post_set(poster: Any) -> Callable[[Path], Awaitable[str]]:
