@@ -35,3 +35,17 @@ def test_an_answer_is_stamped_by_the_stores_clock_which_a_cluster_shares(tmp_pat
     room.store.clock = type("Shared", (), {"now_ms": staticmethod(lambda: 1_800_000_000_123)})()
     room.deliver([answer("$a1", "@alice:hs", 1000, "main")])
     assert room.record()["updated"] == "2027-01-15T08:00:00.123Z"
+
+
+def test_each_answer_accepted_or_refused_is_one_log_line(tmp_path, caplog) -> None:
+    # operators.md promises it; the metrics counted them, and the log said nothing.
+    import logging
+
+    from helpers.timeline import Room, answer
+
+    room = Room(tmp_path)
+    with caplog.at_level(logging.INFO, logger="bridge.service.answering.pipeline"):
+        room.deliver([answer("$a1", "@alice:hs", 1000, "main"), answer("$x1", "@mallory:elsewhere", 1001, "main")])
+    lines = [r.getMessage() for r in caplog.records if r.name == "bridge.service.answering.pipeline"]
+    assert any(line.startswith("accepted $a1 from @alice:hs to ") for line in lines), lines
+    assert any(line.startswith("refused $x1 from @mallory:elsewhere to ") and "(" in line for line in lines), lines

@@ -491,6 +491,9 @@ class Pipeline(FolderFlush):
             result.refused += 1
         else:
             result.accepted += 1
+        # The one line per answer operators.md promises (the metrics count them; the log says which).
+        log.info("%s %s from %s to %s/%s%s", entry.outcome, entry.event_id, entry.sender, entry.set_id or "-",
+                 entry.qid or "-", f" ({entry.reason})" if entry.reason else "")
         self.store.log(entry)
         if self.on_logged:
             self.on_logged(entry)
