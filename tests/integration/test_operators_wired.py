@@ -67,8 +67,8 @@ async def test_metrics_and_health_move_during_a_run(bridge):
             silent is not None and 0 <= silent < 31 and \
             {name: task["state"] for name, task in tasks.items()} == {
                 "transport": "running", "notices": "running", "sets": "running", "joining": "finished",
-                "commands": "running", "deadlines": "running", "checkpoints": "running", "held-back": "running",
-                "downloads": "running"}
+                "commands": "running", "deadlines": "running", "strays": "running", "checkpoints": "running",
+                "held-back": "running", "downloads": "running"}
     await until(ready, what="ready /health")
 
     # Ready means answers are taken; the first posting may still be finishing
