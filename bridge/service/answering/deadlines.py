@@ -93,7 +93,7 @@ class Deadlines:
         if not wants_tracking(question):
             return
         # On the store's thread, as all the poster's store work: posting never holds the event loop.
-        await self.store.run(self._in_transaction, self.store.set_meta, TRACKED + question.event_id, "1")
+        await self.store.run_written(self.store.set_meta, TRACKED + question.event_id, "1")
         send_delayed = getattr(self.transport, "send_delayed", None)
         if send_delayed is None:
             return
@@ -102,10 +102,6 @@ class Deadlines:
             await self._schedule(question, poll_id, send_delayed)
         finally:
             self._handing.discard(question.event_id)
-
-    def _in_transaction(self, fn: Any, *args: Any) -> None:
-        with self.store.transaction():
-            fn(*args)
 
     async def _schedule(self, question: RecordedQuestion, poll_id: str | None, send_delayed: Any) -> None:
         delays = await self.store.run(self._delays, question.event_id)
@@ -137,15 +133,14 @@ class Deadlines:
                 return  # no delayed events here: the pass does it all
             delays[what] = delay_id
             log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
-            await self.store.run(self._kept_delay, question.event_id, what, dict(delays), closing)
+            await self.store.run_written(self._kept_delay, question.event_id, what, dict(delays), closing)
 
     def _kept_delay(self, event_id: str, what: str, delays: dict[str, str], closing: str) -> None:
-        with self.store.transaction():
-            self.store.set_meta(DELAYS + event_id, json.dumps(delays))
-            if what == "edit":
-                self.store.set_meta(CLOSING + event_id, json.dumps({"words": closing, "gen": 0}))
-            if what == "escalate":
-                self.store.set_meta(ESCALATED + event_id, "delayed")
+        self.store.set_meta(DELAYS + event_id, json.dumps(delays))
+        if what == "edit":
+            self.store.set_meta(CLOSING + event_id, json.dumps({"words": closing, "gen": 0}))
+        if what == "escalate":
+            self.store.set_meta(ESCALATED + event_id, "delayed")
 
     def _closing(self, question: RecordedQuestion) -> str:
         """The closing line the question would get were its deadline now: what stands."""

@@ -151,7 +151,7 @@ async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, q
         # Set text in the thread: any user id in it is the set's words, not a ping.
         content = {**content, "m.mentions": {}, "m.relates_to": in_thread(question_event_id)}
         await transport.send(room_id, "m.room.message", content, txn_id("one-pager", question_event_id, str(index)))
-    await _mark(store, key)
+    await store.run_written(store.set_meta, key, "1")
 
 
 async def post_in_thread(messages: list[dict[str, Any]], question_event_id: str, room_id: str, store: Store,
@@ -163,15 +163,7 @@ async def post_in_thread(messages: list[dict[str, Any]], question_event_id: str,
     for index, content in enumerate(messages):
         content = {**content, "m.mentions": {}, "m.relates_to": in_thread(question_event_id)}
         await transport.send(room_id, "m.room.message", content, txn_id("media", question_event_id, str(index)))
-    await _mark(store, key)
-
-
-async def _mark(store: Store, key: str) -> None:
-    """A meta key set, on the store's thread (the event loop never waits for the database)."""
-    def job() -> None:
-        with store.transaction():
-            store.set_meta(key, "1")
-    await store.run(job)
+    await store.run_written(store.set_meta, key, "1")
 
 
 # ---------------------------------------------------------------- messages
@@ -240,11 +232,7 @@ async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool
                             "duration_ms": upload.duration_ms}
     if file_info:
         info["file"] = file_info
-
-    def record() -> None:
-        with store.transaction():
-            store.record_upload(cache_key, url, info)
-    await store.run(record)
+    await store.run_written(store.record_upload, cache_key, url, info)
     return upload
 
 

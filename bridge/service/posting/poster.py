@@ -114,10 +114,7 @@ class Poster:
 
     async def _write(self, fn: Callable[[], Any], *, flush: bool = True) -> Any:
         """``fn()`` in one store transaction."""
-        def job() -> Any:
-            with self.store.transaction(flush=flush):
-                return fn()
-        return await self.store.run(job)
+        return await self.store.run_written(fn, flush=flush)
 
     async def sync_changed(self, root: Path, paths: Iterable[str | Path]) -> PostReport:
         """Only the sets whose questions.json is among ``paths`` (what the folder

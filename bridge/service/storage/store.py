@@ -143,6 +143,13 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         loop is (``storethread``)."""
         return await self._thread.run(fn, *args, **kwargs)
 
+    async def run_written(self, fn: Callable[..., T], /, *args: Any, flush: bool = True) -> T:
+        """``fn(*args)`` in one transaction, as a job on the store's thread."""
+        def job() -> T:
+            with self.transaction(flush=flush):
+                return fn(*args)
+        return await self.run(job)
+
     def close(self) -> None:
         self._thread.close()
         self.db.close()
