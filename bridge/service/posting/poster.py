@@ -163,16 +163,25 @@ class Poster:
     async def _sync_set(self, set_dir: Path, report: PostReport) -> bool:
         """False: the set changed while it was posted, and was left for the
         next pass to take as it is now (in ``report.failed``)."""
-        read_as = _stat(set_dir)
-        # Off the event loop: a set of tens of thousands of questions lints
-        # for seconds, which held every room, /health and every agent.
-        qset, errors = await asyncio.to_thread(self.load_set, set_dir)
-        if qset is None:
-            report.broken[str(set_dir)] = errors
-            log.error("set %s skipped: it fails lint:\n  %s", set_dir, "\n  ".join(errors))
-            return True
-        async with self._lock(f"set\x00{qset.id}"):
+        # Sets are read one at a time, in the order asked, and each takes its
+        # id's turn before the next is read: of two folders claiming one set
+        # id, the first in order is the one that posts it (posted side by
+        # side, whichever read faster took it).
+        async with self._lock("reading"):
+            read_as = _stat(set_dir)
+            # Off the event loop: a set of tens of thousands of questions lints
+            # for seconds, which held every room, /health and every agent.
+            qset, errors = await asyncio.to_thread(self.load_set, set_dir)
+            if qset is None:
+                report.broken[str(set_dir)] = errors
+                log.error("set %s skipped: it fails lint:\n  %s", set_dir, "\n  ".join(errors))
+                return True
+            turn = self._lock(f"set\x00{qset.id}")
+            await turn.acquire()
+        try:
             return await self._sync_loaded(set_dir, qset, read_as, report)
+        finally:
+            turn.release()
 
     async def _sync_loaded(self, set_dir: Path, qset: QuestionSet, read_as: tuple[int, ...] | None,
                            report: PostReport) -> bool:
