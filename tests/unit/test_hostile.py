@@ -10,8 +10,10 @@ strings of the renderer (test_render.py) and the media symlink rules
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
+import shutil
 import tempfile
 import time
 import tracemalloc
@@ -77,6 +79,8 @@ def deep(depth: int, leaf: Any = "x") -> Any:
 # ---------------------------------------------------------------- the set loader and lint
 
 SET_DIR = Path(tempfile.mkdtemp(prefix="hostile-set-"))
+# Made at import (hypothesis tests take no fixtures): removed at exit, not left in /tmp per run.
+atexit.register(shutil.rmtree, SET_DIR, ignore_errors=True)
 
 
 def _all_paths(value: Any, path: tuple = ()) -> list[tuple]:
