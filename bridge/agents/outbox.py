@@ -51,14 +51,13 @@ def event_body(entry: LogEntry, agent: str, key: str, receipt: dict[str, Any] | 
         "answer_event_id": entry.event_id,
         "sender": entry.sender,
         "ts": entry.ts,
-        "record": entry.record,
-    }
-    if now is not None:
         # An answer read late can be earlier in the room than the one that
         # stands (a federated server catching up): the record it carried was
         # its own pick, and an agent acting on the latest webhook acted on an
         # answer that did not stand.
-        body["record"] = now
+        "record": entry.record if now is None else now,
+    }
+    if now is not None:
         body["stands"] = (now.get("source") or {}).get("event_id") in (entry.event_id, entry.replaces)
     if receipt is not None:
         body["receipt"] = receipt

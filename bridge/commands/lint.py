@@ -108,7 +108,7 @@ def _posted_revs(config_path: str) -> tuple[Mapping[str, Mapping[str, int]], str
     from bridge.service.storage.store import Store, StoreVersionError
 
     try:
-        section = load_config(config_path).store
+        section = load_config(config_path, secrets=False).store
     except ConfigError as exc:
         return {}, str(exc)
     try:

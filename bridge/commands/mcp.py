@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     # stdout is the protocol's: every word for people goes to stderr.
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="askwright-bridge mcp: %(message)s")
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, secrets=False)
     except ConfigError as exc:
         print(f"askwright-bridge mcp: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _migrate(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, secrets=False)
     except ConfigError as exc:
         return _say(str(exc), 2)
     if not args.to.startswith(("postgresql://", "postgres://")):
@@ -94,7 +94,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def _move_sets(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, secrets=False)
     except ConfigError as exc:
         return _say(str(exc), 2, "move-sets")
     lock = None

@@ -236,12 +236,15 @@ class Agent(Section):
     def check(self) -> None:
         if self.webhook_url is not None and not self.webhook_url.startswith(("http://", "https://")):
             raise Invalid("must start with http:// or https://", "webhook_url")
-        if not self.token:
-            raise ValueError("needs a token (or its environment variable, see docs/agents.md)")
-        if len(self.token) < 16:
+        if self.token is not None and len(self.token) < 16:
             raise ValueError("the token must be at least 16 characters")
+
+    def missing_secret(self) -> str | None:
+        if not self.token:
+            return "needs a token (or its environment variable, see docs/agents.md)"
         if self.webhook_url and not self.webhook_secret:
-            raise ValueError("webhook_url needs webhook_secret to sign the deliveries")
+            return "webhook_url needs webhook_secret to sign the deliveries"
+        return None
 
 
 class AgentApi(Section):
@@ -337,8 +340,17 @@ class Config(Section):
             localpart = self.bot.user_id[1:].split(":", 1)[0]
             if localpart != self.appservice.sender_localpart:
                 raise Invalid("must be the appservice's sender_localpart user", "bot", "user_id")
-        elif not (self.bot.access_token or self.bot.password):
-            raise Invalid("needs access_token or password (or ASKWRIGHT_BRIDGE_ACCESS_TOKEN)", "bot")
+
+    def missing_secret(self) -> Invalid | None:
+        """What the bridge cannot log in or let an agent in without; the
+        commands that only read the store and the folders do without them."""
+        if not self.appservice.enabled and not (self.bot.access_token or self.bot.password):
+            return Invalid("needs access_token or password (or ASKWRIGHT_BRIDGE_ACCESS_TOKEN)", "bot")
+        for name, agent in self.agents.items():
+            problem = agent.missing_secret()
+            if problem is not None:
+                return Invalid(problem, "agents", name)
+        return None
 
     @property
     def inviters(self) -> frozenset[str] | None:
@@ -354,7 +366,9 @@ class Config(Section):
         return self.bot.user_id.split(":", 1)[1]
 
 
-def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Config:
+def load_config(path: str | Path, environ: dict[str, str] | None = None, *, secrets: bool = True) -> Config:
+    """The config at ``path``; ``secrets`` false for a command that only reads
+    the store and the folders, which an operator may run without the tokens."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -369,10 +383,12 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Conf
         raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the config must be a YAML mapping")
-    return parse_config(raw, base_dir=path.parent, environ=os.environ if environ is None else environ, source=str(path))
+    return parse_config(raw, base_dir=path.parent, environ=os.environ if environ is None else environ, source=str(path),
+                        secrets=secrets)
 
 
-def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str], source: str = "config") -> Config:
+def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str], source: str = "config",
+                 secrets: bool = True) -> Config:
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     for var, (section, key) in ENV_SECRETS.items():
         if environ.get(var):
@@ -382,10 +398,15 @@ def parse_config(raw: dict[str, Any], *, base_dir: Path, environ: dict[str, str]
     _agent_secrets(raw, environ, source)
     try:
         config = Config.read(raw)
+        missing = config.missing_secret() if secrets else None
+        if missing is not None:
+            raise missing
     except Invalid as exc:
         raise ConfigError(f"{source}: {'.'.join(exc.path) or '(top level)'}: {exc.message}") from None
     tokens: dict[str, str] = {}
     for name, agent in config.agents.items():
+        if agent.token is None:
+            continue
         if agent.token in tokens:
             # The token is who the agent is: the second was taken for the first.
             raise ConfigError(f"{source}: agents.{name}.token is the token of agents.{tokens[agent.token]} too: "

@@ -188,3 +188,25 @@ def test_json_says_whether_the_bridge_answered_at_health(bridge_config, capsys):
     assert out["bridge_answered"] is False and out["tasks"] == {}
     assert main(["status", "-c", str(bridge_config)]) == 0
     assert "the bridge did not answer at /health" in capsys.readouterr().out
+
+
+def test_status_audit_and_lint_run_without_the_bridges_tokens(bridge_config, tmp_path, capsys, monkeypatch):
+    # An operator reading how sets stand, or exporting the log, from a copy of
+    # the config that holds no secrets (they live in the service's environment).
+    for var in ("ASKWRIGHT_BRIDGE_ACCESS_TOKEN", "ASKWRIGHT_BRIDGE_AGENT_PLANNER_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    raw = yaml.safe_load(bridge_config.read_text())
+    del raw["bot"]["access_token"]
+    raw["agents"] = {"planner": {"webhook_url": "https://hooks.example/in"}}
+    bridge_config.write_text(yaml.safe_dump(raw))
+
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    assert by_set(capsys.readouterr().out)["release"]["answered"] == 3
+    main(["lint", "-c", str(bridge_config), str(tmp_path / "sets" / "fresh")])
+    said = capsys.readouterr()
+    assert "fresh: 2 errors" in said.out and "config" not in said.out + said.err
+    main(["audit", "export", "-c", str(bridge_config), "-o", str(tmp_path / "exported")])
+    assert "the store holds no answer log yet" in capsys.readouterr().err  # past the config, into the store
+    # The bridge itself still refuses to start without them, naming what is missing.
+    assert main(["run", "-c", str(bridge_config)]) == 2
+    assert "bot: needs access_token or password" in capsys.readouterr().err

@@ -106,12 +106,10 @@ class Poster:
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
-    # The poster's every store call is a job on the store's thread: with the
-    # database 40 ms away, posting a set held the event loop (/health, every
-    # agent) a second at a time, and with the network to it cut, 18 s.
-    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await self.store.run(fn, *args)
-
+    # The poster's every store call is a job on the store's thread
+    # (``store.run``, or this): with the database 40 ms away, posting a set
+    # held the event loop (/health, every agent) a second at a time, and with
+    # the network to it cut, 18 s.
     async def _write(self, fn: Callable[[], Any], *, flush: bool = True) -> Any:
         """``fn()`` in one store transaction."""
         return await self.store.run_written(fn, flush=flush)
@@ -128,14 +126,14 @@ class Poster:
         refused with that reason.  Should the folder come back, its questions
         are posted again, as new postings.  A folder that is still there but
         can't be read is not gone: its questions stay open."""
-        for folder in await self._read(self.store.folders_with_open):
+        for folder in await self.store.run(self.store.folders_with_open):
             if os.path.lexists(folder):
                 continue
             async with self._lock(folder):
                 if os.path.lexists(folder):
                     continue  # back meanwhile
                 log.warning("set folder %s is gone; closing its open questions", folder)
-                for recorded, _poll in await self._read(self.store.posted_for_set, folder):
+                for recorded, _poll in await self.store.run(self.store.posted_for_set, folder):
                     if recorded.open:
                         await self._close(recorded, SET_REMOVED, report)
                 # If it comes back, it is read again in full.
@@ -150,7 +148,7 @@ class Poster:
         async with self._lock(str(set_dir.resolve())):
             fingerprint = _fingerprint(set_dir)
             key = f"{SET_SYNCED}{set_dir.resolve()}"
-            if fingerprint is not None and await self._read(self.store.get_meta, key) == fingerprint:
+            if fingerprint is not None and await self.store.run(self.store.get_meta, key) == fingerprint:
                 return
             whole = await self._sync_set(set_dir, report)
             if whole and fingerprint is not None and str(set_dir) not in report.broken:
@@ -186,7 +184,7 @@ class Poster:
     async def _sync_loaded(self, set_dir: Path, qset: QuestionSet, read_as: tuple[int, ...] | None,
                            report: PostReport) -> bool:
         folder = str(set_dir.resolve())
-        owner = self._owner_elsewhere(qset.id, folder, await self._read(self.store.folders_of_set, qset.id))
+        owner = self._owner_elsewhere(qset.id, folder, await self.store.run(self.store.folders_of_set, qset.id))
         if owner is not None:
             # Postings are a folder's: a second folder under the same id would
             # share the room and the one-pagers with the first.  The first keeps
@@ -205,7 +203,7 @@ class Poster:
                 log.info("set %s changed while it was posted; it is taken again as it is now", set_dir)
                 report.failed.append(set_dir)
                 return False
-            postings = await self._read(self.store.postings, folder, question.id)
+            postings = await self.store.run(self.store.postings, folder, question.id)
             latest = postings[0] if postings else None
             if question.is_open:
                 # A posting its quorum decided or its deadline closed is done: it is not posted again.
@@ -223,11 +221,11 @@ class Poster:
                 # A crash between posting the question and its poll or media: finish the job.
                 await self._ensure_poll(latest)
                 if self.deadlines is not None and \
-                        await self._read(self.store.get_meta, f"approval:{latest.event_id}") is None:
-                    await self.deadlines.schedule(latest, await self._read(self.store.poll_of, latest.event_id))
+                        await self.store.run(self.store.get_meta, f"approval:{latest.event_id}") is None:
+                    await self.deadlines.schedule(latest, await self.store.run(self.store.poll_of, latest.event_id))
                 await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
                                            self.transport)
-                if question.media and not await self._read(self.store.get_meta, f"media_posted:{latest.event_id}"):
+                if question.media and not await self.store.run(self.store.get_meta, f"media_posted:{latest.event_id}"):
                     prepared = await media.prepare(qset, question, set_dir, self.store, self.transport, room=room)
                     await media.post_in_thread(prepared.messages, latest.event_id, room, self.store, self.transport)
                 for older in postings[1:]:
@@ -237,11 +235,11 @@ class Poster:
                 for posting in postings:
                     if posting.open:
                         await self._close(posting, _closing_words(question, qset), report)
-        for recorded, _poll in await self._read(self.store.posted_for_set, folder):
+        for recorded, _poll in await self.store.run(self.store.posted_for_set, folder):
             if recorded.open and recorded.qid not in current:
                 await self._close(recorded, "removed from the set", report)
             elif not recorded.open:
-                why = await self._read(self.store.get_meta, _UNTOLD + recorded.event_id)
+                why = await self.store.run(self.store.get_meta, _UNTOLD + recorded.event_id)
                 if why is not None:
                     await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
         return True
@@ -249,7 +247,7 @@ class Poster:
     async def tell_moved(self) -> None:
         """``_tell_stays`` for every set with open questions (at a pass over the
         root: a set unchanged since its last sync is not read again)."""
-        for set_id, posted_in in await self._read(self.store.open_set_rooms):
+        for set_id, posted_in in await self.store.run(self.store.open_set_rooms):
             self._tell_stays(set_id, posted_in, self.room_for(set_id))
 
     def _tell_stays(self, set_id: str, posted_in: str, room: str) -> None:
@@ -329,7 +327,7 @@ class Poster:
             log.info("question closed: %s/%s rev %s (%s)", old.set_id, old.qid, old.rev, why)
         await self._ensure_poll(recorded)
         if self.deadlines is not None:
-            await self.deadlines.schedule(recorded, await self._read(self.store.poll_of, recorded.event_id))
+            await self.deadlines.schedule(recorded, await self.store.run(self.store.poll_of, recorded.event_id))
         # The background first, the files after it: the thread's summary shows
         # its last message, and a picture or clip says more there.
         await media.post_one_pager(qset, question, set_dir, event_id, room, self.store, self.transport)
@@ -337,7 +335,7 @@ class Poster:
         for old in replaced:
             await self._tell_closed(old, why)
         if self.on_posted:  # (the owner of its set kept in the store)
-            await self._read(self.on_posted, recorded)
+            await self.store.run(self.on_posted, recorded)
 
     async def _first_posted(self, folder: str, question: Question) -> int:
         """When this revision was first posted: ``expires`` and ``escalate.after``
@@ -358,8 +356,8 @@ class Poster:
 
     async def _ensure_poll(self, recorded: RecordedQuestion) -> None:
         """Post the question's poll once (the transaction id makes a retry the same event)."""
-        if await self._read(self.store.poll_of, recorded.event_id) or \
-                await self._read(self.store.get_meta, _NO_POLL + recorded.event_id):
+        if await self.store.run(self.store.poll_of, recorded.event_id) or \
+                await self.store.run(self.store.get_meta, _NO_POLL + recorded.event_id):
             return
         content = poll_start(recorded)
         if content is None:
@@ -415,11 +413,11 @@ class Poster:
         sent_id = await self.transport.send(recorded.room_id, "m.room.message", content,
                                             txn_id("close", recorded.event_id))
         # The question's own message says so too: its "To answer" line becomes "Closed".
-        closed_at = await self._read(self.store.clock.now_ms)
+        closed_at = await self.store.run(self.store.clock.now_ms)
         await self.transport.send(recorded.room_id, "m.room.message",
                                   closed_replacement(recorded.event_id, recorded.content, why, closed_at),
                                   txn_id("close-edit", recorded.event_id))
-        poll = await self._read(self.store.poll_of, recorded.event_id)
+        poll = await self.store.run(self.store.poll_of, recorded.event_id)
         if poll:
             # Votes after this are refused anyway (the question is closed); ending
             # the poll shows the person so before they vote.
