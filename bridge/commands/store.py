@@ -67,6 +67,13 @@ def _migrate(args: argparse.Namespace) -> int:
     from bridge.service.storage.pgdialect import redact
 
     target = redact(args.to)
+    if config.store.url:
+        # The bridge runs on PostgreSQL already: the SQLite file kept beside
+        # it is the store as it was at the first move, and copying it would
+        # hand back a store without everything written since.
+        return _say(f"the store is on PostgreSQL already ({redact(config.store.url)}); store migrate copies the "
+                    f"SQLite store at store.path, which is no longer the bridge's (move a PostgreSQL database "
+                    f"with pg_dump and pg_restore)", 2)
     try:
         lock = hold(config.store.path)
     except StoreBusy as exc:

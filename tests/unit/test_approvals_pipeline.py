@@ -622,6 +622,30 @@ def test_an_escalation_mentions_its_people_in_the_thread_once(tmp_path):
     assert [v["sender"] for v in room.record()["votes"]] == [DEE]
 
 
+def test_a_decision_undone_before_the_escalation_still_calls_its_people_in(tmp_path):
+    # Decided five minutes in, then undone by a take-back read late: the
+    # question is open to votes again, so at half an hour its escalation
+    # must still call the moderator in, once (it was dropped with the decision).
+    room = room_with(tmp_path, expires="2h", escalate={"after": "30m", "to": [DEE]})
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+
+    def pass_at(minutes: int) -> None:
+        asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                              clock=lambda: (T0 + minutes * 60_000) / 1000).pass_once())
+
+    room.deliver([answer("$a1", ANA, T0 + 60_000, "main"), answer("$b1", BO, T0 + 180_000, "main")])
+    pass_at(5)
+    room.deliver([redact("$a1-gone", ANA, T0 + 120_000, "$a1")])
+    pass_at(6)
+    said = [c.get("body", "") for c in room.pipeline.transport.sent]
+    assert any(s.startswith("The decision is undone") for s in said), said
+    for minutes in (29, 31, 32):
+        pass_at(minutes)
+    mentions = [c for c in room.pipeline.transport.sent if c.get("m.mentions", {}).get("user_ids") == [DEE]]
+    assert len(mentions) == 1 and "is still undecided" in mentions[0]["body"]
+
+
 # -- the homeserver's delayed closing edit says what stood ----------------------------------
 
 

@@ -292,3 +292,21 @@ async def test_a_leaders_health_says_standby_once_its_lease_runs_out_not_once_it
         assert "askwright_bridge_standby 1.0" in body and "askwright_bridge_ready 0.0" in body
     finally:
         await client.close()
+
+
+def test_a_leader_steps_down_for_good_when_a_newer_version_migrates_the_store(shared, postgres_server):
+    # This version's instances, come the next release: a newer one that
+    # migrated the store beside them must not find them still writing.
+    from bridge.service.storage.schema import SCHEMA_VERSION
+
+    url, lease = shared
+    mine = lease(ttl=2)
+    wait_for(lambda: mine.leading)
+    with psycopg.connect(url, password=postgres_server.password, autocommit=True) as db:
+        db.execute("CREATE TABLE askwright_schema (id INTEGER PRIMARY KEY, version INTEGER NOT NULL)")
+        db.execute("INSERT INTO askwright_schema VALUES (1, %s)", (SCHEMA_VERSION + 1,))
+    wait_for(lambda: not mine.leading, timeout=5)
+    time.sleep(TTL_SECONDS + 1)  # its lease ran out: it would take it again if it could
+    assert not mine.leading
+    with pytest.raises(LeaseLost):
+        mine.check()

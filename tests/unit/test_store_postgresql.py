@@ -14,6 +14,7 @@ import yaml
 from bridge.cli import main
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.config import parse_config
+from bridge.service.storage.leader import Lease
 from bridge.service.storage.pgdialect import PgConnection, redact
 from bridge.service.storage.dialect import POSTGRESQL
 from bridge.service.storage.schema import migration
@@ -537,3 +538,66 @@ def test_a_migrate_cut_short_can_be_run_again_and_says_why_in_one_line(postgres_
     assert "verified" in capsys.readouterr().out
     assert main(["store", "migrate", "-c", str(config), "--to", url]) == 2  # now it holds rows
     assert "already has tables with rows" in capsys.readouterr().err
+
+
+def test_migrate_on_a_bridge_already_on_postgresql_refuses_to_copy_the_stale_sqlite_file(postgres_server, tmp_path,
+                                                                                        capsys, monkeypatch):
+    # After the first move the docs say to keep the SQLite file a while: a
+    # second migrate (to a new server, say) copied that stale file, said
+    # "verified", and told the operator to point the bridge at it.
+    Store(tmp_path / "bridge.sqlite").close()
+    live = fresh_schema(postgres_server)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
+        "store": {"path": "./bridge.sqlite", "url": live}}))
+    config.chmod(0o600)
+    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    target = fresh_schema(postgres_server)
+    assert main(["store", "migrate", "-c", str(config), "--to", target]) == 2
+    err = capsys.readouterr().err
+    assert "on PostgreSQL already" in err and "pg_dump" in err
+
+
+def _older_store(url: str, password: str) -> None:
+    db = PgConnection(url, password=password)
+    for number in range(SCHEMA_VERSION - 1):
+        db.execute("BEGIN IMMEDIATE")
+        for statement in migration(number, POSTGRESQL):
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version={number + 1}")
+        db.execute("COMMIT")
+    db.close()
+
+
+def test_a_new_version_does_not_migrate_the_store_under_a_running_older_instance(postgres_server, monkeypatch):
+    # A rolling upgrade: the new version started beside a leader of the
+    # version before moved the shared schema on, and the old leader went on
+    # writing into it (answers without the log's leaves) without a word.
+    from bridge.service.storage import leader
+    from bridge.service.storage.store import StoreVersionError
+
+    monkeypatch.setattr(leader, "SEEN_SECONDS", 2.0)
+    url = fresh_schema(postgres_server)
+    _older_store(url, postgres_server.password)
+    old = Lease(url, postgres_server.password, name="old-leader")  # its heartbeats, as any version's
+    old.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not old.leading:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        began = time.monotonic()
+        with pytest.raises(StoreVersionError, match="instance old-leader runs on this store"):
+            Store("unused", url=url, password=postgres_server.password)
+        assert time.monotonic() - began >= 2.0  # a heartbeat that stops (a kill) is waited out first
+    finally:
+        old.stop()
+    db = PgConnection(url, password=postgres_server.password)
+    assert db.schema_version() == SCHEMA_VERSION - 1  # untouched
+    db.close()
+    # Stopped (or killed, and not heard from since): the migration goes ahead.
+    store = Store("unused", url=url, password=postgres_server.password)
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    store.close()

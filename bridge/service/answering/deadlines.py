@@ -223,6 +223,13 @@ class Deadlines:
                 self.store.set_meta(DELAYS + event_id, json.dumps(left))
             else:
                 self.store.delete_meta(DELAYS + event_id)
+            if "escalate" in delays and "escalate" not in left:
+                # Cancelled before the homeserver sent it: nobody was called in
+                # (a decision undone later still calls them at its time).
+                if "escalate" in sent:
+                    self.store.set_meta(ESCALATED + event_id, "sent")
+                else:
+                    self.store.delete_meta(ESCALATED + event_id)
         return sent
 
     # -- the pass ------------------------------------------------------------
@@ -253,12 +260,8 @@ class Deadlines:
                 self._close(question, set_dir, CLOSED_DECIDED, record)
             elif question.expires_ms is not None and now >= question.expires_ms:
                 self._close(question, set_dir, CLOSED_EXPIRED, record)
-            elif question.escalation is not None and now >= question.escalation[0] \
-                    and self.store.get_meta(ESCALATED + event_id) is None:
-                await self.transport.send(question.room_id, "m.room.message", escalation_content(question),
-                                          txn_id("escalate", event_id))
-                with self.store.transaction(flush=False):
-                    self.store.set_meta(ESCALATED + event_id, "sent")
+            elif self._escalation_due(question, now):
+                await self._escalate(question)
                 return
             else:
                 await self._restate(question, record)
@@ -310,6 +313,9 @@ class Deadlines:
             await self._tell(question, set_dir, why)
         elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
             await self._cancel(event_id)  # closed otherwise (withdrawn, replaced): nothing more is due
+        if self._reopened(question) and self._escalation_due(question, now):
+            # Open to votes again: the escalation dropped with the decision still comes.
+            await self._escalate(question)
         with self.store.transaction(flush=False):
             # Looked at again in the transaction that stops the watch: a vote
             # read while the room was being told (the flush then marks the
@@ -317,11 +323,30 @@ class Deadlines:
             question = self.store.question_by_event(event_id) or question
             watching_deadline = question.closed_why == CLOSED_DECIDED and question.expires_ms is not None \
                 and not self.store.is_expired(event_id) and self._latest(question, set_dir)
+            watching_escalation = self._reopened(question) and question.escalation is not None \
+                and self.store.get_meta(ESCALATED + event_id) is None
             if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) \
-                    and not watching_deadline and (question.open or question.qid is None or self._due(
+                    and not watching_deadline and not watching_escalation and (question.open or question.qid is None or self._due(
                         question, self._record_of(question, set_dir)) is None):
                 self.store.delete_meta(TRACKED + event_id)
                 self.store.delete_meta(CLOSING + event_id)
+
+    def _escalation_due(self, question: RecordedQuestion, now: int) -> bool:
+        return question.escalation is not None and now >= question.escalation[0] \
+            and (question.expires_ms is None or now < question.expires_ms) \
+            and self.store.get_meta(ESCALATED + question.event_id) is None
+
+    async def _escalate(self, question: RecordedQuestion) -> None:
+        await self.transport.send(question.room_id, "m.room.message", escalation_content(question),
+                                  txn_id("escalate", question.event_id))
+        with self.store.transaction(flush=False):
+            self.store.set_meta(ESCALATED + question.event_id, "sent")
+
+    def _reopened(self, question: RecordedQuestion) -> bool:
+        """Closed as decided, and the room since told the decision is undone
+        (no deadline passed): open to votes again."""
+        return not question.open and question.closed_why == CLOSED_DECIDED \
+            and self._told(question.event_id).get("said") == UNDONE and not self.store.is_expired(question.event_id)
 
     def _due(self, question: RecordedQuestion, record: dict[str, Any] | None) -> str | None:
         """The outcome (``told_outcome``) the room must hear now, when it heard

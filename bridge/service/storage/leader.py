@@ -48,6 +48,7 @@ import psycopg
 from bridge.service.storage.dbclock import elapsed
 from bridge.service.storage.pgconnect import WATCHDOG, connect
 from bridge.service.storage.pgdialect import LeaseLost, PgConnection
+from bridge.service.storage.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Lease:
         self.on_lost: Callable[[], None] | None = None
         self.on_leading: Callable[[], None] | None = None
         self._hold_off_until = 0.0  # ``release``: no lease taken before this
+        self._newer_schema: int | None = None  # a newer version migrated the store: this one never leads again
         self._conn: psycopg.Connection | None = None
         self._halt = threading.Event()
         self._mutex = threading.Lock()
@@ -218,16 +220,33 @@ class Lease:
         started = _clock()
         cur = conn.execute("UPDATE askwright_lease SET expires = clock_timestamp() + make_interval(secs => %s)"
                            " WHERE name = 'leader' AND epoch = %s AND holder = %s", (self.ttl, self.epoch, self.name))
-        if cur.rowcount == 1:
+        if cur.rowcount != 1:
+            self._lose("another instance took the lease over")
+        elif self._outdated(conn):
+            self._lose(f"a newer version migrated the store to schema {self._newer_schema} (this one knows "
+                       f"{SCHEMA_VERSION}); stop this instance and run the new version")
+        else:
             with self._mutex:
                 if self.role == "leader":
                     self.valid_until = max(self.valid_until, started + self.ttl - MARGIN_SECONDS)
-        else:
-            self._lose("another instance took the lease over")
+
+    def _outdated(self, conn: psycopg.Connection) -> bool:
+        """The store's schema is newer than this version knows (a newer
+        instance migrated it): what this one would write could be wrong there."""
+        if self._newer_schema is None:
+            if conn.execute("SELECT to_regclass('askwright_schema')").fetchone()[0] is None:
+                return False
+            row = conn.execute("SELECT version FROM askwright_schema WHERE id = 1").fetchone()
+            if row is None or row[0] <= SCHEMA_VERSION:
+                return False
+            self._newer_schema = row[0]
+            log.error("the store was migrated to schema %d by a newer version (this one knows %d): this instance "
+                      "will not lead again; stop it and run the new version", row[0], SCHEMA_VERSION)
+        return True
 
     def _try_take(self, conn: psycopg.Connection) -> None:
         started = _clock()
-        if started < self._hold_off_until:
+        if started < self._hold_off_until or self._outdated(conn):
             return
         try:
             with conn.transaction():

@@ -509,6 +509,16 @@ class PgConnection:
             self._commit_waits = value.upper() not in ("NORMAL", "OFF", "0", "1")
         return Result(None, -1)
 
+    def instances_heard(self, within: float) -> list[tuple[str, float]]:
+        """The bridge instances heard from in the last ``within`` seconds
+        (``leader.py``'s heartbeats), the latest first: (id, seconds ago)."""
+        if self._run("SELECT to_regclass('askwright_instance')", None).fetchone()[0] is None:
+            return []
+        rows = self._run("SELECT id, EXTRACT(EPOCH FROM clock_timestamp() - seen) FROM askwright_instance"
+                         " WHERE seen > clock_timestamp() - make_interval(secs => %s) ORDER BY seen DESC",
+                         (within,)).fetchall()
+        return [(name, float(ago)) for name, ago in rows]
+
     def schema_version(self) -> int:
         if self._run("SELECT to_regclass(%s)", (_SCHEMA_TABLE,)).fetchone()[0] is None:
             return 0

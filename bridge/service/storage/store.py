@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,11 +196,38 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
             return
         migrating = getattr(self.db, "migrating", contextlib.nullcontext)  # PostgreSQL's lock and limits
         with migrating():
-            for number in range(self._version(), SCHEMA_VERSION):  # another instance may have migrated it
+            version = self._version()  # another instance may have migrated it
+            if 0 < version < SCHEMA_VERSION:
+                self._alone_on_it(version)
+            for number in range(version, SCHEMA_VERSION):
                 with self.transaction():
                     for statement in migration(number, self.sql):
                         self.db.execute(statement)
                     self.db.execute(f"PRAGMA user_version={number + 1}")
+
+    def _alone_on_it(self, version: int) -> None:
+        """Before migrating a store instances share (PostgreSQL's): one of
+        the version before, still running, would carry on writing into a
+        schema it does not know (answers without the log's leaves, say),
+        so the migration waits for its heartbeats to stop, and refuses
+        while they go on.  One killed is not heard from after
+        ``SEEN_SECONDS``."""
+        heard = getattr(self.db, "instances_heard", None)
+        if heard is None:
+            return
+        from bridge.service.storage.leader import SEEN_SECONDS
+
+        give_up = time.monotonic() + SEEN_SECONDS + 2
+        while running := heard(SEEN_SECONDS):
+            if time.monotonic() >= give_up:
+                name, ago = running[0]
+                raise StoreVersionError(
+                    f"{self.path}: instance {name} runs on this store (heard from {ago:.0f} s ago), on store "
+                    f"schema {version}; stop every instance before this version migrates it to schema "
+                    f"{SCHEMA_VERSION}")
+            log.warning("store schema %d: waiting for %d instance(s) of the version before to stop (%s) "
+                        "before migrating it to schema %d", version, len(running), running[0][0], SCHEMA_VERSION)
+            time.sleep(1)
 
     def _version(self) -> int:
         """The store's schema version; a store from a newer bridge is refused."""
