@@ -269,3 +269,30 @@ async def test_a_screenshot_of_20_mb_reaches_an_mcp_agent_whole_however_many_rea
         (content,) = result.contents
         assert hashlib.sha256(base64.b64decode(content.blob)).hexdigest() == hashlib.sha256(shot).hexdigest()
     bridge.check_alive()
+
+
+async def test_a_clip_over_the_homeservers_upload_limit_is_named_as_not_sent_and_holds_up_nothing(bridge):
+    # Synapse's default limit is 50 MB, agent_api.media_max's 100 MB: a 60 MB
+    # clip between them was tried for ever (Synapse answers 413 and resets the
+    # connection while the body is still sent; nio took it for a dropped
+    # connection): no question of its set was posted, nor a set added later
+    # (the folder watcher waited behind it), and SIGTERM did not stop the bridge.
+    alice = bridge.alice
+    set_dir = bridge.sets_root / "bigclip"
+    set_dir.mkdir(parents=True)
+    (set_dir / "take.mp4").write_bytes(os.urandom(60 * 1024 * 1024))
+    bridge.add_set(compare_set("bigclip", "take.mp4", "c0"))
+    bridge.start()
+    posted = await bridge.wait_questions(alice, 1, timeout=60)
+    question = posted[("c0", 1)]
+    bridge.add_set(one_question("later", qid="later"))
+    await bridge.wait_questions(alice, 2, timeout=30)
+
+    async def named_not_sent() -> bool:
+        return any(e["content"].get("m.relates_to", {}).get("event_id") == question["event_id"]
+                   and "could not be sent" in e["content"].get("body", "")
+                   for e in await alice.messages(bridge.room_id))
+
+    await until(named_not_sent, timeout=30, what="the thread naming the clip as not sent")
+    assert "over the homeserver's upload limit" in bridge.log_text()
+    assert bridge.stop(timeout=30) == 0

@@ -42,6 +42,17 @@ class MatrixError(Exception):
         return not self.transient and self.status not in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN")
 
 
+class UploadRefused(Exception):
+    """The homeserver will never take this file (over its upload limit)."""
+
+    transient = False
+
+
+# An upload whose connection drops this many times in a row has failed (for now).
+UPLOAD_TRIES = 3
+UPLOAD_LIMIT_ASK_SECONDS = 10
+
+
 @dataclass
 class MediaBody:
     """A download under way: the length the homeserver announced, and the body's chunks as they arrive."""
@@ -365,10 +376,45 @@ class NioTransport:
                     response.close()  # a body left unread (refused, cut off): not reusable
         raise FileGone(mxc)
 
+    async def upload_limit(self) -> int | None:
+        """The homeserver's upload limit in bytes (``m.upload.size`` of the
+        media config), None when it names none or can't be asked; asked once."""
+        if not hasattr(self, "_upload_limit"):
+            limit = None
+            for path in ("/_matrix/client/v1/media/config", "/_matrix/media/v3/config"):
+                try:
+                    response = await self.client.send("GET", path, headers={
+                        "Authorization": f"Bearer {self.client.access_token}"}, timeout=UPLOAD_LIMIT_ASK_SECONDS)
+                    try:
+                        body = await response.json() if response.status == 200 else None
+                    finally:
+                        response.release()
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                    return None  # asked again at the next upload
+                if isinstance(body, dict):
+                    size = body.get("m.upload.size")
+                    limit = size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+                    break
+            self._upload_limit = limit
+        return self._upload_limit
+
     async def upload(self, data: bytes, content_type: str, filename: str) -> str:
         import io
 
-        response, _ = await self.client.upload(io.BytesIO(data), content_type=content_type, filename=filename,
+        limit = await self.upload_limit()
+        if limit is not None and len(data) > limit:
+            # Synapse answers 413 and resets the connection while the body is
+            # still sent: nio saw a dropped connection and tried again for ever.
+            raise UploadRefused(f"uploading {filename}: {len(data)} bytes, over the homeserver's upload limit "
+                                f"of {limit} bytes")
+
+        def body(_got_429: int, got_timeouts: int) -> io.BytesIO:
+            # nio tries a dropped or timed-out upload again for ever; a few tries, then the caller decides.
+            if got_timeouts >= UPLOAD_TRIES:
+                raise MatrixError(f"uploading {filename}", f"the connection failed {got_timeouts} times")
+            return io.BytesIO(data)
+
+        response, _ = await self.client.upload(body, content_type=content_type, filename=filename,
                                                filesize=len(data))
         if not isinstance(response, UploadResponse):
             raise MatrixError(f"uploading {filename}", response)
