@@ -61,16 +61,41 @@ class Subscribers:
         # uri -> {connection: a session on it}.  The SDK makes a session per
         # request; a subscription belongs to the connection under it.
         self.sessions: dict[str, dict[Any, Any]] = {}
+        self._uris: dict[Any, set[str]] = {}  # connection -> the uris it subscribed to
 
     @staticmethod
     def _key(session: Any) -> Any:
         return getattr(session, "_connection", session)
 
     def add(self, uri: str, session: Any) -> None:
-        self.sessions.setdefault(uri, {})[self._key(session)] = session
+        key = self._key(session)
+        if key not in self._uris:
+            # Forgotten when the connection closes (its session ended or
+            # idled out): kept, each held ~24 KB for good.
+            exit_stack = getattr(key, "exit_stack", None)
+            if exit_stack is not None:
+                exit_stack.callback(self.forget, key)
+        self._uris.setdefault(key, set()).add(uri)
+        self.sessions.setdefault(uri, {})[key] = session
 
     def remove(self, uri: str, session: Any) -> None:
-        self.sessions.get(uri, {}).pop(self._key(session), None)
+        key = self._key(session)
+        self._drop(uri, key)
+        uris = self._uris.get(key)
+        if uris is not None:
+            uris.discard(uri)
+
+    def forget(self, key: Any) -> None:
+        """Every subscription of a connection that closed."""
+        for uri in self._uris.pop(key, ()):
+            self._drop(uri, key)
+
+    def _drop(self, uri: str, key: Any) -> None:
+        held = self.sessions.get(uri)
+        if held is not None:
+            held.pop(key, None)
+            if not held:
+                del self.sessions[uri]
 
     async def changed(self, set_id: str) -> None:
         uri = answers_uri(set_id)

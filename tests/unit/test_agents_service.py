@@ -319,6 +319,29 @@ async def test_a_webhook_never_taken_is_retried_then_dropped_with_a_log_line_and
 
 
 @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
+async def test_a_connection_that_ends_leaves_no_subscription_behind(tmp_path):
+    # A session that subscribed and then ended (DELETE, an idle timeout, the
+    # client gone) stayed in the subscribers for good: about 24 KB each, 46 MB
+    # per 2,000 sessions, never given back.
+    from mcp import Client
+
+    from bridge.agents.mcp_server import Subscribers, build_server
+
+    sets = AgentSets(tmp_path)
+    for set_id in ("plan", "ship"):
+        sets.ask("a", set_id, one_question(set_id))
+    subscribers = Subscribers()
+    server = build_server(sets, {"a": Agent(token="token-of-a-0123456789")}, lambda _ctx: "a", subscribers)
+    for _session in range(3):
+        async with Client(server, mode="legacy") as client:
+            for set_id in ("plan", "ship"):
+                await client.session.subscribe_resource(f"askwright://sets/{set_id}/answers")
+            assert len(subscribers.sessions) == 2
+    assert subscribers.sessions == {}
+    await subscribers.changed("plan")  # nobody left to tell, nothing raised
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
 async def test_a_resource_subscription_is_one_per_connection_and_ends_with_unsubscribe(tmp_path):
     import asyncio
 
