@@ -117,6 +117,12 @@ class EndedSessions:
 
 
 ENDED = "mcp_session_ended:"  # meta: a session its client ended, the store's ms when it did
+# Handshake-era sessions one agent may hold open at once: the SDK's cap
+# (10,000) is every agent's together, and one token holder opening sessions
+# and never ending them locked every other agent out.
+SESSIONS_PER_AGENT = 1000
+SESSION_RETRY_AFTER_SECONDS = 60
+
 KEEP_ENDED_MS = 24 * 3600 * 1000
 SWEEP_EVERY_MS = 3600 * 1000
 
@@ -133,6 +139,9 @@ class LastingSessionManager(StreamableHTTPSessionManager):
         self.ids = ids
         self.agent_key = agent_key
         self.ended = ended or EndedSessions()
+        self._owner: dict[str, str] = {}  # session id -> its agent
+        self._held: dict[str, int] = {}  # agent -> sessions it holds
+        self._refusing: set[str] = set()  # agents told they hold their most
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {name: value for name, value in scope["headers"]}
@@ -140,7 +149,11 @@ class LastingSessionManager(StreamableHTTPSessionManager):
         agent = scope.get(self.agent_key)
         if raw_id is None:
             async with self._session_creation_lock:
-                transport = self._open(self.ids.mint(agent)) if self._has_room() else None
+                within = self._within_share(agent)
+                transport = self._open(self.ids.mint(agent), agent) if within and self._has_room() else None
+            if not within:
+                await self._refuse_own(agent, scope, receive, send)
+                return
             if transport is None:
                 await _error_response("Too many open sessions", 503, INTERNAL_ERROR)(scope, receive, send)
                 return
@@ -159,8 +172,12 @@ class LastingSessionManager(StreamableHTTPSessionManager):
             version = headers.get(MCP_PROTOCOL_VERSION_HEADER.lower().encode(), b"").decode("latin-1")
             async with self._session_creation_lock:
                 transport = self._server_instances.get(session_id)
-                if transport is None and self._has_room():
-                    transport = await self._rebuild(session_id, version)
+                within = transport is not None or self._within_share(agent)
+                if transport is None and within and self._has_room():
+                    transport = await self._rebuild(session_id, version, agent)
+            if not within:
+                await self._refuse_own(agent, scope, receive, send)
+                return
             if transport is None:
                 await _error_response("Too many open sessions", 503, INTERNAL_ERROR)(scope, receive, send)
                 return
@@ -172,17 +189,46 @@ class LastingSessionManager(StreamableHTTPSessionManager):
     def _has_room(self) -> bool:
         return self.max_sessions is None or len(self._server_instances) < self.max_sessions
 
-    def _open(self, session_id: str) -> StreamableHTTPServerTransport:
+    def _within_share(self, agent: str) -> bool:
+        return self._held.get(agent, 0) < SESSIONS_PER_AGENT
+
+    async def _refuse_own(self, agent: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """429: this agent holds its share of sessions (the others keep theirs)."""
+        if agent not in self._refusing:  # said once while it stays at its most, not at every refusal
+            self._refusing.add(agent)
+            log.warning("MCP: agent %s holds %d open sessions, its most; new ones are refused until some end "
+                        "(DELETE, or idle)", agent, self._held.get(agent, 0))
+        body = JSONRPCError(jsonrpc="2.0", id=None, error=ErrorData(
+            code=INVALID_REQUEST, message=f"this agent holds {SESSIONS_PER_AGENT} open sessions, its most: end some "
+                                          "with DELETE, or reuse one", data={"error": "too_many_sessions"}))
+        await Response(body.model_dump_json(by_alias=True, exclude_unset=True), status_code=429,
+                       media_type="application/json",
+                       headers={"Retry-After": str(SESSION_RETRY_AFTER_SECONDS)})(scope, receive, send)
+
+    def _open(self, session_id: str, agent: str) -> StreamableHTTPServerTransport:
         transport = StreamableHTTPServerTransport(
             mcp_session_id=session_id, is_json_response_enabled=self.json_response, event_store=self.event_store,
             security_settings=self.security_settings, retry_interval=self.retry_interval,
             idle_timeout=self.session_idle_timeout)
         self._server_instances[session_id] = transport
+        self._owner[session_id] = agent
+        self._held[agent] = self._held.get(agent, 0) + 1
         return transport
 
-    async def _rebuild(self, session_id: str, version: str) -> StreamableHTTPServerTransport:
+    async def _discard_session(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        agent = self._owner.pop(session_id, None)
+        if agent is not None:
+            self._refusing.discard(agent)
+            left = self._held.get(agent, 1) - 1
+            if left > 0:
+                self._held[agent] = left
+            else:
+                self._held.pop(agent, None)
+        await super()._discard_session(session_id, transport)
+
+    async def _rebuild(self, session_id: str, version: str, agent: str) -> StreamableHTTPServerTransport:
         """The session back, past its handshake, as the client still has it."""
-        transport = self._open(session_id)
+        transport = self._open(session_id, agent)
         negotiated = version if version in HANDSHAKE_PROTOCOL_VERSIONS else DEFAULT_NEGOTIATED_VERSION
 
         async def run(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -339,3 +339,31 @@ async def test_a_client_killed_mid_wait_gives_its_wait_back_at_once(bridge, mode
         for process in clients:
             process.kill()
     bridge.check_alive()
+
+
+async def test_one_agent_holding_its_share_of_sessions_leaves_the_others_theirs(bridge):
+    # The SDK's cap (10,000 sessions) was every agent's together: one token
+    # holder opening sessions and never ending them got every other agent's
+    # handshake-era client a bare 503 "Too many open sessions", nothing logged.
+    base = start(bridge, rate_per_minute=100000)
+    await wait_listener(bridge, base)
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "hoarder", "version": "0"}}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    statuses: dict[int, int] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=50)) as http:
+        async def initialize(agent: str) -> aiohttp.ClientResponse:
+            async with http.post(f"{base}/mcp", json=init, headers={**headers, **auth(agent)}) as response:
+                await response.read()
+                return response
+
+        for response in await asyncio.gather(*[initialize("planner") for _ in range(1010)]):
+            statuses[response.status] = statuses.get(response.status, 0) + 1
+        assert statuses == {200: 1000, 429: 10}
+        refused = await initialize("planner")
+        assert refused.status == 429 and refused.headers["Retry-After"] == "60"
+        assert (await refused.json())["error"]["data"]["error"] == "too_many_sessions"
+        # The other agent's own client is served as ever.
+        async with mcp_client(base, "legacy", agent="other") as client:
+            await client.list_tools()
+    assert "holds 1000 open sessions" in bridge.log_text()
