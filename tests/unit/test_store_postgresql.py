@@ -601,3 +601,33 @@ def test_a_new_version_does_not_migrate_the_store_under_a_running_older_instance
     store = Store("unused", url=url, password=postgres_server.password)
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.close()
+
+
+async def test_the_database_clock_is_measured_again_on_the_stores_thread_never_the_event_loop(postgres_server,
+                                                                                             monkeypatch):
+    # Read on the event loop (webhooks, sessions, deadlines), the clock's
+    # minutely round trip ran there too, on the store's connection: with the
+    # database stalled, up to the statement limit (5 s) of everything stopped.
+    import asyncio
+
+    from bridge.service.storage import dbclock
+
+    store = Store("unused", url=fresh_schema(postgres_server), password=postgres_server.password)
+    await store.run(store.get_meta, "warm")  # the store's thread is up, as in a running bridge
+    measured_on: list[int] = []
+    measure = dbclock.DatabaseClock.measure
+
+    def noted(self, conn):
+        measured_on.append(threading.get_ident())
+        measure(self, conn)
+
+    monkeypatch.setattr(dbclock.DatabaseClock, "measure", noted)
+    monkeypatch.setattr(dbclock, "REMEASURE_SECONDS", 0.0)
+    before = store.clock.now_ms()  # on the event loop: asks for a measure, does not make it
+    for _ in range(100):
+        if measured_on:
+            break
+        await asyncio.sleep(0.02)
+    assert measured_on and threading.get_ident() not in measured_on
+    assert abs(store.clock.now_ms() - before) < 5000
+    store.close()

@@ -447,3 +447,32 @@ async def test_a_long_poll_answered_while_the_kept_events_are_looked_at_is_kept(
     assert [since for since, _ in homeserver.asked].count("s2") == 1, homeserver.asked
     assert "s2" not in homeserver.cancelled
     await _stopped(loop, stop)
+
+
+async def test_a_token_the_store_cannot_read_for_a_while_stops_neither_the_loop_nor_the_event_loop(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """With a table locked by an operator, reading the sync token waited
+    for the lock on the event loop (/health stalled for seconds), and its
+    error ended the transport task, restarted by the supervisor up to 60 s
+    later: answers waited 23 s after the lock was gone."""
+    store = _store(tmp_path)
+    homeserver, pipeline, stop = _Homeserver(store, {"s1": _batch("$a", "s2")}), _Pipeline(store), asyncio.Event()
+    pipeline.release.set()
+    read_on: list[int] = []
+    failures = [sqlite3.OperationalError("canceling statement due to lock timeout")]
+    get_meta = store.get_meta
+
+    def slow_get_meta(key: str) -> Any:
+        if key == SYNC_TOKEN:
+            read_on.append(threading.get_ident())
+            if failures:
+                raise failures.pop()
+        return get_meta(key)
+
+    monkeypatch.setattr(store, "get_meta", slow_get_meta)
+    monkeypatch.setattr(bot, "sleep_or_stop", lambda stop, seconds, **kw: asyncio.sleep(0.01))
+    loop = asyncio.ensure_future(SyncLoop(homeserver, store, pipeline, stop).run())
+    await _until(lambda: pipeline.durable == ["$a"])
+    assert not loop.done()
+    assert read_on and threading.get_ident() not in read_on  # never on the event loop's thread
+    await _stopped(loop, stop)

@@ -133,8 +133,8 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         self._thread = StoreThread()
         self.clock = _clock_of(self.db)
         refresh = getattr(self.clock, "refresh", None)
-        if refresh is not None:  # PostgreSQL's clock, measured again on the store's connection when it is free
-            self.clock.refresh = lambda: self._thread.if_free(refresh)  # type: ignore[union-attr]
+        if refresh is not None:  # PostgreSQL's clock, measured again on the store's thread (a job of its own)
+            self.clock.refresh = lambda: self._thread.soon(refresh)  # type: ignore[union-attr]
         self.db = self._thread.gated(self.db)
 
     async def run(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -36,6 +36,7 @@ class StoreThread:
         self._lock = threading.Lock()
         self._holder: int | None = None  # the thread holding the connection now
         self._worker: ThreadPoolExecutor | None = None  # started by the first job
+        self._soon_pending = False  # ``soon``
 
     def gated(self, db: Any) -> "_Gated":
         return _Gated(db, self)
@@ -81,17 +82,28 @@ class StoreThread:
         if self._holder == holder:
             self.give_back()
 
-    def if_free(self, fn: Callable[[], None]) -> None:
-        """``fn`` holding the connection, unless another thread holds it now
-        (then not at all: for what may as well be done later)."""
+    def soon(self, fn: Callable[[], None]) -> None:
+        """``fn`` holding the connection: now when this thread holds it (a
+        job), else as a job of its own, not waited for (one at a time): for
+        a round trip nobody needs the answer of now, which must not stall
+        the event loop when the database does."""
         if self._holder == threading.get_ident():
             fn()
-        elif self._lock.acquire(blocking=False):
-            self._holder = threading.get_ident()
+            return
+        if self._soon_pending or self._worker is None:
+            return  # (no job ever ran: nothing needs it yet)
+        self._soon_pending = True
+
+        def once() -> None:
             try:
                 fn()
             finally:
-                self.give_back()
+                self._soon_pending = False
+
+        try:
+            self._worker.submit(self._job, once)
+        except RuntimeError:  # closed meanwhile
+            self._soon_pending = False
 
     def close(self) -> None:
         """Wait for the jobs asked for; the caller closes the connection next."""

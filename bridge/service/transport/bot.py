@@ -240,7 +240,15 @@ class SyncLoop:
                 elif ahead is not None:
                     (since, sync), ahead = ahead, None
                 else:
-                    since = self.store.get_meta(SYNC_TOKEN)
+                    try:
+                        # On the store's thread: a database that stalls (a lock an
+                        # operator holds) held the event loop, /health too.
+                        since = await self.store.run(self.store.get_meta, SYNC_TOKEN)
+                    except Exception as exc:  # noqa: BLE001 - tried again like a batch: the loop lives on
+                        log.warning("the sync token can't be read (%s); retrying in %.1f s", exc, backoff)
+                        await sleep_or_stop(self.stop, backoff)
+                        backoff = min(backoff * 2, 30)
+                        continue
                     sync = await self._ask(since, 0, polled) if polling else await self._ask(since, 30000)
                 stopper = asyncio.ensure_future(self.stop.wait())
                 done, _ = await asyncio.wait({sync, stopper}, return_when=asyncio.FIRST_COMPLETED)
