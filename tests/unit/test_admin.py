@@ -266,6 +266,21 @@ async def test_the_dispatcher_answers_each_command_once(ctx):
     assert dispatcher.collect(events) == 0  # handled ones are remembered by the store
 
 
+async def test_a_commands_age_is_the_homeservers_not_a_clock_compared_across_machines(ctx):
+    # A bridge whose clock ran 11 minutes ahead took every command for one
+    # older than 10 minutes and ignored it, in silence, for good.  The
+    # homeserver says how old an event is (``unsigned.age``).
+    send = Sender()
+    ahead = NOW + 11 * 60
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: ahead)
+    fresh = {**message("$now", "!ask help"), "unsigned": {"age": 800}}
+    stale = {**message("$then", "!ask help", age_ms=MAX_COMMAND_AGE_MS + 5000),
+             "unsigned": {"age": MAX_COMMAND_AGE_MS + 5000}}
+    assert dispatcher.collect([fresh, stale]) == 1
+    assert await dispatcher.drain() == 1
+    assert [content["m.relates_to"]["m.in_reply_to"]["event_id"] for _r, _t, content, _x in send.sent] == ["$now"]
+
+
 async def test_a_reply_that_cannot_be_sent_is_retried_without_running_the_command_again(ctx):
     send = Sender(fail=1)
     dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: NOW)
