@@ -31,7 +31,9 @@ class RateLimiter:
 
     per_minute: int
     clock: Callable[[], float] = time.monotonic
+    refunds_per_minute: int | None = None
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _refunds: dict[str, tuple[float, float]] = field(default_factory=dict)  # ``give_back``'s own bucket
 
     def allow(self, agent: str) -> bool:
         now = self.clock()
@@ -44,8 +46,19 @@ class RateLimiter:
         return True
 
     def give_back(self, agent: str) -> None:
-        """Return one request to the bucket (a wait that waits is not charged)."""
-        level, at = self._buckets.get(agent, (float(self.per_minute), self.clock()))
+        """Return one request to the bucket (a wait that waits is not
+        charged), at most ``refunds_per_minute`` a minute (by default the
+        budget again): waits held and dropped over and over add at most that
+        to an agent's requests."""
+        now = self.clock()
+        most = float(self.refunds_per_minute or self.per_minute)
+        refunds, at = self._refunds.get(agent, (most, now))
+        refunds = min(most, refunds + (now - at) * most / 60.0)
+        if refunds < 1.0:
+            self._refunds[agent] = (refunds, now)
+            return
+        self._refunds[agent] = (refunds - 1.0, now)
+        level, at = self._buckets.get(agent, (float(self.per_minute), now))
         self._buckets[agent] = (min(float(self.per_minute), level + 1.0), at)
 
     def retry_after(self, agent: str) -> int:

@@ -47,7 +47,8 @@ class AgentApi:
         self.config = config
         self.log = log  # the answer log's routes (log_routes.LogRoutes), when the bridge has a store
         self.sets = sets or AgentSets(config.sets.root)
-        self.limiter = RateLimiter(config.agent_api.rate_per_minute)
+        # An agent may start its max_waits long polls at once, and again as they end, without a request of its budget.
+        self.limiter = RateLimiter(config.agent_api.rate_per_minute, refunds_per_minute=config.agent_api.max_waits)
         self.document = OPENAPI.read_bytes()
         self.contract = Contract(json.loads(self.document))
         self.sets.waits.per_agent = config.agent_api.max_waits

@@ -24,8 +24,10 @@ from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, 
 # DEFAULT_TIMEOUT; more is refused, not capped.
 MAX_TIMEOUT = 300.0
 DEFAULT_TIMEOUT = 60.0
-# A wait shorter than this is a read, and is charged as one.
-HELD_AT_LEAST = 1.0
+# A wait with a shorter timeout is a read, and is charged as one: waits of
+# a second, each given back, let an agent holding its max_waits make 100
+# requests a second (each reading its set) on a budget of 2.
+HELD_AT_LEAST = 10.0
 Progress = Callable[[float, float, str], Awaitable[None]]
 
 

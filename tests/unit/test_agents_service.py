@@ -76,6 +76,22 @@ def test_the_rate_limit_is_per_agent_and_refills():
     assert limiter.allow("a") and not limiter.allow("a")
 
 
+def test_waits_given_back_are_capped_so_waits_dropped_at_once_cannot_multiply_the_budget():
+    # A wait held and dropped (its connection closed, a short timeout), over
+    # and over, was given back each time: 1,000 requests in 10 s, each
+    # reading the set, on a budget of 120 a minute.
+    now = [0.0]
+    limiter = RateLimiter(per_minute=3, clock=lambda: now[0], refunds_per_minute=5)
+    allowed = 0
+    for _ in range(100):
+        if limiter.allow("a"):
+            allowed += 1
+            limiter.give_back("a")
+    assert allowed == 3 + 5
+    now[0] += 60.0  # a minute on: the budget and the refunds are back
+    assert sum(limiter.allow("a") and (limiter.give_back("a") or True) for _ in range(100)) == 3 + 5
+
+
 def test_a_webhook_signature_checks_out_only_unchanged_and_recent():
     body = b'{"type": "answer.accepted"}'
     header = signature("s3cret", 1_000_000, body)
