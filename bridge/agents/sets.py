@@ -46,6 +46,39 @@ def _view(set_dir: Path) -> dict[str, Any]:
         raise NotFound(exc.message) from None
 
 
+def _call(fn: Callable[..., Any], /, *args: Any) -> Any:
+    return fn(*args)
+
+
+def set_summary(set_dir: Path) -> dict[str, Any] | None:
+    """A set's line in ``list_sets`` (None when it can't be read); a module
+    function, so a big set's runs in a process of its own."""
+    try:
+        view = load_view(set_dir, include_all=True)
+    except ReadError:
+        return None
+    answers = view["answers"]
+    return {"rev": view["rev"], "open": sum(1 for a in answers if a["status"] == "open"), "answered": view["count"]}
+
+
+def closed_set(data: bytes, qids: list[str] | None, status: str, reason: str | None,
+               set_dir: str) -> tuple[bytes | None, bool, tuple[str, list[dict[str, str]] | None] | None]:
+    """A close worked out on a questions.json's bytes: (the new bytes, whether
+    anything closed, why it can't be: a message and lint's findings, or None
+    for a set that can't be read); a module function, so a big set's runs
+    in a process of its own."""
+    try:
+        raw = parse_json(data)
+    except LoadError as exc:
+        return None, False, (f"the set can't be read: {getattr(exc, 'message', exc)}", None)
+    new, done = close_questions(raw, qids, status, reason)
+    result = lint(new, LocalFilesystem(set_dir), probe=None, confined=True)
+    blocking = [f for f in result.errors if blocks_close(f.where, f.message)]
+    if blocking:
+        return None, False, ("the set would fail lint", dicts(blocking))
+    return (json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n" if done else None), done, None
+
+
 def _files_now(set_dir: Path) -> tuple[Any, ...]:
     """What tells one state of a set's two files from the next (a write replaces a file: a new inode)."""
     out: list[Any] = []
@@ -106,6 +139,8 @@ class AgentSets:
         self.fence: Callable[[], None] | None = None
         # Readings under way: (set folder, its files' stat) -> the view being read.
         self._reading: dict[tuple[Path, Any], asyncio.Future[dict[str, Any]]] = {}
+        # ``list_sets``: each set's line as of its files' stamp.
+        self._summaries: dict[Path, tuple[Any, dict[str, Any] | None]] = {}
 
     # -- where a set lives, and whose it is --------------------------------------
 
@@ -339,17 +374,22 @@ class AgentSets:
                reason: str | None) -> tuple[dict[str, Any], Path]:
         set_dir = self._own_dir(agent, set_id)
         try:
-            raw = parse_json((set_dir / QUESTIONS_FILE).read_bytes())
-        except (OSError, LoadError) as exc:
-            raise NotFound(f"the set can't be read: {getattr(exc, 'message', exc)}") from None
-        new, done = close_questions(raw, qids, status, reason)
-        result = lint(new, LocalFilesystem(os.path.abspath(set_dir)), probe=None, confined=True)
-        blocking = [f for f in result.errors if blocks_close(f.where, f.message)]
-        if blocking:
-            raise LintFailed("the set would fail lint", findings=dicts(blocking))
+            data = (set_dir / QUESTIONS_FILE).read_bytes()
+        except OSError as exc:
+            raise NotFound(f"the set can't be read: {exc}") from None
+        # A big set's parse, lint and new bytes in a process of its own, as
+        # its PUT is judged: in this thread, their long calls held the
+        # interpreter's lock (/health and every agent) 200 ms at a time.
+        closing = in_a_process if len(data) > BIG_DOCUMENT else _call
+        new, done, failed = closing(closed_set, data, qids, status, reason, os.path.abspath(set_dir))
+        if failed is not None:
+            message, findings = failed
+            if findings is None:
+                raise NotFound(message)
+            raise LintFailed(message, findings=findings)
         if done:
             self._fenced()
-            replace_whole(set_dir / QUESTIONS_FILE, json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n")
+            replace_whole(set_dir / QUESTIONS_FILE, new)
         return {"ok": True, "set": set_id, "status": status, "closed": done}, set_dir
 
     # -- list ---------------------------------------------------------------------------
@@ -364,15 +404,22 @@ class AgentSets:
             owner = read_owner(entry)
             if owner is None or owner.agent != agent:
                 continue
-            try:
-                view = load_view(entry, include_all=True)
-            except ReadError:
-                continue
-            answers = view["answers"]
-            found.append({"set": entry.name, "rev": view["rev"],
-                          "open": sum(1 for a in answers if a["status"] == "open"),
-                          "answered": view["count"]})
+            summary = self._summary(entry)
+            if summary is not None:
+                found.append({"set": entry.name, **summary})
         return found
+
+    def _summary(self, set_dir: Path) -> dict[str, Any] | None:
+        """A set's line in the list, kept while its files stay as they are: a
+        listing reads again only what changed, and a big set in a process."""
+        stamp = _files_now(set_dir)
+        kept = self._summaries.get(set_dir)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
+        big = (stamp[0] or (0, 0, 0))[2] > BIG_DOCUMENT or (stamp[1] or (0, 0, 0))[2] > BIG_DOCUMENT
+        summary = (in_a_process if big else _call)(set_summary, set_dir)
+        self._summaries[set_dir] = (stamp, summary)
+        return summary
 
 
 def check_set_id(set_id: object, where: str = "id") -> str:

@@ -393,3 +393,36 @@ async def test_a_resource_subscription_is_one_per_connection_and_ends_with_unsub
         assert told == [uri]
         with pytest.raises(Exception, match="no set"):
             await client.session.subscribe_resource("askwright://sets/theirs/answers")
+
+
+async def test_a_big_sets_close_and_listing_are_worked_out_in_a_process_and_a_listing_reads_only_what_changed(
+        tmp_path, monkeypatch):
+    # In the agents' threads, a big set's parse, lint and JSON held the
+    # interpreter's lock: an agent closing or listing its 3 MB set (within its
+    # budget) held /health and every other agent up to 430 ms at a time.
+    from bridge.agents import sets as sets_module
+
+    sets = AgentSets(tmp_path)
+    big = one_question("big")
+    template = big["questions"][0]
+    big["questions"] = [{**template, "id": f"q{n}", "title": f"Release branch {n}",
+                         "question": f"Which branch should release {n} be cut from?",
+                         "guess": {**template["guess"], "option": ("main", "stable")[n % 2]}} for n in range(2000)]
+    sets.ask("a", "big", big)
+    sets.ask("a", "small", one_question("small"))
+    apart: list[str] = []
+    real = sets_module.in_a_process
+
+    def noted(fn, *args):
+        apart.append(fn.__name__)
+        return real(fn, *args)
+
+    monkeypatch.setattr(sets_module, "in_a_process", noted)
+    listed = await sets.list_sets_apart("a")
+    assert [(s["set"], s["open"]) for s in listed] == [("big", 2000), ("small", 1)]
+    assert apart == ["set_summary"]  # the big one alone
+    assert await sets.list_sets_apart("a") == listed and apart == ["set_summary"]  # nothing changed: nothing read
+    closed = await sets.close_apart("a", "big", ["q7"], "closed", None)
+    assert closed["closed"] and apart == ["set_summary", "closed_set"]
+    listed = await sets.list_sets_apart("a")
+    assert listed[0]["open"] == 1999 and apart == ["set_summary", "closed_set", "set_summary"]
