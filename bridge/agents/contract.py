@@ -164,7 +164,9 @@ class Contract:
                 raise _refusal("body", "required")
             return None
         try:
-            value = strictjson.loads(raw)
+            value = strictjson.loads(raw, unique_keys=True)
+        except strictjson.NotJson as exc:
+            raise _refusal("body", str(exc)) from None
         except (ValueError, RecursionError):
             raise _refusal("body", "not JSON") from None
         _raise_first(op.json_body, value, "body")

@@ -68,7 +68,10 @@ def test_the_contract_reads_any_document_and_names_the_field_at_fault():
                                                                             "message": "unknown field"}
     assert refused(lambda: contract.check_body(post, b'{"names": [null]}')) == {
         "where": "body.names.0", "message": "must be string, not null"}
-    assert refused(lambda: contract.check_body(post, b'{"names": NaN}'))["message"] == "not JSON"
+    assert refused(lambda: contract.check_body(post, b'{"names": NaN}'))["message"] == "NaN is not JSON"
+    # A key twice: Python kept the last ({"status": "closed", "status": "withdrawn"} closed as withdrawn), other readers the first.
+    assert refused(lambda: contract.check_body(post, b'{"names": ["a"], "names": ["b"]}')) == {
+        "where": "body", "message": "the key 'names' appears twice in one object"}
     assert contract.check_body(post, b"") is None  # the body is optional here
     # A binary body is the handler's to read: not parsed, not validated as JSON.
     put = contract.operation("PUT", "/v1/things/{id}")
