@@ -16,7 +16,7 @@ from aiohttp import web
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
 from bridge.agents.bodyread import paced
 from bridge.agents.errors import NotFound
-from bridge.agents.media_files import TooLarge, check_media_name, receive
+from bridge.agents.media_files import TooLarge, check_media_name, receive, stored_body
 from bridge.agents.sets import AgentSets
 from bridge.questionset.media import mimetype
 
@@ -73,7 +73,8 @@ class FileRoutes:
         with self.sets.media_dir(agent, set_id) as set_dir:
             body = paced(request.content.iter_chunked(READ_CHUNK))
             stored = await receive(set_dir, set_id, name, body, self.media_max, expected=expected)
-        return web.json_response(stored.as_dict(), status=201 if stored.created else 200)
+        return web.json_response(await stored_body(stored, self.sets.upload_limit),
+                                 status=201 if stored.created else 200)
 
 
 def range_ignored(headers: Mapping[str, str], etag: Callable[[], str], modified: Callable[[], int]) -> bool:

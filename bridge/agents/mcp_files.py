@@ -14,7 +14,7 @@ import mcp_types as types
 
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
 from bridge.agents.errors import BadRequest, NotFound
-from bridge.agents.media_files import TooLarge, check_media_name, pieces, receive
+from bridge.agents.media_files import TooLarge, check_media_name, pieces, receive, stored_body
 from bridge.agents.sets import AgentSets
 from bridge.questionset.media import mimetype
 
@@ -98,4 +98,4 @@ class McpFiles:
             raise BadRequest("data: not base64", findings=[{"where": "data", "message": "the file's bytes in base64"}]) from None
         with self.sets.media_dir(agent, set_id) as set_dir:
             stored = await receive(set_dir, set_id, name, pieces(data), self.media_max)
-        return stored.as_dict()
+        return await stored_body(stored, self.sets.upload_limit)

@@ -96,7 +96,9 @@ TOOLS: dict[str, dict[str, Any]] = {
                        "src": {"type": "string", "description": "What the set's media src names it by."},
                        "type": {"type": "string", "description": "The mimetype, from the extension."},
                        "size": {"type": "integer"}, "sha256": {"type": "string"},
-                       "created": {"type": "boolean", "description": "false: a file of that name was replaced."}}},
+                       "created": {"type": "boolean", "description": "false: a file of that name was replaced."},
+                       "warnings": {**_FINDINGS, "description": "Present when the file is over the homeserver's "
+                                    "upload limit: a question showing it goes out without it."}}},
     },
     "verify": {
         "description": "Check a set's answers.json against the bridge's verifiable answer log: every record "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,19 @@ NAME_MAX = 128
 DEFAULT_MEDIA_MAX = 100 * 1024 * 1024
 # Written to disk in pieces of about this size (each in a worker thread).
 WRITE_BATCH = 1024 * 1024
+
+
+async def stored_body(stored: Stored, upload_limit: Callable[[], Awaitable[int | None]] | None) -> dict[str, Any]:
+    """What an upload answers: the file as stored, and a warning when the
+    homeserver's upload limit is under it (the agent would otherwise learn
+    only from the room that people saw the question without it)."""
+    body = stored.as_dict()
+    limit = await upload_limit() if upload_limit is not None else None
+    if limit is not None and stored.size > limit:
+        body["warnings"] = [{"where": stored.name, "message": (
+            f"{stored.size} bytes, over the homeserver's upload limit of {limit} bytes: a question showing it "
+            "goes out without it, its thread naming it as not sent")}]
+    return body
 
 
 class TooLarge(AgentError):

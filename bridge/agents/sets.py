@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,8 @@ class AgentSets:
         self.fence: Callable[[], None] | None = None
         # Readings under way: (set folder, its files' stat) -> the view being read.
         self._reading: dict[tuple[Path, Any], asyncio.Future[dict[str, Any]]] = {}
+        # The homeserver's upload limit (the transport's ``upload_limit``), once connected.
+        self.upload_limit: Callable[[], Awaitable[int | None]] | None = None
         # ``list_sets``: each set's line as of its files' stamp.
         self._summaries: dict[Path, tuple[Any, dict[str, Any] | None]] = {}
 

@@ -197,6 +197,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if client is None or stop.is_set():
             return
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
+        if ops.agents is not None:  # an agent's media upload is told when the homeserver would refuse the file
+            ops.agents.sets.upload_limit = transport.upload_limit
         if lease is not None:
             transport = lease.guard_transport(transport)
         pipeline = Pipeline(store=store, transport=transport, answerers=frozenset(config.answerers) or None,

@@ -296,3 +296,24 @@ async def test_a_clip_over_the_homeservers_upload_limit_is_named_as_not_sent_and
     await until(named_not_sent, timeout=30, what="the thread naming the clip as not sent")
     assert "over the homeserver's upload limit" in bridge.log_text()
     assert bridge.stop(timeout=30) == 0
+
+
+async def test_an_agents_media_over_the_homeservers_upload_limit_is_stored_with_a_warning(bridge):
+    # Stored (201) and nothing said: the agent learned only from the room that
+    # people saw its question without the clip.
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("clips")
+    async with aiohttp.ClientSession(headers=auth("planner"), timeout=aiohttp.ClientTimeout(total=300)) as http:
+        async with http.put(f"{base}/v1/sets/{set_id}/media/take.mp4", data=os.urandom(60 * 1024 * 1024),
+                            headers={"Content-Type": "application/octet-stream"}) as response:
+            big = await response.json()
+            assert response.status == 201, big
+        async with http.put(f"{base}/v1/sets/{set_id}/media/still.png", data=noisy_png(),
+                            headers={"Content-Type": "application/octet-stream"}) as response:
+            small = await response.json()
+            assert response.status == 201, small
+    assert big["size"] == 60 * 1024 * 1024
+    assert [w["where"] for w in big["warnings"]] == ["take.mp4"]
+    assert "over the homeserver's upload limit of 52428800 bytes" in big["warnings"][0]["message"]
+    assert "warnings" not in small
