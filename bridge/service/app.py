@@ -183,6 +183,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     if lease is not None:
         lease.guard_store(store)
         metrics.follow_lease(lambda: lease.leading)
+        metrics.store_trouble = lease.unreached
     ops = Operators(config, store, metrics)
     front = make_front(config, store, ops)
     client: AsyncClient | None = None

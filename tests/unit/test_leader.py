@@ -310,3 +310,32 @@ def test_a_leader_steps_down_for_good_when_a_newer_version_migrates_the_store(sh
     assert not mine.leading
     with pytest.raises(LeaseLost):
         mine.check()
+
+
+async def test_a_standbys_health_says_the_database_cannot_be_reached(shared, postgres_server):
+    # With PostgreSQL frozen or out of connection slots, every instance
+    # answered {"ready": false, "role": "standby"}: no leader, and no reason.
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from bridge.service.operators.health import health_app
+    from bridge.service.storage.standby import standby_metrics
+
+    url, lease = shared
+    cable = Cable(postgres_server.port)
+    standby = lease(ttl=2, url=url.replace(f":{postgres_server.port}/", f":{cable.port}/"))
+    client = TestClient(TestServer(health_app(standby_metrics(standby))))
+    await client.start_server()
+    try:
+        await asyncio.to_thread(wait_for, lambda: standby.leading)
+        assert "store_unreachable" not in await (await client.get("/health")).json()
+        cable.sever()
+        await asyncio.to_thread(wait_for, lambda: standby.unreached() is not None, 15)
+        await asyncio.sleep(1)
+        body = await (await client.get("/health")).json()
+        assert body["role"] == "standby" and body["store_unreachable"]["seconds"] >= 1
+        assert body["store_unreachable"]["error"]
+        cable.mend()
+        await asyncio.to_thread(wait_for, lambda: standby.unreached() is None, 15)
+        assert "store_unreachable" not in await (await client.get("/health")).json()
+    finally:
+        await client.close()

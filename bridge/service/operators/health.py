@@ -93,6 +93,10 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
             # Appservice mode: answers still come, from a look into the rooms every 30 s.
             body["homeserver_cannot_reach_bridge"] = {"seconds": round(max(0.0, state.clock() - unreached[0]), 1),
                                                       "error": unreached[1]}
+        trouble = state.store_trouble() if state.store_trouble is not None else None
+        if trouble is not None:
+            # No instance can lead while the shared store's database can't be reached: say so, not only "standby".
+            body["store_unreachable"] = {"seconds": round(trouble[0], 1), "error": trouble[1]}
         failing = state.failing
         if failing is not None:
             # Events are not made durable now (retried meanwhile): answers wait.

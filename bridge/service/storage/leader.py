@@ -110,6 +110,7 @@ class Lease:
         self.on_leading: Callable[[], None] | None = None
         self._hold_off_until = 0.0  # ``release``: no lease taken before this
         self._newer_schema: int | None = None  # a newer version migrated the store: this one never leads again
+        self._unreached: tuple[float, str] | None = None  # (since, why) while the database can't be reached
         self._conn: psycopg.Connection | None = None
         self._halt = threading.Event()
         self._mutex = threading.Lock()
@@ -120,6 +121,11 @@ class Lease:
     @property
     def leading(self) -> bool:
         return self.role == "leader" and _clock() < self.valid_until
+
+    def unreached(self) -> tuple[float, str] | None:
+        """(seconds, why) while the database has not answered the lease's last rounds."""
+        trouble = self._unreached
+        return None if trouble is None else (elapsed() - trouble[0], trouble[1])
 
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this instance surely still leads."""
@@ -205,9 +211,12 @@ class Lease:
                     else:
                         self._try_take(self._conn)
                     self._heartbeat(self._conn)
+                self._unreached = None
             except Exception as exc:  # noqa: BLE001 - whatever failed, reconnect and go on: the thread never dies
                 log.log(logging.DEBUG if isinstance(exc, psycopg.Error) else logging.WARNING,
                         "lease: database unreachable (%s); reconnecting", exc)
+                if self._unreached is None:
+                    self._unreached = (elapsed(), " ".join(str(exc).split())[:300] or type(exc).__name__)
                 with contextlib.suppress(Exception):
                     self._conn.close()  # type: ignore[union-attr]
                 self._conn = None

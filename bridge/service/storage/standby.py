@@ -51,7 +51,7 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
     backoff = FIRST_BACKOFF
     try:
         while not stop.is_set():
-            runner = await _standby_listener(config)
+            runner = await _standby_listener(config, lease)
             try:
                 while not lease.leading and not stop.is_set():
                     changed.clear()
@@ -119,13 +119,15 @@ async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event,
     term.set()
 
 
-def standby_metrics() -> Metrics:
+def standby_metrics(lease: Lease | None = None) -> Metrics:
     metrics = Metrics()
     metrics.set_role("standby")
+    if lease is not None:
+        metrics.store_trouble = lease.unreached
     return metrics
 
 
-async def _standby_listener(config: Config) -> web.AppRunner | None:
+async def _standby_listener(config: Config, lease: Lease | None = None) -> web.AppRunner | None:
     """/health and /metrics where the leader would serve them; in appservice
     mode every other request (a transaction) is answered 503."""
     from bridge.service.operators.starting import health_address
@@ -141,7 +143,7 @@ async def _standby_listener(config: Config) -> web.AppRunner | None:
     from bridge.service.operators.health import health_routes, runner_for
 
     app = web.Application()
-    app.add_routes(health_routes(standby_metrics()))
+    app.add_routes(health_routes(standby_metrics(lease)))
 
     async def not_leading(_request: web.Request) -> web.Response:
         return web.json_response({"errcode": "M_UNKNOWN", "error": "this instance stands by; another one leads"},
