@@ -52,7 +52,7 @@ async def verify_tool(sets: AgentSets, store_of: Callable[[], Store | None], age
     verdict = await asyncio.to_thread(audit_verify.verify_set, doc, leaves, notes, origin, public)
     return {"ok": True, "set": set_id, "holds": verdict.holds, "problems": verdict.problems,
             "records": verdict.checked_records, "leaves": verdict.leaves, "checkpoint_size": verdict.checkpoint_size,
-            "key": vkey}
+            "before_the_log": verdict.before_the_log, "key": vkey}
 
 
 def _answers_of(set_dir: Path, set_id: str) -> dict[str, Any]:

@@ -116,6 +116,9 @@ TOOLS: dict[str, dict[str, Any]] = {
                        "problems": {"type": "array", "items": {"type": "string"}},
                        "records": {"type": "integer"}, "leaves": {"type": "integer"},
                        "checkpoint_size": {"type": ["integer", "null"]},
+                       "before_the_log": {"type": "array", "items": {"type": "string"},
+                                          "description": "Questions whose answers were given before the log "
+                                                         "began (the bridge ran without it then): not covered."},
                        "key": {"type": "string", "description": "The log's verifier key the check used."}}},
     },
     "list_sets": {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
     verdict = audit_verify.verify_set(doc, leaves, notes, origin, public, questions, later)
     for problem in verdict.problems:
         print(problem)
+    if verdict.before_the_log:
+        print(f"note: {len(verdict.before_the_log)} record(s) answered before the log began "
+              f"({_when(verdict.log_began_ms)}), which the log does not cover: "
+              f"{', '.join(verdict.before_the_log[:20])}{' …' if len(verdict.before_the_log) > 20 else ''}")
     if verdict.newer:
         print(f"note: {len(verdict.newer)} checkpoint(s) given are newer than the export (up to size "
               f"{max(verdict.newer)}; the export holds {verdict.leaves} leaves): the answers logged since are not "
@@ -81,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{len(verdict.problems)} problem(s): {summary}")
     return EXIT_MISMATCH
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "it has no leaf yet"
+    return "its first leaf at " + datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def read_leaves(path: Path) -> list[bytes]:

@@ -9,6 +9,7 @@ tree rebuilt, the signatures checked with the key given.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -23,6 +24,10 @@ class Verdict:
     checkpoint_size: int | None = None
     earlier_checkpoints: int = 0
     newer: list[int] = field(default_factory=list)  # sizes of checkpoints past the export (not checked)
+    # Records of answers given before the log's first leaf (the bridge ran
+    # without the log then): the log can't vouch for them, and says so.
+    before_the_log: list[str] = field(default_factory=list)
+    log_began_ms: int | None = None
 
     @property
     def holds(self) -> bool:
@@ -106,6 +111,7 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         verdict.problems.append("answers.json has no answers object")
         return verdict
     logged = _Logged(leaves)
+    verdict.log_began_ms = _first_ts(leaves)
     for qid, record in sorted(answers.items()):
         if not isinstance(record, dict):
             verdict.problems.append(f"record {qid!r}: not an object")
@@ -131,7 +137,13 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
                                         f"leaf {stands}")
             elif source.get("via") == "matrix" and record.get("state") != "note_only":
                 # (Notes kept before any pick vouch for no answer: they carry no receipt.)
-                verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
+                if _before(source.get("ts"), verdict.log_began_ms):
+                    # Answered before the log's first leaf, and the log holds
+                    # no answer of this question: the bridge ran without the
+                    # log then (an upgrade, audit.enabled off at first).
+                    verdict.before_the_log.append(qid)
+                else:
+                    verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
             continue  # another writer's record: the log does not speak for it
         verdict.checked_records += 1
         verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin,
@@ -151,6 +163,23 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
             verdict.problems.append(f"question {qid!r}: the log's answer that stands is leaf {stands}, but "
                                     "answers.json has no record of it")
     return verdict
+
+
+def _first_ts(leaves: Sequence[bytes]) -> int | None:
+    """When the log began: its first leaf's ``ts`` (None for an empty log)."""
+    if not leaves:
+        return None
+    try:
+        ts = json.loads(leaves[0]).get("ts")
+    except (ValueError, AttributeError, RecursionError):  # (the leaf itself is named as not parsing)
+        return None
+    return ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+
+
+def _before(ts: Any, began_ms: int | None) -> bool:
+    if not isinstance(ts, int) or isinstance(ts, bool):
+        return False
+    return began_ms is None or ts < began_ms
 
 
 class _Logged:

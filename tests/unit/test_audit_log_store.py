@@ -145,6 +145,28 @@ def test_a_set_verifies_and_each_tampering_is_named(tmp_path):
     assert problems[0].startswith("leaf 1: does not parse")
 
 
+def test_answers_given_before_the_log_began_are_named_as_not_covered_not_as_tampering(tmp_path):
+    # A deployment that turned the log on (an upgrade, audit.enabled off at
+    # first) failed verify for good: every earlier record "carries no receipt".
+    store = _store(tmp_path)
+    _answer(store, "$a1", "main", 10_000)
+    signer, key = _signed(store, tmp_path)
+    signer.sign_if_grown()
+    notes = [note for _size, note in store.audit.checkpoints()]
+    doc = _doc(store)
+    earlier = {"qid": "older", "state": "answered", "choice": "yes", "q_rev": 1, "rev": 1, "updated": "t",
+               "source": {"via": "matrix", "how": "answer_event", "room_id": "!r", "event_id": "$old",
+                          "sender": "@ana:hs", "ts": 9_000}}
+    doc["answers"]["older"] = earlier
+    verdict = audit_verify.verify_set(doc, _leaves(store), notes, ORIGIN, key.public)
+    assert verdict.holds, verdict.problems
+    assert verdict.before_the_log == ["older"] and verdict.log_began_ms == 10_000
+    # One answered after the log began and carrying no receipt is still named.
+    doc["answers"]["older"] = {**earlier, "source": {**earlier["source"], "ts": 11_000}}
+    assert audit_verify.verify_set(doc, _leaves(store), notes, ORIGIN, key.public).problems == [
+        "record 'older': written by the bridge but carries no receipt"]
+
+
 def test_the_checkpoint_is_put_in_every_room_the_bridge_posts_in(tmp_path):
     store = _store(tmp_path)
     _answer(store, "$a1", "main", 10)
