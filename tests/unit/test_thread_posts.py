@@ -194,3 +194,31 @@ def test_a_media_upload_the_homeserver_fails_once_is_tried_again_before_the_ques
     posted = transport.sent[0][1]
     assert "chart.png" in json.dumps(posted["question"]["media"]) and "mxc://hs/chart_png" in json.dumps(posted)
     assert not any("could not be sent" in c.get("body", "") for _t, c, _txn in transport.sent)
+
+
+def test_a_big_clip_is_sent_from_its_file_never_read_whole(tmp_path: Path) -> None:
+    # A 60 MB clip took 64 MB of the bridge's memory to post (read whole,
+    # then chunked), four sets posted at once; a plain room's upload now
+    # reads the file as it is sent.  Its size and hash are the file's.
+    import asyncio
+    import hashlib
+    import os
+
+    from bridge.service.storage.store import Store
+
+    clip = tmp_path / "take.mp4"
+    clip.write_bytes(os.urandom(3 * 1024 * 1024 + 7))
+    given: list[object] = []
+
+    class Streaming(Transport):
+        async def upload(self, data: object, mimetype: str, name: str) -> str:
+            given.append(data)
+            return await super().upload(data, mimetype, name)  # type: ignore[arg-type]
+
+    store = Store(tmp_path / "s.sqlite")
+    upload = asyncio.run(media._upload_once(clip, store, Streaming()))
+    assert given == [clip]  # the path, not its bytes
+    assert upload.size == clip.stat().st_size
+    url, info = store.upload_of(hashlib.sha256(clip.read_bytes()).hexdigest())
+    assert url == upload.url and info["size"] == upload.size
+    store.close()

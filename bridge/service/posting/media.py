@@ -212,8 +212,10 @@ def figure_message(item: MediaItem, index: int) -> dict[str, Any]:
 
 
 async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool = False) -> Upload:
-    data = await asyncio.to_thread(path.read_bytes)
-    digest = hashlib.sha256(data).hexdigest()
+    # Read as it is hashed and sent, never whole (a clip of tens of
+    # megabytes, four sets posted at once): only an encrypted upload, whose
+    # cipher takes the bytes, holds them.
+    digest, size, head = await asyncio.to_thread(_digest, path)
     # An encrypted upload is its own entry: its key must never reach a plain room.
     cache_key = f"e2e:{digest}" if encrypted else digest
     cached = await store.run(store.upload_of, cache_key)
@@ -221,19 +223,40 @@ async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool
         url, info = cached
         return Upload(url=url, **{**info, "name": path.name})
     mime = mimetype(path.name)
-    file_info = await transport.upload_encrypted(data, mime, path.name) if encrypted else None
-    url = file_info["url"] if file_info else await transport.upload(data, mime, path.name)
-    upload = Upload(url=url, mimetype=mime, size=len(data), name=path.name, file=file_info)
-    upload.w, upload.h = image_size(data)
+    if encrypted:
+        file_info = await transport.upload_encrypted(await asyncio.to_thread(path.read_bytes), mime, path.name)
+        url = file_info["url"]
+    else:
+        file_info = None
+        url = await transport.upload(path, mime, path.name)
+    upload = Upload(url=url, mimetype=mime, size=size, name=path.name, file=file_info)
+    upload.w, upload.h = image_size(head)
     if upload.w is None and mime.split("/")[0] in ("video", "audio"):
         probed = await asyncio.to_thread(probe, str(path))
         upload.w, upload.h, upload.duration_ms = probed
-    info: dict[str, Any] = {"mimetype": mime, "size": len(data), "w": upload.w, "h": upload.h,
+    info: dict[str, Any] = {"mimetype": mime, "size": size, "w": upload.w, "h": upload.h,
                             "duration_ms": upload.duration_ms}
     if file_info:
         info["file"] = file_info
     await store.run_written(store.record_upload, cache_key, url, info)
     return upload
+
+
+# How much of a file ``image_size`` looks at: a JPEG's size marker may come
+# after an EXIF block with a thumbnail (64 KiB at most per segment).
+IMAGE_HEAD = 1024 * 1024
+
+
+def _digest(path: Path) -> tuple[str, int, bytes]:
+    """(sha256 hex, size, its first IMAGE_HEAD bytes), read in pieces."""
+    with open(path, "rb") as handle:
+        head = handle.read(IMAGE_HEAD)
+        digest = hashlib.sha256(head)
+        size = len(head)
+        while chunk := handle.read(1024 * 1024):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size, head
 
 
 def image_size(data: bytes) -> tuple[int | None, int | None]:

@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -398,24 +399,34 @@ class NioTransport:
             self._upload_limit = limit
         return self._upload_limit
 
-    async def upload(self, data: bytes, content_type: str, filename: str) -> str:
+    async def upload(self, data: bytes | Path, content_type: str, filename: str) -> str:
+        """Upload ``data`` (the bytes, or a file read as it is sent: a clip of
+        tens of megabytes is never held whole); its mxc URL."""
         import io
 
+        size = len(data) if isinstance(data, bytes) else data.stat().st_size
         limit = await self.upload_limit()
-        if limit is not None and len(data) > limit:
+        if limit is not None and size > limit:
             # Synapse answers 413 and resets the connection while the body is
             # still sent: nio saw a dropped connection and tried again for ever.
-            raise UploadRefused(f"uploading {filename}: {len(data)} bytes, over the homeserver's upload limit "
+            raise UploadRefused(f"uploading {filename}: {size} bytes, over the homeserver's upload limit "
                                 f"of {limit} bytes")
+        opened: list[io.BufferedReader] = []
 
-        def body(_got_429: int, got_timeouts: int) -> io.BytesIO:
+        def body(_got_429: int, got_timeouts: int) -> io.BufferedIOBase:
             # nio tries a dropped or timed-out upload again for ever; a few tries, then the caller decides.
             if got_timeouts >= UPLOAD_TRIES:
                 raise MatrixError(f"uploading {filename}", f"the connection failed {got_timeouts} times")
-            return io.BytesIO(data)
+            if isinstance(data, bytes):
+                return io.BytesIO(data)
+            opened.append(open(data, "rb"))  # each try from the start
+            return opened[-1]
 
-        response, _ = await self.client.upload(body, content_type=content_type, filename=filename,
-                                               filesize=len(data))
+        try:
+            response, _ = await self.client.upload(body, content_type=content_type, filename=filename, filesize=size)
+        finally:
+            for handle in opened:
+                handle.close()
         if not isinstance(response, UploadResponse):
             raise MatrixError(f"uploading {filename}", response)
         return response.content_uri
