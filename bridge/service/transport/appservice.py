@@ -211,6 +211,11 @@ class TransactionServer:
             return _error(500, "M_UNKNOWN", "not processed; send it again")
         log.debug("transaction %s: %d events, %s", txn_id, len(events),
                   "taken before" if result is None or result.repeated else result)
+        if result is not None and result.repeated and wanted:
+            # Sent again: the homeserver never had our 200 (it restarted, or
+            # a proxy cut it), and what it queued meanwhile may be gone with
+            # it: the timelines are looked into soon, not at the next period.
+            self._trouble()
         self._remember(wanted)
         return web.json_response({})
 

@@ -84,7 +84,7 @@ class TimelinePage(Response):
     def from_dict(cls, parsed: dict[str, Any], room_id: str = "") -> "TimelinePage | RoomMessagesError":
         chunk = parsed.get("chunk") if isinstance(parsed, dict) else None
         if not isinstance(chunk, list) or not isinstance(parsed.get("start"), str):
-            return RoomMessagesError.from_dict(parsed if isinstance(parsed, dict) else {})
+            return RoomMessagesError.from_dict(parsed if isinstance(parsed, dict) else {}, room_id)
         end = parsed.get("end")
         # Each event as the pipeline takes it: with its room (``/messages`` leaves it out).
         return cls(chunk=[{**event, "room_id": room_id} for event in chunk if isinstance(event, dict)],
