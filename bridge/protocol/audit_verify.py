@@ -127,10 +127,19 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         # approval rewritten as one answer matched its leaf.  The question
         # says it needs a quorum, so a pick it records is a decision, a tally
         # whatever the record says (a "not sure" alone is no vote: one answer).
-        tally = is_tally(record) or (qid in quorums and record.get("state") == "answered")
+        outcome = logged.latest_outcome((doc.get("set"), qid))
+        # A decision is an approval's: its record is a tally, whatever it says.
+        tally = is_tally(record) or (qid in quorums and record.get("state") == "answered") \
+            or (outcome is not None and outcome[0] == "decided")
         stands = None if tally else logged.standing().get((doc.get("set"), qid))
         if receipt is None:
-            if stands is not None:
+            if outcome is not None and not (record.get("state") == "expired" and source.get("how") == "expiry"):
+                # The log decided or expired the question: a record with no
+                # receipt (whoever it says wrote it) is not that outcome.
+                verdict.problems.append(f"record {qid!r}: no receipt, where the log's latest word on the question "
+                                        f"is its {'decision' if outcome[0] == 'decided' else 'expiry'} "
+                                        f"(leaf {outcome[2]})")
+            elif stands is not None:
                 # Whoever wrote it (or a writer's name taken off), the log
                 # holds an answer that stands: the record is not what it says.
                 verdict.problems.append(f"record {qid!r}: no receipt, where the log's answer that stands is "
@@ -161,6 +170,11 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
     for (set_id, qid), stands in sorted(logged.standing().items(), key=lambda item: str(item[0])):
         if set_id == doc.get("set") and qid not in answers:
             verdict.problems.append(f"question {qid!r}: the log's answer that stands is leaf {stands}, but "
+                                    "answers.json has no record of it")
+    for (set_id, qid), (last, _sha256, index) in sorted(logged.outcomes().items(), key=lambda item: str(item[0])):
+        if set_id == doc.get("set") and qid not in answers and (set_id, qid) not in logged.standing():
+            verdict.problems.append(f"question {qid!r}: the log's latest word on it is its "
+                                    f"{'decision' if last == 'decided' else 'expiry'} (leaf {index}), but "
                                     "answers.json has no record of it")
     return verdict
 
@@ -199,6 +213,9 @@ class _Logged:
         self.outcome: dict[tuple[Any, Any], tuple[str, Any]] = {}
         # (set, question id, sender) -> the hashes of the answers the log accepted from them
         self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
+        self._outcome_at: dict[tuple[Any, Any], int] = {}  # the latest outcome's leaf
+        self._outcome_rev: dict[tuple[Any, Any], Any] = {}  # ... and the revision it concerned
+        self._withdrawn_at: dict[tuple[Any, Any], int] = {}  # the latest withdrawal's leaf, per question
 
     def standing(self) -> dict[tuple[Any, Any], int]:
         """(set, question id) -> the index of the accepted answer that stands,
@@ -262,7 +279,31 @@ class _Logged:
                                              set()).add(leaf.get("answer_sha256"))
                 elif leaf.get("outcome") in ("decided", "expired"):
                     self.outcome[(leaf.get("set"), _question_id(leaf))] = (leaf["outcome"], leaf.get("answer_sha256"))
+                    self._outcome_at[(leaf.get("set"), _question_id(leaf))] = _index
+                    self._outcome_rev[(leaf.get("set"), _question_id(leaf))] = leaf["question"].get("rev") \
+                        if isinstance(leaf.get("question"), dict) else None
+                elif leaf.get("outcome") == "withdrawn":
+                    self._withdrawn_at[(leaf.get("set"), _question_id(leaf))] = _index
         return self._accepted
+
+    def outcomes(self) -> dict[tuple[Any, Any], tuple[str, Any, int]]:
+        """(set, question id) -> the log's latest approval outcome: (decided or
+        expired, its decision's hash, its leaf)."""
+        self.accepted()
+        return {key: (*value, self._outcome_at[key]) for key, value in self.outcome.items()}
+
+    def latest_outcome(self, key: tuple[Any, Any]) -> tuple[str, Any, int] | None:
+        return self.outcomes().get(key)
+
+    def outcome_rev(self, key: tuple[Any, Any]) -> Any:
+        self.accepted()
+        return self._outcome_rev.get(key)
+
+    def withdrawn_since(self, key: tuple[Any, Any], index: int) -> bool:
+        """A withdrawal of an answer to the question after leaf ``index`` (a
+        vote taken back that may have undone the decision logged there)."""
+        self.accepted()
+        return self._withdrawn_at.get(key, -1) > index
 
 
 def _question_id(leaf: dict[str, Any]) -> Any:
@@ -332,7 +373,15 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
     # The outcome can change after it was logged (an earlier event read late),
     # and the bridge logs each change: the log's latest word is the record's.
     last, logged_sha256 = logged.outcome.get((doc.get("set"), qid), (None, None))
-    if state == "expired" and last != "expired":
+    latest = logged.latest_outcome((doc.get("set"), qid))
+    if state == "pending" and latest is not None and latest[0] == "decided" \
+            and logged.outcome_rev((doc.get("set"), qid)) == record.get("q_rev") \
+            and not logged.withdrawn_since((doc.get("set"), qid), latest[2]):
+        # Undecided again only when a vote was taken back after the decision
+        # (an undo), or for a revision after the one decided.
+        problems.append(f"{where}: the record says pending, and the log's latest word on the question is its "
+                        f"decision (leaf {latest[2]})")
+    elif state == "expired" and last != "expired":
         problems.append(f"{where}: the record says expired, and the log records no expiry of the question"
                         + (" since its decision" if last == "decided" else ""))
     elif state == "answered" and record.get("decided_by") and last != "decided":

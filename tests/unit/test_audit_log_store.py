@@ -412,6 +412,29 @@ def test_an_approvals_tally_verifies_pending_decided_and_expired_and_a_changed_v
         "record 'branch' (leaf 0): the record says expired, and the log records no expiry of the question"]
     assert AnswersFile(pending.set_dir).load()["answers"]["branch"]["state"] == "pending"
 
+    # Hidden outcomes (these passed with exit 0): a decision rewritten by
+    # "another writer" (no receipt, not via matrix), an expiry made an agent's
+    # own record, a decision made pending, an expired record taken out.
+    def other_writer(record: dict, **changes: object) -> None:
+        record.pop("receipt", None)
+        record["source"] = {"via": "agent"}
+        record.update(changes)
+
+    assert tamper(decided, lambda r: other_writer(r, choice="stable")) == [
+        "record 'branch': no receipt, where the log's latest word on the question is its decision (leaf 2)"]
+    assert tamper(expired, lambda r: other_writer(r, state="answered", choice="main")) == [
+        "record 'branch': no receipt, where the log's latest word on the question is its expiry (leaf 1)"]
+    assert tamper(decided, lambda r: (r.update(state="pending"), r.pop("choice"), r.pop("decided_by"),
+                                      r.pop("label", None), r.pop("matched_guess", None))) == [
+        "record 'branch' (leaf 1): the record says pending, and the log's latest word on the question is its "
+        "decision (leaf 2)"]
+    path = nothing.set_dir / "answers.json"
+    original = path.read_text()
+    path.write_text(json.dumps({**json.loads(original), "answers": {}}))
+    assert nothing.verify() == [
+        "question 'branch': the log's latest word on it is its expiry (leaf 0), but answers.json has no record of it"]
+    path.write_text(original)
+
 
 def test_a_decision_swapped_for_another_the_votes_in_the_log_allow_is_named(tmp_path):
     """Ana first picked stable, then changed it to main, and Bob's main
