@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"all holds: {summary}")
         return EXIT_OK
     print(f"{len(verdict.problems)} problem(s): {summary}")
-    return EXIT_MISMATCH
+    return EXIT_UNREADABLE if verdict.truncated else EXIT_MISMATCH
 
 
 def _when(ms: int | None) -> str:

@@ -24,6 +24,7 @@ class Verdict:
     checkpoint_size: int | None = None
     earlier_checkpoints: int = 0
     newer: list[int] = field(default_factory=list)  # sizes of checkpoints past the export (not checked)
+    truncated: bool = False  # the export's own checkpoint is past its leaves: an input that can't be read whole
     # Records of answers given before the log's first leaf (the bridge ran
     # without the log then): the log can't vouch for them, and says so.
     before_the_log: list[str] = field(default_factory=list)
@@ -52,6 +53,7 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
             verdict.problems.append(f"leaf {index}: does not parse ({exc})")
     hashes = [merkle.leaf_hash(data) for data in leaves]
     points: list[cp.Checkpoint] = []
+    beyond: dict[int, bytes] = {}  # newer checkpoints' roots by size: two for one size are a fork
     for number, note in enumerate([*notes, *later]):
         try:
             point = cp.open_checkpoint(note, public, origin)
@@ -59,7 +61,11 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
             verdict.problems.append(f"checkpoint {_first_lines(note)}: {exc}")
             continue
         if number >= len(notes) and point.size > len(hashes):
-            verdict.newer.append(point.size)
+            if beyond.setdefault(point.size, point.root) != point.root:
+                verdict.problems.append(f"two checkpoints of size {point.size} sign different roots (a fork of "
+                                        "the log, past the export)")
+            elif point.size not in verdict.newer:
+                verdict.newer.append(point.size)
         else:
             points.append(point)
     if not points:
@@ -70,6 +76,7 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
     if latest.size > len(hashes):
         verdict.problems.append(f"checkpoint of size {latest.size}: the export holds only {len(hashes)} leaves "
                                 "(truncated)")
+        verdict.truncated = True
         return verdict, hashes, None
     if merkle.root(hashes[:latest.size]) != latest.root:
         verdict.problems.append(f"checkpoint of size {latest.size}: the exported leaves do not make the tree it "

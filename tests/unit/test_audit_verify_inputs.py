@@ -103,7 +103,8 @@ def test_the_good_export_holds(good, tmp_path, capsys):
 CASES = {
     # a corrupt or truncated export
     "leaves cut mid-line": (lambda g: _write("log/leaves.jsonl", _leaves(g)[:-7]), 2, "truncated"),
-    "leaves cut at a line": (lambda g: _write("log/leaves.jsonl", _leaves(g).split(b"\n", 1)[0] + b"\n"), 1,
+    # (a truncated export is an input that can't be read whole: exit 2, as docs/audit.md says)
+    "leaves cut at a line": (lambda g: _write("log/leaves.jsonl", _leaves(g).split(b"\n", 1)[0] + b"\n"), 2,
                              "the export holds only 1 leaves (truncated)"),
     "leaves nested too deep": (lambda g: _write("log/leaves.jsonl", b"[" * 100_000 + b"\n"
                                                 + _leaves(g).split(b"\n", 1)[1]), 1, "leaf 0: does not parse"),
@@ -177,3 +178,35 @@ def test_a_checkpoint_from_the_room_newer_than_the_export_is_named_not_taken_for
     assert code == 0, said
     assert "newer than the export (up to size 3; the export holds 2 leaves)" in said
     assert "all holds: 2 records, 2 leaves, latest checkpoint 2" in said
+
+    # Two newer checkpoints of one size with different roots are a fork of
+    # the log, whatever the export holds: that passed with exit 0.
+    def and_a_fork(case: Path) -> None:
+        exported_at_two(case)
+        other = cp.Checkpoint(ORIGIN, 3, merkle.root([merkle.leaf_hash(line) for line in lines[:2]]
+                                                     + [merkle.leaf_hash(b"another third leaf")]))
+        (case / "forked.txt").write_text(cp.sign_checkpoint(other, SIGNING[good]))
+
+    code, said = _run(good, tmp_path / "fork", and_a_fork, "from-the-room.txt", "forked.txt", capsys=capsys)
+    assert code == 1 and "two checkpoints of size 3 sign different roots (a fork of the log" in said, said
+
+
+async def test_the_mcp_verify_tool_checks_one_set_at_a_time(monkeypatch):
+    # Each check holds the whole log (its leaves parsed, its tree): three at
+    # once over 400,000 leaves took the bridge from 120 MB to 4 GB.
+    import asyncio
+
+    from bridge.agents import log_verify
+
+    running, most = [0], [0]
+
+    async def check(*_args):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await asyncio.sleep(0.05)
+        running[0] -= 1
+        return {"ok": True}
+
+    monkeypatch.setattr(log_verify, "_verify", check)
+    results = await asyncio.gather(*(log_verify.verify_tool(None, lambda: None, "a", "s", []) for _ in range(3)))
+    assert results == [{"ok": True}] * 3 and most[0] == 1
