@@ -208,6 +208,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                             on_logged=ops.on_logged, on_set_written=ops.on_set_changed,
                             on_processed=ops.metrics.batch_ended,
                             attachment_max_bytes=config.attachments.max_bytes)
+        ops.metrics.rooms_removed = lambda: dict(pipeline.removed)
         if lease is not None:
             pipeline.may_write = lease.check
         await front.open(pipeline)
@@ -238,6 +239,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         async def joined(room_id: str) -> None:
             if room_id not in rooms:  # joining again after a restart of the task
                 rooms.append(room_id)  # the list the front holds: its events are bridged from now on
+            pipeline.removed.pop(room_id, None)  # in again (its own join is not among the events it reads)
             await pipeline.load_members(room_id)
 
         async def after_the_first_batch() -> None:

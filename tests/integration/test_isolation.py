@@ -270,3 +270,51 @@ async def test_a_set_edited_while_its_room_refuses_the_bridge_is_posted_once_the
             await asyncio.sleep(0.5)
     finally:
         bridge.kill()
+
+
+async def test_a_bridge_kicked_from_a_room_says_so_in_health_until_it_is_invited_back(synapse, tmp_path, person):
+    # Kicked from its room, the bridge logged nothing and /health stayed
+    # ready with nothing held: its open questions there waited in silence.
+    import urllib.error
+    import urllib.request
+
+    from helpers.agents import free_port
+
+    owner, alice, bot, room_a, room_b, bridge = two_rooms(synapse, tmp_path, person)
+    port = free_port()
+    bridge.extra_config["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{port}"}
+
+    def health() -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
+
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.add_set(text_set("beta", 1))
+        bridge.start()
+        alpha = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+        deadline = time.monotonic() + 30
+        while not await alice.questions(room_b):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        kicked = await owner.client.room_kick(room_b, bot["user_id"], reason="no more questions here")
+        assert not hasattr(kicked, "status_code"), kicked
+        deadline = time.monotonic() + 30
+        while room_b not in (removed := health().get("removed_from_rooms", {})):
+            assert time.monotonic() < deadline, (room_b, json.dumps(health()))
+            await asyncio.sleep(0.2)
+        assert removed[room_b] == {"by": owner.user_id, "membership": "leave", "reason": "no more questions here"}
+        assert f"the bridge was removed from room {room_b} by {owner.user_id}" in bridge.log_text()
+        await lands(bridge, alpha, "room a goes on")
+        # Invited back: it joins again by itself, and /health forgets the removal.
+        invited = await owner.client.room_invite(room_b, bot["user_id"])
+        assert not hasattr(invited, "status_code"), invited
+        deadline = time.monotonic() + 30
+        while room_b in health().get("removed_from_rooms", {}):
+            assert time.monotonic() < deadline, health()
+            await asyncio.sleep(0.2)
+    finally:
+        bridge.kill()

@@ -119,6 +119,9 @@ class Pipeline(FolderFlush):
     # every such wait.
     clock: Callable[[], str] | None = None
     members: dict[str, set[str]] = field(default_factory=dict)
+    # Rooms the bridge was kicked or banned from, until it joins again: room
+    # id -> who removed it, how and why (``/health``'s ``removed_from_rooms``).
+    removed: dict[str, dict[str, Any]] = field(default_factory=dict)
     power: dict[str, dict[str, Any]] = field(default_factory=dict)  # room -> m.room.power_levels content
     on_outcome: Callable[[LogEntry], None] | None = None
     on_batch: Callable[[list[dict[str, Any]]], None] | None = None
@@ -608,11 +611,36 @@ class Pipeline(FolderFlush):
         if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):
             return
         content = event.get("content") if isinstance(event.get("content"), dict) else {}
-        room = self.members.setdefault(str(event.get("room_id")), set())
+        room_id = str(event.get("room_id"))
+        room = self.members.setdefault(room_id, set())
         if content.get("membership") == "join":
             room.add(event["state_key"])
         else:
             room.discard(event["state_key"])
+        if self.own_users(event["state_key"]):
+            self._own_membership(room_id, event, content)
+
+    def _own_membership(self, room_id: str, event: dict[str, Any], content: dict[str, Any]) -> None:
+        """The bridge kicked or banned (it reads nothing more there, and
+        nobody hears from it): said once, counted and shown in /health until
+        it joins again."""
+        membership = content.get("membership")
+        if membership in ("join", "invite"):
+            # Back (or asked back: it joins at once), and a removal read
+            # after it (a join's sync brings the room's recent timeline) is past.
+            self.removed.pop(room_id, None)
+            return
+        sender = event.get("sender")
+        if membership not in ("leave", "ban") or not isinstance(sender, str) or self.own_users(sender) \
+                or room_id in self.removed:
+            return
+        reason = content.get("reason") if isinstance(content.get("reason"), str) else None
+        self.removed[room_id] = {"by": sender, "membership": membership, **({"reason": reason[:200]} if reason else {})}
+        log.warning("the bridge was %s from room %s by %s%s: it reads and answers nothing there now; its open "
+                    "questions there wait. Invite it back (it joins again by itself)%s", "banned" if membership ==
+                    "ban" else "removed", room_id, sender, f" ({reason[:200]})" if reason else "",
+                    ", once unbanned" if membership == "ban" else "")
+        self.report_trouble("room", "removed")
 
     # -- telling people ----------------------------------------------------
 

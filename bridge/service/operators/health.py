@@ -93,6 +93,10 @@ def health_routes(state: Metrics) -> web.RouteTableDef:
             # Appservice mode: answers still come, from a look into the rooms every 30 s.
             body["homeserver_cannot_reach_bridge"] = {"seconds": round(max(0.0, state.clock() - unreached[0]), 1),
                                                       "error": unreached[1]}
+        removed = state.rooms_removed() if state.rooms_removed is not None else None
+        if removed:
+            # Kicked or banned: nothing is read or answered there until it is invited back.
+            body["removed_from_rooms"] = removed
         trouble = state.store_trouble() if state.store_trouble is not None else None
         if trouble is not None:
             # No instance can lead while the shared store's database can't be reached: say so, not only "standby".

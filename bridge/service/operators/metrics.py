@@ -98,6 +98,8 @@ class Metrics:
         self.held_now: dict[str, int] | None = None
         # Each supervised background task's state (``Supervisor.view``), for /health.
         self.tasks_view: Callable[[], dict[str, dict[str, Any]]] | None = None
+        # Rooms the bridge was kicked or banned from (``Pipeline.removed``), for /health.
+        self.rooms_removed: Callable[[], dict[str, dict[str, Any]]] | None = None
         # A shared store's lease: (seconds, error) while its database can't be reached, else None.
         self.store_trouble: Callable[[], tuple[float, str] | None] | None = None
 

@@ -34,7 +34,7 @@ class Timeline:
 @dataclass
 class SyncBatch(Response):
     next_batch: str = ""
-    timelines: dict[str, Timeline] = field(default_factory=dict)  # joined rooms, by id
+    timelines: dict[str, Timeline] = field(default_factory=dict)  # joined (and just left) rooms, by id
     invites: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # room id -> its invite_state
     # The bridge's device's parts, in the shape nio reads (``devicenews``).
     device: dict[str, Any] = field(default_factory=lambda: _device_parts({}))
@@ -46,12 +46,17 @@ class SyncBatch(Response):
             return SyncError.from_dict(parsed if isinstance(parsed, dict) else {})
         rooms = _dict(parsed.get("rooms"))
         timelines = {}
-        for room_id, room in _dict(rooms.get("join")).items():
+        # A room left (the bridge kicked or banned) brings its last events:
+        # the answers sent before, and the removal itself, which the pipeline
+        # reports.
+        joined = _dict(rooms.get("join"))
+        for room_id, room in [*joined.items(), *_dict(rooms.get("leave")).items()]:
             timeline = _dict(_dict(room).get("timeline"))
             prev_batch = timeline.get("prev_batch")
             timelines[room_id] = Timeline(
                 [{**event, "room_id": room_id} for event in _list(timeline.get("events")) if isinstance(event, dict)],
-                timeline.get("limited") is True, prev_batch if isinstance(prev_batch, str) else None)
+                # (A gap in a room left can't be read: it is never filled.)
+                timeline.get("limited") is True and room_id in joined, prev_batch if isinstance(prev_batch, str) else None)
         invites = {room_id: [event for event in _list(_dict(_dict(room).get("invite_state")).get("events"))
                              if isinstance(event, dict)]
                    for room_id, room in _dict(rooms.get("invite")).items()}
