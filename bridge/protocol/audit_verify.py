@@ -237,13 +237,16 @@ class _Logged:
             # A deadline that closed a question with its answer standing (no
             # quorum): what is taken back after it, in the room's order, leaves
             # that answer standing, as the room and the agent were told.
-            closed_at = {(leaf.get("set"), _question_id(leaf)): _ts(leaf) for _index, leaf in self.parsed()
+            # (Each revision's own deadline: a withdrawal of an answer to a
+            # later revision is not after the earlier one's close.)
+            closed_at = {(leaf.get("set"), _question_id(leaf), _question_rev(leaf)): _ts(leaf)
+                         for _index, leaf in self.parsed()
                          if leaf.get("outcome") == "closed" and leaf.get("reason") == "expired"}
             for index, leaf in self.parsed():
                 target = {"withdrawn": leaf.get("replaces"), "set_aside": leaf.get("event_id")}.get(
                     str(leaf.get("outcome")))
-                if leaf.get("outcome") == "withdrawn" and \
-                        _ts(leaf) >= closed_at.get((leaf.get("set"), _question_id(leaf)), 2 ** 63):
+                if leaf.get("outcome") == "withdrawn" and _ts(leaf) >= closed_at.get(
+                        (leaf.get("set"), _question_id(leaf), _question_rev(leaf)), 2 ** 63):
                     continue
                 if leaf.get("outcome") == "accepted":
                     answers.append((index, leaf))
@@ -315,6 +318,10 @@ class _Logged:
 
 def _question_id(leaf: dict[str, Any]) -> Any:
     return leaf["question"].get("id") if isinstance(leaf.get("question"), dict) else None
+
+
+def _question_rev(leaf: dict[str, Any]) -> Any:
+    return leaf["question"].get("rev") if isinstance(leaf.get("question"), dict) else None
 
 
 def _ts(leaf: dict[str, Any]) -> int:

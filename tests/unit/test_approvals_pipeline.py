@@ -1250,3 +1250,34 @@ def test_a_decision_revised_away_before_the_pass_saw_it_is_announced_with_its_ow
     decided = [json.loads(row.body) for row in due(room.store, 2**62) if "question.decided" in row.key]
     assert len(decided) == 1 and decided[0]["record"]["decided_by"] == [ANA, BO]
     assert room.store.get_meta("approval:$q") is None
+
+
+def test_an_answer_to_a_revision_taken_back_after_an_earlier_revisions_deadline_verifies(tmp_path):
+    """No quorum: revision 1 closed at its deadline with its answer standing,
+    then revision 2 was answered and that answer taken back: the record goes
+    back to revision 1's answer, as the room's order says.  verify held the
+    withdrawal to revision 1's close (same question, another revision), kept
+    revision 2's answer standing, and named the record as rolled back."""
+    from helpers.timeline import redact
+
+    room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(deadlines.pass_once())
+    import copy
+
+    content = copy.deepcopy(room.posted.content)
+    content["question"].update(rev=2)
+    content["question"].pop("expires")  # revision 2 asked without a deadline
+    content["elicitation_id"] = "elc_branch_2"
+    second = RecordedQuestion(event_id="$q2", room_id=room.posted.room_id, set_id="kinds", content=content)
+    with room.store.transaction():
+        room.store.record_posted(second, set_dir=str(room.set_dir), posted_at=2)
+    room.deliver([_vote_on(second, "$b2", BO, T0 + 50_000, "stable")])
+    assert room.record()["q_rev"] == 2
+    room.deliver([redact("$b2-gone", BO, T0 + 60_000, "$b2")])
+    assert (room.record()["q_rev"], room.record()["choice"]) == (1, "main")
+    assert room.verify() == []
