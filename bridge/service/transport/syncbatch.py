@@ -69,9 +69,12 @@ class SyncBatch(Response):
                 if timeline.limited and timeline.prev_batch}
 
     def events(self, leave_out: str | None = None) -> list[dict[str, Any]]:
-        """Every room's timeline events, without those sent by ``leave_out``."""
+        """Every room's timeline events, without the messages sent by
+        ``leave_out``: its state events stay (power it gave a moderator, whose
+        redactions then count; a member it removed), the pipeline notes them
+        and judges none."""
         return [event for timeline in self.timelines.values() for event in timeline.events
-                if leave_out is None or event.get("sender") != leave_out]
+                if leave_out is None or event.get("sender") != leave_out or "state_key" in event]
 
 
 async def sync_batch(client: AsyncClient, timeout: int, sync_filter: dict[str, Any],
