@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.answers import document
+from bridge.regularfile import read_regular
 from bridge.wholefile import TEMP_MARK, is_stray, replace_whole
 
 ANSWERS_NAME = "answers.json"
@@ -73,7 +74,7 @@ class AnswersFile:
         over this name, what is read is always some whole version.
         """
         try:
-            return self.path.read_bytes()
+            return read_regular(self.path)  # (a FIFO under the name would hold the reader: ``regularfile``)
         except FileNotFoundError:
             return None
 

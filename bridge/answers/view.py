@@ -15,6 +15,7 @@ from bridge.answers.document import AnswersError
 from bridge.answers.file import AnswersFile
 from bridge.answers.read import read_view
 from bridge.questionset.load import LoadError, parse_json, validate_model
+from bridge.regularfile import read_regular
 from bridge.questionset.model import QuestionSet
 
 
@@ -53,7 +54,7 @@ def _questions_raw(set_dir: Path) -> dict[str, Any]:
         raise _Unreadable(f"no set folder at {set_dir}")
     path = set_dir / "questions.json"
     try:
-        data = path.read_bytes()
+        data = read_regular(path)  # (a FIFO under the name held every reader: ``regularfile``)
     except FileNotFoundError:
         raise _Unreadable(f"no questions.json in {set_dir}") from None
     except OSError as exc:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable
 
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem, Probe, Streams
+from bridge.regularfile import NotRegular, read_regular
 
 if TYPE_CHECKING:  # imported when a folder is linted, not by every reader of questions.json
     from bridge.questionset.lint import LintResult
@@ -41,14 +41,10 @@ def set_paths(path: str | os.PathLike[str]) -> tuple[str, str]:
 def read_questions(file: str) -> dict:
     """The parsed object in questions.json; LoadError for anything unreadable."""
     try:
-        # Opened without waiting: a FIFO (or a device) under that name held
-        # whoever read it (`!ask status` froze the bridge's event loop) until
-        # someone wrote into it.  Only a regular file is a questions.json.
-        descriptor = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
-        with open(descriptor, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-                raise LoadError(f"{file} is not a regular file")
-            data = handle.read(MAX_QUESTIONS_BYTES + 1)
+        # Only a regular file is a questions.json (``regularfile``).
+        data = read_regular(file, MAX_QUESTIONS_BYTES)
+    except NotRegular:
+        raise LoadError(f"{file} is not a regular file") from None
     except FileNotFoundError:
         raise LoadError(f"{file} does not exist") from None
     except OSError as exc:

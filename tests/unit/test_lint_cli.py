@@ -293,3 +293,36 @@ def test_a_questions_json_that_is_a_fifo_is_refused_at_once_not_waited_on(tmp_pa
         reader.join(10)
         raise AssertionError("lint waited on a FIFO named questions.json")
     assert done == [2] and "not a regular file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["questions.json", "answers.json"])
+def test_read_wait_and_the_poster_never_wait_on_a_fifo_in_a_set_folder(tmp_path, capsys, name):
+    # lint was mended, but read, wait, status and the bridge's own poster
+    # still opened the name as a file: each hung until someone wrote into it
+    # (the bridge's event loop with it: no set posted, SIGTERM ignored).
+    import asyncio
+    import os
+    import threading
+
+    from bridge.cli import main
+    from bridge.service.posting.poster import _fingerprint
+
+    folder = tmp_path / "set"
+    folder.mkdir()
+    if name == "answers.json":
+        (folder / "questions.json").write_text(json.dumps(CLEAN))
+    os.mkfifo(folder / name)
+    calls = {"read": lambda: main(["read", str(folder)]),
+             "wait": lambda: main(["wait", str(folder), "--timeout", "1"]),
+             "fingerprint": lambda: asyncio.run(asyncio.to_thread(_fingerprint, folder))}
+    for what, call in calls.items():
+        done: list[object] = []
+        reader = threading.Thread(target=lambda: done.append(call()), daemon=True)
+        reader.start()
+        reader.join(10)
+        if reader.is_alive():
+            with open(folder / name, "wb") as fifo:
+                fifo.write(b"{}")
+            reader.join(10)
+            raise AssertionError(f"{what} waited on a FIFO named {name}")
+        capsys.readouterr()

@@ -27,6 +27,7 @@ from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service.posting import media
 from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message
+from bridge.regularfile import read_regular
 from bridge.service.storage.setpaths import REV_FIRST_POSTED, SET_SYNCED
 from bridge.service.storage.store import PostingConflict, Store
 
@@ -441,7 +442,7 @@ def _holds_set(set_dir: Path, set_id: str) -> bool:
     """Whether ``set_dir`` still holds a questions.json saying ``set_id`` (read
     leniently: a set that fails lint still holds its id)."""
     try:
-        raw = json.loads((set_dir / QUESTIONS).read_bytes())
+        raw = json.loads(read_regular(set_dir / QUESTIONS))
     except (OSError, ValueError):
         return False
     return isinstance(raw, dict) and raw.get("id") == set_id
@@ -459,7 +460,7 @@ def _stat(set_dir: Path) -> tuple[int, ...] | None:
 
 def _fingerprint(set_dir: Path) -> str | None:
     try:
-        return hashlib.sha256((set_dir / QUESTIONS).read_bytes()).hexdigest()
+        return hashlib.sha256(read_regular(set_dir / QUESTIONS)).hexdigest()
     except OSError:
         return None
 
