@@ -78,3 +78,38 @@ def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_
     assert transport.sent[0]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
     assert store.held_sets() == []
     store.close()
+
+
+@pytest.mark.usefixtures("store_backend")
+def test_an_answer_to_a_set_whose_folder_is_removed_under_it_is_not_held_for_good(tmp_path: Path) -> None:
+    # The agent deleted the set folder right as the person answered: the
+    # answer was held with "the set folder is gone" for good (/health's
+    # sets_held 1, status listing it), though the set was removed and its
+    # questions closed as such; a folder put back was never freed of it.
+    import shutil
+
+    set_dir = tmp_path / "kinds"
+    set_dir.mkdir()
+    qset = QuestionSet.model_validate(all_kinds_set("kinds"))
+    question = next(q for q in qset.questions if q.id == "name")
+    posted = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds",
+                              content=build_question_event(qset, question, elicitation_id="elc_name"))
+    store = Store(tmp_path / "bridge.sqlite")
+    with store.transaction():
+        store.record_posted(posted, set_dir=str(set_dir), posted_at=1)
+    pipeline = Pipeline(store=store, transport=Transport(), answerers=None, own_users=lambda u: u == BOT)
+    asyncio.run(pipeline.load_members(ROOM))
+    shutil.rmtree(set_dir)  # gone between the answer's arrival and its write
+    answer = {"type": "m.room.message", "event_id": "$a", "room_id": ROOM, "sender": ALICE, "origin_server_ts": 1,
+              "content": {"msgtype": "m.text", "body": "Borealis", "suite_event_type": ANSWER_TYPE,
+                          "elicitation_id": "elc_name", "text": "Borealis",
+                          "m.relates_to": {"rel_type": "m.reference", "event_id": "$q"}}}
+    pipeline.process([answer], commit=lambda: None)
+    # Not closed yet (the poster's pass comes): held, as a folder moved away and back would be.
+    assert [row[2] for row in store.held_sets()] == ["the set folder is gone"]
+    with store.transaction():
+        store.close_question("$q", "set removed")  # the poster's pass: the set was removed
+    store.db.execute("UPDATE held_set SET next_try=0")
+    pipeline.retry_held()
+    assert store.held_sets() == [] and not set_dir.exists()
+    store.close()

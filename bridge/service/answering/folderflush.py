@@ -84,7 +84,16 @@ class FolderFlush:
             if held.get(set_dir, 0) > now_ms and not self._first_flush:
                 continue  # held back, and not due for another try yet (a start tries them all)
             problem = self._write_set(set_dir, set_id, qids, now, records, held=set_dir in held)
-            if problem is None:
+            if problem == FOLDER_GONE and not os.path.lexists(set_dir) \
+                    and set_dir not in self.store.folders_with_open():
+                # The set was removed, and its questions closed as such: there
+                # is nowhere to write and nothing to hold; the answers stay in
+                # the store.  A folder put back there is a new set.  (Gone but
+                # not closed yet, a folder moved away and back, say: held and
+                # tried again, as before.)
+                log.info("set folder %s is gone; its answers stay in the store only", set_dir)
+                written.extend((set_dir, set_id, qid) for qid in qids)
+            elif problem is None:
                 written.extend((set_dir, set_id, qid) for qid in qids)
             else:
                 holds[(set_dir, set_id)] = problem
@@ -249,6 +258,9 @@ def _respecting_others(doc: dict[str, Any], records: dict[str, Any], now: str, s
     return written
 
 
+FOLDER_GONE = "the set folder is gone"
+
+
 def _folder_problem(exc: BaseException) -> str:
     """What an operator needs to hear about a set folder that can't be written."""
     if isinstance(exc, LockBusy):
@@ -256,7 +268,7 @@ def _folder_problem(exc: BaseException) -> str:
     if isinstance(exc, AnswersError):
         return f"answers.json can't be read: {exc.message}"
     if isinstance(exc, FileNotFoundError):
-        return "the set folder is gone"
+        return FOLDER_GONE
     if isinstance(exc, OSError):
         return f"the set folder can't be written: {exc.strerror or exc}"
     return f"answers.json can't be written: {exc}"
