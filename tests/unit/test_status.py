@@ -210,3 +210,15 @@ def test_status_audit_and_lint_run_without_the_bridges_tokens(bridge_config, tmp
     # The bridge itself still refuses to start without them, naming what is missing.
     assert main(["run", "-c", str(bridge_config)]) == 2
     assert "bot: needs access_token or password" in capsys.readouterr().err
+
+
+def test_a_sets_root_status_cannot_read_is_a_row_saying_why_not_no_sets(bridge_config, tmp_path, capsys):
+    # A mistyped sets.root (or one the operator's user can't list) printed
+    # "No sets" with exit 0: every set left out without a word.
+    raw = yaml.safe_load(bridge_config.read_text())
+    raw["sets"]["root"] = "./sets-mistyped"
+    bridge_config.write_text(yaml.safe_dump(raw))
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["sets"]
+    assert [(row["set_dir"], row["problem"]) for row in rows] == [
+        (str(tmp_path / "sets-mistyped"), "can't be read: No such file or directory")]

@@ -90,7 +90,8 @@ def collect(root: Path, posted: Mapping[str, int],
     """Every set under ``root``, in the order the bridge scans them.  A second
     folder under a set id already taken (the folder that has posted keeps it,
     else the first found) is a row saying so, as the bridge refuses it."""
-    folders = discover(root)
+    unreadable: list[OSError] = []
+    folders = discover(root, unreadable)
     ids = [set_id_of(folder) for folder in folders]
     owner: dict[str, Path] = {}
     for folder, set_id in sorted(zip(folders, ids), key=lambda pair: not set_status_posted(pair[0], posted)):
@@ -102,6 +103,12 @@ def collect(root: Path, posted: Mapping[str, int],
             rows.append(SetStatus(set_id, str(folder), problem=duplicate_set_message(set_id, str(first), str(folder))))
         else:
             rows.append(set_status(folder, posted, revs))
+    # A folder status could not look into may hold sets: a row saying so,
+    # not a table that silently leaves them out ("No sets" for a root it
+    # can't read, run as the wrong user).
+    for exc in unreadable:
+        where = str(exc.filename or root)
+        rows.append(SetStatus("?", where, problem=f"can't be read: {exc.strerror or exc}"))
     return rows
 
 

@@ -14,13 +14,14 @@ QUESTIONS = "questions.json"
 SKIPPED = frozenset({"attachments"})
 
 
-def discover(root: Path) -> list[Path]:
+def discover(root: Path, unreadable: list[OSError] | None = None) -> list[Path]:
     """Every folder below ``root`` (itself included) holding questions.json, in a stable order.
     Symlinked folders are not followed, and a questions.json that is a
-    symlink leading out of the root is no set: a set must really live under the root."""
+    symlink leading out of the root is no set: a set must really live under the root.
+    ``unreadable``: gets each folder that could not be listed (the root too)."""
     found: list[Path] = []
     real_root = os.path.realpath(root)
-    for current, files in folders(root):
+    for current, files in folders(root, unreadable):
         if QUESTIONS in files:
             target = os.path.realpath(os.path.join(current, QUESTIONS))
             if os.path.commonpath([target, real_root]) != real_root:
@@ -30,11 +31,12 @@ def discover(root: Path) -> list[Path]:
     return found
 
 
-def folders(root: Path) -> Iterator[tuple[str, list[str]]]:
+def folders(root: Path, unreadable: list[OSError] | None = None) -> Iterator[tuple[str, list[str]]]:
     """Every folder below ``root`` (itself included) that may be or hold a
     set, with its files: hidden folders, ``attachments`` and symlinked
-    folders are passed over."""
-    for current, dirs, files in os.walk(root, followlinks=False):
+    folders are passed over; one that can't be listed goes to ``unreadable``."""
+    for current, dirs, files in os.walk(root, followlinks=False,
+                                        onerror=unreadable.append if unreadable is not None else None):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED)
         yield current, files
 
