@@ -38,8 +38,8 @@ class Transport:
         return {ALICE, BOT}
 
 
-@pytest.mark.usefixtures("store_backend")
-def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_path: Path, monkeypatch) -> None:
+def _posted(tmp_path: Path) -> tuple[Path, Store]:
+    """A set folder whose text question ``name`` is posted as $q, and the store."""
     set_dir = tmp_path / "kinds"
     set_dir.mkdir()
     qset = QuestionSet.model_validate(all_kinds_set("kinds"))
@@ -49,6 +49,12 @@ def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_
     store = Store(tmp_path / "bridge.sqlite")
     with store.transaction():
         store.record_posted(posted, set_dir=str(set_dir), posted_at=1)
+    return set_dir, store
+
+
+@pytest.mark.usefixtures("store_backend")
+def test_an_answer_the_folder_refuses_is_neither_acknowledged_nor_committed(tmp_path: Path, monkeypatch) -> None:
+    set_dir, store = _posted(tmp_path)
     transport = Transport()
     pipeline = Pipeline(store=store, transport=transport, answerers=None, own_users=lambda u: u == BOT)
     asyncio.run(pipeline.load_members(ROOM))
@@ -88,15 +94,7 @@ def test_an_answer_to_a_set_whose_folder_is_removed_under_it_is_not_held_for_goo
     # questions closed as such; a folder put back was never freed of it.
     import shutil
 
-    set_dir = tmp_path / "kinds"
-    set_dir.mkdir()
-    qset = QuestionSet.model_validate(all_kinds_set("kinds"))
-    question = next(q for q in qset.questions if q.id == "name")
-    posted = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds",
-                              content=build_question_event(qset, question, elicitation_id="elc_name"))
-    store = Store(tmp_path / "bridge.sqlite")
-    with store.transaction():
-        store.record_posted(posted, set_dir=str(set_dir), posted_at=1)
+    set_dir, store = _posted(tmp_path)
     pipeline = Pipeline(store=store, transport=Transport(), answerers=None, own_users=lambda u: u == BOT)
     asyncio.run(pipeline.load_members(ROOM))
     shutil.rmtree(set_dir)  # gone between the answer's arrival and its write
