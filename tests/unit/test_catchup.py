@@ -343,3 +343,24 @@ def test_a_timeline_page_the_homeserver_refuses_says_the_homeservers_reason():
     refused = TimelinePage.from_dict({"errcode": "M_FORBIDDEN", "error": "You are not in the room"}, "!r:hs")
     assert isinstance(refused, RoomMessagesError)
     assert refused.status_code == "M_FORBIDDEN" and refused.message == "You are not in the room"
+
+
+async def test_an_invite_back_into_a_room_brings_a_look_soon(served):
+    # Kicked, then invited back: what people said meanwhile is in the room's
+    # timeline, never pushed; it waited for the next periodic look (24 s).
+    from types import SimpleNamespace
+
+    client, server, _gaps, troubles, _heard, _held = served
+    server.pipeline.transport = SimpleNamespace(user_id="@askbot:example.org")
+    joined: list[str] = []
+
+    async def on_invite(room_id: str, _inviter: str | None) -> None:
+        joined.append(room_id)
+
+    server.on_invite = on_invite
+    invite = {"type": "m.room.member", "state_key": "@askbot:example.org", "event_id": "$inv", "room_id": ROOM,
+              "sender": "@p:example.org", "origin_server_ts": 1, "content": {"membership": "invite"}}
+    response = await client.put("/_matrix/app/v1/transactions/1", json={"events": [invite]}, headers=BEARER)
+    assert response.status == 200
+    await until(lambda: troubles == [1], timeout=5)
+    assert joined == [ROOM]

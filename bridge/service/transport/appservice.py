@@ -343,7 +343,14 @@ class TransactionServer:
                 # bridge had not taken when it stopped) is told apart by the handler:
                 # a room in ``rooms`` may be one the bridge was kicked from.
                 sender = event.get("sender")
-                asyncio.ensure_future(self.on_invite(event["room_id"], sender if isinstance(sender, str) else None))
+                asyncio.ensure_future(self._invited(event["room_id"], sender if isinstance(sender, str) else None))
+
+    async def _invited(self, room_id: str, inviter: str | None) -> None:
+        assert self.on_invite is not None
+        await self.on_invite(room_id, inviter)
+        # Back in a room it was kicked from: what was said there meanwhile is
+        # in its timeline, not pushed; looked into soon, not at the next period.
+        self._trouble()
 
     async def ping(self, request: web.Request) -> web.Response:
         if denied := self._denied(request):
