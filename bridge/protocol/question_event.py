@@ -432,6 +432,8 @@ def _attempts() -> list[tuple[int | None, int | None | str]]:
 
 
 SHOWN_CLOSED_KEY = "dev.superpipeline.question.shown_closed"
+# The question's own fields (PROTOCOL §2), which its edits carry too.
+STRUCTURED_KEYS = ("schema_version", "suite_event_type", "elicitation_id", "set", "question")
 CLOSED_LINE = "Closed: no longer accepting answers"
 
 
@@ -464,8 +466,11 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
         start = html.rfind("<p><em>To answer:</em>")
         kept = html[:start].rstrip("\n") if start >= 0 else html
         new.update(format=HTML_FORMAT, formatted_body=f"{kept}\n<p><strong>{esc(line)}</strong></p>")
-    return {**_replacement(question_event_id, content, new, line),
-            SHOWN_CLOSED_KEY: {"question_event_id": question_event_id, "why": why}}
+    shown = {"question_event_id": question_event_id, "why": why}
+    edit = _replacement(question_event_id, content, new, line)
+    if "question" in new:  # (the question's fields went with the edit: so does the word that it is closed)
+        new[SHOWN_CLOSED_KEY] = shown
+    return {**edit, SHOWN_CLOSED_KEY: shown}
 
 
 def reopened_replacement(question_event_id: str, content: Mapping[str, Any], line: str) -> dict[str, Any]:
@@ -486,7 +491,7 @@ def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[s
     # question pings none of the people it names again.
     new["m.mentions"] = dict(content["m.mentions"]) if isinstance(content.get("m.mentions"), Mapping) else {}
     q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
-    return {
+    edit = {
         "msgtype": new["msgtype"],
         # The fallback for clients without edits: short, the whole message is in m.new_content.
         "body": f"* {q.get('title', '')}: {line}",
@@ -494,6 +499,14 @@ def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[s
         "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
         "m.mentions": {},
     }
+    # A client applying the edit (matrix-js-sdk's getContent, Element) shows
+    # m.new_content in place of the original: the question's own fields go
+    # with it, so what it holds is still the question, when they fit in an
+    # event (a question near the limit keeps them in the original only).
+    structured = {key: content[key] for key in STRUCTURED_KEYS if key in content}
+    if structured and content_size({**edit, "m.new_content": {**new, **structured}}) <= CONTENT_MAX_BYTES:
+        new.update(structured)
+    return edit
 
 
 def _swap_line(body: str, old: str, new: str | None) -> str:

@@ -1281,3 +1281,21 @@ def test_an_answer_to_a_revision_taken_back_after_an_earlier_revisions_deadline_
     room.deliver([redact("$b2-gone", BO, T0 + 60_000, "$b2")])
     assert (room.record()["q_rev"], room.record()["choice"]) == (1, "main")
     assert room.verify() == []
+
+
+def test_a_closing_edit_still_holds_the_question_for_clients_that_show_the_edit():
+    # matrix-js-sdk's getContent() (and Element) show m.new_content in place of
+    # the original: a closed question's content had lost suite_event_type,
+    # question, elicitation_id and set, so a client could no longer tell it
+    # was a question, nor judge an answer by it.
+    from bridge.protocol.question_event import CONTENT_MAX_BYTES, SHOWN_CLOSED_KEY, closed_replacement, content_size
+
+    content = posted(expires="2h", **APPROVAL)
+    shown = closed_replacement("$q", content, "decided", T0 + 1000)["m.new_content"]
+    for key in ("suite_event_type", "schema_version", "elicitation_id", "set", "question"):
+        assert shown[key] == content[key]
+    assert shown[SHOWN_CLOSED_KEY] == {"question_event_id": "$q", "why": "decided"}
+    # A question near the event limit keeps its fields in the original only: the edit must still be sent.
+    big = {**content, "body": "x" * 44_000, "question": {**content["question"], "question": "y" * 20_000}}
+    edit = closed_replacement("$q", big, "decided", T0 + 1000)
+    assert content_size(edit) <= CONTENT_MAX_BYTES and "question" not in edit["m.new_content"]
