@@ -208,7 +208,13 @@ async def poison_storm(bridge: Bridge, people: list[Person], poisoner_person: Pe
     assert "corrupt" in held_sets, held
     gone_outcome = store_rows(bridge.store_path, "SELECT outcome, reason FROM answer_log WHERE set_id='gone'"
                               " ORDER BY seq DESC LIMIT 1")
-    assert "gone" in held_sets or (gone_outcome and gone_outcome[0][0] == "refused"), (held, gone_outcome)
+    # An answer that raced the folder's removal was accepted: held until the
+    # set's questions were closed as removed, then kept in the store alone.
+    gone_posted = store_rows(bridge.store_path, "SELECT open, closed_why FROM posted WHERE set_id='gone'")
+    assert "gone" in held_sets or (gone_outcome and gone_outcome[0][0] == "refused") or (
+        gone_outcome and gone_outcome[0][0] == "accepted" and gone_posted
+        and all(not is_open and why == "this set was removed" for is_open, why in gone_posted)), \
+        (held, gone_outcome, gone_posted)
     starts = bridge.log_text().count("--- start ")
     assert starts == bridge.starts and storm.kills >= 3
     bridge.check_alive()
