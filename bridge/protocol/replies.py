@@ -191,23 +191,12 @@ def _resolve(token: str, question: RecordedQuestion) -> str | None:
     number = _NUMBER.match(plain)
     options = question.options
     if number:
-        # A bare number that is an option's own id or label (story points 1,
-        # 2, 3, 5, 8; a scale from 0) is that option: "5" is the option
-        # labelled 5, not the fifth.  "#5", "5." and "5)" are positions.
-        named = _named(plain, question) if token.strip().isdigit() else None
-        if named is not None:
-            return named
         index = int(number.group(1))
         return options[index - 1]["id"] if 1 <= index <= len(options) else None
-    return _named(plain, question)
-
-
-def _named(plain: str, question: RecordedQuestion) -> str | None:
-    """The option whose id, or else whose label (as shown), is ``plain``."""
-    for option in question.options:
+    for option in options:
         if plain == _plain(option["id"]):
             return option["id"]
-    for option in question.options:
+    for option in options:
         names = {option.get("label"), option_display(question.question, option)}
         if any(isinstance(name, str) and plain == _plain(name) for name in names):
             return option["id"]

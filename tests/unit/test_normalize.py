@@ -436,20 +436,3 @@ def test_a_batch_s_posting_keys_are_every_elicitation_and_every_event_related_to
         {"content": "not an object"}, {"content": {"elicitation_id": 7, "m.relates_to": ["no"]}}, {},
     ]
     assert posting_keys(events) == ({"elc_1", "elc_2"}, {"$q1", "$answer", "$q3", "$poll"})
-
-
-def test_a_bare_number_that_is_an_options_label_is_that_option_not_the_position():
-    # Story points 1, 2, 3, 5, 8: "5" recorded the option labelled 8 (the
-    # fifth) and "8" was refused as past the last option.
-    raw = all_kinds_set()
-    question = next(q for q in raw["questions"] if q["id"] == "branch")
-    question["options"] = [{"id": f"p{n}", "label": str(n)} for n in (1, 2, 3, 5, 8)]
-    question["guess"]["option"] = "p3"
-    qset = QuestionSet.model_validate(raw)
-    q = next(q for q in qset.questions if q.id == "branch")
-    posted = RecordedQuestion(event_id="$q_branch", room_id=ROOM, set_id=qset.id,
-                              content=build_question_event(qset, q, elicitation_id="elc_branch", poll=True))
-    lookup = FakeLookup(questions={**QUESTIONS, "branch": posted})
-    picked = {body: accepted(normalize(reply("branch", body), lookup)).option_id
-              for body in ("5", "8", "1", "#5", "4.", "2")}
-    assert picked == {"5": "p5", "8": "p8", "1": "p1", "#5": "p8", "4.": "p5", "2": "p2"}
