@@ -92,6 +92,11 @@ def instance_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
 
 
+def of_this_process(name: str) -> bool:
+    """Whether an instance name (``instance_name``) is this process's own."""
+    return name.startswith(f"{socket.gethostname()}:{os.getpid()}:")
+
+
 def _connect(url: str, password: str | None) -> psycopg.Connection:
     return connect(url, password, limits=LEASE_LIMITS, name="askwright-bridge lease")
 

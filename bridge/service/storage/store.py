@@ -215,10 +215,11 @@ class Store(Meta, Handled, Postings, AnswerLog, Withdrawals, RedactionsAndEdits,
         heard = getattr(self.db, "instances_heard", None)
         if heard is None:
             return
-        from bridge.service.storage.leader import SEEN_SECONDS
+        from bridge.service.storage.leader import SEEN_SECONDS, of_this_process
 
         give_up = time.monotonic() + SEEN_SECONDS + 2
-        while running := heard(SEEN_SECONDS):
+        # (This process's own lease, started before a term opens the store, is no other instance.)
+        while running := [row for row in heard(SEEN_SECONDS) if not of_this_process(row[0])]:
             if time.monotonic() >= give_up:
                 name, ago = running[0]
                 raise StoreVersionError(
