@@ -467,10 +467,7 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
         kept = html[:start].rstrip("\n") if start >= 0 else html
         new.update(format=HTML_FORMAT, formatted_body=f"{kept}\n<p><strong>{esc(line)}</strong></p>")
     shown = {"question_event_id": question_event_id, "why": why}
-    edit = _replacement(question_event_id, content, new, line)
-    if "question" in new:  # (the question's fields went with the edit: so does the word that it is closed)
-        new[SHOWN_CLOSED_KEY] = shown
-    return {**edit, SHOWN_CLOSED_KEY: shown}
+    return _replacement(question_event_id, content, new, line, {SHOWN_CLOSED_KEY: shown})
 
 
 def reopened_replacement(question_event_id: str, content: Mapping[str, Any], line: str) -> dict[str, Any]:
@@ -484,8 +481,10 @@ def reopened_replacement(question_event_id: str, content: Mapping[str, Any], lin
     return _replacement(question_event_id, content, new, line)
 
 
-def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[str, Any], line: str) -> dict[str, Any]:
-    """The edit of a question's message to ``new``; ``line`` says what changed."""
+def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[str, Any], line: str,
+                 marks: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The edit of a question's message to ``new``; ``line`` says what
+    changed; ``marks``: fields of the edit itself (``shown_closed``)."""
     # Mentions (the Matrix rules for edits): the message's own stay with the
     # message as replaced; the edit itself mentions nobody, so closing a
     # question pings none of the people it names again.
@@ -498,12 +497,14 @@ def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[s
         "m.new_content": new,
         "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
         "m.mentions": {},
+        **(marks or {}),
     }
     # A client applying the edit (matrix-js-sdk's getContent, Element) shows
-    # m.new_content in place of the original: the question's own fields go
-    # with it, so what it holds is still the question, when they fit in an
-    # event (a question near the limit keeps them in the original only).
-    structured = {key: content[key] for key in STRUCTURED_KEYS if key in content}
+    # m.new_content in place of the original: the question's own fields (and
+    # the marks) go with it, so what it holds is still the question, when
+    # all of it fits in an event (a question near the limit keeps them in
+    # the original only).
+    structured = {**{key: content[key] for key in STRUCTURED_KEYS if key in content}, **(marks or {})}
     if structured and content_size({**edit, "m.new_content": {**new, **structured}}) <= CONTENT_MAX_BYTES:
         new.update(structured)
     return edit

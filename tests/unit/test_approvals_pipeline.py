@@ -1299,3 +1299,8 @@ def test_a_closing_edit_still_holds_the_question_for_clients_that_show_the_edit(
     big = {**content, "body": "x" * 44_000, "question": {**content["question"], "question": "y" * 20_000}}
     edit = closed_replacement("$q", big, "decided", T0 + 1000)
     assert content_size(edit) <= CONTENT_MAX_BYTES and "question" not in edit["m.new_content"]
+    # Whatever the question's size and the reason's length (the marker holds it twice), the edit fits.
+    for pad in range(40_000, 62_000, 700):
+        for why in ("decided", "withdrawn (" + "r" * 1000 + ")"):
+            near = {**content, "question": {**content["question"], "question": "y" * pad}}
+            assert content_size(closed_replacement("$q", near, why, T0 + 1000)) <= CONTENT_MAX_BYTES, (pad, why)
