@@ -153,10 +153,12 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
                                         f"leaf {stands}")
             elif source.get("via") == "matrix" and record.get("state") != "note_only":
                 # (Notes kept before any pick vouch for no answer: they carry no receipt.)
-                if _before(source.get("ts"), verdict.log_began_ms):
+                if _before(source.get("ts"), verdict.log_began_ms) and not logged.mentions((doc.get("set"), qid)):
                     # Answered before the log's first leaf, and the log holds
-                    # no answer of this question: the bridge ran without the
-                    # log then (an upgrade, audit.enabled off at first).
+                    # nothing of this question: the bridge ran without the log
+                    # then (an upgrade, audit.enabled off at first).  (Its time
+                    # is the record's own word: the log vouches for nothing
+                    # it never saw, and says so.)
                     verdict.before_the_log.append(qid)
                 else:
                     verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
@@ -222,6 +224,7 @@ class _Logged:
         self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
         self._outcome_at: dict[tuple[Any, Any], int] = {}  # the latest outcome's leaf
         self._outcome_rev: dict[tuple[Any, Any], Any] = {}  # ... and the revision it concerned
+        self._mentioned: set[tuple[Any, Any]] | None = None  # every (set, question) a leaf is about
         self._withdrawn_at: dict[tuple[Any, Any], int] = {}  # the latest withdrawal's leaf, per question
 
     def standing(self) -> dict[tuple[Any, Any], int]:
@@ -304,6 +307,12 @@ class _Logged:
 
     def latest_outcome(self, key: tuple[Any, Any]) -> tuple[str, Any, int] | None:
         return self.outcomes().get(key)
+
+    def mentions(self, key: tuple[Any, Any]) -> bool:
+        """Whether any leaf is about the question (an answer, a refusal, a close)."""
+        if self._mentioned is None:
+            self._mentioned = {(leaf.get("set"), _question_id(leaf)) for _index, leaf in self.parsed()}
+        return key in self._mentioned
 
     def outcome_rev(self, key: tuple[Any, Any]) -> Any:
         self.accepted()

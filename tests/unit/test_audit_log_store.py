@@ -165,6 +165,18 @@ def test_answers_given_before_the_log_began_are_named_as_not_covered_not_as_tamp
     doc["answers"]["older"] = {**earlier, "source": {**earlier["source"], "ts": 11_000}}
     assert audit_verify.verify_set(doc, _leaves(store), notes, ORIGIN, key.public).problems == [
         "record 'older': written by the bridge but carries no receipt"]
+    # And one of a question the log has leaves about, whatever time it claims.
+    doc["answers"]["older"] = earlier
+    with store.transaction():
+        content = {"elicitation_id": "elc_older", "set": "s", "question": {"id": "older", "rev": 1, "title": "O"}}
+        store.record_posted(RecordedQuestion(event_id="$q2", room_id="!r", set_id="s", content=content),
+                            set_dir="/sets/s", posted_at=1)
+        store.append_log(LogEntry("$r", "!r", "@bob:hs", "answer_event", "refused", set_id="s", set_dir="/sets/s",
+                                  qid="older", question_event_id="$q2", reason="not_allowed", ts=12_000))
+    signer.sign_if_grown()
+    notes = [note for _size, note in store.audit.checkpoints()]
+    assert audit_verify.verify_set(doc, _leaves(store), notes, ORIGIN, key.public).problems == [
+        "record 'older': written by the bridge but carries no receipt"]
 
 
 def test_the_checkpoint_is_put_in_every_room_the_bridge_posts_in(tmp_path):
