@@ -625,9 +625,8 @@ class Pipeline(FolderFlush):
         nobody hears from it): said once, counted and shown in /health until
         it joins again."""
         membership = content.get("membership")
-        if membership in ("join", "invite"):
-            # Back (or asked back: it joins at once), and a removal read
-            # after it (a join's sync brings the room's recent timeline) is past.
+        if membership == "join":
+            # Back (its own join: a state event, read though it sent it).
             self.removed.pop(room_id, None)
             return
         sender = event.get("sender")
