@@ -43,6 +43,17 @@ class MatrixError(Exception):
         return not self.transient and self.status not in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN")
 
 
+async def file_pieces(path: Path, piece: int = 1024 * 1024) -> AsyncIterator[bytes]:
+    """A file's bytes, a piece at a time, each read on a worker thread (a
+    sets folder on a network disk must not hold the event loop)."""
+    handle = await asyncio.to_thread(open, path, "rb")
+    try:
+        while chunk := await asyncio.to_thread(handle.read, piece):
+            yield chunk
+    finally:
+        handle.close()
+
+
 class UploadRefused(Exception):
     """The homeserver will never take this file (over its upload limit)."""
 
@@ -411,22 +422,13 @@ class NioTransport:
             # still sent: nio saw a dropped connection and tried again for ever.
             raise UploadRefused(f"uploading {filename}: {size} bytes, over the homeserver's upload limit "
                                 f"of {limit} bytes")
-        opened: list[io.BufferedReader] = []
-
-        def body(_got_429: int, got_timeouts: int) -> io.BufferedIOBase:
+        def body(_got_429: int, got_timeouts: int) -> Any:
             # nio tries a dropped or timed-out upload again for ever; a few tries, then the caller decides.
             if got_timeouts >= UPLOAD_TRIES:
                 raise MatrixError(f"uploading {filename}", f"the connection failed {got_timeouts} times")
-            if isinstance(data, bytes):
-                return io.BytesIO(data)
-            opened.append(open(data, "rb"))  # each try from the start
-            return opened[-1]
+            return io.BytesIO(data) if isinstance(data, bytes) else file_pieces(data)  # each try from the start
 
-        try:
-            response, _ = await self.client.upload(body, content_type=content_type, filename=filename, filesize=size)
-        finally:
-            for handle in opened:
-                handle.close()
+        response, _ = await self.client.upload(body, content_type=content_type, filename=filename, filesize=size)
         if not isinstance(response, UploadResponse):
             raise MatrixError(f"uploading {filename}", response)
         return response.content_uri
