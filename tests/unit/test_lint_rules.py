@@ -651,3 +651,17 @@ def test_a_question_too_large_for_one_event_is_an_error(set_dir: Path) -> None:
     errors = [(f.where, f.message) for f in run(raw, set_dir).errors]
     assert [where for where, _message in errors] == ["questions[many]"]
     assert "too large for one Matrix event" in errors[0][1]
+
+
+def test_a_scale_whose_numbers_are_not_their_places_is_warned_of(set_dir: Path) -> None:
+    # A reply's number is the option's place (PROTOCOL): on a 0-4 scale a
+    # person replying "3" gets the option labelled 2, with no word about it.
+    raw = decide_set()
+    scale = next(question for question in raw["questions"] if question.get("kind") == "scale")
+    scale["options"] = [{"id": f"v{n}", "label": str(n)} for n in range(5)]
+    scale["guess"]["option"] = "v2"
+    warned = [f.where for f in run(raw, set_dir).warnings if f.where.endswith(".label")]
+    assert warned == [f"questions[{scale['id']}].options[v{n}].label" for n in range(5)]
+    scale["options"] = [{"id": f"v{n}", "label": str(n)} for n in range(1, 6)]
+    scale["guess"]["option"] = "v2"
+    assert [f.where for f in run(raw, set_dir).warnings if f.where.endswith(".label")] == []

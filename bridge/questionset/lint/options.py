@@ -69,10 +69,25 @@ def check_options(ctx: Context, q: QuestionView) -> None:
     _check_option_count(ctx, q)
     seen_ids: set[str] = set()
     seen_labels: set[str] = set()
-    for where, option in q.options:
+    for position, (where, option) in enumerate(q.options, 1):
         check_unknown(ctx, option, "option", where)
         _check_option_id(ctx, where, option, seen_ids)
         _check_option_label(ctx, q, where, option, seen_labels)
+        if q.kind == "scale":  # (elsewhere a number for a label is a bare position already)
+            _check_number_label(ctx, where, option, position)
+
+
+def _check_number_label(ctx: Context, where: str, option: dict[str, Any], position: int) -> None:
+    """A reply's number is the option's place in the list (PROTOCOL): on a
+    scale from 0, or story points 1, 2, 3, 5, 8, someone replying with the
+    value they read is read as another option."""
+    label = str_at(option, "label")
+    if label is None or not re.fullmatch(r"-?\d{1,3}", label.strip()) or int(label.strip()) == position:
+        return
+    ctx.warning(f"{where}.label", f"a reply's number is the option's place in the list: a person replying "
+                                  f"{quote(label.strip())} picks option {label.strip()}, not this one (option "
+                                  f"{position}); number the labels from 1 in order, or use words "
+                                  "(a poll vote picks right either way)")
 
 
 def _check_option_count(ctx: Context, q: QuestionView) -> None:
