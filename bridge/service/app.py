@@ -9,12 +9,13 @@ arrive (``SyncLoop`` pulling, or the homeserver pushing transactions).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from nio import AsyncClient
 from watchfiles import Change, awatch
@@ -134,14 +135,21 @@ class BotFront:
             await self.crypto.close()
 
 
-def load_set(set_dir: Path) -> tuple[QuestionSet | None, list[str]]:
-    """A set the bridge may post: it loads and lints without error."""
+def load_set(set_dir: Path, posted_revs_of: Callable[[str], Mapping[str, int]] | None = None
+             ) -> tuple[QuestionSet | None, list[str]]:
+    """A set the bridge may post: it loads and lints without error.
+    ``posted_revs_of``: the store's highest posted rev per question of a
+    folder: a posted revision whose fixed deadline passed is its deadline
+    come, not a mistake (lint refused the whole set, and nothing new in it
+    was posted again)."""
     from bridge.agents.closing import blocks_close
     from bridge.questionset.load import LoadError
     from bridge.questionset.setdir import load_set_dir
 
     try:
-        result = load_set_dir(set_dir, probe=False)
+        resolved = os.path.realpath(set_dir)
+        revs = {resolved: posted_revs_of(resolved)} if posted_revs_of is not None else None
+        result = load_set_dir(set_dir, probe=False, posted_revs=revs)
     except LoadError as exc:
         return None, [exc.message]
     # A set whose every question is closed or withdrawn is finished, not
@@ -251,7 +259,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                 return
             from bridge.service.posting.poster import Poster
 
-            poster = Poster(store, transport, room_ids.resolving(config.room_for), load_set,
+            poster = Poster(store, transport, room_ids.resolving(config.room_for),
+                            functools.partial(load_set, posted_revs_of=store.posted_revs_of),
                             on_posted=ops.on_posted, on_closed=ops.on_closed)
             from bridge.service.answering.deadlines import Deadlines
 

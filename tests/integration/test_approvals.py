@@ -729,3 +729,26 @@ async def test_a_stray_closing_edit_the_store_lost_is_cancelled_at_start_in_apps
         bridge.kill()
         for person in people:
             await person.close()
+
+
+async def test_a_set_whose_fixed_deadline_passed_still_takes_new_questions(bridge):
+    # An RFC 3339 expires, once passed, made the poster's lint refuse the
+    # whole set ("is in the past") at every pass: a question added to it was
+    # never posted, though the agents' API had answered 200 for it.
+    from datetime import datetime, timedelta, timezone
+
+    alice = bridge.alice
+    at = (datetime.now(timezone.utc) + timedelta(seconds=8)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    qset = approval_set([alice.user_id], at, required=1)
+    bridge.add_set(qset)
+    bridge.start()
+    await bridge.wait_questions(alice, 1)
+    await until(lambda: (record(bridge) or {}).get("state") == "expired", 40, "the deadline passing")
+    extra = {"id": "notes", "kind": "text", "title": "Anything else?", "question": "Anything else about 2.4?",
+             "why": "The notes go out with the release.",
+             "guess": {"text": "Nothing else.", "why": "It was a quiet cycle.", "confidence": "low"}}
+    qset["questions"].append(extra)
+    bridge.add_set(qset)
+    found = await bridge.wait_questions(alice, 2, timeout=30)
+    assert ("notes", 1) in found
+    assert "fails lint" not in bridge.log_text()

@@ -27,6 +27,11 @@ class Operators:
     """A part of ``Store`` (store.py): the status reads over ``posted`` and
     ``answer_log``, ``reminders`` and ``admin_command``."""
 
+    def posted_revs_of(self, set_dir: str) -> dict[str, int]:
+        """Question id -> the highest rev posted of it, for one set folder (resolved)."""
+        return {qid: rev for qid, rev in self.db.execute(
+            "SELECT qid, MAX(rev) FROM posted WHERE set_dir=? GROUP BY qid", (set_dir,))}
+
     def highest_posted_revs(self) -> dict[str, dict[str, int]]:
         """set folder -> question id -> the highest rev posted of it: a rev in
         questions.json below it went back (a lint warning, in lint and status)."""
