@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from bridge import strictjson
+from bridge.protocol.deadline import format_rfc3339
 
 EXIT_OK, EXIT_MISMATCH, EXIT_UNREADABLE = 0, 1, 2
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def _when(ms: int | None) -> str:
     if ms is None:
         return "it has no leaf yet"
-    return "its first leaf at " + datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return "its first leaf at " + format_rfc3339(ms)
 
 
 def read_leaves(path: Path) -> list[bytes]:

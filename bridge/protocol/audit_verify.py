@@ -180,7 +180,7 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         if set_id == doc.get("set") and qid not in answers:
             verdict.problems.append(f"question {qid!r}: the log's answer that stands is leaf {stands}, but "
                                     "answers.json has no record of it")
-    for (set_id, qid), (last, _sha256, index) in sorted(logged.outcomes().items(), key=lambda item: str(item[0])):
+    for (set_id, qid), (last, _sha256, index, _rev) in sorted(logged.outcomes().items(), key=lambda item: str(item[0])):
         if set_id == doc.get("set") and qid not in answers and (set_id, qid) not in logged.standing():
             verdict.problems.append(f"question {qid!r}: the log's latest word on it is its "
                                     f"{'decision' if last == 'decided' else 'expiry'} (leaf {index}), but "
@@ -217,13 +217,11 @@ class _Logged:
         self._standing: dict[tuple[Any, Any], int] | None = None
         self.withdrawn: set[int] = set()  # accepted answers the log took back later (``standing``)
         # (set, question id) -> the log's latest word on its approval outcome:
-        # decided or expired, and the hash of the decision it logged (None
-        # from a bridge that logged none)
-        self.outcome: dict[tuple[Any, Any], tuple[str, Any]] = {}
+        # (decided or expired, the hash of the decision it logged (None from
+        # a bridge that logged none), its leaf, the revision it concerned)
+        self._outcomes: dict[tuple[Any, Any], tuple[str, Any, int, Any]] = {}
         # (set, question id, sender) -> the hashes of the answers the log accepted from them
         self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
-        self._outcome_at: dict[tuple[Any, Any], int] = {}  # the latest outcome's leaf
-        self._outcome_rev: dict[tuple[Any, Any], Any] = {}  # ... and the revision it concerned
         self._mentioned: set[tuple[Any, Any]] | None = None  # every (set, question) a leaf is about
         self._withdrawn_at: dict[tuple[Any, Any], int] = {}  # the latest withdrawal's leaf, per question
 
@@ -291,21 +289,19 @@ class _Logged:
                     self.answered.setdefault((leaf.get("set"), _question_id(leaf), leaf.get("sender")),
                                              set()).add(leaf.get("answer_sha256"))
                 elif leaf.get("outcome") in ("decided", "expired"):
-                    self.outcome[(leaf.get("set"), _question_id(leaf))] = (leaf["outcome"], leaf.get("answer_sha256"))
-                    self._outcome_at[(leaf.get("set"), _question_id(leaf))] = _index
-                    self._outcome_rev[(leaf.get("set"), _question_id(leaf))] = leaf["question"].get("rev") \
-                        if isinstance(leaf.get("question"), dict) else None
+                    self._outcomes[(leaf.get("set"), _question_id(leaf))] = (
+                        leaf["outcome"], leaf.get("answer_sha256"), _index, _question_rev(leaf))
                 elif leaf.get("outcome") == "withdrawn":
                     self._withdrawn_at[(leaf.get("set"), _question_id(leaf))] = _index
         return self._accepted
 
-    def outcomes(self) -> dict[tuple[Any, Any], tuple[str, Any, int]]:
+    def outcomes(self) -> dict[tuple[Any, Any], tuple[str, Any, int, Any]]:
         """(set, question id) -> the log's latest approval outcome: (decided or
-        expired, its decision's hash, its leaf)."""
+        expired, its decision's hash, its leaf, its revision)."""
         self.accepted()
-        return {key: (*value, self._outcome_at[key]) for key, value in self.outcome.items()}
+        return self._outcomes
 
-    def latest_outcome(self, key: tuple[Any, Any]) -> tuple[str, Any, int] | None:
+    def latest_outcome(self, key: tuple[Any, Any]) -> tuple[str, Any, int, Any] | None:
         return self.outcomes().get(key)
 
     def mentions(self, key: tuple[Any, Any]) -> bool:
@@ -313,10 +309,6 @@ class _Logged:
         if self._mentioned is None:
             self._mentioned = {(leaf.get("set"), _question_id(leaf)) for _index, leaf in self.parsed()}
         return key in self._mentioned
-
-    def outcome_rev(self, key: tuple[Any, Any]) -> Any:
-        self.accepted()
-        return self._outcome_rev.get(key)
 
     def withdrawn_since(self, key: tuple[Any, Any], index: int) -> bool:
         """A withdrawal of an answer to the question after leaf ``index`` (a
@@ -395,15 +387,13 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
                                 f"not {record.get('choice')!r}")
     # The outcome can change after it was logged (an earlier event read late),
     # and the bridge logs each change: the log's latest word is the record's.
-    last, logged_sha256 = logged.outcome.get((doc.get("set"), qid), (None, None))
-    latest = logged.latest_outcome((doc.get("set"), qid))
-    if state == "pending" and latest is not None and latest[0] == "decided" \
-            and logged.outcome_rev((doc.get("set"), qid)) == record.get("q_rev") \
-            and not logged.withdrawn_since((doc.get("set"), qid), latest[2]):
+    last, logged_sha256, at, rev = logged.latest_outcome((doc.get("set"), qid)) or (None, None, None, None)
+    if state == "pending" and last == "decided" and rev == record.get("q_rev") \
+            and not logged.withdrawn_since((doc.get("set"), qid), at):
         # Undecided again only when a vote was taken back after the decision
         # (an undo), or for a revision after the one decided.
         problems.append(f"{where}: the record says pending, and the log's latest word on the question is its "
-                        f"decision (leaf {latest[2]})")
+                        f"decision (leaf {at})")
     elif state == "expired" and last != "expired":
         problems.append(f"{where}: the record says expired, and the log records no expiry of the question"
                         + (" since its decision" if last == "decided" else ""))
