@@ -30,6 +30,7 @@ from bridge.questionset.lint import lint
 from bridge.questionset.lint.identity import ID_PATTERN
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
+from bridge.regularfile import read_regular
 from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.wholefile import replace_whole, sync_dir, temp_path
 
@@ -376,7 +377,7 @@ class AgentSets:
                reason: str | None) -> tuple[dict[str, Any], Path]:
         set_dir = self._own_dir(agent, set_id)
         try:
-            data = (set_dir / QUESTIONS_FILE).read_bytes()
+            data = read_regular(set_dir / QUESTIONS_FILE)  # (a FIFO there would hold the thread: ``regularfile``)
         except OSError as exc:
             raise NotFound(f"the set can't be read: {exc}") from None
         # A big set's parse, lint and new bytes in a process of its own, as

@@ -247,7 +247,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         async def joined(room_id: str) -> None:
             if room_id not in rooms:  # joining again after a restart of the task
                 rooms.append(room_id)  # the list the front holds: its events are bridged from now on
-            pipeline.removed.pop(room_id, None)  # in again (its own join is not among the events it reads)
+            # In again: cleared now, not only once its join event is read.
+            pipeline.removed.pop(room_id, None)
             await pipeline.load_members(room_id)
 
         async def after_the_first_batch() -> None:

@@ -326,8 +326,9 @@ class Deadlines:
             watching_escalation = self._reopened(question) and question.escalation is not None \
                 and self.store.get_meta(ESCALATED + event_id) is None
             if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) \
-                    and not watching_deadline and not watching_escalation and (question.open or question.qid is None or self._due(
-                        question, self._record_of(question, set_dir)) is None):
+                    and not watching_deadline and not watching_escalation \
+                    and (question.open or question.qid is None
+                         or self._due(question, self._record_of(question, set_dir)) is None):
                 self.store.delete_meta(TRACKED + event_id)
                 self.store.delete_meta(CLOSING + event_id)
 

@@ -9,7 +9,6 @@ homeserver hands back the same event instead of posting twice.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import logging
@@ -56,6 +55,11 @@ def question_digest(qset: QuestionSet, question: Question) -> str:
 
 
 class Poster:
+    # Every store call of the poster is a job on the store's thread
+    # (``store.run``, ``store.run_written``): with the database 40 ms away,
+    # posting a set held the event loop (/health, every agent) a second at a
+    # time, and with the network to it cut, 18 s.
+
     def __init__(self, store: Store, transport: Any, room_for: Callable[[str], str], load_set: LoadSet,
                  on_posted: Callable[[RecordedQuestion], None] | None = None,
                  on_closed: Callable[[RecordedQuestion, str], None] | None = None):
@@ -107,14 +111,6 @@ class Poster:
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
-    # The poster's every store call is a job on the store's thread
-    # (``store.run``, or this): with the database 40 ms away, posting a set
-    # held the event loop (/health, every agent) a second at a time, and with
-    # the network to it cut, 18 s.
-    async def _write(self, fn: Callable[[], Any], *, flush: bool = True) -> Any:
-        """``fn()`` in one store transaction."""
-        return await self.store.run_written(fn, flush=flush)
-
     async def sync_changed(self, root: Path, paths: Iterable[str | Path]) -> PostReport:
         """Only the sets whose questions.json is among ``paths`` (what the folder
         watcher saw change): an edit of one set costs one set, however many
@@ -138,7 +134,7 @@ class Poster:
                     if recorded.open:
                         await self._close(recorded, SET_REMOVED, report)
                 # If it comes back, it is read again in full.
-                await self._write(functools.partial(self.store.delete_meta, f"{SET_SYNCED}{folder}"), flush=False)
+                await self.store.run_written(self.store.delete_meta, f"{SET_SYNCED}{folder}", flush=False)
 
     async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
         """``sync_set``, unless the set's questions.json is byte for byte the one
@@ -153,7 +149,7 @@ class Poster:
                 return
             whole = await self._sync_set(set_dir, report)
             if whole and fingerprint is not None and str(set_dir) not in report.broken:
-                await self._write(functools.partial(self.store.set_meta, key, fingerprint))
+                await self.store.run_written(self.store.set_meta, key, fingerprint)
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
         async with self._lock(str(set_dir.resolve())):
@@ -313,7 +309,8 @@ class Poster:
                     self.on_closed(old, why)
 
         try:
-            await self._write(record)  # flushed: the old posting's close must not be lost once the new one is out
+            # Flushed: the old posting's close must not be lost once the new one is out.
+            await self.store.run_written(record)
         except PostingConflict as exc:
             # The homeserver handed back an event the store already knows (a
             # transaction id reused), or the id is taken: nothing is recorded,
@@ -353,7 +350,7 @@ class Poster:
             self.store.set_meta(key, str(now))
             return now
 
-        return await self._write(kept_or_now)
+        return await self.store.run_written(kept_or_now)
 
     async def _ensure_poll(self, recorded: RecordedQuestion) -> None:
         """Post the question's poll once (the transaction id makes a retry the same event)."""
@@ -374,11 +371,11 @@ class Poster:
             # other questions are posted; retrying would never work.
             log.warning("poll for %s/%s not posted (%s); it is answered by reply or reaction there",
                         recorded.set_id, recorded.qid, exc)
-            await self._write(functools.partial(self.store.set_meta, _NO_POLL + recorded.event_id,
-                                                str(getattr(exc, "status", ""))), flush=False)
+            await self.store.run_written(self.store.set_meta, _NO_POLL + recorded.event_id,
+                                         str(getattr(exc, "status", "")), flush=False)
             return
         # As for the question: a lost record re-sends the same poll.
-        await self._write(functools.partial(self.store.set_poll, recorded.event_id, poll_id), flush=False)
+        await self.store.run_written(self.store.set_poll, recorded.event_id, poll_id, flush=False)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
@@ -392,7 +389,7 @@ class Poster:
             if self.on_closed:
                 self.on_closed(recorded, why)
 
-        await self._write(close)
+        await self.store.run_written(close)
         report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
         log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
         await self._tell_closed(recorded, why)
@@ -428,7 +425,8 @@ class Poster:
             if isinstance(sent_id, str):  # a reply to the close notice is refused as question_closed, not ignored
                 self.store.record_sent(sent_id, recorded.room_id, question_event_id=recorded.event_id, kind="closed")
 
-        await self._write(told, flush=False)  # a lost mark only says the same again, same transaction ids
+        # Not flushed: a lost mark only says the same again, with the same transaction ids.
+        await self.store.run_written(told, flush=False)
 
 
 # Meta key prefix: a closed question whose room has not been told yet (value: why).

@@ -76,7 +76,7 @@ class Invites:
                 room_id = await self.pipeline.transport.join(room_id)
                 if room_id not in self.rooms:
                     self.rooms.append(room_id)
-                self.pipeline.removed.pop(room_id, None)  # in again: its own join is not among what it reads
+                self.pipeline.removed.pop(room_id, None)  # in again: cleared now, not only once its join is read
                 await self.pipeline.load_members(room_id)
                 if self.ids is not None:  # its sets are posted here from now on, and at once
                     for name in [*aliases, *([room_id] if room_id in self.configured else [])]:

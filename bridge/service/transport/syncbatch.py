@@ -56,7 +56,8 @@ class SyncBatch(Response):
             timelines[room_id] = Timeline(
                 [{**event, "room_id": room_id} for event in _list(timeline.get("events")) if isinstance(event, dict)],
                 # (A gap in a room left can't be read: it is never filled.)
-                timeline.get("limited") is True and room_id in joined, prev_batch if isinstance(prev_batch, str) else None)
+                timeline.get("limited") is True and room_id in joined,
+                prev_batch if isinstance(prev_batch, str) else None)
         invites = {room_id: [event for event in _list(_dict(_dict(room).get("invite_state")).get("events"))
                              if isinstance(event, dict)]
                    for room_id, room in _dict(rooms.get("invite")).items()}
