@@ -85,13 +85,14 @@ class AgentsFront:
         self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs)
         from bridge.agents.log_routes import LogRoutes
 
-        self.api = AgentApi(config, self.sets, log=LogRoutes(store, self.sets))
+        self.log = LogRoutes(store, self.sets)
+        self.api = AgentApi(config, self.sets, log=self.log)
         self.reads = ReadGate(AGENT_SCOPE_KEY)  # MCP file reads: a few at a time
         self.subscribers = Subscribers()
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
                                    media_max=config.agent_api.media_max,
                                    allow_private_callbacks=config.agent_api.allow_private_callbacks,
-                                   log_store=lambda: store)
+                                   log_store=lambda: store, sign_log=self.log.sign_new_leaves)
         self.manager: LastingSessionManager | None = None
         listen = config.appservice.listen if config.appservice.enabled else config.metrics.listen
         self.served_names = origin.served_names(config.agent_api.public_url, listen)

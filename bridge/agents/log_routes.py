@@ -12,7 +12,8 @@ million leaves cost 1.3 s of the store's thread a proof.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -23,6 +24,8 @@ from bridge.service.storage.auditlog import leaf_sets
 from bridge.service.storage.store import Store
 
 MAX_LEAVES = 1000
+
+log = logging.getLogger(__name__)
 
 
 class NoLog(AgentError):
@@ -37,6 +40,24 @@ class LogRoutes:
         self.store = store
         self.sets = sets
         self._tree = merkle.Tree()  # the log's leaves read so far (only on the store's thread)
+        # The leader's checkpointer signing what the log holds (on the store's
+        # thread); None where nothing signs (the log off, no bridge here).
+        self.signer: Callable[[], Any] | None = None
+
+    def sign_new_leaves(self) -> None:
+        """On the store's thread: a checkpoint over the leaves logged since the
+        latest.  The bridge signs on its own only every audit.checkpoint_every;
+        an agent asking right after its answer gets one covering it (the rooms
+        get it on their schedule)."""
+        if self.signer is None:
+            return
+        from bridge.service.auditing.checkpoints import LogDamaged
+        from bridge.service.auditing.keys import LogKeyError
+
+        try:
+            self.signer()
+        except (LogDamaged, LogKeyError) as exc:  # the checkpoints' task says it, once; the latest kept stands
+            log.debug("no checkpoint signed for an agent: %s", exc)
 
     def _tree_of(self, size: int) -> merkle.Tree:
         """The tree over at least the first ``size`` leaves (proofs take the size they are for)."""
@@ -66,6 +87,7 @@ class LogRoutes:
 
     def _checkpoint(self, _request: web.Request, _agent: str) -> dict[str, Any]:
         self._size()
+        self.sign_new_leaves()
         latest = self.store.audit.latest_checkpoint()
         if latest is None:
             raise NoLog("no checkpoint signed yet; ask again in a minute")

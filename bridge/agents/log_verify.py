@@ -32,14 +32,16 @@ LEAVES_PER_JOB = 5000
 
 
 async def verify_tool(sets: AgentSets, store_of: Callable[[], Store | None], agent: str, set_id: str,
-                      saved: list[str]) -> dict[str, Any]:
+                      saved: list[str], sign: Callable[[], None] | None = None) -> dict[str, Any]:
     """The check, off the event loop: a long log (every agent's leaves are
     read and hashed) costs the asking agent time, never the rooms, /health
     or the other agents.  One at a time: each holds the whole log (its
     leaves, parsed, and its tree), and three at once over 400,000 leaves
-    took the bridge from 120 MB to 4 GB."""
+    took the bridge from 120 MB to 4 GB.  ``sign``: the leader's signing of
+    the leaves logged since the latest checkpoint (an answer given a moment
+    ago is covered, not named as outside the log)."""
     async with _one_at_a_time():
-        return await _verify(sets, store_of, agent, set_id, saved)
+        return await _verify(sets, store_of, agent, set_id, saved, sign)
 
 
 _TURN: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
@@ -51,12 +53,14 @@ def _one_at_a_time() -> asyncio.Lock:
 
 
 async def _verify(sets: AgentSets, store_of: Callable[[], Store | None], agent: str, set_id: str,
-                  saved: list[str]) -> dict[str, Any]:
+                  saved: list[str], sign: Callable[[], None] | None) -> dict[str, Any]:
     set_dir = sets.set_dir(agent, set_id)
     doc = await asyncio.to_thread(_answers_of, set_dir, set_id)
     store = store_of()
     if store is None:
         raise NoLog("the bridge has no answer log yet")
+    if sign is not None:
+        await store.run(sign)
     vkey = await store.run(store.get_meta, "audit_key")
     if vkey is None:
         raise NoLog("no checkpoint signed yet; ask again in a minute")

@@ -109,9 +109,11 @@ class Subscribers:
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
                  subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX, *,
-                 allow_private_callbacks: bool = False, log_store: Callable[[], Any] | None = None) -> Server[Any]:
+                 allow_private_callbacks: bool = False, log_store: Callable[[], Any] | None = None,
+                 sign_log: Callable[[], None] | None = None) -> Server[Any]:
     files = McpFiles(sets, media_max)
-    tools = Tools(sets, agents, files, allow_private_callbacks=allow_private_callbacks, log_store=log_store)
+    tools = Tools(sets, agents, files, allow_private_callbacks=allow_private_callbacks, log_store=log_store,
+                  sign_log=sign_log)
 
     def who(ctx: ServerRequestContext[Any, Any]) -> str:
         agent = agent_of(ctx)
@@ -239,12 +241,14 @@ class Tools:
     """The tools as plain calls on the service layer."""
 
     def __init__(self, sets: AgentSets, agents: Mapping[str, Agent], files: McpFiles | None = None, *,
-                 allow_private_callbacks: bool = False, log_store: Callable[[], Any] | None = None):
+                 allow_private_callbacks: bool = False, log_store: Callable[[], Any] | None = None,
+                 sign_log: Callable[[], None] | None = None):
         self.sets = sets
         self.agents = agents
         self.files = files or McpFiles(sets, DEFAULT_MEDIA_MAX)
         self.allow_private_callbacks = allow_private_callbacks
         self.log_store = log_store or (lambda: None)  # the store holding the answer log, for ``verify``
+        self.sign_log = sign_log  # signs the leaves logged since the latest checkpoint (on the store's thread)
 
     async def call(self, agent: str, name: str, arguments: dict[str, Any],
                    ctx: ServerRequestContext[Any, Any] | None = None) -> dict[str, Any]:
@@ -292,7 +296,7 @@ class Tools:
             from bridge.agents.log_verify import verify_tool
 
             return await verify_tool(self.sets, self.log_store, agent, arguments["set_id"],
-                                     arguments.get("checkpoints", []))
+                                     arguments.get("checkpoints", []), sign=self.sign_log)
         return {"sets": await self.sets.list_sets_apart(agent)}
 
 

@@ -1,7 +1,9 @@
 """``askwright-bridge audit export -c CONFIG -o DIR``: the answer log, for anyone to check.
 
 Writes, into DIR: ``leaves.jsonl`` (leaf i on line i+1, each its RFC 8785
-bytes), ``checkpoints/<size>.txt`` (every signed checkpoint the store kept),
+bytes), ``checkpoints/<size>.txt`` (every signed checkpoint the store kept,
+and, where the log's key can be read, one over the leaves logged since the
+latest, which the bridge signs only every ``audit.checkpoint_every``),
 ``key.txt`` (the log's verifier key) and ``log.json`` (origin, size).  Safe
 while the bridge runs: the store is opened read-only.  ``verify`` reads it.
 Exit 0; 2 when the config, the store or DIR can't be used.
@@ -16,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bridge.protocol import merkle
 from bridge.service.config import ConfigError, load_config
 from bridge.service.storage.store import Store, StoreVersionError
 
@@ -69,13 +72,18 @@ def export(store: Store, out: Path, config: Any) -> int:
         return _fail("the store holds no answer log yet (audit.enabled was off, or the bridge never ran with it)")
     size = store.audit.size()
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    hashes: list[bytes] = []
     with open(out / "leaves.jsonl", "w", encoding="utf-8") as handle:
         for start in range(0, size, 5000):
             for _index, leaf in store.audit.leaves(start, start + 5000):
                 handle.write(leaf + "\n")
+                hashes.append(merkle.leaf_hash(leaf.encode()))
     # A running bridge may sign a checkpoint after the leaves were read: one
     # past them is left out, or the export would read as truncated.
     notes = [(point_size, note) for point_size, note in store.audit.all_checkpoints() if point_size <= size]
+    tail = _sign_tail(hashes, notes, origin, vkey, config)
+    if tail is not None:
+        notes.append((size, tail))
     for point_size, note in notes:
         (out / "checkpoints" / f"{point_size}.txt").write_text(note, encoding="utf-8")
     (out / "key.txt").write_text(vkey + "\n", encoding="utf-8")
@@ -83,6 +91,36 @@ def export(store: Store, out: Path, config: Any) -> int:
                                              indent=2) + "\n", encoding="utf-8")
     print(f"exported {size} leaves and {len(notes)} checkpoints of {origin} to {out}")
     return EXIT_OK
+
+
+def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, vkey: str, config: Any) -> str | None:
+    """A checkpoint over the leaves logged since the bridge's latest (it signs
+    at most every audit.checkpoint_every): an answer given a moment ago is
+    covered, and checks out.  Needs the log's key; without it, says so."""
+    from bridge.protocol.log_tail import TailRefused, sign_tail
+    from bridge.service.auditing.keys import LogKeyError, key_file, read_key
+
+    latest = max(notes, default=(0, None))
+    if len(hashes) <= latest[0]:
+        return None
+    unsigned = f"the {len(hashes) - latest[0]} leaves logged since the latest checkpoint (size {latest[0]})"
+    try:
+        key = read_key(key_file(Path(config.store.path), config.audit.key_file))
+    except (OSError, LogKeyError) as exc:
+        return _note(f"{unsigned} are not signed yet, and the log's key can't be read here "
+                     f"({getattr(exc, 'strerror', None) or exc}): 'verify' names the records under them until the "
+                     "bridge signs them (audit.checkpoint_every); export again then")
+    if key.verifier_key != vkey:
+        return _note(f"{unsigned} are not signed: the key file holds another key than the log's")
+    try:
+        return sign_tail(hashes, latest[1], origin, key.private)
+    except TailRefused as exc:
+        return _note(f"{unsigned} are not signed: {exc}")
+
+
+def _note(message: str) -> None:
+    print(f"askwright-bridge audit: note: {message}", file=sys.stderr)
+    return None
 
 
 def _fail(message: str) -> int:

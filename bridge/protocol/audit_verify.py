@@ -463,7 +463,8 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
     if latest is None or tree is None:
         return problems
     if index >= latest.size:
-        problems.append(f"{where}: not yet under the latest checkpoint (size {latest.size})")
+        problems.append(f"{where}: not yet under the latest checkpoint (size {latest.size}): logged after it, "
+                        "and signed by none given (the bridge signs every audit.checkpoint_every; check again then)")
         return problems
     try:
         merkle.verify_inclusion(index, latest.size, hashes[index], tree.inclusion_proof(index), latest.root)

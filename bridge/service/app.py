@@ -293,6 +293,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                  # Files still coming when their batch went on, and those a stop cut short.
                  supervise("downloads", lambda: pipeline.downloads.run(stop, after=front.first_batch), stop)]
         if checkpointer is not None:
+            if ops.agents is not None:  # an agent asking right after its answer gets a checkpoint covering it
+                ops.agents.log.signer = checkpointer.sign_if_grown
             checkpointer.put_state = transport.put_state
             checkpointer.rooms = lambda: rooms
             tasks.append(supervise("checkpoints", lambda: checkpointer.run(stop, after=front.first_batch), stop))

@@ -3,6 +3,7 @@ answers.json, checkpoints held by the room, and ``verify`` catching tampering.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import subprocess
@@ -212,3 +213,61 @@ async def test_an_agent_verifies_its_set_with_the_mcp_tool(bridge):
         result = structured(await client.call_tool("verify", {"set_id": "release"}))
         assert result["holds"] is False
         assert result["problems"][0].startswith("record 'branch'")
+
+
+async def test_an_answer_given_a_moment_ago_checks_out_before_the_bridge_signs_on_its_own(bridge, tmp_path):
+    """The bridge signs on its own every audit.checkpoint_every (an hour
+    here): the checkpoint an agent asks for, its MCP ``verify`` and an export
+    taken right after an answer all cover that answer."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from helpers.agents import one_question, structured
+
+    port = free_port()
+    bridge.extra_config = {**agents_config(port), "audit": {"checkpoint_every": "1h"}}
+    bridge.start()
+    base = f"http://127.0.0.1:{port}"
+    await wait_listener(bridge, base)
+    http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=120))
+    async with Client(streamable_http_client(base + "/mcp", http_client=http)) as client:
+        structured(await client.call_tool("ask", {"set": one_question("release")}))
+        questions = await bridge.wait_questions(bridge.alice, 1)
+        await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+        receipt = (await bridge.wait_answer("release", "branch"))["receipt"]
+
+        async with aiohttp.ClientSession(headers=auth("planner")) as agent:
+            async with agent.get(f"{base}/v1/log/checkpoint") as response:
+                assert response.status == 200, await response.text()
+                latest = await response.json()
+            origin, public = cp.parse_verifier_key(latest["key"])
+            point = cp.open_checkpoint(latest["checkpoint"], public, origin)
+            assert point.size > receipt["index"]
+            async with agent.get(f"{base}/v1/log/inclusion", params={"index": str(receipt["index"]),
+                                                                     "size": str(point.size)}) as response:
+                proof = [bytes.fromhex(h) for h in (await response.json())["proof"]]
+        merkle.verify_inclusion(receipt["index"], point.size, bytes.fromhex(receipt["leaf"]), proof, point.root)
+
+        await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="stable"))
+        await _choice(bridge, "stable")
+        result = structured(await client.call_tool("verify", {"set_id": "release"}))
+        assert (result["holds"], result["problems"]) == (True, [])
+        assert result["checkpoint_size"] == result["leaves"]
+
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    await _choice(bridge, "main")
+    out = tmp_path / "export"
+    exported = cli("audit", "export", "-c", str(bridge.config_path), "-o", str(out))  # the bridge still running
+    assert exported.returncode == 0, exported.stderr
+    checked = cli("verify", str(bridge.sets_root / "release"), "--log", str(out))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.startswith("all holds: 1 records")
+
+
+async def _choice(bridge, choice: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while bridge.answers("release")["answers"]["branch"].get("choice") != choice:
+        bridge.check_alive()
+        assert time.monotonic() < deadline, bridge.log_text()[-3000:]
+        await asyncio.sleep(0.05)

@@ -1,0 +1,34 @@
+"""A checkpoint over the leaves logged since the latest one.  Pure.
+
+The bridge signs at most every ``audit.checkpoint_every``; an export taken
+meanwhile holds leaves no checkpoint covers yet, and ``verify`` would name
+every record under them.  Whoever holds the log's key may sign them, and
+only on top of the log as it was signed: the leaves under the latest
+checkpoint must make the root it signed, or nothing more is signed over them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from bridge.protocol import checkpoint as cp, merkle
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+
+class TailRefused(ValueError):
+    """The leaves are not those the latest checkpoint signed: nothing is signed over them."""
+
+
+def sign_tail(hashes: Sequence[bytes], latest: str | None, origin: str, key: Ed25519PrivateKey) -> str | None:
+    """A signed checkpoint of all ``hashes`` (leaf hashes, in order) when
+    they are more than the ``latest`` checkpoint (a signed note) covers;
+    None when it covers them all."""
+    signed = cp.parse_checkpoint(latest.split("\n\n", 1)[0] + "\n") if latest is not None else None
+    size = signed.size if signed is not None else 0
+    if len(hashes) <= size:
+        return None
+    if signed is not None and merkle.root(hashes[:size]) != signed.root:
+        raise TailRefused(f"the first {size} leaves are not those the latest checkpoint signed")
+    return cp.sign_checkpoint(cp.Checkpoint(origin, len(hashes), merkle.root(hashes)), key)
