@@ -172,6 +172,29 @@ async def test_a_set_folder_removed_closes_its_questions_and_posts_them_again_wh
     assert bridge.answers("takes")["answers"]["branch"]["choice"] == "stable"
 
 
+async def test_a_removed_sets_last_question_takes_no_answer_while_the_room_is_told(bridge, tmp_path):
+    """The store closes every question of a removed set at once: closed one
+    by one (a message each), the last questions of a large set took answers
+    meanwhile, acknowledged "Recorded" and written nowhere."""
+    from helpers.attack import text_set
+
+    count = 40
+    folder = bridge.add_set(text_set("many", count))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, count)
+    alice, room = bridge.alice, bridge.room_id
+    shutil.move(str(folder), str(tmp_path / "archived"))
+
+    async def first_closed() -> bool:
+        return any(e.get("content", {}).get(CLOSED, {}).get("why") == "this set was removed"
+                   for e in await alice.messages(room, limit=20))
+    await until(first_closed, what="the room told of the first question closed", every=0.02)
+    late = await alice.send(room, answer_content(questions[(f"q{count - 1}", 1)], text="late"))
+    notice = await alice.wait_notice(room, late)
+    assert notice["content"][OUTCOME]["outcome"] != "recorded", notice["content"]["body"]
+    assert "this set was removed" in notice["content"]["body"]
+
+
 async def test_a_rev_that_goes_back_is_posted_anew_and_answers_to_it_land(bridge):
     folder = bridge.add_set(one_choice_set(rev=1))
     bridge.start()

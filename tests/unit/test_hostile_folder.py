@@ -95,7 +95,8 @@ def test_an_answer_to_a_set_whose_folder_is_removed_under_it_is_not_held_for_goo
     import shutil
 
     set_dir, store = _posted(tmp_path)
-    pipeline = Pipeline(store=store, transport=Transport(), answerers=None, own_users=lambda u: u == BOT)
+    transport = Transport()
+    pipeline = Pipeline(store=store, transport=transport, answerers=None, own_users=lambda u: u == BOT)
     asyncio.run(pipeline.load_members(ROOM))
     shutil.rmtree(set_dir)  # gone between the answer's arrival and its write
     answer = {"type": "m.room.message", "event_id": "$a", "room_id": ROOM, "sender": ALICE, "origin_server_ts": 1,
@@ -110,4 +111,8 @@ def test_an_answer_to_a_set_whose_folder_is_removed_under_it_is_not_held_for_goo
     store.db.execute("UPDATE held_set SET next_try=0")
     pipeline.retry_held()
     assert store.held_sets() == [] and not set_dir.exists()
+    # The word back does not leave the person thinking the agent has it.
+    assert asyncio.run(Notices(pipeline, asyncio.Event()).send_pending()) == 1
+    assert "its set was removed before it could be written there: the agent that asked does not get it" \
+        in transport.sent[0]["body"]
     store.close()

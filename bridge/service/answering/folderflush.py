@@ -79,6 +79,7 @@ class FolderFlush:
         now_ms = self.store.clock.now_ms()  # next_try is judged by whichever instance leads (dbclock)
         held = {row[0]: row[5] for row in view.held}
         written: list[tuple[str, str, str]] = []
+        nowhere: list[tuple[str, str]] = []  # (set dir, qid) "written" to a folder that is gone
         holds: dict[tuple[str, str], str] = {}
         for (set_dir, set_id), qids in by_set.items():
             if held.get(set_dir, 0) > now_ms and not self._first_flush:
@@ -93,12 +94,13 @@ class FolderFlush:
                 # tried again, as before.)
                 log.info("set folder %s is gone; its answers stay in the store only", set_dir)
                 written.extend((set_dir, set_id, qid) for qid in qids)
+                nowhere.extend((set_dir, qid) for qid in qids)
             elif problem is None:
                 written.extend((set_dir, set_id, qid) for qid in qids)
             else:
                 holds[(set_dir, set_id)] = problem
         if written or holds or commit:  # (nothing to end with: the batch's own COMMIT was the end)
-            self._end_flush(written, holds, held, now_ms, commit, flush=not (idle and not dirty))
+            self._end_flush(written, holds, held, now_ms, commit, flush=not (idle and not dirty), nowhere=nowhere)
         self._first_flush = False
         for _problem in holds.values():
             self.report_trouble("set", "unwritable")
@@ -107,10 +109,15 @@ class FolderFlush:
         return len({d for d, _s, _q in written})
 
     def _end_flush(self, written: list[tuple[str, str, str]], holds: dict[tuple[str, str], str],
-                   held: dict[str, int], now_ms: int, commit: Callable[[], None] | None, *, flush: bool) -> None:
+                   held: dict[str, int], now_ms: int, commit: Callable[[], None] | None, *, flush: bool,
+                   nowhere: list[tuple[str, str]] = ()) -> None:
         """The flush's final transaction: the questions written are clean,
-        the sets held back are noted, and the transport's ``commit``."""
+        the sets held back are noted, and the transport's ``commit``.
+        ``nowhere``: questions of a removed set, whose answers waiting for
+        their word back were written to no folder: the word back says so."""
         with self.store.transaction(flush=flush):
+            for set_dir, qid in nowhere:
+                self.store.note_unwritten(set_dir, qid, NOT_WRITTEN)
             self.store.clear_dirty(written)
             for set_dir in {d for d, _s, _q in written} & held.keys():
                 self.store.release_set(set_dir)
@@ -259,6 +266,8 @@ def _respecting_others(doc: dict[str, Any], records: dict[str, Any], now: str, s
 
 
 FOLDER_GONE = "the set folder is gone"
+# The word back on an answer accepted as its set's folder was removed (before its questions were closed).
+NOT_WRITTEN = "But its set was removed before it could be written there: the agent that asked does not get it."
 
 
 def _folder_problem(exc: BaseException) -> str:

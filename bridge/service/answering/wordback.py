@@ -51,6 +51,8 @@ class WordBack:
                                       replaced=replaced, numbers=option_numbers(question),
                                       # On a quorum each person's vote stands beside the others'; none replaces another's.
                                       stood_before=None if question.quorum is not None else self._stood_before(entry))
+            if entry.message:  # written to no answers.json: its set was removed as it came
+                content = with_remark(content, entry.message)
         elif entry.outcome == "annotated" and entry.record is not None and question is not None:
             picker = self._pick_sender(entry)
             content = annotated_notice(answer_event_id=entry.event_id, question_event_id=question.event_id,

@@ -130,9 +130,12 @@ class Poster:
                 if os.path.lexists(folder):
                     continue  # back meanwhile
                 log.warning("set folder %s is gone; closing its open questions", folder)
-                for recorded, _poll in await self.store.run(self.store.posted_for_set, folder):
-                    if recorded.open:
-                        await self._close(recorded, SET_REMOVED, report)
+                # Every one closed in the store at once, then the rooms told:
+                # closed one by one, a large set's last questions took answers
+                # (acknowledged, with nowhere to write them) until their turn.
+                await self._close_all([recorded for recorded, _poll in
+                                       await self.store.run(self.store.posted_for_set, folder) if recorded.open],
+                                      SET_REMOVED, report)
                 # If it comes back, it is read again in full.
                 await self.store.run_written(self.store.delete_meta, f"{SET_SYNCED}{folder}", flush=False)
 
@@ -379,20 +382,28 @@ class Poster:
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
-        # The store is updated first: from this moment answers are refused.
-        # Telling the room is owed until it is done (a crash or a refused send
-        # in between leaves the word pending, and the next pass over the set
-        # says it, under the same transaction ids).
-        def close() -> None:
-            self.store.close_question(recorded.event_id, why)
-            self.store.set_meta(_UNTOLD + recorded.event_id, why)
-            if self.on_closed:
-                self.on_closed(recorded, why)
+        await self._close_all([recorded], why, report)
 
+    async def _close_all(self, closing: list[RecordedQuestion], why: str, report: PostReport) -> None:
+        # The store is updated first (one transaction): from this moment
+        # answers are refused.  Telling the room is owed until it is done (a
+        # crash or a refused send in between leaves the word pending, and the
+        # next pass over the set says it, under the same transaction ids).
+        def close() -> None:
+            for recorded in closing:
+                self.store.close_question(recorded.event_id, why)
+                self.store.set_meta(_UNTOLD + recorded.event_id, why)
+                if self.on_closed:
+                    self.on_closed(recorded, why)
+
+        if not closing:
+            return
         await self.store.run_written(close)
-        report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
-        log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
-        await self._tell_closed(recorded, why)
+        for recorded in closing:
+            report.closed.append(f"{recorded.set_id}/{recorded.qid}@{recorded.rev}")
+            log.info("question closed: %s/%s rev %s (%s)", recorded.set_id, recorded.qid, recorded.rev, why)
+        for recorded in closing:
+            await self._tell_closed(recorded, why)
 
     async def _tell_closed(self, recorded: RecordedQuestion, why: str) -> None:
         title = recorded.question.get("title", recorded.qid)

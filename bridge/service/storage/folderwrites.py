@@ -78,6 +78,13 @@ class FolderWrites:
         for set_dir, _set_id, qid in items:  # with the flush's COMMIT, on PostgreSQL
             self.db.defer("DELETE FROM dirty WHERE set_dir=? AND qid=?", (set_dir, qid))
 
+    def note_unwritten(self, set_dir: str, qid: str, why: str) -> None:
+        """The answers to ``qid`` still waiting for their word back were
+        written to no answers.json (its set's folder was removed): ``why``
+        goes with that word back."""
+        self.db.execute("UPDATE answer_log SET message=? WHERE set_dir=? AND qid=? AND acked=0 AND outcome='accepted'",
+                        (why, set_dir, qid))
+
     def hold_set(self, set_dir: str, set_id: str, reason: str, now_ms: int, retry_ms: int | None = None) -> int:
         """Hold a set whose folder can't be written; returns the attempts so
         far.  Retries back off from 1 s to 5 minutes (every ``retry_ms`` when given)."""
