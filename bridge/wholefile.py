@@ -120,21 +120,37 @@ def sync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def writer_of(name: str) -> tuple[str, int] | None:
+    """(host, pid) of a temporary name ``temp_path`` made; None for any
+    other name, whatever it holds (an agent's ``notes.askwright-tmp.txt``)."""
+    stem, mark, tail = name.rpartition(TEMP_MARK)
+    parts = tail.split(".")
+    if not stem or not mark or len(parts) not in (2, 3) or not parts[0] \
+            or not (parts[1].isascii() and parts[1].isdigit()):
+        return None
+    if len(parts) == 3 and not (len(parts[2]) == 12 and all(c in "0123456789abcdef" for c in parts[2])):
+        return None
+    return parts[0], int(parts[1])
+
+
 def is_stray(entry: os.DirEntry[str]) -> bool:
     """Whether ``entry`` is a temporary file (or folder) a writer that is
     gone left: one of this machine once its process is gone, any once it
-    is ``STRAY_SECONDS`` old; never one this process is writing."""
-    if TEMP_MARK not in entry.name:
+    is ``STRAY_SECONDS`` old (unchanged that long: a write takes
+    milliseconds, an upload writes every megabyte; and a process id is used
+    again after a restart); never one this process is writing, nor a name
+    that is not of ``temp_path``'s form."""
+    writer = writer_of(entry.name)
+    if writer is None:
         return False
-    writer = entry.name.rpartition(TEMP_MARK)[2].split(".")
     try:
         if time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_SECONDS:
-            return True
+            return writer != (HOST, os.getpid())
     except FileNotFoundError:
         return False
-    if len(writer) < 2 or writer[0] != HOST or not writer[1].isdigit():
+    if writer[0] != HOST:
         return False
-    pid = int(writer[1])
+    pid = writer[1]
     if pid == os.getpid():
         return False
     try:

@@ -111,3 +111,28 @@ def test_a_temp_file_of_another_machines_writer_is_removed_once_old_without_a_re
 
     asyncio.run(run())
     assert not stray.exists()
+
+
+def test_only_names_of_the_bridges_own_temporary_form_are_ever_removed(tmp_path):
+    """An agent's own files whose names merely hold the mark, old ones
+    included, in a set or in a folder that is no set, are never touched
+    (and no lock file is made beside them); the bridge's own forms are."""
+    from bridge.wholefile import HOST
+
+    set_dir, notes = tmp_path / "plan", tmp_path / "projectA" / "notes"
+    set_dir.mkdir()
+    (set_dir / "questions.json").write_text("{}")
+    notes.mkdir(parents=True)
+    agents = [set_dir / "notes.askwright-tmp.txt", set_dir / "draft.askwright-tmp.v2.md",
+              set_dir / "answers.json.askwright-tmp.", set_dir / ".askwright-tmp.host.12",
+              set_dir / "take.mp4.askwright-tmp.host.12.not-hex-tail", notes / "plan.askwright-tmp.md"]
+    dead = [set_dir / f"answers.json.askwright-tmp.{HOST}.999999999",
+            set_dir / "take.mp4.askwright-tmp.machine-a.4242.0123456789ab"]
+    long_ago = time.time() - 4000
+    for path in agents + dead:
+        path.write_text("mine")
+        os.utime(path, (long_ago, long_ago))
+    remove_strays(tmp_path)
+    assert [p.exists() for p in agents] == [True] * len(agents)
+    assert [p.exists() for p in dead] == [False] * len(dead)
+    assert not (notes / ".answers.lock").exists()
