@@ -4,6 +4,7 @@ answers.json, checkpoints held by the room, and ``verify`` catching tampering.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -181,22 +182,9 @@ async def test_answers_carry_receipts_the_room_holds_checkpoints_and_verify_catc
 
 async def test_an_agent_verifies_its_set_with_the_mcp_tool(bridge):
     """The MCP ``verify`` tool over streamable HTTP: the set an agent asked holds, and a changed choice is named."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
+    from helpers.agents import structured
 
-    from helpers.agents import one_question, structured
-
-    port = free_port()
-    bridge.extra_config = {**agents_config(port), "audit": {"checkpoint_every": "1s"}}
-    bridge.start()
-    base = f"http://127.0.0.1:{port}"
-    await wait_listener(bridge, base)
-    http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=120))
-    async with Client(streamable_http_client(base + "/mcp", http_client=http)) as client:
-        structured(await client.call_tool("ask", {"set": one_question("release")}))
-        questions = await bridge.wait_questions(bridge.alice, 1)
-        await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    async with _asked_and_answered(bridge, "1s") as (client, base, _questions):
         record = await bridge.wait_answer("release", "branch")
         await room_checkpoint(bridge, record["receipt"]["index"] + 1)
         result = structured(await client.call_tool("verify", {"set_id": "release"}))
@@ -219,22 +207,9 @@ async def test_an_answer_given_a_moment_ago_checks_out_before_the_bridge_signs_o
     """The bridge signs on its own every audit.checkpoint_every (an hour
     here): the checkpoint an agent asks for, its MCP ``verify`` and an export
     taken right after an answer all cover that answer."""
-    import httpx2
-    from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
+    from helpers.agents import structured
 
-    from helpers.agents import one_question, structured
-
-    port = free_port()
-    bridge.extra_config = {**agents_config(port), "audit": {"checkpoint_every": "1h"}}
-    bridge.start()
-    base = f"http://127.0.0.1:{port}"
-    await wait_listener(bridge, base)
-    http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=120))
-    async with Client(streamable_http_client(base + "/mcp", http_client=http)) as client:
-        structured(await client.call_tool("ask", {"set": one_question("release")}))
-        questions = await bridge.wait_questions(bridge.alice, 1)
-        await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    async with _asked_and_answered(bridge, "1h") as (client, base, questions):
         receipt = (await bridge.wait_answer("release", "branch"))["receipt"]
 
         async with aiohttp.ClientSession(headers=auth("planner")) as agent:
@@ -271,3 +246,27 @@ async def _choice(bridge, choice: str, timeout: float = 20) -> None:
         bridge.check_alive()
         assert time.monotonic() < deadline, bridge.log_text()[-3000:]
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def _asked_and_answered(bridge, checkpoint_every: str):
+    """The bridge with the agents' API; the agent "planner" asks one question
+    over MCP and alice answers it "main".  Yields (the MCP client, the API's
+    base URL, the questions the room shows)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from helpers.agents import one_question, structured
+
+    port = free_port()
+    bridge.extra_config = {**agents_config(port), "audit": {"checkpoint_every": checkpoint_every}}
+    bridge.start()
+    base = f"http://127.0.0.1:{port}"
+    await wait_listener(bridge, base)
+    http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=120))
+    async with Client(streamable_http_client(base + "/mcp", http_client=http)) as client:
+        structured(await client.call_tool("ask", {"set": one_question("release")}))
+        questions = await bridge.wait_questions(bridge.alice, 1)
+        await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+        yield client, base, questions
