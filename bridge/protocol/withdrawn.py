@@ -26,9 +26,11 @@ def gesture(via: str | None) -> str:
 
 def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
                    labels: Mapping[str, str] | None = None, vote: bool = False, by: str | None = None,
-                   again: bool = True, stood: bool = False) -> str:
+                   again: bool = True, stood: bool = False, own_vote: tuple[str, str] | None = None) -> str:
     """``vote``: a quorum question's vote (PROTOCOL 2a), whose record holds
-    everyone's votes: only the head is said (the caller adds where they stand).
+    everyone's votes: only the head is said (the caller adds where they
+    stand), and ``own_vote`` (how it was given, its pick): another vote of
+    the same person that counts now, theirs again (``again``) or still.
     ``by``: who withdrew it, so an answer of someone else's that stands is
     not called theirs; ``again``: the answer standing now stood before what
     was withdrawn (False: what was withdrawn had not stood, and nothing changed);
@@ -41,6 +43,10 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
     head = f"Your {what} on “{title}” is withdrawn" if what in ("note", "file") else \
         f"Your {what} to “{title}” is withdrawn"
     if vote:
+        if own_vote is not None:
+            how, pick = own_vote
+            return sentence(f"{head}; your {'earlier ' if again else ''}{gesture(how)}, “{pick}”, counts as your "
+                            f"vote {'again' if again else 'still'}")
         return f"{head}."
     if now is None:
         return f"{head}; no answer is recorded now."
@@ -59,11 +65,12 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
 def withdrawn_notice(*, event_id: str, withdrawn_event_id: str | None, question_event_id: str | None,
                      qid: str | None, title: str, withdrawn_via: str | None, now: dict[str, Any] | None,
                      reply_to: str, labels: Mapping[str, str] | None = None, vote: bool = False,
-                     by: str | None = None, again: bool = True, stood: bool = False) -> dict[str, Any]:
+                     by: str | None = None, again: bool = True, stood: bool = False,
+                     own_vote: tuple[str, str] | None = None) -> dict[str, Any]:
     """``event_id``: the redaction (or empty vote); ``now``: the record as
     ``answers.json`` holds it after the withdrawal (None: no record)."""
     content = notice(withdrawn_text(title=title, withdrawn_via=withdrawn_via, now=now, labels=labels, vote=vote,
-                                    by=by, again=again, stood=stood), reply_to, {})
+                                    by=by, again=again, stood=stood, own_vote=own_vote), reply_to, {})
     content.pop("dev.superpipeline.question.outcome", None)
     content[WITHDRAWN_KEY] = {
         "schema_version": 1,

@@ -406,6 +406,46 @@ def test_a_vote_on_a_replaced_revision_read_late_is_no_decision(tmp_path):
     assert room.verify() == []
 
 
+def test_a_vote_taken_back_after_the_deadline_read_before_the_deadlines_pass_is_told_it_stood(tmp_path):
+    """The bridge was down across the deadline; Ana's vote stood at it and
+    she took it back after it.  Read at the start, before the deadlines
+    pass (which waits for the backlog), the room's order already says the
+    deadline passed: she is told her vote stood, and the agent hears an
+    expired record with it, not an open question with no vote."""
+    from bridge.service.answering.notices import Notices
+
+    room = room_with(tmp_path, expires="45s")
+    room.deliver([vote("$v1", ANA, T0 + 1000, ["main"])])
+    logged: list = []
+    room.pipeline.on_logged = logged.append
+    room.deliver([vote("$v2", ANA, T0 + 50_000, [])])
+    record = room.record()
+    assert record["state"] == "expired" and [v["event_id"] for v in record["votes"]] == ["$v1"]
+    assert [e.outcome for e in logged] == ["withdrawn"]
+    room.pipeline.transport.sent.clear()
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    [said] = [c["body"] for c in room.pipeline.transport.sent if "withdraw" in c["body"]]
+    assert "Your vote stood at the deadline; withdrawing it now does not change that." in said, said
+    assert room.verify() == []
+
+
+def test_a_vote_taken_back_where_an_earlier_one_of_the_same_person_stands_says_that_one_counts(tmp_path):
+    """Ana replied "main", then voted "main" in the poll, then emptied her
+    poll vote: her reply is her vote again.  She was told "your vote is
+    withdrawn", and her reply went on to decide the question."""
+    from bridge.service.answering.notices import Notices
+
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), vote("$v1", ANA, T0 + 2000, ["main"])])
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    room.pipeline.transport.sent.clear()
+    room.deliver([vote("$v2", ANA, T0 + 3000, [])])
+    assert [v["event_id"] for v in room.record()["votes"]] == ["$a1"]
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    [said] = [c["body"] for c in room.pipeline.transport.sent if "withdrawn" in c["body"]]
+    assert "your earlier answer, “the main branch”, counts as your vote again" in said.lower(), said
+
+
 def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
     deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,

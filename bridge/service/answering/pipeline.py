@@ -28,7 +28,8 @@ from typing import Any, Callable, Protocol
 from bridge.protocol import annotate
 from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
-from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, check_identity, judge
+from bridge.protocol.judge import (CLOSED_DECIDED, Accepted, IncomingAnswer, JudgeContext, check_identity,
+                                  judge)
 from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
                                       is_empty_vote, normalize, poll_votes, posting_keys)
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE
@@ -449,11 +450,27 @@ class Pipeline(FolderFlush):
             entry = self._with_device(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
                                                set_dir=set_dir, qid=qid, ts=_ts(event), replaces=target,
                                                question_event_id=logged[0] if logged else question_event_id))
+            self._past_the_deadline(entry)
             self.store.log(entry)
             if self.on_logged:
                 self.on_logged(entry)
             result.withdrawn += 1
         self.store.mark_processed(event_id, "withdrawn")
+
+    def _past_the_deadline(self, entry: LogEntry) -> None:
+        """A withdrawal the room placed at or after its question's deadline:
+        the room's order says the deadline passed, so the posting is expired
+        before its record is made again, as the deadlines pass would say (at
+        a start it runs after the backlog: the word back and the agent heard
+        of an open question that had lost its vote)."""
+        question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
+        if question is None or question.expires_ms is None or entry.ts < question.expires_ms \
+                or not (question.open or question.closed_why == CLOSED_DECIDED) \
+                or self.store.is_expired(question.event_id):
+            return
+        latest = self.store.latest_posted(entry.set_dir or "", entry.qid or "")
+        if latest is None or latest.event_id == question.event_id:
+            self.store.mark_expired(question.event_id, question.expires_ms)
 
     def _unplaced(self, found: Unplaced, result: BatchResult) -> None:
         """A reply to the bridge that is about no question it knows: a short

@@ -154,15 +154,18 @@ class WordBack:
         ack = self.store.acknowledgement_of(entry.replaces) if entry.replaces else None
         now = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         title = question.question.get("title", entry.qid) if question else (entry.qid or "")
+        quorum = question is not None and question.quorum is not None
+        own_vote = self._own_vote(entry, question, now) if quorum else None
         content = withdrawn_notice(event_id=entry.event_id, withdrawn_event_id=entry.replaces,
                                    question_event_id=entry.question_event_id, qid=entry.qid, title=str(title),
                                    withdrawn_via=withdrawn_via, now=now, reply_to=ack or entry.event_id,
                                    labels=display_names(question) if question else None,
                                    # On a quorum the record is everyone's votes, not this person's earlier answer.
-                                   vote=question is not None and question.quorum is not None,
-                                   by=entry.sender, again=self._stands_again(entry, now),
-                                   stood=_stood_at_deadline(entry, question, now))
-        if question is not None and question.quorum is not None:
+                                   vote=quorum, by=entry.sender,
+                                   again=self._stands_again(entry, now, own_vote[0] if own_vote else None),
+                                   stood=_stood_at_deadline(entry, question, now),
+                                   own_vote=own_vote[1:] if own_vote else None)
+        if question is not None and quorum:
             content = with_remark(content, *self._quorum_words(entry, question))
         if question is not None and (ack is None or withdrawn_via not in _TIMELINE_VIAS):
             if ack is not None:
@@ -172,13 +175,30 @@ class WordBack:
                 content["m.relates_to"] = in_thread(question.event_id)
         return content
 
-    def _stands_again(self, entry: LogEntry, now: dict[str, Any] | None) -> bool:
-        """Whether the answer standing after a withdrawal comes before the
+    def _stands_again(self, entry: LogEntry, now: dict[str, Any] | None, standing_id: str | None = None) -> bool:
+        """Whether the answer standing after a withdrawal (``standing_id``: on
+        a quorum, the person's vote that counts now) comes before the
         withdrawn one in the room's order (it stands again), rather than after
         it (the withdrawn one had not been standing: nothing changed)."""
         withdrawn = self.store.accepted_answer(entry.replaces) if entry.replaces else None
-        standing_ts = ((now or {}).get("source") or {}).get("ts")
+        if standing_id is not None:
+            standing = self.store.accepted_answer(standing_id)
+            standing_ts = standing.ts if standing is not None else None
+        else:
+            standing_ts = ((now or {}).get("source") or {}).get("ts")
         return withdrawn is None or not isinstance(standing_ts, int) or standing_ts <= withdrawn.ts
+
+    def _own_vote(self, entry: LogEntry, question: RecordedQuestion, now: dict[str, Any] | None
+                  ) -> tuple[str, str | None, str] | None:
+        """(event id, how it was given, its pick's label) of another vote of the
+        same person that counts after the withdrawal, if one does: they are
+        told it counts, not left thinking they withdrew their consent."""
+        mine = next((v for v in (now or {}).get("votes") or [] if v.get("sender") == entry.sender), None)
+        if mine is None or mine.get("event_id") in (entry.replaces, entry.event_id):
+            return None
+        logged = self.store.logged_question(str(mine.get("event_id")))
+        choice = str(mine.get("choice"))
+        return str(mine.get("event_id")), logged[1] if logged else None, display_names(question).get(choice, choice)
 
     def _record_rev(self, entry: LogEntry) -> int:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
