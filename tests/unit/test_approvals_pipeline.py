@@ -66,6 +66,9 @@ def test_a_clean_approval_lints_clean(tmp_path):
     ({"expires": "500000w"}, "questions[branch].expires", "too far away"),
     ({"expires": "8s", "escalate": {"after": "14s", "to": ["@dee:hs"]}}, "questions[branch].escalate.after",
      "is not before expires"),
+    # A deadline in ten minutes and an escalation two hours after the posting: late whenever it is posted.
+    ({"expires": format_rfc3339(int(time.time() * 1000) + 600_000), "escalate": {"after": "2h", "to": ["@dee:hs"]}},
+     "questions[branch].escalate.after", "is not before expires"),
 ])
 def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, words):
     raw = all_kinds_set("kinds")

@@ -36,7 +36,8 @@ def check_approvals(ctx: Context, q: QuestionView) -> None:
             _check_when(ctx, value_at(escalate, "after"), f"{where}.after", "escalate.after",
                         posted=_posted(ctx, q.id, q.raw.get("rev")))
             _check_escalates_in_time(ctx, value_at(escalate, "after"),
-                                     value_at(q.raw, "expires") or value_at(ctx.raw, "expires"), f"{where}.after")
+                                     value_at(q.raw, "expires") or value_at(ctx.raw, "expires"), f"{where}.after",
+                                     posted=_posted(ctx, q.id, q.raw.get("rev")))
         if value_at(escalate, "to") is None:
             ctx.error(f"{where}.to", "escalate needs `to`: the user ids to bring in")
         else:
@@ -66,12 +67,16 @@ def _check_when(ctx: Context, value: Any, where: str, name: str, posted: bool = 
         ctx.error(where, f"{name} {quote(value)} is in the past; give a later time or a duration such as 2h")
 
 
-def _check_escalates_in_time(ctx: Context, after: Any, expires: Any, where: str) -> None:
+def _check_escalates_in_time(ctx: Context, after: Any, expires: Any, where: str, posted: bool = False) -> None:
     """An escalation at or after the deadline would bring people in to a
-    question nobody may answer any more.  Told only when both are durations
-    (counted from the same posting) or both times: a duration against a time
-    depends on when the revision is posted."""
-    if not (isinstance(after, str) and isinstance(expires, str)) or is_rfc3339(after) != is_rfc3339(expires):
+    question nobody may answer any more.  Told when both are durations
+    (counted from the same posting) or both times, and for a duration
+    against a time when the revision is still to be posted: posted now, it
+    is late already, and posted later, later still.  (A time against a
+    duration depends on when the revision is posted.)"""
+    if not (isinstance(after, str) and isinstance(expires, str)):
+        return
+    if is_rfc3339(after) != is_rfc3339(expires) and (is_rfc3339(after) or posted):
         return
     try:
         late = parse_when(after, ctx.now_ms) >= parse_when(expires, ctx.now_ms)
