@@ -786,6 +786,41 @@ def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
     assert room.record()["state"] == "answered" and hs.delayed == {}
 
 
+def test_a_decision_undone_hands_the_closing_edit_and_the_escalation_to_the_homeserver_again(tmp_path):
+    """Decided, so the homeserver's closing edit and escalation were
+    cancelled; then undone by a take-back read late: open to votes again.
+    The bridge down from then on, nothing closed it at its deadline (nor
+    called the moderator in); now the homeserver has both again, under new
+    transaction ids, and a vote after the undo restates the edit."""
+    room = room_with(tmp_path, expires="45s", escalate={"after": "30s", "to": [DEE]})
+    hs = Delaying()
+    room.pipeline.transport = hs
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main"), answer("$b1", BO, T0 + 4000, "main")])
+    clock[0] = T0 + 5000
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered" and hs.delayed == {}  # decided: all cancelled
+    room.deliver([redact("$a1-gone", ANA, T0 + 3000, "$a1")])  # taken back before Bo's vote, read late
+    clock[0] = T0 + 6000
+    asyncio.run(deadlines.pass_once())
+    assert any(c.get("body", "").startswith("The decision is undone") for c in hs.sent)
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
+    assert hs.closing_edits() == [(closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {BO})"),
+                                   39_000)]
+    escalations = [content for kind, content, delay in hs.delayed.values() if content.get("m.mentions")]
+    assert [e["m.mentions"]["user_ids"] for e in escalations] == [[DEE]]
+    room.deliver([redact("$b1-gone", BO, T0 + 6500, "$b1")])
+    clock[0] = T0 + 7000
+    asyncio.run(deadlines.pass_once())
+    assert hs.closing_edits() == [(closed.format("no votes"), 38_000)]  # restated, not an old delay id
+    room.deliver([answer("$c1", CY, T0 + 7500, "stable")])  # a veto
+    clock[0] = T0 + 8000
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered" and hs.delayed == {}  # decided again: cancelled again
+
+
 def test_a_vote_in_time_read_after_the_homeservers_poll_end_decides_it_without_a_second_poll_end(tmp_path):
     # The bridge frozen (or a new leader taking over) across the deadline: the
     # homeserver ended the poll at it; the vote placed before it decides the

@@ -103,7 +103,11 @@ class Deadlines:
         finally:
             self._handing.discard(question.event_id)
 
-    async def _schedule(self, question: RecordedQuestion, poll_id: str | None, send_delayed: Any) -> None:
+    async def _schedule(self, question: RecordedQuestion, poll_id: str | None, send_delayed: Any,
+                        epoch: int = 0) -> None:
+        """``epoch``: scheduled again after a decision was undone (the room's
+        ``n``-th telling): new transaction ids, the first ones' delays being
+        cancelled at the decision (a homeserver hands a retried one its old delay id)."""
         delays = await self.store.run(self._delays, question.event_id)
         now = self._now()
         planned: list[tuple[str, str, dict[str, Any], int]] = []
@@ -116,7 +120,8 @@ class Deadlines:
             planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing,
                                                                          question.expires_ms), question.expires_ms))
         if question.escalation is not None and question.escalation[0] > now and \
-                (question.expires_ms is None or question.escalation[0] < question.expires_ms):
+                (question.expires_ms is None or question.escalation[0] < question.expires_ms) and \
+                not (epoch and await self.store.run(self.store.get_meta, ESCALATED + question.event_id)):
             # (One due at or after the deadline would call people in to a closed question.)
             planned.append(("escalate", "m.room.message", escalation_content(question), question.escalation[0]))
         for what, event_type, content, at in planned:
@@ -124,7 +129,8 @@ class Deadlines:
                 continue
             try:
                 delay_id = await send_delayed(question.room_id, event_type, content,
-                                              txn_id("delayed", what, question.event_id), max(1, at - self._now()))
+                                              txn_id("delayed", what, question.event_id, *_epoch(epoch)),
+                                              max(1, at - self._now()))
             except Exception as exc:  # noqa: BLE001 - the bridge closes it itself then
                 log.warning("delayed %s for %s not scheduled (%s); the bridge will send it", what,
                             question.event_id, exc)
@@ -133,12 +139,12 @@ class Deadlines:
                 return  # no delayed events here: the pass does it all
             delays[what] = delay_id
             log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
-            await self.store.run_written(self._kept_delay, question.event_id, what, dict(delays), closing)
+            await self.store.run_written(self._kept_delay, question.event_id, what, dict(delays), closing, epoch)
 
-    def _kept_delay(self, event_id: str, what: str, delays: dict[str, str], closing: str) -> None:
+    def _kept_delay(self, event_id: str, what: str, delays: dict[str, str], closing: str, epoch: int = 0) -> None:
         self.store.set_meta(DELAYS + event_id, json.dumps(delays))
         if what == "edit":
-            self.store.set_meta(CLOSING + event_id, json.dumps({"words": closing, "gen": 0}))
+            self.store.set_meta(CLOSING + event_id, json.dumps({"words": closing, "gen": 0, "epoch": epoch}))
         if what == "escalate":
             self.store.set_meta(ESCALATED + event_id, "delayed")
 
@@ -181,7 +187,8 @@ class Deadlines:
             self._handing.add(question.event_id)
             try:
                 delay_id = await send_delayed(question.room_id, "m.room.message", content,
-                                              txn_id("delayed", "edit", question.event_id, str(gen)), left)
+                                              txn_id("delayed", "edit", question.event_id,
+                                                     *_epoch(said.get("epoch", 0)), str(gen)), left)
             finally:
                 self._handing.discard(question.event_id)
             with self.store.transaction(flush=False):
@@ -190,7 +197,8 @@ class Deadlines:
                     delays["edit"] = delay_id
                     self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
                 # Refused (no session to encrypt it, say): the old edit stays, the bridge closes it itself.
-                self.store.set_meta(CLOSING + question.event_id, json.dumps({"words": closing, "gen": gen}))
+                self.store.set_meta(CLOSING + question.event_id, json.dumps({"words": closing, "gen": gen,
+                                                                             "epoch": said.get("epoch", 0)}))
             log.info("delayed closing edit of %s restated (%s): %s", question.event_id, delay_id, closing)
         stale = tuple(what for what in self._delays(question.event_id) if what.startswith("edit@"))
         if stale:
@@ -313,9 +321,12 @@ class Deadlines:
             await self._tell(question, set_dir, why)
         elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
             await self._cancel(event_id)  # closed otherwise (withdrawn, replaced): nothing more is due
-        if self._reopened(question) and self._escalation_due(question, now):
-            # Open to votes again: the escalation dropped with the decision still comes.
-            await self._escalate(question)
+        if self._reopened(question):
+            if self._escalation_due(question, now):
+                # Open to votes again: the escalation dropped with the decision still comes.
+                await self._escalate(question)
+            else:  # its closing edit, handed to the homeserver again at the undo, says what stands now
+                await self._restate(question, self._record_of(question, set_dir))
         with self.store.transaction(flush=False):
             # Looked at again in the transaction that stops the watch: a vote
             # read while the room was being told (the flush then marks the
@@ -482,6 +493,16 @@ class Deadlines:
             self.store.set_meta(TOLD + question.event_id, json.dumps({"said": said, "words": words,
                                                                       "n": told.get("n", 0) + 1,
                                                                       "decision": _decision(record)}))
+        send_delayed = getattr(self.transport, "send_delayed", None)
+        if why == UNDONE and send_delayed is not None:
+            # Open again: what the decision cancelled (the closing edit, the
+            # escalation) is handed to the homeserver again, so the deadline
+            # closes it on time with the bridge down (the poll stays ended).
+            self._handing.add(question.event_id)
+            try:
+                await self._schedule(question, None, send_delayed, epoch=told.get("n", 0) + 1)
+            finally:
+                self._handing.discard(question.event_id)
 
     def _forget_delay(self, event_id: str, what: str) -> None:
         delays = self._delays(event_id)
@@ -642,6 +663,11 @@ def outcome_words(question: RecordedQuestion, record: dict[str, Any], why: str) 
                       veto=bool(question.quorum and record.get("choice") in question.quorum[1]))
         return decision_words(tally, labels), decision_line(tally, labels)
     return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0, labels)
+
+
+def _epoch(epoch: int) -> tuple[str, ...]:
+    """The part of a delayed event's transaction id that tells a scheduling after an undo from the first."""
+    return (f"again{epoch}",) if epoch else ()
 
 
 def _decision(record: dict[str, Any] | None) -> list[Any] | None:
