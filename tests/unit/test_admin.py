@@ -362,3 +362,18 @@ async def test_status_of_hundreds_of_sets_fits_one_message_and_says_what_is_left
     reply = await handle(parse_command("!ask status"), ADMIN, ctx)
     assert len(reply.encode()) < 30_000
     assert "more lines, too many for one message" in reply.splitlines()[-1]
+
+
+async def test_status_and_the_commands_record_wait_for_the_database_off_the_event_loop(ctx):
+    """With the database 100 ms away each statement of ``!ask status`` on
+    the event loop held /health and every room (0.7 s a command)."""
+    from bridge.service.operators.admin import _Pending
+    from helpers.loopwatch import statements_on_the_loop
+
+    on_loop = statements_on_the_loop(ctx.store)
+    send = Sender()
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: user == "@bot:hs", clock=lambda: NOW)
+    dispatcher.queue.append(_Pending("$1", "!room:hs", ADMIN, parse_command("!ask status")))
+    assert await dispatcher.drain() == 1
+    assert "release" in send.sent[0][2]["body"]
+    assert on_loop == []

@@ -529,3 +529,24 @@ def test_a_decision_undone_by_an_earlier_event_read_after_the_deadline_logs_the_
     assert _verify_room(late) == []
     told = [c.get("body", "") for c in late.pipeline.transport.sent]
     assert any(b.startswith("Decided: ") for b in told[-3:]), told[-3:]
+
+
+def test_a_checkpoint_missed_because_another_instance_leads_now_is_no_error(tmp_path, caplog):
+    """At every step-down the checkpoint task logged a LeaseLost traceback at
+    ERROR, twice: alerting on errors fired at each ordinary failover."""
+    import logging
+
+    from bridge.service.storage.dialect import LeaseLost
+
+    store = Store(tmp_path / "s.sqlite")
+    checkpointer = Checkpointer(store, LogKey("example.org/askwright-bridge/bridge", Ed25519PrivateKey.generate()), 60)
+
+    async def lost() -> None:
+        raise LeaseLost("another instance leads now")
+
+    checkpointer.once = lost  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO):
+        asyncio.run(checkpointer._once_said())
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "no longer leads" in caplog.records[0].getMessage()
+    store.close()

@@ -364,3 +364,19 @@ async def test_an_invite_back_into_a_room_brings_a_look_soon(served):
     assert response.status == 200
     await until(lambda: troubles == [1], timeout=5)
     assert joined == [ROOM]
+
+
+async def test_a_look_asks_the_store_what_it_processed_in_one_job_off_the_event_loop(store):
+    """Each event a look found was checked with a statement of its own on
+    the event loop: 11 held /health 1.1 s with the database 100 ms away."""
+    from helpers.loopwatch import statements_on_the_loop
+
+    timeline = Timeline([message(n) for n in range(1, 12)])
+    store.set_meta(TOKEN_KEY + ROOM, "0")
+    with store.transaction():
+        store.mark_processed("$m5", "accepted")
+    fed = Fed(store)
+    looker = catchup(store, timeline, fed)
+    on_loop = statements_on_the_loop(store)
+    assert await looker.sweep() == 10
+    assert [s for s in on_loop if s.startswith("SELECT")] == []

@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from bridge.service.storage.leader import TTL_SECONDS, Lease, instances
 from bridge.service.storage.leader import _clock as leader_clock
-from bridge.service.storage.pgdialect import LeaseLost
+from bridge.service.storage.dialect import LeaseLost
 from bridge.service.storage.store import Store
 from helpers.netcut import Cable
 from helpers.pgstore import fresh_schema

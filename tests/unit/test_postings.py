@@ -320,29 +320,13 @@ def test_posting_a_set_never_waits_for_the_database_on_the_event_loop(tmp_path: 
     # 40 ms away, posting a set held /health and every agent a second at a
     # time, and with the network to it cut, 18 s.  Every statement of a
     # posting (new, revised, closed, removed) runs on the store's thread.
-    import threading
+    from helpers.loopwatch import statements_on_the_loop
 
     folder = tmp_path / "sets" / "takes"
     write_set(folder, "takes", *[choice(qid=f"q{n}", title=f"Take {n}?") for n in range(3)])
     transport = Transport()
     p, store = poster(tmp_path, transport)
-    on_loop: list[str] = []
-
-    class Watched:
-        """The store's connection, noting each statement made on the event loop's thread."""
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def execute(self, sql: str, *args: Any, **kwargs: Any) -> Any:
-            if threading.current_thread() is threading.main_thread():
-                on_loop.append(" ".join(sql.split()[:4]))
-            return self.inner.execute(sql, *args, **kwargs)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-    store.db = Watched(store.db)
+    on_loop = statements_on_the_loop(store)
 
     async def run() -> None:
         await p.sync_root(tmp_path / "sets")

@@ -23,6 +23,7 @@ from pathlib import Path
 from bridge.service.eventwait import set_within
 from bridge.protocol import merkle
 from bridge.service.auditing.keys import LogKey, LogKeyError, check_present, check_same, load_or_create
+from bridge.service.storage.dialect import LeaseLost
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,10 @@ class Checkpointer:
                 log.error("the answer log in the store is not the one this bridge signed: %s. No checkpoint is "
                           "signed over it; answers are still taken and logged. 'askwright-bridge audit export' "
                           "and 'askwright-bridge verify --log' show what changed", exc)
+        except LeaseLost:
+            # Stepping down (another instance leads now): the new leader signs
+            # from here, as after any failover; nothing to alert anyone about.
+            log.info("no checkpoint taken: this instance no longer leads the store")
         except Exception:  # noqa: BLE001 - the log is in the store; a checkpoint missed is taken next time
             log.exception("the answer log's checkpoint could not be taken; tried again in %ss", self.every)
 

@@ -123,7 +123,7 @@ class Receiving:
 
     def processed_of(self, events: list[dict[str, Any]]) -> set[str]:
         """On the store's thread: which of ``events`` were already processed."""
-        return {e["event_id"] for e in events if self.store.is_processed(e["event_id"])}
+        return self.store.processed_among([e["event_id"] for e in events])
 
     async def screen(self, events: list[dict[str, Any]], is_own: Callable[[str], bool]) -> tuple[
             list[dict[str, Any]], list[str]]:

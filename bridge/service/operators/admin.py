@@ -139,10 +139,14 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
     from bridge.service.operators.setstatus import collect, find_set, format_table, set_id_of
 
     if command.verb == STATUS:
-        rows = collect(ctx.sets_root, ctx.store.posted_question_counts(), ctx.store.highest_posted_revs())
-        table = format_table(rows)
+        # The store read on its thread, the sets' files read and linted on
+        # another: with the database far away or many sets, /health and the
+        # rooms are served meanwhile.
+        counts, revs, held = await ctx.store.run(lambda: (ctx.store.posted_question_counts(),
+                                                          ctx.store.highest_posted_revs(), held_back(ctx.store)))
+        table = format_table(await asyncio.to_thread(collect, ctx.sets_root, counts, revs))
         troubled = format_tasks(ctx.tasks(), troubled_only=True) if ctx.tasks is not None else ""
-        return within_one_message((table + format_held(held_back(ctx.store)) + troubled).rstrip("\n"))
+        return within_one_message((table + format_held(held) + troubled).rstrip("\n"))
     set_dir = find_set(ctx.sets_root, command.set_id or "")
     if set_dir is None:
         return f"There is no set “{command.set_id}” in the bridge's sets folder."
@@ -319,8 +323,7 @@ class AdminDispatcher:
             else:
                 log.info("command %s from %s answered", pending.command.verb, pending.sender)
                 answered += 1
-            with self.ctx.store.transaction():
-                self.ctx.store.mark_command(pending.event_id, int(self.clock() * 1000))
+            await self.ctx.store.run_written(self.ctx.store.mark_command, pending.event_id, int(self.clock() * 1000))
             self.queue.remove(pending)
             self.replies.pop(pending.event_id, None)
         return answered

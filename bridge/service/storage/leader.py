@@ -47,7 +47,8 @@ import psycopg
 
 from bridge.service.storage.dbclock import elapsed
 from bridge.service.storage.pgconnect import WATCHDOG, connect
-from bridge.service.storage.pgdialect import LeaseLost, PgConnection
+from bridge.service.storage.dialect import LeaseLost
+from bridge.service.storage.pgdialect import PgConnection
 from bridge.service.storage.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)

@@ -72,10 +72,6 @@ class StoreDatabaseError(sqlite3.DatabaseError):
     pass
 
 
-class LeaseLost(sqlite3.OperationalError):
-    """This instance no longer leads: it must write nothing more."""
-
-
 def redact(url: str) -> str:
     """The store's URL without its password, for messages and logs: neither
     the one before the host (``user:pw@``, an ``@`` in it unencoded too) nor
