@@ -138,14 +138,14 @@ def is_stray(entry: os.DirEntry[str]) -> bool:
     gone left: one of this machine once its process is gone, any once it
     is ``STRAY_SECONDS`` old (unchanged that long: a write takes
     milliseconds, an upload writes every megabyte; and a process id is used
-    again after a restart); never one this process is writing, nor a name
-    that is not of ``temp_path``'s form."""
+    again after a restart, in a container pid 1 again); never one this
+    process is writing, nor a name that is not of ``temp_path``'s form."""
     writer = writer_of(entry.name)
     if writer is None:
         return False
     try:
         if time.time() - entry.stat(follow_symlinks=False).st_mtime > STRAY_SECONDS:
-            return writer != (HOST, os.getpid())
+            return True  # this process's own too: a restart keeps the host and may get the same pid (1, in a container)
     except FileNotFoundError:
         return False
     if writer[0] != HOST:

@@ -73,15 +73,20 @@ def export(store: Store, out: Path, config: Any) -> int:
     size = store.audit.size()
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     hashes: list[bytes] = []
+    damage: str | None = None  # why the leaves are not the log the bridge signs on, if they are not
     with open(out / "leaves.jsonl", "w", encoding="utf-8") as handle:
         for start in range(0, size, 5000):
-            for _index, leaf in store.audit.leaves(start, start + 5000):
+            for index, leaf, stored in store.audit.leaves_and_hashes(start, start + 5000):
                 handle.write(leaf + "\n")
                 hashes.append(merkle.leaf_hash(leaf.encode()))
+                if damage is None and index != len(hashes) - 1:
+                    damage = f"leaf {len(hashes) - 1} is missing from the store"
+                elif damage is None and hashes[-1].hex() != stored:
+                    damage = f"leaf {index}'s text is not what its stored hash says"
     # A running bridge may sign a checkpoint after the leaves were read: one
     # past them is left out, or the export would read as truncated.
     notes = [(point_size, note) for point_size, note in store.audit.all_checkpoints() if point_size <= size]
-    tail = _sign_tail(hashes, notes, origin, vkey, config)
+    tail = _sign_tail(hashes, notes, origin, vkey, config, damage)
     if tail is not None:
         notes.append((size, tail))
     for point_size, note in notes:
@@ -93,10 +98,14 @@ def export(store: Store, out: Path, config: Any) -> int:
     return EXIT_OK
 
 
-def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, vkey: str, config: Any) -> str | None:
+def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, vkey: str, config: Any,
+               damage: str | None) -> str | None:
     """A checkpoint over the leaves logged since the bridge's latest (it signs
     at most every audit.checkpoint_every): an answer given a moment ago is
-    covered, and checks out.  Needs the log's key; without it, says so."""
+    covered, and checks out.  Needs the log's key; without it, says so.
+    Never over leaves the bridge would refuse to sign on (``damage``: one
+    missing, a text its stored hash does not match): the same key would
+    sign another tree than the bridge's."""
     from bridge.protocol.log_tail import TailRefused, sign_tail
     from bridge.service.auditing.keys import LogKeyError, key_file, read_key
 
@@ -104,6 +113,8 @@ def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, v
     if len(hashes) <= latest[0]:
         return None
     unsigned = f"the {len(hashes) - latest[0]} leaves logged since the latest checkpoint (size {latest[0]})"
+    if damage is not None:
+        return _note(f"{unsigned} are not signed: {damage}")
     try:
         key = read_key(key_file(Path(config.store.path), config.audit.key_file))
     except (OSError, LogKeyError) as exc:

@@ -258,6 +258,11 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             await sleep_or_stop_event(stop, front.first_batch)
             if stop.is_set():
                 return
+            if checkpointer is not None and ops.agents is not None:
+                # An agent asking right after its answer gets a checkpoint
+                # covering it (not before the first batch: the answers waiting
+                # at start come before the log is read to sign it).
+                ops.agents.log.signer = checkpointer.sign_if_grown
             from bridge.service.posting.poster import Poster
 
             poster = Poster(store, transport, room_ids.resolving(config.room_for),
@@ -293,8 +298,6 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                  # Files still coming when their batch went on, and those a stop cut short.
                  supervise("downloads", lambda: pipeline.downloads.run(stop, after=front.first_batch), stop)]
         if checkpointer is not None:
-            if ops.agents is not None:  # an agent asking right after its answer gets a checkpoint covering it
-                ops.agents.log.signer = checkpointer.sign_if_grown
             checkpointer.put_state = transport.put_state
             checkpointer.rooms = lambda: rooms
             tasks.append(supervise("checkpoints", lambda: checkpointer.run(stop, after=front.first_batch), stop))

@@ -419,6 +419,8 @@ def test_a_vote_taken_back_after_the_deadline_read_before_the_deadlines_pass_is_
 
     room = room_with(tmp_path, expires="45s")
     room.deliver([vote("$v1", ANA, T0 + 1000, ["main"])])
+    # A sender's homeserver clock ahead (it stamps the time) expires nothing before the deadline.
+    room.store.clock = type("At", (), {"now_ms": staticmethod(lambda: T0 + 50_000)})()
     logged: list = []
     room.pipeline.on_logged = logged.append
     room.deliver([vote("$v2", ANA, T0 + 50_000, [])])
@@ -430,6 +432,15 @@ def test_a_vote_taken_back_after_the_deadline_read_before_the_deadlines_pass_is_
     [said] = [c["body"] for c in room.pipeline.transport.sent if "withdraw" in c["body"]]
     assert "Your vote stood at the deadline; withdrawing it now does not change that." in said, said
     assert room.verify() == []
+
+
+def test_a_take_back_stamped_past_the_deadline_before_it_came_expires_nothing(tmp_path):
+    """The sender's homeserver stamps the time: one whose clock runs ahead
+    must not expire a question still open by the bridge's clock."""
+    room = room_with(tmp_path, expires="1h")
+    room.store.clock = type("At", (), {"now_ms": staticmethod(lambda: T0 + 2000)})()
+    room.deliver([vote("$v1", ANA, T0 + 1000, ["main"]), vote("$v2", ANA, T0 + 7_200_000, [])])
+    assert not room.store.is_expired("$q") and (room.record() or {}).get("state") != "expired"
 
 
 def test_a_vote_taken_back_where_an_earlier_one_of_the_same_person_stands_says_that_one_counts(tmp_path):

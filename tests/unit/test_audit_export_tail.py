@@ -38,7 +38,7 @@ def _answer(store: Store, n: int) -> None:
 
 @pytest.fixture
 def between(tmp_path) -> Path:
-    """Two answers under the bridge's latest checkpoint, a third logged since."""
+    """Two answers under the bridge's latest checkpoint, a third and a fourth logged since."""
     store = Store(tmp_path / "s.sqlite")
     with store.transaction():
         store.set_meta("audit_origin", ORIGIN)
@@ -49,8 +49,9 @@ def between(tmp_path) -> Path:
     Checkpointer(store, key, 60).sign_if_grown()
     store.set_meta("audit_key", key.verifier_key)
     _answer(store, 2)
+    _answer(store, 3)
     doc = {"askwright": 1, "set": "s", "rev": 1, "answers": {f"q{n}": store.projection("/sets/s", f"q{n}")
-                                                            for n in range(3)}}
+                                                            for n in range(4)}}
     (tmp_path / "set").mkdir()
     (tmp_path / "set" / "answers.json").write_text(json.dumps(doc))
     store.close()
@@ -80,15 +81,15 @@ def _export_and_verify(base: Path, capsys) -> tuple[int, int, str]:
 def test_the_answer_logged_since_the_latest_checkpoint_checks_out(between, capsys):
     exported, verified, said = _export_and_verify(between, capsys)
     assert (exported, verified) == (0, 0), said
-    assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt", "3.txt"]
-    assert "all holds: 3 records, 3 leaves, latest checkpoint 3, 1 earlier checkpoints" in said
+    assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt", "4.txt"]
+    assert "all holds: 4 records, 4 leaves, latest checkpoint 4, 1 earlier checkpoints" in said
 
 
 def test_without_the_key_the_export_says_why_verify_names_the_new_answer(between, capsys):
     key_file(between / "s.sqlite").unlink()
     exported, verified, said = _export_and_verify(between, capsys)
     assert (exported, verified) == (0, 1)
-    assert "the 1 leaves logged since the latest checkpoint (size 2) are not signed yet" in said
+    assert "the 2 leaves logged since the latest checkpoint (size 2) are not signed yet" in said
     assert "record 'q2' (leaf 2): not yet under the latest checkpoint (size 2)" in said
 
 
@@ -107,3 +108,22 @@ def test_a_leaf_changed_under_the_checkpoint_is_never_signed_over(between, capsy
     assert (exported, verified) == (0, 1)
     assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt"]
     assert "are not signed: the first 2 leaves are not those the latest checkpoint signed" in said
+
+
+@pytest.mark.parametrize("damage, said_why", [
+    ("DELETE FROM audit_leaf WHERE idx=2", "leaf 2 is missing from the store"),
+    ("UPDATE audit_leaf SET leaf=replace(leaf, '@ana:hs', '@eve:hs') WHERE idx=3", "leaf 3's text is not what its stored hash says"),
+], ids=["a leaf taken out", "a leaf's text changed"])
+def test_a_log_changed_past_the_checkpoint_is_never_signed_over(between, capsys, damage, said_why):
+    """Past the latest checkpoint, a leaf taken out (the later ones shifted
+    down) or a leaf's text changed with its stored hash left: the running
+    bridge refuses the first and signs the stored hashes for the second, so
+    a checkpoint over these would be a second tree under the same key."""
+    db = sqlite3.connect(between / "s.sqlite")
+    db.execute(damage)
+    db.commit()
+    db.close()
+    exported, _verified, said = _export_and_verify(between, capsys)
+    assert exported == 0
+    assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt"]
+    assert f"are not signed: {said_why}" in said

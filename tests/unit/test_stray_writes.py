@@ -126,8 +126,11 @@ def test_only_names_of_the_bridges_own_temporary_form_are_ever_removed(tmp_path)
     agents = [set_dir / "notes.askwright-tmp.txt", set_dir / "draft.askwright-tmp.v2.md",
               set_dir / "answers.json.askwright-tmp.", set_dir / ".askwright-tmp.host.12",
               set_dir / "take.mp4.askwright-tmp.host.12.not-hex-tail", notes / "plan.askwright-tmp.md"]
+    # A dead writer's, another machine's, and one of this host and pid left by
+    # a run before (a restarted container is pid 1 again, its host the same).
     dead = [set_dir / f"answers.json.askwright-tmp.{HOST}.999999999",
-            set_dir / "take.mp4.askwright-tmp.machine-a.4242.0123456789ab"]
+            set_dir / "take.mp4.askwright-tmp.machine-a.4242.0123456789ab",
+            set_dir / f"clip.mp4.askwright-tmp.{HOST}.{os.getpid()}.0123456789ab"]
     long_ago = time.time() - 4000
     for path in agents + dead:
         path.write_text("mine")

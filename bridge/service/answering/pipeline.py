@@ -468,6 +468,8 @@ class Pipeline(FolderFlush):
                 or not (question.open or question.closed_why == CLOSED_DECIDED) \
                 or self.store.is_expired(question.event_id):
             return
+        if self.store.clock.now_ms() < question.expires_ms:
+            return  # a sender's clock ahead (its homeserver stamps the time) expires nothing early
         latest = self.store.latest_posted(entry.set_dir or "", entry.qid or "")
         if latest is None or latest.event_id == question.event_id:
             self.store.mark_expired(question.event_id, question.expires_ms)

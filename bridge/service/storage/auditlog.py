@@ -66,6 +66,11 @@ class AuditLog:
         return [(int(i), leaf) for i, leaf in self.db.execute(
             "SELECT idx, leaf FROM audit_leaf WHERE idx>=? AND idx<? ORDER BY idx", (start, end)).fetchall()]
 
+    def leaves_and_hashes(self, start: int, end: int) -> list[tuple[int, str, str]]:
+        """(index, canonical JSON, stored hash hex) of the leaves start <= index < end."""
+        return [(int(i), leaf, h) for i, leaf, h in self.db.execute(
+            "SELECT idx, leaf, hash FROM audit_leaf WHERE idx>=? AND idx<? ORDER BY idx", (start, end)).fetchall()]
+
     def receipt(self, seq: int) -> tuple[int, str] | None:
         """(index, leaf hash hex) of the newest leaf of answer-log entry ``seq``."""
         row = self.db.execute("SELECT idx, hash FROM audit_leaf WHERE seq=? ORDER BY idx DESC LIMIT 1",
