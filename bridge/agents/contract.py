@@ -167,7 +167,9 @@ class Contract:
             value = strictjson.loads(raw, unique_keys=True)
         except strictjson.NotJson as exc:
             raise _refusal("body", str(exc)) from None
-        except (ValueError, RecursionError):
+        except RecursionError:
+            raise _refusal("body", "nested too deeply") from None
+        except ValueError:
             raise _refusal("body", "not JSON") from None
         _raise_first(op.json_body, value, "body")
         return value

@@ -43,6 +43,13 @@ class BadRequest(AgentError):
     """The request itself is unusable: not JSON, a wrong parameter."""
 
 
+class TooLarge(AgentError):
+    """A set larger than the format allows (16 MB as the bridge writes it), a file over ``agent_api.media_max``."""
+
+    status = 413
+    code = "too_large"
+
+
 class NotFound(AgentError):
     """No such set for this agent (another agent's set looks exactly like none)."""
 

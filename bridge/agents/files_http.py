@@ -15,8 +15,8 @@ from aiohttp import web
 
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
 from bridge.agents.bodyread import paced
-from bridge.agents.errors import NotFound
-from bridge.agents.media_files import TooLarge, check_media_name, receive, stored_body
+from bridge.agents.errors import NotFound, TooLarge
+from bridge.agents.media_files import check_media_name, receive, stored_body
 from bridge.agents.sets import AgentSets
 from bridge.questionset.media import mimetype
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from bridge.agents.errors import BadRequest, LintFailed
+from bridge.agents.errors import BadRequest, LintFailed, TooLarge
 from bridge.questionset.lint import lint
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
@@ -26,11 +26,14 @@ class JudgedSet:
     open_ids: list[str] = field(default_factory=list)
     warnings: list[dict[str, str]] = field(default_factory=list)
     bad: str | None = None  # BadRequest's message
+    too_large: str | None = None  # TooLarge's
     failed: tuple[str, list[dict[str, str]], list[dict[str, str]]] | None = None  # LintFailed's
 
     def raise_refusal(self) -> None:
         if self.bad is not None:
             raise BadRequest(self.bad)
+        if self.too_large is not None:
+            raise TooLarge(self.too_large)
         if self.failed is not None:
             message, findings, warnings = self.failed
             raise LintFailed(message, findings=findings, warnings=warnings)
@@ -45,18 +48,29 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
     if raw.get("id") != set_id:
         return JudgedSet(failed=("the set's id must be the id in the address",
                                  [{"where": "id", "message": f"must be {set_id!r}, the set id in the address"}], []))
+    data = as_written(raw)
+    if len(data) > MAX_QUESTIONS_BYTES:
+        # As it is written (a document that came as JSON inside an envelope,
+        # or through MCP, was never measured): a file the bridge can't read
+        # back is never written.  Said before seconds of lint.
+        return JudgedSet(too_large=f"questions.json would be {len(data)} bytes as written, larger than the format "
+                                   f"allows ({MAX_QUESTIONS_BYTES})")
     result = lint(raw, LocalFilesystem(os.path.abspath(folder)), probe=None, posted_revs=revs, confined=True)
     warnings = dicts(result.warnings)
     if not result.ok:
         return JudgedSet(failed=("the set fails lint", dicts(result.errors), warnings))
-    data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
-    if len(data) > MAX_QUESTIONS_BYTES:
-        # As it is written (a document that came as JSON inside an envelope,
-        # or through MCP, was never measured): a file the bridge can't read back is never written.
-        return JudgedSet(bad=f"questions.json would be {len(data)} bytes as written, larger than the format "
-                             f"allows ({MAX_QUESTIONS_BYTES})")
     open_ids = [q.id for q in result.model.questions if q.is_open] if result.model else []
     return JudgedSet(data=data, open_ids=open_ids, warnings=warnings)
+
+
+def as_written(raw: dict[str, Any]) -> bytes:
+    """questions.json as the bridge writes it: indented for people to read,
+    or compact where indenting would take it past the format's 16 MB (a set
+    an agent could write itself at that size is never refused for it)."""
+    data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+    if len(data) <= MAX_QUESTIONS_BYTES:
+        return data
+    return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def dicts(findings: list[Any]) -> list[dict[str, str]]:

@@ -13,8 +13,8 @@ from typing import Any
 import mcp_types as types
 
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
-from bridge.agents.errors import BadRequest, NotFound
-from bridge.agents.media_files import TooLarge, check_media_name, pieces, receive, stored_body
+from bridge.agents.errors import BadRequest, NotFound, TooLarge
+from bridge.agents.media_files import check_media_name, pieces, receive, stored_body
 from bridge.agents.sets import AgentSets
 from bridge.questionset.media import mimetype
 

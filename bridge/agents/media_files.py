@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge.agents.errors import AgentError, BadRequest
+from bridge.agents.errors import AgentError, BadRequest, TooLarge
 from bridge.questionset.media import UPLOAD_EXTENSIONS, mimetype
 from bridge.wholefile import TempFile, in_thread
 
@@ -44,11 +44,6 @@ async def stored_body(stored: Stored, upload_limit: Callable[[], Awaitable[int |
             f"{stored.size} bytes, over the homeserver's upload limit of {limit} bytes: a question showing it "
             "goes out without it, its thread naming it as not sent")}]
     return body
-
-
-class TooLarge(AgentError):
-    status = 413
-    code = "too_large"
 
 
 class NotStored(AgentError):

@@ -72,6 +72,9 @@ def test_the_contract_reads_any_document_and_names_the_field_at_fault():
     # A key twice: Python kept the last ({"status": "closed", "status": "withdrawn"} closed as withdrawn), other readers the first.
     assert refused(lambda: contract.check_body(post, b'{"names": ["a"], "names": ["b"]}')) == {
         "where": "body", "message": "the key 'names' appears twice in one object"}
+    # JSON, only nested deeper than the parser goes: said so, not "not JSON".
+    assert refused(lambda: contract.check_body(post, b"[" * 5000 + b"]" * 5000)) == {
+        "where": "body", "message": "nested too deeply"}
     assert contract.check_body(post, b"") is None  # the body is optional here
     # A binary body is the handler's to read: not parsed, not validated as JSON.
     put = contract.operation("PUT", "/v1/things/{id}")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bridge.agents.auth import RateLimiter, agent_for
-from bridge.agents.errors import BadRequest, LintFailed, NotFound, Unprocessable
+from bridge.agents.errors import BadRequest, LintFailed, NotFound, TooLarge, Unprocessable
 from bridge.agents.outbox import OutboxHook, due
 from bridge.agents.owner import OWNER_FILE
 from bridge.agents.sets import AgentSets
@@ -134,11 +134,28 @@ def test_a_set_over_the_formats_16_mb_as_written_is_refused_whatever_door_it_cam
         return document
 
     sets = AgentSets(tmp_path)
-    with pytest.raises(BadRequest, match="larger than the format allows"):
+    with pytest.raises(TooLarge, match="larger than the format allows") as caught:
         sets.ask("a", "plan", with_history(1100))  # 17.1 MB as written
+    assert caught.value.status == 413
     assert list(tmp_path.iterdir()) == []
     sets.ask("a", "plan", with_history(1000))  # 15.6 MB: within the format
     assert 15_000_000 < (tmp_path / "plan" / "questions.json").stat().st_size < 16 * 1024 * 1024
+
+
+def test_a_set_within_16_mb_is_taken_though_indenting_it_would_pass_that(tmp_path):
+    """The bridge indents what it writes: a compact 12.8 MB set grew past
+    16 MB that way and was refused, though an agent could write those very
+    bytes into its folder.  Written compact then, and read back whole."""
+    from bridge.questionset.setdir import load_set_dir
+
+    document = one_question()
+    document["archive"] = list(range(1_500_000))  # an unknown field: kept, warned about
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "plan", document)
+    written = (tmp_path / "plan" / "questions.json").stat().st_size
+    assert 10_000_000 < written < 16 * 1024 * 1024
+    assert len(json.dumps(document, indent=2)) > 16 * 1024 * 1024
+    assert load_set_dir(tmp_path / "plan", probe=False).ok
 
 
 def test_another_agents_set_and_a_hand_written_set_are_not_there(tmp_path):

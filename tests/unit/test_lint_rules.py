@@ -665,3 +665,26 @@ def test_a_scale_whose_numbers_are_not_their_places_is_warned_of(set_dir: Path) 
     scale["options"] = [{"id": f"v{n}", "label": str(n)} for n in range(1, 6)]
     scale["guess"]["option"] = "v2"
     assert [f.where for f in run(raw, set_dir).warnings if f.where.endswith(".label")] == []
+
+
+def test_an_unknown_field_nested_too_deep_to_keep_is_an_error(set_dir: Path) -> None:
+    """The model keeps unknown fields and the poster writes them out again: a
+    question holding one 450 levels deep linted clean, its agent was told
+    201, and the set was never posted (refused at every pass)."""
+    from bridge.service.posting.poster import question_digest  # what refused it
+
+    def nested(levels: int) -> Any:
+        value: Any = "x"
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    raw = decide_set()
+    first = raw["questions"][0]
+    first["x"] = nested(450)
+    result = run(raw, set_dir)
+    assert (f"questions[{first['id']}].x", "error") in findings(result)
+    first["x"] = nested(64)  # deep, but keepable: only the unknown field's warning
+    kept = run(raw, set_dir)
+    assert (f"questions[{first['id']}].x", "error") not in findings(kept)
+    assert kept.model is not None and question_digest(kept.model, kept.model.questions[0])

@@ -41,6 +41,13 @@ _LEVEL_NAMES = {
 }
 
 
+# How deep an unknown field's value may nest.  The model keeps it, and the
+# bridge writes it out again (a question's digest, its event): 450 levels in
+# a question linted clean, and the set was never posted ("maximum
+# serialization depth exceeded" at every pass) while its agent was told 201.
+MAX_DEPTH = 64
+
+
 def check_unknown(ctx: Context, obj: Any, level: str, where: str) -> None:
     if not isinstance(obj, dict):
         return
@@ -48,3 +55,17 @@ def check_unknown(ctx: Context, obj: Any, level: str, where: str) -> None:
         if name not in _KNOWN[level]:
             place = f"{where}.{name}" if where else str(name)
             ctx.warning(place, f"{quote(str(name))} is not a field of {_LEVEL_NAMES[level]}; remove it or fix its spelling")
+            if _deeper_than(obj[name], MAX_DEPTH):
+                ctx.error(place, f"{quote(str(name))} nests more than {MAX_DEPTH} levels deep; the bridge can't "
+                                 "keep it")
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` deep (no recursion: it may be deep)."""
+    level: list[Any] = [value]
+    for _depth in range(limit + 1):
+        containers = [item for item in level if isinstance(item, (dict, list))]
+        if not containers:
+            return False
+        level = [v for c in containers for v in (c.values() if isinstance(c, dict) else c)]
+    return True
