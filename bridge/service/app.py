@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, TypeVar
 
 from nio import AsyncClient
 from watchfiles import Change, awatch
@@ -195,6 +195,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     ops = Operators(config, store, metrics)
     front = make_front(config, store, ops)
     client: AsyncClient | None = None
+    media: Any = None  # the transport's own connections for files people send
     ops.count_errors()
     if not config.appservice.enabled:
         metrics.listening()
@@ -206,6 +207,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if client is None or stop.is_set():
             return
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
+        media = transport.media
         if ops.agents is not None:  # an agent's media upload is told when the homeserver would refuse the file
             ops.agents.sets.upload_limit = transport.upload_limit
         if lease is not None:
@@ -314,6 +316,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     finally:
         await ops.close()
         await front.close()
+        if media is not None:
+            await media.close()
         if client is not None:
             await client.close()
         store.close()

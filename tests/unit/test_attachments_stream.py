@@ -374,3 +374,33 @@ def test_a_file_sent_to_the_bridges_word_about_an_answer_is_told_where_files_go(
     told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
     assert "“shot.png” was not kept" in told and "reply to the question itself" in told, told
     assert "attachments" not in room.record()
+
+
+def test_a_part_file_another_download_renames_while_the_sweep_looks_is_passed_over(tmp_path, monkeypatch):
+    """Every download try first sweeps abandoned part files; one a download
+    beside it renamed into place (or removed) between the folder's listing
+    and the look at its age failed the sweeping try, and its file was
+    refused as not saved (574 sweeps in 10 s failed so, with files landing)."""
+    (tmp_path / ".landing.png.part").write_bytes(b"x")
+    (tmp_path / ".old.png.part").write_bytes(b"y")
+    long_ago = time.time() - 4000
+    os.utime(tmp_path / ".old.png.part", (long_ago, long_ago))
+    real_scandir = os.scandir
+
+    class Listing:
+        """The folder listed, then the landing file renamed into place before its age is looked at."""
+
+        def __init__(self, folder):
+            self.inner = real_scandir(folder)
+
+        def __enter__(self):
+            entries = list(self.inner)
+            os.rename(tmp_path / ".landing.png.part", tmp_path / "landing.png")
+            return iter(entries)
+
+        def __exit__(self, *exc):
+            self.inner.close()
+
+    monkeypatch.setattr(attachments.os, "scandir", Listing)
+    attachments.sweep_abandoned(tmp_path, older_than=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["landing.png"]

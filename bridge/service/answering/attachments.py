@@ -245,9 +245,13 @@ def sweep_abandoned(folder: Path, older_than: float) -> None:
     cutoff = time.time() - older_than
     with os.scandir(folder) as entries:
         for entry in entries:
-            if entry.name.startswith(".") and entry.name.endswith(".part") and entry.is_file(follow_symlinks=False) \
-                    and entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                with contextlib.suppress(FileNotFoundError):
+            if not (entry.name.startswith(".") and entry.name.endswith(".part")):
+                continue
+            # Another download may rename or remove its own part between the
+            # listing and here: that file is simply not there (it failed the
+            # download sweeping, its file refused as not saved).
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mtime < cutoff:
                     os.unlink(entry.path)
 
 

@@ -24,6 +24,7 @@ from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, Joi
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
 from nio.responses import Response
 
+from bridge.service.transport.mediasession import MediaSession
 from bridge.service.transport.pacing import Slot
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class NioTransport:
         # bridge.service.encryption.crypto.Crypto when the client encrypts (bot mode), else None.
         self.crypto = crypto
         self.slot = Slot()  # sends take turns by priority (``pacing``)
+        self.media = MediaSession(client)  # files people send: a pool of connections apart from the syncs'
 
     @property
     def user_id(self) -> str:
@@ -371,7 +373,7 @@ class NioTransport:
         # connection and every wait for the next bytes are bounded instead.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_seconds, sock_read=stall_seconds)
         for path in (f"/_matrix/client/v1/media/download/{quoted}", f"/_matrix/media/v3/download/{quoted}"):
-            response = await self.client.send("GET", path, headers=headers, timeout=timeout)  # type: ignore[arg-type]
+            response = await self.media.get(path, headers=headers, timeout=timeout)
             try:
                 if response.status in (404, 400) and path.startswith("/_matrix/client/v1"):
                     continue  # an older homeserver without authenticated media
