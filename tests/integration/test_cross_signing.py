@@ -234,3 +234,47 @@ async def test_the_identity_outlives_restarts_and_stores_and_a_lost_key_file_is_
     secrets = [v for k, v in json.loads(key_file.read_text()).items() if k != "user_id"]
     assert not [s for s in secrets if s in bridge.log_text()]
 
+
+
+async def test_an_answer_from_a_signed_session_logged_out_before_the_bridge_read_it_is_recorded(synapse, tmp_path):
+    """Alice's phone, cross-signed by her, answers while the bridge is down,
+    then logs out.  Read at the start, the answer came from a session the
+    bridge knew as signed: recorded, as it is when the bridge runs through
+    the logout (it was refused as not verified, and she was asked to verify
+    a session that no longer exists)."""
+    bot = synapse.register(unique("askbot"))
+    account = synapse.register(unique("alice"))
+    alice = EncryptingPerson(synapse, account, tmp_path / "alice-keys")
+    identity = await alice.cross_sign()
+    room = synapse.create_room(bot["access_token"], invite=[alice.user_id], initial_state=[ENCRYPTION_STATE])
+    synapse.join(alice.token, room)
+    login = _http_json("POST", f"{synapse.url}/_matrix/client/v3/login",
+                       {"type": "m.login.password", "identifier": {"type": "m.id.user", "user": account["user_id"]},
+                        "password": account["password"]})
+    phone = EncryptingPerson(synapse, {**login, "password": account["password"]}, tmp_path / "phone-keys")
+    workdir = tmp_path / "bridge"
+    workdir.mkdir()
+    bridge = Bridge(synapse=synapse, workdir=workdir, room_id=room, bot=bot,
+                    extra_config={"encryption": {"grace": "60s", "trust": "cross-signed"}})
+    bridge.sets_root.mkdir()
+    bridge.add_set(all_kinds_set("kinds"))
+    try:
+        await phone.cross_sign(identity)
+        bridge.start()
+        questions = await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
+        await phone.keep_up()
+        first = await phone.send(room, answer_content(questions[("name", 1)], text="from the phone"))
+        notice = await alice.wait_notice(room, first, timeout=40)
+        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
+        assert bridge.stop() == 0
+        later = await phone.send(room, answer_content(questions[("ship", 1)], option_id="go"))
+        _http_json("POST", f"{synapse.url}/_matrix/client/v3/logout", {}, phone.token)
+        bridge.start()
+        notice = await alice.wait_notice(room, later, timeout=60)
+        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded", \
+            notice["content"]["body"]
+        assert bridge.answers("kinds")["answers"]["ship"]["choice"] == "go"
+    finally:
+        await phone.close()
+        await alice.close()
+        bridge.kill()

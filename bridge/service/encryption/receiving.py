@@ -283,7 +283,7 @@ class Receiving:
         sender, sender_key = event.get("sender"), origin.get("sender_key")
         device = None
         if isinstance(sender, str) and isinstance(sender_key, str):
-            device = self.client.device_store.device_from_sender_key(sender, sender_key)
+            device = self._device_by_key(sender, sender_key)
         if device is None:
             return {"device_id": None, "cross_signed": False}
         signed = False
@@ -298,8 +298,19 @@ class Receiving:
         sender, sender_key = event.get("sender"), origin.get("sender_key")
         if not isinstance(sender, str) or not isinstance(sender_key, str):
             return False
-        device = self.client.device_store.device_from_sender_key(sender, sender_key)
+        device = self._device_by_key(sender, sender_key)
         return device is not None and device.verified
+
+    def _device_by_key(self, sender: str, sender_key: str) -> Any:
+        """The device of ``sender`` whose key encrypted an event, also one
+        logged out since: an answer it sent while the bridge was away is
+        judged by the trust it had (nio's own look-up skips it, and a
+        cross-signed session's answer was refused as not verified, its
+        person asked to verify a session that no longer exists)."""
+        device = self.client.device_store.device_from_sender_key(sender, sender_key)
+        if device is not None:
+            return device
+        return next((d for d in self.client.device_store[sender].values() if d.curve25519 == sender_key), None)
 
     def _refuse(self, refusals: list[tuple[dict[str, Any], str, str]]) -> None:
         """Refused, never recorded: a log entry the notifier turns into an
