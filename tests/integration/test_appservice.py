@@ -122,7 +122,8 @@ async def test_a_replayed_transaction_changes_nothing_and_tokens_are_checked(bri
             health = await response.json()
             tasks = health.pop("tasks")
             assert health == {"live": True, "ready": True,
-                              "held": {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0}}
+                              "held": {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0,
+                                       "events_waiting": 0}}
             assert tasks["transport"]["state"] == tasks["catch-up"]["state"] == "running", tasks
         async with http.post(endpoint(bridge, "/_matrix/app/v1/ping"), json={}) as response:
             assert (response.status, await response.json()) == (200, {})

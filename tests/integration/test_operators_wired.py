@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 QUESTION_COUNT = 8
 
-NOTHING_HELD = {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0}
+NOTHING_HELD = {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0, "events_waiting": 0}
 
 
 def free_port() -> int:

@@ -148,7 +148,7 @@ async def test_health_answers_from_the_held_counts_without_waiting_for_the_store
     try:
         response = await client.get("/health")
         body = await response.json()
-        assert body["held"] == {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0}
+        assert body["held"] == {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0, "events_waiting": 0}
         assert read == []  # read by the supervised refresh, on the store's thread, never by /health
     finally:
         await client.close()
@@ -233,3 +233,18 @@ def test_the_matrix_client_librarys_warnings_count_and_the_homeservers_silence_s
     now[0] += 42.5
     assert sample(metrics, "askwright_bridge_homeserver_silent_seconds") == 42.5
     assert metrics.silent_seconds == 42.5
+
+
+def test_encrypted_answers_waiting_for_their_keys_are_counted_in_what_is_held(tmp_path):
+    """An answer from a person whose homeserver is frozen (its devices
+    unread) or whose key has not come is kept; /health showed nothing of it."""
+    from bridge.service.storage.heldback import counts, format_held, held_back
+
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.keep_undecrypted({"type": "m.room.encrypted", "event_id": "$e", "room_id": "!r:hs",
+                                "sender": "@remote:elsewhere", "origin_server_ts": 1, "content": {}}, 0)
+    held = held_back(store)
+    assert counts(held)["events_waiting"] == 1
+    assert "1 encrypted event(s) waiting for their keys or their senders' devices" in format_held(held)
+    store.close()

@@ -25,12 +25,15 @@ def _held_back(store: Store) -> dict[str, Any]:
         "events": store.set_aside_counts(),
         "notices": [{"log_seq": seq, "room_id": room, "reason": reason, "at_ms": at}
                     for seq, room, reason, at in store.dropped_notices()],
+        # Encrypted events kept until their key comes, or their sender's
+        # homeserver answers for their devices: judged then (or refused).
+        "waiting": store.undecrypted_count(),
     }
 
 
 def counts(held: dict[str, Any]) -> dict[str, int]:
     return {"sets_held": len(held["sets"]), "events_set_aside": sum(held["events"].values()),
-            "notices_dropped": len(held["notices"])}
+            "notices_dropped": len(held["notices"]), "events_waiting": held.get("waiting", 0)}
 
 
 def format_held(held: dict[str, Any]) -> str:
@@ -38,6 +41,8 @@ def format_held(held: dict[str, Any]) -> str:
     lines = [f"set {row['set_id']} ({row['set_dir']}) held back: {row['reason']} (tried {row['attempts']} times)"
              for row in held["sets"]]
     lines += [f"{count} event(s) set aside: {reason}" for reason, count in sorted(held["events"].items())]
+    if held.get("waiting"):
+        lines.append(f"{held['waiting']} encrypted event(s) waiting for their keys or their senders' devices")
     if held["notices"]:
         reasons = sorted({row["reason"] for row in held["notices"]})
         lines.append(f"{len(held['notices'])} notice(s) dropped ({', '.join(reasons)})")

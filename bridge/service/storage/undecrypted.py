@@ -27,6 +27,9 @@ class Undecrypted:
         kept.sort(key=lambda item: (_sort_ts(item[0].get("origin_server_ts")), item[1], str(item[0].get("event_id"))))
         return kept
 
+    def undecrypted_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM undecrypted").fetchone()[0])
+
     def is_undecrypted(self, event_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM undecrypted WHERE event_id=?", (event_id,)).fetchone() is not None
 
