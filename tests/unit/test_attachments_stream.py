@@ -309,11 +309,12 @@ class Repositories:
         yield MediaBody(len(data), chunks())
 
 
-@pytest.mark.parametrize("case", ["a refused file among them", "a slow first file"])
+@pytest.mark.parametrize("case", ["a refused file among them", "a slow first file", "a slow first file, a restart"])
 def test_the_twenty_places_go_to_the_files_kept_in_the_rooms_order(tmp_path: Path, monkeypatch, case) -> None:
     """A file refused (too large) still cost a place, so the twentieth good
     file was refused as one too many; and a first file still coming when the
-    next batch came lost its place to that batch's files."""
+    next batch came lost its place to that batch's files, also when the
+    bridge was restarted in between (its download taken up after the batch)."""
     from bridge.service.answering import downloads as downloads_module
     from bridge.service.answering.downloads import Downloads
     from helpers.timeline import Room, answer, picture
@@ -340,9 +341,22 @@ def test_the_twenty_places_go_to_the_files_kept_in_the_rooms_order(tmp_path: Pat
     room.deliver([answer("$a", "@alice:hs", 1000, "main")])
 
     async def send() -> None:
-        # The slow file in a batch of its own, still coming when the next batch comes.
-        for batch in ([events[:1], events[1:]] if case == "a slow first file" else [events]):
-            room.deliver(await downloads.prefetch(batch))
+        if case == "a slow first file, a restart":
+            # The slow file's download never ends in the bridge that stops
+            # (its process gone, as far as the next one knows); the start's
+            # first batch brings the other files, then the slow one is taken
+            # up again, from a repository that now answers.
+            stuck = Downloads(room.store, Repositories(files, slow={"mxc://hs/0": 600}).download, lambda *_: True,
+                              None, MIB, judge_later=judge_later)
+            room.deliver(await stuck.prefetch(events[:1]))
+            room.deliver(await downloads.prefetch(events[1:]))
+            await downloads.resume()
+            for running in list(stuck.running.values()):
+                running.cancel()
+        else:
+            # The slow file in a batch of its own, still coming when the next batch comes.
+            for batch in ([events[:1], events[1:]] if case == "a slow first file" else [events]):
+                room.deliver(await downloads.prefetch(batch))
         while downloads.running:
             await asyncio.sleep(0.05)
 

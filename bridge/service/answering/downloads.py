@@ -88,7 +88,10 @@ class Downloads:
                 # is taken twice); the cap counts what the answer holds now.
                 numbers[key] = self.store.attachment_count(set_dir, qid)
                 if key not in self._places:  # (else files of an earlier batch still hold some)
-                    self._places[key] = Places(room_left(self.store.projection(set_dir, qid))["attachments"])
+                    # Files still coming from before a restart (taken up again
+                    # after this batch, with no place of their own) keep theirs.
+                    self._places[key] = Places(room_left(self.store.projection(set_dir, qid))["attachments"]
+                                               - self.store.coming_attachments(set_dir, qid, PENDING))
             numbers[key] += 1
             places = self._places[key]
             places.owed += 1

@@ -19,6 +19,11 @@ class Attachments:
         return self.db.execute("SELECT COUNT(*) FROM attachment WHERE set_dir=? AND qid=?",
                                (set_dir, qid)).fetchone()[0]
 
+    def coming_attachments(self, set_dir: str, qid: str, pending: str) -> int:
+        """Files of the question recorded as still coming (``pending``: ``downloads.PENDING``)."""
+        return self.db.execute("SELECT COUNT(*) FROM attachment WHERE set_dir=? AND qid=? AND path IS NULL"
+                               " AND problem=?", (set_dir, qid, pending)).fetchone()[0]
+
     def record_attachment(self, event_id: str, set_dir: str, qid: str, path: str | None,
                           problem: str | None) -> None:
         self.db.execute("INSERT INTO attachment(event_id, set_dir, qid, path, problem) VALUES (?,?,?,?,?)"
