@@ -44,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
     except runlock.StoreBusy as exc:
         print(f"askwright-bridge: store.path: {exc}; is another bridge running?", file=sys.stderr)
         return 2
+    except OSError as exc:  # its folder not writable by this user, a file where a folder should be
+        print(f"askwright-bridge: store.path: {config.store.path}: can't be used ({exc.strerror or exc})",
+              file=sys.stderr)
+        return 2
     setup_logging(config.logging.level, args.log_format or config.logging.format)
     refused = _open_store(config)
     if refused is not None:

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         doc = _json(Path(args.set_dir) / "answers.json")
         # Which questions need a quorum: the set's own words (a record may drop its votes).
         asked = Path(args.set_dir) / "questions.json"
-        questions = _json(asked) if asked.exists() else None
+        questions = _questions(asked) if asked.exists() else None
         leaves = read_leaves(Path(args.log) / "leaves.jsonl")
         vkey = args.key or _text(Path(args.log) / "key.txt").strip()
         try:
@@ -113,6 +113,16 @@ def _text(path: Path) -> str:
 
 def _json(path: Path) -> Any:
     return _loads(_text(path), path)
+
+
+def _questions(path: Path) -> Any:
+    """The set's questions.json, read as the bridge reads it (a byte-order mark an editor wrote is passed over)."""
+    from bridge.questionset.load import LoadError, parse_json
+
+    try:
+        return parse_json(_text(path))
+    except LoadError as exc:
+        raise Unreadable(f"{path}: {exc.message}") from None
 
 
 def _loads(text: str, path: Path) -> Any:

@@ -29,7 +29,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
-from bridge.service.storage.setpaths import check_sets_where_known, warn_sets_outside
+from bridge.service.storage.setpaths import SetsElsewhere, check_sets_where_known, warn_sets_outside
 from bridge.service.transport.invites import Invites
 from bridge.service.transport.rooms import RoomIds, configured_rooms, join_rooms, keep_joining
 from bridge.service.storage.heldback import format_held, held_back
@@ -495,11 +495,14 @@ def run_forever(config: Config) -> int:
 
     try:
         asyncio.run(main())
-    except (ConfigError, MatrixError) as exc:
+    except (MatrixError, SetsElsewhere) as exc:
         # Credentials the homeserver refuses will not fix themselves: say so and stop.
         log.error("cannot start: %s", exc)
         return 1
-    except LogKeyError as exc:
+    except (ConfigError, LogKeyError) as exc:
+        # Found once started (an appservice without its tokens, a webhook that
+        # leads to this machine): a config refused, as at reading it (exit 2,
+        # which a service manager does not restart in a loop).
         log.error("cannot start: %s", exc)
         return 2
     return 0

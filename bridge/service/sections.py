@@ -12,12 +12,14 @@ are "required", and ``check`` holds the rules that span a section.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 # "90s", "30m", "24h", "2d", "1w"; a bare number is seconds.
+MAX_DURATION_SECONDS = 100 * 365 * 86400
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _TRUE = {"true", "yes", "on", "1", "t", "y"}
@@ -51,6 +53,8 @@ def parse_duration(value: str | int | float) -> float:
         if not match:
             raise ValueError("must be a duration such as 30m, 24h or 2d")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_SECONDS:
+        raise ValueError("must be a duration of at most 100 years, such as 30m, 24h or 2d")
     if seconds <= 0:
         raise ValueError("must be a duration above zero, such as 30m, 24h or 2d")
     return seconds
@@ -145,11 +149,15 @@ def _convert(tp: Any, value: Any) -> Any:
     if isinstance(tp, type) and issubclass(tp, Section):
         return tp.read(value)
     if tp is Duration:
+        # Kept as text the reading takes again: a YAML number as its seconds
+        # (str(1e20) is "1e+20", which passed here and failed after the first sync).
         try:
-            parse_duration(value)
+            seconds = parse_duration(value)
+            text = f"{seconds:.3f}".rstrip("0").rstrip(".") if isinstance(value, (int, float)) else value
+            parse_duration(text)
         except ValueError as exc:
             raise Invalid(str(exc)) from None
-        return Duration(value)
+        return Duration(text)
     if tp is bool:
         return _boolean(value)
     if tp is int:

@@ -81,9 +81,12 @@ QUESTIONS = {
     "askwright": 1, "id": "release", "title": "Release", "x-extra": {"kept": True},
     "questions": [
         {"id": "branch", "kind": "choice", "title": "Branch", "question": "Which branch?",
+         "why": "It decides where the release is cut.",
+         "guess": {"option": "main", "why": "As last time.", "confidence": "low"},
          "options": [{"id": "main", "label": "Main"}, {"id": "stable", "label": "Stable"}]},
         {"id": "name", "kind": "text", "title": "Name", "question": "What name?", "status": "withdrawn",
-         "reason": "not needed"},
+         "reason": "not needed", "why": "It names the release.",
+         "guess": {"text": "Aurora", "why": "The theme.", "confidence": "low"}},
     ],
 }
 

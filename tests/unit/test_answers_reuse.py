@@ -91,7 +91,12 @@ def test_changed_sets_follows_the_rules_of_discover(tmp_path):
     outside.mkdir()
     (outside / "questions.json").write_text("{}")
     (root / "link").symlink_to(outside, target_is_directory=True)
+    # A questions.json that is itself a link out of the root: refused at the
+    # start's scan, it was posted when the watcher saw it made.
+    (root / "leaky").mkdir()
+    (root / "leaky" / "questions.json").symlink_to(outside / "questions.json")
     changed = [root / "a" / "questions.json", root / "b" / "c" / "questions.json", root / "a" / "answers.json",
                root / ".hidden" / "questions.json", root / "d" / "attachments" / "questions.json",
-               root / "gone" / "questions.json", root / "link" / "questions.json", outside / "questions.json"]
+               root / "gone" / "questions.json", root / "link" / "questions.json", outside / "questions.json",
+               root / "leaky" / "questions.json"]
     assert changed_sets(root, [str(p) for p in changed]) == [root / "a", root / "b" / "c"]

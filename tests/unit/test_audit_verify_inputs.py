@@ -122,11 +122,12 @@ CASES = {
                               "NaN is not JSON"),
     "answers.json a list": (lambda g: _write("set/answers.json", b"[]"), 1, "answers.json has no answers object"),
     # a receipt pointing past the tree, or malformed
+    # (answered after the export was taken, or forged: nothing in the export vouches for it, said as such)
     "a receipt past the tree": (lambda g: _record(lambda r: r["receipt"].update(index=10 ** 30)), 1,
-                                "record 'q0' (leaf 1000000000000000000000000000000): the receipt points past the "
-                                "tree (3 leaves)"),
+                                "record 'q0' (leaf 1000000000000000000000000000000): past the 3 leaves of this "
+                                "export (answered after it was taken, or never logged); export again to check it"),
     "a receipt before the tree": (lambda g: _record(lambda r: r["receipt"].update(index=-1)), 1,
-                                  "the receipt points past the tree"),
+                                  "the receipt points before the tree"),
     "a receipt's index a string": (lambda g: _record(lambda r: r["receipt"].update(index="0")), 1,
                                    "record 'q0': the receipt is malformed"),
     # a record changed to what JCS can't express
@@ -210,3 +211,14 @@ async def test_the_mcp_verify_tool_checks_one_set_at_a_time(monkeypatch):
     monkeypatch.setattr(log_verify, "_verify", check)
     results = await asyncio.gather(*(log_verify.verify_tool(None, lambda: None, "a", "s", []) for _ in range(3)))
     assert results == [{"ok": True}] * 3 and most[0] == 1
+
+
+def test_a_questions_file_with_a_byte_order_mark_is_read_as_the_bridge_reads_it(good, tmp_path, capsys):
+    """An editor's byte-order mark: lint, read, status and the bridge take the
+    set; verify stopped at it (exit 2, "Unexpected UTF-8 BOM")."""
+    def with_bom(case: Path) -> None:
+        (case / "set" / "questions.json").write_text(
+            "\ufeff" + json.dumps({"askwright": 1, "id": "s", "title": "S", "questions": []}), encoding="utf-8")
+
+    code, said = _run(good, tmp_path, with_bom, capsys=capsys)
+    assert code == 0, said

@@ -181,3 +181,38 @@ def test_run_with_a_sets_root_that_is_not_there_names_it_and_exits_2(tmp_path, c
     assert main(["run", "-c", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sets.root" in err and "not-here" in err
+
+
+@pytest.mark.parametrize("after", [".inf", ".nan", "1.0e+20"])
+def test_a_duration_no_reading_takes_again_is_refused_with_the_rest(tmp_path, after):
+    """A YAML float passed as a duration and was kept as str(float): "inf"
+    or "1e+20", which the reading after the first sync refused, ending the
+    bridge with a traceback (exit 1)."""
+    path = write(tmp_path, yaml.safe_dump(GOOD) + f"reminders:\n  after: {after}\n")
+    with pytest.raises(ConfigError, match="reminders.after"):
+        load_config(path, environ={})
+
+
+def test_a_duration_given_as_a_plain_number_of_seconds_reads_back_the_same(tmp_path):
+    from bridge.service.sections import parse_duration
+
+    config = load_config(write(tmp_path, yaml.safe_dump(GOOD) + "reminders:\n  after: 90.5\n"), environ={})
+    assert parse_duration(config.reminders.after) == 90.5
+
+
+def test_run_with_a_store_folder_it_cant_write_exits_2_with_one_line(tmp_path, capsys):
+    (tmp_path / "sets").mkdir()
+    (tmp_path / "blocker").write_text("a file where the store's folder should be")
+    data = {**GOOD, "store": {"path": str(tmp_path / "blocker" / "bridge.sqlite")}, "sets": {"root": str(tmp_path / "sets")}}
+    assert main(["run", "-c", str(write(tmp_path, data))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "store.path" in err and "Traceback" not in err
+
+
+def test_a_config_refused_once_started_exits_2_as_at_reading(tmp_path):
+    """An appservice without its tokens is found once the bridge starts; it
+    exited 1, which a service manager restarts in a loop (the unit stops on 2)."""
+    (tmp_path / "sets").mkdir()
+    data = {**GOOD, "sets": {"root": str(tmp_path / "sets")},
+            "appservice": {"enabled": True, "listen": "127.0.0.1:0"}}
+    assert main(["run", "-c", str(write(tmp_path, data))]) == 2

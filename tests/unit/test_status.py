@@ -19,8 +19,10 @@ NOW = "2026-11-30T12:00:00.000Z"
 
 
 def text_q(qid: str, rev: int = 1, status: str = "open") -> dict:
+    """A question lint passes (a set that fails it is a row saying so)."""
     return {"id": qid, "kind": "text", "title": qid.title(), "question": f"What about {qid}?", "rev": rev,
-            "status": status}
+            "status": status, "why": "It decides the next step.",
+            "guess": {"text": "Fine.", "why": "As before.", "confidence": "low"}}
 
 
 def write_set(root: Path, folder: str, set_id: str, questions: list[dict]) -> Path:
@@ -204,7 +206,7 @@ def test_status_audit_and_lint_run_without_the_bridges_tokens(bridge_config, tmp
     assert by_set(capsys.readouterr().out)["release"]["answered"] == 3
     main(["lint", "-c", str(bridge_config), str(tmp_path / "sets" / "fresh")])
     said = capsys.readouterr()
-    assert "fresh: 2 errors" in said.out and "config" not in said.out + said.err
+    assert "fresh: ok" in said.out and "config" not in said.out + said.err
     main(["audit", "export", "-c", str(bridge_config), "-o", str(tmp_path / "exported")])
     assert "the store holds no answer log yet" in capsys.readouterr().err  # past the config, into the store
     # The bridge itself still refuses to start without them, naming what is missing.
@@ -222,3 +224,16 @@ def test_a_sets_root_status_cannot_read_is_a_row_saying_why_not_no_sets(bridge_c
     rows = json.loads(capsys.readouterr().out)["sets"]
     assert [(row["set_dir"], row["problem"]) for row in rows] == [
         (str(tmp_path / "sets-mistyped"), "can't be read: No such file or directory")]
+
+
+def test_a_set_the_bridge_skips_for_failing_lint_is_a_row_saying_so(bridge_config, tmp_path, capsys):
+    """The bridge skips a set that fails lint (said in its log); status showed
+    it as a healthy set with its questions pending, and its agent's wait hung
+    with no word."""
+    broken = text_q("x")
+    del broken["why"]
+    write_set(tmp_path / "sets", "skipped", "skipped", [broken])
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    rows = by_set(capsys.readouterr().out)
+    assert rows["skipped"]["warnings"][0].startswith("not posted: it fails lint: questions[x].why")
+    assert rows["release"]["warnings"] == []  # (a set that passes: nothing said)

@@ -70,8 +70,27 @@ def set_status(set_dir: Path, posted: Mapping[str, int],
         # broken file is no reason to take them from the people answering.
         kept = f"; its {count} posted questions stay open" if count else ""
         return SetStatus(set_id_of(set_dir), str(set_dir), posted=count, problem=exc.message + kept)
+    skipped = lint_problem(set_dir)
     return SetStatus(view["set"], str(set_dir), posted=count, **count_view(view),
-                     warnings=went_back(set_dir, _of_folder(revs or {}, set_dir, {})))
+                     warnings=(*((skipped,) if skipped else ()),
+                               *went_back(set_dir, _of_folder(revs or {}, set_dir, {}))))
+
+
+def lint_problem(set_dir: Path) -> str | None:
+    """Why the bridge skips the set (it fails lint), said under its row (the
+    questions it posted before stay open, and are counted): shown as a
+    healthy set waiting for answers, its agent's ``wait`` hung for ever."""
+    from bridge.questionset.setdir import load_set_dir
+
+    try:
+        result = load_set_dir(set_dir, probe=False)
+    except LoadError as exc:
+        return f"not posted: {exc.message}"
+    if result.ok:
+        return None
+    first = result.errors[0]
+    more = f" (and {len(result.errors) - 1} more; `askwright-bridge lint` lists them)" if len(result.errors) > 1 else ""
+    return f"not posted: it fails lint: {first.where}: {first.message}{more}"
 
 
 def went_back(set_dir: Path, revs: Mapping[str, int]) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service.posting import media
-from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message
+from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, leads_outside
 from bridge.regularfile import read_regular
 from bridge.service.storage.setpaths import REV_FIRST_POSTED, SET_SYNCED
 from bridge.service.storage.store import PostingConflict, Store
@@ -497,7 +497,7 @@ def changed_sets(root: Path, paths: Iterable[str | Path]) -> list[Path]:
             continue
         if any((root.joinpath(*parts[:n])).is_symlink() for n in range(1, len(parts) + 1)):
             continue
-        if path.is_file():
+        if path.is_file() and not leads_outside(path, root):
             found.append(set_dir)
     return found
 

@@ -20,15 +20,20 @@ def discover(root: Path, unreadable: list[OSError] | None = None) -> list[Path]:
     symlink leading out of the root is no set: a set must really live under the root.
     ``unreadable``: gets each folder that could not be listed (the root too)."""
     found: list[Path] = []
-    real_root = os.path.realpath(root)
     for current, files in folders(root, unreadable):
-        if QUESTIONS in files:
-            target = os.path.realpath(os.path.join(current, QUESTIONS))
-            if os.path.commonpath([target, real_root]) != real_root:
-                log.warning("%s leads outside %s; not read as a set", os.path.join(current, QUESTIONS), root)
-                continue
+        if QUESTIONS in files and not leads_outside(Path(current) / QUESTIONS, root):
             found.append(Path(current))
     return found
+
+
+def leads_outside(questions: Path, root: Path) -> bool:
+    """Whether ``questions`` (a set's questions.json) is a symlink leading out
+    of ``root``: no set then, however the bridge came to look at it (said)."""
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([os.path.realpath(questions), real_root]) == real_root:
+        return False
+    log.warning("%s leads outside %s; not read as a set", questions, root)
+    return True
 
 
 def folders(root: Path, unreadable: list[OSError] | None = None) -> Iterator[tuple[str, list[str]]]:

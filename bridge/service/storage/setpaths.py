@@ -53,12 +53,17 @@ def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
     return best
 
 
+class SetsElsewhere(ConfigError):
+    """The store's sets are under another root: the start refuses with exit 1
+    (docs/operators.md), where a config refused exits 2."""
+
+
 def check_sets_where_known(folders: list[str], config: Config) -> None:
-    """ConfigError when the store's sets are seen under another root (see the module)."""
+    """SetsElsewhere when the store's sets are seen under another root (see the module)."""
     elsewhere = sets_seen_elsewhere(folders, config.sets.root)
     if elsewhere is None:
         return
-    raise ConfigError(
+    raise SetsElsewhere(
         f"sets.root: the sets the store knows are under {elsewhere}, which this machine does not have, and "
         f"{config.sets.root} here holds them.  The store knows a set by its folder's path: started like "
         "this, every question would be closed and posted again.  If the sets moved, stop every instance and "
