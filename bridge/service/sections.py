@@ -53,8 +53,6 @@ def parse_duration(value: str | int | float) -> float:
         if not match:
             raise ValueError("must be a duration such as 30m, 24h or 2d")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if not math.isfinite(seconds) or seconds > MAX_DURATION_SECONDS:
-        raise ValueError("must be a duration of at most 100 years, such as 30m, 24h or 2d")
     if seconds <= 0:
         raise ValueError("must be a duration above zero, such as 30m, 24h or 2d")
     return seconds
@@ -153,6 +151,8 @@ def _convert(tp: Any, value: Any) -> Any:
         # (str(1e20) is "1e+20", which passed here and failed after the first sync).
         try:
             seconds = parse_duration(value)
+            if not math.isfinite(seconds) or seconds > MAX_DURATION_SECONDS:
+                raise ValueError("must be a duration of at most 100 years, such as 30m, 24h or 2d")
             text = f"{seconds:.3f}".rstrip("0").rstrip(".") if isinstance(value, (int, float)) else value
             parse_duration(text)
         except ValueError as exc:
