@@ -79,8 +79,8 @@ def read_reply(body: str, question: RecordedQuestion) -> Pick | None:
 def keycap_pick(key: str, question: RecordedQuestion) -> Pick | None:
     """A keycap reaction (1\ufe0f\u20e3 .. \U0001f51f, with or without VS16) -> that option."""
     number = keycap_number(key)
-    if number is None or number > len(question.options):
-        return None
+    if number is None or number > len(question.options) or question.kind == "text":
+        return None  # (a text question's message numbers nothing: its "not sure" is a reply)
     return Pick(option_id=question.options[number - 1]["id"])
 
 

@@ -347,6 +347,13 @@ def test_a_keycap_past_the_options_or_on_a_multi_gets_help():
     assert isinstance(normalize(reaction("$q_platforms", "1\ufe0f\u20e3"), FakeLookup()), Unreadable)
 
 
+def test_a_keycap_on_a_text_question_picks_nothing_and_says_to_reply():
+    """A text question's message numbers nothing; 1\ufe0f\u20e3 there picked its
+    hidden built-in ("not sure"), replacing the words someone else gave."""
+    found = normalize(reaction("$q_name", "1\ufe0f\u20e3"), FakeLookup())
+    assert isinstance(found, Unreadable) and found.reason == "unreadable_reaction"
+
+
 # ---------------------------------------------------------------- edits and redactions
 
 

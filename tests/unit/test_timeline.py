@@ -328,3 +328,20 @@ def test_verify_names_a_record_rolled_back_or_stripped_of_its_receipt(tmp_path: 
     room.deliver([redact("$r", ALICE, 3000, "$a")])  # taken back: no answer stands
     assert room.verify() == [] and room.record() is None
     assert any("stands" in p or "withdrawn" in p for p in forged(honest["answers"]["branch"]))
+
+
+def test_an_edit_refused_says_the_answer_it_edits_still_stands(tmp_path: Path) -> None:
+    """Ana's answer edited into something no answer: the room shows the new
+    words, the bridge refused them, and nobody was told her earlier pick
+    still counts (a withdrawal's word back always says what stands)."""
+    import asyncio
+
+    from bridge.service.answering.notices import Notices
+
+    room = Room(tmp_path)
+    room.deliver([answer("$a1", "@alice:hs", 1000, "main")])
+    room.deliver([edit("$a2", "@alice:hs", 2000, "$a1", "nope")])
+    assert room.record()["choice"] == "main"
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    [refused] = [c["body"] for c in room.pipeline.transport.sent if c["body"].startswith("Not recorded")]
+    assert refused.endswith("Your answer before the edit, The main branch, still stands."), refused

@@ -76,6 +76,8 @@ class WordBack:
             content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
                                      qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
                                      message=message, via=via)
+            if entry.replaces and question is not None and (kept := self._edited_still_stands(entry, question)):
+                content = with_remark(content, kept)
         if question is not None and question.quorum is not None and entry.outcome == "accepted":
             content = with_remark(content, *self._quorum_words(entry, question))
         elif question is not None and entry.outcome == "accepted" and entry.record is not None:
@@ -101,6 +103,15 @@ class WordBack:
             replied = content.get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id", entry.event_id)
             content["m.relates_to"] = in_thread_reply(entry.thread_root, replied)
         return content
+
+    def _edited_still_stands(self, entry: LogEntry, question: RecordedQuestion) -> str | None:
+        """An edit refused (its words no answer) while the answer it edits
+        stands: the message now reads otherwise in the room, so say what counts."""
+        now = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
+        source = (now or {}).get("source") or {}
+        if now is None or now.get("state") not in ("answered", "unsure") or source.get("event_id") != entry.replaces:
+            return None
+        return f"Your answer before the edit, {describe_record(now, display_names(question))}, still stands."
 
     def _later_stands(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
         """An answer read after a later one in the room (a server catching
