@@ -380,3 +380,24 @@ async def test_a_look_asks_the_store_what_it_processed_in_one_job_off_the_event_
     on_loop = statements_on_the_loop(store)
     assert await looker.sweep() == 10
     assert [s for s in on_loop if s.startswith("SELECT")] == []
+
+
+async def test_a_room_the_bridge_cant_read_stops_no_look_into_the_rooms_after_it(store):
+    """Banned from (or losing to deletion) its first room, every look failed
+    on it, and the rooms after it were never read: an answer there stayed
+    unjudged (90 s and counting, a warning every 1.5 s)."""
+    from nio import RoomMessagesError
+
+    class Banned(Timeline):
+        async def room_messages(self, room_id, *args, **kwargs):
+            if room_id == "!banned:example.org":
+                return RoomMessagesError("You don't have permission to access that room.", "M_FORBIDDEN")
+            return await super().room_messages(room_id, *args, **kwargs)
+
+    store.set_meta(TOKEN_KEY + ROOM, "0")
+    store.set_meta(TOKEN_KEY + "!banned:example.org", "0")
+    fed = Fed(store)
+    looker = CatchUp(Banned([message(1), message(2)]), store, ["!banned:example.org", ROOM], fed.feed,
+                     set().__contains__, fed.on_members, asyncio.Lock(), asyncio.Event())
+    assert await looker.sweep() == 2
+    assert fed.batches == [["$m1", "$m2"]]

@@ -50,3 +50,29 @@ def test_every_room_is_joined_when_the_list_cannot_be_read() -> None:
     joined, _refused = asyncio.run(join_rooms(transport, ["!a:example.org", "!b:example.org"], asyncio.Event()))
     assert transport.joins == ["!a:example.org", "!b:example.org"]
     assert joined == ["!a:example.org", "!b:example.org"]
+
+
+def test_a_room_the_homeserver_keeps_failing_on_is_left_to_the_asking_behind_the_start() -> None:
+    """A room the homeserver deleted answers M_UNKNOWN ("no servers") for
+    ever: the start retried it without end, and no room was served."""
+    from types import SimpleNamespace
+
+    from bridge.service.transport.matrix import MatrixError
+
+    class _Deleted(_Transport):
+        async def join(self, room: str) -> str:
+            self.joins.append(room)
+            if room == "!gone:example.org":
+                raise MatrixError(f"joining {room}", SimpleNamespace(
+                    status_code="M_UNKNOWN", message="Can't join remote room because no servers are in the room"))
+            return room
+
+    transport = _Deleted(set())
+
+    async def start() -> tuple[list[str], list[str]]:
+        return await asyncio.wait_for(join_rooms(transport, ["!gone:example.org", "!ok:example.org"],
+                                                 asyncio.Event()), 10)
+
+    joined, refused = asyncio.run(start())
+    assert (joined, refused) == (["!ok:example.org"], ["!gone:example.org"])
+    assert transport.joins.count("!gone:example.org") == 3

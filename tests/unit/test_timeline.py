@@ -345,3 +345,22 @@ def test_an_edit_refused_says_the_answer_it_edits_still_stands(tmp_path: Path) -
     asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
     [refused] = [c["body"] for c in room.pipeline.transport.sent if c["body"].startswith("Not recorded")]
     assert refused.endswith("Your answer before the edit, The main branch, still stands."), refused
+
+
+def test_a_room_the_homeserver_made_the_bridge_leave_is_shown_as_removed(tmp_path: Path) -> None:
+    """A room deleted (or shut down) by the homeserver's admin: Synapse makes
+    the bridge leave in its own name, and that leave was passed over as the
+    bridge's own doing; its open questions waited unseen.  Its own decline
+    of an invite is no removal."""
+    from helpers.timeline import BOT, ROOM
+
+    def leave(event_id: str, room: str, before: str) -> dict:
+        return {"type": "m.room.member", "event_id": event_id, "room_id": room, "sender": BOT, "state_key": BOT,
+                "origin_server_ts": 5000, "content": {"membership": "leave"},
+                "unsigned": {"prev_content": {"membership": before}}}
+
+    room = Room(tmp_path)
+    room.deliver([leave("$declined", "!invited:hs", "invite")])
+    assert room.pipeline.removed == {}
+    room.deliver([leave("$shut", ROOM, "join")])
+    assert room.pipeline.removed[ROOM]["by"] == BOT

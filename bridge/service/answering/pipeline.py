@@ -649,14 +649,23 @@ class Pipeline(FolderFlush):
             self.removed.pop(room_id, None)
             return
         sender = event.get("sender")
-        if membership not in ("leave", "ban") or not isinstance(sender, str) or self.own_users(sender) \
-                or room_id in self.removed:
+        if membership not in ("leave", "ban") or not isinstance(sender, str) or room_id in self.removed:
             return
+        if self.own_users(sender):
+            # The bridge never leaves a room it joined: a leave in its own name
+            # from a joined room is the homeserver's (a room shut down or
+            # deleted by its admin).  One from an invite is its own decline.
+            unsigned = event.get("unsigned") if isinstance(event.get("unsigned"), dict) else {}
+            before = unsigned.get("prev_content") if isinstance(unsigned.get("prev_content"), dict) else {}
+            if membership != "leave" or before.get("membership") != "join":
+                return
         reason = content.get("reason") if isinstance(content.get("reason"), str) else None
         self.removed[room_id] = {"by": sender, "membership": membership, **({"reason": reason[:200]} if reason else {})}
         log.warning("the bridge was %s from room %s by %s%s: it reads and answers nothing there now; its open "
                     "questions there wait. Invite it back (it joins again by itself)%s", "banned" if membership ==
-                    "ban" else "removed", room_id, sender, f" ({reason[:200]})" if reason else "",
+                    "ban" else "removed", room_id,
+                    "its homeserver (the room shut down or deleted)" if self.own_users(sender) else sender,
+                    f" ({reason[:200]})" if reason else "",
                     ", once unbanned" if membership == "ban" else "")
         self.report_trouble("room", "removed")
 

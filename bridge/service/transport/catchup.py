@@ -113,6 +113,7 @@ class CatchUp:
         # up then, whether or not the homeserver pushes anything (a restart into
         # quiet rooms stayed "not ready" for good, waiting for a transaction).
         self.on_caught_up: Callable[[], None] | None = None
+        self._failing: set[str] = set()  # rooms whose look failed last time (said once per run of failures)
 
     def suspect_gap(self) -> None:
         """Look again once transactions have gone quiet, off the request path;
@@ -183,12 +184,25 @@ class CatchUp:
         them a transaction that never came must have held (``_stranded``).
         ``arriving``: the events of the transaction this look holds up."""
         fed = stranded = 0
-        for room_id in dict.fromkeys(self.rooms):
+        failed: list[Exception] = []
+        rooms = list(dict.fromkeys(self.rooms))
+        for room_id in rooms:
             if self.stop.is_set():
                 break
-            room_fed, room_stranded = await self.sweep_room(room_id, arriving)
+            try:
+                room_fed, room_stranded = await self.sweep_room(room_id, arriving)
+            except Exception as exc:  # noqa: BLE001 - one room the bridge can't read (banned, deleted) stops no other
+                failed.append(exc)
+                if room_id not in self._failing:
+                    self._failing.add(room_id)
+                    log.warning("looking into %s failed (%s); the other rooms are looked into, and it is at the "
+                                "next look", room_id, str(exc) or type(exc).__name__)
+                continue
+            self._failing.discard(room_id)
             fed += room_fed
             stranded += room_stranded
+        if failed and len(failed) == len(rooms):
+            raise failed[0]  # none could be read (the homeserver away): the look failed
         if stranded:
             self.idle_looks = 0  # something was stranded: skips are worth a look again
         return fed, stranded

@@ -52,6 +52,12 @@ class RoomIds:
         return lambda set_id: self.of(room_for(set_id))
 
 
+# Tries of a room at start, 1 s then 2 s apart, before it is left to the
+# asking in the background (``keep_joining``): the homeserver answered the
+# login a moment ago, so a room still failing is that room's trouble.
+START_TRIES = 3
+
+
 async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
                      ids: RoomIds | None = None, asking: Collection[str] = ()) -> tuple[list[str], list[str]]:
     """(room ids joined, rooms that refused for now); ``ids`` learns each room's id.
@@ -65,7 +71,9 @@ async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
     already = await joined_now(transport)
     for room in dict.fromkeys(wanted):
         delay = 1.0
-        while not stop.is_set():
+        for attempt in range(1, START_TRIES + 1):
+            if stop.is_set():
+                break
             try:
                 joined.append(await _join(transport, room, already))
                 if ids is not None:
@@ -77,11 +85,20 @@ async def join_rooms(transport: Any, wanted: list[str], stop: asyncio.Event,
                                 exc)
                     refused.append(room)
                     break
-                log.warning("cannot join %s yet (%s); retrying in %.0f s", room, exc, delay)
-            except Exception as exc:  # noqa: BLE001 - the homeserver may not be up yet
-                log.warning("cannot join %s yet (%s); retrying in %.0f s", room, exc, delay)
+                problem: Exception = exc
+            except Exception as exc:  # noqa: BLE001 - the homeserver busy, a connection cut
+                problem = exc
+            if attempt == START_TRIES:
+                # A room the homeserver keeps failing on (one it deleted answers
+                # M_UNKNOWN for ever) held up the start, every other room with
+                # it; it is asked for again beside them, like a refused one.
+                log.warning("cannot join %s yet (%s); the other rooms go on, and the bridge keeps asking", room,
+                            problem)
+                refused.append(room)
+                break
+            log.warning("cannot join %s yet (%s); retrying in %.0f s", room, problem, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 60)
+            delay *= 2
     for room in asking:
         if room in already and room not in joined:
             log.info("still bridging %s, no longer configured: it has open questions", room)
