@@ -236,12 +236,13 @@ async def test_the_identity_outlives_restarts_and_stores_and_a_lost_key_file_is_
 
 
 
-async def test_an_answer_from_a_signed_session_logged_out_before_the_bridge_read_it_is_recorded(synapse, tmp_path):
+async def test_an_answer_from_a_session_logged_out_before_the_bridge_read_it_says_to_answer_again(synapse,
+                                                                                               tmp_path):
     """Alice's phone, cross-signed by her, answers while the bridge is down,
-    then logs out.  Read at the start, the answer came from a session the
-    bridge knew as signed: recorded, as it is when the bridge runs through
-    the logout (it was refused as not verified, and she was asked to verify
-    a session that no longer exists)."""
+    then logs out.  Its trust can't be settled any more (a pin removed, an
+    identity reset since), so the answer is not taken; she was asked to
+    verify a session that no longer exists, and is now told to answer again
+    from a current one."""
     bot = synapse.register(unique("askbot"))
     account = synapse.register(unique("alice"))
     alice = EncryptingPerson(synapse, account, tmp_path / "alice-keys")
@@ -271,9 +272,10 @@ async def test_an_answer_from_a_signed_session_logged_out_before_the_bridge_read
         _http_json("POST", f"{synapse.url}/_matrix/client/v3/logout", {}, phone.token)
         bridge.start()
         notice = await alice.wait_notice(room, later, timeout=60)
-        assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded", \
-            notice["content"]["body"]
-        assert bridge.answers("kinds")["answers"]["ship"]["choice"] == "go"
+        outcome = notice["content"]["dev.superpipeline.question.outcome"]
+        assert (outcome["outcome"], outcome["reason"]) == ("refused", "device_not_verified"), notice["content"]["body"]
+        assert "logged out since" in notice["content"]["body"] and "Verify this session" not in notice["content"]["body"]
+        assert "ship" not in bridge.answers("kinds")["answers"]
     finally:
         await phone.close()
         await alice.close()

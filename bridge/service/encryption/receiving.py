@@ -58,6 +58,13 @@ UNCHECKED_MESSAGE = ("the bridge could not check the session this message was se
 PLAIN_MESSAGE = ("this was not encrypted, so the bridge cannot tell which of your sessions sent it, and in this "
                  "room it takes answers only from sessions it can check. Vote in the poll or reply to the question "
                  "instead: your client encrypts those.")
+# A session logged out before the bridge read what it sent: its trust can't
+# be settled now (a pin removed, an identity reset since), so the answer is
+# not taken; the person is told to answer from a current session, not to
+# verify one that no longer exists.
+LOGGED_OUT_MESSAGE = ("this message was sent from a session that has logged out since, so the bridge can no "
+                      "longer check it and does not accept answers from it. Send your answer again from a current "
+                      "session.")
 NOT_CROSS_SIGNED_MESSAGE = ("this message was sent from a session you have not verified, so the bridge does "
                             "not accept answers from it. Verify this session in your client (from a session "
                             "you already trust, or with your recovery key), then send your answer again.")
@@ -220,8 +227,8 @@ class Receiving:
                         else:
                             unchecked.append({**event, ORIGIN: origin})
                         continue
-                    message = UNCHECKED_MESSAGE if unread else \
-                        UNVERIFIED_MESSAGE if self.settings.trust == "verified" else NOT_CROSS_SIGNED_MESSAGE
+                    message = UNCHECKED_MESSAGE if unread else LOGGED_OUT_MESSAGE if self._logged_out(event, origin) \
+                        else UNVERIFIED_MESSAGE if self.settings.trust == "verified" else NOT_CROSS_SIGNED_MESSAGE
                     refusals.append((event, "device_not_verified", message))
                     continue
             if origin is not None:
@@ -298,19 +305,24 @@ class Receiving:
         sender, sender_key = event.get("sender"), origin.get("sender_key")
         if not isinstance(sender, str) or not isinstance(sender_key, str):
             return False
-        device = self._device_by_key(sender, sender_key)
+        device = self.client.device_store.device_from_sender_key(sender, sender_key)
         return device is not None and device.verified
 
     def _device_by_key(self, sender: str, sender_key: str) -> Any:
         """The device of ``sender`` whose key encrypted an event, also one
-        logged out since: an answer it sent while the bridge was away is
-        judged by the trust it had (nio's own look-up skips it, and a
-        cross-signed session's answer was refused as not verified, its
-        person asked to verify a session that no longer exists)."""
+        logged out since (nio's own look-up skips those)."""
         device = self.client.device_store.device_from_sender_key(sender, sender_key)
         if device is not None:
             return device
         return next((d for d in self.client.device_store[sender].values() if d.curve25519 == sender_key), None)
+
+    def _logged_out(self, event: dict[str, Any], origin: dict[str, Any]) -> bool:
+        """Sent from a session logged out before the bridge read it."""
+        sender, sender_key = event.get("sender"), origin.get("sender_key")
+        if not isinstance(sender, str) or not isinstance(sender_key, str):
+            return False
+        device = self._device_by_key(sender, sender_key)
+        return device is not None and bool(device.deleted)
 
     def _refuse(self, refusals: list[tuple[dict[str, Any], str, str]]) -> None:
         """Refused, never recorded: a log entry the notifier turns into an
