@@ -31,7 +31,7 @@ def showcase(examples: Path) -> list[str]:
     Read from the sets themselves, so the list never claims a feature a
     question does not have.
     """
-    from bridge.service.app import load_set
+    from bridge.service.posting.sets import load_set
 
     lines: list[str] = []
     for folder in sorted(p for p in examples.iterdir() if (p / "questions.json").is_file()):

@@ -6,7 +6,6 @@ interpreter lock, which the event loop needs too."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -15,7 +14,7 @@ from bridge.agents.errors import BadRequest, LintFailed, TooLarge
 from bridge.questionset.lint import lint
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
-from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
+from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, questions_bytes
 
 
 @dataclass
@@ -48,7 +47,7 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
     if raw.get("id") != set_id:
         return JudgedSet(failed=("the set's id must be the id in the address",
                                  [{"where": "id", "message": f"must be {set_id!r}, the set id in the address"}], []))
-    data = as_written(raw)
+    data = questions_bytes(raw)
     if len(data) > MAX_QUESTIONS_BYTES:
         # As it is written (a document that came as JSON inside an envelope,
         # or through MCP, was never measured): a file the bridge can't read
@@ -61,16 +60,6 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
         return JudgedSet(failed=("the set fails lint", dicts(result.errors), warnings))
     open_ids = [q.id for q in result.model.questions if q.is_open] if result.model else []
     return JudgedSet(data=data, open_ids=open_ids, warnings=warnings)
-
-
-def as_written(raw: dict[str, Any]) -> bytes:
-    """questions.json as the bridge writes it: indented for people to read,
-    or compact where indenting would take it past the format's 16 MB (a set
-    an agent could write itself at that size is never refused for it)."""
-    data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
-    if len(data) <= MAX_QUESTIONS_BYTES:
-        return data
-    return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def dicts(findings: list[Any]) -> list[dict[str, str]]:

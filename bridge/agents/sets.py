@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -31,7 +30,7 @@ from bridge.questionset.lint.identity import ID_PATTERN
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
 from bridge.regularfile import read_regular
-from bridge.questionset.setdir import QUESTIONS_FILE
+from bridge.questionset.setdir import QUESTIONS_FILE, questions_bytes
 from bridge.wholefile import replace_whole, sync_dir, temp_path
 
 # The format's set id: a letter or digit, then letters, digits, _, . or -; 64 at most.
@@ -77,7 +76,7 @@ def closed_set(data: bytes, qids: list[str] | None, status: str, reason: str | N
     blocking = [f for f in result.errors if blocks_close(f.where, f.message)]
     if blocking:
         return None, False, ("the set would fail lint", dicts(blocking))
-    return (json.dumps(new, indent=2, ensure_ascii=False).encode() + b"\n" if done else None), done, None
+    return (questions_bytes(new) if done else None), done, None
 
 
 def _files_now(set_dir: Path) -> tuple[Any, ...]:

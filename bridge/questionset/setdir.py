@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem, Probe, Streams
@@ -26,6 +26,17 @@ AGENT_OWNER_FILE = ".askwright-agent.json"
 PROBE_TIMEOUT_SECONDS = 30
 # Far above any real set; stops a runaway file from being read into memory.
 MAX_QUESTIONS_BYTES = 16 * 1024 * 1024
+
+
+def questions_bytes(raw: dict[str, Any]) -> bytes:
+    """questions.json as the bridge writes it (an agent's set, a close):
+    indented for people to read, or compact where indenting would take it
+    past the format's 16 MB (a set that fits as written is never pushed
+    over by the bridge's own rewriting)."""
+    data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+    if len(data) <= MAX_QUESTIONS_BYTES:
+        return data
+    return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 def set_paths(path: str | os.PathLike[str]) -> tuple[str, str]:

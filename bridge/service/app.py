@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
 from nio import AsyncClient
 from watchfiles import Change, awatch
@@ -23,7 +23,7 @@ from watchfiles import Change, awatch
 from bridge.service.eventwait import any_set
 from bridge.answers.file import remove_stray_temps
 from bridge.questionset.setdir import QUESTIONS_FILE
-from bridge.service.posting.sets import folders
+from bridge.service.posting.sets import folders, load_set
 from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token
 from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
@@ -46,7 +46,6 @@ from bridge.wholefile import STRAY_SECONDS, TEMP_MARK, remove_stray_folders
 # imported where it is first used: the first sync (and the answers waiting in
 # it) should not wait on code it does not run (docs/architecture.md, start-up).
 if TYPE_CHECKING:
-    from bridge.questionset.model import QuestionSet
     from bridge.service.encryption.crypto import Crypto
     from bridge.service.storage.leader import Lease
     from bridge.service.posting.poster import Poster
@@ -133,32 +132,6 @@ class BotFront:
             await asyncio.gather(self.first_sync[1], return_exceptions=True)
         if self.crypto is not None:
             await self.crypto.close()
-
-
-def load_set(set_dir: Path, posted_revs_of: Callable[[str], Mapping[str, int]] | None = None
-             ) -> tuple[QuestionSet | None, list[str]]:
-    """A set the bridge may post: it loads and lints without error.
-    ``posted_revs_of``: the store's highest posted rev per question of a
-    folder: a posted revision whose fixed deadline passed is its deadline
-    come, not a mistake (lint refused the whole set, and nothing new in it
-    was posted again)."""
-    from bridge.agents.closing import blocks_close
-    from bridge.questionset.load import LoadError
-    from bridge.questionset.setdir import load_set_dir
-
-    try:
-        resolved = os.path.realpath(set_dir)
-        revs = {resolved: posted_revs_of(resolved)} if posted_revs_of is not None else None
-        result = load_set_dir(set_dir, probe=False, posted_revs=revs)
-    except LoadError as exc:
-        return None, [exc.message]
-    # A set whose every question is closed or withdrawn is finished, not
-    # broken: the poster still closes its questions in the room.
-    errors = [f"{finding.where}: {finding.message}" for finding in result.errors
-              if result.model is None or blocks_close(finding.where, finding.message)]
-    if errors or result.model is None:
-        return None, errors or ["the set could not be read"]
-    return result.model, []
 
 
 def make_front(config: Config, store: Store, ops: Operators) -> Front:

@@ -47,7 +47,10 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError("must be a duration such as 30m, 24h or 2d")
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # a whole number of hundreds of digits
+            raise ValueError("must be a duration such as 30m, 24h or 2d, not that long") from None
     else:
         match = _DURATION.match(str(value).lower())
         if not match:

@@ -17,7 +17,7 @@ from bridge.agents.outbox import OutboxHook, due
 from bridge.agents.owner import OWNER_FILE
 from bridge.agents.sets import AgentSets
 from bridge.agents.webhooks import signature, verify
-from bridge.service.app import load_set
+from bridge.service.posting.sets import load_set
 from bridge.service.config import Agent, ConfigError, parse_config
 from bridge.service.storage.store import LogEntry, Store
 from helpers.config import GOOD
@@ -156,6 +156,10 @@ def test_a_set_within_16_mb_is_taken_though_indenting_it_would_pass_that(tmp_pat
     assert 10_000_000 < written < 16 * 1024 * 1024
     assert len(json.dumps(document, indent=2)) > 16 * 1024 * 1024
     assert load_set_dir(tmp_path / "plan", probe=False).ok
+    # A close rewrites it: as the bridge writes a set, not indented past 16 MB (unreadable then).
+    sets.close("a", "plan", ["branch"], "closed", None)
+    assert (tmp_path / "plan" / "questions.json").stat().st_size < 16 * 1024 * 1024
+    assert json.loads((tmp_path / "plan" / "questions.json").read_text())["questions"][0]["status"] == "closed"
 
 
 def test_another_agents_set_and_a_hand_written_set_are_not_there(tmp_path):

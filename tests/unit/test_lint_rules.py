@@ -688,3 +688,15 @@ def test_an_unknown_field_nested_too_deep_to_keep_is_an_error(set_dir: Path) -> 
     kept = run(raw, set_dir)
     assert (f"questions[{first['id']}].x", "error") not in findings(kept)
     assert kept.model is not None and question_digest(kept.model, kept.model.questions[0])
+
+
+def test_a_figure_nested_too_deep_to_keep_is_an_error(set_dir: Path) -> None:
+    """A figure's spec is a known field that holds anything: one 450 levels
+    deep passed lint, and the set was never posted, as an unknown field did."""
+    value: Any = {"mark": "bar"}
+    for _ in range(450):
+        value = {"layer": [value]}
+    raw = decide_set()
+    first = raw["questions"][0]
+    first["media"] = [{"figure": value, "alt": "A chart of the takes"}]
+    assert any(f.where == f"questions[{first['id']}]" and "levels deep" in f.message for f in run(raw, set_dir).errors)

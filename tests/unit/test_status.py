@@ -235,5 +235,13 @@ def test_a_set_the_bridge_skips_for_failing_lint_is_a_row_saying_so(bridge_confi
     write_set(tmp_path / "sets", "skipped", "skipped", [broken])
     assert main(["status", "-c", str(bridge_config), "--json"]) == 0
     rows = by_set(capsys.readouterr().out)
-    assert rows["skipped"]["warnings"][0].startswith("not posted: it fails lint: questions[x].why")
+    assert rows["skipped"]["warnings"][0].startswith("not posted: questions[x].why")
     assert rows["release"]["warnings"] == []  # (a set that passes: nothing said)
+
+
+def test_a_finished_set_the_bridge_still_takes_is_no_skipped_one(bridge_config, tmp_path, capsys):
+    """Every question closed: lint's "one must be open" is no reason the
+    bridge skips it (it closes them in the room); status must not say so."""
+    write_set(tmp_path / "sets", "finished", "finished", [text_q("x", status="closed")])
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    assert by_set(capsys.readouterr().out)["finished"]["warnings"] == []

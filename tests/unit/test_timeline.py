@@ -344,7 +344,15 @@ def test_an_edit_refused_says_the_answer_it_edits_still_stands(tmp_path: Path) -
     assert room.record()["choice"] == "main"
     asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
     [refused] = [c["body"] for c in room.pipeline.transport.sent if c["body"].startswith("Not recorded")]
-    assert refused.endswith("Your answer before the edit, The main branch, still stands."), refused
+    assert refused.endswith("Your answer, The main branch, still stands."), refused
+    # After an accepted edit too: the answer standing is that edit.
+    room.pipeline.transport.sent.clear()
+    room.deliver([edit("$a3", "@alice:hs", 3000, "$a1", "stable")])
+    room.deliver([edit("$a4", "@alice:hs", 4000, "$a1", "nope")])
+    assert room.record()["choice"] == "stable"
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    [refused] = [c["body"] for c in room.pipeline.transport.sent if c["body"].startswith("Not recorded")]
+    assert "Your answer, The stable branch, still stands." in refused, refused
 
 
 def test_a_room_the_homeserver_made_the_bridge_leave_is_shown_as_removed(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from bridge.questionset.lint.sides import check_sides
 from bridge.questionset.lint.study import check_study
 from bridge.questionset.lint.subject import check_subject
 from bridge.questionset.lint.type_errors import merge_type_findings, under_any
-from bridge.questionset.lint.unknown import check_unknown
+from bridge.questionset.lint.unknown import check_depth, check_unknown
 from bridge.questionset.lint.wording import check_look_for, check_question_text, check_title, check_why_and_hint
 from bridge.questionset.load import Finding, validate_model
 from bridge.questionset.model import QuestionSet
@@ -92,6 +92,7 @@ def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.
 
 def _check_question(ctx: Context, q: QuestionView, by_id: dict[str, QuestionView]) -> None:
     check_unknown(ctx, q.raw, "question", q.where)
+    check_depth(ctx, q.raw, q.where)
     check_question_id(ctx, q, by_id)
     check_title(ctx, q)
     check_question_text(ctx, q)

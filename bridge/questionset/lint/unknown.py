@@ -60,6 +60,13 @@ def check_unknown(ctx: Context, obj: Any, level: str, where: str) -> None:
                                  "keep it")
 
 
+def check_depth(ctx: Context, question: dict[str, Any], where: str) -> None:
+    """A question as a whole (a figure's spec is a known field that holds
+    anything), its own few levels beside MAX_DEPTH for what it holds."""
+    if _deeper_than(question, MAX_DEPTH + 4) and not any(f.where.startswith(where + ".") for f in ctx.errors):
+        ctx.error(where, f"nests more than {MAX_DEPTH} levels deep (a figure's spec, say); the bridge can't keep it")
+
+
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether ``value`` nests lists and objects more than ``limit`` deep (no recursion: it may be deep)."""
     level: list[Any] = [value]

@@ -109,9 +109,10 @@ class WordBack:
         stands: the message now reads otherwise in the room, so say what counts."""
         now = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         source = (now or {}).get("source") or {}
-        if now is None or now.get("state") not in ("answered", "unsure") or source.get("event_id") != entry.replaces:
+        # (The answer that stands is theirs: the original, or an edit of it accepted before.)
+        if now is None or now.get("state") not in ("answered", "unsure") or source.get("sender") != entry.sender:
             return None
-        return f"Your answer before the edit, {describe_record(now, display_names(question))}, still stands."
+        return f"Your answer, {describe_record(now, display_names(question))}, still stands."
 
     def _later_stands(self, entry: LogEntry, question: RecordedQuestion) -> tuple[str, list[str]]:
         """An answer read after a later one in the room (a server catching

@@ -21,7 +21,6 @@ rewriting the file from an old copy at the same moment would reopen it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -31,7 +30,7 @@ from typing import Any
 
 from bridge.protocol.outcome import txn_id
 from bridge.questionset.load import LoadError
-from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
+from bridge.questionset.setdir import QUESTIONS_FILE, questions_bytes, read_questions
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.storage.store import Store
 from bridge.service.storage.storethread import loop_side
@@ -190,7 +189,7 @@ def close_in_file(set_dir: Path, qid: str) -> str:
         return f"“{qid}” is already {status}."
     found["status"] = "closed"
     try:
-        replace_whole(path, (json.dumps(raw, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        replace_whole(path, questions_bytes(raw))
     except OSError as exc:
         return f"questions.json could not be written: {exc.strerror or exc}"
     log.info("question closed by an admin: %s/%s", set_dir.name, qid)

@@ -20,7 +20,7 @@ from bridge.answers.view import ReadError, load_view
 from bridge.questionset.lint.posted import revs_went_back
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
-from bridge.service.posting.sets import discover, duplicate_set_message
+from bridge.service.posting.sets import discover, duplicate_set_message, load_set
 
 COLUMNS = ("posted", "open", "answered", "unsure", "notes", "pending", "expired", "stale")
 
@@ -70,27 +70,24 @@ def set_status(set_dir: Path, posted: Mapping[str, int],
         # broken file is no reason to take them from the people answering.
         kept = f"; its {count} posted questions stay open" if count else ""
         return SetStatus(set_id_of(set_dir), str(set_dir), posted=count, problem=exc.message + kept)
-    skipped = lint_problem(set_dir)
+    posted_revs = _of_folder(revs or {}, set_dir, {})
+    skipped = lint_problem(set_dir, posted_revs)
     return SetStatus(view["set"], str(set_dir), posted=count, **count_view(view),
                      warnings=(*((skipped,) if skipped else ()),
-                               *went_back(set_dir, _of_folder(revs or {}, set_dir, {}))))
+                               *went_back(set_dir, posted_revs)))
 
 
-def lint_problem(set_dir: Path) -> str | None:
-    """Why the bridge skips the set (it fails lint), said under its row (the
-    questions it posted before stay open, and are counted): shown as a
-    healthy set waiting for answers, its agent's ``wait`` hung for ever."""
-    from bridge.questionset.setdir import load_set_dir
-
-    try:
-        result = load_set_dir(set_dir, probe=False)
-    except LoadError as exc:
-        return f"not posted: {exc.message}"
-    if result.ok:
+def lint_problem(set_dir: Path, revs: Mapping[str, int]) -> str | None:
+    """Why the bridge skips the set (read by its own rule: a posted revision
+    whose fixed deadline passed, a set whose every question is closed, are
+    no mistake), said under its row (the questions it posted before stay
+    open, and are counted): it showed as a healthy set waiting for answers,
+    its agent's ``wait`` hung for ever."""
+    qset, errors = load_set(set_dir, posted_revs_of=lambda _resolved: revs)
+    if qset is not None:
         return None
-    first = result.errors[0]
-    more = f" (and {len(result.errors) - 1} more; `askwright-bridge lint` lists them)" if len(result.errors) > 1 else ""
-    return f"not posted: it fails lint: {first.where}: {first.message}{more}"
+    more = f" (and {len(errors) - 1} more; `askwright-bridge lint` lists them)" if len(errors) > 1 else ""
+    return f"not posted: {errors[0]}{more}"
 
 
 def went_back(set_dir: Path, revs: Mapping[str, int]) -> tuple[str, ...]:

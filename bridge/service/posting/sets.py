@@ -1,11 +1,15 @@
-"""Finding the set folders under ``sets.root``."""
+"""Finding the set folders under ``sets.root``, and reading one as the bridge posts it."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bridge.questionset.model import QuestionSet
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +54,29 @@ def duplicate_set_message(set_id: str, owner: str, refused: str) -> str:
     """What the log, ``status`` and lint say of a second folder under a set id."""
     return (f"set id \u201c{set_id}\u201d of {refused} is already the id of the set in {owner}; "
             f"{refused} is not posted until it has an id of its own")
+
+
+def load_set(set_dir: Path, posted_revs_of: Callable[[str], Mapping[str, int]] | None = None
+             ) -> tuple[QuestionSet | None, list[str]]:
+    """A set the bridge may post: it loads and lints without error.
+    ``posted_revs_of``: the store's highest posted rev per question of a
+    folder: a posted revision whose fixed deadline passed is its deadline
+    come, not a mistake (lint refused the whole set, and nothing new in it
+    was posted again)."""
+    from bridge.agents.closing import blocks_close
+    from bridge.questionset.load import LoadError
+    from bridge.questionset.setdir import load_set_dir
+
+    try:
+        resolved = os.path.realpath(set_dir)
+        revs = {resolved: posted_revs_of(resolved)} if posted_revs_of is not None else None
+        result = load_set_dir(set_dir, probe=False, posted_revs=revs)
+    except LoadError as exc:
+        return None, [exc.message]
+    # A set whose every question is closed or withdrawn is finished, not
+    # broken: the poster still closes its questions in the room.
+    errors = [f"{finding.where}: {finding.message}" for finding in result.errors
+              if result.model is None or blocks_close(finding.where, finding.message)]
+    if errors or result.model is None:
+        return None, errors or ["the set could not be read"]
+    return result.model, []
