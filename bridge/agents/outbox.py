@@ -64,6 +64,11 @@ def event_body(entry: LogEntry, agent: str, key: str, receipt: dict[str, Any] | 
     return body
 
 
+def _taken_back(entry: LogEntry) -> dict[str, Any]:
+    """A withdrawal's body names the event it took back (a redaction's own id is ``answer_event_id``)."""
+    return {"withdrawn_event_id": entry.replaces} if entry.outcome == "withdrawn" else {}
+
+
 def closed_body(question: RecordedQuestion, why: str, agent: str, key: str) -> dict[str, Any]:
     """What a webhook POST carries when a question is closed (pure)."""
     return {
@@ -116,19 +121,25 @@ class OutboxHook:
         key = f"{EVENT_TYPES[entry.outcome]}:{entry.event_id}"
         receipt = self.store.receipt_of(entry.event_id)  # its leaf is in this transaction already
         question = self.store.question_by_event(entry.question_event_id) if entry.question_event_id else None
+        record = self.store.projection(entry.set_dir, entry.qid) if entry.qid else None
         if question is not None and question.quorum is not None and entry.qid:
-            # Every vote is told, with the votes standing after it and the question's state.
-            now = self.store.projection(entry.set_dir, entry.qid) or {}
+            # Every vote is told, with the votes standing after it and the
+            # question's state; its record is the question's (a tally), never
+            # the one vote's (which read "answered" while the approval waited).
+            now = record or {}
             self._queue(entry.set_dir, key, lambda agent: {**event_body(entry, agent, key, receipt),
-                                                          "state": now.get("state"), "votes": now.get("votes", []),
-                                                          "required": question.quorum[0]})
+                                                          "record": record, "state": now.get("state"),
+                                                          "votes": now.get("votes", []),
+                                                          "required": question.quorum[0],
+                                                          **_taken_back(entry)})
             return
         if entry.outcome == "accepted" and entry.qid:
-            set_dir, qid = entry.set_dir, entry.qid
-            self._queue(set_dir, key, lambda agent: event_body(entry, agent, key, receipt,
-                                                               self.store.projection(set_dir, qid)))
+            self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key, receipt, record))
             return
-        self._queue(entry.set_dir, key, lambda agent: event_body(entry, agent, key, receipt))
+        # A withdrawal: the record that stands now (an earlier answer back, or
+        # none), and what was taken back; it held nothing (null), however much stood.
+        self._queue(entry.set_dir, key, lambda agent: {**event_body(entry, agent, key, receipt), "record": record,
+                                                      **_taken_back(entry)})
 
     def decided(self, question: RecordedQuestion, record: dict[str, Any] | None, again: int = 0) -> None:
         self._approval("decided", question, record, again)

@@ -1393,3 +1393,29 @@ def test_a_closing_edit_still_holds_the_question_for_clients_that_show_the_edit(
         for why in ("decided", "withdrawn (" + "r" * 1000 + ")"):
             near = {**content, "question": {**content["question"], "question": "y" * pad}}
             assert content_size(closed_replacement("$q", near, why, T0 + 1000)) <= CONTENT_MAX_BYTES, (pad, why)
+
+
+def test_a_votes_webhook_carries_the_questions_record_and_a_withdrawal_what_stands_now(tmp_path):
+    """A single vote's webhook held the vote's own record ("answered", a
+    choice) while answers.json said pending: an agent reading record.state
+    took one vote for consent.  A withdrawal's held no record at all, and
+    did not name what it took back."""
+    room = room_with(tmp_path)
+    _hook, _deadlines, bodies = _with_webhooks(room, T0 + 5000)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    [vote_body] = [b for b in bodies() if b["type"] == "answer.accepted"]
+
+    def written(record: dict) -> dict:  # (``updated``: when judged, in the body; when written, in the file)
+        return {k: v for k, v in record.items() if k != "updated"}
+
+    assert written(vote_body["record"]) == written(room.record()) and vote_body["record"]["state"] == "pending"
+    assert "choice" not in vote_body["record"]
+
+    (tmp_path / "plain").mkdir()
+    plain = Room(tmp_path / "plain")
+    _hook, _deadlines, plain_bodies = _with_webhooks(plain, T0 + 5000)
+    plain.deliver([answer("$p1", ANA, T0 + 1000, "stable"), answer("$p2", ANA, T0 + 2000, "main")])
+    plain.deliver([redact("$p2-gone", ANA, T0 + 3000, "$p2")])
+    [withdrawn] = [b for b in plain_bodies() if b["type"] == "answer.withdrawn"]
+    assert withdrawn["withdrawn_event_id"] == "$p2" and withdrawn["record"]["choice"] == "stable"
+    assert written(withdrawn["record"]) == written(plain.record())
