@@ -209,9 +209,12 @@ def test_run_with_a_store_folder_it_cant_write_exits_2_with_one_line(tmp_path, c
     assert len(err.splitlines()) == 1 and "store.path" in err and "Traceback" not in err
 
 
-def test_a_config_refused_once_started_exits_2_as_at_reading(tmp_path):
+def test_a_config_refused_once_started_exits_2_as_at_reading(tmp_path, monkeypatch):
     """An appservice without its tokens is found once the bridge starts; it
     exited 1, which a service manager restarts in a loop (the unit stops on 2)."""
+    # (The run's own logging set up in this test process would stay for every
+    # test after it: a handler on a closed capture, the root logger at INFO.)
+    monkeypatch.setattr("bridge.commands.run.setup_logging", lambda *_args: None)
     (tmp_path / "sets").mkdir()
     data = {**GOOD, "sets": {"root": str(tmp_path / "sets")},
             "appservice": {"enabled": True, "listen": "127.0.0.1:0"}}
