@@ -24,6 +24,7 @@ from bridge.service.eventwait import any_set
 from bridge.answers.file import remove_stray_temps
 from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.service.posting.sets import folders, load_set
+from bridge.service.posting.insend import settle as settle_sent
 from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token
 from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
@@ -204,6 +205,9 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                                          asking=store.rooms_with_open())
         # The first batch waits for every room's members: asked for together.
         await asyncio.gather(*(pipeline.load_members(room) for room in rooms))
+        # A question the last instance sent and did not record is recorded
+        # before the first batch: answers to it may be in that batch.
+        await settle_sent(store, transport, on_closed=ops.on_closed)
         # Heal a crash between the store commit and the folder write.  A set
         # that can't be written is held back on its own and a logged answer
         # that can't be projected any more is set aside: stored state never

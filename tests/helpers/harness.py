@@ -113,6 +113,7 @@ class Bridge:
     process: subprocess.Popen | None = None
     starts: int = 0
     sets_folder: str = "sets"  # below workdir: where sets.root is (the operator may move it)
+    env: dict[str, str] = field(default_factory=dict)  # more of the process's environment, for the next start
 
     @property
     def sets_root(self) -> Path:
@@ -163,7 +164,8 @@ class Bridge:
         log = open(self.log_path, "ab")
         log.write(f"\n--- start {self.starts} ---\n".encode())
         self.process = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(self.config_path)],
-                                        stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir)
+                                        stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                        env={**os.environ, **self.env} if self.env else None)
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import sqlite3
 
 import pytest
@@ -146,3 +148,41 @@ async def test_answers_land_during_a_long_first_posting_and_a_stop_cuts_it_short
     posts = question_posts(await bridge.alice.messages(bridge.room_id, limit=1000))
     keys = [(e["content"]["set"]["id"], e["content"]["question"]["id"]) for e in posts]
     assert len(keys) == len(set(keys)) == total  # none posted twice across the stop
+
+
+# Loaded first by the bridge's interpreter (``sitecustomize``): the process
+# dies with SIGKILL where a machine could lose it, the question event sent
+# and its posting not yet recorded.
+KILL_BEFORE_RECORDING = '''
+import os, signal
+from bridge.service.storage.postings import Postings
+
+def record_posted(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+Postings.record_posted = record_posted
+'''
+
+
+async def test_an_answer_to_a_question_sent_just_before_a_kill_counts(bridge, tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_BEFORE_RECORDING)
+    bridge.add_set(all_kinds_set("kinds"))
+    bridge.env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    bridge.start()
+    await asyncio.to_thread(bridge.process.wait, 60)
+    assert bridge.process.returncode == -signal.SIGKILL, bridge.log_text()[-3000:]
+    sent = await bridge.alice.questions(bridge.room_id)
+    [(qid, rev)] = sent  # in the room, not in the store
+    # Answered at once, before the bridge is back: the answer is in the first
+    # batch of the next start, before the sets are read again.
+    assert qid == "branch", f"the set's first question is {qid}, not the one the test answers"
+    await bridge.alice.send(bridge.room_id, answer_content(sent[(qid, rev)], option_id="stable"))
+    bridge.env = {}
+    bridge.start()
+    assert (await bridge.wait_answer("kinds", qid))["choice"] == "stable"
+    posted = await bridge.wait_questions(bridge.alice, QUESTIONS)
+    assert posted[(qid, rev)]["event_id"] == sent[(qid, rev)]["event_id"]
+    assert sum(1 for event in await bridge.alice.messages(bridge.room_id)
+               if event["content"].get("suite_event_type") == "dev.superpipeline.question.v2") == QUESTIONS

@@ -15,6 +15,7 @@ from typing import Any
 from bridge.protocol.judge import IncomingAnswer, JudgeContext, Refused, judge
 from bridge.protocol.poll import POLL_START
 from bridge.questionset.model import QuestionSet
+from bridge.service.posting.insend import IN_SEND, settle
 from bridge.service.posting.poster import Poster, PostReport
 from bridge.service.operators.setstatus import collect
 from bridge.service.storage.store import Store
@@ -339,3 +340,70 @@ def test_posting_a_set_never_waits_for_the_database_on_the_event_loop(tmp_path: 
     assert len(transport.questions()) == 4
     assert on_loop == []
     store.close()
+
+
+class Deduplicating(Transport):
+    """A homeserver's transaction ids: the same one sent again is the same event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: dict[str, str] = {}
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        if txn_id not in self.events:
+            self.events[txn_id] = await super().send(room_id, event_type, content, txn_id)
+        return self.events[txn_id]
+
+
+def killed(*args: Any, **kwargs: Any) -> None:
+    raise SystemExit("killed between the send and the record")
+
+
+def test_a_new_rev_sent_and_not_recorded_is_recorded_at_the_next_start_and_closes_the_old(
+        tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Deduplicating()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    first = store.latest_posted(str(folder.resolve()), "pick")
+
+    write_set(folder, "takes", choice(2))
+    monkeypatch.setattr(store, "record_posted", killed)
+    try:
+        asyncio.run(p.sync_root(tmp_path / "sets"))
+    except SystemExit:
+        pass
+    store.close()
+    sent = transport.questions()[-1]
+    assert sent["question"]["rev"] == 2
+
+    store = Store(tmp_path / "bridge.sqlite")  # the next start
+    assert store.latest_posted(str(folder.resolve()), "pick").rev == 1
+    asyncio.run(settle(store, transport))
+    now = store.latest_posted(str(folder.resolve()), "pick")
+    assert now.rev == 2 and now.content == sent and now.event_id == transport.events[transport.sent[-1][2]]
+    assert store.question_by_event(first.event_id).open is False
+    assert store.meta_with_prefix(IN_SEND) == []
+    assert len(transport.questions()) == 2  # sent again, the same event: not a third post
+
+
+def test_a_sending_that_cannot_be_settled_is_left_to_the_pass(tmp_path: Path, monkeypatch, caplog) -> None:
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    monkeypatch.setattr(store, "record_posted", killed)
+    try:
+        asyncio.run(p.sync_root(tmp_path / "sets"))
+    except SystemExit:
+        pass
+    monkeypatch.undo()
+    transport.fail_on = "m.room.message"  # the room refuses the bridge now
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(settle(store, transport))
+    assert "takes/pick rev 1" in caplog.text and "could not be recorded" in caplog.text
+    assert store.meta_with_prefix(IN_SEND) == [] and store.latest_posted(str(folder.resolve()), "pick") is None
+    transport.fail_on = None
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert store.latest_posted(str(folder.resolve()), "pick").rev == 1

@@ -56,6 +56,15 @@ def wants_tracking(question: RecordedQuestion) -> bool:
     return question.quorum is not None or question.expires_ms is not None or question.escalation is not None
 
 
+def keep_record(store: Store, replaced: RecordedQuestion, set_dir: str) -> None:
+    """In the transaction that posts a new revision, before it is recorded:
+    the record the replaced posting closes with (an approval's only)."""
+    if wants_tracking(replaced) and replaced.qid:
+        record = store.projection(set_dir, replaced.qid)
+        if record is not None:
+            store.set_meta(RECORD + replaced.event_id, json.dumps(record))
+
+
 def escalation_content(question: RecordedQuestion) -> dict[str, Any]:
     _at, people = question.escalation or (0, ())
     title = question.question.get("title", question.qid)
@@ -407,12 +416,7 @@ class Deadlines:
         return json.loads(raw) if raw else None
 
     def keep_record(self, replaced: RecordedQuestion, set_dir: str) -> None:
-        """In the transaction that posts a new revision, before it is recorded:
-        the record the replaced posting closes with (an approval's only)."""
-        if wants_tracking(replaced) and replaced.qid:
-            record = self.store.projection(set_dir, replaced.qid)
-            if record is not None:
-                self.store.set_meta(RECORD + replaced.event_id, json.dumps(record))
+        keep_record(self.store, replaced, set_dir)
 
     def _told(self, event_id: str) -> dict[str, Any]:
         raw = self.store.get_meta(TOLD + event_id)

@@ -3,7 +3,9 @@ per revision, older revisions marked replaced, closed questions announced.
 
 A post is sent with a transaction id derived from what is posted, so a crash
 between the send and the store's commit re-sends the same transaction and the
-homeserver hands back the same event instead of posting twice.
+homeserver hands back the same event instead of posting twice; what was sent
+is kept first, so the next start records it before it reads an answer
+(``insend``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service.posting import media
+from bridge.service.posting.insend import IN_SEND, UNTOLD, Sending, record_sent
 from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, leads_outside
 from bridge.regularfile import read_regular
 from bridge.service.storage.setpaths import REV_FIRST_POSTED, SET_SYNCED
@@ -239,7 +242,7 @@ class Poster:
             if recorded.open and recorded.qid not in current:
                 await self._close(recorded, "removed from the set", report)
             elif not recorded.open:
-                why = await self.store.run(self.store.get_meta, _UNTOLD + recorded.event_id)
+                why = await self.store.run(self.store.get_meta, UNTOLD + recorded.event_id)
                 if why is not None:
                     await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
         return True
@@ -294,33 +297,29 @@ class Poster:
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
                                        poll=wants_poll(question.kind),
                                        posted_ms=await self._first_posted(folder, question))
-        event_id = await self.transport.send(room, "m.room.message", content,
-                                             txn_id("post", qset.id, question.id, str(question.rev), digest,
-                                                    folder, str(number)))
-        recorded = RecordedQuestion(event_id=event_id, room_id=room, set_id=qset.id, content=content)
-        replaced = [old for old in replacing if old.open]
-        why = f"replaced by revision {question.rev}"
-        def record() -> None:
-            if self.deadlines is not None:
-                for old in replaced:  # before the new posting makes the question's record its own
-                    self.deadlines.keep_record(old, folder)
-            self.store.record_posted(recorded, set_dir=folder, posted_at=self.store.clock.now_ms())
-            for old in replaced:
-                self.store.close_question(old.event_id, why)
-                self.store.set_meta(_UNTOLD + old.event_id, why)
-                if self.on_closed:  # the agent hears of it as of any other close
-                    self.on_closed(old, why)
-
+        sending = Sending(txn=txn_id("post", qset.id, question.id, str(question.rev), digest, folder, str(number)),
+                          room=room, set_id=qset.id, folder=folder, content=content,
+                          replacing=tuple(old.event_id for old in replacing if old.open),
+                          why=f"replaced by revision {question.rev}")
+        # Kept before the send (``insend``): a kill after it leaves the room
+        # ahead of the store, and the next start records it before any answer.
+        await self.store.run_written(self.store.set_meta, IN_SEND + sending.txn, sending.dumps(), flush=False)
+        event_id = await self.transport.send(room, "m.room.message", content, sending.txn)
+        keep_record = self.deadlines.keep_record if self.deadlines is not None else None
         try:
             # Flushed: the old posting's close must not be lost once the new one is out.
-            await self.store.run_written(record)
+            recorded, replaced = await self.store.run_written(lambda: record_sent(
+                self.store, sending, event_id, self.store.clock.now_ms(), keep_record=keep_record,
+                on_closed=self.on_closed))
         except PostingConflict as exc:
             # The homeserver handed back an event the store already knows (a
             # transaction id reused), or the id is taken: nothing is recorded,
             # the set is left to the next pass, and the operator is told.
+            await self.store.run_written(self.store.delete_meta, IN_SEND + sending.txn)
             report.broken[str(set_dir)] = [str(exc)]
             log.error("%s/%s not recorded: %s", qset.id, question.id, exc)
             return
+        why = sending.why
         report.posted.append(f"{qset.id}/{question.id}@{question.rev}")
         log.info("question posted: %s/%s rev %d as %s in %s", qset.id, question.id, question.rev, event_id, room)
         for old in replaced:
@@ -392,7 +391,7 @@ class Poster:
         def close() -> None:
             for recorded in closing:
                 self.store.close_question(recorded.event_id, why)
-                self.store.set_meta(_UNTOLD + recorded.event_id, why)
+                self.store.set_meta(UNTOLD + recorded.event_id, why)
                 if self.on_closed:
                     self.on_closed(recorded, why)
 
@@ -432,7 +431,7 @@ class Poster:
             # the poll shows the person so before they vote.
             await self.transport.send(recorded.room_id, POLL_END, poll_end(poll, why), txn_id("poll-end", poll))
         def told() -> None:
-            self.store.delete_meta(_UNTOLD + recorded.event_id)
+            self.store.delete_meta(UNTOLD + recorded.event_id)
             if isinstance(sent_id, str):  # a reply to the close notice is refused as question_closed, not ignored
                 self.store.record_sent(sent_id, recorded.room_id, question_event_id=recorded.event_id, kind="closed")
 
@@ -441,7 +440,6 @@ class Poster:
 
 
 # Meta key prefix: a closed question whose room has not been told yet (value: why).
-_UNTOLD = "close_untold:"
 # Meta key prefix: a question whose room refused its poll for good (value: the error code).
 _NO_POLL = "poll_refused:"
 SET_REMOVED = "this set was removed"

@@ -1,0 +1,104 @@
+"""A question between its send and its record.
+
+The one moment the room is ahead of the store: the question event is out,
+people can answer it, and its posting is not recorded yet.  A kill there
+left the answers of the next start's first batch refused as answers to no
+question (the sets are read again only after that batch).  So what is about
+to be sent is kept first (``IN_SEND``, under its transaction id), and a
+start records what a stopped instance left there before it reads a batch:
+the same transaction sent again is the same event (the homeserver hands its
+id back), recorded with the content the room got.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from bridge.protocol.recorded import RecordedQuestion
+
+log = logging.getLogger(__name__)
+
+IN_SEND = "post_in_send:"  # meta, under the transaction id: JSON, a ``Sending``
+UNTOLD = "close_untold:"  # meta: a close the room has not been told of yet (the poster tells it)
+
+# (replaced posting, set folder), in the recording transaction: an approval's record kept.
+KeepRecord = Callable[[RecordedQuestion, str], None]
+OnClosed = Callable[[RecordedQuestion, str], None]
+
+
+@dataclass(frozen=True)
+class Sending:
+    """A new posting as it is sent: where, what, and which open postings it replaces."""
+
+    txn: str
+    room: str
+    set_id: str
+    folder: str
+    content: dict[str, Any]
+    replacing: tuple[str, ...]  # event ids of the open postings the new one closes
+    why: str  # what the replaced ones are closed with
+
+    @property
+    def name(self) -> str:
+        question = self.content.get("question", {})
+        return f"{self.set_id}/{question.get('id')} rev {question.get('rev')}"
+
+    def dumps(self) -> str:
+        return json.dumps({"txn": self.txn, "room": self.room, "set_id": self.set_id, "folder": self.folder,
+                           "content": self.content, "replacing": list(self.replacing), "why": self.why})
+
+    @classmethod
+    def loads(cls, raw: str) -> "Sending":
+        data = json.loads(raw)
+        return cls(data["txn"], data["room"], data["set_id"], data["folder"], data["content"],
+                   tuple(data["replacing"]), data["why"])
+
+
+def record_sent(store: Any, sending: Sending, event_id: str, posted_at: int, *,
+                keep_record: KeepRecord | None = None,
+                on_closed: OnClosed | None = None) -> tuple[RecordedQuestion, list[RecordedQuestion]]:
+    """Inside a transaction: the new posting recorded, the ones it replaces
+    closed, the sending no longer in doubt.  (new posting, replaced ones);
+    ``PostingConflict`` when the store knows the event already."""
+    recorded = RecordedQuestion(event_id=event_id, room_id=sending.room, set_id=sending.set_id,
+                                content=sending.content)
+    replaced = [old for old in map(store.question_by_event, sending.replacing) if old is not None and old.open]
+    if keep_record is not None:
+        for old in replaced:  # before the new posting makes the question's record its own
+            keep_record(old, sending.folder)
+    store.record_posted(recorded, set_dir=sending.folder, posted_at=posted_at)
+    for old in replaced:
+        store.close_question(old.event_id, sending.why)
+        store.set_meta(UNTOLD + old.event_id, sending.why)
+        if on_closed:  # the agent hears of it as of any other close
+            on_closed(old, sending.why)
+    store.delete_meta(IN_SEND + sending.txn)
+    return recorded, replaced
+
+
+async def settle(store: Any, transport: Any, on_closed: OnClosed | None = None) -> None:
+    """At start, before the first batch: every sending a stopped instance
+    left in doubt sent again and recorded.  One that fails now (the room
+    gone, the homeserver refusing) is dropped: the sets' pass posts what is
+    still wanted, as it would have."""
+    left = await store.run(store.meta_with_prefix, IN_SEND)
+    if not left:
+        return
+    from bridge.service.answering.deadlines import keep_record  # (loaded only when needed: a start's first batch waits)
+
+    for key, raw in left:
+        sending = Sending.loads(raw)
+        try:
+            event_id = await transport.send(sending.room, "m.room.message", sending.content, sending.txn)
+            await store.run_written(lambda: record_sent(
+                store, sending, event_id, store.clock.now_ms(),
+                keep_record=lambda old, folder: keep_record(store, old, folder), on_closed=on_closed))
+        except Exception as exc:  # noqa: BLE001 - one posting's trouble, left to the sets' pass
+            log.warning("a question sent before the last stop (%s in %s) could not be recorded (%s); "
+                        "the sets' pass posts it if it is still wanted", sending.name, sending.room, exc)
+            await store.run_written(store.delete_meta, key)
+        else:
+            log.info("a question sent before the last stop recorded: %s as %s", sending.name, event_id)
