@@ -77,6 +77,10 @@ def export(store: Store, out: Path, config: Any) -> int:
     with open(out / "leaves.jsonl", "w", encoding="utf-8") as handle:
         for start in range(0, size, 5000):
             for index, leaf, stored in store.audit.leaves_and_hashes(start, start + 5000):
+                if len(hashes) == size:
+                    # ``size`` leaves only: a running bridge logs on meanwhile, and
+                    # the export's files, its log.json and its tail say one size.
+                    break
                 handle.write(leaf + "\n")
                 hashes.append(merkle.leaf_hash(leaf.encode()))
                 if damage is None and index != len(hashes) - 1:
@@ -84,8 +88,16 @@ def export(store: Store, out: Path, config: Any) -> int:
                 elif damage is None and hashes[-1].hex() != stored:
                     damage = f"leaf {index}'s text is not what its stored hash says"
     # A running bridge may sign a checkpoint after the leaves were read: one
-    # past them is left out, or the export would read as truncated.
-    notes = [(point_size, note) for point_size, note in store.audit.all_checkpoints() if point_size <= size]
+    # past them is left out, or the export would read as truncated.  Then no
+    # tail is signed either: under the same key it could fork that one (a
+    # store cut back below its latest checkpoint reads the same way).
+    stored_notes = store.audit.all_checkpoints()
+    notes = [(point_size, note) for point_size, note in stored_notes if point_size <= size]
+    ahead = max((point_size for point_size, _note in stored_notes), default=0)
+    if damage is None and ahead > size:
+        damage = (f"the bridge signed {ahead} leaves after the {size} exported were read: export again"
+                  if store.audit.size() >= ahead else
+                  f"the store holds {size} leaves, fewer than the {ahead} its latest checkpoint signed")
     tail = _sign_tail(hashes, notes, origin, vkey, config, damage)
     if tail is not None:
         notes.append((size, tail))

@@ -127,3 +127,49 @@ def test_a_log_changed_past_the_checkpoint_is_never_signed_over(between, capsys,
     assert exported == 0
     assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt"]
     assert f"are not signed: {said_why}" in said
+
+
+def test_a_store_cut_back_below_its_latest_checkpoint_is_never_signed_over(between, capsys):
+    """Checkpoint 5 published, the store then cut back to 3 leaves and a new
+    answer logged as leaf 3: a tail over these 4 would be another tree than
+    the one checkpoint 5 signed, under the same key (the running bridge
+    refuses to sign on)."""
+    from bridge.service.auditing.keys import read_key
+
+    store = Store(between / "s.sqlite")
+    _answer(store, 4)
+    Checkpointer(store, read_key(key_file(between / "s.sqlite")), 60).sign_if_grown()
+    store.db.execute("DELETE FROM audit_leaf WHERE idx>=3")
+    _answer(store, 7)
+    store.close()
+    exported, _verified, said = _export_and_verify(between, capsys)
+    assert exported == 0
+    assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt"]
+    assert "are not signed: the store holds 4 leaves, fewer than the 5 its latest checkpoint signed" in said
+
+
+def test_an_answer_logged_while_the_export_reads_is_left_to_the_next(between, capsys, monkeypatch):
+    """The bridge logs a fifth answer right after the export counted four:
+    the export is of four leaves throughout (leaves.jsonl, log.json, the
+    tail's size and file name)."""
+    from bridge.service.storage.auditlog import AuditLog
+
+    counted = AuditLog.size
+
+    def count_then_log(self: AuditLog) -> int:
+        monkeypatch.setattr(AuditLog, "size", counted)
+        n = counted(self)
+        writer = Store(between / "s.sqlite")
+        _answer(writer, 4)
+        writer.close()
+        return n
+
+    monkeypatch.setattr(AuditLog, "size", count_then_log)
+    exported, verified, said = _export_and_verify(between, capsys)
+    assert (exported, verified) == (0, 0), said
+    assert len((between / "log" / "leaves.jsonl").read_text().splitlines()) == 4
+    assert json.loads((between / "log" / "log.json").read_text())["size"] == 4
+    from bridge.protocol import checkpoint
+
+    tail = (between / "log" / "checkpoints" / "4.txt").read_text()
+    assert checkpoint.parse_checkpoint(tail.split("\n\n", 1)[0] + "\n").size == 4
