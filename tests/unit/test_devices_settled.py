@@ -36,6 +36,12 @@ async def test_a_senders_devices_settle_once_read_and_not_while_outdated(tmp_pat
                     cross_signing=cross)  # type: ignore[arg-type]
     try:
         assert not crypto.devices_settled({PERSON})  # never queried
+        cross.read.add(PERSON)
+        # A look-up of her devices (a message's sender key) before they were read leaves nio's table an
+        # empty entry for her: that is not having read them.
+        assert client.device_store.device_from_sender_key(PERSON, "c") is None
+        assert not crypto.devices_settled({PERSON})
+        cross.read.discard(PERSON)
         client.device_store.add(OlmDevice(PERSON, "PHONE", {"ed25519": "e", "curve25519": "c"}))
         assert not crypto.devices_settled({PERSON})  # her cross-signing keys not read yet
         cross.read.add(PERSON)

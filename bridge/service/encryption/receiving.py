@@ -314,7 +314,9 @@ class Receiving:
         device = self.client.device_store.device_from_sender_key(sender, sender_key)
         if device is not None:
             return device
-        return next((d for d in self.client.device_store[sender].values() if d.curve25519 == sender_key), None)
+        # Not ``device_store[sender]``: that would give a sender never read an
+        # entry of no devices, which ``Crypto.devices_settled`` takes for read.
+        return next((d for d in self.client.device_store if d.user_id == sender and d.curve25519 == sender_key), None)
 
     def _logged_out(self, event: dict[str, Any], origin: dict[str, Any]) -> bool:
         """Sent from a session logged out before the bridge read it."""
