@@ -10,6 +10,7 @@ import sqlite3
 
 import pytest
 
+from bridge.protocol.poll import POLL_START
 from helpers.harness import answer_content, question_posts, store_rows
 from helpers.sets import all_kinds_set
 
@@ -151,23 +152,24 @@ async def test_answers_land_during_a_long_first_posting_and_a_stop_cuts_it_short
 
 
 # Loaded first by the bridge's interpreter (``sitecustomize``): the process
-# dies with SIGKILL where a machine could lose it, the question event sent
-# and its posting not yet recorded.
+# dies with SIGKILL where a machine could lose it, the question event (or its
+# poll) sent and not yet recorded.
 KILL_BEFORE_RECORDING = '''
 import os, signal
 from bridge.service.storage.postings import Postings
 
-def record_posted(self, *args, **kwargs):
+def killed(self, *args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-Postings.record_posted = record_posted
+Postings.{method} = killed
 '''
 
 
-async def test_an_answer_to_a_question_sent_just_before_a_kill_counts(bridge, tmp_path):
+@pytest.mark.parametrize("method", ["record_posted", "set_poll"], ids=["the question", "its poll"])
+async def test_an_answer_to_a_question_sent_just_before_a_kill_counts(bridge, tmp_path, method):
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(KILL_BEFORE_RECORDING)
+    (hook / "sitecustomize.py").write_text(KILL_BEFORE_RECORDING.replace("{method}", method))
     bridge.add_set(all_kinds_set("kinds"))
     bridge.env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
     bridge.start()
@@ -175,14 +177,23 @@ async def test_an_answer_to_a_question_sent_just_before_a_kill_counts(bridge, tm
     assert bridge.process.returncode == -signal.SIGKILL, bridge.log_text()[-3000:]
     sent = await bridge.alice.questions(bridge.room_id)
     [(qid, rev)] = sent  # in the room, not in the store
+    assert qid == "branch", f"the set's first question is {qid}, not the one the test answers"
     # Answered at once, before the bridge is back: the answer is in the first
     # batch of the next start, before the sets are read again.
-    assert qid == "branch", f"the set's first question is {qid}, not the one the test answers"
-    await bridge.alice.send(bridge.room_id, answer_content(sent[(qid, rev)], option_id="stable"))
+    if method == "set_poll":
+        [poll] = [e for e in await bridge.alice.messages(bridge.room_id) if e["type"] == POLL_START]
+        await bridge.alice.send(bridge.room_id, {
+            "m.relates_to": {"rel_type": "m.reference", "event_id": poll["event_id"]},
+            "org.matrix.msc3381.poll.response": {"answers": ["stable"]}}, "org.matrix.msc3381.poll.response")
+    else:
+        await bridge.alice.send(bridge.room_id, answer_content(sent[(qid, rev)], option_id="stable"))
     bridge.env = {}
     bridge.start()
     assert (await bridge.wait_answer("kinds", qid))["choice"] == "stable"
     posted = await bridge.wait_questions(bridge.alice, QUESTIONS)
     assert posted[(qid, rev)]["event_id"] == sent[(qid, rev)]["event_id"]
-    assert sum(1 for event in await bridge.alice.messages(bridge.room_id)
+    events = await bridge.alice.messages(bridge.room_id)
+    assert sum(1 for event in events
                if event["content"].get("suite_event_type") == "dev.superpipeline.question.v2") == QUESTIONS
+    polls = [e["content"][POLL_START]["question"]["body"] for e in events if e["type"] == POLL_START]
+    assert len(polls) == len(set(polls)), f"a poll posted twice: {polls}"

@@ -1,13 +1,14 @@
-"""A question between its send and its record.
+"""A question, or its poll, between its send and its record.
 
-The one moment the room is ahead of the store: the question event is out,
-people can answer it, and its posting is not recorded yet.  A kill there
-left the answers of the next start's first batch refused as answers to no
-question (the sets are read again only after that batch).  So what is about
-to be sent is kept first (``IN_SEND``, under its transaction id), and a
-start records what a stopped instance left there before it reads a batch:
-the same transaction sent again is the same event (the homeserver hands its
-id back), recorded with the content the room got.
+The one moment the room is ahead of the store: the event is out, people can
+answer or vote, and the store does not know it yet.  A kill there left the
+answers of the next start's first batch refused as answers to no question,
+and the votes dropped as votes in no poll of the bridge's (the sets are read
+again only after that batch).  So what is about to be sent is kept first
+(``IN_SEND``, under its transaction id), and a start records what a stopped
+instance left there before it reads a batch: the same transaction sent again
+is the same event (the homeserver hands its id back), recorded with the
+content the room got.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from bridge.protocol.poll import POLL_START
 from bridge.protocol.recorded import RecordedQuestion
 
 log = logging.getLogger(__name__)
@@ -50,10 +52,30 @@ class Sending:
         return json.dumps({"txn": self.txn, "room": self.room, "set_id": self.set_id, "folder": self.folder,
                            "content": self.content, "replacing": list(self.replacing), "why": self.why})
 
-    @classmethod
-    def loads(cls, raw: str) -> "Sending":
-        data = json.loads(raw)
-        return cls(data["txn"], data["room"], data["set_id"], data["folder"], data["content"],
+
+@dataclass(frozen=True)
+class PollSending:
+    """A recorded posting's poll as it is sent."""
+
+    txn: str
+    room: str
+    question: str  # the posting's event id
+    content: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return f"the poll of {self.question}"
+
+    def dumps(self) -> str:
+        return json.dumps({"poll": True, "txn": self.txn, "room": self.room, "question": self.question,
+                           "content": self.content})
+
+
+def _loads(raw: str) -> Sending | PollSending:
+    data = json.loads(raw)
+    if data.get("poll"):
+        return PollSending(data["txn"], data["room"], data["question"], data["content"])
+    return Sending(data["txn"], data["room"], data["set_id"], data["folder"], data["content"],
                    tuple(data["replacing"]), data["why"])
 
 
@@ -79,6 +101,12 @@ def record_sent(store: Any, sending: Sending, event_id: str, posted_at: int, *,
     return recorded, replaced
 
 
+def record_poll(store: Any, sending: PollSending, poll_id: str) -> None:
+    """Inside a transaction: the posting's poll recorded, no longer in doubt."""
+    store.set_poll(sending.question, poll_id)
+    store.delete_meta(IN_SEND + sending.txn)
+
+
 async def settle(store: Any, transport: Any, on_closed: OnClosed | None = None) -> None:
     """At start, before the first batch: every sending a stopped instance
     left in doubt sent again and recorded.  One that fails now (the room
@@ -90,15 +118,20 @@ async def settle(store: Any, transport: Any, on_closed: OnClosed | None = None) 
     from bridge.service.answering.deadlines import keep_record  # (loaded only when needed: a start's first batch waits)
 
     for key, raw in left:
-        sending = Sending.loads(raw)
+        sending = _loads(raw)
         try:
-            event_id = await transport.send(sending.room, "m.room.message", sending.content, sending.txn)
-            await store.run_written(lambda: record_sent(
-                store, sending, event_id, store.clock.now_ms(),
-                keep_record=lambda old, folder: keep_record(store, old, folder), on_closed=on_closed))
+            if isinstance(sending, PollSending):
+                poll_id = await transport.send(sending.room, POLL_START, sending.content, sending.txn)
+                await store.run_written(record_poll, store, sending, poll_id)
+                event_id = poll_id
+            else:
+                event_id = await transport.send(sending.room, "m.room.message", sending.content, sending.txn)
+                await store.run_written(lambda: record_sent(
+                    store, sending, event_id, store.clock.now_ms(),
+                    keep_record=lambda old, folder: keep_record(store, old, folder), on_closed=on_closed))
         except Exception as exc:  # noqa: BLE001 - one posting's trouble, left to the sets' pass
-            log.warning("a question sent before the last stop (%s in %s) could not be recorded (%s); "
+            log.warning("%s, sent before the last stop in %s, could not be recorded (%s); "
                         "the sets' pass posts it if it is still wanted", sending.name, sending.room, exc)
             await store.run_written(store.delete_meta, key)
         else:
-            log.info("a question sent before the last stop recorded: %s as %s", sending.name, event_id)
+            log.info("%s, sent before the last stop, recorded as %s", sending.name, event_id)

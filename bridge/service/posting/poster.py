@@ -27,7 +27,7 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service.posting import media
-from bridge.service.posting.insend import IN_SEND, UNTOLD, Sending, record_sent
+from bridge.service.posting.insend import IN_SEND, UNTOLD, PollSending, Sending, record_poll, record_sent
 from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, leads_outside
 from bridge.regularfile import read_regular
 from bridge.service.storage.setpaths import REV_FIRST_POSTED, SET_SYNCED
@@ -362,9 +362,11 @@ class Poster:
         content = poll_start(recorded)
         if content is None:
             return
+        sending = PollSending(txn_id("poll", recorded.event_id), recorded.room_id, recorded.event_id, content)
+        # Kept before the send, as a question is: votes cast before a kill count.
+        await self.store.run_written(self.store.set_meta, IN_SEND + sending.txn, sending.dumps(), flush=False)
         try:
-            poll_id = await self.transport.send(recorded.room_id, POLL_START, content,
-                                                txn_id("poll", recorded.event_id))
+            poll_id = await self.transport.send(recorded.room_id, POLL_START, content, sending.txn)
         except Exception as exc:
             if not getattr(exc, "permanent", False):
                 raise  # tried again with the set
@@ -373,11 +375,17 @@ class Poster:
             # other questions are posted; retrying would never work.
             log.warning("poll for %s/%s not posted (%s); it is answered by reply or reaction there",
                         recorded.set_id, recorded.qid, exc)
-            await self.store.run_written(self.store.set_meta, _NO_POLL + recorded.event_id,
-                                         str(getattr(exc, "status", "")), flush=False)
+
+            status = str(getattr(exc, "status", ""))
+
+            def no_poll() -> None:
+                self.store.set_meta(_NO_POLL + recorded.event_id, status)
+                self.store.delete_meta(IN_SEND + sending.txn)
+
+            await self.store.run_written(no_poll, flush=False)
             return
         # As for the question: a lost record re-sends the same poll.
-        await self.store.run_written(self.store.set_poll, recorded.event_id, poll_id, flush=False)
+        await self.store.run_written(record_poll, self.store, sending, poll_id, flush=False)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
 
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
