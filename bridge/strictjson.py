@@ -2,13 +2,21 @@
 
 Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity``, which no
 other reader takes and which Synapse and canonical JSON refuse; every door
-that reads JSON from outside refuses them through this one rule.
+that reads JSON from outside refuses them through this one rule.  So too a
+string holding half a surrogate pair (``"\\ud800"``): JSON's escapes can
+spell it, UTF-8 can't write it, so the set or answers file it would go into
+could never be written.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+# A \u escape of a surrogate: only a text holding one is searched for a lone one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class NotJson(ValueError):
@@ -26,8 +34,35 @@ def loads(text: str | bytes, *, unique_keys: bool = False) -> Any:
     readers the first), at the cost of a slower parse: for the requests an
     agent sends, not for its set files."""
     if unique_keys:
-        return json.loads(text, parse_constant=no_constant, object_pairs_hook=_unique)
-    return json.loads(text, parse_constant=no_constant)
+        value = json.loads(text, parse_constant=no_constant, object_pairs_hook=_unique)
+    else:
+        value = json.loads(text, parse_constant=no_constant)
+    if (_SURROGATE_ESCAPE_BYTES if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text):
+        check_text(value)
+    return value
+
+
+def check_text(value: Any) -> None:
+    """Raises NotJson at the first string (or key) UTF-8 can't write."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _writable(item)
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                _writable(key)
+                stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _writable(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise NotJson(f"a string holds half a surrogate pair ({ascii(text[exc.start])}), "
+                      "which UTF-8 can't write") from None
 
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

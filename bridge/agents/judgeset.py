@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from bridge.agents.errors import BadRequest, LintFailed, TooLarge
 from bridge.questionset.lint import lint
+from bridge import strictjson
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, questions_bytes
@@ -47,7 +48,10 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
     if raw.get("id") != set_id:
         return JudgedSet(failed=("the set's id must be the id in the address",
                                  [{"where": "id", "message": f"must be {set_id!r}, the set id in the address"}], []))
-    data = questions_bytes(raw)
+    try:
+        data = questions_bytes(raw)
+    except strictjson.NotJson as exc:
+        return JudgedSet(bad=f"questions.json: {exc}")
     if len(data) > MAX_QUESTIONS_BYTES:
         # As it is written (a document that came as JSON inside an envelope,
         # or through MCP, was never measured): a file the bridge can't read

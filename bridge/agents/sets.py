@@ -27,6 +27,7 @@ from bridge.answers.view import ReadError, load_view
 from bridge.answers.arrival import as_read
 from bridge.questionset.lint import lint
 from bridge.questionset.lint.identity import ID_PATTERN
+from bridge import strictjson
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
 from bridge.regularfile import read_regular
@@ -375,6 +376,10 @@ class AgentSets:
     def _close(self, agent: str, set_id: str, qids: list[str] | None, status: str,
                reason: str | None) -> tuple[dict[str, Any], Path]:
         set_dir = self._own_dir(agent, set_id)
+        try:  # (the MCP SDK's parser lets half a surrogate pair through)
+            strictjson.check_text(reason)
+        except strictjson.NotJson as exc:
+            raise BadRequest(f"reason: {exc}") from None
         try:
             data = read_regular(set_dir / QUESTIONS_FILE)  # (a FIFO there would hold the thread: ``regularfile``)
         except OSError as exc:

@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
+from bridge import strictjson
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem, Probe, Streams
 from bridge.regularfile import NotRegular, read_regular
@@ -32,8 +33,15 @@ def questions_bytes(raw: dict[str, Any]) -> bytes:
     """questions.json as the bridge writes it (an agent's set, a close):
     indented for people to read, or compact where indenting would take it
     past the format's 16 MB (a set that fits as written is never pushed
-    over by the bridge's own rewriting)."""
-    data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+    over by the bridge's own rewriting).  Raises ``strictjson.NotJson`` for
+    a string UTF-8 can't write."""
+    try:
+        data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError:
+        # Half a surrogate pair, from a door whose parser let it through (the
+        # MCP SDK's): ``strictjson.NotJson`` says where.
+        strictjson.check_text(raw)
+        raise
     if len(data) <= MAX_QUESTIONS_BYTES:
         return data
     return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

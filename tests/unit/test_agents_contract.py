@@ -69,6 +69,8 @@ def test_the_contract_reads_any_document_and_names_the_field_at_fault():
     assert refused(lambda: contract.check_body(post, b'{"names": [null]}')) == {
         "where": "body.names.0", "message": "must be string, not null"}
     assert refused(lambda: contract.check_body(post, b'{"names": NaN}'))["message"] == "NaN is not JSON"
+    assert "half a surrogate pair" in refused(lambda: contract.check_body(post, b'{"names": ["\\ud800"]}'))["message"]
+    assert contract.check_body(post, b'{"names": ["\\ud83d\\ude00", "\\\\ud800"]}') == {"names": ["\U0001f600", "\\ud800"]}
     # A key twice: Python kept the last ({"status": "closed", "status": "withdrawn"} closed as withdrawn), other readers the first.
     assert refused(lambda: contract.check_body(post, b'{"names": ["a"], "names": ["b"]}')) == {
         "where": "body", "message": "the key 'names' appears twice in one object"}

@@ -447,3 +447,22 @@ async def test_a_big_sets_close_and_listing_are_worked_out_in_a_process_and_a_li
     assert closed["closed"] and apart == ["set_summary", "closed_set"]
     listed = await sets.list_sets_apart("a")
     assert listed[0]["open"] == 1999 and apart == ["set_summary", "closed_set", "set_summary"]
+
+
+def test_half_a_surrogate_pair_is_refused_at_every_door_and_nothing_is_written(tmp_path):
+    """JSON's escapes can spell "\\ud800", UTF-8 can't write it: a set or a close
+    reason holding one was a 500 (the write failed) on the HTTP door and an
+    internal error over MCP, whose parser hands the bridge a dict."""
+    sets = AgentSets(tmp_path)
+    document = one_question()
+    document["title"] = "Plan \ud800"
+    for given in (json.dumps(document).encode(), document):  # the HTTP door's bytes, the MCP door's dict
+        with pytest.raises(BadRequest) as refused:
+            sets.ask("a", "plan", given)
+        assert "half a surrogate pair ('\\ud800')" in refused.value.message
+    assert list(tmp_path.iterdir()) == []
+    sets.ask("a", "plan", one_question())
+    with pytest.raises(BadRequest) as refused:
+        sets.close("a", "plan", None, "withdrawn", "no longer \udc00 needed")
+    assert "reason: a string holds half a surrogate pair" in refused.value.message
+    assert sets.close("a", "plan", None, "withdrawn", "no longer needed")["closed"] == ["branch"]
