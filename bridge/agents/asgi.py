@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from aiohttp import web
+from starlette.requests import ClientDisconnect
 
 from bridge.agents.bodyread import TooSlow, paced
 from bridge.service.eventwait import set_within
@@ -120,6 +121,10 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
 
     try:
         await app(scope_of(request, extra), receive, send)
+    except ClientDisconnect:
+        # The body stopped coming (``paced``) or its client left while the
+        # application read it: an ordinary end, as on the /v1 routes.
+        log.info("%s %s: the client left before its request was read", request.method, request.path)
     finally:
         finished.set()
     if response is None:

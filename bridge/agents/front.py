@@ -105,6 +105,11 @@ class AgentsFront:
         self._ready = asyncio.Event()
         self._posting: set[asyncio.Future[None]] = set()
 
+    @property
+    def mcp_body_max(self) -> int:
+        """Room for a questions.json, or for a file upload_media takes (base64), and the call around it."""
+        return max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX))) + 65536
+
     def routes(self) -> web.RouteTableDef:
         routes = self.api.routes()
         for method in ("GET", "POST", "DELETE"):
@@ -128,6 +133,10 @@ class AgentsFront:
                                {"Retry-After": retry} if retry else None)
         if self.manager is None or not self._ready.is_set():
             return mcp_refusal(503, "the bridge is starting; try again in a moment", await _request_id(request))
+        if (request.content_length or 0) > self.mcp_body_max:
+            # Said at once, as /v1 does: never waited for (a body that size
+            # would be refused when it had all come, or never comes at all).
+            return mcp_refusal(413, f"the body is larger than {self.mcp_body_max} bytes", None)
         return await serve_asgi(self._mcp_app, request, {
             AGENT_SCOPE_KEY: agent,
             GONE_SCOPE_KEY: lambda: request.transport is None or request.transport.is_closing()})
@@ -175,9 +184,8 @@ class AgentsFront:
         # A manager runs once: a restart after a failure makes a new one.
         self._ready.clear()
         # Room for a questions.json, or for a file upload_media takes (base64).
-        body_max = max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX)))
         self.manager = LastingSessionManager(self.server, SessionIds(self.config.agents), AGENT_SCOPE_KEY,
-                                             EndedSessions(self.store), max_request_body_size=body_max + 65536)
+                                             EndedSessions(self.store), max_request_body_size=self.mcp_body_max)
         async with self.manager.run():
             self._ready.set()
             await stop.wait()

@@ -267,14 +267,16 @@ async def test_a_wait_on_a_set_too_big_for_one_message_still_brings_the_answer(b
 
 async def test_a_body_cut_off_midway_is_no_error_of_the_bridges(bridge):
     """A client (or its network) gone halfway through its body: each logged
-    an ERROR with a traceback, at /mcp and at the HTTP API alike."""
+    an ERROR with a traceback, at /mcp (both eras) and at the HTTP API alike."""
     base = start(bridge)
     await wait_listener(bridge, base)
     port = int(base.rsplit(":", 1)[1])
     token = auth("planner")["Authorization"]
-    for target in ("POST /mcp", "PUT /v1/sets/cut"):
+    # (2026-07-28: no session, the SDK's other path reads the body.)
+    for target, more in (("POST /mcp", ""), ("POST /mcp", "MCP-Protocol-Version: 2026-07-28\r\n"),
+                         ("PUT /v1/sets/cut", "")):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(f"{target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {token}\r\n"
+        writer.write(f"{target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {token}\r\n{more}"
                      "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
                      "Content-Length: 100000\r\n\r\n".encode() + b'{"jsonrpc": "2.0", "id": 1, "met')
         await writer.drain()
@@ -283,6 +285,15 @@ async def test_a_body_cut_off_midway_is_no_error_of_the_bridges(bridge):
     await asyncio.sleep(1.5)
     bridge.check_alive()
     assert errors_in(bridge.log_text()) == []
+    # A body announced far past what /mcp takes is refused at once, not read for.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: {token}\r\n"
+                 "MCP-Protocol-Version: 2026-07-28\r\nContent-Type: application/json\r\n"
+                 "Accept: application/json, text/event-stream\r\nContent-Length: 1000000000000\r\n\r\n".encode())
+    await writer.drain()
+    said = await asyncio.wait_for(reader.read(4096), 5)
+    writer.close()
+    assert said.startswith(b"HTTP/1.1 413") and b"larger than" in said, said
 
 
 WAITING_CLIENT = """
