@@ -35,7 +35,7 @@ class Repository:
         self.tries = 0
 
     @contextlib.asynccontextmanager
-    async def download(self, _mxc: str, _stall: float):
+    async def download(self, _mxc: str, _stall: float, _first: float | None = None):
         self.tries += 1
         cut_now = self.tries <= self.cut
 
@@ -86,7 +86,7 @@ def test_files_sharing_a_link_all_arrive_though_each_gets_a_share_of_it(set_dir:
     rate = 512 * 1024
 
     @contextlib.asynccontextmanager
-    async def download(mxc: str, _stall: float):
+    async def download(mxc: str, _stall: float, _first: float | None = None):
         data = files[mxc]
 
         async def chunks():
@@ -299,7 +299,7 @@ class Repositories:
         self.files, self.slow = files, slow or {}
 
     @contextlib.asynccontextmanager
-    async def download(self, mxc: str, _stall: float):
+    async def download(self, mxc: str, _stall: float, _first: float | None = None):
         data = self.files[mxc]
 
         async def chunks():

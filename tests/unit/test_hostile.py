@@ -415,7 +415,7 @@ def test_a_symlinked_attachments_folder_is_refused(tmp_path: Path) -> None:
 
 async def _save(set_dir: Path, content: dict[str, Any], qid: str) -> tuple[str | None, str | None]:
     @contextlib.asynccontextmanager
-    async def download(_url: str, _stall: float):
+    async def download(_url: str, _stall: float, _first: float | None = None):
         async def chunks():
             yield b"\x89PNG fake"
 

@@ -61,3 +61,60 @@ async def test_slow_downloads_leave_the_clients_own_requests_their_connections()
         await transport.media.close()
         await client.close()
         await server.close()
+
+
+async def _serving(handler) -> tuple[TestServer, AsyncClient, NioTransport]:
+    app = web.Application()
+    app.router.add_get("/_matrix/client/v1/media/download/{server}/{media}", handler)
+    server = TestServer(app)
+    await server.start_server()
+    client = AsyncClient(str(server.make_url("")).rstrip("/"), "@bot:hs")
+    client.access_token = "token"
+    return server, client, NioTransport(client)
+
+
+async def test_a_homeserver_fetching_the_file_over_federation_is_waited_for_and_a_stalled_body_is_not(
+        tmp_path, monkeypatch):
+    """Synapse has a remote file whole before it sends the bridge a byte: a
+    30 MB file over a slow federation link gave nothing for a minute, and
+    the stall bound (aiohttp's, on reading) refused it on every try.  The
+    response may take as long as the file at the slowest rate; the body's
+    bytes, once they come, may not stall."""
+    from bridge.service.answering import attachments
+
+    data = bytes(range(256)) * 40  # 10,240 bytes
+    monkeypatch.setattr(attachments, "TRY_SECONDS", 0.5)
+    monkeypatch.setattr(attachments, "SLOWEST_RATE", 4096)  # the file's time: 2.5 s
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
+    stall_midway = False
+
+    async def remote(request: web.Request) -> web.StreamResponse:
+        if not stall_midway:
+            await asyncio.sleep(1.5)  # fetching it from the sender's server
+        response = web.StreamResponse(headers={"Content-Type": "image/png", "Content-Length": str(len(data))})
+        await response.prepare(request)
+        await response.write(data[:4096])
+        if stall_midway:
+            await asyncio.sleep(30)
+        await response.write(data[4096:])
+        return response
+
+    server, client, transport = await _serving(remote)
+    content = {"msgtype": "m.image", "body": "shot.png", "url": "mxc://remote.example/shot",
+               "info": {"size": len(data), "mimetype": "image/png"}}
+    try:
+        (tmp_path / "set").mkdir()
+        saved, refused = await attachments.fetch_bounded(content, str(tmp_path / "set"), "q1", 1, transport.download,
+                                                         limit=1024 * 1024)
+        assert refused is None and saved is not None
+        assert (tmp_path / "set" / saved).read_bytes() == data
+        stall_midway = True
+        began = time.monotonic()
+        saved, refused = await attachments.fetch_bounded(content, str(tmp_path / "set"), "q1", 2, transport.download,
+                                                         limit=1024 * 1024)
+        assert (saved, refused) == (None, "attachment_not_fetched")
+        assert time.monotonic() - began < 6  # three tries, each cut 0.5 s after the body stopped
+    finally:
+        await transport.media.close()
+        await client.close()
+        await server.close()

@@ -44,7 +44,8 @@ FOLDER = "attachments"
 
 # (mxc, seconds a read may wait for the next bytes) -> the body under way
 # (``transport.matrix.MediaBody``: ``length``, ``chunks``).
-Download = Callable[[str, float], AsyncContextManager[Any]]
+# (mxc URL, seconds the body may stall, seconds the response may take) -> the body.
+Download = Callable[[str, float, float], AsyncContextManager[Any]]
 MayAnswer = Callable[[str, str], bool]
 
 _SAFE_EXT = re.compile(r"[a-z0-9]{1,8}")
@@ -146,7 +147,10 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
         return None, "attachment_too_large"
     name = f"{_UNSAFE_NAME.sub('_', qid).lstrip('.') or 'answer'}-{number}.{extension(content, info)}"
     try:
-        async with download(url, TRY_SECONDS) as media:
+        # The response may be as late as the file (its size as announced, at
+        # most the limit) at SLOWEST_RATE: a homeserver fetching it from
+        # another server sends the first byte once it has the last.
+        async with download(url, TRY_SECONDS, try_seconds(min(body.announced or limit, limit))) as media:
             body.expect(media.length)
             folder = attachments_folder_or_refuse(set_dir)
             await _on_disk(sweep_abandoned, folder, abandoned_after(limit))

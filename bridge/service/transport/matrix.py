@@ -74,6 +74,19 @@ class MediaBody:
     chunks: AsyncIterator[bytes]
 
 
+async def _each_within(chunks: AsyncIterator[bytes], seconds: float) -> AsyncIterator[bytes]:
+    """``chunks``, failing (TimeoutError) when the next takes longer than ``seconds``."""
+    while True:
+        try:
+            async with asyncio.timeout(seconds):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise TimeoutError(f"no byte of the body for {seconds:.0f} s") from None
+        yield chunk
+
+
 class StopRequested(Exception):
     """A stop was asked for before the batch was handled: nothing of it is
     processed and the token stays, so the next start asks for it again."""
@@ -354,10 +367,14 @@ class NioTransport:
         return response.room_id
 
     @contextlib.asynccontextmanager
-    async def download(self, mxc: str, stall_seconds: float = 20.0) -> AsyncIterator[MediaBody]:
+    async def download(self, mxc: str, stall_seconds: float = 20.0,
+                       first_byte_seconds: float | None = None) -> AsyncIterator[MediaBody]:
         """The body behind ``mxc``, to be read in chunks (never whole: a file
-        may be hundreds of megabytes).  Waiting ``stall_seconds`` for a byte
-        fails the read (a timeout), as a cut connection does (a payload error).
+        may be hundreds of megabytes).  Waiting ``stall_seconds`` for the next
+        byte of the body fails the read (a timeout), as a cut connection does
+        (a payload error); the response itself may take ``first_byte_seconds``
+        (None: as long as the caller's bound): a homeserver fetching a file
+        from another server over federation has it whole before it sends a byte.
 
         The authenticated media API first (Synapse serves new media only
         there); the legacy one for homeservers that predate it.
@@ -369,11 +386,13 @@ class NioTransport:
             raise FileGone(mxc)
         quoted = f"{quote(server, safe='')}/{quote(media_id, safe='')}"
         headers = {"Authorization": f"Bearer {self.client.access_token}"}
-        # No bound on the whole request (the caller bounds each try): the
-        # connection and every wait for the next bytes are bounded instead.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_seconds, sock_read=stall_seconds)
+        # No bound on the whole request (the caller bounds each try), nor
+        # aiohttp's on reading (it would bound the wait for the response too):
+        # the connection, the response and each wait for the body's next bytes.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall_seconds)
         for path in (f"/_matrix/client/v1/media/download/{quoted}", f"/_matrix/media/v3/download/{quoted}"):
-            response = await self.media.get(path, headers=headers, timeout=timeout)
+            async with asyncio.timeout(first_byte_seconds):
+                response = await self.media.get(path, headers=headers, timeout=timeout)
             try:
                 if response.status in (404, 400) and path.startswith("/_matrix/client/v1"):
                     continue  # an older homeserver without authenticated media
@@ -381,7 +400,7 @@ class NioTransport:
                     raise FileGone(f"{mxc}: HTTP {response.status}")
                 if response.status != 200:
                     raise MatrixError(f"downloading {mxc}", response)
-                yield MediaBody(response.content_length, response.content.iter_any())
+                yield MediaBody(response.content_length, _each_within(response.content.iter_any(), stall_seconds))
                 return
             finally:
                 if response.content.at_eof():
