@@ -207,7 +207,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         await asyncio.gather(*(pipeline.load_members(room) for room in rooms))
         # A question the last instance sent and did not record is recorded
         # before the first batch: answers to it may be in that batch.
-        await settle_sent(store, transport, on_closed=ops.on_closed)
+        await unless_stopped(settle_sent(store, transport, on_closed=ops.on_closed), stop)
         # Heal a crash between the store commit and the folder write.  A set
         # that can't be written is held back on its own and a logged answer
         # that can't be projected any more is set aside: stored state never

@@ -407,3 +407,12 @@ def test_a_sending_that_cannot_be_settled_is_left_to_the_pass(tmp_path: Path, mo
     transport.fail_on = None
     asyncio.run(p.sync_root(tmp_path / "sets"))
     assert store.latest_posted(str(folder.resolve()), "pick").rev == 1
+
+
+def test_a_sending_kept_in_a_shape_this_version_cannot_read_is_dropped_not_a_failed_start(tmp_path: Path, caplog) -> None:
+    store = Store(tmp_path / "bridge.sqlite")
+    with store.transaction():
+        store.set_meta(IN_SEND + "txn", '{"room": "!r:hs"}')
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(settle(store, Transport()))
+    assert "can't be read" in caplog.text and store.meta_with_prefix(IN_SEND) == []

@@ -118,12 +118,16 @@ async def settle(store: Any, transport: Any, on_closed: OnClosed | None = None) 
     from bridge.service.answering.deadlines import keep_record  # (loaded only when needed: a start's first batch waits)
 
     for key, raw in left:
-        sending = _loads(raw)
+        try:
+            sending = _loads(raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("a sending kept as %s can't be read (%s); the sets' pass posts what is still wanted", key, exc)
+            await store.run_written(store.delete_meta, key)
+            continue
         try:
             if isinstance(sending, PollSending):
-                poll_id = await transport.send(sending.room, POLL_START, sending.content, sending.txn)
-                await store.run_written(record_poll, store, sending, poll_id)
-                event_id = poll_id
+                event_id = await transport.send(sending.room, POLL_START, sending.content, sending.txn)
+                await store.run_written(record_poll, store, sending, event_id)
             else:
                 event_id = await transport.send(sending.room, "m.room.message", sending.content, sending.txn)
                 await store.run_written(lambda: record_sent(
