@@ -20,24 +20,25 @@ _SURROGATE_ESCAPE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class NotJson(ValueError):
-    """A constant that Python's json reads and JSON does not have."""
+    """What Python's json reads and JSON does not have: a constant, half a surrogate pair."""
 
 
 def no_constant(name: str) -> Any:
     raise NotJson(f"{name} is not JSON")
 
 
-def loads(text: str | bytes, *, unique_keys: bool = False) -> Any:
+def loads(text: str | bytes, *, unique_keys: bool = False, utf8_only: bool = True) -> Any:
     """``json.loads`` refusing the constants; raises ValueError (JSONDecodeError
     or NotJson).  ``unique_keys``: an object naming a key twice is refused
     too (RFC 8259 leaves its meaning open: Python keeps the last, other
     readers the first), at the cost of a slower parse: for the requests an
-    agent sends, not for its set files."""
+    agent sends, not for its set files.  ``utf8_only``: half a surrogate
+    pair is refused (not for a reader that names the record holding one)."""
     if unique_keys:
         value = json.loads(text, parse_constant=no_constant, object_pairs_hook=_unique)
     else:
         value = json.loads(text, parse_constant=no_constant)
-    if (_SURROGATE_ESCAPE_BYTES if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text):
+    if utf8_only and (_SURROGATE_ESCAPE_BYTES if isinstance(text, bytes) else _SURROGATE_ESCAPE).search(text):
         check_text(value)
     return value
 

@@ -127,7 +127,7 @@ def _questions(path: Path) -> Any:
 
 def _loads(text: str, path: Path) -> Any:
     try:
-        return strictjson.loads(text)
+        return strictjson.loads(text, utf8_only=False)  # (a record holding half a surrogate pair is named)
     except ValueError as exc:
         raise Unreadable(f"{path}: not JSON ({exc})") from None
     except RecursionError:

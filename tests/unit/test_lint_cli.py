@@ -145,12 +145,21 @@ def test_unreadable_questions_file_exits_2(tmp_path: Path) -> None:
 
 
 NASTY = [
-    {"askwright": 1, "id": "x", "title": "T", "questions": [{"id": "\ud800", "kind": "text", "title": "\ud800\x1b[31m", "question": "a\nb"}]},
+    {"askwright": 1, "id": "x", "title": "T", "questions": [{"id": "\u202e", "kind": "text", "title": "\u202e\x1b[31m", "question": "a\nb"}]},
     {"askwright": 1.5, "id": None, "title": {}, "mode": [], "media_roots": "r", "questions": [None, "q", 3, [], {"media": [{"src": "/etc/passwd"}]}]},
     {"questions": [{"figure": json.loads("[" * 500 + "]" * 500), "media": [{"figure": json.loads('{"a":' * 500 + "1" + "}" * 500)}]}]},
     # (NaN and Infinity are no JSON: UNREADABLE above.)
     {"askwright": 1e308, "id": "y", "title": "T", "questions": [{"id": "q", "kind": "choice", "points": -1e308}]},
 ]
+
+
+def test_half_a_surrogate_pair_is_named_not_linted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON's escapes can spell "\ud800" and UTF-8 can't write it: the set
+    could never be posted (the homeserver refuses it), nor its answers written."""
+    folder = write_set(tmp_path / "s", {"askwright": 1, "id": "x", "title": "T \ud800", "questions": []})
+    assert main(["lint", "--no-probe", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "half a surrogate pair ('\\ud800')" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("content", NASTY)
