@@ -108,7 +108,8 @@ def vote_entry(cast: Cast) -> dict[str, Any]:
 
 
 def progress_words(result: Tally, required: int, people: list[str], labels: dict[str, str]) -> str:
-    """The word back after a vote: "1 of 2 for “Ship it” so far; waiting for @bo or @cy"."""
+    """The word back after a vote: "1 of 2 for “Ship it” so far; waiting for @bo or @cy"
+    ("…, 1 for “Wait” so far" when another option has votes too)."""
     if result.state == ANSWERED:
         return decision_words(result, labels)
     if result.state == EXPIRED:
@@ -118,10 +119,13 @@ def progress_words(result: Tally, required: int, people: list[str], labels: dict
         counts[vote["choice"]] = counts.get(vote["choice"], 0) + 1
     if not counts:
         return f"No votes stand yet; {required} must agree."
-    best = max(counts, key=lambda k: counts[k])
+    # Every option voted for, the most first: naming only the leader told a
+    # voter whose option was tied with another the count of the other.
+    ranked = sorted(counts, key=lambda k: -counts[k])
     voted = {v["sender"] for v in result.votes}
     waiting = [p for p in people if p not in voted]
-    line = f"{counts[best]} of {required} for \u201c{labels.get(best, best)}\u201d so far"
+    line = f"{counts[ranked[0]]} of {required} for \u201c{labels.get(ranked[0], ranked[0])}\u201d" + "".join(
+        f", {counts[k]} for \u201c{labels.get(k, k)}\u201d" for k in ranked[1:]) + " so far"
     if waiting:
         line += "; waiting for " + joined(waiting, "or")
     return line + "."

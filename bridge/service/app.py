@@ -253,6 +253,14 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             # expired while the bridge was down), then every second.
             poster.deadlines = Deadlines(store, transport, flush=pipeline.flush, on_decided=ops.on_decided,
                                          on_expired=ops.on_expired, on_closed=ops.on_closed)
+            deadlines, logged = poster.deadlines, ops.on_logged
+
+            def on_logged(entry: LogEntry) -> None:
+                logged(entry)
+                if entry.question_event_id:  # a vote may change what the deadline's edit must say
+                    deadlines.touch(entry.question_event_id)
+
+            pipeline.on_logged = on_logged
             await ops.start(send=transport.send, poster=poster, own_user=front.own_user, stop=stop,
                             serve_http=not config.appservice.enabled)
             # What start-up made (the code, the sets, the first sync's state)

@@ -723,6 +723,20 @@ def test_the_words_at_expiry_say_what_stood():
     assert expiry_words(None, None, at)[1] == "expired undecided at 08:00:45 UTC: no answer"
 
 
+def test_a_voter_in_a_tie_hears_the_count_of_their_own_option_too():
+    # 1 each for two options: the words named only the option voted first,
+    # so the second voter heard "1 of 2 for" the option they voted against.
+    from bridge.protocol.quorum import PENDING, Tally, progress_words
+
+    labels = {"main": "The main branch", "stable": "The stable branch"}
+    split = Tally(PENDING, [{"sender": ANA, "choice": "stable"}, {"sender": BO, "choice": "main"}])
+    assert progress_words(split, 2, [ANA, BO, CY], labels) == (
+        f"1 of 2 for \u201cThe stable branch\u201d, 1 for \u201cThe main branch\u201d so far; waiting for {CY}.")
+    ahead = Tally(PENDING, [*split.votes, {"sender": CY, "choice": "main"}])
+    assert progress_words(ahead, 3, [ANA, BO, CY], labels) == (
+        "2 of 3 for \u201cThe main branch\u201d, 1 for \u201cThe stable branch\u201d so far.")
+
+
 class Delaying(Transport):
     """A homeserver with delayed events (MSC4140): a retried transaction id gets the same delay id back."""
 
@@ -910,6 +924,32 @@ def test_a_vote_just_before_a_stop_is_in_the_homeservers_closing_edit(tmp_path):
     closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
     assert [words for words, _delay in hs.closing_edits()] == [
         closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})")]
+
+
+def test_a_vote_is_in_the_homeservers_closing_edit_long_before_the_next_tick(tmp_path):
+    # Restated only by the pass each second, a vote left the homeserver's edit
+    # saying "no votes" for up to that second: a bridge killed (or frozen)
+    # then, over the deadline, had the room told a decided approval expired
+    # with nobody voting.  An answer logged wakes the pass for its posting.
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: (T0 + 1000) / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room.pipeline.on_logged = lambda entry: deadlines.touch(entry.question_event_id)
+
+    async def scenario() -> list[str]:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(deadlines.run(stop, tick=60))
+        await asyncio.sleep(0.2)  # its first pass is done: the next is a minute away
+        room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+        await asyncio.sleep(0.3)
+        said = [words for words, _delay in hs.closing_edits()]
+        stop.set()
+        await running
+        return said
+
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
+    assert asyncio.run(scenario()) == [closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})")]
 
 
 def test_a_kill_between_scheduling_the_new_closing_edit_and_cancelling_the_old_leaves_one(tmp_path):

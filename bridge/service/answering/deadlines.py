@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from bridge.service.eventwait import any_set, set_within
+from bridge.service.eventwait import any_set
 from bridge.protocol.approval_record import told_outcome
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
@@ -91,6 +92,14 @@ class Deadlines:
         # Postings whose delayed events are being handed over right now (the
         # delay id not written down yet): the sweep leaves theirs alone.
         self._handing: set[str] = set()
+        # Postings an answer was just logged for (``touch``): looked at before
+        # the next tick, so the homeserver's closing edit says a vote in tens
+        # of milliseconds, not up to a tick later (a kill in that second left
+        # the deadline's edit saying "no votes" over a decided approval).
+        self._touched: set[str] = set()
+        self._touched_lock = threading.Lock()
+        self._woken = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _now(self) -> int:
         return int(self.clock() * 1000)
@@ -250,6 +259,28 @@ class Deadlines:
         return sent
 
     # -- the pass ------------------------------------------------------------
+
+    def touch(self, event_id: str) -> None:
+        """An answer to the posting ``event_id`` was logged (any thread: the
+        pipeline's batch calls it in its store transaction)."""
+        loop = self._loop
+        if loop is None:
+            return  # not running yet: the first pass looks at every posting
+        with self._touched_lock:
+            self._touched.add(event_id)
+        loop.call_soon_threadsafe(self._woken.set)
+
+    async def _look_at_touched(self) -> None:
+        self._woken.clear()
+        with self._touched_lock:
+            touched, self._touched = self._touched, set()
+        tracked = await self.store.run(lambda: [e for e in sorted(touched)
+                                                if self.store.get_meta(TRACKED + e) is not None])
+        for event_id in tracked:
+            try:
+                await self._one(event_id)
+            except Exception as exc:  # noqa: BLE001 - looked at again on the next tick
+                log.warning("approval of %s not handled yet (%s); trying again", event_id, exc)
 
     def tracked(self) -> list[str]:
         """The postings the approvals pass looks at, in one order on both backends."""
@@ -622,6 +653,8 @@ class Deadlines:
         the first look into the rooms' timelines)."""
         if after is not None:
             await any_set([after, stop], AFTER_AT_MOST)
+        loop = asyncio.get_running_loop()
+        self._loop = loop
         swept = False
         while not stop.is_set():
             try:
@@ -634,7 +667,11 @@ class Deadlines:
                     swept = True
                 except Exception as exc:  # noqa: BLE001 - tried again on the next tick
                     log.warning("the homeserver's delayed events not read (%s); trying again", exc)
-            await set_within(stop, tick)
+            next_pass = loop.time() + tick
+            while not stop.is_set() and (left := next_pass - loop.time()) > 0:
+                await any_set([stop, self._woken], left)
+                if self._woken.is_set() and not stop.is_set():
+                    await self._look_at_touched()
         # What the last second changed (a vote, so the homeserver's closing
         # edit must say it) is handed on before the bridge goes: the edit is
         # sent at the deadline by the homeserver, while the bridge may be down.
