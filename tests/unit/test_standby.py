@@ -245,3 +245,55 @@ def test_move_sets_against_a_database_the_bridge_never_used_makes_no_tables_ther
         tables = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema=%s",
                               (schema,)).fetchone()[0]
     assert tables == 0
+
+
+async def test_a_term_failing_on_the_stores_connection_is_said_on_the_standbys_health(postgres_server):
+    # The database out of connection slots for the store while the lease's
+    # own connection held: the instances took turns leading, each failing to
+    # open its store, and /health said only {"role": "standby"}.  A role's
+    # connection limit refuses the store's new connection the same way.
+    import aiohttp
+    import psycopg
+
+    url = fresh_schema(postgres_server)
+    schema = url.rsplit("search_path%3D", 1)[1]
+    role = f"limited_{free_port()}"
+    admin = psycopg.connect(postgres_server.url(with_password=True), autocommit=True)
+    admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw' CONNECTION LIMIT 1")
+    admin.execute(f"GRANT ALL ON SCHEMA {schema} TO {role}")
+    limited = url.replace("://postgres@", f"://{role}@", 1)
+    port = free_port()
+    config = cluster_config(limited, "pw")
+    config.metrics = SimpleNamespace(enabled=True, listen_host_port=("127.0.0.1", port))
+    stop = asyncio.Event()
+    failed = 0
+
+    async def serve(config, _term, _lease: Lease) -> None:
+        nonlocal failed
+        try:
+            Store(config.store.path, url=config.store.url, password=config.store.password)  # its first step
+        except Exception:
+            failed += 1
+            raise
+        stop.set()
+
+    running = asyncio.ensure_future(run_with_standby(config, stop, serve))
+    try:
+        await until(lambda: failed >= 1, timeout=20)
+        async with aiohttp.ClientSession() as http:
+            async def told() -> dict | None:
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/health") as response:
+                        body = await response.json()
+                        return body if "store_unreachable" in body else None
+                except aiohttp.ClientConnectionError:
+                    return None
+
+            seen = await until(told, timeout=10)
+        assert seen["role"] == "standby" and "connection" in seen["store_unreachable"]["error"], seen
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from bridge.service.eventwait import any_set
 from bridge.service.config import Config
+from bridge.service.storage.dbclock import elapsed
 from bridge.service.storage.leader import Lease
 from bridge.service.storage.setpaths import check_sets_where_known, warn_sets_outside
 from bridge.service.operators.metrics import Metrics
@@ -32,6 +34,32 @@ Serve = Callable[[Config, asyncio.Event, Lease], Awaitable[None]]
 # before it may lead again (doubling up to the last).
 FIRST_BACKOFF = 1.0
 LAST_BACKOFF = 30.0
+
+
+class FailedTerms:
+    """Terms as leader that failed on the store (its connection refused: the
+    database out of connection slots, a role's connection limit, a changed
+    password) while the lease's own connection went on working: the
+    standby's /health says so (``store_unreachable``), as it does when the
+    lease's connection fails, not only "standby"."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.error = ""
+
+    def failed(self, exc: BaseException) -> None:
+        # (The store raises its connection's failures as sqlite3's, on either backend.)
+        if not isinstance(exc, sqlite3.OperationalError) and not type(exc).__module__.startswith("psycopg"):
+            return  # not the store's trouble (the log says what it was)
+        if self.since is None:
+            self.since = elapsed()
+        self.error = " ".join(f"the store could not be used while leading: {exc}".split())[:300]
+
+    def served(self) -> None:
+        self.since = None
+
+    def trouble(self) -> tuple[float, str] | None:
+        return None if self.since is None else (elapsed() - self.since, self.error)
 
 
 async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
@@ -49,9 +77,10 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
     lease.start()
     log.info("instance %s started as a standby", lease.name)
     backoff = FIRST_BACKOFF
+    terms = FailedTerms()
     try:
         while not stop.is_set():
-            runner = await _standby_listener(config, lease)
+            runner = await _standby_listener(config, lease, terms)
             try:
                 while not lease.leading and not stop.is_set():
                     changed.clear()
@@ -66,14 +95,16 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
             try:
                 await serve(config, term, lease)
                 backoff = FIRST_BACKOFF
+                terms.served()
             except fatal:
                 raise
-            except Exception:  # noqa: BLE001 - an instance outlives a failed term as leader
+            except Exception as exc:  # noqa: BLE001 - an instance outlives a failed term as leader
                 # The store could not be opened (PostgreSQL restarting) or the
                 # bridge failed while leading: the lease goes to another
                 # instance at once, and this one stands by, then tries again.
                 log.exception("the bridge failed while leading; handing the lease on, trying again in %.0f s",
                               backoff)
+                terms.failed(exc)
                 lease.release(backoff)
                 backoff = min(backoff * 2, LAST_BACKOFF)
             finally:
@@ -119,15 +150,16 @@ async def _until_lost(lease: Lease, stop: asyncio.Event, changed: asyncio.Event,
     term.set()
 
 
-def standby_metrics(lease: Lease | None = None) -> Metrics:
+def standby_metrics(lease: Lease | None = None, terms: FailedTerms | None = None) -> Metrics:
     metrics = Metrics()
     metrics.set_role("standby")
     if lease is not None:
-        metrics.store_trouble = lease.unreached
+        metrics.store_trouble = lambda: lease.unreached() or (terms.trouble() if terms is not None else None)
     return metrics
 
 
-async def _standby_listener(config: Config, lease: Lease | None = None) -> web.AppRunner | None:
+async def _standby_listener(config: Config, lease: Lease | None = None,
+                            terms: FailedTerms | None = None) -> web.AppRunner | None:
     """/health and /metrics where the leader would serve them; in appservice
     mode every other request (a transaction) is answered 503."""
     from bridge.service.operators.starting import health_address
@@ -143,7 +175,7 @@ async def _standby_listener(config: Config, lease: Lease | None = None) -> web.A
     from bridge.service.operators.health import health_routes, runner_for
 
     app = web.Application()
-    app.add_routes(health_routes(standby_metrics(lease)))
+    app.add_routes(health_routes(standby_metrics(lease, terms)))
 
     async def not_leading(_request: web.Request) -> web.Response:
         return web.json_response({"errcode": "M_UNKNOWN", "error": "this instance stands by; another one leads"},
