@@ -78,11 +78,12 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
                                 "(truncated)")
         verdict.truncated = True
         return verdict, hashes, None
-    if merkle.root(hashes[:latest.size]) != latest.root:
-        verdict.problems.append(f"checkpoint of size {latest.size}: the exported leaves do not make the tree it "
-                                "signs (a leaf was changed, dropped or added)")
     tree = merkle.Tree(hashes[:latest.size])
+    leaves_hold = tree.root(latest.size) == latest.root
     seen: dict[int, bytes] = {latest.size: latest.root}
+    # Where the leaves stop making the signed trees: the largest checkpoint
+    # they still make, and the smallest they don't (the changed leaf is between).
+    made, unmade = 0, latest.size
     for point in points:
         if point.size == latest.size:
             if point.root != latest.root:
@@ -93,6 +94,17 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
         seen[point.size] = point.root
         verdict.earlier_checkpoints += 1
         if point.size == 0:
+            if point.root != merkle.EMPTY_ROOT:
+                verdict.problems.append("checkpoint of size 0: its root is not the empty tree's")
+            continue
+        if not leaves_hold:
+            # The exported leaves are not the latest tree: a proof made from
+            # them would blame this checkpoint for the change.  Its own tree
+            # is asked of them instead.
+            if tree.root(point.size) == point.root:
+                made = max(made, point.size)
+            else:
+                unmade = min(unmade, point.size)
             continue
         try:
             proof = tree.consistency_proof(point.size)
@@ -102,6 +114,11 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
         except merkle.ProofError as exc:
             verdict.problems.append(f"checkpoint of size {point.size} is not consistent with the latest "
                                     f"(size {latest.size}): {exc}")
+    if not leaves_hold:
+        where = f"leaf {made}" if unmade - made == 1 else f"a leaf from {made} to {unmade - 1}"
+        verdict.problems.append(f"checkpoint of size {latest.size}: the exported leaves do not make the tree it "
+                                f"signs (a leaf was changed, dropped or added): {where} is not what the "
+                                "checkpoints signed")
     return verdict, hashes, latest
 
 
@@ -117,7 +134,9 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
     if not isinstance(answers, dict):
         verdict.problems.append("answers.json has no answers object")
         return verdict
-    logged = _Logged(leaves)
+    # Only what a checkpoint covers speaks for or against a record: a leaf
+    # appended past the latest (a withdrawal, say) is anyone's writing.
+    logged = _Logged(leaves[:latest.size] if latest is not None else leaves)
     verdict.log_began_ms = _first_ts(leaves)
     for qid, record in sorted(answers.items()):
         if not isinstance(record, dict):
@@ -138,7 +157,8 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         # A decision is an approval's: its record is a tally, whatever it says.
         tally = is_tally(record) or (qid in quorums and record.get("state") == "answered") \
             or (outcome is not None and outcome[0] == "decided")
-        stands = None if tally else logged.standing().get((doc.get("set"), qid))
+        standing = logged.standing().get((doc.get("set"), qid))
+        stands = None if tally else standing
         if receipt is None:
             if outcome is not None and not (record.get("state") == "expired" and source.get("how") == "expiry"):
                 # The log decided or expired the question: a record with no
@@ -146,11 +166,12 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
                 verdict.problems.append(f"record {qid!r}: no receipt, where the log's latest word on the question "
                                         f"is its {'decision' if outcome[0] == 'decided' else 'expiry'} "
                                         f"(leaf {outcome[2]})")
-            elif stands is not None:
+            elif standing is not None:
                 # Whoever wrote it (or a writer's name taken off), the log
-                # holds an answer that stands: the record is not what it says.
+                # holds an answer that stands: the record is not what it says
+                # (a tally's too: the bridge writes one with its latest vote's receipt).
                 verdict.problems.append(f"record {qid!r}: no receipt, where the log's answer that stands is "
-                                        f"leaf {stands}")
+                                        f"leaf {standing}")
             elif source.get("via") == "matrix" and record.get("state") != "note_only":
                 # (Notes kept before any pick vouch for no answer: they carry no receipt.)
                 if _before(source.get("ts"), verdict.log_began_ms) and not logged.mentions((doc.get("set"), qid)):

@@ -105,13 +105,19 @@ def open_note(note: str, name: str, public: bytes) -> str:
     at = note.rfind("\n\n")
     if at < 0 or not note.endswith("\n"):
         raise NoteError("not a signed note (no blank line before the signatures)")
-    text, lines = note[:at + 1], note[at + 2:].splitlines()
+    # The signature block too is split on "\n" alone and holds no control
+    # character: a carriage return or a line separator inside it is no
+    # signature line (as Go's note.Open reads it).
+    text, lines = note[:at + 1], note[at + 2:-1].split("\n")
     _check_text(text)
+    if any(ord(c) < 0x20 or c in "\u2028\u2029\x85" for line in lines for c in line):
+        raise NoteError("a note's signature lines hold no control characters")
     if not lines or len(lines) > MAX_SIGNATURES:
         raise NoteError("a signed note has 1 to 100 signature lines")
     wanted = key_hash(name, public)
     found_other = []
-    for line in lines:
+    ours: bytes | None = None
+    for line in lines:  # every line read before any is trusted: a malformed one anywhere refuses the note
         if not line.startswith(DASH):
             raise NoteError(f"not a signature line: {line[:60]!r}")
         signer, _, blob = line[len(DASH):].rpartition(" ")
@@ -123,9 +129,11 @@ def open_note(note: str, name: str, public: bytes) -> str:
             raise NoteError(f"malformed signature line: {line[:60]!r}")
         if signer != name or data[:4] != wanted:
             found_other.append(signer)
-            continue
+        elif ours is None:
+            ours = data
+    if ours is not None:
         try:
-            Ed25519PublicKey.from_public_bytes(public).verify(data[4:], text.encode())
+            Ed25519PublicKey.from_public_bytes(public).verify(ours[4:], text.encode())
         except (InvalidSignature, ValueError):
             raise NoteError(f"the signature of {name} does not hold over this note") from None
         return text
@@ -141,7 +149,8 @@ def parse_checkpoint(text: str) -> Checkpoint:
     if "" in lines[:-1]:
         raise NoteError("a checkpoint's lines are all non-empty")
     origin, size, root = lines[0], lines[1], lines[2]
-    if not origin or not size.isdigit() or (size != "0" and size.startswith("0")):
+    # ASCII decimal: str.isdigit takes "١٢" (and "²", which int() refuses).
+    if not origin or not (size.isascii() and size.isdigit()) or (size != "0" and size.startswith("0")):
         raise NoteError("the checkpoint's origin or tree size is malformed")
     try:
         raw = base64.b64decode(root, validate=True)

@@ -198,9 +198,9 @@ def verify_consistency(size1: int, size2: int, root1: bytes, root2: bytes, proof
             raise ProofError(f"two different roots for the tree of {size1}")
         return
     if size1 == 0:
-        if proof:
-            raise ProofError("the empty tree needs an empty proof")
-        return
+        # Every tree "extends" the empty one: a proof of it proves nothing, and
+        # is refused as RFC 9162's verifiers refuse it.
+        raise ProofError("a consistency proof from the empty tree proves nothing")
     if not proof or any(len(p) != HASH_SIZE for p in proof):
         raise ProofError("the consistency proof is empty or holds a hash that is not 32 bytes")
     path = list(proof)

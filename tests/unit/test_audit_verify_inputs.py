@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.commands import verify
 from bridge.commands.audit import export
-from bridge.protocol import checkpoint as cp, merkle
+from bridge.protocol import audit_leaf, audit_verify, checkpoint as cp, merkle
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.auditing.checkpoints import Checkpointer
 from bridge.service.auditing.keys import LogKey
@@ -222,3 +222,52 @@ def test_a_questions_file_with_a_byte_order_mark_is_read_as_the_bridge_reads_it(
 
     code, said = _run(good, tmp_path, with_bom, capsys=capsys)
     assert code == 0, said
+
+
+
+def _appended_withdrawal(case: Path) -> None:
+    """A withdrawal of q0's answer appended past the checkpoint (anyone can
+    write one: it is canonical JSON), and q0's record dropped to match it."""
+    path = case / "log" / "leaves.jsonl"
+    first = json.loads(path.read_bytes().split(b"\n", 1)[0])
+    forged = {**first, "outcome": "withdrawn", "event_id": "$w0", "replaces": first["event_id"], "ts": 99}
+    path.write_bytes(path.read_bytes() + audit_leaf.canonical(forged) + b"\n")
+    answers = case / "set" / "answers.json"
+    doc = json.loads(answers.read_text())
+    del doc["answers"]["q0"]
+    answers.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("change, words", [
+    # A tally's empty vote list made the record's standing answer go unread.
+    (_record(lambda r: (r.pop("receipt"), r.update(choice="stable", votes=[]), r["source"].update(via="agent"))),
+     "record 'q0': no receipt, where the log's answer that stands is leaf 0"),
+    # Leaves no checkpoint covers are nobody's evidence.
+    (_appended_withdrawal, "question 'q0': the log's answer that stands is leaf 0, but answers.json has no record"),
+], ids=["a record rewritten as a tally without its receipt", "a withdrawal appended past the checkpoint"])
+def test_a_record_rewritten_without_the_key_is_named(good, tmp_path, capsys, change, words):
+    got, said = _run(good, tmp_path, change, capsys=capsys)
+    assert got == 1 and words in said, said
+
+
+def test_a_changed_leaf_is_placed_between_the_checkpoints_that_hold_and_the_first_that_does_not():
+    """Every checkpoint but the latest was blamed as "not consistent" (a fork
+    by the operator, to a reader) when a leaf after them changed."""
+    key = Ed25519PrivateKey.generate()
+    leaves = [audit_leaf_bytes(n) for n in range(8)]
+    hashes = [merkle.leaf_hash(leaf) for leaf in leaves]
+    notes = [cp.sign_checkpoint(cp.Checkpoint(ORIGIN, size, merkle.root(hashes[:size])), key) for size in (2, 5, 8)]
+    leaves[3] = audit_leaf_bytes(33)
+    verdict, _hashes, _latest = audit_verify.verify_log(leaves, notes, ORIGIN, cp.raw_public(key.public_key()))
+    assert verdict.problems == ["checkpoint of size 8: the exported leaves do not make the tree it signs (a leaf "
+                                "was changed, dropped or added): a leaf from 2 to 4 is not what the checkpoints "
+                                "signed"], verdict.problems
+    empty = cp.sign_checkpoint(cp.Checkpoint(ORIGIN, 0, bytes(32)), key)  # any root but the empty tree's
+    verdict, _hashes, _latest = audit_verify.verify_log(leaves[:3] + [audit_leaf_bytes(3)] + leaves[4:],
+                                                        [*notes, empty], ORIGIN, cp.raw_public(key.public_key()))
+    assert verdict.problems == ["checkpoint of size 0: its root is not the empty tree's"]
+
+
+def audit_leaf_bytes(n: int) -> bytes:
+    return audit_leaf.canonical({"v": 1, "outcome": "accepted", "event_id": f"$a{n}", "ts": n, "set": "s",
+                                 "question": {"id": f"q{n}", "rev": 1}})

@@ -136,3 +136,26 @@ def test_the_c2sp_key_id_is_computed_as_the_spec_says():
     assert cp.key_hash(name, public).hex() == "c74f20a3"
     # and the published note's signature line carries that ID
     assert _signature_of(NOTE)[1][:4].hex() == "c74f20a3"
+
+
+def test_a_signature_block_read_as_signed_note_reads_it():
+    """Split on newlines alone, no control character anywhere, every line
+    well-formed before one is trusted; and a tree size in ASCII digits."""
+    key = Ed25519PrivateKey.generate()
+    public = cp.raw_public(key.public_key())
+    note = cp.sign_checkpoint(Checkpoint("example.org/log", 5, bytes(range(32))), key)
+    text, block = note.split("\n\n", 1)
+    for broken in (text + "\n\n" + block.replace("\n", "\r\n"),  # CRLF on the signature line only
+                   text + "\n\n" + block[:-1] + "\u2028\n",  # a line separator inside the block
+                   text + "\n\n" + block[:-1] + "\x1c\n",
+                   note + "\u2014 other not-base64!\n"):  # a malformed line after ours
+        with pytest.raises(NoteError):
+            cp.open_checkpoint(broken, public, "example.org/log")
+    other = Ed25519PrivateKey.generate()
+    unknown = cp.sign("example.org/log\n5\n" + base64.b64encode(bytes(range(32))).decode() + "\n", "another", other)
+    assert cp.open_checkpoint(note + unknown.split("\n\n", 1)[1], public, "example.org/log").size == 5
+    for size in ("\u0661\u0662", "\u00b2"):  # Arabic-Indic twelve; a superscript two (int() refuses it)
+        digits = cp.sign(f"example.org/log\n{size}\n" + base64.b64encode(bytes(range(32))).decode() + "\n",
+                         "example.org/log", key)
+        with pytest.raises(NoteError, match="malformed"):
+            cp.open_checkpoint(digits, public, "example.org/log")

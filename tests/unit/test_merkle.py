@@ -237,3 +237,12 @@ def test_the_agents_proofs_stay_right_as_the_log_grows_between_them(tmp_path):
     merkle.verify_consistency(3, 8, merkle.root(hashes[:3]), merkle.root(hashes),
                               [bytes.fromhex(p) for p in grown["proof"]])
     store.close()
+
+
+def test_a_consistency_proof_from_the_empty_tree_is_refused():
+    # transparency-dev/merkle's testdata: from size 0 to any size, whatever
+    # the proof, verification fails (every tree "extends" the empty one).
+    for size2, proof in ((1, []), (8, []), (8, [HASHES[0]])):
+        with pytest.raises(ProofError):
+            merkle.verify_consistency(0, size2, merkle.EMPTY_ROOT, merkle.root(HASHES[:size2]), proof)
+    merkle.verify_consistency(0, 0, merkle.EMPTY_ROOT, merkle.EMPTY_ROOT, [])
