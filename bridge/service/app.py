@@ -34,7 +34,7 @@ from bridge.service.storage.setpaths import SetsElsewhere, check_sets_where_know
 from bridge.service.transport.invites import Invites
 from bridge.service.transport.rooms import RoomIds, configured_rooms, join_rooms, keep_joining
 from bridge.service.storage.heldback import format_held, held_back
-from bridge.service.operators.operators import Operators
+from bridge.service.operators.operators import EARLY_HEALTH_SECONDS, Operators
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
 from bridge.service.auditing.checkpoints import Checkpointer, open_log
@@ -177,7 +177,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
     try:
         # A homeserver that does not answer at start (nio asks again and
         # again) must not keep a stop waiting: SIGTERM ends the start too.
-        client = await unless_stopped(front.connect(stop), stop)
+        client = await _connect_answering_health(config, front, stop)
         if client is None or stop.is_set():
             return
         transport = NioTransport(client, crypto=getattr(front, "crypto", None))
@@ -306,6 +306,31 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if client is not None:
             await client.close()
         store.close()
+
+
+async def _connect_answering_health(config: Config, front: Front, stop: asyncio.Event) -> AsyncClient | None:
+    """The front's client, once the homeserver answers.  In appservice mode
+    /health is the appservice listener's, which opens only after: a start
+    waiting for the homeserver answered nothing there (an orchestrator's
+    probe read a refused connection as dead, and restarted it), so after a
+    moment the address answers 503, not ready, waiting for the homeserver."""
+    connecting = asyncio.ensure_future(unless_stopped(front.connect(stop), stop))
+    waiting = None
+    if config.appservice.enabled:
+        done, _ = await asyncio.wait([connecting], timeout=EARLY_HEALTH_SECONDS)
+        if not done:
+            from bridge.service.operators.starting import StartingHealth
+
+            try:
+                waiting = StartingHealth(config.appservice.listen_host_port)
+                waiting.why = "homeserver"
+            except OSError as exc:  # the port taken: the listener meets it again and says so
+                log.warning("/health not served while the homeserver is waited for: %s", exc)
+    try:
+        return await connecting
+    finally:
+        if waiting is not None:
+            await asyncio.to_thread(waiting.close)  # the address free for the appservice listener
 
 
 async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:

@@ -268,3 +268,41 @@ async def test_batches_the_store_refuses_show_in_health_until_they_are_made_dura
     while "batches_failing" in (health := _health(port)[1]):
         assert time.monotonic() < deadline, health
         await asyncio.sleep(0.5)
+
+
+async def test_an_appservice_started_while_the_homeserver_is_down_answers_health_not_ready(tmp_path):
+    # In appservice mode /health is the appservice listener's, opened only
+    # once the homeserver answered: a start during its outage refused every
+    # probe's connection (read as dead, and restarted), and came up 20 s late.
+    from helpers.attack import appservice_storm_bridge, start_appservice_synapse
+
+    server = start_appservice_synapse(tmp_path / "hs")
+    person = Person(server, server.register(unique("person")))
+    (tmp_path / "bridge").mkdir()
+    bridge = appservice_storm_bridge(server, tmp_path / "bridge", [person])
+    bridge.add_set(text_set("down", 1))
+    port = int(server.appservice["listen"].rsplit(":", 1)[1])
+    try:
+        server.stop()
+        bridge.start()
+        deadline = time.monotonic() + 20
+        while True:
+            bridge.check_alive()
+            try:
+                status, health = _health(port)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "no /health while the homeserver is down"
+            await asyncio.sleep(0.5)
+        assert (status, health["live"], health["ready"], health["waiting_for"]) == (503, True, False, "homeserver")
+        await asyncio.sleep(12)  # the bridge's asking for its user backs off meanwhile
+        server.start()
+        questions = await bridge.wait_questions(person, 1, timeout=60)
+        await person.send(bridge.room_id, answer_content(questions[("q0", 1)], text="after the start"))
+        assert (await bridge.wait_answer("down", "q0", timeout=30))["text"] == "after the start"
+        status, health = _health(port)
+        assert (status, health["ready"]) == (200, True), health
+    finally:
+        bridge.kill()
+        await person.close()
+        server.stop()

@@ -495,6 +495,9 @@ async def _post(config: Config, path: str, body: dict[str, Any]) -> tuple[int, d
             return response.status, reply if isinstance(reply, dict) else {}
 
 
+REGISTER_RETRY_AT_MOST = 5.0
+
+
 async def ensure_user(config: Config, stop: asyncio.Event) -> None:
     """Register the bridge's user through the appservice API unless it exists."""
     body = {"type": "m.login.application_service", "username": config.appservice.sender_localpart,
@@ -517,7 +520,9 @@ async def ensure_user(config: Config, stop: asyncio.Event) -> None:
             return  # asked to stop while waiting: ``serve`` goes no further
         log.warning("the homeserver is not reachable yet (%s); retrying in %.0f s", reply.get("error"), delay)
         await sleep_or_stop(stop, delay)
-        delay = min(delay * 2, 30)
+        # At most 5 s: asking costs nothing, and the bridge is up that much
+        # sooner once the homeserver is (30 s left answers waiting 20 s more).
+        delay = min(delay * 2, REGISTER_RETRY_AT_MOST)
 
 
 # A ping the homeserver could not make is asked for again, this often and
