@@ -416,3 +416,23 @@ def test_a_sending_kept_in_a_shape_this_version_cannot_read_is_dropped_not_a_fai
     with caplog.at_level(logging.WARNING):
         asyncio.run(settle(store, Transport()))
     assert "can't be read" in caplog.text and store.meta_with_prefix(IN_SEND) == []
+
+
+def test_a_set_its_room_refuses_is_named_as_not_posted_until_it_is(tmp_path: Path) -> None:
+    # The room's power levels forbid the bridge to post: status showed the
+    # set's questions unposted, and neither it nor /health said why.
+    from bridge.service.storage.heldback import counts, format_held, held_back
+
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Transport()
+    transport.fail_on = "m.room.message"
+    p, store = poster(tmp_path, transport)
+    report = asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert report.failed == [folder]
+    held = held_back(store)
+    assert counts(held)["sets_not_posted"] == 1
+    assert f"set {folder.resolve()} not posted yet: RuntimeError: the homeserver went away" in format_held(held)
+    transport.fail_on = None
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert counts(held_back(store))["sets_not_posted"] == 0 and len(transport.questions()) == 1

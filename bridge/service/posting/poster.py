@@ -30,7 +30,7 @@ from bridge.service.posting import media
 from bridge.service.posting.insend import IN_SEND, UNTOLD, PollSending, Sending, record_poll, record_sent
 from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, leads_outside
 from bridge.regularfile import read_regular
-from bridge.service.storage.setpaths import REV_FIRST_POSTED, SET_SYNCED
+from bridge.service.storage.setpaths import NOT_POSTED, REV_FIRST_POSTED, SET_SYNCED
 from bridge.service.storage.store import PostingConflict, Store
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Poster:
         # is taken by one of them at a time, so no question is posted twice.
         self._locks: dict[str, asyncio.Lock] = {}
         self._told_stays: set[tuple[str, str, str]] = set()  # (set id, room posted in, room mapped to) logged
+        self._not_posted_now: dict[str, str] | None = None  # folder -> why (``NOT_POSTED``), read once
 
     async def sync_root(self, root: Path, stop: asyncio.Event | None = None) -> PostReport:
         """Every set under ``root``; a stop is honoured between sets, so a
@@ -107,9 +108,28 @@ class Poster:
                 except Exception as exc:  # noqa: BLE001 - tried again later; the other sets go on
                     log.warning("set %s not posted yet (%s); the other sets go on", set_dir, exc)
                     report.failed.append(set_dir)
+                    await self._not_posted(set_dir, " ".join(f"{type(exc).__name__}: {exc}".split())[:300])
+                else:
+                    await self._not_posted(set_dir, None)
 
         await asyncio.gather(*(one(set_dir) for set_dir in set_dirs))
         return report
+
+    async def _not_posted(self, set_dir: Path, why: str | None) -> None:
+        """Keep why the set could not be posted (``status`` and /health say
+        it), or forget it once the set is posted; a write only when it changes."""
+        folder = str(set_dir.resolve())
+        if self._not_posted_now is None:
+            self._not_posted_now = {key[len(NOT_POSTED):]: value for key, value in
+                                    await self.store.run(self.store.meta_with_prefix, NOT_POSTED)}
+        if self._not_posted_now.get(folder) == why:
+            return
+        if why is None:
+            del self._not_posted_now[folder]
+            await self.store.run_written(self.store.delete_meta, NOT_POSTED + folder, flush=False)
+        else:
+            self._not_posted_now[folder] = why
+            await self.store.run_written(self.store.set_meta, NOT_POSTED + folder, why, flush=False)
 
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -141,6 +161,7 @@ class Poster:
                                       SET_REMOVED, report)
                 # If it comes back, it is read again in full.
                 await self.store.run_written(self.store.delete_meta, f"{SET_SYNCED}{folder}", flush=False)
+                await self._not_posted(Path(folder), None)
 
     async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
         """``sync_set``, unless the set's questions.json is byte for byte the one

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from bridge.service.storage.setpaths import NOT_POSTED
 from bridge.service.storage.store import Store
 
 
@@ -28,18 +29,24 @@ def _held_back(store: Store) -> dict[str, Any]:
         # Encrypted events kept until their key comes, or their sender's
         # homeserver answers for their devices: judged then (or refused).
         "waiting": store.undecrypted_count(),
+        # Sets the poster could not post (tried again with backoff): status
+        # showed their questions as unposted, for no reason it gave.
+        "not_posted": [{"set_dir": key[len(NOT_POSTED):], "reason": reason}
+                       for key, reason in store.meta_with_prefix(NOT_POSTED)],
     }
 
 
 def counts(held: dict[str, Any]) -> dict[str, int]:
     return {"sets_held": len(held["sets"]), "events_set_aside": sum(held["events"].values()),
-            "notices_dropped": len(held["notices"]), "events_waiting": held.get("waiting", 0)}
+            "notices_dropped": len(held["notices"]), "events_waiting": held.get("waiting", 0),
+            "sets_not_posted": len(held.get("not_posted", ()))}
 
 
 def format_held(held: dict[str, Any]) -> str:
     """Plain lines for people; empty when nothing is held back."""
     lines = [f"set {row['set_id']} ({row['set_dir']}) held back: {row['reason']} (tried {row['attempts']} times)"
              for row in held["sets"]]
+    lines += [f"set {row['set_dir']} not posted yet: {row['reason']} (tried again)" for row in held.get("not_posted", ())]
     lines += [f"{count} event(s) set aside: {reason}" for reason, count in sorted(held["events"].items())]
     if held.get("waiting"):
         lines.append(f"{held['waiting']} encrypted event(s) waiting for their keys or their senders' devices")

@@ -23,7 +23,8 @@ from bridge.service.config import Config, ConfigError
 SET_DIR_TABLES = ("posted", "answer_log", "dirty", "attachment", "held_set", "doomed_file")
 # (The key goes on after the folder: a "/" below it, or "\x1f" and more.)
 SET_SYNCED, REV_FIRST_POSTED = "set_synced:", "rev_first_posted:"
-FOLDER_KEYED_META = (SET_SYNCED, REV_FIRST_POSTED)
+NOT_POSTED = "set_not_posted:"  # why the poster could not post the set (its room refuses the bridge, say)
+FOLDER_KEYED_META = (SET_SYNCED, REV_FIRST_POSTED, NOT_POSTED)
 
 
 def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
