@@ -70,6 +70,9 @@ def test_the_contract_reads_any_document_and_names_the_field_at_fault():
         "where": "body.names.0", "message": "must be string, not null"}
     assert refused(lambda: contract.check_body(post, b'{"names": NaN}'))["message"] == "NaN is not JSON"
     assert "half a surrogate pair" in refused(lambda: contract.check_body(post, b'{"names": ["\\ud800"]}'))["message"]
+    # (Python reads bytes with "surrogatepass": half a pair encoded, and UTF-16, came through.)
+    assert refused(lambda: contract.check_body(post, b'{"names": ["\xed\xa0\x80"]}'))["message"] == "not UTF-8 (byte 12)"
+    assert refused(lambda: contract.check_body(post, '{"names": []}'.encode("utf-16")))["message"].startswith("not UTF-8")
     assert contract.check_body(post, b'{"names": ["\\ud83d\\ude00", "\\\\ud800"]}') == {"names": ["\U0001f600", "\\ud800"]}
     # A key twice: Python kept the last ({"status": "closed", "status": "withdrawn"} closed as withdrawn), other readers the first.
     assert refused(lambda: contract.check_body(post, b'{"names": ["a"], "names": ["b"]}')) == {

@@ -436,3 +436,42 @@ def test_a_set_its_room_refuses_is_named_as_not_posted_until_it_is(tmp_path: Pat
     transport.fail_on = None
     asyncio.run(p.sync_root(tmp_path / "sets"))
     assert counts(held_back(store))["sets_not_posted"] == 0 and len(transport.questions()) == 1
+
+
+
+def test_a_send_that_failed_is_not_sent_at_the_next_start_once_a_later_revision_went_out(tmp_path: Path) -> None:
+    # Rev 1's send failed (the homeserver away), rev 2 was posted after: the
+    # next start sent rev 1 again, open beside rev 2, both taking answers.
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1))
+    transport = Deduplicating()
+    p, store = poster(tmp_path, transport)
+    transport.fail_on = "m.room.message"
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    transport.fail_on = None
+    write_set(folder, "takes", choice(2))
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    asyncio.run(settle(store, transport))
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert [(q.rev, q.open) for q in store.postings(str(folder.resolve()), "pick")] == [(2, True)]
+    assert [c["question"]["rev"] for c in transport.questions()] == [2]
+    assert store.meta_with_prefix(IN_SEND) == []
+
+
+def test_a_question_removed_after_its_send_is_closed_by_the_starts_pass(tmp_path: Path, monkeypatch) -> None:
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1), choice(1, qid="other"))
+    transport = Deduplicating()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    write_set(folder, "takes", choice(1), choice(2, qid="other"))
+    monkeypatch.setattr(store, "record_posted", killed)
+    try:
+        asyncio.run(p.sync_root(tmp_path / "sets"))
+    except SystemExit:
+        pass
+    monkeypatch.undo()
+    write_set(folder, "takes", choice(1))  # "other" taken out of the set while the bridge was down
+    asyncio.run(settle(store, transport))
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    assert [(q.rev, q.open) for q in store.postings(str(folder.resolve()), "other")] == [(2, False), (1, False)]

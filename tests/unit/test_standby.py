@@ -297,3 +297,21 @@ async def test_a_term_failing_on_the_stores_connection_is_said_on_the_standbys_h
         admin.execute(f"DROP OWNED BY {role}")
         admin.execute(f"DROP ROLE {role}")
         admin.close()
+
+
+
+def test_a_failed_term_is_said_while_the_failures_go_on_not_once_another_instance_leads(monkeypatch):
+    from bridge.service.storage import standby
+
+    now = [100.0]
+    monkeypatch.setattr(standby, "elapsed", lambda: now[0])
+    terms = standby.FailedTerms()
+    terms.failed(RuntimeError("the homeserver refused the login"))  # not the store's: said by the log only
+    assert terms.trouble() is None
+    terms.failed(StoreOperationalError("PostgreSQL: connection failed: FATAL: too many connections for role"))
+    now[0] += 20
+    terms.failed(StoreOperationalError("PostgreSQL: connection failed: FATAL: too many connections for role"))
+    assert terms.trouble() == (20.0, "the store could not be used while leading: PostgreSQL: connection failed: "
+                                     "FATAL: too many connections for role")
+    now[0] += 2 * standby.LAST_BACKOFF + 1  # no term tried since: another instance leads
+    assert terms.trouble() is None

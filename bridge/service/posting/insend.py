@@ -5,7 +5,7 @@ answer or vote, and the store does not know it yet.  A kill there left the
 answers of the next start's first batch refused as answers to no question,
 and the votes dropped as votes in no poll of the bridge's (the sets are read
 again only after that batch).  So what is about to be sent is kept first
-(``IN_SEND``, under its transaction id), and a start records what a stopped
+(``IN_SEND``, one per question and per poll), and a start records what a stopped
 instance left there before it reads a batch: the same transaction sent again
 is the same event (the homeserver hands its id back), recorded with the
 content the room got.
@@ -20,10 +20,11 @@ from typing import Any, Callable
 
 from bridge.protocol.poll import POLL_START
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.service.storage.setpaths import SET_SYNCED
 
 log = logging.getLogger(__name__)
 
-IN_SEND = "post_in_send:"  # meta, under the transaction id: JSON, a ``Sending``
+IN_SEND = "post_in_send:"  # meta, under the question's folder and id (or the poll's question): JSON
 UNTOLD = "close_untold:"  # meta: a close the room has not been told of yet (the poster tells it)
 
 # (replaced posting, set folder), in the recording transaction: an approval's record kept.
@@ -39,18 +40,32 @@ class Sending:
     room: str
     set_id: str
     folder: str
+    qid: str
     content: dict[str, Any]
     replacing: tuple[str, ...]  # event ids of the open postings the new one closes
     why: str  # what the replaced ones are closed with
+    after: str | None  # the question's latest posting when this one was sent: a later one makes it stale
+
+    @property
+    def key(self) -> str:
+        # One per question: a later sending of it (another revision) takes the
+        # place of one whose send failed, which is never sent again.
+        return f"{IN_SEND}{self.folder}\x00{self.qid}"
 
     @property
     def name(self) -> str:
-        question = self.content.get("question", {})
-        return f"{self.set_id}/{question.get('id')} rev {question.get('rev')}"
+        return f"{self.set_id}/{self.qid} rev {self.content.get('question', {}).get('rev')}"
 
     def dumps(self) -> str:
         return json.dumps({"txn": self.txn, "room": self.room, "set_id": self.set_id, "folder": self.folder,
-                           "content": self.content, "replacing": list(self.replacing), "why": self.why})
+                           "qid": self.qid, "content": self.content, "replacing": list(self.replacing),
+                           "why": self.why, "after": self.after})
+
+    def stale(self, store: Any) -> bool:
+        """A posting of the question was recorded since (this send failed, and
+        a later one went out), or the question is no longer the set's to ask."""
+        postings = store.postings(self.folder, self.qid)
+        return (postings[0].event_id if postings else None) != self.after
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,10 @@ class PollSending:
     content: dict[str, Any]
 
     @property
+    def key(self) -> str:
+        return f"{IN_SEND}poll\x00{self.question}"
+
+    @property
     def name(self) -> str:
         return f"the poll of {self.question}"
 
@@ -70,13 +89,23 @@ class PollSending:
         return json.dumps({"poll": True, "txn": self.txn, "room": self.room, "question": self.question,
                            "content": self.content})
 
+    def stale(self, store: Any) -> bool:
+        """The question closed since, or its poll recorded."""
+        question = store.question_by_event(self.question)
+        return question is None or not question.open or store.poll_of(self.question) is not None
+
 
 def _loads(raw: str) -> Sending | PollSending:
     data = json.loads(raw)
     if data.get("poll"):
         return PollSending(data["txn"], data["room"], data["question"], data["content"])
-    return Sending(data["txn"], data["room"], data["set_id"], data["folder"], data["content"],
-                   tuple(data["replacing"]), data["why"])
+    return Sending(data["txn"], data["room"], data["set_id"], data["folder"], data["qid"], data["content"],
+                   tuple(data["replacing"]), data["why"], data["after"])
+
+
+def keep(store: Any, sending: Sending | PollSending) -> None:
+    """Inside a transaction, before the send: what is about to be sent."""
+    store.set_meta(sending.key, sending.dumps())
 
 
 def record_sent(store: Any, sending: Sending, event_id: str, posted_at: int, *,
@@ -97,14 +126,14 @@ def record_sent(store: Any, sending: Sending, event_id: str, posted_at: int, *,
         store.set_meta(UNTOLD + old.event_id, sending.why)
         if on_closed:  # the agent hears of it as of any other close
             on_closed(old, sending.why)
-    store.delete_meta(IN_SEND + sending.txn)
+    store.delete_meta(sending.key)
     return recorded, replaced
 
 
 def record_poll(store: Any, sending: PollSending, poll_id: str) -> None:
     """Inside a transaction: the posting's poll recorded, no longer in doubt."""
     store.set_poll(sending.question, poll_id)
-    store.delete_meta(IN_SEND + sending.txn)
+    store.delete_meta(sending.key)
 
 
 async def settle(store: Any, transport: Any, on_closed: OnClosed | None = None) -> None:
@@ -124,15 +153,27 @@ async def settle(store: Any, transport: Any, on_closed: OnClosed | None = None) 
             log.warning("a sending kept as %s can't be read (%s); the sets' pass posts what is still wanted", key, exc)
             await store.run_written(store.delete_meta, key)
             continue
+        if await store.run(sending.stale, store):
+            # Its send failed, and what the set wants went out after it: sent
+            # now, it would be a question (or poll) nobody asked for any more.
+            await store.run_written(store.delete_meta, key)
+            continue
         try:
             if isinstance(sending, PollSending):
                 event_id = await transport.send(sending.room, POLL_START, sending.content, sending.txn)
                 await store.run_written(record_poll, store, sending, event_id)
             else:
                 event_id = await transport.send(sending.room, "m.room.message", sending.content, sending.txn)
-                await store.run_written(lambda: record_sent(
-                    store, sending, event_id, store.clock.now_ms(),
-                    keep_record=lambda old, folder: keep_record(store, old, folder), on_closed=on_closed))
+
+                def record() -> None:
+                    record_sent(store, sending, event_id, store.clock.now_ms(),
+                                keep_record=lambda old, folder: keep_record(store, old, folder), on_closed=on_closed)
+                    # The set is read again in full by the start's pass: what
+                    # changed in it since this send (a question closed,
+                    # removed, revised) is done to this posting there.
+                    store.delete_meta(SET_SYNCED + sending.folder)
+
+                await store.run_written(record)
         except Exception as exc:  # noqa: BLE001 - one posting's trouble, left to the sets' pass
             log.warning("%s, sent before the last stop in %s, could not be recorded (%s); "
                         "the sets' pass posts it if it is still wanted", sending.name, sending.room, exc)

@@ -27,7 +27,7 @@ from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service.posting import media
-from bridge.service.posting.insend import IN_SEND, UNTOLD, PollSending, Sending, record_poll, record_sent
+from bridge.service.posting.insend import UNTOLD, PollSending, Sending, keep, record_poll, record_sent
 from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, leads_outside
 from bridge.regularfile import read_regular
 from bridge.service.storage.setpaths import NOT_POSTED, REV_FIRST_POSTED, SET_SYNCED
@@ -119,17 +119,18 @@ class Poster:
         """Keep why the set could not be posted (``status`` and /health say
         it), or forget it once the set is posted; a write only when it changes."""
         folder = str(set_dir.resolve())
-        if self._not_posted_now is None:
-            self._not_posted_now = {key[len(NOT_POSTED):]: value for key, value in
-                                    await self.store.run(self.store.meta_with_prefix, NOT_POSTED)}
-        if self._not_posted_now.get(folder) == why:
-            return
-        if why is None:
-            del self._not_posted_now[folder]
-            await self.store.run_written(self.store.delete_meta, NOT_POSTED + folder, flush=False)
-        else:
-            self._not_posted_now[folder] = why
-            await self.store.run_written(self.store.set_meta, NOT_POSTED + folder, why, flush=False)
+        async with self._lock("not posted"):  # (sets are posted side by side: one reading, one write at a time)
+            if self._not_posted_now is None:
+                self._not_posted_now = {key[len(NOT_POSTED):]: value for key, value in
+                                        await self.store.run(self.store.meta_with_prefix, NOT_POSTED)}
+            if self._not_posted_now.get(folder) == why:
+                return
+            if why is None:
+                del self._not_posted_now[folder]
+                await self.store.run_written(self.store.delete_meta, NOT_POSTED + folder, flush=False)
+            else:
+                self._not_posted_now[folder] = why
+                await self.store.run_written(self.store.set_meta, NOT_POSTED + folder, why, flush=False)
 
     def _lock(self, key: str) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -319,12 +320,13 @@ class Poster:
                                        poll=wants_poll(question.kind),
                                        posted_ms=await self._first_posted(folder, question))
         sending = Sending(txn=txn_id("post", qset.id, question.id, str(question.rev), digest, folder, str(number)),
-                          room=room, set_id=qset.id, folder=folder, content=content,
+                          room=room, set_id=qset.id, folder=folder, qid=question.id, content=content,
                           replacing=tuple(old.event_id for old in replacing if old.open),
-                          why=f"replaced by revision {question.rev}")
+                          why=f"replaced by revision {question.rev}",
+                          after=replacing[0].event_id if replacing else None)
         # Kept before the send (``insend``): a kill after it leaves the room
         # ahead of the store, and the next start records it before any answer.
-        await self.store.run_written(self.store.set_meta, IN_SEND + sending.txn, sending.dumps(), flush=False)
+        await self.store.run_written(keep, self.store, sending, flush=False)
         event_id = await self.transport.send(room, "m.room.message", content, sending.txn)
         keep_record = self.deadlines.keep_record if self.deadlines is not None else None
         try:
@@ -336,7 +338,7 @@ class Poster:
             # The homeserver handed back an event the store already knows (a
             # transaction id reused), or the id is taken: nothing is recorded,
             # the set is left to the next pass, and the operator is told.
-            await self.store.run_written(self.store.delete_meta, IN_SEND + sending.txn)
+            await self.store.run_written(self.store.delete_meta, sending.key)
             report.broken[str(set_dir)] = [str(exc)]
             log.error("%s/%s not recorded: %s", qset.id, question.id, exc)
             return
@@ -385,7 +387,7 @@ class Poster:
             return
         sending = PollSending(txn_id("poll", recorded.event_id), recorded.room_id, recorded.event_id, content)
         # Kept before the send, as a question is: votes cast before a kill count.
-        await self.store.run_written(self.store.set_meta, IN_SEND + sending.txn, sending.dumps(), flush=False)
+        await self.store.run_written(keep, self.store, sending, flush=False)
         try:
             poll_id = await self.transport.send(recorded.room_id, POLL_START, content, sending.txn)
         except Exception as exc:
@@ -401,7 +403,7 @@ class Poster:
 
             def no_poll() -> None:
                 self.store.set_meta(_NO_POLL + recorded.event_id, status)
-                self.store.delete_meta(IN_SEND + sending.txn)
+                self.store.delete_meta(sending.key)
 
             await self.store.run_written(no_poll, flush=False)
             return

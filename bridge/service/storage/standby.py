@@ -45,21 +45,27 @@ class FailedTerms:
 
     def __init__(self) -> None:
         self.since: float | None = None
+        self.last = 0.0
         self.error = ""
 
     def failed(self, exc: BaseException) -> None:
         # (The store raises its connection's failures as sqlite3's, on either backend.)
         if not isinstance(exc, sqlite3.OperationalError) and not type(exc).__module__.startswith("psycopg"):
             return  # not the store's trouble (the log says what it was)
+        self.last = elapsed()
         if self.since is None:
-            self.since = elapsed()
+            self.since = self.last
         self.error = " ".join(f"the store could not be used while leading: {exc}".split())[:300]
 
     def served(self) -> None:
         self.since = None
 
     def trouble(self) -> tuple[float, str] | None:
-        return None if self.since is None else (elapsed() - self.since, self.error)
+        # Said while the failures go on (a term is tried again within the
+        # longest backoff); older, another instance leads, or nobody tried.
+        if self.since is None or elapsed() - self.last > 2 * LAST_BACKOFF:
+            return None
+        return elapsed() - self.since, self.error
 
 
 async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
