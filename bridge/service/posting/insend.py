@@ -63,7 +63,8 @@ class Sending:
 
     def stale(self, store: Any) -> bool:
         """A posting of the question was recorded since (this send failed, and
-        a later one went out), or the question is no longer the set's to ask."""
+        a later one went out).  (One the set no longer asks is closed by the
+        start's pass, which reads the set again.)"""
         postings = store.postings(self.folder, self.qid)
         return (postings[0].event_id if postings else None) != self.after
 
