@@ -149,7 +149,7 @@ async def test_health_answers_from_the_held_counts_without_waiting_for_the_store
         response = await client.get("/health")
         body = await response.json()
         assert body["held"] == {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0, "events_waiting": 0,
-                                "sets_not_posted": 0}
+                                "sets_not_posted": 0, "webhooks_pending": 0}
         assert read == []  # read by the supervised refresh, on the store's thread, never by /health
     finally:
         await client.close()

@@ -352,3 +352,13 @@ def test_an_answer_read_late_that_does_not_stand_says_so_with_the_record_that_do
         room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$carol'").fetchone()[0]))["body"]
     assert told.endswith("It does not stand: the answer @alice:hs gave after it in the room does, "
                          "The stable branch."), told
+
+
+def test_the_webhooks_waiting_are_counted_in_what_health_and_status_show(tmp_path: Path) -> None:
+    # A receiver down for hours: the backlog was seen only in the log.
+    from bridge.service.storage.heldback import counts, format_held, held_back
+
+    store, _deliverer, _hook = stuck_beside_fine(tmp_path, ["http://127.0.0.1:9/hook"], "http://127.0.0.1:9/fine", 3)
+    held = held_back(store)
+    assert counts(held)["webhooks_pending"] == 3 == pending(store)
+    assert "3 webhook delivery(ies) pending, the oldest queued at " in format_held(held)

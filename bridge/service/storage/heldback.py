@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from bridge.protocol.deadline import format_rfc3339
 from bridge.service.storage.setpaths import NOT_POSTED
 from bridge.service.storage.store import Store
 
@@ -33,13 +34,17 @@ def _held_back(store: Store) -> dict[str, Any]:
         # showed their questions as unposted, for no reason it gave.
         "not_posted": [{"set_dir": key[len(NOT_POSTED):], "reason": reason}
                        for key, reason in store.meta_with_prefix(NOT_POSTED)],
+        # Webhooks still to deliver (a receiver down: retried for a day), and
+        # since when the oldest waits: the backlog was seen only in the log.
+        "webhooks": store.db.execute("SELECT COUNT(*), MIN(created_at) FROM webhook_outbox").fetchone(),
     }
 
 
 def counts(held: dict[str, Any]) -> dict[str, int]:
     return {"sets_held": len(held["sets"]), "events_set_aside": sum(held["events"].values()),
             "notices_dropped": len(held["notices"]), "events_waiting": held.get("waiting", 0),
-            "sets_not_posted": len(held.get("not_posted", ()))}
+            "sets_not_posted": len(held.get("not_posted", ())),
+            "webhooks_pending": (held.get("webhooks") or (0, None))[0]}
 
 
 def format_held(held: dict[str, Any]) -> str:
@@ -50,6 +55,10 @@ def format_held(held: dict[str, Any]) -> str:
     lines += [f"{count} event(s) set aside: {reason}" for reason, count in sorted(held["events"].items())]
     if held.get("waiting"):
         lines.append(f"{held['waiting']} encrypted event(s) waiting for their keys or their senders' devices")
+    pending, oldest = held.get("webhooks") or (0, None)
+    if pending:
+        lines.append(f"{pending} webhook delivery(ies) pending, the oldest queued at "
+                     f"{format_rfc3339(int(oldest))} (retried until delivered, or dropped after webhook_drop_after)")
     if held["notices"]:
         reasons = sorted({row["reason"] for row in held["notices"]})
         lines.append(f"{len(held['notices'])} notice(s) dropped ({', '.join(reasons)})")
