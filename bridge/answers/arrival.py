@@ -78,6 +78,21 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
         bool(awaited) and all(has_expired(e) for e in awaited))
 
 
+def unanswerable(view: dict[str, Any], question: str | None, until: str) -> str | None:
+    """Why what is awaited can get no answer now, once ``arrived`` does not
+    hold (None: it can): the question closed, withdrawn or superseded (a
+    wait for it hung for ever), or no question of the set open."""
+    entries = view["answers"]
+    if question is not None:
+        status = next((e["status"] for e in entries if e["qid"] == question), None)
+        if status is None or status in ("open", UNKNOWN):
+            return None
+        return f"question {question!r} is {status}: it can get no answer now"
+    if until != UNTIL_ALL and not any(e["status"] in ("open", UNKNOWN) for e in entries):
+        return "no question of the set is open: none can get an answer now"
+    return None
+
+
 def expired_in(view: dict[str, Any], question: str | None, until: str) -> list[str]:
     """The awaited questions that expired undecided, once ``arrived`` holds:
     ``wait`` exits 4 when there is one (the awaited answer never came)."""

@@ -19,7 +19,7 @@ from typing import Any
 from watchfiles import watch
 
 # The predicates live in answers.arrival (pure, shared with the agents' wait); re-exported here.
-from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, expired_in
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, expired_in, unanswerable
 from bridge.answers.file import ANSWERS_NAME
 from bridge.answers.view import ReadError, load_view
 from bridge.commands.read import render
@@ -52,7 +52,9 @@ what counts as arrived:
 output and exit codes:
   prints exactly what `read SET_DIR [--all]` prints, when the answers arrived
   (exit 0) and also on timeout (exit 3) so the current state is in hand;
-  exit 2 when the set can't be read or QID is not in questions.json;
+  exit 2 when the set can't be read or QID is not in questions.json, and
+  (printing the state) when what is awaited can get no answer: QID closed,
+  withdrawn or superseded, or no question of the set open;
   exit 4 when a question waited for expired undecided (its state shows
   `expired`: never an approval, whatever votes it lists).
 """
@@ -110,11 +112,15 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"no question {args.question!r} in {set_dir / QUESTIONS_FILE}")
 
     done = arrived(view, args.question, args.until)
-    if not done and (deadline is None or time.monotonic() < deadline):
+    if not done and (deadline is None or time.monotonic() < deadline) and \
+            not unanswerable(view, args.question, args.until):
         try:
             view, done = _watch(set_dir, view, args.question, args.until, deadline)
         except FileNotFoundError:
             return _fail(f"the set folder {set_dir} was removed while waiting")
+    if not done and (why := unanswerable(view, args.question, args.until)):
+        sys.stdout.write(render(as_read(view, args.include_all)))
+        return _fail(why)
     sys.stdout.write(render(as_read(view, args.include_all)))
     if done and expired_in(view, args.question, args.until):
         return EXIT_EXPIRED
@@ -196,6 +202,8 @@ def _watch_folder(set_dir: Path, inode: int, view: dict[str, Any], question: str
             else:
                 if arrived(view, question, until):
                     return view, True
+                if unanswerable(view, question, until):
+                    return view, False  # (closed meanwhile: ``run`` says so)
         if deadline is not None and time.monotonic() >= deadline:
             break
     return view, False

@@ -267,3 +267,24 @@ def test_with_no_file_watch_left_the_wait_looks_at_the_folder_and_still_returns(
     captured = capsys.readouterr()
     assert json.loads(captured.out)["answers"][0]["text"] == "yes"
     assert "no file watch left" in captured.err
+
+
+def test_a_question_that_can_get_no_answer_ends_the_wait_with_exit_2(set_dir, capsys):
+    """Closed, withdrawn or superseded (at the start or while waiting), or no
+    question of the set open: the wait hung for ever (with no timeout)."""
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "gone"]) == 2
+    assert time.monotonic() - started < 2
+    said = capsys.readouterr()
+    assert "question 'gone' is closed: it can get no answer now" in said.err and json.loads(said.out)["set"]
+    later(0.5, lambda: write_questions(set_dir, [text_q("a", status="withdrawn"), text_q("b")]))
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "a"]) == 2
+    assert 0.4 < time.monotonic() - started < 5
+    assert "question 'a' is withdrawn" in capsys.readouterr().err
+    later(0.5, lambda: write_questions(set_dir, [text_q("a", status="closed"), text_q("b", status="closed")]))
+    assert main(["wait", str(set_dir)]) == 2
+    assert "no question of the set is open" in capsys.readouterr().err
+    # An answer given before the close still arrives.
+    answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
+    assert main(["wait", str(set_dir), "--question", "a"]) == 0
