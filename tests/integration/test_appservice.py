@@ -123,7 +123,7 @@ async def test_a_replayed_transaction_changes_nothing_and_tokens_are_checked(bri
             tasks = health.pop("tasks")
             assert health == {"live": True, "ready": True,
                               "held": {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0,
-                                       "events_waiting": 0}}
+                                       "events_waiting": 0, "sets_not_posted": 0, "webhooks_pending": 0}}
             assert tasks["transport"]["state"] == tasks["catch-up"]["state"] == "running", tasks
         async with http.post(endpoint(bridge, "/_matrix/app/v1/ping"), json={}) as response:
             assert (response.status, await response.json()) == (200, {})

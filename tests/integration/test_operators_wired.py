@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 QUESTION_COUNT = 8
 
-NOTHING_HELD = {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0, "events_waiting": 0}
+NOTHING_HELD = {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0, "events_waiting": 0,
+                "sets_not_posted": 0, "webhooks_pending": 0}
 
 
 def free_port() -> int:

@@ -50,7 +50,7 @@ class Sending:
     def key(self) -> str:
         # One per question: a later sending of it (another revision) takes the
         # place of one whose send failed, which is never sent again.
-        return f"{IN_SEND}{self.folder}\x00{self.qid}"
+        return f"{IN_SEND}{self.folder}\x1f{self.qid}"  # (not NUL: PostgreSQL's text refuses it)
 
     @property
     def name(self) -> str:
@@ -80,7 +80,7 @@ class PollSending:
 
     @property
     def key(self) -> str:
-        return f"{IN_SEND}poll\x00{self.question}"
+        return f"{IN_SEND}poll\x1f{self.question}"
 
     @property
     def name(self) -> str:
