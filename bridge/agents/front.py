@@ -183,7 +183,6 @@ class AgentsFront:
     async def _run_manager(self, stop: asyncio.Event) -> None:
         # A manager runs once: a restart after a failure makes a new one.
         self._ready.clear()
-        # Room for a questions.json, or for a file upload_media takes (base64).
         self.manager = LastingSessionManager(self.server, SessionIds(self.config.agents), AGENT_SCOPE_KEY,
                                              EndedSessions(self.store), max_request_body_size=self.mcp_body_max)
         async with self.manager.run():

@@ -112,16 +112,16 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"no question {args.question!r} in {set_dir / QUESTIONS_FILE}")
 
     done = arrived(view, args.question, args.until)
-    if not done and (deadline is None or time.monotonic() < deadline) and \
-            not unanswerable(view, args.question, args.until):
+    why = None if done else unanswerable(view, args.question, args.until)
+    if not done and why is None and (deadline is None or time.monotonic() < deadline):
         try:
             view, done = _watch(set_dir, view, args.question, args.until, deadline)
         except FileNotFoundError:
             return _fail(f"the set folder {set_dir} was removed while waiting")
-    if not done and (why := unanswerable(view, args.question, args.until)):
-        sys.stdout.write(render(as_read(view, args.include_all)))
-        return _fail(why)
+        why = None if done else unanswerable(view, args.question, args.until)
     sys.stdout.write(render(as_read(view, args.include_all)))
+    if why is not None:
+        return _fail(why)
     if done and expired_in(view, args.question, args.until):
         return EXIT_EXPIRED
     return EXIT_ARRIVED if done else EXIT_TIMEOUT

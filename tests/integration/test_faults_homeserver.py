@@ -9,6 +9,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -203,6 +204,22 @@ def _health(port: int) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+async def _health_while_down(bridge: Bridge, port: int, timeout: float,
+                             served: Any = lambda _health: True) -> tuple[int, dict]:
+    """/health once the bridge answers it (and ``served`` holds of it), its homeserver down."""
+    deadline = time.monotonic() + timeout
+    while True:
+        bridge.check_alive()
+        try:
+            status, health = _health(port)
+            if served(health):
+                return status, health
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        assert time.monotonic() < deadline, "no /health (as awaited) while the homeserver is down"
+        await asyncio.sleep(0.5)
+
+
 async def test_a_bridge_started_while_the_homeserver_is_down_answers_health_not_ready(bridge, synapse):
     # An orchestrator starts the bridge beside its homeserver, or restarts it
     # during the homeserver's outage: its probe must find the bridge alive
@@ -212,16 +229,8 @@ async def test_a_bridge_started_while_the_homeserver_is_down_answers_health_not_
     bridge.add_set(text_set("down", 1))
     synapse.stop()
     bridge.start()
-    deadline = time.monotonic() + 30
-    while True:
-        bridge.check_alive()
-        try:
-            status, health = _health(port)
-            if health.get("homeserver_silent_seconds", 0) >= 5:
-                break
-        except (urllib.error.URLError, ConnectionError):
-            assert time.monotonic() < deadline, "no /health while the homeserver is down"
-        await asyncio.sleep(0.5)
+    status, health = await _health_while_down(bridge, port, 30,
+                                              lambda health: health.get("homeserver_silent_seconds", 0) >= 5)
     assert (status, health["live"], health["ready"]) == (503, True, False), health
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         metrics = response.read().decode()
@@ -285,15 +294,7 @@ async def test_an_appservice_started_while_the_homeserver_is_down_answers_health
     try:
         server.stop()
         bridge.start()
-        deadline = time.monotonic() + 20
-        while True:
-            bridge.check_alive()
-            try:
-                status, health = _health(port)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, "no /health while the homeserver is down"
-            await asyncio.sleep(0.5)
+        status, health = await _health_while_down(bridge, port, 20)
         assert (status, health["live"], health["ready"], health["waiting_for"]) == (503, True, False, "homeserver")
         await asyncio.sleep(12)  # the bridge's asking for its user backs off meanwhile
         server.start()

@@ -280,11 +280,7 @@ class Deadlines:
         except Exception as exc:  # noqa: BLE001 - the next tick's pass looks at every posting
             log.warning("the postings just answered not looked at yet (%s); the next pass does", exc)
             return
-        for event_id in tracked:
-            try:
-                await self._one(event_id)
-            except Exception as exc:  # noqa: BLE001 - looked at again on the next tick
-                log.warning("approval of %s not handled yet (%s); trying again", event_id, exc)
+        await self._each(tracked)
 
     def tracked(self) -> list[str]:
         """The postings the approvals pass looks at, in one order on both backends."""
@@ -292,7 +288,10 @@ class Deadlines:
 
     async def pass_once(self) -> None:
         # Every second, answers flowing or not: a job on the store's thread, not a wait on the event loop.
-        for event_id in await self.store.run(self.tracked):
+        await self._each(await self.store.run(self.tracked))
+
+    async def _each(self, event_ids: list[str]) -> None:
+        for event_id in event_ids:
             try:
                 await self._one(event_id)
             except Exception as exc:  # noqa: BLE001 - one question's trouble never stops the others
