@@ -215,6 +215,15 @@ class Bridge:
         raise AssertionError(f"no answer rev {rev} for {set_name}/{qid} within {timeout} s\n{self.log_text()[-3000:]}")
 
 
+def hooked(folder: Path, code: str) -> dict[str, str]:
+    """The environment that has the bridge's interpreter run ``code`` first
+    (as ``sitecustomize``): a fault put where a real one could land, or a
+    window a race needs held open, for ``Bridge.env``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(code)
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
+
+
 def store_rows(store_path: Path, sql: str, *params: Any) -> list[tuple]:
     """Rows from the bridge's store, read-only (safe while the bridge runs)."""
     db = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True, timeout=10)

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from helpers.agents import agents_config, auth, free_port, one_question, start, wait_listener
-from helpers.harness import answer_content, unique
+from helpers.harness import answer_content, hooked, unique
 from test_mcp_door import mcp_client
 
 pytestmark = pytest.mark.integration
@@ -126,11 +126,27 @@ async def test_a_body_that_stops_coming_or_trickles_is_cut_off_not_held(bridge):
     bridge.check_alive()
 
 
-async def test_a_folder_made_while_a_set_lints_is_looked_at_again_not_refused(bridge):
+# Loaded first by the bridge's interpreter: a big set's judging takes 3 s
+# more, so what comes meanwhile surely comes meanwhile (on a fast machine
+# the lint of 1,500 questions is over in less than the 0.3 s the others wait).
+SLOW_BIG_LINT = '''
+import time
+from bridge.agents import sets
+
+def slowly(fn, *args, _judged=sets.in_a_process):
+    time.sleep(3)
+    return _judged(fn, *args)
+
+sets.in_a_process = slowly
+'''
+
+
+async def test_a_folder_made_while_a_set_lints_is_looked_at_again_not_refused(bridge, tmp_path):
     """The lint of a big set takes a while, and the folder can come
     meanwhile: the agent's own media upload claims it (the set is then
     written into it), or another agent's set makes it theirs (then it is
     another's set, 404 as ever, not a 400 saying one was made)."""
+    bridge.env = hooked(tmp_path / "hook", SLOW_BIG_LINT)
     base = start(bridge, rate_per_minute=100_000)
     await wait_listener(bridge, base)
     mine, contested = unique("mine"), unique("contested")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import sqlite3
@@ -11,7 +10,7 @@ import sqlite3
 import pytest
 
 from bridge.protocol.poll import POLL_START
-from helpers.harness import answer_content, question_posts, store_rows
+from helpers.harness import answer_content, hooked, question_posts, store_rows
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.integration
@@ -167,11 +166,8 @@ Postings.{method} = killed
 
 @pytest.mark.parametrize("method", ["record_posted", "set_poll"], ids=["the question", "its poll"])
 async def test_an_answer_to_a_question_sent_just_before_a_kill_counts(bridge, tmp_path, method):
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(KILL_BEFORE_RECORDING.replace("{method}", method))
     bridge.add_set(all_kinds_set("kinds"))
-    bridge.env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    bridge.env = hooked(tmp_path / "hook", KILL_BEFORE_RECORDING.replace("{method}", method))
     bridge.start()
     await asyncio.to_thread(bridge.process.wait, 60)
     assert bridge.process.returncode == -signal.SIGKILL, bridge.log_text()[-3000:]
