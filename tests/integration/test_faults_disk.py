@@ -204,9 +204,10 @@ async def test_another_writer_under_the_lock_loses_nothing_and_nobody_sees_a_tor
         web = doc["answers"][f"web{n}"]
         assert web["rev"] == writes // 4, "an update of the other writer was lost"
         assert web["text"] == f"from the web page {writes - 4 + n}"
-    logged = store_rows(bridge.store_path, "SELECT qid, event_id FROM answer_log WHERE outcome='accepted' ORDER BY seq")
+    logged = store_rows(bridge.store_path,
+                        "SELECT qid, event_id FROM answer_log WHERE outcome='accepted' ORDER BY ts, seq")
     assert sorted(logged) == sorted(sent) and len(sent) == answers_sent
-    last = {qid: event_id for qid, event_id in logged}  # the log's order: the last one wins
+    last = {qid: event_id for qid, event_id in logged}  # the room's order (ts, then arrival): the latest wins
     for qid in ("q0", "q1", "q2", "q3"):
         record = doc["answers"][qid]
         assert record["rev"] == answers_sent // 4, "an answer of the bridge was lost"

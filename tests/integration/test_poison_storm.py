@@ -174,9 +174,11 @@ async def poison_storm(bridge: Bridge, people: list[Person], poisoner_person: Pe
     await storm.settle("storm", timeout=90)
     landed_in = time.monotonic() - began
 
-    # Every good answer exactly once, the last one standing.
+    # Every good answer exactly once, the latest standing: the room's order is
+    # origin_server_ts, arrival breaking ties (two people answering ms apart
+    # may arrive in the other order).
     rows = store_rows(bridge.store_path, "SELECT event_id, qid FROM answer_log WHERE set_id='storm'"
-                      " AND outcome='accepted' ORDER BY seq")
+                      " AND outcome='accepted' ORDER BY ts, seq")
     good_ids = [event_id for event_id, _qid in storm.sent]
     assert sorted(rows) == sorted(storm.sent), "every good answer accepted exactly once"
     records = bridge.answers("storm")["answers"]
