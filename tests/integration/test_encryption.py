@@ -15,7 +15,8 @@ from nio import UploadResponse
 from bridge.devserver import _http_json
 from helpers.attack import AS_BOT
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
-from helpers.harness import Bridge, answer_content, store_rows, unique
+from helpers.harness import Bridge, answer_content, hooked, store_rows, unique
+from helpers.jsperson import wait_log
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.integration
@@ -162,6 +163,56 @@ async def test_a_room_whose_encryption_is_turned_on_while_the_bridge_runs_gets_n
     assert (await bridge.wait_answer("kinds", "ship"))["state"] == "unsure"
     notice = await alice.wait_notice(room, again)
     assert {e["event_id"]: e for e in await alice.wire(room)}[notice["event_id"]]["type"] == "m.room.encrypted"
+
+
+# Loaded first by the bridge's interpreter: the bridge hears of its join 2 s
+# after the homeserver made it, the moment a post tried before the join may
+# be sent in (a join's answer can be that slow on a loaded homeserver).
+SLOW_JOIN_ANSWER = '''
+import asyncio
+from nio import AsyncClient
+
+_join = AsyncClient.join
+
+async def join(self, room_id):
+    response = await _join(self, room_id)
+    await asyncio.sleep(2)
+    return response
+
+AsyncClient.join = join
+'''
+
+
+@pytest.mark.parametrize("mode", ["bot", "appservice"])
+async def test_a_room_joined_while_a_post_was_refused_gets_nothing_in_the_clear(request, tmp_path, mode):
+    """The bridge starts before it is invited into the encrypted room it is
+    to post in: its posts are refused until it is in, then every question
+    goes out encrypted (the refusal to read the room's state was taken for a
+    room without encryption, and a post sent as the join completed went out
+    in the clear)."""
+    synapse = request.getfixturevalue("appservice_synapse" if mode == "appservice" else "synapse")
+    alice = EncryptingPerson(synapse, synapse.register(unique("person")), tmp_path / "alice-keys")
+    room_id = synapse.create_room(alice.token, initial_state=[ENCRYPTION_STATE])
+    await alice.cross_sign()
+    bot = {"user_id": AS_BOT, "access_token": None} if mode == "appservice" else synapse.register(unique("askbot"))
+    bridge = Bridge(synapse=synapse, workdir=tmp_path / "bridge", room_id=room_id, bot=bot,
+                    extra_config={**({"appservice": dict(synapse.appservice)} if mode == "appservice" else {}),
+                                  "encryption": {"grace": "3s"}})
+    bridge.workdir.mkdir()
+    bridge.sets_root.mkdir()
+    bridge.env = hooked(tmp_path / "hook", SLOW_JOIN_ANSWER)
+    try:
+        bridge.add_set(all_kinds_set("kinds"))
+        bridge.start()
+        await asyncio.to_thread(wait_log, bridge, "not posted yet", 2)  # refused: not in the room
+        synapse.invite(alice.token, room_id, bot["user_id"])
+        await bridge.wait_questions(alice, QUESTION_COUNT, timeout=90)
+        sent = [e for e in await alice.wire(room_id) if e["sender"] == bot["user_id"] and "state_key" not in e]
+        clear = [(e["type"], e["content"].get("body", "")[:60]) for e in sent if e["type"] != "m.room.encrypted"]
+        assert sent and clear == [], clear
+    finally:
+        bridge.kill()
+        await alice.close()
 
 
 async def test_after_a_restart_the_stored_keys_still_decrypt_and_nothing_is_lost(encrypted):

@@ -33,14 +33,14 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from nio import AsyncClient, KeysQueryResponse, KeysUploadError, RoomGetStateEventError, RoomGetStateEventResponse
+from nio import AsyncClient, KeysQueryResponse, KeysUploadError
 from nio.rooms import MatrixRoom
 
 from bridge.protocol.keyquery import answered
 from bridge.service.config import Encryption
 from bridge.service.encryption.keyrequests import KeyRequests
 from bridge.service.encryption.receiving import ENCRYPTED, ENCRYPTION_STATE, Receiving
-from bridge.service.transport.matrix import MatrixError
+from bridge.service.transport.matrix import state_content
 from bridge.service.storage.store import LogEntry, Store
 
 if TYPE_CHECKING:
@@ -146,12 +146,9 @@ class Crypto(Receiving):
             return room
         encrypted = room_id in self.client.encrypted_rooms
         if not encrypted:
-            response = await self.client.room_get_state_event(room_id, ENCRYPTION_STATE)
-            if isinstance(response, RoomGetStateEventResponse):
-                encrypted = bool(response.content.get("algorithm"))
-            elif not (isinstance(response, RoomGetStateEventError) and response.status_code == "M_NOT_FOUND"):
-                # Not knowing must never mean sending in the clear.
-                raise MatrixError(f"reading the encryption state of {room_id}", response)
+            # Not knowing (not in the room yet, an error) raises: it must never mean sending in the clear.
+            state = await state_content(self.client, room_id, ENCRYPTION_STATE, "the encryption state")
+            encrypted = bool(state and state.get("algorithm"))
         room = MatrixRoom(room_id, self.client.user_id, encrypted)
         self.client.rooms[room_id] = room
         if encrypted:

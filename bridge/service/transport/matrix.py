@@ -44,6 +44,25 @@ class MatrixError(Exception):
         return not self.transient and self.status not in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN")
 
 
+async def state_content(client: AsyncClient, room_id: str, event_type: str, what: str) -> dict[str, Any] | None:
+    """The content of the room's ``event_type`` state (empty key); None when
+    the room has none.  nio hands over whatever body came as the content, a
+    refusal's too: the bridge, not yet in a room, read the 403's error body
+    as the room's encryption, took the room for unencrypted, and a question
+    it sent as the join completed went out in the clear.  So the status
+    decides: 200 is the content, 404 M_NOT_FOUND is none, anything else
+    raises MatrixError naming ``what`` was being read."""
+    response = await client.room_get_state_event(room_id, event_type)
+    status = getattr(getattr(response, "transport_response", None), "status", None)
+    if isinstance(response, RoomGetStateEventResponse):
+        if status == 200:
+            return dict(response.content)
+        response = RoomGetStateEventError.from_dict(response.content, room_id)
+    if isinstance(response, RoomGetStateEventError) and status == 404 and response.status_code == "M_NOT_FOUND":
+        return None
+    raise MatrixError(f"reading {what} of {room_id}", response)
+
+
 async def file_pieces(path: Path, piece: int = 1024 * 1024) -> AsyncIterator[bytes]:
     """A file's bytes, a piece at a time, each read on a worker thread (a
     sets folder on a network disk must not hold the event loop)."""
@@ -348,12 +367,7 @@ class NioTransport:
 
     async def power_levels(self, room_id: str) -> dict[str, Any]:
         """The room's m.room.power_levels content ({} when it has none)."""
-        response = await self.client.room_get_state_event(room_id, "m.room.power_levels")
-        if isinstance(response, RoomGetStateEventResponse):
-            return dict(response.content)
-        if isinstance(response, RoomGetStateEventError) and response.status_code == "M_NOT_FOUND":
-            return {}
-        raise MatrixError(f"reading the power levels of {room_id}", response)
+        return await state_content(self.client, room_id, "m.room.power_levels", "the power levels") or {}
 
     async def join(self, room: str) -> str:
         response = await self.client.join(room)
