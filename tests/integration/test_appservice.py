@@ -121,10 +121,12 @@ async def test_a_replayed_transaction_changes_nothing_and_tokens_are_checked(bri
         async with http.get(endpoint(bridge, "/health")) as response:
             health = await response.json()
             tasks = health.pop("tasks")
+            assert 0 <= health.pop("homeserver_silent_seconds") < 31, health  # asked after 15 s without a push
             assert health == {"live": True, "ready": True,
                               "held": {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0,
                                        "events_waiting": 0, "sets_not_posted": 0, "webhooks_pending": 0}}
-            assert tasks["transport"]["state"] == tasks["catch-up"]["state"] == "running", tasks
+            assert tasks["transport"]["state"] == tasks["catch-up"]["state"] == tasks["homeserver-watch"]["state"] \
+                == "running", tasks
         async with http.post(endpoint(bridge, "/_matrix/app/v1/ping"), json={}) as response:
             assert (response.status, await response.json()) == (200, {})
 
@@ -336,3 +338,28 @@ async def test_a_restart_into_quiet_rooms_is_ready_without_a_push(bridge):
     bridge.start()
     await until(ready, timeout=30, every=0.5)
     bridge.check_alive()
+
+
+async def test_a_homeserver_gone_while_the_bridge_runs_shows_in_health_and_answers_come_after(bridge, synapse):
+    """Nothing long-polls in appservice mode: a homeserver that went away
+    while the bridge ran left /health as it was, ready and quiet, for as
+    long.  Its silence is counted now, as in bot mode, and ends with it."""
+    questions = await started(bridge)
+
+    async def silence_where(holds: Any) -> dict[str, Any] | None:
+        async with aiohttp.ClientSession() as http, http.get(endpoint(bridge, "/health")) as response:
+            seen = await response.json()
+        return seen if holds(seen["homeserver_silent_seconds"]) else None
+
+    assert await silence_where(lambda seconds: seconds < 31)
+    synapse.stop()
+    try:
+        seen = await until(lambda: silence_where(lambda seconds: seconds >= 25), timeout=60, every=1,
+                           what="the homeserver's silence counted")
+        assert seen["ready"] is True and seen["live"] is True  # answers wait; nothing of the bridge failed
+    finally:
+        synapse.start()
+    await until(lambda: silence_where(lambda seconds: seconds < 15), timeout=40, every=1,
+                what="the homeserver heard again")
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("name", 1)], text="after the outage"))
+    assert (await bridge.wait_answer("kinds", "name", timeout=60))["text"] == "after the outage"

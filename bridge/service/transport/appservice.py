@@ -31,6 +31,7 @@ from bridge.service.eventwait import set_within
 from bridge.service.transport.bot import sleep_or_stop
 from bridge.service.transport.invites import Invites
 from bridge.service.transport.catchup import CatchUp
+from bridge.service.transport.hearing import keep_hearing
 from bridge.service.config import Config, ConfigError
 from bridge.service.transport.matrix import MatrixError, client_config
 from bridge.service.answering.notices import Notices
@@ -195,6 +196,7 @@ class TransactionServer:
                 return _error(500, "M_UNKNOWN", "not processed; send it again")
         if self.ops is not None:
             self.ops.metrics.reached()  # a push came: the homeserver reaches us
+            self.ops.metrics.heard()  # and it is up (``hearing``)
         if self.catchup is not None:
             self.catchup.heard()
             if self._skips(txn_id):
@@ -459,6 +461,9 @@ class AppserviceFront:
                 self.ops.metrics.not_reached(unreached)
                 tasks.append(spawn("ping", lambda: ping_until_reached(self.config, self.ops.metrics, stop), stop))
             tasks.append(spawn("catch-up", catchup.run, stop))
+            if self.ops is not None:
+                metrics = self.ops.metrics
+                tasks.append(spawn("homeserver-watch", lambda: keep_hearing(self.client, metrics, stop), stop))
             if self.crypto is not None:
                 from bridge.service.encryption.ascrypto import keep_up_kept  # noqa: PLC0415
 
