@@ -207,6 +207,44 @@ async def cut_off(bridge: Bridge, proxy: CuttingProxy, port: int, cuts: int | No
     assert (await alice.wait_notice(bridge.room_id, other))["content"][OUTCOME]["outcome"] == "recorded"
 
 
+# ---------------------------------------------------------------- a file fetched over federation first
+
+
+class LateHeadersProxy(MediaProxy):
+    """The homeserver fetching the file from the sender's server before it
+    answers: Synapse has a remote file whole before it sends a byte, so its
+    response (status line and all) comes ``late`` seconds after the ask."""
+
+    def __init__(self, listen: tuple[str, int], target: str, late: float):
+        super().__init__(listen, target)
+        self.late = late
+        self.asked = 0
+
+    async def _relay(self, request):
+        if "/media/download/" in request.path:
+            self.asked += 1
+            await asyncio.sleep(self.late)
+        return await super()._relay(request)
+
+
+async def test_a_picture_the_homeserver_fetches_for_25_s_before_answering_lands_whole(bridge):
+    """A 5 MB screenshot from another server: nothing at all for 25 s (the
+    homeserver fetching it over federation), then all of it.  Its first
+    byte was held to the body's 20 s stall bound, so such a file was refused
+    on every try."""
+    port = free_port()
+    async with LateHeadersProxy(("127.0.0.1", port), bridge.synapse.url, late=25) as proxy:
+        try:
+            questions, file = await a_file_behind(bridge, port, size=5_000_000)
+            notice = await bridge.alice.wait_notice(bridge.room_id, file.event_id, timeout=120)
+            assert notice["content"][OUTCOME]["outcome"] == "recorded", notice["content"]["body"]
+            saved = bridge.sets_root / "files" / "attachments" / "q0-1.bin"
+            assert hashlib.sha256(saved.read_bytes()).hexdigest() == file.sha256
+            assert proxy.asked == 1  # taken on the first try, not after the tries ran out
+        finally:
+            bridge.kill()  # its sync waiting in the proxy would hold the proxy's shutdown
+
+
 # ---------------------------------------------------------------- a download that stalls
 
 
@@ -232,14 +270,14 @@ class StallingProxy(MediaProxy):
         request.transport.close()
 
 
-async def a_file_behind(bridge: Bridge, port: int) -> tuple[dict, Any]:
+async def a_file_behind(bridge: Bridge, port: int, size: int = 3_200_000) -> tuple[dict, Any]:
     """The bridge started with the homeserver behind the proxy at ``port``,
-    and a 3.2 MB file Alice sends to q0: (the questions, the file)."""
+    and a file of ``size`` bytes (3.2 MB: the PDF of the issue) Alice sends to q0: (the questions, the file)."""
     bridge.extra_config = {**bridge.extra_config, "homeserver": {"url": f"http://127.0.0.1:{port}"}}
     bridge.add_set(files_set())
     bridge.start()
     questions = await bridge.wait_questions(bridge.alice, QUESTIONS, timeout=60)
-    [file] = random_files((3_200_000,))
+    [file] = random_files((size,))
     await send_files(bridge.alice, bridge.room_id, questions, [file], encrypted=False)
     return questions, file
 
