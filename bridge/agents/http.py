@@ -156,11 +156,14 @@ class AgentApi:
         if until is None:  # a plain read (timeout, question and after only mean something with wait)
             view = await self.sets.read_apart(agent, set_id, include_all=include_all)
             return await view_response(await self.files.view(agent, set_id, view))
-        view, done = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
-                                        timeout=query.get("timeout", DEFAULT_TIMEOUT), include_all=include_all,
-                                        after=query.get("after"), gone=lambda: _left(request))
-        return await view_response(await self.files.view(agent, set_id, view),
-                                   headers={"Askwright-Wait": "arrived" if done else "timeout"})
+        waited = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
+                                    timeout=query.get("timeout", DEFAULT_TIMEOUT), include_all=include_all,
+                                    after=query.get("after"), gone=lambda: _left(request))
+        said = "arrived" if waited.arrived else "unanswerable" if waited.unanswerable else "timeout"
+        headers = {"Askwright-Wait": said}
+        if waited.unanswerable:
+            headers["Askwright-Wait-Reason"] = waited.unanswerable
+        return await view_response(await self.files.view(agent, set_id, waited.view), headers=headers)
 
     async def close(self, request: web.Request, agent: str) -> web.Response:
         checked: Checked = request[CHECKED]

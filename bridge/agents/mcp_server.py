@@ -280,13 +280,17 @@ class Tools:
                 if ctx is not None:
                     await ctx.session.report_progress(done, total, message)
 
-            view, arrived = await wait_answers(
+            waited = await wait_answers(
                 self.sets, agent, arguments["set_id"], until=arguments.get("until", "answered"),
                 question=arguments.get("question"), timeout=arguments.get("timeout", DEFAULT_TIMEOUT),
                 include_all=bool(arguments.get("all")), after=arguments.get("after"), progress=progress,
                 gone=connection_gone(ctx))
-            return {"arrived": arrived, "answers": fit_view(await self.files.view(agent, arguments["set_id"], view),
-                                                            answers_uri(arguments["set_id"]))}
+            result = {"arrived": waited.arrived,
+                      "answers": fit_view(await self.files.view(agent, arguments["set_id"], waited.view),
+                                          answers_uri(arguments["set_id"]))}
+            if waited.unanswerable:
+                result["unanswerable"] = waited.unanswerable
+            return result
         if name == "close":
             return await self.sets.close_apart(agent, arguments["set_id"], arguments.get("questions"),
                                                arguments.get("status", "closed"), arguments.get("reason"))

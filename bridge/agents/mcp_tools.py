@@ -61,7 +61,11 @@ TOOLS: dict[str, dict[str, Any]] = {
                       "description": "The `updated` of the last answer seen: only a later answer counts."},
             "all": {"type": "boolean", "default": False}}},
         "output": {"type": "object", "required": ["arrived", "answers"], "properties": {
-            "arrived": {"type": "boolean", "description": "false: the timeout passed first."},
+            "arrived": {"type": "boolean", "description": "false: the timeout passed first, or what is awaited "
+                                                          "can get no answer now (then unanswerable says why)."},
+            "unanswerable": {"type": "string", "description": "Why what is awaited can get no answer now (the "
+                             "question closed, withdrawn or superseded, or none of the set open): the wait "
+                             "ended at once."},
             "answers": _READ_VIEW}},
     },
     "close": {

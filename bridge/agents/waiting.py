@@ -14,11 +14,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from bridge.agents.errors import BadRequest, NotFound, Unprocessable
 from bridge.agents.sets import AgentSets
-from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer, parse_time
+from bridge.answers.arrival import (UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer, in_the_set, parse_time,
+                                    unanswerable)
 
 # One rule for both doors (HTTP and MCP): seconds, 0 to MAX_TIMEOUT, default
 # DEFAULT_TIMEOUT; more is refused, not capped.
@@ -29,6 +30,15 @@ DEFAULT_TIMEOUT = 60.0
 # requests a second (each reading its set) on a budget of 2.
 HELD_AT_LEAST = 10.0
 Progress = Callable[[float, float, str], Awaitable[None]]
+
+
+class Waited(NamedTuple):
+    view: dict[str, Any]  # what ``read`` shows
+    arrived: bool
+    # Why what is awaited can get no answer now (closed, withdrawn,
+    # superseded, none open): the wait ends at once, as ``wait`` exits 2,
+    # where it held an agent until its timeout, again and again.
+    unanswerable: str | None = None
 
 
 def progress_of(view: dict[str, Any]) -> tuple[int, int]:
@@ -48,9 +58,10 @@ def check_timeout(timeout: Any) -> float:
 async def wait_answers(sets: AgentSets, agent: str, set_id: str, *, until: str = UNTIL_ANSWERED,
                        question: str | None = None, timeout: float = DEFAULT_TIMEOUT, include_all: bool = False,
                        after: str | None = None, progress: Progress | None = None,
-                       gone: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bool]:
-    """(what ``read`` shows, whether the answers arrived).  ``gone``: whether
-    the waiter has left; the wait then ends and gives its place back."""
+                       gone: Callable[[], bool] | None = None) -> Waited:
+    """What ``read`` shows, whether the answers arrived, and why they can't
+    when they can't.  ``gone``: whether the waiter has left; the wait then
+    ends and gives its place back."""
     if until not in (UNTIL_ANSWERED, UNTIL_ALL):
         raise BadRequest(f"until: must be {UNTIL_ANSWERED} or {UNTIL_ALL}")
     if question is not None and until == UNTIL_ALL:
@@ -67,17 +78,17 @@ async def wait_answers(sets: AgentSets, agent: str, set_id: str, *, until: str =
     # Subscribed before the first reading: a change between the two is not missed.
     with sets.changes.subscribe(set_dir) as changed:
         view = await sets.read_all_apart(agent, set_id)
-        if question is not None and all(e["qid"] != question for e in view["answers"]):
+        if question is not None and not in_the_set(view, question):
             raise Unprocessable(f"question: no question {question!r} in this set")
         done = arrived(view, question, until, since)
         await _report(progress, view)
-        if not done and timeout > 0 and not sets.stopping():
+        if not done and timeout > 0 and not sets.stopping() and unanswerable(view, question, until) is None:
             with sets.waits.hold(agent, changed, gone):
                 if timeout >= HELD_AT_LEAST and sets.waits.give_back is not None:
                     sets.waits.give_back(agent)
                 view, done = await _follow(sets, agent, set_id, changed, view, question, until, since,
                                            deadline, progress, gone)
-    return as_read(view, include_all), done
+    return Waited(as_read(view, include_all), done, None if done else unanswerable(view, question, until))
 
 
 async def _follow(sets: AgentSets, agent: str, set_id: str, changed: asyncio.Event, view: dict[str, Any],
@@ -97,6 +108,8 @@ async def _follow(sets: AgentSets, agent: str, set_id: str, changed: asyncio.Eve
                     continue  # mid-rewrite by its writer, or gone: the next change says more
                 if arrived(view, question, until, since):
                     return view, True
+                if unanswerable(view, question, until) is not None:
+                    return view, False
                 if progress_of(view) != last:
                     last = progress_of(view)
                     await _report(progress, view)

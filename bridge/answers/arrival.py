@@ -78,6 +78,13 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
         bool(awaited) and all(has_expired(e) for e in awaited))
 
 
+def in_the_set(view: dict[str, Any], question: str) -> bool:
+    """Whether ``question`` is one of the set's to wait for.  A question
+    removed from questions.json keeps its record in read's view (status
+    "removed"), but no answer can come to it."""
+    return any(e["qid"] == question and e.get("status") != "removed" for e in view["answers"])
+
+
 def unanswerable(view: dict[str, Any], question: str | None, until: str) -> str | None:
     """Why what is awaited can get no answer now, once ``arrived`` does not
     hold (None: it can): the question closed, withdrawn or superseded (a

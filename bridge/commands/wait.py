@@ -19,7 +19,7 @@ from typing import Any
 from watchfiles import watch
 
 # The predicates live in answers.arrival (pure, shared with the agents' wait); re-exported here.
-from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, expired_in, unanswerable
+from bridge.answers.arrival import UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, expired_in, in_the_set, unanswerable
 from bridge.answers.file import ANSWERS_NAME
 from bridge.answers.view import ReadError, load_view
 from bridge.commands.read import render
@@ -105,10 +105,7 @@ def run(args: argparse.Namespace) -> int:
         view = load_view(set_dir, include_all=True, warn=_warn)
     except ReadError as exc:
         return _fail(exc.message)
-    # A question removed from questions.json keeps its record in read's view
-    # (status "removed"): it can get no answer now, so it is not there to wait for.
-    if args.question is not None and all(e["qid"] != args.question or e.get("status") == "removed"
-                                         for e in view["answers"]):
+    if args.question is not None and not in_the_set(view, args.question):
         return _fail(f"no question {args.question!r} in {set_dir / QUESTIONS_FILE}")
 
     done = arrived(view, args.question, args.until)

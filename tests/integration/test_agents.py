@@ -320,6 +320,50 @@ async def test_appservice_mode_serves_the_api_and_mcp_on_its_own_listener(appser
         await alice.close()
 
 
+async def test_a_wait_for_a_question_closed_meanwhile_ends_at_once_over_both_doors(bridge):
+    """A long poll and an MCP wait for one question; the question is closed
+    (the agent's other process, a moderator, a quorum deciding): both end
+    at once saying so, where each held until its timeout and the agent
+    waited again, for ever."""
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("closing")
+    why = "question 'branch' is closed: it can get no answer now"
+    async with aiohttp.ClientSession(headers=auth("planner")) as http:
+        async with http.put(f"{base}/v1/sets/{set_id}", json=one_question(set_id)) as response:
+            assert response.status == 201
+
+        async def long_poll() -> tuple[int, str | None, str | None, str]:
+            async with http.get(f"{base}/v1/sets/{set_id}/answers",
+                                params={"wait": "answered", "question": "branch", "timeout": "300",
+                                        "all": "1"}) as response:
+                view = await response.json()
+                return (response.status, response.headers.get("Askwright-Wait"),
+                        response.headers.get("Askwright-Wait-Reason"), view["answers"][0]["status"])
+
+        poll = asyncio.ensure_future(long_poll())
+        mcp_http = httpx2.AsyncClient(headers=auth("planner"), timeout=httpx2.Timeout(30, read=300))
+        async with Client(streamable_http_client(base + "/mcp", http_client=mcp_http)) as client:
+            await client.list_tools()  # the client checks results against the output schemas it listed
+            waiting = asyncio.ensure_future(client.call_tool("wait", {"set_id": set_id, "question": "branch",
+                                                                      "timeout": 300, "all": True}))
+            await asyncio.sleep(2)
+            assert not poll.done() and not waiting.done()
+            async with http.post(f"{base}/v1/sets/{set_id}/close", json={"questions": ["branch"]}) as response:
+                assert response.status == 200, await response.text()
+            closed = time.monotonic()
+            assert await asyncio.wait_for(poll, 20) == (200, "unanswerable", why, "closed")
+            waited = structured(await asyncio.wait_for(waiting, 20))
+            assert time.monotonic() - closed < 10
+            assert (waited["arrived"], waited["unanswerable"]) == (False, why)
+            assert waited["answers"]["answers"][0]["status"] == "closed"
+            # Asked again, it ends at once.
+            began = time.monotonic()
+            again = structured(await client.call_tool("wait", {"set_id": set_id, "question": "branch", "timeout": 300}))
+            assert again["unanswerable"] == why and time.monotonic() - began < 5
+    bridge.check_alive()
+
+
 async def test_a_sigterm_ends_open_long_polls_and_mcp_sessions_promptly(bridge):
     base = start(bridge)
     await wait_listener(bridge, base)

@@ -154,14 +154,51 @@ async def test_without_a_bridge_the_folder_watcher_feeds_the_waits_and_the_caps_
         assert caught.value.headers["Retry-After"] == "5"
         answer_later(tmp_path / "plan", "stable", 0.2)
         results = await asyncio.wait_for(asyncio.gather(*held), 20)
-        assert [(done, view["answers"][0]["choice"]) for view, done in results] == [(True, "stable")] * 3
+        assert [(done, view["answers"][0]["choice"]) for view, done, _why in results] == [(True, "stable")] * 3
         seen = results[0][0]["answers"][0]["updated"]
         # after: the answer seen does not end the next wait; the next answer does.
-        view, done = await wait_answers(sets, "a", "plan", timeout=0.5, after=seen)
-        assert not done
+        view, done, why = await wait_answers(sets, "a", "plan", timeout=0.5, after=seen)
+        assert not done and why is None
         answer_later(tmp_path / "plan", "main", 0.3)
-        view, done = await asyncio.wait_for(wait_answers(sets, "a", "plan", timeout=30, after=seen), 20)
+        view, done, _why = await asyncio.wait_for(wait_answers(sets, "a", "plan", timeout=30, after=seen), 20)
         assert done and view["answers"][0]["choice"] == "main"
+        assert sets.changes.subscribers() == 0 and not sets.waits.held
+    finally:
+        stop.set()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
+async def test_a_wait_for_what_can_get_no_answer_ends_at_once_and_says_why(tmp_path):
+    """A question closed (by another agent, a moderator, a deadline's
+    decision) held a wait for it until its timeout, and the agent waited
+    again, for ever; ``askwright-bridge wait`` exits 2 there."""
+    sets = AgentSets(tmp_path)
+    document = one_question()
+    document["questions"].append({**document["questions"][0], "id": "q2", "title": "Hotfix branch",
+                                  "question": "Which branch should the hotfix be cut from?"})
+    sets.ask("a", "plan", document)
+    stop = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(), stop, sets.changes))
+    try:
+        await asyncio.sleep(0.5)  # the watcher is up
+        qid = document["questions"][0]["id"]
+        waiting = asyncio.ensure_future(wait_answers(sets, "a", "plan", question=qid, timeout=60))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        sets.close("a", "plan", [qid], "closed", None)
+        began = time.monotonic()
+        view, done, why = await asyncio.wait_for(waiting, 20)
+        assert time.monotonic() - began < 5 and not done
+        assert why == f"question {qid!r} is closed: it can get no answer now"
+        # Asked again: at once, not after its minute.
+        began = time.monotonic()
+        assert (await wait_answers(sets, "a", "plan", question=qid, timeout=60))[1:] == (False, why)
+        # Any open question: q2 still is, so that wait waits; closed too, it ends.
+        assert (await wait_answers(sets, "a", "plan", timeout=0.2))[1:] == (False, None)
+        sets.close("a", "plan", ["q2"], "withdrawn", "not needed")
+        assert (await wait_answers(sets, "a", "plan", timeout=60))[1:] == \
+            (False, "no question of the set is open: none can get an answer now")
+        assert time.monotonic() - began < 5
         assert sets.changes.subscribers() == 0 and not sets.waits.held
     finally:
         stop.set()
