@@ -25,7 +25,7 @@ from bridge.devserver import Synapse
 from bridge.protocol.deadline import clock_words, event_time_ms
 from helpers.agents import SECRETS, Receiver, agents_config, free_port
 from helpers.attack import appservice_storm_bridge
-from helpers.e2e import ENCRYPTION_STATE
+from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
 from helpers.e2e_storm import StormingPerson
 from helpers.harness import Bridge, Person, store_rows, unique
 from helpers.waiting import until
@@ -550,6 +550,47 @@ async def test_in_an_encrypted_room_the_homeservers_closing_is_encrypted_and_a_v
     edits = [e for e in await alice.messages(room) if e["sender"] == bridge.bot["user_id"]
              and e.get("content", {}).get("m.relates_to", {}).get("rel_type") == "m.replace"]
     assert edits and not any("expired undecided" in e["content"]["m.new_content"]["body"] for e in edits)
+
+
+@pytest.mark.parametrize("encrypted", ["bot", "appservice"], indirect=True)
+async def test_someone_joining_after_the_closing_was_scheduled_reads_it_and_it_says_the_vote(encrypted, tmp_path):  # noqa: F811
+    """Bob joins the encrypted room after the homeserver was handed the
+    question's poll end and closing edit; then Alice votes.  Those were
+    encrypted under the room key of before, which Bob never got: his client
+    showed the question open for good.  And his join threw the room key
+    away, so the closing edit could not be said again with the vote: the
+    homeserver closed it "no votes" while the room had been told "1 of 2"."""
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    synapse, bot = bridge.synapse, bridge.bot["user_id"]
+    bridge.add_set(approval_set([alice.user_id, "@absent:localhost"], "30s"))
+    bridge.start()
+    question = (await bridge.wait_questions(alice, 1, timeout=60))[("ship", 1)]
+    poll = await poll_of(alice, room, question)
+    await until(lambda: "delayed edit for" in bridge.log_text(), 20, "the closing handed to the homeserver")
+    bob = EncryptingPerson(synapse, synapse.register(unique("bob")), tmp_path / "bob-keys")
+    try:
+        synapse.invite(bridge.bot["access_token"] or alice.token, room, bob.user_id)
+        synapse.join(bob.token, room)
+        await bob.cross_sign()
+        joined_at = int(time.time() * 1000)
+        await asyncio.sleep(2)
+        await alice.send(room, vote(poll["event_id"], ["ship"]), "org.matrix.msc3381.poll.response")
+        counted = await until(lambda: (record(bridge) or {}).get("votes"), 30, "the vote")
+        assert [(v["sender"], v["choice"]) for v in counted] == [(alice.user_id, "ship")]
+        await until(lambda: (record(bridge) or {}).get("state") == "expired", 60, "the deadline")
+        await asyncio.sleep(3)  # the homeserver's delayed events go out at it
+        for person in (alice, bob):
+            await person.keep_up()
+        unreadable = [e["event_id"] for e in await bob.messages(room) if e["sender"] == bot
+                      and e["type"] == "m.room.encrypted" and e["origin_server_ts"] >= joined_at]
+        assert unreadable == [], "what the bridge (or the homeserver for it) sent after Bob joined, he can't read"
+        bob_saw = [e["type"] for e in await bob.messages(room) if e["sender"] == bot and e["origin_server_ts"] >= joined_at]
+        assert "org.matrix.msc3381.poll.end" in bob_saw, bob_saw
+        edits = [e["content"]["m.new_content"]["body"] for e in await alice.messages(room) if e["sender"] == bot
+                 and e.get("content", {}).get("m.relates_to", {}).get("rel_type") == "m.replace"]
+        assert edits and "no votes" not in edits[-1] and "1 of the 2" in edits[-1], edits
+    finally:
+        await bob.close()
 
 
 async def test_in_an_encrypted_room_the_homeserver_closes_it_encrypted_while_the_bridge_is_down(encrypted):  # noqa: F811

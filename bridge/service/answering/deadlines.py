@@ -46,6 +46,7 @@ ESCALATED = "escalated:"  # meta: the escalation's mention was sent (or handed t
 CLOSING = "approval_closing:"  # meta: JSON {words, gen[, next]}: what the delayed closing edit says
 TOLD = "approval_told:"  # meta: JSON {said, words, n}: what the room last heard, and how many tellings so far
 RECORD = "approval_record:"  # meta: JSON, a replaced posting's record as it closed
+KEYED = "delays_keyed:"  # meta: JSON {to: devices, gen}: who the room key of the delayed events went to
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
 # What the room is told when a decision it heard is undone (a vote it counted
@@ -158,6 +159,9 @@ class Deadlines:
             delays[what] = delay_id
             log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
             await self.store.run_written(self._kept_delay, question.event_id, what, dict(delays), closing, epoch)
+        recipients = self._recipients(question.room_id) if planned else None
+        if recipients is not None:
+            await self.store.run_written(self._keyed, question.event_id, recipients, None)
 
     def _kept_delay(self, event_id: str, what: str, delays: dict[str, str], closing: str, epoch: int = 0) -> None:
         self.store.set_meta(DELAYS + event_id, json.dumps(delays))
@@ -165,6 +169,69 @@ class Deadlines:
             self.store.set_meta(CLOSING + event_id, json.dumps({"words": closing, "gen": 0, "epoch": epoch}))
         if what == "escalate":
             self.store.set_meta(ESCALATED + event_id, "delayed")
+
+    def _keyed(self, event_id: str, recipients: frozenset[tuple[str, str]], gen: int | None) -> None:
+        """Who can read the posting's delayed events: those the room key in use went to."""
+        if gen is None:
+            raw = self.store.get_meta(KEYED + event_id)
+            gen = json.loads(raw)["gen"] if raw else 0
+        self.store.set_meta(KEYED + event_id, json.dumps({"to": sorted(recipients), "gen": gen}))
+
+    def _recipients(self, room_id: str) -> frozenset[tuple[str, str]] | None:
+        recipients = getattr(self.transport, "key_recipients", None)
+        return recipients(room_id) if recipients is not None else None
+
+    async def _rekey(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
+        """Someone came (or a device changed) since the posting's delayed
+        events were encrypted: the room key changed, and the newcomer could
+        never read the homeserver's poll end or closing edit (their client
+        showed the question open for good).  Each is handed over again under
+        the key in use now (MSC4140 has no update: a new one, then the old
+        one cancelled); the new transaction ids are written down first, so a
+        crash in between sends the same requests again."""
+        now = self._recipients(question.room_id)
+        delays = self._delays(question.event_id)
+        if now is None or not delays:
+            return
+        raw = self.store.get_meta(KEYED + question.event_id)
+        keyed = json.loads(raw) if raw else {"to": [], "gen": 0}
+        if now and now <= {tuple(device) for device in keyed["to"]} and not keyed.get("next"):
+            return
+        left = (question.expires_ms or 0) - self._now()
+        gen = keyed.get("next") or keyed["gen"] + 1
+        with self.store.transaction(flush=False):
+            self.store.set_meta(KEYED + question.event_id, json.dumps({**keyed, "next": gen}))
+        said = json.loads(self.store.get_meta(CLOSING + question.event_id) or "{}")
+        epoch = said.get("epoch", 0)
+        poll = self.store.poll_of(question.event_id)
+        again = {"poll_end": (POLL_END, deadline_poll_end(poll, question.expires_ms), question.expires_ms)
+                 if poll and question.expires_ms else None,
+                 "escalate": ("m.room.message", escalation_content(question), question.escalation[0])
+                 if question.escalation else None}
+        for what, planned in again.items():
+            if what not in delays or planned is None or planned[2] - self._now() <= 1000:
+                continue
+            event_type, content, at = planned
+            self._handing.add(question.event_id)
+            try:
+                delay_id = await self.transport.send_delayed(question.room_id, event_type, content,
+                                                             txn_id("delayed", what, question.event_id,
+                                                                    *_epoch(epoch), f"key{gen}"), at - self._now())
+            finally:
+                self._handing.discard(question.event_id)
+            if delay_id is not None:
+                delays = self._delays(question.event_id)
+                delays[f"{what}@key{gen}"], delays[what] = delays[what], delay_id
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
+        if "edit" in delays and said and left > 1000:
+            with self.store.transaction(flush=False):  # said again, under the new key
+                self.store.set_meta(CLOSING + question.event_id,
+                                    json.dumps({**said, "next": said.get("next") or said["gen"] + 1}))
+            await self._restate(question, record)
+        with self.store.transaction(flush=False):
+            self._keyed(question.event_id, self._recipients(question.room_id) or frozenset(), gen)
+        log.info("delayed events of %s handed over again under the room's new key", question.event_id)
 
     def _closing(self, question: RecordedQuestion) -> str:
         """The closing line the question would get were its deadline now: what stands."""
@@ -209,16 +276,22 @@ class Deadlines:
                                                      *_epoch(said.get("epoch", 0)), str(gen)), left)
             finally:
                 self._handing.discard(question.event_id)
+            if delay_id is None:
+                # Refused (it could not be encrypted, say): the old edit stays
+                # scheduled saying the old words, so the mark stays too.  The
+                # next pass tries again; at the deadline the bridge sends its
+                # own edit after the homeserver's, which it then replaces.
+                log.warning("delayed closing edit of %s not restated; the bridge says it itself at the deadline "
+                            "unless a later try goes through: %s", question.event_id, closing)
+                return
             with self.store.transaction(flush=False):
-                if delay_id is not None:
-                    delays[f"edit@{said['gen']}"] = delays["edit"]
-                    delays["edit"] = delay_id
-                    self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
-                # Refused (no session to encrypt it, say): the old edit stays, the bridge closes it itself.
+                delays[f"edit@{said['gen']}"] = delays["edit"]
+                delays["edit"] = delay_id
+                self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
                 self.store.set_meta(CLOSING + question.event_id, json.dumps({"words": closing, "gen": gen,
                                                                              "epoch": said.get("epoch", 0)}))
             log.info("delayed closing edit of %s restated (%s): %s", question.event_id, delay_id, closing)
-        stale = tuple(what for what in self._delays(question.event_id) if what.startswith("edit@"))
+        stale = tuple(what for what in self._delays(question.event_id) if "@" in what)
         if stale:
             await self._cancel(question.event_id, keep=tuple(w for w in self._delays(question.event_id)
                                                             if w not in stale))
@@ -315,6 +388,7 @@ class Deadlines:
                 await self._escalate(question)
                 return
             else:
+                await self._rekey(question, record)
                 await self._restate(question, record)
                 return
             self.flush()
@@ -385,6 +459,7 @@ class Deadlines:
                          or self._due(question, self._record_of(question, set_dir)) is None):
                 self.store.delete_meta(TRACKED + event_id)
                 self.store.delete_meta(CLOSING + event_id)
+                self.store.delete_meta(KEYED + event_id)
 
     def _escalation_due(self, question: RecordedQuestion, now: int) -> bool:
         return question.escalation is not None and now >= question.escalation[0] \

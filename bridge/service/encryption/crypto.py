@@ -400,6 +400,28 @@ class Crypto(Receiving):
         # ``verified`` such a device must fail the send rather than get keys.
         return self.settings.trust not in ("verified", "cross-signed")
 
+    async def ensure_room_key(self, room_id: str) -> None:
+        """A room key shared with the room's devices, as ``room_send`` makes
+        sure of before it encrypts: an event encrypted apart from a send (a
+        delayed event) had none after a member joined, so it was not
+        encrypted at all, or only with a key the newcomer never got."""
+        client = self.client
+        if client.olm is None or not client.olm.should_share_group_session(room_id):
+            return
+        sharing = client.sharing_session.get(room_id)
+        if sharing is not None:
+            await sharing.wait()  # a send is sharing one right now
+            return
+        before = self.session_snapshot(room_id)
+        await client.share_group_session(room_id, ignore_unverified_devices=self.ignore_unverified_devices)
+        self.log_shared(room_id, before)
+
+    def key_recipients(self, room_id: str) -> frozenset[tuple[str, str]]:
+        """The devices the room key in use in ``room_id`` was shared with;
+        empty when none is in use (a member came or went: the next send shares a new one)."""
+        snapshot = self.session_snapshot(room_id)
+        return snapshot[1] if snapshot else frozenset()
+
     def session_snapshot(self, room_id: str) -> tuple[str, frozenset[tuple[str, str]]] | None:
         olm = self.client.olm
         session = olm.outbound_group_sessions.get(room_id) if olm else None

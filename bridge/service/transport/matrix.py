@@ -268,6 +268,7 @@ class NioTransport:
         if self.crypto is not None and await self.room_encrypted(room_id):
             await self.crypto.before_send(room_id)
             try:
+                await self.crypto.ensure_room_key(room_id)
                 event_type, content = self.client.encrypt(room_id, event_type, content)
             except Exception as exc:  # noqa: BLE001 - no session to encrypt with: the bridge sends it itself
                 log.warning("delayed %s for %s not encrypted (%s); the bridge sends it itself", event_type, room_id, exc)
@@ -287,6 +288,18 @@ class NioTransport:
             raise MatrixError(f"scheduling {event_type} in {room_id}", f"HTTP {status}")
         delay_id = body.get("delay_id") if isinstance(body, dict) else None
         return delay_id if isinstance(delay_id, str) else None
+
+    def key_recipients(self, room_id: str) -> frozenset[tuple[str, str]] | None:
+        """The devices that can read what is encrypted for ``room_id`` now
+        (empty: a new room key comes with the next send); None when what is
+        sent there goes out unencrypted.  A delayed event encrypted earlier
+        is readable by those its key went to then, and no one since."""
+        if self.crypto is None:
+            return None
+        room = self.crypto.client.rooms.get(room_id)
+        if room is None or not room.encrypted:
+            return None
+        return self.crypto.key_recipients(room_id)
 
     async def cancel_delayed(self, delay_id: str) -> bool:
         """Cancel a delayed event: True when this cancelled it, False when it
