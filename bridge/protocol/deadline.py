@@ -29,7 +29,11 @@ def parse_rfc3339_ms(value: str) -> int:
     text = value.strip()
     if not _RFC3339.fullmatch(text):
         raise ValueError("must be an RFC 3339 time with a zone, such as 2026-12-01T14:00:00Z")
-    parsed = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00").replace("t", "T"))
+    try:
+        parsed = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00").replace("t", "T"))
+    except ValueError:  # Python's own words ("offset must be a timedelta strictly between ...") told nobody what to fix
+        raise ValueError("is not a time there is: a month, day, hour, minute or second out of range, or a zone "
+                         "offset past ±23:59; such as 2026-12-01T14:00:00Z") from None
     return int(parsed.timestamp() * 1000)
 
 

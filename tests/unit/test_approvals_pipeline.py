@@ -64,6 +64,12 @@ def test_a_clean_approval_lints_clean(tmp_path):
     # Lint passed these; the first was never posted (retried for ever), the
     # second called people in once nobody could answer any more.
     ({"expires": "500000w"}, "questions[branch].expires", "too far away"),
+    # A misspelt veto was only a warning: the approval went out that nobody could stop.
+    ({"quorum": {"required": 2, "vetoes": ["stable"]}}, "questions[branch].quorum.vetoes",
+     "the bridge would ignore it, and decide otherwise than meant"),
+    # Python's own words ("offset must be a timedelta strictly between ...") told nobody what to fix.
+    ({"expires": "2030-01-01T10:00:00+25:00"}, "questions[branch].expires", "a zone offset past ±23:59"),
+    ({"expires": "2030-02-30T10:00:00Z"}, "questions[branch].expires", "is not a time there is"),
     ({"expires": "8s", "escalate": {"after": "14s", "to": ["@dee:hs"]}}, "questions[branch].escalate.after",
      "is not before expires"),
     # A deadline in ten minutes and an escalation two hours after the posting: late whenever it is posted.

@@ -48,13 +48,25 @@ _LEVEL_NAMES = {
 MAX_DEPTH = 64
 
 
+# Where a misspelt field changes what is decided, it is an error, not a
+# warning: ``"vetoes": ["hold"]`` in a quorum was ignored, and an approval
+# the agent meant anyone could stop went out that nobody could.
+DECIDING = frozenset({"quorum"})
+
+
 def check_unknown(ctx: Context, obj: Any, level: str, where: str) -> None:
     if not isinstance(obj, dict):
         return
     for name in obj:
         if name not in _KNOWN[level]:
             place = f"{where}.{name}" if where else str(name)
-            ctx.warning(place, f"{quote(str(name))} is not a field of {_LEVEL_NAMES[level]}; remove it or fix its spelling")
+            if level in DECIDING:
+                ctx.error(place, f"{quote(str(name))} is not a field of {_LEVEL_NAMES[level]} (it has "
+                                 f"{', '.join(sorted(_KNOWN[level]))}); the bridge would ignore it, and decide "
+                                 "otherwise than meant: remove it or fix its spelling")
+            else:
+                ctx.warning(place, f"{quote(str(name))} is not a field of {_LEVEL_NAMES[level]}; remove it or fix "
+                                   "its spelling")
             if _deeper_than(obj[name], MAX_DEPTH):
                 ctx.error(place, f"{quote(str(name))} nests more than {MAX_DEPTH} levels deep; the bridge can't "
                                  "keep it")
