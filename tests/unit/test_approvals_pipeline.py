@@ -817,6 +817,64 @@ def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
     assert room.record()["state"] == "answered" and hs.delayed == {}
 
 
+def test_a_restatement_that_could_not_be_encrypted_leaves_the_closing_to_the_bridge(tmp_path):
+    """Someone's join threw the room key away, so the restated closing edit
+    could not be encrypted: the stale one stayed scheduled ("no votes"), yet
+    the new words were noted as handed over, and at the deadline the bridge
+    took the homeserver's edit for one that said the vote: the question
+    closed saying "no votes" after the room was told "1 of 2"."""
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    room.pipeline.transport = hs
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    scheduled = hs.send_delayed
+    refusing = [True]
+
+    async def unencryptable(room_id, event_type, content, txn, delay_ms):
+        return None if refusing[0] else await scheduled(room_id, event_type, content, txn, delay_ms)
+
+    hs.send_delayed = unencryptable
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    clock[0] = T0 + 5000
+    asyncio.run(deadlines.pass_once())
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
+    assert hs.closing_edits() == [(closed.format("no votes"), 44_000)]  # the stale one: all the homeserver has
+    # At the deadline the homeserver sends it; the bridge's own edit, after it, says what stood.
+    clock[0] = T0 + 46_000
+    hs.fire(next(d for d, (_k, c, _t) in hs.delayed.items() if c.get("m.relates_to", {}).get("rel_type") == "m.replace"))
+    asyncio.run(deadlines.pass_once())
+    edits = [c["m.new_content"]["body"].rsplit("\n", 1)[-1] for c in hs.sent
+             if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert edits[-1] == closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})"), edits
+
+
+def test_a_restatement_refused_once_goes_through_at_the_next_pass(tmp_path):
+    room = room_with(tmp_path, expires="45s")
+    hs = Delaying()
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    scheduled, refusals = hs.send_delayed, [1]
+
+    async def refused_once(room_id, event_type, content, txn, delay_ms):
+        if refusals[0]:
+            refusals[0] -= 1
+            return None
+        return await scheduled(room_id, event_type, content, txn, delay_ms)
+
+    hs.send_delayed = refused_once
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
+    clock[0] = T0 + 5000
+    asyncio.run(deadlines.pass_once())
+    clock[0] = T0 + 6000
+    asyncio.run(deadlines.pass_once())
+    closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
+    assert hs.closing_edits() == [(closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})"),
+                                   39_000)]
+
+
 def test_a_decision_undone_hands_the_closing_edit_and_the_escalation_to_the_homeserver_again(tmp_path):
     """Decided, so the homeserver's closing edit and escalation were
     cancelled; then undone by a take-back read late: open to votes again.
