@@ -266,6 +266,15 @@ def delivered(store: Store, row_id: int) -> None:
         store.db.execute("DELETE FROM webhook_outbox WHERE id=?", (row_id,))
 
 
+def due_now(store: Store, url: str, now_ms: int) -> int:
+    """Every row to ``url`` due at once (a URL that took one again takes the
+    rest: its backlog had waited out each row's backoff, up to 5 minutes
+    apiece); how many were waiting."""
+    with store.transaction(flush=False):
+        return store.db.execute("UPDATE webhook_outbox SET next_at=? WHERE url=? AND next_at>?",
+                                (now_ms, url, now_ms)).rowcount
+
+
 def retry_at(store: Store, row_id: int, attempts: int, next_at_ms: int) -> None:
     with store.transaction(flush=False):  # a lost retry time only means trying again sooner
         store.db.execute("UPDATE webhook_outbox SET attempts=?, next_at=? WHERE id=?", (attempts, next_at_ms, row_id))

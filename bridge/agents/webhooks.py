@@ -32,7 +32,7 @@ from prometheus_client import Counter
 
 from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
-from bridge.agents.outbox import Delivery, delivered, due_by_url, expired, next_due, retry_at
+from bridge.agents.outbox import Delivery, delivered, due_by_url, due_now, expired, next_due, retry_at
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
@@ -240,6 +240,17 @@ class Deliverer:
             else:  # dropped without an attempt: the URL was not tried
                 circuit.probing = False
             self.wake.set()  # its lane has room again
+        if taken and row.attempts:
+            # The URL takes deliveries again (after an outage, or a restart
+            # of the bridge during one): the rest follow now, in order.
+            try:
+                waiting = await self.store.run(due_now, self.store, row.url, int(self.clock() * 1000))
+            except Exception:  # noqa: BLE001 - they go at their own times then
+                log.warning("the webhooks waiting for %s not brought forward", host_of(row.url), exc_info=True)
+            else:
+                if waiting:
+                    log.info("%s takes webhooks again: the %d waiting go now", host_of(row.url), waiting)
+                    self.wake.set()
 
     async def _attempt(self, http: aiohttp.ClientSession, row: Delivery) -> bool | None:
         """True: the URL took it; False: it did not (retried later); None: dropped, not sent."""

@@ -84,6 +84,50 @@ async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path:
         store.close()
 
 
+@pytest.mark.parametrize("restarted", [False, True], ids=["while-running", "after-a-restart"])
+async def test_a_receiver_back_from_a_long_outage_gets_its_backlog_at_once(tmp_path: Path,
+                                                                             restarted: bool) -> None:
+    """Down for an hour, each delivery's backoff had reached 5 minutes: the
+    receiver took the first one it was offered again, and the other 199
+    waited out their own backoffs, one at a time, up to 5 minutes more."""
+    receiver = Receiver(SECRETS["planner"])
+    receiver.status = 503
+    await receiver.start()
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "plan", one_question("plan"), callbacks=[receiver.url])
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=86_400, timeout=5, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(200):
+        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await receiver.wait_for(6, "attempts")
+        if restarted:
+            stop.set()
+            await task
+        # What an hour's outage leaves: every row tried 12 times, next in 5 minutes; the oldest due now.
+        now_ms = int(store.clock.seconds() * 1000)
+        with store.transaction(flush=False):
+            store.db.execute("UPDATE webhook_outbox SET attempts=12, next_at=?", (now_ms + 300_000,))
+            store.db.execute("UPDATE webhook_outbox SET next_at=? WHERE id=(SELECT MIN(id) FROM webhook_outbox)",
+                             (now_ms,))
+        receiver.status = 200
+        if restarted:
+            deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=86_400, timeout=5, allow_private=True)
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(deliverer.run(stop))
+        taken = await receiver.wait_for(200, timeout=20)
+        assert sorted(t["key"] for t in taken) == sorted(f"answer.accepted:$answer{n}" for n in range(200))
+        await until(lambda: pending(store) == 0, what="the outbox was not emptied")
+    finally:
+        stop.set()
+        await task
+        await receiver.close()
+        store.close()
+
+
 async def test_deliveries_resume_after_a_postgresql_restart_without_restarting_the_deliverer(
         tmp_path: Path, postgres_server) -> None:
     receiver = Receiver(SECRETS["planner"])
