@@ -875,6 +875,84 @@ def test_a_restatement_refused_once_goes_through_at_the_next_pass(tmp_path):
                                    39_000)]
 
 
+class KeyedDelaying(Delaying):
+    """An encrypted room's homeserver: ``readers`` are the devices the room key in use went to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.readers: frozenset[tuple[str, str]] = frozenset({(ANA, "PHONE")})
+
+    def key_recipients(self, room_id: str) -> frozenset[tuple[str, str]]:
+        return self.readers
+
+
+def kinds_scheduled(hs: Delaying) -> list[str]:
+    """What the homeserver holds, by kind: the poll end, closing edits, escalations."""
+    def kind(event_type: str, content: dict[str, Any]) -> str:
+        if event_type != "m.room.message":
+            return "poll_end"
+        return "edit" if content.get("m.relates_to", {}).get("rel_type") == "m.replace" else "escalate"
+    return sorted(kind(event_type, content) for event_type, content, _delay in hs.delayed.values())
+
+
+@pytest.mark.parametrize("expires", ["45s", None], ids=["with-a-deadline", "escalation-only"])
+def test_someone_joining_has_each_delayed_event_handed_over_again_once(tmp_path, expires):
+    """Bob joins: each delayed event is handed over again under the key he
+    gets, and the one under the old key cancelled, also an escalation with
+    no deadline beside it (it was left scheduled, and pinged its people twice)."""
+    fields = {"escalate": {"after": "30s", "to": [DEE]}, **({"expires": expires} if expires else {})}
+    room = room_with(tmp_path, **fields)
+    hs = KeyedDelaying()
+    room.pipeline.transport = hs
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll" if expires else None))
+    first = kinds_scheduled(hs)
+    assert first == (["edit", "escalate", "poll_end"] if expires else ["escalate"])
+    clock[0] = T0 + 2000
+    asyncio.run(deadlines.pass_once())
+    assert hs.cancelled == []  # nobody came: nothing handed over again
+    hs.readers = hs.readers | {(BO, "LAPTOP")}
+    clock[0] = T0 + 3000
+    asyncio.run(deadlines.pass_once())
+    assert kinds_scheduled(hs) == first and len(hs.cancelled) == len(first)
+    asyncio.run(deadlines.pass_once())
+    assert kinds_scheduled(hs) == first and len(hs.cancelled) == len(first)  # once
+
+
+def test_a_pass_while_the_first_scheduling_is_under_way_leaves_it_alone(tmp_path):
+    """The poster's task hands the delayed events over one by one while the
+    pass runs beside it: a pass in between took the half-scheduled posting
+    for one under an unknown key, handed its poll end over again, and the
+    scheduling's own write then dropped the new one from the store (two
+    poll ends at the deadline, one of them untracked)."""
+    room = room_with(tmp_path, expires="45s")
+    hs = KeyedDelaying()
+    room.pipeline.transport = hs
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    handed, held = hs.send_delayed, asyncio.Event()
+
+    async def slow_edit(room_id, event_type, content, txn, delay_ms):
+        if content.get("m.relates_to", {}).get("rel_type") == "m.replace":
+            await held.wait()
+        return await handed(room_id, event_type, content, txn, delay_ms)
+
+    hs.send_delayed = slow_edit
+
+    async def both() -> None:
+        scheduling = asyncio.ensure_future(deadlines.schedule(room.posted, "$poll"))
+        await asyncio.sleep(0.05)  # the poll end is handed over, the edit under way
+        await deadlines.pass_once()
+        held.set()
+        await scheduling
+        await deadlines.pass_once()
+
+    asyncio.run(both())
+    assert kinds_scheduled(hs) == ["edit", "poll_end"] and hs.cancelled == []
+    assert sorted(json.loads(room.store.get_meta("delays:" + room.posted.event_id)).values()) == sorted(hs.delayed)
+
+
 def test_a_decision_undone_hands_the_closing_edit_and_the_escalation_to_the_homeserver_again(tmp_path):
     """Decided, so the homeserver's closing edit and escalation were
     cancelled; then undone by a take-back read late: open to votes again.

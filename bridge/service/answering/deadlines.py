@@ -194,7 +194,12 @@ class Deadlines:
         if now is None or not delays:
             return
         raw = self.store.get_meta(KEYED + question.event_id)
-        keyed = json.loads(raw) if raw else {"to": [], "gen": 0}
+        if raw is None:  # scheduled before who could read it was noted: taken as those who can now
+            if now:
+                with self.store.transaction(flush=False):
+                    self._keyed(question.event_id, now, 0)
+            return
+        keyed = json.loads(raw)
         if now and now <= {tuple(device) for device in keyed["to"]} and not keyed.get("next"):
             return
         left = (question.expires_ms or 0) - self._now()
@@ -231,6 +236,10 @@ class Deadlines:
             await self._restate(question, record)
         with self.store.transaction(flush=False):
             self._keyed(question.event_id, self._recipients(question.room_id) or frozenset(), gen)
+        stale = [what for what in self._delays(question.event_id) if "@" in what]
+        if stale:  # the ones under the old key (a closing edit's were cancelled by ``_restate`` already)
+            await self._cancel(question.event_id, keep=tuple(w for w in self._delays(question.event_id)
+                                                            if w not in stale))
         log.info("delayed events of %s handed over again under the room's new key", question.event_id)
 
     def _closing(self, question: RecordedQuestion) -> str:
@@ -388,8 +397,12 @@ class Deadlines:
                 await self._escalate(question)
                 return
             else:
-                await self._rekey(question, record)
-                await self._restate(question, record)
+                # (Its first scheduling under way in the poster's task: looked
+                # at once that is done, not beside it, whose writes would
+                # undo what this pass hands over.)
+                if question.event_id not in self._handing:
+                    await self._rekey(question, record)
+                    await self._restate(question, record)
                 return
             self.flush()
             question = self.store.question_by_event(event_id) or question
