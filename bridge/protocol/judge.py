@@ -123,6 +123,7 @@ REASONS: dict[str, Layer] = {
     "note_too_long": "recorded",
     "not_an_answerer": "recorded",
     "expired": "recorded",
+    "poll_ended": "recorded",
     # either layer: a bug in the judge itself, never expected
     "unjudgeable": "schema",
 }
@@ -335,6 +336,15 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
                        f"This question expired at {clock_words(expires)} ({format_rfc3339(expires)}); "
                        "answers after that are not recorded.")
     return None
+
+
+def poll_ended_refusal(by: str, at_ms: int) -> Refused:
+    """A vote the room placed after the question's poll was ended (by the
+    poll's sender or someone with the power to): clients count it nowhere,
+    so neither does the bridge.  The question itself may still be open."""
+    return Refused("recorded", "poll_ended",
+                   f"This poll was ended by {by} at {clock_words(at_ms)}, so your vote was not recorded. "
+                   "You can still answer by replying to the question.")
 
 
 # Why a question was closed when its postings still take what the room placed

@@ -27,6 +27,7 @@ from bridge.questionset.builtin import BUILTIN_IDS
 
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
 POLL_RESPONSE_TYPES = frozenset({"org.matrix.msc3381.poll.response", "m.poll.response"})
+POLL_END_TYPES = frozenset({"org.matrix.msc3381.poll.end", "m.poll.end"})
 FILE_MSGTYPES = frozenset({"m.image", "m.file", "m.video", "m.audio"})
 TEXT_MSGTYPES = frozenset({"m.text", "m.emote", "m.notice"})
 
@@ -109,6 +110,18 @@ class Annotation:
 
 
 @dataclass(frozen=True)
+class PollEnd:
+    """Someone ended a question's poll (MSC3381: its sender, or anyone with
+    the power to redact it, may): clients count no vote after it."""
+
+    question: RecordedQuestion
+    event_id: str
+    room_id: str
+    sender: str
+    ts: int
+
+
+@dataclass(frozen=True)
 class Unplaced:
     """A reply to a message that is about no question the bridge knows (the
     shell decides whether it was meant for the bridge: whom it mentions)."""
@@ -120,7 +133,7 @@ class Unplaced:
     mentions: tuple[str, ...] = ()
 
 
-Found = Candidate | Withdrawal | VoteWithdrawal | Unreadable | Annotation | Unplaced
+Found = Candidate | Withdrawal | VoteWithdrawal | Unreadable | Annotation | Unplaced | PollEnd
 
 
 def normalize(event: dict[str, Any], lookup: Lookup) -> Found | None:
@@ -140,6 +153,13 @@ def normalize(event: dict[str, Any], lookup: Lookup) -> Found | None:
         return None  # a forged event's type may be anything, even unhashable
     if kind in POLL_RESPONSE_TYPES:
         return _poll_vote(event, content, lookup)
+    if kind in POLL_END_TYPES:
+        poll = _related(content, "m.reference")
+        question = lookup.question_by_poll(poll) if poll else None
+        if question is None:
+            return None
+        return PollEnd(question, _s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"),
+                       timestamp(event.get("origin_server_ts")))
     if kind == "m.reaction":
         return _reaction(event, content, lookup)
     if kind == ANSWER_TYPE or (kind == "m.room.message" and content.get("suite_event_type") == ANSWER_TYPE):

@@ -107,6 +107,41 @@ async def test_poll_votes_in_both_formats_land_as_that_choice(bridge):
     await until(lambda: record(bridge, "branch") is None, what="the empty vote withdrawing the answer")
 
 
+async def test_a_poll_a_moderator_ended_takes_no_more_votes_and_its_question_still_takes_replies(bridge, person):
+    """A moderator ends the bridge's poll from Element (anyone with the
+    power to redact it may): Element shows the votes until then as final
+    and takes no more.  A vote sent after it (another client) was recorded
+    all the same, and the record said what nobody in the room saw."""
+    from urllib.parse import quote
+
+    from bridge.devserver import _http_json
+
+    questions = await started(bridge)
+    alice, room, synapse = bridge.alice, bridge.room_id, bridge.synapse
+    moderator = person()
+    synapse.invite(bridge.bot["access_token"], room, moderator.user_id)
+    synapse.join(moderator.token, room)
+    levels_url = f"{synapse.url}/_matrix/client/v3/rooms/{quote(room)}/state/m.room.power_levels/"
+    levels = _http_json("GET", levels_url, None, bridge.bot["access_token"])
+    levels["users"][moderator.user_id] = 50  # a moderator: the power to redact others' messages
+    _http_json("PUT", levels_url, levels, bridge.bot["access_token"])
+    branch = questions[("branch", 1)]
+    poll = (await polls(alice, room))[branch["event_id"]]
+    await alice.send(room, vote(poll["event_id"], ["stable"]), "org.matrix.msc3381.poll.response")
+    assert (await bridge.wait_answer("kinds", "branch"))["choice"] == "stable"
+    await moderator.send(room, {"m.relates_to": {"rel_type": "m.reference", "event_id": poll["event_id"]},
+                                "org.matrix.msc3381.poll.end": {}, "org.matrix.msc1767.text": "Ended poll"},
+                         "org.matrix.msc3381.poll.end")
+    late = await alice.send(room, vote(poll["event_id"], ["main"]), "org.matrix.msc3381.poll.response")
+    notice = await alice.wait_notice(room, late)
+    assert notice["content"][OUTCOME]["reason"] == "poll_ended", notice["content"]["body"]
+    assert f"This poll was ended by {moderator.user_id}" in notice["content"]["body"]
+    assert record(bridge, "branch")["choice"] == "stable"  # what the ended poll shows
+    reply = await alice.send(room, element_reply(branch, "1", bridge.bot["user_id"]))  # the question still open
+    assert (await alice.wait_notice(room, reply))["content"][OUTCOME]["outcome"] == "recorded"
+    assert (await bridge.wait_answer("kinds", "branch", rev=2))["choice"] == "main"
+
+
 async def test_the_poll_is_ended_when_its_question_is_closed(bridge):
     questions = await started(bridge)
     alice, room = bridge.alice, bridge.room_id

@@ -128,6 +128,8 @@ def _refusals() -> list[tuple[RecordedQuestion | None, Refused]]:
         approval = RecordedQuestion(branch.event_id, branch.room_id, branch.set_id, content)
         found.append((approval, verdict(approval, content_for(branch, option_id="opt_main"))))
     found.append((None, judge_module._unjudgeable("recorded")))
+    # A vote after the question's poll was ended by someone with the power to (the shell's, not the judge's).
+    found.append((branch, judge_module.poll_ended_refusal("@mod:hs", 1_800_000_000_000)))
     return found
 
 

@@ -29,9 +29,9 @@ from bridge.protocol import annotate
 from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import (CLOSED_DECIDED, Accepted, IncomingAnswer, JudgeContext, check_identity,
-                                  judge)
-from bridge.protocol.normalize import (Annotation, Candidate, Unplaced, Unreadable, VoteWithdrawal, Withdrawal,
-                                      is_empty_vote, normalize, poll_votes, posting_keys)
+                                  judge, poll_ended_refusal)
+from bridge.protocol.normalize import (Annotation, Candidate, PollEnd, Unplaced, Unreadable, VoteWithdrawal,
+                                      Withdrawal, is_empty_vote, normalize, poll_votes, posting_keys)
 from bridge.protocol.withdrawn import UNPLACED_MESSAGE
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
@@ -318,6 +318,9 @@ class Pipeline(FolderFlush):
 
     def _restore_before(self) -> None:
         for (what, room), kept in (self._before or {}).items():
+            if what == "poll_ends":
+                self.timeline.poll_ends = kept
+                continue
             table: dict[str, Any] = self.members if what == "members" else self.power
             if kept is None:
                 table.pop(room, None)
@@ -379,6 +382,10 @@ class Pipeline(FolderFlush):
                                                       found.room_id, _ts(event)),
                             found.event_id, found.room_id, found.sender, "poll", event, result,
                             question_event_id=found.question.event_id)
+        elif isinstance(found, PollEnd):
+            if self._before is not None:  # a batch handled again starts from the ends it began with
+                self._before.setdefault(("poll_ends", ""), {q: list(e) for q, e in self.timeline.poll_ends.items()})
+            self.timeline.poll_end(found, self.transport.user_id)
         elif isinstance(found, Unplaced):
             self._unplaced(found, result)
         elif isinstance(found, Unreadable):
@@ -533,6 +540,10 @@ class Pipeline(FolderFlush):
     def _judge(self, found: Candidate, event: dict[str, Any], now: str, result: BatchResult) -> None:
         answer, question = found.answer, found.question
         verdict = judge(question, answer, self._context(answer.room_id))
+        if isinstance(verdict, Accepted) and answer.via == "poll" and question is not None:
+            ended = self.timeline.poll_ended(question.event_id, answer.origin_server_ts)
+            if ended is not None:
+                verdict = poll_ended_refusal(*ended)
         common = self._common(answer, question, _ts(event), found.replaces)
         set_dir = common["set_dir"]
         if isinstance(verdict, Accepted) and question is not None and set_dir:

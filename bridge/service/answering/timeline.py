@@ -18,7 +18,8 @@ import logging
 from typing import Any
 
 from bridge.protocol.authorship import may_redact
-from bridge.protocol.normalize import Withdrawal
+from bridge.protocol.normalize import PollEnd, Withdrawal
+from bridge.service.storage.redactions import poll_end_key
 from bridge.service.storage.store import Store, votes_key
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ class Timeline:
     def __init__(self, store: Store, power: dict[str, dict[str, Any]]):
         self.store = store
         self.power = power  # room -> m.room.power_levels content, kept current by the pipeline
+        # Question event id -> [(ts, by)] of its poll's ends that count, kept
+        # current by ``poll_end`` (read once: a vote then costs no round trip).
+        self.poll_ends: dict[str, list[tuple[int, str]]] = store.poll_ends()
 
     def redacted(self, event_id: str, sender: str, room_id: str) -> bool:
         """Whether a redaction that counts has been seen for this event."""
@@ -110,6 +114,28 @@ class Timeline:
     def vote_cleared(self, question_event_id: str, sender: str, ts: int) -> tuple[str, int] | None:
         """The empty vote (event id, ts) later in the room that has taken back a vote sent at ``ts``, if any."""
         return self.store.redaction_since(votes_key(question_event_id, sender), ts)
+
+    def poll_end(self, found: PollEnd, poll_sender: str) -> None:
+        """Someone ended a question's poll: it counts from its sender (the
+        bridge, whose poll it is) or someone with the power to redact it, as
+        clients count it (Element shows the votes until then as final, and
+        takes no more); votes placed after it are refused from then on."""
+        if not may_redact(found.sender, poll_sender, self.power.get(found.room_id)):
+            log.info("poll end %s by %s ignored: not the poll's sender, and no power to end it",
+                     found.event_id, found.sender)
+            self.store.mark_processed(found.event_id, "ignored")
+            return
+        self.store.keep_redaction(found.event_id, poll_end_key(found.question.event_id), found.room_id,
+                                  found.sender, found.ts)
+        self.store.mark_processed(found.event_id, "withdrawn")
+        ends = self.poll_ends.get(found.question.event_id, [])
+        self.poll_ends[found.question.event_id] = sorted([*ends, (found.ts, found.sender)])
+        log.info("the poll of %s was ended by %s: votes after it are refused", found.question.event_id, found.sender)
+
+    def poll_ended(self, question_event_id: str, ts: int) -> tuple[str, int] | None:
+        """(by whom, when) the question's poll was ended at or before ``ts``, if it was."""
+        first = next(iter(self.poll_ends.get(question_event_id, ())), None)
+        return (first[1], first[0]) if first is not None and first[0] <= ts else None
 
     def track_power(self, event: dict[str, Any]) -> None:
         if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \

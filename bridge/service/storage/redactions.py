@@ -20,6 +20,14 @@ def votes_key(question_event_id: str, sender: str) -> str:
     return f"{_VOTES}{question_event_id}{_VOTES_BY}{sender}"
 
 
+_POLL_END = "poll_end\x1f"
+
+
+def poll_end_key(question_event_id: str) -> str:
+    """The redaction target a poll's end is kept under: the votes of the question's poll, from then on."""
+    return f"{_POLL_END}{question_event_id}"
+
+
 def votes_keys(postings: dict, votes: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """The ``votes_key`` of each (poll, sender) whose poll is a posting's in
     ``postings`` (a batch's memo: ``Postings.looked_up``'s keys)."""
@@ -73,6 +81,16 @@ class RedactionsAndEdits:
         row = self.db.execute("SELECT event_id, ts FROM redaction WHERE target=? AND ts>=?"
                               f" ORDER BY ts, event_id{self.sql.bytewise} LIMIT 1", (target, ts)).fetchone()
         return (row[0], row[1]) if row else None
+
+    def poll_ends(self) -> dict[str, list[tuple[int, str]]]:
+        """Every poll end kept (``poll_end_key``): question event id -> [(ts, sender)], earliest first.
+        Few (a moderator ending a poll), and read once a start, so a vote costs no read of its own."""
+        ends: dict[str, list[tuple[int, str]]] = {}
+        for target, sender, ts in self.db.execute("SELECT target, sender, ts FROM redaction WHERE target LIKE ?",
+                                                  (_POLL_END + "%",)).fetchall():
+            if target.startswith(_POLL_END):
+                ends.setdefault(target[len(_POLL_END):], []).append((ts, sender))
+        return {question: sorted(found) for question, found in ends.items()}
 
     def redactions_of(self, target: str) -> list[str]:
         """The senders of redactions that came before their target."""
