@@ -92,7 +92,9 @@ def unanswerable(view: dict[str, Any], question: str | None, until: str) -> str 
     entries = view["answers"]
     if question is not None:
         status = next((e["status"] for e in entries if e["qid"] == question), None)
-        if status is None or status in ("open", UNKNOWN):
+        if status is None:  # it was there when the wait began (``in_the_set``), unanswered, and is gone
+            return f"question {question!r} is removed: it can get no answer now"
+        if status in ("open", UNKNOWN):
             return None
         return f"question {question!r} is {status}: it can get no answer now"
     if until != UNTIL_ALL and not any(e["status"] in ("open", UNKNOWN) for e in entries):

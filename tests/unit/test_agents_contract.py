@@ -170,18 +170,21 @@ async def test_without_a_bridge_the_folder_watcher_feeds_the_waits_and_the_caps_
 
 async def test_a_wait_for_what_can_get_no_answer_ends_at_once_and_says_why(tmp_path):
     """A question closed (by another agent, a moderator, a deadline's
-    decision) held a wait for it until its timeout, and the agent waited
-    again, for ever; ``askwright-bridge wait`` exits 2 there."""
+    decision) or removed held a wait for it until its timeout, and the agent
+    waited again, for ever; ``askwright-bridge wait`` exits 2 there."""
     sets = AgentSets(tmp_path)
     document = one_question()
-    document["questions"].append({**document["questions"][0], "id": "q2", "title": "Hotfix branch",
-                                  "question": "Which branch should the hotfix be cut from?"})
+    branch = document["questions"][0]
+    document["questions"] += [{**branch, "id": "q2", "title": "Hotfix branch",
+                               "question": "Which branch should the hotfix be cut from?"},
+                              {**branch, "id": "q3", "title": "Docs branch",
+                               "question": "Which branch should the docs be cut from?"}]
     sets.ask("a", "plan", document)
     stop = asyncio.Event()
     watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(), stop, sets.changes))
     try:
         await asyncio.sleep(0.5)  # the watcher is up
-        qid = document["questions"][0]["id"]
+        qid = branch["id"]
         waiting = asyncio.ensure_future(wait_answers(sets, "a", "plan", question=qid, timeout=60))
         await asyncio.sleep(0.3)
         assert not waiting.done()
@@ -193,7 +196,12 @@ async def test_a_wait_for_what_can_get_no_answer_ends_at_once_and_says_why(tmp_p
         # Asked again: at once, not after its minute.
         began = time.monotonic()
         assert (await wait_answers(sets, "a", "plan", question=qid, timeout=60))[1:] == (False, why)
-        # Any open question: q2 still is, so that wait waits; closed too, it ends.
+        # Removed from the set while waited for, never answered: no record of it in the view at all.
+        waiting = asyncio.ensure_future(wait_answers(sets, "a", "plan", question="q3", timeout=60))
+        await asyncio.sleep(0.3)
+        sets.ask("a", "plan", {**document, "questions": [{**branch, "status": "closed"}, document["questions"][1]]})
+        assert (await asyncio.wait_for(waiting, 20))[1:] == (False, "question 'q3' is removed: it can get no answer now")
+        # Any open question: q2 still is, so that wait waits; withdrawn too, it ends.
         assert (await wait_answers(sets, "a", "plan", timeout=0.2))[1:] == (False, None)
         sets.close("a", "plan", ["q2"], "withdrawn", "not needed")
         assert (await wait_answers(sets, "a", "plan", timeout=60))[1:] == \
