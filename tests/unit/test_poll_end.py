@@ -48,6 +48,18 @@ def test_a_vote_after_a_moderator_ended_the_poll_is_refused_and_one_before_it_st
     assert outcome(room, "$a2") == ("refused", "poll_ended")
 
 
+def test_an_empty_vote_after_the_end_takes_nothing_back(tmp_path: Path) -> None:
+    """The votes until the end are final in the room: an empty vote sent
+    after it (any client but Element, which offers none) silently dropped
+    the vote the ended poll still shows."""
+    room = Room(tmp_path)
+    room.deliver([vote("$a1", ALICE, 1000, ["main"]), poll_end("$end", MODERATOR, 2000)])
+    room.deliver([vote("$a2", ALICE, 3000, [])])
+    assert room.record()["choice"] == "main"
+    room.deliver([vote("$a3", ALICE, 1500, [])])  # one placed before the end, read late, counts
+    assert room.record() is None
+
+
 def test_a_poll_end_from_someone_without_the_power_to_end_it_changes_nothing(tmp_path: Path) -> None:
     room = Room(tmp_path)
     room.deliver([poll_end("$end", ALICE, 2000)])  # not the poll's sender, no power to redact it

@@ -377,6 +377,10 @@ class Pipeline(FolderFlush):
                 self._withdrawn(touched, found.event_id, found.room_id, found.sender, "redaction", event, result,
                                 target=found.target)
         elif isinstance(found, VoteWithdrawal):
+            if self.timeline.poll_ended(found.question.event_id, _ts(event)) is not None:
+                # After the poll's end its votes are final, as clients show them.
+                self.store.mark_processed(found.event_id, "ignored")
+                return
             # Only the votes before it in the room: a later vote that arrived first stands.
             self._withdrawn(self.timeline.clear_votes(found.question.event_id, found.sender, found.event_id,
                                                       found.room_id, _ts(event)),
