@@ -876,14 +876,26 @@ def test_a_restatement_refused_once_goes_through_at_the_next_pass(tmp_path):
 
 
 class KeyedDelaying(Delaying):
-    """An encrypted room's homeserver: ``readers`` are the devices the room key in use went to."""
+    """An encrypted room's homeserver: ``readers`` are the devices the room
+    key in use went to (none: none in use), ``devices`` the room's now."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.readers: frozenset[tuple[str, str]] = frozenset({(ANA, "PHONE")})
+        self.devices: frozenset[tuple[str, str]] = frozenset({(ANA, "PHONE")})
+        self.readers = self.devices
+        self.shared = 0  # room keys shared
 
     def key_recipients(self, room_id: str) -> frozenset[tuple[str, str]]:
         return self.readers
+
+    async def share_room_key(self, room_id: str) -> None:
+        if not self.readers:
+            self.readers, self.shared = self.devices, self.shared + 1
+
+    async def send_delayed(self, room_id: str, event_type: str, content: dict[str, Any], txn: str,
+                           delay_ms: int) -> str:
+        await self.share_room_key(room_id)  # encrypted under the key in use, one shared first if none
+        return await super().send_delayed(room_id, event_type, content, txn, delay_ms)
 
 
 def kinds_scheduled(hs: Delaying) -> list[str]:
@@ -912,12 +924,46 @@ def test_someone_joining_has_each_delayed_event_handed_over_again_once(tmp_path,
     clock[0] = T0 + 2000
     asyncio.run(deadlines.pass_once())
     assert hs.cancelled == []  # nobody came: nothing handed over again
-    hs.readers = hs.readers | {(BO, "LAPTOP")}
+    hs.readers = frozenset()  # a restart (no key kept): the same people, nothing handed over again
+    asyncio.run(deadlines.pass_once())
+    assert hs.cancelled == [] and hs.shared == 1 and kinds_scheduled(hs) == first
+    hs.devices, hs.readers = hs.devices | {(BO, "LAPTOP")}, frozenset()  # Bob joins: the key goes
     clock[0] = T0 + 3000
     asyncio.run(deadlines.pass_once())
     assert kinds_scheduled(hs) == first and len(hs.cancelled) == len(first)
     asyncio.run(deadlines.pass_once())
     assert kinds_scheduled(hs) == first and len(hs.cancelled) == len(first)  # once
+
+
+def test_a_handing_over_cut_short_and_done_again_keeps_what_it_handed_over(tmp_path):
+    """Stopped between handing the poll end over again and noting that it
+    was all done: the next try sends the same transactions, and the
+    homeserver hands back the same poll end, which was then taken for the
+    old one and cancelled; at the decision the bridge took it for sent by
+    the homeserver, and the poll was never ended."""
+    room = room_with(tmp_path, expires="45s", escalate={"after": "30s", "to": [DEE]})
+    hs = KeyedDelaying()
+    room.pipeline.transport = hs
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    handed, cut = hs.send_delayed, [True]  # (the posting's own handing over is done)
+
+    async def stopped_midway(room_id, event_type, content, txn, delay_ms):
+        escalation = event_type == "m.room.message" and "m.new_content" not in content
+        if cut[0] and escalation:  # the escalation's second handing over: the first went at the posting
+            cut[0] = False
+            raise RuntimeError("the bridge stopped here")
+        return await handed(room_id, event_type, content, txn, delay_ms)
+
+    hs.devices, hs.readers = hs.devices | {(BO, "LAPTOP")}, frozenset()
+    hs.send_delayed = stopped_midway
+    clock[0] = T0 + 2000
+    asyncio.run(deadlines.pass_once())  # the poll end handed over again; stopped before the rest
+    asyncio.run(deadlines.pass_once())  # done again, the same transactions
+    assert kinds_scheduled(hs) == ["edit", "escalate", "poll_end"]
+    current = json.loads(room.store.get_meta("delays:" + room.posted.event_id))
+    assert current["poll_end"] in hs.delayed and current["escalate"] in hs.delayed
 
 
 def test_a_pass_while_the_first_scheduling_is_under_way_leaves_it_alone(tmp_path):

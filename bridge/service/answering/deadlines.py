@@ -193,6 +193,17 @@ class Deadlines:
         delays = self._delays(question.event_id)
         if now is None or not delays:
             return
+        if not now:
+            # No room key in use (none after a restart, or a member came or
+            # went): one is shared now, as the next send would, so who can
+            # read is known; handing everything over again at every start
+            # ran into the homeserver's limit on cancelling delayed events.
+            share = getattr(self.transport, "share_room_key", None)
+            if share is not None:
+                await share(question.room_id)
+            now = self._recipients(question.room_id)
+            if not now:
+                return
         raw = self.store.get_meta(KEYED + question.event_id)
         if raw is None:  # scheduled before who could read it was noted: taken as those who can now
             if now:
@@ -224,8 +235,10 @@ class Deadlines:
                                                                     *_epoch(epoch), f"key{gen}"), at - self._now())
             finally:
                 self._handing.discard(question.event_id)
-            if delay_id is not None:
-                delays = self._delays(question.event_id)
+            delays = self._delays(question.event_id)
+            # (The same id back: this generation's was handed over and noted
+            # before a stop; the homeserver knew its transaction again.)
+            if delay_id is not None and delay_id != delays.get(what):
                 delays[f"{what}@key{gen}"], delays[what] = delays[what], delay_id
                 with self.store.transaction(flush=False):
                     self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))

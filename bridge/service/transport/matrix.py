@@ -301,6 +301,13 @@ class NioTransport:
             return None
         return self.crypto.key_recipients(room_id)
 
+    async def share_room_key(self, room_id: str) -> None:
+        """A room key in use in ``room_id``, shared with its devices now, as
+        the next send would (none after a restart, or once a member came or went)."""
+        if self.crypto is not None and await self.room_encrypted(room_id):
+            await self.crypto.before_send(room_id)
+            await self.crypto.ensure_room_key(room_id)
+
     async def cancel_delayed(self, delay_id: str) -> bool:
         """Cancel a delayed event: True when this cancelled it, False when it
         was gone already (sent, or cancelled before); gone either way."""
