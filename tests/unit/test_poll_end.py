@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers.timeline import MODERATOR, PEOPLE, Room, answer, vote
+from helpers.timeline import MODERATOR, PEOPLE, Room, answer, redact, vote
 
 ALICE, BOB, CAROL = PEOPLE
 
@@ -58,6 +58,20 @@ def test_an_empty_vote_after_the_end_takes_nothing_back(tmp_path: Path) -> None:
     assert room.record()["choice"] == "main"
     room.deliver([vote("$a3", ALICE, 1500, [])])  # one placed before the end, read late, counts
     assert room.record() is None
+
+
+def test_a_poll_end_redacted_opens_the_poll_again_as_clients_show_it(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    room.deliver([poll_end("$end", MODERATOR, 2000)])
+    room.deliver([redact("$r-bob", BOB, 2500, "$end")])  # not his, no power: nothing changes
+    room.deliver([vote("$b1", BOB, 3000, ["stable"])])
+    assert outcome(room, "$b1") == ("refused", "poll_ended")
+    room.deliver([redact("$r-mod", MODERATOR, 3500, "$end")])
+    room.deliver([vote("$b2", BOB, 4000, ["stable"])])
+    assert outcome(room, "$b2") == ("accepted", None)
+    room.crash()
+    room.deliver([vote("$a1", ALICE, 5000, ["main"])])
+    assert outcome(room, "$a1") == ("accepted", None)
 
 
 def test_a_poll_end_from_someone_without_the_power_to_end_it_changes_nothing(tmp_path: Path) -> None:

@@ -371,6 +371,10 @@ class Pipeline(FolderFlush):
         found = normalize(event, self.lookup)
         if found is None:
             return
+        if (isinstance(found, (Withdrawal, PollEnd)) and self._before is not None
+                and ("poll_ends", "") not in self._before):
+            # A batch handled again starts from the poll ends it began with.
+            self._before[("poll_ends", "")] = self.timeline.snapshot()
         if isinstance(found, Withdrawal):
             touched = self.timeline.redaction(found, _ts(event))
             if touched is not NOT_NOW:
@@ -387,8 +391,6 @@ class Pipeline(FolderFlush):
                             found.event_id, found.room_id, found.sender, "poll", event, result,
                             question_event_id=found.question.event_id)
         elif isinstance(found, PollEnd):
-            if self._before is not None:  # a batch handled again starts from the ends it began with
-                self._before.setdefault(("poll_ends", ""), {q: list(e) for q, e in self.timeline.poll_ends.items()})
             self.timeline.poll_end(found, self.transport.user_id)
         elif isinstance(found, Unplaced):
             self._unplaced(found, result)

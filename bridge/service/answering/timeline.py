@@ -33,9 +33,9 @@ class Timeline:
     def __init__(self, store: Store, power: dict[str, dict[str, Any]]):
         self.store = store
         self.power = power  # room -> m.room.power_levels content, kept current by the pipeline
-        # Question event id -> [(ts, by)] of its poll's ends that count, kept
+        # Question event id -> [(ts, by, event id)] of its poll's ends that count, kept
         # current by ``poll_end`` (read once: a vote then costs no round trip).
-        self.poll_ends: dict[str, list[tuple[int, str]]] = store.poll_ends()
+        self.poll_ends: dict[str, list[tuple[int, str, str]]] = store.poll_ends()
 
     def redacted(self, event_id: str, sender: str, room_id: str) -> bool:
         """Whether a redaction that counts has been seen for this event."""
@@ -82,6 +82,17 @@ class Timeline:
     def redaction(self, found: Withdrawal, ts: int) -> Any:
         """Apply a redaction: the question it touched, None, or NOT_NOW."""
         target = found.target
+        ended = next(((question, end) for question, ends in self.poll_ends.items() for end in ends
+                      if end[2] == target), None)
+        if ended is not None:
+            # A poll's end redacted: clients show the poll open again.
+            question, (_at, by, _event) = ended
+            if may_redact(found.sender, by, self.power.get(found.room_id)):
+                self.poll_ends[question] = [end for end in self.poll_ends[question] if end[2] != target]
+                self.store.forget_redaction(target, poll_end_key(question))
+                log.info("the end %s of the poll of %s was redacted: it takes votes again", target, question)
+            self.store.mark_processed(found.event_id, "withdrawn")
+            return NOT_NOW
         author = self.store.sender_of(target)
         # Kept either way: a target yet to come is dropped when it does, and
         # an edit of a redacted event is ignored.
@@ -129,13 +140,16 @@ class Timeline:
                                   found.sender, found.ts)
         self.store.mark_processed(found.event_id, "withdrawn")
         ends = self.poll_ends.get(found.question.event_id, [])
-        self.poll_ends[found.question.event_id] = sorted([*ends, (found.ts, found.sender)])
+        self.poll_ends[found.question.event_id] = sorted([*ends, (found.ts, found.sender, found.event_id)])
         log.info("the poll of %s was ended by %s: votes after it are refused", found.question.event_id, found.sender)
 
     def poll_ended(self, question_event_id: str, ts: int) -> tuple[str, int] | None:
         """(by whom, when) the question's poll was ended at or before ``ts``, if it was."""
         first = next(iter(self.poll_ends.get(question_event_id, ())), None)
         return (first[1], first[0]) if first is not None and first[0] <= ts else None
+
+    def snapshot(self) -> dict[str, list[tuple[int, str, str]]]:
+        return {question: list(ends) for question, ends in self.poll_ends.items()}
 
     def track_power(self, event: dict[str, Any]) -> None:
         if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \

@@ -82,15 +82,19 @@ class RedactionsAndEdits:
                               f" ORDER BY ts, event_id{self.sql.bytewise} LIMIT 1", (target, ts)).fetchone()
         return (row[0], row[1]) if row else None
 
-    def poll_ends(self) -> dict[str, list[tuple[int, str]]]:
-        """Every poll end kept (``poll_end_key``): question event id -> [(ts, sender)], earliest first.
-        Few (a moderator ending a poll), and read once a start, so a vote costs no read of its own."""
-        ends: dict[str, list[tuple[int, str]]] = {}
-        for target, sender, ts in self.db.execute("SELECT target, sender, ts FROM redaction WHERE target LIKE ?",
-                                                  (_POLL_END + "%",)).fetchall():
+    def poll_ends(self) -> dict[str, list[tuple[int, str, str]]]:
+        """Every poll end kept (``poll_end_key``): question event id -> [(ts, sender, event id)], earliest
+        first.  Few (a moderator ending a poll), and read once a start, so a vote costs no read of its own."""
+        ends: dict[str, list[tuple[int, str, str]]] = {}
+        for target, sender, ts, event_id in self.db.execute(
+                "SELECT target, sender, ts, event_id FROM redaction WHERE target LIKE ?", (_POLL_END + "%",)).fetchall():
             if target.startswith(_POLL_END):
-                ends.setdefault(target[len(_POLL_END):], []).append((ts, sender))
+                ends.setdefault(target[len(_POLL_END):], []).append((ts, sender, event_id))
         return {question: sorted(found) for question, found in ends.items()}
+
+    def forget_redaction(self, event_id: str, target: str) -> None:
+        """A kept mark (a poll's end) taken back: its own event was redacted."""
+        self.db.execute("DELETE FROM redaction WHERE event_id=? AND target=?", (event_id, target))
 
     def redactions_of(self, target: str) -> list[str]:
         """The senders of redactions that came before their target."""
