@@ -789,6 +789,17 @@ class Delaying(Transport):
                 in self.delayed.values() if content.get("m.relates_to", {}).get("rel_type") == "m.replace"]
 
 
+def scheduled(tmp_path: Path, hs: "Delaying", **fields: Any) -> tuple[Room, Deadlines, list[int]]:
+    """The approval posted with ``fields`` and its delayed events handed to
+    ``hs``: the room, the deadlines and their clock (ms, to move on)."""
+    room = room_with(tmp_path, **fields)
+    room.pipeline.transport = hs
+    clock = [T0 + 1000]
+    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(deadlines.schedule(room.posted, "$poll" if "expires" in fields else None))
+    return room, deadlines, clock
+
+
 def test_the_delayed_closing_edit_is_restated_as_the_votes_change(tmp_path):
     room = room_with(tmp_path, expires="45s")
     hs = Delaying()
@@ -823,17 +834,13 @@ def test_a_restatement_that_could_not_be_encrypted_leaves_the_closing_to_the_bri
     the new words were noted as handed over, and at the deadline the bridge
     took the homeserver's edit for one that said the vote: the question
     closed saying "no votes" after the room was told "1 of 2"."""
-    room = room_with(tmp_path, expires="45s")
     hs = Delaying()
-    room.pipeline.transport = hs
-    clock = [T0 + 1000]
-    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
-    asyncio.run(deadlines.schedule(room.posted, "$poll"))
-    scheduled = hs.send_delayed
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s")
+    handed = hs.send_delayed
     refusing = [True]
 
     async def unencryptable(room_id, event_type, content, txn, delay_ms):
-        return None if refusing[0] else await scheduled(room_id, event_type, content, txn, delay_ms)
+        return None if refusing[0] else await handed(room_id, event_type, content, txn, delay_ms)
 
     hs.send_delayed = unencryptable
     room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
@@ -851,18 +858,15 @@ def test_a_restatement_that_could_not_be_encrypted_leaves_the_closing_to_the_bri
 
 
 def test_a_restatement_refused_once_goes_through_at_the_next_pass(tmp_path):
-    room = room_with(tmp_path, expires="45s")
     hs = Delaying()
-    clock = [T0 + 1000]
-    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
-    asyncio.run(deadlines.schedule(room.posted, "$poll"))
-    scheduled, refusals = hs.send_delayed, [1]
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s")
+    handed, refusals = hs.send_delayed, [1]
 
     async def refused_once(room_id, event_type, content, txn, delay_ms):
         if refusals[0]:
             refusals[0] -= 1
             return None
-        return await scheduled(room_id, event_type, content, txn, delay_ms)
+        return await handed(room_id, event_type, content, txn, delay_ms)
 
     hs.send_delayed = refused_once
     room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
@@ -913,12 +917,8 @@ def test_someone_joining_has_each_delayed_event_handed_over_again_once(tmp_path,
     gets, and the one under the old key cancelled, also an escalation with
     no deadline beside it (it was left scheduled, and pinged its people twice)."""
     fields = {"escalate": {"after": "30s", "to": [DEE]}, **({"expires": expires} if expires else {})}
-    room = room_with(tmp_path, **fields)
     hs = KeyedDelaying()
-    room.pipeline.transport = hs
-    clock = [T0 + 1000]
-    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
-    asyncio.run(deadlines.schedule(room.posted, "$poll" if expires else None))
+    room, deadlines, clock = scheduled(tmp_path, hs, **fields)
     first = kinds_scheduled(hs)
     assert first == (["edit", "escalate", "poll_end"] if expires else ["escalate"])
     clock[0] = T0 + 2000
@@ -941,12 +941,8 @@ def test_a_handing_over_cut_short_and_done_again_keeps_what_it_handed_over(tmp_p
     homeserver hands back the same poll end, which was then taken for the
     old one and cancelled; at the decision the bridge took it for sent by
     the homeserver, and the poll was never ended."""
-    room = room_with(tmp_path, expires="45s", escalate={"after": "30s", "to": [DEE]})
     hs = KeyedDelaying()
-    room.pipeline.transport = hs
-    clock = [T0 + 1000]
-    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
-    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s", escalate={"after": "30s", "to": [DEE]})
     handed, cut = hs.send_delayed, [True]  # (the posting's own handing over is done)
 
     async def stopped_midway(room_id, event_type, content, txn, delay_ms):
@@ -1005,12 +1001,8 @@ def test_a_decision_undone_hands_the_closing_edit_and_the_escalation_to_the_home
     The bridge down from then on, nothing closed it at its deadline (nor
     called the moderator in); now the homeserver has both again, under new
     transaction ids, and a vote after the undo restates the edit."""
-    room = room_with(tmp_path, expires="45s", escalate={"after": "30s", "to": [DEE]})
     hs = Delaying()
-    room.pipeline.transport = hs
-    clock = [T0 + 1000]
-    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
-    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s", escalate={"after": "30s", "to": [DEE]})
     room.deliver([answer("$a1", ANA, T0 + 2000, "main"), answer("$b1", BO, T0 + 4000, "main")])
     clock[0] = T0 + 5000
     asyncio.run(deadlines.pass_once())
@@ -1038,12 +1030,8 @@ def test_a_vote_in_time_read_after_the_homeservers_poll_end_decides_it_without_a
     # The bridge frozen (or a new leader taking over) across the deadline: the
     # homeserver ended the poll at it; the vote placed before it decides the
     # question, and the bridge does not end the poll a second time.
-    room = room_with(tmp_path, expires="45s")
     hs = Delaying()
-    room.pipeline.transport = hs
-    clock = [T0 + 1000]
-    deadlines = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
-    asyncio.run(deadlines.schedule(room.posted, "$poll"))
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s")
     room.deliver([answer("$a1", ANA, T0 + 2000, "main")])
     asyncio.run(deadlines.pass_once())
     (poll_end,) = [d for d, (kind, _c, _delay) in hs.delayed.items() if kind == "org.matrix.msc3381.poll.end"]

@@ -57,6 +57,17 @@ def stuck_beside_fine(tmp_path: Path, stuck_urls: list[str], fine_url: str,
     return store, deliverer, hook
 
 
+def queued_to(tmp_path: Path, store: Store, url: str, count: int, drop_after: float = 3600) -> Deliverer:
+    """``count`` answers of the planner's set "plan" queued for ``url``: the deliverer, not yet running."""
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("planner", "plan", one_question("plan"), callbacks=[url])
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=drop_after, timeout=5, allow_private=True)
+    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+    for n in range(count):
+        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    return deliverer
+
+
 async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path: Path) -> None:
     silent, receiver = Silent(), Receiver(SECRETS["other"])
     await silent.start()
@@ -93,13 +104,8 @@ async def test_a_receiver_back_from_a_long_outage_gets_its_backlog_at_once(tmp_p
     receiver = Receiver(SECRETS["planner"])
     receiver.status = 503
     await receiver.start()
-    sets = AgentSets(tmp_path / "sets")
-    sets.ask("planner", "plan", one_question("plan"), callbacks=[receiver.url])
     store = Store(tmp_path / "store.sqlite")
-    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=86_400, timeout=5, allow_private=True)
-    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
-    for n in range(200):
-        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    deliverer = queued_to(tmp_path, store, receiver.url, 200, drop_after=86_400)
     stop = asyncio.Event()
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
@@ -133,14 +139,8 @@ async def test_deliveries_resume_after_a_postgresql_restart_without_restarting_t
     receiver = Receiver(SECRETS["planner"])
     receiver.status = 503  # not taken at first: the rows stay in the outbox across the restart
     await receiver.start()
-    sets = AgentSets(tmp_path / "sets")
-    sets.ask("planner", "plan", one_question("plan"), callbacks=[receiver.url])
     store = Store(tmp_path / "store", url=fresh_schema(postgres_server), password=postgres_server.password)
-    metrics = Metrics()
-    deliverer = Deliverer(store, AGENTS, metrics, drop_after=3600, timeout=5, allow_private=True)
-    hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
-    for n in range(20):
-        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    deliverer = queued_to(tmp_path, store, receiver.url, 20)
     stop = asyncio.Event()
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
