@@ -873,10 +873,13 @@ def test_a_restatement_refused_once_goes_through_at_the_next_pass(tmp_path):
     clock[0] = T0 + 5000
     asyncio.run(deadlines.pass_once())
     clock[0] = T0 + 6000
-    asyncio.run(deadlines.pass_once())
+    asyncio.run(deadlines.pass_once())  # not tried again every second
     closed = "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: {})."
+    assert hs.closing_edits() == [(closed.format("no votes"), 44_000)]
+    clock[0] = T0 + 10_000
+    asyncio.run(deadlines.pass_once())
     assert hs.closing_edits() == [(closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})"),
-                                   39_000)]
+                                   35_000)]
 
 
 class KeyedDelaying(Delaying):

@@ -49,6 +49,7 @@ RECORD = "approval_record:"  # meta: JSON, a replaced posting's record as it clo
 KEYED = "delays_keyed:"  # meta: JSON {to: devices, gen}: who the room key of the delayed events went to
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
+RESTATE_AGAIN_MS = 5000  # a refused restatement of the closing edit is tried again after this
 # What the room is told when a decision it heard is undone (a vote it counted
 # was taken back before it, read late): undecided again, open to votes.
 UNDONE = "undone"
@@ -93,6 +94,9 @@ class Deadlines:
         # Postings whose delayed events are being handed over right now (the
         # delay id not written down yet): the sweep leaves theirs alone.
         self._handing: set[str] = set()
+        # Posting -> when a restatement the homeserver refused (or that could
+        # not be encrypted) is tried again: not every second's pass.
+        self._refused_until: dict[str, int] = {}
         # Postings an answer was just logged for (``touch``): looked at before
         # the next tick, so the homeserver's closing edit says a vote in tens
         # of milliseconds, not up to a tick later (a kill in that second left
@@ -206,12 +210,11 @@ class Deadlines:
                 return
         raw = self.store.get_meta(KEYED + question.event_id)
         if raw is None:  # scheduled before who could read it was noted: taken as those who can now
-            if now:
-                with self.store.transaction(flush=False):
-                    self._keyed(question.event_id, now, 0)
+            with self.store.transaction(flush=False):
+                self._keyed(question.event_id, now, 0)
             return
         keyed = json.loads(raw)
-        if now and now <= {tuple(device) for device in keyed["to"]} and not keyed.get("next"):
+        if now <= {tuple(device) for device in keyed["to"]} and not keyed.get("next"):
             return
         left = (question.expires_ms or 0) - self._now()
         gen = keyed.get("next") or keyed["gen"] + 1
@@ -286,6 +289,8 @@ class Deadlines:
             left = question.expires_ms - self._now()
             if left <= 1000:
                 return  # too late to restate: the bridge's own closing at the deadline says what stood
+            if self._now() < self._refused_until.get(question.event_id, 0):
+                return
             gen = said.get("next") or said["gen"] + 1
             if not said.get("next"):
                 with self.store.transaction(flush=False):
@@ -300,12 +305,15 @@ class Deadlines:
                 self._handing.discard(question.event_id)
             if delay_id is None:
                 # Refused (it could not be encrypted, say): the old edit stays
-                # scheduled saying the old words, so the mark stays too.  The
-                # next pass tries again; at the deadline the bridge sends its
-                # own edit after the homeserver's, which it then replaces.
-                log.warning("delayed closing edit of %s not restated; the bridge says it itself at the deadline "
-                            "unless a later try goes through: %s", question.event_id, closing)
+                # scheduled saying the old words, so the mark stays too.  It
+                # is tried again in a while; at the deadline the bridge sends
+                # its own edit after the homeserver's, which it then replaces.
+                self._refused_until[question.event_id] = self._now() + RESTATE_AGAIN_MS
+                (log.debug if said.get("next") else log.warning)(
+                    "delayed closing edit of %s not restated; the bridge says it itself at the deadline unless a "
+                    "later try goes through: %s", question.event_id, closing)
                 return
+            self._refused_until.pop(question.event_id, None)
             with self.store.transaction(flush=False):
                 delays[f"edit@{said['gen']}"] = delays["edit"]
                 delays["edit"] = delay_id
