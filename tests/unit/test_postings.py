@@ -359,6 +359,15 @@ def killed(*args: Any, **kwargs: Any) -> None:
     raise SystemExit("killed between the send and the record")
 
 
+def sync_killed_before_recording(p: Any, store: Any, root: Path, monkeypatch: Any) -> None:
+    """One pass over ``root`` that dies after its send and before the posting is recorded."""
+    monkeypatch.setattr(store, "record_posted", killed)
+    try:
+        asyncio.run(p.sync_root(root))
+    except SystemExit:
+        pass
+
+
 def test_a_new_rev_sent_and_not_recorded_is_recorded_at_the_next_start_and_closes_the_old(
         tmp_path: Path, monkeypatch) -> None:
     folder = tmp_path / "sets" / "takes"
@@ -369,11 +378,7 @@ def test_a_new_rev_sent_and_not_recorded_is_recorded_at_the_next_start_and_close
     first = store.latest_posted(str(folder.resolve()), "pick")
 
     write_set(folder, "takes", choice(2))
-    monkeypatch.setattr(store, "record_posted", killed)
-    try:
-        asyncio.run(p.sync_root(tmp_path / "sets"))
-    except SystemExit:
-        pass
+    sync_killed_before_recording(p, store, tmp_path / "sets", monkeypatch)
     store.close()
     sent = transport.questions()[-1]
     assert sent["question"]["rev"] == 2
@@ -393,11 +398,7 @@ def test_a_sending_that_cannot_be_settled_is_left_to_the_pass(tmp_path: Path, mo
     write_set(folder, "takes", choice(1))
     transport = Transport()
     p, store = poster(tmp_path, transport)
-    monkeypatch.setattr(store, "record_posted", killed)
-    try:
-        asyncio.run(p.sync_root(tmp_path / "sets"))
-    except SystemExit:
-        pass
+    sync_killed_before_recording(p, store, tmp_path / "sets", monkeypatch)
     monkeypatch.undo()
     transport.fail_on = "m.room.message"  # the room refuses the bridge now
     with caplog.at_level(logging.WARNING):
@@ -465,11 +466,7 @@ def test_a_question_removed_after_its_send_is_closed_by_the_starts_pass(tmp_path
     p, store = poster(tmp_path, transport)
     asyncio.run(p.sync_root(tmp_path / "sets"))
     write_set(folder, "takes", choice(1), choice(2, qid="other"))
-    monkeypatch.setattr(store, "record_posted", killed)
-    try:
-        asyncio.run(p.sync_root(tmp_path / "sets"))
-    except SystemExit:
-        pass
+    sync_killed_before_recording(p, store, tmp_path / "sets", monkeypatch)
     monkeypatch.undo()
     write_set(folder, "takes", choice(1))  # "other" taken out of the set while the bridge was down
     asyncio.run(settle(store, transport))
