@@ -62,7 +62,7 @@ class IncomingAnswer:
 @dataclass(frozen=True)
 class JudgeContext:
     allowed: frozenset[str] | None  # answerers from config; None = room members
-    members: frozenset[str]  # joined members of the room now
+    members: frozenset[str]  # joined members of the room at the answer (as the timeline has them)
     bridge_user: str
 
 

@@ -489,6 +489,51 @@ async def test_two_of_three_by_agreement_in_appservice_mode(appservice_synapse, 
             await person.close()
 
 
+async def vote_before_leaving_while_down(bridge: Bridge, synapse: Synapse, people: list[Person]) -> None:
+    """The room's members are judged as the timeline has them at each vote:
+    a voter who was a member when they voted, and left while the bridge was
+    down, still voted (the bridge running would have counted it)."""
+    ana, bo, cy = people
+    bridge.add_set(approval_set([ana.user_id, bo.user_id, cy.user_id], "10m"))
+    bridge.start()
+    question = (await bridge.wait_questions(ana, 1, timeout=60))[("ship", 1)]
+    poll = await poll_of(ana, bridge.room_id, question)
+    bridge.kill()
+    await bo.send(bridge.room_id, vote(poll["event_id"], ["ship"]), "org.matrix.msc3381.poll.response")
+    await bo.client.room_leave(bridge.room_id)
+    await cy.send(bridge.room_id, vote(poll["event_id"], ["ship"]), "org.matrix.msc3381.poll.response")
+    bridge.start()
+
+    async def decided() -> dict[str, Any] | None:
+        found = record(bridge)
+        return found if found and found.get("state") == "answered" else None
+    found = await until(decided, 40, "the question decided by both votes")
+    assert (found["choice"], found["decided_by"]) == ("ship", [bo.user_id, cy.user_id])
+    assert "sender_not_allowed" not in {row[0] for row in store_rows(bridge.store_path,
+                                                                     "SELECT reason FROM answer_log")}
+
+
+async def test_a_vote_placed_before_its_voter_left_counts_though_the_bridge_read_it_after(bridge, synapse):
+    people = [bridge.alice, *await joined(synapse, bridge.room_id, bridge.bot["access_token"], 2)]
+    try:
+        await vote_before_leaving_while_down(bridge, synapse, people)
+    finally:
+        for person in people[1:]:
+            await person.close()
+
+
+async def test_a_vote_placed_before_its_voter_left_counts_in_appservice_mode_too(appservice_synapse, tmp_path):
+    hs = appservice_synapse
+    people = [Person(hs, hs.register(unique(name))) for name in ("ana", "bo", "cy")]
+    bridge = appservice_storm_bridge(hs, tmp_path, people)
+    try:
+        await vote_before_leaving_while_down(bridge, hs, people)
+    finally:
+        bridge.kill()
+        for person in people:
+            await person.close()
+
+
 async def encrypting_people(synapse: Synapse, tmp_path: Path) -> list[StormingPerson]:
     """Four people on encrypting clients that stay open (they answer the bridge's
     requests for a room key it missed while it was down, as current clients do)."""

@@ -46,7 +46,7 @@ FOLDER = "attachments"
 # (``transport.matrix.MediaBody``: ``length``, ``chunks``).
 # (mxc URL, seconds the body may stall, seconds the response may take) -> the body.
 Download = Callable[[str, float, float], AsyncContextManager[Any]]
-MayAnswer = Callable[[str, str], bool]
+MayAnswer = Callable[[str, str, str], bool]  # (sender, room id, event id)
 
 _SAFE_EXT = re.compile(r"[a-z0-9]{1,8}")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")

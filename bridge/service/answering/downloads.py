@@ -77,7 +77,7 @@ class Downloads:
             if found is None:
                 continue
             event_id, _question_event_id, qid, set_dir = found
-            if not self.may_answer(str(event.get("sender")), str(event.get("room_id"))):
+            if not self.may_answer(str(event.get("sender")), str(event.get("room_id")), event_id):
                 continue  # the judging step refuses the sender; a stranger's file is never written
             # Numbered in the batch's order before any download starts: the files
             # of one batch are fetched side by side, so a slow one costs its

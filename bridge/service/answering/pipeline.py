@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import sqlite3
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -44,6 +45,11 @@ from bridge.service.answering.wordback import WordBack
 from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
 
 log = logging.getLogger(__name__)
+
+# Senders asked after at their events at once (``_members_then``), and how
+# many such events are remembered for judging (a file's event is judged later).
+MEMBER_READS_AT_ONCE = 8
+JOINED_AT_KEPT = 4096
 
 
 class Transport(Protocol):
@@ -158,6 +164,9 @@ class Pipeline(FolderFlush):
         # told once its transaction is kept: a batch handled again, or one that
         # failed, counts nothing twice.
         self._observed: list[Callable[[], None]] | None = None
+        # Events whose senders were members when they sent them, though no
+        # longer by the members read last (``_members_then``); the newest kept.
+        self._joined_at: OrderedDict[str, None] = OrderedDict()
         self.timeline = Timeline(self.store, self.power)
         self.downloads = Downloads(self.store, getattr(self.transport, "download", None), self._may_answer,
                                    self.report_trouble, self.attachment_max_bytes, self._judge_later,
@@ -183,11 +192,51 @@ class Pipeline(FolderFlush):
 
     async def prepare(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The I/O a batch needs before ``process``, and the events to judge
-        now: files people sent into a question's thread are downloaded into
-        the set folder (``process`` runs inside a store transaction and must
-        not wait on the network); one still coming after a few seconds goes on
-        apart, its event judged when it is in (``downloads.py``)."""
+        now: senders the members read last no longer hold are asked after at
+        their events (``member_at``); files people sent into a question's
+        thread are downloaded into the set folder (``process`` runs inside a
+        store transaction and must not wait on the network); one still coming
+        after a few seconds goes on apart, its event judged when it is in
+        (``downloads.py``)."""
+        await self._members_then(events)
         return await self.downloads.prefetch(events)
+
+    async def _members_then(self, events: list[dict[str, Any]]) -> None:
+        """Membership is the room's at each event, as the timeline places it.
+        The members read at start (or at a join) are the room's then, ahead
+        of what the bridge reads next when it was down: someone who answered
+        and then left meanwhile is no member by them, yet was one when they
+        answered (a room's events are sent by its joined members).  Such a
+        sender is asked after at the event itself; the membership events of
+        the batch before it are taken into account as judging will."""
+        ask = getattr(self.transport, "member_at", None)
+        if ask is None or self.answerers is not None:
+            return  # (with ``answerers`` configured, membership decides nothing)
+        changed: dict[tuple[str, str], bool] = {}
+        doubtful: list[tuple[str, str, str]] = []
+        for event in events:
+            room_id, sender = event.get("room_id"), event.get("sender")
+            if not isinstance(room_id, str) or room_id not in self.members or not isinstance(sender, str):
+                continue
+            if event.get("type") == "m.room.member" and isinstance(event.get("state_key"), str):
+                content = event.get("content") if isinstance(event.get("content"), dict) else {}
+                changed[(room_id, event["state_key"])] = content.get("membership") == "join"
+            elif "state_key" not in event and not self.own_users(sender) \
+                    and not changed.get((room_id, sender), sender in self.members[room_id]) \
+                    and isinstance(event.get("event_id"), str) and event["event_id"] not in self._joined_at:
+                doubtful.append((room_id, event["event_id"], sender))
+        if not doubtful:
+            return
+        limit = asyncio.Semaphore(MEMBER_READS_AT_ONCE)
+
+        async def one(room_id: str, event_id: str, sender: str) -> None:
+            async with limit:
+                if await ask(room_id, event_id, sender):
+                    self._joined_at[event_id] = None
+
+        await asyncio.gather(*(one(*found) for found in doubtful))
+        while len(self._joined_at) > JOINED_AT_KEPT:
+            self._joined_at.popitem(last=False)
 
     async def _judge_later(self, events: list[dict[str, Any]]) -> None:
         await self.store.run(self.process, events)
@@ -199,12 +248,12 @@ class Pipeline(FolderFlush):
         sender = event.get("sender")
         return not isinstance(sender, str) or self.own_users(sender)
 
-    def _may_answer(self, sender: str, room_id: str) -> bool:
+    def _may_answer(self, sender: str, room_id: str, event_id: str | None = None) -> bool:
         if self.own_users(sender):
             return False
         if self.answerers is not None:
             return sender in self.answerers
-        return sender in self.members.get(room_id, ())
+        return sender in self.members.get(room_id, ()) or event_id in self._joined_at
 
     # -- the batch ---------------------------------------------------------
 
@@ -490,13 +539,17 @@ class Pipeline(FolderFlush):
     def _unplaced(self, found: Unplaced, result: BatchResult) -> None:
         """A reply to the bridge that is about no question it knows: a short
         help instead of silence.  Replies between people are left alone."""
-        if self.transport.user_id in found.mentions and self._may_answer(found.sender, found.room_id):
+        if self.transport.user_id in found.mentions and self._may_answer(found.sender, found.room_id, found.event_id):
             self._log(LogEntry(found.event_id, found.room_id, found.sender, "reply", "refused", layer="recorded",
                                reason="unplaced_reply", message=UNPLACED_MESSAGE, ts=found.ts), result)
 
-    def _context(self, room_id: str) -> JudgeContext:
-        return JudgeContext(allowed=self.answerers, members=frozenset(self.members.get(room_id, ())),
-                            bridge_user=self.transport.user_id)
+    def _context(self, room_id: str, event_id: str, sender: str) -> JudgeContext:
+        """What an event from ``sender`` is judged against: the room's members
+        as the timeline has them at it (``_members_then``)."""
+        members = self.members.get(room_id, set())
+        if event_id in self._joined_at and sender not in members:
+            members = members | {sender}
+        return JudgeContext(allowed=self.answerers, members=frozenset(members), bridge_user=self.transport.user_id)
 
     def _common(self, answer: IncomingAnswer, question: RecordedQuestion | None, ts: int,
                 replaces: str | None = None) -> dict[str, Any]:
@@ -545,7 +598,7 @@ class Pipeline(FolderFlush):
 
     def _judge(self, found: Candidate, event: dict[str, Any], now: str, result: BatchResult) -> None:
         answer, question = found.answer, found.question
-        verdict = judge(question, answer, self._context(answer.room_id))
+        verdict = judge(question, answer, self._context(answer.room_id, answer.event_id, answer.sender))
         if isinstance(verdict, Accepted) and answer.via == "poll" and question is not None:
             ended = self.timeline.poll_ended(question.event_id, answer.origin_server_ts)
             if ended is not None:
@@ -592,7 +645,7 @@ class Pipeline(FolderFlush):
         answer = IncomingAnswer(found.event_id, found.room_id, found.sender, found.ts, via=found.via, content={
             "m.relates_to": {"event_id": question.event_id}, "elicitation_id": question.elicitation_id})
         common = self._common(answer, question, found.ts, found.replaces)
-        refusal = check_identity(question, answer, self._context(found.room_id))
+        refusal = check_identity(question, answer, self._context(found.room_id, found.event_id, found.sender))
         problem = (refusal.layer, refusal.reason, refusal.message) if refusal else \
             self._annotation_problem(found, common["set_dir"], common["qid"])
         if problem is not None:

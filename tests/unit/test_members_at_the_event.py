@@ -1,0 +1,88 @@
+"""Who may answer is judged by the room's members as the timeline has them
+at each answer: the members read at start are the room's then, ahead of
+the events read next after a downtime (``Pipeline._members_then``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from helpers.timeline import BOT, MODERATOR, PEOPLE, ROOM, Room, Transport, answer
+
+ANA, BO, CY = PEOPLE
+T0 = 1_800_000_000_000
+
+
+class LeftTransport(Transport):
+    """The room as read at start: Bo has left since.  ``member_at`` answers
+    for the events the homeserver has, as ``joined_at`` says."""
+
+    def __init__(self, joined_at: dict[str, bool]) -> None:
+        super().__init__()
+        self.joined_at = joined_at
+        self.asked: list[tuple[str, str]] = []
+
+    async def joined_members(self, room_id: str) -> set[str]:
+        return {ANA, CY, MODERATOR, BOT}
+
+    async def member_at(self, room_id: str, event_id: str, user_id: str) -> bool:
+        self.asked.append((event_id, user_id))
+        return self.joined_at.get(event_id, False)
+
+
+def member(event_id: str, user: str, ts: int, membership: str) -> dict[str, Any]:
+    return {"event_id": event_id, "room_id": ROOM, "sender": user, "origin_server_ts": ts,
+            "type": "m.room.member", "state_key": user, "content": {"membership": membership}}
+
+
+def handled(room: Room, transport: LeftTransport, events: list[dict[str, Any]]) -> dict[str, tuple]:
+    """The events prepared and judged as a transport hands them over; event id -> (outcome, reason)."""
+    room.pipeline.transport = transport
+    asyncio.run(room.pipeline.load_members(ROOM))
+    prepared = asyncio.run(room.pipeline.prepare([dict(e) for e in events]))
+    room.pipeline.process(prepared)
+    return {event_id: (outcome, reason) for event_id, outcome, reason in
+            room.store.db.execute("SELECT event_id, outcome, reason FROM answer_log").fetchall()}
+
+
+def test_an_answer_sent_before_its_sender_left_is_judged_as_from_a_member(tmp_path):
+    room = Room(tmp_path)
+    transport = LeftTransport({"$bo": True})
+    outcomes = handled(room, transport, [answer("$bo", BO, T0, "main"), member("$left", BO, T0 + 1, "leave"),
+                                         answer("$ana", ANA, T0 + 2, "stable")])
+    assert outcomes["$bo"] == ("accepted", None)
+    assert outcomes["$ana"] == ("accepted", None)
+    assert transport.asked == [("$bo", BO)]  # the members are not asked after
+
+
+def test_an_event_the_homeserver_does_not_place_there_is_refused(tmp_path):
+    room = Room(tmp_path)
+    transport = LeftTransport({})
+    assert handled(room, transport, [answer("$forged", BO, T0, "main")])["$forged"] == \
+        ("refused", "sender_not_allowed")
+
+
+def test_a_member_who_joined_earlier_in_the_batch_is_not_asked_after(tmp_path):
+    room = Room(tmp_path)
+    transport = LeftTransport({})
+    outcomes = handled(room, transport, [member("$back", BO, T0, "join"), answer("$bo", BO, T0 + 1, "main")])
+    assert outcomes["$bo"] == ("accepted", None)
+    assert transport.asked == []
+
+
+def test_with_answerers_configured_membership_is_never_asked_after(tmp_path):
+    room = Room(tmp_path)
+    room.pipeline.answerers = frozenset({BO})
+    transport = LeftTransport({})
+    assert handled(room, transport, [answer("$bo", BO, T0, "main")])["$bo"] == ("accepted", None)
+    assert transport.asked == []
+
+
+def test_what_was_asked_after_is_kept_for_events_judged_later_and_bounded(tmp_path):
+    """Kept past the batch (a file's event is judged apart, later), the newest only."""
+    room = Room(tmp_path)
+    transport = LeftTransport({f"$e{n}": True for n in range(5000)})
+    room.pipeline.transport = transport
+    asyncio.run(room.pipeline.load_members(ROOM))
+    asyncio.run(room.pipeline.prepare([answer(f"$e{n}", BO, T0 + n, "main") for n in range(5000)]))
+    assert len(room.pipeline._joined_at) == 4096 and "$e4999" in room.pipeline._joined_at
