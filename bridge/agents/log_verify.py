@@ -10,7 +10,6 @@ runs ``verify`` itself on an export; this tool is the quick look.
 from __future__ import annotations
 
 import asyncio
-import json
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -55,7 +54,7 @@ def _one_at_a_time() -> asyncio.Lock:
 async def _verify(sets: AgentSets, store_of: Callable[[], Store | None], agent: str, set_id: str,
                   saved: list[str], sign: Callable[[], None] | None) -> dict[str, Any]:
     set_dir = sets.set_dir(agent, set_id)
-    doc = await asyncio.to_thread(_answers_of, set_dir, set_id)
+    doc, twice = await asyncio.to_thread(_answers_of, set_dir, set_id)
     store = store_of()
     if store is None:
         raise NoLog("the bridge has no answer log yet")
@@ -71,15 +70,17 @@ async def _verify(sets: AgentSets, store_of: Callable[[], Store | None], agent: 
         leaves += [leaf.encode() for _i, leaf in await store.run(store.audit.leaves, start, start + LEAVES_PER_JOB)]
     notes = [note for _size, note in await store.run(store.audit.all_checkpoints)] + list(saved)
     verdict = await asyncio.to_thread(audit_verify.verify_set, doc, leaves, notes, origin, public)
+    verdict.problems[:0] = twice
     return {"ok": True, "set": set_id, "holds": verdict.holds, "problems": verdict.problems,
             "records": verdict.checked_records, "leaves": verdict.leaves, "checkpoint_size": verdict.checkpoint_size,
             "before_the_log": verdict.before_the_log, "key": vkey}
 
 
-def _answers_of(set_dir: Path, set_id: str) -> dict[str, Any]:
+def _answers_of(set_dir: Path, set_id: str) -> tuple[Any, list[str]]:
+    """The set's answers.json, and what it names twice (``read_answers``)."""
     try:
-        return json.loads((set_dir / "answers.json").read_text(encoding="utf-8"))
+        return audit_verify.read_answers((set_dir / "answers.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return {"set": set_id, "answers": {}}
-    except (OSError, ValueError) as exc:
+        return {"set": set_id, "answers": {}}, []
+    except (OSError, ValueError, RecursionError) as exc:
         raise BadRequest(f"answers.json of {set_id} can't be read ({exc})") from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bridge import strictjson
 from bridge.protocol.deadline import format_rfc3339
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from bridge.protocol import audit_verify, checkpoint as cp
 
     try:
-        doc = _json(Path(args.set_dir) / "answers.json")
+        answers = Path(args.set_dir) / "answers.json"
+        doc, twice = _loads(_text(answers), answers, audit_verify.read_answers)
         # Which questions need a quorum: the set's own words (a record may drop its votes).
         asked = Path(args.set_dir) / "questions.json"
         questions = _questions(asked) if asked.exists() else None
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"askwright-bridge verify: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
     verdict = audit_verify.verify_set(doc, leaves, notes, origin, public, questions, later)
+    verdict.problems[:0] = twice
     for problem in verdict.problems:
         print(problem)
     if verdict.before_the_log:
@@ -111,10 +113,6 @@ def _text(path: Path) -> str:
         raise Unreadable(f"{path}: can't be read ({getattr(exc, 'strerror', None) or exc})") from None
 
 
-def _json(path: Path) -> Any:
-    return _loads(_text(path), path)
-
-
 def _questions(path: Path) -> Any:
     """The set's questions.json, read as the bridge reads it (a byte-order mark an editor wrote is passed over)."""
     from bridge.questionset.load import LoadError, parse_json
@@ -125,8 +123,11 @@ def _questions(path: Path) -> Any:
         raise Unreadable(f"{path}: {exc.message}") from None
 
 
-def _loads(text: str, path: Path) -> Any:
+def _loads(text: str, path: Path, parse: Callable[[str], Any] | None = None) -> Any:
+    """``text`` (of ``path``) as JSON, by ``parse`` if given; Unreadable when it is none."""
     try:
+        if parse is not None:
+            return parse(text)
         return strictjson.loads(text, utf8_only=False)  # (a record holding half a surrogate pair is named)
     except ValueError as exc:
         raise Unreadable(f"{path}: not JSON ({exc})") from None

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from bridge import strictjson
 from bridge.protocol import audit_leaf, checkpoint as cp, merkle
 
 
@@ -122,6 +123,18 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
     return verdict, hashes, latest
 
 
+def read_answers(text: str) -> tuple[Any, list[str]]:
+    """answers.json's document, and what its text says twice.  An object
+    naming a key twice is JSON readers disagree on (Python's keeps the last
+    value, others the first): a record that does says two things, and the
+    log vouches for one of them at most.  ValueError when it is no JSON."""
+    try:
+        return strictjson.loads(text, unique_keys=True, utf8_only=False), []
+    except strictjson.NotJson as exc:
+        doc = strictjson.loads(text, utf8_only=False)  # (raises when the text is wrong some other way)
+        return doc, [f"answers.json: {exc}: readers disagree on which value it holds"]
+
+
 def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str], origin: str,
                public: bytes, questions: Any = None, later: Sequence[str] = ()) -> Verdict:
     """Every record of ``answers.json`` against its leaf, under the latest
@@ -133,6 +146,9 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
     answers = doc.get("answers") if isinstance(doc, dict) else None
     if not isinstance(answers, dict):
         verdict.problems.append("answers.json has no answers object")
+        return verdict
+    if not isinstance(doc.get("set"), str):
+        verdict.problems.append(f"answers.json names no set (its set is {_shown(doc.get('set'))})")
         return verdict
     # Only what a checkpoint covers speaks for or against a record: a leaf
     # appended past the latest (a withdrawal, say) is anyone's writing.
@@ -395,16 +411,19 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
     elif state == "answered":
         decided = _vote_sha256(qid, {"choice": record.get("choice")}, record)
         for sender in record["decided_by"]:
-            if str(sender) in choice_of and choice_of[str(sender)] == record.get("choice"):
+            if not isinstance(sender, str):
+                problems.append(f"{where}: decided_by names {_shown(sender)}, not a Matrix user id")
+                continue
+            if sender in choice_of and choice_of[sender] == record.get("choice"):
                 continue
             # A decider may change or withdraw their vote after the decision
             # (it stands): the log must still hold their vote for the choice.
             if decided in logged.answered.get((doc.get("set"), qid, sender), ()):
                 continue
-            if str(sender) not in choice_of:
+            if sender not in choice_of:
                 problems.append(f"{where}: {sender} decided it, and the log holds no vote of theirs it lists")
             else:
-                problems.append(f"{where}: {sender} decided it but voted {choice_of[str(sender)]!r}, "
+                problems.append(f"{where}: {sender} decided it but voted {choice_of[sender]!r}, "
                                 f"not {record.get('choice')!r}")
     # The outcome can change after it was logged (an earlier event read late),
     # and the bridge logs each change: the log's latest word is the record's.
@@ -516,3 +535,13 @@ def _answer_problems(where: str, record: dict[str, Any], leaf: dict[str, Any]) -
 def _first_lines(note: str) -> str:
     head = note.split("\n")[:2]
     return " ".join(head)[:80] or "(empty)"
+
+
+def _shown(value: Any) -> str:
+    """What a JSON value is, in words (never its text: it may be huge, or deep)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(
+        type(value), "something else")

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 ED25519 = 0x01
 DASH = "\u2014 "
 MAX_SIGNATURES = 100
+_SIZE_DIGITS = 20  # a tree size is a 64-bit count: 2^64 - 1 has 20 digits
 
 
 class NoteError(ValueError):
@@ -152,6 +153,8 @@ def parse_checkpoint(text: str) -> Checkpoint:
     # ASCII decimal: str.isdigit takes "١٢" (and "²", which int() refuses).
     if not origin or not (size.isascii() and size.isdigit()) or (size != "0" and size.startswith("0")):
         raise NoteError("the checkpoint's origin or tree size is malformed")
+    if len(size) > _SIZE_DIGITS:  # (past 2^64, and past what ``int`` reads: not a tree anyone built)
+        raise NoteError("the checkpoint's tree size is too large")
     try:
         raw = base64.b64decode(root, validate=True)
     except (binascii.Error, ValueError):

@@ -86,6 +86,19 @@ def _record(change: Callable[[dict], None]) -> Callable[[Path], None]:
     return apply
 
 
+def _doc(change: Callable[[dict], None]) -> Callable[[Path], None]:
+    def apply(case: Path) -> None:
+        path = case / "set" / "answers.json"
+        doc = json.loads(path.read_text())
+        change(doc)
+        path.write_text(json.dumps(doc))
+    return apply
+
+
+def _text_of(relative: str, change: Callable[[str], str]) -> Callable[[Path], None]:
+    return lambda case: (case / relative).write_text(change((case / relative).read_text()))
+
+
 def _write(relative: str, data: bytes) -> Callable[[Path], None]:
     return lambda case: (case / relative).write_bytes(data)
 
@@ -121,6 +134,19 @@ CASES = {
     "answers.json with NaN": (lambda g: _write("set/answers.json", b'{"answers": {"q0": {"choice": NaN}}}'), 2,
                               "NaN is not JSON"),
     "answers.json a list": (lambda g: _write("set/answers.json", b"[]"), 1, "answers.json has no answers object"),
+    # (a set or a decider that is no string was a dict key: a traceback)
+    "answers.json's set a list": (lambda g: _doc(lambda d: d.update(set=["s"])), 1,
+                                  "answers.json names no set (its set is a list)"),
+    "a decider an object": (lambda g: _record(lambda r: r.update(state="answered", votes=[],
+                                                                 decided_by=[{"a": 1}, [1]])), 1,
+                            "record 'q0' (leaf 0): decided_by names an object, not a Matrix user id"),
+    # a reader keeping the first of two values would act on what the log never recorded
+    "a record naming a key twice": (lambda g: _text_of("set/answers.json", lambda t: t.replace(
+        '"choice": "main"', '"choice": "reject", "choice": "main"', 1)), 1,
+        "answers.json: the key 'choice' appears twice in one object: readers disagree on which value it holds"),
+    # (a tree size past what int() reads was a traceback, once its signature held)
+    "a checkpoint's size of 5000 digits": (lambda g: _write(f"log/checkpoints/{QUESTIONS}.txt", cp.sign(
+        f"{ORIGIN}\n{'9' * 5000}\n{'A' * 43}=\n", ORIGIN, SIGNING[g]).encode()), 1, "tree size is too large"),
     # a receipt pointing past the tree, or malformed
     # (answered after the export was taken, or forged: nothing in the export vouches for it, said as such)
     "a receipt past the tree": (lambda g: _record(lambda r: r["receipt"].update(index=10 ** 30)), 1,
