@@ -117,11 +117,14 @@ class LogRoutes:
         end = _int(request, "end", min(tree, start + MAX_LEAVES))
         if not 0 <= start <= end or end - start > MAX_LEAVES:
             raise Unprocessable(f"need 0 <= start <= end, at most {MAX_LEAVES} leaves a request")
-        own = {entry["set"] for entry in self.sets.list_sets(agent)}
+        if start > tree:
+            raise Unprocessable(f"need start <= {tree} (the tree's size now)")
+        own = self.sets.log_starts(agent)
         rows = self.store.audit.leaves(start, min(end, tree))
         sets = leaf_sets(rows)
         return {"ok": True, "start": start, "end": min(end, tree), "size": tree, "leaves": [
-            {"index": index, "leaf": leaf} for index, leaf in rows if sets.get(index) in own]}
+            {"index": index, "leaf": leaf} for index, leaf in rows
+            if sets.get(index) in own and index >= own[sets[index]]]}
 
 
 def _int(request: web.Request, name: str, default: int | None = None) -> int:

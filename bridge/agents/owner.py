@@ -21,9 +21,14 @@ OWNER_FILE = AGENT_OWNER_FILE
 class Owner:
     agent: str
     callbacks: tuple[str, ...] = field(default_factory=tuple)
+    # The answer log's size when the agent made the set: the leaves before
+    # it are of an earlier set of that name (its folder removed since, or a
+    # local agent's), never this agent's to read.
+    log_from: int = 0
 
     def as_dict(self) -> dict[str, object]:
-        return {"agent": self.agent, "callbacks": list(self.callbacks)}
+        return {"agent": self.agent, "callbacks": list(self.callbacks),
+                **({"log_from": self.log_from} if self.log_from else {})}
 
 
 def read_owner(set_dir: str | os.PathLike[str]) -> Owner | None:
@@ -35,7 +40,8 @@ def read_owner(set_dir: str | os.PathLike[str]) -> Owner | None:
         return None
     callbacks = data.get("callbacks")
     urls = tuple(u for u in callbacks if isinstance(u, str)) if isinstance(callbacks, list) else ()
-    return Owner(data["agent"], urls)
+    log_from = data.get("log_from")
+    return Owner(data["agent"], urls, log_from if type(log_from) is int and log_from > 0 else 0)
 
 
 def owner_bytes(owner: Owner) -> bytes:

@@ -119,8 +119,11 @@ BIG_SET = 500  # questions: about as much, parsed already (MCP hands the set ove
 class AgentSets:
     def __init__(self, root: Path, stop: asyncio.Event | None = None,
                  on_written: Callable[[Path], None] | None = None,
-                 posted_revs: Callable[[], Mapping[str, Mapping[str, int]]] | None = None):
+                 posted_revs: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
+                 log_size: Callable[[], int] | None = None):
         self.root = Path(root)
+        # The answer log's size now (its leaves): a set made now starts there (``Owner.log_from``).
+        self.log_size = log_size
         # Inside the bridge: the highest rev posted per question, per set
         # folder, so an agent that lowers a rev is warned as lint warns.
         self.posted_revs = posted_revs
@@ -191,7 +194,8 @@ class AgentSets:
         for _attempt in range(3):
             owner = self._whose(set_dir, agent, set_id)
             had_questions = (set_dir / QUESTIONS_FILE).is_file()
-            new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()))
+            new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()),
+                              owner.log_from if owner else self._log_now())
             if owner is not None:
                 replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))
                 replace_whole(set_dir / QUESTIONS_FILE, judged.data)
@@ -204,6 +208,9 @@ class AgentSets:
         else:  # something stands at the name that is no set folder (a dangling link)
             raise BadRequest(f"the set's folder {set_id!r} can't be made")
         return Asked(set_id, not had_questions, judged.open_ids, judged.warnings), set_dir
+
+    def _log_now(self) -> int:
+        return self.log_size() if self.log_size is not None else 0
 
     @staticmethod
     def _whose(set_dir: Path, agent: str, set_id: str) -> Owner | None:
@@ -328,7 +335,7 @@ class AgentSets:
                     raise NotFound(f"no set {set_id!r}")
                 return set_dir, False
             try:
-                self._create(set_dir, None, Owner(agent))
+                self._create(set_dir, None, Owner(agent, log_from=self._log_now()))
             except FileExistsError:
                 continue  # claimed at the same moment: whose it is decides
             return set_dir, True
@@ -400,6 +407,19 @@ class AgentSets:
         return {"ok": True, "set": set_id, "status": status, "closed": done}, set_dir
 
     # -- list ---------------------------------------------------------------------------
+
+    def log_starts(self, agent: str) -> dict[str, int]:
+        """Set id -> where ``agent``'s set of that name begins in the answer
+        log (``Owner.log_from``), for each of its sets."""
+        starts: dict[str, int] = {}
+        if self.root.is_dir():
+            for entry in self.root.iterdir():
+                if entry.name.startswith(".") or not entry.is_dir():
+                    continue
+                owner = read_owner(entry)
+                if owner is not None and owner.agent == agent:
+                    starts[entry.name] = owner.log_from
+        return starts
 
     def list_sets(self, agent: str) -> list[dict[str, Any]]:
         found = []

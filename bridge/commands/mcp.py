@@ -58,12 +58,13 @@ async def serve_stdio(config: Any, agent: str) -> None:
     from bridge.agents.sets import AgentSets
 
     subscribers = Subscribers()
-    sets = AgentSets(config.sets.root)
+    log_store = _log_store(config)
+    sets = AgentSets(config.sets.root, log_size=lambda: (store := log_store()) and store.audit.size() or 0)
     sets.waits.per_agent = config.agent_api.max_waits
     sets.waits.total = config.agent_api.max_waits_total
     server = build_server(sets, config.agents, lambda _ctx: agent, subscribers, media_max=config.agent_api.media_max,
                           allow_private_callbacks=config.agent_api.allow_private_callbacks,
-                          log_store=_log_store(config))
+                          log_store=log_store)
     stop = asyncio.Event()
     async with stdio_server() as (read_stream, write_stream):
         async with anyio.create_task_group() as group:

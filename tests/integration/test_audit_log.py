@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.protocol import checkpoint as cp, merkle
 from helpers.agents import agents_config, auth, free_port, wait_listener
-from helpers.harness import answer_content
+from helpers.harness import answer_content, store_rows
+from helpers.waiting import until
 from helpers.sets import ALL_KINDS_PICKS, all_kinds_set
 
 pytestmark = pytest.mark.integration
@@ -201,6 +203,30 @@ async def test_an_agent_verifies_its_set_with_the_mcp_tool(bridge):
         result = structured(await client.call_tool("verify", {"set_id": "release"}))
         assert result["holds"] is False
         assert result["problems"][0].startswith("record 'branch'")
+
+
+async def test_a_set_id_taken_again_by_another_agent_shows_it_none_of_the_earlier_sets_leaves(bridge):
+    """Leaves go to the agent whose set they are about: the set's name alone
+    is not that once its folder was removed and another agent took the name."""
+    from helpers.agents import one_question
+
+    async with _asked_and_answered(bridge, "1s") as (_client, base, _questions):
+        await bridge.wait_answer("release", "branch")
+        shutil.rmtree(bridge.sets_root / "release")
+
+        async def closed() -> bool:
+            return store_rows(bridge.store_path, "SELECT open FROM posted WHERE qid='branch'") == [(0,)]
+        await until(closed, 30, "the removed set's question closed")
+        async with aiohttp.ClientSession(headers=auth("other")) as http:
+            async with http.put(f"{base}/v1/sets/release", json=one_question("release")) as response:
+                assert response.status == 201, await response.text()
+            async with http.get(f"{base}/v1/log/leaves") as response:
+                seen = await response.json()
+            assert seen["size"] >= 2 and seen["leaves"] == []  # the planner's answer and its question's closing
+            # A range past the tree is refused, not answered with an end before its start.
+            async with http.get(f"{base}/v1/log/leaves",
+                                params={"start": seen["size"] + 1, "end": seen["size"] + 2}) as response:
+                assert response.status == 422, await response.text()
 
 
 async def test_an_answer_given_a_moment_ago_checks_out_before_the_bridge_signs_on_its_own(bridge, tmp_path):
