@@ -107,7 +107,8 @@ class Room:
         leaves = [leaf.encode() for _i, leaf in self.store.audit.leaves(0, self.store.audit.size())]
         origin = self.store.audit_origin() or "example.org/askwright-bridge/bridge"
         point = cp.Checkpoint(origin, len(leaves), merkle.root([merkle.leaf_hash(x) for x in leaves]))
-        doc = AnswersFile(self.set_dir).load() if (self.set_dir / "answers.json").exists() else {"answers": {}}
+        doc = AnswersFile(self.set_dir).load() if (self.set_dir / "answers.json").exists() \
+            else {"set": "kinds", "answers": {}}  # (as the bridge writes an empty one)
         asked = self.set_dir / "questions.json"
         questions = json.loads(asked.read_text()) if asked.exists() else None
         return audit_verify.verify_set(doc, leaves, [cp.sign_checkpoint(point, key)], origin,
