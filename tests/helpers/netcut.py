@@ -30,9 +30,16 @@ class Cable:
         self.generation += 1
         self.cut.set()
 
+    def refuse(self) -> None:
+        """Nothing listens here any more: a new connection is refused (the server down, not the path)."""
+        self.listener.close()
+
     def _accept(self) -> None:
         while True:
-            client, _ = self.listener.accept()
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # (``refuse``)
             threading.Thread(target=self._connect, args=(client,), daemon=True).start()
 
     def _connect(self, client: socket.socket) -> None:

@@ -552,3 +552,23 @@ def test_a_checkpoint_missed_because_another_instance_leads_now_is_no_error(tmp_
     assert [r.levelname for r in caplog.records] == ["INFO"]
     assert "no longer leads" in caplog.records[0].getMessage()
     store.close()
+
+
+def test_a_checkpoint_missed_because_the_store_is_down_is_one_line_not_an_error(tmp_path, caplog):
+    """A database restart made the checkpoint task log fifty lines at ERROR,
+    where every other part says the same outage in one WARNING line."""
+    import logging
+    import sqlite3
+
+    store = Store(tmp_path / "s.sqlite")
+    checkpointer = Checkpointer(store, LogKey("example.org/askwright-bridge/bridge", Ed25519PrivateKey.generate()), 60)
+
+    async def down() -> None:
+        raise sqlite3.OperationalError("PostgreSQL: connection refused\n\tIs the server running?")
+
+    checkpointer.once = down  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO):
+        asyncio.run(checkpointer._once_said())
+    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
+    assert "(the store: PostgreSQL: connection refused Is the server running?)" in caplog.records[0].getMessage()
+    store.close()

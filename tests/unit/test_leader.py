@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from bridge.service.storage.leader import _TABLES as LEASE_TABLES
 from bridge.service.storage.leader import TTL_SECONDS, Lease, instances
 from bridge.service.storage.leader import _clock as leader_clock
 from bridge.service.storage.dialect import LeaseLost
@@ -261,6 +262,50 @@ def test_a_leader_cut_off_from_the_database_stops_writing_and_a_standby_takes_ov
     wait_for(lambda: any(row["id"] == old.name and row["seen_seconds_ago"] < 1
                          for row in instances(url, postgres_server.password)), timeout=10)
     assert old._thread.is_alive() and old.role == "standby" and new.leading
+
+
+def test_a_session_no_instance_owns_holding_the_lease_row_is_named_while_nobody_leads(shared, postgres_server):
+    """An operator's psql left in a transaction over the lease row: no
+    instance can lead (the bridge ends only its own stuck sessions), and
+    ``store_unreachable`` said nothing once the lease's look came back; it
+    names the session until it ends, and the lease is taken right after."""
+    url, lease = shared
+    search_path = conninfo_to_dict(url)["options"]
+    psql = psycopg.connect(url, password=postgres_server.password, application_name="psql", options=search_path)
+    for statement in LEASE_TABLES:
+        psql.execute(statement)
+    psql.execute("INSERT INTO askwright_lease(name, epoch, holder, expires) VALUES ('leader', 0, '', '-infinity')"
+                 " ON CONFLICT DO NOTHING")
+    psql.commit()
+    psql.execute("SELECT * FROM askwright_lease WHERE name = 'leader' FOR UPDATE")  # and left open
+    try:
+        standby = lease(ttl=2)
+        wait_for(lambda: standby.unreached() is not None and "no bridge instance" in standby.unreached()[1])
+        time.sleep(4)  # looks that reach the database do not wipe it
+        seconds, why = standby.unreached()
+        assert not standby.leading and seconds >= 4
+        assert f"(pid {psql.info.backend_pid}, application 'psql'" in why and "until it ends" in why
+    finally:
+        psql.close()
+    wait_for(lambda: standby.leading)
+    assert standby.unreached() is None
+
+
+def test_store_unreachable_says_the_latest_failure_since_the_first(shared, postgres_server):
+    """An outage whose cause changes (the path cut, then the server refusing
+    connections) is told by its latest cause, timed from its beginning:
+    the first cause stood for the whole outage."""
+    url, lease = shared
+    cable = Cable(postgres_server.port)
+    cut_off = lease(ttl=2, url=url.replace(f":{postgres_server.port}/", f":{cable.port}/"))
+    wait_for(lambda: cut_off.leading)
+    cable.sever()
+    wait_for(lambda: cut_off.unreached() is not None, timeout=10)
+    first = cut_off.unreached()[1]
+    cable.refuse()
+    wait_for(lambda: "refused" in cut_off.unreached()[1].lower(), timeout=15)
+    seconds, why = cut_off.unreached()
+    assert why != first and seconds >= 2
 
 
 async def test_a_leaders_health_says_standby_once_its_lease_runs_out_not_once_it_has_wound_down(shared):

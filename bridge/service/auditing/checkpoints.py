@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -190,6 +191,11 @@ class Checkpointer:
             # Stepping down (another instance leads now): the new leader signs
             # from here, as after any failover; nothing to alert anyone about.
             log.info("no checkpoint taken: this instance no longer leads the store")
+        except sqlite3.OperationalError as exc:
+            # The store unreachable, slow or locked (both backends raise this):
+            # said in a line, as every other part says it; nothing is lost.
+            log.warning("the answer log's checkpoint could not be taken (the store: %s); tried again in %ss",
+                        " ".join(str(exc).split())[:300], self.every)
         except Exception:  # noqa: BLE001 - the log is in the store; a checkpoint missed is taken next time
             log.exception("the answer log's checkpoint could not be taken; tried again in %ss", self.every)
 

@@ -85,6 +85,14 @@ _FENCE_OUT = (
     " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass)")
 
 
+# The sessions holding a lock on the lease row, other than this one (``Lease._held_by_another``).
+_HOLDERS = (
+    "SELECT a.pid, a.application_name, a.usename, a.client_addr::text, a.xact_start FROM pg_stat_activity a"
+    " WHERE a.pid <> pg_backend_pid() AND a.datname = current_database()"
+    " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass"
+    " AND l.granted) ORDER BY a.xact_start LIMIT 1")
+
+
 # Seconds that run on while the machine is suspended (``dbclock.elapsed``).
 _clock = elapsed
 
@@ -117,6 +125,7 @@ class Lease:
         self._hold_off_until = 0.0  # ``release``: no lease taken before this
         self._newer_schema: int | None = None  # a newer version migrated the store: this one never leads again
         self._unreached: tuple[float, str] | None = None  # (since, why) while the database can't be reached
+        self._blocked: str | None = None  # why no instance can take the lease (``_held_by_another``)
         self._conn: psycopg.Connection | None = None
         self._halt = threading.Event()
         self._mutex = threading.Lock()
@@ -217,12 +226,13 @@ class Lease:
                     else:
                         self._try_take(self._conn)
                     self._heartbeat(self._conn)
-                self._unreached = None
+                # Reached; but a session that is no bridge's may hold the lease row (``_try_take``).
+                self._unreached = self._still(self._blocked)
             except Exception as exc:  # noqa: BLE001 - whatever failed, reconnect and go on: the thread never dies
                 log.log(logging.DEBUG if isinstance(exc, psycopg.Error) else logging.WARNING,
                         "lease: database unreachable (%s); reconnecting", exc)
-                if self._unreached is None:
-                    self._unreached = (elapsed(), " ".join(str(exc).split())[:300] or type(exc).__name__)
+                # Since the first failure; why is the latest (a restart, then a refused password, say).
+                self._unreached = self._still(" ".join(str(exc).split())[:300] or type(exc).__name__)
                 with contextlib.suppress(Exception):
                     self._conn.close()  # type: ignore[union-attr]
                 self._conn = None
@@ -230,6 +240,12 @@ class Lease:
                 self._lose("the lease could not be renewed in time (the database unreachable?)")
             if self._halt.wait(RENEW_SECONDS if self.role == "leader" else POLL_SECONDS):
                 return
+
+    def _still(self, why: str | None) -> tuple[float, str] | None:
+        """The lease's trouble now: ``why``, since the trouble began (None: none)."""
+        if why is None:
+            return None
+        return (self._unreached[0] if self._unreached is not None else elapsed(), why)
 
     def _renew(self, conn: psycopg.Connection) -> None:
         started = _clock()
@@ -270,13 +286,15 @@ class Lease:
                 # Waits for every open transaction the old leader fenced.
                 expired = conn.execute("SELECT expires < clock_timestamp() FROM askwright_lease"
                                        " WHERE name = 'leader' FOR UPDATE").fetchone()[0]
+                self._blocked = None  # (the row's lock was had)
                 if not expired:
                     return
                 epoch = conn.execute("UPDATE askwright_lease SET epoch = epoch + 1, holder = %s,"
                                      " expires = clock_timestamp() + make_interval(secs => %s) WHERE name = 'leader'"
                                      " RETURNING epoch", (self.name, self.ttl)).fetchone()[0]
         except psycopg.errors.LockNotAvailable:
-            self._fence_out(conn)
+            if not self._fence_out(conn):
+                self._held_by_another(conn)
             return
         with self._mutex:
             self.epoch, self.role = epoch, "leader"
@@ -285,7 +303,7 @@ class Lease:
         if self.on_leading is not None:
             self.on_leading()
 
-    def _fence_out(self, conn: psycopg.Connection) -> None:
+    def _fence_out(self, conn: psycopg.Connection) -> bool:
         """The lease row stayed locked past ``lock_timeout``.  Once the lease
         has run out, a bridge session whose transaction began before that
         and still holds a lock on the row is the old leader's, stuck: a
@@ -298,6 +316,24 @@ class Lease:
         if ended:
             log.warning("ended %d session(s) of the instance that led before: its lease ran out while they"
                         " held the lease row", len(ended))
+        return bool(ended)
+
+    def _held_by_another(self, conn: psycopg.Connection) -> None:
+        """The lease row stays locked by a session the bridge does not end
+        (no instance's: an operator's psql left in a transaction, say): no
+        instance can lead while it holds it, which ``/health`` says
+        (``store_unreachable``) with the session, and the log once."""
+        rows = conn.execute(_HOLDERS).fetchall()
+        if not rows:
+            return  # (ended meanwhile: the next look takes the lease)
+        pid, application, user, address, since = rows[0]
+        began = f", in a transaction since {since:%Y-%m-%d %H:%M:%S %Z}" if since is not None else ""
+        why = (f"the lease row is locked by a session that is no bridge instance's (pid {pid}, application "
+               f"{application or 'unnamed'!r}, user {user!r}{f', from {address}' if address else ''}{began}): "
+               "no instance can lead until it ends")
+        if why != self._blocked:
+            log.warning("%s", why)
+        self._blocked = why
 
     def _heartbeat(self, conn: psycopg.Connection) -> None:
         conn.execute("INSERT INTO askwright_instance(id, role, epoch, seen) VALUES (%s, %s, %s, now())"
