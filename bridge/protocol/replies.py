@@ -19,7 +19,10 @@ from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 _NUMBER = re.compile(r"^#?(\d{1,3})[.)]?$")
 _SPACED_NUMBERS = re.compile(r"^\d{1,3}(?:\s+\d{1,3})+$")
 # "<option>: <words>" (or with a dash): the option and its input or a remark.
-_HEAD = re.compile(r"^(?P<head>[^:\n\u2013\u2014]{1,200}?)\s*(?::|\s[-\u2013\u2014])\s*(?P<rest>.+)$", re.DOTALL)
+# Not a colon with a digit after it: "1:02 the cut is abrupt" is a time in
+# the clip (a timecode, ``notes``), not option 1 with the words "02 the cut".
+_HEAD = re.compile(r"^(?P<head>[^:\n\u2013\u2014]{1,200}?)\s*(?::(?!\d)|\s[-\u2013\u2014])\s*(?P<rest>.+)$",
+                   re.DOTALL)
 _QUOTES = "\"'`\u201c\u201d\u2018\u2019"
 
 

@@ -287,6 +287,21 @@ def test_words_in_the_thread_are_a_note_with_timecodes():
     assert found.timecodes == ({"t": 1.4, "text": "the arrow jumps"},)
 
 
+@pytest.mark.parametrize("body, t", [("1:02 the cut is abrupt", 62.0), ("2:30: the logo flickers", 150.0),
+                                     ("0:01:05 too dark", 65.0)])
+def test_a_clock_time_in_the_thread_is_a_timecode_not_the_option_of_its_minutes(body, t):
+    """"1:02 ..." read as option 1 with the words "02 ...": someone's remark on
+    a clip replaced the answer another person gave."""
+    found = normalize(in_thread("takes", {"msgtype": "m.text", "body": body}), FakeLookup())
+    assert isinstance(found, Annotation), found
+    assert [code["t"] for code in found.timecodes] == [t]
+
+
+def test_a_pick_with_a_remark_after_a_colon_is_still_the_pick():
+    found = normalize(in_thread("branch", {"msgtype": "m.text", "body": "2: the safer one"}), FakeLookup())
+    assert accepted(found).option_id == "stable"
+
+
 def test_words_in_the_thread_of_a_text_question_one_answered_are_a_note_and_anothers_first_words_an_answer():
     body = {"msgtype": "m.text", "body": "also fine with Aurora"}
     assert isinstance(normalize(in_thread("name", body), FakeLookup()), Candidate)
