@@ -89,6 +89,7 @@ class Unreadable:
     question: RecordedQuestion
     message: str
     reason: str = "unreadable_reply"
+    replaces: str | None = None  # an edit: the message it edits (which clients show)
 
 
 @dataclass(frozen=True)
@@ -365,7 +366,7 @@ def _read_words(event: dict[str, Any], body: str, question: RecordedQuestion, lo
         return Annotation(_s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"), _ts(event), question,
                           via="note" if via == "reply" else via, note=note.text or None,
                           timecodes=tuple(tc.as_record() for tc in note.timecodes), replaces=replaces)
-    return Unreadable(_incoming(event, {"body": body}, via), question, _cant_read(body, question))
+    return Unreadable(_incoming(event, {"body": body}, via), question, _cant_read(body, question), replaces=replaces)
 
 
 def _attachment(event: dict[str, Any], content: dict[str, Any], question: RecordedQuestion, lookup: Lookup) -> Annotation:

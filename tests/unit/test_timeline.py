@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers.timeline import MODERATOR, Room, answer, edit, note, picture, redact, saved_file, vote
+from helpers.timeline import MODERATOR, ROOM, Room, answer, edit, note, picture, redact, saved_file, vote
 
 ALICE, BOB = "@alice:hs", "@bob:hs"
 
@@ -353,6 +353,30 @@ def test_an_edit_refused_says_the_answer_it_edits_still_stands(tmp_path: Path) -
     asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
     [refused] = [c["body"] for c in room.pipeline.transport.sent if c["body"].startswith("Not recorded")]
     assert "Your answer, The stable branch, still stands." in refused, refused
+
+
+def test_a_reply_edited_into_words_no_answer_is_told_on_the_reply_that_the_answer_stands(tmp_path: Path) -> None:
+    """Element's edit of a reply ("1" edited to "hmm"): the refusal went to the
+    edit event, which Element does not show, and did not say the pick stands."""
+    import asyncio
+
+    from bridge.service.answering.notices import Notices
+
+    room = Room(tmp_path)
+    reply = {"event_id": "$r1", "room_id": ROOM, "sender": "@alice:hs", "origin_server_ts": 1000,
+             "type": "m.room.message", "content": {"msgtype": "m.text", "body": "1",
+                                                   "m.relates_to": {"m.in_reply_to": {"event_id": "$q"}}}}
+    edited = {"event_id": "$r2", "room_id": ROOM, "sender": "@alice:hs", "origin_server_ts": 2000,
+              "type": "m.room.message", "content": {"msgtype": "m.text", "body": "* hmm",
+                                                    "m.new_content": {"msgtype": "m.text", "body": "hmm"},
+                                                    "m.relates_to": {"rel_type": "m.replace", "event_id": "$r1"}}}
+    room.deliver([reply])
+    room.deliver([edited])
+    assert room.record()["choice"] == "main"
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    [refused] = [c for c in room.pipeline.transport.sent if c["body"].startswith("Not recorded")]
+    assert refused["body"].endswith("Your answer, The main branch, still stands."), refused["body"]
+    assert refused["m.relates_to"]["m.in_reply_to"]["event_id"] == "$r1"
 
 
 def test_a_room_the_homeserver_made_the_bridge_leave_is_shown_as_removed(tmp_path: Path) -> None:

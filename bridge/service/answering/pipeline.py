@@ -444,8 +444,8 @@ class Pipeline(FolderFlush):
         elif isinstance(found, Unplaced):
             self._unplaced(found, result)
         elif isinstance(found, Unreadable):
-            self._log(self._refusal(found.answer, found.question, event, "schema", found.reason, found.message),
-                      result)
+            self._log(self._refusal(found.answer, found.question, event, "schema", found.reason, found.message,
+                                    found.replaces), result)
         elif isinstance(found, Annotation):
             self._annotate(found, now, result)
         else:
@@ -560,9 +560,9 @@ class Pipeline(FolderFlush):
                     question_event_id=question.event_id if question else None, ts=ts, replaces=replaces)
 
     def _refusal(self, answer: IncomingAnswer, question: RecordedQuestion | None, event: dict[str, Any], layer: str,
-                 reason: str, message: str) -> LogEntry:
+                 reason: str, message: str, replaces: str | None = None) -> LogEntry:
         return LogEntry(outcome="refused", layer=layer, reason=reason, message=message,
-                        **self._common(answer, question, _ts(event)))
+                        **self._common(answer, question, _ts(event), replaces))
 
     def _log(self, entry: LogEntry, result: BatchResult) -> None:
         problem = unfit(entry.record) if entry.record is not None else None
