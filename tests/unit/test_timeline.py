@@ -379,6 +379,37 @@ def test_a_reply_edited_into_words_no_answer_is_told_on_the_reply_that_the_answe
     assert refused["m.relates_to"]["m.in_reply_to"]["event_id"] == "$r1"
 
 
+def test_an_answer_given_in_the_thread_is_told_of_its_edit_and_its_withdrawal_in_the_thread(tmp_path: Path) -> None:
+    """An answer in the question's thread was acknowledged there, but its
+    edit and its withdrawal were told in the main timeline: neither event
+    carries the thread, the message they change does."""
+    import asyncio
+
+    from bridge.service.answering.notices import Notices
+
+    def sent(event_id: str, ts: int, content: dict) -> dict:
+        return {"event_id": event_id, "room_id": ROOM, "sender": "@alice:hs", "origin_server_ts": ts,
+                "type": "m.room.message", "content": content}
+
+    room = Room(tmp_path)
+    notices = Notices(room.pipeline, asyncio.Event())
+    thread = {"rel_type": "m.thread", "event_id": "$q", "is_falling_back": True, "m.in_reply_to": {"event_id": "$q"}}
+    room.deliver([sent("$t1", 1000, {"msgtype": "m.text", "body": "1", "m.relates_to": thread})])
+    asyncio.run(notices.send_pending())
+    room.deliver([sent("$t2", 2000, {"msgtype": "m.text", "body": "* 2", "m.new_content": {"msgtype": "m.text",
+                                                                                           "body": "2"},
+                                     "m.relates_to": {"rel_type": "m.replace", "event_id": "$t1"}})])
+    asyncio.run(notices.send_pending())
+    assert room.record()["choice"] == "stable"
+    room.deliver([redact("$r", "@alice:hs", 3000, "$t1")])
+    asyncio.run(notices.send_pending())
+    assert room.record() is None or room.record().get("state") != "answered"
+    told = room.pipeline.transport.sent
+    assert [c["body"].split(" ")[0] for c in told] == ["Recorded", "Changed", "Your"], [c["body"] for c in told]
+    assert [c["m.relates_to"].get("rel_type") for c in told] == ["m.thread"] * 3, [c["m.relates_to"] for c in told]
+    assert {c["m.relates_to"]["event_id"] for c in told} == {"$q"}
+
+
 def test_a_room_the_homeserver_made_the_bridge_leave_is_shown_as_removed(tmp_path: Path) -> None:
     """A room deleted (or shut down) by the homeserver's admin: Synapse makes
     the bridge leave in its own name, and that leave was passed over as the

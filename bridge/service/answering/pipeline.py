@@ -509,9 +509,9 @@ class Pipeline(FolderFlush):
             set_dir, set_id, qid = touched
             # `replaces` names what was withdrawn, so the word back can go where its acknowledgement went.
             logged = self.store.logged_question(target) if target else None
-            entry = self._with_device(LogEntry(event_id, room_id, sender, via, "withdrawn", set_id=set_id,
-                                               set_dir=set_dir, qid=qid, ts=_ts(event), replaces=target,
-                                               question_event_id=logged[0] if logged else question_event_id))
+            entry = self._with_device(self._in_its_thread(LogEntry(
+                event_id, room_id, sender, via, "withdrawn", set_id=set_id, set_dir=set_dir, qid=qid, ts=_ts(event),
+                replaces=target, question_event_id=logged[0] if logged else question_event_id)))
             self._past_the_deadline(entry)
             self.store.log(entry)
             if self.on_logged:
@@ -574,7 +574,7 @@ class Pipeline(FolderFlush):
         current, root = self._thread
         if root is not None and entry.event_id == current:
             entry = dataclasses.replace(entry, thread_root=root)
-        entry = self._with_device(entry)
+        entry = self._with_device(self._in_its_thread(entry))
         if entry.outcome == "refused":
             result.refused += 1
         else:
@@ -588,6 +588,15 @@ class Pipeline(FolderFlush):
         self.store.mark_processed(entry.event_id, entry.outcome)
         if self.on_outcome:
             self._observe(self.on_outcome, entry)
+
+    def _in_its_thread(self, entry: LogEntry) -> LogEntry:
+        """An edit or a withdrawal of a message sent in a thread belongs to
+        that thread: the edit event (or the redaction) carries no thread of its
+        own, and its word back shown in the main timeline left the thread."""
+        if entry.replaces is None or entry.thread_root is not None:
+            return entry
+        root = self.store.thread_of(entry.replaces)
+        return dataclasses.replace(entry, thread_root=root) if root is not None else entry
 
     def _with_device(self, entry: LogEntry) -> LogEntry:
         """The entry with the device that sent the event being judged (encrypted rooms)."""

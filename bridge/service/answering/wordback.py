@@ -185,6 +185,9 @@ class WordBack:
             else:  # nothing to quote: say whom it is for
                 content = addressed(content, entry.sender)
                 content["m.relates_to"] = in_thread(question.event_id)
+        elif entry.thread_root is not None:
+            # What was withdrawn was sent in a thread: the word back stays there.
+            content["m.relates_to"] = in_thread_reply(entry.thread_root, ack or entry.event_id)
         return content
 
     def _stands_again(self, entry: LogEntry, now: dict[str, Any] | None, standing_id: str | None = None) -> bool:

@@ -139,6 +139,12 @@ class AnswerLog:
             " ORDER BY seq DESC LIMIT 1", (event_id,)).fetchone()
         return (row[0], row[1]) if row else None
 
+    def thread_of(self, event_id: str) -> str | None:
+        """The thread the person's event ``event_id`` was sent in, as its log entry has it."""
+        row = self.db.execute("SELECT thread_root FROM answer_log WHERE event_id=? AND thread_root IS NOT NULL"
+                              " LIMIT 1", (event_id,)).fetchone()
+        return row[0] if row else None
+
     def gesture_at(self, event_id: str) -> tuple[str, str] | None:
         """(question event id, sender) of a person's logged gesture at a question."""
         row = self.db.execute(
