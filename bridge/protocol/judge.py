@@ -216,6 +216,13 @@ def _schema_refusal(error: ValidationError) -> Refused:
     if keyword == "minLength":
         return Refused("schema", "too_short", f"The answer's `{_field(error)}` is empty.")
     if keyword == "maxLength":
+        # The words a person typed (a reply is read into ``text``, a remark
+        # into ``note``) are told in theirs: Element shows the field's
+        # backticks as they are, and the count says how much to cut.
+        what = {"text": "Your answer", "note": "Your note"}.get(_field(error))
+        if what is not None and isinstance(error.instance, str):
+            return Refused("schema", "too_long", f"{what} is {len(error.instance)} characters long; the bridge takes "
+                                                 f"at most {error.validator_value}. Shorten it and send it again.")
         return Refused(
             "schema",
             "too_long",

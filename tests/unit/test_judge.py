@@ -162,6 +162,18 @@ def test_too_long(fields: dict[str, Any]) -> None:
     refused(verdict(question("text"), content(**fields)), "too_long")
 
 
+@pytest.mark.parametrize("fields, words", [
+    ({"text": "t" * 16001}, "Your answer is 16001 characters long; the bridge takes at most 16000. Shorten it and "
+                            "send it again."),
+    ({"option_id": "a", "note": "n" * 17000}, "Your note is 17000 characters long; the bridge takes at most 16000."),
+])
+def test_what_a_person_typed_too_long_is_told_in_plain_words(fields: dict[str, Any], words: str) -> None:
+    """A 17,000-character reply was told "The answer's `text` is longer than
+    16000 characters.": backticks Element shows as they are, and no count."""
+    found = verdict(question("text"), content(**fields))
+    assert isinstance(found, Refused) and found.message.startswith(words) and "`" not in found.message, found
+
+
 def test_limits_are_inclusive() -> None:
     q = question("text")
     ok = content(text="t" * 16000, note="n" * 16000, elicitation_id=ELC)
