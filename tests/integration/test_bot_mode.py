@@ -8,6 +8,7 @@ import pytest
 
 from helpers.harness import answer_content, read_set
 from helpers.sets import ALL_KINDS_PICKS, SUBJECT, all_kinds_set, check_all_kinds_read
+from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -93,9 +94,20 @@ async def test_a_new_revision_is_posted_and_an_answer_to_the_old_one_is_stale(br
     data = json.loads(path.read_text())
     data["questions"][0]["rev"] = 2
     data["questions"][0]["question"] = "Which branch should the 2.0 release be cut from?"
+    data["questions"][0]["title"] = "Release branch (2.0)"
     path.write_text(json.dumps(data))
     found = await bridge.wait_questions(alice, QUESTION_COUNT + 1)
     assert ("branch", 2) in found
+    # The old message's thread says where to answer now, by the title the new one shows.
+    old_id = questions[("branch", 1)]["event_id"]
+
+    async def closing() -> str | None:
+        return next((e["content"]["body"] for e in await alice.messages(room)
+                     if e.get("content", {}).get("dev.superpipeline.question.closed", {}).get("question_event_id")
+                     == old_id), None)
+    told = await until(closing, 20, "the old posting's close told")
+    assert told.endswith("is replaced by revision 2; answers to this message are no longer accepted. "
+                         "Answer revision 2, “Release branch (2.0)”, instead."), told
     view = read_set(bridge.sets_root / "kinds")
     branch = next(a for a in view["answers"] if a["qid"] == "branch")
     assert (branch["q_rev"], branch["current_rev"], branch["stale"]) == (1, 2, True)

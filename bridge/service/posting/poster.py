@@ -255,7 +255,7 @@ class Poster:
                     await media.post_in_thread(prepared.messages, latest.event_id, room, self.store, self.transport)
                 for older in postings[1:]:
                     if older.open:  # only the newest posting of a question takes answers
-                        await self._close(older, f"replaced by revision {question.rev}", report)
+                        await self._close(older, f"{REPLACED} {question.rev}", report)
             else:
                 for posting in postings:
                     if posting.open:
@@ -322,7 +322,7 @@ class Poster:
         sending = Sending(txn=txn_id("post", qset.id, question.id, str(question.rev), digest, folder, str(number)),
                           room=room, set_id=qset.id, folder=folder, qid=question.id, content=content,
                           replacing=tuple(old.event_id for old in replacing if old.open),
-                          why=f"replaced by revision {question.rev}",
+                          why=f"{REPLACED} {question.rev}",
                           after=replacing[0].event_id if replacing else None)
         # Kept before the send (``insend``): a kill after it leaves the room
         # ahead of the store, and the next start records it before any answer.
@@ -435,11 +435,24 @@ class Poster:
         for recorded in closing:
             await self._tell_closed(recorded, why)
 
+    async def _replacement(self, recorded: RecordedQuestion) -> RecordedQuestion | None:
+        """The open posting that replaced ``recorded`` (a later revision), if any."""
+        set_dir = await self.store.run(self.store.set_dir_of, recorded.event_id)
+        newest = await self.store.run(self.store.latest_posted, set_dir, recorded.qid) \
+            if set_dir and recorded.qid else None
+        return newest if newest is not None and newest.open and newest.event_id != recorded.event_id \
+            and (newest.rev or 0) > (recorded.rev or 0) else None
+
     async def _tell_closed(self, recorded: RecordedQuestion, why: str) -> None:
         title = recorded.question.get("title", recorded.qid)
         # Every other why says the question's state ("withdrawn (...)", "replaced by revision 2").
         state = f"closed ({why})" if why == SET_REMOVED else why
         text = f"“{title}” is {state}; answers to this message are no longer accepted."
+        if why.startswith(REPLACED):
+            # Where to answer now: the revision's message, by its own title (the person sees that one).
+            newer = await self._replacement(recorded)
+            if newer is not None:
+                text += f" Answer revision {newer.rev}, “{newer.question.get('title', newer.qid)}”, instead."
         content = {
             "msgtype": "m.notice",
             "body": text,
@@ -474,6 +487,7 @@ class Poster:
 # Meta key prefix: a question whose room refused its poll for good (value: the error code).
 _NO_POLL = "poll_refused:"
 SET_REMOVED = "this set was removed"
+REPLACED = "replaced by revision"  # "... 2": why a posting a later revision replaced was closed
 
 
 def _holds_set(set_dir: Path, set_id: str) -> bool:
