@@ -132,6 +132,8 @@ class Unplaced:
     sender: str
     ts: int
     mentions: tuple[str, ...] = ()
+    # (question title, whose answer): it replies to another person's answer.
+    about: tuple[str, str] | None = None
 
 
 Found = Candidate | Withdrawal | VoteWithdrawal | Unreadable | Annotation | Unplaced | PollEnd
@@ -312,7 +314,7 @@ def _reaction(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) ->
 def _message(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Found | None:
     question, in_thread = _addressed_question(content, lookup, _s(event, "sender"))
     if question is None:
-        return _unplaced(event, content)
+        return _unplaced(event, content, lookup)
     msgtype = _s(content, "msgtype")
     if msgtype in FILE_MSGTYPES:
         target = _direct_target(content)
@@ -438,7 +440,7 @@ def _direct_target(content: dict[str, Any]) -> str | None:
     return target if isinstance(target, str) else None
 
 
-def _unplaced(event: dict[str, Any], content: dict[str, Any]) -> Unplaced | None:
+def _unplaced(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Unplaced | None:
     relates = content.get("m.relates_to")
     reply = relates.get("m.in_reply_to") if isinstance(relates, dict) else None
     # Only what a person types: a notice is a bot's, and bots must not set each other off.
@@ -448,7 +450,12 @@ def _unplaced(event: dict[str, Any], content: dict[str, Any]) -> Unplaced | None
     mentions = content.get("m.mentions")
     users = mentions.get("user_ids") if isinstance(mentions, dict) else None
     named = tuple(u for u in users if isinstance(u, str)) if isinstance(users, list) else ()
-    return Unplaced(_s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"), _ts(event), named)
+    about = None
+    target = lookup.reply_target(reply["event_id"])
+    question = lookup.question_by_event(target[0]) if target is not None else None
+    if target is not None and target[1] is not None and question is not None:
+        about = (str(question.question.get("title", question.qid)), target[1])
+    return Unplaced(_s(event, "event_id"), _s(event, "room_id"), _s(event, "sender"), _ts(event), named, about)
 
 
 # ---------------------------------------------------------------- building

@@ -86,3 +86,14 @@ def withdrawn_notice(*, event_id: str, withdrawn_event_id: str | None, question_
 
 UNPLACED_MESSAGE = ("I couldn't tell which question this reply is about. Reply to the question itself "
                     "(or to my message about your answer) with the number of your pick.")
+
+
+def unplaced_message(about: tuple[str, str] | None) -> str:
+    """The word on a reply the bridge can't place; ``about``: (the question's
+    title, whose answer) when it replies to someone else's answer: the bridge
+    knows the question, and says why the reply is not taken as an answer."""
+    if about is None:
+        return UNPLACED_MESSAGE
+    title, whose = about
+    return (f"This replies to {whose}'s answer to “{title}”, so it is not taken as yours. "
+            "To answer it yourself, reply to the question itself with the number of your pick.")

@@ -260,6 +260,11 @@ def test_a_reply_to_ones_own_answer_changes_it_and_to_someone_elses_does_not():
     bobs = normalize(event({"msgtype": "m.text", "body": "3", "m.mentions": {"user_ids": ["@bob:hs"]},
                             "m.relates_to": {"m.in_reply_to": {"event_id": "$bobs"}}}), lookup)
     assert isinstance(bobs, Unplaced) and bobs.mentions == ("@bob:hs",)
+    # The bridge knows the question: its word says the reply is to Bob's answer, not why it can't place it.
+    assert bobs.about == ("Risk", "@bob:hs")
+    from bridge.protocol.withdrawn import unplaced_message
+    assert unplaced_message(bobs.about).startswith("This replies to @bob:hs's answer to “Risk”, so it is not taken "
+                                                   "as yours.")
 
 
 def test_a_number_past_the_last_option_is_named():

@@ -33,7 +33,7 @@ from bridge.protocol.judge import (CLOSED_DECIDED, Accepted, IncomingAnswer, Jud
                                   judge, poll_ended_refusal)
 from bridge.protocol.normalize import (Annotation, Candidate, PollEnd, Unplaced, Unreadable, VoteWithdrawal,
                                       Withdrawal, is_empty_vote, normalize, poll_votes, posting_keys)
-from bridge.protocol.withdrawn import UNPLACED_MESSAGE
+from bridge.protocol.withdrawn import unplaced_message
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.to_record import to_record
 from bridge.protocol.file_problems import file_problem as file_problem_words
@@ -541,7 +541,7 @@ class Pipeline(FolderFlush):
         help instead of silence.  Replies between people are left alone."""
         if self.transport.user_id in found.mentions and self._may_answer(found.sender, found.room_id, found.event_id):
             self._log(LogEntry(found.event_id, found.room_id, found.sender, "reply", "refused", layer="recorded",
-                               reason="unplaced_reply", message=UNPLACED_MESSAGE, ts=found.ts), result)
+                               reason="unplaced_reply", message=unplaced_message(found.about), ts=found.ts), result)
 
     def _context(self, room_id: str, event_id: str, sender: str) -> JudgeContext:
         """What an event from ``sender`` is judged against: the room's members
