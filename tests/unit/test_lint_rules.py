@@ -313,6 +313,9 @@ DECIDE_CASES: list[tuple[str, Mutation, str | None, str | None]] = [
     ),
     ("question-no-question-mark", _set("q:pick.question", "Pick a poster."), "questions[pick].question", ERROR),
     ("question-mark-mid-fails", _set("q:pick.question", "Which? The red one"), "questions[pick].question", ERROR),
+    # A question asked in its language's own mark asks (the set was skipped whole).
+    ("question-arabic-mark", _set("q:pick.question", "أي ملصق يوضع على الصفحة؟"), None, None),
+    ("question-full-width-mark", _set("q:pick.question", "どのポスターにしますか？"), None, None),
     (
         "question-duplicate-open",
         _set("q:many.question", "which poster should go on the landing page?"),

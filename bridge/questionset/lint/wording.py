@@ -21,15 +21,20 @@ def check_title(ctx: Context, q: QuestionView) -> None:
         ctx.warning(f"{q.where}.title", f"the title is {len(title.strip())} characters long; keep it to {TITLE_WARN_LENGTH} at most")
 
 
+QUESTION_MARKS = ("?", "\u061f", "\uff1f", "\u037e")
+
+
 def check_question_text(ctx: Context, q: QuestionView) -> None:
     text = str_at(q.raw, "question")
     if text is None:
         return
-    # Trailing spaces are forgiven: "Which one? " still ends in ?.
+    # Trailing spaces are forgiven: "Which one? " still ends in ?.  The
+    # question mark is the language's own: Arabic's ؟, the full-width ？ of
+    # Chinese and Japanese, the Greek ; (U+037E) ask as ? does.
     if ctx.study:
-        if "?" not in text:
+        if not any(mark in text for mark in QUESTION_MARKS):
             ctx.error(f"{q.where}.question", "a quiz question must contain a ? (it may quote its sentence after the ask)")
-    elif not text.rstrip().endswith("?"):
+    elif not text.rstrip().endswith(QUESTION_MARKS):
         ctx.error(f"{q.where}.question", "end the question with ?: it must ask something")
 
 
