@@ -1,6 +1,6 @@
 """Who may answer is judged by the room's members as the timeline has them
 at each answer: the members read at start are the room's then, ahead of
-the events read next after a downtime (``Pipeline._members_then``)."""
+the events read next after a downtime (``membership.MembersThen``)."""
 
 from __future__ import annotations
 
@@ -85,4 +85,4 @@ def test_what_was_asked_after_is_kept_for_events_judged_later_and_bounded(tmp_pa
     room.pipeline.transport = transport
     asyncio.run(room.pipeline.load_members(ROOM))
     asyncio.run(room.pipeline.prepare([answer(f"$e{n}", BO, T0 + n, "main") for n in range(5000)]))
-    assert len(room.pipeline._joined_at) == 4096 and "$e4999" in room.pipeline._joined_at
+    assert len(room.pipeline.members_then) == 4096 and "$e4999" in room.pipeline.members_then

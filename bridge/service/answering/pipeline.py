@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import sqlite3
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -40,16 +39,12 @@ from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES
 from bridge.service.answering.downloads import Downloads
 from bridge.service.answering.folderflush import FolderFlush, utc_of_ms
+from bridge.service.answering.membership import MembersThen
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack
 from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
 
 log = logging.getLogger(__name__)
-
-# Senders asked after at their events at once (``_members_then``), and how
-# many such events are remembered for judging (a file's event is judged later).
-MEMBER_READS_AT_ONCE = 8
-JOINED_AT_KEPT = 4096
 
 
 class Transport(Protocol):
@@ -164,9 +159,8 @@ class Pipeline(FolderFlush):
         # told once its transaction is kept: a batch handled again, or one that
         # failed, counts nothing twice.
         self._observed: list[Callable[[], None]] | None = None
-        # Events whose senders were members when they sent them, though no
-        # longer by the members read last (``_members_then``); the newest kept.
-        self._joined_at: OrderedDict[str, None] = OrderedDict()
+        # Senders members when they sent an event, though no longer by the members read last.
+        self.members_then = MembersThen(self.own_users)
         self.timeline = Timeline(self.store, self.power)
         self.downloads = Downloads(self.store, getattr(self.transport, "download", None), self._may_answer,
                                    self.report_trouble, self.attachment_max_bytes, self._judge_later,
@@ -193,50 +187,14 @@ class Pipeline(FolderFlush):
     async def prepare(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The I/O a batch needs before ``process``, and the events to judge
         now: senders the members read last no longer hold are asked after at
-        their events (``member_at``); files people sent into a question's
+        their events (``membership``); files people sent into a question's
         thread are downloaded into the set folder (``process`` runs inside a
         store transaction and must not wait on the network); one still coming
         after a few seconds goes on apart, its event judged when it is in
         (``downloads.py``)."""
-        await self._members_then(events)
+        if self.answerers is None:  # (with ``answerers`` configured, membership decides nothing)
+            await self.members_then.ask_after(events, self.members, getattr(self.transport, "member_at", None))
         return await self.downloads.prefetch(events)
-
-    async def _members_then(self, events: list[dict[str, Any]]) -> None:
-        """Membership is the room's at each event, as the timeline places it.
-        The members read at start (or at a join) are the room's then, ahead
-        of what the bridge reads next when it was down: someone who answered
-        and then left meanwhile is no member by them, yet was one when they
-        answered (a room's events are sent by its joined members).  Such a
-        sender is asked after at the event itself; the membership events of
-        the batch before it are taken into account as judging will."""
-        ask = getattr(self.transport, "member_at", None)
-        if ask is None or self.answerers is not None:
-            return  # (with ``answerers`` configured, membership decides nothing)
-        changed: dict[tuple[str, str], bool] = {}
-        doubtful: list[tuple[str, str, str]] = []
-        for event in events:
-            room_id, sender = event.get("room_id"), event.get("sender")
-            if not isinstance(room_id, str) or room_id not in self.members or not isinstance(sender, str):
-                continue
-            if event.get("type") == "m.room.member" and isinstance(event.get("state_key"), str):
-                content = event.get("content") if isinstance(event.get("content"), dict) else {}
-                changed[(room_id, event["state_key"])] = content.get("membership") == "join"
-            elif "state_key" not in event and not self.own_users(sender) \
-                    and not changed.get((room_id, sender), sender in self.members[room_id]) \
-                    and isinstance(event.get("event_id"), str) and event["event_id"] not in self._joined_at:
-                doubtful.append((room_id, event["event_id"], sender))
-        if not doubtful:
-            return
-        limit = asyncio.Semaphore(MEMBER_READS_AT_ONCE)
-
-        async def one(room_id: str, event_id: str, sender: str) -> None:
-            async with limit:
-                if await ask(room_id, event_id, sender):
-                    self._joined_at[event_id] = None
-
-        await asyncio.gather(*(one(*found) for found in doubtful))
-        while len(self._joined_at) > JOINED_AT_KEPT:
-            self._joined_at.popitem(last=False)
 
     async def _judge_later(self, events: list[dict[str, Any]]) -> None:
         await self.store.run(self.process, events)
@@ -253,7 +211,7 @@ class Pipeline(FolderFlush):
             return False
         if self.answerers is not None:
             return sender in self.answerers
-        return sender in self.members.get(room_id, ()) or event_id in self._joined_at
+        return sender in self.members.get(room_id, ()) or event_id in self.members_then
 
     # -- the batch ---------------------------------------------------------
 
@@ -545,9 +503,9 @@ class Pipeline(FolderFlush):
 
     def _context(self, room_id: str, event_id: str, sender: str) -> JudgeContext:
         """What an event from ``sender`` is judged against: the room's members
-        as the timeline has them at it (``_members_then``)."""
+        as the timeline has them at it (``membership``)."""
         members = self.members.get(room_id, set())
-        if event_id in self._joined_at and sender not in members:
+        if event_id in self.members_then and sender not in members:
             members = members | {sender}
         return JudgeContext(allowed=self.answerers, members=frozenset(members), bridge_user=self.transport.user_id)
 

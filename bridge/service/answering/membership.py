@@ -1,0 +1,68 @@
+"""Who was a member of a room at an event, as the timeline places it.
+
+The members the pipeline reads (at start, at a join) are the room's then,
+ahead of what the bridge reads next when it was down: someone who answered
+and then left meanwhile is no member by them, yet was one when they
+answered (a room's events are sent by its joined members; the bridge
+running would have taken the answer).  Before a batch is judged, such a
+sender is asked after at the event itself (the transport's ``member_at``:
+``/context``, the sender's membership there), the batch's own membership
+events before it taken into account as judging will.  An event the
+homeserver does not have (a forged push) was sent by no member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any, Awaitable, Callable
+
+MemberAt = Callable[[str, str, str], Awaitable[bool]]  # (room id, event id, user id) -> a member there
+
+READS_AT_ONCE = 8  # senders asked after at once
+KEPT = 4096  # events remembered (a file's event is judged after its batch, when the file is in)
+
+
+class MembersThen:
+    def __init__(self, own_user: Callable[[str], bool]):
+        self.own_user = own_user
+        self._joined_at: OrderedDict[str, None] = OrderedDict()  # the newest kept
+
+    def __contains__(self, event_id: object) -> bool:
+        """Whether the sender of ``event_id`` was found a member at it, though not by the members read last."""
+        return event_id in self._joined_at
+
+    def __len__(self) -> int:
+        return len(self._joined_at)
+
+    async def ask_after(self, events: list[dict[str, Any]], members: dict[str, set[str]],
+                        member_at: MemberAt | None) -> None:
+        """The senders of ``events`` that ``members`` (room -> joined) no
+        longer hold, asked after at their events (by ``member_at``, the
+        transport's: none, nothing is asked)."""
+        if member_at is None:
+            return
+        changed: dict[tuple[str, str], bool] = {}
+        doubtful: list[tuple[str, str, str]] = []
+        for event in events:
+            room_id, sender, event_id = event.get("room_id"), event.get("sender"), event.get("event_id")
+            if not isinstance(room_id, str) or room_id not in members or not isinstance(sender, str):
+                continue
+            if event.get("type") == "m.room.member" and isinstance(event.get("state_key"), str):
+                content = event.get("content") if isinstance(event.get("content"), dict) else {}
+                changed[(room_id, event["state_key"])] = content.get("membership") == "join"
+            elif "state_key" not in event and isinstance(event_id, str) and event_id not in self._joined_at \
+                    and not self.own_user(sender) and not changed.get((room_id, sender), sender in members[room_id]):
+                doubtful.append((room_id, event_id, sender))
+        if not doubtful:
+            return
+        limit = asyncio.Semaphore(READS_AT_ONCE)
+
+        async def one(room_id: str, event_id: str, sender: str) -> None:
+            async with limit:
+                if await member_at(room_id, event_id, sender):
+                    self._joined_at[event_id] = None
+
+        await asyncio.gather(*(one(*found) for found in doubtful))
+        while len(self._joined_at) > KEPT:
+            self._joined_at.popitem(last=False)
