@@ -85,10 +85,12 @@ _FENCE_OUT = (
     " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass)")
 
 
-# The sessions holding a lock on the lease row, other than this one (``Lease._held_by_another``).
+# The oldest session holding a lock on the lease row that is no bridge's
+# (a leader's write transaction holds it too, briefly: ``Lease._held_by_another``).
 _HOLDERS = (
     "SELECT a.pid, a.application_name, a.usename, a.client_addr::text, a.xact_start FROM pg_stat_activity a"
     " WHERE a.pid <> pg_backend_pid() AND a.datname = current_database()"
+    " AND a.application_name NOT LIKE 'askwright-bridge %'"
     " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass"
     " AND l.granted) ORDER BY a.xact_start LIMIT 1")
 
