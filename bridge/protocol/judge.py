@@ -339,8 +339,11 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
     # counts even when the bridge closed the question in between.
     expires = question.expires_ms
     if expires is not None and answer.origin_server_ts >= expires:
+        # (A question its quorum decided before the deadline never expired:
+        # said so, as its message and its thread say it.)
+        what = "was decided before its deadline," if question.closed_why == CLOSED_DECIDED else "expired at"
         return Refused("recorded", "expired",
-                       f"This question expired at {clock_words(expires)} ({format_rfc3339(expires)}); "
+                       f"This question {what} {clock_words(expires)} ({format_rfc3339(expires)}); "
                        "answers after that are not recorded.")
     return None
 

@@ -180,6 +180,13 @@ def test_an_answer_a_second_after_the_deadline_is_late_and_one_before_counts_eve
     withdrawn = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds", content=question.content, open=False,
                                  closed_why="withdrawn")
     assert judge(withdrawn, incoming(ANA, T0 + 44_000), CTX).reason == "question_closed"
+    # Decided before the deadline, it never expired: a vote after the deadline is told so, not "expired".
+    decided = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="kinds", content=question.content, open=False,
+                               closed_why="decided")
+    after = judge(decided, incoming(ANA, T0 + 46_000), CTX)
+    assert isinstance(after, Refused) and after.reason == "expired"
+    assert after.message.startswith("This question was decided before its deadline, 08:00:45 UTC"), after.message
+    assert "expired" not in after.message
 
 
 def test_the_escalated_may_answer_from_the_escalation_on_in_the_rooms_order():
