@@ -301,6 +301,23 @@ def test_an_expired_record_keeps_the_votes_that_stood_at_the_deadline(tmp_path):
                          "it now does not change that."), told
 
 
+def test_an_empty_vote_after_the_deadline_is_not_told_the_vote_it_empties_counts_again(tmp_path):
+    """Ana voted in the poll; the question expired; she then sent an empty
+    vote.  She was told "your earlier vote ... counts as your vote again" (the
+    very vote she took back) and, in the same breath, that it stood at the deadline."""
+    room = room_with(tmp_path, expires="45s")
+    room.deliver([vote("$a1", ANA, T0 + 3000, ["main"])])
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000).pass_once())
+    room.deliver([vote("$a2", ANA, T0 + 50_000, [])])  # after the deadline, in the room's order
+    seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$a2'").fetchone()[0]
+    told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
+    assert "again" not in told and told.endswith("Your vote stood at the deadline; withdrawing it now does not "
+                                                 "change that."), told
+
+
 def test_a_pending_approval_rewritten_as_one_persons_answer_does_not_verify(tmp_path):
     """One vote of the two required: pending.  Rewritten as a plain record of
     that vote (its votes and required dropped, its receipt kept), it matched

@@ -212,6 +212,10 @@ class WordBack:
         if mine is None or mine.get("event_id") in (entry.replaces, entry.event_id):
             return None
         logged = self.store.logged_question(str(mine.get("event_id")))
+        if entry.replaces is None and entry.via == "poll" and logged is not None and logged[1] == "poll":
+            # An empty vote takes back the poll vote; one still counted is that
+            # very vote, standing at the deadline (said apart), not another.
+            return None
         choice = str(mine.get("choice"))
         return str(mine.get("event_id")), logged[1] if logged else None, display_names(question).get(choice, choice)
 
