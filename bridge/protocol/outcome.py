@@ -170,6 +170,9 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
         picked += f", for {subject[0]} (digest {short_digest(subject[1])})"
     if via == "edit":
         text = sentence(f"Changed your answer to “{title}”: now {picked}")
+        if stood_before == OTHER:
+            # An edit is a new answer: of an old one, it replaces whatever stood since, another's too.
+            text += " This replaces the answer someone else gave."
     else:
         text = sentence(f"Recorded for “{title}”: {picked}")
         if replaced:

@@ -410,6 +410,19 @@ def test_an_answer_given_in_the_thread_is_told_of_its_edit_and_its_withdrawal_in
     assert {c["m.relates_to"]["event_id"] for c in told} == {"$q"}
 
 
+def test_an_edit_of_an_old_answer_that_replaces_anothers_says_so(tmp_path: Path) -> None:
+    """Alice answered, Bob answered after her (told it replaces hers), and
+    Alice then edited her old answer: hers stands again over Bob's, and she
+    was only told "Changed your answer" (an edit is a new answer)."""
+    room = Room(tmp_path)
+    room.deliver([answer("$a1", "@alice:hs", 1000, "main"), answer("$b1", "@bob:hs", 2000, "stable")])
+    room.deliver([edit("$a2", "@alice:hs", 3000, "$a1", "main")])
+    assert room.record()["source"]["sender"] == "@alice:hs"
+    seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$a2'").fetchone()[0]
+    told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
+    assert told.startswith("Changed your answer") and told.endswith("This replaces the answer someone else gave."), told
+
+
 def test_a_room_the_homeserver_made_the_bridge_leave_is_shown_as_removed(tmp_path: Path) -> None:
     """A room deleted (or shut down) by the homeserver's admin: Synapse makes
     the bridge leave in its own name, and that leave was passed over as the
