@@ -12,10 +12,14 @@ MIB = 1024 * 1024
 
 
 def size_words(limit: int) -> str:
-    """``20 MB`` for 20 MiB (people say MB), ``12.5 MB``, ``512 KB``."""
+    """``20 MB`` for 20 MiB (people say MB), ``12.5 MB``, ``512 KB``,
+    ``1.95 KB``; never a figure below the limit's own (a 2000-byte limit
+    was "1 KB": a 1.5 KB file, told it is larger, would be within it)."""
     if limit >= MIB:
         return f"{limit // MIB} MB" if limit % MIB == 0 else f"{limit / MIB:.1f} MB"
-    return f"{max(1, limit // 1024)} KB"
+    if limit < 1024:
+        return f"{limit} bytes"
+    return f"{limit // 1024} KB" if limit % 1024 == 0 else f"{limit / 1024:.2f} KB"
 
 
 def shown_name(filename: object) -> str | None:

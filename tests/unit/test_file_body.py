@@ -156,6 +156,8 @@ def test_a_malformed_key_is_undecryptable_before_anything_is_read(broken) -> Non
 def test_the_word_back_names_the_file_and_the_limit() -> None:
     assert size_words(20 * MIB) == "20 MB" and size_words(12 * MIB + MIB // 2) == "12.5 MB"
     assert size_words(512 * 1024) == "512 KB"
+    # Under a MB: never a figure below the limit (2000 bytes read "1 KB").
+    assert (size_words(2000), size_words(500)) == ("1.95 KB", "500 bytes")
     words = file_problem("attachment_too_large", "release-shot.png", 12 * MIB)
     assert words == "The file “release-shot.png” is larger than the 12 MB an answer may carry."
     assert "“clip.mp4”" in file_problem("attachment_not_fetched", "clip.mp4")
