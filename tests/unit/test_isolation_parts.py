@@ -240,6 +240,27 @@ def test_refusals_to_one_person_are_coalesced_and_acknowledgements_go_first(tmp_
     assert store.db.execute("SELECT COUNT(*) FROM answer_log WHERE acked=0").fetchone()[0] == 0
 
 
+def test_a_refusal_held_back_by_the_burst_is_moot_once_the_persons_answer_is_recorded(tmp_path: Path) -> None:
+    """Three wrong tries in a minute, then the right one: the third try's
+    refusal, held back by the burst, came a minute later, after "Recorded",
+    asking again for what was done."""
+    store, pipeline, transport, _folders = setup(tmp_path)
+    clock = [0.0]
+    notices = Notices(pipeline, asyncio.Event(), clock=lambda: clock[0])
+    for n in range(3):
+        pipeline.process([answer(0, f"$try{n}", 5)])  # ``text`` a number: refused
+        asyncio.run(notices.send_pending())
+        clock[0] += 1
+    assert len(transport.sent) == 2  # the third refusal waits for the burst's window
+    pipeline.process([answer(0, "$right", "Borealis")])
+    asyncio.run(notices.send_pending())
+    clock[0] = REFUSAL_WINDOW + 5
+    asyncio.run(notices.send_pending())
+    outcomes = [c["dev.superpipeline.question.outcome"]["outcome"] for _room, c in transport.sent]
+    assert outcomes == ["refused", "refused", "recorded"], [c["body"] for _room, c in transport.sent]
+    assert store.db.execute("SELECT COUNT(*) FROM answer_log WHERE acked=0").fetchone()[0] == 0
+
+
 def test_a_backlog_is_told_a_window_at_a_time_and_a_persons_answers_still_get_one_reply(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A homeserver slower to take the replies than the answers builds a

@@ -68,6 +68,9 @@ class Notices:
         self.pending.set()
         self.room_retry: dict[str, tuple[float, float]] = {}  # room -> (not before, last delay)
         self.refusals_sent: dict[tuple[str, str, str | None], deque[float]] = defaultdict(deque)
+        # Refusals held back by the burst (person, question): once their turn
+        # comes, an answer of theirs recorded meanwhile makes them moot.
+        self._held: set[tuple[str, str, str | None]] = set()
         self.next_due: float | None = None
         self._stop_seen: float | None = None  # when a pass first saw the stop (time.monotonic)
         # Set while a catch-up's gap is judged page by page: its answers are
@@ -135,7 +138,12 @@ class Notices:
                     break
                 key = (room_id, sender, question)
                 if not self._refusal_allowed(key):
+                    self._held.add(key)
                     continue
+                if key in self._held:
+                    self._held.discard(key)
+                    if await self.store.run(self._answered_since, last, sender, question):
+                        continue
                 if await self._send(functools.partial(self._standing, last), self._refusal_maker, refusal=True):
                     self.refusals_sent[key].append(self.clock())
                     sent += 1
@@ -143,6 +151,18 @@ class Notices:
         if len(acks) == PASS or (len(refusals) == PASS and refused):
             self.pending.set()  # more than one window was waiting: the next pass comes at once
         return sent
+
+    def _answered_since(self, last: int, sender: str, question: str | None) -> bool:
+        """Held refusals (up to ``last``) of ``sender`` about ``question``
+        that an answer of theirs recorded since has made moot: told by its
+        acknowledgement (marked so), not by a reply asking them to do again
+        what they did.  False when none was recorded."""
+        if question is None or not self.store.accepted_since(last, sender, question):
+            return False
+        with self.store.transaction(flush=False):
+            for seq in self.store.notice_seqs(last):
+                self.store.mark_acked(seq, COALESCED)
+        return True
 
     def _standing(self, last: int) -> tuple[LogEntry, list[int]] | None:
         """The entry the notice of ``last`` is about (of the pending entries it

@@ -76,6 +76,12 @@ class Notices:
                                              last))
         return [seq for (seq,) in rows.fetchall()] or [last]
 
+    def accepted_since(self, seq: int, sender: str, question_event_id: str) -> bool:
+        """Whether an answer of ``sender``'s to ``question_event_id`` was accepted after entry ``seq``."""
+        return self.db.execute("SELECT 1 FROM answer_log WHERE seq>? AND sender=? AND question_event_id=?"
+                               " AND outcome='accepted' LIMIT 1", (seq, sender, question_event_id)).fetchone() \
+            is not None
+
     def mark_acked(self, seq: int, state: int = 1) -> None:
         """``state``: SENT, COALESCED (told in a later reply) or DROPPED."""
         self.db.defer("UPDATE answer_log SET acked=? WHERE seq=?", (state, seq))
