@@ -319,7 +319,8 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
     # who may answer is not known for every room (a room the config no
     # longer names, once its last question closed, has its members unread).
     if not question.open and question.closed_why not in KEEPS_TAKING:
-        why = f" ({question.closed_why})" if question.closed_why else ""
+        # ("closed" alone says nothing "no longer open" does not.)
+        why = f" ({question.closed_why})" if question.closed_why and question.closed_why != "closed" else ""
         return Refused("recorded", "question_closed",
                        f"This question is no longer open{why}, so the answer was not recorded.")
     if not _may_answer(sender, ctx):

@@ -423,6 +423,20 @@ def test_an_edit_of_an_old_answer_that_replaces_anothers_says_so(tmp_path: Path)
     assert told.startswith("Changed your answer") and told.endswith("This replaces the answer someone else gave."), told
 
 
+def test_a_note_to_a_closed_question_is_told_it_was_not_kept_as_a_note(tmp_path: Path) -> None:
+    """A note to a question its agent closed was told "This question is no
+    longer open (closed), so the answer was not recorded.": no answer, and
+    "closed" twice."""
+    room = Room(tmp_path)
+    room.deliver([answer("$a1", "@alice:hs", 1000, "main")])
+    with room.store.transaction():
+        room.store.close_question("$q", "closed")
+    room.deliver([note("$n1", "@alice:hs", 2000, "the logo is off by a pixel")])
+    seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$n1'").fetchone()[0]
+    told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
+    assert told == "Not recorded: This question is no longer open, so your note was not kept.", told
+
+
 def test_a_room_the_homeserver_made_the_bridge_leave_is_shown_as_removed(tmp_path: Path) -> None:
     """A room deleted (or shut down) by the homeserver's admin: Synapse makes
     the bridge leave in its own name, and that leave was passed over as the

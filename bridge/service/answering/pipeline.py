@@ -613,6 +613,11 @@ class Pipeline(FolderFlush):
             "m.relates_to": {"event_id": question.event_id}, "elicitation_id": question.elicitation_id})
         common = self._common(answer, question, found.ts, found.replaces)
         refusal = check_identity(question, answer, self._context(found.room_id, found.event_id, found.sender))
+        if refusal is not None and refusal.reason == "question_closed":
+            # A note or a file is no answer: said as what it is.
+            what = "file was" if found.attachments or found.via == "attachment" else "note was"
+            refusal = dataclasses.replace(refusal, message=refusal.message.replace(
+                "so the answer was not recorded", f"so your {what} not kept"))
         problem = (refusal.layer, refusal.reason, refusal.message) if refusal else \
             self._annotation_problem(found, common["set_dir"], common["qid"])
         if problem is not None:
