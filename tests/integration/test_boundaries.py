@@ -218,6 +218,11 @@ async def test_appservice_refuses_forged_answers_and_wrong_tokens(appservice_syn
         while not (found := await alice.questions(other_room)) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         elsewhere = found[("q0", 1)]
+        # Real events of Bob's, whose ids a forger may reuse once he has left.
+        said = await bob.send(room, {"msgtype": "m.text", "body": "hello all"})
+        joined_id = next(e["event_id"] for e in await alice.messages(room)
+                         if e["type"] == "m.room.member" and e.get("state_key") == bob.user_id
+                         and e["content"].get("membership") == "join")
         leave(hs, bob.token, room)
         # The bridge hears of the leave through the homeserver's push, in
         # order: once an answer sent after it is judged, the leave is known.
@@ -231,6 +236,11 @@ async def test_appservice_refuses_forged_answers_and_wrong_tokens(appservice_syn
         cases = {
             "wrong_room": pushed(alice.user_id, answer_content(elsewhere, text="aimed elsewhere")),
             "left": pushed(bob.user_id, answer_content(questions[("name", 1)], text="from the door")),
+            # (the homeserver has these ids, from Bob, but not these events)
+            "left, his join's id": {**pushed(bob.user_id, answer_content(questions[("name", 1)], text="joined")),
+                                    "event_id": joined_id},
+            "left, his message's id": {**pushed(bob.user_id, answer_content(questions[("name", 1)], text="said")),
+                                       "event_id": said},
             "stranger": pushed(carol.user_id, answer_content(questions[("name", 1)], text="from outside")),
             "fine": pushed(alice.user_id, answer_content(questions[("name", 1)], text="from alice")),
         }
@@ -246,6 +256,8 @@ async def test_appservice_refuses_forged_answers_and_wrong_tokens(appservice_syn
                 assert response.status == 200
         outcomes = {name: outcome_of(bridge, event["event_id"]) for name, event in cases.items()}
         assert outcomes == {"wrong_room": ("refused", "wrong_room"), "left": ("refused", "sender_not_allowed"),
+                            "left, his join's id": ("refused", "sender_not_allowed"),
+                            "left, his message's id": ("refused", "sender_not_allowed"),
                             "stranger": ("refused", "sender_not_allowed"), "fine": ("accepted", None)}
         assert bridge.answers("kinds")["answers"]["name"]["text"] == "from alice"
         assert bridge.answers("other")["answers"] == {}

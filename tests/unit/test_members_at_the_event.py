@@ -14,20 +14,24 @@ T0 = 1_800_000_000_000
 
 
 class LeftTransport(Transport):
-    """The room as read at start: Bo has left since.  ``member_at`` answers
-    for the events the homeserver has, as ``joined_at`` says."""
+    """The room as read at start: Bo has left since.  ``event_context`` is
+    the homeserver's ``/context`` of the events it has (``has``: event id ->
+    the event as it has it, its sender joined there)."""
 
-    def __init__(self, joined_at: dict[str, bool]) -> None:
+    def __init__(self, has: dict[str, dict[str, Any]]) -> None:
         super().__init__()
-        self.joined_at = joined_at
+        self.has = has
         self.asked: list[tuple[str, str]] = []
 
     async def joined_members(self, room_id: str) -> set[str]:
         return {ANA, CY, MODERATOR, BOT}
 
-    async def member_at(self, room_id: str, event_id: str, user_id: str) -> bool:
-        self.asked.append((event_id, user_id))
-        return self.joined_at.get(event_id, False)
+    async def event_context(self, room_id: str, event_id: str) -> dict[str, Any] | None:
+        event = self.has.get(event_id)
+        self.asked.append((event_id, event["sender"] if event else "?"))
+        if event is None:
+            return None
+        return {"event": event, "state": [member("$join", event["sender"], 0, "join")]}
 
 
 def member(event_id: str, user: str, ts: int, membership: str) -> dict[str, Any]:
@@ -47,8 +51,9 @@ def handled(room: Room, transport: LeftTransport, events: list[dict[str, Any]]) 
 
 def test_an_answer_sent_before_its_sender_left_is_judged_as_from_a_member(tmp_path):
     room = Room(tmp_path)
-    transport = LeftTransport({"$bo": True})
-    outcomes = handled(room, transport, [answer("$bo", BO, T0, "main"), member("$left", BO, T0 + 1, "leave"),
+    bos = answer("$bo", BO, T0, "main")
+    transport = LeftTransport({"$bo": bos})
+    outcomes = handled(room, transport, [bos, member("$left", BO, T0 + 1, "leave"),
                                          answer("$ana", ANA, T0 + 2, "stable")])
     assert outcomes["$bo"] == ("accepted", None)
     assert outcomes["$ana"] == ("accepted", None)
@@ -60,6 +65,30 @@ def test_an_event_the_homeserver_does_not_place_there_is_refused(tmp_path):
     transport = LeftTransport({})
     assert handled(room, transport, [answer("$forged", BO, T0, "main")])["$forged"] == \
         ("refused", "sender_not_allowed")
+
+
+def test_a_push_reusing_the_id_of_a_real_event_of_someone_who_left_is_not_theirs(tmp_path):
+    """A forged push (appservice: whoever holds the hs_token) of an answer
+    from Bo, who left, under the id of his join or of a message of his: the
+    homeserver has that id, from Bo, but not that event."""
+    room = Room(tmp_path)
+    join = member("$join", BO, T0, "join")
+    chat = {**answer("$chat", BO, T0, "main"), "content": {"msgtype": "m.text", "body": "hello all"}}
+    transport = LeftTransport({"$join": join, "$chat": chat})
+    outcomes = handled(room, transport, [answer("$join", BO, T0 + 1, "stable"), answer("$chat", BO, T0 + 2, "stable")])
+    assert outcomes == {"$join": ("refused", "sender_not_allowed"), "$chat": ("refused", "sender_not_allowed")}
+
+
+def test_an_event_decrypted_here_is_his_when_the_homeserver_has_its_ciphertext(tmp_path):
+    from bridge.service.answering.membership import DECRYPTED_MARK
+    from bridge.service.encryption.receiving import DEVICE
+
+    assert DECRYPTED_MARK == DEVICE
+    room = Room(tmp_path)
+    sealed = {"event_id": "$bo", "room_id": ROOM, "sender": BO, "origin_server_ts": T0, "type": "m.room.encrypted",
+              "content": {"algorithm": "m.megolm.v1.aes-sha2", "ciphertext": "..."}}
+    decrypted = {**answer("$bo", BO, T0, "main"), DEVICE: {"device_id": "D", "cross_signed": True}}
+    assert handled(room, LeftTransport({"$bo": sealed}), [decrypted])["$bo"] == ("accepted", None)
 
 
 def test_a_member_who_joined_earlier_in_the_batch_is_not_asked_after(tmp_path):
@@ -81,8 +110,9 @@ def test_with_answerers_configured_membership_is_never_asked_after(tmp_path):
 def test_what_was_asked_after_is_kept_for_events_judged_later_and_bounded(tmp_path):
     """Kept past the batch (a file's event is judged apart, later), the newest only."""
     room = Room(tmp_path)
-    transport = LeftTransport({f"$e{n}": True for n in range(5000)})
+    sent = [answer(f"$e{n}", BO, T0 + n, "main") for n in range(5000)]
+    transport = LeftTransport({event["event_id"]: event for event in sent})
     room.pipeline.transport = transport
     asyncio.run(room.pipeline.load_members(ROOM))
-    asyncio.run(room.pipeline.prepare([answer(f"$e{n}", BO, T0 + n, "main") for n in range(5000)]))
+    asyncio.run(room.pipeline.prepare(sent))
     assert len(room.pipeline.members_then) == 4096 and "$e4999" in room.pipeline.members_then

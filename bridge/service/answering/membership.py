@@ -5,10 +5,11 @@ ahead of what the bridge reads next when it was down: someone who answered
 and then left meanwhile is no member by them, yet was one when they
 answered (a room's events are sent by its joined members; the bridge
 running would have taken the answer).  Before a batch is judged, such a
-sender is asked after at the event itself (the transport's ``member_at``:
-``/context``, the sender's membership there), the batch's own membership
-events before it taken into account as judging will.  An event the
-homeserver does not have (a forged push) was sent by no member.
+sender is asked after at the event itself (the transport's
+``event_context``: ``/context``, the sender's membership there), the
+batch's own membership events before it taken into account as judging
+will.  An event the homeserver does not have as it came (a forged push,
+also one reusing a real event's id) was sent by no member.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import asyncio
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
-MemberAt = Callable[[str, str, str], Awaitable[bool]]  # (room id, event id, user id) -> a member there
+EventContext = Callable[[str, str], Awaitable[dict[str, Any] | None]]  # (room id, event id) -> /context
+ENCRYPTED = "m.room.encrypted"
+# What the encryption's screening adds to an event it decrypted (``receiving.DEVICE``).
+DECRYPTED_MARK = "askwright.device"
 
 READS_AT_ONCE = 8  # senders asked after at once
 KEPT = 4096  # events remembered (a file's event is judged after its batch, when the file is in)
@@ -36,14 +40,14 @@ class MembersThen:
         return len(self._joined_at)
 
     async def ask_after(self, events: list[dict[str, Any]], members: dict[str, set[str]],
-                        member_at: MemberAt | None) -> None:
+                        event_context: EventContext | None) -> None:
         """The senders of ``events`` that ``members`` (room -> joined) no
-        longer hold, asked after at their events (by ``member_at``, the
+        longer hold, asked after at their events (by ``event_context``, the
         transport's: none, nothing is asked)."""
-        if member_at is None:
+        if event_context is None:
             return
         changed: dict[tuple[str, str], bool] = {}
-        doubtful: list[tuple[str, str, str]] = []
+        doubtful: list[dict[str, Any]] = []
         for event in events:
             room_id, sender, event_id = event.get("room_id"), event.get("sender"), event.get("event_id")
             if not isinstance(room_id, str) or room_id not in members or not isinstance(sender, str):
@@ -53,16 +57,36 @@ class MembersThen:
                 changed[(room_id, event["state_key"])] = content.get("membership") == "join"
             elif "state_key" not in event and isinstance(event_id, str) and event_id not in self._joined_at \
                     and not self.own_user(sender) and not changed.get((room_id, sender), sender in members[room_id]):
-                doubtful.append((room_id, event_id, sender))
+                doubtful.append(event)
         if not doubtful:
             return
         limit = asyncio.Semaphore(READS_AT_ONCE)
 
-        async def one(room_id: str, event_id: str, sender: str) -> None:
+        async def one(event: dict[str, Any]) -> None:
             async with limit:
-                if await member_at(room_id, event_id, sender):
-                    self._joined_at[event_id] = None
+                if joined_at(await event_context(event["room_id"], event["event_id"]), event):
+                    self._joined_at[event["event_id"]] = None
 
-        await asyncio.gather(*(one(*found) for found in doubtful))
+        await asyncio.gather(*(one(event) for event in doubtful))
         while len(self._joined_at) > KEPT:
             self._joined_at.popitem(last=False)
+
+
+def joined_at(context: dict[str, Any] | None, sent: dict[str, Any]) -> bool:
+    """Whether the homeserver's ``context`` of the event ``sent`` came as
+    (its ``/context``) shows that very event, sent by a joined member.  Its
+    id alone is not that: a push reusing the id of a real event of someone's
+    (their join, a message of theirs) would pass as theirs."""
+    found = context.get("event") if isinstance(context, dict) else None
+    sender = sent.get("sender")
+    if not isinstance(found, dict) or found.get("sender") != sender or "state_key" in found \
+            or found.get("room_id", sent.get("room_id")) != sent.get("room_id"):
+        return False
+    if DECRYPTED_MARK in sent:  # decrypted here: the homeserver has the ciphertext
+        same = found.get("type") == ENCRYPTED
+    else:
+        same = found.get("type") == sent.get("type") and found.get("content") == sent.get("content")
+    state = context.get("state") if isinstance(context.get("state"), list) else []
+    return same and any(isinstance(e, dict) and e.get("type") == "m.room.member" and e.get("state_key") == sender
+                        and isinstance(e.get("content"), dict) and e["content"].get("membership") == "join"
+                        for e in state)

@@ -193,7 +193,7 @@ class Pipeline(FolderFlush):
         after a few seconds goes on apart, its event judged when it is in
         (``downloads.py``)."""
         if self.answerers is None:  # (with ``answerers`` configured, membership decides nothing)
-            await self.members_then.ask_after(events, self.members, getattr(self.transport, "member_at", None))
+            await self.members_then.ask_after(events, self.members, getattr(self.transport, "event_context", None))
         return await self.downloads.prefetch(events)
 
     async def _judge_later(self, events: list[dict[str, Any]]) -> None:

@@ -389,11 +389,11 @@ class NioTransport:
             raise MatrixError(f"listing members of {room_id}", response)
         return {member.user_id for member in response.members}
 
-    async def member_at(self, room_id: str, event_id: str, user_id: str) -> bool:
-        """Whether ``user_id`` sent ``event_id`` in ``room_id`` as a joined
-        member, by the room's state at that event (``/context``, the sender's
-        membership alone).  False for an event the homeserver does not have
-        there, or another's; MatrixError when it can't tell now."""
+    async def event_context(self, room_id: str, event_id: str) -> dict[str, Any] | None:
+        """``/context`` of ``event_id`` in ``room_id`` with no events around
+        it: the event as the homeserver has it, and (``state``) its sender's
+        membership there.  None for an event it does not have there (or will
+        not show); MatrixError when it can't tell now."""
         path = (f"/_matrix/client/v3/rooms/{quote(room_id, safe='')}/context/{quote(event_id, safe='')}"
                 f"?limit=0&filter={quote(_SENDERS_ONLY)}")
         response = await self.client.send("GET", path, headers={"Authorization": f"Bearer {self.client.access_token}"})
@@ -403,16 +403,10 @@ class NioTransport:
         finally:
             response.release()
         if status in (400, 403, 404):
-            return False
+            return None
         if status != 200 or not isinstance(body, dict):
-            raise MatrixError(f"reading the membership of {user_id} at {event_id}", f"HTTP {status}")
-        event = body.get("event")
-        if not isinstance(event, dict) or event.get("sender") != user_id or event.get("room_id", room_id) != room_id:
-            return False
-        state = body.get("state") if isinstance(body.get("state"), list) else []
-        return any(isinstance(e, dict) and e.get("type") == "m.room.member" and e.get("state_key") == user_id
-                   and isinstance(e.get("content"), dict) and e["content"].get("membership") == "join"
-                   for e in state)
+            raise MatrixError(f"reading the context of {event_id}", f"HTTP {status}")
+        return body
 
     async def power_levels(self, room_id: str) -> dict[str, Any]:
         """The room's m.room.power_levels content ({} when it has none)."""
