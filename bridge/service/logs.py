@@ -12,6 +12,12 @@ import time
 _SECRET = re.compile(r"(syt_[A-Za-z0-9_]+|(?:access_token|as_token|hs_token|password)[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,}]*)")
 
 
+def why(exc: BaseException) -> str:
+    """An exception in a log line's words: its message, or its kind when it
+    has none (a timeout's is empty: "not handled ()" told nothing)."""
+    return str(exc) or type(exc).__name__
+
+
 def redact(text: str) -> str:
     return _SECRET.sub(lambda m: m.group(1)[:4] + "…" if m.group(1).startswith("syt_") else m.group(1) + "[redacted]",
                        text)

@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 from nio import AsyncClient
 
+from bridge.service.logs import why
 from bridge.service.eventwait import set_within
 from bridge.service.transport.bot import sleep_or_stop
 from bridge.service.transport.invites import Invites
@@ -208,7 +209,7 @@ class TransactionServer:
         try:
             result = await self._feed(wanted, lambda: self.store.mark_txn(key), delivery=key)
         except Exception as exc:  # noqa: BLE001 - anything here is worth a retry by the homeserver
-            log.warning("transaction %s not processed (%s); the homeserver will send it again", txn_id, exc)
+            log.warning("transaction %s not processed (%s); the homeserver will send it again", txn_id, why(exc))
             self._trouble()  # the homeserver's recovery can strand a transaction
             return _error(500, "M_UNKNOWN", "not processed; send it again")
         log.debug("transaction %s: %d events, %s", txn_id, len(events),

@@ -18,6 +18,7 @@ from typing import Any
 
 from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, WhoamiResponse
 
+from bridge.service.logs import why
 from bridge.service.eventwait import any_set
 from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir
@@ -283,7 +284,7 @@ class SyncLoop:
                     # The batch is not durable: what was asked past it is dropped,
                     # and the retry goes from the token in the store.
                     ahead = await drop_sync(ahead)
-                    log.warning("sync batch not handled (%s); retrying in %.1f s", exc, backoff)
+                    log.warning("sync batch not handled (%s); retrying in %.1f s", why(exc), backoff)
                     await sleep_or_stop(self.stop, backoff)
                     backoff = min(backoff * 2, 30)
                 finally:

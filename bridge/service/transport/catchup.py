@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection
 
 from nio import AsyncClient
 
+from bridge.service.logs import why
 from bridge.service.transport.bot import sleep_or_stop
 from bridge.service.transport.matrix import StopRequested, timeline_page, timeline_pages
 
@@ -142,7 +143,7 @@ class CatchUp:
                 self.idle_looks += 1
         except Exception as exc:  # noqa: BLE001 - the transaction goes on; the look is tried again soon
             log.warning("looking for what did not arrive failed (%s); trying again shortly",
-                        str(exc) or type(exc).__name__)
+                        why(exc))
             self.suspect_gap()
 
     async def run(self) -> None:
@@ -157,7 +158,7 @@ class CatchUp:
                     self.on_caught_up()
             except Exception as exc:  # noqa: BLE001 - the next look tries again
                 log.warning("looking for events the homeserver did not push failed (%s); trying again shortly",
-                            str(exc) or type(exc).__name__)
+                            why(exc))
             self.looked.set()
             if not self.pushed.is_set() and self.clock() - started < FAST_FOR:
                 # Nothing pushed since the start: perhaps nothing can be yet.
@@ -196,7 +197,7 @@ class CatchUp:
                 if room_id not in self._failing:
                     self._failing.add(room_id)
                     log.warning("looking into %s failed (%s); the other rooms are looked into, and it is at the "
-                                "next look", room_id, str(exc) or type(exc).__name__)
+                                "next look", room_id, why(exc))
                 continue
             self._failing.discard(room_id)
             fed += room_fed

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from bridge.service.logs import why as said
 from bridge.service.eventwait import set_within
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ async def keep_hearing(client: Any, metrics: Any, stop: asyncio.Event) -> None:
                 response.release()
             why = f"HTTP {response.status}"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            answered, why = False, str(exc) or type(exc).__name__
+            answered, why = False, said(exc)
         if answered:
             metrics.heard()
             if failing:
