@@ -166,9 +166,19 @@ class Crypto(Receiving):
         if self._signing is not None:
             # Current clients hide what an unsigned device encrypts.
             await asyncio.shield(self._signing)
-        if not room.members_synced or room_id in self._members_changed:
+        # nio's view of the room is made anew by a join (``MatrixTransport.join``)
+        # that may run beside this send: its members are read from the view in
+        # place after the read, not the one held before it.  (Read from a
+        # view replaced meanwhile, they were none: the room key went to no one,
+        # and the first question of a room joined at an invite stayed
+        # unreadable to the person who invited the bridge.)
+        for _attempt in range(3):
+            room = await self.ensure_room(room_id)
+            if room.members_synced and room_id not in self._members_changed:
+                break
             self._members_changed.discard(room_id)
             await self.client.joined_members(room_id)
+        room = await self.ensure_room(room_id)
         members = set(room.users)
         if self._keys_wanted(members):
             await self.maintain()
