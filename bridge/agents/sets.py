@@ -411,30 +411,26 @@ class AgentSets:
     def log_starts(self, agent: str) -> dict[str, int]:
         """Set id -> where ``agent``'s set of that name begins in the answer
         log (``Owner.log_from``), for each of its sets."""
-        starts: dict[str, int] = {}
-        if self.root.is_dir():
-            for entry in self.root.iterdir():
-                if entry.name.startswith(".") or not entry.is_dir():
-                    continue
-                owner = read_owner(entry)
-                if owner is not None and owner.agent == agent:
-                    starts[entry.name] = owner.log_from
-        return starts
+        return {entry.name: owner.log_from for entry, owner in self._owned(agent)}
 
     def list_sets(self, agent: str) -> list[dict[str, Any]]:
         found = []
-        if not self.root.is_dir():
-            return found
-        for entry in sorted(self.root.iterdir()):
-            if entry.name.startswith(".") or not entry.is_dir():
-                continue
-            owner = read_owner(entry)
-            if owner is None or owner.agent != agent:
-                continue
+        for entry, _owner in self._owned(agent):
             summary = self._summary(entry)
             if summary is not None:
                 found.append({"set": entry.name, **summary})
         return found
+
+    def _owned(self, agent: str) -> Iterator[tuple[Path, Owner]]:
+        """``agent``'s set folders (by name) and their owner files."""
+        if not self.root.is_dir():
+            return
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(".") or not entry.is_dir():
+                continue
+            owner = read_owner(entry)
+            if owner is not None and owner.agent == agent:
+                yield entry, owner
 
     def _summary(self, set_dir: Path) -> dict[str, Any] | None:
         """A set's line in the list, kept while its files stay as they are: a
