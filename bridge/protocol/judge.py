@@ -319,10 +319,7 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
     # who may answer is not known for every room (a room the config no
     # longer names, once its last question closed, has its members unread).
     if not question.open and question.closed_why not in KEEPS_TAKING:
-        # ("closed" alone says nothing "no longer open" does not.)
-        why = f" ({question.closed_why})" if question.closed_why and question.closed_why != "closed" else ""
-        return Refused("recorded", "question_closed",
-                       f"This question is no longer open{why}, so the answer was not recorded.")
+        return closed_refusal(question)
     if not _may_answer(sender, ctx):
         return Refused("recorded", "sender_not_allowed", "You are not one of the people who may answer this question.")
     if not question.may_answer_at(sender, answer.origin_server_ts):
@@ -347,6 +344,14 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
                        f"This question {what} {clock_words(expires)} ({format_rfc3339(expires)}); "
                        "answers after that are not recorded.")
     return None
+
+
+def closed_refusal(question: RecordedQuestion, what: str = "the answer was not recorded") -> Refused:
+    """A question closed for good: ``what`` of what was sent (a note or a
+    file is no answer, and is told as what it is)."""
+    # ("closed" alone says nothing "no longer open" does not.)
+    why = f" ({question.closed_why})" if question.closed_why and question.closed_why != "closed" else ""
+    return Refused("recorded", "question_closed", f"This question is no longer open{why}, so {what}.")
 
 
 def poll_ended_refusal(by: str, at_ms: int) -> Refused:

@@ -18,10 +18,10 @@ import asyncio
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
+from bridge.service.encryption.marks import DEVICE
+
 EventContext = Callable[[str, str], Awaitable[dict[str, Any] | None]]  # (room id, event id) -> /context
 ENCRYPTED = "m.room.encrypted"
-# What the encryption's screening adds to an event it decrypted (``receiving.DEVICE``).
-DECRYPTED_MARK = "askwright.device"
 
 READS_AT_ONCE = 8  # senders asked after at once
 KEPT = 4096  # events remembered (a file's event is judged after its batch, when the file is in)
@@ -82,7 +82,7 @@ def joined_at(context: dict[str, Any] | None, sent: dict[str, Any]) -> bool:
     if not isinstance(found, dict) or found.get("sender") != sender or "state_key" in found \
             or found.get("room_id", sent.get("room_id")) != sent.get("room_id"):
         return False
-    if DECRYPTED_MARK in sent:  # decrypted here: the homeserver has the ciphertext
+    if DEVICE in sent:  # decrypted here: the homeserver has the ciphertext
         same = found.get("type") == ENCRYPTED
     else:
         same = found.get("type") == sent.get("type") and found.get("content") == sent.get("content")

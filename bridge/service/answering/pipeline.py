@@ -29,7 +29,7 @@ from bridge.protocol import annotate
 from bridge.protocol.authorship import edit_target
 from bridge.protocol.fit import fit_id, timestamp, unfit
 from bridge.protocol.judge import (CLOSED_DECIDED, Accepted, IncomingAnswer, JudgeContext, check_identity,
-                                  judge, poll_ended_refusal)
+                                  closed_refusal, judge, poll_ended_refusal)
 from bridge.protocol.normalize import (Annotation, Candidate, PollEnd, Unplaced, Unreadable, VoteWithdrawal,
                                       Withdrawal, is_empty_vote, normalize, poll_votes, posting_keys)
 from bridge.protocol.withdrawn import unplaced_message
@@ -42,6 +42,7 @@ from bridge.service.answering.folderflush import FolderFlush, utc_of_ms
 from bridge.service.answering.membership import MembersThen
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack
+from bridge.service.encryption.marks import DEVICE
 from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
 
 log = logging.getLogger(__name__)
@@ -353,7 +354,7 @@ class Pipeline(FolderFlush):
             result.skipped += 1
             return
         self._thread = (event_id, _thread_root(event))
-        device = event.get("askwright.device")  # set by the encryption layer for a decrypted event
+        device = event.get(DEVICE)  # set by the encryption layer for a decrypted event
         self._device = (event_id, device if isinstance(device, dict) else None)
         self._keep_before(event)
         self._track_membership(event)
@@ -614,10 +615,9 @@ class Pipeline(FolderFlush):
         common = self._common(answer, question, found.ts, found.replaces)
         refusal = check_identity(question, answer, self._context(found.room_id, found.event_id, found.sender))
         if refusal is not None and refusal.reason == "question_closed":
-            # A note or a file is no answer: said as what it is.
-            what = "file was" if found.attachments or found.via == "attachment" else "note was"
-            refusal = dataclasses.replace(refusal, message=refusal.message.replace(
-                "so the answer was not recorded", f"so your {what} not kept"))
+            # A note or a file is no answer: told as what it is.
+            sent = "file" if found.attachments or found.via == "attachment" else "note"
+            refusal = closed_refusal(question, f"your {sent} was not kept")
         problem = (refusal.layer, refusal.reason, refusal.message) if refusal else \
             self._annotation_problem(found, common["set_dir"], common["qid"])
         if problem is not None:

@@ -25,6 +25,7 @@ from nio.exceptions import EncryptionError, LocalProtocolError
 
 from bridge.service.config import Encryption
 from bridge.service.encryption.keyrequests import KeyRequests
+from bridge.service.encryption.marks import DEVICE  # what the pipeline gets in ORIGIN's place
 from bridge.service.storage.store import LogEntry, Store
 
 if TYPE_CHECKING:
@@ -38,8 +39,6 @@ REDACTION = "m.room.redaction"
 # A key the sync loop adds to a decrypted event's dict (and removes before the
 # pipeline sees it): which device sent it, for the ``verified`` policy.
 ORIGIN = "askwright.e2e"
-# What the pipeline gets in its place: the sending device, for the answer log's leaf.
-DEVICE = "askwright.device"
 
 UNDECRYPTABLE_MESSAGE = ("the bridge could not decrypt this message, so it could not read your answer. "
                          "Please send it again (if it keeps happening, your client may not be sharing "
