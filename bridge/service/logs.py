@@ -18,6 +18,12 @@ def why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def in_a_line(exc: BaseException, limit: int = 300) -> str:
+    """``why``, on one line and at most ``limit`` characters (a driver's
+    message runs over lines: "connection refused\\n\\tIs the server running?")."""
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__
+
+
 def redact(text: str) -> str:
     return _SECRET.sub(lambda m: m.group(1)[:4] + "…" if m.group(1).startswith("syt_") else m.group(1) + "[redacted]",
                        text)

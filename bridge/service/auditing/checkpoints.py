@@ -21,6 +21,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from pathlib import Path
 
+from bridge.service.logs import in_a_line
 from bridge.service.eventwait import set_within
 from bridge.protocol import merkle
 from bridge.service.auditing.keys import LogKey, LogKeyError, check_present, check_same, load_or_create
@@ -195,7 +196,7 @@ class Checkpointer:
             # The store unreachable, slow or locked (both backends raise this):
             # said in a line, as every other part says it; nothing is lost.
             log.warning("the answer log's checkpoint could not be taken (the store: %s); tried again in %ss",
-                        " ".join(str(exc).split())[:300], self.every)
+                        in_a_line(exc), self.every)
         except Exception:  # noqa: BLE001 - the log is in the store; a checkpoint missed is taken next time
             log.exception("the answer log's checkpoint could not be taken; tried again in %ss", self.every)
 

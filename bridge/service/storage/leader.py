@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import psycopg
 
+from bridge.service.logs import in_a_line
 from bridge.service.storage.dbclock import elapsed
 from bridge.service.storage.pgconnect import WATCHDOG, connect
 from bridge.service.storage.dialect import LeaseLost
@@ -234,7 +235,7 @@ class Lease:
                 log.log(logging.DEBUG if isinstance(exc, psycopg.Error) else logging.WARNING,
                         "lease: database unreachable (%s); reconnecting", exc)
                 # Since the first failure; why is the latest (a restart, then a refused password, say).
-                self._unreached = self._still(" ".join(str(exc).split())[:300] or type(exc).__name__)
+                self._unreached = self._still(in_a_line(exc))
                 with contextlib.suppress(Exception):
                     self._conn.close()  # type: ignore[union-attr]
                 self._conn = None
