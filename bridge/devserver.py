@@ -28,8 +28,37 @@ import yaml
 SERVER_NAME = "localhost"
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, for a server started a moment later.
+
+    Chosen below the kernel's ephemeral range, so no outgoing connection and
+    no other ``bind(port 0)`` is handed it in between; at random, so two
+    processes choosing at once rarely meet; never twice in one process, so two
+    servers set up before either listens get different ports."""
+    top = _ephemeral_start()
+    bottom = min(20000, top // 2)
+    for _ in range(200):
+        port = secrets.randbelow(top - bottom) + bottom
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as sock:  # a crowded range: whatever the kernel offers
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from typing import Any
 
@@ -14,16 +13,12 @@ import aiohttp
 from aiohttp import web
 
 from bridge.agents.webhooks import verify
+from bridge.devserver import free_port
 from helpers.harness import answer_content
 
 TOKENS = {"planner": "planner-token-0123456789abcdef", "other": "other-token-0123456789abcdef"}
 SECRETS = {"planner": "planner-hook-secret-42", "other": "other-hook-secret-42"}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agents_config(port: int, webhook_urls: dict[str, str] | None = None, **api: Any) -> dict[str, Any]:

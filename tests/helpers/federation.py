@@ -8,11 +8,13 @@ from __future__ import annotations
 import socket
 import threading
 
+from bridge.devserver import free_port
+
 
 class Relay:
     def __init__(self, target_port: int):
         self.target_port = target_port
-        self.port = _free_port()
+        self.port = free_port()
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -69,11 +71,6 @@ class Relay:
             _close(source)
             _close(sink)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _close(conn: socket.socket) -> None:

@@ -13,6 +13,7 @@ from functools import partial
 
 import pytest
 
+from bridge.devserver import free_port
 from helpers.harness import answer_content
 from helpers.sets import all_kinds_set
 from helpers.waiting import until
@@ -24,11 +25,6 @@ QUESTION_COUNT = 8
 NOTHING_HELD = {"sets_held": 0, "events_set_aside": 0, "notices_dropped": 0, "events_waiting": 0,
                 "sets_not_posted": 0, "webhooks_pending": 0}
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get(url: str) -> tuple[int, str]:

@@ -11,6 +11,7 @@ import urllib.request
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from bridge.devserver import free_port
 from bridge.service.config import parse_config
 from bridge.service.operators.health import health_app, start_http
 from bridge.service.operators.metrics import Metrics
@@ -155,11 +156,6 @@ async def test_health_answers_from_the_held_counts_without_waiting_for_the_store
         await client.close()
         store.close()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_start_http_serves_on_the_configured_address_and_stops():
