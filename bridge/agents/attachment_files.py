@@ -134,9 +134,13 @@ async def with_file_objects(view: dict[str, Any], set_dir: Path, link: Link, dig
             answers.append(entry)  # nothing to describe (most entries): not copied
             continue
         files = []
+        # Over HTTP and MCP a file says who sent it when it was not the picker
+        # (the file system's paths stay on the bridge's side).
+        by = entry.get("attachments_by") or {}
         for path in entry.get("attachments") or ():
-            files.append(await _file_object(str(path), folder, set_dir, link, digests))
-        answers.append({**entry, "attachments": files})
+            described = await _file_object(str(path), folder, set_dir, link, digests)
+            files.append({**described, "sent_by": by[path]} if path in by else described)
+        answers.append({**{k: v for k, v in entry.items() if k != "attachments_by"}, "attachments": files})
     return {**view, "answers": answers}
 
 

@@ -59,6 +59,7 @@ RECORD_KEY_ORDER = (
     "guess_revealed_before_pick",
     "note",
     "attachments",
+    "attachments_by",
     "timecodes",
     "subject",
     "required",
@@ -405,6 +406,9 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
     "guess_revealed_before_pick": (lambda v: isinstance(v, bool), "true or false"),
     "note": (lambda v: isinstance(v, str), "a string"),
     "attachments": (lambda v: _str_list(v) and all(_is_relative(p) for p in v), "a list of paths inside the set folder"),
+    "attachments_by": (lambda v: isinstance(v, dict) and all(_is_relative(p) and isinstance(who, str)
+                                                             for p, who in v.items()),
+                       "an object: a path of attachments -> a user id"),
     "timecodes": (lambda v: isinstance(v, list) and all(_is_timecode(tc) for tc in v), 'a list of {"t": seconds, "text": string}'),
     "source": (lambda v: isinstance(v, dict), "an object"),
     "subject": (lambda v: isinstance(v, dict) and isinstance(v.get("id"), str) and isinstance(v.get("digest"), str),

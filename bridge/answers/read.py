@@ -77,6 +77,7 @@ def _answer_entry(record: dict[str, Any], question: Question | None, status: str
             "guess_revealed_before_pick": bool(record.get("guess_revealed_before_pick", False)),
             "note": record.get("note") or "",
             "attachments": [os.path.normpath(os.path.join(set_dir_abs, rel)) for rel in record.get("attachments") or ()],
+            **_attachments_by(record, set_dir_abs),
             "timecodes": [dict(tc) for tc in record.get("timecodes") or ()],
             **_subject(record),
             **_approval(record),
@@ -89,6 +90,15 @@ def _answer_entry(record: dict[str, Any], question: Question | None, status: str
         }
     )
     return entry
+
+
+def _attachments_by(record: dict[str, Any], set_dir_abs: str) -> dict[str, Any]:
+    """``{"attachments_by": {path: user id}}`` of the files someone other than
+    the picker sent (their paths as ``attachments`` shows them); else nothing."""
+    by = record.get("attachments_by")
+    if not isinstance(by, dict) or not by:
+        return {}
+    return {"attachments_by": {os.path.normpath(os.path.join(set_dir_abs, rel)): who for rel, who in by.items()}}
 
 
 def _approval(record: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from typing import Any
 from bridge.protocol.notes import MAX_NOTE, MAX_TIMECODES, clip
 
 MAX_ATTACHMENTS = 20
+# A record's files sent by anyone but its sender: path -> who sent it.
+ATTACHMENTS_BY = "attachments_by"
 NOTE_JOINER = "\n\n"
 NOTE_ONLY = "note_only"
 
@@ -44,6 +46,11 @@ def merge(record: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
     if files:
         have = list(out.get("attachments") or ())
         out["attachments"] = (have + [f for f in files if f not in have])[:MAX_ATTACHMENTS]
+        by = added.get(ATTACHMENTS_BY)
+        if isinstance(by, dict):
+            kept = {f: who for f, who in by.items() if f in out["attachments"] and isinstance(who, str)}
+            if kept:
+                out[ATTACHMENTS_BY] = {**(out.get(ATTACHMENTS_BY) or {}), **kept}
     codes = [c for c in added.get("timecodes") or () if isinstance(c, dict)]
     if codes:
         out["timecodes"] = (list(out.get("timecodes") or ()) + codes)[:MAX_TIMECODES]
@@ -76,7 +83,8 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
     The record is the standing pick with the notes, files and timecodes of
     every standing annotation folded in, before or after it: a withdrawn
     annotation is simply not there.  A note by anyone but the record's
-    sender starts with theirs ("@bo:hs: ...").  A pick without words keeps
+    sender starts with theirs ("@bo:hs: ..."), and their files are listed
+    with it in ``attachments_by``.  A pick without words keeps
     the note of the pick before it (its ``carry_note``: none when that note
     was an option's input).  A ``whole`` pick is a record from before this rule,
     with the annotations before it already folded in: only later ones are
@@ -91,6 +99,7 @@ def fold_records(qid: str, picks: list[tuple[dict[str, Any], bool, str | None, P
             added = [delta for delta, at in notes if at > position]
         else:
             base.pop("attachments", None)
+            base.pop(ATTACHMENTS_BY, None)
             base.pop("timecodes", None)
             if not base.get("note"):
                 base.pop("note", None)
@@ -126,11 +135,20 @@ def sender_of(record: dict[str, Any]) -> str | None:
 
 
 def attributed(delta: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    """``delta`` with its note prefixed by its sender when that is not ``owner``."""
-    sender, note = sender_of(delta), delta.get("note")
-    if not isinstance(note, str) or not note.strip() or not sender or sender == owner:
+    """``delta`` saying whose it is when its sender is not ``owner``: its
+    note prefixed with them, its files named under them in ``attachments_by``
+    (a file in the record reads as the picker's otherwise)."""
+    sender = sender_of(delta)
+    if not sender or sender == owner:
         return delta
-    return {**delta, "note": f"{sender}{_NAMED}{note}"}
+    out = dict(delta)
+    note = delta.get("note")
+    if isinstance(note, str) and note.strip():
+        out["note"] = f"{sender}{_NAMED}{note}"
+    files = [f for f in delta.get("attachments") or () if isinstance(f, str)]
+    if files:
+        out[ATTACHMENTS_BY] = {f: sender for f in files}
+    return out
 
 
 def note_room_needed(note: str, sender: str, owner: str | None, owner_additions: int) -> int:

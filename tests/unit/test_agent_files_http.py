@@ -70,11 +70,14 @@ def made(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
 
-def answered_with(set_dir: Path, set_id: str, files: list[str]) -> None:
-    """A person's answer naming ``files`` (already in attachments/), as the bridge records it."""
+def answered_with(set_dir: Path, set_id: str, files: list[str], by: dict[str, str] | None = None) -> None:
+    """A person's answer naming ``files`` (already in attachments/), as the bridge records it;
+    ``by``: those of them someone else added."""
     record = {"qid": "takes", "choice": "t2", "label": "Take 2", "note": "", "attachments": files, "timecodes": [],
               "q_rev": 1, "source": {"via": "matrix", "how": "reply", "room_id": "!r", "event_id": "$e",
                                      "sender": "@alice:hs", "ts": 1764500000000}}
+    if by:
+        record["attachments_by"] = by
     AnswersFile(set_dir, set_id).update(lambda doc, now: document.put_record(doc, record, now), NOW)
 
 
@@ -387,3 +390,20 @@ async def test_a_file_of_a_question_whose_id_has_dots_in_a_row_is_served(api):
     assert (listed["size"], listed["url"]) == (len(shot), "/v1/sets/intro/attachments/v1..2-1.png")
     async with http.get(listed["url"], headers=auth("planner")) as response:
         assert response.status == 200 and await response.read() == shot
+
+
+async def test_a_file_someone_else_added_names_them_in_read_and_over_http(api):
+    http, root, _ = api
+    await a_persons_file(http, root, 2000)
+    (root / "intro" / "attachments" / "takes-2.png").write_bytes(b"Bo's screenshot")
+    answered_with(root / "intro", "intro", ["attachments/takes-1.png", "attachments/takes-2.png"],
+                  by={"attachments/takes-2.png": "@bo:hs"})
+    async with http.get("/v1/sets/intro/answers", headers=auth("planner")) as response:
+        (entry,) = (await response.json())["answers"]
+    assert [f.get("sent_by") for f in entry["attachments"]] == [None, "@bo:hs"]
+    assert "attachments_by" not in entry  # no path of the bridge's disk over HTTP
+    from bridge.answers.read import read_view
+    set_dir = root / "intro"
+    doc = json.loads((set_dir / "answers.json").read_text())
+    view = read_view(doc, None, str(set_dir.resolve()), include_all=False)
+    assert view["answers"][0]["attachments_by"] == {str(set_dir.resolve() / "attachments" / "takes-2.png"): "@bo:hs"}

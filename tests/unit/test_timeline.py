@@ -454,3 +454,21 @@ def test_a_room_the_homeserver_made_the_bridge_leave_is_shown_as_removed(tmp_pat
     assert room.pipeline.removed == {}
     room.deliver([leave("$shut", ROOM, "join")])
     assert room.pipeline.removed[ROOM]["by"] == BOT
+
+
+def test_a_file_someone_else_adds_says_whose_it_is_as_their_note_does(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    room.deliver([answer("$a1", ALICE, 1000, "main")])
+    alices, bobs = saved_file(room, "$f1"), saved_file(room, "$f2")
+    room.deliver([picture("$f1", ALICE, 2000), picture("$f2", BOB, 3000)])
+    record = room.record()
+    # Bob's file is not filed as Alice's: the record names him beside it; hers needs no name.
+    assert record["source"]["sender"] == ALICE and record["attachments"] == [alices, bobs]
+    assert record["attachments_by"] == {bobs: BOB}
+    # Bob's pick makes it his answer: now Alice's file is the one someone else sent.
+    room.deliver([answer("$b1", BOB, 4000, "stable")])
+    assert room.record()["attachments_by"] == {alices: ALICE}
+    # Alice's file taken back: nothing left to name.
+    room.deliver([redact("$r", ALICE, 5000, "$f1")])
+    record = room.record()
+    assert record["attachments"] == [bobs] and "attachments_by" not in record
