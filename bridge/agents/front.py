@@ -131,6 +131,10 @@ class AgentsFront:
             retry = exc.response.headers.get("Retry-After")
             return mcp_refusal(exc.response.status, str(exc), await _request_id(request),
                                {"Retry-After": retry} if retry else None)
+        if self.sets.stopping():
+            # Its sessions' task group is being taken down: a request handed
+            # to it now failed with a 500 and a traceback.
+            return mcp_refusal(503, "the bridge is stopping; try again in a moment", await _request_id(request))
         if self.manager is None or not self._ready.is_set():
             return mcp_refusal(503, "the bridge is starting; try again in a moment", await _request_id(request))
         if (request.content_length or 0) > self.mcp_body_max:
@@ -187,7 +191,10 @@ class AgentsFront:
                                              EndedSessions(self.store), max_request_body_size=self.mcp_body_max)
         async with self.manager.run():
             self._ready.set()
-            await stop.wait()
+            try:
+                await stop.wait()
+            finally:
+                self._ready.clear()
 
     async def close(self) -> None:
         tasks = [*self.tasks, *self._posting]
@@ -212,10 +219,18 @@ async def watch_answers(root: Path, subscribers: Subscribers, stop: asyncio.Even
     with contextlib.suppress(OSError):
         root.mkdir(parents=True, exist_ok=True)
     names = {ANSWERS_NAME, QUESTIONS_FILE}
+    top = str(root)
+
+    def folder_of(path: str) -> str:
+        # A set folder itself made, renamed or removed (its files' own
+        # changes are not told for a folder renamed away) is its own change.
+        return path if os.path.dirname(path) == top else os.path.dirname(path)
+
     async for changes in awatch(root, stop_event=stop, debounce=100, step=50, recursive=True,
-                                watch_filter=lambda _c, path: os.path.basename(path) in names):
+                                watch_filter=lambda _c, path: os.path.basename(path) in names
+                                or os.path.dirname(path) == top):
         if feed is not None:
-            for folder in {os.path.dirname(path) for _c, path in changes}:
+            for folder in {folder_of(path) for _c, path in changes}:
                 feed.publish(folder)
         answered = {Path(path).parent.name for _c, path in changes if os.path.basename(path) == ANSWERS_NAME}
         for set_id in sorted(answered):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
@@ -29,6 +30,8 @@ DEFAULT_TIMEOUT = 60.0
 # a second, each given back, let an agent holding its max_waits make 100
 # requests a second (each reading its set) on a budget of 2.
 HELD_AT_LEAST = 10.0
+# How often a wait looks again at a set whose files went missing.
+MISSING_LOOK_EVERY = 1.0
 Progress = Callable[[float, float, str], Awaitable[None]]
 
 
@@ -95,17 +98,34 @@ async def _follow(sets: AgentSets, agent: str, set_id: str, changed: asyncio.Eve
                   question: str | None, until: str, since: Any, deadline: float,
                   progress: Progress | None, gone: Callable[[], bool] | None) -> tuple[dict[str, Any], bool]:
     last = progress_of(view)
+    set_dir = sets.set_dir(agent, set_id)
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
+            missing = False
             while True:
-                await changed.wait()
+                if missing:
+                    # Files gone but the folder still there: an rm -r under
+                    # way, whose last step no change is told for.  Looked at
+                    # again each second until the set is whole or gone.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(MISSING_LOOK_EVERY):
+                            await changed.wait()
+                else:
+                    await changed.wait()
                 changed.clear()
                 if sets.stopping() or (gone is not None and gone()):
                     break
                 try:
                     view = await sets.read_all_apart(agent, set_id)
                 except NotFound:
-                    continue  # mid-rewrite by its writer, or gone: the next change says more
+                    if not os.path.lexists(set_dir):
+                        # Removed (the bridge closes its questions): nothing
+                        # will come to end the wait, so it ends now, as
+                        # ``askwright-bridge wait`` exits 2.
+                        raise NotFound(f"no set {set_id!r}: it was removed while waiting") from None
+                    missing = True  # mid-rewrite by its writer, or being removed
+                    continue
+                missing = False
                 if arrived(view, question, until, since):
                     return view, True
                 if unanswerable(view, question, until) is not None:

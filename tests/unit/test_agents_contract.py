@@ -225,3 +225,35 @@ def test_a_refusal_says_the_limit_and_the_reason_however_long_the_value():
     assert finding == {"where": "body.callbacks", "message": "at most 5 items, not 6"}
     bad_id = refused(lambda: contract.check_parameters(put, {"id": "Bad Id" * 20}, MultiDict()))
     assert bad_id["message"].startswith("the string does not match"), bad_id
+
+
+@pytest.mark.parametrize("how", ["rm -r", "renamed away"])
+async def test_a_wait_on_a_set_removed_meanwhile_ends_at_once_not_at_its_timeout(tmp_path, how):
+    """``askwright-bridge wait`` exits 2 when the set is removed while it
+    waits; a wait over HTTP or MCP held the agent (and one of its waits)
+    until the timeout, then said the set was not found."""
+    import shutil
+
+    from bridge.agents.errors import NotFound
+
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "plan", one_question())
+    stop = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(), stop, sets.changes))
+    try:
+        await asyncio.sleep(0.5)  # the watcher is up
+        waiting = asyncio.ensure_future(wait_answers(sets, "a", "plan", timeout=60))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        began = time.monotonic()
+        if how == "rm -r":
+            shutil.rmtree(tmp_path / "plan")
+        else:
+            (tmp_path / "plan").rename(tmp_path / ".plan-old")
+        with pytest.raises(NotFound, match="removed while waiting"):
+            await asyncio.wait_for(waiting, 20)
+        assert time.monotonic() - began < 5
+        assert sets.changes.subscribers() == 0 and not sets.waits.held
+    finally:
+        stop.set()
+        await asyncio.gather(watcher, return_exceptions=True)
