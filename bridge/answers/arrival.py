@@ -51,6 +51,15 @@ def has_expired(entry: dict[str, Any]) -> bool:
     return entry["state"] == EXPIRED and entry["stale"] is not True
 
 
+def questions_unknown(view: dict[str, Any]) -> bool:
+    """questions.json could not be modelled (mid-edit by its agent, say):
+    which questions are open is not known.  A ``read --all`` view then lists
+    only the answers, with status unknown, or nothing at all when there are
+    none yet (a set that models lists every question)."""
+    entries = view["answers"]
+    return not entries or any(e["status"] == UNKNOWN for e in entries)
+
+
 def _ended(entry: dict[str, Any]) -> bool:
     return has_answer(entry) or has_expired(entry)
 
@@ -67,8 +76,8 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
     if question is not None:
         return any(e["qid"] == question and ((has_answer(e) and newer(e, after)) or has_expired(e)) for e in entries)
     if until == UNTIL_ALL:
-        if any(e["status"] == UNKNOWN for e in entries):
-            return False  # questions.json can't be read: which are open is not known
+        if questions_unknown(view):
+            return False  # which are open is not known: not "all arrived" on no answers
         counted = [e for e in entries if e["status"] == "open"]
         if not all(_ended(e) for e in counted):
             return False
@@ -82,7 +91,8 @@ def in_the_set(view: dict[str, Any], question: str) -> bool:
     """Whether ``question`` is one of the set's to wait for.  A question
     removed from questions.json keeps its record in read's view (status
     "removed"), but no answer can come to it."""
-    return any(e["qid"] == question and e.get("status") != "removed" for e in view["answers"])
+    return any(e["qid"] == question and e.get("status") != "removed" for e in view["answers"]) \
+        or questions_unknown(view)  # not known: it may well be, once questions.json reads again
 
 
 def unanswerable(view: dict[str, Any], question: str | None, until: str) -> str | None:
@@ -93,11 +103,11 @@ def unanswerable(view: dict[str, Any], question: str | None, until: str) -> str 
     if question is not None:
         status = next((e["status"] for e in entries if e["qid"] == question), None)
         if status is None:  # it was there when the wait began (``in_the_set``), unanswered, and is gone
-            return f"question {question!r} is removed: it can get no answer now"
+            return None if questions_unknown(view) else f"question {question!r} is removed: it can get no answer now"
         if status in ("open", UNKNOWN):
             return None
         return f"question {question!r} is {status}: it can get no answer now"
-    if until != UNTIL_ALL and not any(e["status"] in ("open", UNKNOWN) for e in entries):
+    if until != UNTIL_ALL and not questions_unknown(view) and not any(e["status"] == "open" for e in entries):
         return "no question of the set is open: none can get an answer now"
     return None
 

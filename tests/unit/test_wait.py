@@ -288,3 +288,20 @@ def test_a_question_that_can_get_no_answer_ends_the_wait_with_exit_2(set_dir, ca
     # An answer given before the close still arrives.
     answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
     assert main(["wait", str(set_dir), "--question", "a"]) == 0
+
+
+@pytest.mark.parametrize("how", [[], ["--until", "all"], ["--question", "a"]])
+def test_a_questions_file_mid_edit_is_no_arrival_and_no_reason_to_stop(set_dir, capsys, how):
+    """questions.json that is JSON but not the format (an id typed as a
+    number mid-edit): which questions are open is not known.  ``--until all``
+    said every answer had arrived (exit 0, none there); the others said the
+    question was not in the set.  The wait waits, and ends when the file is
+    whole again and the answer comes."""
+    broken = json.loads((set_dir / "questions.json").read_text())
+    broken["questions"][0]["id"] = 5
+    (set_dir / "questions.json").write_text(json.dumps(broken))
+    assert main(["wait", str(set_dir), *how, "--timeout", "0.5"]) == 3
+    later(0.5, lambda: write_questions(set_dir, [text_q("a")]))
+    later(1.0, lambda: answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1}))
+    assert main(["wait", str(set_dir), *how, "--timeout", "20"]) == 0
+    assert '"text": "yes"' in capsys.readouterr().out
