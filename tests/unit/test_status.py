@@ -245,3 +245,13 @@ def test_a_finished_set_the_bridge_still_takes_is_no_skipped_one(bridge_config, 
     write_set(tmp_path / "sets", "finished", "finished", [text_q("x", status="closed")])
     assert main(["status", "-c", str(bridge_config), "--json"]) == 0
     assert by_set(capsys.readouterr().out)["finished"]["warnings"] == []
+
+
+def test_a_set_whose_questions_file_was_deleted_is_a_row_saying_its_questions_stay_open(bridge_config, capsys):
+    """Its folder is still there, so its questions stay open and take
+    answers; status said "no sets" of it, as if nothing were open."""
+    (bridge_config.parent / "sets" / "fresh" / "questions.json").unlink()
+    assert main(["status", "-c", str(bridge_config), "--json"]) == 0
+    fresh = by_set(capsys.readouterr().out)["fresh"]
+    assert fresh["posted"] == 1
+    assert "no questions.json" in fresh["problem"] and "its 1 posted questions stay open" in fresh["problem"]

@@ -119,6 +119,14 @@ def collect(root: Path, posted: Mapping[str, int],
             rows.append(SetStatus(set_id, str(folder), problem=duplicate_set_message(set_id, str(first), str(folder))))
         else:
             rows.append(set_status(folder, posted, revs))
+    # A folder that posted and is still there, its questions.json gone (or
+    # never a set's to discover again): its questions stay open, taking
+    # answers, so it has its row, saying why, rather than none at all.
+    seen = {os.path.realpath(folder) for folder in folders}
+    top = os.path.realpath(root)
+    for folder in sorted(posted):
+        if posted[folder] and folder not in seen and os.path.dirname(folder) == top and os.path.isdir(folder):
+            rows.append(set_status(Path(folder), posted, revs))
     # A folder status could not look into may hold sets: a row saying so,
     # not a table that silently leaves them out ("No sets" for a root it
     # can't read, run as the wrong user).
