@@ -339,6 +339,11 @@ def _edited_gesture(event: dict[str, Any], content: dict[str, Any], new: dict[st
         return None
     msgtype = _s(new, "msgtype") or "m.text"
     if msgtype in FILE_MSGTYPES and logged is not None and logged[1] == "attachment":
+        if lookup.attachment(_s(event, "event_id")) is not None:
+            # The edit sent another file (fetched under its own id): that
+            # file, and its caption, stand in for the first, kept or not.
+            sent = _attachment(event, new, question, lookup)
+            return replace(sent, via="edit", replaces=original)
         # A file's caption edited (Element sends the file message again, new
         # body, same file): the note changes, the file stays the one kept.
         kept = _attachment({**event, "event_id": original}, new, question, lookup)

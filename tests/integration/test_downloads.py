@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 from typing import Any
 
 import pytest
@@ -336,3 +337,50 @@ async def test_a_file_whose_message_is_redacted_while_it_comes_is_not_left_behin
             assert "q0" not in bridge.answers("files")["answers"]
         finally:
             bridge.kill()
+
+
+def _edit_of(original: str, content: dict[str, Any]) -> dict[str, Any]:
+    """An edit of a file message sending ``content``'s file (m.new_content carries no relation)."""
+    new = {k: v for k, v in content.items() if k != "m.relates_to"}
+    return {**new, "body": f"* {new['body']}", "m.new_content": new,
+            "m.relates_to": {"rel_type": "m.replace", "event_id": original}}
+
+
+@pytest.mark.parametrize("files_room", ["bot-plain", "bot-encrypted"], indirect=True)
+async def test_an_edit_sending_another_file_brings_that_file_and_one_of_a_refused_file_is_judged(files_room):
+    """A file message edited to another file was told "Kept, as changed"
+    while answers.json kept the first file and the new one was never
+    fetched; an edit of a file refused as too large got no word at all."""
+    from helpers.files import SentFile, in_thread, upload_file
+
+    bridge, alice = files_room, files_room.alice
+    bridge.add_set(files_set())
+    bridge.start()
+    questions = await bridge.wait_questions(alice, QUESTIONS, timeout=60)
+    root = {qid: questions[(qid, 1)]["event_id"] for qid in ("q0", "q1")}
+    old, new = SentFile("q0", "old.bin", os.urandom(1_400_000)), SentFile("q0", "new.bin", os.urandom(3_000_000))
+    big, small = SentFile("q1", "big.bin", os.urandom(LIMIT + 1)), SentFile("q1", "small.bin", os.urandom(70_000))
+    first = await alice.send(bridge.room_id, in_thread(root["q0"], await upload_file(alice, old, bridge.encrypted)))
+    refused = await alice.send(bridge.room_id, in_thread(root["q1"], await upload_file(alice, big, bridge.encrypted)))
+    assert (await alice.wait_notice(bridge.room_id, first, timeout=60))["content"][OUTCOME]["outcome"] == "recorded"
+    told = await alice.wait_notice(bridge.room_id, refused, timeout=60)
+    assert told["content"][OUTCOME]["reason"] == "attachment_too_large"
+    edits = {}
+    for original, file in ((first, new), (refused, small)):
+        edits[file.name] = await alice.send(bridge.room_id, _edit_of(original, await upload_file(
+            alice, file, bridge.encrypted)))
+    for name, qid in (("new.bin", "q0"), ("small.bin", "q1")):
+        notice = await alice.wait_notice(bridge.room_id, edits[name], timeout=60)
+        assert notice["content"][OUTCOME]["outcome"] == "recorded", notice["content"]["body"]
+    folder = bridge.sets_root / "files"
+    for qid, file in (("q0", new), ("q1", small)):
+        (path,) = (await bridge.wait_answer("files", qid))["attachments"]
+        assert hashlib.sha256((folder / path).read_bytes()).hexdigest() == file.sha256, f"{qid}: not the new file"
+    # Element's caption edit sends the same file again: the file kept stays, its caption becomes the note.
+    same = await upload_file(alice, SentFile("q2", "shot.bin", os.urandom(70_000)), bridge.encrypted)
+    shot = await alice.send(bridge.room_id, in_thread(questions[("q2", 1)]["event_id"], same))
+    await alice.wait_notice(bridge.room_id, shot, timeout=60)
+    captioned = await alice.send(bridge.room_id, _edit_of(shot, {**same, "body": "the settings page"}))
+    await alice.wait_notice(bridge.room_id, captioned, timeout=60)
+    record = bridge.answers("files")["answers"]["q2"]
+    assert record["attachments"] == ["attachments/q2-1.bin"] and record["note"] == "the settings page"

@@ -102,7 +102,9 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
 
 
 def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:
-    """(event id, question event id, qid, set dir) of a new file sent to an open question."""
+    """(event id, question event id, qid, set dir) of a new file sent to an open
+    question: in the question's thread or a reply to it, or an edit of a file
+    message that sends another file (``replacing_file``)."""
     content = event.get("content")
     event_id = event.get("event_id")
     if event.get("type") != "m.room.message" or not isinstance(content, dict) or not isinstance(event_id, str):
@@ -114,28 +116,68 @@ def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | N
     relates = content.get("m.relates_to")
     if not isinstance(relates, dict):
         return None
+    if relates.get("rel_type") == "m.replace":
+        return replacing_file(event, relates, store)
     root = relates.get("event_id") if relates.get("rel_type") == "m.thread" else None
     reply = relates.get("m.in_reply_to")
     if root is None and isinstance(reply, dict):
         root = reply.get("event_id")
     # The question itself or its poll: a file in either's thread, or replying to either, is the question's.
     question = (store.question_by_event(root) or store.question_by_poll(root)) if isinstance(root, str) else None
+    return _to_open(event_id, question, store)
+
+
+def replacing_file(event: dict[str, Any], relates: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:
+    """An edit of a file the sender sent to a question, sending another file
+    (Element's caption edit sends the same one again: nothing to fetch): the
+    file it sends, fetched under the edit's id, stands in for the first."""
+    original = relates.get("event_id")
+    new = file_content(event)
+    url = media_url(new)
+    if not isinstance(original, str) or new.get("msgtype") not in FILE_MSGTYPES or url is None:
+        return None
+    gesture = store.gesture_at(original)
+    if gesture is None or gesture[1] != event.get("sender"):
+        return None  # not a file of theirs the bridge judged: only the author's edit counts
+    if store.attachment(original) is None or store.attachment_url(original) in (None, url):
+        return None
+    return _to_open(str(event["event_id"]), store.question_by_event(gesture[0]), store)
+
+
+def _to_open(event_id: str, question: Any, store: Store) -> tuple[str, str, str, str] | None:
     if question is None or not question.open or not question.qid:
         return None
     set_dir = store.set_dir_of(question.event_id)
     return (event_id, question.event_id, question.qid, set_dir) if set_dir else None
 
 
+def file_content(event: dict[str, Any]) -> dict[str, Any]:
+    """What describes the file an event sends: an edit's new content, else its own."""
+    content = event.get("content") if isinstance(event.get("content"), dict) else {}
+    relates = content.get("m.relates_to")
+    new = content.get("m.new_content")
+    if isinstance(relates, dict) and relates.get("rel_type") == "m.replace" and isinstance(new, dict):
+        return new
+    return content
+
+
+def media_url(content: dict[str, Any]) -> str | None:
+    """The content repository's URL of the file: plain, or inside an encrypted file's key."""
+    url = content.get("url")
+    encrypted = content.get("file")
+    if not isinstance(url, str) and isinstance(encrypted, dict):
+        url = encrypted.get("url")
+    return url if isinstance(url, str) else None
+
+
 async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
                  download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
     """One try: (the saved path, None), or (None, the reason it is not kept).
     Raises for what another try may mend (the network, a body cut short)."""
-    url = content.get("url")
+    # A file sent in an encrypted room: the key rides in the (decrypted) event.
     encrypted = content.get("file") if isinstance(content.get("file"), dict) else None
-    if not isinstance(url, str) and encrypted is not None:
-        # A file sent in an encrypted room: the key rides in the (decrypted) event.
-        url = encrypted.get("url")
-    if not isinstance(url, str):
+    url = media_url(content)
+    if url is None:
         return None, "attachment_download_failed"
     info = content.get("info") if isinstance(content.get("info"), dict) else {}
     try:

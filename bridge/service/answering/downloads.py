@@ -27,8 +27,8 @@ from typing import Any, Awaitable, Callable
 
 from bridge.protocol.annotate import room_left
 from bridge.protocol.normalize import FILE_MSGTYPES
-from bridge.service.answering.attachments import (Download, MayAnswer, abandoned_after, fetch_bounded, sweep_sets,
-                                                  target)
+from bridge.service.answering.attachments import (Download, MayAnswer, abandoned_after, fetch_bounded, file_content,
+                                                  media_url, sweep_sets, target)
 from bridge.service.answering.places import Places
 from bridge.service.eventwait import any_set, set_within
 from bridge.wholefile import in_thread
@@ -96,17 +96,18 @@ class Downloads:
             places = self._places[key]
             places.owed += 1
             jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(places.fetched(functools.partial(
-                fetch_bounded, event["content"], set_dir, qid, numbers[key], self.download, self.max_bytes)))))
+                fetch_bounded, file_content(event), set_dir, qid, numbers[key], self.download, self.max_bytes)))))
         if not jobs:
             return [event for event in events if event.get("event_id") not in later] if later else events
         await asyncio.wait([job for *_parts, job in jobs], timeout=BATCH_WAIT)
         with self.store.transaction():
             for event, set_dir, qid, number, job in jobs:
+                url = media_url(file_content(event))
                 if job.done():
                     path, problem = job.result()
-                    self.store.record_attachment(event["event_id"], set_dir, qid, path, problem)
+                    self.store.record_attachment(event["event_id"], set_dir, qid, path, problem, url)
                 else:
-                    self.store.record_attachment(event["event_id"], set_dir, qid, None, PENDING)
+                    self.store.record_attachment(event["event_id"], set_dir, qid, None, PENDING, url)
                     self.store.set_meta(KEPT + event["event_id"], json.dumps(
                         {"event": event, "set_dir": set_dir, "qid": qid, "number": number}))
         for event, set_dir, qid, _number, job in jobs:
@@ -152,7 +153,7 @@ class Downloads:
             if saved == (None, PENDING):
                 log.info("file %s for %s fetched again (its download was cut short)", event_id, qid)
                 self._follow(event, qid, asyncio.ensure_future(fetch_bounded(
-                    event["content"], kept_event["set_dir"], qid, kept_event["number"], self.download,
+                    file_content(event), kept_event["set_dir"], qid, kept_event["number"], self.download,
                     self.max_bytes)))
             else:
                 self._follow(event, qid, None)  # fetched, not judged yet

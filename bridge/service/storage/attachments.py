@@ -25,10 +25,16 @@ class Attachments:
                                " AND problem=?", (set_dir, qid, pending)).fetchone()[0]
 
     def record_attachment(self, event_id: str, set_dir: str, qid: str, path: str | None,
-                          problem: str | None) -> None:
-        self.db.execute("INSERT INTO attachment(event_id, set_dir, qid, path, problem) VALUES (?,?,?,?,?)"
+                          problem: str | None, url: str | None = None) -> None:
+        """``url``: the content repository's URL of the file the event sent."""
+        self.db.execute("INSERT INTO attachment(event_id, set_dir, qid, path, problem, url) VALUES (?,?,?,?,?,?)"
                         " ON CONFLICT DO NOTHING",
-                        (event_id, set_dir, qid, path, problem))
+                        (event_id, set_dir, qid, path, problem, url))
+
+    def attachment_url(self, event_id: str) -> str | None:
+        """The URL of the file ``event_id`` sent, as recorded when it was fetched (None: not known)."""
+        row = self.db.execute("SELECT url FROM attachment WHERE event_id=?", (event_id,)).fetchone()
+        return row[0] if row else None
 
     def doom_if_unused(self, event_id: str) -> bool:
         """The file ``event_id`` brought, to be deleted when nothing it sent

@@ -215,6 +215,12 @@ MIGRATIONS: list[str] = [
         at {int} NOT NULL                 -- ms since the epoch
     );
     """,
+    # An edit of a file message that sends another file (not only a new
+    # caption) brings that file: told apart by the content repository's URL
+    # of the file each message sent (NULL in rows from before).
+    """
+    ALTER TABLE attachment ADD COLUMN url TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
