@@ -159,7 +159,11 @@ class AgentApi:
         waited = await wait_answers(self.sets, agent, set_id, until=until, question=query.get("question"),
                                     timeout=query.get("timeout", DEFAULT_TIMEOUT), include_all=include_all,
                                     after=query.get("after"), gone=lambda: _left(request))
-        said = "arrived" if waited.arrived else "unanswerable" if waited.unanswerable else "timeout"
+        # Ended by the bridge's stop before its timeout: said as such, so the
+        # agent asks again (of the bridge that leads next) rather than taking
+        # a timeout that never happened.
+        said = "arrived" if waited.arrived else "unanswerable" if waited.unanswerable else \
+            "stopping" if self.sets.stopping() else "timeout"
         headers = {"Askwright-Wait": said}
         if waited.unanswerable:
             headers["Askwright-Wait-Reason"] = waited.unanswerable

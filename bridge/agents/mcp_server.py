@@ -290,6 +290,8 @@ class Tools:
                                           answers_uri(arguments["set_id"]))}
             if waited.unanswerable:
                 result["unanswerable"] = waited.unanswerable
+            elif not waited.arrived and self.sets.stopping():
+                result["stopping"] = True  # cut short by the stop, not timed out
             return result
         if name == "close":
             return await self.sets.close_apart(agent, arguments["set_id"], arguments.get("questions"),

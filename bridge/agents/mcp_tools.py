@@ -66,6 +66,8 @@ TOOLS: dict[str, dict[str, Any]] = {
             "unanswerable": {"type": "string", "description": "Why what is awaited can get no answer now (the "
                              "question closed, withdrawn or superseded, or none of the set open): the wait "
                              "ended at once."},
+            "stopping": {"type": "boolean", "description": "true: the bridge stopped before the timeout; "
+                         "ask again."},
             "answers": _READ_VIEW}},
     },
     "close": {
