@@ -154,7 +154,13 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
     if command.verb == CLOSE:
         return close_in_file(set_dir, command.qid or "")
     if command.verb == REMIND:
-        sent = await ctx.remind_set(set_id_of(set_dir))
+        set_id = set_id_of(set_dir)
+        sent = await ctx.remind_set(set_id)
+        if sent == 0 and not await ctx.store.run(ctx.store.open_posted, set_id):
+            # Not "every question answered": none is asked in a room (its room
+            # refuses the bot, it fails lint, it is all closed).
+            return f"Nothing to remind about: no question of “{command.set_id}” is open in a room now " \
+                   "(“!ask status” says how the set stands)."
         if sent == 0:
             return f"Nothing to remind about: every open question of “{command.set_id}” has an answer."
         return f"Sent {sent} reminder{'s' if sent != 1 else ''} for “{command.set_id}”."
