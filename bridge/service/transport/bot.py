@@ -94,6 +94,12 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
         client.access_token = token
         whoami = await client.whoami()
         if isinstance(whoami, WhoamiResponse):
+            if config.bot.user_id and whoami.user_id.casefold() != config.bot.user_id.casefold():
+                # Run as another account, the bridge would answer as it and
+                # name its log after bot.user_id.
+                raise MatrixError(f"the access token belongs to {whoami.user_id}, not to bot.user_id "
+                                  f"{config.bot.user_id}: give a token of {config.bot.user_id} (or set bot.user_id)",
+                                  None)
             device_id = whoami.device_id or store.get_meta("device_id") or ""
             if encrypt and not device_id:
                 raise MatrixError("the homeserver did not say which device the access token belongs to; "
@@ -112,7 +118,7 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
                 client.user_id, client.device_id = whoami.user_id, device_id
             return client
         if config.bot.access_token:
-            raise MatrixError("the configured access token was refused", whoami)
+            raise MatrixError(_whoami_refused(config.homeserver.url, whoami), whoami)
     if not config.bot.password:
         raise MatrixError("no usable credentials (set bot.access_token or bot.password)", None)
     client.device_id = store.get_meta("device_id") or ""
@@ -123,6 +129,18 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
         store.set_meta("access_token", response.access_token)
         store.set_meta("device_id", response.device_id)
     return client
+
+
+def _whoami_refused(url: str, whoami: Any) -> str:
+    """What a failed whoami means: a refused token only when the homeserver
+    said so (401); a wrong homeserver.url answers anything else (a 404 of a
+    web server, a page that is no JSON), and blaming the token sent the
+    operator to fix what was right."""
+    status = getattr(getattr(whoami, "transport_response", None), "status", None)
+    if status == 401 or getattr(whoami, "status_code", None) in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN"):
+        return "the configured access token was refused"
+    got = f"HTTP {status}" if status is not None else "no answer"
+    return f"{url} did not answer as a Matrix homeserver ({got} to whoami): check homeserver.url"
 
 
 async def prime_sync_token(client: AsyncClient, store: Store) -> None:

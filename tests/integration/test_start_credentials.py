@@ -1,0 +1,44 @@
+"""What an operator is told when the bot's credentials can't be used, at a
+real Synapse: a wrong homeserver.url is not a refused token, and a token of
+another account is not run with as if it were the bot's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from helpers.harness import unique
+
+pytestmark = pytest.mark.integration
+
+
+def run(tmp_path, url: str, user_id: str, token: str) -> subprocess.CompletedProcess:
+    (tmp_path / "sets").mkdir(exist_ok=True)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": url}, "bot": {"user_id": user_id, "access_token": token},
+        "sets": {"root": str(tmp_path / "sets")}, "rooms": {"default": "!nowhere:localhost"},
+        "store": {"path": str(tmp_path / "bridge.sqlite")}}))
+    config.chmod(0o600)
+    return subprocess.run([sys.executable, "-m", "bridge", "run", "-c", str(config)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_wrong_homeserver_url_is_said_to_be_the_url_not_the_token(synapse, tmp_path):
+    bot = synapse.register(unique("askbot"))
+    result = run(tmp_path, synapse.url + "/wrong", bot["user_id"], bot["access_token"])
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "check homeserver.url" in output and "HTTP 404" in output, output
+    assert "access token was refused" not in output
+
+
+def test_a_token_of_another_account_is_refused_naming_both(synapse, tmp_path):
+    bot, other = synapse.register(unique("askbot")), synapse.register(unique("someone"))
+    result = run(tmp_path, synapse.url, bot["user_id"], other["access_token"])
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert f"the access token belongs to {other['user_id']}, not to bot.user_id {bot['user_id']}" in output, output
