@@ -388,3 +388,21 @@ async def test_status_and_the_commands_record_wait_for_the_database_off_the_even
     assert await dispatcher.drain() == 1
     assert "release" in send.sent[0][2]["body"]
     assert on_loop == []
+
+
+async def test_someone_who_may_not_give_commands_is_told_once_in_a_while_not_once_a_command(ctx):
+    """Thirty "!ask" from one member made thirty refusals from the bot."""
+    send = Sender()
+    now = [NOW]
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: now[0])
+    other = "@other:hs"
+    dispatcher.collect([message(f"$s{n}", "!ask status", STRANGER) for n in range(30)]
+                       + [message("$o", "!ask help", other), message("$a", "!ask help")])
+    await dispatcher.drain()
+    told = [content["m.relates_to"]["m.in_reply_to"]["event_id"] for _r, _t, content, _x in send.sent]
+    assert told == ["$s0", "$o", "$a"]  # the first of the thirty; another member; the admin
+    assert all(ctx.store.command_handled(f"$s{n}") for n in range(30)) and not dispatcher.queue
+    now[0] += 11 * 60
+    dispatcher.collect([{**message("$later", "!ask status", STRANGER), "origin_server_ts": int(now[0] * 1000)}])
+    await dispatcher.drain()
+    assert send.sent[-1][2]["m.relates_to"]["m.in_reply_to"]["event_id"] == "$later"

@@ -59,6 +59,10 @@ USAGE: dict[str, tuple[tuple[str, ...], str]] = {
 
 # How soon a reply that could not be sent (the homeserver away) is tried again.
 RETRY_SECONDS = 5.0
+# Someone who may not give commands is told so once in this while (per
+# room): thirty "!ask" from one member made thirty refusals, each spending
+# the bot's rate with the homeserver ahead of the answers' words.
+STRANGER_TOLD_EVERY = 600.0
 
 # Commands older than this when they reach the bridge are history (a first
 # sync's timeline, a long outage), not requests to act on now.
@@ -262,6 +266,7 @@ class AdminDispatcher:
         self.wake = asyncio.Event()
         # ``collect`` runs inside the pipeline's batch, a job on the store's thread.
         self._woken = loop_side(self.wake.set)
+        self._stranger_told: dict[tuple[str, str], float] = {}  # (room, sender) -> when told
 
     def collect(self, events: Iterable[dict[str, Any]]) -> int:
         """Queue the commands in ``events``; returns how many were queued."""
@@ -308,6 +313,12 @@ class AdminDispatcher:
             if pending.room_id in waiting:
                 continue
             text = self.replies.get(pending.event_id)
+            if text is None and self._told_lately(pending):
+                log.info("command from %s, who may not give commands, not answered: told so lately", pending.sender)
+                await self.ctx.store.run_written(self.ctx.store.mark_command, pending.event_id,
+                                                 int(self.clock() * 1000))
+                self.queue.remove(pending)
+                continue
             if text is None:
                 try:
                     text = await handle(pending.command, pending.sender, self.ctx)
@@ -332,6 +343,18 @@ class AdminDispatcher:
             self.queue.remove(pending)
             self.replies.pop(pending.event_id, None)
         return answered
+
+    def _told_lately(self, pending: _Pending) -> bool:
+        """Whether ``pending`` is a stranger's, told lately that only admins
+        may give commands (else the time of this telling is noted)."""
+        if pending.sender in self.ctx.admins:
+            return False
+        key, now = (pending.room_id, pending.sender), self.clock()
+        if now - self._stranger_told.get(key, float("-inf")) < STRANGER_TOLD_EVERY:
+            return True
+        self._stranger_told = {k: at for k, at in self._stranger_told.items() if now - at < STRANGER_TOLD_EVERY}
+        self._stranger_told[key] = now
+        return False
 
 
 # What a reply may hold, in UTF-8 bytes: it goes as text and as HTML, and a

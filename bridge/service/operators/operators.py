@@ -236,7 +236,8 @@ class Operators:
                            tasks=self.supervisor.view)
         admin = AdminDispatcher(ctx, send, own_user)
         await self.store.run(self._take_commands, admin)
-        self.tasks.append(self.supervisor.spawn("commands", lambda: admin.run(stop), stop))
+        with priority(REFUSAL):  # replies go after the answers' acknowledgements and the questions
+            self.tasks.append(self.supervisor.spawn("commands", lambda: admin.run(stop), stop))
         reminders = self.config.reminders
         if reminders.enabled:
             # Look often enough that a nudge is never much later than asked for.
