@@ -4,7 +4,9 @@ another account is not run with as if it were the bot's."""
 
 from __future__ import annotations
 
+import select
 import subprocess
+import time
 import sys
 
 import pytest
@@ -42,3 +44,36 @@ def test_a_token_of_another_account_is_refused_naming_both(synapse, tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert f"the access token belongs to {other['user_id']}, not to bot.user_id {bot['user_id']}" in output, output
+
+
+def test_https_to_a_plain_http_homeserver_is_said_within_seconds_naming_the_url(synapse, tmp_path, monkeypatch):
+    """nio retries a failed TLS handshake for ever, in silence: the log said
+    nothing for 40 s and more."""
+    bot = synapse.register(unique("askbot"))
+    url = synapse.url.replace("http://", "https://")
+    (tmp_path / "sets").mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": url}, "bot": {"user_id": bot["user_id"], "access_token": bot["access_token"]},
+        "sets": {"root": str(tmp_path / "sets")}, "rooms": {"default": "!nowhere:localhost"},
+        "store": {"path": str(tmp_path / "bridge.sqlite")}}))
+    config.chmod(0o600)
+    process = subprocess.Popen([sys.executable, "-m", "bridge", "run", "-c", str(config)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            # (readline alone would wait for ever on a bridge that says nothing)
+            ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            line = process.stdout.readline()
+            lines.append(line)
+            if "has not answered" in line or not line:
+                break
+        assert any(f"the homeserver at {url} has not answered" in line and "homeserver.url" in line
+                   for line in lines), "".join(lines)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -13,8 +13,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, WhoamiResponse
 
@@ -92,7 +92,7 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
     token = config.bot.access_token or store.get_meta("access_token")
     if token:
         client.access_token = token
-        whoami = await client.whoami()
+        whoami = await _told_while_silent(client.whoami(), config.homeserver.url)
         if isinstance(whoami, WhoamiResponse):
             if config.bot.user_id and whoami.user_id.casefold() != config.bot.user_id.casefold():
                 # Run as another account, the bridge would answer as it and
@@ -122,13 +122,39 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
     if not config.bot.password:
         raise MatrixError("no usable credentials (set bot.access_token or bot.password)", None)
     client.device_id = store.get_meta("device_id") or ""
-    response = await client.login(config.bot.password, device_name=config.bot.device_name)
+    response = await _told_while_silent(client.login(config.bot.password, device_name=config.bot.device_name),
+                                        config.homeserver.url)
     if not isinstance(response, LoginResponse):
         raise MatrixError("logging in with bot.password", response)
     with store.transaction():
         store.set_meta("access_token", response.access_token)
         store.set_meta("device_id", response.device_id)
     return client
+
+
+T = TypeVar("T")
+
+# How long the first request to the homeserver may go unanswered before the
+# log says so, and how often again: nio retries a refused connection or a
+# failed TLS handshake (https:// to a plain-HTTP port) for ever, in silence.
+SILENT_START_WARN = 10.0
+
+
+async def _told_while_silent(request: Awaitable[T], url: str) -> T:
+    """``request`` awaited; while the homeserver does not answer, a warning
+    naming the URL every SILENT_START_WARN seconds."""
+    task = asyncio.ensure_future(request)
+    waited = 0.0
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=SILENT_START_WARN)
+            if done:
+                return task.result()
+            waited += SILENT_START_WARN
+            log.warning("the homeserver at %s has not answered for %.0f s (still trying): is homeserver.url "
+                        "right (http or https, host, port), and is it up?", url, waited)
+    finally:
+        task.cancel()
 
 
 def _whoami_refused(url: str, whoami: Any) -> str:
