@@ -118,8 +118,11 @@ def test_the_counts_agree_with_read(bridge_config, capsys):
 def test_without_a_store_nothing_is_posted_and_none_is_created(bridge_config, capsys):
     (bridge_config.parent / "bridge.sqlite").unlink()
     assert main(["status", "-c", str(bridge_config), "--json"]) == 0
-    assert by_set(capsys.readouterr().out)["release"]["posted"] == 0
+    printed = capsys.readouterr()
+    assert by_set(printed.out)["release"]["posted"] == 0
     assert not (bridge_config.parent / "bridge.sqlite").exists()
+    # A mistyped store.path looks the same: said, not left for the operator to guess.
+    assert "no store at" in printed.err and "store.path" in printed.err
 
 
 @pytest.mark.sqlite_only
