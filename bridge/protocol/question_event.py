@@ -133,6 +133,7 @@ def build_question_event(
     text_max: int = TEXT_MAX,
     poll: bool = False,
     posted_ms: int | None = None,
+    reactions: bool = True,
 ) -> dict[str, Any]:
     """The question.v2 content for one posting of ``question``.
 
@@ -170,7 +171,7 @@ def build_question_event(
     if bound is not None:
         structured["subject"] = _subject(bound)
     structured = no_floats(structured)
-    return _with_readable_parts(structured, poll=poll, background=bool(question.one_pager) or bool(one_pager_ref),
+    return _with_readable_parts(structured, poll=poll, reactions=reactions, background=bool(question.one_pager) or bool(one_pager_ref),
                                 now_ms=posted_ms)
 
 
@@ -398,10 +399,10 @@ def _start(start: int | float | str | None) -> dict[str, Any]:
 
 
 def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: bool,
-                         now_ms: int | None = None) -> dict[str, Any]:
+                         now_ms: int | None = None, reactions: bool = True) -> dict[str, Any]:
     """Add body/formatted_body, shortening them until the event fits."""
     floor = dict(structured, body=render_body(structured, limit=_SHRINK_LIMITS[-1], poll=poll, bare=True,
-                                              now_ms=now_ms))
+                                              now_ms=now_ms, reactions=reactions))
     if content_size(floor) > CONTENT_MAX_BYTES:
         raise QuestionEventTooLarge(
             f"question {structured['question']['id']!r}: its structured fields with the shortest "
@@ -409,10 +410,12 @@ def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: 
             "may carry; shorten its options, look_for or why"
         )
     for body_limit, html_limit in _attempts():
-        body = render_body(structured, limit=body_limit, poll=poll, background=background, now_ms=now_ms)
+        body = render_body(structured, limit=body_limit, poll=poll, background=background, now_ms=now_ms,
+                           reactions=reactions)
         candidate = dict(structured, body=body)
         if html_limit != "drop":
-            html = render_html(structured, limit=html_limit, poll=poll, background=background, now_ms=now_ms)
+            html = render_html(structured, limit=html_limit, poll=poll, background=background, now_ms=now_ms,
+                               reactions=reactions)
             candidate.update(format=HTML_FORMAT, formatted_body=html)
         if content_size(candidate) <= CONTENT_MAX_BYTES:
             return candidate

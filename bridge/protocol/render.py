@@ -77,17 +77,21 @@ _DIGEST_PREFIX = "sha256:"
 
 
 def render(
-    content: Mapping[str, Any], *, limit: int | None = None, poll: bool = False, background: bool = False
+    content: Mapping[str, Any], *, limit: int | None = None, poll: bool = False, background: bool = False,
+    reactions: bool = True,
 ) -> tuple[str, str]:
     """(body, formatted_body) for the question.v2 ``content``.
 
     ``poll`` says the bridge also posts a native poll for this question, so
     the instructions mention voting in it.  ``background`` says the question
     has a one-pager, which never rides in the event but in its thread.
+    ``reactions`` False: keycap reactions can't answer in the room (clients
+    send them unencrypted, and an encrypted room's trust refuses what names
+    no session), so the instructions do not offer them.
     """
     return (
-        render_body(content, limit=limit, poll=poll, background=background),
-        render_html(content, limit=limit, poll=poll, background=background),
+        render_body(content, limit=limit, poll=poll, background=background, reactions=reactions),
+        render_html(content, limit=limit, poll=poll, background=background, reactions=reactions),
     )
 
 
@@ -278,7 +282,7 @@ def _media_line(item: Mapping[str, Any]) -> str:
     return " ".join(bits)
 
 
-def _answer_steps(q: Mapping[str, Any], poll: bool) -> list[tuple[str, str | None]]:
+def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> list[tuple[str, str | None]]:
     """How to answer: (prose, example to show as code) pairs, per kind."""
     kind = q.get("kind")
     count = len(_options(q))
@@ -291,11 +295,12 @@ def _answer_steps(q: Mapping[str, Any], poll: bool) -> list[tuple[str, str | Non
         last = min(count, len(KEYCAPS))
         # Some systems draw keycaps as black boxes with Element's bundled font:
         # each keycap's name beside it still reads, and says where to find it.
-        steps.append((
-            f"or react to it with the keycap emoji {keycap_named(1)} \u2026 {keycap_named(last)} "
-            "for that number (search \u201ckeycap\u201d in the reaction picker)",
-            None,
-        ))
+        if reactions:
+            steps.append((
+                f"or react to it with the keycap emoji {keycap_named(1)} \u2026 {keycap_named(last)} "
+                "for that number (search \u201ckeycap\u201d in the reaction picker)",
+                None,
+            ))
     elif kind == "multi":
         example = "1, 3" if n_set >= 3 else "1, 2"
         steps.append(("reply to this message with the numbers of every option you pick, separated by commas, e.g.", example))
@@ -367,6 +372,7 @@ def render_body(
     background: bool = False,
     bare: bool = False,
     now_ms: int | None = None,
+    reactions: bool = True,
 ) -> str:
     """The plain-text fallback.
 
@@ -406,7 +412,8 @@ def render_body(
     if not bare:
         lines.extend(_body_guess(q, cut))
     lines.append("")
-    lines.append("To answer: " + "; ".join(p + (f" {ex}" if ex else "") for p, ex in _answer_steps(q, poll)) + ".")
+    lines.append("To answer: " + "; ".join(p + (f" {ex}" if ex else "")
+                                           for p, ex in _answer_steps(q, poll, reactions)) + ".")
     return "\n".join(lines)
 
 
@@ -518,7 +525,7 @@ def _body_guess(q: Mapping[str, Any], cut: Callable[[Any], str]) -> list[str]:
 
 def render_html(
     content: Mapping[str, Any], *, limit: int | None = None, poll: bool = False, background: bool = False,
-    now_ms: int | None = None,
+    now_ms: int | None = None, reactions: bool = True,
 ) -> str:
     """The formatted message: one block element per line.
 
@@ -548,7 +555,7 @@ def render_html(
         parts.append(options)
     parts.extend(_html_builtins(q, cut))
     parts.extend(_html_guess(q, cut))
-    parts.append(_html_steps(q, poll))
+    parts.append(_html_steps(q, poll, reactions))
     return "\n".join(parts)
 
 
@@ -623,7 +630,7 @@ def _html_guess(q: Mapping[str, Any], cut: Callable[[Any], str]) -> list[str]:
     return [f"<p>My guess (click to show): <span data-mx-spoiler>{shown}</span></p>"]
 
 
-def _html_steps(q: Mapping[str, Any], poll: bool) -> str:
-    steps: Sequence[tuple[str, str | None]] = _answer_steps(q, poll)
+def _html_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> str:
+    steps: Sequence[tuple[str, str | None]] = _answer_steps(q, poll, reactions)
     text = "; ".join(esc(p) + (f" <code>{esc(ex)}</code>" if ex else "") for p, ex in steps)
     return f"<p><em>To answer:</em> {text}.</p>"

@@ -110,6 +110,10 @@ async def test_questions_go_out_encrypted_and_every_way_of_answering_lands(encry
     # Decrypted on her side: the full question event.
     branch = questions[("branch", 1)]
     assert branch["content"]["question"]["title"] == "Release branch"
+    # Clients send reactions unencrypted, which this room's trust (cross-signed) refuses: the
+    # question does not offer keycaps, only the ways that are taken.
+    for part in ("body", "formatted_body"):
+        assert "keycap" not in branch["content"][part] and "vote in the poll" in branch["content"][part]
 
     # A question.answer.v2 event.
     await alice.send(room, answer_content(questions[("name", 1)], text="Borealis"))

@@ -396,3 +396,15 @@ def test_a_shortened_question_keeps_its_header() -> None:
     content = event(question(question="x" * 30000, why="y" * 30000))
     assert content["formatted_body"].startswith("<hr>\n<h4>Question: The database</h4>")
     assert content["body"].startswith("Question: The database\n")
+
+
+
+def test_where_reactions_are_refused_the_question_does_not_offer_them() -> None:
+    """An encrypted room whose trust checks the sending session refuses
+    keycap reactions (clients send them unencrypted): the question offering
+    them sent people to a way that is always refused."""
+    refused = event(question(), poll=True, reactions=False)
+    for part in ("body", "formatted_body"):
+        assert "keycap" not in refused[part] and KEYCAPS[0] not in refused[part]
+        assert "vote in the poll" in refused[part] and "number of your pick" in refused[part]
+    assert "keycap" in event(question(), poll=True)["formatted_body"]

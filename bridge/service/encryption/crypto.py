@@ -404,6 +404,12 @@ class Crypto(Receiving):
                      state, why)
 
     @property
+    def takes_plain_answers(self) -> bool:
+        """Whether an answer sent unencrypted into an encrypted room can count:
+        not under the trust levels that check the sending session."""
+        return self.settings.trust not in ("verified", "cross-signed")
+
+    @property
     def ignore_unverified_devices(self) -> bool:
         # Under tofu and verified every device is verified or blacklisted by
         # apply_trust, so this only matters for devices seen mid-send; under

@@ -86,6 +86,7 @@ class Receiving:
     client: AsyncClient
     store: Store
     settings: Encryption
+    takes_plain_answers: bool
     clock: Callable[[], int]
     key_requests: KeyRequests
     cross_signing: CrossSigning | None
@@ -155,7 +156,7 @@ class Receiving:
         batch: list[dict[str, Any]] = []
         refusals: list[tuple[dict[str, Any], str, str]] = []
         now = self.clock()
-        strict = self.settings.trust in ("verified", "cross-signed")
+        strict = not self.takes_plain_answers
         unattributable = {id(event) for event in sent_in_the_clear(events, self.client.encrypted_rooms)} \
             if strict else set()
         for event in events:

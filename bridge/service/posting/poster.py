@@ -287,6 +287,12 @@ class Poster:
                     "and move there only when they are revised (or are closed and opened again)",
                     set_id, room, posted_in)
 
+    async def _takes_reactions(self, room: str) -> bool:
+        """Whether the question may offer keycap reactions in ``room`` (not
+        where they would be refused: ``takes_reactions``)."""
+        takes = getattr(self.transport, "takes_reactions", None)
+        return True if takes is None else await takes(room)
+
     @staticmethod
     def _owner_elsewhere(set_id: str, folder: str, folders: list[str]) -> str | None:
         """Another folder that posted under ``set_id`` first (``folders``, in
@@ -318,7 +324,8 @@ class Poster:
         content = build_question_event(qset, question, elicitation_id=elicitation, media=prepared.uploads,
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
                                        poll=wants_poll(question.kind),
-                                       posted_ms=await self._first_posted(folder, question))
+                                       posted_ms=await self._first_posted(folder, question),
+                                       reactions=await self._takes_reactions(room))
         sending = Sending(txn=txn_id("post", qset.id, question.id, str(question.rev), digest, folder, str(number)),
                           room=room, set_id=qset.id, folder=folder, qid=question.id, content=content,
                           replacing=tuple(old.event_id for old in replacing if old.open),
