@@ -31,7 +31,7 @@ from bridge.service.operators import taskdump
 from bridge.service.transport.matrix import MatrixError, NioTransport
 from bridge.service.answering.pipeline import Pipeline
 from bridge.service.storage.setpaths import SetsElsewhere, check_sets_where_known, warn_sets_outside
-from bridge.service.transport.invites import Invites
+from bridge.service.transport.invites import Invites, admin_rooms
 from bridge.service.transport.rooms import RoomIds, configured_rooms, join_rooms, keep_joining
 from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.operators.operators import EARLY_HEALTH_SECONDS, Operators
@@ -202,7 +202,7 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             ops.agents.sets.fence = lease.check  # the agents' writes too: a set, a close, a media file
         room_ids = RoomIds()
         rooms, refused = await join_rooms(transport, configured_rooms(config), stop, room_ids,
-                                         asking=store.rooms_with_open())
+                                         asking=[*store.rooms_with_open(), *admin_rooms(store, config.admins)])
         # The first batch waits for every room's members: asked for together.
         await asyncio.gather(*(pipeline.load_members(room) for room in rooms))
         # A question the last instance sent and did not record is recorded

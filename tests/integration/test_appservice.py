@@ -363,3 +363,29 @@ async def test_a_homeserver_gone_while_the_bridge_runs_shows_in_health_and_answe
                 what="the homeserver heard again")
     await bridge.alice.send(bridge.room_id, answer_content(questions[("name", 1)], text="after the outage"))
     assert (await bridge.wait_answer("kinds", "name", timeout=60))["text"] == "after the outage"
+
+
+async def test_an_admins_direct_message_still_takes_commands_after_a_restart(bridge, synapse):
+    """The homeserver pushes a room's events to the bridge, which takes those
+    of the rooms it bridges: a direct message an admin brought it into was
+    bridged until the next start, then its commands went unanswered for good
+    (the bridge still in it, so no invite could bring it back)."""
+    alice = bridge.alice
+    bridge.extra_config = {**bridge.extra_config, "admins": [alice.user_id]}
+    await started(bridge)
+    direct = synapse.create_room(alice.token, invite=[BOT], is_direct=True)
+    await until(lambda: f"joined {direct} at the invite of {alice.user_id}" in bridge.log_text(), what="join")
+
+    async def answered(command: str) -> bool:
+        for event in await alice.messages(direct):
+            relates = event.get("content", {}).get("m.relates_to", {})
+            if relates.get("m.in_reply_to", {}).get("event_id") == command and event["sender"] == BOT:
+                return True
+        return False
+
+    first = await alice.send(direct, {"msgtype": "m.text", "body": "!ask status"})
+    await until(lambda: answered(first), what="the reply before the restart", timeout=30)
+    bridge.stop()
+    bridge.start()
+    again = await alice.send(direct, {"msgtype": "m.text", "body": "!ask status"})
+    await until(lambda: answered(again), what="the reply after the restart", timeout=30)

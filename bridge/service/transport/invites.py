@@ -16,12 +16,21 @@ the invite is declined.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from bridge.service.transport.rooms import RoomIds, configured_rooms, joined_now
 
 log = logging.getLogger(__name__)
+
+# meta: a room joined at an admin's invite (a direct message for ``!ask``),
+# with the admin: bridged again at every start, as a configured room is.
+ADMIN_ROOM = "admin_room:"
+
+
+def admin_rooms(store: Any, admins: Collection[str]) -> list[str]:
+    """The rooms joined at the invite of someone still an admin."""
+    return [key[len(ADMIN_ROOM):] for key, inviter in store.meta_with_prefix(ADMIN_ROOM) if inviter in admins]
 
 
 def welcome_invite(room_id: str, inviter: str | None, rooms: Collection[str],
@@ -44,7 +53,8 @@ class Invites:
 
     def __init__(self, client: Any, pipeline: Any, rooms: list[str], configured: Collection[str],
                  inviters: frozenset[str] | None, ids: RoomIds | None = None,
-                 asking: Callable[[], Collection[str]] = lambda: (), admins: Collection[str] = ()):
+                 asking: Callable[[], Collection[str]] = lambda: (), admins: Collection[str] = (),
+                 keep_admin_room: Callable[[str, str], Awaitable[Any]] | None = None):
         self.client = client
         self.pipeline = pipeline
         self.rooms = rooms
@@ -53,13 +63,14 @@ class Invites:
         self.ids = ids
         self.asking = asking
         self.admins = frozenset(admins)  # may bring the bridge into any room: a direct message for ``!ask``
+        self.keep_admin_room = keep_admin_room  # remembers such a room, for the starts after
 
     @classmethod
     def of(cls, client: Any, pipeline: Any, rooms: list[str], config: Any, store: Any,
            ids: RoomIds | None) -> "Invites":
         """The invites a transport answers as ``config`` and ``store`` say."""
         return cls(client, pipeline, rooms, configured_rooms(config), config.inviters, ids, store.rooms_with_open,
-                   config.admins)
+                   config.admins, lambda room, admin: store.run_written(store.set_meta, ADMIN_ROOM + room, admin))
 
     async def answer(self, room_id: str, inviter: str | None) -> None:
         """Join (and learn the members) or decline."""
@@ -68,12 +79,17 @@ class Invites:
                 # An invite the homeserver sent again (appservice mode, after a
                 # restart) into a room the bridge is in: declining would leave it.
                 return
-            welcome = inviter in self.admins or welcome_invite(
-                room_id, inviter, [*self.rooms, *self.configured, *self.asking()], self.inviters)
+            as_room = welcome_invite(room_id, inviter, [*self.rooms, *self.configured, *self.asking()], self.inviters)
+            welcome = as_room or inviter in self.admins
             aliases = await self._aliases_naming(room_id) if may_invite(inviter, self.inviters) else []
             if welcome or aliases:
                 # Through the transport: in an encrypted room, what is posted next must go out encrypted.
                 room_id = await self.pipeline.transport.join(room_id)
+                if not as_room and not aliases and inviter is not None and self.keep_admin_room is not None:
+                    # Else, in appservice mode (whose pushes are taken only for
+                    # the rooms bridged), the next start left it out, and the
+                    # admin's commands there went unanswered for good.
+                    await self.keep_admin_room(room_id, inviter)
                 if room_id not in self.rooms:
                     self.rooms.append(room_id)
                 self.pipeline.removed.pop(room_id, None)  # in again: cleared now, not only once its join is read
