@@ -220,6 +220,12 @@ class NioTransport:
         return self.client.user_id
 
     async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        if room_id.startswith("#"):
+            # A configured alias not joined (``RoomIds.of``): the homeserver's
+            # "not in room #..." hid why; what is posted there waits for the join.
+            raise MatrixError(f"the room {room_id} is not joined yet (an alias that names no room, or a room that "
+                              "refuses the bridge: the log's join warnings say which); posted once it is joined",
+                              None)
         async with self.slot.turn():
             if self.crypto is None:
                 response = await self.client.room_send(room_id, event_type, content, tx_id=txn_id,
