@@ -407,7 +407,7 @@ def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: 
         raise QuestionEventTooLarge(
             f"question {structured['question']['id']!r}: its structured fields with the shortest "
             f"readable body take {content_size(floor)} bytes, over the {CONTENT_MAX_BYTES} an event "
-            "may carry; shorten its options, look_for or why"
+            "may carry; shorten its question text, options, look_for or why"
         )
     for body_limit, html_limit in _attempts():
         body = render_body(structured, limit=body_limit, poll=poll, background=background, now_ms=now_ms,

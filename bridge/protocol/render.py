@@ -98,6 +98,15 @@ def render(
 # ---------------------------------------------------------------- helpers
 
 
+# Said under a question text too long for its message: the poster sends the
+# whole text into the question's thread (``media.post_whole_question``).
+WHOLE_IN_THREAD = "(Shortened to fit one message: the whole question follows in this message's thread.)"
+
+
+def _cut_short(q: Mapping[str, Any], limit: int | None) -> bool:
+    return limit is not None and len(str(q.get("question", ""))) > limit
+
+
 def shorten(text: str, limit: int | None) -> str:
     if limit is None or len(text) <= limit:
         return text
@@ -390,6 +399,8 @@ def render_body(
     if isinstance(set_info, Mapping) and set_info.get("title") and not bare:
         lines.append(f"[{cut(set_info['title'])}]")
     lines.append(cut(q.get("question", "")))
+    if _cut_short(q, limit):
+        lines.append(WHOLE_IN_THREAD)
     # Who may answer and by when: the rules of the answer, so kept even in the bare form.
     lines.extend(approval_lines(q, now_ms))
     if not bare:
@@ -546,6 +557,8 @@ def render_html(
     if isinstance(set_info, Mapping) and set_info.get("title"):
         parts.append(f"<p><em>{cut(set_info['title'])}</em></p>")
     parts.append(f"<p><strong>{cut(q.get('question', ''))}</strong></p>")
+    if _cut_short(q, limit):
+        parts.append(f"<p><em>{esc(WHOLE_IN_THREAD)}</em></p>")
     lines = approval_lines(q, now_ms)
     if lines:
         parts.append("<p>" + "<br>\n".join(f"<em>{esc(line)}</em>" for line in lines) + "</p>")

@@ -408,3 +408,18 @@ def test_where_reactions_are_refused_the_question_does_not_offer_them() -> None:
         assert "keycap" not in refused[part] and KEYCAPS[0] not in refused[part]
         assert "vote in the poll" in refused[part] and "number of your pick" in refused[part]
     assert "keycap" in event(question(), poll=True)["formatted_body"]
+
+
+def test_a_question_text_cut_to_fit_says_the_whole_follows_in_the_thread() -> None:
+    from bridge.service.posting.media import text_parts
+
+    long_text = ("A step of the plan, with its checks. " * 1500) + "Go ahead?"
+    posted = event(question(question=long_text))
+    for part in ("body", "formatted_body"):
+        assert "the whole question follows in this message" in posted[part]
+    assert "the whole question follows" not in event(question())["body"]
+    parts = text_parts(long_text, 15_000)
+    assert len(parts) > 1 and all(len(p.encode()) <= 15_000 for p in parts)
+    assert " ".join(parts).split() == long_text.split()
+    wide = "é" * 20_000  # no break anywhere: cut where the bytes end, never inside a character
+    assert "".join(text_parts(wide, 15_000)) == wide

@@ -154,6 +154,44 @@ async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, q
     await store.run_written(store.set_meta, key, "1")
 
 
+# A part of a question's whole text sent into its thread, in UTF-8 bytes:
+# well inside an event (65,536 bytes) even once escaped or encrypted.
+WHOLE_PART_BYTES = 15_000
+
+
+async def post_whole_question(question: Question, body: str, question_event_id: str, room_id: str, store: Store,
+                              transport: Any) -> None:
+    """A question text too long for its message (shortened there, saying so:
+    ``render.WHOLE_IN_THREAD``) sent whole into its thread, once, in parts
+    that each fit an event: a person must read all of what they answer."""
+    key = f"whole_posted:{question_event_id}"
+    if question.question in body or await store.run(store.get_meta, key):
+        return
+    parts = text_parts(question.question, WHOLE_PART_BYTES)
+    for index, part in enumerate(parts):
+        heading = f"The whole question ({index + 1} of {len(parts)}):" if len(parts) > 1 else "The whole question:"
+        # Set text in the thread: any user id in it is the set's words, not a ping.
+        content = {"msgtype": "m.notice", "body": f"{heading}\n\n{part}", "m.mentions": {},
+                   "m.relates_to": in_thread(question_event_id)}
+        await transport.send(room_id, "m.room.message", content, txn_id("whole", question_event_id, str(index)))
+    await store.run_written(store.set_meta, key, "1")
+
+
+def text_parts(text: str, max_bytes: int) -> list[str]:
+    """``text`` in consecutive parts of at most ``max_bytes`` UTF-8 bytes,
+    each ending at a paragraph's or a word's end where one is near."""
+    parts: list[str] = []
+    rest = text
+    while len(rest.encode()) > max_bytes:
+        head = rest.encode()[:max_bytes].decode(errors="ignore")
+        cut = max(head.rfind("\n\n"), head.rfind("\n"), head.rfind(" "))
+        if cut < len(head) // 2:
+            cut = len(head)  # no break near the end: cut where the bytes end
+        parts.append(head[:cut].rstrip())
+        rest = rest[cut:].lstrip()
+    return [*parts, rest] if rest or not parts else parts
+
+
 async def post_in_thread(messages: list[dict[str, Any]], question_event_id: str, room_id: str, store: Store,
                          transport: Any) -> None:
     """Post the media messages into the question's thread, once."""

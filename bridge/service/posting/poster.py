@@ -248,6 +248,8 @@ class Poster:
                 if self.deadlines is not None and \
                         await self.store.run(self.store.get_meta, f"approval:{latest.event_id}") is None:
                     await self.deadlines.schedule(latest, await self.store.run(self.store.poll_of, latest.event_id))
+                await media.post_whole_question(question, str(latest.content.get("body", "")), latest.event_id,
+                                                latest.room_id, self.store, self.transport)
                 await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
                                            self.transport)
                 if question.media and not await self.store.run(self.store.get_meta, f"media_posted:{latest.event_id}"):
@@ -360,6 +362,7 @@ class Poster:
             await self.deadlines.schedule(recorded, await self.store.run(self.store.poll_of, recorded.event_id))
         # The background first, the files after it: the thread's summary shows
         # its last message, and a picture or clip says more there.
+        await media.post_whole_question(question, content["body"], event_id, room, self.store, self.transport)
         await media.post_one_pager(qset, question, set_dir, event_id, room, self.store, self.transport)
         await media.post_in_thread(prepared.messages, event_id, room, self.store, self.transport)
         for old in replaced:
