@@ -13,7 +13,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 from yarl import URL
 
 from bridge.agents.http import AgentApi
@@ -24,6 +23,7 @@ from bridge.answers.file import AnswersFile
 from bridge.service.config import parse_config
 from bridge.wholefile import TEMP_MARK
 from helpers.config import GOOD
+from helpers.served import served
 
 TOKENS = {"planner": "planner-token-0123456789", "other": "other-token-0123456789"}
 NOW = "2026-12-01T10:00:00Z"
@@ -48,17 +48,9 @@ async def api(tmp_path: Path):
     raw = {**GOOD, "agents": {name: {"token": token} for name, token in TOKENS.items()},
            "agent_api": {"media_max": 3 * 1024 * 1024, "rate_per_minute": 10000}}
     config = parse_config(raw, base_dir=tmp_path, environ={})
-    app = web.Application()
     agent_api = AgentApi(config)
-    app.add_routes(agent_api.routes())
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+    async with served(agent_api.routes()) as port, aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
         yield http, config.sets.root, agent_api
-    await runner.cleanup()
 
 
 def leftovers(folder: Path) -> list[str]:

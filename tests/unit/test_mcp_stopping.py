@@ -9,7 +9,6 @@ import logging
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 from bridge.agents.front import AgentsFront
 from bridge.devserver import free_port
@@ -17,6 +16,7 @@ from bridge.service.config import parse_config
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
 from helpers.config import GOOD
+from helpers.served import served
 
 TOKEN = "planner-token-0123456789"
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -32,26 +32,21 @@ async def test_a_request_to_mcp_once_the_bridge_stops_gets_a_503_not_a_500(tmp_p
                            "metrics": {"enabled": False, "listen": f"127.0.0.1:{port}"}}, base_dir=tmp_path, environ={})
     store = Store(tmp_path / "bridge.sqlite")
     front = AgentsFront(config, store, Metrics())
-    app = web.Application()
-    app.add_routes(front.routes())
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     stop = asyncio.Event()
-    try:
-        await front.start(stop)
-        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
-            async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
-                assert response.status == 200
-            stop.set()
-            await asyncio.sleep(0.3)  # the sessions' task group is gone; the listener is not yet
-            with caplog.at_level(logging.ERROR):
+    async with served(front.routes(), port):
+        try:
+            await front.start(stop)
+            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
                 async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
-                    status, body = response.status, await response.json()
-        assert status == 503 and "stopping" in body["error"]["message"], (status, body)
-        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    finally:
-        stop.set()
-        await front.close()
-        await runner.cleanup()
-        store.close()
+                    assert response.status == 200
+                stop.set()
+                await asyncio.sleep(0.3)  # the sessions' task group is gone; the listener is not yet
+                with caplog.at_level(logging.ERROR):
+                    async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
+                        status, body = response.status, await response.json()
+        finally:
+            stop.set()
+            await front.close()
+            store.close()
+    assert status == 503 and "stopping" in body["error"]["message"], (status, body)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 
 from bridge.agents.http import AgentApi
 from bridge.agents.mcp_server import Tools
 from bridge.service.config import parse_config
 from helpers.config import GOOD
+from helpers.served import served
 
 TOKEN = "planner-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -30,14 +30,7 @@ async def test_a_long_poll_the_stop_cuts_short_says_stopping_not_timeout(tmp_pat
     api = AgentApi(config)
     stop = asyncio.Event()
     api.sets.stop = stop
-    app = web.Application()
-    app.add_routes(api.routes())
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
+    async with served(api.routes()) as port:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
             async with http.put("/v1/sets/plan", json=SET, headers=AUTH) as response:
                 assert response.status == 201
@@ -63,5 +56,3 @@ async def test_a_long_poll_the_stop_cuts_short_says_stopping_not_timeout(tmp_pat
         waited = await Tools(api.sets, config.agents).call("planner", "wait", {"set_id": "plan", "timeout": 60})
         assert (waited["arrived"], waited.get("stopping")) == (False, True)
         await stopping
-    finally:
-        await runner.cleanup()
