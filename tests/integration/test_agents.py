@@ -387,6 +387,7 @@ async def test_a_sigterm_ends_open_long_polls_and_mcp_sessions_promptly(bridge):
             await asyncio.sleep(2)
             assert not poll.done() and not waiting.done()
             assert await asyncio.to_thread(bridge.stop, 20) == 0
-            assert await asyncio.wait_for(poll, 10) == (200, "timeout")
+            # Said as the stop, not as a timeout that never happened: the agent asks again.
+            assert await asyncio.wait_for(poll, 10) == (200, "stopping")
             result = await asyncio.wait_for(waiting, 10)
-            assert structured(result)["arrived"] is False
+            assert structured(result)["arrived"] is False and structured(result)["stopping"] is True
