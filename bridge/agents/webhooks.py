@@ -25,6 +25,7 @@ import hmac
 import logging
 import random
 from collections.abc import Callable, Mapping
+from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -71,6 +72,22 @@ def verify(secret: str, header: str, body: bytes, now: float, tolerance: float =
 def backoff(attempts: int) -> float:
     """Seconds before the next attempt: doubling from 1 s up to 5 min, with jitter."""
     return min(MAX_BACKOFF_SECONDS, 2.0 ** max(0, attempts - 1)) * random.uniform(0.8, 1.2)
+
+
+def asked_to_wait(status: int, header: str | None, now: float) -> float:
+    """Seconds a receiver's 429 or 503 asked to be left alone (``Retry-After``:
+    seconds, or an HTTP date), at most the longest backoff; 0 when it asked nothing."""
+    if status not in (429, 503) or not header:
+        return 0.0
+    text = header.strip()
+    if text.isdigit():
+        seconds = float(text)
+    else:
+        try:
+            seconds = parsedate_to_datetime(text).timestamp() - now
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return 0.0
+    return min(max(seconds, 0.0), MAX_BACKOFF_SECONDS)
 
 
 def fair_order(rows: list[Delivery], failing: Callable[[str], bool]) -> list[Delivery]:
@@ -265,7 +282,7 @@ class Deliverer:
         headers = {"Content-Type": "application/json", "Idempotency-Key": row.key,
                    "X-Askwright-Signature": signature(agent.webhook_secret, int(now), row.body),
                    "User-Agent": "askwright-bridge"}
-        problem = None
+        problem, asked = None, 0.0
         try:
             async with http.post(row.url, data=row.body, headers=headers, allow_redirects=False) as response:
                 await _drain(response)  # never raises: the status already says what the URL did
@@ -279,12 +296,14 @@ class Deliverer:
                                     "again", row.key, exc_info=True)
                     return True
                 problem = f"HTTP {response.status}"
+                asked = asked_to_wait(response.status, response.headers.get("Retry-After"), now)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             refused = refused_reason(exc)
             problem = f"refused ({refused})" if refused else type(exc).__name__
         attempts = row.attempts + 1
         self.failed.inc()
-        wait = backoff(attempts)
+        # A receiver that said how long to leave it alone is not asked sooner.
+        wait = max(backoff(attempts), asked)
         log.warning("webhook %s to %s not taken (%s); attempt %d, next in %.0f s", row.key, host_of(row.url),
                     problem, attempts, wait)
         try:

@@ -26,6 +26,7 @@ from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
 from helpers.agents import SECRETS, Receiver, Silent, one_question
 from helpers.pgstore import fresh_schema
+from helpers.served import served
 from helpers.waiting import until
 
 AGENTS = {name: Agent(token=f"token-of-{name}-0123456789", webhook_secret=SECRETS[name]) for name in SECRETS}
@@ -407,3 +408,40 @@ def test_the_webhooks_waiting_are_counted_in_what_health_and_status_show(tmp_pat
     held = held_back(store)
     assert counts(held)["webhooks_pending"] == 500 == pending(store)
     assert "500 webhook delivery(ies) pending, the oldest queued at " in format_held(held)
+
+
+async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_path: Path) -> None:
+    """A 429 (or 503) with Retry-After was tried again after 1 s, then 2 s,
+    as any failure, hammering a receiver that had said when to come back."""
+    from datetime import datetime, timedelta, timezone
+    from email.utils import format_datetime
+
+    tries: list[float] = []
+
+    async def busy(request: web.Request) -> web.Response:
+        tries.append(time.monotonic())
+        return web.Response(status=429, headers={"Retry-After": "120"})
+
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", busy)]) as port:
+        deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(deliverer.run(stop))
+        try:
+            await until(lambda: len(tries) >= 1, what="the first try")
+            await asyncio.sleep(3)  # a plain failure is tried again after about 1 s, then 2 s
+            assert len(tries) == 1, f"{len(tries)} tries in 3 s of a receiver that asked for 120 s"
+            (next_at,) = store.db.execute("SELECT next_at FROM webhook_outbox").fetchone()
+            assert next_at / 1000 - time.time() > 100
+        finally:
+            stop.set()
+            await task
+            store.close()
+    # The header's other form, an HTTP date; nonsense and other statuses ask nothing; never past the cap.
+    from bridge.agents.webhooks import asked_to_wait
+
+    now = time.time()
+    soon = format_datetime(datetime.fromtimestamp(now, timezone.utc) + timedelta(seconds=60), usegmt=True)
+    assert 55 <= asked_to_wait(503, soon, now) <= 61
+    assert asked_to_wait(429, "soon", now) == asked_to_wait(500, "60", now) == 0
+    assert asked_to_wait(429, "86400", now) == 300
