@@ -139,8 +139,8 @@ def replacing_file(event: dict[str, Any], relates: dict[str, Any], store: Store)
     gesture = store.gesture_at(original)
     if gesture is None or gesture[1] != event.get("sender"):
         return None  # not a file of theirs the bridge judged: only the author's edit counts
-    if store.attachment(original) is None or store.attachment_url(original) in (None, url):
-        return None
+    if store.attachment_url(original) in (None, url):
+        return None  # the same file (a caption edit), or none fetched for it (or fetched before URLs were kept)
     return _to_open(str(event["event_id"]), store.question_by_event(gesture[0]), store)
 
 

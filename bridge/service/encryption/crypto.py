@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The trust levels that check the session an answer was sent from: an answer
+# in the clear names none, and a device nobody placed never gets keys.
+SESSION_CHECKING = ("verified", "cross-signed")
+
 
 
 def available() -> bool:
@@ -352,7 +356,7 @@ class Crypto(Receiving):
         for user_id, devices in client.device_store.items():
             # The bridge's own other sessions (older logins) are placed like anyone's
             # under the strict policies: a send must never meet an unplaced device.
-            if user_id == client.user_id and policy not in ("verified", "cross-signed"):
+            if user_id == client.user_id and policy not in SESSION_CHECKING:
                 continue
             for device in devices.values():
                 if device.deleted or (user_id == client.user_id and device.id == client.device_id):
@@ -407,14 +411,14 @@ class Crypto(Receiving):
     def takes_plain_answers(self) -> bool:
         """Whether an answer sent unencrypted into an encrypted room can count:
         not under the trust levels that check the sending session."""
-        return self.settings.trust not in ("verified", "cross-signed")
+        return self.settings.trust not in SESSION_CHECKING
 
     @property
     def ignore_unverified_devices(self) -> bool:
         # Under tofu and verified every device is verified or blacklisted by
         # apply_trust, so this only matters for devices seen mid-send; under
         # ``verified`` such a device must fail the send rather than get keys.
-        return self.settings.trust not in ("verified", "cross-signed")
+        return self.settings.trust not in SESSION_CHECKING
 
     async def ensure_room_key(self, room_id: str) -> None:
         """A room key shared with the room's devices, as ``room_send`` makes
