@@ -879,6 +879,7 @@ def test_a_restatement_that_could_not_be_encrypted_leaves_the_closing_to_the_bri
     edits = [c["m.new_content"]["body"].rsplit("\n", 1)[-1] for c in hs.sent
              if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
     assert edits[-1] == closed.format(f"1 of the 2 votes needed (\u201cThe main branch\u201d: {ANA})"), edits
+    assert deadlines._refused_until == {}  # the refusal's hold went with the question
 
 
 def test_a_restatement_refused_once_goes_through_at_the_next_pass(tmp_path):

@@ -351,7 +351,7 @@ class Deadlines:
             if left:
                 self.store.set_meta(DELAYS + event_id, json.dumps(left))
             else:
-                self.store.delete_meta(DELAYS + event_id)
+                self._no_delays_left(event_id)
             if "escalate" in delays and "escalate" not in left:
                 # Cancelled before the homeserver sent it: nobody was called in
                 # (a decision undone later still calls them at its time).
@@ -658,7 +658,13 @@ class Deadlines:
             if delays:
                 self.store.set_meta(DELAYS + event_id, json.dumps(delays))
             else:
-                self.store.delete_meta(DELAYS + event_id)
+                self._no_delays_left(event_id)
+
+    def _no_delays_left(self, event_id: str) -> None:
+        self.store.delete_meta(DELAYS + event_id)
+        # Nothing left to restate: a refusal's hold on it goes too (kept, a
+        # bridge running for months would hold one for every such question).
+        self._refused_until.pop(event_id, None)
 
     # -- strays -------------------------------------------------------------
 
