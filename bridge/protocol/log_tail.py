@@ -25,10 +25,20 @@ def sign_tail(hashes: Sequence[bytes], latest: str | None, origin: str, key: Ed2
     """A signed checkpoint of all ``hashes`` (leaf hashes, in order) when
     they are more than the ``latest`` checkpoint (a signed note) covers;
     None when it covers them all."""
-    signed = cp.parse_checkpoint(latest.split("\n\n", 1)[0] + "\n") if latest is not None else None
+    signed = signed_by(latest, origin, cp.raw_public(key.public_key())) if latest is not None else None
     size = signed.size if signed is not None else 0
     if len(hashes) <= size:
         return None
     if signed is not None and merkle.root(hashes[:size]) != signed.root:
         raise TailRefused(f"the first {size} leaves are not those the latest checkpoint signed")
     return cp.sign_checkpoint(cp.Checkpoint(origin, len(hashes), merkle.root(hashes)), key)
+
+
+def signed_by(note: str, origin: str, public: bytes) -> cp.Checkpoint:
+    """The checkpoint ``note`` as the key signed it.  What the store holds is
+    only what its writer says: a root put there under a forged signature
+    would have the key vouch for a rewritten log."""
+    try:
+        return cp.open_checkpoint(note, public, origin)
+    except cp.NoteError as exc:
+        raise TailRefused(f"the latest checkpoint is not one this log's key signed ({exc})") from None

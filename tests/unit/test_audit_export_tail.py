@@ -110,6 +110,28 @@ def test_a_leaf_changed_under_the_checkpoint_is_never_signed_over(between, capsy
     assert "are not signed: the first 2 leaves are not those the latest checkpoint signed" in said
 
 
+def test_a_leaf_changed_under_a_checkpoint_forged_to_match_is_never_signed_over(between, capsys):
+    """The leaf changed and the stored checkpoint replaced by one over the
+    new leaves, signed by another key: the log's key would vouch for it."""
+    from bridge.protocol import checkpoint as cp, merkle
+    from rfc8785 import dumps
+
+    db = sqlite3.connect(between / "s.sqlite")
+    leaf = json.loads(db.execute("SELECT leaf FROM audit_leaf WHERE idx=0").fetchone()[0])
+    leaf["choice"] = "stable"
+    data = dumps(leaf)
+    db.execute("UPDATE audit_leaf SET leaf=?, hash=? WHERE idx=0", (data.decode(), merkle.leaf_hash(data).hex()))
+    hashes = [bytes.fromhex(h) for (h,) in db.execute("SELECT hash FROM audit_leaf WHERE idx<2 ORDER BY idx")]
+    forged = cp.sign_checkpoint(cp.Checkpoint(ORIGIN, 2, merkle.root(hashes)), Ed25519PrivateKey.generate())
+    db.execute("UPDATE audit_checkpoint SET note=? WHERE size=2", (forged,))
+    db.commit()
+    db.close()
+    exported, verified, said = _export_and_verify(between, capsys)
+    assert (exported, verified) == (0, 1)
+    assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt"]
+    assert "are not signed: the latest checkpoint is not one this log's key signed" in said
+
+
 @pytest.mark.parametrize("damage, said_why", [
     ("DELETE FROM audit_leaf WHERE idx=2", "leaf 2 is missing from the store"),
     ("UPDATE audit_leaf SET leaf=replace(leaf, '@ana:hs', '@eve:hs') WHERE idx=3", "leaf 3's text is not what its stored hash says"),

@@ -125,9 +125,13 @@ class Checkpointer:
             raise
 
     def _check_signed(self, size: int, note: str) -> None:
-        from bridge.protocol import checkpoint as cp
+        from bridge.protocol.log_tail import TailRefused, signed_by
 
-        if cp.parse_checkpoint(note.split("\n\n", 1)[0] + "\n").root != self.tree.root():
+        try:
+            signed = signed_by(note, self.key.origin, self.key.public)
+        except TailRefused as exc:
+            raise LogDamaged(str(exc)) from None
+        if signed.root != self.tree.root():
             raise LogDamaged(f"the store's first {size} leaves are not those its latest checkpoint signed")
 
     def sign_if_grown(self, now_ms: int | None = None) -> tuple[int, str] | None:
