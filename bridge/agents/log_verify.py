@@ -54,22 +54,33 @@ def _one_at_a_time() -> asyncio.Lock:
 async def _verify(sets: AgentSets, store_of: Callable[[], Store | None], agent: str, set_id: str,
                   saved: list[str], sign: Callable[[], None] | None) -> dict[str, Any]:
     set_dir = sets.set_dir(agent, set_id)
-    doc, twice = await asyncio.to_thread(_answers_of, set_dir, set_id)
     store = store_of()
     if store is None:
         raise NoLog("the bridge has no answer log yet")
-    if sign is not None:
-        await store.run(sign)
-    vkey = await store.run(store.get_meta, "audit_key")
-    if vkey is None:
-        raise NoLog("no checkpoint signed yet; ask again in a minute")
-    origin, public = cp.parse_verifier_key(vkey)
-    size = await store.run(store.audit.size)
-    leaves: list[bytes] = []
-    for start in range(0, size, LEAVES_PER_JOB):
-        leaves += [leaf.encode() for _i, leaf in await store.run(store.audit.leaves, start, start + LEAVES_PER_JOB)]
-    notes = [note for _size, note in await store.run(store.audit.all_checkpoints)] + list(saved)
-    verdict = await asyncio.to_thread(audit_verify.verify_set, doc, leaves, notes, origin, public)
+    for _try in range(2):
+        logged = await store.run(store.audit.size)  # before answers.json is read: see below
+        doc, twice = await asyncio.to_thread(_answers_of, set_dir, set_id)
+        if sign is not None:
+            await store.run(sign)
+        vkey = await store.run(store.get_meta, "audit_key")
+        if vkey is None:
+            raise NoLog("no checkpoint signed yet; ask again in a minute")
+        origin, public = cp.parse_verifier_key(vkey)
+        # The checkpoints before the leaves: an answer logged and signed
+        # between two reads then only adds a leaf past them, where read the
+        # other way it added a checkpoint past the leaves read (a truncation).
+        notes = [note for _size, note in await store.run(store.audit.all_checkpoints)] + list(saved)
+        size = await store.run(store.audit.size)
+        leaves: list[bytes] = []
+        for start in range(0, size, LEAVES_PER_JOB):
+            leaves += [leaf.encode() for _i, leaf in await store.run(store.audit.leaves, start,
+                                                                     start + LEAVES_PER_JOB)]
+        verdict = await asyncio.to_thread(audit_verify.verify_set, doc, leaves, notes, origin, public)
+        # An answer logged while this read replaces a record of the
+        # answers.json read a moment before it was written again: checked
+        # once more, with the file as it is now.
+        if verdict.holds or twice or await store.run(store.audit.size) == logged:
+            break
     verdict.problems[:0] = twice
     return {"ok": True, "set": set_id, "holds": verdict.holds, "problems": verdict.problems,
             "records": verdict.checked_records, "leaves": verdict.leaves, "checkpoint_size": verdict.checkpoint_size,

@@ -239,6 +239,52 @@ async def test_the_mcp_verify_tool_checks_one_set_at_a_time(monkeypatch):
     assert results == [{"ok": True}] * 3 and most[0] == 1
 
 
+@pytest.mark.parametrize("before", ["all_checkpoints", "size", "leaves"])
+async def test_the_mcp_verify_tool_holds_while_an_answer_is_logged_and_signed_as_it_reads(good, tmp_path, before):
+    """An answer logged, signed (another agent's checkpoint request, the
+    bridge's minute) and written to answers.json between two of the tool's
+    reads: a checkpoint past the leaves it read was taken for a truncated
+    log, a record replaced since the file was read for one the log took
+    back, and a healthy log was reported as not holding."""
+    from bridge.agents import log_verify
+
+    shutil.copy(good / "s.sqlite", tmp_path / "s.sqlite")
+    shutil.copytree(good / "set", tmp_path / "set")
+    store = Store(tmp_path / "s.sqlite")
+    checkpointer = Checkpointer(store, LogKey(ORIGIN, SIGNING[good]), 60)
+    reading, logged = store.run, []
+
+    def an_answer_logged_signed_and_written() -> None:
+        record = {"qid": "q0", "state": "answered", "choice": "main", "q_rev": 1, "rev": 1, "updated": "t",
+                  "source": {"via": "matrix", "how": "answer_event", "room_id": "!r", "event_id": "$late",
+                             "sender": "@bo:hs", "ts": 9}}
+        with store.transaction():
+            store.append_log(LogEntry("$late", "!r", "@bo:hs", "answer_event", "accepted", set_id="s",
+                                      set_dir="/sets/s", qid="q0", question_event_id="$q0", record=record, ts=9))
+        checkpointer.sign_if_grown()
+        doc = {"askwright": 1, "set": "s", "rev": 1,
+               "answers": {f"q{n}": store.projection("/sets/s", f"q{n}") for n in range(QUESTIONS)}}
+        (tmp_path / "set" / "answers.json").write_text(json.dumps(doc))
+
+    async def run(fn, *args, **kwargs):
+        if not logged and getattr(fn, "__name__", "") == before:
+            logged.append(True)
+            await reading(an_answer_logged_signed_and_written)
+        return await reading(fn, *args, **kwargs)
+
+    class Sets:
+        def set_dir(self, _agent: str, _set_id: str) -> Path:
+            return tmp_path / "set"
+
+    store.run = run  # type: ignore[method-assign]
+    try:
+        result = await log_verify.verify_tool(Sets(), lambda: store, "a", "s", [])
+    finally:
+        store.close()
+    assert logged and result["holds"], result["problems"]
+    assert result["leaves"] == QUESTIONS + 1
+
+
 def test_a_questions_file_with_a_byte_order_mark_is_read_as_the_bridge_reads_it(good, tmp_path, capsys):
     """An editor's byte-order mark: lint, read, status and the bridge take the
     set; verify stopped at it (exit 2, "Unexpected UTF-8 BOM")."""
