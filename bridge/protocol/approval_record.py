@@ -39,8 +39,10 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     result = tally(casts, required=required, veto=veto, expires_ms=posting.expires_ms,
                    expired=expired and posting.expires_ms is not None)
     if result.state is None:
-        if base is None or base.get("state") != ANSWERED:
-            return base  # nothing stands, or "not sure": no vote, and no pick to act on
+        if ours is None or ours.get("state") != ANSWERED:
+            # Nothing stands, or "not sure": no vote, and no pick to act on;
+            # or what stands answers an earlier revision, no pick on this one.
+            return base
         # A standing pick that is no vote ("other"): the person's words are
         # kept, and the question is as undecided as before it.
         result = Tally(PENDING, [])

@@ -1663,3 +1663,25 @@ def test_a_votes_webhook_carries_the_questions_record_and_a_withdrawal_what_stan
     [withdrawn] = [b for b in plain_bodies() if b["type"] == "answer.withdrawn"]
     assert withdrawn["withdrawn_event_id"] == "$p2" and withdrawn["record"]["choice"] == "stable"
     assert written(withdrawn["record"]) == written(plain.record())
+
+
+def test_a_vote_on_revision_2_taken_back_leaves_revision_1s_decision_as_it_stood(tmp_path):
+    """Revision 1 decided 2 of 2, then revision 2 posted: the record kept
+    revision 1's decision.  A vote on revision 2, taken back, left no vote
+    standing on it, as before; yet the record turned "pending" with no
+    votes, of revision 1, its decision gone: revision 1's last vote taken
+    for a pick on revision 2 that is no vote."""
+    room = room_with(tmp_path)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$b1", BO, T0 + 2000, "main")])
+    decided = room.record()
+    assert decided["state"] == "answered" and decided["decided_by"] == [ANA, BO]
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 3000) / 1000)
+    second = _revise(room, deadlines)
+    assert room.record() == decided
+    room.deliver([_vote_on(second, "$a2", ANA, T0 + 4000, "main")])
+    assert room.record()["state"] == "pending" and room.record()["q_rev"] == 2
+    room.deliver([redact("$r2", ANA, T0 + 5000, "$a2")])
+    again = room.record()
+    assert ({k: v for k, v in again.items() if k not in ("rev", "updated")}
+            == {k: v for k, v in decided.items() if k not in ("rev", "updated")}), again

@@ -93,6 +93,9 @@ class Projection:
         the question's latest ``posting`` has a quorum or a deadline; else ``base`` itself."""
         if posting is None or (posting.quorum is None and posting.expires_ms is None):
             return base
+        earlier = self._earlier_revision_standing(posting, base)
+        if earlier is not None:
+            return self._with_approval(earlier, base, count)
         if posting.quorum is None:
             base = self._stood_at_deadline(posting, base)
         casts = self.casts(posting.event_id) if posting.quorum is not None else []
@@ -103,6 +106,23 @@ class Projection:
             fallback = json.loads(row[0]) if row and row[0] else None
         return approval_record(base, posting, casts, expired=self.is_expired(posting.event_id), count=count,
                                fallback=fallback)
+
+    def _earlier_revision_standing(self, posting: RecordedQuestion,
+                                   base: dict[str, Any] | None) -> RecordedQuestion | None:
+        """The earlier revision's posting the standing pick answers, when no
+        pick stands on ``posting`` and its deadline has not passed: the record
+        stays what that revision's approval made of it (its decision, its
+        votes), as it was before anyone answered this one."""
+        if base is None or (base.get("q_rev") or 1) == (posting.rev or 1) or self.is_expired(posting.event_id):
+            return None
+        if posting.quorum is not None and standing(self.casts(posting.event_id), NEVER):
+            return None
+        answered = (base.get("source") or {}).get("event_id")
+        row = self.db.execute("SELECT p.event_id, p.open, p.closed_why FROM answer_log a JOIN posted p"
+                              " ON p.event_id=a.question_event_id WHERE a.event_id=? AND a.outcome='accepted'"
+                              " ORDER BY a.seq DESC LIMIT 1", (answered,)).fetchone()
+        earlier = self._posting(row)
+        return earlier if earlier is not None and earlier.event_id != posting.event_id else None
 
     def _stood_at_deadline(self, posting: RecordedQuestion, base: dict[str, Any] | None) -> dict[str, Any] | None:
         """A question with a deadline and no quorum, past it: the answer that
