@@ -335,7 +335,7 @@ class AgentSets:
                     raise NotFound(f"no set {set_id!r}")
                 return set_dir, False
             try:
-                self._create(set_dir, None, Owner(agent, log_from=self._log_now()))
+                self._create(set_dir, None, Owner(agent, log_from=self._log_now(), claimed=True))
             except FileExistsError:
                 continue  # claimed at the same moment: whose it is decides
             return set_dir, True

@@ -255,6 +255,35 @@ async def test_an_upload_refused_in_a_set_it_would_have_made_takes_no_set_id(api
     assert sorted(p.name for p in (root / "intro").iterdir()) == [".askwright-agent.json", "take-2.mp4"]
 
 
+async def test_a_folder_claimed_for_media_that_a_local_agent_writes_its_set_into_is_not_the_uploaders(api):
+    """A media upload claims a set id before the set's first PUT; a local
+    agent then wrote its own questions.json into that folder, and the
+    uploading token read that set's answers, listed it, and could close it,
+    while the folder's rightful writer's set answered like anyone's."""
+    http, root, agent_api = api
+    async with http.put("/v1/sets/release/media/take-2.mp4", data=b"clip", headers=auth("other")) as response:
+        assert response.status == 201
+    local = {**compare_set("release"), "questions": [{**compare_set("release")["questions"][0], "media": []}]}
+    (root / "release" / "questions.json").write_text(json.dumps(local))
+    for url in ("/v1/sets/release/answers", "/v1/sets/release/answers?all=1"):
+        async with http.get(url, headers=auth("other")) as response:
+            assert response.status == 404, (url, await response.text())
+    async with http.get("/v1/sets", headers=auth("other")) as response:
+        assert [s["set"] for s in (await response.json())["sets"]] == []
+    async with http.post("/v1/sets/release/close", json={}, headers=auth("other")) as response:
+        assert response.status == 404
+    async with http.put("/v1/sets/release", json=compare_set("release"), headers=auth("other")) as response:
+        assert response.status == 404  # the local agent's set is not taken over either
+    assert json.loads((root / "release" / "questions.json").read_text()) == local
+    # The claim's own set, put by its agent, is the agent's as before.
+    async with http.put("/v1/sets/intro/media/take-2.mp4", data=b"clip", headers=auth("other")) as response:
+        assert response.status == 201
+    async with http.put("/v1/sets/intro", json=compare_set("intro"), headers=auth("other")) as response:
+        assert response.status in (200, 201), await response.text()
+    async with http.get("/v1/sets/intro/answers", headers=auth("other")) as response:
+        assert response.status == 200
+
+
 async def test_a_range_of_another_unit_or_of_several_or_a_stale_if_range_gets_the_whole_file(api):
     http, root, _ = api
     shot = await a_persons_file(http, root, 60_000)
