@@ -88,7 +88,9 @@ class McpFiles:
 
     async def upload(self, agent: str, arguments: dict[str, Any]) -> dict[str, Any]:
         set_id, name = arguments["set_id"], check_media_name(arguments["name"])
-        text = arguments["data"]
+        # Lines wrapped as MIME, `base64` and Python's encodebytes write them
+        # are base64 still: the line breaks (any white space) are no data.
+        text = "".join(arguments["data"].split())
         if len(text) > base64_size(self.media_max):
             raise TooLarge(f"data: the file is larger than {self.media_max} bytes; upload it with "
                            f"PUT /v1/sets/{set_id}/media/{name}")

@@ -95,7 +95,7 @@ TOOLS: dict[str, dict[str, Any]] = {
                       "name": {"type": "string", "pattern": MEDIA_NAME_PATTERN, "maxLength": MEDIA_NAME_MAX,
                                "description": "The file's name in the set's folder, e.g. take-2.mp4; the set's src."},
                       "data": {"type": "string", "contentEncoding": "base64",
-                               "description": "The file's bytes, base64."}}},
+                               "description": "The file's bytes, base64 (line breaks are passed over)."}}},
         "output": {"type": "object", "required": ["ok", "set", "name", "src", "type", "size", "sha256", "created"],
                    "properties": {
                        "ok": {"type": "boolean"}, "set": {"type": "string"}, "name": {"type": "string"},

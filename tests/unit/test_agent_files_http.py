@@ -201,6 +201,10 @@ async def test_upload_media_over_mcp_takes_base64_and_refuses_what_http_refuses(
                                                           "data": base64.b64encode(clip).decode()})
     assert (stored["src"], stored["size"], stored["sha256"]) == ("take-2.mp4", len(clip), hashlib.sha256(clip).hexdigest())
     assert (root / "intro" / "take-2.mp4").read_bytes() == clip
+    # Wrapped in lines, as MIME and the base64 command write it: the same bytes.
+    await tools.call("planner", "upload_media", {"set_id": "intro", "name": "take-2.mp4",
+                                                 "data": base64.encodebytes(clip[::-1]).decode()})
+    assert (root / "intro" / "take-2.mp4").read_bytes() == clip[::-1]
     with pytest.raises(BadRequest, match="name"):
         await tools.call("planner", "upload_media", {"set_id": "intro", "name": "x.exe", "data": "AAAA"})
     with pytest.raises(BadRequest, match="data"):
