@@ -290,6 +290,18 @@ def test_an_edited_caption_replaces_the_files_note_and_keeps_the_file(tmp_path: 
     seq = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$e'").fetchone()[0]
     told = room.pipeline.words.notice_for(room.store.log_entry(seq))["body"]
     assert told.startswith("Changed what you added to your answer"), told
+    # The edit taken back: the original stands again, with its file, which
+    # was deleted as the edit's (the edit names the file it kept).
+    from helpers.timeline import redact
+
+    room.deliver([redact("$r1", "@alice:hs", 4000, "$e")])
+    record = room.record()
+    assert record["note"] == "the red button is off" and record["attachments"] == first["attachments"], record
+    assert (room.set_dir / record["attachments"][0]).is_file()
+    # The original taken back: the file goes with it.
+    room.deliver([redact("$r2", "@alice:hs", 5000, "$f")])
+    assert "attachments" not in room.record()
+    assert not (room.set_dir / first["attachments"][0]).exists()
 
 
 class Repositories:

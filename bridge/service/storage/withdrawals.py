@@ -34,15 +34,26 @@ class Withdrawals:
             # moment it stopped counting may change a quorum's tally.
             self._recount(next((row[1:4] for row in found if row[4] == "accepted" and row[9] == event_id), None))
             return None
-        for _seq, set_dir, _set_id, _qid, outcome, record, whole, *_rest in rows:
-            if outcome == "annotated" and record and set_dir and not whole:
-                for path in json.loads(record).get("attachments") or ():
-                    self.db.execute("INSERT INTO doomed_file(set_dir, path) VALUES (?, ?)"
-                                    " ON CONFLICT DO NOTHING", (set_dir, path))
+        brought = {(set_dir, qid, path) for _seq, set_dir, _set_id, qid, outcome, record, whole, *_rest in rows
+                   if outcome == "annotated" and record and set_dir and not whole
+                   for path in json.loads(record).get("attachments") or ()}
         touched = self._withdraw_rows([row[:4] for row in rows])
+        for set_dir, qid, path in sorted(brought):
+            if not self._still_named(set_dir, qid, path):
+                self.db.execute("INSERT INTO doomed_file(set_dir, path) VALUES (?, ?)"
+                                " ON CONFLICT DO NOTHING", (set_dir, path))
         for root in {row[7] for row in rows if row[7]}:
             self.reshadow(root)
         return touched
+
+    def _still_named(self, set_dir: str, qid: str, path: str) -> bool:
+        """Whether an entry not withdrawn still brings ``path``: an edit that
+        changed a file's caption carries the file it kept, and taking the
+        edit back leaves the original, which names it, standing again."""
+        rows = self.db.execute(
+            "SELECT record FROM answer_log WHERE set_dir=? AND qid=? AND withdrawn=0 AND record LIKE ?"
+            " AND outcome IN ('accepted','annotated')", (set_dir, qid, f"%{path}%")).fetchall()
+        return any(path in (json.loads(record).get("attachments") or ()) for (record,) in rows)
 
     def reshadow(self, original: str) -> None:
         """Of an original and its edits still standing, only the latest in the
