@@ -259,6 +259,32 @@ def test_a_part_file_a_crash_left_and_no_download_takes_up_is_swept(tmp_path: Pa
     assert not left.exists() and writing.exists()
 
 
+def test_a_file_fetched_in_the_batch_and_then_refused_is_not_left_in_the_folder(tmp_path: Path, monkeypatch) -> None:
+    """A picture whose caption passes the note's limit: fetched within the
+    batch's wait, then refused (the person told why), and its file stayed
+    in attachments/ for good, named by no answers.json."""
+    from bridge.protocol.judge import NOTE_MAX
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import Room, answer, picture
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
+    room = Room(tmp_path)
+    downloads = Downloads(room.store, Repository(b"\x89PNG" + os.urandom(2000)).download, lambda *_: True, None, MIB,
+                          judge_later=None)
+    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    shot = picture("$f", "@alice:hs", 2000)
+    shot["content"]["body"] = "x" * (NOTE_MAX + 200)
+    room.deliver(asyncio.run(downloads.prefetch([shot])))
+    assert "attachments" not in room.record()
+    refused = room.store.db.execute("SELECT outcome FROM answer_log WHERE event_id='$f'").fetchone()
+    assert refused == ("refused",)
+    assert [p.name for p in (room.set_dir / "attachments").iterdir()] == []
+    # A file taken keeps its place, as before.
+    kept = picture("$g", "@alice:hs", 3000)
+    room.deliver(asyncio.run(downloads.prefetch([kept])))
+    assert [(room.set_dir / path).is_file() for path in room.record()["attachments"]] == [True]
+
+
 def test_an_edited_caption_replaces_the_files_note_and_keeps_the_file(tmp_path: Path, monkeypatch) -> None:
     """Element edits a caption as an m.replace whose new content is the file
     message with the new body: it was ignored (no word back, the old note

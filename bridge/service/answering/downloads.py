@@ -211,6 +211,16 @@ class Downloads:
             self.store.delete_meta(KEPT + event_id)
             return self.store.doom_if_unused(event_id)
 
+    def doom_unrecorded(self, events: list[dict[str, Any]]) -> None:
+        """The files of ``events``, just judged (in the store's transaction),
+        doomed where the judging recorded nothing: a file fetched within the
+        batch's wait and then refused (a note past its limit, say) is deleted
+        as one whose event was judged apart is (``_forget``)."""
+        for event in events:
+            # (Judged: an edit waiting for its original is not yet.)
+            if _is_file(event) and isinstance(event.get("event_id"), str) and self.store.is_processed(event["event_id"]):
+                self.store.doom_if_unused(event["event_id"])
+
     def _told(self, event_id: str, qid: str, problem: str | None) -> None:
         if problem:
             log.info("file %s for %s not kept: %s", event_id, qid, problem)

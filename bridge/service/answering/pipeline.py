@@ -302,6 +302,7 @@ class Pipeline(FolderFlush):
                 self.on_batch(events)
             for event in events:
                 self._guarded(event, now, result, apart)
+            self.downloads.doom_unrecorded(events)
             if commit is not None and self.store.unchanged_since(before):
                 # Nothing of the batch to make durable (the bridge's own events
                 # coming back, chatter): the transport's progress goes with
