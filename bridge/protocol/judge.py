@@ -530,9 +530,10 @@ def _blank(text: str | None) -> bool:
 
 def _quote(value: str, limit: int = 60) -> str:
     # Ids come from the person; keep the echo short, on one line, and free of
-    # control characters (a NUL would fail the refusal's write on PostgreSQL).
+    # control characters (a NUL would fail the refusal's write on PostgreSQL)
+    # and of halves of surrogate pairs (which no store and no UTF-8 can write).
     shown = value if len(value) <= limit else value[: limit - 1] + "…"
-    return "\u201c" + "".join("\ufffd" if unicodedata.category(c) == "Cc" else c
+    return "\u201c" + "".join("\ufffd" if unicodedata.category(c) in ("Cc", "Cs") else c
                                for c in " ".join(shown.split())) + "\u201d"
 
 

@@ -325,6 +325,12 @@ def test_option_not_offered_echo_holds_no_control_character() -> None:
     v = verdict(question(), content(option_id="a\x00b\x1bc"))
     refused(v, "option_not_offered")
     assert "\x00" not in v.message and "\x1b" not in v.message and "a\ufffdb\ufffdc" in v.message
+    # Half a surrogate pair (JSON's escapes spell it): the refusal could not be written, and the
+    # person was told the bridge failed ("internal_error") where the option is simply not offered.
+    v = verdict(question(), content(option_id="x\udfffy\ud800"))
+    refused(v, "option_not_offered")
+    v.message.encode("utf-8")
+    assert "x\ufffdy\ufffd" in v.message
 
 
 def test_input_required() -> None:
