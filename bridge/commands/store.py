@@ -93,6 +93,8 @@ def _migrate(args: argparse.Namespace) -> int:
     width = max(len(t) for t in report.counts)
     for table, count in report.counts.items():
         print(f"{table:<{width}}  {count} rows")
+    for table, count in report.nuls.items():
+        print(f"{table}: {count} rows held a NUL character, which PostgreSQL can't store; written with U+FFFD")
     print(f"answer log checksum: {report.log_checksum} (the same on both sides)")
     print(f"copied {config.store.path} to {target} and verified it; now set store.url to that URL "
           "and start the bridge")

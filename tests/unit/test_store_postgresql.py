@@ -648,3 +648,30 @@ def test_the_instance_upgrading_is_not_held_up_by_its_own_lease(postgres_server)
     db = PgConnection(url, password=postgres_server.password)
     assert db.schema_version() == SCHEMA_VERSION
     db.close()
+
+
+def test_a_sqlite_store_holding_a_nul_is_copied_with_u_fffd_and_says_so(postgres_server, tmp_path, capsys,
+                                                                        monkeypatch):
+    # Older bridges kept a NUL of a person's option id in the refusal's
+    # message; SQLite takes it, PostgreSQL's text does not: every run of
+    # migrate failed, saying it could be run again.
+    store = Store(tmp_path / "bridge.sqlite")
+    store.log(LogEntry("$a", "!r:hs", "@a:hs", "answer_event", "refused", layer="recorded",
+                       reason="option_not_offered", message="x", ts=1))
+    store.db.execute("UPDATE answer_log SET message=? WHERE event_id='$a'", ("no option \u201ca\x00b\u201d",))
+    store.close()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite"}}))
+    config.chmod(0o600)
+    url = fresh_schema(postgres_server)
+    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    assert main(["store", "migrate", "-c", str(config), "--to", url]) == 0, capsys.readouterr().err
+    said = capsys.readouterr().out
+    assert "answer_log: 1 rows held a NUL character" in said and "verified" in said
+    copied = Store("unused", url=url, password=postgres_server.password)
+    try:
+        assert copied.db.execute("SELECT message FROM answer_log").fetchone()[0] == "no option \u201ca\ufffdb\u201d"
+    finally:
+        copied.close()

@@ -23,6 +23,7 @@ class CopyRefused(Exception):
 class CopyReport:
     counts: dict[str, int] = field(default_factory=dict)  # table -> rows, equal on both sides
     log_checksum: str = ""
+    nuls: dict[str, int] = field(default_factory=dict)  # table -> texts whose NULs were written as U+FFFD
 
 
 def copy_store(source: Path, url: str, password: str | None) -> CopyReport:
@@ -41,8 +42,10 @@ def copy_store(source: Path, url: str, password: str | None) -> CopyReport:
             # on every statement (5 s) and on an idle transaction do not apply.
             for limit in UNLIMITED:
                 target.db.conn.execute(f"SET {limit} = 0")
-            _copy_rows(db, target, tables)
-            return _verified(db, target, tables)
+            nuls = _copy_rows(db, target, tables)
+            report = _verified(db, target, tables)
+            report.nuls = nuls
+            return report
         finally:
             target.close()
 
@@ -57,7 +60,7 @@ def _verified(db: sqlite3.Connection, target: Store, tables: dict[str, list[str]
             raise CopyRefused(f"verification failed: {table} has {here} rows here and {there} there")
         report.counts[table] = here
     cols = ", ".join(tables["answer_log"])
-    mine = log_checksum(db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq"))
+    mine = log_checksum(storable(row)[0] for row in db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq"))
     theirs = log_checksum(target.db.execute(f"SELECT {cols} FROM answer_log ORDER BY seq").fetchall())
     if mine != theirs:
         raise CopyRefused("verification failed: the answer log differs after the copy")
@@ -78,7 +81,19 @@ def _copied_tables(db: sqlite3.Connection) -> dict[str, list[str]]:
     return {name: [col[1] for col in db.execute(f"PRAGMA table_info({name})")] for name in names}
 
 
-def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str]]) -> None:
+def storable(row: tuple[Any, ...]) -> tuple[tuple[Any, ...], bool]:
+    """``row`` as PostgreSQL's text can hold it, and whether it had to
+    change: a NUL (which SQLite kept, in a message echoing a person's option
+    id before those were cleaned, say) as U+FFFD, as the bridge writes it
+    now.  (JSON columns never hold one: their NULs are escaped.)"""
+    if not any(isinstance(value, str) and "\x00" in value for value in row):
+        return row, False
+    return tuple(value.replace("\x00", "\ufffd") if isinstance(value, str) else value for value in row), True
+
+
+def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str]]) -> dict[str, int]:
+    """Every row copied; by table, how many held a NUL (``storable``)."""
+    nuls: dict[str, int] = {}
     conn = target.db.conn  # psycopg's own COPY: one stream per table, in one transaction
     with conn.transaction():
         with_rowid = {table for (table,) in conn.execute(
@@ -89,6 +104,9 @@ def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str
             columns = [*columns, "rowid"] if table in with_rowid else columns
             with conn.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
                 for row in db.execute(f"SELECT {', '.join(columns)} FROM {table}"):
+                    row, changed = storable(row)
+                    if changed:
+                        nuls[table] = nuls.get(table, 0) + 1
                     copy.write_row(row)
         # Identity columns continue after the copied rows, not from 1.
         for table, column in conn.execute(
@@ -96,6 +114,7 @@ def _copy_rows(db: sqlite3.Connection, target: Store, tables: dict[str, list[str
                 " WHERE table_schema = current_schema() AND is_identity = 'YES'").fetchall():
             conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'),"
                          f" COALESCE((SELECT MAX({column}) FROM {table}), 0) + 1, false)")
+    return nuls
 
 
 UNLIMITED = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
