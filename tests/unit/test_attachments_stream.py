@@ -116,6 +116,44 @@ def test_a_body_always_cut_short_is_refused_after_the_tries_and_nothing_is_left(
     assert on_disk(set_dir) == []
 
 
+class Unreachable(Repository):
+    """The file's homeserver not reached (502) for its first ``down`` tries."""
+
+    def __init__(self, data: bytes, down: int):
+        super().__init__(data)
+        self.down = down
+
+    @contextlib.asynccontextmanager
+    async def download(self, mxc: str, stall: float, first: float | None = None):
+        if self.tries < self.down:
+            self.tries += 1
+            raise attachments.NotReached(f"{mxc}: HTTP 502: remote.example not reached")
+        async with super().download(mxc, stall, first) as media:
+            yield media
+
+
+def test_a_file_whose_homeserver_is_not_reached_is_tried_again_until_it_is(set_dir: Path) -> None:
+    # A federated server restarting answered 502 three times within seconds:
+    # the person's file was refused "could not be downloaded whole", and
+    # never fetched once the server was back.
+    data = os.urandom(100_000)
+    repository = Unreachable(data, down=attachments.TRIES * 3)
+    assert fetch(set_dir, {"url": "mxc://remote.example/a", "body": "a.png"}, repository) == ("attachments/q-1.png",
+                                                                                             None)
+    assert repository.tries == attachments.TRIES * 3 + 1
+    assert (set_dir / "attachments" / "q-1.png").read_bytes() == data
+
+
+def test_a_file_whose_homeserver_stays_unreached_is_refused_saying_so(set_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(attachments, "UNREACHED_PATIENCE", 0.05)
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.01)
+    repository = Unreachable(b"x", down=10 ** 6)
+    assert fetch(set_dir, {"url": "mxc://remote.example/a", "body": "a.png"}, repository) == (
+        None, "attachment_unreachable")
+    assert repository.tries > attachments.TRIES
+    assert on_disk(set_dir) == []
+
+
 def test_a_body_that_ends_early_without_an_error_is_not_saved(set_dir: Path) -> None:
     # The connection closed cleanly after half: shorter than its Content-Length.
     data = os.urandom(200_000)

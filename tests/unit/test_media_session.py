@@ -118,3 +118,35 @@ async def test_a_homeserver_fetching_the_file_over_federation_is_waited_for_and_
         await transport.media.close()
         await client.close()
         await server.close()
+
+
+async def test_a_file_on_a_server_the_homeserver_does_not_reach_is_fetched_once_it_does(tmp_path, monkeypatch):
+    """Synapse answers 502 while the file's server is down: three tries in
+    three seconds, and the file was refused for good ("could not be
+    downloaded whole"), though the server was back a minute later."""
+    from bridge.service.answering import attachments
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.05)
+    monkeypatch.setattr(attachments, "UNREACHED_PAUSE", 0.2)
+    data = b"\x89PNG" + bytes(range(256)) * 8
+    asked = []
+
+    async def remote(_request: web.Request) -> web.Response:
+        asked.append(time.monotonic())
+        if len(asked) <= 8:
+            return web.json_response({"errcode": "M_UNKNOWN", "error": "Failed to fetch remote media"}, status=502)
+        return web.Response(body=data, headers={"Content-Type": "image/png"})
+
+    server, client, transport = await _serving(remote)
+    content = {"msgtype": "m.image", "body": "shot.png", "url": "mxc://remote.example/shot",
+               "info": {"size": len(data), "mimetype": "image/png"}}
+    try:
+        (tmp_path / "set").mkdir()
+        saved, refused = await attachments.fetch_bounded(content, str(tmp_path / "set"), "q1", 1, transport.download,
+                                                         limit=1024 * 1024)
+        assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
+        assert len(asked) == 9
+    finally:
+        await transport.media.close()
+        await client.close()
+        await server.close()

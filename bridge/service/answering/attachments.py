@@ -64,6 +64,12 @@ class FileGone(Exception):
     """The content repository does not have the file (a permanent failure)."""
 
 
+class NotReached(Exception):
+    """The file's homeserver was not reached (a 502 or 504: the bridge's
+    could not reach the server holding it, or is itself behind a proxy while
+    it restarts): the file may well be there, and come once it is back."""
+
+
 class NotSaved(Exception):
     """The set folder would not take the file (gone, read-only, full, leading outside): not worth a retry."""
 
@@ -81,6 +87,12 @@ TRIES = 3
 TRY_SECONDS = 20.0
 SLOWEST_RATE = 64 * 1024  # bytes a second
 RETRY_PAUSE = 1.0
+# A file whose homeserver can't be reached from the bridge's (stopped,
+# restarting, its network down) is tried again for this long, the pause
+# doubling up to UNREACHED_PAUSE, its answer judged when it comes: three
+# tries within seconds lost the person's file to a server's restart.
+UNREACHED_PATIENCE = 30 * 60.0
+UNREACHED_PAUSE = 60.0
 
 
 def try_seconds(limit: int) -> float:
@@ -90,15 +102,25 @@ def try_seconds(limit: int) -> float:
 async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
                          download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
     """``number`` names the file (never a name taken before)."""
-    for attempt in range(1, TRIES + 1):
+    began, attempt = time.monotonic(), 0
+    while True:
+        attempt += 1
         try:
             return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit), try_seconds(limit))
+        except NotReached as exc:
+            unreached, problem = True, str(exc)
         except Exception as exc:  # noqa: BLE001 - a 5xx, a timeout, a reset, a body cut short: tried again
-            problem = f"{type(exc).__name__}: {exc}"
+            unreached, problem = False, f"{type(exc).__name__}: {exc}"
+        if unreached and time.monotonic() - began < UNREACHED_PATIENCE:
+            (log.info if attempt <= TRIES else log.debug)(
+                "download for %s failed (try %d): %s; its homeserver is not reached, tried again for up to %.0f "
+                "minutes", qid, attempt, problem, UNREACHED_PATIENCE / 60)
+            await asyncio.sleep(min(RETRY_PAUSE * 2 ** (attempt - 1), UNREACHED_PAUSE))
+            continue
         log.info("download for %s failed (try %d of %d): %s", qid, attempt, TRIES, problem)
-        if attempt < TRIES:
-            await asyncio.sleep(RETRY_PAUSE * attempt)
-    return None, "attachment_not_fetched"
+        if attempt >= TRIES:
+            return None, "attachment_unreachable" if unreached else "attachment_not_fetched"
+        await asyncio.sleep(RETRY_PAUSE * attempt)
 
 
 def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:

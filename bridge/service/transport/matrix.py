@@ -448,7 +448,7 @@ class NioTransport:
         The authenticated media API first (Synapse serves new media only
         there); the legacy one for homeservers that predate it.
         """
-        from bridge.service.answering.attachments import FileGone
+        from bridge.service.answering.attachments import FileGone, NotReached
 
         server, _, media_id = mxc.removeprefix("mxc://").partition("/")
         if not server or not media_id or "/" in media_id:
@@ -467,6 +467,10 @@ class NioTransport:
                     continue  # an older homeserver without authenticated media
                 if response.status in (404, 403, 400):
                     raise FileGone(f"{mxc}: HTTP {response.status}")
+                if response.status in (502, 504):
+                    # (The file's server unreachable from ours, or ours behind
+                    # a proxy while it restarts: either comes back.)
+                    raise NotReached(f"{mxc}: HTTP {response.status}: {server} not reached")
                 if response.status != 200:
                     raise MatrixError(f"downloading {mxc}", response)
                 yield MediaBody(response.content_length, _each_within(response.content.iter_any(), stall_seconds))
