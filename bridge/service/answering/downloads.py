@@ -32,12 +32,13 @@ from bridge.service.answering.attachments import (Download, MayAnswer, abandoned
 from bridge.service.answering.places import Places
 from bridge.service.eventwait import any_set, set_within
 from bridge.wholefile import in_thread
+from bridge.service.storage.setpaths import DOWNLOAD_KEPT
 from bridge.service.storage.store import Store
 
 log = logging.getLogger(__name__)
 
 PENDING = "pending"  # the attachment row of a file still coming
-KEPT = "download:"  # meta: the event of a file still coming, with where it goes
+KEPT = DOWNLOAD_KEPT  # meta: the event of a file still coming, with where it goes
 # How long a batch waits for its files before it goes on without the slow ones.
 BATCH_WAIT = 3.0
 # How often kept downloads nobody is running (a failed judging, a start) are taken up.

@@ -12,6 +12,7 @@ along with the folders (``move_sets``).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -25,6 +26,9 @@ SET_DIR_TABLES = ("posted", "answer_log", "dirty", "attachment", "held_set", "do
 SET_SYNCED, REV_FIRST_POSTED = "set_synced:", "rev_first_posted:"
 NOT_POSTED = "set_not_posted:"  # why the poster could not post the set (its room refuses the bridge, say)
 FOLDER_KEYED_META = (SET_SYNCED, REV_FIRST_POSTED, NOT_POSTED)
+# Meta whose value names a folder: a file still coming (``downloads.py``),
+# {"set_dir": ..., ...}: taken up again after a start, into that folder.
+DOWNLOAD_KEPT = "download:"
 
 
 def sets_seen_elsewhere(folders: list[str], root: Path) -> str | None:
@@ -120,6 +124,11 @@ def move_sets(store: Any, old_root: str, new_root: str) -> int:
             start = len(prefix + old) + 1
             store.db.execute("UPDATE meta SET key = ? || substr(key, ?) WHERE key = ? OR substr(key, 1, ?) IN (?, ?)",
                              (prefix + new, start, prefix + old, start, prefix + old + "/", prefix + old + "\x1f"))
+        for key, value in store.meta_with_prefix(DOWNLOAD_KEPT):
+            kept = json.loads(value)
+            folder = kept.get("set_dir")
+            if isinstance(folder, str) and (folder == old or folder.startswith(old.rstrip("/") + "/")):
+                store.set_meta(key, json.dumps({**kept, "set_dir": new + folder[len(old):]}))
     return len(under_old)
 
 
