@@ -222,3 +222,36 @@ def test_a_big_clip_is_sent_from_its_file_never_read_whole(tmp_path: Path) -> No
     url, info = store.upload_of(hashlib.sha256(clip.read_bytes()).hexdigest())
     assert url == upload.url and info["size"] == upload.size
     store.close()
+
+
+def test_a_file_replaced_while_it_is_uploaded_is_never_kept_under_the_old_bytes_hash(tmp_path: Path) -> None:
+    """An agent's PUT renamed a new file into place between the bridge's
+    hashing and its upload: the new bytes went up and were filed under the
+    old bytes' hash (with the old size), and a later question showing the
+    old file was posted with the new one."""
+    import asyncio
+    import hashlib
+    import os
+
+    from bridge.service.storage.store import Store
+
+    shot = tmp_path / "shot.png"
+    old, new = PNG + os.urandom(3000), PNG + os.urandom(40)
+    shot.write_bytes(old)
+    sent: list[bytes] = []
+
+    class Swapped(Transport):
+        async def upload(self, data: object, mimetype: str, name: str) -> str:
+            if not sent:  # the agent's new file comes as the first upload starts
+                staged = tmp_path / ".shot.png.new"
+                staged.write_bytes(new)
+                os.replace(staged, shot)
+            sent.append(Path(data).read_bytes())  # type: ignore[arg-type]
+            return f"mxc://hs/{len(sent)}"
+
+    store = Store(tmp_path / "s.sqlite")
+    upload = asyncio.run(media._upload_once(shot, store, Swapped()))
+    assert sent == [new, new] and upload.url == "mxc://hs/2" and upload.size == len(new)
+    assert store.upload_of(hashlib.sha256(old).hexdigest()) is None
+    assert store.upload_of(hashlib.sha256(new).hexdigest())[0] == "mxc://hs/2"
+    store.close()

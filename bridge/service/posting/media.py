@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import shutil
 import struct
 import subprocess
@@ -249,11 +250,34 @@ def figure_message(item: MediaItem, index: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- uploading
 
 
+# A file replaced while it is hashed and sent (an agent's PUT renames a new
+# one into place) is sent again, this many times at most.
+CHANGED_TRIES = 3
+
+
+class ChangedWhileSent(OSError):
+    """The file kept changing while it was uploaded."""
+
+
 async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool = False) -> Upload:
+    """The file uploaded (or found uploaded before, by its hash).  What is
+    kept under a hash is what was sent: a file replaced between the hashing
+    and the sending read as the new bytes, filed under the old bytes' hash,
+    and a later question showing the old file was posted with the new one."""
+    for _try in range(CHANGED_TRIES):
+        upload = await _upload_as_it_is(path, store, transport, encrypted)
+        if upload is not None:
+            return upload
+        log.info("media %s changed while it was uploaded; uploaded again", path)
+    raise ChangedWhileSent(f"{path} kept changing while it was uploaded")
+
+
+async def _upload_as_it_is(path: Path, store: Store, transport: Any, encrypted: bool) -> Upload | None:
+    """None when the file changed between its hashing and the end of its upload."""
     # Read as it is hashed and sent, never whole (a clip of tens of
     # megabytes, four sets posted at once): only an encrypted upload, whose
     # cipher takes the bytes, holds them.
-    digest, size, head = await asyncio.to_thread(_digest, path)
+    digest, size, head, hashed = await asyncio.to_thread(_digest, path)
     # An encrypted upload is its own entry: its key must never reach a plain room.
     cache_key = f"e2e:{digest}" if encrypted else digest
     cached = await store.run(store.upload_of, cache_key)
@@ -272,6 +296,8 @@ async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool
     if upload.w is None and mime.split("/")[0] in ("video", "audio"):
         probed = await asyncio.to_thread(probe, str(path))
         upload.w, upload.h, upload.duration_ms = probed
+    if await asyncio.to_thread(_identity, path) != hashed:
+        return None  # what went up may be another file than the one hashed: not kept under its hash
     info: dict[str, Any] = {"mimetype": mime, "size": size, "w": upload.w, "h": upload.h,
                             "duration_ms": upload.duration_ms}
     if file_info:
@@ -285,8 +311,9 @@ async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool
 IMAGE_HEAD = 1024 * 1024
 
 
-def _digest(path: Path) -> tuple[str, int, bytes]:
-    """(sha256 hex, size, its first IMAGE_HEAD bytes), read in pieces."""
+def _digest(path: Path) -> tuple[str, int, bytes, tuple[int, ...]]:
+    """(sha256 hex, size, its first IMAGE_HEAD bytes, the file's identity
+    when hashed: ``_identity``), read in pieces."""
     with open(path, "rb") as handle:
         head = handle.read(IMAGE_HEAD)
         digest = hashlib.sha256(head)
@@ -294,7 +321,20 @@ def _digest(path: Path) -> tuple[str, int, bytes]:
         while chunk := handle.read(1024 * 1024):
             digest.update(chunk)
             size += len(chunk)
-    return digest.hexdigest(), size, head
+        return digest.hexdigest(), size, head, _identity_of(os.fstat(handle.fileno()))
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    try:
+        return _identity_of(os.stat(path))
+    except OSError:
+        return ()  # gone: not the file hashed
+
+
+def _identity_of(stat: os.stat_result) -> tuple[int, ...]:
+    """What tells one version of a file from the next: its inode (a file
+    renamed into place is another) and its size and time of change."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def image_size(data: bytes) -> tuple[int | None, int | None]:
