@@ -304,6 +304,39 @@ async def test_someone_who_joins_later_gets_the_keys_of_what_the_bridge_sends_ne
 
 
 @BOTH_MODES
+async def test_someone_invited_reads_what_the_bridge_posted_before_they_joined(encrypted, tmp_path):
+    """Element shares room keys with those invited (history visible to
+    them): a reviewer invited just before an agent's questions were posted
+    found each of them "Unable to decrypt" once she joined, while Alice's
+    message of the same moment read well: the bridge shared its keys with
+    the joined members only."""
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    await started(bridge)
+    carol = EncryptingPerson(bridge.synapse, bridge.synapse.register(unique("person")), tmp_path / "carol-keys")
+    try:
+        await carol.cross_sign()
+        bridge.synapse.invite(alice.token, room, carol.user_id)
+        await asyncio.sleep(1)  # (the invite reaches the bridge before the set does)
+        bridge.add_set(all_kinds_set("later"), name="later")
+        deadline = time.monotonic() + 60
+        while len([e for e in await alice.messages(room) if e.get("content", {}).get("set", {}).get("id") == "later"
+                   and e["content"].get("suite_event_type")]) < QUESTION_COUNT:
+            assert time.monotonic() < deadline, "the later set was not posted"
+            await asyncio.sleep(0.3)
+        bridge.synapse.join(carol.token, room)
+        later = {}
+        while len(later) < QUESTION_COUNT:
+            later = {key: e for key, e in (await carol.questions(room)).items()
+                     if e["content"].get("set", {}).get("id") == "later"}
+            if time.monotonic() > deadline:
+                shown = [e.get("type") for e in await carol.messages(room)]
+                raise AssertionError(f"{len(later)} of {QUESTION_COUNT} read; she sees {shown[-20:]}")
+            await asyncio.sleep(0.3)
+    finally:
+        await carol.close()
+
+
+@BOTH_MODES
 async def test_question_media_and_a_persons_file_travel_encrypted(encrypted):
     from nio.crypto.attachments import decrypt_attachment, encrypt_attachment
 

@@ -181,7 +181,7 @@ class Crypto(Receiving):
             if room.members_synced and room_id not in self._members_changed:
                 break
             self._members_changed.discard(room_id)
-            await self.client.joined_members(room_id)
+            await self._read_members(room_id)
         room = await self.ensure_room(room_id)
         members = set(room.users)
         if self._keys_wanted(members):
@@ -217,7 +217,43 @@ class Crypto(Receiving):
         for room_id in list(self._members_changed):
             self._members_changed.discard(room_id)
             if room_id in self.client.rooms:
-                await self.client.joined_members(room_id)
+                await self._read_members(room_id)
+
+    async def _read_members(self, room_id: str) -> None:
+        """nio's members of ``room_id``, those who get its room keys: the
+        joined, and the invited where the room's history is visible to them
+        (as Element shares: a reviewer invited just before an agent's
+        questions were posted reads them once she joins)."""
+        room = self.client.rooms.get(room_id)
+        for user_id in list(room.invited_users) if room is not None else ():
+            room.remove_member(user_id)  # read anew below (an invite taken back, or taken)
+        await self.client.joined_members(room_id)
+        room = self.client.rooms.get(room_id)
+        invited = await self._invited(room_id) if room is not None else set()
+        for user_id in invited - set(room.users if room is not None else ()):
+            room.add_member(user_id, None, None, invited=True)
+        if invited and room is not None and room.encrypted and self.client.olm is not None:
+            self.client.olm.update_tracked_users(room)
+
+    async def _invited(self, room_id: str) -> set[str]:
+        """Those invited to ``room_id``, unless its history is visible to joined members only."""
+        response = await self.client.room_get_state(room_id)
+        events = getattr(response, "events", None)
+        if not isinstance(events, list):
+            log.info("the invited members of %s not read (%s): its room keys go to the joined only", room_id,
+                     getattr(response, "message", response))
+            return set()
+        invited, visibility = set(), "shared"
+        for event in events:
+            content = event.get("content") if isinstance(event, dict) else None
+            if not isinstance(content, dict):
+                continue
+            if event.get("type") == "m.room.history_visibility":
+                visibility = content.get("history_visibility", visibility)
+            elif event.get("type") == "m.room.member" and content.get("membership") == "invite" \
+                    and isinstance(event.get("state_key"), str):
+                invited.add(event["state_key"])
+        return set() if visibility == "joined" else invited
 
     def devices_settled(self, senders: set[str]) -> bool:
         """Whether what is known of each sender's devices can settle the trust
@@ -462,9 +498,9 @@ class Crypto(Receiving):
                 if (user_id, device.id) in shared or (user_id, device.id) == own:
                     continue
                 withheld.append(f"{user_id}/{device.id} ({_trust_word(device)})")
-        log.info("room key %s… for %s shared with %s; not shared with %s", session_id[:10], room_id,
+        log.info("room key %s… for %s shared with %s%s", session_id[:10], room_id,
                  ", ".join(sorted(f"{u}/{d}" for u, d in fresh)) or "no new device",
-                 ", ".join(sorted(withheld)) or "nobody")
+                 f"; not shared with {', '.join(sorted(withheld))}" if withheld else "; withheld from no device")
 
 def _grouped(key: str) -> str:
     """A key as Element shows it: groups of four."""
