@@ -297,19 +297,27 @@ def test_a_part_file_a_crash_left_and_no_download_takes_up_is_swept(tmp_path: Pa
     assert not left.exists() and writing.exists()
 
 
-def test_a_file_fetched_in_the_batch_and_then_refused_is_not_left_in_the_folder(tmp_path: Path, monkeypatch) -> None:
-    """A picture whose caption passes the note's limit: fetched within the
-    batch's wait, then refused (the person told why), and its file stayed
-    in attachments/ for good, named by no answers.json."""
-    from bridge.protocol.judge import NOTE_MAX
+def answered_with_pictures(tmp_path: Path, monkeypatch) -> tuple[Any, Any]:
+    """A room whose question Alice answered, and downloads from a repository of pictures."""
     from bridge.service.answering.downloads import Downloads
-    from helpers.timeline import Room, answer, picture
+    from helpers.timeline import Room, answer
 
     monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
     room = Room(tmp_path)
     downloads = Downloads(room.store, Repository(b"\x89PNG" + os.urandom(2000)).download, lambda *_: True, None, MIB,
                           judge_later=None)
     room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    return room, downloads
+
+
+def test_a_file_fetched_in_the_batch_and_then_refused_is_not_left_in_the_folder(tmp_path: Path, monkeypatch) -> None:
+    """A picture whose caption passes the note's limit: fetched within the
+    batch's wait, then refused (the person told why), and its file stayed
+    in attachments/ for good, named by no answers.json."""
+    from bridge.protocol.judge import NOTE_MAX
+    from helpers.timeline import picture
+
+    room, downloads = answered_with_pictures(tmp_path, monkeypatch)
     shot = picture("$f", "@alice:hs", 2000)
     shot["content"]["body"] = "x" * (NOTE_MAX + 200)
     room.deliver(asyncio.run(downloads.prefetch([shot])))
@@ -327,14 +335,9 @@ def test_an_edited_caption_replaces_the_files_note_and_keeps_the_file(tmp_path: 
     """Element edits a caption as an m.replace whose new content is the file
     message with the new body: it was ignored (no word back, the old note
     stayed), as only text was read as an edit."""
-    from bridge.service.answering.downloads import Downloads
-    from helpers.timeline import Room, answer, picture
+    from helpers.timeline import picture
 
-    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
-    room = Room(tmp_path)
-    downloads = Downloads(room.store, Repository(b"\x89PNG" + os.urandom(2000)).download, lambda *_: True, None, MIB,
-                          judge_later=None)
-    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    room, downloads = answered_with_pictures(tmp_path, monkeypatch)
     shot = picture("$f", "@alice:hs", 2000)
     shot["content"]["body"] = "the red button is off"
     room.deliver(asyncio.run(downloads.prefetch([shot])))

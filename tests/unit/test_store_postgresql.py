@@ -6,6 +6,7 @@ import json
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -500,6 +501,17 @@ def test_instances_starting_together_migrate_one_after_the_other(postgres_server
         store.close()
 
 
+def migrating(postgres_server, tmp_path: Path, monkeypatch) -> tuple[Path, str]:
+    """A config whose store is tmp_path's bridge.sqlite, and a fresh database to migrate it to."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite"}}))
+    config.chmod(0o600)
+    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    return config, fresh_schema(postgres_server)
+
+
 def test_a_migrate_cut_short_can_be_run_again_and_says_why_in_one_line(postgres_server, tmp_path, capsys,
                                                                       monkeypatch):
     # A copy that failed (the 5 s statement limit on a large store's COPY, a
@@ -512,13 +524,7 @@ def test_a_migrate_cut_short_can_be_run_again_and_says_why_in_one_line(postgres_
     store.log(LogEntry("$a", "!r:hs", "@a:hs", "answer_event", "refused", layer="schema", reason="x", message="x",
                        ts=1))
     store.close()
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
-        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite"}}))
-    config.chmod(0o600)
-    url = fresh_schema(postgres_server)
-    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    config, url = migrating(postgres_server, tmp_path, monkeypatch)
     real = storecopy._copy_rows
 
     def cut(db, target, tables):
@@ -660,13 +666,7 @@ def test_a_sqlite_store_holding_a_nul_is_copied_with_u_fffd_and_says_so(postgres
                        reason="option_not_offered", message="x", ts=1))
     store.db.execute("UPDATE answer_log SET message=? WHERE event_id='$a'", ("no option \u201ca\x00b\u201d",))
     store.close()
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
-        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite"}}))
-    config.chmod(0o600)
-    url = fresh_schema(postgres_server)
-    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    config, url = migrating(postgres_server, tmp_path, monkeypatch)
     assert main(["store", "migrate", "-c", str(config), "--to", url]) == 0, capsys.readouterr().err
     said = capsys.readouterr().out
     assert "answer_log: 1 rows held a NUL character" in said and "verified" in said
