@@ -47,7 +47,7 @@ def file_problem(reason: str, filename: object = None, limit: int = 20 * MIB) ->
         return f"{the_file} could not be downloaded whole. Please send it again."
     if reason == "attachment_unreachable":
         return f"{the_file} could not be downloaded: the homeserver holding it could not be reached for half " \
-               "an hour. Please send it again once it is back."
+               "a minute. Please send it again once it is back."
     if reason == "attachment_download_failed":
         return f"{the_file} could not be downloaded: the homeserver does not have it. Please send it again."
     if reason == "attachment_misplaced":

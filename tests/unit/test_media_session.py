@@ -126,8 +126,7 @@ async def test_a_file_on_a_server_the_homeserver_does_not_reach_is_fetched_once_
     downloaded whole"), though the server was back a minute later."""
     from bridge.service.answering import attachments
 
-    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.05)
-    monkeypatch.setattr(attachments, "UNREACHED_PAUSE", 0.2)
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.01)
     data = b"\x89PNG" + bytes(range(256)) * 8
     asked = []
 

@@ -40,9 +40,13 @@ class _Reads:
     def __init__(self, client: AsyncClient) -> None:
         self.rooms: list[str] = []
         client.joined_members = self.read  # type: ignore[method-assign]
+        client.room_get_state = self.state  # type: ignore[method-assign]
 
     async def read(self, room_id: str) -> None:
         self.rooms.append(room_id)
+
+    async def state(self, room_id: str) -> Any:
+        return None  # (no invitations known: the joined members only)
 
 
 async def test_encryption_turned_on_in_a_known_room_is_kept_from_then_on(tmp_path: Path) -> None:

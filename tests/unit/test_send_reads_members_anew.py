@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from nio.rooms import MatrixRoom
@@ -17,6 +18,7 @@ from bridge.service.encryption.crypto import Crypto
 from bridge.service.storage.store import Store
 
 ROOM, BOT, ALICE = "!room:example.org", "@askbot:example.org", "@alice:example.org"
+CAROL = "@carol:example.org"
 
 
 class _Client:
@@ -24,9 +26,13 @@ class _Client:
     olm = None
     store = None
 
-    def __init__(self) -> None:
+    def __init__(self, state: list[dict[str, Any]] | None = None) -> None:
         self.rooms: dict[str, MatrixRoom] = {}
         self.encrypted_rooms = {ROOM}
+        self.state = state or []  # the room's state events besides the joined members
+
+    async def room_get_state(self, room_id: str) -> Any:
+        return SimpleNamespace(events=self.state)
 
     async def joined_members(self, room_id: str) -> Any:
         # The invite's join ran while the members were asked for: nio's view
@@ -38,9 +44,8 @@ class _Client:
         room.members_synced = True
 
 
-async def test_the_members_come_from_the_rooms_view_after_they_were_read(tmp_path: Path) -> None:
-    store = Store(tmp_path / "bridge.sqlite")
-    crypto = Crypto(_Client(), store, Encryption(trust="all"))  # type: ignore[arg-type]
+def _members_asked(crypto: Crypto) -> list[set[str]]:
+    """The members each send asked about keys for (nothing is queried)."""
     asked: list[set[str]] = []
 
     def wanted(members: set[str]) -> bool:
@@ -53,8 +58,33 @@ async def test_the_members_come_from_the_rooms_view_after_they_were_read(tmp_pat
     crypto._keys_wanted = wanted  # type: ignore[method-assign]
     crypto.maintain = maintain  # type: ignore[method-assign]
     crypto._maintain_behind = lambda: None  # type: ignore[method-assign]
+    return asked
+
+
+async def test_the_members_come_from_the_rooms_view_after_they_were_read(tmp_path: Path) -> None:
+    store = Store(tmp_path / "bridge.sqlite")
+    crypto = Crypto(_Client(), store, Encryption(trust="all"))  # type: ignore[arg-type]
+    asked = _members_asked(crypto)
     try:
         assert await crypto.before_send(ROOM) is True
         assert asked == [{BOT, ALICE}]
+    finally:
+        store.close()
+
+
+async def test_those_invited_get_the_room_keys_unless_the_history_is_the_joineds_only(tmp_path: Path) -> None:
+    """Element shares room keys with the invited: someone invited just
+    before questions were posted read none of them once they joined."""
+    invite = {"type": "m.room.member", "state_key": CAROL, "content": {"membership": "invite"}}
+    store = Store(tmp_path / "bridge.sqlite")
+    try:
+        for visibility, members in (("shared", {BOT, ALICE, CAROL}), ("invited", {BOT, ALICE, CAROL}),
+                                    ("joined", {BOT, ALICE})):
+            state = [invite, {"type": "m.room.history_visibility", "state_key": "",
+                              "content": {"history_visibility": visibility}}]
+            crypto = Crypto(_Client(state), store, Encryption(trust="all"))  # type: ignore[arg-type]
+            asked = _members_asked(crypto)
+            assert await crypto.before_send(ROOM) is True
+            assert asked == [members], visibility
     finally:
         store.close()

@@ -87,12 +87,12 @@ TRIES = 3
 TRY_SECONDS = 20.0
 SLOWEST_RATE = 64 * 1024  # bytes a second
 RETRY_PAUSE = 1.0
-# A file whose homeserver can't be reached from the bridge's (stopped,
-# restarting, its network down) is tried again for this long, the pause
-# doubling up to UNREACHED_PAUSE, its answer judged when it comes: three
-# tries within seconds lost the person's file to a server's restart.
-UNREACHED_PATIENCE = 30 * 60.0
-UNREACHED_PAUSE = 60.0
+# A file whose homeserver can't be reached from the bridge's (restarting,
+# its network down a moment) is tried again for this long, the pause
+# doubling, its message judged when it comes: three tries within 3 s lost
+# the person's file to a server's restart.  Not longer: a server gone for
+# good must have its person told within the minute, not left waiting.
+UNREACHED_PATIENCE = 30.0
 
 
 def try_seconds(limit: int) -> float:
@@ -111,11 +111,11 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
             unreached, problem = True, str(exc)
         except Exception as exc:  # noqa: BLE001 - a 5xx, a timeout, a reset, a body cut short: tried again
             unreached, problem = False, f"{type(exc).__name__}: {exc}"
-        if unreached and time.monotonic() - began < UNREACHED_PATIENCE:
-            (log.info if attempt <= TRIES else log.debug)(
-                "download for %s failed (try %d): %s; its homeserver is not reached, tried again for up to %.0f "
-                "minutes", qid, attempt, problem, UNREACHED_PATIENCE / 60)
-            await asyncio.sleep(min(RETRY_PAUSE * 2 ** (attempt - 1), UNREACHED_PAUSE))
+        left = UNREACHED_PATIENCE - (time.monotonic() - began)
+        if unreached and left > 0:
+            log.info("download for %s failed (try %d): %s; its homeserver is not reached, tried again for %.0f s more",
+                     qid, attempt, problem, left)
+            await asyncio.sleep(min(RETRY_PAUSE * 2 ** (attempt - 1), left))
             continue
         log.info("download for %s failed (try %d of %d): %s", qid, attempt, TRIES, problem)
         if attempt >= TRIES:

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long a send waits to learn who is invited (they get its room key too).
+INVITED_READ_SECONDS = 10.0
+
 # The trust levels that check the session an answer was sent from: an answer
 # in the clear names none, and a device nobody placed never gets keys.
 SESSION_CHECKING = ("verified", "cross-signed")
@@ -237,7 +240,12 @@ class Crypto(Receiving):
 
     async def _invited(self, room_id: str) -> set[str]:
         """Those invited to ``room_id``, unless its history is visible to joined members only."""
-        response = await self.client.room_get_state(room_id)
+        try:
+            # Bounded: nio tries a request the homeserver does not answer
+            # again for ever, and this one must not hold the send it comes before.
+            response: Any = await asyncio.wait_for(self.client.room_get_state(room_id), INVITED_READ_SECONDS)
+        except asyncio.TimeoutError:
+            response = f"no answer within {INVITED_READ_SECONDS:.0f} s"
         events = getattr(response, "events", None)
         if not isinstance(events, list):
             log.info("the invited members of %s not read (%s): its room keys go to the joined only", room_id,
