@@ -173,6 +173,17 @@ def test_bad_input_is_named_with_exit_1_or_2(good, tmp_path, capsys, name):
     assert "Traceback" not in said
 
 
+def test_leaves_past_the_latest_checkpoint_are_named_as_covered_by_no_signature(good, tmp_path, capsys):
+    """A copy of the last leaf appended to the export: verify said "all
+    holds" and nothing of a leaf no signature covers."""
+    last = _leaves(good).rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    code, said = _run(good, tmp_path, _write("log/leaves.jsonl", _leaves(good) + last + b"\n"), capsys=capsys)
+    assert code == 0 and f"all holds: {QUESTIONS} records, {QUESTIONS + 1} leaves" in said, said
+    assert "note: the last 1 leaves are under no checkpoint" in said, said
+    code, said = _run(good, tmp_path / "as-exported", lambda case: None, capsys=capsys)
+    assert code == 0 and "under no checkpoint" not in said
+
+
 def test_a_checkpoint_signed_by_another_key_is_named(good, tmp_path, capsys):
     hashes = [merkle.leaf_hash(line) for line in _leaves(good).split(b"\n")[:-1]]
     forged = cp.sign_checkpoint(cp.Checkpoint(ORIGIN, len(hashes), merkle.root(hashes)), Ed25519PrivateKey.generate())
