@@ -81,18 +81,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {len(verdict.newer)} checkpoint(s) given are newer than the export (up to size "
               f"{max(verdict.newer)}; the export holds {verdict.leaves} leaves): the answers logged since are not "
               "checked here; export again to check them")
+    summary = (f"{verdict.checked_records} records, {verdict.leaves} leaves, latest checkpoint "
+               f"{verdict.checkpoint_size}, {verdict.earlier_checkpoints} earlier checkpoints")
+    print(f"all holds: {summary}" if verdict.holds else f"{len(verdict.problems)} problem(s): {summary}")
     uncovered = verdict.leaves - (verdict.checkpoint_size or 0)
     if verdict.checkpoint_size is not None and uncovered > 0 and not verdict.truncated:
-        # No record stands on them (that is a problem, above), yet nothing vouches for them either.
+        # (After the verdict: what no signature covers is not checked, for or against.)
         print(f"note: the last {uncovered} leaves are under no checkpoint: no signature covers them, and they are "
               "not checked here (an answer logged since the latest checkpoint; 'audit export' signs them where the "
               "log's key is)")
-    summary = (f"{verdict.checked_records} records, {verdict.leaves} leaves, latest checkpoint "
-               f"{verdict.checkpoint_size}, {verdict.earlier_checkpoints} earlier checkpoints")
     if verdict.holds:
-        print(f"all holds: {summary}")
         return EXIT_OK
-    print(f"{len(verdict.problems)} problem(s): {summary}")
     return EXIT_UNREADABLE if verdict.truncated else EXIT_MISMATCH
 
 
