@@ -255,3 +255,28 @@ def test_a_file_replaced_while_it_is_uploaded_is_never_kept_under_the_old_bytes_
     assert store.upload_of(hashlib.sha256(old).hexdigest()) is None
     assert store.upload_of(hashlib.sha256(new).hexdigest())[0] == "mxc://hs/2"
     store.close()
+
+
+def test_a_file_that_keeps_changing_while_it_is_uploaded_holds_its_question_for_a_later_try(tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    from bridge.service.storage.store import Store
+
+    shot = tmp_path / "shot.png"
+    shot.write_bytes(PNG)
+
+    class Rewriting(Transport):
+        async def upload(self, data: object, mimetype: str, name: str) -> str:
+            staged = tmp_path / ".shot.png.new"
+            staged.write_bytes(PNG + os.urandom(10))
+            os.replace(staged, shot)
+            return await super().upload(data, mimetype, name)  # type: ignore[arg-type]
+
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        with pytest.raises(media.ChangedWhileSent) as raised:
+            asyncio.run(media._upload_once(shot, store, Rewriting()))
+        assert media.passing(raised.value)  # not posted for good without it: its set is tried again
+    finally:
+        store.close()

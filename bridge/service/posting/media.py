@@ -256,7 +256,10 @@ CHANGED_TRIES = 3
 
 
 class ChangedWhileSent(OSError):
-    """The file kept changing while it was uploaded."""
+    """The file kept changing while it was uploaded: the question waits and
+    its set is tried again (``passing``), as after a homeserver's 502."""
+
+    transient = True
 
 
 async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool = False) -> Upload:
