@@ -490,6 +490,25 @@ def test_a_vote_taken_back_where_an_earlier_one_of_the_same_person_stands_says_t
     assert "your earlier answer, “the main branch”, counts as your vote again" in said.lower(), said
 
 
+def test_a_poll_vote_emptied_after_a_later_reply_says_the_reply_counts_still(tmp_path):
+    """Ana voted "main" in the poll, then replied "main", then emptied her
+    poll vote: her reply, the later one, had counted all along.  She was
+    told it was her earlier answer, counting again (an empty vote names no
+    vote it takes back, so which came first was never looked at)."""
+    from bridge.service.answering.notices import Notices
+
+    room = room_with(tmp_path)
+    room.deliver([vote("$v1", ANA, T0 + 1000, ["main"]), answer("$a1", ANA, T0 + 2000, "main")])
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    room.pipeline.transport.sent.clear()
+    room.deliver([vote("$v2", ANA, T0 + 3000, [])])
+    assert [v["event_id"] for v in room.record()["votes"]] == ["$a1"]
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    [said] = [c["body"] for c in room.pipeline.transport.sent if "withdrawn" in c["body"]]
+    assert "again" not in said and "earlier" not in said, said
+    assert "still" in said, said
+
+
 def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
     deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,

@@ -195,7 +195,13 @@ class WordBack:
         a quorum, the person's vote that counts now) comes before the
         withdrawn one in the room's order (it stands again), rather than after
         it (the withdrawn one had not been standing: nothing changed)."""
-        withdrawn = self.store.accepted_answer(entry.replaces) if entry.replaces else None
+        if entry.replaces:
+            withdrawn = self.store.accepted_answer(entry.replaces)
+        elif entry.via == "poll" and entry.question_event_id:
+            # An empty vote names nothing it replaces: it took back the person's vote in the poll before it.
+            withdrawn = self.store.poll_vote_before(entry.question_event_id, entry.sender, entry.ts)
+        else:
+            withdrawn = None
         if standing_id is not None:
             standing = self.store.accepted_answer(standing_id)
             standing_ts = standing.ts if standing is not None else None

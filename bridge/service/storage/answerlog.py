@@ -186,6 +186,15 @@ class AnswerLog:
             return None
         return _entry(_ACCEPTED_ANSWER_COLUMNS, row)
 
+    def poll_vote_before(self, question_event_id: str, sender: str, ts: int) -> LogEntry | None:
+        """``sender``'s latest vote in the question's poll at or before ``ts``
+        in the room's order: the one an empty vote then took back."""
+        row = self.db.execute(
+            "SELECT event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, record, ts"
+            " FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll' AND outcome='accepted' AND ts<=?"
+            " ORDER BY ts DESC, seq DESC LIMIT 1", (question_event_id, sender, ts)).fetchone()
+        return _entry(_ACCEPTED_ANSWER_COLUMNS, row) if row else None
+
     def standing_pick_sender(self, set_dir: str, qid: str) -> str | None:
         """Who gave the answer to the question that stands (the latest in the
         room's order, not withdrawn, not an edited original): what a note is
