@@ -22,7 +22,15 @@ def read_regular(path: str | Path, limit: int | None = None) -> bytes:
     """The bytes of the regular file at ``path`` (at most ``limit`` + 1, to
     tell a file over a limit); FileNotFoundError, NotRegular or any OSError."""
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        # Looked at before it is wrapped: a directory refused by ``open``
+        # named the descriptor ("cannot read 3"), not the path.
+        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    if not regular:
+        os.close(descriptor)
+        raise NotRegular(errno.EINVAL, "not a regular file", str(path))
     with open(descriptor, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
         return handle.read() if limit is None else handle.read(limit + 1)

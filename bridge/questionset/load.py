@@ -49,6 +49,8 @@ def parse_json(data: bytes | str) -> dict[str, Any]:
         raise LoadError(f"questions.json: {exc}") from None
     except RecursionError:
         raise LoadError("questions.json is nested too deeply") from None
+    except ValueError as exc:  # a number of more digits than Python reads (4,300), say
+        raise LoadError(f"questions.json is not usable JSON: {exc}") from None
     if not isinstance(value, dict):
         raise LoadError(f"questions.json must hold a JSON object, not {type(value).__name__}")
     return value

@@ -250,3 +250,10 @@ def test_the_temp_file_of_a_writer_killed_mid_write_is_removed_and_a_live_ones_k
         sleeper.kill()
         sleeper.wait()
     assert remove_stray_temps(tmp_path) == [questions.name]
+
+
+def test_a_byte_order_mark_another_writer_put_before_answers_json_is_passed_over():
+    # questions.json's was passed over; answers.json's refused the file
+    # ("Unexpected UTF-8 BOM"), the bridge's own next write with it.
+    parsed = document.parse("\ufeff".encode() + b'{"askwright": 1, "set": "s", "rev": 0, "answers": {}}')
+    assert parsed["set"] == "s" and parsed["answers"] == {}

@@ -393,15 +393,26 @@ def test_command_prints_non_ascii_as_is(tmp_path, capsys):
         ("not_object", "JSON object"),
         ("bad_answers", "answers.json"),
         ("future_answers", "version 9"),
+        # A number of more digits than Python reads: a traceback and exit 1.
+        ("huge_number_answers", "not usable JSON"),
+        ("huge_number_questions", "not usable JSON"),
+        # The message named the descriptor: "cannot read 3: Is a directory".
+        ("answers_a_folder", "answers.json"),
     ],
 )
 def test_command_unreadable_exits_2_with_one_line(tmp_path, capsys, setup, message):
     folder = tmp_path / "s"
     if setup != "missing_dir":
         folder.mkdir()
-    if setup in ("not_json", "bad_answers", "future_answers"):
+    if setup in ("not_json", "bad_answers", "future_answers", "huge_number_answers", "answers_a_folder"):
         text = "{nope" if setup == "not_json" else json.dumps(SEED_SET)
         (folder / "questions.json").write_text(text)
+    if setup == "huge_number_questions":
+        (folder / "questions.json").write_text('{"askwright": 1' + "0" * 5000 + ', "id": "s"}')
+    if setup == "huge_number_answers":
+        (folder / "answers.json").write_text('{"askwright": 1, "set": "s", "rev": 1' + "0" * 5000 + ', "answers": {}}')
+    if setup == "answers_a_folder":
+        (folder / "answers.json").mkdir()
     if setup == "not_object":
         (folder / "questions.json").write_text("[1, 2]")
     if setup == "bad_answers":
