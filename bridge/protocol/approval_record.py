@@ -28,7 +28,7 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     quorum = posting.quorum
     # What stands for an earlier revision answers none of this one's: at this
     # revision's deadline it expired unanswered, whatever the one before got.
-    ours = base if base is None or (base.get("q_rev") or 1) == (posting.rev or 1) else None
+    ours = of_revision(base, posting)
     if quorum is None:
         if not expired or posting.expires_ms is None:
             return base
@@ -69,6 +69,11 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
         out["matched_guess"] = posting.guess.get("option") == result.choice
     out["decided_by"] = list(result.decided_by)
     return out
+
+
+def of_revision(record: dict[str, Any] | None, posting: RecordedQuestion) -> dict[str, Any] | None:
+    """``record`` when it answers ``posting``'s revision, else None."""
+    return record if record is not None and (record.get("q_rev") or 1) == (posting.rev or 1) else None
 
 
 def outcome_of(record: dict[str, Any] | None) -> str | None:

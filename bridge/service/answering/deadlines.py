@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridge.service.eventwait import any_set
-from bridge.protocol.approval_record import told_outcome
+from bridge.protocol.approval_record import of_revision, told_outcome
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.poll import POLL_END, deadline_poll_end, poll_end
@@ -411,7 +411,7 @@ class Deadlines:
         if question.open:
             # (Another revision's record stands while nothing stands on this
             # one: its decision or votes are none of this posting's.)
-            record = _of_revision(question, self.store.projection(set_dir, question.qid))
+            record = of_revision(self.store.projection(set_dir, question.qid), question)
             if question.quorum is not None and record is not None and record.get("decided_by"):
                 self._close(question, set_dir, CLOSED_DECIDED, record)
             elif question.expires_ms is not None and now >= question.expires_ms:
@@ -824,11 +824,6 @@ def outcome_words(question: RecordedQuestion, record: dict[str, Any], why: str) 
                       veto=bool(question.quorum and record.get("choice") in question.quorum[1]))
         return decision_words(tally, labels), decision_line(tally, labels)
     return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0, labels)
-
-
-def _of_revision(question: RecordedQuestion, record: dict[str, Any] | None) -> dict[str, Any] | None:
-    """``record`` when it is of ``question``'s revision, else None."""
-    return record if record is not None and (record.get("q_rev") or 1) == (question.rev or 1) else None
 
 
 def _epoch(epoch: int) -> tuple[str, ...]:

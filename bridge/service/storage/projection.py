@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from bridge.protocol.annotate import fold_records
-from bridge.protocol.approval_record import approval_record
+from bridge.protocol.approval_record import approval_record, of_revision
 from bridge.protocol.quorum import NEVER, Cast, standing
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.service.storage.answerlog import _ACCEPTED_COUNT
@@ -113,7 +113,7 @@ class Projection:
         pick stands on ``posting`` and its deadline has not passed: the record
         stays what that revision's approval made of it (its decision, its
         votes), as it was before anyone answered this one."""
-        if base is None or (base.get("q_rev") or 1) == (posting.rev or 1) or self.is_expired(posting.event_id):
+        if base is None or of_revision(base, posting) is not None or self.is_expired(posting.event_id):
             return None
         if posting.quorum is not None and standing(self.casts(posting.event_id), NEVER):
             return None
