@@ -231,11 +231,14 @@ class Crypto(Receiving):
         for user_id in list(room.invited_users) if room is not None else ():
             room.remove_member(user_id)  # read anew below (an invite taken back, or taken)
         await self.client.joined_members(room_id)
+        invited = await self._invited(room_id) if room_id in self.client.rooms else set()
+        # The view as it is after both reads: a join beside them makes it anew (``before_send``).
         room = self.client.rooms.get(room_id)
-        invited = await self._invited(room_id) if room is not None else set()
-        for user_id in invited - set(room.users if room is not None else ()):
+        if room is None or not invited:
+            return
+        for user_id in invited - set(room.users):
             room.add_member(user_id, None, None, invited=True)
-        if invited and room is not None and room.encrypted and self.client.olm is not None:
+        if room.encrypted and self.client.olm is not None:
             self.client.olm.update_tracked_users(room)
 
     async def _invited(self, room_id: str) -> set[str]:
