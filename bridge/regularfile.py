@@ -25,12 +25,10 @@ def read_regular(path: str | Path, limit: int | None = None) -> bytes:
     try:
         # Looked at before it is wrapped: a directory refused by ``open``
         # named the descriptor ("cannot read 3"), not the path.
-        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
     except BaseException:
         os.close(descriptor)
         raise
-    if not regular:
-        os.close(descriptor)
-        raise NotRegular(errno.EINVAL, "not a regular file", str(path))
     with open(descriptor, "rb") as handle:
         return handle.read() if limit is None else handle.read(limit + 1)

@@ -219,8 +219,9 @@ class Downloads:
         as one whose event was judged apart is (``_forget``)."""
         for event in events:
             # (Judged: an edit waiting for its original is not yet.)
-            if _is_file(event) and isinstance(event.get("event_id"), str) and self.store.is_processed(event["event_id"]):
-                self.store.doom_if_unused(event["event_id"])
+            event_id = event.get("event_id")
+            if _is_file(event) and isinstance(event_id, str) and self.store.is_processed(event_id):
+                self.store.doom_if_unused(event_id)
 
     def _told(self, event_id: str, qid: str, problem: str | None) -> None:
         if problem:

@@ -53,6 +53,7 @@ _LOG_ENTRY_COLUMNS = tuple(name.strip() for name in _LOG_ENTRY.split(","))
 # The columns ``accepted_answer`` reads, in its SELECT's order.
 _ACCEPTED_ANSWER_COLUMNS = ("event_id", "room_id", "sender", "via", "outcome", "set_id", "set_dir", "qid",
                             "question_event_id", "record", "ts")
+_ACCEPTED_ANSWER_SELECT = "SELECT " + ", ".join(_ACCEPTED_ANSWER_COLUMNS)
 
 
 def _entry(columns: tuple[str, ...], row: tuple[Any, ...]) -> LogEntry:
@@ -179,8 +180,8 @@ class AnswerLog:
 
     def accepted_answer(self, event_id: str) -> LogEntry | None:
         row = self.db.execute(
-            "SELECT event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, record, ts"
-            " FROM answer_log WHERE event_id=? AND outcome='accepted' ORDER BY seq DESC LIMIT 1",
+            _ACCEPTED_ANSWER_SELECT + " FROM answer_log WHERE event_id=? AND outcome='accepted'"
+            " ORDER BY seq DESC LIMIT 1",
             (event_id,)).fetchone()
         if not row:
             return None
@@ -190,8 +191,8 @@ class AnswerLog:
         """``sender``'s latest vote in the question's poll at or before ``ts``
         in the room's order: the one an empty vote then took back."""
         row = self.db.execute(
-            "SELECT event_id, room_id, sender, via, outcome, set_id, set_dir, qid, question_event_id, record, ts"
-            " FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll' AND outcome='accepted' AND ts<=?"
+            _ACCEPTED_ANSWER_SELECT + " FROM answer_log WHERE question_event_id=? AND sender=? AND via='poll'"
+            " AND outcome='accepted' AND ts<=?"
             " ORDER BY ts DESC, seq DESC LIMIT 1", (question_event_id, sender, ts)).fetchone()
         return _entry(_ACCEPTED_ANSWER_COLUMNS, row) if row else None
 
