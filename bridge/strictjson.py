@@ -80,3 +80,26 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         twice = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
         raise NotJson(f"the key {twice[:100]!r} appears twice in one object")
     return value
+
+
+def load_object(data: bytes | str, name: str) -> dict[str, Any]:
+    """The JSON object a file holds (``name``: the file, as messages call
+    it), a byte-order mark some writers put before it passed over; NotJson
+    saying in one line why it is none."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise NotJson(f"{name} is not UTF-8 (byte {exc.start})") from None
+    try:
+        value = loads(text.removeprefix("\ufeff"))
+    except json.JSONDecodeError as exc:
+        raise NotJson(f"{name} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except NotJson as exc:
+        raise NotJson(f"{name}: {exc}") from None
+    except RecursionError:
+        raise NotJson(f"{name} is nested too deeply") from None
+    except ValueError as exc:  # a number of more digits than Python reads (4,300), say
+        raise NotJson(f"{name} is not usable JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise NotJson(f"{name} must hold a JSON object, not {type(value).__name__}")
+    return value

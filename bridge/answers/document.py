@@ -315,21 +315,9 @@ def parse(data: bytes) -> dict[str, Any]:
     format may mean something we would misread.
     """
     try:
-        text = data.decode("utf-8-sig")  # (a byte-order mark another writer put there passed over)
-    except UnicodeDecodeError as exc:
-        raise AnswersError(f"answers.json is not UTF-8 (byte {exc.start})") from None
-    try:
-        value = strictjson.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AnswersError(f"answers.json is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        value = strictjson.load_object(data, "answers.json")
     except strictjson.NotJson as exc:
-        raise AnswersError(f"answers.json: {exc}") from None
-    except RecursionError:
-        raise AnswersError("answers.json is nested too deeply") from None
-    except ValueError as exc:  # a number of more digits than Python reads (4,300), say
-        raise AnswersError(f"answers.json is not usable JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise AnswersError(f"answers.json must hold a JSON object, not {type(value).__name__}")
+        raise AnswersError(str(exc)) from None
     check(value)
     return value
 

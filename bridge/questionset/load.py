@@ -6,7 +6,6 @@ where and what, never a traceback.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,22 +37,9 @@ def parse_json(data: bytes | str) -> dict[str, Any]:
     door reads a set too: a byte-order mark some editors write is passed
     over; NaN and Infinity, which Python's parser takes, are no JSON."""
     try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
-    except UnicodeDecodeError as exc:
-        raise LoadError(f"questions.json is not UTF-8 (byte {exc.start})") from None
-    try:
-        value = strictjson.loads(text.removeprefix("\ufeff"))
-    except json.JSONDecodeError as exc:
-        raise LoadError(f"questions.json is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        return strictjson.load_object(data, "questions.json")
     except strictjson.NotJson as exc:
-        raise LoadError(f"questions.json: {exc}") from None
-    except RecursionError:
-        raise LoadError("questions.json is nested too deeply") from None
-    except ValueError as exc:  # a number of more digits than Python reads (4,300), say
-        raise LoadError(f"questions.json is not usable JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise LoadError(f"questions.json must hold a JSON object, not {type(value).__name__}")
-    return value
+        raise LoadError(str(exc)) from None
 
 
 def where_of(loc: tuple[Any, ...], raw: dict[str, Any] | None = None) -> str:
