@@ -6,7 +6,9 @@ behind them (an answer in another room recorded 80 s late)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -63,14 +65,27 @@ async def test_slow_downloads_leave_the_clients_own_requests_their_connections()
         await server.close()
 
 
-async def _serving(handler) -> tuple[TestServer, AsyncClient, NioTransport]:
+@contextlib.asynccontextmanager
+async def _serving(handler) -> AsyncIterator[NioTransport]:
+    """A transport whose homeserver's media downloads ``handler`` answers."""
     app = web.Application()
     app.router.add_get("/_matrix/client/v1/media/download/{server}/{media}", handler)
     server = TestServer(app)
     await server.start_server()
     client = AsyncClient(str(server.make_url("")).rstrip("/"), "@bot:hs")
     client.access_token = "token"
-    return server, client, NioTransport(client)
+    transport = NioTransport(client)
+    try:
+        yield transport
+    finally:
+        await transport.media.close()
+        await client.close()
+        await server.close()
+
+
+def _shot(data: bytes) -> dict:
+    return {"msgtype": "m.image", "body": "shot.png", "url": "mxc://remote.example/shot",
+            "info": {"size": len(data), "mimetype": "image/png"}}
 
 
 async def test_a_homeserver_fetching_the_file_over_federation_is_waited_for_and_a_stalled_body_is_not(
@@ -99,25 +114,18 @@ async def test_a_homeserver_fetching_the_file_over_federation_is_waited_for_and_
         await response.write(data[4096:])
         return response
 
-    server, client, transport = await _serving(remote)
-    content = {"msgtype": "m.image", "body": "shot.png", "url": "mxc://remote.example/shot",
-               "info": {"size": len(data), "mimetype": "image/png"}}
-    try:
-        (tmp_path / "set").mkdir()
-        saved, refused = await attachments.fetch_bounded(content, str(tmp_path / "set"), "q1", 1, transport.download,
-                                                         limit=1024 * 1024)
+    (tmp_path / "set").mkdir()
+    async with _serving(remote) as transport:
+        saved, refused = await attachments.fetch_bounded(_shot(data), str(tmp_path / "set"), "q1", 1,
+                                                         transport.download, limit=1024 * 1024)
         assert refused is None and saved is not None
         assert (tmp_path / "set" / saved).read_bytes() == data
         stall_midway = True
         began = time.monotonic()
-        saved, refused = await attachments.fetch_bounded(content, str(tmp_path / "set"), "q1", 2, transport.download,
-                                                         limit=1024 * 1024)
+        saved, refused = await attachments.fetch_bounded(_shot(data), str(tmp_path / "set"), "q1", 2,
+                                                         transport.download, limit=1024 * 1024)
         assert (saved, refused) == (None, "attachment_not_fetched")
         assert time.monotonic() - began < 6  # three tries, each cut 0.5 s after the body stopped
-    finally:
-        await transport.media.close()
-        await client.close()
-        await server.close()
 
 
 async def test_a_file_on_a_server_the_homeserver_does_not_reach_is_fetched_once_it_does(tmp_path, monkeypatch):
@@ -136,16 +144,9 @@ async def test_a_file_on_a_server_the_homeserver_does_not_reach_is_fetched_once_
             return web.json_response({"errcode": "M_UNKNOWN", "error": "Failed to fetch remote media"}, status=502)
         return web.Response(body=data, headers={"Content-Type": "image/png"})
 
-    server, client, transport = await _serving(remote)
-    content = {"msgtype": "m.image", "body": "shot.png", "url": "mxc://remote.example/shot",
-               "info": {"size": len(data), "mimetype": "image/png"}}
-    try:
-        (tmp_path / "set").mkdir()
-        saved, refused = await attachments.fetch_bounded(content, str(tmp_path / "set"), "q1", 1, transport.download,
-                                                         limit=1024 * 1024)
-        assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
-        assert len(asked) == 9
-    finally:
-        await transport.media.close()
-        await client.close()
-        await server.close()
+    (tmp_path / "set").mkdir()
+    async with _serving(remote) as transport:
+        saved, refused = await attachments.fetch_bounded(_shot(data), str(tmp_path / "set"), "q1", 1,
+                                                         transport.download, limit=1024 * 1024)
+    assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
+    assert len(asked) == 9
