@@ -3,8 +3,8 @@ SQLite store (``store.path``) copied into an empty PostgreSQL database and
 verified.  The bridge must be stopped; the command says so if it is not.
 
 Exit 0 when copied and verified, 1 when the copy failed or did not verify,
-2 when the config can't be used, the bridge is running or the target is not
-empty.  The password may be in the URL or in ASKWRIGHT_BRIDGE_STORE_PASSWORD.
+2 when the config can't be used, the bridge is running, a bridge runs on the
+target or the target is not empty.  The password may be in the URL or in ASKWRIGHT_BRIDGE_STORE_PASSWORD.
 
 ``askwright-bridge store move-sets -c CONFIG --from OLD_ROOT``: the sets were
 moved from OLD_ROOT to the config's ``sets.root`` (a new disk, another mount

@@ -541,6 +541,27 @@ def test_a_migrate_cut_short_can_be_run_again_and_says_why_in_one_line(postgres_
     assert "already has tables with rows" in capsys.readouterr().err
 
 
+def test_migrate_refuses_a_target_a_bridge_already_runs_on(postgres_server, tmp_path, capsys, monkeypatch):
+    # An instance started on the new database before the move (its sets
+    # folder empty, so its tables too): the copy went in under it, "verified".
+    Store(tmp_path / "bridge.sqlite").close()
+    config, url = migrating(postgres_server, tmp_path, monkeypatch)
+    Store("unused", url=url, password=postgres_server.password).close()
+    running = Lease(url, postgres_server.password, name="early-instance")
+    running.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not running.leading:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert main(["store", "migrate", "-c", str(config), "--to", url]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "early-instance" in err and "stop every instance" in err
+    finally:
+        running.stop()
+    assert main(["store", "migrate", "-c", str(config), "--to", url]) == 0, capsys.readouterr().err
+
+
 def test_migrate_on_a_bridge_already_on_postgresql_refuses_to_copy_the_stale_sqlite_file(postgres_server, tmp_path,
                                                                                         capsys, monkeypatch):
     # After the first move the docs say to keep the SQLite file a while: a

@@ -123,7 +123,8 @@ UNLIMITED = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_t
 def _rows_in(url: str, password: str | None, tables: dict[str, list[str]]) -> list[str]:
     """The target's tables that hold rows: none of the store's (a copy that
     failed left its empty schema, and a second run copies into it), and no
-    table of anything else."""
+    table of anything else.  CopyRefused when a bridge runs on it."""
+    from bridge.service.storage.leader import SEEN_SECONDS
     from bridge.service.storage.pgdialect import PgConnection
 
     db = PgConnection(url, password=password, read_only=True)
@@ -133,6 +134,12 @@ def _rows_in(url: str, password: str | None, tables: dict[str, list[str]]) -> li
             " ORDER BY table_name").fetchall()]
         if "askwright_schema" not in names:
             return names  # not a store at all: whatever it is, it is not ours to write into
+        # An instance started on the target already (its tables are empty
+        # while its sets folder is): the copy would change a store under it.
+        heard = db.instances_heard(SEEN_SECONDS)
+        if heard:
+            raise CopyRefused(f"a bridge runs on the target database ({heard[0][0]} was heard from "
+                              f"{heard[0][1]:.0f} s ago); stop every instance on it before migrating into it")
         return [name for name in names if name in tables
                 and db.execute(f"SELECT EXISTS (SELECT 1 FROM {name})").fetchone()[0]]
     finally:
