@@ -17,7 +17,7 @@ from typing import Any
 from bridge.service.sections import parse_duration
 
 # An RFC 3339 date-time: a zone (Z or an offset) is required.
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$", re.ASCII)
 
 
 def is_rfc3339(value: str) -> bool:
@@ -50,7 +50,7 @@ def parse_when(value: Any, base_ms: int) -> int:
         raise ValueError("must be a duration such as 90m, 2h or 3d, or an RFC 3339 time with a zone")
     if is_rfc3339(value):
         at = parse_rfc3339_ms(value)
-    elif re.match(r"^\s*\d{4}-", value):
+    elif re.match(r"^\s*\d{4}-", value, re.ASCII):
         raise ValueError("must be an RFC 3339 time with a zone, such as 2026-12-01T14:00:00Z")
     else:
         try:

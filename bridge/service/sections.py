@@ -20,7 +20,8 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 
 # "90s", "30m", "24h", "2d", "1w"; a bare number is seconds.
 MAX_DURATION_SECONDS = 100 * 365 * 86400
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+# ASCII digits only: \d alone takes "٣h" or "３h", which no other reader of a set does.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.ASCII)
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _TRUE = {"true", "yes", "on", "1", "t", "y"}
 _FALSE = {"false", "no", "off", "0", "f", "n"}

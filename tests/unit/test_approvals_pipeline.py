@@ -16,6 +16,7 @@ import pytest
 from bridge.answers.file import AnswersFile
 from bridge.cli import main
 from bridge.protocol.deadline import format_rfc3339, parse_when
+from bridge.service.sections import parse_duration
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, Refused, judge
 from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
@@ -118,6 +119,16 @@ def test_durations_take_the_reminders_units_and_rfc3339_needs_a_zone():
     assert parse_when("2027-01-15T10:00:00+02:00", 0) == T0
     with pytest.raises(ValueError):
         parse_when("2027-01-15T10:00:00", 0)
+
+
+@pytest.mark.parametrize("written", ["\u0663h", "\uff13h", "2\u0660m", "\uff12\uff10\uff12\uff17-01-15T10:00:00Z"])
+def test_a_time_written_in_digits_other_than_ascii_is_refused(written):
+    # "٣h" (Arabic-Indic three) was read as three hours: no other reader of
+    # the set takes it, and in a config the same reader took it too.
+    with pytest.raises(ValueError):
+        parse_when(written, T0)
+    with pytest.raises(ValueError):
+        parse_duration(written)
 
 
 # -- what the room shows -------------------------------------------------------------
