@@ -8,6 +8,7 @@ import importlib
 import sys
 
 from bridge import __version__
+from bridge.textout import escape_what_cannot_be_written
 
 # What a user reads first in --help (the module docstring is for developers).
 DESCRIPTION = """\
@@ -64,6 +65,7 @@ def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    escape_what_cannot_be_written()
     # The first word that is not an option names the sub-command (the only
     # top-level options, --help and --version, take no value).
     named = next((word for word in argv if not word.startswith("-")), None)

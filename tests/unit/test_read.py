@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -382,6 +384,20 @@ def test_command_prints_non_ascii_as_is(tmp_path, capsys):
     assert code == 0
     assert "ça va — oui" in out
     assert '\n  "ok": true' in out  # indent 2
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_stdout_that_cannot_write_a_character_gets_the_same_json_escaped(tmp_path, encoding):
+    # LC_ALL=C without Python's UTF-8 coercion, a Latin-1 terminal: read died
+    # with a UnicodeEncodeError traceback and printed nothing.
+    folder = tmp_path / "s"
+    said = "na\u00efve \u2014 \U0001f600"
+    write_set(folder, {"askwright": 1, "id": "s", "title": "T", "questions": [question("q", "text")]},
+              doc_of({"qid": "q", "text": said, "q_rev": 1}))
+    done = subprocess.run([sys.executable, "-m", "bridge", "read", str(folder)], capture_output=True,
+                          env={**os.environ, "PYTHONIOENCODING": encoding})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.decode(encoding))["answers"][0]["text"] == said
 
 
 @pytest.mark.parametrize(
