@@ -120,6 +120,7 @@ def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, v
     sign another tree than the bridge's."""
     from bridge.protocol.log_tail import TailRefused, sign_tail
     from bridge.service.auditing.keys import LogKeyError, key_file, read_key
+    from bridge.service.auditing.witness import read_witness, witness_file
 
     latest = max(notes, default=(0, None))
     if len(hashes) <= latest[0]:
@@ -127,8 +128,10 @@ def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, v
     unsigned = f"the {len(hashes) - latest[0]} leaves logged since the latest checkpoint (size {latest[0]})"
     if damage is not None:
         return _note(f"{unsigned} are not signed: {damage}")
+    path = key_file(Path(config.store.path), config.audit.key_file)
     try:
-        key = read_key(key_file(Path(config.store.path), config.audit.key_file))
+        key = read_key(path)
+        kept = read_witness(witness_file(path))  # the bridge's latest, should the store's be gone
     except (OSError, LogKeyError) as exc:
         return _note(f"{unsigned} are not signed yet, and the log's key can't be read here "
                      f"({getattr(exc, 'strerror', None) or exc}): 'verify' names the records under them until the "
@@ -136,7 +139,7 @@ def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, v
     if key.verifier_key != vkey:
         return _note(f"{unsigned} are not signed: the key file holds another key than the log's")
     try:
-        return sign_tail(hashes, latest[1], origin, key.private)
+        return sign_tail(hashes, latest[1], origin, key.private, kept)
     except TailRefused as exc:
         return _note(f"{unsigned} are not signed: {exc}")
 

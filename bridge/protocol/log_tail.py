@@ -21,17 +21,30 @@ class TailRefused(ValueError):
     """The leaves are not those the latest checkpoint signed: nothing is signed over them."""
 
 
-def sign_tail(hashes: Sequence[bytes], latest: str | None, origin: str, key: Ed25519PrivateKey) -> str | None:
+def sign_tail(hashes: Sequence[bytes], latest: str | None, origin: str, key: Ed25519PrivateKey,
+              kept: str | None = None) -> str | None:
     """A signed checkpoint of all ``hashes`` (leaf hashes, in order) when
     they are more than the ``latest`` checkpoint (a signed note) covers;
-    None when it covers them all."""
-    signed = signed_by(latest, origin, cp.raw_public(key.public_key())) if latest is not None else None
-    size = signed.size if signed is not None else 0
+    None when it covers them all.  ``kept``: another checkpoint the leaves
+    must make too (the one kept beside the key)."""
+    public = cp.raw_public(key.public_key())
+    size = under(hashes, latest, origin, public) if latest is not None else 0
+    if kept is not None:
+        under(hashes, kept, origin, public)
     if len(hashes) <= size:
         return None
-    if signed is not None and merkle.root(hashes[:size]) != signed.root:
-        raise TailRefused(f"the first {size} leaves are not those the latest checkpoint signed")
     return cp.sign_checkpoint(cp.Checkpoint(origin, len(hashes), merkle.root(hashes)), key)
+
+
+def under(hashes: Sequence[bytes], note: str, origin: str, public: bytes) -> int:
+    """The size ``note`` signed, when ``hashes`` begin with the leaves it
+    signed; TailRefused saying how they differ otherwise."""
+    signed = signed_by(note, origin, public)
+    if len(hashes) < signed.size:
+        raise TailRefused(f"the store holds {len(hashes)} leaves, fewer than the {signed.size} a checkpoint signed")
+    if merkle.root(hashes[:signed.size]) != signed.root:
+        raise TailRefused(f"the first {signed.size} leaves are not those the latest checkpoint signed")
+    return signed.size
 
 
 def signed_by(note: str, origin: str, public: bytes) -> cp.Checkpoint:

@@ -38,6 +38,7 @@ from bridge.service.operators.operators import EARLY_HEALTH_SECONDS, Operators
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import LogEntry, Store
 from bridge.service.auditing.checkpoints import Checkpointer, open_log
+from bridge.service.auditing.witness import witness_file
 from bridge.service.auditing.keys import LogKeyError
 from bridge.service.descriptors import raise_to_hard_limit
 from bridge.service.supervisor import Supervisor
@@ -157,7 +158,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         if config.audit.enabled:
             log_plan = open_log(store, user_id=config.bot.user_id, store_path=config.store.path,
                                 key_file=config.audit.key_file)
-            checkpointer = Checkpointer(store, log_plan, config.audit.checkpoint_seconds)
+            checkpointer = Checkpointer(store, log_plan, config.audit.checkpoint_seconds,
+                                        witness=witness_file(log_plan.path))
     except BaseException:
         store.close()
         raise

@@ -170,6 +170,32 @@ def test_a_store_cut_back_below_its_latest_checkpoint_is_never_signed_over(betwe
     assert "are not signed: the store holds 4 leaves, fewer than the 5 its latest checkpoint signed" in said
 
 
+def test_a_leaf_changed_with_every_checkpoint_deleted_is_checked_against_the_one_beside_the_key(between, capsys):
+    """The store's checkpoints all deleted and a leaf changed: the export
+    signed the rewritten log as a tail from 0, under the log's key."""
+    from bridge.protocol import merkle
+    from bridge.service.auditing.keys import read_key
+    from bridge.service.auditing.witness import witness_file
+    from rfc8785 import dumps
+
+    path = key_file(between / "s.sqlite")
+    store = Store(between / "s.sqlite")
+    Checkpointer(store, read_key(path), 60, witness=witness_file(path)).sign_if_grown()  # the bridge's own: 4
+    store.close()
+    db = sqlite3.connect(between / "s.sqlite")
+    leaf = json.loads(db.execute("SELECT leaf FROM audit_leaf WHERE idx=0").fetchone()[0])
+    leaf["choice"] = "stable"
+    data = dumps(leaf)
+    db.execute("UPDATE audit_leaf SET leaf=?, hash=? WHERE idx=0", (data.decode(), merkle.leaf_hash(data).hex()))
+    db.execute("DELETE FROM audit_checkpoint")
+    db.commit()
+    db.close()
+    exported, verified, said = _export_and_verify(between, capsys)
+    assert (exported, verified) == (0, 1)
+    assert not list((between / "log" / "checkpoints").iterdir())
+    assert "are not signed: the first 4 leaves are not those" in said
+
+
 def test_an_answer_logged_while_the_export_reads_is_left_to_the_next(between, capsys, monkeypatch):
     """The bridge logs a fifth answer right after the export counted four:
     the export is of four leaves throughout (leaves.jsonl, log.json, the

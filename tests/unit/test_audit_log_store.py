@@ -298,6 +298,63 @@ def test_a_log_edited_in_the_store_is_never_signed_over_and_says_so_once(tmp_pat
     assert len(said) == 1, said
 
 
+@pytest.mark.parametrize("tampering", ["checkpoints deleted, a leaf changed",
+                                       "checkpoints deleted, the last leaves deleted",
+                                       "an older backup restored, answers added"])
+def test_a_log_whose_store_lost_its_checkpoints_is_checked_against_the_one_kept_beside_the_key(tmp_path,
+                                                                                                tampering):
+    """Every check at start went through the store's latest checkpoint:
+    delete them all and change a leaf, and the bridge signed the new log
+    (a store restored from an older backup too: a fork of what the rooms hold)."""
+    from bridge.service.auditing.checkpoints import LogDamaged
+    from bridge.service.auditing.witness import witness_file
+
+    store = _store(tmp_path)
+    key = LogKey(ORIGIN, Ed25519PrivateKey.generate())
+    kept = witness_file(tmp_path / "s.sqlite.log-key")
+    signer = Checkpointer(store, key, 60, witness=kept)
+    for n in range(10):
+        _answer(store, f"$a{n}", "main", 10 + n)
+        if n in (5, 9):
+            signer.sign_if_grown()  # checkpoints of 6 and of 10 leaves
+    assert "\n10\n" in kept.read_text()
+    with store.transaction():
+        if tampering.startswith("checkpoints deleted"):
+            store.db.execute("DELETE FROM audit_checkpoint")
+        if tampering.endswith("a leaf changed"):
+            store.db.execute("UPDATE audit_leaf SET hash=? WHERE idx=4", ("00" * 32,))
+        elif tampering.endswith("leaves deleted"):
+            store.db.execute("DELETE FROM audit_leaf WHERE idx >= 8")
+        else:  # as the store was when it held 6 leaves and their checkpoint
+            store.db.execute("DELETE FROM audit_leaf WHERE idx >= 6")
+            store.db.execute("DELETE FROM audit_checkpoint WHERE size > 6")
+    for n in range(5):
+        _answer(store, f"$b{n}", "main", 30 + n)
+    restarted = Checkpointer(store, key, 60, witness=kept)
+    with pytest.raises(LogDamaged, match=str(kept)):
+        restarted.sign_if_grown()
+    assert store.audit.latest_checkpoint() is None or store.audit.latest_checkpoint()[0] < 10
+
+
+def test_the_checkpoint_kept_beside_the_key_follows_the_latest_and_a_log_as_left_signs_on(tmp_path):
+    from bridge.service.auditing.witness import witness_file
+
+    store = _store(tmp_path)
+    key = LogKey(ORIGIN, Ed25519PrivateKey.generate())
+    kept = witness_file(tmp_path / "s.sqlite.log-key")
+    signer = Checkpointer(store, key, 60, witness=kept)
+    assert signer.sign_if_grown() is None and not kept.exists()
+    _answer(store, "$a1", "main", 10)
+    first = signer.sign_if_grown()
+    assert kept.read_text() == first[1]
+    _answer(store, "$a2", "main", 11)
+    latest = signer.sign_if_grown()
+    assert latest[0] == 2 and kept.read_text() == latest[1]
+    _answer(store, "$a3", "main", 12)
+    assert Checkpointer(store, key, 60, witness=kept).sign_if_grown()[0] == 3  # restarted: signs on
+    assert cp.open_checkpoint(kept.read_text(), key.public, ORIGIN).size == 3
+
+
 def test_a_leaf_is_canonical_json_and_a_changed_byte_is_not_a_leaf():
     leaf = audit_leaf.build_leaf(outcome="accepted", set_id="s", room_id="!r", event_id="$e", sender="@p:hs", ts=1,
                                  question={"question": {"id": "q", "rev": 1}, "n": 2 ** 60},

@@ -25,6 +25,7 @@ from bridge.service.logs import in_a_line
 from bridge.service.eventwait import set_within
 from bridge.protocol import merkle
 from bridge.service.auditing.keys import LogKey, LogKeyError, check_present, check_same, load_or_create
+from bridge.service.auditing.witness import keep_witness, read_witness
 from bridge.service.storage.dialect import LeaseLost
 from bridge.service.storage.store import Store
 
@@ -75,7 +76,7 @@ def state_content(note: str, key: LogKey, size: int) -> dict[str, Any]:
 class Checkpointer:
     def __init__(self, store: Store, key: "LogKey | LogPlan", every_seconds: float,
                  put_state: Callable[[str, str, str, dict[str, Any]], Awaitable[Any]] | None = None,
-                 rooms: Callable[[], Iterable[str]] = lambda: ()):
+                 rooms: Callable[[], Iterable[str]] = lambda: (), witness: Path | None = None):
         self.store = store
         self._key = key
         self.every = every_seconds
@@ -86,6 +87,9 @@ class Checkpointer:
         self._refused: set[str] = set()
         self._broken: LogDamaged | None = None  # what was found wrong with the log: nothing is signed over it
         self._said_broken = False
+        self.witness = witness  # where the latest checkpoint is kept beside the key (``witness.py``)
+        self._witnessed = 0  # the size it holds
+        self._said_unkept = False
 
     @property
     def key(self) -> LogKey:
@@ -104,50 +108,81 @@ class Checkpointer:
     def _catch_up(self) -> None:
         """The new leaves into the tree.  The log is only signed on as the
         bridge left it: every index in turn, and (read at start) the leaves
-        under the latest checkpoint hashing to the root it signed.  A log
-        edited in the store is never covered by a new signature."""
+        under the latest checkpoint, the store's and the one kept beside the
+        key, hashing to the roots they signed.  A log edited in the store is
+        never covered by a new signature."""
         if self._broken is not None:
             raise self._broken  # found at start: the store is not mended under a running bridge
-        signed = self.store.audit.latest_checkpoint() if self.tree.size == 0 else None
         try:
+            signed = self._signed_at_start() if self.tree.size == 0 else {}
             for index, data in self.store.audit.hashes_from(self.tree.size):
                 if index != self.tree.size:
                     raise LogDamaged(f"leaf {self.tree.size} is missing from the store (the next one is leaf "
                                      f"{index})")
                 self.tree.append(data)
-                if signed is not None and self.tree.size == signed[0]:
-                    self._check_signed(*signed)
-            if signed is not None and self.tree.size < signed[0]:
-                raise LogDamaged(f"the store holds {self.tree.size} leaves, fewer than the {signed[0]} its latest "
-                                 "checkpoint signed")
+                root, where = signed.get(self.tree.size, (None, ""))
+                if root is not None and root != self.tree.root():
+                    raise LogDamaged(f"the store's first {self.tree.size} leaves are not those {where} signed")
+            most = max(signed, default=0)
+            if self.tree.size < most:
+                raise LogDamaged(f"the store holds {self.tree.size} leaves, fewer than the {most} "
+                                 f"{signed[most][1]} signed")
         except LogDamaged as exc:
             self._broken = exc
             raise
 
-    def _check_signed(self, size: int, note: str) -> None:
+    def _signed_at_start(self) -> dict[int, tuple[bytes, str]]:
+        """size -> (root, what signed it) of the checkpoints the leaves must
+        make: the store's latest, and the one kept beside the key (the store's
+        checkpoints deleted, or the store restored from an older backup)."""
         from bridge.protocol.log_tail import TailRefused, signed_by
 
-        try:
-            signed = signed_by(note, self.key.origin, self.key.public)
-        except TailRefused as exc:
-            raise LogDamaged(str(exc)) from None
-        if signed.root != self.tree.root():
-            raise LogDamaged(f"the store's first {size} leaves are not those its latest checkpoint signed")
+        stored = self.store.audit.latest_checkpoint()
+        kept = read_witness(self.witness)
+        signed: dict[int, tuple[bytes, str]] = {}
+        for note, where in ((stored[1] if stored else None, "its latest checkpoint"),
+                            (kept, f"the checkpoint kept in {self.witness}")):
+            if note is None:
+                continue
+            try:
+                checkpoint = signed_by(note, self.key.origin, self.key.public)
+            except TailRefused as exc:
+                raise LogDamaged(f"{where}: {exc}") from None
+            signed.setdefault(checkpoint.size, (checkpoint.root, where))
+            if note is kept:
+                self._witnessed = checkpoint.size
+        return signed
 
     def sign_if_grown(self, now_ms: int | None = None) -> tuple[int, str] | None:
         """A new checkpoint when the log grew since the last one (kept in the store); the latest otherwise."""
         self._catch_up()
         latest = self.store.audit.latest_checkpoint()
-        if latest is not None and latest[0] >= self.tree.size:
-            return latest
-        if self.tree.size == 0:
-            return None
+        if latest is None or latest[0] < self.tree.size:
+            latest = self._sign(now_ms) if self.tree.size else None
+        if latest is not None:
+            self._keep_beside_key(*latest)
+        return latest
+
+    def _sign(self, now_ms: int | None) -> tuple[int, str]:
         from bridge.protocol import checkpoint as cp  # cryptography: loaded when first signing
 
         note = cp.sign_checkpoint(cp.Checkpoint(self.key.origin, self.tree.size, self.tree.root()), self.key.private)
         with self.store.transaction():
             self.store.audit.keep_checkpoint(self.tree.size, note, now_ms or int(time.time() * 1000))
         return self.tree.size, note
+
+    def _keep_beside_key(self, size: int, note: str) -> None:
+        if self.witness is None or size <= self._witnessed:
+            return
+        try:
+            keep_witness(self.witness, note)
+        except OSError as exc:
+            if not self._said_unkept:
+                self._said_unkept = True
+                log.warning("the answer log's latest checkpoint could not be kept in %s (%s); the store still "
+                            "has it, and it is tried again at each checkpoint", self.witness, exc.strerror or exc)
+            return
+        self._witnessed = size
 
     async def publish(self, latest: tuple[int, str] | None) -> None:
         if latest is None or self.put_state is None:
