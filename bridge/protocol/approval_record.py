@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.protocol.audit_leaf import answer_sha256
 from bridge.protocol.deadline import format_rfc3339
-from bridge.protocol.quorum import ANSWERED, EXPIRED, PENDING, Cast, Tally, tally
+from bridge.protocol.quorum import ANSWERED, EXPIRED, PENDING, STANDING, Cast, Tally, tally
 from bridge.protocol.recorded import RecordedQuestion
 
 _PICK_FIELDS = ("choice", "label", "side", "choices", "order", "text", "matched_guess")
@@ -32,8 +32,8 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     if quorum is None:
         if not expired or posting.expires_ms is None:
             return base
-        if ours is not None and ours.get("state") == ANSWERED:
-            return ours  # answered in time: the answer stands, the deadline only closed it
+        if ours is not None and ours.get("state") in STANDING:
+            return ours  # answered in time ("not sure" too): the answer stands, the deadline only closed it
         return _expired(ours, posting, count, votes=None)
     required, veto = quorum
     result = tally(casts, required=required, veto=veto, expires_ms=posting.expires_ms,
@@ -94,7 +94,7 @@ def told_outcome(record: dict[str, Any] | None) -> str | None:
     the record stands: ``decided``, ``expired`` (undecided), ``stands`` (an
     answer given in time, no quorum), or None (nothing to tell yet)."""
     outcome = outcome_of(record)
-    if outcome is None and record is not None and record.get("state") == ANSWERED:
+    if outcome is None and record is not None and record.get("state") in STANDING:
         return STANDS
     return outcome
 

@@ -22,6 +22,10 @@ from bridge.questionset.builtin import BUILTIN_IDS
 PENDING = "pending"
 EXPIRED = "expired"
 ANSWERED = "answered"
+UNSURE = "unsure"
+# What an answer given before a deadline leaves standing when no quorum
+# decides: the deadline closes the question and the answer stays.
+STANDING = (ANSWERED, UNSURE)
 
 Position = tuple[int, int]  # (origin_server_ts, arrival): the room's order
 NEVER: Position = (2**62, 2**62)
@@ -184,7 +188,7 @@ def expiry_words(record: dict[str, Any] | None, required: int | None, expires_ms
     the bridge was up at the deadline or not."""
     record = record or {}
     at = clock_words(expires_ms)
-    if record.get("state") == ANSWERED:
+    if record.get("state") in STANDING:
         return (f"The deadline ({format_rfc3339(expires_ms)}) has passed; the answer given before it stands.",
                 f"closed at its deadline, {at}")
     stood = stood_words(Tally(record.get("state"), record.get("votes") or []), required, labels) if required \

@@ -431,6 +431,36 @@ def test_an_answer_that_stood_at_the_deadline_stays_when_taken_back_after_it(tmp
     assert room.verify() == []
 
 
+@pytest.mark.parametrize("answers", [[(ANA, "unsure")], [(ANA, "main"), (BO, "unsure")]],
+                         ids=["not sure", "a pick, then someone not sure"])
+def test_a_not_sure_given_before_the_deadline_stands_and_closes_the_question(tmp_path, answers):
+    """answers-json.md: a question with `expires` and no quorum keeps the
+    latest answer given before the deadline, `answered` or `unsure`.  A "not
+    sure" expired as "no answer": the room was told nobody answered, the
+    agent heard question.expired and `wait` exited 4."""
+    from bridge.agents.outbox import OutboxHook, due
+    from bridge.agents.owner import OWNER_FILE
+    from bridge.service.config import Agent
+
+    room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
+    (room.set_dir / OWNER_FILE).write_text(json.dumps({"agent": "a", "callbacks": ["https://hooks.example/a"]}))
+    hook = OutboxHook(room.store, {"a": Agent(token="token-of-a-0123456789", webhook_secret="s")}, clock=lambda: 5.0)
+    room.pipeline.on_logged = hook
+    room.deliver([answer(f"$a{n}", who, T0 + 1000 * n, option) for n, (who, option) in enumerate(answers, 1)])
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush, on_decided=hook.decided,
+                          on_expired=hook.expired, on_closed=hook.closed,
+                          clock=lambda: (T0 + 46_000) / 1000).pass_once())
+    assert room.record()["state"] == "unsure"
+    types = [json.loads(row.body)["type"] for row in due(room.store, 2**62)]
+    assert "question.expired" not in types and types.count("question.closed") == 1, types
+    said = [c.get("body", "") or c.get("m.new_content", {}).get("body", "") for c in room.pipeline.transport.sent]
+    assert not any("expired undecided" in s for s in said) and any("given before it stands" in s for s in said), said
+    assert main(["wait", str(room.set_dir), "--question", "branch", "--timeout", "2"]) != 4
+    assert room.verify() == []
+
+
 def test_a_vote_on_a_replaced_revision_read_late_is_no_decision(tmp_path):
     """A 2-of-3 approval expired with no vote and the agent asked again
     (revision 2).  Then a vote placed before the first deadline arrived
