@@ -190,7 +190,12 @@ def _edit(event: dict[str, Any], content: dict[str, Any], new: dict[str, Any], l
     # m.new_content cannot carry its own m.relates_to, so the edit inherits the
     # reference of the answer it replaces; the judge then checks it as usual.
     original = content["m.relates_to"].get("event_id")
-    reference = lookup.answer_reference(original) if isinstance(original, str) else None
+    reference = None
+    if isinstance(original, str):
+        # An answer refused (before the escalation, an option not offered) and
+        # put right by its edit: the edit is a new answer to the same question.
+        logged = lookup.logged_question(original)
+        reference = lookup.answer_reference(original) or (logged[0] if logged else None)
     merged = dict(new)
     if "m.relates_to" not in merged and reference:
         merged["m.relates_to"] = {"rel_type": "m.reference", "event_id": reference}

@@ -461,6 +461,22 @@ def test_a_not_sure_given_before_the_deadline_stands_and_closes_the_question(tmp
     assert room.verify() == []
 
 
+def test_an_early_vote_edited_after_the_escalation_is_judged_as_a_new_answer(tmp_path):
+    """Dee, escalated to after 10 s, voted at 5 s (refused: not an answerer
+    yet) and edited the vote at 12 s.  The edit was refused "missing_field"
+    (it does not say which question it answers): it inherited its question
+    only from an accepted original."""
+    room = Room(tmp_path, approval={"answerers": [ANA, BO], "quorum": {"required": 2},
+                                    "escalate": {"after": "10s", "to": [DEE]}, "expires": "45s"}, posted_ms=T0)
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$d1", DEE, T0 + 5000, "main")])
+    assert room.record()["state"] == "pending"
+    room.deliver([edit("$d2", DEE, T0 + 12_000, "$d1", "main")])
+    record = room.record()
+    assert record["state"] == "answered" and record["choice"] == "main", record
+    assert sorted(record["decided_by"]) == [ANA, DEE]
+    assert room.verify() == []
+
+
 def test_a_vote_on_a_replaced_revision_read_late_is_no_decision(tmp_path):
     """A 2-of-3 approval expired with no vote and the agent asked again
     (revision 2).  Then a vote placed before the first deadline arrived
