@@ -1,7 +1,7 @@
 """JSON as RFC 8259 writes it.
 
-Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity``, which no
-other reader takes and which Synapse and canonical JSON refuse; every door
+Python's ``json`` reads ``NaN``, ``Infinity`` and ``-Infinity`` (and
+``1e400`` as infinity), which no other reader takes and which Synapse and canonical JSON refuse; every door
 that reads JSON from outside refuses them through this one rule.  So too a
 string holding half a surrogate pair (``"\\ud800"``): JSON's escapes can
 spell it, UTF-8 can't write it, so the set or answers file it would go into
@@ -11,6 +11,7 @@ could never be written.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -24,6 +25,16 @@ class NotJson(ValueError):
 
 def no_constant(name: str) -> Any:
     raise NotJson(f"{name} is not JSON")
+
+
+def finite(text: str) -> float:
+    """A JSON number as Python reads it, but one past a double's range
+    (``1e400``): Python reads it as infinity, and writes it back as
+    ``Infinity``, which no reader takes (the set could never be read again)."""
+    value = float(text)
+    if math.isinf(value):
+        raise NotJson(f"the number {text[:40]} is too large to read (it is past what a double holds)")
+    return value
 
 
 def loads(text: str | bytes, *, unique_keys: bool = False, utf8_only: bool = True) -> Any:
@@ -42,9 +53,9 @@ def loads(text: str | bytes, *, unique_keys: bool = False, utf8_only: bool = Tru
         except UnicodeDecodeError as exc:
             raise NotJson(f"not UTF-8 (byte {exc.start})") from None
     if unique_keys:
-        value = json.loads(text, parse_constant=no_constant, object_pairs_hook=_unique)
+        value = json.loads(text, parse_constant=no_constant, parse_float=finite, object_pairs_hook=_unique)
     else:
-        value = json.loads(text, parse_constant=no_constant)
+        value = json.loads(text, parse_constant=no_constant, parse_float=finite)
     if utf8_only and _SURROGATE_ESCAPE.search(text):
         check_text(value)
     return value

@@ -374,6 +374,20 @@ async def test_the_put_envelope_of_a_set_is_checked_as_its_parts_say(api):
     assert made(root) == []
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "in the envelope"])
+async def test_a_number_past_a_double_is_refused_not_written_as_infinity(api, wrapped):
+    """``1e400`` in a set: 201, and questions.json written with ``Infinity``,
+    which no reader takes: the set was never posted, nor listed, nor read."""
+    http, root, _ = api
+    text = json.dumps(compare_set("intro"))[:-1] + ', "x_big": 1e400}'
+    body = f'{{"set": {text}}}' if wrapped else text
+    async with http.put("/v1/sets/intro", data=body.encode(), headers={**auth("planner"),
+                                                                        "Content-Type": "application/json"}) as response:
+        assert response.status == 400, await response.text()
+        assert "too large" in (await response.json())["message"]
+    assert made(root) == []
+
+
 async def test_a_malformed_request_never_puts_its_token_in_the_log(api, caplog):
     # A token read from a file with its newline, or a client ending lines in
     # LF: aiohttp refuses the request and quotes the offending header line,

@@ -112,6 +112,8 @@ UNREADABLE = {
     # Python's parser takes these; JSON (and the agents' door) does not.
     "nan": b'{"askwright": 1, "id": "tiny", "questions": [], "score": NaN}',
     "infinity": b'{"askwright": 1, "id": "tiny", "questions": [], "score": -Infinity}',
+    # Read as infinity, which the set would be written back with.
+    "past-a-double": b'{"askwright": 1, "id": "tiny", "questions": [], "score": 1e400}',
 }
 
 
