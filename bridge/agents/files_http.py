@@ -47,7 +47,7 @@ class FileRoutes:
             raise NotFound(f"no file {name!r} in this set's answers")
         path = attachment_path(set_dir, name)
         # Served as a download, never rendered on the bridge's origin (an svg or html a person sent).
-        response = web.FileResponse(path, chunk_size=READ_CHUNK, headers={
+        response = _AsDecided(path, chunk_size=READ_CHUNK, headers={
             "Content-Type": mimetype(name), "X-Content-Type-Options": "nosniff",
             "Content-Disposition": f'attachment; filename="{name}"',
             "Content-Security-Policy": "default-src 'none'; sandbox"})
@@ -61,7 +61,7 @@ class FileRoutes:
             headers.popall("If-Range", None)
             if ignored:
                 del headers["Range"]  # the whole file, 200
-            await response.prepare(request.clone(headers=headers))
+            response.as_asked = request.clone(headers=headers)
         return response
 
     async def put_media(self, request: web.Request, agent: str) -> web.Response:
@@ -114,6 +114,18 @@ def byte_ranges(headers: Mapping[str, str]) -> str | None:
 def _empty_suffix(ranges: str | None) -> bool:
     """``bytes=-0`` (or ``-00``...): aiohttp served it as the whole file, 206."""
     return ranges is not None and ranges.startswith("-") and not ranges[1:].strip("0")
+
+
+class _AsDecided(web.FileResponse):
+    """A file answered to the request as the route decided it (its If-Range
+    and an ignored Range taken out).  Prepared here and handed back, aiohttp
+    prepared it again with the request as sent: an error in the log, and the
+    connection closed under a client that kept it alive."""
+
+    as_asked: web.BaseRequest | None = None
+
+    async def prepare(self, request: web.BaseRequest):  # type: ignore[override]
+        return await super().prepare(self.as_asked or request)
 
 
 def etag_of(path: os.PathLike[str] | str) -> str:
