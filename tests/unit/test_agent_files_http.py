@@ -392,6 +392,20 @@ async def test_a_number_past_a_double_is_refused_not_written_as_infinity(api, wr
     assert made(root) == []
 
 
+async def test_a_set_that_cannot_be_read_is_named_without_where_the_bridge_keeps_it(api):
+    # The 404's message carried the sets root's absolute path.
+    http, root, _ = api
+    from helpers.agents import one_question
+
+    async with http.put("/v1/sets/intro", json=one_question("intro"), headers=auth("planner")) as response:
+        assert response.status == 201, await response.text()
+    (root / "intro" / "questions.json").write_text("{")
+    async with http.get("/v1/sets/intro/answers", headers=auth("planner")) as response:
+        assert response.status == 404
+        message = (await response.json())["message"]
+    assert "intro/questions.json" in message and str(root) not in message, message
+
+
 async def test_a_malformed_request_never_puts_its_token_in_the_log(api, caplog):
     # A token read from a file with its newline, or a client ending lines in
     # LF: aiohttp refuses the request and quotes the offending header line,
