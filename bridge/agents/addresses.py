@@ -13,6 +13,7 @@ turns it into that address.
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import urlsplit
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -93,6 +94,25 @@ def host_of_url(url: str) -> str | None:
     except ValueError:
         return None
     return host or None
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_-]{1,63}")
+
+
+def name_problem(host: str) -> str | None:
+    """Why ``host`` (not an address) can be no name DNS holds: a label empty
+    or past 63 characters once in IDNA form, a space or a percent sign in it;
+    None when it can be one.  No delivery to such a host ever connects (the
+    resolver raised before any network was asked), so it is refused where
+    it is named."""
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return "is no host name DNS can hold (a label empty or too long)"
+    labels = ascii_host.removesuffix(".").split(".")
+    if len(ascii_host) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        return "is no host name DNS can hold"
+    return None
 
 
 def refusal_of_name(host: str) -> str | None:

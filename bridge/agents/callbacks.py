@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from bridge.agents.addresses import host_of_url, parse, refusal, refusal_of_name
+from bridge.agents.addresses import host_of_url, name_problem, parse, refusal, refusal_of_name
 from bridge.agents.errors import CallbackRefused
 from bridge.service.config import Agent, ConfigError
 
@@ -61,14 +61,19 @@ def refused_reason(error: BaseException) -> str | None:
     return None
 
 
-def port_refusal(url: str) -> str | None:
-    """Why no connection can be made to ``url``'s port (99999, or no number:
-    every delivery would fail, retried for a day); None when it names none or a good one."""
+def form_refusal(url: str) -> str | None:
+    """Why no connection can ever be made to ``url`` as written, whatever the
+    network (every delivery would fail, retried for a day): a port of 99999
+    or none a number, a host no DNS name can be; None otherwise."""
     try:
         port = urlsplit(url).port
     except ValueError:
         port = 0
-    return "names no port a connection can be made to (1 to 65535)" if port == 0 else None
+    if port == 0:
+        return "names no port a connection can be made to (1 to 65535)"
+    host = host_of_url(url)
+    why = name_problem(host) if host is not None and parse(host) is None else None
+    return f"names {host[:80]!r}, which {why}" if why else None
 
 
 async def url_refusal(url: str) -> str | None:
@@ -79,7 +84,7 @@ async def url_refusal(url: str) -> str | None:
     host = host_of_url(url)
     if host is None:
         return "names no host"
-    why = port_refusal(url)
+    why = form_refusal(url)
     if why:
         return why
     why = refusal_of_name(host)
@@ -111,7 +116,7 @@ async def check_callbacks(callbacks: Any, *, allow_private: bool) -> None:
     for i, url in enumerate(callbacks):
         if not isinstance(url, str):
             continue
-        why = port_refusal(url) if allow_private else await url_refusal(url)
+        why = form_refusal(url) if allow_private else await url_refusal(url)
         if why:
             findings.append({"where": f"callbacks[{i}]", "message": f"the callback {why}"})
     if findings:

@@ -5,8 +5,10 @@ Closed: up to ``PER_URL`` deliveries to the URL at once.  After
 connection, an error status) the circuit opens: nothing is sent to that URL
 until ``open_until``, which backs off from 1 s doubling to 5 minutes each
 time it opens again.  Then it is half-open: one delivery goes as a probe;
-if the URL takes it the circuit closes, if not it opens for longer.  Only
-that URL waits; every other URL has a circuit of its own.
+if the URL takes it the circuit closes, if not it opens for longer.  A
+429 or 503 that asked to be left alone (``Retry-After``) holds the circuit
+open that long, whatever the count.  Only that URL waits; every other URL
+has a circuit of its own.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ class Circuit:
     open_until: float = 0.0
     probing: bool = False   # a half-open probe is in flight
     failed_at: float = 0.0  # when the last attempt failed
+    held_until: float = 0.0  # the URL asked to be left alone until then
 
     def state(self, now: float) -> str:
+        if now < self.held_until:
+            return OPEN
         if self.failures < OPEN_AFTER:
             return CLOSED
         return OPEN if now < self.open_until or self.probing else HALF_OPEN
@@ -53,16 +58,18 @@ class Circuit:
         self.failures = 0
         self.opened = 0
         self.open_until = 0.0
+        self.held_until = 0.0
         self.probing = False
 
-    def failed(self, now: float) -> None:
+    def failed(self, now: float, hold: float = 0.0) -> None:
         self.failures += 1
         self.probing = False
         self.failed_at = now
+        self.held_until = max(self.held_until, now + hold)
         if self.failures >= OPEN_AFTER and now >= self.open_until:
             self.open_until = now + min(MAX_OPEN, FIRST_OPEN * 2.0 ** self.opened)
             self.opened += 1
 
     def reopens_at(self, now: float) -> float | None:
         """When an open circuit lets a probe through (None: not waiting on time)."""
-        return self.open_until if self.state(now) == OPEN and not self.probing else None
+        return max(self.open_until, self.held_until) if self.state(now) == OPEN and not self.probing else None

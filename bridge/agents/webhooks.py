@@ -8,11 +8,13 @@ receiver checks it and refuses an old ``t`` (replay).  ``Idempotency-Key``
 is the same on every attempt: delivery is at least once, and the key lets a
 receiver take each event once.
 
-Each destination URL is a lane of its own: at most ``circuit.PER_URL``
-deliveries in flight to it, and a circuit breaker (``circuit``) that stops
-sending to a URL that keeps failing and probes it again later.  The outbox
-is read per URL (``due_by_url``), so a URL with thousands of rows pending
-never hides another URL's one.  Nothing the store does ends the deliverer:
+Each agent's destination URL is a lane of its own (``outbox.Lane``; two
+agents naming one URL are two lanes): at most ``circuit.PER_URL`` deliveries
+in flight to it, and a circuit breaker (``circuit``) that stops sending to a
+URL that keeps failing, or asked to be left alone (a 429's or 503's
+``Retry-After``), and probes it again later.  The outbox is read per lane
+(``due_by_url``), so a URL with thousands of rows pending never hides
+another URL's one.  Nothing the store does ends the deliverer:
 a read that fails is tried again with backoff.  Every connection is made
 through ``callbacks.connector``, which refuses inward addresses at connect
 time unless ``agent_api.allow_private_callbacks``."""
@@ -33,7 +35,7 @@ from prometheus_client import Counter
 
 from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
-from bridge.agents.outbox import Delivery, delivered, due_by_url, due_now, expired, next_due, retry_at
+from bridge.agents.outbox import Delivery, Lane, delivered, due_by_url, due_now, expired, next_due, retry_at
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
@@ -80,7 +82,7 @@ def asked_to_wait(status: int, header: str | None, now: float) -> float:
     if status not in (429, 503) or not header:
         return 0.0
     text = header.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # "²" is a digit to str.isdigit, and no number to float
         seconds = float(text)
     else:
         try:
@@ -90,14 +92,14 @@ def asked_to_wait(status: int, header: str | None, now: float) -> float:
     return min(max(seconds, 0.0), MAX_BACKOFF_SECONDS)
 
 
-def fair_order(rows: list[Delivery], failing: Callable[[str], bool]) -> list[Delivery]:
-    """The due rows, one of each URL in turn (URLs that work before those that
+def fair_order(rows: list[Delivery], failing: Callable[[Lane], bool]) -> list[Delivery]:
+    """The due rows, one of each lane in turn (URLs that work before those that
     failed last, then the oldest first): the first slots free go to every URL
     once, not to the oldest URL's whole fill."""
-    by_url: dict[str, list[Delivery]] = {}
+    by_lane: dict[Lane, list[Delivery]] = {}
     for row in rows:
-        by_url.setdefault(row.url, []).append(row)
-    lanes = sorted(by_url.values(), key=lambda lane: (failing(lane[0].url), lane[0].id))
+        by_lane.setdefault(row.lane, []).append(row)
+    lanes = sorted(by_lane.values(), key=lambda lane: (failing(lane[0].lane), lane[0].id))
     return [lane[k] for k in range(max(map(len, lanes), default=0)) for lane in lanes if k < len(lane)]
 
 
@@ -126,10 +128,10 @@ class Deliverer:
         # The store's clock: the next_at written here is judged by whichever instance leads then.
         self.clock = clock or store.clock.seconds
         self.wake = asyncio.Event()
-        self.in_flight: dict[str, set[int]] = {}   # URL -> ids of its rows being sent
+        self.in_flight: dict[Lane, set[int]] = {}  # lane -> ids of its rows being sent
         self.agent_in_flight: dict[str, int] = {}  # agent -> its rows being sent
         self.agent_failing: dict[str, int] = {}    # ... of them to URLs whose last attempt failed
-        self.circuits: dict[str, Circuit] = {}
+        self.circuits: dict[Lane, Circuit] = {}
         self._store_failures = 0
         self._swept_at = 0.0
         r = metrics.registry
@@ -167,9 +169,9 @@ class Deliverer:
             for row in fair_order(due, self._failing):
                 if sum(map(len, self.in_flight.values())) >= MAX_IN_FLIGHT:
                     break
-                lane = self.in_flight.setdefault(row.url, set())
-                circuit = self.circuits.setdefault(row.url, Circuit())
-                failing = self._failing(row.url)
+                lane = self.in_flight.setdefault(row.lane, set())
+                circuit = self.circuits.setdefault(row.lane, Circuit())
+                failing = self._failing(row.lane)
                 if row.id in lane or circuit.room(now, len(lane)) <= 0 or not self._agent_room(row.agent, failing):
                     continue
                 circuit.started(now)
@@ -194,8 +196,8 @@ class Deliverer:
         times += [t for c in self.circuits.values() if (t := c.reopens_at(now)) is not None]
         return max(0.05, min([IDLE_SECONDS, *(t - now for t in times)]))
 
-    def _failing(self, url: str) -> bool:
-        circuit = self.circuits.get(url)
+    def _failing(self, lane: Lane) -> bool:
+        circuit = self.circuits.get(lane)
         return circuit is not None and circuit.failures > 0
 
     def _agent_room(self, agent: str, failing: bool) -> bool:
@@ -209,10 +211,10 @@ class Deliverer:
             self._swept_at = now
         return due_by_url(self.store, int(now * 1000), 2 * PER_URL, unavailable)
 
-    def _unavailable(self, now: float) -> list[str]:
-        """URLs that can take nothing more now: their circuit is open or their fill is in flight."""
-        return [url for url, circuit in self.circuits.items()
-                if circuit.room(now, len(self.in_flight.get(url, ()))) <= 0]
+    def _unavailable(self, now: float) -> list[Lane]:
+        """Lanes that can take nothing more now: their circuit is open or their fill is in flight."""
+        return [lane for lane, circuit in self.circuits.items()
+                if circuit.room(now, len(self.in_flight.get(lane, ()))) <= 0]
 
     def _forget_idle(self, now: float) -> None:
         # A URL with nothing in flight and nothing against it needs no lane;
@@ -220,15 +222,15 @@ class Deliverer:
         # (a URL with rows pending is probed as soon as it may be).  One that
         # failed lately keeps its count, or one delivery at a time to a dead
         # URL never added up to opening its circuit.
-        for url in [u for u, c in self.circuits.items() if not self.in_flight.get(u) and
-                    (c.failures == 0 or now > max(c.open_until, c.failed_at) + MAX_OPEN)]:
-            del self.circuits[url]
-            self.in_flight.pop(url, None)
+        for lane in [k for k, c in self.circuits.items() if not self.in_flight.get(k) and
+                     (c.failures == 0 or now > max(c.open_until, c.held_until, c.failed_at) + MAX_OPEN)]:
+            del self.circuits[lane]
+            self.in_flight.pop(lane, None)
 
     def _sweep(self, now: float) -> None:
         """Drop what is past webhook_drop_after, even to a URL whose circuit is open."""
         for row in expired(self.store, int((now - self.drop_after) * 1000)):
-            if row.id not in self.in_flight.get(row.url, ()):
+            if row.id not in self.in_flight.get(row.lane, ()):
                 self._drop(row, f"not taken after {row.attempts} attempts")
 
     async def _sleep(self, stop: asyncio.Event, delay: float) -> None:
@@ -241,19 +243,20 @@ class Deliverer:
 
     async def _one(self, http: aiohttp.ClientSession, row: Delivery, failing: bool) -> None:
         taken: bool | None = False
+        asked = 0.0
         try:
-            taken = await self._attempt(http, row)
+            taken, asked = await self._attempt(http, row)
         except Exception:  # noqa: BLE001 - one delivery's trouble is its own
             log.exception("webhook delivery %s failed unexpectedly", row.key)
         finally:
-            self.in_flight.get(row.url, set()).discard(row.id)
+            self.in_flight.get(row.lane, set()).discard(row.id)
             self.agent_in_flight[row.agent] -= 1
             self.agent_failing[row.agent] -= failing
-            circuit = self.circuits.setdefault(row.url, Circuit())
+            circuit = self.circuits.setdefault(row.lane, Circuit())
             if taken:
                 circuit.taken()
             elif taken is False:
-                circuit.failed(self.clock())
+                circuit.failed(self.clock(), hold=asked)
             else:  # dropped without an attempt: the URL was not tried
                 circuit.probing = False
             self.wake.set()  # its lane has room again
@@ -261,7 +264,7 @@ class Deliverer:
             # The URL takes deliveries again (after an outage, or a restart
             # of the bridge during one): the rest follow now, in order.
             try:
-                waiting = await self.store.run(due_now, self.store, row.url, int(self.clock() * 1000))
+                waiting = await self.store.run(due_now, self.store, row.lane, int(self.clock() * 1000))
             except Exception:  # noqa: BLE001 - they go at their own times then
                 log.warning("the webhooks waiting for %s not brought forward", host_of(row.url), exc_info=True)
             else:
@@ -269,16 +272,17 @@ class Deliverer:
                     log.info("%s takes webhooks again: the %d waiting go now", host_of(row.url), waiting)
                     self.wake.set()
 
-    async def _attempt(self, http: aiohttp.ClientSession, row: Delivery) -> bool | None:
-        """True: the URL took it; False: it did not (retried later); None: dropped, not sent."""
+    async def _attempt(self, http: aiohttp.ClientSession, row: Delivery) -> tuple[bool | None, float]:
+        """True: the URL took it; False: it did not (retried later); None:
+        dropped, not sent.  With the seconds the URL asked to be left alone."""
         agent = self.agents.get(row.agent)
         if agent is None or not agent.webhook_secret:
             await self.store.run(self._drop, row, "its agent has no webhook_secret in the config any more")
-            return None
+            return None, 0.0
         now = self.clock()
         if now * 1000 - row.created_at > self.drop_after * 1000:
             await self.store.run(self._drop, row, f"not taken after {row.attempts} attempts")
-            return None
+            return None, 0.0
         headers = {"Content-Type": "application/json", "Idempotency-Key": row.key,
                    "X-Askwright-Signature": signature(agent.webhook_secret, int(now), row.body),
                    "User-Agent": "askwright-bridge"}
@@ -294,10 +298,11 @@ class Deliverer:
                     except Exception:  # noqa: BLE001 - sent; the store forgot: it goes again (at least once)
                         log.warning("webhook %s delivered, but the store could not record it: it will be sent "
                                     "again", row.key, exc_info=True)
-                    return True
+                    return True, 0.0
                 problem = f"HTTP {response.status}"
                 asked = asked_to_wait(response.status, response.headers.get("Retry-After"), now)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+            # ValueError: a host no name can be made of ("label too long"), queued before it was refused at ask.
             refused = refused_reason(exc)
             problem = f"refused ({refused})" if refused else type(exc).__name__
         attempts = row.attempts + 1
@@ -310,7 +315,7 @@ class Deliverer:
             await self.store.run(retry_at, self.store, row.id, attempts, int((self.clock() + wait) * 1000))
         except Exception:  # noqa: BLE001 - a lost retry time only means trying again sooner
             log.warning("could not record the retry of webhook %s", row.key, exc_info=True)
-        return False
+        return False, asked
 
     def _drop(self, row: Delivery, why: str) -> None:
         delivered(self.store, row.id)

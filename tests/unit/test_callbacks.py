@@ -70,6 +70,20 @@ async def test_a_callback_whose_port_is_no_port_is_refused_at_ask():
                                           "the callback names no port a connection can be made to (1 to 65535)"}]
 
 
+@pytest.mark.parametrize("allow_private", [False, True])
+async def test_a_callback_whose_host_no_dns_name_can_be_is_refused_at_ask(allow_private):
+    # Taken before (the resolver's UnicodeError read as "does not resolve
+    # now"); every delivery then died in a traceback, never counted or retried.
+    from bridge.agents.errors import CallbackRefused
+
+    for url in ("http://" + "a" * 70 + ".example.com/hook", "http://\u2488.com/", "http://a b/", "http://%zz/"):
+        with pytest.raises(CallbackRefused) as caught:
+            await check_callbacks(["https://hooks.example.org/ok", url], allow_private=allow_private)
+        (finding,) = caught.value.findings
+        assert finding["where"] == "callbacks[1]" and "no host name DNS can hold" in finding["message"], finding
+    await check_callbacks(["http://b\u00fccher.example/h", "http://x_y.example:8080/h"], allow_private=allow_private)
+
+
 def test_the_log_names_a_webhook_by_its_host_never_its_user_and_password():
     from bridge.agents.webhooks import host_of
 

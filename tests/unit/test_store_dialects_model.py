@@ -66,6 +66,7 @@ META_KEYS = ("sync_token", "approval:$q", "approval_logged:$q", "expired:$q", "�
 PREFIXES = ("", "approval:", "кл")
 UPLOADS = ("aa", "AA")  # media by their sha256
 URLS = ("https://a.example/hook", "https://b.example/Ü")
+LANES = tuple(("agent-a", url) for url in URLS)  # the deliverer's lanes: an agent's URL
 AGENTS = {"agent-a": Agent(token="token-of-agent-a-0123", webhook_url=URLS[0])}
 OWNERS = {"one": {"agent": "agent-a", "callbacks": [URLS[1]]}}
 
@@ -534,7 +535,7 @@ class DialectsAgree(RuleBasedStateMachine):
 
     # -- webhooks ----------------------------------------------------------
 
-    @rule(per_url=st.integers(1, 3), leave_out=st.sampled_from(((), URLS[:1])), pick=st.integers(0, 5),
+    @rule(per_url=st.integers(1, 3), leave_out=st.sampled_from(((), LANES[:1])), pick=st.integers(0, 5),
           taken=st.booleans(), delay=st.sampled_from((0, 1000, 60_000)))
     def deliver(self, per_url, leave_out, pick, taken, delay):
         """The deliverer: the due rows of each URL, one of them taken (deleted) or tried again later."""
@@ -702,8 +703,8 @@ class DialectsAgree(RuleBasedStateMachine):
         # -- webhooks
         out["outbox"] = ([[delivery(ids, d) for d in outbox.due(store, now, limit)] for limit in (50, 1)],
                          [[delivery(ids, d) for d in outbox.due_by_url(store, now, n, leave)]
-                          for n, leave in ((1, ()), (2, URLS[1:]))],
-                         outbox.next_due(store), outbox.next_due(store, now), outbox.next_due(store, 0, URLS[:1]),
+                          for n, leave in ((1, ()), (2, LANES[1:]))],
+                         outbox.next_due(store), outbox.next_due(store, now), outbox.next_due(store, 0, LANES[:1]),
                          [delivery(ids, d) for d in outbox.expired(store, now - 1000)], outbox.pending(store))
         # -- the verifiable log
         audit = store.audit

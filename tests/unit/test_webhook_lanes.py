@@ -238,8 +238,8 @@ async def test_a_url_that_keeps_timing_out_is_left_alone_then_probed_one_at_a_ti
         # Its first fill timed out and opened the circuit: since then, probes
         # only (1, 2 then 4 s apart), one at a time, not forty rows' retries.
         assert PER_URL < silent.connections <= PER_URL + 4
-        circuit = deliverer.circuits[silent.url]
-        assert circuit.failures > PER_URL and len(deliverer.in_flight.get(silent.url, ())) <= 1
+        circuit = deliverer.circuits["planner", silent.url]
+        assert circuit.failures > PER_URL and len(deliverer.in_flight.get(("planner", silent.url), ())) <= 1
         assert pending(store) == 40
     finally:
         stop.set()
@@ -412,7 +412,9 @@ def test_the_webhooks_waiting_are_counted_in_what_health_and_status_show(tmp_pat
 
 async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_path: Path) -> None:
     """A 429 (or 503) with Retry-After was tried again after 1 s, then 2 s,
-    as any failure, hammering a receiver that had said when to come back."""
+    as any failure, hammering a receiver that had said when to come back.
+    Then only the row it answered waited: with 30 queued, each reopening of
+    the circuit probed with another (8 tries in 20 s)."""
     from datetime import datetime, timedelta, timezone
     from email.utils import format_datetime
 
@@ -424,15 +426,17 @@ async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_pat
 
     store = Store(tmp_path / "store.sqlite")
     async with served([web.post("/hook", busy)]) as port:
-        deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
+        deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 30)
         stop = asyncio.Event()
         task = asyncio.ensure_future(deliverer.run(stop))
         try:
             await until(lambda: len(tries) >= 1, what="the first try")
-            await asyncio.sleep(3)  # a plain failure is tried again after about 1 s, then 2 s
-            assert len(tries) == 1, f"{len(tries)} tries in 3 s of a receiver that asked for 120 s"
-            (next_at,) = store.db.execute("SELECT next_at FROM webhook_outbox").fetchone()
-            assert next_at / 1000 - time.time() > 100
+            await asyncio.sleep(0.5)
+            first = len(tries)  # the lane's first fill, sent together
+            await asyncio.sleep(7)  # plain failures are tried again after about 1, 2 and 4 s
+            assert len(tries) == first <= PER_URL, f"{len(tries)} tries in 7 s of a receiver that asked for 120 s"
+            asked = [next_at for (next_at,) in store.db.execute("SELECT next_at FROM webhook_outbox WHERE attempts > 0")]
+            assert len(asked) == first and min(asked) / 1000 - time.time() > 100
         finally:
             stop.set()
             await task
@@ -444,4 +448,42 @@ async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_pat
     soon = format_datetime(datetime.fromtimestamp(now, timezone.utc) + timedelta(seconds=60), usegmt=True)
     assert 55 <= asked_to_wait(503, soon, now) <= 61
     assert asked_to_wait(429, "soon", now) == asked_to_wait(500, "60", now) == 0
+    assert asked_to_wait(429, "\u00b2", now) == 0  # a digit to str.isdigit, no number to float: it raised
     assert asked_to_wait(429, "86400", now) == 300
+
+
+async def test_an_agent_naming_another_agents_url_delays_none_of_that_agents_webhooks(tmp_path: Path) -> None:
+    """The planner names the other agent's receiver as its callback: the
+    receiver refuses the planner's signature (401), and the circuit of that
+    URL, shared by both agents, stayed open: the other agent's own webhook
+    waited behind the planner's failures, with no bound."""
+    receiver = Receiver(SECRETS["other"])
+    await receiver.start()
+    store, deliverer, hook = stuck_beside_fine(tmp_path, [receiver.url], receiver.url, 60)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await until(lambda: sum(not a["good"] for a in receiver.attempts) >= PER_URL + 2, what="the circuit opened on the planner")
+        took, taken = await fine_answered(hook, store, tmp_path, receiver)
+        assert took < 2.0, f"the other agent's webhook took {took:.1f} s behind the planner's refused ones"
+        assert taken["body"]["set"] == "fine" and taken["good"]
+    finally:
+        await ended(stop, task, receiver, [], store)
+
+
+async def test_a_queued_callback_whose_host_no_name_can_be_fails_as_any_delivery_does(tmp_path: Path, caplog) -> None:
+    """Queued before such URLs were refused at ask: the resolver's
+    UnicodeError escaped the delivery, logged a traceback at every try and
+    never recorded one (attempts 0, no backoff, no metric)."""
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = queued_to(tmp_path, store, "http://" + "a" * 70 + ".example.com/hook", 1)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await until(lambda: store.db.execute("SELECT attempts FROM webhook_outbox").fetchone()[0] >= 1,
+                    what="the failed try recorded")
+    finally:
+        stop.set()
+        await task
+        store.close()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
