@@ -34,14 +34,17 @@ def questions_bytes(raw: dict[str, Any]) -> bytes:
     indented for people to read, or compact where indenting would take it
     past the format's 16 MB (a set that fits as written is never pushed
     over by the bridge's own rewriting).  Raises ``strictjson.NotJson`` for
-    a string UTF-8 can't write."""
+    a string UTF-8 can't write, or a number JSON can't (``1e400``, which a
+    door's parser, the MCP SDK's, read as infinity)."""
     try:
-        data = json.dumps(raw, indent=2, ensure_ascii=False).encode() + b"\n"
+        data = json.dumps(raw, indent=2, ensure_ascii=False, allow_nan=False).encode() + b"\n"
     except UnicodeEncodeError:
         # Half a surrogate pair, from a door whose parser let it through (the
         # MCP SDK's): ``strictjson.NotJson`` says where.
         strictjson.check_text(raw)
         raise
+    except ValueError:
+        raise strictjson.NotJson("a number JSON cannot hold: infinity or NaN (1e400 is read as infinity)") from None
     if len(data) <= MAX_QUESTIONS_BYTES:
         return data
     return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"

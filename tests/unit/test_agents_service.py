@@ -466,3 +466,17 @@ def test_half_a_surrogate_pair_is_refused_at_every_door_and_nothing_is_written(t
         sets.close("a", "plan", None, "withdrawn", "no longer \udc00 needed")
     assert "reason: a string holds half a surrogate pair" in refused.value.message
     assert sets.close("a", "plan", None, "withdrawn", "no longer needed")["closed"] == ["branch"]
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("-inf"), float("nan")])
+def test_a_number_json_cannot_write_from_the_mcp_door_is_refused_and_nothing_is_written(tmp_path, number):
+    """The MCP SDK reads 1e400 as infinity and hands the bridge a dict: the
+    set was written with Infinity, which no reader takes (never posted,
+    listed or read again)."""
+    sets = AgentSets(tmp_path)
+    document = one_question()
+    document["x_big"] = number
+    with pytest.raises(BadRequest) as refused:
+        sets.ask("a", "plan", document)
+    assert "a number JSON cannot hold" in refused.value.message
+    assert list(tmp_path.iterdir()) == []
