@@ -71,7 +71,7 @@ async def _request_id(request: web.Request) -> str | int | None:
         return None
     try:
         message = json.loads(await asyncio.wait_for(request.content.read(_ID_LOOKUP_BYTES + 1), STALL_SECONDS))
-    except (ValueError, UnicodeDecodeError, OSError, asyncio.TimeoutError):
+    except (ValueError, RecursionError, UnicodeDecodeError, OSError, asyncio.TimeoutError):
         return None
     found = message.get("id") if isinstance(message, dict) else None
     return found if isinstance(found, (str, int)) and not isinstance(found, bool) else None
@@ -141,6 +141,14 @@ class AgentsFront:
             # Said at once, as /v1 does: never waited for (a body that size
             # would be refused when it had all come, or never comes at all).
             return mcp_refusal(413, f"the body is larger than {self.mcp_body_max} bytes", None)
+        if "Last-Event-ID" in request.headers:
+            # A client resuming a stream: this server keeps no events to
+            # replay, and the SDK, asked to, answered nothing (a 500).  The
+            # header dropped, the stream opens as a new one, which the
+            # protocol lets a server do.
+            headers = request.headers.copy()
+            headers.popall("Last-Event-ID")
+            request = request.clone(headers=headers)
         return await serve_asgi(self._mcp_app, request, {
             AGENT_SCOPE_KEY: agent,
             GONE_SCOPE_KEY: lambda: request.transport is None or request.transport.is_closing()})
