@@ -132,6 +132,7 @@ def test_an_upgraded_room_is_told_to_the_operator(tmp_path: Path, caplog) -> Non
     assert room.record()["choice"] == "main"
     assert told == [("room", "upgraded")]
     assert any("was upgraded to !new:hs" in r.getMessage() and "rooms.default" in r.getMessage()
+               and "can no longer post" in r.getMessage()
                for r in caplog.records)
 
 

@@ -664,8 +664,10 @@ class Pipeline(FolderFlush):
             return
         content = event.get("content") if isinstance(event.get("content"), dict) else {}
         log.warning("room %s was upgraded to %s by %s; the bridge stays in %s, where people may no longer be able "
-                    "to answer: name the new room (or an alias of it) in rooms.default or rooms.sets and restart "
-                    "(questions posted already stay in the old room)", event.get("room_id"),
+                    "to answer and the bridge itself, unless its power level there is 50 or more, can no longer "
+                    "post (word back on answers, reminders, the answer log's checkpoints): name the new room (or "
+                    "an alias of it) in rooms.default or rooms.sets and restart (questions posted already stay in "
+                    "the old room)", event.get("room_id"),
                     content.get("replacement_room"), event.get("sender"), event.get("room_id"))
         self.report_trouble("room", "upgraded")
 
