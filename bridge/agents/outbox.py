@@ -288,6 +288,38 @@ def due_now(store: Store, lane: Lane, now_ms: int) -> int:
                                 (now_ms, *lane, now_ms)).rowcount
 
 
+# Meta key prefix: an agent's webhook_url as the last start had it.
+WEBHOOK_URL_SEEN = "webhook_url:"
+
+
+def follow_webhook_urls(store: Store, agents: Mapping[str, Agent]) -> list[tuple[str, str, str | None, int]]:
+    """At start: the rows queued for an agent's webhook_url before it was
+    changed go to the new one (or, with none configured now, are dropped),
+    never on to the URL the operator retired; (agent, old, new, rows) of
+    each change.  A set's own callbacks stay as the set named them."""
+    changed = []
+    with store.transaction(flush=False):
+        for name, agent in agents.items():
+            seen = store.get_meta(WEBHOOK_URL_SEEN + name)
+            now = agent.webhook_url or None
+            if seen and seen != now:
+                if now:
+                    # An event the new URL has its own row for (a set naming it as a callback) goes there once.
+                    store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=? AND key IN "
+                                     "(SELECT key FROM webhook_outbox WHERE url=?)", (name, seen, now))
+                    rows = store.db.execute("UPDATE webhook_outbox SET url=? WHERE agent=? AND url=?",
+                                            (now, name, seen)).rowcount
+                else:
+                    rows = store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=?", (name, seen)).rowcount
+                changed.append((name, seen, now, rows))
+            if now != seen:
+                if now:
+                    store.set_meta(WEBHOOK_URL_SEEN + name, now)
+                else:
+                    store.delete_meta(WEBHOOK_URL_SEEN + name)
+    return changed
+
+
 def retry_at(store: Store, row_id: int, attempts: int, next_at_ms: int) -> None:
     with store.transaction(flush=False):  # a lost retry time only means trying again sooner
         store.db.execute("UPDATE webhook_outbox SET attempts=?, next_at=? WHERE id=?", (attempts, next_at_ms, row_id))

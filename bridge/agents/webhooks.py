@@ -35,7 +35,8 @@ from prometheus_client import Counter
 
 from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
-from bridge.agents.outbox import Delivery, Lane, delivered, due_by_url, due_now, expired, next_due, retry_at
+from bridge.agents.outbox import (Delivery, Lane, delivered, due_by_url, due_now, expired, follow_webhook_urls,
+                                  next_due, retry_at)
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
@@ -142,6 +143,16 @@ class Deliverer:
                                "Webhooks given up on after agent_api.webhook_drop_after.", registry=r)
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            changes = await self.store.run(follow_webhook_urls, self.store, self.agents)
+        except Exception:  # noqa: BLE001 - the store failing now: followed at the next start
+            log.warning("the webhooks waiting for a changed webhook_url could not be moved to it now", exc_info=True)
+            changes = []
+        for agent, old, new, rows in changes:
+            if rows:
+                log.warning("agent %s's webhook_url changed from %s to %s: the %d webhooks waiting for the old one %s",
+                            agent, host_of(old), host_of(new) if new else "none", rows,
+                            "go to the new one" if new else "are dropped")
         tasks: set[asyncio.Task[None]] = set()
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout),
                                         connector=connector(self.allow_private, MAX_IN_FLIGHT))

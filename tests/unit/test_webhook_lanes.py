@@ -487,3 +487,41 @@ async def test_a_queued_callback_whose_host_no_name_can_be_fails_as_any_delivery
         await task
         store.close()
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("changed_to", ["another URL", "none"])
+async def test_webhooks_waiting_for_a_webhook_url_the_operator_changed_follow_the_change(tmp_path: Path,
+                                                                                         changed_to) -> None:
+    """The operator retires a webhook_url (a compromised endpoint, a move) and
+    restarts: what was queued for it still went there, signed, for a day,
+    and the new URL got none of it."""
+    from bridge.agents.outbox import follow_webhook_urls
+
+    old, new = Receiver(SECRETS["planner"]), Receiver(SECRETS["planner"])
+    await old.start()
+    await new.start()
+    before = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
+                               webhook_url=old.url)}
+    after = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
+                              webhook_url=new.url if changed_to == "another URL" else None)}
+    store = Store(tmp_path / "store.sqlite")
+    follow_webhook_urls(store, before)  # the bridge ran with the old URL
+    AgentSets(tmp_path / "sets").ask("planner", "plan", one_question("plan"))
+    hook = OutboxHook(store, before)
+    for n in range(3):
+        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    assert pending(store) == 3
+    deliverer = Deliverer(store, after, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        if changed_to == "another URL":
+            await new.wait_for(3, timeout=30)
+        await until(lambda: pending(store) == 0, what="the queue emptied")
+        assert old.attempts == []
+    finally:
+        stop.set()
+        await task
+        await old.close()
+        await new.close()
+        store.close()
