@@ -14,7 +14,7 @@ from nio import AsyncClient
 from bridge.devserver import _http_json
 from bridge.service.encryption.crosssigning import CrossSigning
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
-from helpers.harness import Bridge, answer_content, store_rows, unique
+from helpers.harness import Bridge, store_rows, unique
 from helpers.sets import all_kinds_set
 
 pytestmark = pytest.mark.integration

@@ -545,7 +545,7 @@ class Deadlines:
                 or self._told(question.event_id) or self.store.get_meta(UNTOLD + question.event_id) is not None:
             return False
         record = self._record_of(question, set_dir)
-        return told_outcome(record) == CLOSED_DECIDED and record is not None and record.get("q_rev") == question.rev
+        return told_outcome(of_revision(record, question)) == CLOSED_DECIDED
 
     def _latest(self, question: RecordedQuestion, set_dir: str) -> bool:
         latest = self.store.latest_posted(set_dir, question.qid or "")
