@@ -19,6 +19,7 @@ import contextlib
 import os
 import shutil
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -43,10 +44,11 @@ def temp_path(path: Path, *, unique: bool = False) -> Path:
     return path.with_name(f"{path.name}{TEMP_MARK}{HOST}.{os.getpid()}{tail}")
 
 
-def replace_whole(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def replace_whole(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Make ``data`` the content of ``path``, atomically and durably, as a
-    file of ``mode`` (0o600 for a secret).  On any failure the temporary
-    file is removed and the error raised."""
+    file of ``mode`` (0o600 for a secret; by default the mode and group the
+    file has, or 0o644 for a new one).  On any failure the temporary file is
+    removed and the error raised."""
     part = TempFile(path, mode=mode)
     try:
         part.write(data)
@@ -56,17 +58,34 @@ def replace_whole(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         raise
 
 
+def _keep_access(fd: int, path: Path) -> None:
+    """The file replacing ``path`` as readable as it was: its mode and group
+    (an agent's questions.json of 0600 or 0660 was made 0644 by a close, for
+    anyone on the machine to read).  A new file keeps 0644 less the umask."""
+    try:
+        was = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(was.st_mode):
+        return
+    with contextlib.suppress(OSError):  # a group this user is not in
+        os.fchown(fd, -1, was.st_gid)
+    os.fchmod(fd, stat.S_IMODE(was.st_mode))
+
+
 class TempFile:
     """A file written in pieces under a temporary name beside ``path`` and
     renamed over it once whole and on disk.  ``temp``: a fixed temporary
     name of the caller's instead (one a retry truncates)."""
 
-    def __init__(self, path: Path, *, temp: Path | None = None, unique: bool = False, mode: int = 0o644):
+    def __init__(self, path: Path, *, temp: Path | None = None, unique: bool = False, mode: int | None = None):
         self.path = path
         self.temp = temp or temp_path(path, unique=unique)
         # O_NOFOLLOW: a symlink planted at the temporary name is never written through.
         self._fd: int | None = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                                       | getattr(os, "O_NOFOLLOW", 0), mode)
+                                       | getattr(os, "O_NOFOLLOW", 0), 0o644 if mode is None else mode)
+        if mode is None:
+            _keep_access(self._fd, path)
 
     def write(self, data: bytes) -> None:
         assert self._fd is not None

@@ -193,6 +193,15 @@ async def test_close_sets_the_status_in_questions_json_and_keeps_everything_else
     assert again == "“branch” is already closed."
 
 
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o664])
+async def test_close_keeps_the_questions_file_as_readable_as_the_agent_made_it(ctx, sets_root, mode):
+    # A private questions.json (0600) came back 0644, for anyone on the machine to read.
+    path = sets_root / "release-folder" / "questions.json"
+    path.chmod(mode)
+    assert "Closed “branch”" in await handle(parse_command("!ask close release branch"), ADMIN, ctx)
+    assert path.stat().st_mode & 0o777 == mode
+
+
 async def test_close_refuses_unknown_and_no_longer_open_questions(ctx, sets_root):
     before = (sets_root / "release-folder" / "questions.json").read_bytes()
     assert "no question “nope”" in await handle(parse_command("!ask close release nope"), ADMIN, ctx)
