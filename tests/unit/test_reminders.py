@@ -161,7 +161,11 @@ async def test_remind_now_nudges_one_sets_unanswered_questions_whatever_the_timi
     record_question(store, "$a", "a", posted_at=10**13)  # posted "now"
     record_question(store, "$x", "x", posted_at=0, set_id="other")
     send = FakeSend()
+    from helpers.loopwatch import statements_on_the_loop
+
+    on_loop = statements_on_the_loop(store)  # "!ask remind" read the store on the event loop
     assert await remind_set_now(store, send, "s", now_ms=10**13) == 1
+    assert on_loop == []
     assert send.sent[0][2][REMINDER_KEY]["question_event_id"] == "$a"
     assert store.reminded() == {"$a": 10**13}
 

@@ -97,9 +97,11 @@ async def remind_once(store: Store, send: Send, *, after_seconds: float, period_
 
 async def remind_set_now(store: Store, send: Send, set_id: str, now_ms: int | None = None) -> int:
     """``!ask remind <set>``: nudge every unanswered open question of the set
-    at once, whatever the timing (an admin asked)."""
+    at once, whatever the timing (an admin asked).  Read on the store's
+    thread, as every pass is: a slow store holds no room up."""
     now_ms = store.clock.now_ms() if now_ms is None else now_ms
-    due = due_reminders(store.open_posted(set_id), store.answered_question_events(), {}, now_ms, 0, 0)
+    due = await store.run(lambda: due_reminders(store.open_posted(set_id), store.answered_question_events(), {},
+                                                now_ms, 0, 0))
     return await send_reminders(store, send, due, now_ms)
 
 
