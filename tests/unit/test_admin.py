@@ -202,6 +202,28 @@ async def test_close_keeps_the_questions_file_as_readable_as_the_agent_made_it(c
     assert path.stat().st_mode & 0o777 == mode
 
 
+async def test_a_command_on_a_set_id_two_folders_hold_acts_on_the_folder_that_posted(ctx, sets_root):
+    # "a-new" sorts first, "release-folder" posted: the close went to "a-new",
+    # which the bridge refuses as a second folder of the set, and the question
+    # stayed open in the room.
+    import os
+
+    newcomer = sets_root / "a-new"
+    newcomer.mkdir()
+    (newcomer / "questions.json").write_text(json.dumps(QUESTIONS))
+    posted = sets_root / "release-folder"
+    with ctx.store.transaction():
+        ctx.store.record_posted(RecordedQuestion(event_id="$q", room_id="!r", set_id="release",
+                                                 content={"elicitation_id": "elc_b", "question": {"id": "branch", "rev": 1}}),
+                                set_dir=os.path.realpath(posted), posted_at=1)
+    reply = await handle(parse_command("!ask close release branch"), ADMIN, ctx)
+    assert "release-folder" in reply, reply
+    assert json.loads((posted / "questions.json").read_text())["questions"][0]["status"] == "closed"
+    assert json.loads((newcomer / "questions.json").read_text()) == QUESTIONS
+    await handle(parse_command("!ask post release"), ADMIN, ctx)
+    assert ctx.calls.posted == [posted]
+
+
 async def test_close_refuses_unknown_and_no_longer_open_questions(ctx, sets_root):
     before = (sets_root / "release-folder" / "questions.json").read_bytes()
     assert "no question “nope”" in await handle(parse_command("!ask close release nope"), ADMIN, ctx)

@@ -150,15 +150,17 @@ async def handle(command: Command, sender: str, ctx: AdminContext) -> str:
         table = format_table(await asyncio.to_thread(collect, ctx.sets_root, counts, revs))
         troubled = format_tasks(ctx.tasks(), troubled_only=True) if ctx.tasks is not None else ""
         return within_one_message((table + format_held(held) + troubled).rstrip("\n"))
-    set_dir = find_set(ctx.sets_root, command.set_id or "")
+    # The sets' files read off the event loop, as status reads them.
+    posted = await ctx.store.run(ctx.store.folders_of_set, command.set_id or "")
+    set_dir = await asyncio.to_thread(find_set, ctx.sets_root, command.set_id or "", posted)
     if set_dir is None:
         return f"There is no set “{command.set_id}” in the bridge's sets folder."
     if command.verb == POST:
         return await ctx.post_set(set_dir)
     if command.verb == CLOSE:
-        return close_in_file(set_dir, command.qid or "")
+        return await asyncio.to_thread(close_in_file, set_dir, command.qid or "")
     if command.verb == REMIND:
-        set_id = set_id_of(set_dir)
+        set_id = await asyncio.to_thread(set_id_of, set_dir)
         sent = await ctx.remind_set(set_id)
         if sent == 0 and not await ctx.store.run(ctx.store.open_posted, set_id):
             # Not "every question answered": none is asked in a room (its room

@@ -9,7 +9,7 @@ against the current questions.json), never re-derived, so ``status`` and
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -155,15 +155,19 @@ def set_id_of(set_dir: Path) -> str:
     return value if isinstance(value, str) and value else set_dir.name
 
 
-def find_set(root: Path, set_id: str) -> Path | None:
-    """The folder under ``root`` of the set with this id (or folder name)."""
-    by_name = None
+def find_set(root: Path, set_id: str, posted: Collection[str] = ()) -> Path | None:
+    """The folder under ``root`` of the set with this id (or folder name).
+    Two folders under one id: the one that posted (``posted``: the folders
+    that posted under it, as the store keeps them), as ``collect`` and the
+    poster decide; a command went to the first found, which the bridge refuses."""
+    found, by_name = [], None
     for set_dir in discover(root):
         if set_id_of(set_dir) == set_id:
-            return set_dir
-        if by_name is None and set_dir.name == set_id:
+            found.append(set_dir)
+        elif by_name is None and set_dir.name == set_id:
             by_name = set_dir
-    return by_name
+    posters = dict.fromkeys(posted, 1)
+    return next((d for d in found if set_status_posted(d, posters)), found[0] if found else by_name)
 
 
 def format_table(rows: list[SetStatus]) -> str:
