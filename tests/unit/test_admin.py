@@ -308,6 +308,23 @@ async def test_the_dispatcher_answers_each_command_once(ctx):
     assert dispatcher.collect(events) == 0  # handled ones are remembered by the store
 
 
+async def test_a_command_typed_in_a_thread_is_answered_in_that_thread(ctx):
+    # The answer went to the main timeline, out of sight of the admin who
+    # typed the command in a question's thread.
+    send = Sender()
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: NOW)
+    threaded = message("$in", "!ask help")
+    threaded["content"]["m.relates_to"] = {"rel_type": "m.thread", "event_id": "$question", "is_falling_back": True,
+                                           "m.in_reply_to": {"event_id": "$question"}}
+    dispatcher.collect([threaded, message("$out", "!ask help")])
+    assert await dispatcher.drain() == 2
+    relates = {content["m.relates_to"]["m.in_reply_to"]["event_id"]: content["m.relates_to"]
+               for _r, _t, content, _x in send.sent}
+    assert relates["$in"]["rel_type"] == "m.thread" and relates["$in"]["event_id"] == "$question"
+    assert relates["$in"]["is_falling_back"] is False
+    assert "rel_type" not in relates["$out"]
+
+
 async def test_a_commands_age_is_the_homeservers_not_a_clock_compared_across_machines(ctx):
     # A bridge whose clock ran 11 minutes ahead took every command for one
     # older than 10 minutes and ignored it, in silence, for good.  The

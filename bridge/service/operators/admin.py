@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge.protocol.outcome import txn_id
+from bridge.protocol.outcome import in_thread_reply, txn_id
 from bridge.questionset.load import LoadError
 from bridge.questionset.setdir import QUESTIONS_FILE, questions_bytes, read_questions
 from bridge.service.storage.heldback import format_held, held_back
@@ -224,12 +224,13 @@ def describe_post(report: Any) -> str:
     return sentence[0].upper() + sentence[1:]
 
 
-def reply_content(text: str, in_reply_to: str) -> dict[str, Any]:
+def reply_content(text: str, in_reply_to: str, thread: str | None = None) -> dict[str, Any]:
     """The bridge's answer to a command: a notice replying to it (a table
-    keeps its columns in a <pre>)."""
+    keeps its columns in a <pre>), in the thread the command was typed in
+    (``thread``: its root), where its admin is looking."""
     # A status table names people (answerers, voters): it tells, it does not ping them.
-    content: dict[str, Any] = {"msgtype": "m.notice", "body": text, "m.mentions": {},
-                               "m.relates_to": {"m.in_reply_to": {"event_id": in_reply_to}}}
+    relates = in_thread_reply(thread, in_reply_to) if thread else {"m.in_reply_to": {"event_id": in_reply_to}}
+    content: dict[str, Any] = {"msgtype": "m.notice", "body": text, "m.mentions": {}, "m.relates_to": relates}
     if "\n" in text:
         content["format"] = "org.matrix.custom.html"
         content["formatted_body"] = f"<pre><code>{_escape(text)}</code></pre>"
@@ -249,6 +250,14 @@ class _Pending:
     room_id: str
     sender: str
     command: Command
+    thread: str | None = None  # the root of the thread it was typed in
+
+
+def _thread_of(event: dict[str, Any]) -> str | None:
+    relates = event["content"].get("m.relates_to")
+    if isinstance(relates, dict) and relates.get("rel_type") == "m.thread" and isinstance(relates.get("event_id"), str):
+        return relates["event_id"]
+    return None
 
 
 class AdminDispatcher:
@@ -285,7 +294,8 @@ class AdminDispatcher:
                 continue
             if _age_ms(event, now_ms) > MAX_COMMAND_AGE_MS:
                 continue
-            self.queue.append(_Pending(event_id, room_id, sender, parse_command(event["content"]["body"])))
+            self.queue.append(_Pending(event_id, room_id, sender, parse_command(event["content"]["body"]),
+                                       _thread_of(event)))
             queued.add(event_id)
             added += 1
         if added:
@@ -329,8 +339,8 @@ class AdminDispatcher:
                     text = f"That did not work: {exc}"
                 self.replies[pending.event_id] = text
             try:
-                await self.send(pending.room_id, "m.room.message", reply_content(text, pending.event_id),
-                                txn_id("admin", pending.event_id))
+                await self.send(pending.room_id, "m.room.message",
+                                reply_content(text, pending.event_id, pending.thread), txn_id("admin", pending.event_id))
             except Exception as exc:  # noqa: BLE001 - the homeserver is away: try again later
                 if not (isinstance(exc, MatrixError) and exc.permanent):
                     log.warning("reply to command %s not sent yet (%s)", pending.event_id, exc)
