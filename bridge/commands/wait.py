@@ -1,4 +1,4 @@
-"""``askwright-bridge wait SET_DIR [--question QID] [--until answered|all]
+"""``askwright-bridge wait SET_DIR [--question QID ...] [--until answered|all]
 [--timeout SECONDS] [--all]``: block until the answers asked for are in
 ``answers.json``, then print what ``read`` prints.
 
@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,8 @@ what counts as arrived:
   (use `read` to see them), nor is a stale record answering an older
   revision: after a question is revised, wait waits for the new answer.
 
-  --question QID                that question has an answer
+  --question QID                that question has an answer (given more than
+                                once: every question named has one)
   --until answered (default)    with --question: as above; without: at least
                                 one open question has an answer (answers that
                                 were already there count: it returns at once)
@@ -70,7 +72,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("set_dir", metavar="SET_DIR", help="the set folder (holds questions.json)")
-    parser.add_argument("--question", metavar="QID", help="wait for this question's answer")
+    parser.add_argument("--question", metavar="QID", action="append",
+                        help="wait for this question's answer (more than once: for each one's)")
     parser.add_argument("--until", choices=[UNTIL_ANSWERED, UNTIL_ALL], default=UNTIL_ANSWERED,
                         help="answered: the question (or any open question) has an answer; "
                              "all: every open question has one (default: answered)")
@@ -96,36 +99,74 @@ def _seconds(text: str) -> float:
 # -- the command -------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Awaited:
+    """What is waited for: ``questions`` (each must get its answer; none: any
+    open question, or every one with ``until`` all), over ``arrival``'s
+    predicates of one question each."""
+
+    questions: tuple[str, ...]
+    until: str
+
+    def _each(self) -> tuple[str | None, ...]:
+        return self.questions or (None,)
+
+    def arrived(self, view: dict[str, Any]) -> bool:
+        return all(arrived(view, q, self.until) for q in self._each())
+
+    def unanswerable(self, view: dict[str, Any]) -> str | None:
+        return next((why for q in self._each() if not arrived(view, q, self.until)
+                     and (why := unanswerable(view, q, self.until))), None)
+
+    def expired(self, view: dict[str, Any]) -> bool:
+        return any(expired_in(view, q, self.until) for q in self._each())
+
+    def missing(self, view: dict[str, Any]) -> str | None:
+        return next((q for q in self.questions if not in_the_set(view, q)), None)
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.question is not None and args.until == UNTIL_ALL:
+    awaited = Awaited(tuple(dict.fromkeys(args.question or ())), args.until)
+    if awaited.questions and args.until == UNTIL_ALL:
         return _fail("--until all waits for every open question; leave out --question")
     set_dir = Path(args.set_dir)
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    view: dict[str, Any] | None = None
     try:
         view = load_view(set_dir, include_all=True, warn=_warn)
     except ReadError as exc:
-        return _fail(exc.message)
-    if args.question is not None and not in_the_set(view, args.question):
-        return _fail(f"no question {args.question!r} in {set_dir / QUESTIONS_FILE}")
+        if not (set_dir / QUESTIONS_FILE).is_file():
+            return _fail(exc.message)
+        # There, and caught mid-write by its writer (questions.json is the
+        # agent's, written any way it likes): read again on its next change,
+        # as once the wait has begun.
+        unreadable = exc.message
+    if view is not None and (missing := awaited.missing(view)) is not None:
+        return _fail(f"no question {missing!r} in {set_dir / QUESTIONS_FILE}")
 
-    done = arrived(view, args.question, args.until)
-    why = None if done else unanswerable(view, args.question, args.until)
+    done = view is not None and awaited.arrived(view)
+    why = None if done or view is None else awaited.unanswerable(view)
     if not done and why is None and (deadline is None or time.monotonic() < deadline):
+        read_at_start = view is not None
         try:
-            view, done = _watch(set_dir, view, args.question, args.until, deadline)
+            view, done = _watch(set_dir, view, awaited, deadline)
         except FileNotFoundError:
             return _fail(f"the set folder {set_dir} was removed while waiting")
-        why = None if done else unanswerable(view, args.question, args.until)
+        if not read_at_start and view is not None and (missing := awaited.missing(view)) is not None:
+            return _fail(f"no question {missing!r} in {set_dir / QUESTIONS_FILE}")
+        why = None if done or view is None else awaited.unanswerable(view)
+    if view is None:
+        return _fail(unreadable)
     sys.stdout.write(render(as_read(view, args.include_all)))
     if why is not None:
         return _fail(why)
-    if done and expired_in(view, args.question, args.until):
+    if done and awaited.expired(view):
         return EXIT_EXPIRED
     return EXIT_ARRIVED if done else EXIT_TIMEOUT
 
 
-def _watch(set_dir: Path, view: dict[str, Any], question: str | None, until: str,
-           deadline: float | None) -> tuple[dict[str, Any], bool]:
+def _watch(set_dir: Path, view: dict[str, Any] | None, awaited: Awaited,
+           deadline: float | None) -> tuple[dict[str, Any] | None, bool]:
     """Re-read on every change of answers.json or questions.json until the
     answers arrive or the deadline passes; the latest good view and whether
     it is done.  A file caught mid-rewrite by its writer (questions.json is
@@ -135,7 +176,7 @@ def _watch(set_dir: Path, view: dict[str, Any], question: str | None, until: str
     polling = False
     while True:
         try:
-            found = _watch_folder(set_dir, _inode(set_dir), view, question, until, deadline, polling=polling)
+            found = _watch_folder(set_dir, _inode(set_dir), view, awaited, deadline, polling=polling)
         except (RuntimeError, OSError) as exc:
             if polling or not _out_of_watches(exc):
                 raise
@@ -175,8 +216,8 @@ def _inode(set_dir: Path) -> int:
             time.sleep(0.1)
 
 
-def _watch_folder(set_dir: Path, inode: int, view: dict[str, Any], question: str | None, until: str,
-                  deadline: float | None, polling: bool = False) -> tuple[dict[str, Any], bool] | None:
+def _watch_folder(set_dir: Path, inode: int, view: dict[str, Any] | None, awaited: Awaited,
+                  deadline: float | None, polling: bool = False) -> tuple[dict[str, Any] | None, bool] | None:
     """``_watch`` on the folder that is ``inode``; None once another folder took its name."""
     names = {ANSWERS_NAME, QUESTIONS_FILE}
     first = True
@@ -197,9 +238,9 @@ def _watch_folder(set_dir: Path, inode: int, view: dict[str, Any], question: str
             except ReadError:
                 pass
             else:
-                if arrived(view, question, until):
+                if awaited.arrived(view):
                     return view, True
-                if unanswerable(view, question, until):
+                if awaited.unanswerable(view):
                     return view, False  # (closed meanwhile: ``run`` says so)
         if deadline is not None and time.monotonic() >= deadline:
             break

@@ -134,6 +134,35 @@ def test_other_answers_do_not_end_a_wait_for_one_question(set_dir, capsys):
     assert capsys.readouterr().out == read_output(set_dir)
 
 
+def test_every_question_named_must_have_its_answer(set_dir, capsys):
+    # argparse kept the last --question only: "--question a --question b"
+    # returned on b's answer alone, and an unknown first id was never checked.
+    later(0.3, lambda: answer(set_dir, {"qid": "b", "text": "no", "q_rev": 1}))
+    assert main(["wait", str(set_dir), "--question", "a", "--question", "b", "--timeout", "1.2"]) == 3
+    later(0.3, lambda: answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1}))
+    assert main(["wait", str(set_dir), "--question", "a", "--question", "b", "--timeout", "20"]) == 0
+    capsys.readouterr()
+    assert main(["wait", str(set_dir), "--question", "nope", "--question", "a", "--timeout", "0"]) == 2
+    assert "no question 'nope'" in capsys.readouterr().err
+    assert main(["wait", str(set_dir), "--question", "a", "--question", "nope", "--timeout", "0"]) == 2
+    assert "no question 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("caught", ["cut short", "empty"])
+def test_a_questions_file_caught_mid_write_at_the_start_is_waited_for(set_dir, capsys, caught):
+    # Exit 2 at once ("not JSON"), where the same file caught once the wait
+    # had begun was read again on its next change.
+    whole = (set_dir / "questions.json").read_bytes()
+    (set_dir / "questions.json").write_bytes(whole[:40] if caught == "cut short" else b"")
+    later(0.4, lambda: (set_dir / "questions.json").write_bytes(whole))
+    later(0.8, lambda: answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1}))
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "20"]) == 0
+    assert json.loads(capsys.readouterr().out)["answers"][0]["text"] == "yes"
+    (set_dir / "questions.json").write_bytes(b"{")  # never whole again: said as before, at the timeout
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "0.5"]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
 def test_until_all_waits_for_the_last_open_question(set_dir, capsys):
     answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
     later(0.5, lambda: answer(set_dir, {"qid": "b", "text": "no", "q_rev": 1}))
