@@ -412,6 +412,8 @@ def test_a_stdout_that_cannot_write_a_character_gets_the_same_json_escaped(tmp_p
         # A number of more digits than Python reads: a traceback and exit 1.
         ("huge_number_answers", "not usable JSON"),
         ("huge_number_questions", "not usable JSON"),
+        # Past the format's 16 MB: lint and the bridge refuse it, read listed its questions open.
+        ("questions_past_16_mb", "larger than 16 MB"),
         # The message named the descriptor: "cannot read 3: Is a directory".
         ("answers_a_folder", "answers.json"),
     ],
@@ -423,6 +425,9 @@ def test_command_unreadable_exits_2_with_one_line(tmp_path, capsys, setup, messa
     if setup in ("not_json", "bad_answers", "future_answers", "huge_number_answers", "answers_a_folder"):
         text = "{nope" if setup == "not_json" else json.dumps(SEED_SET)
         (folder / "questions.json").write_text(text)
+    if setup == "questions_past_16_mb":
+        big = {**SEED_SET, "context": "x" * (16 * 1024 * 1024)}
+        (folder / "questions.json").write_text(json.dumps(big))
     if setup == "huge_number_questions":
         (folder / "questions.json").write_text('{"askwright": 1' + "0" * 5000 + ', "id": "s"}')
     if setup == "huge_number_answers":
