@@ -434,3 +434,46 @@ async def test_with_encryption_off_a_plain_room_works_and_no_key_folder_is_made(
     await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
     assert (await bridge.wait_answer("kinds", "branch"))["choice"] == "main"
     assert not bridge.store_path.with_name(bridge.store_path.name + ".crypto").exists()
+
+
+async def test_a_lost_key_folder_is_a_new_device_with_a_password_and_a_refusal_with_a_token(encrypted):
+    """The key folder lost, the store kept: the bridge made a new account
+    under the old device id, the homeserver kept the old one's one-time keys,
+    and every answer was refused as undecryptable, the person blamed."""
+    import shutil
+    import subprocess
+
+    from bridge.service.encryption.crypto import crypto_dir
+
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    password = bridge.bot["password"]
+    questions = await started(bridge)
+    assert bridge.stop() == 0
+
+    shutil.rmtree(crypto_dir(bridge.store_path))
+    bridge.start()  # with the configured token: refused at once, saying what to do
+    try:
+        code = bridge.process.wait(60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the bridge ran on without its keys\n{bridge.log_text()[-3000:]}") from None
+    assert code == 2 and "holds no keys of device" in bridge.log_text()
+
+    bridge.bot = {**bridge.bot, "access_token": None}
+    bridge.extra_config = {**bridge.extra_config, "bot": {"password": password, "access_token": None}}
+    bridge.start()  # logs in afresh, as its first device (its keys are on disk from now on)
+    await asyncio.sleep(3)
+    # A current client shares its room key with a device that joined since
+    # (nio, as Alice, shares a session once): her next session is shared anew.
+    alice.client.olm.outbound_group_sessions.pop(room, None)
+    await alice.send(room, answer_content(questions[("branch", 1)], option_id="main"))
+    await bridge.wait_answer("kinds", "branch", timeout=60)
+    assert bridge.stop() == 0
+    shutil.rmtree(crypto_dir(bridge.store_path))
+    bridge.start()  # with a password: a new device, which reads what people send
+    await asyncio.sleep(3)
+    alice.client.olm.outbound_group_sessions.pop(room, None)
+    sent = await alice.send(room, answer_content(questions[("name", 1)], text="after the loss"))
+    assert (await bridge.wait_answer("kinds", "name", timeout=60))["text"] == "after the loss"
+    notice = await alice.wait_notice(room, sent, timeout=60)
+    assert "Not recorded" not in notice.get("body", ""), notice
+    assert "logging in with bot.password as a new device" in bridge.log_text()

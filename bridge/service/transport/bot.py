@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -105,6 +106,16 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
                 raise MatrixError("the homeserver did not say which device the access token belongs to; "
                                   "encryption needs one (log in with bot.password)", None)
             known = store.get_meta("device_id")
+            if encrypt and _keys_lost(client, store, whoami.user_id, device_id):
+                if config.bot.access_token or not config.bot.password:
+                    # Exit 2, as a config refused: a restart in a loop does not mend it.
+                    raise ConfigError(
+                        f"the key folder {client.store_path} holds no keys of device {device_id}, whose keys the "
+                        "homeserver has (the folder was lost, or the store restored without it): restore the "
+                        "folder, or sign that session out and give the bridge a new access token (or "
+                        "bot.password), docs/encryption.md")
+                return await _password_login(client, config, store, device_id=_new_device(client, device_id),
+                                             encrypt=True)
             if device_id and known != device_id:
                 if known:
                     log.info("the access token belongs to device %s, not %s as before: keys of the old "
@@ -114,6 +125,7 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
             if encrypt:
                 # Also loads nio's key store for this user and device.
                 client.restore_login(whoami.user_id, device_id, token)
+                _keys_made(store, device_id)
             else:
                 client.user_id, client.device_id = whoami.user_id, device_id
             return client
@@ -121,7 +133,16 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
             raise MatrixError(_whoami_refused(config.homeserver.url, whoami), whoami)
     if not config.bot.password:
         raise MatrixError("no usable credentials (set bot.access_token or bot.password)", None)
-    client.device_id = store.get_meta("device_id") or ""
+    device_id = store.get_meta("device_id") or ""
+    if encrypt and _keys_lost(client, store, config.bot.user_id, device_id):
+        device_id = _new_device(client, device_id)
+    return await _password_login(client, config, store, device_id=device_id, encrypt=encrypt)
+
+
+async def _password_login(client: AsyncClient, config: Config, store: Store, *, device_id: str,
+                          encrypt: bool) -> AsyncClient:
+    """Logged in with bot.password as ``device_id`` (empty: a new device)."""
+    client.device_id = device_id
     response = await _told_while_silent(client.login(config.bot.password, device_name=config.bot.device_name),
                                         config.homeserver.url)
     if not isinstance(response, LoginResponse):
@@ -129,7 +150,36 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
     with store.transaction():
         store.set_meta("access_token", response.access_token)
         store.set_meta("device_id", response.device_id)
+    if encrypt:
+        _keys_made(store, response.device_id)
     return client
+
+
+# Meta key: the device whose keys the key folder was made with (so a folder
+# lost is told from encryption turned on for a device that never had keys).
+CRYPTO_DEVICE = "crypto_device"
+
+
+def _keys_made(store: Store, device_id: str) -> None:
+    if store.get_meta(CRYPTO_DEVICE) != device_id:
+        with store.transaction():
+            store.set_meta(CRYPTO_DEVICE, device_id)
+
+
+def _keys_lost(client: AsyncClient, store: Store, user_id: str, device_id: str) -> bool:
+    """A device the bridge made keys for whose key store is not in the key
+    folder (nio names its file by user and device): the folder lost, or the
+    store restored without it.  A new account under that device id would
+    read nothing people send: the homeserver keeps the old account's
+    one-time keys, which their clients go on claiming."""
+    return bool(device_id) and store.get_meta(CRYPTO_DEVICE) == device_id \
+        and not os.path.exists(os.path.join(client.store_path, f"{user_id}_{device_id}.db"))
+
+
+def _new_device(client: AsyncClient, lost: str) -> str:
+    log.warning("the key folder %s holds no keys of device %s (lost, or the store restored without it): logging "
+                "in with bot.password as a new device; sign %s out", client.store_path, lost, lost)
+    return ""
 
 
 T = TypeVar("T")

@@ -38,7 +38,8 @@ class MatrixError(Exception):
     def __init__(self, what: str, response: Any):
         self.status = getattr(response, "status_code", None)
         self.transient = self.status in (None, "M_LIMIT_EXCEEDED", "M_UNKNOWN") or str(self.status).startswith("5")
-        super().__init__(f"{what}: {getattr(response, 'message', response)} ({self.status})")
+        # With no response (a refusal of the bridge's own): the words alone, not "…: None (None)".
+        super().__init__(what if response is None else f"{what}: {getattr(response, 'message', response)} ({self.status})")
 
     @property
     def permanent(self) -> bool:
