@@ -95,3 +95,23 @@ async def test_a_member_joining_or_leaving_an_encrypted_room_has_its_members_rea
         assert reads.rooms == [ROOM]
     finally:
         await client.close()
+
+
+async def test_the_historys_visibility_changed_in_an_encrypted_room_is_a_new_room_key(tmp_path: Path) -> None:
+    """Switched to "joined": the invited kept the room key they were given
+    and read every later question (13 of 13), where docs/encryption.md says
+    only the joined get the keys then."""
+    client = _client(tmp_path / "keys")
+    crypto = Crypto(client, Store(tmp_path / "bridge.sqlite"), Encryption())
+    try:
+        client.rooms[ROOM] = MatrixRoom(ROOM, BOT, True)
+        client.encrypted_rooms.add(ROOM)
+        reads = _Reads(client)
+        invalidated: list[str] = []
+        client.invalidate_outbound_session = invalidated.append  # type: ignore[method-assign]
+        crypto.note_events([_state("m.room.history_visibility", "", {"history_visibility": "joined"}, sender=BOT)])
+        assert invalidated == [ROOM]
+        await crypto.read_changed_members()
+        assert reads.rooms == [ROOM]
+    finally:
+        await client.close()

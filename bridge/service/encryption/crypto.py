@@ -292,16 +292,18 @@ class Crypto(Receiving):
 
     def note_events(self, events: list[dict[str, Any]]) -> None:
         """What nio would have learned from these room events had it read them
-        (the bridge reads them itself, in both modes): who joined or left, and
-        a room whose encryption was turned on, after which nothing is sent
-        there in the clear."""
+        (the bridge reads them itself, in both modes): who joined or left, who
+        may read the history, and a room whose encryption was turned on, after
+        which nothing is sent there in the clear."""
         for event in events:
             room_id, kind = event.get("room_id"), event.get("type")
             if not isinstance(room_id, str) or not isinstance(event.get("state_key"), str):
                 continue
-            if kind == "m.room.member":
+            if kind == "m.room.member" or kind == "m.room.history_visibility":
                 # Only where nio encrypts: a plain room's members are read
-                # when its encryption is turned on (``_encryption_on``).
+                # when its encryption is turned on (``_encryption_on``).  Who
+                # may read changes with the history's visibility too (under
+                # "joined" the invited no longer get keys): a new room key.
                 if room_id in self.client.encrypted_rooms:
                     self.members_changed(room_id)
             elif kind == ENCRYPTION_STATE and event["state_key"] == "" and \
