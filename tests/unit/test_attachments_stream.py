@@ -497,3 +497,46 @@ def test_a_part_file_another_download_renames_while_the_sweep_looks_is_passed_ov
     monkeypatch.setattr(attachments.os, "scandir", Listing)
     attachments.sweep_abandoned(tmp_path, older_than=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["landing.png"]
+
+
+@pytest.mark.parametrize("case", ["in one batch", "the first still coming"])
+def test_an_edit_sending_another_file_before_the_first_is_judged_keeps_the_new_file(tmp_path: Path, monkeypatch,
+                                                                                    case) -> None:
+    """The edit's file was fetched only once the first file was judged: in
+    the same batch (a catch-up after a restart) or while the first was still
+    coming, the edit was read as a caption's, "Changed ... now: 1 file"
+    said, and answers.json kept the old file."""
+    from bridge.service.answering import downloads as downloads_module
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import Room, answer, picture
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.0)
+    monkeypatch.setattr(downloads_module, "BATCH_WAIT", 0.3)
+    room = Room(tmp_path)
+    repository = Repositories({"mxc://hs/0": b"old", "mxc://hs/1": b"new"},
+                              slow={"mxc://hs/0": 1.0} if case == "the first still coming" else None)
+
+    async def judge_later(later: list[dict[str, Any]]) -> None:
+        room.deliver(later)
+
+    downloads = Downloads(room.store, repository.download, lambda *_: True, None, MIB, judge_later=judge_later)
+    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    first = picture("$f", "@alice:hs", 2000)
+    first["content"]["url"] = "mxc://hs/0"
+    new = {"msgtype": "m.image", "body": "other.png", "filename": "other.png", "url": "mxc://hs/1"}
+    edit = {"event_id": "$e", "room_id": first["room_id"], "sender": "@alice:hs", "origin_server_ts": 2001,
+            "type": "m.room.message", "content": {**new, "body": "* other.png", "m.new_content": new,
+                                                  "m.relates_to": {"rel_type": "m.replace", "event_id": "$f"}}}
+
+    async def send() -> None:
+        if case == "in one batch":
+            room.deliver(await downloads.prefetch([first, edit]))
+        else:
+            room.deliver(await downloads.prefetch([first]))
+            room.deliver(await downloads.prefetch([edit]))
+        while downloads.running:
+            await asyncio.sleep(0.05)
+
+    asyncio.run(send())
+    record = room.record()
+    assert [(room.set_dir / path).read_bytes() for path in record["attachments"]] == [b"new"], record

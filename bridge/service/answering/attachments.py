@@ -28,6 +28,7 @@ import os
 import re
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, AsyncContextManager, Callable, Iterable, TypeVar
 
 from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
@@ -123,7 +124,12 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
         await asyncio.sleep(RETRY_PAUSE * attempt)
 
 
-def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:
+# A file event not judged yet (its download still running, or in the same
+# batch): event id -> (sender, question event id, the file's URL).
+Unjudged = Mapping[str, tuple[str, str, str | None]]
+
+
+def target(event: dict[str, Any], store: Store, unjudged: Unjudged = {}) -> tuple[str, str, str, str] | None:
     """(event id, question event id, qid, set dir) of a new file sent to an open
     question: in the question's thread or a reply to it, or an edit of a file
     message that sends another file (``replacing_file``)."""
@@ -139,7 +145,7 @@ def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | N
     if not isinstance(relates, dict):
         return None
     if relates.get("rel_type") == "m.replace":
-        return replacing_file(event, relates, store)
+        return replacing_file(event, relates, store, unjudged)
     root = relates.get("event_id") if relates.get("rel_type") == "m.thread" else None
     reply = relates.get("m.in_reply_to")
     if root is None and isinstance(reply, dict):
@@ -149,21 +155,31 @@ def target(event: dict[str, Any], store: Store) -> tuple[str, str, str, str] | N
     return _to_open(event_id, question, store)
 
 
-def replacing_file(event: dict[str, Any], relates: dict[str, Any], store: Store) -> tuple[str, str, str, str] | None:
+def replacing_file(event: dict[str, Any], relates: dict[str, Any], store: Store,
+                   unjudged: Unjudged = {}) -> tuple[str, str, str, str] | None:
     """An edit of a file the sender sent to a question, sending another file
     (Element's caption edit sends the same one again: nothing to fetch): the
-    file it sends, fetched under the edit's id, stands in for the first."""
+    file it sends, fetched under the edit's id, stands in for the first.
+    The first may not be judged yet (``unjudged``: its file still coming,
+    or in the same batch, as after a restart): the edit waits for it in the
+    log as any edit does, its own file fetched now."""
     original = relates.get("event_id")
     new = file_content(event)
     url = media_url(new)
     if not isinstance(original, str) or new.get("msgtype") not in FILE_MSGTYPES or url is None:
         return None
     gesture = store.gesture_at(original)
-    if gesture is None or gesture[1] != event.get("sender"):
-        return None  # not a file of theirs the bridge judged: only the author's edit counts
-    if store.attachment_url(original) in (None, url):
+    if gesture is not None:
+        question_event_id, sender, sent = gesture[0], gesture[1], store.attachment_url(original)
+    elif original in unjudged:
+        sender, question_event_id, sent = unjudged[original]
+    else:
+        return None
+    if sender != event.get("sender"):
+        return None  # not a file of theirs: only the author's edit counts
+    if sent in (None, url):
         return None  # the same file (a caption edit), or none fetched for it (or fetched before URLs were kept)
-    return _to_open(str(event["event_id"]), store.question_by_event(gesture[0]), store)
+    return _to_open(str(event["event_id"]), store.question_by_event(question_event_id), store)
 
 
 def _to_open(event_id: str, question: Any, store: Store) -> tuple[str, str, str, str] | None:

@@ -61,6 +61,8 @@ class Downloads:
         self.running: dict[str, asyncio.Future[Any]] = {}  # event id -> its download and judging
         # The files each answer may still take, kept while any of its files is not judged yet.
         self._places: dict[tuple[str, str], Places] = {}
+        # Files whose events are not judged yet (``attachments.Unjudged``): an edit sending another file may come first.
+        self._unjudged: dict[str, tuple[str, str, str | None]] = {}
 
     async def prefetch(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Save the new files of ``events`` sent to open questions; the events to judge now."""
@@ -69,15 +71,17 @@ class Downloads:
         later: set[str] = set()
         jobs: list[tuple[dict[str, Any], str, str, int, asyncio.Future[Any]]] = []
         numbers: dict[tuple[str, str], int] = {}
+        unjudged = dict(self._unjudged)  # and this batch's files, as they are found
         for event in events:
             event_id = event.get("event_id")
             if event_id in self.running or (_is_file(event) and self.store.attachment(event_id) == (None, PENDING)):
                 later.add(event_id)  # its file is still coming: judged when it has
                 continue
-            found = target(event, self.store)
+            found = target(event, self.store, unjudged)
             if found is None:
                 continue
-            event_id, _question_event_id, qid, set_dir = found
+            event_id, question_event_id, qid, set_dir = found
+            unjudged[event_id] = (str(event.get("sender")), question_event_id, media_url(file_content(event)))
             if not self.may_answer(str(event.get("sender")), str(event.get("room_id")), event_id):
                 continue  # the judging step refuses the sender; a stranger's file is never written
             # Numbered in the batch's order before any download starts: the files
@@ -110,7 +114,8 @@ class Downloads:
                 else:
                     self.store.record_attachment(event["event_id"], set_dir, qid, None, PENDING, url)
                     self.store.set_meta(KEPT + event["event_id"], json.dumps(
-                        {"event": event, "set_dir": set_dir, "qid": qid, "number": number}))
+                        {"event": event, "set_dir": set_dir, "qid": qid, "number": number,
+                         "question": unjudged[event["event_id"]][1]}))
         for event, set_dir, qid, _number, job in jobs:
             judged = functools.partial(self._judged, (set_dir, qid))
             if job.done():
@@ -118,6 +123,7 @@ class Downloads:
                 judged()  # (by the caller, with the rest of the batch)
             else:
                 later.add(event["event_id"])
+                self._unjudged[event["event_id"]] = unjudged[event["event_id"]]
                 log.info("file %s for %s still coming after %.0f s: judged once it is in, the batch goes on",
                          event["event_id"], qid, BATCH_WAIT)
                 self._follow(event, qid, job, judged)
@@ -150,6 +156,9 @@ class Downloads:
                 continue
             kept_event = json.loads(value)
             event, qid = kept_event["event"], kept_event["qid"]
+            if "question" in kept_event:
+                self._unjudged[event_id] = (str(event.get("sender")), kept_event["question"],
+                                            media_url(file_content(event)))
             saved = await self.store.run(self.store.attachment, event_id)
             if saved == (None, PENDING):
                 log.info("file %s for %s fetched again (its download was cut short)", event_id, qid)
@@ -177,6 +186,7 @@ class Downloads:
 
         def done(_task: asyncio.Future[Any]) -> None:
             self.running.pop(event_id, None)
+            self._unjudged.pop(event_id, None)
             judged()
         self.running[event_id].add_done_callback(done)
 

@@ -39,11 +39,14 @@ class Attachments:
     def doom_if_unused(self, event_id: str) -> bool:
         """The file ``event_id`` brought, to be deleted when nothing it sent
         stands in the log (redacted while the file came, its question closed
-        meanwhile: judged, it recorded nothing); whether it was."""
+        meanwhile: judged, it recorded nothing); whether it was.  An edit
+        waiting for its original (``parked_edit``) is not judged yet: its
+        file is kept for it."""
         row = self.db.execute(
             "SELECT a.set_dir, a.path FROM attachment a WHERE a.event_id=? AND a.path IS NOT NULL AND NOT EXISTS"
             " (SELECT 1 FROM answer_log l WHERE l.event_id=a.event_id AND l.outcome IN ('accepted','annotated')"
-            " AND l.withdrawn=0)", (event_id,)).fetchone()
+            " AND l.withdrawn=0) AND NOT EXISTS (SELECT 1 FROM parked_edit p WHERE p.event_id=a.event_id)",
+            (event_id,)).fetchone()
         if row is None:
             return False
         self.db.execute("INSERT INTO doomed_file(set_dir, path) VALUES (?, ?) ON CONFLICT DO NOTHING", row)
