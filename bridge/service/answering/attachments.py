@@ -34,6 +34,7 @@ from typing import Any, AsyncContextManager, Callable, Iterable, TypeVar
 from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
 from bridge.protocol.normalize import FILE_MSGTYPES
 from bridge.questionset.media import is_inside
+from bridge.service.logs import in_a_line
 from bridge.service.storage.store import Store
 from bridge.wholefile import TempFile, in_thread
 
@@ -109,9 +110,10 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
         try:
             return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit), try_seconds(limit))
         except NotReached as exc:
-            unreached, problem = True, str(exc)
+            unreached, problem = True, in_a_line(exc)
         except Exception as exc:  # noqa: BLE001 - a 5xx, a timeout, a reset, a body cut short: tried again
-            unreached, problem = False, f"{type(exc).__name__}: {exc}"
+            # (In a line: aiohttp's word on a body past its length quotes kilobytes of the file.)
+            unreached, problem = False, f"{type(exc).__name__}: {in_a_line(exc)}"
         left = UNREACHED_PATIENCE - (time.monotonic() - began)
         if unreached and left > 0:
             log.info("download for %s failed (try %d): %s; its homeserver is not reached, tried again for %.0f s more",
