@@ -41,6 +41,7 @@ class Cast:
     at: Position
     withdrawn_at: Position = NEVER
     original: str | None = None  # the event an edit edits: the edit stands for it
+    note: str = ""  # what the voter wrote with the pick ("only after 5pm"): their vote's words
 
 
 @dataclass
@@ -108,7 +109,13 @@ def tally(casts: list[Cast], *, required: int, veto: frozenset[str], expires_ms:
 
 
 def vote_entry(cast: Cast) -> dict[str, Any]:
-    return {"sender": cast.sender, "choice": cast.choice, "event_id": cast.event_id, "at": format_rfc3339(cast.at[0])}
+    """A vote as the record lists it; its ``note`` where the voter wrote one:
+    the record's own note is one person's (its ``source.sender``), and a
+    decider's condition was lost once another's vote decided."""
+    entry = {"sender": cast.sender, "choice": cast.choice, "event_id": cast.event_id, "at": format_rfc3339(cast.at[0])}
+    if cast.note:
+        entry["note"] = cast.note
+    return entry
 
 
 def progress_words(result: Tally, required: int, people: list[str], labels: dict[str, str]) -> str:

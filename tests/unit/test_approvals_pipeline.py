@@ -213,6 +213,20 @@ def room_with(tmp_path: Path, **fields: Any) -> Room:
     return Room(tmp_path, approval={**APPROVAL, **fields}, posted_ms=T0)
 
 
+def test_a_voters_words_stay_with_their_vote_when_another_decides(tmp_path):
+    """Ana approves "only after 5pm", Bo's vote decides: the record's note is
+    Bo's (its source's), and Ana's condition was nowhere in it, the agent
+    acting on an approval without it."""
+    room = room_with(tmp_path)
+    conditional = answer("$a1", ANA, T0 + 1000, "main")
+    conditional["content"]["note"] = "only after 5pm"
+    room.deliver([conditional, answer("$b1", BO, T0 + 2000, "main")])
+    record = room.record()
+    assert record["state"] == "answered" and record["decided_by"] == [ANA, BO]
+    assert [(v["sender"], v.get("note")) for v in record["votes"]] == [(ANA, "only after 5pm"), (BO, None)]
+    assert room.verify() == []
+
+
 def test_votes_a_changed_vote_a_withdrawn_vote_and_the_decision(tmp_path):
     room = room_with(tmp_path)
     room.deliver([answer("$a1", ANA, T0 + 1000, "main")])

@@ -149,7 +149,8 @@ class Projection:
             "SELECT event_id, sender, via, record, ts, seq, withdrawn, replaces FROM answer_log"
             " WHERE question_event_id=? AND outcome='accepted' ORDER BY ts, seq", (question_event_id,)).fetchall()
         for event_id, sender, via, record, ts, seq, withdrawn, replaces in rows:
-            choice = json.loads(record).get("choice") if record else None
+            pick = json.loads(record) if record else {}
+            choice, note = pick.get("choice"), pick.get("note")
             gone = NEVER
             if withdrawn:
                 # The earliest of what withdrew it, in the room's order, whatever
@@ -171,5 +172,5 @@ class Projection:
                 # before the pick itself (in the room): it never stood.
                 gone = max(min(found, default=(ts, seq)), (ts, seq))
             out.append(Cast(sender, choice if isinstance(choice, str) else None, event_id, (ts, seq), gone,
-                            replaces))
+                            replaces, note if isinstance(note, str) else ""))
         return out
