@@ -32,6 +32,14 @@ FILE_MSGTYPES = frozenset({"m.image", "m.file", "m.video", "m.audio"})
 TEXT_MSGTYPES = frozenset({"m.text", "m.emote", "m.notice"})
 
 
+def is_file_content(content: Any) -> bool:
+    """Content sending a file.  (A msgtype that is a list or an object, which
+    a homeserver passes on in a custom event, was looked up in the set as it
+    was: unhashable, a TypeError outside any one event's guard, and the
+    batch, every transaction after it too, failed for good.)"""
+    return isinstance(content, dict) and _s(content, "msgtype") in FILE_MSGTYPES
+
+
 class Lookup(Protocol):
     def question_by_event(self, event_id: str) -> RecordedQuestion | None: ...
     def question_by_elicitation(self, elicitation_id: str) -> RecordedQuestion | None: ...
@@ -233,7 +241,7 @@ def poll_votes(events: Iterable[dict[str, Any]]) -> dict[tuple[str, str], int]:
     for event in events:
         content = event.get("content")
         poll = _related(content, "m.reference") if isinstance(content, dict) else None
-        if event.get("type") in POLL_RESPONSE_TYPES and poll is not None and isinstance(event.get("sender"), str):
+        if _s(event, "type") in POLL_RESPONSE_TYPES and poll is not None and isinstance(event.get("sender"), str):
             key, ts = (poll, event["sender"]), timestamp(event.get("origin_server_ts"))
             votes[key] = min(ts, votes.get(key, ts))
     return votes
@@ -261,7 +269,7 @@ def is_empty_vote(event: dict[str, Any]) -> bool:
     """A poll response naming no option: it takes its sender's earlier votes
     back, and a redaction of it does not give them back (see Timeline)."""
     content = event.get("content")
-    return event.get("type") in POLL_RESPONSE_TYPES and isinstance(content, dict) and _selections(content) == []
+    return _s(event, "type") in POLL_RESPONSE_TYPES and isinstance(content, dict) and _selections(content) == []
 
 
 def _poll_vote(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) -> Found | None:

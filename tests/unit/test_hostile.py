@@ -438,3 +438,32 @@ def test_attachment_names_never_lead_outside_the_set_folder(tmp_path: Path, name
     assert saved.parent == (set_dir / "attachments").resolve() and saved.is_file()
     assert not saved.name.startswith(".")
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == [saved]
+
+
+@pytest.mark.parametrize("msgtype", [["m.text"], {"a": 1}, ["m.image"]], ids=["a list", "an object", "a list of a file's"])
+@pytest.mark.parametrize("kind", ["m.room.message", "org.example.custom"])
+def test_a_msgtype_that_is_no_string_is_one_event_refused_not_a_batch_failed(tmp_path: Path, msgtype: Any,
+                                                                           kind: str) -> None:
+    """A room member's custom event (Synapse checks msgtype only on its own
+    users' m.room.message) whose msgtype is a list: the files' look at the
+    batch looked it up in a set, a TypeError outside any one event's guard,
+    so the transaction failed with a 500 on every try and nothing after it
+    ever came (a sync batch likewise)."""
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import ROOM, Room, answer
+
+    room = Room(tmp_path)
+
+    @contextlib.asynccontextmanager
+    async def no_download(*_args: Any) -> Any:
+        raise AssertionError("nothing to download")
+        yield
+
+    downloads = Downloads(room.store, no_download, lambda *_: True, None, 1024, judge_later=None)
+    room.pipeline.downloads = downloads
+    odd = {"type": kind, "event_id": "$odd", "room_id": ROOM, "sender": "@alice:hs",
+           "origin_server_ts": 1500, "content": {"msgtype": msgtype, "body": "x", "url": "mxc://hs/x",
+                                                 "m.relates_to": {"rel_type": "m.thread", "event_id": "$q"}}}
+    batch = asyncio.run(downloads.prefetch([odd, answer("$a", "@alice:hs", 2000, "main")]))
+    room.deliver(batch)
+    assert room.record()["choice"] == "main"

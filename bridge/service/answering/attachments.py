@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any, AsyncContextManager, Callable, Iterable, TypeVar
 
 from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
-from bridge.protocol.normalize import FILE_MSGTYPES
+from bridge.protocol.normalize import is_file_content
 from bridge.questionset.media import is_inside
 from bridge.service.logs import in_a_line
 from bridge.service.storage.store import Store
@@ -139,7 +139,7 @@ def target(event: dict[str, Any], store: Store, unjudged: Unjudged = {}) -> tupl
     event_id = event.get("event_id")
     if event.get("type") != "m.room.message" or not isinstance(content, dict) or not isinstance(event_id, str):
         return None
-    if content.get("msgtype") not in FILE_MSGTYPES or store.is_processed(event_id):
+    if not is_file_content(content) or store.is_processed(event_id):
         return None
     if store.attachment(event_id) is not None:
         return None
@@ -168,7 +168,7 @@ def replacing_file(event: dict[str, Any], relates: dict[str, Any], store: Store,
     original = relates.get("event_id")
     new = file_content(event)
     url = media_url(new)
-    if not isinstance(original, str) or new.get("msgtype") not in FILE_MSGTYPES or url is None:
+    if not isinstance(original, str) or not is_file_content(new) or url is None:
         return None
     gesture = store.gesture_at(original)
     if gesture is not None:

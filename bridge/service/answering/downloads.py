@@ -26,7 +26,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from bridge.protocol.annotate import room_left
-from bridge.protocol.normalize import FILE_MSGTYPES
+from bridge.protocol.normalize import is_file_content
 from bridge.service.answering.attachments import (Download, MayAnswer, abandoned_after, fetch_bounded, file_content,
                                                   media_url, sweep_sets, target)
 from bridge.service.answering.places import Places
@@ -241,6 +241,5 @@ class Downloads:
 
 
 def _is_file(event: dict[str, Any]) -> bool:
-    content = event.get("content")
-    return isinstance(content, dict) and content.get("msgtype") in FILE_MSGTYPES
+    return is_file_content(event.get("content"))
 
