@@ -94,7 +94,11 @@ async def test_the_legacy_path_and_query_token_work(served):
 
 
 @pytest.mark.parametrize("headers,params", [({"Authorization": "Bearer nope"}, {}), ({}, {}),
-                                            ({}, {"access_token": "nope"})])
+                                            ({}, {"access_token": "nope"}),
+                                            # Both given, one wrong: the spec asks both to match.
+                                            (BEARER, {"access_token": "nope"}),
+                                            # Bytes no UTF-8: a 500 and a traceback for anyone to cause.
+                                            ({"Authorization": "Bearer \xff\xfe"}, {})])
 async def test_a_wrong_or_missing_token_is_forbidden(served, headers, params):
     client, stand_in, _ = served
     for path in ("/_matrix/app/v1/transactions/9", "/transactions/9"):
@@ -103,6 +107,23 @@ async def test_a_wrong_or_missing_token_is_forbidden(served, headers, params):
     response = await client.post("/_matrix/app/v1/ping", json={}, headers=headers, params=params)
     assert response.status == 403
     assert stand_in.batches == []
+
+
+@pytest.mark.parametrize("txn_id", ["%C2%B2", "9" * 5000])
+async def test_a_transaction_id_that_is_no_number_int_reads_is_taken(served, txn_id):
+    # "²" is a digit to isdigit and no number to int, as are 4,300 digits and
+    # more: the look for a skipped transaction failed it with a 500 on every try.
+    client, stand_in, server = served
+
+    class Looking:
+        def heard(self) -> None:
+            pass
+
+    server.catchup = Looking()
+    response = await client.put(f"/_matrix/app/v1/transactions/{txn_id}", json={"events": [event(6)]},
+                                headers=BEARER)
+    assert response.status == 200, await response.text()
+    assert len(stand_in.batches) == 1
 
 
 async def test_a_failure_is_a_500_and_the_resend_is_processed(served):
@@ -237,3 +258,16 @@ async def test_notices_are_woken_after_a_transaction(served):
     await client.put("/_matrix/app/v1/transactions/12", json={"events": [event(6)]}, headers=BEARER)
     assert Bell.rung == 1
     await asyncio.sleep(0)
+
+
+async def test_another_method_on_a_known_endpoint_is_405_unrecognized(served):
+    # The catch-all answered 404: the spec's "unknown routes" asks 405 M_UNRECOGNIZED here.
+    client, stand_in, _ = served
+    for method, path in (("GET", "/_matrix/app/v1/transactions/4"), ("POST", "/_matrix/app/v1/transactions/4"),
+                         ("DELETE", "/transactions/4"), ("GET", "/_matrix/app/v1/ping"),
+                         ("POST", "/_matrix/app/v1/users/@a:example.org")):
+        response = await client.request(method, path, headers=BEARER)
+        assert response.status == 405, (method, path, response.status)
+        assert (await response.json())["errcode"] == "M_UNRECOGNIZED"
+    assert (await client.get("/_matrix/app/v1/nothing", headers=BEARER)).status == 404
+    assert stand_in.batches == []

@@ -106,11 +106,17 @@ class TransactionServer:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        known = []
         for prefix in ("/_matrix/app/v1", ""):  # "" = the legacy unprefixed paths
-            app.router.add_put(prefix + "/transactions/{txn_id}", self.transaction)
-            app.router.add_get(prefix + "/users/{user_id}", self.not_found)
-            app.router.add_get(prefix + "/rooms/{alias}", self.not_found)
-        app.router.add_post("/_matrix/app/v1/ping", self.ping)
+            known += [("PUT", prefix + "/transactions/{txn_id}", self.transaction),
+                      ("GET", prefix + "/users/{user_id}", self.not_found),
+                      ("GET", prefix + "/rooms/{alias}", self.not_found)]
+        known.append(("POST", "/_matrix/app/v1/ping", self.ping))
+        for method, path, handler in known:
+            resource = app.router.add_resource(path)
+            resource.add_route(method, handler)
+            # Another method on a known endpoint: 405 M_UNRECOGNIZED, as the spec says (the catch-all said 404).
+            resource.add_route("*", self.wrong_method)
         if self.ops is not None:
             app.add_routes(self.ops.routes())  # /metrics and /health, before the catch-all
         else:
@@ -144,8 +150,14 @@ class TransactionServer:
 
     def _denied(self, request: web.Request) -> web.Response | None:
         header = request.headers.get("Authorization", "")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else request.query.get("access_token", "")
-        if token and self.hs_token and hmac.compare_digest(token.encode(), self.hs_token.encode()):
+        bearer = header[7:].strip() if header[:7].lower() == "bearer " else None
+        given = [token for token in (bearer, request.query.get("access_token")) if token is not None]
+        # Both forms given: both must match (the spec's word).  Bytes a header
+        # can carry that are no UTF-8 (aiohttp keeps them as surrogates) are
+        # compared as they came, never a 500 and a traceback for anyone to cause.
+        if given and self.hs_token and all(
+                hmac.compare_digest(token.encode("utf-8", "surrogateescape"), self.hs_token.encode())
+                for token in given):
             return None
         # The issue asks for 403 whether the token is wrong or missing; the spec
         # would allow 401 for a missing one, and the homeserver treats both alike.
@@ -317,8 +329,8 @@ class TransactionServer:
         """Synapse numbers transactions 1, 2, 3...; one that skips a number
         means one went missing or is held back (or went to another
         appservice of the same homeserver: they share the numbering)."""
-        if not txn_id.isdigit():
-            return False
+        if not (txn_id.isascii() and txn_id.isdigit()) or len(txn_id) > 19:
+            return False  # ("²" is a digit to isdigit, no number to int; nor are 4,300 digits)
         number, last = int(txn_id), self.last_txn
         # Also when lower: a restarted Synapse counts on from what it still
         # holds, one whose database was reset from 1.
@@ -367,6 +379,9 @@ class TransactionServer:
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"live": True, "ready": self.ready.is_set()})
+
+    async def wrong_method(self, request: web.Request) -> web.Response:
+        return _error(405, "M_UNRECOGNIZED", f"{request.method} is not a method of {request.path}")
 
     async def unrecognised(self, _request: web.Request) -> web.Response:
         return _error(404, "M_UNRECOGNIZED", "unrecognised request")
