@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
 from bridge.protocol.render import KEYCAPS, option_display
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
+from bridge.questionset.shown import reply_key
 
 _NUMBER = re.compile(r"^#?(\d{1,3})[.)]?$")
 _SPACED_NUMBERS = re.compile(r"^\d{1,3}(?:\s+\d{1,3})+$")
@@ -23,7 +24,6 @@ _SPACED_NUMBERS = re.compile(r"^\d{1,3}(?:\s+\d{1,3})+$")
 # the clip (a timecode, ``notes``), not option 1 with the words "02 the cut".
 _HEAD = re.compile(r"^(?P<head>[^:\n\u2013\u2014]{1,200}?)\s*(?::(?!\d)|\s[-\u2013\u2014])\s*(?P<rest>.+)$",
                    re.DOTALL)
-_QUOTES = "\"'`\u201c\u201d\u2018\u2019"
 
 
 @dataclass(frozen=True)
@@ -217,4 +217,4 @@ def _unsure_words(question: RecordedQuestion) -> set[str]:
 
 
 def _plain(text: str) -> str:
-    return " ".join(text.strip().strip(_QUOTES).strip().rstrip(".!").split()).casefold()
+    return reply_key(text)

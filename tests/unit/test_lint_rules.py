@@ -232,6 +232,11 @@ def _delete(path: str) -> Mutation:
     return _set(path, _DELETE)
 
 
+def _renamed_side(raw: Raw, old: str, new: str) -> None:
+    sides = next(q for q in raw["questions"] if q["id"] == "take")["sides"]
+    sides[new] = sides.pop(old)
+
+
 def _all(*mutations: Mutation) -> Mutation:
     def mutate(raw: Raw) -> None:
         for m in mutations:
@@ -351,6 +356,30 @@ DECIDE_CASES: list[tuple[str, Mutation, str | None, str | None]] = [
     ("option-id-other", _set("q:many.options.2.id", "other"), "questions[many].options[other].id", ERROR),
     ("option-id-comma", _set("q:many.options.2.id", "f,r"), "questions[many].options[f,r].id", ERROR),
     ("option-label-duplicate", _set("q:many.options.2.label", "GERMAN"), "questions[many].options[fr].label", ERROR),
+    # Labels a reply can't tell from another's, or that it reads as a built-in or another option's id:
+    # passed, and the option could be picked only by its number.
+    ("option-label-duplicate-as-a-reply-reads", _set("q:many.options.2.label", "German!"),
+     "questions[many].options[fr].label", ERROR),
+    ("option-label-duplicate-spaced", _all(_set("q:many.options.1.label", "Ship it"),
+                                           _set("q:many.options.2.label", "Ship\u00a0 it")),
+     "questions[many].options[fr].label", ERROR),
+    ("option-label-duplicate-decomposed", _all(_set("q:many.options.1.label", "Caf\u00e9 menu"),
+                                               _set("q:many.options.2.label", "Cafe\u0301 menu")),
+     "questions[many].options[fr].label", ERROR),
+    ("option-label-other", _set("q:many.options.2.label", "Other"), "questions[many].options[fr].label", ERROR),
+    ("option-label-not-sure", _set("q:many.options.2.label", "Not sure."), "questions[many].options[fr].label", ERROR),
+    ("option-label-unsure", _set("q:many.options.2.label", "Unsure"), "questions[many].options[fr].label", ERROR),
+    ("option-label-another-id", _set("q:many.options.2.label", "DE"), "questions[many].options[fr].label", ERROR),
+    ("option-label-its-own-id-ok", _set("q:many.options.2.label", "FR"), None, None),
+    # Nothing to see, or lines of its own in the numbered list a person answers from.
+    ("option-label-zero-width", _set("q:many.options.2.label", "\u200b"), "questions[many].options[fr].label", ERROR),
+    ("option-label-two-lines", _set("q:many.options.2.label", "French\n2. Delete the prod database"),
+     "questions[many].options[fr].label", ERROR),
+    ("option-label-turned-around", _set("q:many.options.2.label", "French \u202eesrever"),
+     "questions[many].options[fr].label", ERROR),
+    ("option-label-emoji-ok", _set("q:many.options.2.label", "French \U0001f469\u200d\U0001f4bb"), None, None),
+    ("title-two-lines", _set("q:pick.title", "Poster\nTo answer: reply 2"), "questions[pick].title", ERROR),
+    ("title-zero-width", _set("q:pick.title", "\u200b"), "questions[pick].title", ERROR),
     ("option-label-empty", _set("q:many.options.2.label", ""), "questions[many].options[fr].label", ERROR),
     ("option-label-missing", _delete("q:many.options.2.label"), "questions[many].options[fr].label", ERROR),
     ("option-label-wrong-type", _set("q:many.options.2.label", 3), "questions[many].options[fr].label", ERROR),
@@ -393,6 +422,13 @@ DECIDE_CASES: list[tuple[str, Mutation, str | None, str | None]] = [
     ("sides-randomized-not-bool", _set("q:take.sides.randomized", "yes"), "questions[take].sides.randomized", ERROR),
     ("sides-unknown-option", _set("q:take.sides.left", "t9"), "questions[take].sides.left", ERROR),
     ("sides-one-side", _delete("q:take.sides.right"), "questions[take].sides", ERROR),
+    # A side's name is what the person reads for its option, and may reply with.
+    ("sides-name-empty", lambda raw: _renamed_side(raw, "left", ""), "questions[take].sides.", ERROR),
+    ("sides-named-alike", lambda raw: _renamed_side(raw, "right", "Left"), "questions[take].sides.Left", ERROR),
+    ("sides-named-as-a-built-in", lambda raw: _renamed_side(raw, "left", "unsure"), "questions[take].sides.unsure",
+     ERROR),
+    ("sides-named-as-a-label", lambda raw: _renamed_side(raw, "left", "Take 5"), "questions[take].sides.Take 5",
+     ERROR),
     ("sides-same-take", _set("q:take.sides.right", "t2"), "questions[take].sides", ERROR),
     ("sides-not-on-compare", _set("q:pick.sides", {"left": "red", "right": "blue", "randomized": True}), "questions[pick].sides", ERROR),
     # media
@@ -525,10 +561,16 @@ STUDY_CASES: list[tuple[str, Mutation, str | None, str | None]] = [
     ("text-without-grading", _delete("q:explain.rubric"), "questions[explain].rubric", ERROR),
     ("text-model-answer-ok", _all(_delete("q:explain.rubric"), _set("q:explain.model_answer", "The civil wars.")), None, None),
     ("rubric-list-ok", _set("q:explain.rubric", ["Civil wars", "Caesar"]), None, None),
+    ("rubric-of-blanks", _set("q:explain.rubric", ["", "  "]), "questions[explain].rubric", ERROR),
     ("rubric-wrong-type", _set("q:explain.rubric", 3), "questions[explain].rubric", ERROR),
     ("question-mark-inside-ok", _set("q:capital.question", 'Which word is wrong? "Paris are big"'), None, None),
     ("question-without-mark", _set("q:capital.question", "Name the capital."), "questions[capital].question", ERROR),
-    ("labels-differ-by-case-ok", _set("q:capital.options.1.label", "paris"), None, None),
+    # (With ids that are not the labels: a reply "paris" names the option whose id it is.)
+    ("labels-differ-by-case-ok", lambda raw: (_set("q:capital.options.0.id", "p")(raw),
+                                              _set("q:capital.options.1.id", "l")(raw),
+                                              _set("q:capital.options.1.label", "paris")(raw)), None, None),
+    ("label-another-options-id", _set("q:capital.options.1.label", "paris"), "questions[capital].options[lyon].label",
+     ERROR),
     ("labels-equal", _set("q:capital.options.1.label", "Paris"), "questions[capital].options[lyon].label", ERROR),
     ("label-left-ok", _set("q:capital.options.1.label", "Left"), None, None),
     ("guess-why-look-for-not-needed", lambda raw: None, None, None),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.questionset.shown import visible
+
 
 def value_at(obj: Any, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else None
@@ -33,7 +35,8 @@ def is_number(value: Any) -> bool:
 
 
 def blank(value: str | None) -> bool:
-    return value is None or not value.strip()
+    """None, or nothing a person sees (spaces, a zero-width space)."""
+    return value is None or not visible(value).strip()
 
 
 def quote(text: str, limit: int = 60) -> str:

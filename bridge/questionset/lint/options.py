@@ -9,6 +9,7 @@ from bridge.questionset.lint.access import blank, quote, str_at
 from bridge.questionset.lint.context import Context, QuestionView
 from bridge.questionset.lint.unknown import check_unknown
 from bridge.questionset.builtin import BUILTIN_IDS, OTHER_LABEL, UNSURE_LABEL
+from bridge.questionset.shown import one_line_problem, reply_key
 
 
 def _norm_label(label: str) -> str:
@@ -69,10 +70,11 @@ def check_options(ctx: Context, q: QuestionView) -> None:
     _check_option_count(ctx, q)
     seen_ids: set[str] = set()
     seen_labels: set[str] = set()
+    ids = {reply_key(oid): oid for _where, option in q.options if (oid := str_at(option, "id")) is not None}
     for position, (where, option) in enumerate(q.options, 1):
         check_unknown(ctx, option, "option", where)
         _check_option_id(ctx, where, option, seen_ids)
-        _check_option_label(ctx, q, where, option, seen_labels)
+        _check_option_label(ctx, q, where, option, seen_labels, ids)
         if q.kind == "scale":  # (elsewhere a number for a label is a bare position already)
             _check_number_label(ctx, where, option, position)
 
@@ -112,24 +114,33 @@ def _check_option_id(ctx: Context, where: str, option: dict[str, Any], seen: set
     seen.add(oid)
 
 
-# The built-ins' labels, as a reply may name them (in any case).
-_BUILTIN_LABELS = frozenset(label.casefold() for label in (UNSURE_LABEL, OTHER_LABEL))
+# The built-ins as a reply names them: their ids, labels and "not sure" (``replies``).
+BUILTIN_WORDS = frozenset(reply_key(words) for words in (*BUILTIN_IDS, "not sure", UNSURE_LABEL, OTHER_LABEL))
 
 
-def _check_option_label(ctx: Context, q: QuestionView, where: str, option: dict[str, Any], seen: set[str]) -> None:
+def _check_option_label(ctx: Context, q: QuestionView, where: str, option: dict[str, Any], seen: set[str],
+                        ids: dict[str, str]) -> None:
     label = str_at(option, "label")
     if label is None:
         return
     if blank(label):
         ctx.error(f"{where}.label", "give the option a label: the words the person picks")
         return
-    # A quiz may offer "We" and "we" as different answers; elsewhere case is ignored.
-    key = label.strip() if ctx.study else label.strip().casefold()
-    if label.strip().casefold() in _BUILTIN_LABELS:
-        ctx.error(f"{where}.label", f"{quote(label)} is the label of a built-in answer every question offers; "
-                                    "label this option otherwise")
+    if problem := one_line_problem(label):
+        ctx.error(f"{where}.label", f"the label {problem}")
+    # A quiz may offer "We" and "we" as different answers; elsewhere two labels
+    # are one when a reply can't tell them apart ("Ship  it", "Ship it!").
+    key = label.strip() if ctx.study else reply_key(label)
+    named_id = ids.get(reply_key(label))
+    if reply_key(label) in BUILTIN_WORDS:
+        ctx.error(f"{where}.label", f"{quote(label)} names a built-in answer every question offers (a reply "
+                                    "saying it picks that one); label this option otherwise")
+    elif named_id is not None and named_id != str_at(option, "id"):
+        ctx.error(f"{where}.label", f"{quote(label)} is the id of another option: a reply saying it picks that "
+                                    "option (a reply's words are read as an id first); label this option otherwise")
     elif key in seen:
-        ctx.error(f"{where}.label", f"another option is also labelled {quote(label)}; make each label distinct")
+        ctx.error(f"{where}.label", f"another option is also labelled {quote(label)} (as a reply reads it); "
+                                    "make each label distinct")
     seen.add(key)
     if q.kind == "confirm" and _YES_NO_START.match(label.strip()):
         ctx.error(f"{where}.label", f"{quote(label)} starts with Yes or No; name the action instead (\"Ship it\", \"Hold the release\")")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge.questionset.lint.access import quote
+from bridge.questionset.lint.access import blank, quote, str_at
 from bridge.questionset.lint.context import Context, QuestionView
+from bridge.questionset.lint.options import BUILTIN_WORDS
+from bridge.questionset.shown import one_line_problem, reply_key
 
 
 def check_sides(ctx: Context, q: QuestionView) -> None:
@@ -21,6 +23,7 @@ def check_sides(ctx: Context, q: QuestionView) -> None:
     _check_randomized(ctx, sides, where)
     names = {name: value for name, value in sides.items() if name != "randomized"}
     ids = q.option_ids
+    _check_side_names(ctx, q, where, list(names))
     for name, value in names.items():
         if not isinstance(value, str):
             ctx.error(f"{where}.{name}", "a side must name one of this question's option ids")
@@ -45,3 +48,26 @@ def _check_randomized(ctx: Context, sides: dict[str, Any], where: str) -> None:
         ctx.error(f"{where}.randomized", "randomized must be true or false")
     elif randomized is False:
         ctx.warning(f"{where}.randomized", message)
+
+
+def _check_side_names(ctx: Context, q: QuestionView, where: str, names: list[str]) -> None:
+    """A side's name is what the person reads for its option ("Left: take 2")
+    and may reply with: it must be words, one line, its own, and no built-in's."""
+    labels = {reply_key(label) for _where, option in q.options if (label := str_at(option, "label")) is not None}
+    seen: set[str] = set()
+    for name in names:
+        key = reply_key(name)
+        if blank(name):
+            ctx.error(f"{where}.{name}", "a side needs a name the person reads (left, right)")
+        elif problem := one_line_problem(name):
+            ctx.error(f"{where}.{name}", f"the side's name {problem}")
+        elif key in BUILTIN_WORDS:
+            ctx.error(f"{where}.{name}", f"{quote(name)} names a built-in answer every question offers; name the "
+                                         "side otherwise")
+        elif key in seen:
+            ctx.error(f"{where}.{name}", f"two sides are named {quote(name)} (as a reply reads them); name each "
+                                         "its own")
+        elif key in labels:
+            ctx.error(f"{where}.{name}", f"{quote(name)} is also an option's label; a reply saying it could mean "
+                                         "either")
+        seen.add(key)

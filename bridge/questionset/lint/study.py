@@ -37,6 +37,10 @@ def _check_study_options(ctx: Context, q: QuestionView) -> None:
 
 def _has_grading(raw: dict[str, Any]) -> bool:
     rubric, model_answer = raw.get("rubric"), raw.get("model_answer")
-    if rubric is not None and not (isinstance(rubric, str) and not rubric.strip()) and rubric != []:
+    if isinstance(rubric, list):
+        # [""] grades nothing: only a rubric item with words in it does.
+        if any(not isinstance(item, str) or item.strip() for item in rubric):
+            return True
+    elif rubric is not None and not (isinstance(rubric, str) and not rubric.strip()):
         return True
     return model_answer is not None and not (isinstance(model_answer, str) and not model_answer.strip())

@@ -6,6 +6,7 @@ import re
 
 from bridge.questionset.lint.access import blank, list_at, quote, str_at
 from bridge.questionset.lint.context import Context, QuestionView
+from bridge.questionset.shown import one_line_problem
 
 TITLE_WARN_LENGTH = 80
 MAX_SENTENCES = 3
@@ -17,6 +18,8 @@ def check_title(ctx: Context, q: QuestionView) -> None:
         return
     if blank(title):
         ctx.error(f"{q.where}.title", "give the question a title")
+    elif problem := one_line_problem(title):
+        ctx.error(f"{q.where}.title", f"the title {problem}")
     elif len(title.strip()) > TITLE_WARN_LENGTH:
         ctx.warning(f"{q.where}.title", f"the title is {len(title.strip())} characters long; keep it to {TITLE_WARN_LENGTH} at most")
 
