@@ -301,20 +301,21 @@ def follow_webhook_urls(store: Store, agents: Mapping[str, Agent]) -> list[tuple
     with store.transaction(flush=False):
         for name, agent in agents.items():
             seen = store.get_meta(WEBHOOK_URL_SEEN + name)
-            now = agent.webhook_url or None
-            if seen and seen != now:
-                if now:
+            current = agent.webhook_url or None
+            if seen and seen != current:
+                if current:
                     # An event the new URL has its own row for (a set naming it as a callback) goes there once.
                     store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=? AND key IN "
-                                     "(SELECT key FROM webhook_outbox WHERE url=?)", (name, seen, now))
-                    rows = store.db.execute("UPDATE webhook_outbox SET url=? WHERE agent=? AND url=?",
-                                            (now, name, seen)).rowcount
+                                     "(SELECT key FROM webhook_outbox WHERE url=?)", (name, seen, current))
+                    moved = store.db.execute("UPDATE webhook_outbox SET url=? WHERE agent=? AND url=?",
+                                             (current, name, seen)).rowcount
                 else:
-                    rows = store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=?", (name, seen)).rowcount
-                changed.append((name, seen, now, rows))
-            if now != seen:
-                if now:
-                    store.set_meta(WEBHOOK_URL_SEEN + name, now)
+                    moved = store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=?",
+                                             (name, seen)).rowcount
+                changed.append((name, seen, current, moved))
+            if current != seen:
+                if current:
+                    store.set_meta(WEBHOOK_URL_SEEN + name, current)
                 else:
                     store.delete_meta(WEBHOOK_URL_SEEN + name)
     return changed

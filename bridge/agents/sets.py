@@ -45,7 +45,7 @@ def _view(set_dir: Path) -> dict[str, Any]:
         return load_view(set_dir, include_all=True)
     except ReadError as exc:
         # Named as the agent names it: where the bridge keeps its sets is not the agent's to know.
-        raise NotFound(exc.message.replace(str(set_dir.parent) + os.sep, "").replace(str(set_dir.parent), "")) from None
+        raise NotFound(exc.message.replace(str(set_dir.parent) + os.sep, "")) from None
 
 
 def _call(fn: Callable[..., Any], /, *args: Any) -> Any:
