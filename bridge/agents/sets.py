@@ -289,7 +289,7 @@ class AgentSets:
         read the set once."""
         set_dir = self._own_dir(agent, set_id)
         key = (set_dir, _files_now(set_dir))
-        if (key[1][0] or (0, 0, 0))[2] <= BIG_DOCUMENT:
+        if not _big_files(key[1]):
             return _view(set_dir)  # a few milliseconds: read here, at once
         reading = self._reading.get(key)
         if reading is None:
@@ -440,8 +440,7 @@ class AgentSets:
         kept = self._summaries.get(set_dir)
         if kept is not None and kept[0] == stamp:
             return kept[1]
-        big = (stamp[0] or (0, 0, 0))[2] > BIG_DOCUMENT or (stamp[1] or (0, 0, 0))[2] > BIG_DOCUMENT
-        summary = (in_a_process if big else _call)(set_summary, set_dir)
+        summary = (in_a_process if _big_files(stamp) else _call)(set_summary, set_dir)
         self._summaries[set_dir] = (stamp, summary)
         return summary
 
@@ -462,6 +461,13 @@ def _callbacks(callbacks: list[str] | None) -> list[str]:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")) or len(url) > 2000:
             raise BadRequest("each callback must be an http:// or https:// URL")
     return list(dict.fromkeys(callbacks))
+
+
+def _big_files(stamp: Any) -> bool:
+    """A set whose questions.json or answers.json (``_files_now``'s stamp) takes
+    long to read: answers of 20,000 characters each make a 10 MB answers.json
+    of a set of 160 questions, which each wait read on the event loop."""
+    return any((files or (0, 0, 0))[2] > BIG_DOCUMENT for files in stamp[:2])
 
 
 def _big(document: bytes | dict[str, Any]) -> bool:

@@ -3,6 +3,7 @@ homeserver: what an agent (or a webhook receiver) would see."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -480,3 +481,32 @@ def test_a_number_json_cannot_write_from_the_mcp_door_is_refused_and_nothing_is_
         sets.ask("a", "plan", document)
     assert "a number JSON cannot hold" in refused.value.message
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_set_of_few_questions_and_a_big_answers_json_is_read_once_off_the_loop_for_all_its_waits(
+        tmp_path, monkeypatch):
+    """160 questions, answers of 20,000 characters: a 10 MB answers.json.
+    Only questions.json's size counted: every wait parsed the file on the
+    event loop, each keeping its own copy (100 waits: 8.5 s stalled, 2.5 GB)."""
+    from bridge.agents import sets as sets_module
+    from bridge.answers import document
+    from bridge.answers.file import AnswersFile
+
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "wordy", one_question("wordy"))
+    words = "a long considered answer " * 800  # 20,000 characters
+    records = [{"qid": "branch", "text": words, "note": words, "q_rev": 1}]
+    AnswersFile(tmp_path / "wordy", "wordy").update(lambda doc, now: document.put_record(doc, records[0], now),
+                                                    "2026-12-01T10:00:00.000Z")
+    doc = json.loads((tmp_path / "wordy" / "answers.json").read_text())
+    doc["padding"] = "x" * (400 * 1024)  # past BIG_DOCUMENT, as many such answers make it
+    (tmp_path / "wordy" / "answers.json").write_text(json.dumps(doc))
+    apart: list[str] = []
+
+    async def noted(agent, fn, *args):
+        apart.append(args[0].__name__)
+        return fn(*args)
+
+    monkeypatch.setattr(sets.apart, "run", noted)
+    views = await asyncio.gather(*(sets.read_all_apart("a", "wordy") for _ in range(20)))
+    assert apart == ["_view"] and all(v == views[0] for v in views)
