@@ -18,6 +18,8 @@ question answered (``q_rev``), how many answers the question has had
 
 from __future__ import annotations
 
+import time
+
 import copy
 import json
 import posixpath
@@ -88,6 +90,11 @@ class UnsupportedVersion(AnswersError):
 
 
 # --- building ---------------------------------------------------------------
+
+
+def utc_of_ms(ms: int) -> str:
+    """``2026-05-28T20:26:40.999Z``: the form of ``updated``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def empty(set_id: str) -> dict[str, Any]:

@@ -20,10 +20,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bridge.answers import document
+from bridge.answers.document import utc_of_ms
 from bridge.regularfile import read_regular
 from bridge.wholefile import TEMP_MARK, is_stray, replace_whole
 
@@ -105,7 +107,7 @@ class AnswersFile:
             else:
                 current = document.empty(self.set_id) if data is None else document.parse(data)
                 fragments = {}
-            new = fn(current, now)
+            new = fn(current, later_than(now, current.get("updated")))
             if new is current or new == current:
                 if new is current:
                     _forget(key)  # in case ``fn`` changed it in place after all
@@ -124,6 +126,25 @@ class AnswersFile:
 
     def _replace(self, data: bytes) -> None:
         replace_whole(self.path, data)
+
+
+def later_than(now: str, before: Any) -> str:
+    """``now``, or a millisecond past the document's last ``updated`` when it
+    is no later: an agent waiting for answers ``after`` the last one's time
+    missed one written within the same millisecond (or once the clock
+    stepped back), its ``updated`` equal, not later."""
+    now_ms, before_ms = _ms(now), _ms(before)
+    if now_ms is None or before_ms is None or now_ms > before_ms:
+        return now
+    return utc_of_ms(before_ms + 1)
+
+
+def _ms(text: Any) -> int | None:
+    """Milliseconds of an ``updated`` as the bridge writes it; None for anything else."""
+    try:
+        return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 # The last document each recent writer wrote or read, with the bytes it was

@@ -334,3 +334,18 @@ def test_a_questions_file_mid_edit_is_no_arrival_and_no_reason_to_stop(set_dir, 
     later(1.0, lambda: answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1}))
     assert main(["wait", str(set_dir), *how, "--timeout", "20"]) == 0
     assert '"text": "yes"' in capsys.readouterr().out
+
+
+def test_an_answer_written_in_the_same_millisecond_as_the_last_is_later_than_it(set_dir):
+    """An agent waits for answers ``after`` the last one's time: a second
+    answer written in the same millisecond had the same ``updated``, and
+    that wait (and every one after it) missed it until a third came."""
+    from bridge.answers.arrival import parse_time
+    from bridge.answers.view import load_view
+
+    answer(set_dir, {"qid": "a", "text": "yes", "q_rev": 1})
+    first = json.loads((set_dir / "answers.json").read_text())["answers"]["a"]["updated"]
+    answer(set_dir, {"qid": "b", "text": "no", "q_rev": 1})  # the same clock reading (NOW)
+    second = json.loads((set_dir / "answers.json").read_text())["answers"]["b"]["updated"]
+    assert parse_time(second) > parse_time(first)
+    assert arrived(load_view(set_dir, include_all=True), None, UNTIL_ANSWERED, after=parse_time(first))

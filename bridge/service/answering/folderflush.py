@@ -11,7 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from bridge.answers.document import AnswersError, mirror_records, record_problem
+from bridge.answers.document import AnswersError, mirror_records, record_problem, utc_of_ms
 from bridge.answers.file import ANSWERS_NAME, AnswersFile, LockBusy
 from bridge.protocol.approval_record import outcome_mark, outcome_of
 from bridge.protocol.recorded import RecordedQuestion
@@ -25,11 +25,6 @@ log = logging.getLogger(__name__)
 LOCK_WAIT = 0.2
 LOCK_RETRY_MS = 500
 LOCK_BUSY_PROBLEM = "another process holds the set's lock (a writer paused or slow); tried again shortly"
-
-
-def utc_of_ms(ms: int) -> str:
-    """``2026-05-28T20:26:40.999Z``: the form of ``updated``."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 class FolderFlush:
