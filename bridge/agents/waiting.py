@@ -15,9 +15,11 @@ import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from bridge.agents.errors import BadRequest, NotFound, Unprocessable
+from bridge.agents.owner import read_owner
 from bridge.agents.sets import AgentSets
 from bridge.answers.arrival import (UNTIL_ALL, UNTIL_ANSWERED, arrived, as_read, has_answer, in_the_set, parse_time,
                                     unanswerable)
@@ -118,10 +120,10 @@ async def _follow(sets: AgentSets, agent: str, set_id: str, changed: asyncio.Eve
                 try:
                     view = await sets.read_all_apart(agent, set_id)
                 except NotFound:
-                    if not os.path.lexists(set_dir):
-                        # Removed (the bridge closes its questions): nothing
-                        # will come to end the wait, so it ends now, as
-                        # ``askwright-bridge wait`` exits 2.
+                    if not os.path.lexists(set_dir) or not _still_theirs(set_dir, agent):
+                        # Removed (the bridge closes its questions), or another
+                        # agent's now: nothing will come to end the wait, so it
+                        # ends now, as ``askwright-bridge wait`` exits 2.
                         raise NotFound(f"no set {set_id!r}: it was removed while waiting") from None
                     missing = True  # mid-rewrite by its writer, or being removed
                     continue
@@ -141,3 +143,10 @@ async def _report(progress: Progress | None, view: dict[str, Any]) -> None:
         return
     answered, total = progress_of(view)
     await progress(float(answered), float(max(total, 1)), f"{answered} of {total} open questions answered")
+
+
+def _still_theirs(set_dir: Path, agent: str) -> bool:
+    """The folder still ``agent``'s, or being rewritten (no owner file read
+    this moment): a folder another agent's set took over is not."""
+    owner = read_owner(set_dir)
+    return owner is None or owner.agent == agent

@@ -229,7 +229,7 @@ def test_a_refusal_says_the_limit_and_the_reason_however_long_the_value():
     assert bad_id["message"].startswith("the string does not match"), bad_id
 
 
-@pytest.mark.parametrize("how", ["rm -r", "renamed away"])
+@pytest.mark.parametrize("how", ["rm -r", "renamed away", "taken over by another agent"])
 async def test_a_wait_on_a_set_removed_meanwhile_ends_at_once_not_at_its_timeout(tmp_path, how):
     """``askwright-bridge wait`` exits 2 when the set is removed while it
     waits; a wait over HTTP or MCP held the agent (and one of its waits)
@@ -250,8 +250,11 @@ async def test_a_wait_on_a_set_removed_meanwhile_ends_at_once_not_at_its_timeout
         began = time.monotonic()
         if how == "rm -r":
             shutil.rmtree(tmp_path / "plan")
-        else:
+        elif how == "renamed away":
             (tmp_path / "plan").rename(tmp_path / ".plan-old")
+        else:  # (the wait re-checked every second until its timeout: 60 s here, up to 300)
+            shutil.rmtree(tmp_path / "plan")
+            sets.ask("b", "plan", one_question())
         with pytest.raises(NotFound, match="removed while waiting"):
             await asyncio.wait_for(waiting, 20)
         assert time.monotonic() - began < 5
