@@ -123,9 +123,12 @@ def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, v
     from bridge.service.auditing.witness import read_witness, witness_file
 
     latest = max(notes, default=(0, None))
-    if len(hashes) <= latest[0]:
+    if len(hashes) <= latest[0] and (latest[1] is not None or hashes):
         return None
-    unsigned = f"the {len(hashes) - latest[0]} leaves logged since the latest checkpoint (size {latest[0]})"
+    # An empty log with no checkpoint: the empty tree's is signed, so records
+    # from before the log check out against a log that holds nothing.
+    unsigned = (f"the {len(hashes) - latest[0]} leaves logged since the latest checkpoint (size {latest[0]})"
+                if hashes else "the empty log")
     if damage is not None:
         return _note(f"{unsigned} are not signed: {damage}")
     path = key_file(Path(config.store.path), config.audit.key_file)

@@ -24,15 +24,15 @@ class TailRefused(ValueError):
 def sign_tail(hashes: Sequence[bytes], latest: str | None, origin: str, key: Ed25519PrivateKey,
               kept: str | None = None) -> str | None:
     """A signed checkpoint of all ``hashes`` (leaf hashes, in order) when
-    they are more than the ``latest`` checkpoint (a signed note) covers;
-    None when it covers them all.  ``kept``: another checkpoint the leaves
+    they are more than the ``latest`` checkpoint (a signed note) covers, or
+    when there is none (of no leaves too); None when it covers them all.  ``kept``: another checkpoint the leaves
     must make too (the one kept beside the key)."""
     public = cp.raw_public(key.public_key())
     size = under(hashes, latest, origin, public) if latest is not None else 0
     if kept is not None:
         under(hashes, kept, origin, public)
-    if len(hashes) <= size:
-        return None
+    if len(hashes) <= size and latest is not None:
+        return None  # (with none, the empty log's checkpoint: size 0, the empty tree's root)
     return cp.sign_checkpoint(cp.Checkpoint(origin, len(hashes), merkle.root(hashes)), key)
 
 

@@ -221,3 +221,25 @@ def test_an_answer_logged_while_the_export_reads_is_left_to_the_next(between, ca
 
     tail = (between / "log" / "checkpoints" / "4.txt").read_text()
     assert checkpoint.parse_checkpoint(tail.split("\n\n", 1)[0] + "\n").size == 4
+
+
+def test_an_empty_log_exports_the_empty_trees_checkpoint_and_records_from_before_it_check_out(tmp_path, capsys):
+    """The log turned on after the answers: no leaf, no checkpoint (the
+    bridge signs one when the log grows), and verify said 1 problem, exit 1,
+    of a log where nothing is wrong."""
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction():
+        store.set_meta("audit_origin", ORIGIN)
+    key = LogKey(ORIGIN, Ed25519PrivateKey.generate())
+    write_key(key_file(tmp_path / "s.sqlite"), key)
+    store.set_meta("audit_key", key.verifier_key)
+    store.close()
+    record = {"qid": "q0", "state": "answered", "choice": "main", "q_rev": 1, "rev": 1, "updated": "t",
+              "source": {"via": "matrix", "how": "answer_event", "room_id": "!r", "event_id": "$a0",
+                         "sender": "@ana:hs", "ts": 5}}
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "answers.json").write_text(json.dumps({"askwright": 1, "set": "s", "rev": 1,
+                                                               "answers": {"q0": record}}))
+    exported, verified, said = _export_and_verify(tmp_path, capsys)
+    assert (exported, verified) == (0, 0), said
+    assert sorted(p.name for p in (tmp_path / "log" / "checkpoints").iterdir()) == ["0.txt"]
