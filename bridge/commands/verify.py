@@ -112,8 +112,10 @@ def read_leaves(path: Path) -> list[bytes]:
 
 
 def _text(path: Path) -> str:
+    """The file's text as written: read_text's newline translation turned a
+    CRLF checkpoint into one that verified, which C2SP's readers refuse."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise Unreadable(f"{path}: can't be read ({getattr(exc, 'strerror', None) or exc})") from None
 

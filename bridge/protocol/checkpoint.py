@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
@@ -64,6 +65,8 @@ def parse_verifier_key(vkey: str) -> tuple[str, bytes]:
     if len(parts) != 3 or not _good_name(parts[0]):
         raise NoteError("not a verifier key (name+hash+key)")
     name, hexhash, b64 = parts
+    if not re.fullmatch(r"[0-9a-fA-F]{8}", hexhash):  # (bytes.fromhex skips spaces: "c7 4f 20 a3" passed)
+        raise NoteError("the verifier key's hash is not 8 hex digits")
     try:
         data = base64.b64decode(b64, validate=True)
         wanted = bytes.fromhex(hexhash)
@@ -153,7 +156,7 @@ def parse_checkpoint(text: str) -> Checkpoint:
     # ASCII decimal: str.isdigit takes "١٢" (and "²", which int() refuses).
     if not origin or not (size.isascii() and size.isdigit()) or (size != "0" and size.startswith("0")):
         raise NoteError("the checkpoint's origin or tree size is malformed")
-    if len(size) > _SIZE_DIGITS:  # (past 2^64, and past what ``int`` reads: not a tree anyone built)
+    if len(size) > _SIZE_DIGITS or int(size) >= 2 ** 64:  # (C2SP reads it as a uint64, and so refuses more)
         raise NoteError("the checkpoint's tree size is too large")
     try:
         raw = base64.b64decode(root, validate=True)

@@ -98,6 +98,8 @@ async def test_answers_carry_receipts_the_room_holds_checkpoints_and_verify_catc
                                   origin).root, point.root, [bytes.fromhex(h) for h in body["proof"]])
         async with http.get(f"{base}/v1/log/inclusion", params={"index": "999", "size": "1000"}) as response:
             assert response.status == 422  # well formed, past the tree
+        async with http.get(f"{base}/v1/log/inclusion", params={"index": "1", "size": "9" * 16}) as response:
+            assert response.status == 422  # past any tree (was refused as no whole number, 400)
         async with http.get(f"{base}/v1/log/leaves") as response:
             leaves_seen = await response.json()
         assert leaves_seen["size"] >= point.size and leaves_seen["leaves"] == []  # not this agent's set

@@ -243,3 +243,15 @@ def test_an_empty_log_exports_the_empty_trees_checkpoint_and_records_from_before
     exported, verified, said = _export_and_verify(tmp_path, capsys)
     assert (exported, verified) == (0, 0), said
     assert sorted(p.name for p in (tmp_path / "log" / "checkpoints").iterdir()) == ["0.txt"]
+
+
+def test_a_checkpoint_file_turned_to_crlf_is_not_the_note_that_was_signed(between, capsys):
+    # read_text's newline translation made it the signed note again; C2SP's
+    # readers (Go's note.Open) refuse a carriage return.
+    exported, verified, _said = _export_and_verify(between, capsys)
+    assert (exported, verified) == (0, 0)
+    for note in (between / "log" / "checkpoints").iterdir():
+        note.write_bytes(note.read_bytes().replace(b"\n", b"\r\n"))
+    args = argparse.Namespace(set_dir=str(between / "set"), log=str(between / "log"), checkpoint=[], key=None,
+                              room=False, config=None)
+    assert verify.run(args) != 0

@@ -47,6 +47,16 @@ def test_a_changed_text_or_another_key_is_refused():
         cp.open_note(other, name, public)
     with pytest.raises(NoteError):
         cp.parse_verifier_key(VKEY.replace("c74f20a3", "c74f20a4"))
+    # Go's note.NewVerifier reads the hash as exactly 8 hex digits; bytes.fromhex skipped spaces.
+    with pytest.raises(NoteError, match="8 hex digits"):
+        cp.parse_verifier_key(VKEY.replace("c74f20a3", "c7 4f 20 a3"))
+
+
+@pytest.mark.parametrize("size", [str(2 ** 64), "99999999999999999999"])
+def test_a_tree_size_past_a_uint64_is_refused_as_c2sp_reads_it(size):
+    with pytest.raises(NoteError, match="too large"):
+        cp.parse_checkpoint(f"example.com/log\n{size}\n" + base64.b64encode(bytes(32)).decode() + "\n")
+    assert cp.parse_checkpoint(f"example.com/log\n{2 ** 64 - 1}\n" + base64.b64encode(bytes(32)).decode() + "\n")
 
 
 def test_a_checkpoint_round_trips_and_says_what_is_wrong():
