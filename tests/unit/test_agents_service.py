@@ -488,7 +488,6 @@ async def test_a_set_of_few_questions_and_a_big_answers_json_is_read_once_off_th
     """160 questions, answers of 20,000 characters: a 10 MB answers.json.
     Only questions.json's size counted: every wait parsed the file on the
     event loop, each keeping its own copy (100 waits: 8.5 s stalled, 2.5 GB)."""
-    from bridge.agents import sets as sets_module
     from bridge.answers import document
     from bridge.answers.file import AnswersFile
 
