@@ -1,11 +1,16 @@
-"""/mcp while the bridge stops: a request that comes after the stop began is
-refused as a JSON-RPC error with 503, never handed to the sessions' task
-group being taken down (a 500 and a traceback in the bridge's log)."""
+"""/mcp given what a well-behaved client seldom sends but any may, and while
+the bridge stops: each answered as the protocol says, never a 500 and a
+traceback in the bridge's log.  A request that comes after the stop began
+is refused as a JSON-RPC error with 503, never handed to the sessions' task
+group being taken down; a body nested past the JSON parser and a resumed
+stream this server keeps no events for are answered as any other."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -26,27 +31,57 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text
            "Content-Type": "application/json"}
 
 
-async def test_a_request_to_mcp_once_the_bridge_stops_gets_a_503_not_a_500(tmp_path: Path, caplog) -> None:
+@contextlib.asynccontextmanager
+async def front_at(tmp_path: Path) -> AsyncIterator[tuple[aiohttp.ClientSession, asyncio.Event]]:
+    """The agents' front started on a port of its own; a session to it, and the stop."""
     port = free_port()
     config = parse_config({**GOOD, "agents": {"planner": {"token": TOKEN}},
                            "metrics": {"enabled": False, "listen": f"127.0.0.1:{port}"}}, base_dir=tmp_path, environ={})
     store = Store(tmp_path / "bridge.sqlite")
     front = AgentsFront(config, store, Metrics())
     stop = asyncio.Event()
-    async with served(front.routes(), port):
-        try:
-            await front.start(stop)
-            async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
-                async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
-                    assert response.status == 200
+    try:
+        async with served(front.routes(), port):
+            try:
+                await front.start(stop)
+                async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+                    yield http, stop
+            finally:
                 stop.set()
-                await asyncio.sleep(0.3)  # the sessions' task group is gone; the listener is not yet
-                with caplog.at_level(logging.ERROR):
-                    async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
-                        status, body = response.status, await response.json()
-        finally:
-            stop.set()
-            await front.close()
-            store.close()
+                await front.close()
+    finally:
+        store.close()
+
+
+async def test_a_request_to_mcp_once_the_bridge_stops_gets_a_503_not_a_500(tmp_path: Path, caplog) -> None:
+    async with front_at(tmp_path) as (http, stop):
+        async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
+            assert response.status == 200
+        stop.set()
+        await asyncio.sleep(0.3)  # the sessions' task group is gone; the listener is not yet
+        with caplog.at_level(logging.ERROR):
+            async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
+                status, body = response.status, await response.json()
     assert status == 503 and "stopping" in body["error"]["message"], (status, body)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_deep_body_and_a_resumed_stream_are_answered_without_a_server_error(tmp_path: Path, caplog) -> None:
+    # A 6 KB body 3,000 arrays deep: a RecursionError out of the bridge's
+    # look at the request, a 500 and a traceback at ERROR for any agent to
+    # send.  A GET with Last-Event-ID on a live session: the SDK, with no
+    # events kept to replay, answered nothing, and the bridge said 500.
+    caplog.set_level(logging.ERROR)
+    async with front_at(tmp_path) as (http, _stop):
+        deep = b'{"jsonrpc": "2.0", "id": 4, "method": "ping", "params": {"x": ' + b"[" * 3000 + b"]" * 3000 + b"}}"
+        async with http.post("/mcp", data=deep, headers=HEADERS) as response:
+            assert response.status < 500, (response.status, await response.text())
+        async with http.post("/mcp", json=INITIALIZE, headers=HEADERS) as response:
+            assert response.status == 200
+            session = response.headers["Mcp-Session-Id"]
+        resumed = {**HEADERS, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25",
+                   "Accept": "text/event-stream", "Last-Event-ID": "abc"}
+        async with http.get("/mcp", headers=resumed, timeout=aiohttp.ClientTimeout(sock_read=2)) as response:
+            assert response.status == 200, (response.status, await response.text())
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
