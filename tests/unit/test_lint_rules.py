@@ -745,3 +745,14 @@ def test_a_figure_nested_too_deep_to_keep_is_an_error(set_dir: Path) -> None:
     first = raw["questions"][0]
     first["media"] = [{"figure": value, "alt": "A chart of the takes"}]
     assert any(f.where == f"questions[{first['id']}]" and "levels deep" in f.message for f in run(raw, set_dir).errors)
+
+
+def test_a_scale_from_zero_is_told_a_reply_of_0_picks_nothing(set_dir: Path) -> None:
+    # It said a reply "0" picks option 0: there is none, a reply "0" picks nothing.
+    raw = decide_set()
+    rate = next(q for q in raw["questions"] if q["id"] == "rate")
+    for n, option in enumerate(rate["options"]):
+        option["label"] = str(n)
+    said = {f.where: f.message for f in run(raw, set_dir).warnings}
+    assert "picks nothing" in said["questions[rate].options[low].label"]
+    assert "picks option 1, not this one (option 2)" in said["questions[rate].options[mid].label"]

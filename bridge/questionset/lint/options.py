@@ -86,8 +86,10 @@ def _check_number_label(ctx: Context, where: str, option: dict[str, Any], positi
     label = str_at(option, "label")
     if label is None or not re.fullmatch(r"-?\d{1,3}", label.strip()) or int(label.strip()) == position:
         return
+    number = int(label.strip())
+    picks = f"picks option {number}" if number >= 1 else "picks nothing (the list is numbered from 1)"
     ctx.warning(f"{where}.label", f"a reply's number is the option's place in the list: a person replying "
-                                  f"{quote(label.strip())} picks option {label.strip()}, not this one (option "
+                                  f"{quote(label.strip())} {picks}, not this one (option "
                                   f"{position}); number the labels from 1 in order, or use words "
                                   "(a poll vote picks right either way)")
 
