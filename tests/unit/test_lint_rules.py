@@ -756,3 +756,11 @@ def test_a_scale_from_zero_is_told_a_reply_of_0_picks_nothing(set_dir: Path) -> 
     said = {f.where: f.message for f in run(raw, set_dir).warnings}
     assert "picks nothing" in said["questions[rate].options[low].label"]
     assert "picks option 1, not this one (option 2)" in said["questions[rate].options[mid].label"]
+
+
+def test_a_media_root_that_is_a_file_is_said_to_be_one(set_dir: Path) -> None:
+    # It was said not to exist, while it plainly does.
+    raw = decide_set()
+    raw["media_roots"] = ["../renders", "../secret.png"]
+    said = {f.where: f.message for f in run(raw, set_dir).errors}
+    assert "is a file, not a folder" in said["media_roots[1]"]

@@ -25,7 +25,9 @@ def check_set(ctx: Context) -> None:
     if title is not None and blank(title):
         ctx.error("title", "the set needs a title: it is shown in the page's top bar")
     for i, root in enumerate(list_at(raw, "media_roots") or []):
-        if isinstance(root, str) and not ctx.fs.is_dir(root):
+        if isinstance(root, str) and ctx.fs.is_file(root):
+            ctx.error(f"media_roots[{i}]", f"{quote(root)} is a file, not a folder; name the folder the media are in")
+        elif isinstance(root, str) and not ctx.fs.is_dir(root):
             ctx.error(f"media_roots[{i}]", f"the folder {quote(root)} does not exist; create it or remove it from media_roots")
 
 
