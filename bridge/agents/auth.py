@@ -16,7 +16,8 @@ def agent_for(header: str | None, agents: Mapping[str, Agent]) -> str | None:
     scheme, _, given_text = (header or "").partition(" ")
     if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 7235)
         return None
-    given = given_text.strip().encode()
+    # Bytes no UTF-8 (aiohttp keeps them as surrogates): compared as they came, a 401, never a 500.
+    given = given_text.strip().encode("utf-8", "surrogateescape")
     found = None
     for name, agent in agents.items():
         # Every token is compared, so the time taken says nothing about which matched.

@@ -18,13 +18,29 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 
+# ECMA-262's classes, where Python's differ: its \s is these (Python's also
+# takes U+001C-U+001F and U+0085, and not U+FEFF), its \d and \w are ASCII.
+_ECMA_SPACE = "\\t\\n\\v\\f\\r \\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+_ECMA_CLASSES = {"s": _ECMA_SPACE, "d": "0-9", "w": "A-Za-z0-9_"}
+
+
 @functools.lru_cache(maxsize=512)
 def compiled(pattern: str) -> re.Pattern[str]:
-    """``pattern`` for ``re.search``, each ``$`` outside a class and not escaped made ``\\Z``."""
+    """``pattern`` for ``re.search``: each ``$`` outside a class and not
+    escaped made ``\\Z``, and ``\\s``, ``\\d``, ``\\w`` (and their negations)
+    spelled out as ECMA-262 means them."""
     out, escaped, in_class = [], False, False
     for char in pattern:
         if escaped:
             escaped = False
+            inner = _ECMA_CLASSES.get(char.lower())
+            if inner is not None and (not in_class or char.islower()):
+                out.pop()  # the backslash
+                if in_class:
+                    out.append(inner)  # (a negation inside a class keeps Python's meaning)
+                else:
+                    out.append(f"[{inner}]" if char.islower() else f"[^{inner}]")
+                continue
         elif char == "\\":
             escaped = True
         elif in_class:

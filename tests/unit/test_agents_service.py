@@ -64,6 +64,7 @@ def test_a_bearer_token_names_its_agent_and_nothing_else_does():
     agents = {"a": Agent(token="token-of-a-0123456789"), "b": Agent(token="token-of-b-0123456789")}
     assert agent_for("Bearer token-of-b-0123456789", agents) == "b"
     assert agent_for("Bearer token-of-b-012345678", agents) is None
+    assert agent_for("Bearer \udcff\udcfe", agents) is None  # bytes no UTF-8, as aiohttp keeps them: was a 500
     assert agent_for("token-of-a-0123456789", agents) is None
     assert agent_for(None, agents) is None
 
