@@ -26,6 +26,7 @@ from jsonschema.exceptions import ValidationError
 from bridge.protocol import schemas
 from bridge.protocol.deadline import clock_words, format_rfc3339
 from bridge.protocol.recorded import RecordedQuestion, option_name
+from bridge.protocol.render import why_in_brackets
 from bridge.questionset.builtin import BUILTIN_IDS, OTHER_ID, UNSURE_ID
 
 Layer = Literal["schema", "recorded"]
@@ -350,7 +351,7 @@ def closed_refusal(question: RecordedQuestion, what: str = "the answer was not r
     """A question closed for good: ``what`` of what was sent (a note or a
     file is no answer, and is told as what it is)."""
     # ("closed" alone says nothing "no longer open" does not.)
-    why = f" ({question.closed_why})" if question.closed_why and question.closed_why != "closed" else ""
+    why = f" ({why_in_brackets(question.closed_why)})" if question.closed_why and question.closed_why != "closed" else ""
     return Refused("recorded", "question_closed", f"This question is no longer open{why}, so {what}.")
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge.protocol.deadline import format_rfc3339, is_rfc3339, parse_when
-from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html, settled_lines
+from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html, settled_lines, why_in_brackets
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
 from bridge.questionset.model import MediaItem, Option, Question, QuestionSet, ShowIf
 
@@ -453,7 +453,7 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
     lines say what became of them (``settled_lines``): the deadline loses
     its "in 2 hours", wrong as soon as time passes, and the escalation line
     goes unless it happened by then."""
-    line = f"{CLOSED_LINE} ({why})." if why and why != "closed" else f"{CLOSED_LINE}."
+    line = f"{CLOSED_LINE} ({why_in_brackets(why)})." if why and why != "closed" else f"{CLOSED_LINE}."
     body = str(content.get("body", ""))
     html = content.get("formatted_body")
     q = content.get("question") if isinstance(content.get("question"), Mapping) else {}

@@ -198,6 +198,13 @@ def _side_names(q: Mapping[str, Any]) -> dict[str, str]:
     return {v: k for k, v in sides.items() if k != "randomized" and isinstance(v, str)}
 
 
+def why_in_brackets(why: str) -> str:
+    """A close's why as it reads inside brackets: "withdrawn (Dropped from
+    2.4)" as "withdrawn: Dropped from 2.4", never brackets within brackets."""
+    head, sep, rest = why.partition(" (")
+    return f"{head}: {rest[:-1]}" if sep and rest.endswith(")") else why
+
+
 def option_display(q: Mapping[str, Any], option: Mapping[str, Any]) -> str:
     """What the person reads for an option.
 

@@ -1766,3 +1766,17 @@ def test_a_vote_on_revision_2_taken_back_leaves_revision_1s_decision_as_it_stood
     again = room.record()
     assert ({k: v for k, v in again.items() if k not in ("rev", "updated")}
             == {k: v for k, v in decided.items() if k not in ("rev", "updated")}), again
+
+
+def test_a_withdrawal_with_a_reason_reads_without_brackets_in_brackets():
+    # "Closed: no longer accepting answers (withdrawn (Dropped from 2.4))."
+    from bridge.protocol.judge import closed_refusal
+    from bridge.protocol.question_event import closed_replacement
+    from bridge.protocol.recorded import RecordedQuestion
+
+    content = posted()
+    shown = closed_replacement("$q", content, "withdrawn (Dropped from 2.4)")["m.new_content"]["body"]
+    assert shown.endswith("Closed: no longer accepting answers (withdrawn: Dropped from 2.4)."), shown
+    question = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="s", content=content, open=False,
+                                closed_why="withdrawn (Dropped from 2.4)")
+    assert closed_refusal(question).message.startswith("This question is no longer open (withdrawn: Dropped from 2.4)")
