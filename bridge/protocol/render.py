@@ -200,9 +200,11 @@ def _side_names(q: Mapping[str, Any]) -> dict[str, str]:
 
 def why_in_brackets(why: str) -> str:
     """A close's why as it reads inside brackets: "withdrawn (Dropped from
-    2.4)" as "withdrawn: Dropped from 2.4", never brackets within brackets."""
-    head, sep, rest = why.partition(" (")
-    return f"{head}: {rest[:-1]}" if sep and rest.endswith(")") else why
+    2.4)" as "withdrawn: Dropped from 2.4", not brackets within brackets.
+    (Only a withdrawal's reason: other whys keep their words as they are.)"""
+    if why.startswith("withdrawn (") and why.endswith(")"):
+        return f"withdrawn: {why[len('withdrawn ('):-1]}"
+    return why
 
 
 def option_display(q: Mapping[str, Any], option: Mapping[str, Any]) -> str:
