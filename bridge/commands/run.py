@@ -31,11 +31,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"askwright-bridge: {exc}", file=sys.stderr)
         return 2
-    if not config.sets.root.is_dir():
-        # Else the bridge started, said it was ready, and its folder watch
-        # failed again and again with "No path was found", naming no key.
-        print(f"askwright-bridge: sets.root: {config.sets.root} is not a folder (create it, or name the folder "
-              "the set folders are in)", file=sys.stderr)
+    if problem := config.sets.root_problem():
+        print(f"askwright-bridge: {problem}", file=sys.stderr)
         return 2
     try:
         # One bridge per SQLite store, and none while ``store migrate`` copies

@@ -37,8 +37,19 @@ class Homeserver(Section):
     url: str
 
     def check(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
+        from urllib.parse import urlsplit
+
+        if not self.url.lower().startswith(("http://", "https://")):
             raise Invalid("must start with http:// or https://", "url")
+        # No host, or a port that is no number: a traceback at the first request, where a line here says why.
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises for a port that is no number
+        except ValueError:
+            raise Invalid("names no port a connection can be made to (such as https://matrix.example.org:8448)",
+                          "url") from None
+        if not parts.hostname:
+            raise Invalid("names no host (such as https://matrix.example.org)", "url")
         self.url = self.url.rstrip("/")
 
 
@@ -49,12 +60,21 @@ class Bot(Section):
     device_name: str = "askwright-bridge"
 
     def check(self) -> None:
-        if not (self.user_id.startswith("@") and ":" in self.user_id):
+        from bridge.protocol.userids import user_id_problem  # pure, and small
+
+        if user_id_problem(self.user_id):
             raise Invalid("must be a full Matrix user id such as @askbot:example.org", "user_id")
 
 
 class Sets(Section):
     root: Path
+
+    def root_problem(self) -> str | None:
+        """What ``run`` refuses at once: a root that is no folder (the bridge
+        said it was ready, and its watch failed again and again)."""
+        if self.root.is_dir():
+            return None
+        return f"sets.root: {self.root} is not a folder (create it, or name the folder the set folders are in)"
 
 
 class Rooms(Section):
@@ -64,6 +84,11 @@ class Rooms(Section):
     def check(self) -> None:
         if not self.default.startswith(("!", "#")):
             raise Invalid("must be a room id (!...) or an alias (#...)", "default")
+        # A set's room too: one that is neither was joined in vain, warned of
+        # over and over, and the set never posted.
+        for set_id, room in self.sets.items():
+            if not isinstance(room, str) or not room.startswith(("!", "#")):
+                raise Invalid("must be a room id (!...) or an alias (#...)", "sets", str(set_id))
 
 
 class Store(Section):
@@ -106,6 +131,11 @@ def _host_port(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     # An IPv6 address is written in brackets ([::1]:9464); it is bound without them.
     return host.removeprefix("[").removesuffix("]") or "127.0.0.1", int(port)
+
+
+def listen_refused(key: str, listen: str, exc: OSError) -> str:
+    """One line for an address the bridge can't listen on (taken, not this machine's)."""
+    return f"{key}: {listen} can't be listened on ({exc.strerror or exc}); free it or name another"
 
 
 def _check_listen(value: str, lowest: int = 1) -> None:

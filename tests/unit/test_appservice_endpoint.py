@@ -271,3 +271,24 @@ async def test_another_method_on_a_known_endpoint_is_405_unrecognized(served):
         assert (await response.json())["errcode"] == "M_UNRECOGNIZED"
     assert (await client.get("/_matrix/app/v1/nothing", headers=BEARER)).status == 404
     assert stand_in.batches == []
+
+
+async def test_a_listen_address_in_use_is_a_config_refused_naming_its_key(tmp_path):
+    # A traceback and exit 1 (a service manager restarts that in a loop), after the bridge had logged in.
+    import socket
+
+    from bridge.service.config import ConfigError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = config(tmp_path)
+        busy.appservice.listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        store = Store(tmp_path / "bridge.sqlite")
+        server = TransactionServer(busy, store, StandIn(store))  # type: ignore[arg-type]
+        try:
+            with pytest.raises(ConfigError, match="appservice.listen: 127.0.0.1:[0-9]+ can't be listened on"):
+                await server.start()
+        finally:
+            await server.close()
+            store.close()

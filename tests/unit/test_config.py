@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,13 @@ def test_run_names_the_bad_key(tmp_path, capsys):
     ({"appservice": {"listen": "garbage"}}, "appservice.listen", "host:port"),
     ({"appservice": {"listen": "127.0.0.1:99999"}}, "appservice.listen", "host:port"),
     ({"appservice": {"url": "nope"}}, "appservice.url", "http://"),
+    ({"homeserver": {"url": "http://"}}, "homeserver.url", "no host"),
+    ({"homeserver": {"url": "http://127.0.0.1:notaport"}}, "homeserver.url", "no port"),
+    # Taken, then joined in vain and warned of over and over: the set never posted.
+    ({"rooms": {"default": "!r:x", "sets": {"s": "room"}}}, "rooms.sets.s", "room id"),
+    # An empty server name, a space: accepted here, refused where admins or answerers name them.
+    ({"bot": {"user_id": "@askbot:", "access_token": "t"}}, "bot.user_id", "Matrix user id"),
+    ({"bot": {"user_id": "@Ask Bot:example.org", "access_token": "t"}}, "bot.user_id", "Matrix user id"),
 ])
 def test_a_value_of_the_wrong_kind_names_its_key_and_what_it_takes(tmp_path, extra, where, words):
     with pytest.raises(ConfigError) as caught:
@@ -172,6 +181,44 @@ def test_a_listen_address_in_brackets_is_bound_without_them(tmp_path):
     config = parse_config({**GOOD, "metrics": {"enabled": True, "listen": "[::1]:9464"}}, base_dir=tmp_path,
                           environ={})
     assert config.metrics.listen_host_port == ("::1", 9464)
+
+
+async def test_the_bot_modes_listener_binds_a_bracketed_address_and_a_taken_one_is_a_config_refused(tmp_path):
+    # "[::1]:port" was handed to the listener as written (brackets and all):
+    # a traceback after the first sync, exit 1; a port in use was a traceback
+    # and exit 1 too, which a service manager restarts in a loop.
+    import socket
+
+    from bridge.devserver import free_port
+    from bridge.service.operators.metrics import Metrics
+    from bridge.service.operators.operators import Operators
+    from bridge.service.storage.store import Store
+
+    port = free_port()
+    config = parse_config({**GOOD, "metrics": {"enabled": True, "listen": f"[::1]:{port}"}}, base_dir=tmp_path,
+                          environ={})
+    store = Store(tmp_path / "bridge.sqlite")
+    ops = Operators(config, store, Metrics())
+    stop = asyncio.Event()
+    try:
+        await ops.start(send=None, poster=None, own_user=lambda _u: False, stop=stop)
+        with socket.create_connection(("::1", port), timeout=5):
+            pass
+    finally:
+        stop.set()
+        await ops.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = parse_config({**GOOD, "metrics": {"enabled": True, "listen": f"127.0.0.1:{taken.getsockname()[1]}"}},
+                            base_dir=tmp_path, environ={})
+        again = Operators(busy, store, Metrics())
+        try:
+            with pytest.raises(ConfigError, match="metrics.listen: 127.0.0.1:[0-9]+ can't be listened on"):
+                await again.start(send=None, poster=None, own_user=lambda _u: False, stop=asyncio.Event())
+        finally:
+            await again.close()
+    store.close()
 
 
 def test_run_with_a_sets_root_that_is_not_there_names_it_and_exits_2(tmp_path, capsys):

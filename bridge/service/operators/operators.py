@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.service.eventwait import set_within
 from bridge.service.operators.admin import AdminContext, AdminDispatcher, is_command, poster_post_set
-from bridge.service.config import Config
+from bridge.service.config import Config, ConfigError, listen_refused
 from bridge.service.storage.heldback import counts, held_back
 from bridge.service.operators.metrics import Metrics
 from bridge.service.transport.pacing import REFUSAL, priority
@@ -201,7 +201,7 @@ class Operators:
         from bridge.service.operators.health import start_http
 
         try:
-            return await start_http(self.config.metrics.listen, self.metrics)
+            return await start_http(self.config.metrics.listen_host_port, self.metrics)
         except OSError as exc:  # the port taken: ``start`` meets it again and stops the bridge with it
             log.warning("/health not served while starting: %s", exc)
             return None
@@ -226,7 +226,10 @@ class Operators:
             from bridge.service.operators.health import start_http  # aiohttp's server only when something is served
 
             extra = self.agents.routes() if self.agents is not None else ()
-            self.runner = await start_http(self.config.metrics.listen, self.metrics, extra)
+            try:
+                self.runner = await start_http(self.config.metrics.listen_host_port, self.metrics, extra)
+            except OSError as exc:  # the port taken, the address not this machine's: a config to change
+                raise ConfigError(listen_refused("metrics.listen", self.config.metrics.listen, exc)) from None
         if self.agents is not None:
             await self.agents.start(stop, poster)
         self.tasks.append(self.supervisor.spawn("held-back", lambda: self._keep_held(stop), stop))

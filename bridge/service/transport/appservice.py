@@ -33,7 +33,7 @@ from bridge.service.transport.bot import sleep_or_stop
 from bridge.service.transport.invites import Invites
 from bridge.service.transport.catchup import CatchUp
 from bridge.service.transport.hearing import keep_hearing
-from bridge.service.config import Config, ConfigError
+from bridge.service.config import Config, ConfigError, listen_refused
 from bridge.service.transport.matrix import MatrixError, client_config
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.rooms import RoomIds
@@ -130,7 +130,10 @@ class TransactionServer:
         self.runner = runner_for(self.app())
         await self.runner.setup()
         host, port = self.listen
-        await web.TCPSite(self.runner, host, port).start()
+        try:
+            await web.TCPSite(self.runner, host, port).start()
+        except OSError as exc:  # the port taken, the address not this machine's: a config to change
+            raise ConfigError(listen_refused("appservice.listen", f"{host}:{port}", exc)) from None
         log.info("listening for the homeserver on %s:%d", host, port)
 
     async def close(self) -> None:
