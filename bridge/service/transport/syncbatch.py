@@ -85,7 +85,10 @@ async def sync_batch(client: AsyncClient, timeout: int, sync_filter: dict[str, A
     # Through nio's request path, as ``AsyncClient.sync`` sends it: its waits
     # on 429 and its retries hold here too, and a long poll is given 15 s
     # more than it asked the homeserver to wait.
-    batch = await client._send(SyncBatch, method, path, timeout=timeout / 1000 + 15 if timeout else timeout)
+    # (A sync of timeout 0, the start's first: nio's own request_timeout, not
+    # ``0``, which aiohttp reads as no limit at all: a first sync a proxy held
+    # kept the bridge from ever posting, without a word in its log.)
+    batch = await client._send(SyncBatch, method, path, timeout=timeout / 1000 + 15 if timeout else None)
     if not isinstance(batch, SyncBatch):
         raise MatrixError("sync", batch)
     return batch
