@@ -28,7 +28,7 @@ from bridge.service.posting.insend import settle as settle_sent
 from bridge.service.transport.bot import FirstSync, SyncLoop, ask_first_sync, login, prime_sync_token
 from bridge.service.config import Config, ConfigError
 from bridge.service.operators import taskdump
-from bridge.service.transport.matrix import MatrixError, NioTransport
+from bridge.service.transport.matrix import MatrixError, NioTransport, TokenRefused
 from bridge.service.answering.pipeline import Pipeline
 from bridge.service.storage.setpaths import SetsElsewhere, check_sets_where_known, warn_sets_outside
 from bridge.service.transport.invites import Invites, admin_rooms
@@ -291,13 +291,16 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             checkpointer.rooms = lambda: rooms
             tasks.append(supervise("checkpoints", lambda: checkpointer.run(stop, after=front.first_batch), stop))
         stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([stopped, after], return_when=asyncio.FIRST_COMPLETED)
-        if after.done() and not after.cancelled() and after.exception() is not None:
-            # The operators could not start (the metrics port taken, say): the
-            # bridge stops with the reason, as it did when that came first.
+        await asyncio.wait([stopped, after, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+        failed = next((t for t in (after, tasks[0]) if t.done() and not t.cancelled() and t.exception() is not None),
+                      None)
+        if failed is not None:
+            # The operators could not start (the metrics port taken, say), or
+            # the transport met what no restart mends (its token refused): the
+            # bridge stops with the reason.
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
-            raise after.exception()  # type: ignore[misc]
+            raise failed.exception()  # type: ignore[misc]
         await stop.wait()
         await asyncio.gather(*tasks, stopped, return_exceptions=True)
     finally:
@@ -507,6 +510,9 @@ def run_forever(config: Config) -> int:
 
     try:
         asyncio.run(main())
+    except TokenRefused as exc:
+        log.error("stopping: %s", exc)
+        return 1
     except (MatrixError, SetsElsewhere) as exc:
         # Credentials the homeserver refuses will not fix themselves: say so and stop.
         log.error("cannot start: %s", exc)

@@ -50,6 +50,11 @@ class TaskState:
         return out
 
 
+class Fatal(Exception):
+    """Raised by a task when nothing restarting it mends (the homeserver
+    refuses the bridge's token): the bridge stops with it."""
+
+
 class Supervisor:
     def __init__(self, registry: Any = None, *, first_delay: float = FIRST_DELAY, max_delay: float = MAX_DELAY,
                  clock: Callable[[], float] = time.monotonic):
@@ -81,6 +86,9 @@ class Supervisor:
                 await run()
             except asyncio.CancelledError:
                 state.state = STOPPED
+                raise
+            except Fatal as exc:
+                state.last_error, state.failed_at, state.state = str(exc)[:500], time.time(), STOPPED
                 raise
             except Exception as exc:  # noqa: BLE001 - the supervisor's whole job
                 state.last_error = f"{type(exc).__name__}: {exc}"[:500]

@@ -77,3 +77,25 @@ def test_https_to_a_plain_http_homeserver_is_said_within_seconds_naming_the_url(
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+async def test_a_token_revoked_while_the_bridge_runs_stops_it_saying_so(bridge):
+    """The bot's session signed out (its token revoked) while the bridge ran:
+    it retried every 30 s for ever, /health ready, the only sign a homeserver
+    'silent' that was answering with a refusal, and no answer recorded."""
+    from bridge.devserver import _http_json
+    from helpers.attack import text_set
+    from helpers.harness import answer_content
+
+    bridge.add_set(text_set("revoked", 2))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, 2)
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("q0", 1)], text="before"))
+    await bridge.wait_answer("revoked", "q0")
+    _http_json("POST", f"{bridge.synapse.url}/_matrix/client/v3/logout", {}, bridge.bot["access_token"])
+    try:
+        code = bridge.process.wait(60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the bridge ran on with its token refused\n{bridge.log_text()[-2000:]}") from None
+    assert code == 1
+    assert "refused the bridge's access token while it ran (M_UNKNOWN_TOKEN)" in bridge.log_text()

@@ -26,7 +26,8 @@ from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.encryption.devicenews import hand_to_nio
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.invites import Invites
-from bridge.service.transport.matrix import MatrixError, StopRequested, client_config, read_ahead, timeline_pages
+from bridge.service.transport.matrix import (MatrixError, StopRequested, TokenRefused, client_config, read_ahead,
+                                             timeline_pages, token_refused)
 from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
 from bridge.service.transport.syncbatch import SyncBatch, sync_batch
 from bridge.service.storage.store import Store
@@ -375,6 +376,10 @@ class SyncLoop:
                 except StopRequested:
                     break
                 except Exception as exc:  # noqa: BLE001 - the loop must outlive any one failure
+                    if token_refused(exc):
+                        # Retried every 30 s for ever, /health ready and saying
+                        # only that the homeserver was silent.
+                        raise TokenRefused(exc) from None  # type: ignore[arg-type]
                     # The batch is not durable: what was asked past it is dropped,
                     # and the retry goes from the token in the store.
                     ahead = await drop_sync(ahead)

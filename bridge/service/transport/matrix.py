@@ -24,6 +24,7 @@ from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, Joi
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
 from nio.responses import Response
 
+from bridge.service.supervisor import Fatal
 from bridge.service.transport.mediasession import MediaSession
 from bridge.service.transport.pacing import Slot
 
@@ -109,6 +110,21 @@ async def _each_within(chunks: AsyncIterator[bytes], seconds: float) -> AsyncIte
         except TimeoutError:
             raise TimeoutError(f"no byte of the body for {seconds:.0f} s") from None
         yield chunk
+
+
+class TokenRefused(MatrixError, Fatal):
+    """The homeserver refuses the bridge's access token while it runs (logged
+    out, the token revoked): nothing more will come.  The bridge stops (exit
+    1): a start with bot.password logs in anew, one with a token says so."""
+
+    def __init__(self, cause: MatrixError):
+        Exception.__init__(self, f"the homeserver refused the bridge's access token while it ran ({cause.status}): "
+                                 "with bot.password the next start logs in again; with bot.access_token give a new one")
+        self.status, self.transient = cause.status, False
+
+
+def token_refused(exc: BaseException) -> bool:
+    return isinstance(exc, MatrixError) and exc.status in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN")
 
 
 class StopRequested(Exception):
