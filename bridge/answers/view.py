@@ -15,9 +15,8 @@ from bridge.answers.document import AnswersError
 from bridge.answers.file import AnswersFile
 from bridge.answers.read import read_view
 from bridge.questionset.load import LoadError, parse_json, validate_model
-from bridge.regularfile import read_regular
 from bridge.questionset.model import QuestionSet
-from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
+from bridge.questionset.setdir import questions_data
 
 
 class ReadError(Exception):
@@ -55,16 +54,15 @@ def _questions_raw(set_dir: Path) -> dict[str, Any]:
         raise _Unreadable(f"no set folder at {set_dir}")
     path = set_dir / "questions.json"
     try:
-        data = read_regular(path, MAX_QUESTIONS_BYTES)  # (a FIFO under the name held every reader: ``regularfile``)
+        # (A FIFO under the name held every reader; one past 16 MB is no set,
+        # never posted, and a wait for one of its questions waited for ever.)
+        data = questions_data(path)
     except FileNotFoundError:
         raise _Unreadable(f"no questions.json in {set_dir}") from None
     except OSError as exc:
         raise _Unreadable(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_QUESTIONS_BYTES:
-        # No set, as lint and the bridge say: its questions were never posted,
-        # and a wait for one would wait for ever.
-        raise _Unreadable(f"{path} is larger than {MAX_QUESTIONS_BYTES // (1024 * 1024)} MB, more than the format "
-                          "allows: the bridge does not post it")
+    except LoadError as exc:
+        raise _Unreadable(exc.message) from None
     try:
         return parse_json(data)
     except LoadError as exc:

@@ -60,19 +60,26 @@ def set_paths(path: str | os.PathLike[str]) -> tuple[str, str]:
     raise LoadError(f"{path} is not a set folder (a folder holding {QUESTIONS_FILE})")
 
 
+def questions_data(file: str | os.PathLike[str]) -> bytes:
+    """questions.json's bytes, read only from a regular file (``regularfile``:
+    OSError as it raises); LoadError past the format's 16 MB, which no reader
+    takes for a set (the bridge never posts it)."""
+    data = read_regular(file, MAX_QUESTIONS_BYTES)
+    if len(data) > MAX_QUESTIONS_BYTES:
+        raise LoadError(f"{file} is larger than {MAX_QUESTIONS_BYTES // (1024 * 1024)} MB")
+    return data
+
+
 def read_questions(file: str) -> dict:
     """The parsed object in questions.json; LoadError for anything unreadable."""
     try:
-        # Only a regular file is a questions.json (``regularfile``).
-        data = read_regular(file, MAX_QUESTIONS_BYTES)
+        data = questions_data(file)
     except NotRegular:
         raise LoadError(f"{file} is not a regular file") from None
     except FileNotFoundError:
         raise LoadError(f"{file} does not exist") from None
     except OSError as exc:
         raise LoadError(f"{file} can't be read: {exc.strerror or exc}") from None
-    if len(data) > MAX_QUESTIONS_BYTES:
-        raise LoadError(f"{file} is larger than {MAX_QUESTIONS_BYTES // (1024 * 1024)} MB")
     try:
         return parse_json(data)
     except LoadError:
