@@ -67,7 +67,7 @@ def read_reply(body: str, question: RecordedQuestion) -> Pick | None:
         return None
     if question.kind == "text":
         # The whole reply is the answer; only a bare "unsure" is the built-in.
-        return Pick(option_id=UNSURE_ID) if _plain(text) in _unsure_words(question) else Pick(text=text)
+        return Pick(option_id=UNSURE_ID) if reply_key(text) in _unsure_words(question) else Pick(text=text)
     pick = _read_pick(text, question)
     if pick is not None:
         return pick
@@ -132,7 +132,7 @@ def numbers_out_of_range(body: str, question: RecordedQuestion) -> list[int]:
     count = valid_numbers(question)
     found = []
     for part in parts:
-        number = _NUMBER.match(_plain(part))
+        number = _NUMBER.match(reply_key(part))
         if number and not 1 <= int(number.group(1)) <= count and int(number.group(1)) not in found:
             found.append(int(number.group(1)))
     return found
@@ -142,7 +142,7 @@ def numbers_out_of_range(body: str, question: RecordedQuestion) -> list[int]:
 
 
 def _read_pick(text: str, question: RecordedQuestion) -> Pick | None:
-    if _plain(text) in _unsure_words(question):
+    if reply_key(text) in _unsure_words(question):
         return Pick(option_id=UNSURE_ID)
     whole = _resolve(text, question)
     if question.kind in ("multi", "rank"):
@@ -188,7 +188,7 @@ def _resolve_list(text: str, question: RecordedQuestion) -> list[str] | None:
 
 def _resolve(token: str, question: RecordedQuestion) -> str | None:
     """One option from its number, id, label or (on a compare) the side shown."""
-    plain = _plain(token)
+    plain = reply_key(token)
     if not plain:
         return None
     number = _NUMBER.match(plain)
@@ -197,11 +197,11 @@ def _resolve(token: str, question: RecordedQuestion) -> str | None:
         index = int(number.group(1))
         return options[index - 1]["id"] if 1 <= index <= len(options) else None
     for option in options:
-        if plain == _plain(option["id"]):
+        if plain == reply_key(option["id"]):
             return option["id"]
     for option in options:
         names = {option.get("label"), option_display(question.question, option)}
-        if any(isinstance(name, str) and plain == _plain(name) for name in names):
+        if any(isinstance(name, str) and plain == reply_key(name) for name in names):
             return option["id"]
     return None
 
@@ -212,9 +212,7 @@ def _unsure_words(question: RecordedQuestion) -> set[str]:
     words = {UNSURE_ID, "not sure"}
     label = question.label(UNSURE_ID)
     if label:
-        words.add(_plain(label))
+        words.add(reply_key(label))
     return words
 
 
-def _plain(text: str) -> str:
-    return reply_key(text)

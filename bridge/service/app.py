@@ -283,7 +283,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         # operators' supervisor: one that raises is restarted and shown in /health.
         supervise = ops.supervisor.spawn
         after = asyncio.ensure_future(after_the_first_batch())
-        tasks = [supervise("transport", lambda: front.run(pipeline, rooms, stop, posted, room_ids), stop), after,
+        transport_task = supervise("transport", lambda: front.run(pipeline, rooms, stop, posted, room_ids), stop)
+        tasks = [transport_task, after,
                  # Files still coming when their batch went on, and those a stop cut short.
                  supervise("downloads", lambda: pipeline.downloads.run(stop, after=front.first_batch), stop)]
         if checkpointer is not None:
@@ -291,9 +292,9 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             checkpointer.rooms = lambda: rooms
             tasks.append(supervise("checkpoints", lambda: checkpointer.run(stop, after=front.first_batch), stop))
         stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([stopped, after, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
-        failed = next((t for t in (after, tasks[0]) if t.done() and not t.cancelled() and t.exception() is not None),
-                      None)
+        await asyncio.wait([stopped, after, transport_task], return_when=asyncio.FIRST_COMPLETED)
+        failed = next((t for t in (after, transport_task)
+                       if t.done() and not t.cancelled() and t.exception() is not None), None)
         if failed is not None:
             # The operators could not start (the metrics port taken, say), or
             # the transport met what no restart mends (its token refused): the

@@ -38,7 +38,8 @@ from bridge.protocol.to_record import to_record
 from bridge.protocol.file_problems import file_problem as file_problem_words
 from bridge.service.answering.attachments import DEFAULT_MAX_BYTES
 from bridge.service.answering.downloads import Downloads
-from bridge.service.answering.folderflush import FolderFlush, utc_of_ms
+from bridge.answers.document import utc_of_ms
+from bridge.service.answering.folderflush import FolderFlush
 from bridge.service.answering.membership import MembersThen
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack

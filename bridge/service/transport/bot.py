@@ -115,8 +115,8 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
                         "homeserver has (the folder was lost, or the store restored without it): restore the "
                         "folder, or sign that session out and give the bridge a new access token (or "
                         "bot.password), docs/encryption.md")
-                return await _password_login(client, config, store, device_id=_new_device(client, device_id),
-                                             encrypt=True)
+                _say_new_device(client, device_id)
+                return await _password_login(client, config, store, device_id="", encrypt=True)
             if device_id and known != device_id:
                 if known:
                     log.info("the access token belongs to device %s, not %s as before: keys of the old "
@@ -136,7 +136,8 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
         raise MatrixError("no usable credentials (set bot.access_token or bot.password)", None)
     device_id = store.get_meta("device_id") or ""
     if encrypt and _keys_lost(client, store, config.bot.user_id, device_id):
-        device_id = _new_device(client, device_id)
+        _say_new_device(client, device_id)
+        device_id = ""  # a new device
     return await _password_login(client, config, store, device_id=device_id, encrypt=encrypt)
 
 
@@ -177,10 +178,9 @@ def _keys_lost(client: AsyncClient, store: Store, user_id: str, device_id: str) 
         and not os.path.exists(os.path.join(client.store_path, f"{user_id}_{device_id}.db"))
 
 
-def _new_device(client: AsyncClient, lost: str) -> str:
+def _say_new_device(client: AsyncClient, lost: str) -> None:
     log.warning("the key folder %s holds no keys of device %s (lost, or the store restored without it): logging "
                 "in with bot.password as a new device; sign %s out", client.store_path, lost, lost)
-    return ""
 
 
 T = TypeVar("T")

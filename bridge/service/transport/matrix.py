@@ -118,8 +118,8 @@ class TokenRefused(MatrixError, Fatal):
     1): a start with bot.password logs in anew, one with a token says so."""
 
     def __init__(self, cause: MatrixError):
-        Exception.__init__(self, f"the homeserver refused the bridge's access token while it ran ({cause.status}): "
-                                 "with bot.password the next start logs in again; with bot.access_token give a new one")
+        super().__init__(f"the homeserver refused the bridge's access token while it ran ({cause.status}): with "
+                         "bot.password the next start logs in again; with bot.access_token give a new one", None)
         self.status, self.transient = cause.status, False
 
 
