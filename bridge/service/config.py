@@ -18,6 +18,7 @@ import yaml
 
 from bridge.protocol.userids import user_id_problem
 from bridge.service.sections import Duration, Invalid, Section, parse_duration
+from bridge.service.yamlfile import load_yaml
 
 # Environment variables that override (or stand in for) secrets in the file.
 ENV_SECRETS = {
@@ -401,7 +402,7 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None, *, secr
     the store and the folders, which an operator may run without the tokens."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
     except UnicodeDecodeError as exc:

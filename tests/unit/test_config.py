@@ -85,6 +85,27 @@ def test_run_with_an_unusable_file_exits_2_with_one_line(tmp_path, capsys, text)
     assert len(err.splitlines()) == 1 and str(path) in err
 
 
+def test_a_key_written_twice_is_refused_naming_both_lines_not_taken_as_the_last(tmp_path, capsys):
+    # The first "rooms:" (its sets' mapping) was dropped without a word, and
+    # the set went to the default room.
+    text = yaml.safe_dump(GOOD) + "rooms:\n  sets: {release: '!elsewhere:example.org'}\n"
+    assert "rooms:" in yaml.safe_dump(GOOD)
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"at line \d+, column 1: the key 'rooms' is written twice in one "
+                                          r"mapping \(first at line \d+\); keep one"):
+        load_config(path, environ={})
+    assert main(["run", "-c", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "written twice" in err
+
+
+def test_keys_a_yaml_merge_brings_may_be_overridden():
+    from bridge.service.yamlfile import load_yaml
+
+    text = "base: &b {after: 2h, every: 4h}\nreminders:\n  <<: *b\n  after: 30m\n"
+    assert load_yaml(text)["reminders"] == {"after": "30m", "every": "4h"}
+
+
 def test_run_with_a_missing_file_exits_2(tmp_path, capsys):
     assert main(["run", "-c", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
