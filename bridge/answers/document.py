@@ -68,6 +68,7 @@ RECORD_KEY_ORDER = (
     "decided_by",
     "votes",
     "expired_at",
+    "closed_at",
     "q_rev",
     "rev",
     "updated",
@@ -415,6 +416,7 @@ _FIELD_TYPES: dict[str, tuple[Any, str]] = {
     "required": (lambda v: _is_int(v) and v >= 1, "an integer, 1 or more"),
     "decided_by": (lambda v: _str_list(v) and len(v) > 0, "a non-empty list of user ids"),
     "expired_at": (lambda v: isinstance(v, str) and v != "", "an RFC 3339 time"),
+    "closed_at": (lambda v: isinstance(v, str) and v != "", "an RFC 3339 time"),
 }
 
 

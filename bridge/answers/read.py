@@ -38,7 +38,7 @@ def read_view(doc: dict[str, Any], qset: QuestionSet | None, set_dir_abs: str, *
         listed.add(question.id)
         record = answers.get(question.id)
         if record is not None:
-            entries.append(_answer_entry(record, question, question.status, set_dir_abs))
+            entries.append(_answer_entry(record, question, _status(record, question), set_dir_abs))
         elif include_all:
             entries.append(_unanswered_entry(question))
     leftover_status = REMOVED if qset else UNKNOWN
@@ -101,9 +101,19 @@ def _attachments_by(record: dict[str, Any], set_dir_abs: str) -> dict[str, Any]:
     return {"attachments_by": {os.path.normpath(os.path.join(set_dir_abs, rel)): who for rel, who in by.items()}}
 
 
+def _status(record: dict[str, Any], question: Question) -> str:
+    """The question's status now: questions.json's, but ``closed`` when its
+    deadline closed the revision it is at (the answer given in time stands:
+    ``closed_at``), which no later answer can change."""
+    if record.get("closed_at") and question.status == "open" and record["q_rev"] == question.rev:
+        return "closed"
+    return question.status
+
+
 def _approval(record: dict[str, Any]) -> dict[str, Any]:
-    """A quorum's votes and decision, an expiry's time (PROTOCOL 2a), as the record keeps them."""
-    return {key: record[key] for key in ("required", "votes", "decided_by", "expired_at") if key in record}
+    """A quorum's votes and decision, an expiry's or a close's time (PROTOCOL 2a), as the record keeps them."""
+    return {key: record[key] for key in ("required", "votes", "decided_by", "expired_at", "closed_at")
+            if key in record}
 
 
 def _subject(record: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,10 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
         if not expired or posting.expires_ms is None:
             return base
         if ours is not None and ours.get("state") in STANDING:
-            return ours  # answered in time ("not sure" too): the answer stands, the deadline only closed it
+            # Answered in time ("not sure" too): the answer stands, the deadline
+            # only closed it.  ``closed_at`` says so: a "not sure" alone reads as
+            # a question still waiting for its answer, and ``wait`` waited on.
+            return {**ours, "closed_at": format_rfc3339(posting.expires_ms)}
         return _expired(ours, posting, count, votes=None)
     required, veto = quorum
     result = tally(casts, required=required, veto=veto, expires_ms=posting.expires_ms,

@@ -447,7 +447,7 @@ def test_an_answer_that_stood_at_the_deadline_stays_when_taken_back_after_it(tmp
 
 @pytest.mark.parametrize("answers", [[(ANA, "unsure")], [(ANA, "main"), (BO, "unsure")]],
                          ids=["not sure", "a pick, then someone not sure"])
-def test_a_not_sure_given_before_the_deadline_stands_and_closes_the_question(tmp_path, answers):
+def test_a_not_sure_given_before_the_deadline_stands_and_closes_the_question(tmp_path, answers, capsys):
     """answers-json.md: a question with `expires` and no quorum keeps the
     latest answer given before the deadline, `answered` or `unsure`.  A "not
     sure" expired as "no answer": the room was told nobody answered, the
@@ -471,7 +471,18 @@ def test_a_not_sure_given_before_the_deadline_stands_and_closes_the_question(tmp
     assert "question.expired" not in types and types.count("question.closed") == 1, types
     said = [c.get("body", "") or c.get("m.new_content", {}).get("body", "") for c in room.pipeline.transport.sent]
     assert not any("expired undecided" in s for s in said) and any("given before it stands" in s for s in said), said
-    assert main(["wait", str(room.set_dir), "--question", "branch", "--timeout", "2"]) != 4
+    # No answer can come now: wait says so at once (exit 2, the question
+    # closed), where it waited out its timeout; read shows the close.
+    raw = all_kinds_set("kinds")
+    next(q for q in raw["questions"] if q["id"] == "branch").update(expires="45s")
+    (room.set_dir / "questions.json").write_text(json.dumps(raw))
+    started = time.monotonic()
+    assert main(["wait", str(room.set_dir), "--question", "branch", "--timeout", "30"]) == 2
+    assert time.monotonic() - started < 10
+    assert "'branch' is closed: it can get no answer now" in capsys.readouterr().err
+    assert main(["read", str(room.set_dir)]) == 0
+    entry = next(e for e in json.loads(capsys.readouterr().out)["answers"] if e["qid"] == "branch")
+    assert (entry["state"], entry["status"], entry["closed_at"]) == ("unsure", "closed", format_rfc3339(T0 + 45_000))
     assert room.verify() == []
 
 
