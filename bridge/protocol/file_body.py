@@ -67,13 +67,16 @@ class FileBody:
             self.promised = max(self.promised, length)
 
     def announce(self, size: Any) -> None:
-        """The length the event's ``info.size`` claims.  Over the limit, it is
-        refused at once; otherwise it judges a body only where nothing surer
-        does: a plain body the homeserver gave no length (one that ends early
-        looks like one that ended), or an encrypted one whose hash fails.  A
-        body whole by the homeserver's length or by its hash is kept, however
-        wrong the sender's client counted (sending it again would not help)."""
-        if _length(size, self.limit) is not None:
+        """The length the event's ``info.size`` claims.  It judges a body only
+        where nothing surer does: one the homeserver gave no length (a plain
+        body that ends early looks like one that ended; an encrypted one
+        whose hash fails may have been cut).  A body whole by the
+        homeserver's length or by its hash is kept, however wrong the
+        sender's client counted (sending it again would not help).  A claim
+        past the limit refuses nothing by itself: the homeserver's length
+        refuses a file that is too large before a byte is read, and a small
+        file a client counted wrong is kept, not called too large."""
+        if isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= self.limit:
             self.announced = size
 
     def take(self, chunk: bytes) -> bytes:
@@ -97,7 +100,7 @@ class FileBody:
                 raise short
             return b""
         if not hmac.compare_digest(self._sha256.digest(), self._expected_hash):
-            if self.received < self.announced:
+            if self.received < self.announced and not self.promised:
                 raise short
             raise BodyUndecryptable("the ciphertext's sha256 is not the one the event names")
         return self._decryptor.finalize()

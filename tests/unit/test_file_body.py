@@ -115,6 +115,32 @@ def test_a_body_whole_by_the_homeservers_length_or_its_hash_is_kept_whatever_inf
         cut.end()
 
 
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "encrypted"])
+def test_a_small_file_whose_client_claimed_past_the_limit_is_kept_not_called_too_large(sealed: bool) -> None:
+    """A client's ``info.size`` of the limit + 1 on a 1,000-byte file: refused
+    at once as "larger than the 5 MB an answer may carry", nothing downloaded."""
+    data = os.urandom(1000)
+    ciphertext, keys = encrypt_attachment(data) if sealed else (data, None)
+    body = FileBody(limit=5 * MIB, file=keys)
+    body.announce(5 * MIB + 1)
+    body.expect(len(ciphertext))
+    assert b"".join(body.take(chunk) for chunk in chunks_of(ciphertext, 3)) + body.end() == data
+
+
+def test_an_encrypted_body_whole_by_the_homeservers_length_with_a_bad_hash_is_undecryptable_not_cut_short() -> None:
+    """Its ``info.size`` overstated: it was called "not downloaded whole" and
+    fetched three times, where the same file with a true size is "could not be
+    decrypted"."""
+    ciphertext, keys = encrypt_attachment(os.urandom(20_000))
+    flipped = bytes([ciphertext[0] ^ 1]) + ciphertext[1:]
+    body = FileBody(limit=MIB, file=keys)
+    body.announce(len(ciphertext) + 1000)
+    body.expect(len(ciphertext))
+    body.take(flipped)
+    with pytest.raises(BodyUndecryptable, match="sha256"):
+        body.end()
+
+
 def test_an_encrypted_body_cut_short_is_cut_short_not_a_bad_hash() -> None:
     ciphertext, keys = encrypt_attachment(os.urandom(5000))
     body = FileBody(limit=MIB, file=keys)

@@ -225,8 +225,6 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
         body.announce(info.get("size"))
     except BodyUndecryptable:
         return None, "attachment_encrypted"
-    except BodyTooLarge:
-        return None, "attachment_too_large"
     name = f"{_UNSAFE_NAME.sub('_', qid).lstrip('.') or 'answer'}-{number}.{extension(content, info)}"
     try:
         # The response may be as late as the file (its size as announced, at
