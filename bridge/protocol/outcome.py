@@ -53,10 +53,19 @@ def describe_record(record: dict[str, Any], labels: Mapping[str, str] | None = N
         text = str(record["text"])
         picked = f"“{text[:80]}{'…' if len(text) > 80 else ''}”"
     else:
-        picked = "a note"
+        picked = _kept(record)
     if record.get("note") and record.get("state") != "note_only":
         picked += " (with a note)"
     return picked
+
+
+def _kept(record: dict[str, Any]) -> str:
+    """What a record with no pick holds: its files, its note, or both."""
+    files = len(record.get("attachments") or ())
+    said = "a file" if files == 1 else f"{files} files" if files else ""
+    if (record.get("note") or "").strip() or record.get("timecodes") or not said:
+        return f"a note and {said}" if said else "a note"
+    return said
 
 
 def display_names(question: RecordedQuestion) -> dict[str, str]:

@@ -36,7 +36,9 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
     was withdrawn (False: what was withdrawn had not stood, and nothing changed);
     ``stood``: what was withdrawn stood when its question's deadline closed
     it, and still stands (``now``)."""
-    what = "vote" if vote else gesture(withdrawn_via)
+    # An edit taken back brings back what it replaced: said as an edit, so
+    # the answer standing again is not read as withdrawn with it.
+    what = "vote" if vote else "edit" if withdrawn_via == "edit" else gesture(withdrawn_via)
     if stood and now is not None:
         return sentence(f"Your {what} to “{title}” stood at the deadline; withdrawing it now does not change "
                         f"that: {describe_record(now, labels)} stands")
@@ -53,6 +55,9 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
     sender = (now.get("source") or {}).get("sender")
     own = by is None or sender in (None, by)
     if now.get("state") == "note_only":
+        if what == "edit":
+            return sentence(f"{head}; {'what you' if own else f'what {sender}'} sent before it stands: "
+                            f"{describe_record(now, labels)}")
         return f"{head}; no answer is recorded now, only {'your notes' if own else 'notes'}."
     earlier = gesture((now.get("source") or {}).get("how"))
     standing = describe_record(now, labels)

@@ -339,6 +339,13 @@ async def test_a_file_whose_message_is_redacted_while_it_comes_is_not_left_behin
             bridge.kill()
 
 
+async def _withdrawn_said(person: Any, room_id: str, withdrawn: str) -> str | None:
+    """The body of the word back on ``withdrawn`` taken back, None before it is there."""
+    return next((e["content"]["body"] for e in await person.messages(room_id)
+                 if e.get("content", {}).get("dev.superpipeline.question.withdrawn", {}).get("withdrawn_event_id")
+                 == withdrawn), None)
+
+
 def _edit_of(original: str, content: dict[str, Any]) -> dict[str, Any]:
     """An edit of a file message sending ``content``'s file (m.new_content carries no relation)."""
     new = {k: v for k, v in content.items() if k != "m.relates_to"}
@@ -376,6 +383,15 @@ async def test_an_edit_sending_another_file_brings_that_file_and_one_of_a_refuse
     for qid, file in (("q0", new), ("q1", small)):
         (path,) = (await bridge.wait_answer("files", qid))["attachments"]
         assert hashlib.sha256((folder / path).read_bytes()).hexdigest() == file.sha256, f"{qid}: not the new file"
+    # The edit taken back brings the first file back, and is said so: it was
+    # "Your answer … is withdrawn; no answer is recorded now, only your notes".
+    await alice.redact(bridge.room_id, edits["new.bin"])
+    await until(lambda: _withdrawn_said(alice, bridge.room_id, edits["new.bin"]), what="the word back", timeout=60)
+    said = await _withdrawn_said(alice, bridge.room_id, edits["new.bin"])
+    assert said == f"Your edit to “{questions[('q0', 1)]['content']['question']['title']}” is " \
+                   "withdrawn; what you sent before it stands: a file.", said
+    (path,) = bridge.answers("files")["answers"]["q0"]["attachments"]
+    assert hashlib.sha256((folder / path).read_bytes()).hexdigest() == old.sha256
     # Element's caption edit sends the same file again: the file kept stays, its caption becomes the note.
     same = await upload_file(alice, SentFile("q2", "shot.bin", os.urandom(70_000)), bridge.encrypted)
     shot = await alice.send(bridge.room_id, in_thread(questions[("q2", 1)]["event_id"], same))
