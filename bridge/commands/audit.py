@@ -142,9 +142,29 @@ def _sign_tail(hashes: list[bytes], notes: list[tuple[int, str]], origin: str, v
     if key.verifier_key != vkey:
         return _note(f"{unsigned} are not signed: the key file holds another key than the log's")
     try:
-        return sign_tail(hashes, latest[1], origin, key.private, kept)
+        tail = sign_tail(hashes, latest[1], origin, key.private, kept)
     except TailRefused as exc:
         return _note(f"{unsigned} are not signed: {exc}")
+    if tail is not None:
+        _witness(witness_file(path), tail, len(hashes), kept, origin, key)
+    return tail
+
+
+def _witness(path: Path, tail: str, size: int, kept: str | None, origin: str, key: Any) -> None:
+    """The tail kept beside the key, as the bridge keeps its own latest
+    (``witness.py``): the key signed this tree, so a store restored from a
+    backup older than it must not be signed on as another tree of that size."""
+    from bridge.protocol.log_tail import signed_by
+    from bridge.protocol.checkpoint import raw_public
+    from bridge.service.auditing.witness import keep_witness
+
+    if kept is not None and signed_by(kept, origin, raw_public(key.private.public_key())).size >= size:
+        return
+    try:
+        keep_witness(path, tail)
+    except OSError as exc:
+        _note(f"the checkpoint signed could not be kept in {path} ({exc.strerror or exc}); the bridge keeps its own "
+              "there when it signs next")
 
 
 def _note(message: str) -> None:

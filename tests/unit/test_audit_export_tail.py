@@ -196,6 +196,33 @@ def test_a_leaf_changed_with_every_checkpoint_deleted_is_checked_against_the_one
     assert "are not signed: the first 4 leaves are not those" in said
 
 
+def test_a_store_restored_from_before_an_exports_tail_is_not_signed_on(between, capsys):
+    """The export signed a tail over 4 leaves with the log's key; the store
+    was then restored from a backup of 2 and two other answers logged: the
+    bridge signed another tree of size 4 under the same key, a fork only
+    whoever kept the export's checkpoint could see."""
+    from bridge.service.auditing.checkpoints import LogDamaged
+    from bridge.service.auditing.keys import read_key
+    from bridge.service.auditing.witness import keep_witness, witness_file
+
+    path = key_file(between / "s.sqlite")
+    store = Store(between / "s.sqlite")
+    keep_witness(witness_file(path), store.audit.latest_checkpoint()[1])  # the bridge's own latest: size 2
+    store.close()
+    exported, verified, said = _export_and_verify(between, capsys)
+    assert (exported, verified) == (0, 0), said
+    assert sorted(p.name for p in (between / "log" / "checkpoints").iterdir()) == ["2.txt", "4.txt"]
+    store = Store(between / "s.sqlite")
+    try:
+        store.db.execute("DELETE FROM audit_leaf WHERE idx>=2")  # a backup from before the third answer
+        _answer(store, 8)
+        _answer(store, 9)
+        with pytest.raises(LogDamaged, match="fewer than the 4|not those"):
+            Checkpointer(store, read_key(path), 60, witness=witness_file(path)).sign_if_grown()
+    finally:
+        store.close()
+
+
 def test_an_answer_logged_while_the_export_reads_is_left_to_the_next(between, capsys, monkeypatch):
     """The bridge logs a fifth answer right after the export counted four:
     the export is of four leaves throughout (leaves.jsonl, log.json, the
