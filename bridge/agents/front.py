@@ -82,7 +82,8 @@ class AgentsFront:
         self.config = config
         self.store = store
         self.supervisor = supervisor or Supervisor()
-        self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs, log_size=store.audit.size)
+        self.sets = AgentSets(config.sets.root, posted_revs=store.highest_posted_revs, log_size=store.audit.size,
+                              answerers=config.answerers)
         from bridge.agents.log_routes import LogRoutes
 
         self.log = LogRoutes(store, self.sets)

@@ -40,7 +40,7 @@ class JudgedSet:
 
 
 def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
-              revs: Mapping[str, int]) -> JudgedSet:
+              revs: Mapping[str, int], answerers: tuple[str, ...] = ()) -> JudgedSet:
     try:
         raw = parsed(document)
     except BadRequest as exc:
@@ -58,7 +58,8 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
         # back is never written.  Said before seconds of lint.
         return JudgedSet(too_large=f"questions.json would be {len(data)} bytes as written, larger than the format "
                                    f"allows ({MAX_QUESTIONS_BYTES})")
-    result = lint(raw, LocalFilesystem(os.path.abspath(folder)), probe=None, posted_revs=revs, confined=True)
+    result = lint(raw, LocalFilesystem(os.path.abspath(folder)), probe=None, posted_revs=revs, confined=True,
+                  answerers=answerers)
     warnings = dicts(result.warnings)
     if not result.ok:
         return JudgedSet(failed=("the set fails lint", dicts(result.errors), warnings))

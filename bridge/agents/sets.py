@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import os
 import shutil
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,8 +121,10 @@ class AgentSets:
     def __init__(self, root: Path, stop: asyncio.Event | None = None,
                  on_written: Callable[[Path], None] | None = None,
                  posted_revs: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
-                 log_size: Callable[[], int] | None = None):
+                 log_size: Callable[[], int] | None = None, answerers: Iterable[str] = ()):
         self.root = Path(root)
+        # The bridge's own answerers: a set whose quorum none allowed could meet is refused, as lint -c says.
+        self.answerers = tuple(answerers)
         # The answer log's size now (its leaves): a set made now starts there (``Owner.log_from``).
         self.log_size = log_size
         # Inside the bridge: the highest rev posted per question, per set
@@ -184,9 +186,9 @@ class AgentSets:
         self._whose(set_dir, agent, set_id)  # someone else's: refused before the lint's seconds
         revs = dict(self._revs(set_dir))
         if _big(document):
-            judged = in_a_process(judge_set, document, set_id, str(set_dir), revs)
+            judged = in_a_process(judge_set, document, set_id, str(set_dir), revs, self.answerers)
         else:
-            judged = judge_set(document, set_id, str(set_dir), revs)
+            judged = judge_set(document, set_id, str(set_dir), revs, self.answerers)
         judged.raise_refusal()
         self._fenced()
         # Looked at again after the lint, which may have taken seconds: the

@@ -6,7 +6,9 @@ another folder already has is an error naming both (the bridge refuses it).
 
 With the bridge's config, the set is also checked against what the bridge
 posted (its store, opened read-only): a question whose rev is lower than
-one already posted is a warning ("rev went back").
+one already posted is a warning ("rev went back"); and against the
+config's ``answerers``: a quorum more than the people allowed to answer
+could meet is an error, as the bridge refuses to post it.
 
 Exit status: 0 no error (warnings allowed), 1 errors, 2 the folder or file
 can't be read or isn't a JSON object, or the config or store can't be used.
@@ -40,23 +42,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("set_dir", metavar="SET_DIR", help="the set folder (or its questions.json)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.add_argument("--no-probe", action="store_true", help="skip the video codec check (ffprobe)")
-    parser.add_argument("-c", "--config", help="the bridge's YAML config: also check revs against what it posted")
+    parser.add_argument("-c", "--config", help="the bridge's YAML config: also check revs against what it posted, "
+                             "and quorums against its answerers")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     revs: Mapping[str, Mapping[str, int]] = {}
+    answerers: list[str] = []
     if getattr(args, "config", None):
-        revs, problem = _posted_revs(args.config)
+        revs, answerers, problem = _from_the_bridge(args.config)
         if problem is not None:
             return _unreadable(" ".join(problem.split()), as_json=args.json)
     root = Path(args.set_dir)
     if root.is_dir() and not (root / QUESTIONS).exists():
         sets = discover(root)
         if sets:
-            return _run_root(sets, args, revs)
+            return _run_root(sets, args, revs, answerers)
     try:
-        result = load_set_dir(args.set_dir, probe=not args.no_probe, posted_revs=revs)
+        result = load_set_dir(args.set_dir, probe=not args.no_probe, posted_revs=revs, answerers=answerers)
     except LoadError as exc:
         return _unreadable(exc.message, as_json=args.json)
     if args.json:
@@ -66,13 +70,14 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_ERRORS
 
 
-def _run_root(sets: list[Path], args: argparse.Namespace, revs: Mapping[str, Mapping[str, int]]) -> int:
+def _run_root(sets: list[Path], args: argparse.Namespace, revs: Mapping[str, Mapping[str, int]],
+              answerers: list[str]) -> int:
     """Every set under a root; the first folder found under a set id keeps it."""
     results: list[tuple[Path, LintResult | None, str | None]] = []
     owners: dict[str, Path] = {}
     for set_dir in sets:
         try:
-            result = load_set_dir(set_dir, probe=not args.no_probe, posted_revs=revs)
+            result = load_set_dir(set_dir, probe=not args.no_probe, posted_revs=revs, answerers=answerers)
         except LoadError as exc:
             results.append((set_dir, None, exc.message))
             continue
@@ -97,10 +102,10 @@ def _run_root(sets: list[Path], args: argparse.Namespace, revs: Mapping[str, Map
     return EXIT_OK if all(r.ok for _d, r, _m in results) else EXIT_ERRORS
 
 
-def _posted_revs(config_path: str) -> tuple[Mapping[str, Mapping[str, int]], str | None]:
+def _from_the_bridge(config_path: str) -> tuple[Mapping[str, Mapping[str, int]], list[str], str | None]:
     """The highest rev posted per question, per set folder, from the bridge's
     store (read-only: safe while the bridge runs; none before it first ran),
-    or why it can't be read.  The config and store code are imported only
+    and the bridge's ``answerers``; or why they can't be read.  The config and store code are imported only
     here: lint without a config stays quick for agents that run it often."""
     import sqlite3
 
@@ -108,21 +113,22 @@ def _posted_revs(config_path: str) -> tuple[Mapping[str, Mapping[str, int]], str
     from bridge.service.storage.store import Store, StoreVersionError
 
     try:
-        section = load_config(config_path, secrets=False).store
+        config = load_config(config_path, secrets=False)
     except ConfigError as exc:
-        return {}, str(exc)
+        return {}, [], str(exc)
+    section, answerers = config.store, list(config.answerers)
     try:
         store = Store.read_only(section.path, url=section.url, password=section.password)
     except FileNotFoundError:
-        return {}, None  # the bridge has not run yet: nothing posted
+        return {}, answerers, None  # the bridge has not run yet: nothing posted
     except StoreVersionError as exc:
-        return {}, str(exc)
+        return {}, [], str(exc)
     except sqlite3.Error as exc:
-        return {}, f"{section.where}: the store can't be read ({exc})"
+        return {}, [], f"{section.where}: the store can't be read ({exc})"
     try:
-        return store.highest_posted_revs(), None
+        return store.highest_posted_revs(), answerers, None
     except sqlite3.Error as exc:
-        return {}, f"{section.where}: the store can't be read ({exc})"
+        return {}, [], f"{section.where}: the store can't be read ({exc})"
     finally:
         store.close()
 

@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from bridge import strictjson
@@ -122,13 +122,15 @@ def find_probe(which: Callable[[str], str | None] = shutil.which) -> Probe | Non
 
 
 def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = True,
-                 posted_revs: Mapping[str, Mapping[str, int]] | None = None) -> LintResult:
+                 posted_revs: Mapping[str, Mapping[str, int]] | None = None,
+                 answerers: Iterable[str] | None = None) -> LintResult:
     """Read and lint one set folder.
 
     ``probe``: True finds ffprobe on the PATH, False/None skips the codec
     check, or a probe callable to use.  ``posted_revs``: set folder
     (resolved) -> question id -> the highest rev the bridge posted (from its
-    store), so a rev that went back is a warning.  Raises ``LoadError`` when
+    store), so a rev that went back is a warning; ``answerers``: the bridge's
+    (``lint``).  Raises ``LoadError`` when
     the folder or its questions.json can't be read, isn't JSON or isn't an
     object.  A set the agents' API wrote (it holds ``AGENT_OWNER_FILE``) is
     linted as confined: its media only from inside its own folder.
@@ -140,4 +142,5 @@ def load_set_dir(path: str | os.PathLike[str], *, probe: bool | Probe | None = T
 
     revs = (posted_revs or {}).get(os.path.realpath(set_dir), {})  # the poster keys postings by the resolved folder
     confined = os.path.lexists(os.path.join(set_dir, AGENT_OWNER_FILE))
-    return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen, posted_revs=revs, confined=confined)
+    return lint(raw, LocalFilesystem(os.path.abspath(set_dir)), probe=chosen, posted_revs=revs, confined=confined,
+                answerers=answerers)

@@ -247,7 +247,8 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
             from bridge.service.posting.poster import Poster
 
             poster = Poster(store, transport, room_ids.resolving(config.room_for),
-                            functools.partial(load_set, posted_revs_of=store.posted_revs_of),
+                            functools.partial(load_set, posted_revs_of=store.posted_revs_of,
+                                              answerers=config.answerers),
                             on_posted=ops.on_posted, on_closed=ops.on_closed)
             from bridge.service.answering.deadlines import Deadlines
 

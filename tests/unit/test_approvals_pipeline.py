@@ -85,6 +85,44 @@ def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, wo
     assert found and words in found[0], findings(raw, tmp_path)
 
 
+@pytest.mark.parametrize("question, required, allowed", [
+    ({}, 3, 2),  # the question names nobody: the bridge's two may answer
+    ({"answerers": [ANA, CY]}, 2, 1),  # Carol is not among the bridge's: only Alice may
+    ({"answerers": [CY], "escalate": {"after": "1h", "to": [ANA]}}, 2, 1),
+])
+def test_a_quorum_the_bridges_answerers_could_never_meet_is_refused_where_the_bridge_reads_the_set(
+        tmp_path, capsys, question, required, allowed):
+    """The bridge's ``answerers: [alice, bob]`` and a 3-of quorum: posted
+    ("Decided when 3 people pick the same option"), every vote told "1 of 3
+    so far", never decided.  Lint knew only the question's own answerers."""
+    import yaml
+
+    from bridge.agents.errors import LintFailed
+    from bridge.agents.sets import AgentSets
+    from bridge.service.posting.sets import load_set
+    from helpers.config import GOOD
+
+    raw = approval_set(quorum={"required": required}, **question)
+    assert findings(raw, tmp_path) == []  # without the bridge's config: nothing to say
+    words = f"required is {required} but only {allowed} {'person' if allowed == 1 else 'people'} may answer"
+    bridge = [ANA, BO]
+    # The poster's reading: not posted, and why.
+    set_dir = tmp_path / "ask" / "kinds"
+    set_dir.mkdir(parents=True)
+    (set_dir / "questions.json").write_text(json.dumps(raw))
+    model, errors = load_set(set_dir, answerers=bridge)
+    assert model is None and any(words in e for e in errors), errors
+    assert load_set(set_dir)[0] is not None  # (the same set, anyone in the room may answer: posted)
+    # lint -c with the bridge's config says it, as the agents' API refuses it.
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**GOOD, "answerers": bridge}))
+    assert main(["lint", "-c", str(config), str(set_dir)]) == 1
+    assert words in capsys.readouterr().out
+    with pytest.raises(LintFailed) as refused:
+        AgentSets(tmp_path / "other", answerers=bridge).ask("planner", "kinds", raw)
+    assert any(words in f["message"] for f in refused.value.findings), refused.value.findings
+
+
 @pytest.mark.parametrize("at_set_level", [False, True])
 def test_a_posted_revision_whose_time_passed_leaves_the_rest_of_the_set_free_to_change(tmp_path, at_set_level):
     """A question expired at its RFC 3339 time; the agent then adds another

@@ -118,10 +118,16 @@ def _check_quorum(ctx: Context, q: QuestionView, quorum: dict[str, Any], answere
     elif is_int(required):
         if required < 1:
             ctx.error(f"{where}.required", f"required is {required}; it must be 1 or more")
-        people = len(set(answerers) | set(to))
-        if answerers and required > people:
+        # Who may answer: the question's own (and those it escalates to),
+        # within the bridge's; the bridge's all, when the question names none.
+        allowed = set(answerers) | set(to) if answerers else None
+        if ctx.answerers is not None:
+            allowed = ctx.answerers & allowed if allowed is not None else set(ctx.answerers)
+        if allowed is not None and required > len(allowed):
+            people = len(allowed)
             ctx.error(f"{where}.required", f"required is {required} but only {people} "
-                                           f"{'person' if people == 1 else 'people'} may answer: it could never be met")
+                                           f"{'person' if people == 1 else 'people'} may answer"
+                                           f"{'' if answerers else ' (the bridge’s answerers)'}: it could never be met")
     offered = set(q.option_ids)
     for i, veto in enumerate(list_at(quorum, "veto") or []):
         if not isinstance(veto, str):

@@ -68,6 +68,8 @@ class Context:
     posted_revs: Mapping[str, int] = field(default_factory=dict)
     # A set an agent sent through the HTTP API or MCP: media only from its own folder (``confined``).
     confined: bool = False
+    # The bridge's own ``answerers`` (None: anyone in the room): a question's are within them.
+    answerers: frozenset[str] | None = None
     # When lint runs: a duration counts from here, an RFC 3339 ``expires`` must be after it.
     now_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     errors: list[Finding] = field(default_factory=list)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,13 +49,16 @@ class LintResult:
 
 
 def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.Probe | None = None,
-         posted_revs: Mapping[str, int] | None = None, confined: bool = False) -> LintResult:
+         posted_revs: Mapping[str, int] | None = None, confined: bool = False,
+         answerers: Iterable[str] | None = None) -> LintResult:
     """Check a parsed ``questions.json`` against every rule of the format.
 
     ``fs`` answers file questions relative to the set folder; ``probe``
     (optional) reads a video's codecs; without it the codec check is skipped.
     ``posted_revs`` (optional): question id -> the highest rev the bridge
     posted of it, read from its store by the caller; a lower rev is a warning.
+    ``answerers`` (optional): the bridge's own (its config's; empty: anyone in
+    the room), so a quorum nobody allowed could meet is an error there too.
     """
     if not isinstance(raw, dict):
         return LintResult(None, [Finding("set", "questions.json must hold a JSON object")])
@@ -64,7 +67,8 @@ def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.
 
     mode = raw.get("mode")
     # An unknown mode is a type error; the rules then read the set as the default.
-    ctx = Context(raw, fs, probe, mode if mode in ("decide", "study") else "decide", posted_revs or {}, confined)
+    ctx = Context(raw, fs, probe, mode if mode in ("decide", "study") else "decide", posted_revs or {}, confined,
+                  answerers=frozenset(answerers or ()) or None)
     check_set(ctx)
     check_set_expires(ctx)
     if confined:

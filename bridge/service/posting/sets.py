@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,13 +56,13 @@ def duplicate_set_message(set_id: str, owner: str, refused: str) -> str:
             f"{refused} is not posted until it has an id of its own")
 
 
-def load_set(set_dir: Path, posted_revs_of: Callable[[str], Mapping[str, int]] | None = None
-             ) -> tuple[QuestionSet | None, list[str]]:
+def load_set(set_dir: Path, posted_revs_of: Callable[[str], Mapping[str, int]] | None = None,
+             answerers: Iterable[str] = ()) -> tuple[QuestionSet | None, list[str]]:
     """A set the bridge may post: it loads and lints without error.
     ``posted_revs_of``: the store's highest posted rev per question of a
     folder: a posted revision whose fixed deadline passed is its deadline
     come, not a mistake (lint refused the whole set, and nothing new in it
-    was posted again)."""
+    was posted again).  ``answerers``: the bridge's own (lint's)."""
     from bridge.agents.closing import blocks_close
     from bridge.questionset.load import LoadError
     from bridge.questionset.setdir import load_set_dir
@@ -70,7 +70,7 @@ def load_set(set_dir: Path, posted_revs_of: Callable[[str], Mapping[str, int]] |
     try:
         resolved = os.path.realpath(set_dir)
         revs = {resolved: posted_revs_of(resolved)} if posted_revs_of is not None else None
-        result = load_set_dir(set_dir, probe=False, posted_revs=revs)
+        result = load_set_dir(set_dir, probe=False, posted_revs=revs, answerers=answerers)
     except LoadError as exc:
         return None, [exc.message]
     # A set whose every question is closed or withdrawn is finished, not
