@@ -85,6 +85,15 @@ def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, wo
     assert found and words in found[0], findings(raw, tmp_path)
 
 
+def test_a_quorum_whose_every_option_is_a_veto_is_a_warning(tmp_path):
+    raw = approval_set(quorum={"required": 2, "veto": ["main", "stable"]})
+    options = {o["id"] for o in next(q for q in raw["questions"] if q["id"] == "branch")["options"]}
+    assert options == {"main", "stable"}, options
+    warned = [(f.where, f.message) for f in lint(raw, LocalFilesystem(tmp_path)).warnings]
+    assert ("questions[branch].quorum.veto",
+            "every option is a veto: the first vote decides, and required (2) counts for nothing") in warned
+
+
 @pytest.mark.parametrize("question, required, allowed", [
     ({}, 3, 2),  # the question names nobody: the bridge's two may answer
     ({"answerers": [ANA, CY]}, 2, 1),  # Carol is not among the bridge's: only Alice may

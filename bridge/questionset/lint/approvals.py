@@ -129,7 +129,11 @@ def _check_quorum(ctx: Context, q: QuestionView, quorum: dict[str, Any], answere
                                            f"{'person' if people == 1 else 'people'} may answer"
                                            f"{'' if answerers else ' (the bridge’s answerers)'}: it could never be met")
     offered = set(q.option_ids)
-    for i, veto in enumerate(list_at(quorum, "veto") or []):
+    vetoes = list_at(quorum, "veto") or []
+    if offered and offered <= set(vetoes) and is_int(required) and required > 1:
+        ctx.warning(f"{where}.veto", f"every option is a veto: the first vote decides, and required "
+                                     f"({required}) counts for nothing")
+    for i, veto in enumerate(vetoes):
         if not isinstance(veto, str):
             continue
         if veto in BUILTIN_IDS:
