@@ -146,7 +146,10 @@ def drop_record(doc: dict[str, Any], qid: str, now: str) -> dict[str, Any]:
 def put_records(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], now: str) -> dict[str, Any]:
     """Many changes as one write: each qid gets its record, or loses it for
     ``None``.  ``rev`` rises by one however many records change (a batch of
-    answers is one write), and not at all when nothing changes."""
+    answers is one write), and not at all when nothing changes: a record the
+    same as the one there but for ``updated`` is no change (a decided
+    approval made again at its deadline moved its time, and woke every
+    agent waiting for something newer)."""
     _check_now(now)
     prepared: dict[str, dict[str, Any] | None] = {}
     for qid, record in records.items():
@@ -154,7 +157,9 @@ def put_records(doc: dict[str, Any], records: dict[str, dict[str, Any] | None], 
             if qid in doc["answers"]:
                 prepared[qid] = None
             continue
-        prepared[qid] = _prepared(doc, record, now)
+        new = _prepared(doc, record, now)
+        if not _same_but_its_time(doc["answers"].get(qid), new):
+            prepared[qid] = new
     if not prepared:
         return doc
     # Only the answers mapping is rebuilt; untouched records are shared, not
@@ -231,6 +236,11 @@ def _prepared(doc: dict[str, Any], record: dict[str, Any], now: str) -> dict[str
     _check_record(qid, new_record, f"answer to {qid!r}")
     _check_limits(qid, new_record)
     return _ordered_record(new_record)
+
+
+def _same_but_its_time(present: Any, new: dict[str, Any]) -> bool:
+    return isinstance(present, dict) and {k: v for k, v in present.items() if k != "updated"} == \
+        {k: v for k, v in new.items() if k != "updated"}
 
 
 def _bumped(doc: dict[str, Any], now: str) -> dict[str, Any]:

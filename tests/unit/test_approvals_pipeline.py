@@ -85,6 +85,29 @@ def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, wo
     assert found and words in found[0], findings(raw, tmp_path)
 
 
+def test_a_decided_approval_is_not_written_again_at_its_deadline(tmp_path):
+    """Decided by two votes, then its deadline passed: answers.json was
+    rewritten with only the record's ``updated`` moved, so an agent waiting
+    for an answer newer than the decision (``after``) was woken for nothing."""
+    room = Room(tmp_path, approval={"expires": "45s", "answerers": [ANA, BO], "quorum": {"required": 2}},
+                posted_ms=T0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$a2", BO, T0 + 2000, "main")])
+
+    def deadlines_at(ms: int) -> None:
+        asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                              clock=lambda: ms / 1000).pass_once())
+
+    deadlines_at(T0 + 3000)
+    decided = (room.set_dir / "answers.json").read_bytes()
+    assert room.record()["decided_by"] == [ANA, BO]
+    time.sleep(0.01)
+    deadlines_at(T0 + 46_000)
+    assert (room.set_dir / "answers.json").read_bytes() == decided
+    assert room.verify() == []
+
+
 def test_a_quorum_whose_every_option_is_a_veto_is_a_warning(tmp_path):
     raw = approval_set(quorum={"required": 2, "veto": ["main", "stable"]})
     options = {o["id"] for o in next(q for q in raw["questions"] if q["id"] == "branch")["options"]}
