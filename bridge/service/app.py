@@ -244,6 +244,11 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                 # covering it (not before the first batch: the answers waiting
                 # at start come before the log is read to sign it).
                 ops.agents.log.signer = checkpointer.sign_if_grown
+            # An answers.json deleted while the bridge was down is written
+            # again whole (the store holds every answer), not at the set's next answer.
+            rewritten = await store.run(pipeline.rewrite_missing)
+            if rewritten:
+                log.info("answers.json written again whole in %d set folder(s) that had lost it", rewritten)
             from bridge.service.posting.poster import Poster
 
             poster = Poster(store, transport, room_ids.resolving(config.room_for),

@@ -123,3 +123,22 @@ async def test_a_new_revision_is_posted_and_an_answer_to_the_old_one_is_stale(br
 async def test_sigterm_exits_cleanly(bridge):
     await started(bridge)
     assert bridge.stop() == 0
+
+
+async def test_an_answers_json_its_agent_deleted_is_written_again_whole(bridge):
+    """The agent deleted answers.json: the next answer wrote a file holding
+    that answer alone, every earlier one gone from the folder (read, wait,
+    status); deleted while the bridge was down, nothing wrote it again."""
+    questions = await started(bridge)
+    alice, room, answers = bridge.alice, bridge.room_id, bridge.sets_root / "kinds" / "answers.json"
+    await alice.send(room, answer_content(questions[("branch", 1)], option_id="main"))
+    await bridge.wait_answer("kinds", "branch")
+    answers.unlink()
+    await alice.send(room, answer_content(questions[("name", 1)], text="Borealis"))
+    await bridge.wait_answer("kinds", "name")
+    assert sorted(bridge.answers("kinds")["answers"]) == ["branch", "name"]
+    assert bridge.stop() == 0
+    answers.unlink()
+    bridge.start()
+    await until(lambda: answers.exists(), what="answers.json written again at the start", timeout=30)
+    assert sorted(bridge.answers("kinds")["answers"]) == ["branch", "name"]

@@ -168,6 +168,21 @@ class FolderFlush:
                         self.store.set_meta(TRACKED + event_id, "1")
         return bool(changes)
 
+    def rewrite_missing(self) -> int:
+        """Every set folder that is there without the answers.json its
+        answers belong in (deleted while the bridge was down, say) is written
+        again whole, now; how many.  Asked at a start: nothing else would
+        write it before the set's next answer."""
+        missing = [(set_dir, set_id) for set_dir, set_id in self.store.set_folders()
+                   if os.path.isdir(set_dir) and not os.path.lexists(os.path.join(set_dir, ANSWERS_NAME))]
+        marked = False
+        with self.store.transaction(flush=False):  # made durable by the flush's own commit
+            for set_dir, set_id in missing:
+                for qid in self.store.recorded_qids(set_dir):
+                    self.store.mark_dirty((set_dir, set_id, qid))
+                    marked = True
+        return self.flush() if marked else 0
+
     def retry_held(self) -> bool:
         """Write the held sets that are due; True when some are still held."""
         rows = self.store.held_sets()
@@ -182,10 +197,10 @@ class FolderFlush:
         held back (its folder could not be written)."""
         if os.path.islink(set_dir):
             return "the set folder is now a symlink; the bridge does not write through it"
-        if held and not os.path.lexists(os.path.join(set_dir, ANSWERS_NAME)):
+        if not os.path.lexists(os.path.join(set_dir, ANSWERS_NAME)):
             # Moved aside by an operator mending a corrupt one, as the docs
-            # say: written anew whole, not with the dirty records alone,
-            # which lost every answer accepted before.
+            # say, or deleted by its agent: written anew whole, not with the
+            # dirty records alone, which lost every answer accepted before.
             qids = list(dict.fromkeys([*qids, *self.store.recorded_qids(set_dir)]))
         records = {qid: known[(set_dir, qid)] if (set_dir, qid) in known else self.store.projection(set_dir, qid)
                    for qid in qids}

@@ -172,6 +172,11 @@ class Postings:
         """Every set folder that ever posted a question."""
         return [row[0] for row in self.db.execute("SELECT DISTINCT set_dir FROM posted").fetchall()]
 
+    def set_folders(self) -> list[tuple[str, str]]:
+        """(set folder, set id) of every folder that ever posted a question."""
+        return [(row[0], row[1]) for row in
+                self.db.execute("SELECT DISTINCT set_dir, set_id FROM posted ORDER BY set_dir").fetchall()]
+
     def rooms_with_open(self) -> list[str]:
         """The rooms that still have an open posting (their answers count
         wherever the config says new sets go now)."""
