@@ -245,3 +245,17 @@ async def test_a_newer_record_another_writer_put_there_survives_a_redaction_and_
     second = await alice.send(room, answer_content(question, option_id="main"))  # rev 2 < 7
     await alice.wait_notice(room, second)
     assert bridge.answers("takes")["answers"]["branch"]["source"]["via"] == "page"
+
+
+async def test_a_folder_refused_for_its_set_id_is_posted_once_the_folder_holding_the_id_goes(bridge, tmp_path):
+    """The second folder, written while the bridge ran, was refused; the
+    first was then moved away and its questions closed, but the second was
+    never posted (nothing in it changed to wake the watcher) until a restart."""
+    first = bridge.add_set(one_choice_set(), name="a-takes")
+    bridge.start()
+    alice = bridge.alice
+    await bridge.wait_questions(alice, 1)
+    bridge.add_set(one_choice_set(qid="other"), name="b-takes")
+    await until(lambda: "is already the id of the set in" in bridge.log_text(), what="the refusal logged")
+    shutil.move(str(first), str(tmp_path / "archived"))
+    assert ("other", 1) in await bridge.wait_questions(alice, 2, timeout=30)

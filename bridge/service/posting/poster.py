@@ -81,6 +81,9 @@ class Poster:
         self._locks: dict[str, asyncio.Lock] = {}
         self._told_stays: set[tuple[str, str, str]] = set()  # (set id, room posted in, room mapped to) logged
         self._not_posted_now: dict[str, str] | None = None  # folder -> why (``NOT_POSTED``), read once
+        # Set id -> the folders refused because another folder has it: taken
+        # again once that folder goes (nothing of theirs changed to wake them).
+        self._refused_for_id: dict[str, set[Path]] = {}
 
     async def sync_root(self, root: Path, stop: asyncio.Event | None = None) -> PostReport:
         """Every set under ``root``; a stop is honoured between sets, so a
@@ -93,10 +96,14 @@ class Poster:
         the bridge, the homeserver fails) is reported in ``failed`` and the
         others are posted."""
         report = PostReport()
+        set_dirs = list(set_dirs)
         try:
-            await self.close_vanished(report)
+            freed = await self.close_vanished(report)
         except Exception as exc:  # noqa: BLE001 - said again at the next pass; the sets go on
             log.warning("closing the questions of a removed set failed (%s); trying again later", exc)
+        else:
+            set_dirs.extend(folder for set_id in freed for folder in self._refused_for_id.pop(set_id, ())
+                            if folder not in set_dirs)
         turns = asyncio.Semaphore(SETS_AT_ONCE)
 
         async def one(set_dir: Path) -> None:
@@ -141,12 +148,14 @@ class Poster:
         sets the root holds.  A set folder that went away is noticed here too."""
         return await self.sync_dirs(dict.fromkeys(changed_sets(root, paths)))
 
-    async def close_vanished(self, report: PostReport) -> None:
+    async def close_vanished(self, report: PostReport) -> set[str]:
         """A set folder that is gone takes its open questions with it: they are
         closed in the room ("this set was removed") and answers to them are
         refused with that reason.  Should the folder come back, its questions
         are posted again, as new postings.  A folder that is still there but
-        can't be read is not gone: its questions stay open."""
+        can't be read is not gone: its questions stay open.  Returns the set
+        ids the folders gone had (another folder may take them now)."""
+        freed: set[str] = set()
         for folder in await self.store.run(self.store.folders_with_open):
             if os.path.lexists(folder):
                 continue
@@ -157,12 +166,13 @@ class Poster:
                 # Every one closed in the store at once, then the rooms told:
                 # closed one by one, a large set's last questions took answers
                 # (acknowledged, with nowhere to write them) until their turn.
-                await self._close_all([recorded for recorded, _poll in
-                                       await self.store.run(self.store.posted_for_set, folder) if recorded.open],
-                                      SET_REMOVED, report)
+                postings = await self.store.run(self.store.posted_for_set, folder)
+                freed.update(recorded.set_id for recorded, _poll in postings)
+                await self._close_all([recorded for recorded, _poll in postings if recorded.open], SET_REMOVED, report)
                 # If it comes back, it is read again in full.
                 await self.store.run_written(self.store.delete_meta, f"{SET_SYNCED}{folder}", flush=False)
                 await self._not_posted(Path(folder), None)
+        return freed
 
     async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
         """``sync_set``, unless the set's questions.json is byte for byte the one
@@ -216,6 +226,7 @@ class Poster:
             # it, untouched; this one waits until it has an id of its own.
             message = duplicate_set_message(qset.id, owner, folder)
             report.broken[str(set_dir)] = [message]
+            self._refused_for_id.setdefault(qset.id, set()).add(set_dir)
             log.error("%s", message)
             return True
         room = self.room_for(qset.id)
