@@ -463,7 +463,7 @@ async def watch_sets(poster: Poster, root: Path, stop: asyncio.Event, watching: 
             watching.set()
         if not changes:
             continue
-        files = [path if path.endswith(QUESTIONS_FILE) else os.path.join(path, QUESTIONS_FILE)
+        files = [path if path.endswith(QUESTIONS_FILE) else linked_questions(path) or os.path.join(path, QUESTIONS_FILE)
                  for _change, path in changes]
         if on_changed is not None:
             for folder in {os.path.dirname(path) for path in files}:
@@ -484,7 +484,17 @@ def _set_change(change: Change, path: str) -> bool:
     after the files in it were written, so its questions.json is looked for
     too); one moved away takes its questions with it."""
     return path.endswith(QUESTIONS_FILE) or os.path.isdir(path) or \
-        (change != Change.modified and _maybe_a_folder(path))
+        (change != Change.modified and _maybe_a_folder(path)) or linked_questions(path) is not None
+
+
+def linked_questions(path: str) -> str | None:
+    """The set's questions.json when it is a symlink to ``path``, a file
+    beside it (an agent keeping revisions, ``questions.json`` -> ``v3.json``):
+    a change of that file is a change of the set.  None otherwise."""
+    questions = os.path.join(os.path.dirname(path), QUESTIONS_FILE)
+    if os.path.basename(path) == QUESTIONS_FILE or not os.path.islink(questions):
+        return None
+    return questions if os.path.realpath(questions) == os.path.realpath(path) else None
 
 
 def _maybe_a_folder(path: str) -> bool:

@@ -259,3 +259,22 @@ async def test_a_folder_refused_for_its_set_id_is_posted_once_the_folder_holding
     await until(lambda: "is already the id of the set in" in bridge.log_text(), what="the refusal logged")
     shutil.move(str(first), str(tmp_path / "archived"))
     assert ("other", 1) in await bridge.wait_questions(alice, 2, timeout=30)
+
+
+async def test_a_revision_written_to_the_file_a_symlinked_questions_json_names_is_posted(bridge):
+    """questions.json a link to questions.v2.json beside it (the bridge takes
+    such a set): the agent replacing questions.v2.json with rev 3 was never
+    noticed, only a change of the link itself."""
+    import asyncio
+    import os
+
+    folder = bridge.sets_root / "takes"
+    folder.mkdir(parents=True)
+    (folder / "questions.v2.json").write_text(json.dumps(one_choice_set(rev=2)))
+    os.symlink("questions.v2.json", folder / "questions.json")
+    bridge.start()
+    assert ("branch", 2) in await bridge.wait_questions(bridge.alice, 1)
+    await asyncio.sleep(3)  # the start's second pass over the sets done, the watcher up
+    (folder / "questions.v2.tmp").write_text(json.dumps(one_choice_set(rev=3)))
+    os.rename(folder / "questions.v2.tmp", folder / "questions.v2.json")
+    assert ("branch", 3) in await bridge.wait_questions(bridge.alice, 2, timeout=20)
