@@ -297,7 +297,7 @@ async def test_a_bridge_kicked_from_a_room_says_so_in_health_until_it_is_invited
         bridge.start()
         alpha = (await bridge.wait_questions(alice, 1))[("q0", 1)]
         deadline = time.monotonic() + 30
-        while not await alice.questions(room_b):
+        while not (beta := await alice.questions(room_b)):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.2)
         kicked = await owner.client.room_kick(room_b, bot["user_id"], reason="no more questions here")
@@ -309,6 +309,13 @@ async def test_a_bridge_kicked_from_a_room_says_so_in_health_until_it_is_invited
         assert removed[room_b] == {"by": owner.user_id, "membership": "leave", "reason": "no more questions here"}
         assert f"the bridge was removed from room {room_b} by {owner.user_id}" in bridge.log_text()
         await lands(bridge, alpha, "room a goes on")
+        # Said while it was out, then more than a sync's timeline of chatter:
+        # read from where it was removed once it is back (its sync token had
+        # moved past all of it: the answer was lost).
+        await alice.send(room_b, answer_content(beta[("q0", 1)], text="said while the bridge was out"))
+        for start in range(0, 250, 25):
+            await asyncio.gather(*(owner.send(room_b, {"msgtype": "m.text", "body": f"chatter {n}"})
+                                   for n in range(start, start + 25)))
         # Invited back: it joins again by itself, and /health forgets the removal.
         invited = await owner.client.room_invite(room_b, bot["user_id"])
         assert not hasattr(invited, "status_code"), invited
@@ -316,5 +323,6 @@ async def test_a_bridge_kicked_from_a_room_says_so_in_health_until_it_is_invited
         while room_b in health().get("removed_from_rooms", {}):
             assert time.monotonic() < deadline, health()
             await asyncio.sleep(0.2)
+        assert (await bridge.wait_answer("beta", "q0", timeout=60))["text"] == "said while the bridge was out"
     finally:
         bridge.kill()

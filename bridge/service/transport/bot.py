@@ -36,6 +36,11 @@ from bridge.service.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 SYNC_TOKEN = "sync_token"
+# + room id: the sync token a batch was asked from when the bridge was out of
+# that room by it (kicked, banned).  Its sync token moves on while it is out;
+# invited back, the room's gap is read from there, not from the token, which
+# is past everything said meanwhile (lost, with more than a timeline's worth).
+LEFT_AT = "left_at:"
 # A generous timeline per room so a short outage needs no back-fill; longer
 # ones are filled from the last token on (see ``gap_pages``).
 SYNC_FILTER: dict[str, Any] = {
@@ -238,15 +243,18 @@ async def prime_sync_token(client: AsyncClient, store: Store) -> None:
 
 
 async def gap_pages(client: AsyncClient, response: SyncBatch, since: str | None,
-                    stop: asyncio.Event | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+                    stop: asyncio.Event | None = None,
+                    left_at: dict[str, str] | None = None) -> AsyncIterator[list[dict[str, Any]]]:
     """The events a limited sync skipped, a page at a time and oldest first:
-    each room's timeline read forward from ``since`` to where the sync's own
-    timeline starts, so each page can be judged as it comes, in timeline order."""
+    each room's timeline read forward from ``since`` (``left_at``'s for a room
+    the bridge is back in) to where the sync's own timeline starts, so each
+    page can be judged as it comes, in timeline order."""
     if since is None:
         return  # the first sync of a new bridge has no past to catch up on
     for room_id, prev_batch in response.gaps().items():
         count = 0
-        async for page in timeline_pages(client, room_id, since, prev_batch, stop, GAP_PAGE,
+        start = (left_at or {}).get(room_id, since)
+        async for page in timeline_pages(client, room_id, start, prev_batch, stop, GAP_PAGE,
                                          MessageDirection.front):
             count += len(page.chunk)
             if page.chunk:
@@ -300,6 +308,7 @@ class SyncLoop:
         # the loop needed back before the default timeout (none yet: look).
         self._wanted_sooner = True
         self._token_stored_at = 0.0  # time.monotonic() when a batch's commit last stored a sync token
+        self._left_at: dict[str, str] | None = None  # room id -> ``LEFT_AT``'s token (read once, kept up)
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -359,10 +368,13 @@ class SyncLoop:
                         await self._tell_nio(response)
                     if not polling:
                         upcoming = NextPoll(functools.partial(self._ask_ahead, response.next_batch))
+                    if self._left_at is None:
+                        self._left_at = dict((key[len(LEFT_AT):], value) for key, value in
+                                             await self.store.run(self.store.meta_with_prefix, LEFT_AT))
                     if response.gaps():
                         await self._fill_gaps(notices, response, since)
                     await self._handle(response.events(leave_out=self.client.user_id), token=response.next_batch,
-                                       then=upcoming)
+                                       then=upcoming, left=self._out_and_back(response, since))
                     if upcoming is not None:
                         ahead, upcoming = await upcoming.asked(), None
                     ahead = await self._wake_in_time(ahead)
@@ -399,7 +411,7 @@ class SyncLoop:
         sync's own a turn of the event loop.)"""
         notices.reading_gap = True
         try:
-            async for page in read_ahead(gap_pages(self.client, response, since, self.stop)):
+            async for page in read_ahead(gap_pages(self.client, response, since, self.stop, self._left_at)):
                 if self.crypto is not None:
                     self.crypto.note_events(page)
                 await self._handle(page)
@@ -459,11 +471,21 @@ class SyncLoop:
         await asyncio.sleep(0)
         return since, sync
 
+    def _out_and_back(self, response: SyncBatch, since: str | None) -> tuple[dict[str, str], list[str]]:
+        """(room -> ``since``) for the rooms this batch puts the bridge out
+        of, and the rooms it is back in: ``LEFT_AT`` kept, and forgotten,
+        with the batch."""
+        assert self._left_at is not None
+        out = {room: since for room in response.left if since is not None and room not in self._left_at}
+        back = [room for room in response.joined() if room in self._left_at]
+        return out, back
+
     async def _handle(self, events: list[dict[str, Any]], token: str | None = None,
-                      then: NextPoll | None = None) -> None:
+                      then: NextPoll | None = None,
+                      left: tuple[dict[str, str], list[str]] | None = None) -> None:
         """Judge ``events`` and make them durable; with ``token``, the sync
         token moves to it in the same commit, and ``then`` is asked for while
-        that commit is made."""
+        that commit is made; ``left``: ``_out_and_back``'s, kept in that commit."""
         resolved: list[str] = []
         if self.crypto is not None:
             if self.crypto.waits_for_chores(events):
@@ -485,9 +507,14 @@ class SyncLoop:
         events = await self.pipeline.prepare(events)
         # On the store's thread, the event loop serving /health and the agents
         # meanwhile; runs to completion even when a stop is asked for mid-batch.
-        await self.store.run(self.pipeline.process, events, commit=lambda: self._commit(token, resolved, then))
+        await self.store.run(self.pipeline.process, events,
+                             commit=lambda: self._commit(token, resolved, then, left))
         if token is not None:
             self._token_stored_at = time.monotonic()  # its COMMIT made: the token is in the store
+        if left is not None and self._left_at is not None:
+            self._left_at.update(left[0])
+            for room in left[1]:
+                self._left_at.pop(room, None)
 
     async def _tell_nio(self, response: SyncBatch) -> None:
         """What nio must know of a sync before its events are decrypted:
@@ -508,9 +535,14 @@ class SyncLoop:
         for room_id, invite_state in response.invites.items():
             await self.invites.answer(room_id, _inviter(invite_state, self.client.user_id))
 
-    def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None) -> None:
+    def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None,
+                left: tuple[dict[str, str], list[str]] | None = None) -> None:
         if token is not None:
             self.store.set_meta(SYNC_TOKEN, token)
+        for room, since in (left[0] if left else {}).items():
+            self.store.set_meta(LEFT_AT + room, since)
+        for room in left[1] if left else ():
+            self.store.delete_meta(LEFT_AT + room)
         if resolved:
             # Kept events decrypted in this batch are now processed like any other.
             self.store.drop_undecrypted(resolved)

@@ -36,6 +36,7 @@ class SyncBatch(Response):
     next_batch: str = ""
     timelines: dict[str, Timeline] = field(default_factory=dict)  # joined (and just left) rooms, by id
     invites: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # room id -> its invite_state
+    left: frozenset[str] = frozenset()  # the rooms the bridge is out of now (kicked, banned)
     # The bridge's device's parts, in the shape nio reads (``devicenews``).
     device: dict[str, Any] = field(default_factory=lambda: _device_parts({}))
 
@@ -62,7 +63,11 @@ class SyncBatch(Response):
                              if isinstance(event, dict)]
                    for room_id, room in _dict(rooms.get("invite")).items()}
         return cls(next_batch=parsed["next_batch"], timelines=timelines, invites=invites,
-                   device=_device_parts(parsed))
+                   left=frozenset(_dict(rooms.get("leave"))), device=_device_parts(parsed))
+
+    def joined(self) -> list[str]:
+        """The rooms the bridge is in, of those this sync brings."""
+        return [room_id for room_id in self.timelines if room_id not in self.left]
 
     def gaps(self) -> dict[str, str]:
         """Room id -> where its timeline's left-out part ends, for each room whose timeline was cut short."""
