@@ -67,6 +67,10 @@ class Notices:
         # first batch rather than ahead of it.
         self.pending.set()
         self.room_retry: dict[str, tuple[float, float]] = {}  # room -> (not before, last delay)
+        # Rooms whose notices last failed for the homeserver's absence (no
+        # answer, a 5xx, a proxy's page), not a rate limit: tried again as
+        # soon as it answers.
+        self._unreachable: set[str] = set()
         self.refusals_sent: dict[tuple[str, str, str | None], deque[float]] = defaultdict(deque)
         # Refusals held back by the burst (person, question): once their turn
         # comes, an answer of theirs recorded meanwhile makes them moot.
@@ -81,6 +85,15 @@ class Notices:
     def wake(self) -> None:
         self.woken += 1
         self.pending.set()
+
+    def homeserver_answered(self) -> None:
+        """``wake``, after the homeserver answered (a sync, a transaction):
+        a room's notices held back while it was away go now, not when their
+        backoff (doubling to 5 minutes through the outage) ends."""
+        for room in self._unreachable:
+            self.room_retry.pop(room, None)
+        self._unreachable.clear()
+        self.wake()
 
     async def run(self) -> None:
         while True:
@@ -245,6 +258,7 @@ class Notices:
             self._back_off(room, exc)
             return None
         self.room_retry.pop(room, None)
+        self._unreachable.discard(room)
         await self.store.run(self._mark_sent, entry, seqs, intent, sent_id)
         return entry
 
@@ -317,6 +331,10 @@ class Notices:
             log.warning("study score for %s not sent (%s)", entry.set_id, exc)
 
     def _back_off(self, room: str, exc: BaseException) -> None:
+        if isinstance(exc, MatrixError) and exc.status == "M_LIMIT_EXCEEDED":
+            self._unreachable.discard(room)  # the homeserver asked for the wait: it stands
+        else:
+            self._unreachable.add(room)
         delay = min(max(self.room_retry.get(room, (0.0, 0.0))[1] * 2, 0.5), ROOM_BACKOFF_MAX)
         self.room_retry[room] = (self.clock() + delay, delay)
         self._due(self.clock() + delay)

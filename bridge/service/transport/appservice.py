@@ -258,7 +258,7 @@ class TransactionServer:
         if self.ops is not None:
             self.ops.mark_ready()
         if self.notices is not None:
-            self.notices.wake()
+            self.notices.homeserver_answered()  # (it pushed this transaction)
         return result
 
     async def feed(self, events: list[dict[str, Any]], commit: Callable[[], None]) -> None:

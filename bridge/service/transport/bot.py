@@ -380,7 +380,7 @@ class SyncLoop:
                     ahead = await self._wake_in_time(ahead)
                     if self.on_synced:
                         self.on_synced()
-                    notices.wake()
+                    notices.homeserver_answered()
                     backoff = 0.5
                     await self._answer_invites(response)
                     if polling:
