@@ -251,7 +251,7 @@ async def test_notices_are_woken_after_a_transaction(served):
     class Bell:
         rung = 0
 
-        def wake(self) -> None:
+        def homeserver_answered(self) -> None:  # (the homeserver is there: it pushed the transaction)
             Bell.rung += 1
 
     server.notices = Bell()
