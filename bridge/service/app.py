@@ -197,6 +197,15 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         ops.metrics.rooms_removed = lambda: dict(pipeline.removed)
         if lease is not None:
             pipeline.may_write = lease.check
+        # An answers.json deleted while the bridge was down is written again
+        # whole (the store holds every answer), before the first batch.
+        try:
+            rewritten = await store.run(pipeline.rewrite_missing)
+        except Exception as exc:  # noqa: BLE001 - the answers stay in the store; the sets' next writes are whole
+            log.warning("answers.json files missing at the start not written again (%s)", exc)
+        else:
+            if rewritten:
+                log.info("answers.json written again whole in %d set folder(s) that had lost it", rewritten)
         await front.open(pipeline)
         if lease is not None and getattr(front, "server", None) is not None:
             front.server.fence = lease.check  # type: ignore[attr-defined]
@@ -244,11 +253,6 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
                 # covering it (not before the first batch: the answers waiting
                 # at start come before the log is read to sign it).
                 ops.agents.log.signer = checkpointer.sign_if_grown
-            # An answers.json deleted while the bridge was down is written
-            # again whole (the store holds every answer), not at the set's next answer.
-            rewritten = await store.run(pipeline.rewrite_missing)
-            if rewritten:
-                log.info("answers.json written again whole in %d set folder(s) that had lost it", rewritten)
             from bridge.service.posting.poster import Poster
 
             poster = Poster(store, transport, room_ids.resolving(config.room_for),

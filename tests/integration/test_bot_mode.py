@@ -142,3 +142,10 @@ async def test_an_answers_json_its_agent_deleted_is_written_again_whole(bridge):
     bridge.start()
     await until(lambda: answers.exists(), what="answers.json written again at the start", timeout=30)
     assert sorted(bridge.answers("kinds")["answers"]) == ["branch", "name"]
+    # Deleted while down, with an answer waiting for the start's first batch.
+    assert bridge.stop() == 0
+    answers.unlink()
+    await alice.send(room, answer_content(questions[("risk", 1)], option_id="other", text="the migration"))
+    bridge.start()
+    await bridge.wait_answer("kinds", "risk", timeout=30)
+    assert sorted(bridge.answers("kinds")["answers"]) == ["branch", "name", "risk"]

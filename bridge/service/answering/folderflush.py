@@ -37,6 +37,9 @@ class FolderFlush:
     on_write: Callable[[float], None] | None
     on_set_written: Callable[[str], None] | None
     _first_flush: bool
+    # Set folders seen holding their answers.json (at the start's look, or
+    # written since): one without it now lost it (its agent deleted it).
+    _had_answers: set[str]
     report_trouble: Callable[[str, str], None]
 
     def now(self) -> str:
@@ -171,10 +174,15 @@ class FolderFlush:
     def rewrite_missing(self) -> int:
         """Every set folder that is there without the answers.json its
         answers belong in (deleted while the bridge was down, say) is written
-        again whole, now; how many.  Asked at a start: nothing else would
-        write it before the set's next answer."""
-        missing = [(set_dir, set_id) for set_dir, set_id in self.store.set_folders()
-                   if os.path.isdir(set_dir) and not os.path.lexists(os.path.join(set_dir, ANSWERS_NAME))]
+        again whole, now; how many.  Asked at a start, before the first
+        batch: nothing else would write it before the set's next answer, and
+        that answer's write must know the folder had one."""
+        missing = []
+        for set_dir, set_id in self.store.set_folders():
+            if os.path.lexists(os.path.join(set_dir, ANSWERS_NAME)):
+                self._had_answers.add(set_dir)
+            elif os.path.isdir(set_dir):
+                missing.append((set_dir, set_id))
         marked = False
         with self.store.transaction(flush=False):  # made durable by the flush's own commit
             for set_dir, set_id in missing:
@@ -197,10 +205,11 @@ class FolderFlush:
         held back (its folder could not be written)."""
         if os.path.islink(set_dir):
             return "the set folder is now a symlink; the bridge does not write through it"
-        if not os.path.lexists(os.path.join(set_dir, ANSWERS_NAME)):
+        if (held or set_dir in self._had_answers) and not os.path.lexists(os.path.join(set_dir, ANSWERS_NAME)):
             # Moved aside by an operator mending a corrupt one, as the docs
             # say, or deleted by its agent: written anew whole, not with the
             # dirty records alone, which lost every answer accepted before.
+            # (A set's first answers.json needs no look: nothing came before.)
             qids = list(dict.fromkeys([*qids, *self.store.recorded_qids(set_dir)]))
         records = {qid: known[(set_dir, qid)] if (set_dir, qid) in known else self.store.projection(set_dir, qid)
                    for qid in qids}
@@ -216,6 +225,7 @@ class FolderFlush:
                 if attempt == 0 and self._set_aside_unwritable(set_dir, qids, records):
                     continue  # a record no write could take was set aside; the rest is tried again
                 return _folder_problem(exc)
+            self._had_answers.add(set_dir)
             if self.on_write:
                 self.on_write(time.monotonic() - started)
             if self.on_set_written:

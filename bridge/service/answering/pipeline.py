@@ -153,6 +153,7 @@ class Pipeline(FolderFlush):
         self.lookup = _StoreLookup(self.store)
         self.words = WordBack(self.store)
         self._first_flush = True
+        self._had_answers: set[str] = set()  # set folders seen with their answers.json (``FolderFlush``)
         self._thread: tuple[str | None, str | None] = (None, None)  # the event being judged, its thread
         self._device: tuple[str | None, dict[str, Any] | None] = (None, None)  # ... and the device that sent it
         # While a batch is handled: the room state it began with (``_keep_before``).
