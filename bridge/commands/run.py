@@ -125,9 +125,19 @@ FIRST_WAIT, LAST_WAIT = 1.0, 30.0
 def _not_reached(exc: BaseException) -> bool:
     """A PostgreSQL down or on its way (no answer, refused, starting up,
     shutting down, full), not one that refused the bridge (its password, its
-    database).  libpq's words tell them apart: a connection that fails gives
-    no SQLSTATE either way, and a server that answered says FATAL."""
-    said = str(exc.__cause__ or exc)
+    database, its rights) nor a URL no try mends.  libpq's words tell them
+    apart: a connection that fails gives no SQLSTATE either way, a server
+    that answered says FATAL, and a setting libpq can't take makes the
+    connection "bad" before any try.  A statement the server refused (no
+    right to create the store's tables) has a SQLSTATE: only a connection's
+    or a server's coming back (08, 57P, 53300) is waited for."""
+    cause = exc.__cause__ or exc
+    said = str(cause)
+    sqlstate = getattr(cause, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return sqlstate.startswith(("08", "57P")) or sqlstate == "53300"
+    if "connection is bad:" in said:
+        return False
     return "FATAL:" not in said or any(words in said for words in _SERVER_NOT_READY)
 
 

@@ -103,6 +103,15 @@ class Store(Section):
     def check(self) -> None:
         if self.url is not None and not self.url.startswith(("postgresql://", "postgres://")):
             raise Invalid("must start with postgresql:// (leave it out for SQLite at store.path)", "url")
+        if self.url is not None:
+            from psycopg import Error
+            from psycopg.conninfo import conninfo_to_dict
+
+            try:
+                conninfo_to_dict(self.url)
+            except Error:  # its words quote the part it can't read: the password, often
+                raise Invalid("can't be read as a PostgreSQL URL: percent-encode the special characters of "
+                              "its password (% as %25, @ as %40, / as %2F)", "url") from None
 
     @property
     def where(self) -> str:

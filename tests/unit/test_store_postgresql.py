@@ -172,6 +172,63 @@ def test_a_role_or_database_at_its_connection_limit_is_waited_for_like_a_full_se
             conn.execute(f"DROP ROLE {role}")
 
 
+def test_a_store_refused_for_good_is_exit_2_not_waited_for(postgres_server, tmp_path):
+    """A role that may not create the store's tables (PostgreSQL 15: any role
+    not owning the public schema), a setting libpq can't take: the bridge
+    said "can't be reached yet" and waited for ever, where the docs say
+    exit 2 for a store it can't use."""
+    import subprocess
+    import sys
+
+    from bridge.commands.run import _not_reached
+
+    role, database = f"nocreate_{time.monotonic_ns()}", f"ncdb_{time.monotonic_ns()}"
+    with psycopg.connect(postgres_server.url(with_password=True), autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        conn.execute(f"CREATE DATABASE {database}")
+        conn.execute(f"REVOKE CREATE ON DATABASE {database} FROM PUBLIC")
+    with psycopg.connect(postgres_server.url(with_password=True).rsplit("/", 1)[0] + f"/{database}",
+                         autocommit=True) as conn:
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    base = postgres_server.url().replace("postgres@", f"{role}:pw@").rsplit("/", 1)[0]
+    try:
+        with pytest.raises(Exception) as denied:
+            Store("unused", url=f"{base}/{database}")
+        assert not _not_reached(denied.value), denied.value
+        with pytest.raises(Exception) as bad:
+            Store("unused", url=f"{base}/{database}?sslmode=bogus")
+        assert not _not_reached(bad.value), bad.value
+        config = tmp_path / "config.yaml"
+        config.write_text(yaml.safe_dump({
+            "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+            "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
+            "store": {"path": "./bridge.sqlite", "url": f"{base}/{database}"}}))
+        config.chmod(0o600)
+        ran = subprocess.run([sys.executable, "-m", "bridge", "run", "-c", str(config)], capture_output=True,
+                             text=True, timeout=30, cwd=tmp_path)
+        assert ran.returncode == 2 and "permission denied" in ran.stderr, ran.stderr
+    finally:
+        with psycopg.connect(postgres_server.url(with_password=True), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_store_url_libpq_cant_read_is_a_config_error_that_never_shows_the_password(tmp_path, capsys):
+    # psycopg's words ('invalid percent-encoded token: "Hunter%2050%off"')
+    # were printed by status, lint -c and store migrate, and logged by run.
+    raw = {"homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+           "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
+           "store": {"path": "x", "url": "postgresql://br:Hunter%2050%off@127.0.0.1:5/brdb"}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    config.chmod(0o600)
+    for command in (["status"], ["run"], ["lint", str(tmp_path)]):
+        main([*command, "-c", str(config)])
+        said = capsys.readouterr()
+        assert "Hunter" not in said.out + said.err and "50%off" not in said.out + said.err
+        assert "store.url: can't be read as a PostgreSQL URL" in said.out + said.err, said
+
+
 def test_a_postgresql_not_reached_at_start_is_waited_for_and_sigterm_ends_the_wait(postgres_server, tmp_path):
     """PostgreSQL down when the bridge starts (the machine booting, a restart):
     the bridge waits for it and goes on once it answers, instead of exiting 2,
