@@ -20,7 +20,7 @@ class AgentError(Exception):
         self.warnings = warnings or []
 
     def as_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"ok": False, "error": self.code, "message": self.message}
+        body: dict[str, Any] = {"ok": False, "error": self.code, "message": clipped(self.message)}
         if self.findings or self.code == "lint_failed":
             listed(body, "errors", self.findings)
             listed(body, "warnings", self.warnings)
@@ -31,10 +31,20 @@ class AgentError(Exception):
 # the first ones and says how many more there are (an MCP client reads a
 # message of at most 1 MB; the 422 of a big set was 11 MB of findings).
 MAX_LISTED = 100
+# And each text in a refusal at most this long: one quotes what it refuses
+# (a question id of a megabyte, "no question 'xxx…'"), and the call failed in
+# a 2025-era client instead of telling it why.
+MAX_TEXT = 2000
+
+
+def clipped(value: Any) -> Any:
+    """A text cut to ``MAX_TEXT`` characters (the cut said with "…"); anything else as it is."""
+    return value[:MAX_TEXT] + "…" if isinstance(value, str) and len(value) > MAX_TEXT else value
 
 
 def listed(body: dict[str, Any], key: str, items: list[Any]) -> None:
-    body[key] = items[:MAX_LISTED]
+    body[key] = [{k: clipped(v) for k, v in item.items()} if isinstance(item, dict) else clipped(item)
+                 for item in items[:MAX_LISTED]]
     if len(items) > MAX_LISTED:
         body[f"{key}_omitted"] = len(items) - MAX_LISTED
 

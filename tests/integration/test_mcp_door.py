@@ -378,3 +378,26 @@ async def test_one_agent_holding_its_share_of_sessions_leaves_the_others_theirs(
         async with mcp_client(base, "legacy", agent="other") as client:
             await client.list_tools()
     assert "holds 1000 open sessions" in bridge.log_text()
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+async def test_a_refusal_quoting_a_megabyte_reaches_the_client_as_a_tool_error(bridge, mode):
+    """A close naming a question id of 1.1 MB: the refusal quoted it whole
+    ("no question 'xxx…'"), one event past the SDK's 1 MiB, and a handshake-era
+    client's call failed ("Server-sent event exceeded the 1048576 byte limit")
+    instead of telling it why.  So did a set whose findings named such ids."""
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("echo")
+    async with mcp_client(base, mode) as client:
+        structured(await client.call_tool("ask", {"set": one_question(set_id)}))
+        closed = await client.call_tool("close", {"set_id": set_id, "questions": ["x" * 1_100_000]})
+        assert closed.is_error, closed
+        refusal = json.loads(closed.content[0].text)
+        assert refusal["error"] == "unprocessable" and refusal["message"].startswith("no question 'xxx")
+        assert len(refusal["message"]) < 5000
+        document = one_question(unique("ids"))
+        first = document["questions"][0]
+        document["questions"] = [{**first, "id": f"{n}{'y' * 12_000}"} for n in range(100)]
+        refused = await client.call_tool("ask", {"set": document})
+        assert refused.is_error and json.loads(refused.content[0].text)["error"] == "lint_failed"
