@@ -63,8 +63,10 @@ def refused_reason(error: BaseException) -> str | None:
 
 def form_refusal(url: str) -> str | None:
     """Why no connection can ever be made to ``url`` as written, whatever the
-    network (every delivery would fail, retried for a day): a port of 99999
-    or none a number, a host no DNS name can be; None otherwise."""
+    network (every delivery would fail, retried for a day): no host, a port
+    of 99999 or none a number, a host no DNS name can be; None otherwise."""
+    if host_of_url(url) is None:
+        return "names no host"
     try:
         port = urlsplit(url).port
     except ValueError:
@@ -81,11 +83,8 @@ async def url_refusal(url: str) -> str | None:
     Every address the host resolves to must be public.  A name that does not
     resolve now is let through: nothing can be connected to through it, and
     every delivery checks the address it connects to."""
-    host = host_of_url(url)
-    if host is None:
-        return "names no host"
-    why = form_refusal(url)
-    if why:
+    host, why = host_of_url(url), form_refusal(url)
+    if why or host is None:  # (no host: ``form_refusal`` said so)
         return why
     why = refusal_of_name(host)
     if why:
@@ -124,12 +123,15 @@ async def check_callbacks(callbacks: Any, *, allow_private: bool) -> None:
 
 
 async def check_configured(agents: Mapping[str, Agent], *, allow_private: bool) -> None:
-    """At start: ConfigError naming the agent whose webhook_url goes inward.  A
-    name that does not resolve now is let through: every delivery checks it."""
-    if allow_private:
-        return
+    """At start: ConfigError naming the agent whose webhook_url goes inward
+    (or, allowed to, goes nowhere).  A name that does not resolve now is let
+    through: every delivery checks it."""
     for name, agent in agents.items():
-        if agent.webhook_url and (why := await url_refusal(agent.webhook_url)):
-            raise ConfigError(f"agents.{name}.webhook_url: the URL {why} (agent_api.allow_private_callbacks: true "
-                              "allows it)")
+        if not agent.webhook_url:
+            continue
+        form = form_refusal(agent.webhook_url)
+        why = form or (None if allow_private else await url_refusal(agent.webhook_url))
+        if why:
+            raise ConfigError(f"agents.{name}.webhook_url: the URL {why}"
+                              + ("" if form else " (agent_api.allow_private_callbacks: true allows it)"))
 

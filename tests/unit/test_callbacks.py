@@ -84,6 +84,28 @@ async def test_a_callback_whose_host_no_dns_name_can_be_is_refused_at_ask(allow_
     await check_callbacks(["http://b\u00fccher.example/h", "http://x_y.example:8080/h"], allow_private=allow_private)
 
 
+@pytest.mark.parametrize("allow_private", [False, True])
+async def test_a_callback_naming_no_host_is_refused_at_ask_even_with_private_callbacks_allowed(allow_private):
+    # agents.md: one no connection can ever be made to is refused the same
+    # way, even with allow_private_callbacks; that setting took these.
+    from bridge.agents.errors import CallbackRefused
+
+    for url in ("http://", "http:///hook", "https://:443/x", "http://?x"):
+        with pytest.raises(CallbackRefused) as caught:
+            await check_callbacks([url], allow_private=allow_private)
+        assert caught.value.findings == [{"where": "callbacks[0]", "message": "the callback names no host"}], url
+
+
+async def test_a_configured_webhook_naming_no_host_is_refused_at_start_whatever_is_allowed():
+    from bridge.agents.callbacks import check_configured
+    from bridge.service.config import Agent, ConfigError
+
+    for allow_private in (False, True):
+        with pytest.raises(ConfigError, match=r"^agents.a.webhook_url: the URL names no host$"):
+            await check_configured({"a": Agent(token="token-of-a-0123456789", webhook_url="https:///in")},
+                                   allow_private=allow_private)
+
+
 def test_the_log_names_a_webhook_by_its_host_never_its_user_and_password():
     from bridge.agents.webhooks import host_of
 
