@@ -838,3 +838,41 @@ async def test_a_set_whose_fixed_deadline_passed_still_takes_new_questions(bridg
     found = await bridge.wait_questions(alice, 2, timeout=30)
     assert ("notes", 1) in found
     assert "fails lint" not in bridge.log_text()
+
+
+async def test_a_blind_compare_decided_by_a_quorum_never_names_the_take_behind_a_side(bridge, synapse):
+    """Sides randomized, so nobody knows which take is which: the message and
+    the poll say "Left"/"Right", but the word back said "1 of 2 for “Take 5”",
+    and the decision, the poll's end and the closing edit named it too."""
+    alice = bridge.alice
+    bob, = await joined(synapse, bridge.room_id, bridge.bot["access_token"], 1)
+    try:
+        bridge.add_set({"askwright": 1, "id": "intro", "title": "Intro", "questions": [{
+            "id": "takes", "kind": "compare", "title": "Intro take", "question": "Which take should open the video?",
+            "why": "Only one intro fits.", "look_for": ["Whether the voice stays level"],
+            "sides": {"left": "t2", "right": "t5", "randomized": True},
+            "options": [{"id": "t2", "label": "Take 2 (the loud one)"}, {"id": "t5", "label": "Take 5 (the quiet one)"}],
+            "guess": {"option": "t5", "why": "It is calmer.", "confidence": "low"},
+            "answerers": [alice.user_id, bob.user_id], "quorum": {"required": 2}}]})
+        bridge.start()
+        question = (await bridge.wait_questions(alice, 1))[("takes", 1)]
+        shown = question["content"]["body"]
+        right = 2 if shown.index("Right") > shown.index("Left") else 1  # the number the message gave "Right"
+        first = await alice.send(bridge.room_id, element_reply(question, str(right), bridge.bot["user_id"]))
+        ack = (await alice.wait_notice(bridge.room_id, first))["content"]
+        assert "1 of 2 for \u201cRight\u201d so far" in ack["body"], ack["body"]
+        second = await bob.send(bridge.room_id, element_reply(question, str(right), bridge.bot["user_id"]))
+        await bob.wait_notice(bridge.room_id, second)
+        assert bridge.answers("intro")["answers"]["takes"]["decided_by"] == [alice.user_id, bob.user_id]
+        decided = await until(lambda: _said(alice, bridge, "Decided"), 20, "the decision in the thread")
+        assert "Right" in decided, decided
+        await asyncio.sleep(2)  # the poll's end and the closing edit
+        said = [(e["type"], e["content"]) for e in await alice.messages(bridge.room_id)
+                if e.get("sender") == bridge.bot["user_id"] and e["event_id"] != question["event_id"]]
+        for kind, content in said:  # what a client shows of each: its text, an edit's new text
+            shown = json.dumps([part.get(key) for part in (content, content.get("m.new_content") or {})
+                                for key in ("body", "formatted_body", "org.matrix.msc1767.text", "m.text")],
+                               ensure_ascii=False)
+            assert "Take 5" not in shown and "Take 2" not in shown, (kind, shown)
+    finally:
+        await bob.close()

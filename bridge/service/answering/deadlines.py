@@ -29,7 +29,7 @@ from typing import Any
 from bridge.service.eventwait import any_set
 from bridge.protocol.approval_record import of_revision, told_outcome
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
-from bridge.protocol.outcome import in_thread, txn_id
+from bridge.protocol.outcome import display_names, in_thread, txn_id
 from bridge.protocol.poll import POLL_END, deadline_poll_end, poll_end
 from bridge.protocol.question_event import closed_replacement, reopened_replacement
 from bridge.protocol.quorum import PENDING, Tally, decision_line, decision_words, expiry_words, stood_words
@@ -839,7 +839,8 @@ def _decision(record: dict[str, Any] | None) -> list[Any] | None:
 
 
 def labels_of(question: RecordedQuestion) -> dict[str, str]:
-    return {o["id"]: str(o.get("label", o["id"])) for o in question.options}
+    """What the room read for each option (a compare's side, never the take behind a blind one)."""
+    return display_names(question)
 
 
 def _small(record: dict[str, Any]) -> dict[str, Any]:

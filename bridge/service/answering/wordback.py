@@ -133,7 +133,7 @@ class WordBack:
         record = self.store.projection(entry.set_dir, entry.qid) if entry.set_dir and entry.qid else None
         record = record or {}
         required, veto = question.quorum or (1, frozenset())
-        labels = {o["id"]: str(o.get("label", o["id"])) for o in question.options}
+        labels = display_names(question)
         tally = Tally(record.get("state"), record.get("votes") or [], record.get("choice"),
                       record.get("decided_by") or [], veto=record.get("choice") in veto)
         people = question.answerers_at(entry.ts)
