@@ -18,12 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Protocol
 
+from bridge.protocol.outcome import shown_title
 from bridge.protocol.fit import timestamp
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
 from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply, valid_numbers
 from bridge.questionset.builtin import BUILTIN_IDS
+from bridge.questionset.shown import visible
 
 ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
 POLL_RESPONSE_TYPES = frozenset({"org.matrix.msc3381.poll.response", "m.poll.response"})
@@ -501,9 +503,9 @@ def _answer_content(question: RecordedQuestion, pick: Pick, body: str) -> dict[s
 
 
 def _cant_read(what: str, question: RecordedQuestion) -> str:
-    shown = " ".join(what.split())
+    shown = " ".join(visible(what).split())  # (a U+202E in it turned the bridge's words after it around)
     shown = shown if len(shown) <= 60 else shown[:59] + "\u2026"
-    title = question.question.get("title") or question.qid or "this question"
+    title = shown_title(question.question.get("title") or question.qid or "this question")
     missing = numbers_out_of_range(what, question)
     if missing:
         named = " or ".join(str(n) for n in missing)

@@ -11,7 +11,8 @@ from typing import Any
 
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
-from bridge.protocol.render import HTML_FORMAT, esc_links, esc_people, option_display, short_digest
+from bridge.protocol.render import HTML_FORMAT, esc_links, esc_people, option_display, short_digest, shorten
+from bridge.questionset.shown import visible
 
 OUTCOME_KEY = "dev.superpipeline.question.outcome"
 
@@ -50,7 +51,9 @@ def describe_record(record: dict[str, Any], labels: Mapping[str, str] | None = N
     elif "order" in record:
         picked = " > ".join(str(named.get(c, c)) for c in record["order"])
     elif "text" in record:
-        text = str(record["text"])
+        # Without the invisible characters that turn a line around (a U+202E
+        # in an answer reversed the bridge's own words after it for everyone).
+        text = visible(str(record["text"]))
         picked = f"“{text[:80]}{'…' if len(text) > 80 else ''}”"
     else:
         picked = _kept(record)
@@ -66,6 +69,16 @@ def _kept(record: dict[str, Any]) -> str:
     if (record.get("note") or "").strip() or record.get("timecodes") or not said:
         return f"a note and {said}" if said else "a note"
     return said
+
+
+# A question's title as a word back quotes it: a set may give one of 10,000
+# characters (lint only warns), and every word back on it was past the
+# homeserver's 65,536 bytes, dropped, the person told nothing.
+TITLE_SHOWN = 200
+
+
+def shown_title(title: str) -> str:
+    return shorten(str(title), TITLE_SHOWN)
 
 
 def display_names(question: RecordedQuestion) -> dict[str, str]:
@@ -169,6 +182,7 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
     ``option_numbers``): given for a reply or an edit, whose word back sits
     under a quote of the message, the pick is named by number too.
     """
+    title = shown_title(title)
     picked = describe_record(record, labels)
     read = numbers_read(record, numbers) if numbers is not None and via in QUOTED_VIAS else None
     if read is not None:
@@ -239,6 +253,7 @@ def annotated_notice(*, answer_event_id: str, question_event_id: str, added: dic
     the note is kept for the pick to come (there is no answer to add it to).
     ``whose``: who gave that answer, when it is not the person noting.
     ``edited``: the note is an edit of one kept before, which it replaces."""
+    title = shown_title(title)
     what = describe_added(added)
     if picked:
         answer = f"the answer {whose} gave to “{title}”" if whose else f"your answer to “{title}”"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.protocol.outcome import describe_record, notice, sentence
+from bridge.protocol.outcome import describe_record, notice, sentence, shown_title
 
 WITHDRAWN_KEY = "dev.superpipeline.question.withdrawn"
 
@@ -39,6 +39,7 @@ def withdrawn_text(*, title: str, withdrawn_via: str | None, now: dict[str, Any]
     # An edit taken back brings back what it replaced: said as an edit, so
     # the answer standing again is not read as withdrawn with it.
     what = "vote" if vote else "edit" if withdrawn_via == "edit" else gesture(withdrawn_via)
+    title = shown_title(title)
     if stood and now is not None:
         return sentence(f"Your {what} to “{title}” stood at the deadline; withdrawing it now does not change "
                         f"that: {describe_record(now, labels)} stands")
@@ -100,5 +101,6 @@ def unplaced_message(about: tuple[str, str] | None) -> str:
     if about is None:
         return UNPLACED_MESSAGE
     title, whose = about
+    title = shown_title(title)
     return (f"This replies to {whose}'s answer to “{title}”, so it is not taken as yours. "
             "To answer it yourself, reply to the question itself with the number of your pick.")

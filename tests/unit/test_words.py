@@ -358,3 +358,29 @@ def test_the_study_score_reads_plainly():
 
 
 OUTCOME = "dev.superpipeline.question.outcome"
+
+
+def test_a_word_back_on_a_question_with_a_title_of_ten_thousand_characters_fits_one_event():
+    """Lint only warns of such a title; every word back quoted it whole (80 KB
+    with its HTML), past the homeserver's 65,536 bytes: dropped, the person
+    told nothing."""
+    import json
+
+    title = "\U0001F600" * 10_000
+    for content in (
+        recorded_notice(answer_event_id="$a", question_event_id="$q", title=title, via="reply",
+                        record={"qid": "name", "state": "answered", "text": "Borealis", "rev": 1}),
+        annotated_notice(answer_event_id="$a", question_event_id="$q", added={"note": "n"}, title=title, qid="name",
+                         q_rev=1, record_rev=1),
+        withdrawn_notice(event_id="$r", withdrawn_event_id="$a", question_event_id="$q", qid="name", title=title,
+                         withdrawn_via="reply", now=None, reply_to="$ack"),
+    ):
+        assert len(json.dumps(content, ensure_ascii=False).encode()) < 8_000, content["body"][:80]
+        assert "\u2026\u201d" in content["body"]
+
+
+def test_a_text_answer_that_turns_the_line_around_is_quoted_without_it():
+    # "\u202eabc" reversed the bridge's own closing quote and sentence for everyone in the room.
+    body = recorded_notice(answer_event_id="$a", question_event_id="$q", title="Name", via="reply",
+                           record={"qid": "name", "state": "answered", "text": "\u202eabc\u200b", "rev": 1})["body"]
+    assert body == "Recorded for \u201cName\u201d: \u201cabc\u201d."

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from bridge.protocol.judge import KEEPS_TAKING
-from bridge.protocol.outcome import txn_id
+from bridge.protocol.outcome import shown_title, txn_id
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
 from bridge.protocol.question_event import build_question_event, closed_replacement, new_elicitation_id, option_order
 from bridge.protocol.recorded import RecordedQuestion
@@ -465,7 +465,7 @@ class Poster:
             and (newest.rev or 0) > (recorded.rev or 0) else None
 
     async def _tell_closed(self, recorded: RecordedQuestion, why: str) -> None:
-        title = recorded.question.get("title", recorded.qid)
+        title = shown_title(recorded.question.get("title", recorded.qid))
         # Every other why says the question's state ("withdrawn (...)", "replaced by revision 2").
         state = f"closed ({why})" if why == SET_REMOVED else why
         text = f"“{title}” is {state}; answers to this message are no longer accepted."
@@ -473,7 +473,7 @@ class Poster:
             # Where to answer now: the revision's message, by its own title (the person sees that one).
             newer = await self._replacement(recorded)
             if newer is not None:
-                text += f" Answer revision {newer.rev}, “{newer.question.get('title', newer.qid)}”, instead."
+                text += f" Answer revision {newer.rev}, “{shown_title(newer.question.get('title', newer.qid))}”, instead."
         content = {
             "msgtype": "m.notice",
             "body": text,
