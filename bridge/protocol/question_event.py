@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge.protocol.deadline import format_rfc3339, is_rfc3339, parse_when
-from bridge.protocol.render import HTML_FORMAT, esc, render_body, render_html, settled_lines, why_in_brackets
+from bridge.protocol.render import (HTML_FORMAT, approval_line_html, esc_links, render_body, render_html, settled_lines,
+                                    why_in_brackets)
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
 from bridge.questionset.model import MediaItem, Option, Question, QuestionSet, ShowIf
 
@@ -460,7 +461,7 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
     for old, new in settled_lines(q, at_ms, body):
         body = _swap_line(body, old, new)
         if isinstance(html, str):
-            html = _swap_html_line(html, esc(old), None if new is None else esc(new))
+            html = _swap_html_line(html, approval_line_html(old, q), None if new is None else approval_line_html(new, q))
     lines = body.split("\n")
     at = max((i for i, text in enumerate(lines) if text.startswith("To answer: ")), default=None)
     new_body = "\n".join(lines[:at] + [line]) if at is not None else f"{body}\n\n{line}"
@@ -468,7 +469,7 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
     if isinstance(html, str):
         start = html.rfind("<p><em>To answer:</em>")
         kept = html[:start].rstrip("\n") if start >= 0 else html
-        new.update(format=HTML_FORMAT, formatted_body=f"{kept}\n<p><strong>{esc(line)}</strong></p>")
+        new.update(format=HTML_FORMAT, formatted_body=f"{kept}\n<p><strong>{esc_links(line)}</strong></p>")
     shown = {"question_event_id": question_event_id, "why": why}
     return _replacement(question_event_id, content, new, line, {SHOWN_CLOSED_KEY: shown})
 
@@ -480,7 +481,7 @@ def reopened_replacement(question_event_id: str, content: Mapping[str, Any], lin
     new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": f"{content.get('body', '')}\n\n{said}"}
     html = content.get("formatted_body")
     if isinstance(html, str):
-        new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc(said)}</strong></p>")
+        new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc_links(said)}</strong></p>")
     return _replacement(question_event_id, content, new, line)
 
 

@@ -466,6 +466,15 @@ def approval_lines(q: Mapping[str, Any], now_ms: int | None) -> list[str]:
     return lines
 
 
+def approval_line_html(line: str, q: Mapping[str, Any]) -> str:
+    """An approval line as HTML: the people it names (answerers, those
+    brought in) as pills, and a veto's label that looks like a link or an
+    id as code, as every other text of the set is shown."""
+    escalate = q.get("escalate") if isinstance(q.get("escalate"), Mapping) else {}
+    people = [p for p in (*(q.get("answerers") or ()), *(escalate.get("to") or ())) if isinstance(p, str)]
+    return esc_people(line, people)
+
+
 def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[tuple[str, str | None]]:
     """(line as shown, what it becomes or None to drop it) for a question closed
     at ``at_ms``, the approval lines of ``shown`` (its body) once closed.
@@ -570,7 +579,7 @@ def render_html(
         parts.append(f"<p><em>{esc(WHOLE_IN_THREAD)}</em></p>")
     lines = approval_lines(q, now_ms)
     if lines:
-        parts.append("<p>" + "<br>\n".join(f"<em>{esc(line)}</em>" for line in lines) + "</p>")
+        parts.append("<p>" + "<br>\n".join(f"<em>{approval_line_html(line, q)}</em>" for line in lines) + "</p>")
     parts.extend(_html_context(content, q, cut, background))
     options = _html_options(q, cut)
     if options:

@@ -1390,7 +1390,29 @@ def test_a_closed_question_drops_its_stale_deadline_words_and_the_escalation_not
     assert "Deadline: 10:00 UTC (passed)." in lines
     assert f"Undecided by 09:00 UTC: {DEE} was asked too." in lines
     assert lines[-1] == "Closed: no longer accepting answers (expired undecided at 10:00 UTC: no votes)."
-    assert f"<em>Undecided by 09:00 UTC: {DEE} was asked too.</em>" in late["m.new_content"]["formatted_body"]
+    pill = f'<a href="https://matrix.to/#/{DEE}">{DEE}</a>'  # a person the bridge names; no ping (m.mentions)
+    assert f"<em>Undecided by 09:00 UTC: {pill} was asked too.</em>" in late["m.new_content"]["formatted_body"]
+    assert "will be asked" not in late["m.new_content"]["formatted_body"]
+
+
+def test_a_veto_label_that_looks_like_a_link_or_an_id_stays_text_in_the_approval_lines_and_the_close():
+    """Everywhere else the set's text is code where it looks like a link; the
+    approval line ("… from anyone decides at once") and the closing line
+    escaped it only, and Element linkified the domain and made @eve a pill."""
+    from bridge.protocol.question_event import closed_replacement
+
+    raw = approval_set(quorum={"required": 2, "veto": ["stable"]}, answerers=[ANA, BO])
+    branch = next(q for q in raw["questions"] if q["id"] == "branch")
+    label = "Block it, see status.example.org and @eve:example.org"
+    next(o for o in branch["options"] if o["id"] == "stable")["label"] = label
+    qset = QuestionSet.model_validate(raw)
+    content = build_question_event(qset, next(q for q in qset.questions if q.id == "branch"), elicitation_id="elc",
+                                   posted_ms=T0)
+    coded = "<code>status.example.org</code> and <code>@eve:example.org</code>"
+    assert f"Block it, see {coded}" in content["formatted_body"]
+    closed = closed_replacement("$q", content, f"vetoed: \u201c{label}\u201d", T0 + 60_000)
+    html = closed["m.new_content"]["formatted_body"]
+    assert html.count(coded) == 3, html  # the approval line, the option, and the closing line
 
 
 def test_the_question_mentions_its_answerers_and_its_edits_and_poll_end_ping_nobody(tmp_path):
