@@ -186,6 +186,7 @@ class AgentsFront:
         async def post() -> None:
             try:
                 await poster.sync_changed(self.config.sets.root, [set_dir / QUESTIONS_FILE])
+                await self.store.run(self.outbox.owner_written, os.path.realpath(set_dir))
             except Exception:  # noqa: BLE001 - the watcher and the next start take it then
                 log.exception("posting %s failed", set_dir.name)
 

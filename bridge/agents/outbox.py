@@ -185,6 +185,16 @@ class OutboxHook:
         set_dir = self.store.set_dir_of(question.event_id)
         if not set_dir:
             return
+        self._keep_owner(set_dir)
+
+    def owner_written(self, set_dir: str) -> None:
+        """The agent asked again (its callbacks, say, changed) with nothing
+        new to post: the owner kept for a folder removed whole is kept up
+        too, or its closes went to the callbacks it had dropped."""
+        if self.store.get_meta(OWNER_SEEN + set_dir) is not None:
+            self._keep_owner(set_dir)
+
+    def _keep_owner(self, set_dir: str) -> None:
         owner = read_owner(set_dir)
         with self.store.transaction(flush=False):  # lost, it is only written again at the next posting
             if owner is None:

@@ -168,3 +168,42 @@ async def test_the_docs_receiver_run_as_written_takes_every_event_once_and_refus
     assert "Traceback" not in out and "Error" not in out, out
     assert [line.split()[0] for line in out.splitlines() if line.startswith(("answer.", "question."))] == \
         ["answer.accepted", "question.closed"], out
+
+
+async def test_the_closes_of_a_folder_removed_go_to_the_callbacks_the_agent_named_last(bridge):
+    """The agent asked again, only its callbacks changed (nothing new to
+    post), then its folder went: "this set was removed" went to the callback
+    it had dropped, and the one it named last heard nothing."""
+    dropped, named = Receiver(SECRETS["planner"]), Receiver(SECRETS["planner"])
+    await dropped.start()
+    await named.start()
+    port = free_port()
+    bridge.extra_config = agents_config(port)
+    base = f"http://127.0.0.1:{port}"
+    set_id = unique("moved")
+    bridge.start()
+    try:
+        async with aiohttp.ClientSession(headers=auth("planner")) as http:
+            async def ask(callback: str, status: int) -> None:
+                for _ in range(150):
+                    bridge.check_alive()
+                    try:
+                        async with http.put(f"{base}/v1/sets/{set_id}",
+                                            json={"set": one_question(set_id), "callbacks": [callback]}) as response:
+                            assert response.status == status, await response.text()
+                            return
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.2)
+
+            await ask(dropped.url, 201)
+            await bridge.wait_questions(bridge.alice, 1)
+            await ask(named.url, 200)
+            await asyncio.sleep(2)  # the bridge takes the set again: nothing to post
+        shutil.rmtree(set_folder(bridge.sets_root, set_id))
+        [told] = await closes(named, 1)
+        assert told["why"] == "this set was removed"
+        await asyncio.sleep(2)
+        assert not [t for t in dropped.taken if t["body"]["type"] == "question.closed"]
+    finally:
+        await dropped.close()
+        await named.close()
