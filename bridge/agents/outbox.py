@@ -298,6 +298,33 @@ def due_now(store: Store, lane: Lane, now_ms: int) -> int:
                                 (now_ms, *lane, now_ms)).rowcount
 
 
+# Meta key prefix (+ agent NUL url): until when (ms, the store's clock) a URL
+# asked to be left alone (a 429's or 503's Retry-After): a restart keeps it.
+HELD = "webhook_held:"
+
+
+def hold_lane(store: Store, lane: Lane, until_ms: int) -> None:
+    """Nothing goes to ``lane`` before ``until_ms``: its rows queued now wait,
+    and the hold is kept for the rows queued later, across a restart."""
+    with store.transaction(flush=False):
+        store.db.execute("UPDATE webhook_outbox SET next_at=? WHERE agent=? AND url=? AND next_at<?",
+                         (until_ms, *lane, until_ms))
+        store.set_meta(HELD + "\x00".join(lane), str(until_ms))
+
+
+def lane_holds(store: Store, now_ms: int) -> dict[Lane, int]:
+    """The holds still running (those past are forgotten)."""
+    holds: dict[Lane, int] = {}
+    for key, value in store.meta_with_prefix(HELD):
+        agent, _, url = key[len(HELD):].partition("\x00")
+        until = int(value) if value.isdigit() else 0
+        if until > now_ms:
+            holds[(agent, url)] = until
+        else:
+            store.delete_meta(key)
+    return holds
+
+
 # Meta key prefix: an agent's webhook_url as the last start had it.
 WEBHOOK_URL_SEEN = "webhook_url:"
 

@@ -36,7 +36,7 @@ from prometheus_client import Counter
 from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
 from bridge.agents.outbox import (Delivery, Lane, delivered, due_by_url, due_now, expired, follow_webhook_urls,
-                                  next_due, retry_at)
+                                  hold_lane, lane_holds, next_due, retry_at)
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
@@ -148,6 +148,13 @@ class Deliverer:
         except Exception:  # noqa: BLE001 - the store failing now: followed at the next start
             log.warning("the webhooks waiting for a changed webhook_url could not be moved to it now", exc_info=True)
             changes = []
+        try:
+            holds = await self.store.run(lane_holds, self.store, int(self.clock() * 1000))
+        except Exception:  # noqa: BLE001 - the rows' own times still hold them
+            log.warning("the webhook URLs that asked to be left alone could not be read", exc_info=True)
+            holds = {}
+        for lane, until_ms in holds.items():
+            self.circuits.setdefault(lane, Circuit()).held_until = until_ms / 1000
         for agent, old, new, rows in changes:
             if rows:
                 log.warning("agent %s's webhook_url changed from %s to %s: the %d webhooks waiting for the old one %s",
@@ -271,6 +278,8 @@ class Deliverer:
             else:  # dropped without an attempt: the URL was not tried
                 circuit.probing = False
             self.wake.set()  # its lane has room again
+        if taken is False and asked:
+            await self._keep_hold(row.lane, self.circuits[row.lane].held_until)
         if taken and row.attempts:
             # The URL takes deliveries again (after an outage, or a restart
             # of the bridge during one): the rest follow now, in order.
@@ -282,6 +291,12 @@ class Deliverer:
                 if waiting:
                     log.info("%s takes webhooks again: the %d waiting go now", host_of(row.url), waiting)
                     self.wake.set()
+
+    async def _keep_hold(self, lane: Lane, until: float) -> None:
+        try:
+            await self.store.run(hold_lane, self.store, lane, int(until * 1000))
+        except Exception:  # noqa: BLE001 - held in memory still; a restart then forgets it
+            log.warning("the hold %s asked for was not kept in the store", host_of(lane[1]), exc_info=True)
 
     async def _attempt(self, http: aiohttp.ClientSession, row: Delivery) -> tuple[bool | None, float]:
         """True: the URL took it; False: it did not (retried later); None:

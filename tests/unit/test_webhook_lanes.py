@@ -452,6 +452,40 @@ async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_pat
     assert asked_to_wait(429, "86400", now) == 300
 
 
+async def test_a_receivers_retry_after_holds_across_a_restart_for_what_is_queued_after_it(tmp_path: Path) -> None:
+    """The hold lived only in memory: after a restart, the next event queued
+    for that URL was POSTed at once, seconds after the receiver had asked to
+    be left alone for five minutes (docs/agents.md: "never sooner")."""
+    tries: list[str] = []
+
+    async def busy(request: web.Request) -> web.Response:
+        tries.append(request.headers["Idempotency-Key"])
+        return web.Response(status=429, headers={"Retry-After": "300"})
+
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", busy)]) as port:
+        deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(deliverer.run(stop))
+        await until(lambda: len(tries) == 1, what="the first try")
+        await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        # Started again, and another answer queued for that URL.
+        restarted = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+        hook = OutboxHook(store, AGENTS, on_queued=restarted.wake.set)
+        answered(hook, store, tmp_path / "sets", "plan", "$after-the-restart")
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(restarted.run(stop))
+        try:
+            await asyncio.sleep(4)
+            assert len(tries) == 1, tries
+        finally:
+            stop.set()
+            await task
+            store.close()
+
+
 async def test_an_agent_naming_another_agents_url_delays_none_of_that_agents_webhooks(tmp_path: Path) -> None:
     """The planner names the other agent's receiver as its callback: the
     receiver refuses the planner's signature (401), and the circuit of that
