@@ -315,13 +315,18 @@ def hold_lane(store: Store, lane: Lane, until_ms: int) -> None:
 def lane_holds(store: Store, now_ms: int) -> dict[Lane, int]:
     """The holds still running (those past are forgotten)."""
     holds: dict[Lane, int] = {}
+    past = []
     for key, value in store.meta_with_prefix(HELD):
         agent, _, url = key[len(HELD):].partition("\x00")
         until = int(value) if value.isdigit() else 0
         if until > now_ms:
             holds[(agent, url)] = until
         else:
-            store.delete_meta(key)
+            past.append(key)
+    if past:
+        with store.transaction(flush=False):
+            for key in past:
+                store.delete_meta(key)
     return holds
 
 
