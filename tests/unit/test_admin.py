@@ -236,6 +236,29 @@ def test_close_reports_an_unreadable_questions_file(tmp_path):
     assert "can't be read" in close_in_file(tmp_path, "branch")
 
 
+def test_close_writes_through_a_symlinked_questions_file_to_the_file_it_names(tmp_path):
+    """The link was replaced by a copy: the agent's own file (the link's
+    target) stayed open, and the set no longer saw what the agent wrote."""
+    import os
+
+    (tmp_path / "questions.v2.json").write_text(json.dumps(QUESTIONS))
+    os.symlink("questions.v2.json", tmp_path / "questions.json")
+    qid = next(q["id"] for q in QUESTIONS["questions"] if q.get("status", "open") == "open")
+    assert close_in_file(tmp_path, qid).startswith("Closed")
+    assert (tmp_path / "questions.json").is_symlink()
+    closed = json.loads((tmp_path / "questions.v2.json").read_text())
+    assert next(q for q in closed["questions"] if q["id"] == qid)["status"] == "closed"
+    # A link out of the set folder is not written through.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "questions.json").write_text(json.dumps(QUESTIONS))
+    inside = tmp_path / "linked"
+    inside.mkdir()
+    os.symlink(elsewhere / "questions.json", inside / "questions.json")
+    assert "outside the set folder" in close_in_file(inside, qid)
+    assert json.loads((elsewhere / "questions.json").read_text()) == QUESTIONS
+
+
 async def test_remind_counts_what_was_sent(ctx, sets_root):
     assert await handle(parse_command("!ask remind release"), ADMIN, ctx) == "Sent 2 reminders for “release”."
     assert ctx.calls.reminded == ["release"]

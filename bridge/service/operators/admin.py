@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -200,8 +201,14 @@ def close_in_file(set_dir: Path, qid: str) -> str:
     if status != "open":
         return f"“{qid}” is already {status}."
     found["status"] = "closed"
+    # Through a link, the file it names is the set's (the agent writes there):
+    # replacing the link with a copy left that file open and the set deaf to it.
+    real = Path(os.path.realpath(path))
+    if path.is_symlink() and not real.is_relative_to(os.path.realpath(set_dir)):
+        return (f"{set_dir.name}/{QUESTIONS_FILE} is a link to a file outside the set folder; "
+                "close the question there.")
     try:
-        replace_whole(path, questions_bytes(raw))
+        replace_whole(real, questions_bytes(raw))
     except OSError as exc:
         return f"questions.json could not be written: {exc.strerror or exc}"
     log.info("question closed by an admin: %s/%s", set_dir.name, qid)
