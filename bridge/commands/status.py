@@ -27,7 +27,7 @@ import urllib.request
 from typing import Any
 
 from bridge.service.config import ConfigError, load_config
-from bridge.service.storage.heldback import format_held, held_back
+from bridge.service.storage.heldback import format_held, held_back, nothing_held
 from bridge.service.operators.setstatus import collect, format_table
 from bridge.service.storage.store import Store, StoreVersionError
 from bridge.service.supervisor import format_tasks
@@ -87,7 +87,7 @@ def _from_store(section: Any) -> tuple[dict[str, int], dict[str, dict[str, int]]
         # said on stderr, as every set shows nothing posted.
         sys.stderr.write(f"askwright-bridge: no store at {section.path} yet: nothing is counted as posted "
                          "(the bridge has not run with this config, or store.path names another file)\n")
-        return {}, {}, {"sets": [], "events": {}, "notices": []}
+        return {}, {}, nothing_held()
     try:
         return store.posted_question_counts(), store.highest_posted_revs(), held_back(store)
     finally:

@@ -258,3 +258,17 @@ def test_a_set_whose_questions_file_was_deleted_is_a_row_saying_its_questions_st
     fresh = by_set(capsys.readouterr().out)["fresh"]
     assert fresh["posted"] == 1
     assert "no questions.json" in fresh["problem"] and "its 1 posted questions stay open" in fresh["problem"]
+
+
+def test_json_held_back_has_one_shape_with_or_without_a_store(bridge_config, tmp_path, capsys):
+    # Before the bridge's first run it had only sets, events and notices: a
+    # script reading held_back["waiting"] raised; webhooks was a bare pair.
+    main(["status", "-c", str(bridge_config), "--json"])
+    with_store = json.loads(capsys.readouterr().out)["held_back"]
+    raw = yaml.safe_load(bridge_config.read_text())
+    raw["store"]["path"] = str(tmp_path / "not-yet.sqlite")
+    bridge_config.write_text(yaml.safe_dump(raw))
+    main(["status", "-c", str(bridge_config), "--json"])
+    without = json.loads(capsys.readouterr().out)["held_back"]
+    assert set(without) == set(with_store) == {"sets", "events", "notices", "waiting", "not_posted", "webhooks"}
+    assert without["webhooks"] == with_store["webhooks"] == {"pending": 0, "oldest_ms": None}

@@ -17,10 +17,18 @@ def held_back(store: Store) -> dict[str, Any]:
     try:
         return _held_back(store)
     except sqlite3.OperationalError:  # a store the running bridge has not migrated yet
-        return {"sets": [], "events": {}, "notices": []}
+        return nothing_held()
+
+
+def nothing_held() -> dict[str, Any]:
+    """``held_back`` of a store that holds nothing back (none yet): every key
+    there, so a script reading ``status --json`` finds the same shape always."""
+    return {"sets": [], "events": {}, "notices": [], "waiting": 0, "not_posted": [],
+            "webhooks": {"pending": 0, "oldest_ms": None}}
 
 
 def _held_back(store: Store) -> dict[str, Any]:
+    pending, oldest = store.db.execute("SELECT COUNT(*), MIN(created_at) FROM webhook_outbox").fetchone()
     return {
         "sets": [{"set_dir": set_dir, "set_id": set_id, "reason": reason, "since_ms": since, "attempts": attempts}
                  for set_dir, set_id, reason, since, attempts, _next in store.held_sets()],
@@ -36,26 +44,26 @@ def _held_back(store: Store) -> dict[str, Any]:
                        for key, reason in store.meta_with_prefix(NOT_POSTED)],
         # Webhooks still to deliver (a receiver down: retried for a day), and
         # since when the oldest waits: the backlog was seen only in the log.
-        "webhooks": store.db.execute("SELECT COUNT(*), MIN(created_at) FROM webhook_outbox").fetchone(),
+        "webhooks": {"pending": pending, "oldest_ms": oldest},
     }
 
 
 def counts(held: dict[str, Any]) -> dict[str, int]:
     return {"sets_held": len(held["sets"]), "events_set_aside": sum(held["events"].values()),
-            "notices_dropped": len(held["notices"]), "events_waiting": held.get("waiting", 0),
-            "sets_not_posted": len(held.get("not_posted", ())),
-            "webhooks_pending": (held.get("webhooks") or (0, None))[0]}
+            "notices_dropped": len(held["notices"]), "events_waiting": held["waiting"],
+            "sets_not_posted": len(held["not_posted"]),
+            "webhooks_pending": held["webhooks"]["pending"]}
 
 
 def format_held(held: dict[str, Any]) -> str:
     """Plain lines for people; empty when nothing is held back."""
     lines = [f"set {row['set_id']} ({row['set_dir']}) held back: {row['reason']} (tried {row['attempts']} times)"
              for row in held["sets"]]
-    lines += [f"set {row['set_dir']} not posted yet: {row['reason']} (tried again)" for row in held.get("not_posted", ())]
+    lines += [f"set {row['set_dir']} not posted yet: {row['reason']} (tried again)" for row in held["not_posted"]]
     lines += [f"{count} event(s) set aside: {reason}" for reason, count in sorted(held["events"].items())]
     if held.get("waiting"):
         lines.append(f"{held['waiting']} encrypted event(s) waiting for their keys or their senders' devices")
-    pending, oldest = held.get("webhooks") or (0, None)
+    pending, oldest = held["webhooks"]["pending"], held["webhooks"]["oldest_ms"]
     if pending:
         lines.append(f"{pending} webhook delivery(ies) pending, the oldest queued at "
                      f"{format_rfc3339(int(oldest))} (retried until delivered, or dropped after webhook_drop_after)")
