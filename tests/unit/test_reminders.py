@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import asyncio
 
 import pytest
@@ -168,6 +170,16 @@ async def test_remind_now_nudges_one_sets_unanswered_questions_whatever_the_timi
     assert on_loop == []
     assert send.sent[0][2][REMINDER_KEY]["question_event_id"] == "$a"
     assert store.reminded() == {"$a": 10**13}
+    # Asked again and again: ten commands in a second nudged it ten times.
+    for n in range(1, 10):
+        assert await remind_set_now(store, send, "s", now_ms=10**13 + 100 * n) == 0
+    assert await remind_set_now(store, send, "s", now_ms=10**13 + 61_000) == 1
+    assert len(send.sent) == 2
+
+
+def test_a_reminder_quotes_at_most_a_short_title():
+    content = reminder_content(SimpleNamespace(title="\U0001F600" * 10_000, event_id="$a", set_id="s", qid="a"))
+    assert len(content["body"]) < 300 and "\u2026\u201d" in content["body"]
 
 
 @pytest.mark.usefixtures("store_backend")

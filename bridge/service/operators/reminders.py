@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from bridge.service.eventwait import set_within
-from bridge.protocol.outcome import in_thread, txn_id
+from bridge.protocol.outcome import in_thread, shown_title, txn_id
 from bridge.service.storage.store import PostedQuestion, Store
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,9 @@ Send = Callable[[str, str, dict[str, Any], str], Awaitable[str]]
 REMINDER_KEY = "dev.superpipeline.question.reminder"
 # How often the loop looks; far below any sensible `after` or `every`.
 DEFAULT_TICK_SECONDS = 60.0
+# ``!ask remind`` nudges a question again at most this often: ten commands in
+# a second sent every open question's nudge ten times.
+ASKED_AGAIN_SECONDS = 60.0
 
 
 def due_reminders(open_questions: Iterable[PostedQuestion], answered: set[str], last_reminded: Mapping[str, int],
@@ -54,7 +57,7 @@ def due_reminders(open_questions: Iterable[PostedQuestion], answered: set[str], 
 def reminder_content(question: PostedQuestion) -> dict[str, Any]:
     """A notice in the question's thread (with the reply fallback for
     clients without threads)."""
-    text = f"A gentle reminder: “{question.title}” is still waiting for an answer."
+    text = f"A gentle reminder: “{shown_title(question.title)}” is still waiting for an answer."
     return {
         "msgtype": "m.notice",
         "body": text,
@@ -97,11 +100,12 @@ async def remind_once(store: Store, send: Send, *, after_seconds: float, period_
 
 async def remind_set_now(store: Store, send: Send, set_id: str, now_ms: int | None = None) -> int:
     """``!ask remind <set>``: nudge every unanswered open question of the set
-    at once, whatever the timing (an admin asked).  Read on the store's
-    thread, as every pass is: a slow store holds no room up."""
+    at once, whatever the reminders' timing (an admin asked), but none nudged
+    in the last ``ASKED_AGAIN_SECONDS``.  Read on the store's thread, as every
+    pass is: a slow store holds no room up."""
     now_ms = store.clock.now_ms() if now_ms is None else now_ms
-    due = await store.run(lambda: due_reminders(store.open_posted(set_id), store.answered_question_events(), {},
-                                                now_ms, 0, 0))
+    due = await store.run(lambda: due_reminders(store.open_posted(set_id), store.answered_question_events(),
+                                                store.reminded(), now_ms, 0, ASKED_AGAIN_SECONDS))
     return await send_reminders(store, send, due, now_ms)
 
 
