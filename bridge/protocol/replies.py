@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
 from bridge.protocol.render import KEYCAPS, option_display
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
-from bridge.questionset.shown import reply_key
+from bridge.questionset.shown import reply_form, reply_key
 
 _NUMBER = re.compile(r"^#?(\d{1,3})[.)]?$")
 _SPACED_NUMBERS = re.compile(r"^\d{1,3}(?:\s+\d{1,3})+$")
@@ -199,11 +199,15 @@ def _resolve(token: str, question: RecordedQuestion) -> str | None:
     for option in options:
         if plain == reply_key(option["id"]):
             return option["id"]
-    for option in options:
-        names = {option.get("label"), option_display(question.question, option)}
-        if any(isinstance(name, str) and plain == reply_key(name) for name in names):
-            return option["id"]
-    return None
+    named = [option for option in options
+             if any(isinstance(name, str) and plain == reply_key(name)
+                    for name in (option.get("label"), option_display(question.question, option)))]
+    if len(named) > 1:
+        # A quiz may offer labels that differ only in case ("we", "We"): the
+        # one written as the person wrote it, not the first of them.
+        written = reply_form(token)
+        named = [option for option in named if reply_form(str(option.get("label"))) == written] or named
+    return named[0]["id"] if named else None
 
 
 def _unsure_words(question: RecordedQuestion) -> set[str]:

@@ -27,8 +27,14 @@ def visible(text: str) -> str:
 
 
 def reply_key(text: str) -> str:
+    return reply_form(text).casefold()
+
+
+def reply_form(text: str) -> str:
+    """``reply_key`` with its case kept: what tells apart two labels a quiz
+    made differ by case only ("we", "We")."""
     plain = visible(unicodedata.normalize("NFKC", text))
-    return " ".join(plain.strip().strip(_QUOTES).strip().rstrip(".!").split()).casefold()
+    return " ".join(plain.strip().strip(_QUOTES).strip().rstrip(".!").split())
 
 
 def one_line_problem(text: str) -> str | None:

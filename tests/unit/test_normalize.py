@@ -165,6 +165,22 @@ def test_an_id_or_label_in_any_case(body, option):
     assert accepted(normalize(reply("branch", body), FakeLookup())).option_id == option
 
 
+@pytest.mark.parametrize("body, option", [("We", "upper"), ("we", "lower"), (" We. ", "upper"), ("WE", "lower")])
+def test_a_quiz_label_differing_only_in_case_is_read_as_written(body, option):
+    """The bundled study set offers "we" (right) and "We": a reply "We"
+    was read as the first of the two, "we", and told it was right."""
+    import json
+    from pathlib import Path
+
+    raw = json.loads((Path(__file__).resolve().parents[2] / "examples" / "study-basics" / "questions.json").read_text())
+    qset = QuestionSet.model_validate(raw)
+    question = next(q for q in qset.questions if q.id == "reply-word")
+    recorded = RecordedQuestion(event_id="$q_reply-word", room_id=ROOM, set_id=qset.id,
+                                content=build_question_event(qset, question, elicitation_id="elc_reply-word"))
+    lookup = FakeLookup(questions={"reply-word": recorded})
+    assert accepted(normalize(reply("reply-word", body), lookup)).option_id == option
+
+
 def test_other_with_words():
     result = accepted(normalize(reply("branch", "other: a release branch of its own"), FakeLookup()))
     assert (result.option_id, result.text) == ("other", "a release branch of its own")
