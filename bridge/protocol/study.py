@@ -47,18 +47,42 @@ class Score:
 
 
 def complete(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> bool:
-    """Every open question has an answer (a note alone is not one)."""
-    questions = qset.open_questions
+    """Every question the quiz asks now has an answer to it as it stands (a
+    note alone is not one, nor an answer to an earlier revision)."""
+    answers = _current(qset, answers)
+    questions = _asked(qset, answers)
     return bool(questions) and all(
         (answers.get(q.id) or {}).get("state") in ("answered", "unsure") for q in questions)
 
 
+def _current(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The answers to each question's current revision: one to a revision
+    since replaced was scored against the new one's ``correct``."""
+    revs = {q.id: q.rev or 1 for q in qset.questions}
+    return {qid: record for qid, record in answers.items() if (record.get("q_rev") or 1) == revs.get(qid, 1)}
+
+
+def _asked(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> list[Question]:
+    """The open questions the quiz asks, given the answers: one ``show_if``
+    makes "only needed if" another's answer is one of its options is not
+    asked when that answer is another (the quiz was never scored)."""
+    def needed(question: Question) -> bool:
+        condition = question.show_if
+        if condition is None:
+            return True
+        record = answers.get(condition.question) or {}
+        picked = {record.get("choice"), *(record.get("choices") or ())}
+        return bool(picked & set(condition.option))
+    return [q for q in qset.open_questions if needed(q)]
+
+
 def score(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> Score:
+    answers = _current(qset, answers)
     main = [0.0, 0.0]
     bonus = [0.0, 0.0]
     topics: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     to_grade = 0
-    for question in qset.open_questions:
+    for question in _asked(qset, answers):
         if question.kind == "text":
             to_grade += (answers.get(question.id) or {}).get("text") is not None
             continue

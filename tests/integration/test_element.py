@@ -393,6 +393,12 @@ async def test_a_quiz_says_right_or_wrong_and_scores_by_topic_when_done(bridge):
     assert "1 of 3" in text  # room-id (1 point) right, event-size (2 points) wrong
     assert "- rooms: 1 of 1" in text and "- events: 0 of 2" in text
     assert "Bonus questions: 1 of 1" in text and "2 written answers wait for grading" in text
+    # The same pick sent again is the score that stands: it was posted again,
+    # "This replaces the earlier score: an answer changed."
+    again = await alice.send(room, element_reply(questions[("room-id", 1)], number_of("room-id", "bang"), bot))
+    await alice.wait_notice(room, again)
+    await asyncio.sleep(2)
+    assert len([e for e in await alice.messages(room) if "dev.superpipeline.quiz.score" in e.get("content", {})]) == 1
 
 
 async def test_a_moderator_the_bridges_own_account_made_may_take_an_answer_back(bridge, synapse, person):

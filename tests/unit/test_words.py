@@ -384,3 +384,37 @@ def test_a_text_answer_that_turns_the_line_around_is_quoted_without_it():
     body = recorded_notice(answer_event_id="$a", question_event_id="$q", title="Name", via="reply",
                            record={"qid": "name", "state": "answered", "text": "\u202eabc\u200b", "rev": 1})["body"]
     assert body == "Recorded for \u201cName\u201d: \u201cabc\u201d."
+
+
+def _quiz(gate_right: str = "blue", **gate_extra: Any) -> QuestionSet:
+    def choice(qid: str, right: str, **extra: Any) -> dict[str, Any]:
+        return {"id": qid, "kind": "choice", "title": qid.title(), "question": f"{qid}?", **extra,
+                "options": [{"id": "green", "label": "Green", **({"correct": True} if right == "green" else {})},
+                            {"id": "blue", "label": "Blue", **({"correct": True} if right == "blue" else {})}]}
+    return QuestionSet.model_validate({"askwright": 1, "id": "quiz", "title": "Quiz", "mode": "study", "questions": [
+        choice("gate", gate_right, **gate_extra), choice("follow", "green", show_if={"question": "gate", "option": ["blue"]})]})
+
+
+def test_a_quiz_whose_only_if_question_is_not_asked_is_complete_without_it():
+    """"Follow" is only needed if the gate's answer is Blue: answered Green,
+    the quiz was never scored (complete waited for "follow")."""
+    from bridge.protocol.study import complete, score
+
+    quiz = _quiz()
+    green = {"gate": {"qid": "gate", "state": "answered", "choice": "green", "q_rev": 1}}
+    assert complete(quiz, green)
+    assert (score(quiz, green).points, score(quiz, green).possible) == (0.0, 1.0)
+    blue = {"gate": {"qid": "gate", "state": "answered", "choice": "blue", "q_rev": 1}}
+    assert not complete(quiz, blue)  # now "follow" is asked
+
+
+def test_an_answer_to_a_revision_since_replaced_is_not_scored_against_the_new_one():
+    """Green, told "Not quite" at rev 1; rev 2 made Green right, and the
+    quiz scored the rev-1 answer right against it."""
+    from bridge.protocol.study import complete, score
+
+    quiz = _quiz(gate_right="green", rev=2)
+    stale = {"gate": {"qid": "gate", "state": "answered", "choice": "green", "q_rev": 1}}
+    assert not complete(quiz, stale) and score(quiz, stale).points == 0.0
+    fresh = {"gate": {"qid": "gate", "state": "answered", "choice": "green", "q_rev": 2}}
+    assert complete(quiz, fresh) and score(quiz, fresh).points == 1.0

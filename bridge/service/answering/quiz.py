@@ -56,13 +56,14 @@ async def send_score_if_complete(entry: LogEntry, store: Store, transport: Any) 
     due = await store.run(_score_due, entry, store)
     if due is None:
         return
-    content, key, scored = due
+    content, key, mark = due
     await transport.send(entry.room_id, "m.room.message", content, txn_id("score", key))
-    await store.run(_scored, store, key, scored)
+    await store.run(_scored, store, mark)
 
 
-def _score_due(entry: LogEntry, store: Store) -> tuple[dict[str, Any], str, str] | None:
-    """The score to post after ``entry`` and its meta keys; None when there is none (yet, or any more)."""
+def _score_due(entry: LogEntry, store: Store) -> tuple[dict[str, Any], str, tuple[str, str]] | None:
+    """The score to post after ``entry``, its key, and the mark it leaves;
+    None when there is none (yet, or any more)."""
     question = store.question_by_event(entry.question_event_id) if entry.question_event_id else None
     if question is None or not is_study(question) or not entry.set_dir:
         return None
@@ -72,23 +73,30 @@ def _score_due(entry: LogEntry, store: Store) -> tuple[dict[str, Any], str, str]
     answers = {q.id: store.projection(entry.set_dir, q.id) or {} for q in qset.open_questions}
     if not complete(qset, answers):
         return None
-    picks = json.dumps({qid: [a.get("choice"), a.get("text"), a.get("rev")] for qid, a in answers.items()},
-                       sort_keys=True)
-    key = "score:" + hashlib.sha256(f"{entry.set_dir}\x00{picks}".encode()).hexdigest()[:32]
-    if store.get_meta(key):
-        return None
+    # What the score is made of: the same picks again (an answer sent twice)
+    # is the score that stands, not a new one; picks changed, and changed
+    # back, are a new score each time (counted, so each has its own key).
+    picks = hashlib.sha256(json.dumps({qid: [a.get("choice"), a.get("choices"), a.get("order"), a.get("text"),
+                                             a.get("q_rev")] for qid, a in answers.items()},
+                                      sort_keys=True).encode()).hexdigest()
     # One score per set stands: a later one (an answer changed) says it replaces it.
     scored = "scored:" + hashlib.sha256(entry.set_dir.encode()).hexdigest()[:32]
-    replaces = bool(store.get_meta(scored))
+    last = store.get_meta(scored)
+    posted, _, last_picks = (last or "0 ").partition(" ")
+    if last_picks == picks:
+        return None
+    replaces = last is not None
+    count = int(posted) + 1 if posted.isdigit() else 1
+    key = "score:" + hashlib.sha256(f"{entry.set_dir}\x00{count}\x00{picks}".encode()).hexdigest()[:32]
     result = score(qset, answers)
     content = notice(score_text(qset, result, replaces), entry.question_event_id or entry.event_id, {})
     content["formatted_body"] = score_html(qset, result, replaces)
     content.pop("dev.superpipeline.question.outcome", None)
     content["dev.superpipeline.quiz.score"] = {"set": qset.id}
-    return content, key, scored
+    return content, key, (scored, f"{count} {picks}")
 
 
-def _scored(store: Store, key: str, scored: str) -> None:
+def _scored(store: Store, mark: tuple[str, str]) -> None:
+    """The score posted is the one that stands: how many so far, and its picks."""
     with store.transaction():
-        store.set_meta(key, "1")
-        store.set_meta(scored, "1")
+        store.set_meta(*mark)
