@@ -120,7 +120,8 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
                      qid, attempt, problem, left)
             await asyncio.sleep(min(RETRY_PAUSE * 2 ** (attempt - 1), left))
             continue
-        log.info("download for %s failed (try %d of %d): %s", qid, attempt, TRIES, problem)
+        log.info("download for %s failed (try %d%s): %s", qid, attempt,
+                 "" if unreached else f" of {TRIES}", problem)
         if attempt >= TRIES:
             return None, "attachment_unreachable" if unreached else "attachment_not_fetched"
         await asyncio.sleep(RETRY_PAUSE * attempt)
