@@ -410,6 +410,14 @@ def test_the_webhooks_waiting_are_counted_in_what_health_and_status_show(tmp_pat
     assert "500 webhook delivery(ies) pending, the oldest queued at " in format_held(held)
 
 
+def busy_for(seconds: int, tries: list[float]) -> Any:
+    """A receiver that answers every POST 429 with ``Retry-After: seconds``, noting when."""
+    async def busy(request: web.Request) -> web.Response:
+        tries.append(time.monotonic())
+        return web.Response(status=429, headers={"Retry-After": str(seconds)})
+    return busy
+
+
 async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_path: Path) -> None:
     """A 429 (or 503) with Retry-After was tried again after 1 s, then 2 s,
     as any failure, hammering a receiver that had said when to come back.
@@ -419,13 +427,8 @@ async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_pat
     from email.utils import format_datetime
 
     tries: list[float] = []
-
-    async def busy(request: web.Request) -> web.Response:
-        tries.append(time.monotonic())
-        return web.Response(status=429, headers={"Retry-After": "120"})
-
     store = Store(tmp_path / "store.sqlite")
-    async with served([web.post("/hook", busy)]) as port:
+    async with served([web.post("/hook", busy_for(120, tries))]) as port:
         deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 30)
         stop = asyncio.Event()
         task = asyncio.ensure_future(deliverer.run(stop))
@@ -456,14 +459,9 @@ async def test_a_receivers_retry_after_holds_across_a_restart_for_what_is_queued
     """The hold lived only in memory: after a restart, the next event queued
     for that URL was POSTed at once, seconds after the receiver had asked to
     be left alone for five minutes (docs/agents.md: "never sooner")."""
-    tries: list[str] = []
-
-    async def busy(request: web.Request) -> web.Response:
-        tries.append(request.headers["Idempotency-Key"])
-        return web.Response(status=429, headers={"Retry-After": "300"})
-
+    tries: list[float] = []
     store = Store(tmp_path / "store.sqlite")
-    async with served([web.post("/hook", busy)]) as port:
+    async with served([web.post("/hook", busy_for(300, tries))]) as port:
         deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
         stop = asyncio.Event()
         task = asyncio.ensure_future(deliverer.run(stop))
