@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from nio import RoomMessagesResponse
+from nio import MessageDirection, RoomMessagesResponse
 
 from helpers.fake_pages import RoomMessagesPages
 from helpers.waiting import until
@@ -45,6 +45,11 @@ class Timeline(RoomMessagesPages):
                             direction: Any = None, limit: int = 10,
                             message_filter: dict[str, Any] | None = None) -> RoomMessagesResponse:
         self.calls.append({"start": start, "end": end, "limit": limit, "filter": message_filter})
+        if direction in ("f", MessageDirection.front):  # oldest first, from ``start`` on
+            first = int(start or 0)
+            chunk = self.events[first:first + limit]
+            reply = {"chunk": chunk, "start": str(first), **({"end": str(first + len(chunk))} if chunk else {})}
+            return RoomMessagesResponse.from_dict(reply, room_id)
         top = int(start) if start else len(self.events)
         bottom = int(end) if end else 0
         chunk = list(reversed(self.events[max(bottom, top - limit):top]))
@@ -109,6 +114,22 @@ async def test_feeds_only_what_no_transaction_brought_oldest_first(store):
                             "content": {"membership": "join"}})
     assert await looker.sweep() == 1
     assert fed.members == [ROOM]
+
+
+async def test_more_than_a_look_holds_is_read_forward_from_where_the_last_look_ended(store, monkeypatch):
+    """The bot kicked, then an answer and more chatter than a look reads back
+    (5,000 events): the look took the newest and moved its position past the
+    rest, the answer among them never read, for good."""
+    monkeypatch.setattr(catchup_module, "MAX_EVENTS", 50)
+    monkeypatch.setattr(catchup_module, "PAGE", 20)
+    timeline = Timeline([message(n) for n in range(1, 401)])
+    store.set_meta(TOKEN_KEY + ROOM, "100")  # the last look ended after $m100
+    fed = Fed(store)
+    looker = catchup(store, timeline, fed, received={"$m400"})
+    assert await looker.sweep() == 299
+    assert [e for batch in fed.batches for e in batch] == [f"$m{n}" for n in range(101, 400)]
+    assert max(len(batch) for batch in fed.batches) <= 20 and store.get_meta(TOKEN_KEY + ROOM) == "400"
+    assert await looker.sweep() == 0  # nothing new
 
 
 async def test_a_first_look_goes_back_to_the_oldest_open_question_or_only_takes_the_position(store):

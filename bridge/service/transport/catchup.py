@@ -40,7 +40,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Collection
 
-from nio import AsyncClient
+from nio import AsyncClient, MessageDirection
 
 from bridge.service.logs import why
 from bridge.service.transport.bot import sleep_or_stop
@@ -76,7 +76,11 @@ LOOK_WINDOW = 10.0
 # times Synapse strands one.
 IDLE_LOOKS = 3
 PAGE = 500
-MAX_EVENTS = 5000  # per room and look; older ones are left (and logged)
+# Per room and look, read back from the newest; past it, a look that knows
+# where the last one ended reads forward from there instead, a page at a time
+# (``_read_forward``): a room the bot was kicked from gets no transactions
+# while it is out, and what was said there, however much, comes this way.
+MAX_EVENTS = 5000
 # A room looked at for the first time is read back to its oldest open question
 # (what came before cannot answer anything the bridge asked), less this margin
 # for the clocks of the bridge and the homeserver disagreeing.
@@ -234,6 +238,10 @@ class CatchUp:
                 token = token or page.start
                 newest.extend(e for e in page.chunk if not too_old(e))
                 if len(newest) >= MAX_EVENTS:
+                    if since is not None:
+                        log.info("more than %d events in %s since the last look; read forward from it",
+                                 MAX_EVENTS, room_id)
+                        return await self._read_forward(room_id, key, since, arriving)
                     log.warning("more than %d events in %s since the last look; older ones are not looked at",
                                 MAX_EVENTS, room_id)
                     break
@@ -260,6 +268,38 @@ class CatchUp:
         elif token and token != since:
             await self.store.run_written(commit, flush=False)  # only progress: losing it means looking again
         return len(missing), _stranded(in_order, missing, arriving)
+
+    async def _read_forward(self, room_id: str, key: str, since: str,
+                            arriving: Collection[str]) -> tuple[int, int]:
+        """``sweep_room``'s look for a room with too much since ``since`` to
+        hold at once: a page at a time, oldest first, the position kept with
+        each page's events, so nothing is skipped and a stop loses nothing."""
+        fed = stranded = 0
+        try:
+            async for page in timeline_pages(self.client, room_id, since, None, self.stop, PAGE,
+                                             MessageDirection.front):
+                in_order = [e for e in page.chunk if isinstance(e.get("event_id"), str)]
+                unheard = [e for e in in_order if not self.received(e["event_id"])]
+                processed = await self.store.run(self.store.processed_among, [e["event_id"] for e in unheard])
+                missing = [e for e in unheard if e["event_id"] not in processed]
+                end = page.end
+
+                def commit(end: str | None = end) -> None:
+                    if end:
+                        self.store.set_meta(key, end)
+
+                if missing:
+                    await self.feed(missing, commit)
+                elif end:
+                    await self.store.run_written(commit, flush=False)
+                fed += len(missing)
+                stranded += _stranded(in_order, missing, arriving)
+        except StopRequested:
+            pass  # the position kept so far stands: the next look goes on from there
+        if fed:
+            log.info("%d events in %s came in no transaction; processed, reading forward", fed, room_id)
+            await self.on_members(room_id)
+        return fed, stranded
 
     def _where_to_begin(self, room_id: str, key: str) -> tuple[str | None, int | None]:
         """(where the last look ended, or the oldest time worth a first look)."""
