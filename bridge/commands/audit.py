@@ -155,10 +155,9 @@ def _witness(path: Path, tail: str, size: int, kept: str | None, origin: str, ke
     (``witness.py``): the key signed this tree, so a store restored from a
     backup older than it must not be signed on as another tree of that size."""
     from bridge.protocol.log_tail import signed_by
-    from bridge.protocol.checkpoint import raw_public
     from bridge.service.auditing.witness import keep_witness
 
-    if kept is not None and signed_by(kept, origin, raw_public(key.private.public_key())).size >= size:
+    if kept is not None and signed_by(kept, origin, key.public).size >= size:
         return
     try:
         keep_witness(path, tail)

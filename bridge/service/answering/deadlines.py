@@ -263,7 +263,7 @@ class Deadlines:
         set_dir = self.store.set_dir_of(question.event_id)
         record = self.store.projection(set_dir, question.qid) if set_dir and question.qid else None
         return expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms or 0,
-                            labels_of(question))[1]
+                            display_names(question))[1]
 
     async def _restate(self, question: RecordedQuestion, record: dict[str, Any] | None) -> None:
         """The standing changed (a vote counted, changed or withdrawn): the
@@ -282,7 +282,7 @@ class Deadlines:
         if send_delayed is None or question.expires_ms is None or "edit" not in delays:
             return
         closing = expiry_words(record, question.quorum[0] if question.quorum else None, question.expires_ms,
-                               labels_of(question))[1]
+                               display_names(question))[1]
         raw = self.store.get_meta(CLOSING + question.event_id)
         said = json.loads(raw) if raw else {"words": None, "gen": 0}
         if said["words"] != closing or said.get("next"):
@@ -812,7 +812,7 @@ FINAL_PASS_SECONDS = 5.0
 
 def outcome_words(question: RecordedQuestion, record: dict[str, Any], why: str) -> tuple[str, str]:
     """(the thread's notice, the closing line) for a question ``why`` closed, as ``record`` stands."""
-    labels = labels_of(question)
+    labels = display_names(question)
     if why == UNDONE:
         required = question.quorum[0] if question.quorum else 1
         stood = stood_words(Tally(PENDING, record.get("votes") or []), required, labels)
@@ -836,11 +836,6 @@ def _decision(record: dict[str, Any] | None) -> list[Any] | None:
     if not record or not record.get("decided_by"):
         return None
     return [record.get("choice"), sorted(record["decided_by"])]
-
-
-def labels_of(question: RecordedQuestion) -> dict[str, str]:
-    """What the room read for each option (a compare's side, never the take behind a blind one)."""
-    return display_names(question)
 
 
 def _small(record: dict[str, Any]) -> dict[str, Any]:
