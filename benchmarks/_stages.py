@@ -294,15 +294,15 @@ def install() -> None:
     handle = SyncLoop._handle
 
     async def traced_handle(self: SyncLoop, events: list[dict[str, Any]], token: str | None = None,
-                            then: Any = None) -> None:
+                            then: Any = None, **more: Any) -> None:
         if not events or token is None:
-            return await handle(self, events, token, then)
+            return await handle(self, events, token, then, **more)
         _batch.clear()
         _batch.update(ids=[e.get("event_id") for e in events], stages=dict(_by_token.get(token, {})),
                       before=_last["handled"], token=token)
         _mark("handle")
         try:
-            await handle(self, events, token, then)
+            await handle(self, events, token, then, **more)
         finally:
             _mark("handled")
             _last["handled"] = _batch["stages"]["handled"]
