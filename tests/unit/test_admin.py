@@ -331,6 +331,19 @@ async def test_the_dispatcher_answers_each_command_once(ctx):
     assert dispatcher.collect(events) == 0  # handled ones are remembered by the store
 
 
+async def test_a_command_sent_as_a_notice_or_an_emote_is_not_run(ctx):
+    # Another bot's notice quoting "!ask remind ..." ran it (and two bots
+    # answering each other's notices loop); "/me !ask close ..." is an emote.
+    send = Sender()
+    dispatcher = AdminDispatcher(ctx, send, own_user=lambda user: False, clock=lambda: NOW)
+    notice, emote = message("$n", "!ask remind release"), message("$e", "!ask remind release")
+    notice["content"]["msgtype"], emote["content"]["msgtype"] = "m.notice", "m.emote"
+    assert dispatcher.collect([notice, emote]) == 0
+    assert await dispatcher.drain() == 0
+    assert send.sent == [] and ctx.calls.reminded == []
+    assert is_command(notice)  # still never read as an answer
+
+
 async def test_a_command_typed_in_a_thread_is_answered_in_that_thread(ctx):
     # The answer went to the main timeline, out of sight of the admin who
     # typed the command in a question's thread.

@@ -292,7 +292,9 @@ class AdminDispatcher:
         queued = {p.event_id for p in self.queue}
         added = 0
         for event in events:
-            if not is_command(event):
+            # Typed commands only: a notice is a bot's (two bots answering
+            # each other's notices loop), an emote is "/me ...", not an order.
+            if not is_command(event) or event["content"].get("msgtype") != "m.text":
                 continue
             event_id, room_id, sender = event.get("event_id"), event.get("room_id"), event.get("sender")
             if not (isinstance(event_id, str) and isinstance(room_id, str) and isinstance(sender, str)):
