@@ -36,6 +36,11 @@ STRANGER = "@someone:hs"
     # A reply: the quoted fallback is skipped, the first line of the reply read.
     ("> <@alice:hs> Which branch?\n> more\n\n!ask close release branch", Command(CLOSE, set_id="release",
                                                                                  qid="branch")),
+    # A name typed as code (Element sends the backticks in the body) or quoted.
+    ("!ask close `release` `branch`", Command(CLOSE, set_id="release", qid="branch")),
+    ("!ask post \"release\"", Command(POST, set_id="release")),
+    ("!ask remind “release”", Command(REMIND, set_id="release")),
+    ("!ask post `release", Command(POST, set_id="`release")),
     # Only the first line counts: what follows is commentary.
     ("!ask post release\nplease, the old one was wrong", Command(POST, set_id="release")),
 ])

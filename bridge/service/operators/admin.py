@@ -100,7 +100,21 @@ def parse_command(body: Any) -> Command | None:
     names, _what = USAGE[verb]
     if len(args) != len(names):
         return Command(INVALID, problem=f"the form is “{_form(verb)}”.")
+    args = [_unquoted(arg) for arg in args]
     return Command(verb, set_id=args[0] if args else None, qid=args[1] if len(args) > 1 else None)
+
+
+# Marks a client puts around a name typed as code or quoted: Element's
+# composer sends `release` as the body when the admin formats it as code.
+_QUOTES = {"`": "`", '"': '"', "'": "'", "“": "”", "‘": "’"}
+
+
+def _unquoted(word: str) -> str:
+    """``word`` without one pair of quotes or backticks around it."""
+    close = _QUOTES.get(word[:1])
+    if close is not None and len(word) > 2 and word.endswith(close):
+        return word[1:-1]
+    return word
 
 
 def is_command(event: Any) -> bool:
