@@ -110,6 +110,12 @@ def test_the_password_comes_from_the_environment_and_never_shows_in_messages(pos
     ("postgresql://bridge:Sekr1t@Pw@db/b", "postgresql://bridge@db/b"),
     ("postgresql://bridge:Se?kr1t@db/b", "postgresql://bridge@db/b"),
     ("postgresql://db/bridge", "postgresql://db/bridge"),
+    # An unencoded @ in the query's password: all after it was shown as the host.
+    ("postgresql://bridge@db/b?password=p@ssw0rd", "postgresql://bridge@db/b?password=***"),
+    ("postgresql://db:5432/bridge?sslmode=require&password=Tr0ub@dor-horse",
+     "postgresql://db:5432/bridge?sslmode=require&password=***"),
+    ("postgresql://u:pa/ss@host/db?sslmode=require", "postgresql://u@host/db?sslmode=require"),
+    ("postgresql://u:a?b=c@host/db", "postgresql://u:***@host/db"),
 ])
 def test_the_store_url_is_never_shown_with_its_password(url, shown):
     assert redact(url) == shown

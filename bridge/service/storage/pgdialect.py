@@ -40,6 +40,7 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 import psycopg
 from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict
 
 from bridge.service.storage.dbclock import DatabaseClock
 from bridge.service.storage.dialect import POSTGRESQL
@@ -79,17 +80,28 @@ def redact(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    # The last @: a password may hold one unencoded (or a ? or /); all
-    # before it but the user name goes, whatever it held.
+    # The query starts at a "?name=" (a ? in a password is followed by no
+    # parameter); a password in it may hold an unencoded @ too.
+    found = _QUERY.search(rest)
+    rest, query = (rest[:found.start()], rest[found.start():]) if found else (rest, "")
+    # The last @ before it: a password may hold one unencoded (or a ? or /);
+    # all before it but the user name goes, whatever it held.
     userinfo, at, rest = rest.rpartition("@")
     user = f"{userinfo.split(':', 1)[0].split('?', 1)[0]}@" if at else ""
-    head, query_sep, query = rest.partition("?")
     query = _SECRET_PARAM.sub(r"\1***", query)
-    return f"{scheme}://{user}{head}{query_sep}{query}"
+    shown = f"{scheme}://{user}{rest}{query}"
+    # And whatever libpq itself reads as the password, wherever it stands
+    # ("u:a?b=c@host": a password that looks like the start of a query).
+    try:
+        password = conninfo_to_dict(url).get("password")
+    except psycopg.Error:  # a URL libpq cannot read is refused elsewhere; shown as cut above
+        password = None
+    return shown.replace(password, "***") if password else shown
 
 
+_QUERY = re.compile(r"\?[A-Za-z_]+=")
 # The query parameters libpq reads a secret from.
-_SECRET_PARAM = re.compile(r"((?:^|&)(?:password|sslpassword)=)[^&#]*", re.I)
+_SECRET_PARAM = re.compile(r"((?:^|[?&])(?:password|sslpassword)=)[^&#]*", re.I)
 
 
 class Fence(Protocol):
