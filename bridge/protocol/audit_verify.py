@@ -41,7 +41,9 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
                                                                                   cp.Checkpoint | None]:
     """The leaves against the checkpoints: each signature, the latest's root,
     every earlier one's consistency with it.  Returns the verdict so far, the
-    leaf hashes and the latest checkpoint that verified.  ``later``:
+    leaf hashes and the latest checkpoint the leaves make (the latest given,
+    unless a leaf under it was changed: then the largest one the leaves
+    still make, whose leaves stay provable, or None).  ``later``:
     checkpoints from outside the export (the rooms', an agent's), which a
     running bridge may have signed after it: one past the export's leaves is
     named in ``newer``, not a truncation (the export's own one would be)."""
@@ -120,6 +122,7 @@ def verify_log(leaves: Sequence[bytes], notes: Sequence[str], origin: str, publi
         verdict.problems.append(f"checkpoint of size {latest.size}: the exported leaves do not make the tree it "
                                 f"signs (a leaf was changed, dropped or added): {where} is not what the "
                                 "checkpoints signed")
+        return verdict, hashes, next((p for p in points if p.size == made), None) if made else None
     return verdict, hashes, latest
 
 
@@ -140,9 +143,10 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
     """Every record of ``answers.json`` against its leaf, under the latest
     checkpoint.  ``questions``: the set's questions.json, when there is one:
     which questions need a quorum, whose records must be tallies."""
-    verdict, hashes, latest = verify_log(leaves, notes, origin, public, later=later)
+    verdict, hashes, vouching = verify_log(leaves, notes, origin, public, later=later)
     quorums = quorum_questions(questions)
-    tree = merkle.Tree(hashes[:latest.size]) if latest is not None else None
+    signed = None if verdict.truncated else verdict.checkpoint_size
+    tree = merkle.Tree(hashes[:vouching.size]) if vouching is not None else None
     answers = doc.get("answers") if isinstance(doc, dict) else None
     if not isinstance(answers, dict):
         verdict.problems.append("answers.json has no answers object")
@@ -152,7 +156,7 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         return verdict
     # Only what a checkpoint covers speaks for or against a record: a leaf
     # appended past the latest (a withdrawal, say) is anyone's writing.
-    logged = _Logged(leaves[:latest.size] if latest is not None else leaves)
+    logged = _Logged(leaves[:signed] if signed is not None else leaves)
     verdict.log_began_ms = _first_ts(leaves)
     for qid, record in sorted(answers.items()):
         if not isinstance(record, dict):
@@ -201,8 +205,8 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
                     verdict.problems.append(f"record {qid!r}: written by the bridge but carries no receipt")
             continue  # another writer's record: the log does not speak for it
         verdict.checked_records += 1
-        verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, latest, origin,
-                                                 tree, logged, tally))
+        verdict.problems.extend(_record_problems(qid, record, receipt, source, doc, leaves, hashes, signed,
+                                                 vouching, origin, tree, logged, tally))
         index = receipt.get("index") if isinstance(receipt, dict) else None
         if not tally and index in logged.withdrawn:
             verdict.problems.append(f"record {qid!r} (leaf {index}): the log took this answer back later "
@@ -464,8 +468,12 @@ def _vote_sha256(qid: str, vote: dict[str, Any], record: dict[str, Any]) -> str 
 
 
 def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dict[str, Any], doc: dict[str, Any],
-                     leaves: Sequence[bytes], hashes: list[bytes], latest: cp.Checkpoint | None,
-                     origin: str, tree: merkle.Tree | None, logged: _Logged, tally: bool) -> list[str]:
+                     leaves: Sequence[bytes], hashes: list[bytes], signed: int | None,
+                     vouching: cp.Checkpoint | None, origin: str, tree: merkle.Tree | None, logged: _Logged,
+                     tally: bool) -> list[str]:
+    """What is wrong with one record: its receipt against its leaf, and the
+    leaf's inclusion under the largest checkpoint the leaves make
+    (``vouching``); ``signed``: the latest checkpoint's size."""
     if not isinstance(receipt, dict) or not isinstance(receipt.get("index"), int) or isinstance(
             receipt.get("index"), bool) or not isinstance(receipt.get("leaf"), str):
         return [f"record {qid!r}: the receipt is malformed"]
@@ -505,16 +513,22 @@ def _record_problems(qid: str, record: dict[str, Any], receipt: Any, source: dic
         problems.extend(_tally_problems(where, qid, record, doc, logged))
     else:
         problems.extend(_answer_problems(where, record, leaf))
-    if latest is None or tree is None:
+    if signed is None:
         return problems
-    if index >= latest.size:
-        problems.append(f"{where}: not yet under the latest checkpoint (size {latest.size}): logged after it, "
+    if index >= signed:
+        problems.append(f"{where}: not yet under the latest checkpoint (size {signed}): logged after it, "
                         "and signed by none given (the bridge signs every audit.checkpoint_every; check again then)")
         return problems
+    if vouching is None or tree is None or index >= vouching.size:
+        # Among the leaves that no longer make what was signed (named once,
+        # above): no checkpoint given can show this one's leaf as logged.
+        problems.append(f"{where}: no checkpoint given vouches for it: the leaves from "
+                        f"{vouching.size if vouching else 0} on are not what the checkpoints signed")
+        return problems
     try:
-        merkle.verify_inclusion(index, latest.size, hashes[index], tree.inclusion_proof(index), latest.root)
+        merkle.verify_inclusion(index, vouching.size, hashes[index], tree.inclusion_proof(index), vouching.root)
     except merkle.ProofError as exc:
-        problems.append(f"{where}: not included under the latest checkpoint: {exc}")
+        problems.append(f"{where}: not included under the checkpoint of size {vouching.size}: {exc}")
     return problems
 
 

@@ -351,6 +351,38 @@ def test_a_changed_leaf_is_placed_between_the_checkpoints_that_hold_and_the_firs
     assert verdict.problems == ["checkpoint of size 0: its root is not the empty tree's"]
 
 
+def test_one_changed_leaf_leaves_the_records_an_earlier_checkpoint_still_vouches_for_unblamed():
+    """One changed byte in leaf 6 made every record of the set "not included
+    under the latest checkpoint", those under the checkpoint of size 4 too,
+    which the leaves still make: the one wrong entry was lost among nine."""
+    key = Ed25519PrivateKey.generate()
+    leaves, answers = [], {}
+    for n in range(9):
+        record = {"qid": f"q{n}", "state": "answered", "choice": "yes", "q_rev": 1}
+        leaf = audit_leaf.canonical(audit_leaf.build_leaf(
+            outcome="accepted", set_id="s", room_id="!r:x", event_id=f"$a{n}", sender="@ana:x", ts=1000 + n,
+            via="answer_event", question={"question": {"id": f"q{n}", "rev": 1}}, question_event_id=f"$q{n}",
+            record=record))
+        leaves.append(leaf)
+        answers[f"q{n}"] = {**record, "source": {"via": "matrix", "event_id": f"$a{n}", "sender": "@ana:x",
+                                                  "room_id": "!r:x", "ts": 1000 + n},
+                            "receipt": {"log": ORIGIN, "index": n, "leaf": merkle.leaf_hash(leaf).hex()}}
+    hashes = [merkle.leaf_hash(leaf) for leaf in leaves]
+    notes = [cp.sign_checkpoint(cp.Checkpoint(ORIGIN, size, merkle.root(hashes[:size])), key) for size in (1, 4, 9)]
+    public = cp.raw_public(key.public_key())
+    assert audit_verify.verify_set({"set": "s", "answers": answers}, leaves, notes, ORIGIN, public).holds
+    changed = leaves[6].replace(b'"reason":null', b'"reason":"x"')
+    assert changed != leaves[6]
+    leaves[6] = changed
+    problems = audit_verify.verify_set({"set": "s", "answers": answers}, leaves, notes, ORIGIN, public).problems
+    assert not [p for p in problems if p.startswith(("record 'q0'", "record 'q1'", "record 'q2'", "record 'q3'"))], \
+        problems
+    assert "record 'q6' (leaf 6): the receipt's leaf hash differs from the log's leaf" in problems
+    assert "record 'q5' (leaf 5): no checkpoint given vouches for it: the leaves from 4 on are not what the " \
+           "checkpoints signed" in problems
+    assert any("a leaf from 4 to 8 is not what the checkpoints signed" in p for p in problems)
+
+
 def audit_leaf_bytes(n: int) -> bytes:
     return audit_leaf.canonical({"v": 1, "outcome": "accepted", "event_id": f"$a{n}", "ts": n, "set": "s",
                                  "question": {"id": f"q{n}", "rev": 1}})
