@@ -61,20 +61,22 @@ def run(args: argparse.Namespace) -> int:
     except sqlite3.Error as exc:
         return _fail(f"{config.store.where}: the store can't be read ({exc})")
     rows = collect(config.sets.root, posted, revs)
-    running = _instances(config.store)
+    running, unread = _instances(config.store)
     tasks = _tasks(config)
     if args.as_json:
         out = {"ok": True, "sets_root": str(config.sets.root), "sets": [row.as_dict() for row in rows],
                "held_back": held}
-        if running is not None:
+        if running is not None or unread:
             out["instances"] = running
+        if unread:
+            out["instances_unread"] = unread
         if health_url(config) is not None:
             # ``bridge_answered`` false: not running, or not answering (frozen); then no task is known.
             out["tasks"] = tasks or {}
             out["bridge_answered"] = tasks is not None
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running) + _format_tasks(tasks))
+        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running, unread) + _format_tasks(tasks))
     return EXIT_OK
 
 
@@ -94,16 +96,24 @@ def _from_store(section: Any) -> tuple[dict[str, int], dict[str, dict[str, int]]
         store.close()
 
 
-def _instances(section: Any) -> list[dict[str, Any]] | None:
-    """The instances sharing a PostgreSQL store (one leader, standbys); None on SQLite."""
+def _instances(section: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The instances sharing a PostgreSQL store (one leader, standbys); None
+    on SQLite; and why they could not be read (the sets still are shown)."""
     if not section.url:
-        return None
+        return None, None
+    import psycopg
+
     from bridge.service.storage.leader import instances
 
-    return instances(section.url, section.password)
+    try:
+        return instances(section.url, section.password), None
+    except psycopg.Error as exc:  # the database gone since the store was read, a role not granted the table
+        return None, " ".join(str(exc).split())[:300]
 
 
-def _format_instances(running: list[dict[str, Any]] | None) -> str:
+def _format_instances(running: list[dict[str, Any]] | None, unread: str | None = None) -> str:
+    if unread:
+        return f"instances: can't be read ({unread})\n"
     if running is None:
         return ""
     if not running:

@@ -156,6 +156,39 @@ def test_status_before_the_first_start_on_a_new_empty_database_says_nothing_is_p
     assert (release["set_id"], release["posted"]) == ("release", 0)
 
 
+def test_status_whose_instances_cant_be_read_still_shows_the_sets(postgres_server, tmp_path, capsys):
+    """The store read, then the instances' table refused (a role granted the
+    store's tables only, or the database gone in between): status printed a
+    traceback instead of the table it had."""
+    from bridge.service.storage.leader import _TABLES
+
+    url = fresh_schema(postgres_server)
+    Store(str(tmp_path / "unused"), url=url, password=postgres_server.password).close()
+    schema = url.rpartition("search_path%3D")[2]
+    role = f"reader_{time.monotonic_ns()}"
+    with psycopg.connect(postgres_server.url(with_password=True), autocommit=True) as conn:
+        conn.execute(f"SET search_path = {schema}")
+        for table in _TABLES:
+            conn.execute(table)
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {role}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        conn.execute(f"REVOKE SELECT ON askwright_instance FROM {role}")
+    (tmp_path / "sets").mkdir()
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path / "sets")}, "rooms": {"default": "!r"},
+        "store": {"path": "./bridge.sqlite", "url": url.replace("postgres@", f"{role}:pw@")}}))
+    config.chmod(0o600)
+    assert main(["status", "-c", str(config)]) == 0
+    said = capsys.readouterr()
+    assert "instances: can't be read (" in said.out and "Traceback" not in said.err, said
+    assert main(["status", "-c", str(config), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["instances"] is None and out["sets"] == []
+
+
 def test_a_role_or_database_at_its_connection_limit_is_waited_for_like_a_full_server(postgres_server):
     # Its slots free up as other clients leave, like the server's own; exit 2
     # at start is never restarted by the shipped systemd unit.
