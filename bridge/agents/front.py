@@ -22,7 +22,7 @@ from bridge.agents.callbacks import check_configured
 from bridge.agents.changes import Changes
 from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
-from bridge.agents.mcp_files import MCP_MEDIA_MAX, base64_size
+from bridge.agents.mcp_files import MCP_MEDIA_MAX, wrapped_base64_size
 from bridge.agents.bodyread import STALL_SECONDS
 from bridge.agents.mcp_server import GONE_SCOPE_KEY, Subscribers, build_server
 from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
@@ -108,8 +108,10 @@ class AgentsFront:
 
     @property
     def mcp_body_max(self) -> int:
-        """Room for a questions.json, or for a file upload_media takes (base64), and the call around it."""
-        return max(MAX_QUESTIONS_BYTES, base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX))) + 65536
+        """Room for a questions.json, or for a file upload_media takes (base64,
+        in lines or not), and the call around it."""
+        return max(MAX_QUESTIONS_BYTES, wrapped_base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX))) \
+            + 65536
 
     def routes(self) -> web.RouteTableDef:
         routes = self.api.routes()
@@ -141,7 +143,9 @@ class AgentsFront:
         if (request.content_length or 0) > self.mcp_body_max:
             # Said at once, as /v1 does: never waited for (a body that size
             # would be refused when it had all come, or never comes at all).
-            return mcp_refusal(413, f"the body is larger than {self.mcp_body_max} bytes", None)
+            return mcp_refusal(413, f"the body is larger than {self.mcp_body_max} bytes (a file larger than "
+                                    f"upload_media takes goes to PUT /v1/sets/{{id}}/media/{{name}}, as its bytes)",
+                               None)
         if "Last-Event-ID" in request.headers:
             # A client resuming a stream: this server keeps no events to
             # replay, and the SDK, asked to, answered nothing (a 500).  The

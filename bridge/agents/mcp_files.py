@@ -42,6 +42,14 @@ def base64_size(size: int) -> int:
     return 4 * ((size + 2) // 3)
 
 
+def wrapped_base64_size(size: int) -> int:
+    """How long ``size`` bytes are in base64 in lines, as a JSON string: the
+    densest common wrapping (PEM's 64 characters) with each line's CRLF
+    escaped ("\\r\\n", four bytes)."""
+    text = base64_size(size)
+    return text + 4 * -(-text // 64)
+
+
 class McpFiles:
     def __init__(self, sets: AgentSets, media_max: int, digests: Digests | None = None):
         self.sets = sets

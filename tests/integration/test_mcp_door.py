@@ -401,3 +401,24 @@ async def test_a_refusal_quoting_a_megabyte_reaches_the_client_as_a_tool_error(b
         document["questions"] = [{**first, "id": f"{n}{'y' * 12_000}"} for n in range(100)]
         refused = await client.call_tool("ask", {"set": document})
         assert refused.is_error and json.loads(refused.content[0].text)["error"] == "lint_failed"
+
+
+@pytest.mark.parametrize("mode", [LEGACY, MODERN])
+async def test_a_32_mb_file_in_base64_lines_is_taken_by_upload_media(bridge, mode):
+    """docs/agents.md: base64 "in lines or not", up to 32 MB.  Wrapped as
+    MIME and the base64 command wrap it, each line's end costs two bytes in
+    the call's JSON ("\\n"): a file from 31.2 MB up was refused at the door
+    (a protocol error, "the body is larger than ...") before the tool saw it."""
+    import base64
+    import hashlib
+    import os
+
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("big")
+    clip = os.urandom(32 * 1024 * 1024)
+    async with mcp_client(base, mode) as client:
+        structured(await client.call_tool("ask", {"set": one_question(set_id)}))
+        stored = structured(await client.call_tool("upload_media", {
+            "set_id": set_id, "name": "take.mp4", "data": base64.encodebytes(clip).decode().replace("\n", "\r\n")}))
+    assert (stored["size"], stored["sha256"]) == (len(clip), hashlib.sha256(clip).hexdigest())
