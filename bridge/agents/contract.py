@@ -15,8 +15,10 @@ Each refusal is a ``BadRequest`` naming the field (``body.questions``,
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,8 +171,11 @@ class Contract:
             raise _refusal("body", str(exc)) from None
         except RecursionError:
             raise _refusal("body", "nested too deeply") from None
-        except ValueError:
-            raise _refusal("body", "not JSON") from None
+        except json.JSONDecodeError as exc:
+            raise _refusal("body", f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        except ValueError:  # JSON, but an integer of more digits than Python reads
+            raise _refusal("body", f"a number has more than {sys.get_int_max_str_digits()} digits, more than "
+                                   "can be read") from None
         _raise_first(op.json_body, value, "body")
         return value
 

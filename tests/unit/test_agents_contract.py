@@ -82,6 +82,10 @@ def test_the_contract_reads_any_document_and_names_the_field_at_fault():
     # JSON, only nested deeper than the parser goes: said so, not "not JSON".
     assert refused(lambda: contract.check_body(post, b"[" * 5000 + b"]" * 5000)) == {
         "where": "body", "message": "nested too deeply"}
+    # JSON too, only an integer of more digits than Python reads: said so, not "not JSON".
+    assert refused(lambda: contract.check_body(post, b'{"names": [], "n": ' + b"1" * 5000 + b"}")) == {
+        "where": "body", "message": "a number has more than 4300 digits, more than can be read"}
+    assert refused(lambda: contract.check_body(post, b'{"names": ['))["message"].startswith("not JSON: ")
     assert contract.check_body(post, b"") is None  # the body is optional here
     # A binary body is the handler's to read: not parsed, not validated as JSON.
     put = contract.operation("PUT", "/v1/things/{id}")
