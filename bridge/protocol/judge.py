@@ -325,8 +325,11 @@ def _check_identity(question: RecordedQuestion | None, answer: IncomingAnswer, c
         return Refused("recorded", "sender_not_allowed", "You are not one of the people who may answer this question.")
     if not question.may_answer_at(sender, answer.origin_server_ts):
         people = question.answerers_at(answer.origin_server_ts)
+        escalation = question.escalation
+        later = (f" It is called in to you at {clock_words(escalation[0])} ({format_rfc3339(escalation[0])}); "
+                 "answer from then on.") if escalation is not None and sender in escalation[1] else ""
         return Refused("recorded", "not_an_answerer",
-                       f"Only {_people(people)} may answer this question, so your answer was not recorded.")
+                       f"Only {_people(people)} may answer this question, so your answer was not recorded.{later}")
     if content["elicitation_id"] != question.elicitation_id:
         return Refused(
             "recorded",

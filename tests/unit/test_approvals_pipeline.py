@@ -272,7 +272,12 @@ def test_an_answer_a_second_after_the_deadline_is_late_and_one_before_counts_eve
 
 def test_the_escalated_may_answer_from_the_escalation_on_in_the_rooms_order():
     question = recorded(escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
-    assert judge(question, incoming(DEE, T0 + 3_599_000), CTX).reason == "not_an_answerer"
+    early = judge(question, incoming(DEE, T0 + 3_599_000), CTX)
+    assert early.reason == "not_an_answerer"
+    # Told when it is theirs to answer, not only who may answer now.
+    assert early.message.endswith("It is called in to you at 09:00 UTC (2027-01-15T09:00:00Z); answer "
+                                  "from then on."), early.message
+    assert "called in" not in judge(question, incoming("@zed:hs", T0 + 1000), CTX).message
     assert isinstance(judge(question, incoming(DEE, T0 + 3_600_000), CTX), Accepted)
 
 
