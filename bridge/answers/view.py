@@ -22,9 +22,12 @@ from bridge.questionset.setdir import questions_data
 class ReadError(Exception):
     """The set folder, its questions.json or its answers.json can't be read at all."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, *, in_answers: bool = False):
         super().__init__(message)
         self.message = message
+        # answers.json breaks the format: never a file caught mid-write
+        # (its writers only rename a whole one in), so no later look mends it.
+        self.in_answers = in_answers
 
 
 def load_view(set_dir: Path, *, include_all: bool, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -39,7 +42,7 @@ def load_view(set_dir: Path, *, include_all: bool, warn: Callable[[str], None] |
     except _Unreadable as exc:
         raise ReadError(str(exc)) from None
     except AnswersError as exc:
-        raise ReadError(exc.message) from None
+        raise ReadError(exc.message, in_answers=True) from None
     except OSError as exc:
         raise ReadError(f"cannot read {exc.filename or set_dir}: {exc.strerror or exc}") from None
     return read_view(doc, qset, os.path.abspath(set_dir), include_all=include_all)

@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         view = load_view(set_dir, include_all=True, warn=_warn)
     except ReadError as exc:
-        if not (set_dir / QUESTIONS_FILE).is_file():
+        if exc.in_answers or not (set_dir / QUESTIONS_FILE).is_file():
             return _fail(exc.message)
         # There, and caught mid-write by its writer (questions.json is the
         # agent's, written any way it likes): read again on its next change,
@@ -152,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
             view, done = _watch(set_dir, view, awaited, deadline)
         except FileNotFoundError:
             return _fail(f"the set folder {set_dir} was removed while waiting")
+        except ReadError as exc:  # answers.json replaced by one that breaks the format
+            return _fail(exc.message)
         if not read_at_start and view is not None and (missing := awaited.missing(view)) is not None:
             return _fail(f"no question {missing!r} in {set_dir / QUESTIONS_FILE}")
         why = None if done or view is None else awaited.unanswerable(view)
@@ -172,7 +174,7 @@ def _watch(set_dir: Path, view: dict[str, Any] | None, awaited: Awaited,
     it is done.  A file caught mid-rewrite by its writer (questions.json is
     the agent's, written any way it likes) is read again on its next change.
     A set folder replaced by another of its name is followed; one removed is
-    FileNotFoundError."""
+    FileNotFoundError; an answers.json that breaks the format, ReadError."""
     polling = False
     while True:
         try:
@@ -235,8 +237,9 @@ def _watch_folder(set_dir: Path, inode: int, view: dict[str, Any] | None, awaite
             first = False
             try:
                 view = load_view(set_dir, include_all=True)
-            except ReadError:
-                pass
+            except ReadError as exc:
+                if exc.in_answers:
+                    raise
             else:
                 if awaited.arrived(view):
                     return view, True

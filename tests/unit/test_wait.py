@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -161,6 +162,31 @@ def test_a_questions_file_caught_mid_write_at_the_start_is_waited_for(set_dir, c
     (set_dir / "questions.json").write_bytes(b"{")  # never whole again: said as before, at the timeout
     assert main(["wait", str(set_dir), "--question", "a", "--timeout", "0.5"]) == 2
     assert "not JSON" in capsys.readouterr().err
+
+
+def test_an_answers_file_that_breaks_the_format_is_exit_2_at_once_not_a_wait_for_ever(set_dir, capsys):
+    """read said exit 2 at once; wait took it for a file caught mid-write and
+    waited (for ever, with no timeout), though answers.json is only ever
+    replaced whole: no later look mends it.  A typo'd question id too."""
+    newer = json.dumps({"askwright": 2, "set": "release", "rev": 1, "updated": None, "answers": {}})
+    (set_dir / "answers.json").write_text(newer)
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "20"]) == 2
+    assert main(["wait", str(set_dir), "--question", "typo", "--timeout", "20"]) == 2
+    assert time.monotonic() - started < 5
+    assert "askwright" in capsys.readouterr().err
+    # Replaced by such a file while the wait watches: said as soon as it is seen.
+    (set_dir / "answers.json").unlink()
+    answer(set_dir, {"qid": "b", "text": "no", "q_rev": 1})
+    later(0.5, lambda: os.replace(_written(set_dir / "next.json", newer), set_dir / "answers.json"))
+    started = time.monotonic()
+    assert main(["wait", str(set_dir), "--question", "a", "--timeout", "20"]) == 2
+    assert time.monotonic() - started < 5
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
 
 
 def test_until_all_waits_for_the_last_open_question(set_dir, capsys):
