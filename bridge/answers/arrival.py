@@ -78,13 +78,35 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
     if until == UNTIL_ALL:
         if questions_unknown(view):
             return False  # which are open is not known: not "all arrived" on no answers
-        counted = [e for e in entries if e["status"] == "open"]
+        counted = [e for e in entries if e["status"] == "open" and may_be_needed(e, entries)]
         if not all(_ended(e) for e in counted):
             return False
         return after is None or not counted or any(newer(e, after) or has_expired(e) for e in counted)
     awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
     return any(has_answer(e) and newer(e, after) for e in awaited) or (
         bool(awaited) and all(has_expired(e) for e in awaited))
+
+
+def may_be_needed(entry: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
+    """Whether the question may still be asked: one with ``show_if`` is
+    needed only when that question's answer is one of its options (the room
+    says "Only needed if ..."), so it is not once that answer is another,
+    or once that question can get no answer (closed, expired, itself not
+    needed).  While that answer may still come, it may be."""
+    seen: set[str] = set()
+    by_qid = {e["qid"]: e for e in entries}
+    while (condition := entry.get("show_if")) is not None and entry["qid"] not in seen:
+        seen.add(entry["qid"])
+        asked = by_qid.get(condition.get("question"))
+        if asked is None:
+            return True  # (a show_if naming no question: a lint error; not taken as settled)
+        if has_answer(asked):
+            picked = asked.get("choices") if asked.get("choice") is None else [asked["choice"]]
+            return bool(set(picked or ()) & set(condition.get("option") or ()))
+        if asked["status"] != "open" or has_expired(asked):
+            return False
+        entry = asked  # unanswered and open: needed as long as it may be
+    return True
 
 
 def in_the_set(view: dict[str, Any], question: str) -> bool:
@@ -121,7 +143,7 @@ def expired_in(view: dict[str, Any], question: str | None, until: str) -> list[s
     awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
     if until != UNTIL_ALL and any(has_answer(e) for e in awaited):
         return []
-    return [e["qid"] for e in awaited if has_expired(e)]
+    return [e["qid"] for e in awaited if has_expired(e) and (until != UNTIL_ALL or may_be_needed(e, entries))]
 
 
 def as_read(view: dict[str, Any], include_all: bool) -> dict[str, Any]:

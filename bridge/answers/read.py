@@ -56,7 +56,7 @@ def read_view(doc: dict[str, Any], qset: QuestionSet | None, set_dir_abs: str, *
 
 
 def _head(qid: str, question: Question | None, status: str, state: str) -> dict[str, Any]:
-    return {
+    head = {
         "qid": qid,
         "title": question.title if question else None,
         "question": question.question if question else None,
@@ -64,6 +64,10 @@ def _head(qid: str, question: Question | None, status: str, state: str) -> dict[
         "status": status,
         "state": state,
     }
+    if question is not None and question.show_if is not None:
+        # Asked only if that answer is one of these (a wait for "all" does not wait for it otherwise).
+        head["show_if"] = {"question": question.show_if.question, "option": list(question.show_if.option)}
+    return head
 
 
 def _answer_entry(record: dict[str, Any], question: Question | None, status: str, set_dir_abs: str) -> dict[str, Any]:

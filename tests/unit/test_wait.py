@@ -375,3 +375,35 @@ def test_an_answer_written_in_the_same_millisecond_as_the_last_is_later_than_it(
     second = json.loads((set_dir / "answers.json").read_text())["answers"]["b"]["updated"]
     assert parse_time(second) > parse_time(first)
     assert arrived(load_view(set_dir, include_all=True), None, UNTIL_ANSWERED, after=parse_time(first))
+
+
+def choice_q(qid: str, options: list[str], show_if: dict | None = None, status: str = "open") -> dict:
+    question = {"id": qid, "kind": "choice", "title": qid.title(), "question": f"Which {qid}?", "status": status,
+                "options": [{"id": o, "label": o.title()} for o in options]}
+    return {**question, "show_if": show_if} if show_if else question
+
+
+def test_until_all_does_not_wait_for_a_question_its_show_if_answer_ruled_out(set_dir, capsys):
+    """host -> region (show_if host=cloud) -> zone (show_if region=eu): the
+    person answered onprem, and the room told them region and zone are only
+    needed for the cloud; --until all timed out waiting for them (and waited
+    for ever without a timeout)."""
+    write_questions(set_dir, [choice_q("host", ["cloud", "onprem"]),
+                              choice_q("region", ["eu", "us"], {"question": "host", "option": ["cloud"]}),
+                              choice_q("zone", ["one", "three"], {"question": "region", "option": ["eu"]})])
+    answer(set_dir, {"qid": "host", "choice": "onprem", "q_rev": 1})
+    assert main(["wait", str(set_dir), "--until", "all", "--timeout", "5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [e["qid"] for e in out["answers"]] == ["host"]
+    # read --all shows the condition, so the agent can tell why those need no answer.
+    assert json.loads(read_output(set_dir, "--all"))["answers"][1]["show_if"] == {"question": "host",
+                                                                                  "option": ["cloud"]}
+    # The cloud: both may be needed, and --until all waits for them, the chain followed.
+    answer(set_dir, {"qid": "host", "choice": "cloud", "q_rev": 1})
+    assert main(["wait", str(set_dir), "--until", "all", "--timeout", "0.5"]) == 3
+    answer(set_dir, {"qid": "region", "choice": "us", "q_rev": 1})
+    assert main(["wait", str(set_dir), "--until", "all", "--timeout", "5"]) == 0
+    # A condition on a question withdrawn unanswered can never be met.
+    write_questions(set_dir, [choice_q("host", ["cloud", "onprem"]), choice_q("gone", ["x", "y"], status="withdrawn"),
+                              choice_q("extra", ["p", "q"], {"question": "gone", "option": ["x"]})])
+    assert main(["wait", str(set_dir), "--until", "all", "--timeout", "5"]) == 0
