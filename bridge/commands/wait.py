@@ -48,8 +48,9 @@ what counts as arrived:
                                 one open question has an answer (answers that
                                 were already there count: it returns at once)
   --until all                   every open question has an answer (returns at
-                                once when no question is open); not combined
-                                with --question
+                                once when no question is open; a show_if
+                                question its condition ruled out is not
+                                waited for); not combined with --question
 
 output and exit codes:
   prints exactly what `read SET_DIR [--all]` prints, when the answers arrived
