@@ -303,7 +303,8 @@ DECIDE_CASES: list[tuple[str, Mutation, str | None, str | None]] = [
     # question ids
     ("question-id-underscore", _set("questions.0.id", "_pick"), "questions[_pick].id", ERROR),
     ("question-id-bad-chars", _set("questions.0.id", "pick me"), "questions[pick me].id", ERROR),
-    ("question-id-duplicate", _duplicate_question_id, "questions[pick].id", ERROR),
+    # The second of two questions "pick" is named by its place: by its id, it was read as the first.
+    ("question-id-duplicate", _duplicate_question_id, "questions[1].id", ERROR),
     ("question-kind-unknown", _set("q:say.kind", "essay"), "questions[say].kind", ERROR),
     # title and question
     ("title-empty", _set("q:pick.title", ""), "questions[pick].title", ERROR),
@@ -347,7 +348,7 @@ DECIDE_CASES: list[tuple[str, Mutation, str | None, str | None]] = [
         "questions[pick].options",
         ERROR,
     ),
-    ("option-id-duplicate", _set("q:many.options.2.id", "de"), "questions[many].options[de].id", ERROR),
+    ("option-id-duplicate", _set("q:many.options.2.id", "de"), "questions[many].options[2].id", ERROR),
     ("option-id-unsure", _set("q:many.options.2.id", "unsure"), "questions[many].options[unsure].id", ERROR),
     # A reply names an option by id or label in any case: these would be the built-ins' twins.
     ("option-id-Unsure", _set("q:many.options.2.id", "Unsure"), "questions[many].options[Unsure].id", ERROR),

@@ -13,10 +13,25 @@ from bridge.questionset.load import Finding
 from bridge.questionset.model import KINDS
 
 
-def _label(item: Any, index: int) -> str:
-    """How a list item is named in ``where``: by its id when it has one (as the loader does)."""
+def _label(item: Any, index: int, named: set[str] | None = None) -> str:
+    """How a list item is named in ``where``: by its id when it has one (as
+    the loader does), by its place when an item before it took that id
+    (``named``: the ids taken so far, added to): findings about the second
+    of two questions "a" were read as the first's."""
     ident = value_at(item, "id")
-    return ident if isinstance(ident, str) and ident else str(index)
+    if not isinstance(ident, str) or not ident or (named is not None and ident in named):
+        return str(index)
+    if named is not None:
+        named.add(ident)
+    return ident
+
+
+def question_views(raw: dict[str, Any]) -> list[QuestionView]:
+    """A view of each question of the set (its objects; anything else is a
+    type error the loader names)."""
+    named: set[str] = set()
+    return [question_view(q, _label(q, i, named)) for i, q in enumerate(list_at(raw, "questions") or [])
+            if isinstance(q, dict)]
 
 
 @dataclass
@@ -36,16 +51,17 @@ class QuestionView:
         return [o["id"] for _, o in self.options if isinstance(o.get("id"), str)]
 
 
-def question_view(raw: dict[str, Any], index: int) -> QuestionView:
-    where = f"questions[{_label(raw, index)}]"
+def question_view(raw: dict[str, Any], label: str) -> QuestionView:
+    where = f"questions[{label}]"
     kind = str_at(raw, "kind")
     status = value_at(raw, "status")
     # An invalid status is a type error already; counting it as open (the
     # default) keeps it from also setting off "no open question".
     is_open = status not in ("closed", "superseded", "withdrawn")
     raw_options = list_at(raw, "options")
+    named: set[str] = set()
     options = [
-        (f"{where}.options[{_label(o, i)}]", o) for i, o in enumerate(raw_options or []) if isinstance(o, dict)
+        (f"{where}.options[{_label(o, i, named)}]", o) for i, o in enumerate(raw_options or []) if isinstance(o, dict)
     ]
     return QuestionView(
         raw=raw,

@@ -7,10 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.questionset import media as media_rules
-from bridge.questionset.lint.access import list_at
 from bridge.questionset.lint.approvals import check_approvals, check_set_expires
 from bridge.questionset.lint.confined import check_confined_backgrounds, check_confined_roots
-from bridge.questionset.lint.context import Context, QuestionView, question_view
+from bridge.questionset.lint.context import Context, QuestionView, question_views
 from bridge.questionset.lint.eventsize import check_fits_one_event
 from bridge.questionset.lint.guess import check_guess
 from bridge.questionset.lint.identity import check_question_id, check_rev_and_supersedes, check_show_if, check_status
@@ -73,7 +72,7 @@ def lint(raw: dict[str, Any], fs: media_rules.Filesystem, *, probe: media_rules.
     check_set_expires(ctx)
     if confined:
         check_confined_roots(ctx)
-    questions = [question_view(q, i) for i, q in enumerate(list_at(raw, "questions") or []) if isinstance(q, dict)]
+    questions = question_views(raw)
     by_id: dict[str, QuestionView] = {}
     for q in questions:
         if q.id is not None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.questionset.lint.access import is_int, list_at
-from bridge.questionset.lint.context import Context, QuestionView, question_view
+from bridge.questionset.lint.access import is_int
+from bridge.questionset.lint.context import Context, QuestionView, question_views
 from bridge.questionset.load import Finding
 
 DEFAULT_REV = 1  # the format's default when a question has no rev
@@ -43,8 +43,7 @@ def check_posted_rev(ctx: Context, q: QuestionView) -> None:
 def revs_went_back(raw: dict[str, Any], posted_revs: Mapping[str, int]) -> list[Finding]:
     """This rule alone over a parsed questions.json (``status`` shows it
     without linting the rest of the set)."""
-    views = [question_view(q, i) for i, q in enumerate(list_at(raw, "questions") or []) if isinstance(q, dict)]
-    return [f for f in (_finding(posted_revs, q) for q in views) if f is not None]
+    return [f for f in (_finding(posted_revs, q) for q in question_views(raw)) if f is not None]
 
 
 def _finding(posted_revs: Mapping[str, int], q: QuestionView) -> Finding | None:
