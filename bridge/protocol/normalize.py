@@ -197,8 +197,9 @@ def _answer_event(event: dict[str, Any], content: dict[str, Any], lookup: Lookup
 
 
 def _edit(event: dict[str, Any], content: dict[str, Any], new: dict[str, Any], lookup: Lookup) -> Candidate:
-    # m.new_content cannot carry its own m.relates_to, so the edit inherits the
-    # reference of the answer it replaces; the judge then checks it as usual.
+    # An edit inherits the reference of the answer it replaces; the judge then
+    # checks it as usual.  One m.new_content carries is ignored, as the spec
+    # says: taken, an edit of an answer to one question moved it to another.
     original = content["m.relates_to"].get("event_id")
     reference = None
     if isinstance(original, str):
@@ -206,8 +207,8 @@ def _edit(event: dict[str, Any], content: dict[str, Any], new: dict[str, Any], l
         # put right by its edit: the edit is a new answer to the same question.
         logged = lookup.logged_question(original)
         reference = lookup.answer_reference(original) or (logged[0] if logged else None)
-    merged = dict(new)
-    if "m.relates_to" not in merged and reference:
+    merged = {key: value for key, value in new.items() if key != "m.relates_to"}
+    if reference:
         merged["m.relates_to"] = {"rel_type": "m.reference", "event_id": reference}
     return Candidate(_incoming(event, merged, "edit"), _question_for(merged, lookup), replaces=original)
 

@@ -415,6 +415,18 @@ def test_an_edit_of_an_answer_event_inherits_its_reference():
     assert accepted(found).option_id == "main" and found.replaces == "$a"
 
 
+def test_an_edit_cannot_move_an_answer_to_another_question_by_a_reference_in_its_new_content():
+    """An edit of an answer to one question whose m.new_content named another
+    (its own m.relates_to and elicitation id) replaced someone else's answer
+    to that other question.  The spec ignores m.relates_to in m.new_content."""
+    branch, risk = QUESTIONS["branch"], QUESTIONS["risk"]
+    new = {"msgtype": "m.text", "body": "low", "suite_event_type": ANSWER_TYPE, "elicitation_id": risk.elicitation_id,
+           "option_id": "low", "m.relates_to": {"rel_type": "m.reference", "event_id": risk.event_id}}
+    found = normalize(edit("$a", "low", new), FakeLookup(logged={"$a": (branch.event_id, "answer_event")}))
+    refused = verdict(found)
+    assert isinstance(refused, Refused) and refused.reason == "wrong_reference", refused
+
+
 def test_an_edit_of_a_note_replaces_the_note():
     found = normalize(edit("$n", "the arrow jumps twice"), FakeLookup(logged={"$n": ("$q_takes", "note")}))
     assert isinstance(found, Annotation) and found.replaces == "$n" and found.note == "the arrow jumps twice"
