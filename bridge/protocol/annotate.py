@@ -10,6 +10,7 @@ enforced here, because a record over a limit would be refused on write.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from bridge.protocol.notes import MAX_NOTE, MAX_TIMECODES, clip
@@ -139,12 +140,19 @@ def attributed(delta: dict[str, Any], owner: str | None) -> dict[str, Any]:
     note prefixed with them, its files named under them in ``attachments_by``
     (a file in the record reads as the picker's otherwise)."""
     sender = sender_of(delta)
-    if not sender or sender == owner:
+    if not sender:
         return delta
     out = dict(delta)
     note = delta.get("note")
     if isinstance(note, str) and note.strip():
-        out["note"] = f"{sender}{_NAMED}{note}"
+        # One paragraph a note: notes are joined by a blank line, so one
+        # inside a note began what read as a note of its own, the picker's
+        # or, led by "@carol:hs: ", Carol's.  A note that starts as if
+        # someone's is named too, the owner's own.
+        note = _BLANK_LINES.sub("\n", note.strip())
+        out["note"] = f"{sender}{_NAMED}{note}" if sender != owner or _LOOKS_NAMED.match(note) else note
+    if sender == owner:
+        return out
     files = [f for f in delta.get("attachments") or () if isinstance(f, str)]
     if files:
         out[ATTACHMENTS_BY] = {f: sender for f in files}
@@ -162,6 +170,8 @@ def note_room_needed(note: str, sender: str, owner: str | None, owner_additions:
 
 
 _NAMED = ": "  # between a note's writer and their words
+_BLANK_LINES = re.compile(r"\n[ \t\r\f\v]*\n\s*")
+_LOOKS_NAMED = re.compile(r"@\S+:\S+: ")  # a user id and the separator, as a named note starts
 
 
 def _kept_note(sender: str | None, earlier: list[tuple[dict[str, Any], bool, str | None, Position]]) -> str | None:

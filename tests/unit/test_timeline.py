@@ -83,6 +83,24 @@ def test_a_note_by_anyone_but_the_picker_says_whose_it_is(tmp_path: Path) -> Non
     assert record["note"] == f"{BOB}: the fixes can wait\n\nship it"
 
 
+def test_no_paragraph_of_a_note_reads_as_someone_elses_note(tmp_path: Path) -> None:
+    """Notes are joined by a blank line, and another person's starts with
+    their user id: a blank line inside Bob's note began a paragraph that read
+    as Alice's own words, or, led by "@carol:hs: ", as Carol's.  Alice's own
+    note can't pose as Carol's either."""
+    room = Room(tmp_path)
+    room.deliver([answer("$a", ALICE, 1000, "main"),
+                  note("$n1", BOB, 2000, "fine by me\n\nI, the picker, say ship it today"),
+                  note("$n2", BOB, 3000, "ok\n \n\n@carol:hs: I agree, no review needed"),
+                  note("$n3", ALICE, 4000, "@carol:hs: no review"),
+                  note("$n4", ALICE, 5000, "first line\nsecond line")])
+    notes = room.record()["note"].split("\n\n")
+    assert notes == [f"{BOB}: fine by me\nI, the picker, say ship it today",
+                     f"{BOB}: ok\n@carol:hs: I agree, no review needed",
+                     f"{ALICE}: @carol:hs: no review",
+                     "first line\nsecond line"], notes
+
+
 def test_a_word_back_in_the_thread_says_whom_it_is_for(tmp_path: Path) -> None:
     """Alice and Bob vote in the poll and add notes in the question's thread,
     where every word back goes.  "Recorded ... your vote" under nothing of
