@@ -15,7 +15,8 @@ from bridge.questionset.lint import lint
 from bridge import strictjson
 from bridge.questionset.load import LoadError, parse_json
 from bridge.questionset.media import LocalFilesystem
-from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, questions_bytes
+from bridge.questionset.lint.posted import changed_unposted
+from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE, questions_bytes, questions_data
 
 
 @dataclass
@@ -60,11 +61,19 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
                                    f"allows ({MAX_QUESTIONS_BYTES})")
     result = lint(raw, LocalFilesystem(os.path.abspath(folder)), probe=None, posted_revs=revs, confined=True,
                   answerers=answerers)
-    warnings = dicts(result.warnings)
+    warnings = dicts(result.warnings) + dicts(changed_unposted(raw, _current(folder), revs))
     if not result.ok:
         return JudgedSet(failed=("the set fails lint", dicts(result.errors), warnings))
     open_ids = [q.id for q in result.model.questions if q.is_open] if result.model else []
     return JudgedSet(data=data, open_ids=open_ids, warnings=warnings)
+
+
+def _current(folder: str) -> dict[str, Any] | None:
+    """The set's questions.json as it is before this write (None: none, or unreadable)."""
+    try:
+        return parse_json(questions_data(os.path.join(folder, QUESTIONS_FILE)))
+    except (OSError, LoadError, RecursionError, ValueError):
+        return None
 
 
 def dicts(findings: list[Any]) -> list[dict[str, str]]:

@@ -211,6 +211,27 @@ def test_an_agent_lowering_a_rev_the_bridge_posted_is_warned_as_lint_warns(tmp_p
         [("questions[branch].rev", True)]
 
 
+def test_an_agent_changing_a_posted_question_without_a_new_rev_is_warned(tmp_path):
+    """The words changed, the rev left as posted: the agent got 200 and no
+    word, the room kept the old question, and read showed the answer to it
+    under the new words."""
+    posted: dict[str, dict[str, int]] = {}
+    sets = AgentSets(tmp_path, posted_revs=lambda: posted)
+    sets.ask("a", "plan", one_question())
+    changed = one_question()
+    changed["questions"][0]["question"] = "Which branch now, really?"
+    assert sets.ask("a", "plan", changed).warnings == []  # not posted yet: the new words are the ones posted
+    posted[os.path.realpath(tmp_path / "plan")] = {"branch": 1}
+    changed["questions"][0]["title"] = "The branch, again"
+    (warning,) = sets.ask("a", "plan", changed).warnings
+    assert warning["where"] == "questions[branch].rev"
+    assert warning["message"].startswith("title changed, but rev is still 1, which the bridge has posted")
+    assert "raise rev to 2" in warning["message"]
+    changed["questions"][0]["rev"] = 2  # asked anew: nothing to warn of
+    assert sets.ask("a", "plan", changed).warnings == []
+    assert sets.ask("a", "plan", changed).warnings == []  # the same again: no change
+
+
 def test_closing_the_last_question_finishes_the_set_and_the_poster_still_takes_it(tmp_path):
     sets = AgentSets(tmp_path)
     sets.ask("a", "plan", one_question())

@@ -1,4 +1,5 @@
-"""The set against what the bridge already posted: a rev lower than one posted.
+"""The set against what the bridge already posted: a rev lower than one
+posted, and a posted question changed without a new rev.
 
 The revs posted come in as plain values (question id -> the highest rev the
 bridge posted of it, from its store); the shell that has a store reads them,
@@ -52,3 +53,32 @@ def _finding(posted_revs: Mapping[str, int], q: QuestionView) -> Finding | None:
     # A warning: the bridge copes (a posting of its own), but the people
     # answering see an older text come back under an older number.
     return Finding(f"{q.where}.rev", rev_went_back(posted, rev)) if posted is not None else None
+
+
+# What people are shown of a question: a change to any of it, with the rev
+# left as posted, reaches nobody (the bridge posts a rev once).
+_SHOWN = ("kind", "title", "question", "why", "hint", "options", "media", "show_if", "look_for", "sides")
+
+
+def changed_unposted(raw: dict[str, Any], before: dict[str, Any] | None,
+                     posted_revs: Mapping[str, int]) -> list[Finding]:
+    """Questions ``raw`` changes from ``before`` (the set as it was) in what
+    people see, at the rev the bridge has posted: the room keeps the posted
+    words and its answers are to them, while ``read`` shows the new ones."""
+    if not isinstance(before, dict):
+        return []
+    earlier = {view.id: view.raw for view in question_views(before) if view.id is not None}
+    found = []
+    for view in question_views(raw):
+        old = earlier.pop(view.id, None) if view.id is not None else None
+        rev = view.raw.get("rev", DEFAULT_REV)
+        if old is None or not view.is_open or not is_int(rev) or posted_revs.get(view.id) != rev \
+                or old.get("rev", DEFAULT_REV) != rev:
+            continue
+        changed = [name for name in _SHOWN if old.get(name) != view.raw.get(name)]
+        if changed:
+            found.append(Finding(f"{view.where}.rev", f"{', '.join(changed)} changed, but rev is still {rev}, "
+                                 f"which the bridge has posted: people see and answer the posted question, and "
+                                 f"read shows their answers under the new words; raise rev to {rev + 1} to ask "
+                                 "this one"))
+    return found
