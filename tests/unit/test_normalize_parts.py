@@ -238,6 +238,14 @@ def test_a_figure_is_posted_as_escaped_text():
     # With a filename the body is a caption (the spec's m.file): never the name's extension.
     ({"body": "crash in v2.3", "filename": "Screenshot"}, {"mimetype": "image/png"}, "png"),
     ({"body": "see example.com", "filename": "clip"}, {}, "bin"),
+    # Dots in a name with no extension (a macOS screenshot's, a version): the
+    # mimetype says what it is (it was a ".32", application/octet-stream to agents).
+    ({"body": "Screenshot 2026-12-07 at 10.15.32", "filename": "Screenshot 2026-12-07 at 10.15.32"},
+     {"mimetype": "image/png"}, "png"),
+    ({"body": "release notes v2.3"}, {"mimetype": "application/pdf"}, "pdf"),
+    # A plain extension nothing here knows stays, as with no mimetype to say better.
+    ({"body": "data.parquet"}, {"mimetype": "application/octet-stream"}, "parquet"),
+    ({"body": "take.mov"}, {"mimetype": "video/mp4"}, "mov"),
 ])
 def test_attachment_extensions_are_safe(content, info, ext):
     assert extension(content, info) == ext

@@ -33,7 +33,7 @@ from typing import Any, AsyncContextManager, Callable, Iterable, TypeVar
 
 from bridge.protocol.file_body import BodyTooLarge, BodyUndecryptable, FileBody
 from bridge.protocol.normalize import is_file_content
-from bridge.questionset.media import is_inside
+from bridge.questionset.media import is_inside, mimetype as media_type
 from bridge.service.logs import in_a_line
 from bridge.service.storage.store import Store
 from bridge.wholefile import TempFile, in_thread
@@ -58,6 +58,7 @@ _EXT_BY_MIMETYPE = {
     "audio/mpeg": "mp3", "audio/ogg": "ogg", "audio/mp4": "m4a", "audio/wav": "wav", "application/pdf": "pdf",
     "text/plain": "txt",
 }
+UNKNOWN_TYPE = "application/octet-stream"  # what ``media_type`` says of an extension it does not know
 # Plaintext gathered before a write to disk (in a thread): memory per download stays this small.
 WRITE_BYTES = 1024 * 1024
 
@@ -282,16 +283,21 @@ async def _on_disk(work: Callable[..., T], *args: Any) -> T:
 
 
 def extension(content: dict[str, Any], info: dict[str, Any]) -> str:
-    """A short, safe extension: the sent name's if it is plain, else from the
-    mimetype.  The name is ``filename``, or ``body`` without one (with one,
-    the body is a caption: "crash in v2.3" made the file a ``.3``)."""
+    """A short, safe extension: the sent name's when it names a known kind of
+    file, else the mimetype's, else the name's if plain.  The name is
+    ``filename``, or ``body`` without one (with one, the body is a caption:
+    "crash in v2.3" made the file a ``.3``); a name of dots and no extension
+    ("Screenshot 2026-12-07 at 10.15.32") made an image/png a ``.32``, which
+    the agents were told was application/octet-stream."""
     name = content.get("filename") if "filename" in content else content.get("body")
-    if isinstance(name, str) and "." in name:
-        ext = name.rsplit(".", 1)[-1].lower()
-        if _SAFE_EXT.fullmatch(ext):
-            return ext
+    ext = name.rsplit(".", 1)[-1].lower() if isinstance(name, str) and "." in name else ""
+    plain = ext if _SAFE_EXT.fullmatch(ext) else None
+    if plain is not None and media_type(f"file.{plain}") != UNKNOWN_TYPE:
+        return plain
     mimetype = info.get("mimetype")
-    return _EXT_BY_MIMETYPE.get(mimetype, "bin") if isinstance(mimetype, str) else "bin"
+    if isinstance(mimetype, str) and mimetype in _EXT_BY_MIMETYPE:
+        return _EXT_BY_MIMETYPE[mimetype]
+    return plain or "bin"
 
 
 def attachments_folder(set_dir: str) -> Path:
