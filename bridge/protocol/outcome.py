@@ -45,11 +45,11 @@ def describe_record(record: dict[str, Any], labels: Mapping[str, str] | None = N
         return "not sure yet"
     named = labels or {}
     if "label" in record:
-        picked = str(named.get(str(record.get("choice")), record["label"]))
+        picked = shown_title(named.get(str(record.get("choice")), record["label"]))
     elif "choices" in record:
-        picked = ", ".join(str(named.get(c, c)) for c in record["choices"])
+        picked = ", ".join(shown_title(named.get(c, c)) for c in record["choices"])
     elif "order" in record:
-        picked = " > ".join(str(named.get(c, c)) for c in record["order"])
+        picked = " > ".join(shown_title(named.get(c, c)) for c in record["order"])
     elif "text" in record:
         # Without the invisible characters that turn a line around (a U+202E
         # in an answer reversed the bridge's own words after it for everyone).
@@ -71,14 +71,23 @@ def _kept(record: dict[str, Any]) -> str:
     return said
 
 
-# A question's title as a word back quotes it: a set may give one of 10,000
-# characters (lint only warns), and every word back on it was past the
-# homeserver's 65,536 bytes, dropped, the person told nothing.
+# A question's title (or an option's label) as a word back quotes it: a set
+# may give one of 10,000 characters (lint only warns), and every word back
+# on it was past the homeserver's 65,536 bytes, dropped, the person told
+# nothing.
 TITLE_SHOWN = 200
+REASON_SHOWN = 500  # a withdrawal's reason, in the closing words
 
 
-def shown_title(title: str) -> str:
-    return shorten(str(title), TITLE_SHOWN)
+def shown_title(title: Any) -> str:
+    """An agent's words inside the bridge's own sentence: cut short, and
+    without the invisible characters that turn what follows around (a
+    U+202E in a subject id showed the digest after it reversed)."""
+    return shown_words(title, TITLE_SHOWN)
+
+
+def shown_words(text: Any, limit: int) -> str:
+    return shorten(visible(str(text)), limit)
 
 
 def display_names(question: RecordedQuestion) -> dict[str, str]:
@@ -190,7 +199,7 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
         picked = (picked[: -len(noted)] + f" ({read}, with a note)" if picked.endswith(noted)
                   else picked + f" ({read})")
     if subject is not None:
-        picked += f", for {subject[0]} (digest {short_digest(subject[1])})"
+        picked += f", for {shown_title(subject[0])} (digest {short_digest(subject[1])})"
     if via == "edit":
         text = sentence(f"Changed your answer to “{title}”: now {picked}")
         if stood_before == OTHER:

@@ -13,6 +13,7 @@ from typing import Any
 from bridge.protocol.deadline import clock_words
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
 from bridge.protocol.render import option_display, short_digest, shorten
+from bridge.questionset.shown import visible
 
 POLL_START = "org.matrix.msc3381.poll.start"
 POLL_END = "org.matrix.msc3381.poll.end"
@@ -68,7 +69,7 @@ def _asked(question: RecordedQuestion) -> str:
     if question.subject is None:
         return shorten(asked, _QUESTION_MAX)
     subject_id, digest = question.subject
-    suffix = f" — approving {shorten(subject_id, _QUESTION_MAX // 2)} (digest {short_digest(digest)})"
+    suffix = f" — approving {shorten(visible(subject_id), _QUESTION_MAX // 2)} (digest {short_digest(digest)})"
     return shorten(asked, _QUESTION_MAX - len(suffix)) + suffix
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
+from bridge.questionset.shown import visible
 
 ALLOWED_TAGS = frozenset({"hr", "h4", "p", "ol", "ul", "li", "blockquote", "strong", "em", "code", "br", "span"})
 # Element's sanitiser keeps these too; only the background (``one_pager``) uses them.
@@ -513,7 +514,8 @@ def _body_context(
     lines: list[str] = []
     subject = content.get("subject")
     if isinstance(subject, Mapping):
-        lines.append(f"Approving: {cut(subject.get('id', ''))} (digest {short_digest(str(subject.get('digest', '')))})")
+        lines.append(f"Approving: {cut(visible(str(subject.get('id', ''))))} "
+                     f"(digest {short_digest(str(subject.get('digest', '')))})")
     quiz = _quiz_line(q)
     if quiz:
         lines.append(cut(quiz))
@@ -602,7 +604,7 @@ def _html_context(
         digest = esc(short_digest(str(subject.get("digest", ""))))
         # A plain bold line: a blockquote reads as a quote of someone else, and greys it out.
         parts.append(
-            f"<p><strong>Approving <code>{esc(str(subject.get('id', '')))}</code> "
+            f"<p><strong>Approving <code>{esc(visible(str(subject.get('id', ''))))}</code> "
             f"(digest <code>{digest}</code>)</strong></p>"
         )
     quiz = _quiz_line(q)

@@ -12,6 +12,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bridge.protocol.outcome import shown_title
+
 if TYPE_CHECKING:
     from bridge.questionset.model import Question, QuestionSet
 
@@ -120,7 +122,7 @@ def score_html(qset: QuestionSet, result: Score, replaces: bool = False) -> str:
 
 
 def _score_head(qset: QuestionSet, result: Score, replaces: bool) -> str:
-    head = f"Score for \u201c{qset.title}\u201d: {_n(result.points)} of {_n(result.possible)}."
+    head = f"Score for \u201c{shown_title(qset.title)}\u201d: {_n(result.points)} of {_n(result.possible)}."
     return head + (" This replaces the earlier score: an answer changed." if replaces else "")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from bridge.protocol.judge import KEEPS_TAKING
-from bridge.protocol.outcome import shown_title, txn_id
+from bridge.protocol.outcome import REASON_SHOWN, shown_title, shown_words, txn_id
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
 from bridge.protocol.question_event import build_question_event, closed_replacement, new_elicitation_id, option_order
 from bridge.protocol.recorded import RecordedQuestion
@@ -568,7 +568,7 @@ def changed_sets(root: Path, paths: Iterable[str | Path]) -> list[Path]:
 
 def _closing_words(question: Question, qset: QuestionSet) -> str:
     if question.status == "withdrawn":
-        return f"withdrawn ({question.reason})" if question.reason else "withdrawn"
+        return f"withdrawn ({shown_words(question.reason, REASON_SHOWN)})" if question.reason else "withdrawn"
     if question.status == "superseded":
         # Named by its title, as the room shows it (the id is the agent's word).
         successor = next((q for q in qset.questions if q.id == question.superseded_by), None)
