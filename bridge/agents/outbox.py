@@ -238,19 +238,36 @@ def due(store: Store, now_ms: int, limit: int = 50) -> list[Delivery]:
     return [_delivery(r) for r in rows]
 
 
-def due_by_url(store: Store, now_ms: int, per_url: int, leave_out: Collection[Lane] = ()) -> list[Delivery]:
-    """The oldest ``per_url`` due rows of each lane (an agent's URL), but none
-    of the lanes in ``leave_out`` (one whose circuit is open, or that has its
-    fill in flight): one lane's backlog never hides another's rows."""
+def due_lanes(store: Store, now_ms: int, leave_out: Collection[Lane] = (),
+              agents_out: Collection[str] = ()) -> list[tuple[Lane, int]]:
+    """Each lane with rows due, with its oldest row's id, oldest first; none
+    of the lanes in ``leave_out`` (a circuit open, its fill in flight) nor
+    of the agents in ``agents_out`` (their share in flight).  Ids only: what
+    can start is chosen from these before any body is read."""
     skip, params = _leaving_out(leave_out)
+    if agents_out:
+        skip += f" AND agent NOT IN ({', '.join('?' * len(agents_out))})"
+        params += tuple(agents_out)
+    rows = store.db.execute(f"SELECT agent, url, MIN(id) FROM webhook_outbox WHERE next_at <= ?{skip} "
+                            "GROUP BY agent, url ORDER BY MIN(id)", (now_ms, *params)).fetchall()
+    return [((agent, url), first) for agent, url, first in rows]
+
+
+def due_by_url(store: Store, now_ms: int, per_url: int, lanes: Collection[Lane]) -> list[Delivery]:
+    """The oldest ``per_url`` due rows of each of ``lanes`` (an agent's URL):
+    one lane's backlog never hides another's rows."""
+    if not lanes:
+        return []
+    pairs = tuple(lanes)
+    only = f"(agent, url) IN (VALUES {', '.join(['(?, ?)'] * len(pairs))})"
     # The window picks ids only; the bodies (kilobytes each) are read for the
     # rows picked.  Sorting a backlog of 10,000 rows with their bodies took
     # 0.7 s a pass on the store's thread, which the answers wait for.
     rows = store.db.execute(
         "SELECT o.id, o.key, o.agent, o.url, o.body, o.created_at, o.attempts FROM webhook_outbox AS o JOIN ("
         "SELECT id, ROW_NUMBER() OVER (PARTITION BY agent, url ORDER BY id) AS n "
-        f"FROM webhook_outbox WHERE next_at <= ?{skip}) AS due ON due.id = o.id WHERE due.n <= ? ORDER BY o.id",
-        (now_ms, *params, per_url)).fetchall()
+        f"FROM webhook_outbox WHERE next_at <= ? AND {only}) AS due ON due.id = o.id WHERE due.n <= ? ORDER BY o.id",
+        (now_ms, *(part for pair in pairs for part in pair), per_url)).fetchall()
     return [_delivery(r) for r in rows]
 
 

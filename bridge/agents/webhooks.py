@@ -35,8 +35,8 @@ from prometheus_client import Counter
 
 from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
-from bridge.agents.outbox import (Delivery, Lane, delivered, due_by_url, due_now, expired, follow_webhook_urls,
-                                  hold_lane, lane_holds, next_due, retry_at)
+from bridge.agents.outbox import (Delivery, Lane, delivered, due_by_url, due_lanes, due_now, expired,
+                                  follow_webhook_urls, hold_lane, lane_holds, next_due, retry_at)
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
@@ -223,11 +223,33 @@ class Deliverer:
             return False
         return not failing or self.agent_failing.get(agent, 0) < max(1, int(PER_AGENT * FAILING_SHARE))
 
-    def _due(self, now: float, unavailable: list[str]) -> list[Delivery]:
+    def _due(self, now: float, unavailable: list[Lane]) -> list[Delivery]:
         if now - self._swept_at >= SWEEP_SECONDS:
             self._sweep(now)
             self._swept_at = now
-        return due_by_url(self.store, int(now * 1000), 2 * PER_URL, unavailable)
+        # Only the lanes that may start one now are read, never an agent's
+        # whose share is in flight: an agent naming 6,000 URLs that never
+        # answer had every pass read 48,000 rows (5 s on the store's thread,
+        # which answers and other agents' webhooks wait for) to start none.
+        full = [agent for agent, n in self.agent_in_flight.items() if n >= PER_AGENT]
+        lanes = due_lanes(self.store, int(now * 1000), unavailable, full)
+        return due_by_url(self.store, int(now * 1000), 2 * PER_URL, self._may_start(lanes))
+
+    def _may_start(self, lanes: list[tuple[Lane, int]]) -> list[Lane]:
+        """Of the lanes with rows due (oldest first), those the free slots
+        can take, in ``fair_order``'s order: working URLs before failing
+        ones, no agent given more than its free share."""
+        free = MAX_IN_FLIGHT - sum(map(len, self.in_flight.values()))
+        taken: dict[str, int] = {}
+        chosen: list[Lane] = []
+        for lane, _first in sorted(lanes, key=lambda item: (self._failing(item[0]), item[1])):
+            if len(chosen) >= free:
+                break
+            agent = lane[0]
+            if taken.get(agent, 0) < PER_AGENT - self.agent_in_flight.get(agent, 0):
+                taken[agent] = taken.get(agent, 0) + 1
+                chosen.append(lane)
+        return chosen
 
     def _unavailable(self, now: float) -> list[Lane]:
         """Lanes that can take nothing more now: their circuit is open or their fill is in flight."""

@@ -339,6 +339,35 @@ async def test_one_agent_naming_many_silent_urls_delays_no_other_agents_webhook(
         await ended(stop, task, receiver, silents, store)
 
 
+async def test_an_agent_with_thousands_of_silent_urls_holds_up_no_pass_of_the_deliverer(tmp_path: Path) -> None:
+    """6,000 URLs of one agent, none answering, 8 webhooks due to each (sets
+    of 5 callbacks, closed): with the agent's 64 in flight, every pass still
+    read all 48,000 rows to start none, seconds on the store's thread that
+    answers and the other agent's webhook (4.6-8.8 s late) waited behind."""
+    silent = Silent()
+    await silent.start()
+    receiver = Receiver(SECRETS["other"])
+    await receiver.start()
+    store, deliverer, hook = stuck_beside_fine(tmp_path, [silent.url], receiver.url, 0)
+    now_ms = int(store.clock.seconds() * 1000)
+    with store.transaction():
+        store.db.executemany(
+            "INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts) "
+            "VALUES (?, 'planner', ?, ?, ?, ?, 0)",
+            [(f"k{n}-{k}", silent.url.replace("/never", f"/n{n}"), '{"x": "' + "a" * 300 + '"}', now_ms, now_ms)
+             for n in range(6000) for k in range(8)])
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await until(lambda: silent.connections >= 64, what="the planner's share never went out")
+        took, taken = await fine_answered(hook, store, tmp_path, receiver)
+        assert took < 2.0, f"the other agent's webhook took {took:.1f} s behind one agent's 6,000 silent URLs"
+        assert taken["body"]["set"] == "fine"
+        assert silent.connections == 64  # and no more than its share
+    finally:
+        await ended(stop, task, receiver, [silent], store)
+
+
 async def test_an_agents_failing_callbacks_leave_room_for_its_own_healthy_ones(tmp_path: Path, monkeypatch) -> None:
     # The agent's cap on deliveries in flight kept its other agents out of
     # reach, but not its own healthy URL: many callbacks that accept and never
