@@ -78,7 +78,8 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
     if until == UNTIL_ALL:
         if questions_unknown(view):
             return False  # which are open is not known: not "all arrived" on no answers
-        counted = [e for e in entries if e["status"] == "open" and may_be_needed(e, entries)]
+        skipped = not_needed(entries)
+        counted = [e for e in entries if e["status"] == "open" and e["qid"] not in skipped]
         if not all(_ended(e) for e in counted):
             return False
         return after is None or not counted or any(newer(e, after) or has_expired(e) for e in counted)
@@ -87,14 +88,18 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
         bool(awaited) and all(has_expired(e) for e in awaited))
 
 
-def may_be_needed(entry: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
-    """Whether the question may still be asked: one with ``show_if`` is
-    needed only when that question's answer is one of its options (the room
-    says "Only needed if ..."), so it is not once that answer is another,
-    or once that question can get no answer (closed, expired, itself not
-    needed).  While that answer may still come, it may be."""
-    seen: set[str] = set()
+def not_needed(entries: list[dict[str, Any]]) -> set[str]:
+    """The questions no longer needed: one with ``show_if`` is needed only
+    when that question's answer is one of its options (the room says "Only
+    needed if ..."), so it is not once that answer is another, or once that
+    question can get no answer (closed, expired, itself not needed).  While
+    that answer may still come, it may be."""
     by_qid = {e["qid"]: e for e in entries}
+    return {e["qid"] for e in entries if e.get("show_if") is not None and not _may_be_needed(e, by_qid)}
+
+
+def _may_be_needed(entry: dict[str, Any], by_qid: dict[str, dict[str, Any]]) -> bool:
+    seen: set[str] = set()
     while (condition := entry.get("show_if")) is not None and entry["qid"] not in seen:
         seen.add(entry["qid"])
         asked = by_qid.get(condition.get("question"))
@@ -143,7 +148,8 @@ def expired_in(view: dict[str, Any], question: str | None, until: str) -> list[s
     awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
     if until != UNTIL_ALL and any(has_answer(e) for e in awaited):
         return []
-    return [e["qid"] for e in awaited if has_expired(e) and (until != UNTIL_ALL or may_be_needed(e, entries))]
+    skipped = not_needed(entries) if until == UNTIL_ALL else set()
+    return [e["qid"] for e in awaited if has_expired(e) and e["qid"] not in skipped]
 
 
 def as_read(view: dict[str, Any], include_all: bool) -> dict[str, Any]:

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             out["bridge_answered"] = tasks is not None
         sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running, unread) + _format_tasks(tasks))
+        sys.stdout.write(format_table(rows) + format_held(held) + _format_instances(running, unread)
+                         + _format_tasks(tasks))
     return EXIT_OK
 
 
