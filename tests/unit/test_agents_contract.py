@@ -109,6 +109,25 @@ def test_the_shipped_document_has_an_operation_for_every_route_and_refuses_the_c
         "where"] == "query.after"
 
 
+def test_the_shipped_document_lists_every_answer_the_routes_give():
+    """A client made from the document met answers it does not describe:
+    400 on the checkpoint (an unknown query parameter, as on every route),
+    503 not_leading on the writes (docs/agents.md), Retry-After on some
+    429s only, and none of the download's conditional and range headers."""
+    document = json.loads(OPENAPI.read_bytes())
+    operations = {(method.upper(), path): op for path, ops in document["paths"].items()
+                  for method, op in ops.items() if isinstance(op, dict) and "responses" in op}
+    for (method, path), op in operations.items():
+        if path != "/v1/openapi.json":
+            assert {"400", "401", "429"} <= set(op["responses"]), (method, path)
+            assert "Retry-After" in op["responses"]["429"].get("headers", {}), (method, path)
+    for write in [("PUT", "/v1/sets/{id}"), ("POST", "/v1/sets/{id}/close"), ("PUT", "/v1/sets/{id}/media/{name}")]:
+        assert "503" in operations[write]["responses"], write
+    download = operations[("GET", "/v1/sets/{id}/attachments/{name}")]
+    assert {p["name"] for p in download["parameters"] if p["in"] == "header"} == {
+        "Range", "If-Range", "If-None-Match", "If-Match"}
+
+
 def entry(qid: str, updated: str | None, state: str = "answered") -> dict:
     return {"qid": qid, "status": "open", "state": state, "stale": False, "updated": updated}
 
