@@ -520,6 +520,11 @@ def run_forever(config: Config) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # "Reload", or the terminal gone: by default it killed the bridge
+        # silently, and systemd counts that a clean exit, never restarted.
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning(
+            "SIGHUP: nothing to reload (the configuration is read at start); restart the bridge to apply a "
+            "change. Running on"))
         taskdump.install(loop)
         if config.store.url:
             from bridge.service.storage.standby import run_with_standby  # psycopg only when it is used

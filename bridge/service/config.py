@@ -65,6 +65,14 @@ class Bot(Section):
 
         if user_id_problem(self.user_id):
             raise Invalid("must be a full Matrix user id such as @askbot:example.org", "user_id")
+        for name in ("access_token", "password"):
+            value = getattr(self, name)
+            if value is not None and value.strip(". <>") == "":
+                # config.example.yaml's "...": a token, it is used before the
+                # password and the homeserver failed on it (Synapse: HTTP 500),
+                # which read as a wrong homeserver.url.
+                raise Invalid(f"{value!r} is the example's placeholder: give the real one, or leave the line out",
+                              name)
 
 
 class Sets(Section):

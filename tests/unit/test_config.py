@@ -22,15 +22,22 @@ def write(tmp_path: Path, data: object) -> Path:
     return path
 
 
+TOKEN = {"ASKWRIGHT_BRIDGE_ACCESS_TOKEN": "syt_a_real_looking_token"}
+
+
 def test_the_example_config_loads():
-    config = load_config(ROOT / "config.example.yaml", environ={})
+    # Once its placeholder token is given (here by the environment); left as
+    # it is, the placeholder is named.
+    with pytest.raises(ConfigError, match="bot.access_token: '...' is the example's placeholder"):
+        load_config(ROOT / "config.example.yaml", environ={})
+    config = load_config(ROOT / "config.example.yaml", environ=TOKEN)
     assert config.homeserver.url == "http://127.0.0.1:8008"
     assert config.sets.root == (ROOT / "ask").resolve()
     assert config.answerers == [] and config.appservice.enabled is False
 
 
 def test_the_largest_file_kept_is_20_mib_unless_configured(tmp_path):
-    assert load_config(ROOT / "config.example.yaml", environ={}).attachments.max_bytes == 20 * 1024 * 1024
+    assert load_config(ROOT / "config.example.yaml", environ=TOKEN).attachments.max_bytes == 20 * 1024 * 1024
     assert load_config(write(tmp_path, GOOD), environ={}).attachments.max_bytes == 20 * 1024 * 1024
     data = {**GOOD, "attachments": {"max_bytes": 12 * 1024 * 1024}}
     assert load_config(write(tmp_path, data), environ={}).attachments.max_bytes == 12 * 1024 * 1024
@@ -287,3 +294,13 @@ def test_a_config_refused_once_started_exits_2_as_at_reading(tmp_path, monkeypat
     data = {**GOOD, "sets": {"root": str(tmp_path / "sets")},
             "appservice": {"enabled": True, "listen": "127.0.0.1:0"}}
     assert main(["run", "-c", str(write(tmp_path, data))]) == 2
+
+
+@pytest.mark.parametrize("key", ["access_token", "password"])
+def test_the_examples_placeholder_left_in_a_credential_is_refused_naming_it(tmp_path, key):
+    """config.example.yaml's access_token: "..." left beside a real password:
+    the token is used first, Synapse fails on it (HTTP 500), and the bridge
+    blamed homeserver.url."""
+    raw = {**GOOD, "bot": {"user_id": "@askbot:example.org", key: "..."}}
+    with pytest.raises(ConfigError, match=rf"bot\.{key}: '\.\.\.' is the example's placeholder"):
+        parse_config(raw, base_dir=tmp_path, environ={})

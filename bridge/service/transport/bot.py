@@ -14,7 +14,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from nio import AsyncClient, LoginResponse, MessageDirection, SyncResponse, WhoamiResponse
@@ -99,7 +99,7 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
     token = config.bot.access_token or store.get_meta("access_token")
     if token:
         client.access_token = token
-        whoami = await _told_while_silent(client.whoami(), config.homeserver.url)
+        whoami = await _once_answered(client.whoami, config.homeserver.url)
         if isinstance(whoami, WhoamiResponse):
             if config.bot.user_id and whoami.user_id.casefold() != config.bot.user_id.casefold():
                 # Run as another account, the bridge would answer as it and
@@ -150,8 +150,8 @@ async def _password_login(client: AsyncClient, config: Config, store: Store, *, 
                           encrypt: bool) -> AsyncClient:
     """Logged in with bot.password as ``device_id`` (empty: a new device)."""
     client.device_id = device_id
-    response = await _told_while_silent(client.login(config.bot.password, device_name=config.bot.device_name),
-                                        config.homeserver.url)
+    response = await _once_answered(lambda: client.login(config.bot.password, device_name=config.bot.device_name),
+                                    config.homeserver.url)
     if not isinstance(response, LoginResponse):
         raise MatrixError("logging in with bot.password", response)
     with store.transaction():
@@ -196,6 +196,31 @@ T = TypeVar("T")
 SILENT_START_WARN = 10.0
 
 
+# What a proxy answers while the homeserver behind it is down or restarting:
+# not yet, not a wrong homeserver.url (the bridge exited 1, blaming the URL).
+NOT_YET = frozenset({502, 503, 504})
+NOT_YET_MAX_WAIT = 30.0
+
+
+def _status(response: Any) -> int | None:
+    return getattr(getattr(response, "transport_response", None), "status", None)
+
+
+async def _once_answered(request: Callable[[], Awaitable[T]], url: str) -> T:
+    """``request``'s answer once the homeserver itself gives one: while a
+    proxy before it says it is unavailable, asked again, with backoff."""
+    delay = 1.0
+    while True:
+        response = await _told_while_silent(request(), url)
+        status = _status(response)
+        if status not in NOT_YET:
+            return response
+        log.warning("the homeserver at %s answered HTTP %s (a proxy whose homeserver is not up yet?); trying "
+                    "again in %.0f s", url, status, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, NOT_YET_MAX_WAIT)
+
+
 async def _told_while_silent(request: Awaitable[T], url: str) -> T:
     """``request`` awaited; while the homeserver does not answer, a warning
     naming the URL every SILENT_START_WARN seconds."""
@@ -218,9 +243,12 @@ def _whoami_refused(url: str, whoami: Any) -> str:
     said so (401); a wrong homeserver.url answers anything else (a 404 of a
     web server, a page that is no JSON), and blaming the token sent the
     operator to fix what was right."""
-    status = getattr(getattr(whoami, "transport_response", None), "status", None)
+    status = _status(whoami)
     if status == 401 or getattr(whoami, "status_code", None) in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN"):
         return "the configured access token was refused"
+    if status == 500:
+        return (f"{url} failed on whoami (HTTP 500): check bot.access_token (a homeserver can fail on a token "
+                "that is no token at all) and homeserver.url")
     got = f"HTTP {status}" if status is not None else "no answer"
     return f"{url} did not answer as a Matrix homeserver ({got} to whoami): check homeserver.url"
 
