@@ -8,8 +8,13 @@ import re
 import sys
 import time
 
-# Matrix access tokens, appservice tokens and anything after a password key.
-_SECRET = re.compile(r"(syt_[A-Za-z0-9_]+|(?:access_token|as_token|hs_token|password)[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,}]*)")
+# Anything after a key that names a secret (quoted whole, or up to a
+# separator), after "Bearer", and the tokens Matrix servers hand out, which
+# say what they are by their prefix (Synapse's syt_, the authentication
+# service's mat_ and mct_).
+_KEYS = r"access_token|as_token|hs_token|password|webhook_secret|secret|token"
+_SECRET = re.compile(rf"((?:{_KEYS})[\"']?\s*[:=]\s*|\bBearer\s+)(\"[^\"]*\"|'[^']*'|[^\s\"'&,}}]+)"
+                     r"|\b((?:syt|mat|mct)_[A-Za-z0-9_]+)", re.IGNORECASE)
 
 
 def why(exc: BaseException) -> str:
@@ -25,8 +30,7 @@ def in_a_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def redact(text: str) -> str:
-    return _SECRET.sub(lambda m: m.group(1)[:4] + "…" if m.group(1).startswith("syt_") else m.group(1) + "[redacted]",
-                       text)
+    return _SECRET.sub(lambda m: m.group(3)[:4] + "…" if m.group(3) else m.group(1) + "[redacted]", text)
 
 
 class _Redacting(logging.Formatter):
@@ -36,11 +40,12 @@ class _Redacting(logging.Formatter):
 
 class _Json(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        # Redacted before JSON escapes its quotes, where the patterns look for them.
         line = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + "Z",
-                "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
+                "level": record.levelname.lower(), "logger": record.name, "message": redact(record.getMessage())}
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return redact(json.dumps(line, ensure_ascii=False))
+            line["exception"] = redact(self.formatException(record.exc_info))
+        return json.dumps(line, ensure_ascii=False)
 
 
 def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
