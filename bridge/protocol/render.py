@@ -301,6 +301,13 @@ def _media_line(item: Mapping[str, Any]) -> str:
     return " ".join(bits)
 
 
+# Words of the "To answer" line that say the message offers a way: the help
+# after an unreadable reply offers only what the message did (keycaps are
+# refused in an encrypted room that trusts cross-signed devices only).
+POLL_STEP = "vote in the poll"
+KEYCAP_STEP = "search \u201ckeycap\u201d in the reaction picker"
+
+
 def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> list[tuple[str, str | None]]:
     """How to answer: (prose, example to show as code) pairs, per kind."""
     kind = q.get("kind")
@@ -309,7 +316,7 @@ def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> l
     steps: list[tuple[str, str | None]] = []
     if kind in SINGLE_PICK_KINDS:
         if poll:
-            steps.append(("vote in the poll", None))
+            steps.append((POLL_STEP, None))
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
         last = min(count, len(KEYCAPS))
         # Some systems draw keycaps as black boxes with Element's bundled font:
@@ -317,7 +324,7 @@ def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> l
         if reactions:
             steps.append((
                 f"or react to it with the keycap emoji {keycap_named(1)} \u2026 {keycap_named(last)} "
-                "for that number (search \u201ckeycap\u201d in the reaction picker)",
+                f"for that number ({KEYCAP_STEP})",
                 None,
             ))
     elif kind == "multi":

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.render import KEYCAPS, option_display
+from bridge.protocol.render import KEYCAP_STEP, KEYCAPS, POLL_STEP, option_display
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 from bridge.questionset.shown import reply_form, reply_key
 
@@ -112,7 +112,12 @@ def help_text(question: RecordedQuestion) -> str:
         return f"Reply with all {own} numbers in your order, best first, separated by commas (for example “{example}”); {builtins}."
     how = f"Reply with the number of your pick (1\u2013{count})"
     if kind in SINGLE_PICK_KINDS:
-        how += ", react with its number, or vote in the poll"
+        # What the question's message offered, as it showed it.
+        shown = str(question.content.get("body") or "")
+        ways = [way for way, step in (("react with its number", KEYCAP_STEP), ("vote in the poll", POLL_STEP))
+                if step in shown]
+        if ways:
+            how += "".join(f", {way}" for way in ways[:-1]) + f"{',' if len(ways) > 1 else ''} or {ways[-1]}"
     return f"{how}; {builtins}."
 
 

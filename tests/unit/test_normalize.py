@@ -251,6 +251,24 @@ def test_an_unreadable_reply_gets_help_and_no_answer(qid, body):
     assert "Reply with" in found.message
 
 
+@pytest.mark.parametrize("poll, reactions, ways", [
+    (True, True, "Reply with the number of your pick (1\u20134), react with its number, or vote in the poll;"),
+    (True, False, "Reply with the number of your pick (1\u20134) or vote in the poll;"),
+    (False, True, "Reply with the number of your pick (1\u20134) or react with its number;"),
+    (False, False, "Reply with the number of your pick (1\u20134);"),
+])
+def test_the_help_after_an_unreadable_reply_offers_only_what_the_question_offered(poll, reactions, ways):
+    """In an encrypted room that trusts cross-signed devices only, keycaps are
+    refused and the question's message offers none; the help after "banana"
+    still said "react with its number", and the keycap was then refused."""
+    qset = QuestionSet.model_validate(all_kinds_set())
+    branch = next(q for q in qset.questions if q.id == "branch")
+    content = build_question_event(qset, branch, elicitation_id="elc_branch", poll=poll, reactions=reactions)
+    recorded = RecordedQuestion(event_id="$q_branch", room_id=ROOM, set_id=qset.id, content=content)
+    found = normalize(reply("branch", "banana"), FakeLookup(questions={"branch": recorded}))
+    assert isinstance(found, Unreadable) and ways in found.message, found.message
+
+
 def test_a_reply_to_something_else_is_not_an_answer():
     content = {"msgtype": "m.text", "body": "2", "m.relates_to": {"m.in_reply_to": {"event_id": "$chat"}}}
     found = normalize(event(content), FakeLookup())
