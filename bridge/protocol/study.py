@@ -22,7 +22,9 @@ NO_TOPIC = "(no topic)"
 
 def feedback(question: Question | None, record: dict[str, Any]) -> str | None:
     """One or two sentences on an answer to a quiz question; None when there is nothing to say."""
-    if question is None:
+    if question is None or (record.get("q_rev") or 1) != (question.rev or 1):
+        # An answer to a revision since replaced: its verdict is not the new
+        # revision's ``correct`` (a right answer was told "Not quite").
         return None
     if question.kind == "text":
         if record.get("text") is None:
@@ -76,6 +78,14 @@ def _asked(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> list[Questi
         picked = {record.get("choice"), *(record.get("choices") or ())}
         return bool(picked & set(condition.option))
     return [q for q in qset.open_questions if needed(q)]
+
+
+def counted(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What a score is made of: the answers to the questions the quiz asks,
+    each to its current revision (an answer to a question not asked, or to
+    a revision replaced, changes no score)."""
+    current = _current(qset, answers)
+    return {q.id: current[q.id] for q in _asked(qset, current) if q.id in current}
 
 
 def score(qset: QuestionSet, answers: dict[str, dict[str, Any]]) -> Score:
@@ -135,7 +145,8 @@ def _score_tail(result: Score) -> list[str]:
     if result.bonus[1]:
         lines.append(f"Bonus questions: {_n(result.bonus[0])} of {_n(result.bonus[1])}")
     if result.to_grade:
-        lines.append(f"{result.to_grade} written answer{'s' if result.to_grade > 1 else ''} wait for grading.")
+        many = result.to_grade > 1
+        lines.append(f"{result.to_grade} written answer{'s' if many else ''} wait{'' if many else 's'} for grading.")
     return lines
 
 

@@ -418,3 +418,31 @@ def test_an_answer_to_a_revision_since_replaced_is_not_scored_against_the_new_on
     assert not complete(quiz, stale) and score(quiz, stale).points == 0.0
     fresh = {"gate": {"qid": "gate", "state": "answered", "choice": "green", "q_rev": 2}}
     assert complete(quiz, fresh) and score(quiz, fresh).points == 1.0
+
+
+def test_the_verdict_on_an_answer_to_a_replaced_revision_is_not_the_new_ones():
+    """Rev 2 made Blue right; a pick of Green on the rev-1 message (right when
+    asked), acknowledged late, was told "Not quite ... The answer is Blue"."""
+    from bridge.protocol.study import feedback
+
+    gate = _quiz(gate_right="blue", rev=2).question("gate")
+    assert feedback(gate, {"qid": "gate", "state": "answered", "choice": "green", "q_rev": 1}) is None
+    assert feedback(gate, {"qid": "gate", "state": "answered", "choice": "green", "q_rev": 2}).startswith("Not quite")
+
+
+def test_what_a_score_is_made_of_leaves_out_answers_to_questions_not_asked():
+    """Gate answered Green ("follow" not asked), then "follow" answered
+    anyway: the score (1 of 1) was posted again as replacing the first."""
+    from bridge.protocol.study import counted
+
+    quiz = _quiz(gate_right="green")
+    gate = {"qid": "gate", "state": "answered", "choice": "green", "q_rev": 1}
+    follow = {"qid": "follow", "state": "answered", "choice": "blue", "q_rev": 1}
+    assert counted(quiz, {"gate": gate}) == counted(quiz, {"gate": gate, "follow": follow}) == {"gate": gate}
+    asked = {"qid": "gate", "state": "answered", "choice": "blue", "q_rev": 1}
+    assert counted(quiz, {"gate": asked, "follow": follow}) == {"gate": asked, "follow": follow}
+
+
+def test_one_written_answer_waits_for_grading():
+    assert "1 written answer waits for grading." in score_text(SimpleNamespace(title="Quiz"), Score(1, 2, {}, (0, 0), 1))
+    assert "2 written answers wait for grading." in score_text(SimpleNamespace(title="Quiz"), Score(1, 2, {}, (0, 0), 2))

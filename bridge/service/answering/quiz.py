@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge.protocol.outcome import notice, txn_id
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.protocol.study import complete, feedback, score, score_html, score_text
+from bridge.protocol.study import complete, counted, feedback, score, score_html, score_text
 from bridge.questionset.setdir import QUESTIONS_FILE, read_questions
 from bridge.service.storage.store import LogEntry, Store
 
@@ -77,7 +77,7 @@ def _score_due(entry: LogEntry, store: Store) -> tuple[dict[str, Any], str, tupl
     # is the score that stands, not a new one; picks changed, and changed
     # back, are a new score each time (counted, so each has its own key).
     picks = hashlib.sha256(json.dumps({qid: [a.get("choice"), a.get("choices"), a.get("order"), a.get("text"),
-                                             a.get("q_rev")] for qid, a in answers.items()},
+                                             a.get("q_rev")] for qid, a in counted(qset, answers).items()},
                                       sort_keys=True).encode()).hexdigest()
     # One score per set stands: a later one (an answer changed) says it replaces it.
     scored = "scored:" + hashlib.sha256(entry.set_dir.encode()).hexdigest()[:32]
