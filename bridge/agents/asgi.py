@@ -65,7 +65,10 @@ def scope_of(request: web.Request, extra: dict[str, Any] | None = None) -> Scope
     return scope
 
 
-async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] | None = None) -> web.StreamResponse:
+async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] | None = None,
+                     body_read: Callable[[], None] = lambda: None) -> web.StreamResponse:
+    """``app`` serving ``request``; ``body_read`` is called once its body is
+    in (or will never be), and at the latest when the response is done."""
     finished = asyncio.Event()
     body_done = False
     response: web.StreamResponse | None = None
@@ -81,6 +84,7 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
             except TooSlow as exc:
                 log.info("%s %s: %s", request.method, request.path, exc.message)
                 body_done = True
+                body_read()
                 finished.set()
                 if request.transport is not None:
                     request.transport.close()
@@ -88,6 +92,7 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
             if chunk:
                 return {"type": "http.request", "body": chunk, "more_body": True}
             body_done = True
+            body_read()
             return {"type": "http.request", "body": b"", "more_body": False}
         while not finished.is_set():
             if request.transport is None or request.transport.is_closing():
@@ -127,6 +132,7 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
         log.info("%s %s: the client left before its request was read", request.method, request.path)
     finally:
         finished.set()
+        body_read()
     if response is None:
         return web.json_response({"ok": False, "error": "internal_error", "message": "no response"}, status=500)
     return response

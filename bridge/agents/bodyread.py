@@ -61,3 +61,56 @@ async def paced(chunks: AsyncIterator[bytes], clock: Callable[[], float] = time.
             raise BodyCut(f"the connection closed after {received} bytes of the body") from None
         received += len(chunk)
         yield chunk
+
+
+# Request bodies are read whole into memory (a set of up to 16 MB, an MCP
+# call of up to 43 MB), and ``paced`` lets a slow one take minutes: one token
+# holder sending thirty at 16 KB/s held 390 MB, and its rate budget allowed
+# hundreds.  So only so many big bodies are read at once, per agent and in
+# all; a small one (a close, a wait) is never held up.
+SMALL_BODY = 64 * 1024
+BODIES_PER_AGENT = 4
+BODIES_IN_ALL = 16
+BODIES_RETRY_SECONDS = 5
+
+
+class TooManyBodies(AgentError):
+    status = 429
+    code = "too_many_uploads"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.retry_after = BODIES_RETRY_SECONDS
+        self.headers = {"Retry-After": str(BODIES_RETRY_SECONDS)}
+
+
+class BodyGate:
+    """Counts the big request bodies being read, by agent."""
+
+    def __init__(self, per_agent: int = BODIES_PER_AGENT, in_all: int = BODIES_IN_ALL):
+        self.per_agent, self.in_all = per_agent, in_all
+        self.reading: dict[str, int] = {}
+
+    def take(self, agent: str, length: int | None) -> Callable[[], None]:
+        """A place to read a body of ``length`` bytes (None: not said) in, or
+        TooManyBodies; returns what gives it back (safe to call again)."""
+        if length is not None and length <= SMALL_BODY:
+            return lambda: None
+        mine, everyone = self.reading.get(agent, 0), sum(self.reading.values())
+        if mine >= self.per_agent:
+            raise TooManyBodies(f"this agent is already sending {mine} large request bodies (at most "
+                                f"{self.per_agent} at once); send this one once one of them is in")
+        if everyone >= self.in_all:
+            raise TooManyBodies(f"the bridge is reading {everyone} large request bodies (at most {self.in_all} at "
+                                "once); try again shortly")
+        self.reading[agent] = mine + 1
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if not given_back:
+                given_back = True
+                self.reading[agent] -= 1
+                if not self.reading[agent]:
+                    del self.reading[agent]
+        return give_back

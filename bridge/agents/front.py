@@ -23,7 +23,7 @@ from bridge.agents.changes import Changes
 from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
 from bridge.agents.mcp_files import MCP_MEDIA_MAX, wrapped_base64_size
-from bridge.agents.bodyread import STALL_SECONDS
+from bridge.agents.bodyread import STALL_SECONDS, TooManyBodies
 from bridge.agents.mcp_server import GONE_SCOPE_KEY, Subscribers, build_server
 from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
 from bridge.agents.readgate import ReadGate
@@ -154,9 +154,14 @@ class AgentsFront:
             headers = request.headers.copy()
             headers.popall("Last-Event-ID")
             request = request.clone(headers=headers)
+        try:
+            body_read = self.api.bodies.take(agent, request.content_length) if request.method == "POST" \
+                else (lambda: None)
+        except TooManyBodies as exc:
+            return mcp_refusal(exc.status, exc.message, None, exc.headers)
         return await serve_asgi(self._mcp_app, request, {
             AGENT_SCOPE_KEY: agent,
-            GONE_SCOPE_KEY: lambda: request.transport is None or request.transport.is_closing()})
+            GONE_SCOPE_KEY: lambda: request.transport is None or request.transport.is_closing()}, body_read)
 
     @property
     def changes(self) -> Changes:

@@ -24,7 +24,7 @@ from bridge.agents.callbacks import check_callbacks
 from bridge.agents.contract import Checked, Contract
 from bridge.agents.errors import AgentError, LintFailed
 from bridge.agents.files_http import FileRoutes
-from bridge.agents.bodyread import paced
+from bridge.agents.bodyread import BodyGate, paced
 from bridge.agents.sets import BIG_DOCUMENT, AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
@@ -51,6 +51,7 @@ class AgentApi:
         self.limiter = RateLimiter(config.agent_api.rate_per_minute, refunds_per_minute=config.agent_api.max_waits)
         self.document = OPENAPI.read_bytes()
         self.contract = Contract(json.loads(self.document))
+        self.bodies = BodyGate()  # big bodies read at once: /v1's and /mcp's
         self.sets.waits.per_agent = config.agent_api.max_waits
         self.sets.waits.total = config.agent_api.max_waits_total
         self.sets.waits.give_back = self.limiter.give_back
@@ -123,7 +124,11 @@ class AgentApi:
         path, query = self.contract.check_parameters(op, request.match_info, request.query)
         checked = Checked(path, query)
         if op.takes_json(request.content_type):
-            checked.raw = await _body(request, body_limit)
+            give_back = self.bodies.take(agent, request.content_length)
+            try:
+                checked.raw = await _body(request, body_limit)
+            finally:
+                give_back()
             if len(checked.raw) > BIG_DOCUMENT:  # seconds to parse and check: off the loop, in the agent's turn
                 checked.body = await self.sets.apart.run(agent, self.contract.check_body, op, checked.raw)
             else:

@@ -4,6 +4,7 @@ every bad request a 4xx that names its field and leaves nothing on disk."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ from bridge.answers import document
 from bridge.answers.file import AnswersFile
 from bridge.service.config import parse_config
 from bridge.wholefile import TEMP_MARK
+from helpers.agents import one_question
 from helpers.config import GOOD
 from helpers.served import served
 
@@ -464,3 +466,38 @@ async def test_a_file_someone_else_added_names_them_in_read_and_over_http(api):
     doc = json.loads((set_dir / "answers.json").read_text())
     view = read_view(doc, None, str(set_dir.resolve()), include_all=False)
     assert view["answers"][0]["attachments_by"] == {str(set_dir.resolve() / "attachments" / "takes-2.png"): "@bo:hs"}
+
+
+async def test_one_agent_trickling_many_big_bodies_holds_only_its_share_of_memory(api):
+    """Thirty PUTs of a 16 MB set, each sent to its last bytes and then
+    trickled, were all read into memory at once (390 MB held, and the rate
+    budget allowed hundreds).  Past four big bodies at once an agent is told
+    to come back (429, Retry-After); another agent is served meanwhile."""
+    http, _root, agent_api = api
+    port = http._base_url.port
+    size = 16 * 1024 * 1024
+    held: list[asyncio.StreamWriter] = []
+
+    async def start_upload() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"PUT /v1/sets/big{len(held)} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Authorization: Bearer {TOKENS['planner']}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {size}\r\n\r\n".encode() + b" " * (1024 * 1024))
+        await writer.drain()
+        held.append(writer)
+        return reader, writer
+
+    try:
+        for _ in range(4):
+            await start_upload()
+        await asyncio.sleep(0.3)
+        reader, _writer = await start_upload()
+        head = (await asyncio.wait_for(reader.read(4096), 10)).decode()
+        assert head.startswith("HTTP/1.1 429") and "Retry-After: 5" in head and "too_many_uploads" in head, head
+        async with http.put("/v1/sets/other-set", json=one_question("other-set"), headers=auth("other")) as response:
+            assert response.status == 201, await response.text()
+    finally:
+        for writer in held:
+            writer.close()
+    await asyncio.sleep(0.3)
+    assert agent_api.bodies.reading == {}  # every place given back when the uploads went away
