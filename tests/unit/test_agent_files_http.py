@@ -501,3 +501,27 @@ async def test_one_agent_trickling_many_big_bodies_holds_only_its_share_of_memor
             writer.close()
     await asyncio.sleep(0.3)
     assert agent_api.bodies.reading == {}  # every place given back when the uploads went away
+
+
+async def test_a_client_asking_before_it_sends_a_body_is_refused_before_it_sends_it(api):
+    """Expect: 100-continue with a body past the limit or a wrong token got
+    "100 Continue" and then the refusal: curl had sent 2.7 MB for nothing."""
+    http, _root, _agent_api = api
+    port = http._base_url.port
+
+    async def first_answer(path: str, token: str, length: int) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {length}\r\n"
+                     "Expect: 100-continue\r\n\r\n".encode())
+        await writer.drain()
+        try:
+            return (await asyncio.wait_for(reader.read(4096), 10)).decode()
+        finally:
+            writer.close()
+
+    assert (await first_answer("/v1/sets/plan", TOKENS["planner"], 17 * 1024 * 1024)).startswith("HTTP/1.1 413")
+    assert (await first_answer("/v1/sets/plan", "wrong-token-0123456789", 100)).startswith("HTTP/1.1 401")
+    assert (await first_answer("/v1/sets/plan/media/take.png", TOKENS["planner"],
+                               4 * 1024 * 1024)).startswith("HTTP/1.1 413")  # media_max is 3 MB here
+    assert (await first_answer("/v1/sets/plan", TOKENS["planner"], 100)).startswith("HTTP/1.1 100 Continue")
