@@ -472,3 +472,75 @@ def test_a_question_removed_after_its_send_is_closed_by_the_starts_pass(tmp_path
     asyncio.run(settle(store, transport))
     asyncio.run(p.sync_root(tmp_path / "sets"))
     assert [(q.rev, q.open) for q in store.postings(str(folder.resolve()), "other")] == [(2, False), (1, False)]
+
+
+class Refused403(Exception):
+    """What a send into a room the bridge is not in gets (Synapse: 403 M_FORBIDDEN)."""
+
+    permanent = True
+    status = "M_FORBIDDEN"
+
+
+class KickedAfterTheQuestion(Transport):
+    """The bridge is kicked right after a question went out; invited back later, it rejoins."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kicked = False
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        if self.kicked:
+            raise Refused403(f"User @bot:hs not in room {room_id}")
+        sent = await super().send(room_id, event_type, content, txn_id)
+        self.kicked = "elicitation_id" in content
+        return sent
+
+    async def joined_rooms(self) -> set[str]:
+        return set() if self.kicked else {ROOM}
+
+
+def test_a_kick_between_a_question_and_its_poll_leaves_the_poll_to_post_once_back(tmp_path):
+    """The poll's 403 (not in the room) was taken as the room refusing polls
+    for good: invited back, the bridge never posted it, and the question was
+    the one of its kind without a poll."""
+    write_set(tmp_path / "sets" / "takes", "takes", choice())
+    transport = KickedAfterTheQuestion()
+    bridge, _store = poster(tmp_path, transport)
+    assert asyncio.run(bridge.sync_root(tmp_path / "sets")).failed
+    transport.kicked = False  # invited back: joined again
+    asyncio.run(bridge.sync_root(tmp_path / "sets"))
+    assert [t for t, _c, _x in transport.sent].count(POLL_START) == 1
+    assert len(transport.questions()) == 1
+
+
+class Rooms(Transport):
+    """Which room each send went to; thread messages fail until ``threads_fail`` is off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rooms: list[tuple[str, str | None]] = []
+        self.threads_fail = True
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        relates = content.get("m.relates_to") or {}
+        if self.threads_fail and relates.get("rel_type") == "m.thread":
+            raise RuntimeError("the homeserver went away")
+        self.rooms.append((room_id, relates.get("event_id")))
+        return await super().send(room_id, event_type, content, txn_id)
+
+
+def test_a_questions_leftover_background_goes_to_the_room_it_was_asked_in(tmp_path):
+    """Its one-pager not yet out when the set was moved to another room: the
+    bridge sent it there, in the thread of an event of the first room, which
+    the homeserver refuses for ever; the set was retried without end."""
+    folder = tmp_path / "sets" / "takes"
+    question = {**choice(), "one_pager": [{"type": "text", "text": "Why we ask: the cut is due on Friday."}]}
+    write_set(folder, "takes", question)
+    transport, rooms = Rooms(), {"takes": "!old:hs"}
+    store = Store(tmp_path / "bridge.sqlite")
+    assert asyncio.run(Poster(store, transport, room_for=rooms.get, load_set=load).sync_root(tmp_path / "sets")).failed
+    asked = store.latest_posted(str(folder.resolve()), "pick").event_id
+    rooms["takes"], transport.threads_fail = "!new:hs", False
+    asyncio.run(Poster(store, transport, room_for=rooms.get, load_set=load).sync_root(tmp_path / "sets"))
+    in_its_thread = [room for room, about in transport.rooms if about == asked]
+    assert in_its_thread and set(in_its_thread) == {"!old:hs"}, transport.rooms

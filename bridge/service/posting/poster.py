@@ -259,13 +259,17 @@ class Poster:
                 if self.deadlines is not None and \
                         await self.store.run(self.store.get_meta, f"approval:{latest.event_id}") is None:
                     await self.deadlines.schedule(latest, await self.store.run(self.store.poll_of, latest.event_id))
+                # In the room the question is in, wherever the set's room is now:
+                # a thread message sent elsewhere was refused for ever.
+                asked_in = latest.room_id
                 await media.post_whole_question(question, str(latest.content.get("body", "")), latest.event_id,
-                                                latest.room_id, self.store, self.transport)
-                await media.post_one_pager(qset, question, set_dir, latest.event_id, room, self.store,
+                                                asked_in, self.store, self.transport)
+                await media.post_one_pager(qset, question, set_dir, latest.event_id, asked_in, self.store,
                                            self.transport)
                 if question.media and not await self.store.run(self.store.get_meta, f"media_posted:{latest.event_id}"):
-                    prepared = await media.prepare(qset, question, set_dir, self.store, self.transport, room=room)
-                    await media.post_in_thread(prepared.messages, latest.event_id, room, self.store, self.transport)
+                    prepared = await media.prepare(qset, question, set_dir, self.store, self.transport, room=asked_in)
+                    await media.post_in_thread(prepared.messages, latest.event_id, asked_in, self.store,
+                                               self.transport)
                 for older in postings[1:]:
                     if older.open:  # only the newest posting of a question takes answers
                         await self._close(older, f"{REPLACED} {question.rev}", report)
@@ -414,6 +418,10 @@ class Poster:
         except Exception as exc:
             if not getattr(exc, "permanent", False):
                 raise  # tried again with the set
+            if await self._out_of(recorded.room_id):
+                # Kicked between the question and its poll: the question waits
+                # for the bridge to be back (invited, it rejoins), its poll too.
+                raise
             # The room refuses polls (its power levels), not the question: the
             # question stands, answered by reply or reaction, and the set's
             # other questions are posted; retrying would never work.
@@ -431,6 +439,16 @@ class Poster:
         # As for the question: a lost record re-sends the same poll.
         await self.store.run_written(record_poll, self.store, sending, poll_id, flush=False)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
+
+    async def _out_of(self, room_id: str) -> bool:
+        """Whether the bridge is surely not in ``room_id`` now (False when that can't be told)."""
+        listed = getattr(self.transport, "joined_rooms", None)
+        if listed is None:
+            return False
+        try:
+            return room_id not in await listed()
+        except Exception:  # noqa: BLE001 - not known: taken as in, as before
+            return False
 
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
         await self._close_all([recorded], why, report)
