@@ -61,7 +61,9 @@ def judge_set(document: bytes | dict[str, Any], set_id: str, folder: str,
                                    f"allows ({MAX_QUESTIONS_BYTES})")
     result = lint(raw, LocalFilesystem(os.path.abspath(folder)), probe=None, posted_revs=revs, confined=True,
                   answerers=answerers)
-    warnings = dicts(result.warnings) + dicts(changed_unposted(raw, _current(folder), revs))
+    warnings = dicts(result.warnings)
+    if revs:  # (nothing posted: nothing the set as it was could differ from; its file is not read)
+        warnings += dicts(changed_unposted(raw, _current(folder), revs))
     if not result.ok:
         return JudgedSet(failed=("the set fails lint", dicts(result.errors), warnings))
     open_ids = [q.id for q in result.model.questions if q.is_open] if result.model else []
