@@ -1698,13 +1698,16 @@ def test_a_decision_read_just_before_a_new_revision_closed_the_posting_is_announ
     assert room.store.meta_with_prefix("approval:") == []
 
 
-def _revise(room: Room, deadlines: Deadlines) -> RecordedQuestion:
+def _revise(room: Room, deadlines: Deadlines, *approval_dropped: str) -> RecordedQuestion:
     """The agent's revision 2, posted as the poster posts it: the replaced
-    posting's record kept, the new posting recorded, the old one closed."""
+    posting's record kept, the new posting recorded, the old one closed;
+    ``approval_dropped``: the approval's fields revision 2 is asked without."""
     import copy
 
     content = copy.deepcopy(room.posted.content)
     content["question"]["rev"] = 2
+    for name in approval_dropped:
+        content["question"].pop(name, None)
     content["elicitation_id"] = "elc_branch_2"
     new = RecordedQuestion(event_id="$q2", room_id=room.posted.room_id, set_id="kinds", content=content)
     still_open = room.store.question_by_event("$q").open
@@ -1888,3 +1891,72 @@ def test_a_withdrawal_with_a_reason_reads_without_brackets_in_brackets():
     question = RecordedQuestion(event_id="$q", room_id=ROOM, set_id="s", content=content, open=False,
                                 closed_why="withdrawn (Dropped from 2.4)")
     assert closed_refusal(question).message.startswith("This question is no longer open (withdrawn: Dropped from 2.4)")
+
+
+def test_a_lone_vote_stays_a_pending_approval_when_the_next_revision_asks_without_one(tmp_path):
+    """Revision 1 needs two votes and has Ana's; revision 2 is asked without
+    the approval's fields and nobody has answered it: answers.json showed
+    Ana's vote as the question's plain answer, "answered" ("an approval ...
+    is never consent" without its quorum)."""
+    room = room_with(tmp_path, expires="1h")
+    room.deliver([answer("$a1", ANA, T0 + 1000, "main")])
+    deadlines = Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 3000) / 1000)
+    _revise(room, deadlines, "quorum", "expires", "answerers", "escalate")
+    # The agent deletes answers.json while the bridge is down: the start writes it again, whole.
+    (room.set_dir / "answers.json").unlink()
+    room.pipeline.rewrite_missing()
+    record = room.record()
+    assert (record["state"], record["q_rev"], record["required"]) == ("pending", 1, 2), record
+    assert [vote["sender"] for vote in record["votes"]] == [ANA] and "choice" not in record
+
+
+def test_a_handing_over_the_homeserver_failed_is_handed_over_again_by_the_pass(tmp_path):
+    """The homeserver answered the posting's first delayed event with a 503:
+    nothing was handed over then or ever, and with the bridge down at the
+    deadline the question stayed open in everyone's client."""
+    from bridge.service.transport.matrix import MatrixError
+
+    hs = Delaying()
+    handed, failures = hs.send_delayed, [1]
+
+    async def failing_once(room_id, event_type, content, txn, delay_ms):
+        if failures[0]:
+            failures[0] -= 1
+            raise MatrixError(f"scheduling {event_type} in {room_id}", "HTTP 503")
+        return await handed(room_id, event_type, content, txn, delay_ms)
+
+    hs.send_delayed = failing_once
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s")
+    assert hs.delayed == {}
+    clock[0] = T0 + 2000
+    asyncio.run(deadlines.pass_once())
+    assert hs.delayed == {}  # not tried again at once
+    assert asyncio.run(deadlines.sweep()) == 0
+    clock[0] = T0 + 7000
+    asyncio.run(deadlines.pass_once())
+    kinds = sorted(kind for kind, _content, _delay in hs.delayed.values())
+    assert kinds == ["m.room.message", "org.matrix.msc3381.poll.end"], hs.delayed
+    assert [delay for _kind, _content, delay in hs.delayed.values()] == [38_000, 38_000]
+    clock[0] = T0 + 9000
+    asyncio.run(deadlines.pass_once())
+    assert len(hs.delayed) == 2 and hs.taken == 2  # handed over once
+
+
+def test_a_closing_edit_too_late_to_restate_is_cancelled_before_the_bridge_says_its_own(tmp_path):
+    """A vote in the deadline's last second is not restated to the
+    homeserver; at the deadline the bridge sent its own closing edit but left
+    the homeserver's "no votes" one scheduled: a pass a moment before the
+    homeserver fired it let that stale edit land last, and stand."""
+    room, deadlines, clock = scheduled(tmp_path, Delaying(), expires="45s")
+    hs = room.pipeline.transport
+    room.deliver([answer("$a1", ANA, T0 + 44_500, "main")])
+    clock[0] = T0 + 44_600
+    asyncio.run(deadlines.pass_once())  # too late to restate
+    assert hs.closing_edits() == [("Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: "
+                                   "no votes).", 44_000)]
+    clock[0] = T0 + 45_000
+    asyncio.run(deadlines.pass_once())  # the bridge's clock reaches the deadline before the homeserver fires
+    assert hs.closing_edits() == []  # the stale one cancelled
+    (own,) = [c for c in hs.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert "1 of the 2 votes needed" in _closed_lines(own)[-1]
