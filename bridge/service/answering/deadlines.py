@@ -47,6 +47,7 @@ CLOSING = "approval_closing:"  # meta: JSON {words, gen[, next]}: what the delay
 TOLD = "approval_told:"  # meta: JSON {said, words, n}: what the room last heard, and how many tellings so far
 RECORD = "approval_record:"  # meta: JSON, a replaced posting's record as it closed
 KEYED = "delays_keyed:"  # meta: JSON {to: devices, gen}: who the room key of the delayed events went to
+OWED = "delays_owed:"  # meta: JSON {poll, epoch}: a handing over the homeserver failed, tried again by the pass
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
 RESTATE_AGAIN_MS = 5000  # a refused restatement of the closing edit is tried again after this
@@ -127,10 +128,16 @@ class Deadlines:
             self._handing.discard(question.event_id)
 
     async def _schedule(self, question: RecordedQuestion, poll_id: str | None, send_delayed: Any,
-                        epoch: int = 0) -> None:
+                        epoch: int = 0) -> bool:
         """``epoch``: scheduled again after a decision was undone (the room's
         ``n``-th telling): new transaction ids, the first ones' delays being
-        cancelled at the decision (a homeserver hands a retried one its old delay id)."""
+        cancelled at the decision (a homeserver hands a retried one its old delay id).
+
+        False when the homeserver failed (a 5xx, a 429, no answer): what is
+        left is owed, and the pass hands it over again in a while with the
+        same transaction ids (one the homeserver took without a word comes
+        back with its delay id).  Given up after one failure, the deadline
+        closed nothing with the bridge down."""
         delays = await self.store.run(self._delays, question.event_id)
         now = self._now()
         planned: list[tuple[str, str, dict[str, Any], int]] = []
@@ -154,18 +161,37 @@ class Deadlines:
                 delay_id = await send_delayed(question.room_id, event_type, content,
                                               txn_id("delayed", what, question.event_id, *_epoch(epoch)),
                                               max(1, at - self._now()))
-            except Exception as exc:  # noqa: BLE001 - the bridge closes it itself then
-                log.warning("delayed %s for %s not scheduled (%s); the bridge will send it", what,
+            except Exception as exc:  # noqa: BLE001 - the pass tries again; the bridge closes it itself at worst
+                log.warning("delayed %s for %s not handed to the homeserver (%s); tried again in a while", what,
                             question.event_id, exc)
-                delay_id = None
+                await self.store.run_written(self.store.set_meta, OWED + question.event_id,
+                                             json.dumps({"poll": poll_id, "epoch": epoch}))
+                self._refused_until[question.event_id] = self._now() + RESTATE_AGAIN_MS
+                return False
             if delay_id is None:
-                return  # no delayed events here: the pass does it all
+                return True  # no delayed events here (or not this one): the pass does it all
             delays[what] = delay_id
             log.info("delayed %s for %s handed to the homeserver (%s)", what, question.event_id, delay_id)
             await self.store.run_written(self._kept_delay, question.event_id, what, dict(delays), closing, epoch)
         recipients = self._recipients(question.room_id) if planned else None
         if recipients is not None:
             await self.store.run_written(self._keyed, question.event_id, recipients, None)
+        return True
+
+    async def _hand_owed(self, question: RecordedQuestion) -> None:
+        """What a failed handing over left owed, handed over again once its wait is out."""
+        raw = self.store.get_meta(OWED + question.event_id)
+        send_delayed = getattr(self.transport, "send_delayed", None)
+        if raw is None or send_delayed is None or self._now() < self._refused_until.get(question.event_id, 0):
+            return
+        owed = json.loads(raw)
+        self._handing.add(question.event_id)
+        try:
+            if await self._schedule(question, owed.get("poll"), send_delayed, owed.get("epoch", 0)):
+                with self.store.transaction(flush=False):
+                    self.store.delete_meta(OWED + question.event_id)
+        finally:
+            self._handing.discard(question.event_id)
 
     def _kept_delay(self, event_id: str, what: str, delays: dict[str, str], closing: str, epoch: int = 0) -> None:
         self.store.set_meta(DELAYS + event_id, json.dumps(delays))
@@ -424,6 +450,7 @@ class Deadlines:
                 # at once that is done, not beside it, whose writes would
                 # undo what this pass hands over.)
                 if question.event_id not in self._handing:
+                    await self._hand_owed(question)
                     await self._rekey(question, record)
                     await self._restate(question, record)
                 return
@@ -496,6 +523,7 @@ class Deadlines:
                 self.store.delete_meta(TRACKED + event_id)
                 self.store.delete_meta(CLOSING + event_id)
                 self.store.delete_meta(KEYED + event_id)
+                self.store.delete_meta(OWED + event_id)
 
     def _escalation_due(self, question: RecordedQuestion, now: int) -> bool:
         return question.escalation is not None and now >= question.escalation[0] \
@@ -605,12 +633,14 @@ class Deadlines:
             closed_at = question.expires_ms or closed_at
             # The homeserver's own poll end (a delayed event) already closed it, or is about to.
             delays = self._delays(question.event_id)
-            await self._cancel(question.event_id, keep=("poll_end", "edit"))
             said = self.store.get_meta(CLOSING + question.event_id)
             # The homeserver's closing edit says just this (same words, same
             # time): a second, identical edit from the bridge would only flicker.
             delayed_edit = "edit" in delays and said is not None and json.loads(said).get("words") == closing \
                 and not json.loads(said).get("next")
+            # One that says otherwise (a vote too late to restate) is cancelled
+            # before the bridge's own: fired after it, its stale words would stand.
+            await self._cancel(question.event_id, keep=("poll_end", "edit") if delayed_edit else ("poll_end",))
             if "poll_end" in delays:
                 self._forget_delay(question.event_id, "poll_end")
             if "edit" in delays:
@@ -721,6 +751,8 @@ class Deadlines:
         raw = self.store.get_meta(CLOSING + question.event_id)
         if question.open and raw and json.loads(raw).get("next"):
             return False  # a restated edit in flight: its retry comes first (the next pass)
+        if question.open and self.store.get_meta(OWED + question.event_id) is not None:
+            return False  # a handing over that failed (taken without a word, maybe): its retry comes first
         return not (question.open and delay_id in self._delays(question.event_id).values())
 
     def _sealed_candidates(self, event: dict[str, Any]) -> list[RecordedQuestion]:

@@ -90,12 +90,17 @@ class Projection:
     def _with_approval(self, posting: RecordedQuestion | None, base: dict[str, Any] | None,
                        count: int) -> dict[str, Any] | None:
         """``base`` as an approval's record (votes, a decision, an expiry) where
-        the question's latest ``posting`` has a quorum or a deadline; else ``base`` itself."""
-        if posting is None or (posting.quorum is None and posting.expires_ms is None):
+        the posting it stands on has a quorum or a deadline: the question's
+        latest ``posting``, or the earlier revision's whose pick still stands
+        (a revision without the approval's fields does not make a lone vote
+        of the one before consent); else ``base`` itself."""
+        if posting is None:
             return base
         earlier = self._earlier_revision_standing(posting, base)
         if earlier is not None:
             return self._with_approval(earlier, base, count)
+        if posting.quorum is None and posting.expires_ms is None:
+            return base
         if posting.quorum is None:
             base = self._stood_at_deadline(posting, base)
         casts = self.casts(posting.event_id) if posting.quorum is not None else []

@@ -311,7 +311,7 @@ class NioTransport:
                 status = response.status
             finally:
                 response.release()
-        if status >= 500:
+        if status >= 500 or status == 429:  # (a refusal is None: the bridge sends it itself)
             raise MatrixError(f"scheduling {event_type} in {room_id}", f"HTTP {status}")
         delay_id = body.get("delay_id") if isinstance(body, dict) else None
         return delay_id if isinstance(delay_id, str) else None
