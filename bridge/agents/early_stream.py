@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, AsyncContextManager
+
+from bridge.agents import mcp_envelope
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -66,14 +67,14 @@ def _replaying(taken: list[Message], receive: Receive) -> Receive:
     return again
 
 
-def _answered_whole(body: bytes | None) -> bool:
-    if body is None:
-        return False
-    try:
-        request = json.loads(body)
-    except (ValueError, RecursionError):  # nested past the parser: the SDK answers it as it would
-        return False
-    return isinstance(request, dict) and str(request.get("method", "")).encode() in WHOLE_METHODS
+def _answered_whole(message: Any) -> bool:
+    return isinstance(message, dict) and str(message.get("method", "")).encode() in WHOLE_METHODS
+
+
+async def _refuse(send: Send, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def start_early(app: AsgiApp, after: float = EARLY_SECONDS,
@@ -86,9 +87,18 @@ def start_early(app: AsgiApp, after: float = EARLY_SECONDS,
             return
         taken, body = await _peek(receive)
         receive = _replaying(taken, receive)
-        if _answered_whole(body):
+        message, problem = mcp_envelope.read(body) if body is not None else (None, None)
+        if problem is not None:
+            await _refuse(send, mcp_envelope.refusal(message, problem))
+            return
+        if _answered_whole(message):
             async with (gate(scope) if gate is not None else contextlib.nullcontext()):
                 await app(scope, receive, send)
+            return
+        if body is not None and not mcp_envelope.is_request(message):
+            # A notification or a response: the answer is a bare 202, never
+            # a stream (one started a second in turned the 202 into a 200).
+            await app(scope, receive, send)
             return
         lock = asyncio.Lock()
         state = {"app_started": False, "ours": False, "json": False}

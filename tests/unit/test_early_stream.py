@@ -71,3 +71,32 @@ def test_a_slow_file_read_is_answered_whole_not_as_one_event_past_what_clients_r
     assert dict(sent[0]["headers"])[b"content-type"] == b"application/json"
     assert body == answer
     assert turns == ["in planner", "out"]  # held until the answer was sent
+
+
+def test_a_notification_answered_late_keeps_its_bare_202():
+    """The application's 202 for a notification, a second late (its session
+    looked up slowly): the early stream had turned it into a 200 event stream
+    holding an empty event, which the transport's specification forbids."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await asyncio.sleep(0.3)
+        await send({"type": "http.response.start", "status": 202, "headers": []})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    sent: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        body = json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}).encode()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "headers": [(b"accept", b"application/json, text/event-stream")]}
+        await start_early(app, after=0.1)(scope, receive, send)
+
+    asyncio.run(run())
+    assert sent[0]["status"] == 202 and b"".join(m.get("body", b"") for m in sent[1:]) == b""
