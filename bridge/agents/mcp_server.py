@@ -29,6 +29,7 @@ from bridge.agents.callbacks import check_callbacks
 from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
 from bridge.agents.mcp_files import ATTACHMENT_TEMPLATE, McpFiles, attachment_of_uri
 from bridge.agents.media_files import DEFAULT_MEDIA_MAX
+from bridge.agents import mcp_pages
 from bridge.agents.mcp_fit import fit_view
 from bridge.agents.mcp_tools import ANSWERS_TEMPLATE, TOOLS, answers_uri, set_of_uri
 from bridge.agents.sets import SET_ID_RULE, AgentSets, is_set_id
@@ -142,12 +143,16 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
         return types.CallToolResult(content=[types.TextContent(text=json.dumps(result, ensure_ascii=False))],
                                     structured_content=result)
 
-    async def list_resources(ctx: ServerRequestContext[Any, Any], _params: Any) -> types.ListResourcesResult:
+    async def list_resources(ctx: ServerRequestContext[Any, Any], params: Any) -> types.ListResourcesResult:
         agent = who(ctx)
-        own = [s["set"] for s in await sets.list_sets_apart(agent)]
+        try:
+            own, after = mcp_pages.page([s["set"] for s in await sets.list_sets_apart(agent)],
+                                        getattr(params, "cursor", None))
+        except mcp_pages.BadCursor as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
         return types.ListResourcesResult(resources=[
             *(types.Resource(uri=answers_uri(s), name=f"answers to {s}", mime_type="application/json") for s in own),
-            *await files.resources(agent, own)])
+            *await files.resources(agent, own)], next_cursor=after)
 
     async def list_templates(_ctx: ServerRequestContext[Any, Any], _params: Any) -> types.ListResourceTemplatesResult:
         return types.ListResourceTemplatesResult(resource_templates=[types.ResourceTemplate(

@@ -59,3 +59,44 @@ async def test_a_good_request_and_a_response_pass_as_before(tmp_path: Path):
         # A client's answer to a request of the server's: a response, taken with 202.
         async with http.post("/mcp", json={"jsonrpc": "2.0", "id": 99, "result": {}}, headers=headers) as response:
             assert response.status == 202, await response.text()
+
+
+SETS = 250
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"], ids=["handshake-era", "2026-07-28"])
+async def test_resources_are_listed_in_pages_the_sdks_client_follows_to_the_end(tmp_path: Path, mode):
+    """Every set's answers and files in one message passed, at a few thousand
+    sets, the 1 MiB a client reads of one message: the agent could list
+    nothing.  Pages of 100 sets, each named once, and a cursor this bridge
+    never gave refused as invalid params."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+
+    from helpers.agents import one_question
+
+    def many(sets) -> None:
+        for n in range(SETS):
+            sets.ask("planner", f"s{n:03}", one_question(f"s{n:03}"))
+
+    async with front_at(tmp_path, many) as (http, _stop):
+        http_client = httpx2.AsyncClient(headers={"Authorization": HEADERS["Authorization"]},
+                                         timeout=httpx2.Timeout(30))
+        async with Client(streamable_http_client(str(http._base_url.with_path("/mcp")), http_client=http_client),
+                          mode=mode) as client:
+            seen, pages, cursor = [], 0, None
+            while True:
+                listed = await client.list_resources(cursor=cursor)
+                seen += [str(r.uri) for r in listed.resources]
+                pages += 1
+                cursor = listed.next_cursor
+                if cursor is None:
+                    break
+            with pytest.raises(MCPError) as refused:
+                await client.list_resources(cursor="not a cursor!")
+    assert pages == 3 and len(seen) == len(set(seen)) == SETS
+    assert sorted(seen) == [f"askwright://sets/s{n:03}/answers" for n in range(SETS)]
+    assert refused.value.error.code == -32602 and "not given by this bridge" in refused.value.error.message

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
 
 from bridge.agents.front import AgentsFront
+from bridge.agents.sets import AgentSets
 from bridge.devserver import free_port
 from bridge.service.config import parse_config
 from bridge.service.operators.metrics import Metrics
@@ -32,13 +33,16 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}", "Accept": "application/json, text
 
 
 @contextlib.asynccontextmanager
-async def front_at(tmp_path: Path) -> AsyncIterator[tuple[aiohttp.ClientSession, asyncio.Event]]:
-    """The agents' front started on a port of its own; a session to it, and the stop."""
+async def front_at(tmp_path: Path, sets: Callable[[AgentSets], None] = lambda _sets: None
+                   ) -> AsyncIterator[tuple[aiohttp.ClientSession, asyncio.Event]]:
+    """The agents' front started on a port of its own; a session to it, and
+    the stop.  ``sets``: asks the sets there are before it starts."""
     port = free_port()
     config = parse_config({**GOOD, "agents": {"planner": {"token": TOKEN}},
                            "metrics": {"enabled": False, "listen": f"127.0.0.1:{port}"}}, base_dir=tmp_path, environ={})
     store = Store(tmp_path / "bridge.sqlite")
     front = AgentsFront(config, store, Metrics())
+    sets(front.sets)
     stop = asyncio.Event()
     try:
         async with served(front.routes(), port):
