@@ -98,14 +98,25 @@ def _check_text(text: str) -> None:
     # the last one); a checkpoint's body does not, and parse_checkpoint says so.
     if not text.endswith("\n") or text.endswith("\n\n"):
         raise NoteError("a note's text ends in one newline")
+    _check_utf8(text)
     if any(ord(c) < 0x20 and c != "\n" for c in text):
         raise NoteError("a note holds no control characters")
+
+
+def _check_utf8(note: str) -> None:
+    # A lone surrogate (JSON's "\ud800" reads into one) is no UTF-8: the
+    # signature can't be checked over bytes the text does not have.
+    try:
+        note.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NoteError("a note is UTF-8 text (this one holds a lone surrogate)") from None
 
 
 def open_note(note: str, name: str, public: bytes) -> str:
     """The text of ``note`` once its signature by (``name``, ``public``) holds;
     NoteError naming what is wrong otherwise (signed by another key, a
     signature that fails, a note that does not parse)."""
+    _check_utf8(note)
     at = note.rfind("\n\n")
     if at < 0 or not note.endswith("\n"):
         raise NoteError("not a signed note (no blank line before the signatures)")

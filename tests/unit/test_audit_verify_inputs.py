@@ -5,6 +5,7 @@ or 2 (an input can't be read), never a traceback."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import shutil
 from pathlib import Path
@@ -386,3 +387,17 @@ def test_one_changed_leaf_leaves_the_records_an_earlier_checkpoint_still_vouches
 def audit_leaf_bytes(n: int) -> bytes:
     return audit_leaf.canonical({"v": 1, "outcome": "accepted", "event_id": f"$a{n}", "ts": n, "set": "s",
                                  "question": {"id": f"q{n}", "rev": 1}})
+
+
+def test_a_checkpoint_holding_a_lone_surrogate_is_named_not_a_traceback(good, tmp_path, capsys):
+    """JSON reads "\\ud800" into a string no UTF-8 can hold: encoding it for
+    the signature check raised UnicodeEncodeError out of ``verify``."""
+    blob = base64.b64encode(cp.key_hash(ORIGIN, _public(good)) + bytes(64)).decode()
+    note = f"{ORIGIN}\n1\n\ud800\n\n\u2014 {ORIGIN} {blob}\n"
+    state = json.dumps({"checkpoint": note})  # ASCII: the surrogate written as \ud800
+    code, said = _run(good, tmp_path, _write("odd.json", state.encode()), "odd.json", capsys=capsys)
+    assert code == 1 and "a note is UTF-8 text" in said, said
+
+
+def _public(good: Path) -> bytes:
+    return cp.parse_verifier_key((good / "log" / "key.txt").read_text().strip())[1]
