@@ -1960,3 +1960,17 @@ def test_a_closing_edit_too_late_to_restate_is_cancelled_before_the_bridge_says_
     assert hs.closing_edits() == []  # the stale one cancelled
     (own,) = [c for c in hs.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
     assert "1 of the 2 votes needed" in _closed_lines(own)[-1]
+
+
+def test_a_questions_people_outside_the_bridges_answerers_are_a_warning(tmp_path):
+    """escalate.to names Cy, whom the bridge's own answerers leave out: the
+    escalation told him "you may answer it now", and his answer was refused
+    sender_not_allowed.  Lint said nothing (the quorum could still be met)."""
+    from bridge.agents.sets import AgentSets
+
+    raw = approval_set(quorum={"required": 2}, answerers=[ANA, BO], escalate={"after": "1h", "to": [CY]})
+    asked = AgentSets(tmp_path / "ask", answerers=[ANA, BO]).ask("planner", "kinds", raw)
+    said = [(w["where"], w["message"]) for w in asked.warnings]
+    assert [m for w, m in said if w.endswith(".escalate.to")] == [
+        f"{CY} is not among the bridge's answerers: named here, but every answer of theirs would be refused"], said
+    assert [m for w, m in said if w.endswith(".answerers")] == [], said

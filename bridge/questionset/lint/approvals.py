@@ -42,9 +42,22 @@ def check_approvals(ctx: Context, q: QuestionView) -> None:
             ctx.error(f"{where}.to", "escalate needs `to`: the user ids to bring in")
         else:
             to = _check_users(ctx, escalate, "to", where)
+    _check_within_the_bridges(ctx, q, answerers, "answerers")
+    _check_within_the_bridges(ctx, q, to, "escalate.to")
     quorum = dict_at(q.raw, "quorum")
     if quorum is not None:
         _check_quorum(ctx, q, quorum, answerers, to)
+
+
+def _check_within_the_bridges(ctx: Context, q: QuestionView, users: list[str], name: str) -> None:
+    """The question's people who are not among the bridge's ``answerers``:
+    the question names them (escalation mentions them, "you may answer it
+    now"), and every answer of theirs is refused ``sender_not_allowed``."""
+    outside = [user for user in users if ctx.answerers is not None and user not in ctx.answerers]
+    if outside:
+        ctx.warning(f"{q.where}.{name}", f"{', '.join(outside[:5])}{' …' if len(outside) > 5 else ''} "
+                                          f"{'is' if len(outside) == 1 else 'are'} not among the bridge's answerers: "
+                                          "named here, but every answer of theirs would be refused")
 
 
 def _posted(ctx: Context, qid: Any, rev: Any) -> bool:
