@@ -27,7 +27,6 @@ import hmac
 import logging
 import random
 from collections.abc import Callable, Mapping
-from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -37,6 +36,7 @@ from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
 from bridge.agents.outbox import (Delivery, Lane, delivered, due_by_url, due_lanes, due_now, expired,
                                   follow_webhook_urls, hold_lane, lane_holds, next_due, retry_at)
+from bridge.protocol.retryafter import retry_after_seconds
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
 from bridge.service.storage.store import Store
@@ -80,17 +80,7 @@ def backoff(attempts: int) -> float:
 def asked_to_wait(status: int, header: str | None, now: float) -> float:
     """Seconds a receiver's 429 or 503 asked to be left alone (``Retry-After``:
     seconds, or an HTTP date), at most the longest backoff; 0 when it asked nothing."""
-    if status not in (429, 503) or not header:
-        return 0.0
-    text = header.strip()
-    if text.isascii() and text.isdigit():  # "²" is a digit to str.isdigit, and no number to float
-        seconds = float(text)
-    else:
-        try:
-            seconds = parsedate_to_datetime(text).timestamp() - now
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return 0.0
-    return min(max(seconds, 0.0), MAX_BACKOFF_SECONDS)
+    return retry_after_seconds(header, now, MAX_BACKOFF_SECONDS) if status in (429, 503) else 0.0
 
 
 def fair_order(rows: list[Delivery], failing: Callable[[Lane], bool]) -> list[Delivery]:

@@ -177,3 +177,33 @@ async def test_a_file_a_proxy_compresses_is_kept_whole(tmp_path, monkeypatch, da
                                                          transport.download, limit=2**20)
     assert problem is None and (tmp_path / "set" / saved).read_bytes() == data
     assert asked[0] == "identity"
+
+
+@pytest.mark.parametrize("asked", ["body", "header"])
+async def test_a_homeserver_limiting_downloads_is_waited_out_not_taken_for_a_failure(tmp_path, monkeypatch, asked):
+    """Synapse answers 429 when remote media is fetched faster than it allows:
+    three tries 1 s and 2 s apart, and the person was told to send the file
+    again.  The wait it names (the error's retry_after_ms, or Retry-After) is
+    waited out, and the file kept."""
+    from bridge.service.answering import attachments
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.01)
+    data = b"\x89PNG" + bytes(range(256)) * 8
+    asked_at: list[float] = []
+
+    async def limiting(_request: web.Request) -> web.Response:
+        asked_at.append(time.monotonic())
+        if len(asked_at) <= 4:
+            if asked == "body":
+                return web.json_response({"errcode": "M_LIMIT_EXCEEDED", "error": "Too Many Requests",
+                                          "retry_after_ms": 700}, status=429)
+            return web.json_response({"errcode": "M_LIMIT_EXCEEDED"}, status=429, headers={"Retry-After": "1"})
+        return web.Response(body=data, headers={"Content-Type": "image/png"})
+
+    (tmp_path / "set").mkdir()
+    async with _serving(limiting) as transport:
+        saved, refused = await attachments.fetch_bounded(_shot(data), str(tmp_path / "set"), "q1", 1,
+                                                         transport.download, limit=1024 * 1024)
+    assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
+    gaps = [later - earlier for earlier, later in zip(asked_at, asked_at[1:])]
+    assert len(asked_at) == 5 and min(gaps) >= (0.65 if asked == "body" else 0.95), gaps

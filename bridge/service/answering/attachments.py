@@ -73,6 +73,15 @@ class NotReached(Exception):
     it restarts): the file may well be there, and come once it is back."""
 
 
+class RateLimited(NotReached):
+    """429: the homeserver asks for time (Synapse limits how fast remote
+    media is fetched); ``wait``: the seconds it named, if it named any."""
+
+    def __init__(self, what: str, wait: float | None):
+        super().__init__(what)
+        self.wait = wait
+
+
 class NotSaved(Exception):
     """The set folder would not take the file (gone, read-only, full, leading outside): not worth a retry."""
 
@@ -96,6 +105,10 @@ RETRY_PAUSE = 1.0
 # the person's file to a server's restart.  Not longer: a server gone for
 # good must have its person told within the minute, not left waiting.
 UNREACHED_PATIENCE = 30.0
+# A homeserver limiting the rate of downloads is waited out (the wait it
+# names, at least): it asks for time, it is not failing.  Each try still
+# runs within its own bound.
+RATE_LIMITED_PATIENCE = 300.0
 
 
 def try_seconds(limit: int) -> float:
@@ -108,18 +121,20 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
     began, attempt = time.monotonic(), 0
     while True:
         attempt += 1
+        asked_wait: float | None = None
         try:
             return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit), try_seconds(limit))
         except NotReached as exc:
             unreached, problem = True, in_a_line(exc)
+            asked_wait = exc.wait if isinstance(exc, RateLimited) else None
         except Exception as exc:  # noqa: BLE001 - a 5xx, a timeout, a reset, a body cut short: tried again
             # (In a line: aiohttp's word on a body past its length quotes kilobytes of the file.)
             unreached, problem = False, f"{type(exc).__name__}: {in_a_line(exc)}"
-        left = UNREACHED_PATIENCE - (time.monotonic() - began)
+        patience = RATE_LIMITED_PATIENCE if asked_wait is not None else UNREACHED_PATIENCE
+        left = patience - (time.monotonic() - began)
         if unreached and left > 0:
-            log.info("download for %s failed (try %d): %s; its homeserver is not reached, tried again for %.0f s more",
-                     qid, attempt, problem, left)
-            await asyncio.sleep(min(RETRY_PAUSE * 2 ** (attempt - 1), left))
+            log.info("download for %s failed (try %d): %s; tried again for %.0f s more", qid, attempt, problem, left)
+            await asyncio.sleep(min(max(RETRY_PAUSE * 2 ** (attempt - 1), asked_wait or 0.0), left))
             continue
         log.info("download for %s failed (try %d%s): %s", qid, attempt,
                  "" if unreached else f" of {TRIES}", problem)

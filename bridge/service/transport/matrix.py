@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, Joi
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
 from nio.responses import Response
 
+from bridge.protocol.retryafter import retry_after_seconds
 from bridge.service.supervisor import Fatal
 from bridge.service.transport.mediasession import MediaSession
 from bridge.service.transport.pacing import Slot
@@ -154,6 +156,29 @@ class TimelinePage(Response):
         # Each event as the pipeline takes it: with its room (``/messages`` leaves it out).
         return cls(chunk=[{**event, "room_id": room_id} for event in chunk if isinstance(event, dict)],
                    start=parsed["start"], end=end if isinstance(end, str) else None)
+
+
+# The longest a 429 on a download is taken at its word (past it, the
+# download's own patience decides).
+MEDIA_WAIT_AT_MOST = 300.0
+
+
+async def _asked_to_wait(response: aiohttp.ClientResponse) -> float | None:
+    """Seconds a 429 asked for: the body's ``retry_after_ms`` (the Matrix
+    error), else ``Retry-After``; None when it named none."""
+    try:
+        # (read(n) gives what is buffered, not n bytes: read on to the end, within a bound.)
+        raw = bytearray()
+        while len(raw) <= 65536 and (chunk := await asyncio.wait_for(response.content.read(65536), 10)):
+            raw.extend(chunk)
+        body = json.loads(bytes(raw))
+        waited = body.get("retry_after_ms") if isinstance(body, dict) else None
+    except (ValueError, aiohttp.ClientError, asyncio.TimeoutError):
+        waited = None
+    if isinstance(waited, int) and not isinstance(waited, bool) and waited >= 0:
+        return min(waited / 1000, MEDIA_WAIT_AT_MOST)
+    header = response.headers.get("Retry-After")
+    return retry_after_seconds(header, time.time(), MEDIA_WAIT_AT_MOST) if header else None
 
 
 async def timeline_page(client: AsyncClient, room_id: str, start: str | None, end: str | None,
@@ -465,7 +490,7 @@ class NioTransport:
         The authenticated media API first (Synapse serves new media only
         there); the legacy one for homeservers that predate it.
         """
-        from bridge.service.answering.attachments import FileGone, NotReached
+        from bridge.service.answering.attachments import FileGone, NotReached, RateLimited
 
         server, _, media_id = mxc.removeprefix("mxc://").partition("/")
         if not server or not media_id or "/" in media_id:
@@ -491,6 +516,9 @@ class NioTransport:
                     # (The file's server unreachable from ours, or ours behind
                     # a proxy while it restarts: either comes back.)
                     raise NotReached(f"{mxc}: HTTP {response.status}: {server} not reached")
+                if response.status == 429:
+                    raise RateLimited(f"{mxc}: HTTP 429: the homeserver limits downloads",
+                                      await _asked_to_wait(response))
                 if response.status != 200:
                     raise MatrixError(f"downloading {mxc}", response)
                 # Packed all the same (a proxy that ignores the ask): the length is the packed one, no promise.
