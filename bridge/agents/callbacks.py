@@ -19,6 +19,7 @@ import aiohttp
 
 from bridge.agents.addresses import host_of_url, name_problem, parse, refusal, refusal_of_name
 from bridge.agents.errors import CallbackRefused
+from bridge.agents.lookups import LookupsApart, lookup
 from bridge.service.config import Agent, ConfigError
 
 
@@ -43,8 +44,9 @@ def connector(allow_private: bool, limit: int) -> aiohttp.TCPConnector:
     waits).  No DNS cache: a name is resolved (and its address checked) for
     every new connection."""
     if allow_private:
-        return aiohttp.TCPConnector(use_dns_cache=False, limit=limit)
-    return aiohttp.TCPConnector(use_dns_cache=False, limit=limit, socket_factory=guarded_socket)
+        return aiohttp.TCPConnector(use_dns_cache=False, limit=limit, resolver=LookupsApart())
+    return aiohttp.TCPConnector(use_dns_cache=False, limit=limit, resolver=LookupsApart(),
+                                socket_factory=guarded_socket)
 
 
 def refused_reason(error: BaseException) -> str | None:
@@ -94,8 +96,8 @@ async def url_refusal(url: str) -> str | None:
     try:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, ValueError, UnicodeError):
+        infos = await lookup(host, port, type=socket.SOCK_STREAM)
+    except (OSError, ValueError, UnicodeError, asyncio.TimeoutError):
         return None
     for *_rest, sockaddr in infos:
         address = parse(str(sockaddr[0]))
