@@ -1,6 +1,8 @@
-"""A client that stops reading a response is cut off; one that reads, however
-slowly, and a long poll with nothing sent yet, are not (a real aiohttp
-listener, real sockets)."""
+"""A client that stops reading a response, or reads a trickle of it, is cut
+off; one that reads at a real link's pace (its progress seen in the
+kernel's send queue too, which the transport's buffer shows only in bursts),
+and a long poll with nothing sent yet, are not (a real aiohttp listener,
+real sockets)."""
 
 from __future__ import annotations
 
@@ -102,3 +104,39 @@ def test_a_client_that_stops_reading_is_cut_off_and_a_reader_and_a_long_poll_are
     assert silent_cut
     assert not reader_cut and got > 100_000  # slow, and still served
     assert poll_answered
+
+
+class _Sending:
+    """What ``look`` reads of a connection: bytes left to send, going down as the client reads."""
+
+    def __init__(self, left: int) -> None:
+        self.left, self.aborted = left, False
+
+    def get_write_buffer_size(self) -> int:
+        return self.left
+
+    def get_extra_info(self, _name: str) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_a_client_reading_a_trickle_of_a_big_response_is_cut_off_one_reading_steadily_is_not():
+    """Any progress at all kept a connection: a client taking 2 KB a second
+    of a 13 MB view held its memory for hours.  The average over the window
+    must be MIN_RATE; a client at twice that is served however long it takes."""
+    now = [0.0]
+    watch = stalled.StalledWrites(stalled_after=60, every=5, clock=lambda: now[0])
+    trickle, steady = _Sending(13_000_000), _Sending(13_000_000)
+    for connection in (trickle, steady):
+        watch._watched[connection] = (0, now[0])
+    for _ in range(60):  # five minutes, looked at every 5 s
+        now[0] += 5
+        trickle.left -= 5 * 2048
+        steady.left -= 5 * 2 * stalled.MIN_RATE
+        watch.look()
+    assert trickle.aborted and not steady.aborted
