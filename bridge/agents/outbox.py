@@ -282,9 +282,10 @@ def next_due(store: Store, after_ms: int | None = None, leave_out: Collection[La
     return row[0] if row else None
 
 
-def expired(store: Store, created_before_ms: int, limit: int = 500) -> list[Delivery]:
-    """Rows older than the drop-after limit, whatever their URL's circuit says."""
-    rows = store.db.execute("SELECT id, key, agent, url, body, created_at, attempts FROM webhook_outbox "
+def expired(store: Store, created_before_ms: int, limit: int = 5000) -> list[Delivery]:
+    """Rows older than the drop-after limit, whatever their URL's circuit
+    says; without their bodies (they are dropped, never sent)."""
+    rows = store.db.execute("SELECT id, key, agent, url, '', created_at, attempts FROM webhook_outbox "
                             "WHERE created_at < ? ORDER BY id LIMIT ?", (created_before_ms, limit)).fetchall()
     return [_delivery(r) for r in rows]
 
@@ -301,9 +302,11 @@ def _delivery(r: Any) -> Delivery:
     return Delivery(r[0], r[1], r[2], r[3], r[4].encode(), r[5], r[6])
 
 
-def delivered(store: Store, row_id: int) -> None:
+def delivered(store: Store, *row_ids: int) -> None:
+    """The rows gone from the outbox, in one transaction (one sync of the disk)."""
     with store.transaction():
-        store.db.execute("DELETE FROM webhook_outbox WHERE id=?", (row_id,))
+        for row_id in row_ids:
+            store.db.execute("DELETE FROM webhook_outbox WHERE id=?", (row_id,))
 
 
 def due_now(store: Store, lane: Lane, now_ms: int) -> int:
@@ -324,9 +327,21 @@ def hold_lane(store: Store, lane: Lane, until_ms: int) -> None:
     """Nothing goes to ``lane`` before ``until_ms``: its rows queued now wait,
     and the hold is kept for the rows queued later, across a restart."""
     with store.transaction(flush=False):
-        store.db.execute("UPDATE webhook_outbox SET next_at=? WHERE agent=? AND url=? AND next_at<?",
-                         (until_ms, *lane, until_ms))
+        _defer(store, lane, until_ms)
         store.set_meta(HELD + "\x00".join(lane), str(until_ms))
+
+
+def defer_lane(store: Store, lane: Lane, until_ms: int) -> None:
+    """``lane``'s rows wait until ``until_ms`` (its circuit opened): while
+    they stayed due, every pass of the deliverer read a dead receiver's whole
+    backlog again to leave it out, on the store's thread."""
+    with store.transaction(flush=False):
+        _defer(store, lane, until_ms)
+
+
+def _defer(store: Store, lane: Lane, until_ms: int) -> None:
+    store.db.execute("UPDATE webhook_outbox SET next_at=? WHERE agent=? AND url=? AND next_at<?",
+                     (until_ms, *lane, until_ms))
 
 
 def lane_holds(store: Store, now_ms: int) -> dict[Lane, int]:

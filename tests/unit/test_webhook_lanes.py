@@ -590,3 +590,52 @@ async def test_webhooks_waiting_for_a_webhook_url_the_operator_changed_follow_th
         await old.close()
         await new.close()
         store.close()
+
+
+def test_a_dead_receivers_backlog_past_drop_after_is_dropped_at_once_and_said_once(tmp_path: Path, caplog) -> None:
+    """A day of webhooks to a receiver that never took one: the sweep dropped
+    500 a minute, each in a transaction of its own (500 syncs of the disk on
+    the store's thread the answers wait for), and logged each; a backlog
+    growing faster than that never shrank."""
+    import logging
+
+    store = Store(tmp_path / "store.sqlite")
+    with store.transaction():
+        for n in range(3000):
+            store.db.execute("INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts) "
+                             "VALUES (?, 'planner', 'http://dead.example/hook', '{}', ?, ?, 40)",
+                             (f"answer.accepted:${n}", n, 10 ** 13))
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+    caplog.set_level(logging.WARNING, logger="bridge.agents.webhooks")
+    deliverer._sweep(3600 + 10)
+    assert store.db.execute("SELECT COUNT(*) FROM webhook_outbox").fetchone()[0] == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith("3000 webhook(s) to dead.example dropped"), said
+    store.close()
+
+
+async def test_a_dead_receivers_backlog_is_put_off_while_its_circuit_is_open(tmp_path: Path) -> None:
+    """Its circuit open, a receiver's 2,000 rows stayed due: every pass of the
+    deliverer (one after each delivery, anyone's) read them all again to leave
+    them out, on the store's thread the answers wait for."""
+    receiver = Receiver(SECRETS["planner"])
+    receiver.status = 500  # no Retry-After: only the circuit holds it off
+    await receiver.start()
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = queued_to(tmp_path, store, receiver.url, 2000)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await until(lambda: any(c.open_until > deliverer.clock() for c in deliverer.circuits.values()),
+                    what="the circuit never opened")
+
+        def due_now() -> int:
+            now_ms = int(deliverer.clock() * 1000)
+            return store.db.execute("SELECT COUNT(*) FROM webhook_outbox WHERE next_at <= ?", (now_ms,)).fetchone()[0]
+
+        await until(lambda: due_now() == 0, what="the backlog stayed due behind the open circuit")
+    finally:
+        stop.set()
+        await task
+        await receiver.close()
+        store.close()

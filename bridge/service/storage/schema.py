@@ -221,6 +221,12 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE attachment ADD COLUMN url TEXT;
     """,
+    # The webhook outbox's age, read every second for /health and every
+    # minute for what to drop: a dead receiver's backlog of a day was read
+    # whole (bodies and all) each time, on the store's thread.
+    """
+    CREATE INDEX webhook_by_age ON webhook_outbox (created_at);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
