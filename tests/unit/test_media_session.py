@@ -207,3 +207,45 @@ async def test_a_homeserver_limiting_downloads_is_waited_out_not_taken_for_a_fai
     assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
     gaps = [later - earlier for earlier, later in zip(asked_at, asked_at[1:])]
     assert len(asked_at) == 5 and min(gaps) >= (0.65 if asked == "body" else 0.95), gaps
+
+
+async def test_a_small_file_behind_a_full_pool_of_slow_ones_waits_its_turn_and_is_kept(tmp_path, monkeypatch):
+    """Several people send videos at once: the next file, a screenshot,
+    waited for one of the media's connections inside its own clocks, timed
+    out in the queue three times, and its person was told to send it again.
+    (The pool shrunk to 2 connections here, from 32.)"""
+    import asyncio
+
+    from bridge.service.answering import attachments
+    from bridge.service.transport import mediasession
+
+    monkeypatch.setattr(mediasession, "MEDIA_CONNECTIONS", 2)
+    monkeypatch.setattr(attachments, "TRY_SECONDS", 1.0)
+    monkeypatch.setattr(attachments, "SLOWEST_RATE", 10 ** 9)  # each try's bound: about 1 s
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.05)
+    video, shot = os.urandom(60_000), b"\x89PNG" + os.urandom(5000)
+
+    async def media(request: web.Request) -> web.StreamResponse:
+        if request.match_info["media"] == "shot":
+            return web.Response(body=shot, headers={"Content-Type": "image/png"})
+        response = web.StreamResponse(headers={"Content-Type": "video/mp4", "Content-Length": str(len(video))})
+        await response.prepare(request)
+        for at in range(0, len(video), 10_000):  # 0.6 s a video: within its own bound, slow for the queue
+            await response.write(video[at:at + 10_000])
+            await asyncio.sleep(0.1)
+        return response
+
+    (tmp_path / "set").mkdir()
+    turns = asyncio.Semaphore(mediasession.MEDIA_CONNECTIONS)
+    videos = [{"msgtype": "m.video", "body": "v.mp4", "url": f"mxc://remote.example/video{n}",
+               "info": {"size": len(video), "mimetype": "video/mp4"}} for n in range(12)]  # 3.6 s of queue
+    async with _serving(media) as transport:
+        slow = [asyncio.ensure_future(attachments.fetch_bounded(content, str(tmp_path / "set"), "q", n,
+                                                                transport.download, limit=1024 * 1024, turns=turns))
+                for n, content in enumerate(videos)]
+        await asyncio.sleep(0.2)
+        saved, refused = await attachments.fetch_bounded(_shot(shot), str(tmp_path / "set"), "q", 999,
+                                                         transport.download, limit=1024 * 1024, turns=turns)
+        videos_kept = await asyncio.gather(*slow)
+    assert refused is None and (tmp_path / "set" / saved).read_bytes() == shot
+    assert [problem for _path, problem in videos_kept] == [None] * len(videos)

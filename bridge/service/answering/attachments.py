@@ -116,14 +116,20 @@ def try_seconds(limit: int) -> float:
 
 
 async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
-                         download: Download, limit: int = DEFAULT_MAX_BYTES) -> tuple[str | None, str | None]:
-    """``number`` names the file (never a name taken before)."""
+                        download: Download, limit: int = DEFAULT_MAX_BYTES,
+                        turns: asyncio.Semaphore | None = None) -> tuple[str | None, str | None]:
+    """``number`` names the file (never a name taken before).  ``turns``: as
+    many as the media's connections; each try's clocks start once it has one
+    (a try that waited for a connection behind 32 slow videos timed out in
+    the queue, three times, and the person was told to send a screenshot again)."""
     began, attempt = time.monotonic(), 0
     while True:
         attempt += 1
         asked_wait: float | None = None
         try:
-            return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit), try_seconds(limit))
+            async with turns if turns is not None else contextlib.nullcontext():
+                return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit),
+                                              try_seconds(limit))
         except NotReached as exc:
             unreached, problem = True, in_a_line(exc)
             asked_wait = exc.wait if isinstance(exc, RateLimited) else None

@@ -34,6 +34,7 @@ from bridge.service.eventwait import any_set, set_within
 from bridge.wholefile import in_thread
 from bridge.service.storage.setpaths import DOWNLOAD_KEPT
 from bridge.service.storage.store import Store
+from bridge.service.transport.mediasession import MEDIA_CONNECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class Downloads:
         self.on_trouble, self.max_bytes, self.judge_later = on_trouble, max_bytes, judge_later
         self.flush = flush  # the folders written (and doomed files deleted) now
         self.running: dict[str, asyncio.Future[Any]] = {}  # event id -> its download and judging
+        self.turns = asyncio.Semaphore(MEDIA_CONNECTIONS)  # tries downloading at once (``fetch_bounded``)
         # The files each answer may still take, kept while any of its files is not judged yet.
         self._places: dict[tuple[str, str], Places] = {}
         # Files whose events are not judged yet (``attachments.Unjudged``): an edit sending another file may come first.
@@ -101,7 +103,8 @@ class Downloads:
             places = self._places[key]
             places.owed += 1
             jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(places.fetched(functools.partial(
-                fetch_bounded, file_content(event), set_dir, qid, numbers[key], self.download, self.max_bytes)))))
+                fetch_bounded, file_content(event), set_dir, qid, numbers[key], self.download, self.max_bytes,
+                self.turns)))))
         if not jobs:
             return [event for event in events if event.get("event_id") not in later] if later else events
         await asyncio.wait([job for *_parts, job in jobs], timeout=BATCH_WAIT)
@@ -164,7 +167,7 @@ class Downloads:
                 log.info("file %s for %s fetched again (its download was cut short)", event_id, qid)
                 self._follow(event, qid, asyncio.ensure_future(fetch_bounded(
                     file_content(event), kept_event["set_dir"], qid, kept_event["number"], self.download,
-                    self.max_bytes)))
+                    self.max_bytes, self.turns)))
             else:
                 self._follow(event, qid, None)  # fetched, not judged yet
 
