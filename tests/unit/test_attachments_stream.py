@@ -542,3 +542,51 @@ def test_an_edit_sending_another_file_before_the_first_is_judged_keeps_the_new_f
     asyncio.run(send())
     record = room.record()
     assert [(room.set_dir / path).read_bytes() for path in record["attachments"]] == [b"new"], record
+
+
+def test_a_file_whose_disk_filled_mid_download_is_kept_once_there_is_room_again(set_dir: Path, monkeypatch) -> None:
+    """The disk filled during a 20 MB video: its part file was dropped (which
+    freed the space) and the file given up for good, attachment_not_saved,
+    the person asked to "tell the people who run the bridge"."""
+    import errno
+
+    monkeypatch.setattr(attachments, "DISK_FULL_PAUSE", 0.05)
+    full, made = [2], attachments.part_file
+
+    def filling(path: Path):
+        part = made(path)
+        if full[0]:
+            full[0] -= 1
+
+            def write(_data: bytes) -> None:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            part.write = write
+        return part
+
+    monkeypatch.setattr(attachments, "part_file", filling)
+    data = os.urandom(300_000)
+    repository = Repository(data)
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.mp4"}, repository) == ("attachments/q-1.mp4", None)
+    assert repository.tries == 3 and (set_dir / "attachments" / "q-1.mp4").read_bytes() == data
+    assert on_disk(set_dir) == [set_dir / "attachments" / "q-1.mp4"]
+
+
+def test_a_disk_that_stays_full_gives_the_file_up_as_not_saved(set_dir: Path, monkeypatch) -> None:
+    import errno
+
+    monkeypatch.setattr(attachments, "DISK_FULL_PAUSE", 0.05)
+    monkeypatch.setattr(attachments, "DISK_FULL_PATIENCE", 0.3)
+    made = attachments.part_file
+
+    def full(path: Path):
+        part = made(path)
+
+        def write(_data: bytes) -> None:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        part.write = write
+        return part
+
+    monkeypatch.setattr(attachments, "part_file", full)
+    repository = Repository(os.urandom(100_000))
+    assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.mp4"}, repository) == (None, "attachment_not_saved")
+    assert repository.tries > 2 and on_disk(set_dir) == []

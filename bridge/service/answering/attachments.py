@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -83,7 +84,16 @@ class RateLimited(NotReached):
 
 
 class NotSaved(Exception):
-    """The set folder would not take the file (gone, read-only, full, leading outside): not worth a retry."""
+    """The set folder would not take the file (gone, read-only, leading outside): not worth a retry."""
+
+
+class DiskFull(NotSaved):
+    """No room left on the set folder's disk (or its quota): the part file
+    dropped, room may come back (a log rotated, an operator freeing space)."""
+
+
+def not_saved(exc: OSError) -> NotSaved:
+    return DiskFull(str(exc)) if exc.errno in (errno.ENOSPC, errno.EDQUOT) else NotSaved(str(exc))
 
 
 # Each download gets a few tries within bounded time; then the file is
@@ -105,6 +115,12 @@ RETRY_PAUSE = 1.0
 # the person's file to a server's restart.  Not longer: a server gone for
 # good must have its person told within the minute, not left waiting.
 UNREACHED_PATIENCE = 30.0
+# A disk that filled mid-download is tried again for this long, every
+# DISK_FULL_PAUSE: the file was lost for good (attachment_not_saved) though
+# its part file, discarded, had just freed the space.  The batch goes on
+# without it meanwhile, its event kept pending (across a restart too).
+DISK_FULL_PATIENCE = 600.0
+DISK_FULL_PAUSE = 30.0
 # A homeserver limiting the rate of downloads is waited out (the wait it
 # names, at least): it asks for time, it is not failing.  Each try still
 # runs within its own bound.
@@ -130,6 +146,15 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
             async with turns if turns is not None else contextlib.nullcontext():
                 return await asyncio.wait_for(_fetch(content, set_dir, qid, number, download, limit),
                                               try_seconds(limit))
+        except DiskFull as exc:
+            left = DISK_FULL_PATIENCE - (time.monotonic() - began)
+            if left <= 0:
+                log.warning("file for %s could not be saved in %s: %s", qid, set_dir, exc)
+                return None, "attachment_not_saved"
+            log.warning("file for %s not saved, its disk is full (%s); tried again in %.0f s", qid, exc,
+                        min(DISK_FULL_PAUSE, left))
+            await asyncio.sleep(min(DISK_FULL_PAUSE, left))
+            continue
         except NotReached as exc:
             unreached, problem = True, in_a_line(exc)
             asked_wait = exc.wait if isinstance(exc, RateLimited) else None
@@ -264,6 +289,8 @@ async def _fetch(content: dict[str, Any], set_dir: str, qid: str, number: int,
         return None, "attachment_encrypted"
     except FileGone:
         return None, "attachment_download_failed"
+    except DiskFull:
+        raise
     except NotSaved as exc:
         log.warning("file for %s could not be saved in %s: %s", qid, set_dir, exc)
         return None, "attachment_not_saved"
@@ -276,7 +303,7 @@ async def _save(path: Path, chunks: Any, body: FileBody) -> None:
     try:
         part = part_file(path)  # an open, on the loop: a thread could leave it open when the try is cancelled
     except OSError as exc:
-        raise NotSaved(str(exc)) from exc
+        raise not_saved(exc) from exc
     try:
         pending = bytearray()
         async for chunk in chunks:
@@ -300,7 +327,7 @@ async def _on_disk(work: Callable[..., T], *args: Any) -> T:
     try:
         return await in_thread(work, *args)
     except OSError as exc:
-        raise NotSaved(str(exc)) from exc
+        raise not_saved(exc) from exc
 
 
 def extension(content: dict[str, Any], info: dict[str, Any]) -> str:
@@ -335,7 +362,7 @@ def attachments_folder_or_refuse(set_dir: str) -> Path:
     try:
         return attachments_folder(set_dir)
     except OSError as exc:
-        raise NotSaved(str(exc)) from exc
+        raise not_saved(exc) from exc
 
 
 def abandoned_after(limit: int) -> float:
