@@ -69,3 +69,30 @@ async def test_a_key_count_nio_already_has_is_not_handed_to_it_again():
     changed = {"org.matrix.msc3202.device_lists": {"changed": ["@alice:hs"], "left": []}}
     assert await take_extensions(client, {"events": [], **_counts(49), **changed}, "t3") is True
     assert [r.next_batch for r in client.handed] == ["appservice-t2", "appservice-t3"]
+
+
+async def test_a_device_with_no_one_time_keys_left_has_them_uploaded_again():
+    """Synapse names a device whose one-time keys were all claimed by an empty
+    entry, and nio takes no count of 0 (nor knows any after a restart): a
+    bridge back to none left never uploaded more, and no one could start an
+    Olm session with it to send it room keys."""
+    from nio.crypto.olm_machine import Olm
+
+    client = _Nio(uploaded=None)
+    none_left = {"org.matrix.msc3202.device_one_time_keys_count": {BOT: {DEVICE: {}}}}
+    await take_extensions(client, {"events": [], **none_left}, "t1")
+    assert client.olm.uploaded_key_count == 0
+    # As nio's machine judges it: keys are due.
+    machine = SimpleNamespace(account=SimpleNamespace(shared=True, max_one_time_keys=50),
+                              uploaded_key_count=client.olm.uploaded_key_count)
+    assert Olm.should_upload_keys.fget(machine) is True
+    # A sync (bot mode) says 0 itself.
+    from bridge.service.encryption.devicenews import device_sync, hand_to_nio
+
+    synced = _Nio(uploaded=None)
+    await hand_to_nio(synced, device_sync([], [], [], {"signed_curve25519": 0}), "s1")
+    assert synced.olm.uploaded_key_count == 0
+    # No entry for the device: nothing told.
+    other = _Nio(uploaded=None)
+    await take_extensions(other, {"events": [], "org.matrix.msc3202.device_one_time_keys_count": {BOT: {}}}, "t2")
+    assert other.olm.uploaded_key_count is None

@@ -116,7 +116,11 @@ def extensions_sync(body: dict[str, Any], user_id: str, device_id: str) -> dict[
     lists = lists if isinstance(lists, dict) else {}
     counts = body.get("org.matrix.msc3202.device_one_time_keys_count") or \
         body.get("org.matrix.msc3202.device_one_time_key_counts") or {}
-    count = counts.get(user_id, {}).get(device_id, {}) if isinstance(counts, dict) else {}
+    entry = counts.get(user_id, {}).get(device_id) if isinstance(counts, dict) and \
+        isinstance(counts.get(user_id), dict) else None
+    # Synapse names a device with no one-time keys left by an empty entry (a
+    # sync says 0): told as 0; no entry at all tells nothing.
+    count = {"signed_curve25519": 0, **entry} if isinstance(entry, dict) else {}
     return device_sync(to_device, _list(lists.get("changed")), _list(lists.get("left")), count)
 
 

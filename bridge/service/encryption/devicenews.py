@@ -53,10 +53,20 @@ def _not_its_own_requests(events: list[dict[str, Any]], client: AsyncClient) -> 
                     and event["content"].get("requesting_device_id") == client.device_id)]
 
 
+def _note_none_left(data: dict[str, Any], client: AsyncClient) -> None:
+    """A count of 0 (every one-time key claimed) told nio itself: nio takes
+    no count of 0, and knows none after a restart, so a bridge that came back
+    to none left never uploaded more (no new Olm session, no room keys)."""
+    olm = getattr(client, "olm", None)
+    if olm is not None and data["device_one_time_keys_count"].get("signed_curve25519") == 0:
+        olm.uploaded_key_count = 0
+
+
 async def hand_to_nio(client: AsyncClient, data: dict[str, Any], token: str) -> bool:
     """The device's parts handed to nio when they tell it anything; True when
     they did.  ``token`` names the hand-over: nio skips a sync response whose
     token it just saw (a delivery taken again brings nothing new)."""
+    _note_none_left(data, client)
     data = {**data, "to_device": {"events": _not_its_own_requests(data["to_device"]["events"], client)}}
     if not news_for_nio(data, client):
         return False
