@@ -422,3 +422,32 @@ async def test_a_room_the_bridge_cant_read_stops_no_look_into_the_rooms_after_it
                      set().__contains__, fed.on_members, asyncio.Lock(), asyncio.Event())
     assert await looker.sweep() == 2
     assert fed.batches == [["$m1", "$m2"]]
+
+
+async def test_the_periodic_look_lets_transactions_in_between_rooms(store):
+    """The periodic look held the transactions' lock while it read every
+    room's timeline: with thousands of rooms (or a slow federated /messages)
+    a transaction waited past the proxy's timeout, and Synapse marked the
+    bridge down for minutes."""
+    rooms = [f"!room{n}:example.org" for n in range(4)]
+
+    class Slow(Timeline):
+        async def room_messages(self, room_id: str, *args: Any, **kwargs: Any) -> RoomMessagesResponse:
+            await asyncio.sleep(0.2)
+            return await super().room_messages(room_id, *args, **kwargs)
+
+    timeline, fed, lock, stop = Slow([message(1)]), Fed(store), asyncio.Lock(), asyncio.Event()
+    for room in rooms:
+        store.set_meta(TOKEN_KEY + room, "0")
+    looker = CatchUp(timeline, store, rooms, fed.feed, frozenset().__contains__, fed.on_members,  # type: ignore[arg-type]
+                     lock, stop)
+    looking = asyncio.ensure_future(looker.run())
+    try:
+        await until(lambda: timeline.calls, what="the look never began")
+        async with lock:  # a transaction comes while the look is under way
+            rooms_read_by_then = len(timeline.calls)
+        await until(lambda: looker.looked.is_set(), what="the look never ended")
+        assert rooms_read_by_then < len(rooms) <= len(timeline.calls)
+    finally:
+        stop.set()
+        await looking

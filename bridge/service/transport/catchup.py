@@ -35,6 +35,7 @@ waits for it (tests/integration/test_timeline_appservice.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -156,8 +157,11 @@ class CatchUp:
         started = self.clock()
         while not self.stop.is_set():
             try:
-                async with self.lock:
-                    await self.sweep()
+                # The lock a room at a time: held for the whole look (every
+                # room's timeline read, thousands of rooms), a transaction
+                # waited past the proxy's timeout and Synapse marked the
+                # bridge down, backing off for minutes.
+                await self._sweep(lock=self.lock)
                 if self.on_caught_up is not None:
                     self.on_caught_up()
             except Exception as exc:  # noqa: BLE001 - the next look tries again
@@ -184,10 +188,11 @@ class CatchUp:
         """One look at every room; returns how many events were fed."""
         return (await self._sweep())[0]
 
-    async def _sweep(self, arriving: Collection[str] = ()) -> tuple[int, int]:
+    async def _sweep(self, arriving: Collection[str] = (), lock: asyncio.Lock | None = None) -> tuple[int, int]:
         """One look at every room: how many events were fed, and how many of
         them a transaction that never came must have held (``_stranded``).
-        ``arriving``: the events of the transaction this look holds up."""
+        ``arriving``: the events of the transaction this look holds up.
+        ``lock``: taken for each room's look (None: the caller holds it)."""
         fed = stranded = 0
         failed: list[Exception] = []
         rooms = list(dict.fromkeys(self.rooms))
@@ -195,7 +200,8 @@ class CatchUp:
             if self.stop.is_set():
                 break
             try:
-                room_fed, room_stranded = await self.sweep_room(room_id, arriving)
+                async with lock if lock is not None else contextlib.nullcontext():
+                    room_fed, room_stranded = await self.sweep_room(room_id, arriving)
             except Exception as exc:  # noqa: BLE001 - one room the bridge can't read (banned, deleted) stops no other
                 failed.append(exc)
                 if room_id not in self._failing:
