@@ -292,3 +292,35 @@ async def test_a_listen_address_in_use_is_a_config_refused_naming_its_key(tmp_pa
         finally:
             await server.close()
             store.close()
+
+
+async def test_encryption_parts_that_fail_hold_up_no_room_events(served, monkeypatch, caplog):
+    """nio failed on a transaction's to-device messages: the transaction was
+    refused with 500, "it will come again"; Synapse sends a transaction's room
+    events again, never its to-device messages, so the keys were lost all the
+    same and the room events held up."""
+    import logging
+
+    client, stand_in, server = served
+
+    class Crypto:
+        client = None
+
+        def note_events(self, events: list[dict[str, Any]]) -> None:
+            pass
+
+        async def screen(self, events: list[dict[str, Any]], own: Any) -> tuple[list[dict[str, Any]], list[str]]:
+            return events, []
+
+    async def failing(body: dict[str, Any], txn_id: str) -> None:
+        raise RuntimeError("nio's key store is locked")
+
+    server.crypto = Crypto()
+    stand_in.own_users = frozenset()
+    monkeypatch.setattr(server, "_take_extensions", failing)
+    caplog.set_level(logging.WARNING)
+    body = {"events": [event(9)], "de.sorunome.msc2409.to_device": [{"type": "m.room.encrypted"}]}
+    response = await client.put("/_matrix/app/v1/transactions/12", json=body, headers=BEARER)
+    assert response.status == 200, await response.text()
+    assert [[e["event_id"] for e in batch] for batch in stand_in.batches] == [["$e9"]]
+    assert any("does not send them again" in r.getMessage() for r in caplog.records)

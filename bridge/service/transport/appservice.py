@@ -207,9 +207,15 @@ class TransactionServer:
             # them again is harmless.)
             try:
                 await self._take_extensions(body, txn_id)
-            except Exception as exc:  # noqa: BLE001 - the homeserver sends it again
-                log.warning("transaction %s: its encryption parts failed (%s); it will come again", txn_id, exc)
-                return _error(500, "M_UNKNOWN", "not processed; send it again")
+            except Exception as exc:  # noqa: BLE001 - a resend would not bring them: the events go on
+                # Synapse keeps a transaction's room events to send again, not
+                # its to-device messages: refusing it (as this once did, "it
+                # will come again") lost the room keys all the same, and held
+                # the room events up.  An event whose key is missing waits for
+                # it, and the key is asked for (``keyrequests``).
+                log.warning("transaction %s: its encryption parts (to-device messages, device lists) could not be "
+                            "taken (%s); the homeserver does not send them again: room keys they held are asked for "
+                            "when an event needs them", txn_id, exc)
         if self.ops is not None:
             self.ops.metrics.reached()  # a push came: the homeserver reaches us
             self.ops.metrics.heard()  # and it is up (``hearing``)
