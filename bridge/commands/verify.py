@@ -47,7 +47,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.protocol import audit_verify, checkpoint as cp
+    from bridge.protocol import audit_verify, checkpoint as cp, roomnotes
 
     try:
         answers = Path(args.set_dir) / "answers.json"
@@ -64,19 +64,21 @@ def run(args: argparse.Namespace) -> int:
         notes = [_text(p) for p in sorted((Path(args.log) / "checkpoints").glob("*.txt"))]
         # Checkpoints from elsewhere may be newer than the export (the bridge runs on).
         later = [_checkpoint_file(Path(p)) for p in args.checkpoint]
-        if args.room:
-            later += _room_checkpoints(args.config, origin)
+        room = _room_checkpoints(args.config, origin, public) if args.room else roomnotes.Taken()
     except Unreadable as exc:
         print(f"askwright-bridge verify: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
-    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public, questions, later)
+    verdict = audit_verify.verify_set(doc, leaves, notes, origin, public, questions, later + room.later)
     verdict.problems[:0] = twice
+    verdict.problems += room.problems
     for problem in verdict.problems:
         print(problem)
     if verdict.before_the_log:
         print(f"note: {len(verdict.before_the_log)} record(s) answered before the log began "
               f"({_when(verdict.log_began_ms)}), which the log does not cover: "
               f"{', '.join(verdict.before_the_log[:20])}{' …' if len(verdict.before_the_log) > 20 else ''}")
+    for note in room.notes:
+        print(f"note: {note}")
     if verdict.newer:
         print(f"note: {len(verdict.newer)} checkpoint(s) given are newer than the export (up to size "
               f"{max(verdict.newer)}; the export holds {verdict.leaves} leaves): the answers logged since are not "
@@ -155,11 +157,12 @@ def _checkpoint_file(path: Path) -> str:
     return text
 
 
-def _room_checkpoints(config_path: str | None, origin: str) -> list[str]:
+def _room_checkpoints(config_path: str | None, origin: str, public: bytes) -> Any:
     if not config_path:
         raise Unreadable("--room needs -c CONFIG (the bridge's rooms and credentials)")
     import asyncio
 
+    from bridge.protocol.roomnotes import take
     from bridge.service.auditing.roomstate import read_room_checkpoints
     from bridge.service.config import ConfigError, load_config
 
@@ -168,8 +171,9 @@ def _room_checkpoints(config_path: str | None, origin: str) -> list[str]:
     except ConfigError as exc:
         raise Unreadable(str(exc)) from None
     try:
-        return asyncio.run(read_room_checkpoints(config, origin, on_cut=lambda room, read: print(
+        user, events = asyncio.run(read_room_checkpoints(config, on_cut=lambda room, read: print(
             f"note: room {room}: only its newest {read} checkpoints were read; older ones are not checked",
             file=sys.stderr)))
     except Exception as exc:  # noqa: BLE001 - the homeserver or the room can't be read: an input unreadable
         raise Unreadable(f"the rooms' checkpoints can't be read ({exc})") from None
+    return take(events, user, origin, public)

@@ -117,9 +117,26 @@ async def test_answers_carry_receipts_the_room_holds_checkpoints_and_verify_catc
     set_dir, out = bridge.sets_root / "kinds", tmp_path / "export"
     exported = cli("audit", "export", "-c", str(bridge.config_path), "-o", str(out))
     assert exported.returncode == 0, exported.stderr
+    # A member with the power to send state puts junk under the log's state
+    # key: ignored with a note (every later audit failed for good).
+    origin = _meta(bridge, "audit_origin")
+    await _let_send_state(bridge, bridge.alice.user_id)
+    junk = await bridge.alice.client.room_put_state(bridge.room_id, STATE, {"checkpoint": "junk"}, state_key=origin)
+    assert getattr(junk, "event_id", None), junk
     good = cli("verify", str(set_dir), "--log", str(out), "--room", "-c", str(bridge.config_path))
     assert good.returncode == 0, good.stdout + good.stderr
-    assert good.stdout.startswith("all holds: 8 records")
+    assert good.stdout.splitlines()[-1].startswith("all holds: 8 records"), good.stdout
+    assert f"1 checkpoint event(s) sent by {bridge.alice.user_id}, not the bridge, are not signed" in good.stdout
+
+    # The export re-signed by a new key of a new log (key.txt swapped, the
+    # receipts' log dropped): the rooms' checkpoints of the log the answers
+    # were given under were left aside, and it all held.
+    _resign_as_another_log(out, tmp_path / "swapped", set_dir, tmp_path / "swapped-set")
+    swapped = cli("verify", str(tmp_path / "swapped-set"), "--log", str(tmp_path / "swapped"), "--room", "-c",
+                  str(bridge.config_path))
+    assert swapped.returncode == 1, swapped.stdout + swapped.stderr
+    assert "the rooms hold no checkpoint of the log 'example.org/forged'" in swapped.stdout
+    assert f"the bridge ({bridge.bot['user_id']}) signed as another log, {origin!r}" in swapped.stdout
 
     # A record's choice changed in answers.json: that record is named.
     original = (set_dir / "answers.json").read_text()
@@ -182,6 +199,33 @@ async def test_answers_carry_receipts_the_room_holds_checkpoints_and_verify_catc
     (rewritten / "leaves.jsonl").write_bytes(b'{"v":1')
     truncated = cli("verify", str(set_dir), "--log", str(rewritten))
     assert truncated.returncode == 2 and "truncated" in truncated.stderr and "Traceback" not in truncated.stderr
+
+
+async def _let_send_state(bridge, user_id: str) -> None:
+    """The bot (the room's creator) gives ``user_id`` power 50, enough to send state."""
+    base = f"{bridge.synapse.url}/_matrix/client/v3/rooms/{bridge.room_id}/state/m.room.power_levels"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {bridge.bot['access_token']}"}) as http:
+        async with http.get(base) as response:
+            levels = await response.json()
+        levels.setdefault("users", {})[user_id] = 50
+        async with http.put(base, json=levels) as response:
+            assert response.status == 200, await response.text()
+
+
+def _resign_as_another_log(out, forged_out, set_dir, forged_set) -> None:
+    shutil.copytree(out, forged_out)
+    shutil.copytree(set_dir, forged_set)
+    key = Ed25519PrivateKey.generate()
+    (forged_out / "key.txt").write_text(cp.verifier_key("example.org/forged", cp.raw_public(key.public_key())) + "\n")
+    leaves = (forged_out / "leaves.jsonl").read_bytes().split(b"\n")[:-1]
+    for path in (forged_out / "checkpoints").glob("*.txt"):
+        size = int(path.stem)
+        path.write_text(cp.sign_checkpoint(cp.Checkpoint("example.org/forged", size, merkle.root(
+            [merkle.leaf_hash(x) for x in leaves[:size]])), key))
+    doc = json.loads((forged_set / "answers.json").read_text())
+    for record in doc["answers"].values():
+        record.get("receipt", {}).pop("log", None)
+    (forged_set / "answers.json").write_text(json.dumps(doc))
 
 
 async def test_an_agent_verifies_its_set_with_the_mcp_tool(bridge):

@@ -2,9 +2,11 @@
 ``dev.superpipeline.answer_log.checkpoint``, read with the bridge's credentials.
 
 For ``verify --room``: every room the bridge is joined to, its timeline read
-backwards for that state type only (the homeserver filters), each event's
-signed note returned.  The notes are checked by the caller, with the log's
-key: what a homeserver hands back is never trusted as such.
+backwards for that state type only (the homeserver filters), every such
+event returned with its sender and state key, whoever sent it and for
+whichever log, beside the bridge's own user id.  The caller decides which
+to take (``protocol.roomnotes``) and checks them with the log's key: what a
+homeserver hands back is never trusted as such.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from bridge.protocol.roomnotes import RoomNote
 from bridge.service.auditing.checkpoints import STATE_TYPE
 
 # 100 events a page: the newest 100,000 checkpoints of a room (ten weeks of a
@@ -24,17 +27,19 @@ from bridge.service.auditing.checkpoints import STATE_TYPE
 PAGES_PER_ROOM = 1000
 
 
-async def read_room_checkpoints(config: Any, origin: str,
-                                on_cut: Callable[[str, int], None] | None = None) -> list[str]:
-    """``on_cut(room, read)``: a room whose history held more than is read."""
+async def read_room_checkpoints(config: Any, on_cut: Callable[[str, int], None] | None = None
+                                ) -> tuple[str, list[RoomNote]]:
+    """The bridge's user id and the checkpoint events; ``on_cut(room,
+    read)``: a room whose history held more than is read."""
     token, as_user = _credentials(config)
     base = config.homeserver.url.rstrip("/") + "/_matrix/client/v3"
     headers = {"Authorization": f"Bearer {token}"}
     extra = {"user_id": as_user} if as_user else {}
-    notes: list[str] = []
+    notes: list[RoomNote] = []
     # Each request bounded, not the whole read: many rooms with long histories take long.
     async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(sock_connect=30,
                                                                                    sock_read=120)) as http:
+        user = (await _get(http, f"{base}/account/whoami", extra)).get("user_id", "")
         rooms = (await _get(http, f"{base}/joined_rooms", extra)).get("joined_rooms", [])
         flt = json.dumps({"types": [STATE_TYPE], "lazy_load_members": True})
         for room in rooms:
@@ -45,18 +50,27 @@ async def read_room_checkpoints(config: Any, origin: str,
                 if token_from:
                     params["from"] = token_from
                 page = await _get(http, f"{base}/rooms/{quote(room, safe='')}/messages", params)
-                for event in page.get("chunk", []):
-                    content = event.get("content") if isinstance(event, dict) else None
-                    if event.get("type") == STATE_TYPE and event.get("state_key") == origin \
-                            and isinstance(content, dict) and isinstance(content.get("checkpoint"), str):
-                        notes.append(content["checkpoint"])
+                notes += _checkpoint_events(room, page.get("chunk", []))
                 token_from = page.get("end")
                 if not page.get("chunk") or not token_from:
                     break
             else:
                 if on_cut is not None:
                     on_cut(room, len(notes) - read)
-    return notes
+    return user, notes
+
+
+def _checkpoint_events(room: str, chunk: list[Any]) -> list[RoomNote]:
+    found = []
+    for event in chunk:
+        if not isinstance(event, dict):
+            continue
+        content = event.get("content")
+        if event.get("type") == STATE_TYPE and isinstance(event.get("state_key"), str) \
+                and isinstance(content, dict) and isinstance(content.get("checkpoint"), str):
+            key = content.get("key") if isinstance(content.get("key"), str) else ""
+            found.append(RoomNote(room, str(event.get("sender", "")), event["state_key"], content["checkpoint"], key))
+    return found
 
 
 def _credentials(config: Any) -> tuple[str, str | None]:
