@@ -64,9 +64,9 @@ def test_exactly_one_of_three_leads_and_status_lists_them(shared, postgres_serve
 
 def test_a_standby_takes_over_a_silent_leader_with_a_higher_epoch(shared, postgres_server):
     url, lease = shared
-    first = lease(ttl=2)
+    first = lease(ttl=2, name="a-first")  # (named so the stale one sorts first by name: the leader still leads the list)
     wait_for(lambda: first.leading)
-    second = lease(ttl=2)
+    second = lease(ttl=2, name="b-second")
     time.sleep(1)
     assert not second.leading
     freeze(first)
@@ -75,8 +75,8 @@ def test_a_standby_takes_over_a_silent_leader_with_a_higher_epoch(shared, postgr
     with pytest.raises(LeaseLost):
         first.check()  # its own clock ran out before the database let the standby in
     # Still heard from (its last word: it led), but only the lease's holder leads.
-    rows = {row["id"]: row["role"] for row in instances(url, postgres_server.password)}
-    assert rows == {first.name: "stale", second.name: "leader"}
+    rows = [(row["id"], row["role"]) for row in instances(url, postgres_server.password)]
+    assert rows == [(second.name, "leader"), (first.name, "stale")]
 
 
 def test_a_clean_stop_hands_the_lease_on_at_once(shared):
@@ -156,13 +156,21 @@ def test_a_standby_paused_holding_the_lease_row_stalls_nobody(shared, postgres_s
         store.close()
 
 
+@pytest.mark.parametrize("operators_options", ["", "-c lock_timeout=5000"], ids=["as shipped", "lock_timeout set"])
 def test_an_old_leaders_session_stuck_holding_the_lease_row_is_ended_and_the_standby_takes_over(
-        shared, postgres_server):
+        shared, postgres_server, operators_options):
     # The old leader's store session, fenced and busy for good: as when its
     # process froze while the server was sending it a result (no timeout of
-    # the server's applies to that, and it cannot be cancelled).
+    # the server's applies to that, and it cannot be cancelled).  An
+    # operator's lock_timeout in the URL (operators.md's own example) also
+    # set the lease's: the round's bound cut the wait before it failed as a
+    # lock's, the stuck session was never ended, and nobody led.
     url, lease = shared
-    old = lease(ttl=2)
+    if operators_options:
+        from psycopg.conninfo import make_conninfo
+
+        url = make_conninfo(url, options=f"{conninfo_to_dict(url)['options']} {operators_options}")
+    old = lease(url, ttl=2)
     wait_for(lambda: old.leading)
     search_path = conninfo_to_dict(url)["options"]
     stuck = psycopg.connect(url, password=postgres_server.password, application_name="askwright-bridge store",
@@ -170,9 +178,31 @@ def test_an_old_leaders_session_stuck_holding_the_lease_row_is_ended_and_the_sta
     stuck.execute("SELECT 1 FROM askwright_lease WHERE name = 'leader' FOR KEY SHARE")
     threading.Thread(target=lambda: _quietly(stuck.execute, "SELECT pg_sleep(60)"), daemon=True).start()
     freeze(old)
-    new = lease(ttl=2)
+    new = lease(url, ttl=2)
     assert wait_for(lambda: new.leading, timeout=2 + 8) < 2 + 8
     assert new.epoch == old.epoch + 1
+    wait_for(lambda: stuck.closed or stuck.broken)
+
+
+def test_an_old_leaders_store_session_that_began_after_the_lease_ran_out_is_ended_too(shared, postgres_server):
+    """The old leader's BEGIN and fence reach the server with its first
+    statement: on a starved machine, after its lease ran out.  Spared as
+    begun after the expiry, its session stuck holding the row kept every
+    standby out for good."""
+    url, lease = shared
+    old = lease(ttl=2)
+    wait_for(lambda: old.leading)
+    freeze(old)
+    expired = "SELECT expires < clock_timestamp() FROM askwright_lease WHERE name = 'leader'"
+    with psycopg.connect(url, password=postgres_server.password, autocommit=True) as look:
+        wait_for(lambda: look.execute(expired).fetchone()[0], timeout=5)
+    search_path = conninfo_to_dict(url)["options"]
+    stuck = psycopg.connect(url, password=postgres_server.password, application_name="askwright-bridge store",
+                            options=f"{search_path} -c statement_timeout=0")
+    stuck.execute("SELECT 1 FROM askwright_lease WHERE name = 'leader' FOR KEY SHARE")
+    threading.Thread(target=lambda: _quietly(stuck.execute, "SELECT pg_sleep(60)"), daemon=True).start()
+    new = lease(ttl=2)
+    assert wait_for(lambda: new.leading, timeout=2 + 8) < 2 + 8
     wait_for(lambda: stuck.closed or stuck.broken)
 
 

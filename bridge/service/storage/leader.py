@@ -76,13 +76,17 @@ LEASE_LIMITS = {"statement_timeout": 3000, "lock_timeout": 2000, "idle_in_transa
 ROUND_SECONDS = 4.0  # a renewal (or a look) and a heartbeat unanswered this long: the path is dead, reconnect
 
 
-# Sessions of the bridge that hold a lock on the lease row in a transaction
-# begun before the lease ran out, once it has: see ``Lease._fence_out``.
+# Sessions of the bridge that hold a lock on the lease row, once the lease
+# ran out: a store session's whatever its transaction's start (its BEGIN and
+# fence reach the server with its first statement, which a starved machine
+# may send after the expiry: spared, it stalled the takeover for good), a
+# lease session's when begun before the lease ran out (later ones are other
+# standbys' turns at taking it): see ``Lease._fence_out``.
 _FENCE_OUT = (
     "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a, askwright_lease lease"
     " WHERE lease.name = 'leader' AND lease.expires < clock_timestamp() AND a.pid <> pg_backend_pid()"
     " AND a.datname = current_database() AND a.application_name LIKE 'askwright-bridge %'"
-    " AND a.xact_start < lease.expires"
+    " AND (a.application_name = 'askwright-bridge store' OR a.xact_start < lease.expires)"
     " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass)")
 
 
@@ -110,7 +114,7 @@ def of_this_process(name: str) -> bool:
 
 
 def _connect(url: str, password: str | None) -> psycopg.Connection:
-    return connect(url, password, limits=LEASE_LIMITS, name="askwright-bridge lease")
+    return connect(url, password, limits=LEASE_LIMITS, name="askwright-bridge lease", limits_win=True)
 
 
 class Lease:
@@ -392,12 +396,15 @@ def instances(url: str, password: str | None) -> list[dict[str, Any]]:
         # An instance leads when the lease says so, not when its last word did:
         # a leader killed or paused is still heard from for SEEN_SECONDS after
         # its lease ran out or went to another.
+        # (Sorted outside: in an ORDER BY expression "role" is the table's, and a
+        # paused old leader, its stored role still "leader", sorted beside the leader.)
         rows = conn.execute(
-            "SELECT i.id, CASE WHEN i.role <> 'leader' THEN i.role WHEN EXISTS (SELECT 1 FROM askwright_lease l"
-            " WHERE l.name = 'leader' AND l.holder = i.id AND l.epoch = i.epoch AND l.expires > now())"
-            " THEN 'leader' ELSE 'stale' END AS role, i.epoch, EXTRACT(EPOCH FROM now() - i.seen)"
-            " FROM askwright_instance i WHERE i.seen > now() - make_interval(secs => %s)"
-            " ORDER BY role <> 'leader', i.id", (SEEN_SECONDS,)).fetchall()
+            "SELECT * FROM (SELECT i.id, CASE WHEN i.role <> 'leader' THEN i.role WHEN EXISTS (SELECT 1"
+            " FROM askwright_lease l WHERE l.name = 'leader' AND l.holder = i.id AND l.epoch = i.epoch"
+            " AND l.expires > now()) THEN 'leader' ELSE 'stale' END AS role, i.epoch,"
+            " EXTRACT(EPOCH FROM now() - i.seen) AS ago FROM askwright_instance i"
+            " WHERE i.seen > now() - make_interval(secs => %s)) AS heard"
+            " ORDER BY role <> 'leader', id", (SEEN_SECONDS,)).fetchall()
     finally:
         conn.close()
     return [{"id": i, "role": role, "epoch": epoch, "seen_seconds_ago": round(float(ago), 1)}

@@ -41,13 +41,19 @@ TCP = {"keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1, "keepali
 CONNECT_SECONDS = 3
 
 
-def connect(url: str, password: str | None, *, limits: dict[str, int], name: str) -> psycopg.Connection:
+def connect(url: str, password: str | None, *, limits: dict[str, int], name: str,
+            limits_win: bool = False) -> psycopg.Connection:
     """An autocommit connection with the TCP settings and session ``limits``
-    (milliseconds); ``name`` is its application_name in pg_stat_activity."""
-    # The URL's own options (a search_path, or these limits set otherwise by
-    # an operator) come last, so they win.
+    (milliseconds); ``name`` is its application_name in pg_stat_activity.
+
+    The URL's own options (a search_path, or these limits set otherwise by
+    an operator) come last, so they win; unless ``limits_win``: the lease's
+    connection, whose limits the takeover of a frozen leader is timed by (an
+    operator's ``lock_timeout=5000`` for the store let the round's 4 s bound
+    cut the standby's wait before it could fail as a lock's, and nobody led)."""
     given = conninfo_to_dict(url).get("options") or ""
-    options = " ".join([*(f"-c {setting}={value}" for setting, value in limits.items()), given]).strip()
+    ours = [f"-c {setting}={value}" for setting, value in limits.items()]
+    options = " ".join([given, *ours] if limits_win else [*ours, given]).strip()
     return psycopg.connect(url, password=password, autocommit=True, connect_timeout=CONNECT_SECONDS,
                            application_name=name, options=options, **TCP)
 
