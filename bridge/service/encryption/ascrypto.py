@@ -37,6 +37,7 @@ from bridge.service.transport.bot import sleep_or_stop
 from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.encryption.devicenews import device_sync, hand_to_nio
+from bridge.service.encryption.keysmade import keys_lost, keys_made
 from bridge.service.transport.matrix import MatrixError, client_config
 
 log = logging.getLogger(__name__)
@@ -76,10 +77,17 @@ async def device_client(config: Config, store: Any) -> AsyncClient:
     if token and device_id:
         client.access_token = token
         whoami = await client.whoami()
-        if isinstance(whoami, WhoamiResponse) and whoami.device_id == device_id:
-            return _logged_in(client, config, device_id, token)
-        log.warning("the bridge's device %s is gone (%s); logging in a new one", device_id,
-                    getattr(whoami, "message", "another device"))
+        if keys_lost(str(folder), store, user_id, device_id):
+            # (A standby given a key folder of its own, or a store restored
+            # without it: the old device's one-time keys would be claimed in vain.)
+            log.warning("the key folder %s holds no keys of the bridge's device %s (lost, or the store restored "
+                        "without it): logging in a new device with the as_token; sign %s out", folder, device_id,
+                        device_id)
+        elif isinstance(whoami, WhoamiResponse) and whoami.device_id == device_id:
+            return _logged_in(client, config, store, device_id, token)
+        else:
+            log.warning("the bridge's device %s is gone (%s); logging in a new one", device_id,
+                        getattr(whoami, "message", "another device"))
     body = {"type": "m.login.application_service", "identifier": {"type": "m.id.user", "user": user_id},
             "initial_device_display_name": config.bot.device_name}
     response = await client.send("POST", "/_matrix/client/v3/login", json.dumps(body),
@@ -96,12 +104,13 @@ async def device_client(config: Config, store: Any) -> AsyncClient:
         store.set_meta(TOKEN, reply["access_token"])
         store.set_meta(DEVICE, reply["device_id"])
     log.info("the bridge's user has its own device %s for encryption", reply["device_id"])
-    return _logged_in(client, config, reply["device_id"], reply["access_token"])
+    return _logged_in(client, config, store, reply["device_id"], reply["access_token"])
 
 
-def _logged_in(client: DeviceClient, config: Config, device_id: str, token: str) -> DeviceClient:
-    client.restore_login(config.bot.user_id, device_id, token)  # also loads nio's key store
+def _logged_in(client: DeviceClient, config: Config, store: Any, device_id: str, token: str) -> DeviceClient:
+    client.restore_login(config.bot.user_id, device_id, token)  # also loads nio's key store (made if none)
     client.device_token, client.as_token = token, config.appservice.as_token
+    keys_made(store, device_id)
     return client
 
 

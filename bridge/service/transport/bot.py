@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -24,6 +23,7 @@ from bridge.service.eventwait import any_set
 from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.encryption.devicenews import hand_to_nio
+from bridge.service.encryption.keysmade import keys_lost, keys_made
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.invites import Invites
 from bridge.service.transport.matrix import (MatrixError, StopRequested, TokenRefused, client_config, read_ahead,
@@ -112,7 +112,7 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
                 raise MatrixError("the homeserver did not say which device the access token belongs to; "
                                   "encryption needs one (log in with bot.password)", None)
             known = store.get_meta("device_id")
-            if encrypt and _keys_lost(client, store, whoami.user_id, device_id):
+            if encrypt and keys_lost(client.store_path, store, whoami.user_id, device_id):
                 if config.bot.access_token or not config.bot.password:
                     # Exit 2, as a config refused: a restart in a loop does not mend it.
                     raise ConfigError(
@@ -131,7 +131,7 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
             if encrypt:
                 # Also loads nio's key store for this user and device.
                 client.restore_login(whoami.user_id, device_id, token)
-                _keys_made(store, device_id)
+                keys_made(store, device_id)
             else:
                 client.user_id, client.device_id = whoami.user_id, device_id
             return client
@@ -140,7 +140,7 @@ async def _logged_in(client: AsyncClient, config: Config, store: Store, encrypt:
     if not config.bot.password:
         raise MatrixError("no usable credentials (set bot.access_token or bot.password)", None)
     device_id = store.get_meta("device_id") or ""
-    if encrypt and _keys_lost(client, store, config.bot.user_id, device_id):
+    if encrypt and keys_lost(client.store_path, store, config.bot.user_id, device_id):
         _say_new_device(client, device_id)
         device_id = ""  # a new device
     return await _password_login(client, config, store, device_id=device_id, encrypt=encrypt)
@@ -158,29 +158,8 @@ async def _password_login(client: AsyncClient, config: Config, store: Store, *, 
         store.set_meta("access_token", response.access_token)
         store.set_meta("device_id", response.device_id)
     if encrypt:
-        _keys_made(store, response.device_id)
+        keys_made(store, response.device_id)
     return client
-
-
-# Meta key: the device whose keys the key folder was made with (so a folder
-# lost is told from encryption turned on for a device that never had keys).
-CRYPTO_DEVICE = "crypto_device"
-
-
-def _keys_made(store: Store, device_id: str) -> None:
-    if store.get_meta(CRYPTO_DEVICE) != device_id:
-        with store.transaction():
-            store.set_meta(CRYPTO_DEVICE, device_id)
-
-
-def _keys_lost(client: AsyncClient, store: Store, user_id: str, device_id: str) -> bool:
-    """A device the bridge made keys for whose key store is not in the key
-    folder (nio names its file by user and device): the folder lost, or the
-    store restored without it.  A new account under that device id would
-    read nothing people send: the homeserver keeps the old account's
-    one-time keys, which their clients go on claiming."""
-    return bool(device_id) and store.get_meta(CRYPTO_DEVICE) == device_id \
-        and not os.path.exists(os.path.join(client.store_path, f"{user_id}_{device_id}.db"))
 
 
 def _say_new_device(client: AsyncClient, lost: str) -> None:
