@@ -467,32 +467,18 @@ async def test_a_lost_key_folder_is_a_new_device_with_a_password_and_a_refusal_w
     alice.client.olm.outbound_group_sessions.pop(room, None)
     await alice.send(room, answer_content(questions[("branch", 1)], option_id="main"))
     await bridge.wait_answer("kinds", "branch", timeout=60)
-    assert bridge.stop() == 0
-    shutil.rmtree(crypto_dir(bridge.store_path))
-    bridge.start()  # with a password: a new device, which reads what people send
-    await asyncio.sleep(3)
-    alice.client.olm.outbound_group_sessions.pop(room, None)
-    sent = await alice.send(room, answer_content(questions[("name", 1)], text="after the loss"))
-    assert (await bridge.wait_answer("kinds", "name", timeout=60))["text"] == "after the loss"
-    notice = await alice.wait_notice(room, sent, timeout=60)
-    assert "Not recorded" not in notice.get("body", ""), notice
+    await _key_folder_lost_then_read(bridge, questions)  # with a password: a new device, which reads
     assert "logging in with bot.password as a new device" in bridge.log_text()
 
 
-@pytest.mark.parametrize("encrypted", ["appservice"], indirect=True)
-async def test_a_lost_key_folder_in_appservice_mode_is_a_new_device_that_reads_what_people_send(encrypted):
-    """Appservice mode checked only that its device still existed: with the
-    key folder lost (or a standby given a folder of its own) it made a new
-    account under the old device id, whose one-time keys people's clients
-    never claimed, and every encrypted answer was refused as undecryptable."""
+async def _key_folder_lost_then_read(bridge, questions) -> None:
+    """The bridge stopped, its key folder removed, started again: Alice's
+    next answer (her room key shared anew) is read and recorded."""
     import shutil
 
     from bridge.service.encryption.crypto import crypto_dir
 
-    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
-    questions = await started(bridge)
-    await alice.send(room, answer_content(questions[("branch", 1)], option_id="main"))
-    await bridge.wait_answer("kinds", "branch", timeout=60)
+    alice, room = bridge.alice, bridge.room_id
     assert bridge.stop() == 0
     shutil.rmtree(crypto_dir(bridge.store_path))
     bridge.start()
@@ -502,4 +488,17 @@ async def test_a_lost_key_folder_in_appservice_mode_is_a_new_device_that_reads_w
     assert (await bridge.wait_answer("kinds", "name", timeout=60))["text"] == "after the loss"
     notice = await alice.wait_notice(room, sent, timeout=60)
     assert "Not recorded" not in notice.get("body", ""), notice
+
+
+@pytest.mark.parametrize("encrypted", ["appservice"], indirect=True)
+async def test_a_lost_key_folder_in_appservice_mode_is_a_new_device_that_reads_what_people_send(encrypted):
+    """Appservice mode checked only that its device still existed: with the
+    key folder lost (or a standby given a folder of its own) it made a new
+    account under the old device id, whose one-time keys people's clients
+    never claimed, and every encrypted answer was refused as undecryptable."""
+    bridge = encrypted
+    questions = await started(bridge)
+    await bridge.alice.send(bridge.room_id, answer_content(questions[("branch", 1)], option_id="main"))
+    await bridge.wait_answer("kinds", "branch", timeout=60)
+    await _key_folder_lost_then_read(bridge, questions)
     assert "holds no keys of the bridge's device" in bridge.log_text()

@@ -86,6 +86,17 @@ async def _serving(handler) -> AsyncIterator[NioTransport]:
         await server.close()
 
 
+async def _kept_through(handler, data: bytes, tmp_path) -> None:
+    """A screenshot of ``data`` fetched from the homeserver ``handler`` plays: kept whole."""
+    from bridge.service.answering import attachments
+
+    (tmp_path / "set").mkdir()
+    async with _serving(handler) as transport:
+        saved, refused = await attachments.fetch_bounded(_shot(data), str(tmp_path / "set"), "q1", 1,
+                                                         transport.download, limit=1024 * 1024)
+    assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
+
+
 def _shot(data: bytes) -> dict:
     return {"msgtype": "m.image", "body": "shot.png", "url": "mxc://remote.example/shot",
             "info": {"size": len(data), "mimetype": "image/png"}}
@@ -147,11 +158,7 @@ async def test_a_file_on_a_server_the_homeserver_does_not_reach_is_fetched_once_
             return web.json_response({"errcode": "M_UNKNOWN", "error": "Failed to fetch remote media"}, status=502)
         return web.Response(body=data, headers={"Content-Type": "image/png"})
 
-    (tmp_path / "set").mkdir()
-    async with _serving(remote) as transport:
-        saved, refused = await attachments.fetch_bounded(_shot(data), str(tmp_path / "set"), "q1", 1,
-                                                         transport.download, limit=1024 * 1024)
-    assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
+    await _kept_through(remote, data, tmp_path)
     assert len(asked) == 9
 
 
@@ -200,11 +207,7 @@ async def test_a_homeserver_limiting_downloads_is_waited_out_not_taken_for_a_fai
             return web.json_response({"errcode": "M_LIMIT_EXCEEDED"}, status=429, headers={"Retry-After": "1"})
         return web.Response(body=data, headers={"Content-Type": "image/png"})
 
-    (tmp_path / "set").mkdir()
-    async with _serving(limiting) as transport:
-        saved, refused = await attachments.fetch_bounded(_shot(data), str(tmp_path / "set"), "q1", 1,
-                                                         transport.download, limit=1024 * 1024)
-    assert refused is None and (tmp_path / "set" / saved).read_bytes() == data
+    await _kept_through(limiting, data, tmp_path)
     gaps = [later - earlier for earlier, later in zip(asked_at, asked_at[1:])]
     assert len(asked_at) == 5 and min(gaps) >= (0.65 if asked == "body" else 0.95), gaps
 
