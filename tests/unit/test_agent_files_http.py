@@ -525,3 +525,24 @@ async def test_a_client_asking_before_it_sends_a_body_is_refused_before_it_sends
     assert (await first_answer("/v1/sets/plan/media/take.png", TOKENS["planner"],
                                4 * 1024 * 1024)).startswith("HTTP/1.1 413")  # media_max is 3 MB here
     assert (await first_answer("/v1/sets/plan", TOKENS["planner"], 100)).startswith("HTTP/1.1 100 Continue")
+
+
+async def test_a_path_no_route_takes_is_a_404_beside_the_appservices_catch_all(tmp_path):
+    """In appservice mode the transaction server's catch-all ("*" on every
+    path) shares the listener: every unknown /v1 path was a 405 with "Allow: *",
+    and a known one's Allow named "*" beside its methods."""
+    from aiohttp import web
+
+    config = parse_config({**GOOD, "agents": {name: {"token": token} for name, token in TOKENS.items()}},
+                          base_dir=tmp_path, environ={})
+    routes = AgentApi(config).routes()
+
+    async def unrecognised(_request: web.Request) -> web.Response:
+        return web.json_response({"errcode": "M_UNRECOGNIZED"}, status=404)
+
+    routes.route("*", "/{tail:.*}")(unrecognised)
+    async with served(routes) as port, aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+        async with http.get("/v1/nothing/here", headers=auth("planner")) as response:
+            assert response.status == 404 and (await response.json())["error"] == "not_found"
+        async with http.delete("/v1/sets/intro", headers=auth("planner")) as response:
+            assert response.status == 405 and response.headers["Allow"] == "PUT"
