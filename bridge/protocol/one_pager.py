@@ -33,6 +33,10 @@ from bridge.questionset.model import MediaItem
 # Each message stays well under the 65,536-byte event limit (the envelope,
 # and encryption in an encrypted room, add to the content).
 MESSAGE_MAX_BYTES = 60_000
+# ... and in an encrypted room, where the ciphertext is about 4/3 of it: a
+# 60 KB message went out past the limit once encrypted (M_TOO_LARGE), and the
+# background never appeared.
+ENCRYPTED_MESSAGE_MAX_BYTES = 44_000
 # Room kept in every message for the heading and the message's own keys.
 _HEADING_RESERVE = 4_000
 _BUDGET = MESSAGE_MAX_BYTES - _HEADING_RESERVE
@@ -77,9 +81,12 @@ class _Unit:
 
 
 def render_one_pager(
-    blocks: Sequence[Mapping[str, Any]], *, title: str, labels: Mapping[str, str] | None = None
+    blocks: Sequence[Mapping[str, Any]], *, title: str, labels: Mapping[str, str] | None = None,
+    message_max: int = MESSAGE_MAX_BYTES,
 ) -> list[Part]:
-    """The background of the question titled ``title`` as thread messages, in order.
+    """The background of the question titled ``title`` as thread messages, in
+    order, each at most ``message_max`` bytes (``ENCRYPTED_MESSAGE_MAX_BYTES``
+    in an encrypted room).
 
     ``labels`` maps the question's option ids to their labels, so an
     ``options_compared`` block that names options by id reads as the message
@@ -102,7 +109,7 @@ def render_one_pager(
         pending.extend(_block_units(block, names))
     if pending:
         sections.append(pending)
-    return _messages(sections, title)
+    return _messages(sections, title, message_max - _HEADING_RESERVE)
 
 
 # ---------------------------------------------------------------- blocks
@@ -299,8 +306,8 @@ def _media_unit(block: Mapping[str, Any], media: MediaItem) -> _Unit:
 # ---------------------------------------------------------------- messages
 
 
-def _messages(sections: list[list[_Unit] | tuple[MediaItem, _Unit]], title: str) -> list[Part]:
-    """Pack the units into messages; then head each one, numbered when there are several."""
+def _messages(sections: list[list[_Unit] | tuple[MediaItem, _Unit]], title: str, budget: int) -> list[Part]:
+    """Pack the units into messages of ``budget`` bytes; then head each one, numbered when there are several."""
     drafts: list[tuple[list[_Unit], MediaItem | None]] = []
     for section in sections:
         if isinstance(section, tuple):
@@ -309,8 +316,8 @@ def _messages(sections: list[list[_Unit] | tuple[MediaItem, _Unit]], title: str)
             continue
         current: list[_Unit] = []
         size = 0
-        for unit in _fitting(section):
-            if current and size + unit.size > _BUDGET:
+        for unit in _fitting(section, budget):
+            if current and size + unit.size > budget:
                 drafts.append((current, None))
                 current, size = [], 0
             current.append(unit)
@@ -333,10 +340,10 @@ def _messages(sections: list[list[_Unit] | tuple[MediaItem, _Unit]], title: str)
     return parts
 
 
-def _fitting(units: Iterable[_Unit]) -> Iterable[_Unit]:
+def _fitting(units: Iterable[_Unit], budget: int) -> Iterable[_Unit]:
     """Each unit, or when one alone is over the budget its text in plain pieces."""
     for unit in units:
-        if unit.size <= _BUDGET:
+        if unit.size <= budget:
             yield unit
         else:
             yield from _paragraph_units(unit.text)

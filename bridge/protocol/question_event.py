@@ -45,6 +45,11 @@ ELICITATION_ID_MAX = 200
 EVENT_MAX_BYTES = 65_536
 ENVELOPE_RESERVE = 2_048
 CONTENT_MAX_BYTES = EVENT_MAX_BYTES - ENVELOPE_RESERVE
+# In an encrypted room the event is the Megolm ciphertext of {type, content,
+# room_id} in base64: about 4/3 of the plaintext, with its own keys beside
+# it.  A question of 55 KB fit an event in the clear and was refused
+# (M_TOO_LARGE) once encrypted: the question never appeared.
+ENCRYPTED_CONTENT_MAX_BYTES = (CONTENT_MAX_BYTES - 512) * 3 // 4 - 512
 
 # Largest integer Synapse accepts in content (canonical JSON's safe range).
 _SAFE_INT = 2**53 - 1
@@ -135,8 +140,10 @@ def build_question_event(
     poll: bool = False,
     posted_ms: int | None = None,
     reactions: bool = True,
+    max_bytes: int = CONTENT_MAX_BYTES,
 ) -> dict[str, Any]:
-    """The question.v2 content for one posting of ``question``.
+    """The question.v2 content for one posting of ``question``, at most
+    ``max_bytes`` of it (``ENCRYPTED_CONTENT_MAX_BYTES`` in an encrypted room).
 
     ``media`` maps a media item's ``src`` (a figure, which has none, by
     ``"figure:<index>"``) to its upload description ``{url: "mxc://...",
@@ -172,7 +179,8 @@ def build_question_event(
     if bound is not None:
         structured["subject"] = _subject(bound)
     structured = no_floats(structured)
-    return _with_readable_parts(structured, poll=poll, reactions=reactions, background=bool(question.one_pager) or bool(one_pager_ref),
+    return _with_readable_parts(structured, poll=poll, reactions=reactions, max_bytes=max_bytes,
+                                background=bool(question.one_pager) or bool(one_pager_ref),
                                 now_ms=posted_ms)
 
 
@@ -400,15 +408,17 @@ def _start(start: int | float | str | None) -> dict[str, Any]:
 
 
 def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: bool,
-                         now_ms: int | None = None, reactions: bool = True) -> dict[str, Any]:
+                         now_ms: int | None = None, reactions: bool = True,
+                         max_bytes: int = CONTENT_MAX_BYTES) -> dict[str, Any]:
     """Add body/formatted_body, shortening them until the event fits."""
     floor = dict(structured, body=render_body(structured, limit=_SHRINK_LIMITS[-1], poll=poll, bare=True,
                                               now_ms=now_ms, reactions=reactions))
-    if content_size(floor) > CONTENT_MAX_BYTES:
+    if content_size(floor) > max_bytes:
         raise QuestionEventTooLarge(
             f"question {structured['question']['id']!r}: its structured fields with the shortest "
-            f"readable body take {content_size(floor)} bytes, over the {CONTENT_MAX_BYTES} an event "
-            "may carry; shorten its question text, options, look_for or why"
+            f"readable body take {content_size(floor)} bytes, over the {max_bytes} an event "
+            f"{'in an encrypted room ' if max_bytes < CONTENT_MAX_BYTES else ''}may carry; shorten its question "
+            "text, options, look_for or why"
         )
     for body_limit, html_limit in _attempts():
         body = render_body(structured, limit=body_limit, poll=poll, background=background, now_ms=now_ms,
@@ -418,7 +428,7 @@ def _with_readable_parts(structured: dict[str, Any], *, poll: bool, background: 
             html = render_html(structured, limit=html_limit, poll=poll, background=background, now_ms=now_ms,
                                reactions=reactions)
             candidate.update(format=HTML_FORMAT, formatted_body=html)
-        if content_size(candidate) <= CONTENT_MAX_BYTES:
+        if content_size(candidate) <= max_bytes:
             return candidate
     return floor
 
@@ -509,7 +519,9 @@ def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[s
     # all of it fits in an event (a question near the limit keeps them in
     # the original only).
     structured = {**{key: content[key] for key in STRUCTURED_KEYS if key in content}, **(marks or {})}
-    if structured and content_size({**edit, "m.new_content": {**new, **structured}}) <= CONTENT_MAX_BYTES:
+    # (Judged as the edit of an encrypted room's question is: the fields are
+    # a nicety the original carries anyway, the edit itself must go out.)
+    if structured and content_size({**edit, "m.new_content": {**new, **structured}}) <= ENCRYPTED_CONTENT_MAX_BYTES:
         new.update(structured)
     return edit
 

@@ -765,3 +765,15 @@ def test_a_media_root_that_is_a_file_is_said_to_be_one(set_dir: Path) -> None:
     raw["media_roots"] = ["../renders", "../secret.png"]
     said = {f.where: f.message for f in run(raw, set_dir).errors}
     assert "is a file, not a folder" in said["media_roots[1]"]
+
+
+def test_a_question_too_large_for_an_encrypted_rooms_event_is_a_warning(set_dir: Path) -> None:
+    """Encryption makes an event about 4/3 as large: a question that fits in
+    the clear may not be posted in an encrypted room, which lint can't tell."""
+    raw = decide_set()
+    q(raw, "many")["look_for"] = [f"Whether item {n} of the list reads well in every language we ship"
+                                  for n in range(700)]
+    result = run(raw, set_dir)
+    assert result.errors == []
+    said = [(f.where, f.message) for f in result.warnings if "encrypted room" in f.message]
+    assert [where for where, _message in said] == ["questions[many]"], said

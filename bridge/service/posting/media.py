@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge.protocol.one_pager import render_one_pager
+from bridge.protocol.one_pager import ENCRYPTED_MESSAGE_MAX_BYTES, MESSAGE_MAX_BYTES, render_one_pager
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.render import esc
 from bridge.questionset.media import LocalFilesystem, captions_for, media_type, mimetype, resolve
@@ -70,12 +70,18 @@ class PreparedMedia:
     messages: list[dict[str, Any]] = field(default_factory=list)  # thread messages, without m.relates_to
 
 
+async def encrypted_room(transport: Any, room: str | None) -> bool:
+    """Whether what is sent to ``room`` goes out encrypted (its events then
+    sized for the ciphertext, its files encrypted before they are uploaded)."""
+    room_encrypted = getattr(transport, "room_encrypted", None)
+    return bool(room and room_encrypted and await room_encrypted(room))
+
+
 async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: Store, transport: Any,
                   room: str | None = None) -> PreparedMedia:
     """Upload (or find uploaded) every media item of ``question``; encrypted
     when ``room`` is an encrypted room, so the server never holds the plain file."""
-    room_encrypted = getattr(transport, "room_encrypted", None)
-    encrypted = bool(room and room_encrypted and await room_encrypted(room))
+    encrypted = await encrypted_room(transport, room)
     out = PreparedMedia()
     fs = LocalFilesystem(str(set_dir))
     for index, item in enumerate(question.media or ()):
@@ -134,9 +140,9 @@ async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, q
     if not question.one_pager or await store.run(store.get_meta, key):
         return
     blocks = [block.model_dump(mode="json") for block in question.one_pager]
-    parts = render_one_pager(blocks, title=question.title, labels={o.id: o.label for o in question.options or ()})
-    room_encrypted = getattr(transport, "room_encrypted", None)
-    encrypted = bool(room_encrypted and await room_encrypted(room_id))
+    encrypted = await encrypted_room(transport, room_id)
+    parts = render_one_pager(blocks, title=question.title, labels={o.id: o.label for o in question.options or ()},
+                             message_max=ENCRYPTED_MESSAGE_MAX_BYTES if encrypted else MESSAGE_MAX_BYTES)
     fs = LocalFilesystem(str(set_dir))
     for index, part in enumerate(parts):
         content = part.content

@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterable
 from bridge.protocol.judge import KEEPS_TAKING
 from bridge.protocol.outcome import REASON_SHOWN, shown_title, shown_words, txn_id
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
-from bridge.protocol.question_event import build_question_event, closed_replacement, new_elicitation_id, option_order
+from bridge.protocol.question_event import (CONTENT_MAX_BYTES, ENCRYPTED_CONTENT_MAX_BYTES, build_question_event,
+                                            closed_replacement, new_elicitation_id, option_order)
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
@@ -342,7 +343,9 @@ class Poster:
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
                                        poll=wants_poll(question.kind),
                                        posted_ms=await self._first_posted(folder, question),
-                                       reactions=await self._takes_reactions(room))
+                                       reactions=await self._takes_reactions(room),
+                                       max_bytes=ENCRYPTED_CONTENT_MAX_BYTES if await media.encrypted_room(
+                                           self.transport, room) else CONTENT_MAX_BYTES)
         sending = Sending(txn=txn_id("post", qset.id, question.id, str(question.rev), digest, folder, str(number)),
                           room=room, set_id=qset.id, folder=folder, qid=question.id, content=content,
                           replacing=tuple(old.event_id for old in replacing if old.open),
