@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bridge.protocol.deadline import format_rfc3339, is_rfc3339, parse_when
+from bridge.protocol.outcome import shown_title
 from bridge.protocol.render import (HTML_FORMAT, approval_line_html, esc_links, render_body, render_html, settled_lines,
                                     why_in_brackets)
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
@@ -507,7 +508,7 @@ def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[s
     edit = {
         "msgtype": new["msgtype"],
         # The fallback for clients without edits: short, the whole message is in m.new_content.
-        "body": f"* {q.get('title', '')}: {line}",
+        "body": f"* {shown_title(q.get('title', ''))}: {line}",
         "m.new_content": new,
         "m.relates_to": {"rel_type": "m.replace", "event_id": question_event_id},
         "m.mentions": {},

@@ -74,3 +74,19 @@ def test_a_direction_override_in_an_agents_words_never_turns_the_bridges_around(
     assert RLO not in _closing_words(withdrawn.questions[0], withdrawn)
     quiz = QuestionSet.model_validate({"askwright": 1, "id": "demo", "title": f"Demo{RLO}", "questions": [question()]})
     assert RLO not in score_text(quiz, Score(3, 4, {}, (0, 0), 0))
+
+
+def test_a_title_in_the_escalation_and_the_edits_fallback_is_cut_and_turns_nothing_around():
+    """The escalation's mention and an edit's plain fallback quoted the title
+    as written: a U+202E in it reversed the bridge's words after it."""
+    from bridge.service.answering.deadlines import escalation_content
+
+    title = f"Ship it{RLO} " + "x" * 5000
+    qset, content = posted(question(title=title, escalate={"after": "2030-01-01T09:00:00Z", "to": ["@ana:example.org"]},
+                                    expires="2030-01-01T10:00:00Z"))
+    recorded = RecordedQuestion(event_id="$q", room_id="!r", set_id="demo", content=content)
+    escalation = escalation_content(recorded)["body"]
+    edit = closed_replacement("$q", content, "Closed.", 1_800_000_000_000)["body"]
+    for said in (escalation, edit):
+        assert RLO not in said and len(said) < 600, said
+    assert escalation.endswith("is still undecided; you may answer it now.")

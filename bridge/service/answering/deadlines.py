@@ -29,7 +29,7 @@ from typing import Any
 from bridge.service.eventwait import any_set
 from bridge.protocol.approval_record import of_revision, told_outcome
 from bridge.protocol.judge import CLOSED_DECIDED, CLOSED_EXPIRED
-from bridge.protocol.outcome import display_names, in_thread, txn_id
+from bridge.protocol.outcome import display_names, in_thread, shown_title, txn_id
 from bridge.protocol.poll import POLL_END, deadline_poll_end, poll_end
 from bridge.protocol.question_event import closed_replacement, reopened_replacement
 from bridge.protocol.quorum import PENDING, Tally, decision_line, decision_words, expiry_words, stood_words
@@ -71,7 +71,7 @@ def keep_record(store: Store, replaced: RecordedQuestion, set_dir: str) -> None:
 
 def escalation_content(question: RecordedQuestion) -> dict[str, Any]:
     _at, people = question.escalation or (0, ())
-    title = question.question.get("title", question.qid)
+    title = shown_title(question.question.get("title", question.qid))
     text = f"{', '.join(people)}: \u201c{title}\u201d is still undecided; you may answer it now."
     return {"msgtype": "m.text", "body": text, "m.mentions": {"user_ids": list(people)},
             "m.relates_to": in_thread(question.event_id),
