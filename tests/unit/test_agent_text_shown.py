@@ -82,8 +82,8 @@ def test_a_title_in_the_escalation_and_the_edits_fallback_is_cut_and_turns_nothi
     from bridge.service.answering.deadlines import escalation_content
 
     title = f"Ship it{RLO} " + "x" * 5000
-    qset, content = posted(question(title=title, escalate={"after": "2030-01-01T09:00:00Z", "to": ["@ana:example.org"]},
-                                    expires="2030-01-01T10:00:00Z"))
+    qset, content = posted(question(title=title, expires="2030-01-01T10:00:00Z",
+                                    escalate={"after": "2030-01-01T09:00:00Z", "to": ["@ana:example.org"]}))
     recorded = RecordedQuestion(event_id="$q", room_id="!r", set_id="demo", content=content)
     escalation = escalation_content(recorded)["body"]
     edit = closed_replacement("$q", content, "Closed.", 1_800_000_000_000)["body"]
