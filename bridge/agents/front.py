@@ -54,6 +54,7 @@ def agent_of_http(ctx: Any) -> str | None:
 
 # A refusal at /mcp's door; -32000..-32019 are the implementation's own codes.
 REFUSED = -32010
+STARTING_RETRY_SECONDS = 5
 # A refused request's id is looked for in a body up to this size.
 _ID_LOOKUP_BYTES = 64 * 1024
 
@@ -112,6 +113,25 @@ class AgentsFront:
         in lines or not), and the call around it."""
         return max(MAX_QUESTIONS_BYTES, wrapped_base64_size(min(self.config.agent_api.media_max, MCP_MEDIA_MAX))) \
             + 65536
+
+    def starting_routes(self) -> web.RouteTableDef:
+        """The agents' door while the bridge starts and only /health is
+        served (a homeserver not answering holds the start): 503 in the API's
+        own shape, with Retry-After.  Unrouted, /v1 answered aiohttp's
+        plain-text 404, which a client took for "no such set"."""
+        routes = web.RouteTableDef()
+        words = "the bridge is starting; try again in a moment"
+
+        async def v1(_request: web.Request) -> web.Response:
+            return web.json_response({"ok": False, "error": "starting", "message": words}, status=503,
+                                     headers={"Retry-After": str(STARTING_RETRY_SECONDS)})
+
+        async def mcp(_request: web.Request) -> web.Response:
+            return mcp_refusal(503, words, None, {"Retry-After": str(STARTING_RETRY_SECONDS)})
+
+        routes.route("*", "/v1/{tail:[\\s\\S]*}")(v1)
+        routes.route("*", "/mcp")(mcp)
+        return routes
 
     def routes(self) -> web.RouteTableDef:
         routes = self.api.routes()

@@ -20,9 +20,9 @@ from helpers.agents import free_port
 from helpers.config import GOOD
 
 
-def bridge_against(tmp_path, url: str) -> subprocess.Popen:
+def bridge_against(tmp_path, url: str, **more: object) -> subprocess.Popen:
     config = {**GOOD, "homeserver": {"url": url}, "sets": {"root": str(tmp_path / "ask")},
-              "store": {"path": str(tmp_path / "bridge.sqlite")}}
+              "store": {"path": str(tmp_path / "bridge.sqlite")}, **more}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
@@ -87,3 +87,35 @@ def test_sighup_is_logged_and_the_bridge_runs_on(tmp_path):
     bridge = bridge_against(tmp_path, f"http://127.0.0.1:{free_port()}")
     code, output = stopped(bridge, 3, lambda: (bridge.send_signal(signal.SIGHUP), time.sleep(1)))
     assert code == 0 and "SIGHUP: nothing to reload" in output, output
+
+
+def test_the_agents_door_says_the_bridge_is_starting_while_its_homeserver_does_not_answer(tmp_path):
+    """Only /health was served while the start waited for the homeserver:
+    /v1 answered aiohttp's plain-text 404, which a client took for "no such
+    set", and /mcp the same, no JSON-RPC error its client could show."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    bridge = bridge_against(tmp_path, f"http://127.0.0.1:{free_port()}",
+                            metrics={"enabled": True, "listen": f"127.0.0.1:{port}"},
+                            agents={"planner": {"token": "planner-token-0123456789"}})
+    said: dict[str, tuple[int, dict, str]] = {}
+
+    def ask() -> None:
+        for path, data in (("/v1/sets/plan", None), ("/mcp", b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}')):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers={
+                "Authorization": "Bearer planner-token-0123456789", "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream"})
+            try:
+                urllib.request.urlopen(request, timeout=5)
+            except urllib.error.HTTPError as exc:
+                said[path] = (exc.code, json.loads(exc.read()), exc.headers.get("Retry-After", ""))
+
+    code, output = stopped(bridge, 4, ask)
+    assert code == 0, output
+    status, body, retry = said["/v1/sets/plan"]
+    assert (status, body["error"], retry) == (503, "starting", "5"), said
+    status, body, retry = said["/mcp"]
+    assert status == 503 and "starting" in body["error"]["message"] and retry == "5", said

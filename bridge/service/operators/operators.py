@@ -200,8 +200,9 @@ class Operators:
             return None  # the usual start: aiohttp's server is loaded only by ``start``
         from bridge.service.operators.health import start_http
 
+        extra = self.agents.starting_routes() if self.agents is not None else ()
         try:
-            return await start_http(self.config.metrics.listen_host_port, self.metrics)
+            return await start_http(self.config.metrics.listen_host_port, self.metrics, extra)
         except OSError as exc:  # the port taken: ``start`` meets it again and stops the bridge with it
             log.warning("/health not served while starting: %s", exc)
             return None
