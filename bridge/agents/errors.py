@@ -106,3 +106,10 @@ class CallbackRefused(AgentError):
 
     status = 422
     code = "callback_refused"
+
+
+class NotStored(AgentError):
+    """The disk refused what was sent (full, read-only); nothing was left behind."""
+
+    status = 507
+    code = "not_stored"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge.agents.errors import AgentError, BadRequest, TooLarge
+from bridge.agents.errors import AgentError, BadRequest, NotStored, TooLarge
 from bridge.questionset.media import UPLOAD_EXTENSIONS, mimetype
 from bridge.wholefile import TempFile, in_thread
 
@@ -44,13 +44,6 @@ async def stored_body(stored: Stored, upload_limit: Callable[[], Awaitable[int |
             f"{stored.size} bytes, over the homeserver's upload limit of {limit} bytes: a question showing it "
             "goes out without it, its thread naming it as not sent")}]
     return body
-
-
-class NotStored(AgentError):
-    """The disk refused the file (full, read-only); nothing was left behind."""
-
-    status = 507
-    code = "not_stored"
 
 
 @dataclass(frozen=True)

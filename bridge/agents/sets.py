@@ -20,7 +20,7 @@ from bridge.agents.apart import Apart, in_a_process
 from bridge.agents.changes import Changes
 from bridge.agents.closing import blocks_close, close_questions
 from bridge.agents.judgeset import dicts, judge_set
-from bridge.agents.errors import BadRequest, LintFailed, NotFound, NotLeading, listed
+from bridge.agents.errors import BadRequest, LintFailed, NotFound, NotLeading, NotStored, listed
 from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner
 from bridge.agents.waitcap import Waits
 from bridge.answers.view import ReadError, load_view
@@ -194,22 +194,25 @@ class AgentSets:
         # Looked at again after the lint, which may have taken seconds: the
         # folder may have come meanwhile (the agent's own media upload claims
         # it; another agent's set makes it theirs).
-        for _attempt in range(3):
-            owner = self._whose(set_dir, agent, set_id)
-            had_questions = (set_dir / QUESTIONS_FILE).is_file()
-            new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()),
-                              owner.log_from if owner else self._log_now())
-            if owner is not None:
-                replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))
-                replace_whole(set_dir / QUESTIONS_FILE, judged.data)
-                break
-            try:
-                self._create(set_dir, judged.data, new_owner)
-                break
-            except FileExistsError:
-                continue  # made this moment: whose it is decides
-        else:  # something stands at the name that is no set folder (a dangling link)
-            raise BadRequest(f"the set's folder {set_id!r} can't be made")
+        try:
+            for _attempt in range(3):
+                owner = self._whose(set_dir, agent, set_id)
+                had_questions = (set_dir / QUESTIONS_FILE).is_file()
+                new_owner = Owner(agent, tuple(urls) if callbacks is not None else (owner.callbacks if owner else ()),
+                                  owner.log_from if owner else self._log_now())
+                if owner is not None:
+                    replace_whole(set_dir / OWNER_FILE, owner_bytes(new_owner))
+                    replace_whole(set_dir / QUESTIONS_FILE, judged.data)
+                    break
+                try:
+                    self._create(set_dir, judged.data, new_owner)
+                    break
+                except FileExistsError:
+                    continue  # made this moment: whose it is decides
+            else:  # something stands at the name that is no set folder (a dangling link)
+                raise BadRequest(f"the set's folder {set_id!r} can't be made")
+        except OSError as exc:  # a full disk, a read-only folder: 507 in the API's shape, not a bare 500
+            raise NotStored(f"the set could not be stored: {exc.strerror or exc}") from None
         return Asked(set_id, not had_questions, judged.open_ids, judged.warnings), set_dir
 
     def _log_now(self) -> int:
@@ -341,6 +344,8 @@ class AgentSets:
                 self._create(set_dir, None, Owner(agent, log_from=self._log_now(), claimed=True))
             except FileExistsError:
                 continue  # claimed at the same moment: whose it is decides
+            except OSError as exc:
+                raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
             return set_dir, True
         raise NotFound(f"no set {set_id!r}")
 

@@ -546,3 +546,27 @@ async def test_a_path_no_route_takes_is_a_404_beside_the_appservices_catch_all(t
             assert response.status == 404 and (await response.json())["error"] == "not_found"
         async with http.delete("/v1/sets/intro", headers=auth("planner")) as response:
             assert response.status == 405 and response.headers["Allow"] == "PUT"
+
+
+async def test_a_full_disk_is_a_507_in_the_apis_shape_for_a_set_and_a_first_upload(api, monkeypatch):
+    """ENOSPC while a set (or the folder a first upload claims) was written
+    escaped as aiohttp's plain-text 500; the document declares 507 not_stored."""
+    import errno
+
+    from bridge.agents import sets as sets_module
+    from bridge.wholefile import replace_whole as real
+
+    def full(path, data, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    http, root, _ = api
+    monkeypatch.setattr(sets_module, "replace_whole", full)
+    async with http.put("/v1/sets/plan", json=one_question("plan"), headers=auth("planner")) as response:
+        assert response.status == 507, await response.text()
+        assert (await response.json())["error"] == "not_stored"
+    async with http.put("/v1/sets/fresh/media/shot.png", data=b"\x89PNG" + bytes(100),
+                        headers=auth("planner")) as response:
+        assert response.status == 507, await response.text()
+        assert (await response.json())["error"] == "not_stored"
+    monkeypatch.setattr(sets_module, "replace_whole", real)
+    assert made(root) == []  # nothing left behind
