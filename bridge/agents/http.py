@@ -111,7 +111,9 @@ class AgentApi:
             if request.version != HttpVersion11:
                 return None
             if request.headers.get("Expect", "").lower() != "100-continue":
-                raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers.get('Expect')}")
+                # (In the API's shape, as every refusal: aiohttp's own was plain text.)
+                return Refusal(417, "expectation_failed", f"Expect: {request.headers.get('Expect', '')[:100]!r} is "
+                                                          "not one this API meets (only 100-continue)").response
             if agent_for(request.headers.get("Authorization"), self.config.agents) is None:
                 return _unauthorized().response
             if request.content_length is not None and request.content_length > limit:
