@@ -30,9 +30,9 @@ def set_folder(root: Path, set_id: str) -> Path:
     return found
 
 
-async def closes(receiver: Receiver, count: int) -> list[dict[str, Any]]:
+async def closes(receiver: Receiver, count: int, timeout: float = 30) -> list[dict[str, Any]]:
     """The question.closed bodies taken so far, once there are ``count``."""
-    for _ in range(300):
+    for _ in range(int(timeout * 10)):
         found = [t["body"] for t in receiver.taken if t["body"]["type"] == "question.closed"]
         if len(found) >= count:
             return found
@@ -97,7 +97,9 @@ async def test_each_way_a_question_closes_is_one_webhook_with_its_why(bridge):
 
         # The folder removed whole: its two open postings close with it.
         shutil.rmtree(set_folder(bridge.sets_root, set_id))
-        told = await closes(receiver, 7)
+        # (Longer than the others: in 1 of this session's full runs, on a
+        # loaded machine, these two came after more than 30 s.)
+        told = await closes(receiver, 7, timeout=90)
         await asyncio.sleep(3)  # a second webhook for any of them, were there one, would be here now
         told = await closes(receiver, 7)
         whys = sorted((t["qid"], t["q_rev"], t["question_event_id"], t["why"]) for t in told)
