@@ -55,6 +55,7 @@ def agent_of_http(ctx: Any) -> str | None:
 # A refusal at /mcp's door; -32000..-32019 are the implementation's own codes.
 REFUSED = -32010
 STARTING_RETRY_SECONDS = 5
+STARTING = "the bridge is starting; try again in a moment"
 # A refused request's id is looked for in a body up to this size.
 _ID_LOOKUP_BYTES = 64 * 1024
 
@@ -120,14 +121,13 @@ class AgentsFront:
         own shape, with Retry-After.  Unrouted, /v1 answered aiohttp's
         plain-text 404, which a client took for "no such set"."""
         routes = web.RouteTableDef()
-        words = "the bridge is starting; try again in a moment"
+        retry = {"Retry-After": str(STARTING_RETRY_SECONDS)}
 
         async def v1(_request: web.Request) -> web.Response:
-            return web.json_response({"ok": False, "error": "starting", "message": words}, status=503,
-                                     headers={"Retry-After": str(STARTING_RETRY_SECONDS)})
+            return Refusal(503, "starting", STARTING, headers=retry).response
 
         async def mcp(_request: web.Request) -> web.Response:
-            return mcp_refusal(503, words, None, {"Retry-After": str(STARTING_RETRY_SECONDS)})
+            return mcp_refusal(503, STARTING, None, retry)
 
         routes.route("*", "/v1/{tail:[\\s\\S]*}")(v1)
         routes.route("*", "/mcp")(mcp)
@@ -159,7 +159,7 @@ class AgentsFront:
             # to it now failed with a 500 and a traceback.
             return mcp_refusal(503, "the bridge is stopping; try again in a moment", await _request_id(request))
         if self.manager is None or not self._ready.is_set():
-            return mcp_refusal(503, "the bridge is starting; try again in a moment", await _request_id(request))
+            return mcp_refusal(503, STARTING, await _request_id(request))
         if (request.content_length or 0) > self.mcp_body_max:
             # Said at once, as /v1 does: never waited for (a body that size
             # would be refused when it had all come, or never comes at all).
