@@ -196,11 +196,14 @@ class OutboxHook:
 
     def _keep_owner(self, set_dir: str) -> None:
         owner = read_owner(set_dir)
+        # No owner file read is not a new owner: the folder may be going whole
+        # (rm -r takes the owner file before questions.json and the folder),
+        # and forgetting the agent then lost the closes it was owed.
+        seen = json.dumps(owner.as_dict()) if owner is not None else None
+        if seen is None or self.store.get_meta(OWNER_SEEN + set_dir) == seen:
+            return
         with self.store.transaction(flush=False):  # lost, it is only written again at the next posting
-            if owner is None:
-                self.store.delete_meta(OWNER_SEEN + set_dir)
-            elif self._owner_seen(set_dir) != owner:
-                self.store.set_meta(OWNER_SEEN + set_dir, json.dumps(owner.as_dict()))
+            self.store.set_meta(OWNER_SEEN + set_dir, seen)
 
     def _owner_seen(self, set_dir: str) -> Owner | None:
         raw = self.store.get_meta(OWNER_SEEN + set_dir)

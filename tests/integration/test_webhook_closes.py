@@ -97,9 +97,9 @@ async def test_each_way_a_question_closes_is_one_webhook_with_its_why(bridge):
 
         # The folder removed whole: its two open postings close with it.
         shutil.rmtree(set_folder(bridge.sets_root, set_id))
-        # (Longer than the others: in 1 of this session's full runs, on a
-        # loaded machine, these two came after more than 30 s.)
-        told = await closes(receiver, 7, timeout=90)
+        # (On a loaded machine the last PUT's owner read came while rm -r had
+        # taken the owner file: the agent was forgotten and these never came.)
+        told = await closes(receiver, 7)
         await asyncio.sleep(3)  # a second webhook for any of them, were there one, would be here now
         told = await closes(receiver, 7)
         whys = sorted((t["qid"], t["q_rev"], t["question_event_id"], t["why"]) for t in told)

@@ -531,3 +531,32 @@ async def test_a_set_of_few_questions_and_a_big_answers_json_is_read_once_off_th
     monkeypatch.setattr(sets.apart, "run", noted)
     views = await asyncio.gather(*(sets.read_all_apart("a", "wordy") for _ in range(20)))
     assert apart == ["_view"] and all(v == views[0] for v in views)
+
+
+def test_the_owner_of_a_folder_being_removed_is_not_forgotten_before_its_closes(tmp_path):
+    """rm -r took the owner file first; the agent's PUT, answered meanwhile,
+    read the owner again and found none: the closes of the folder removed
+    went to nobody (no webhook, though the agent had one)."""
+    from bridge.protocol.recorded import RecordedQuestion
+    import shutil
+
+    sets = AgentSets(tmp_path / "sets")
+    sets.ask("a", "plan", one_question())
+    set_dir = str(tmp_path / "sets" / "plan")
+    store = Store(tmp_path / "store.sqlite")
+    question = RecordedQuestion("$q", "!room", "plan", {"question": {"id": "branch", "rev": 1, "title": "T"},
+                                                        "elicitation_id": "e1"})
+    with store.transaction():
+        store.record_posted(question, set_dir=set_dir, posted_at=0)
+    hook = OutboxHook(store, {"a": Agent(token="token-of-a-0123456789", webhook_url="https://h.example/a",
+                                         webhook_secret="s")})
+    hook.posted(question)
+    os.unlink(os.path.join(set_dir, OWNER_FILE))  # the removal under way
+    hook.owner_written(set_dir)
+    shutil.rmtree(set_dir)
+    with store.transaction():
+        store.close_question("$q")
+        hook.closed(question, "this set was removed")
+    (row,) = due(store, 2**62)
+    assert (row.agent, row.url, json.loads(row.body)["why"]) == ("a", "https://h.example/a", "this set was removed")
+    store.close()
