@@ -17,6 +17,8 @@ from typing import Any, Callable
 from bridge.agents.errors import AgentError, BadRequest
 from bridge.agents.sets import AgentSets
 from bridge.protocol import audit_verify, checkpoint as cp
+from bridge.questionset.load import LoadError, parse_json
+from bridge.questionset.setdir import QUESTIONS_FILE
 from bridge.service.storage.store import Store
 
 
@@ -60,6 +62,7 @@ async def _verify(sets: AgentSets, store_of: Callable[[], Store | None], agent: 
     for _try in range(2):
         logged = await store.run(store.audit.size)  # before answers.json is read: see below
         doc, twice = await asyncio.to_thread(_answers_of, set_dir, set_id)
+        questions = await asyncio.to_thread(_questions_of, set_dir)
         if sign is not None:
             await store.run(sign)
         vkey = await store.run(store.get_meta, "audit_key")
@@ -75,7 +78,7 @@ async def _verify(sets: AgentSets, store_of: Callable[[], Store | None], agent: 
         for start in range(0, size, LEAVES_PER_JOB):
             leaves += [leaf.encode() for _i, leaf in await store.run(store.audit.leaves, start,
                                                                      start + LEAVES_PER_JOB)]
-        verdict = await asyncio.to_thread(audit_verify.verify_set, doc, leaves, notes, origin, public)
+        verdict = await asyncio.to_thread(audit_verify.verify_set, doc, leaves, notes, origin, public, questions)
         # An answer logged while this read replaces a record of the
         # answers.json read a moment before it was written again: checked
         # once more, with the file as it is now.
@@ -85,6 +88,16 @@ async def _verify(sets: AgentSets, store_of: Callable[[], Store | None], agent: 
     return {"ok": True, "set": set_id, "holds": verdict.holds, "problems": verdict.problems,
             "records": verdict.checked_records, "leaves": verdict.leaves, "checkpoint_size": verdict.checkpoint_size,
             "before_the_log": verdict.before_the_log, "key": vkey}
+
+
+def _questions_of(set_dir: Path) -> Any:
+    """The set's questions.json, as ``verify`` reads it: which questions need
+    a quorum (a pending approval's record rewritten as a plain answer held
+    here, though the command named it).  None when it can't be read."""
+    try:
+        return parse_json((set_dir / QUESTIONS_FILE).read_bytes())
+    except (OSError, ValueError, RecursionError, LoadError):
+        return None
 
 
 def _answers_of(set_dir: Path, set_id: str) -> tuple[Any, list[str]]:

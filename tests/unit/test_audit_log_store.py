@@ -546,6 +546,53 @@ def test_a_decision_swapped_for_another_the_votes_in_the_log_allow_is_named(tmp_
     assert tamper(room, lambda r: r.update(required=1)) == [named]
 
 
+def test_the_mcp_verify_tool_reads_which_questions_need_a_quorum_as_the_command_does(tmp_path):
+    """A pending approval's record rewritten as one person's plain answer
+    (its votes and quorum dropped, the vote's receipt kept): the command
+    named it, reading questions.json; the MCP tool read only answers.json
+    and said it holds."""
+    from bridge.agents.log_verify import verify_tool
+    from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes
+    from bridge.agents.sets import AgentSets
+    from helpers.timeline import PEOPLE, Room, all_kinds_set, answer
+
+    t0 = 1_800_000_000_000
+    approval = {"answerers": list(PEOPLE), "quorum": {"required": 2}}
+    room = Room(tmp_path, approval=approval, posted_ms=t0)
+    room.deliver([answer("$a1", PEOPLE[0], t0 + 1000, "main")])
+    assert room.record()["state"] == "pending"
+    asked = all_kinds_set("kinds")
+    next(q for q in asked["questions"] if q["id"] == "branch").update(approval)
+    (room.set_dir / "questions.json").write_text(json.dumps(asked))
+    (room.set_dir / OWNER_FILE).write_bytes(owner_bytes(Owner("a")))
+    key = Ed25519PrivateKey.generate()
+    origin = room.store.audit_origin() or ORIGIN
+    with room.store.transaction():
+        room.store.set_meta("audit_key", cp.verifier_key(origin, cp.raw_public(key.public_key())))
+    point = cp.Checkpoint(origin, room.store.audit.size(), merkle.root(room.store.audit.hashes()))
+
+    def verified() -> list[str]:
+        found = asyncio.run(verify_tool(AgentSets(tmp_path), lambda: room.store, "a", "kinds",
+                                        [cp.sign_checkpoint(point, key)]))
+        assert found["holds"] == (not found["problems"])
+        return found["problems"]
+
+    assert verified() == []
+
+    def plain(record: dict) -> None:
+        record.update(state="answered", choice=record["votes"][0]["choice"])
+        for field in ("votes", "required"):
+            record.pop(field, None)
+
+    path = room.set_dir / "answers.json"
+    doc = json.loads(path.read_text())
+    plain(doc["answers"]["branch"])
+    path.write_text(json.dumps(doc))
+    named = "the record says decided, and names no one who decided it"
+    assert any(named in problem for problem in verified())
+    assert any(named in problem for problem in room.verify())  # as the command says
+
+
 def test_a_decision_undone_by_an_earlier_event_read_after_the_deadline_logs_the_expiry(tmp_path):
     """Decided as far as the room was read, the deadline passes, then an
     earlier redaction is read (late) that undoes the decision: the record is
