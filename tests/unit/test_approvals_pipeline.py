@@ -1974,3 +1974,41 @@ def test_a_questions_people_outside_the_bridges_answerers_are_a_warning(tmp_path
     assert [m for w, m in said if w.endswith(".escalate.to")] == [
         f"{CY} is not among the bridge's answerers: named here, but every answer of theirs would be refused"], said
     assert [m for w, m in said if w.endswith(".answerers")] == [], said
+
+
+class CancelRefusedOnce(Delaying):
+    """Its first cancel of each delayed event is refused (Synapse's rate limit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: set[str] = set()
+
+    async def cancel_delayed(self, delay_id: str) -> bool:
+        if delay_id not in self.refused:
+            self.refused.add(delay_id)
+            raise RuntimeError("429: too many requests")
+        return await super().cancel_delayed(delay_id)
+
+
+@pytest.mark.parametrize("fired", [False, True], ids=["cancelled-later", "sent-meanwhile"])
+def test_a_decision_whose_cancels_were_refused_cancels_them_later_and_the_room_keeps_the_decision(tmp_path, fired):
+    """Decided; the cancels of the delayed poll end and closing edit were
+    refused.  They were tried again only at the next start, so the deadline's
+    "expired undecided" edit went out over the decided question, while
+    answers.json said answered."""
+    hs = CancelRefusedOnce()
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s")
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main"), answer("$b1", BO, T0 + 4000, "main")])
+    clock[0] = T0 + 5000
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered" and hs.delayed  # told; the cancels refused
+    if fired:
+        for delay_id in list(hs.delayed):
+            hs.fire(delay_id)  # the deadline comes before the next pass
+    clock[0] = T0 + 10_000
+    asyncio.run(deadlines.pass_once())
+    assert hs.delayed == {}
+    edits = [c["m.new_content"]["body"] for c in hs.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert "expired undecided" not in edits[-1] and "decided" in edits[-1].rsplit("\n", 1)[-1], edits[-1]
+    asyncio.run(deadlines.pass_once())
+    assert len([c for c in hs.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]) == len(edits)

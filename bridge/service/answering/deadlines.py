@@ -501,6 +501,15 @@ class Deadlines:
             await self._tell(question, set_dir, why)
         elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
             await self._cancel(event_id)  # closed otherwise (withdrawn, replaced): nothing more is due
+        elif self._delays(event_id) and not self._reopened(question):
+            # Told, and what the telling cancelled is still scheduled: its
+            # cancel failed (a 429).  Left, the deadline's "expired undecided"
+            # edit overwrote the decision in the room.  Tried again each pass;
+            # one the homeserver sent meanwhile is answered by telling again.
+            if "edit" in await self._cancel(event_id):
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(UNTOLD + event_id, question.closed_why)
+                await self._tell(question, set_dir, question.closed_why)
         if self._reopened(question):
             if self._escalation_due(question, now):
                 # Open to votes again: the escalation dropped with the decision still comes.
