@@ -195,7 +195,9 @@ def expiry_words(record: dict[str, Any] | None, required: int | None, expires_ms
     the bridge was up at the deadline or not."""
     record = record or {}
     at = clock_words(expires_ms)
-    if record.get("state") in STANDING:
+    # On an approval only a decision stands: a "not sure" is no vote, and
+    # the question expires undecided however many said it.
+    if record.get("state") in ((ANSWERED,) if required else STANDING):
         return (f"The deadline ({format_rfc3339(expires_ms)}) has passed; the answer given before it stands.",
                 f"closed at its deadline, {at}")
     stood = stood_words(Tally(record.get("state"), record.get("votes") or []), required, labels) if required \

@@ -2012,3 +2012,16 @@ def test_a_decision_whose_cancels_were_refused_cancels_them_later_and_the_room_k
     assert "expired undecided" not in edits[-1] and "decided" in edits[-1].rsplit("\n", 1)[-1], edits[-1]
     asyncio.run(deadlines.pass_once())
     assert len([c for c in hs.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]) == len(edits)
+
+
+def test_a_not_sure_alone_on_an_approval_leaves_the_homeservers_closing_edit_saying_undecided(tmp_path):
+    """Ana's "not sure" is no vote: with the bridge down at the deadline the
+    homeserver's closing edit read "closed at its deadline" (an answer that
+    stands), and the approval had expired undecided."""
+    hs = Delaying()
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s")
+    room.deliver([answer("$a1", ANA, T0 + 2000, "unsure")])
+    clock[0] = T0 + 3000
+    asyncio.run(deadlines.pass_once())
+    assert [words for words, _delay in hs.closing_edits()] == [
+        "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: no votes)."]
