@@ -101,13 +101,16 @@ def span_words(seconds: float) -> str:
     return f"{seconds} second{'s' if seconds != 1 else ''}"
 
 
+def when_words(ms: int, now_ms: int) -> str:
+    """``14:00 UTC``, or ``Mon 18 Jan 2027, 14:00 UTC`` when it is not today (UTC)."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    today = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).date()
+    return clock_words(ms) if moment.date() == today else f"{moment.strftime('%a %d %b %Y')}, {clock_words(ms)}"
+
+
 def deadline_words(expires_ms: int, now_ms: int) -> str:
     """``Answer by 14:00 UTC, in 2 hours`` (the date too when it is not today, UTC)."""
-    moment = datetime.fromtimestamp(expires_ms / 1000, tz=timezone.utc)
-    today = datetime.fromtimestamp(now_ms / 1000, tz=timezone.utc).date()
-    when = clock_words(expires_ms)
-    if moment.date() != today:
-        when = f"{moment.strftime('%a %d %b %Y')}, {when}"
+    when = when_words(expires_ms, now_ms)
     if expires_ms <= now_ms:
         return f"Answer by {when} (the deadline has passed)"
     return f"Answer by {when}, in {span_words((expires_ms - now_ms) / 1000)}"

@@ -447,7 +447,7 @@ def render_body(
 
 def approval_lines(q: Mapping[str, Any], now_ms: int | None) -> list[str]:
     """The deadline, who may answer, how many must agree, who is brought in later (PROTOCOL 2a)."""
-    from bridge.protocol.deadline import clock_words, deadline_words, event_time_ms
+    from bridge.protocol.deadline import deadline_words, event_time_ms, when_words
 
     lines: list[str] = []
     expires = event_time_ms(q.get("expires"))
@@ -470,7 +470,8 @@ def approval_lines(q: Mapping[str, Any], now_ms: int | None) -> list[str]:
         after = event_time_ms(escalate.get("after"))
         to = [t for t in escalate.get("to") or () if isinstance(t, str)]
         if after is not None and to:
-            lines.append(f"Undecided by {clock_words(after)}: {', '.join(to)} will be asked too.")
+            lines.append(f"Undecided by {when_words(after, now_ms if now_ms is not None else after)}: "
+                         f"{', '.join(to)} will be asked too.")
     return lines
 
 
@@ -509,9 +510,14 @@ def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[t
         to = [t for t in escalate.get("to") or () if isinstance(t, str)]
         if after is not None and to:
             asked = at_ms is not None and at_ms >= after
-            out.append((f"Undecided by {clock_words(after)}: {', '.join(to)} will be asked too.",
-                        f"Undecided by {clock_words(after)}: {', '.join(to)} {'was' if len(to) == 1 else 'were'} "
-                        "asked too." if asked else None))
+            # (With its date when it was posted another day: as the deadline's line.)
+            pattern = re.compile(rf"Undecided by ((?:[^,\n]+, )?{re.escape(clock_words(after))}): "
+                                 rf"{re.escape(', '.join(to))} will be asked too\.")
+            for text in shown.split("\n"):
+                found = pattern.fullmatch(text)
+                if found:
+                    out.append((text, f"Undecided by {found.group(1)}: {', '.join(to)} "
+                                      f"{'was' if len(to) == 1 else 'were'} asked too." if asked else None))
     return out
 
 

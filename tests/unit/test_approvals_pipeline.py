@@ -2025,3 +2025,18 @@ def test_a_not_sure_alone_on_an_approval_leaves_the_homeservers_closing_edit_say
     asyncio.run(deadlines.pass_once())
     assert [words for words, _delay in hs.closing_edits()] == [
         "Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: no votes)."]
+
+
+def test_an_escalation_on_another_day_says_its_date_as_the_deadline_does_and_keeps_it_once_closed():
+    """escalate.after "2d": the line said "Undecided by 08:00 UTC", today's
+    time, two days early, beside a deadline line that named its date."""
+    from bridge.protocol.question_event import closed_replacement
+
+    content = posted(expires="3d", escalate={"after": "2d", "to": [DEE]}, **APPROVAL)
+    body = content["body"]
+    assert "Answer by Mon 18 Jan 2027, 08:00 UTC, in 3 days." in body
+    assert f"Undecided by Sun 17 Jan 2027, 08:00 UTC: {DEE} will be asked too." in body
+    late = closed_replacement("$q", content, "expired undecided at 08:00 UTC: no votes", T0 + 3 * 86_400_000)
+    assert f"Undecided by Sun 17 Jan 2027, 08:00 UTC: {DEE} was asked too." in _closed_lines(late)
+    early = closed_replacement("$q", content, "decided", T0 + 86_400_000)
+    assert not any(DEE in line for line in _closed_lines(early))
