@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.protocol.deadline import clock_words
 from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.render import option_display, short_digest, shorten
+from bridge.protocol.render import gets_poll, option_display, short_digest, shorten
 from bridge.questionset.shown import visible
 
 POLL_START = "org.matrix.msc3381.poll.start"
@@ -21,8 +21,6 @@ TEXT = "org.matrix.msc1767.text"
 DISCLOSED = "org.matrix.msc3381.poll.disclosed"
 POLL_KEY = "dev.superpipeline.question.poll"
 
-# MSC3381 caps a poll at 20 answers; a longer question is answered by reply.
-MAX_ANSWERS = 20
 _LABEL_MAX = 200
 _QUESTION_MAX = 1000
 
@@ -34,7 +32,7 @@ def wants_poll(kind: str | None) -> bool:
 
 def poll_start(question: RecordedQuestion) -> dict[str, Any] | None:
     """The poll for a posted question, or None when it can't have one."""
-    if not wants_poll(question.kind) or not 2 <= len(question.options) <= MAX_ANSWERS:
+    if not gets_poll(question.kind, len(question.options)):
         return None
     q = question.question
     asked = _asked(question)

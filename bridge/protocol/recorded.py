@@ -14,14 +14,12 @@ from functools import cached_property
 from typing import Any
 
 from bridge.protocol.deadline import event_time_ms
-from bridge.protocol.render import option_display
+from bridge.protocol.render import SINGLE_PICK_KINDS, option_display
 from bridge.questionset.builtin import BUILTIN_IDS
 
 # The answer schema's own cap on `text`; a question without `text_max` gets it.
 TEXT_MAX_DEFAULT = 16000
 
-# Kinds whose pick is one option id (`option_id` in the answer).
-SINGLE_PICK_KINDS = frozenset({"choice", "scale", "confirm", "compare"})
 
 
 @dataclass(frozen=True)

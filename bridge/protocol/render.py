@@ -30,7 +30,9 @@ ALLOWED_TAGS = frozenset({"hr", "h4", "p", "ol", "ul", "li", "blockquote", "stro
 TABLE_TAGS = frozenset({"table", "thead", "tbody", "tr", "th", "td"})
 HTML_FORMAT = "org.matrix.custom.html"
 
+# Kinds whose pick is one option id (`option_id` in the answer).
 SINGLE_PICK_KINDS = frozenset({"choice", "scale", "confirm", "compare"})
+POLL_ANSWERS_MAX = 20  # MSC3381: a poll offers at most 20 answers
 # Answered with a list of picks, so a built-in (alone by nature) is set apart.
 LIST_KINDS = frozenset({"multi", "rank"})
 # The files are posted in the question's thread, not attached to the message.
@@ -308,14 +310,22 @@ POLL_STEP = "vote in the poll"
 KEYCAP_STEP = "search \u201ckeycap\u201d in the reaction picker"
 
 
+def gets_poll(kind: Any, options: int) -> bool:
+    """Whether a question of ``kind`` offering ``options`` options (built-ins
+    counted) has a poll: polls are single-choice in Element, of 2 to 20
+    answers.  The poll is posted, and the message says to vote in it, by this."""
+    return kind in SINGLE_PICK_KINDS and 2 <= options <= POLL_ANSWERS_MAX
+
+
 def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> list[tuple[str, str | None]]:
-    """How to answer: (prose, example to show as code) pairs, per kind."""
+    """How to answer: (prose, example to show as code) pairs, per kind;
+    ``poll``: one is posted beside it, when the question can have one."""
     kind = q.get("kind")
     count = len(_options(q))
     n_set = len(_set_options(q))
     steps: list[tuple[str, str | None]] = []
     if kind in SINGLE_PICK_KINDS:
-        if poll:
+        if poll and gets_poll(kind, count):
             steps.append((POLL_STEP, None))
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
         last = min(count, len(KEYCAPS))
@@ -331,7 +341,7 @@ def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> l
         example = "1, 3" if n_set >= 3 else "1, 2"
         steps.append(("reply to this message with the numbers of every option you pick, separated by commas, e.g.", example))
     elif kind == "rank":
-        example = ", ".join(str(i) for i in range(min(n_set, 3), 0, -1))
+        example = ", ".join(str(i) for i in range(n_set, 0, -1))  # (every number: a shorter one is refused)
         steps.append((f"reply to this message with all {n_set} numbers in your order, first = best, separated by commas, e.g.", example))
     elif kind == "text":
         steps.append(("reply to this message with your answer", None))

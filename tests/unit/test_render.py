@@ -158,6 +158,29 @@ def test_how_to_answer_by_kind() -> None:
     assert "reply to this message with your answer" in text and "other:" not in text and "unsure" in text
 
 
+@pytest.mark.parametrize("set_options, polled", [(18, True), (19, False), (30, False)])
+def test_the_message_offers_the_poll_only_when_the_question_gets_one(set_options: int, polled: bool) -> None:
+    """A poll takes 20 answers, the built-ins counted: with 19 options and
+    more none was posted, and the message still said "vote in the poll"."""
+    from bridge.protocol.poll import poll_start
+    from bridge.protocol.recorded import RecordedQuestion
+
+    q = question(options=[{"id": f"o{i}", "label": f"Choice number {i}"} for i in range(set_options)])
+    q["guess"] = {"option": "o1", "why": "x", "confidence": "high"}
+    content = event(q, poll=True)
+    assert ("vote in the poll" in content["body"]) is polled
+    assert ("vote in the poll" in content["formatted_body"]) is polled
+    assert (poll_start(RecordedQuestion("$q", "!r", "demo", content)) is not None) is polled
+
+
+def test_a_rank_example_names_every_option_as_the_reply_must() -> None:
+    """"reply with all 5 numbers … e.g. 3, 2, 1": replying that was refused."""
+    q = question("rank", options=[{"id": f"o{i}", "label": f"Choice number {i}"} for i in range(5)])
+    q["guess"] = {"order": [f"o{i}" for i in range(5)], "why": "x", "confidence": "high"}
+    body = event(q)["body"]
+    assert "all 5 numbers in your order, first = best, separated by commas, e.g. 5, 4, 3, 2, 1." in body
+
+
 def test_reactions_cap_at_ten() -> None:
     q = question(options=[{"id": f"o{i}", "label": f"Choice number {i}"} for i in range(12)])
     q["guess"] = {"option": "o1", "why": "x", "confidence": "high"}
