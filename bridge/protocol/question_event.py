@@ -30,8 +30,8 @@ from typing import Any
 
 from bridge.protocol.deadline import format_rfc3339, is_rfc3339, parse_when
 from bridge.protocol.outcome import shown_title
-from bridge.protocol.render import (HTML_FORMAT, approval_line_html, esc_links, render_body, render_html, settled_lines,
-                                    why_in_brackets)
+from bridge.protocol.render import (HTML_FORMAT, POLL_STEP, approval_line_html, esc_links, render_body, render_html,
+                                    settled_lines, why_in_brackets)
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
 from bridge.questionset.model import MediaItem, Option, Question, QuestionSet, ShowIf
 
@@ -489,9 +489,12 @@ def reopened_replacement(question_event_id: str, content: Mapping[str, Any], lin
     """An ``m.replace`` that shows a question closed as decided open again
     (its decision undone): the message as first posted, ``line`` after it."""
     said = f"{line[:1].upper()}{line[1:]}."
-    new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": f"{content.get('body', '')}\n\n{said}"}
+    # Its poll stays ended (it decided nothing): the message no longer offers it.
+    body = str(content.get("body", "")).replace(f"To answer: {POLL_STEP}; ", "To answer: ")
+    new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": f"{body}\n\n{said}"}
     html = content.get("formatted_body")
     if isinstance(html, str):
+        html = html.replace(f"<em>To answer:</em> {POLL_STEP}; ", "<em>To answer:</em> ")
         new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc_links(said)}</strong></p>")
     return _replacement(question_event_id, content, new, line)
 

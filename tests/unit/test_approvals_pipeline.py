@@ -2040,3 +2040,16 @@ def test_an_escalation_on_another_day_says_its_date_as_the_deadline_does_and_kee
     assert f"Undecided by Sun 17 Jan 2027, 08:00 UTC: {DEE} was asked too." in _closed_lines(late)
     early = closed_replacement("$q", content, "decided", T0 + 86_400_000)
     assert not any(DEE in line for line in _closed_lines(early))
+
+
+def test_a_question_open_again_no_longer_offers_its_ended_poll():
+    """Decided, then undone: the poll stays ended, and the message open
+    again still said "To answer: vote in the poll", which Element no longer lets anyone do."""
+    from bridge.protocol.question_event import reopened_replacement
+
+    content = posted(**APPROVAL)
+    assert "To answer: vote in the poll; reply" in content["body"]
+    again = reopened_replacement("$q", content, "undecided again: 1 of the 2 votes needed")["m.new_content"]
+    assert "vote in the poll" not in again["body"] and "To answer: reply to this message" in again["body"]
+    assert "vote in the poll" not in again["formatted_body"] and "<em>To answer:</em> reply" in again["formatted_body"]
+    assert again["body"].endswith("Undecided again: 1 of the 2 votes needed.")
