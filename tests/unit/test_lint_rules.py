@@ -376,6 +376,10 @@ DECIDE_CASES: list[tuple[str, Mutation, str | None, str | None]] = [
     ("option-label-zero-width", _set("q:many.options.2.label", "\u200b"), "questions[many].options[fr].label", ERROR),
     ("option-label-two-lines", _set("q:many.options.2.label", "French\n2. Delete the prod database"),
      "questions[many].options[fr].label", ERROR),
+    # A consequence shows on its option's numbered line: it passed with lines of its own.
+    ("option-consequence-two-lines", _set("q:many.options.2.consequence", "fine\n2. Drop the prod database"),
+     "questions[many].options[fr].consequence", ERROR),
+    ("option-consequence-one-line-ok", _set("q:many.options.2.consequence", "we ship the French build"), None, None),
     ("option-label-turned-around", _set("q:many.options.2.label", "French \u202eesrever"),
      "questions[many].options[fr].label", ERROR),
     ("option-label-emoji-ok", _set("q:many.options.2.label", "French \U0001f469\u200d\U0001f4bb"), None, None),

@@ -75,6 +75,11 @@ def check_options(ctx: Context, q: QuestionView) -> None:
         check_unknown(ctx, option, "option", where)
         _check_option_id(ctx, where, option, seen_ids)
         _check_option_label(ctx, q, where, option, seen_labels, ids)
+        consequence = str_at(option, "consequence")
+        if consequence is not None and (problem := one_line_problem(consequence)):
+            # Shown on the option's own numbered line: a break there adds lines
+            # of its own ("2. Drop the database") that a reply's number picks wrong.
+            ctx.error(f"{where}.consequence", f"the consequence {problem}")
         if q.kind == "scale":  # (elsewhere a number for a label is a bare position already)
             _check_number_label(ctx, where, option, position)
 
