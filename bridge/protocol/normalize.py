@@ -22,7 +22,8 @@ from bridge.protocol.outcome import shown_title
 from bridge.protocol.fit import timestamp
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
-from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.render import SINGLE_PICK_KINDS
 from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply, valid_numbers
 from bridge.questionset.builtin import BUILTIN_IDS
 from bridge.questionset.shown import visible

@@ -11,7 +11,7 @@ from typing import Any
 
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
-from bridge.protocol.render import HTML_FORMAT, esc_links, esc_people, option_display, short_digest, shorten
+from bridge.protocol.render import HTML_FORMAT, esc_links, esc_people, option_display, short_digest, shown_title
 from bridge.questionset.shown import visible
 
 OUTCOME_KEY = "dev.superpipeline.question.outcome"
@@ -69,25 +69,6 @@ def _kept(record: dict[str, Any]) -> str:
     if (record.get("note") or "").strip() or record.get("timecodes") or not said:
         return f"a note and {said}" if said else "a note"
     return said
-
-
-# A question's title (or an option's label) as a word back quotes it: a set
-# may give one of 10,000 characters (lint only warns), and every word back
-# on it was past the homeserver's 65,536 bytes, dropped, the person told
-# nothing.
-TITLE_SHOWN = 200
-REASON_SHOWN = 500  # a withdrawal's reason, in the closing words
-
-
-def shown_title(title: Any) -> str:
-    """An agent's words inside the bridge's own sentence: cut short, and
-    without the invisible characters that turn what follows around (a
-    U+202E in a subject id showed the digest after it reversed)."""
-    return shown_words(title, TITLE_SHOWN)
-
-
-def shown_words(text: Any, limit: int) -> str:
-    return shorten(visible(str(text)), limit)
 
 
 def display_names(question: RecordedQuestion) -> dict[str, str]:

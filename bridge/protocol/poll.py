@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from bridge.protocol.deadline import clock_words
-from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.render import gets_poll, option_display, short_digest, shorten
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.render import SINGLE_PICK_KINDS, gets_poll, option_display, short_digest, shorten
 from bridge.questionset.shown import visible
 
 POLL_START = "org.matrix.msc3381.poll.start"

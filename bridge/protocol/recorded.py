@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from bridge.protocol.deadline import event_time_ms
-from bridge.protocol.render import SINGLE_PICK_KINDS, option_display
+from bridge.protocol.render import option_display, shown_title
 from bridge.questionset.builtin import BUILTIN_IDS
 
 # The answer schema's own cap on `text`; a question without `text_max` gets it.
@@ -218,5 +218,5 @@ def option_name(question: RecordedQuestion, option_id: str) -> str:
     question does not offer is quoted as given."""
     for number, option in enumerate(question.options, start=1):
         if option["id"] == option_id:
-            return f"{number} (\u201c{option_display(question.question, option)}\u201d)"
-    return f"\u201c{option_id}\u201d"
+            return f"{number} (\u201c{shown_title(option_display(question.question, option))}\u201d)"
+    return f"\u201c{shown_title(option_id)}\u201d"

@@ -116,6 +116,25 @@ def shorten(text: str, limit: int | None) -> str:
     return text[: max(limit - 1, 0)] + _ELLIPSIS
 
 
+# A question's title (or an option's label) as a word back quotes it: a set
+# may give one of 10,000 characters (lint only warns), and every word back
+# on it was past the homeserver's 65,536 bytes, dropped, the person told
+# nothing.
+TITLE_SHOWN = 200
+REASON_SHOWN = 500  # a withdrawal's reason, in the closing words
+
+
+def shown_title(title: Any) -> str:
+    """An agent's words inside the bridge's own sentence: cut short, and
+    without the invisible characters that turn what follows around (a
+    U+202E in a subject id showed the digest after it reversed)."""
+    return shown_words(title, TITLE_SHOWN)
+
+
+def shown_words(text: Any, limit: int) -> str:
+    return shorten(visible(str(text)), limit)
+
+
 def short_digest(digest: str) -> str:
     """Enough of a digest to recognise it; the full one is in ``subject``.
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bridge.protocol.recorded import SINGLE_PICK_KINDS, RecordedQuestion
-from bridge.protocol.render import KEYCAP_STEP, KEYCAPS, POLL_STEP, option_display
+from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.render import KEYCAP_STEP, KEYCAPS, POLL_STEP, SINGLE_PICK_KINDS, option_display
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 from bridge.questionset.shown import reply_form, reply_key
 

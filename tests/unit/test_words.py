@@ -446,3 +446,19 @@ def test_what_a_score_is_made_of_leaves_out_answers_to_questions_not_asked():
 def test_one_written_answer_waits_for_grading():
     assert "1 written answer waits for grading." in score_text(SimpleNamespace(title="Quiz"), Score(1, 2, {}, (0, 0), 1))
     assert "2 written answers wait for grading." in score_text(SimpleNamespace(title="Quiz"), Score(1, 2, {}, (0, 0), 2))
+
+
+def test_a_refusal_naming_options_of_long_labels_stays_small_enough_to_send():
+    """A rank of five 7,000-character labels (lint only warns): "Missing: …"
+    quoted each whole, past the homeserver's 65,536 bytes in body and HTML
+    together, and the person was told nothing."""
+    rank = next(q for q in QUESTIONS.values() if q.kind == "rank")
+    options = [{**o, "label": f"{n} " + "long words " * 700} if o["id"] not in BUILTIN_IDS else o
+               for n, o in enumerate(rank.question["options"])]
+    long = RecordedQuestion(rank.event_id, rank.room_id, rank.set_id,
+                            {**rank.content, "question": {**rank.question, "options": options}})
+    first = next(o["id"] for o in options if o["id"] not in BUILTIN_IDS)
+    refused = verdict(long, content_for(long, text=first))
+    assert isinstance(refused, Refused) and refused.reason == "rank_incomplete"
+    assert "Missing: 2 (\u201c1 long words" in refused.message and len(refused.message) < 2_000
+    assert len(verdict(long, content_for(long, text="x" * 60_000)).message) < 2_000

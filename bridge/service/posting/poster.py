@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from bridge.protocol.judge import KEEPS_TAKING
-from bridge.protocol.outcome import REASON_SHOWN, shown_title, shown_words, txn_id
+from bridge.protocol.outcome import shown_title, txn_id
+from bridge.protocol.render import REASON_SHOWN, shown_words
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
 from bridge.protocol.question_event import (CONTENT_MAX_BYTES, ENCRYPTED_CONTENT_MAX_BYTES, build_question_event,
                                             closed_replacement, new_elicitation_id, option_order)
