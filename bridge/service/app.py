@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import signal
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, TypeVar
 
@@ -226,7 +227,12 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         pipeline.flush()
         # A writer killed mid-write (this instance, or the leader before it) left a temp file.
         await asyncio.to_thread(remove_strays, config.sets.root)
-        if held := format_held(held_back(store)):
+        try:
+            held = format_held(held_back(store))
+        except sqlite3.Error as exc:  # the database away a moment: said at the next /health
+            held = ""
+            log.warning("what is held back could not be read at start (%s)", exc)
+        if held:
             log.warning("started with things held back:\n%s", held.rstrip())
         # Answers are taken in while the sets are posted: a first posting of
         # thousands of questions takes minutes, and the first questions are

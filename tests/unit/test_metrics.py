@@ -245,3 +245,25 @@ def test_encrypted_answers_waiting_for_their_keys_are_counted_in_what_is_held(tm
     assert counts(held)["events_waiting"] == 1
     assert "1 encrypted event(s) waiting for their keys or their senders' devices" in format_held(held)
     store.close()
+
+
+def test_a_database_away_is_not_read_as_nothing_held_back():
+    """PostgreSQL restarting: its errors read as SQLite's OperationalError,
+    which was taken for a store not migrated yet, so /health's held-back
+    counts fell to 0 and status said nothing was held back."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from bridge.service.storage.heldback import held_back, nothing_held
+    from bridge.service.storage.pgdialect import StoreOperationalError
+
+    def failing(message: str) -> SimpleNamespace:
+        def execute(*_args):
+            raise StoreOperationalError(message)
+        return SimpleNamespace(db=SimpleNamespace(execute=execute))
+
+    with pytest.raises(StoreOperationalError):
+        held_back(failing("PostgreSQL: consuming input failed: server closed the connection unexpectedly"))
+    assert held_back(failing('PostgreSQL: relation "webhook_outbox" does not exist')) == nothing_held()
+    assert held_back(failing("no such table: webhook_outbox")) == nothing_held()

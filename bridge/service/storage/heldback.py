@@ -16,8 +16,18 @@ def held_back(store: Store) -> dict[str, Any]:
     """Sets pending a write, events set aside (by reason), notices dropped."""
     try:
         return _held_back(store)
-    except sqlite3.OperationalError:  # a store the running bridge has not migrated yet
-        return nothing_held()
+    except sqlite3.OperationalError as exc:
+        if not _not_migrated(exc):
+            # PostgreSQL away (its errors read as SQLite's OperationalError):
+            # not "nothing held back", which cleared /health and the alerts.
+            raise
+        return nothing_held()  # a store the running bridge has not migrated yet
+
+
+def _not_migrated(exc: sqlite3.OperationalError) -> bool:
+    """A table or column of a later schema missing (SQLite's words, or PostgreSQL's)."""
+    text = str(exc)
+    return "no such table" in text or "no such column" in text or "does not exist" in text
 
 
 def nothing_held() -> dict[str, Any]:
