@@ -637,6 +637,28 @@ def test_a_migrate_cut_short_can_be_run_again_and_says_why_in_one_line(postgres_
     assert "already has tables with rows" in capsys.readouterr().err
 
 
+def test_a_migrates_check_of_every_row_is_not_cut_short_by_the_stores_statement_limit(postgres_server, tmp_path,
+                                                                                    capsys, monkeypatch):
+    """The check after the copy read the whole answer log under the store's
+    7 s watchdog: on a large log it was cut, "failed" after the copy had
+    committed, and a second run refused (the target held rows).  Here the
+    limit is 0.3 s and the check takes 0.6 s."""
+    from bridge.service.storage import pgdialect, storecopy
+
+    Store(tmp_path / "bridge.sqlite").close()
+    config, url = migrating(postgres_server, tmp_path, monkeypatch)
+    monkeypatch.setattr(pgdialect, "STORE_DEADLINE", 0.3)
+    real = storecopy._verified
+
+    def slow(db, target, tables):
+        target.db.execute("SELECT pg_sleep(0.6)")
+        return real(db, target, tables)
+
+    monkeypatch.setattr(storecopy, "_verified", slow)
+    assert main(["store", "migrate", "-c", str(config), "--to", url]) == 0, capsys.readouterr().err
+    assert "verified" in capsys.readouterr().out
+
+
 def test_migrate_refuses_a_target_a_bridge_already_runs_on(postgres_server, tmp_path, capsys, monkeypatch):
     # An instance started on the new database before the move (its sets
     # folder empty, so its tables too): the copy went in under it, "verified".

@@ -136,6 +136,9 @@ class Result:
         return iter(self.fetchall())
 
 
+UNLIMITED = ("statement_timeout", "idle_in_transaction_session_timeout", "lock_timeout")
+
+
 class PgConnection:
     """A PostgreSQL connection used through the ``sqlite3`` calls the store makes."""
 
@@ -196,19 +199,27 @@ class PgConnection:
         other (a lock of this session), and with no statement or lock limit
         (a migration may rewrite a large table, another instance's may hold
         the lock a while)."""
-        self.execute("SET statement_timeout = 0")
-        self.execute("SET lock_timeout = 0")
-        self._deadline = None
-        try:
+        with self.unlimited():
             self.execute(f"SELECT pg_advisory_lock({_MIGRATING})")
             try:
                 yield
             finally:
                 self.execute(f"SELECT pg_advisory_unlock({_MIGRATING})")
+
+    @contextlib.contextmanager
+    def unlimited(self) -> Iterator[None]:
+        """No limit on a statement, a lock or an idle transaction, on the
+        server or here (the watchdog): for work that takes as long as its
+        data, a migration or ``store migrate``'s copy and its check."""
+        for limit in UNLIMITED:
+            self.execute(f"SET {limit} = 0")
+        self._deadline = None
+        try:
+            yield
         finally:
             self._deadline = STORE_DEADLINE
-            self.execute("RESET statement_timeout")
-            self.execute("RESET lock_timeout")
+            for limit in UNLIMITED:
+                self.execute(f"RESET {limit}")
 
     # -- the sqlite3 calls ----------------------------------------------
 
