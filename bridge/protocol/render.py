@@ -61,7 +61,11 @@ _TIMECODE = re.compile(r"(?<![\w.:])(?:\d{1,2}:)?\d{1,2}:\d{2}(?:\.\d+)?(?![\w:]
 # Matrix user, room, alias or event id with its server, a URL, www.…, an
 # e-mail address, a bare domain with a common TLD.  Set text that looks like
 # one is shown as code, so a label reads as what the set wrote rather than as
-# a link to somewhere (or someone) else.
+# a link to somewhere (or someone) else.  The linkifier knows every TLD; the
+# ones here are the common ones and those that are also file extensions
+# agents write ("setup.py", "README.md", "clip.mov" were links to http://setup.py).
+_TLDS = ("com|org|net|io|dev|app|ai|co|me|info|edu|gov|de|uk|eu|fr|nl|py|md|rs|sh|pl|so|zip|mov|tv|ly|cc|us|ca|"
+         "it|es|ch|se|at|be|jp|cn|ru|br|au|in|to|gg|is|ws|im|fm|ml|xyz|site|online|tech|cloud|page|link|run")
 _LINKLIKE = re.compile(
     r"[@#!+$][^\s:@#!]+:(?:(?:[A-Za-z0-9\-]+\.)+[A-Za-z0-9\-]+|localhost|\[[0-9A-Fa-f:.]+\])(?::\d+)?"
     # room version 12 ids (and event ids) have no server part, only a long hash
@@ -69,7 +73,7 @@ _LINKLIKE = re.compile(
     r"|\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s<>\"\u201c\u201d\u2018\u2019]*[^\s<>\"'\u201c\u201d\u2018\u2019.,;:!?)\]]"
     r"|\bwww\.[^\s<>\"\u201c\u201d\u2018\u2019]*[^\s<>\"'\u201c\u201d\u2018\u2019.,;:!?)\]]"
     r"|\b[\w.+\-]+@[\w\-]+(?:\.[\w\-]+)+"
-    r"|\b(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?\.)+(?:com|org|net|io|dev|app|ai|co|me|info|edu|gov|de|uk|eu|fr|nl)\b(?:/[^\s<>\"]*)?"
+    rf"|\b(?:[A-Za-z0-9](?:[A-Za-z0-9\-]*[A-Za-z0-9])?\.)+(?:{_TLDS})\b(?:/[^\s<>\"]*)?"
 )
 
 _ELLIPSIS = "\u2026"

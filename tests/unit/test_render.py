@@ -325,7 +325,9 @@ def test_question_title_comes_first_and_blocks_are_on_their_own_lines() -> None:
 
 
 @pytest.mark.parametrize("label", ["@alice:example.org", "#general:example.org", "!xKqwUzWhNdAyYhPLcE:example.org",
-                                   "https://example.org/a?b=1", "$ev_abcdefghijklmnopqrstuvwxyz0123"])
+                                   "https://example.org/a?b=1", "$ev_abcdefghijklmnopqrstuvwxyz0123",
+                                   # file names whose extension is a TLD too: Element linked them
+                                   "setup.py", "README.md", "clip.mov"])
 def test_id_and_url_like_labels_are_code_so_element_does_not_linkify_them(label: str) -> None:
     q = question(options=[{"id": "a", "label": label}, {"id": "b", "label": "Plain"}],
                  guess={"option": "a", "why": f"Because of {label}.", "confidence": "high"})
