@@ -2053,3 +2053,28 @@ def test_a_question_open_again_no_longer_offers_its_ended_poll():
     assert "vote in the poll" not in again["body"] and "To answer: reply to this message" in again["body"]
     assert "vote in the poll" not in again["formatted_body"] and "<em>To answer:</em> reply" in again["formatted_body"]
     assert again["body"].endswith("Undecided again: 1 of the 2 votes needed.")
+
+
+def test_an_edit_redacted_while_it_waited_for_its_original_still_stood_until_the_redaction(tmp_path):
+    """Ana's edit to the veto came before her original answer, and its
+    redaction came before the original too: the waiting edit was dropped, and
+    the veto that stood from the edit to the redaction, deciding the
+    approval then, was lost (pending, as if never sent).  Found by
+    test_approvals_model."""
+    room = room_with(tmp_path)
+    room.deliver([answer("$e1", ANA, T0 + 2, "main"), edit("$e2", ANA, T0 + 3, "$e0", "stable")])
+    room.deliver([redact("$e3", ANA, T0 + 4, "$e2"), answer("$e0", ANA, T0 + 1, "main")])
+    record = room.record()
+    assert (record["state"], record["choice"], record["decided_by"]) == ("answered", "stable", [ANA])
+    assert room.verify() == []
+    outcomes = [(o, e) for o, e in room.store.db.execute(
+        "SELECT outcome, event_id FROM answer_log ORDER BY seq").fetchall()]
+    assert ("accepted", "$e2") in outcomes and ("withdrawn", "$e3") in outcomes
+
+
+def test_a_plain_answers_edit_redacted_while_it_waited_leaves_the_later_answer_standing(tmp_path):
+    room = Room(tmp_path, posted_ms=T0)
+    room.deliver([answer("$e1", ANA, T0 + 2, "main"), edit("$e2", ANA, T0 + 3, "$e0", "stable")])
+    room.deliver([redact("$e3", ANA, T0 + 4, "$e2"), answer("$e0", ANA, T0 + 1, "main")])
+    assert (room.record()["state"], room.record()["choice"]) == ("answered", "main")
+    assert room.record()["source"]["event_id"] == "$e1"

@@ -336,7 +336,8 @@ class DialectsAgree(RuleBasedStateMachine):
                     store.mark_processed(redaction, "withdrawn" if author is None else "ignored")
                     return "not applied", author
                 store.drop_undecrypted([redacted])
-                store.drop_parked(redacted)
+                if store.is_parked(redacted):  # judged when its original comes, then withdrawn
+                    return "parked", store.redactions_kept(redacted)
                 store.mark_processed(redacted, "withdrawn")
                 touched = store.withdraw(redacted)
                 if touched:

@@ -339,7 +339,10 @@ class Pipeline(FolderFlush):
                 table[room] = kept
         self._before = {}
 
-    def _one(self, event: dict[str, Any], now: str, result: BatchResult) -> None:
+    def _one(self, event: dict[str, Any], now: str, result: BatchResult, unparked: bool = False) -> None:
+        """``unparked``: an edit that waited for its original, which came now;
+        redacted while it waited, it is judged, then withdrawn where the room
+        placed the redaction."""
         event_id = event.get("event_id")
         if not isinstance(event_id, str):
             result.skipped += 1
@@ -372,7 +375,8 @@ class Pipeline(FolderFlush):
         # An empty vote stands even when its redaction came first: read before
         # its redaction it took the votes back for good, so it must here too,
         # or the record would hang on the order the two arrived in.
-        if not is_empty_vote(event) and self.timeline.redacted_before(event_id, sender, str(event.get("room_id"))):
+        if not is_empty_vote(event) and not unparked \
+                and self.timeline.redacted_before(event_id, sender, str(event.get("room_id"))):
             return
         target = edit_target(event)
         if target is not None:
@@ -387,10 +391,7 @@ class Pipeline(FolderFlush):
             # A batch handled again starts from the poll ends it began with.
             self._before[("poll_ends", "")] = self.timeline.snapshot()
         if isinstance(found, Withdrawal):
-            touched = self.timeline.redaction(found, _ts(event))
-            if touched is not NOT_NOW:
-                self._withdrawn(touched, found.event_id, found.room_id, found.sender, "redaction", event, result,
-                                target=found.target)
+            self._redaction(found, event, result)
         elif isinstance(found, VoteWithdrawal):
             if self.timeline.poll_ended(found.question.event_id, _ts(event)) is not None:
                 # After the poll's end its votes are final, as clients show them.
@@ -414,7 +415,17 @@ class Pipeline(FolderFlush):
             self._judge(found, event, now, result)
         # Edits that came before this event (another path, a late original) are judged now.
         for parked in self.store.unpark_edits(event_id):
-            self._one(parked, now, result)
+            self._one(parked, now, result, unparked=True)
+            for redaction_id, room_id, by, ts in self.store.redactions_kept(str(parked.get("event_id"))):
+                self._redaction(Withdrawal(str(parked["event_id"]), redaction_id, room_id, by),
+                                {"event_id": redaction_id, "room_id": room_id, "sender": by,
+                                 "origin_server_ts": ts}, result)
+
+    def _redaction(self, found: Withdrawal, event: dict[str, Any], result: BatchResult) -> None:
+        touched = self.timeline.redaction(found, _ts(event))
+        if touched is not NOT_NOW:
+            self._withdrawn(touched, found.event_id, found.room_id, found.sender, "redaction", event, result,
+                            target=found.target)
 
     def _guarded(self, event: dict[str, Any], now: str, result: BatchResult, apart: bool) -> None:
         """One event whose handling raises is set aside as refused, so it cannot

@@ -110,8 +110,11 @@ class Timeline:
             # unless it is an empty vote, which nobody can tell before then.
             self.store.mark_processed(found.event_id, "withdrawn")
             return NOT_NOW
-        # A waiting edit is dropped and never judged.
-        self.store.drop_parked(target)
+        if self.store.is_parked(target):
+            # An edit waiting for its original: judged when that comes, then
+            # withdrawn at this redaction's place in the room (``redactions_kept``).
+            # Dropped, the time it stood was lost: a veto it made had decided.
+            return NOT_NOW
         self.store.mark_processed(target, "withdrawn")
         return self.store.withdraw(target)
 

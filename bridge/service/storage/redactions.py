@@ -125,8 +125,14 @@ class RedactionsAndEdits:
                 self._batch.processed.discard(event_id)
         return [json.loads(event) for _id, event in rows]
 
-    def drop_parked(self, event_id: str) -> None:
-        self.db.execute("DELETE FROM parked_edit WHERE event_id=?", (event_id,))
+    def is_parked(self, event_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM parked_edit WHERE event_id=?", (event_id,)).fetchone() is not None
+
+    def redactions_kept(self, target: str) -> list[tuple[str, str, str, int]]:
+        """(event id, room, sender, ts) of each redaction of ``target`` kept, in the room's order."""
+        return [tuple(row) for row in self.db.execute(  # type: ignore[misc]
+            "SELECT event_id, room_id, sender, ts FROM redaction WHERE target=?"
+            f" ORDER BY ts, event_id{self.sql.bytewise}", (target,))]
 
     def original_of(self, event_id: str) -> str:
         """The event an edit edits (an edit of an edit counts as one of the original)."""
