@@ -162,6 +162,29 @@ async def test_a_file_on_a_server_the_homeserver_does_not_reach_is_fetched_once_
     assert len(asked) == 9
 
 
+async def test_a_federated_file_past_what_the_homeserver_fetches_is_too_large_not_unreachable(tmp_path, monkeypatch):
+    """Synapse fetches another server's file up to its own max_upload_size
+    and answers 502 M_TOO_LARGE past it: taken for a server not reached,
+    tried for half a minute, and the person told to send it again once the
+    server was back, in vain."""
+    from bridge.service.answering import attachments
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.01)
+    asked = []
+
+    async def too_large(_request: web.Request) -> web.Response:
+        asked.append(1)
+        return web.json_response({"errcode": "M_TOO_LARGE", "error": "Content-Length exceeds the maximum"},
+                                 status=502)
+
+    (tmp_path / "set").mkdir()
+    async with _serving(too_large) as transport:
+        saved, problem = await attachments.fetch_bounded(_shot(b"x" * 100), str(tmp_path / "set"), "q1", 1,
+                                                         transport.download, limit=2**20)
+    assert (saved, problem) == (None, "attachment_too_large")
+    assert len(asked) <= 2  # (the authenticated route, no retry)
+
+
 @pytest.mark.parametrize("data", [os.urandom(10_000), b"hello world\n"], ids=["random bytes", "a short text"])
 async def test_a_file_a_proxy_compresses_is_kept_whole(tmp_path, monkeypatch, data):
     """aiohttp asked for gzip and unpacked it, while the Content-Length was

@@ -163,18 +163,23 @@ class TimelinePage(Response):
 MEDIA_WAIT_AT_MOST = 300.0
 
 
-async def _asked_to_wait(response: aiohttp.ClientResponse) -> float | None:
-    """Seconds a 429 asked for: the body's ``retry_after_ms`` (the Matrix
-    error), else ``Retry-After``; None when it named none."""
+async def _error_body(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """An error response's JSON object (the Matrix error), {} when it is none."""
     try:
         # (read(n) gives what is buffered, not n bytes: read on to the end, within a bound.)
         raw = bytearray()
         while len(raw) <= 65536 and (chunk := await asyncio.wait_for(response.content.read(65536), 10)):
             raw.extend(chunk)
         body = json.loads(bytes(raw))
-        waited = body.get("retry_after_ms") if isinstance(body, dict) else None
     except (ValueError, aiohttp.ClientError, asyncio.TimeoutError):
-        waited = None
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+async def _asked_to_wait(response: aiohttp.ClientResponse) -> float | None:
+    """Seconds a 429 asked for: the body's ``retry_after_ms`` (the Matrix
+    error), else ``Retry-After``; None when it named none."""
+    waited = (await _error_body(response)).get("retry_after_ms")
     if isinstance(waited, int) and not isinstance(waited, bool) and waited >= 0:
         return min(waited / 1000, MEDIA_WAIT_AT_MOST)
     header = response.headers.get("Retry-After")
@@ -490,6 +495,7 @@ class NioTransport:
         The authenticated media API first (Synapse serves new media only
         there); the legacy one for homeservers that predate it.
         """
+        from bridge.protocol.file_body import BodyTooLarge
         from bridge.service.answering.attachments import FileGone, NotReached, RateLimited
 
         server, _, media_id = mxc.removeprefix("mxc://").partition("/")
@@ -512,6 +518,10 @@ class NioTransport:
                     continue  # an older homeserver without authenticated media
                 if response.status in (404, 403, 400):
                     raise FileGone(f"{mxc}: HTTP {response.status}")
+                if response.status == 502 and (await _error_body(response)).get("errcode") == "M_TOO_LARGE":
+                    # A file on another server past what ours fetches over
+                    # federation (its max_upload_size): never "not reached".
+                    raise BodyTooLarge(f"{mxc}: larger than the homeserver fetches from {server}")
                 if response.status in (502, 504):
                     # (The file's server unreachable from ours, or ours behind
                     # a proxy while it restarts: either comes back.)
