@@ -246,6 +246,12 @@ def test_a_figure_is_posted_as_escaped_text():
     # A plain extension nothing here knows stays, as with no mimetype to say better.
     ({"body": "data.parquet"}, {"mimetype": "application/octet-stream"}, "parquet"),
     ({"body": "take.mov"}, {"mimetype": "video/mp4"}, "mov"),
+    # A voice message's mimetype with its codec, and kinds the table lacks: they were ".bin".
+    ({"body": "Voice message"}, {"mimetype": "audio/webm; codecs=opus"}, "webm"),
+    ({"body": "Recording"}, {"mimetype": "audio/x-m4a"}, "m4a"),
+    ({"body": "notes", "filename": "notes"}, {"mimetype": "text/markdown"}, "md"),
+    ({"body": "export"}, {"mimetype": "text/csv"}, "csv"),
+    ({"body": "thing"}, {"mimetype": "application/x-nothing-known"}, "bin"),
 ])
 def test_attachment_extensions_are_safe(content, info, ext):
     assert extension(content, info) == ext

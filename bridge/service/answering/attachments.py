@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import mimetypes
 import os
 import re
 import time
@@ -57,7 +58,7 @@ _EXT_BY_MIMETYPE = {
     "image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp", "image/svg+xml": "svg",
     "image/avif": "avif", "video/mp4": "mp4", "video/webm": "webm", "video/quicktime": "mov",
     "audio/mpeg": "mp3", "audio/ogg": "ogg", "audio/mp4": "m4a", "audio/wav": "wav", "application/pdf": "pdf",
-    "text/plain": "txt",
+    "text/plain": "txt", "audio/webm": "webm", "audio/x-m4a": "m4a", "video/x-matroska": "mkv",
 }
 UNKNOWN_TYPE = "application/octet-stream"  # what ``media_type`` says of an extension it does not know
 # Plaintext gathered before a write to disk (in a thread): memory per download stays this small.
@@ -342,10 +343,16 @@ def extension(content: dict[str, Any], info: dict[str, Any]) -> str:
     plain = ext if _SAFE_EXT.fullmatch(ext) else None
     if plain is not None and media_type(f"file.{plain}") != UNKNOWN_TYPE:
         return plain
-    mimetype = info.get("mimetype")
-    if isinstance(mimetype, str) and mimetype in _EXT_BY_MIMETYPE:
-        return _EXT_BY_MIMETYPE[mimetype]
-    return plain or "bin"
+    # ("audio/webm; codecs=opus", as a voice message says it: its parameters are no kind of file.)
+    kind = info.get("mimetype").split(";", 1)[0].strip().lower() if isinstance(info.get("mimetype"), str) else ""
+    if kind in _EXT_BY_MIMETYPE:
+        return _EXT_BY_MIMETYPE[kind]
+    if plain is not None:
+        return plain
+    guessed = (mimetypes.guess_extension(kind) or "").lstrip(".") if kind else ""
+    if _SAFE_EXT.fullmatch(guessed) and media_type(f"file.{guessed}") == kind:
+        return guessed  # (text/markdown, text/csv: one the agents are told back as it was sent)
+    return "bin"
 
 
 def attachments_folder(set_dir: str) -> Path:
