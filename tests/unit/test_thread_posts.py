@@ -280,3 +280,48 @@ def test_a_file_that_keeps_changing_while_it_is_uploaded_holds_its_question_for_
         assert media.passing(raised.value)  # not posted for good without it: its set is tried again
     finally:
         store.close()
+
+
+class FailingOnce(Transport):
+    """The homeserver's upload of ``name`` fails once (a connection reset), then works."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.failing = name
+
+    async def upload(self, data: bytes, mimetype: str, name: str) -> str:
+        if name == self.failing:
+            self.failing = ""
+            import aiohttp
+            raise aiohttp.ClientConnectionError("Connection reset by peer")
+        return await super().upload(data, mimetype, name)
+
+
+@pytest.mark.parametrize("failing", ["chart.png", "splash_pair.vtt"], ids=["background-file", "captions"])
+def test_a_background_file_or_captions_whose_upload_failed_once_are_sent_at_the_next_try(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """A reset connection while a one-pager's file (or a video's captions)
+    was uploaded: the block went out as words (the video without subtitles),
+    marked sent, and never tried again."""
+    monkeypatch.setattr(media, "probe", lambda _path: (None, None, None))
+    set_dir = tmp_path / "qa"
+    set_dir.mkdir()
+    (set_dir / "chart.png").write_bytes(PNG)
+    (set_dir / "splash_pair.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42")
+    (set_dir / "splash_pair.vtt").write_bytes(b"WEBVTT\n")
+    q = question(kind="compare", media=[{"src": "splash_pair.mp4", "label": "Both animations"}],
+                 look_for=["The first second: does the picture stay sharp?"],
+                 sides={"left": "hold", "right": "ship", "randomized": True},
+                 one_pager=[{"type": "image", "src": "chart.png", "caption": "Error rate"}])
+    raw = {"askwright": 1, "id": "qa", "title": "QA", "questions": [q]}
+    (set_dir / "questions.json").write_text(json.dumps(raw))
+    qset = QuestionSet.model_validate(raw)
+    store = Store(tmp_path / "bridge.sqlite")
+    transport = FailingOnce(failing)
+    poster = Poster(store, transport, room_for=lambda _set: ROOM, load_set=lambda _dir: (qset, []))
+    for _try in range(2):
+        asyncio.run(poster.sync_root(tmp_path))
+    thread = [c for c, _ in thread_of(transport, "$e1")]
+    assert [c["msgtype"] for c in thread if c["msgtype"] != "m.notice"] == ["m.image", "m.file", "m.video"], thread
+    assert not any("could not be sent" in c.get("body", "") for c in thread)
+    store.close()

@@ -111,6 +111,8 @@ async def prepare(qset: QuestionSet, question: Question, set_dir: Path, store: S
                 # which should be the video, not its subtitles file.
                 out.messages.append(_file_message(vtt, captions_caption(upload.name)))
             except Exception as exc:  # noqa: BLE001
+                if passing(exc):
+                    raise  # the question waits, as for its video: posted for good without them, never sent
                 log.warning("captions %s not uploaded: %s", captions, exc)
         out.messages.append(media_message(item, upload))
     return out
@@ -153,6 +155,10 @@ async def post_one_pager(qset: QuestionSet, question: Question, set_dir: Path, q
                     content = media_message(part.media, await _upload_once(Path(found.path), store, transport,
                                                                            encrypted))
                 except Exception as exc:  # noqa: BLE001 - the block is named instead
+                    if passing(exc):
+                        # Tried again with the set (the parts sent already are
+                        # the same transactions): marked posted, it was never.
+                        raise
                     log.warning("background file %s of %s/%s not uploaded: %s", part.media.src, qset.id,
                                 question.id, exc)
         # Set text in the thread: any user id in it is the set's words, not a ping.
