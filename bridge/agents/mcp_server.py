@@ -9,10 +9,11 @@ reason as its content, never a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from jsonschema.exceptions import best_match
@@ -26,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 
 from bridge import __version__
 from bridge.agents.callbacks import check_callbacks
-from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound
+from bridge.agents.errors import AgentError, BadRequest, LintFailed, NotFound, TooManyWaits
 from bridge.agents.mcp_files import ATTACHMENT_TEMPLATE, McpFiles, attachment_of_uri
 from bridge.agents.media_files import DEFAULT_MEDIA_MAX
 from bridge.agents import mcp_pages
@@ -193,7 +194,8 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
         agent = who(ctx)
         for uri in params.notifications.resource_subscriptions or ():
             _own_set(sets, agent, str(uri), ctx.protocol_version)
-        return await listen(ctx, params)
+        with _held_as_a_wait(sets, agent):
+            return await listen(ctx, params)
 
     return Server("askwright-bridge", version=__version__, cache_hints=CACHE_HINTS,
                   instructions="Ask people a question set and wait for their judged answers. Answers and notes "
@@ -228,6 +230,19 @@ def _own_set(sets: AgentSets, agent: str, uri: str, protocol_version: str) -> st
     except (NotFound, BadRequest) as exc:  # BadRequest: no set id in it ("../answers"): no such resource either
         raise _missing(uri, exc.message, protocol_version) from None
     return set_id
+
+
+@contextlib.contextmanager
+def _held_as_a_wait(sets: AgentSets, agent: str) -> Iterator[None]:
+    """A listen stream held as a wait is (``agent_api.max_waits``, and
+    ``max_waits_total``): under the server's one limit for every agent, one
+    agent's streams took every place, and every other agent's was refused."""
+    try:
+        with sets.waits.hold(agent):
+            yield
+    except TooManyWaits as exc:
+        raise MCPError(code=types.INTERNAL_ERROR, message=exc.message,
+                       data={"retry_after": exc.retry_after}) from None
 
 
 def _missing(uri: str, message: str, protocol_version: str) -> MCPError:

@@ -439,6 +439,38 @@ async def test_a_resource_subscription_is_one_per_connection_and_ends_with_unsub
             await client.session.subscribe_resource("askwright://sets/theirs/answers")
 
 
+async def test_one_agents_listen_streams_are_held_as_its_waits_and_leave_others_their_own(tmp_path):
+    """subscriptions/listen streams shared one limit of 1024 for every agent:
+    one token holding them all had every other agent's listen refused."""
+    import contextlib
+
+    from mcp import Client
+    from mcp.shared.exceptions import MCPError
+
+    from bridge.agents.mcp_server import Subscribers, build_server
+
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "plan", one_question("plan"))
+    sets.ask("b", "ship", one_question("ship"))
+    sets.waits.per_agent = 2
+    agents = {"a": Agent(token="token-of-a-0123456789"), "b": Agent(token="token-of-b-0123456789")}
+    subscribers = Subscribers()
+    as_a = build_server(sets, agents, lambda _ctx: "a", subscribers)
+    as_b = build_server(sets, agents, lambda _ctx: "b", subscribers)
+    async with contextlib.AsyncExitStack() as stack:
+        a = await stack.enter_async_context(Client(as_a, mode="2026-07-28"))
+        b = await stack.enter_async_context(Client(as_b, mode="2026-07-28"))
+        for _stream in range(2):
+            await stack.enter_async_context(a.listen(resource_subscriptions=["askwright://sets/plan/answers"]))
+        with pytest.raises(MCPError) as over:
+            async with a.listen(resource_subscriptions=["askwright://sets/plan/answers"]):
+                pass
+        assert "max_waits" in over.value.message and over.value.data == {"retry_after": 5}
+        async with b.listen(resource_subscriptions=["askwright://sets/ship/answers"]) as theirs:
+            assert [str(u) for u in theirs.honored.resource_subscriptions] == ["askwright://sets/ship/answers"]
+    assert sum(sets.waits.held.values()) == 0  # each stream gave its place back as it ended
+
+
 async def test_a_big_sets_close_and_listing_are_worked_out_in_a_process_and_a_listing_reads_only_what_changed(
         tmp_path, monkeypatch):
     # In the agents' threads, a big set's parse, lint and JSON held the
