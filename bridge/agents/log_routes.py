@@ -81,7 +81,11 @@ class LogRoutes:
         return web.json_response(await self.store.run(self._consistency, request, agent))
 
     async def leaves(self, request: web.Request, agent: str) -> web.Response:
-        return web.json_response(await self.store.run(self._leaves, request, agent))
+        # Which sets are the agent's reads every set folder's owner file: in
+        # the agent's own turn, never on the store's thread, where answers
+        # wait to be made durable (one agent's folders cost everyone there).
+        own = await self.sets.apart.run(agent, self.sets.log_starts, agent)
+        return web.json_response(await self.store.run(self._leaves, request, own))
 
     def _checkpoint(self, _request: web.Request, _agent: str) -> dict[str, Any]:
         self._size()
@@ -111,7 +115,8 @@ class LogRoutes:
         return {"ok": True, "from": first, "to": second, "root_from": tree.root(first).hex(),
                 "root_to": tree.root(second).hex(), "proof": [p.hex() for p in proof]}
 
-    def _leaves(self, request: web.Request, agent: str) -> dict[str, Any]:
+    def _leaves(self, request: web.Request, own: dict[str, int]) -> dict[str, Any]:
+        """``own``: the asking agent's sets, where each begins in the log (``log_starts``)."""
         tree = self._size()
         start = _int(request, "start", 0)
         end = _int(request, "end", min(tree, start + MAX_LEAVES))
@@ -119,7 +124,6 @@ class LogRoutes:
             raise Unprocessable(f"need 0 <= start <= end, at most {MAX_LEAVES} leaves a request")
         if start > tree:
             raise Unprocessable(f"need start <= {tree} (the tree's size now)")
-        own = self.sets.log_starts(agent)
         rows = self.store.audit.leaves(start, min(end, tree))
         sets = leaf_sets(rows)
         return {"ok": True, "start": start, "end": min(end, tree), "size": tree, "leaves": [
