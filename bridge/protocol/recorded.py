@@ -21,7 +21,6 @@ from bridge.questionset.builtin import BUILTIN_IDS
 TEXT_MAX_DEFAULT = 16000
 
 
-
 @dataclass(frozen=True)
 class RecordedQuestion:
     event_id: str  # the question.v2 message's event id
