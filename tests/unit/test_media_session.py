@@ -275,3 +275,45 @@ async def test_a_small_file_behind_a_full_pool_of_slow_ones_waits_its_turn_and_i
         videos_kept = await asyncio.gather(*slow)
     assert refused is None and (tmp_path / "set" / saved).read_bytes() == shot
     assert [problem for _path, problem in videos_kept] == [None] * len(videos)
+
+
+async def test_an_encrypted_rooms_file_over_the_upload_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """Media for an encrypted room was read whole and encrypted on the event
+    loop (0.5 s per 100 MB held every room and /health) and only then
+    compared with the homeserver's upload limit."""
+    from pathlib import Path
+
+    from bridge.service.transport.matrix import UploadRefused
+
+    uploads: list[int] = []
+
+    async def config(_request: web.Request) -> web.Response:
+        return web.json_response({"m.upload.size": 1000})
+
+    async def upload(request: web.Request) -> web.Response:
+        uploads.append(len(await request.read()))
+        return web.json_response({"content_uri": "mxc://hs/ciphertext"})
+
+    app = web.Application()
+    app.router.add_get("/_matrix/client/v1/media/config", config)
+    app.router.add_post("/_matrix/media/v3/upload", upload)
+    server = TestServer(app)
+    await server.start_server()
+    client = AsyncClient(str(server.make_url("")).rstrip("/"), "@bot:hs")
+    client.access_token = "token"
+    transport = NioTransport(client)
+    read: list[str] = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self.name) or real(self))
+    try:
+        (tmp_path / "big.mp4").write_bytes(b"\x00" * 1001)
+        with pytest.raises(UploadRefused):
+            await transport.upload_encrypted(tmp_path / "big.mp4", "video/mp4", "big.mp4")
+        assert read == [] and uploads == []
+        (tmp_path / "small.png").write_bytes(b"\x89PNG" + b"\x00" * 996)
+        sent = await transport.upload_encrypted(tmp_path / "small.png", "image/png", "small.png")
+        assert sent["url"] == "mxc://hs/ciphertext" and uploads == [1000] and "key" in sent
+    finally:
+        await transport.media.close()
+        await client.close()
+        await server.close()

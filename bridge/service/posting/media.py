@@ -301,7 +301,7 @@ async def _upload_as_it_is(path: Path, store: Store, transport: Any, encrypted: 
         return Upload(url=url, **{**info, "name": path.name})
     mime = mimetype(path.name)
     if encrypted:
-        file_info = await transport.upload_encrypted(await asyncio.to_thread(path.read_bytes), mime, path.name)
+        file_info = await transport.upload_encrypted(path, mime, path.name)
         url = file_info["url"]
     else:
         file_info = None

@@ -565,18 +565,24 @@ class NioTransport:
             self._upload_limit = limit
         return self._upload_limit
 
+    async def _within_limit(self, data: bytes | Path, filename: str) -> int:
+        """``data``'s size; UploadRefused over the homeserver's upload limit
+        (Synapse answers 413 and resets the connection while the body is
+        still sent: nio saw a dropped connection and tried again for ever)."""
+        size = len(data) if isinstance(data, bytes) else data.stat().st_size
+        limit = await self.upload_limit()
+        if limit is not None and size > limit:
+            raise UploadRefused(f"uploading {filename}: {size} bytes, over the homeserver's upload limit "
+                                f"of {limit} bytes")
+        return size
+
     async def upload(self, data: bytes | Path, content_type: str, filename: str) -> str:
         """Upload ``data`` (the bytes, or a file read as it is sent: a clip of
         tens of megabytes is never held whole); its mxc URL."""
         import io
 
-        size = len(data) if isinstance(data, bytes) else data.stat().st_size
-        limit = await self.upload_limit()
-        if limit is not None and size > limit:
-            # Synapse answers 413 and resets the connection while the body is
-            # still sent: nio saw a dropped connection and tried again for ever.
-            raise UploadRefused(f"uploading {filename}: {size} bytes, over the homeserver's upload limit "
-                                f"of {limit} bytes")
+        size = await self._within_limit(data, filename)
+
         def body(_got_429: int, got_timeouts: int) -> Any:
             # nio tries a dropped or timed-out upload again for ever; a few tries, then the caller decides.
             if got_timeouts >= UPLOAD_TRIES:
@@ -588,12 +594,18 @@ class NioTransport:
             raise MatrixError(f"uploading {filename}", response)
         return response.content_uri
 
-    async def upload_encrypted(self, data: bytes, content_type: str, filename: str) -> dict[str, Any]:
-        """Uploads ``data`` encrypted with a fresh key; returns the ``file``
-        object an event in an encrypted room carries instead of ``url``."""
+    async def upload_encrypted(self, data: bytes | Path, content_type: str, filename: str) -> dict[str, Any]:
+        """Uploads ``data`` (or the file) encrypted with a fresh key; returns
+        the ``file`` object an event in an encrypted room carries instead of ``url``."""
         from nio.crypto.attachments import encrypt_attachment
 
-        ciphertext, keys = encrypt_attachment(data)
+        # The ciphertext is as long as the file (AES-CTR): one over the limit
+        # is refused before it is read, not after it was held and encrypted
+        # whole.  The cipher runs off the event loop (0.5 s per 100 MB held
+        # /health, the syncs and every room).
+        await self._within_limit(data, filename)
+        ciphertext, keys = await asyncio.to_thread(
+            lambda: encrypt_attachment(data if isinstance(data, bytes) else data.read_bytes()))
         # The content repository sees only ciphertext, so it gets no real type or name.
         url = await self.upload(ciphertext, "application/octet-stream", "encrypted")
         return {**keys, "url": url}
