@@ -45,6 +45,47 @@ async def test_alone_it_leads_again_after_the_store_failed_to_open(postgres_serv
     assert len(terms) == 2 and terms[1] > terms[0]  # a new term, under a new epoch
 
 
+async def test_handing_the_lease_on_after_a_failed_term_holds_up_nothing_else(postgres_server, monkeypatch):
+    """The lease was handed on by connecting to PostgreSQL on the event loop:
+    with the database away (a 3 s connect timeout) /health and everything
+    else on the loop waited for it."""
+    import time
+
+    config = cluster_config(fresh_schema(postgres_server), postgres_server.password)
+    stop = asyncio.Event()
+    real = Lease.release
+    during: list[float] = []
+
+    def slow_release(self: Lease, hold_off: float) -> None:
+        began = time.monotonic()
+        time.sleep(1.0)  # the connect to an unreachable database, timing out
+        real(self, hold_off)
+        during.append(began)
+
+    monkeypatch.setattr(Lease, "release", slow_release)
+    ticks: list[float] = []
+
+    async def ticking() -> None:
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.05)
+
+    terms = 0
+
+    async def serve(_config, _term, _lease: Lease) -> None:
+        nonlocal terms
+        terms += 1
+        if terms == 1:
+            raise StoreOperationalError(SHUTTING_DOWN)
+        stop.set()
+
+    ticker = asyncio.ensure_future(ticking())
+    await asyncio.wait_for(run_with_standby(config, stop, serve), 30)
+    await ticker
+    (began,) = during
+    assert len([t for t in ticks if began < t < began + 1.0]) >= 10  # the loop ran on meanwhile
+
+
 async def test_with_another_instance_the_lease_goes_to_it_at_once(postgres_server):
     url = fresh_schema(postgres_server)
     config = cluster_config(url, postgres_server.password)

@@ -111,7 +111,9 @@ async def run_with_standby(config: Config, stop: asyncio.Event, serve: Serve,
                 log.exception("the bridge failed while leading; handing the lease on, trying again in %.0f s",
                               backoff)
                 terms.failed(exc)
-                lease.release(backoff)
+                # (It connects to hand the lease on: off the event loop, where
+                # /health answers, with PostgreSQL perhaps away for seconds.)
+                await asyncio.to_thread(lease.release, backoff)
                 backoff = min(backoff * 2, LAST_BACKOFF)
             finally:
                 follow.cancel()
