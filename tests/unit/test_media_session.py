@@ -73,6 +73,13 @@ async def _serving(handler) -> AsyncIterator[NioTransport]:
     """A transport whose homeserver's media downloads ``handler`` answers."""
     app = web.Application()
     app.router.add_get("/_matrix/client/v1/media/download/{server}/{media}", handler)
+    async with _homeserver(app) as transport:
+        yield transport
+
+
+@contextlib.asynccontextmanager
+async def _homeserver(app: web.Application) -> AsyncIterator[NioTransport]:
+    """A transport whose homeserver is ``app``."""
     server = TestServer(app)
     await server.start_server()
     client = AsyncClient(str(server.make_url("")).rstrip("/"), "@bot:hs")
@@ -297,15 +304,10 @@ async def test_an_encrypted_rooms_file_over_the_upload_limit_is_refused_before_i
     app = web.Application()
     app.router.add_get("/_matrix/client/v1/media/config", config)
     app.router.add_post("/_matrix/media/v3/upload", upload)
-    server = TestServer(app)
-    await server.start_server()
-    client = AsyncClient(str(server.make_url("")).rstrip("/"), "@bot:hs")
-    client.access_token = "token"
-    transport = NioTransport(client)
     read: list[str] = []
     real = Path.read_bytes
     monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self.name) or real(self))
-    try:
+    async with _homeserver(app) as transport:
         (tmp_path / "big.mp4").write_bytes(b"\x00" * 1001)
         with pytest.raises(UploadRefused):
             await transport.upload_encrypted(tmp_path / "big.mp4", "video/mp4", "big.mp4")
@@ -313,7 +315,3 @@ async def test_an_encrypted_rooms_file_over_the_upload_limit_is_refused_before_i
         (tmp_path / "small.png").write_bytes(b"\x89PNG" + b"\x00" * 996)
         sent = await transport.upload_encrypted(tmp_path / "small.png", "image/png", "small.png")
         assert sent["url"] == "mxc://hs/ciphertext" and uploads == [1000] and "key" in sent
-    finally:
-        await transport.media.close()
-        await client.close()
-        await server.close()
