@@ -48,6 +48,9 @@ def file_problem(reason: str, filename: object = None, limit: int = 20 * MIB) ->
     if reason == "attachment_unreachable":
         return f"{the_file} could not be downloaded: the homeserver holding it could not be reached for half " \
                "a minute. Please send it again once it is back."
+    if reason == "attachment_rate_limited":
+        return f"{the_file} could not be downloaded: the homeserver kept asking the bridge to wait, for five " \
+               "minutes. Please send it again a little later."
     if reason == "attachment_download_failed":
         return f"{the_file} could not be downloaded: the homeserver does not have it. Please send it again."
     if reason == "attachment_misplaced":

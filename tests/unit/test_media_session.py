@@ -242,6 +242,24 @@ async def test_a_homeserver_limiting_downloads_is_waited_out_not_taken_for_a_fai
     assert len(asked_at) == 5 and min(gaps) >= (0.65 if asked == "body" else 0.95), gaps
 
 
+async def test_a_homeserver_limiting_downloads_for_good_is_said_as_such_not_as_unreachable(tmp_path, monkeypatch):
+    """Five minutes of 429s ended in "could not be reached for half a
+    minute. Please send it again once it is back": the server was there."""
+    from bridge.service.answering import attachments
+
+    monkeypatch.setattr(attachments, "RETRY_PAUSE", 0.01)
+    monkeypatch.setattr(attachments, "RATE_LIMITED_PATIENCE", 0.5)
+
+    async def limiting(_request: web.Request) -> web.Response:
+        return web.json_response({"errcode": "M_LIMIT_EXCEEDED", "retry_after_ms": 100}, status=429)
+
+    (tmp_path / "set").mkdir()
+    async with _serving(limiting) as transport:
+        saved, problem = await attachments.fetch_bounded(_shot(b"x" * 100), str(tmp_path / "set"), "q1", 1,
+                                                         transport.download, limit=2**20)
+    assert (saved, problem) == (None, "attachment_rate_limited")
+
+
 async def test_a_small_file_behind_a_full_pool_of_slow_ones_waits_its_turn_and_is_kept(tmp_path, monkeypatch):
     """Several people send videos at once: the next file, a screenshot,
     waited for one of the media's connections inside its own clocks, timed

@@ -158,7 +158,8 @@ def _gesture_refusals() -> list[tuple[RecordedQuestion | None, str, str]]:
              ("undecryptable", receiving.UNDECRYPTABLE_MESSAGE), ("device_not_verified", receiving.UNVERIFIED_MESSAGE)]
     shell += [(reason, file_problem(reason, name, 12 * 1024 * 1024))
               for reason in ("attachment_too_large", "too_many_attachments", "attachment_encrypted",
-                             "attachment_not_fetched", "attachment_unreachable", "attachment_download_failed",
+                             "attachment_not_fetched", "attachment_unreachable", "attachment_rate_limited",
+                             "attachment_download_failed",
                              "attachment_not_saved",
                              "attachment_misplaced")
               for name in ("release-screenshot.png", None)]

@@ -171,6 +171,8 @@ async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number:
         log.info("download for %s failed (try %d%s): %s", qid, attempt,
                  "" if unreached else f" of {TRIES}", problem)
         if attempt >= TRIES:
+            if asked_wait is not None:
+                return None, "attachment_rate_limited"  # (five minutes of 429s: not "not reached")
             return None, "attachment_unreachable" if unreached else "attachment_not_fetched"
         await asyncio.sleep(RETRY_PAUSE * attempt)
 
