@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
@@ -527,30 +527,30 @@ def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[t
     if it did not (it is no longer to come)."""
     from bridge.protocol.deadline import clock_words, event_time_ms
 
+    def when(ms: int) -> str:
+        """A time as ``when_words`` shows it, its date there when posted another day."""
+        return rf"((?:[^,\n]+, )?{re.escape(clock_words(ms))})"
+
+    def lines(pattern: str) -> Iterator[tuple[str, re.Match[str]]]:
+        for text in shown.split("\n"):
+            if found := re.fullmatch(pattern, text):
+                yield text, found
+
     out: list[tuple[str, str | None]] = []
     expires = event_time_ms(q.get("expires"))
     if expires is not None:
-        clock = re.escape(clock_words(expires))
-        pattern = re.compile(rf"Answer by ((?:[^,\n]+, )?{clock})(?:, in [^\n]+| \(the deadline has passed\))\.")
-        for text in shown.split("\n"):
-            found = pattern.fullmatch(text)
-            if found:
-                state = "" if at_ms is None else " (passed)" if at_ms >= expires else " (closed before it)"
-                out.append((text, f"Deadline: {found.group(1)}{state}."))
+        for text, found in lines(rf"Answer by {when(expires)}(?:, in [^\n]+| \(the deadline has passed\))\."):
+            state = "" if at_ms is None else " (passed)" if at_ms >= expires else " (closed before it)"
+            out.append((text, f"Deadline: {found.group(1)}{state}."))
     escalate = q.get("escalate")
     if isinstance(escalate, Mapping):
         after = event_time_ms(escalate.get("after"))
         to = [t for t in escalate.get("to") or () if isinstance(t, str)]
         if after is not None and to:
             asked = at_ms is not None and at_ms >= after
-            # (With its date when it was posted another day: as the deadline's line.)
-            pattern = re.compile(rf"Undecided by ((?:[^,\n]+, )?{re.escape(clock_words(after))}): "
-                                 rf"{re.escape(', '.join(to))} will be asked too\.")
-            for text in shown.split("\n"):
-                found = pattern.fullmatch(text)
-                if found:
-                    out.append((text, f"Undecided by {found.group(1)}: {', '.join(to)} "
-                                      f"{'was' if len(to) == 1 else 'were'} asked too." if asked else None))
+            for text, found in lines(rf"Undecided by {when(after)}: {re.escape(', '.join(to))} will be asked too\."):
+                out.append((text, f"Undecided by {found.group(1)}: {', '.join(to)} "
+                                  f"{'was' if len(to) == 1 else 'were'} asked too." if asked else None))
     return out
 
 
