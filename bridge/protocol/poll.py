@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.protocol.deadline import clock_words
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.protocol.render import SINGLE_PICK_KINDS, gets_poll, option_display, short_digest, shorten
+from bridge.protocol.render import SINGLE_PICK_KINDS, gets_poll, option_display, poll_answers, short_digest, shorten
 from bridge.questionset.shown import visible
 
 POLL_START = "org.matrix.msc3381.poll.start"
@@ -32,13 +32,13 @@ def wants_poll(kind: str | None) -> bool:
 
 def poll_start(question: RecordedQuestion) -> dict[str, Any] | None:
     """The poll for a posted question, or None when it can't have one."""
-    if not gets_poll(question.kind, len(question.options)):
+    if not gets_poll(question.kind, question.options):
         return None
     q = question.question
     asked = _asked(question)
     # What the person reads in the poll is what the question message shows
     # (on a compare, "Left"/"Right" rather than the take names).
-    answers = [{"id": o["id"], TEXT: shorten(option_display(q, o), _LABEL_MAX)} for o in question.options]
+    answers = [{"id": o["id"], TEXT: shorten(option_display(q, o), _LABEL_MAX)} for o in poll_answers(question.options)]
     fallback = asked + "\n" + "\n".join(f"{n}. {a[TEXT]}" for n, a in enumerate(answers, start=1))
     return {
         POLL_START: {

@@ -333,11 +333,18 @@ POLL_STEP = "vote in the poll"
 KEYCAP_STEP = "search \u201ckeycap\u201d in the reaction picker"
 
 
-def gets_poll(kind: Any, options: int) -> bool:
-    """Whether a question of ``kind`` offering ``options`` options (built-ins
-    counted) has a poll: polls are single-choice in Element, of 2 to 20
+def poll_answers(options: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The options a poll offers: those a vote alone can answer.  A vote
+    carries no words, so an option that needs them ("other") is left to a
+    reply; in the poll it could only ever be refused."""
+    return [o for o in options if o.get("input") != "required"]
+
+
+def gets_poll(kind: Any, options: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a question of ``kind`` offering ``options`` (built-ins
+    included) has a poll: polls are single-choice in Element, of 2 to 20
     answers.  The poll is posted, and the message says to vote in it, by this."""
-    return kind in SINGLE_PICK_KINDS and 2 <= options <= POLL_ANSWERS_MAX
+    return kind in SINGLE_PICK_KINDS and 2 <= len(poll_answers(options)) <= POLL_ANSWERS_MAX
 
 
 def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> list[tuple[str, str | None]]:
@@ -348,7 +355,7 @@ def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> l
     n_set = len(_set_options(q))
     steps: list[tuple[str, str | None]] = []
     if kind in SINGLE_PICK_KINDS:
-        if poll and gets_poll(kind, count):
+        if poll and gets_poll(kind, _options(q)):
             steps.append((POLL_STEP, None))
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
         last = min(count, len(KEYCAPS))

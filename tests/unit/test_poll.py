@@ -39,3 +39,17 @@ def test_a_poll_without_subject_is_unchanged() -> None:
     poll = poll_start(recorded())
     assert poll is not None
     assert poll[POLL_START]["question"][TEXT] == "Publish the RC: Publish release candidate 2.4.0-rc1?"
+
+
+def test_the_poll_offers_no_option_a_vote_alone_cannot_answer() -> None:
+    """"Something else" needs the person's words and a vote carries none: in
+    the poll it could only be refused, so it is left to the reply the
+    message names, and the message still says to vote for the rest."""
+    question = recorded()
+    poll = poll_start(question)
+    assert poll is not None
+    assert [a["id"] for a in poll[POLL_START]["answers"]] == ["go", "wait", "unsure"]
+    assert "Something else" not in poll["body"]
+    body = question.content["body"]
+    assert "vote in the poll" in body and "other: <your text>" in body
+

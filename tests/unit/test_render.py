@@ -158,9 +158,9 @@ def test_how_to_answer_by_kind() -> None:
     assert "reply to this message with your answer" in text and "other:" not in text and "unsure" in text
 
 
-@pytest.mark.parametrize("set_options, polled", [(18, True), (19, False), (30, False)])
+@pytest.mark.parametrize("set_options, polled", [(19, True), (20, False), (30, False)])
 def test_the_message_offers_the_poll_only_when_the_question_gets_one(set_options: int, polled: bool) -> None:
-    """A poll takes 20 answers, the built-ins counted: with 19 options and
+    """A poll takes 20 answers, "unsure" counted ("other" is left to a reply): with 20 options and
     more none was posted, and the message still said "vote in the poll"."""
     from bridge.protocol.poll import poll_start
     from bridge.protocol.recorded import RecordedQuestion
