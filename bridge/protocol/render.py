@@ -351,14 +351,14 @@ def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> l
     """How to answer: (prose, example to show as code) pairs, per kind;
     ``poll``: one is posted beside it, when the question can have one."""
     kind = q.get("kind")
-    count = len(_options(q))
     n_set = len(_set_options(q))
     steps: list[tuple[str, str | None]] = []
     if kind in SINGLE_PICK_KINDS:
         if poll and gets_poll(kind, _options(q)):
             steps.append((POLL_STEP, None))
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
-        last = min(count, len(KEYCAPS))
+        # A keycap, like a vote, carries no words: "other" is left to its reply.
+        last = min(len(poll_answers(_options(q))), len(KEYCAPS))
         # Some systems draw keycaps as black boxes with Element's bundled font:
         # each keycap's name beside it still reads, and says where to find it.
         if reactions:

@@ -146,7 +146,7 @@ def test_multi_rank_text_guesses() -> None:
 
 def test_how_to_answer_by_kind() -> None:
     choice = event(question())["body"]
-    assert "number of your pick" in choice and f"{KEYCAPS[0]} (keycap one) \u2026 {KEYCAPS[4]} (keycap five)" in choice
+    assert "number of your pick" in choice and f"{KEYCAPS[0]} (keycap one) \u2026 {KEYCAPS[3]} (keycap four)" in choice
     assert "other: <your text>" in choice and "unsure" in choice
     assert "vote in the poll" not in choice
     assert "vote in the poll" in event(question(), poll=True)["body"]
@@ -372,7 +372,7 @@ def test_keycaps_are_named_and_where_to_find_them() -> None:
     assert "(search \u201ckeycap\u201d in the reaction picker)" in body
     # Read with every emoji glyph missing, the words still say which reaction means what.
     without_glyphs = body.replace("\ufe0f\u20e3", "").replace("\U0001f51f", "")
-    assert "react to it with the keycap emoji 1 (keycap one) \u2026 5 (keycap five) for that number" in without_glyphs
+    assert "react to it with the keycap emoji 1 (keycap one) \u2026 4 (keycap four) for that number" in without_glyphs
     assert f"{KEYCAPS[0]} (keycap one)" in event(question())["formatted_body"]
 
 
