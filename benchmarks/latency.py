@@ -49,7 +49,8 @@ from _world import AS_LOCALPART, ROOT, World, answer, percentile, question_set, 
 
 from bridge.devserver import SERVER_NAME
 
-from bridge.protocol.poll import POLL_KEY, POLL_START, wants_poll
+from bridge.protocol.poll import POLL_KEY, POLL_START
+from bridge.protocol.render import SINGLE_PICK_KINDS
 
 EXAMPLE = "release-decisions"  # eight questions: every kind, polls, a video with captions
 
@@ -289,7 +290,7 @@ async def measure(w: World, mode: str, count: int, config_extra: dict[str, Any],
         os.environ["ASKWRIGHT_BENCH_STAGES"] = str(stages)  # read by ``_traced.py``
     w.start_bridge(w.config(appservice=mode == "appservice", store=store, **extra),
                    site=w.wheel_site(code) if conditions.wheel or code else None, trace=trace)
-    questions, polls = await posted(w, person, set_id, len(kinds), sum(map(wants_poll, kinds)))
+    questions, polls = await posted(w, person, set_id, len(kinds), sum(kind in SINGLE_PICK_KINDS for kind in kinds))
     answers = Answers(questions, polls)
     await key_chores(person)  # an encrypting client: the bridge's device known before the first answer
     watch = FileWatch(folder / "answers.json")

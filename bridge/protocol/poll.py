@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.protocol.deadline import clock_words
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.protocol.render import SINGLE_PICK_KINDS, gets_poll, option_display, poll_answers, short_digest, shorten
+from bridge.protocol.render import gets_poll, option_display, poll_answers, short_digest, shorten
 from bridge.questionset.shown import visible
 
 POLL_START = "org.matrix.msc3381.poll.start"
@@ -23,11 +23,6 @@ POLL_KEY = "dev.superpipeline.question.poll"
 
 _LABEL_MAX = 200
 _QUESTION_MAX = 1000
-
-
-def wants_poll(kind: str | None) -> bool:
-    """Polls are single-choice in Element: only the single-pick kinds get one."""
-    return kind in SINGLE_PICK_KINDS
 
 
 def poll_start(question: RecordedQuestion) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 from bridge.protocol.judge import KEEPS_TAKING
 from bridge.protocol.outcome import shown_title, txn_id
 from bridge.protocol.render import REASON_SHOWN, shown_words
-from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start, wants_poll
+from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start
 from bridge.protocol.question_event import (CONTENT_MAX_BYTES, ENCRYPTED_CONTENT_MAX_BYTES, build_question_event,
                                             closed_replacement, new_elicitation_id, option_order)
 from bridge.protocol.recorded import RecordedQuestion
@@ -346,7 +346,7 @@ class Poster:
             else media.PreparedMedia()
         content = build_question_event(qset, question, elicitation_id=elicitation, media=prepared.uploads,
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
-                                       poll=wants_poll(question.kind),
+                                       poll=True,  # posted beside it when it gets one
                                        posted_ms=await self._first_posted(folder, question),
                                        reactions=await self._takes_reactions(room),
                                        max_bytes=ENCRYPTED_CONTENT_MAX_BYTES if await media.encrypted_room(
