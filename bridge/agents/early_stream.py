@@ -6,7 +6,7 @@ and give up the whole client; a response stream that ends early is, for them,
 one failed call.  The SDK's 2026-era handler holds its response back for up
 to 15 s (to answer a quick error with its own HTTP status), so a restart in
 that window cost agents their client.  Here a POST that accepts
-``text/event-stream`` and has no response after ``after`` seconds gets one:
+an event stream and has no response after ``after`` seconds gets one:
 200, ``text/event-stream``, a comment line; whatever the application answers
 then follows on that stream (a JSON answer as one ``message`` event), which
 the transport's specification allows for any request."""
@@ -31,8 +31,30 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no
                 (b"x-accel-buffering", b"no")]
 
 
+_STREAM_RANGES = frozenset({"text/event-stream", "text/*", "*/*"})
+
+
 def _accepts_stream(scope: Scope) -> bool:
-    return any(name == b"accept" and b"text/event-stream" in value.lower() for name, value in scope["headers"])
+    """Whether the client's Accept takes an event stream, as the SDK reads it
+    (``*/*`` and ``text/*`` do), and not refused by ``q=0``."""
+    for name, value in scope["headers"]:
+        if name != b"accept":
+            continue
+        for media_range in value.decode("latin-1").lower().split(","):
+            kind, *params = (part.strip() for part in media_range.split(";"))
+            if kind in _STREAM_RANGES and not any(_refuses(param) for param in params):
+                return True
+    return False
+
+
+def _refuses(param: str) -> bool:
+    name, _, weight = param.partition("=")
+    if name.strip() != "q":
+        return False
+    try:
+        return float(weight) == 0
+    except ValueError:
+        return False
 
 
 # Requests answered whole, never on an early stream: a client reads one
@@ -82,9 +104,11 @@ def start_early(app: AsgiApp, after: float = EARLY_SECONDS,
     """``gate``: entered around each request answered whole, until its
     response is sent (a file read holds the file several times over until then)."""
     async def early(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("method") != "POST" or not _accepts_stream(scope):
+        if scope.get("method") != "POST":
             await app(scope, receive, send)
             return
+        # The envelope's checks and the file reads' gate hold whatever the
+        # client accepts: the SDK serves a POST that takes ``*/*`` as well.
         taken, body = await _peek(receive)
         receive = _replaying(taken, receive)
         message, problem = mcp_envelope.read(body) if body is not None else (None, None)
@@ -95,9 +119,10 @@ def start_early(app: AsgiApp, after: float = EARLY_SECONDS,
             async with (gate(scope) if gate is not None else contextlib.nullcontext()):
                 await app(scope, receive, send)
             return
-        if body is not None and not mcp_envelope.is_request(message):
-            # A notification or a response: the answer is a bare 202, never
-            # a stream (one started a second in turned the 202 into a 200).
+        if not _accepts_stream(scope) or (body is not None and not mcp_envelope.is_request(message)):
+            # No stream to start early; or a notification or a response, whose
+            # answer is a bare 202, never a stream (one started a second in
+            # turned the 202 into a 200).
             await app(scope, receive, send)
             return
         lock = asyncio.Lock()

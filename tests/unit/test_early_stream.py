@@ -100,3 +100,53 @@ def test_a_notification_answered_late_keeps_its_bare_202():
 
     asyncio.run(run())
     assert sent[0]["status"] == 202 and b"".join(m.get("body", b"") for m in sent[1:]) == b""
+
+
+def _bare_call(body: bytes, accept: bytes, gate: Any = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """What the client gets for ``body`` sent with ``accept``, and what reached the application."""
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(json.loads((await receive())["body"])["method"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+    sent: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "headers": [(b"accept", accept)], "askwright.agent": "planner"}
+        await start_early(app, after=0.1, gate=gate)(scope, receive, send)
+
+    asyncio.run(run())
+    return sent, reached
+
+
+def test_a_client_accepting_anything_meets_the_file_reads_gate_and_the_envelopes_checks():
+    """``Accept: */*`` (or ``text/*``) is an event stream to the SDK, which
+    serves the POST: it skipped the gate that keeps file reads from holding
+    the bridge's memory, and the envelope's checks (an id of null answered
+    with a 202)."""
+    for accept in (b"*/*", b"application/json, text/*", b"application/json"):
+        turns: list[str] = []
+
+        class Turn:
+            async def __aenter__(self) -> None:
+                turns.append("in")
+
+            async def __aexit__(self, *_exc: Any) -> None:
+                turns.append("out")
+
+        read = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": {}}).encode()
+        _sent, reached = _bare_call(read, accept, gate=lambda scope: Turn())
+        assert turns == ["in", "out"] and reached == ["resources/read"], accept
+        sent, reached = _bare_call(b'{"jsonrpc": "2.0", "id": null, "method": "ping"}', accept)
+        assert sent[0]["status"] == 400 and reached == [], accept
+        assert json.loads(sent[1]["body"])["error"]["code"] == -32600
