@@ -17,6 +17,7 @@ from bridge.protocol.question_event import build_question_event
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.model import QuestionSet
 from bridge.service.answering.pipeline import Pipeline
+from bridge.service.encryption.marks import DEVICE
 from bridge.service.storage.store import Store
 from helpers.sets import all_kinds_set
 
@@ -89,11 +90,13 @@ class Room:
             self.store.keep_undecrypted(sealed, 0)
 
     def release(self, events: list[dict[str, Any]]) -> None:
-        """Held events decrypted at last: judged unless dropped meanwhile."""
+        """Held events decrypted at last (marked with the device that sent
+        them, as the encryption layer marks them): judged unless dropped meanwhile."""
         held = {event["event_id"] for event, _first in self.store.undecrypted()}
         with self.store.transaction():
             self.store.drop_undecrypted(held)
-        self.deliver([e for e in events if e["event_id"] in held])
+        self.deliver([{**e, DEVICE: {"device_id": "PHONE", "cross_signed": True}}
+                      for e in events if e["event_id"] in held])
 
     def record(self) -> dict[str, Any] | None:
         if not (self.set_dir / "answers.json").exists():

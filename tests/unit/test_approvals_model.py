@@ -1,6 +1,7 @@
 """Model-based: whatever the people permitted (and a stranger) do to a 2-of-3
 approval with a veto and a deadline — votes by answer and in the poll, edits,
-redactions, emptied poll votes — delivered in any order with restarts and the
+redactions (their own and a moderator's), emptied poll votes — delivered in
+any order, some held for their keys a while, with restarts and the
 bridge's deadlines pass at random times, answers.json says what a reference
 computed from the room's timeline alone says: pending with the standing votes,
 decided by the first quorum or veto in the room's order, or expired; and
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from bridge.service.answering.deadlines import Deadlines
-from helpers.timeline import Room, answer, edit, redact, vote
+from helpers.timeline import MODERATOR, Room, answer, edit, redact, vote
 
 ANA, BO, CY, EVE = "@alice:hs", "@bob:hs", "@carol:hs", "@eve:hs"
 PERMITTED = (ANA, BO, CY)
@@ -30,18 +31,21 @@ PICKS = ("main", "stable", "unsure")
 LAST = 2**61  # after every event; a cast never withdrawn is withdrawn at 2**62
 
 
-def reference(events: list[dict[str, Any]], expired: bool) -> tuple[Any, ...]:
-    """(state, choice, decided_by, votes) from the events delivered, in the room's order."""
+def reference(events: list[dict[str, Any]], expired: bool, order: dict[str, int]) -> tuple[Any, ...]:
+    """(state, choice, decided_by, votes) from the events delivered, in the
+    room's order; ``order``: when each reached the bridge (a held one: when
+    it came, sealed; the bridge held what it said from then on)."""
     by_id = {e["id"]: e for e in events}
-    order = {e["id"]: i for i, e in enumerate(events)}  # the order they reached the bridge
+
+    def counts(redaction: dict[str, Any], e: dict[str, Any]) -> bool:
+        return redaction["kind"] == "redact" and redaction["sender"] in (e["sender"], MODERATOR)
 
     def stripped(e: dict[str, Any]) -> bool:
         # A redaction read before its target: the target arrives with its content
         # stripped (as Matrix serves a redacted event), so what it said is unknowable.
         # So is an edit read after the redaction of what it edits (which takes its edits with it).
         hidden = (e["id"], e["target"]) if e["kind"] == "edit" else (e["id"],)
-        return any(r["kind"] == "redact" and r["target"] in hidden and r["sender"] == e["sender"]
-                   and order[r["id"]] < order[e["id"]] for r in events)
+        return any(counts(r, e) and r["target"] in hidden and order[r["id"]] < order[e["id"]] for r in events)
 
     judged = [e for e in events if e["sender"] in PERMITTED and e["ts"] < EXPIRES and not stripped(e)]
     casts = [e for e in judged if e["kind"] in ("answer", "vote")
@@ -50,8 +54,7 @@ def reference(events: list[dict[str, Any]], expired: bool) -> tuple[Any, ...]:
 
     def withdrawn_at(cast: dict[str, Any]) -> int:
         root = cast["target"] if cast["kind"] == "edit" else cast["id"]
-        times = [e["ts"] for e in events if e["kind"] == "redact" and e["sender"] == cast["sender"]
-                 and e["target"] in (cast["id"], root)]
+        times = [e["ts"] for e in events if counts(e, cast) and e["target"] in (cast["id"], root)]
         if cast["kind"] == "vote":
             times += [e["ts"] for e in events if e["kind"] == "clear" and e["sender"] == cast["sender"]
                       and e["ts"] >= cast["ts"]]
@@ -98,6 +101,8 @@ class ApprovalTimeline(RuleBasedStateMachine):
         self.timeline: list[dict[str, Any]] = []  # in the room's order
         self.undelivered: list[dict[str, Any]] = []
         self.delivered: list[dict[str, Any]] = []
+        self.held: list[dict[str, Any]] = []  # come sealed, waiting for their keys
+        self.arrived: dict[str, int] = {}  # event id -> when it reached the bridge
         self.ts = T0
         self.clock = T0
         self.expired = False
@@ -131,12 +136,36 @@ class ApprovalTimeline(RuleBasedStateMachine):
             target = data.draw(st.sampled_from(answers))
             self._add("edit", target["sender"], gap, option=option, target=target["id"])
 
-    @rule(data=st.data(), gap=st.integers(1, 9000))
-    def redact(self, data: st.DataObject, gap: int) -> None:
+    @rule(data=st.data(), gap=st.integers(1, 9000), moderator=st.booleans())
+    def redact(self, data: st.DataObject, gap: int, moderator: bool) -> None:
         mine = [e for e in self.timeline if e["kind"] in ("answer", "vote", "edit")]
         if mine:
             target = data.draw(st.sampled_from(mine))
-            self._add("redact", target["sender"], gap, target=target["id"])
+            self._add("redact", MODERATOR if moderator else target["sender"], gap, target=target["id"])
+
+    def _arrive(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            self.undelivered.remove(event)
+            self.arrived[event["id"]] = len(self.arrived)
+
+    @rule(data=st.data())
+    def hold(self, data: st.DataObject) -> None:
+        """A vote or an answer comes sealed: held until its keys come (one
+        whose redaction came first comes stripped, with nothing to decrypt)."""
+        redacted = {e["target"] for e in self.delivered if e["kind"] == "redact"}
+        sealed = [e for e in self.undelivered if e["kind"] in ("answer", "vote") and e["id"] not in redacted]
+        if sealed:
+            event = data.draw(st.sampled_from(sealed))
+            self._arrive([event])
+            self.held.append(event)
+            self.room.hold(_event(event))
+
+    @rule()
+    def keys_come(self) -> None:
+        if self.held:
+            self.delivered.extend(self.held)
+            self.room.release([_event(e) for e in self.held])
+            self.held = []
 
     @rule(data=st.data())
     def deliver(self, data: st.DataObject) -> None:
@@ -144,8 +173,7 @@ class ApprovalTimeline(RuleBasedStateMachine):
         if not self.undelivered:
             return
         batch = data.draw(st.lists(st.sampled_from(self.undelivered), min_size=1, max_size=4, unique_by=lambda e: e["id"]))
-        for event in batch:
-            self.undelivered.remove(event)
+        self._arrive(batch)
         self.delivered.extend(batch)
         self.room.deliver([_event(e) for e in batch])
 
@@ -166,7 +194,7 @@ class ApprovalTimeline(RuleBasedStateMachine):
     @invariant()
     def the_record_is_the_rooms(self) -> None:
         record = self.room.record()
-        state, choice, decided_by, votes = reference(self.delivered, self.expired)
+        state, choice, decided_by, votes = reference(self.delivered, self.expired, self.arrived)
         if state is None:
             assert record is None or record["state"] not in ("pending", "expired") and not record.get("votes")
             return
@@ -252,3 +280,42 @@ def test_an_earlier_emptying_read_late_counts_the_decision_again(tmp_path: Path)
 ApprovalTimeline.TestCase.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
                                               suppress_health_check=[HealthCheck.too_slow])
 test_approval_record_is_the_rooms = ApprovalTimeline.TestCase
+
+
+def test_a_veto_held_for_its_keys_and_taken_back_later_still_decided(tmp_path: Path) -> None:
+    """Carol's veto waits for its keys; Alice and Bob approve after it, and
+    Carol redacts her veto after that; then the keys come.  The veto stood
+    from its place to the redaction's and decided at once: it was dropped
+    unjudged, and the two approvals decided instead (found by a review)."""
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    veto = answer("$v", CY, T0 + 1, "stable")
+    room.hold(veto)
+    room.deliver([answer("$a", ANA, T0 + 2, "main"), answer("$b", BO, T0 + 3, "main")])
+    room.deliver([redact("$r", CY, T0 + 4, "$v")])
+    room.release([veto])
+    record = room.record()
+    assert record is not None and record["state"] == "answered", record
+    assert record["choice"] == "stable" and record["decided_by"] == [CY]
+    assert room.verify() == []
+    room.store.close()
+
+
+def test_a_moderators_redaction_read_after_the_voters_later_one_still_withdraws_at_its_place(
+        tmp_path: Path) -> None:
+    """A moderator redacts Carol's vote, Alice votes, and Carol redacts it
+    herself later; Carol's reaches the bridge first.  Her vote stopped
+    counting at the moderator's redaction, before Alice's: nothing was
+    decided (only the voter's own redactions were looked at)."""
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([answer("$v", CY, T0 + 1, "main")])
+    room.deliver([redact("$r2", CY, T0 + 5, "$v")])
+    room.deliver([redact("$r1", MODERATOR, T0 + 3, "$v"), answer("$a", ANA, T0 + 4, "main")])
+    record = room.record()
+    assert record is not None and record["state"] == "pending", record
+    assert [(v["sender"], v["event_id"]) for v in record["votes"]] == [(ANA, "$a")]
+    assert room.verify() == []
+    room.store.close()

@@ -342,7 +342,10 @@ class Pipeline(FolderFlush):
     def _one(self, event: dict[str, Any], now: str, result: BatchResult, unparked: bool = False) -> None:
         """``unparked``: an edit that waited for its original, which came now;
         redacted while it waited, it is judged, then withdrawn where the room
-        placed the redaction."""
+        placed the redaction (the bridge held what it said, and the time it
+        stood counts: a veto it made had decided).  So is a vote on a quorum
+        that waited for its keys; any other answer redacted before it could
+        be read is dropped unjudged, as its end would be the same."""
         event_id = event.get("event_id")
         if not isinstance(event_id, str):
             result.skipped += 1
@@ -375,8 +378,10 @@ class Pipeline(FolderFlush):
         # An empty vote stands even when its redaction came first: read before
         # its redaction it took the votes back for good, so it must here too,
         # or the record would hang on the order the two arrived in.
-        if not is_empty_vote(event) and not unparked \
-                and self.timeline.redacted_before(event_id, sender, str(event.get("room_id"))):
+        redacted = not unparked and not is_empty_vote(event) \
+            and self.timeline.redacted(event_id, sender, str(event.get("room_id")))
+        if redacted and self._device[1] is None:
+            self.timeline.drop_redacted(event_id)
             return
         target = edit_target(event)
         if target is not None:
@@ -385,6 +390,10 @@ class Pipeline(FolderFlush):
                 return
         found = normalize(event, self.lookup)
         if found is None:
+            return
+        if redacted and not (isinstance(found, Candidate) and found.question is not None
+                             and found.question.quorum is not None):
+            self.timeline.drop_redacted(event_id)
             return
         if (isinstance(found, (Withdrawal, PollEnd)) and self._before is not None
                 and ("poll_ends", "") not in self._before):
@@ -413,16 +422,22 @@ class Pipeline(FolderFlush):
             self._annotate(found, now, result)
         else:
             self._judge(found, event, now, result)
+        if redacted or (unparked and self.store.redactions_of(event_id)):
+            self._redactions_kept(event_id, result)
         # Edits that came before this event (another path, a late original) are judged now.
         for parked in self.store.unpark_edits(event_id):
             self._one(parked, now, result, unparked=True)
-            for redaction_id, room_id, by, ts in self.store.redactions_kept(str(parked.get("event_id"))):
-                self._redaction(Withdrawal(str(parked["event_id"]), redaction_id, room_id, by),
-                                {"event_id": redaction_id, "room_id": room_id, "sender": by,
-                                 "origin_server_ts": ts}, result)
 
-    def _redaction(self, found: Withdrawal, event: dict[str, Any], result: BatchResult) -> None:
-        touched = self.timeline.redaction(found, _ts(event))
+    def _redactions_kept(self, target: str, result: BatchResult) -> None:
+        """The redactions of a held event that came while it was held, applied
+        now it is judged, each at its place in the room."""
+        for redaction_id, room_id, by, ts in self.store.redactions_kept(target):
+            self._redaction(Withdrawal(target, redaction_id, room_id, by),
+                            {"event_id": redaction_id, "room_id": room_id, "sender": by, "origin_server_ts": ts},
+                            result, held=True)
+
+    def _redaction(self, found: Withdrawal, event: dict[str, Any], result: BatchResult, held: bool = False) -> None:
+        touched = self.timeline.redaction(found, _ts(event), held=held)
         if touched is not NOT_NOW:
             self._withdrawn(touched, found.event_id, found.room_id, found.sender, "redaction", event, result,
                             target=found.target)

@@ -42,13 +42,10 @@ class Timeline:
         levels = self.power.get(room_id)
         return any(may_redact(by, sender, levels) for by in self.store.redactions_of(event_id))
 
-    def redacted_before(self, event_id: str, sender: str, room_id: str) -> bool:
+    def drop_redacted(self, event_id: str) -> None:
         """A redaction of this event came first: the event is dropped unjudged."""
-        if self.redacted(event_id, sender, room_id):
-            self.store.mark_processed(event_id, "withdrawn")
-            log.info("event %s was redacted before it arrived; dropped", event_id)
-            return True
-        return False
+        self.store.mark_processed(event_id, "withdrawn")
+        log.info("event %s was redacted before it could be read; dropped", event_id)
 
     def edit_of_author(self, event: dict[str, Any], event_id: str, sender: str,
                        target: str) -> dict[str, Any] | None:
@@ -79,8 +76,9 @@ class Timeline:
             return None
         return event
 
-    def redaction(self, found: Withdrawal, ts: int) -> Any:
-        """Apply a redaction: the question it touched, None, or NOT_NOW."""
+    def redaction(self, found: Withdrawal, ts: int, held: bool = False) -> Any:
+        """Apply a redaction: the question it touched, None, or NOT_NOW.
+        ``held``: one kept while its target was held, applied now the target is judged."""
         target = found.target
         ended = next(((question, end) for question, ends in self.poll_ends.items() for end in ends
                       if end[2] == target), None)
@@ -98,22 +96,21 @@ class Timeline:
         # an edit of a redacted event is ignored.
         self.store.keep_redaction(found.event_id, target, found.room_id, found.sender, ts)
         if author is None:
-            self.store.mark_processed(found.event_id, "withdrawn")
+            # Whether it counts (its sender's power over the author's) is
+            # told when the target comes; "withdrawn" is kept for one that did.
+            self.store.mark_processed(found.event_id, "kept")
             return NOT_NOW
         if not may_redact(found.sender, author, self.power.get(found.room_id)):
             log.info("redaction %s by %s of %s's event %s ignored: not theirs, and no power to redact others",
                      found.event_id, found.sender, author, target)
             self.store.mark_processed(found.event_id, "ignored")
             return NOT_NOW
-        if self.store.is_undecrypted(target):
-            # Held for its keys: it is dropped when they come (``redacted_before``),
-            # unless it is an empty vote, which nobody can tell before then.
+        if not held and (self.store.is_undecrypted(target) or self.store.is_parked(target)):
+            # Held for its keys, or an edit waiting for its original: judged
+            # when they come, then withdrawn at this redaction's place in the
+            # room (the pipeline's ``_redactions_kept``).  Dropped, the time
+            # it stood was lost: a veto it made had decided.
             self.store.mark_processed(found.event_id, "withdrawn")
-            return NOT_NOW
-        if self.store.is_parked(target):
-            # An edit waiting for its original: judged when that comes, then
-            # withdrawn at this redaction's place in the room (``redactions_kept``).
-            # Dropped, the time it stood was lost: a veto it made had decided.
             return NOT_NOW
         self.store.mark_processed(target, "withdrawn")
         return self.store.withdraw(target)

@@ -164,13 +164,16 @@ class Projection:
                 found = [tuple(row) for row in self.db.execute(
                     "SELECT ts, seq FROM answer_log WHERE outcome='withdrawn' AND replaces IN (?, ?)"
                     " ORDER BY ts, seq LIMIT 1", (event_id, replaces or event_id)).fetchall()]
-                # Or what the sender's redactions kept says: their own redaction
-                # (one that found the pick already withdrawn, by a later emptied
-                # vote read first, logged nothing), or an emptied vote after it.
+                # Or what the redactions kept say: the sender's own, or one that
+                # counted (a moderator's), that found the pick already withdrawn
+                # (by a later emptied vote or redaction read first) and so logged
+                # nothing; or the sender's emptied vote after it.
                 cleared = votes_key(question_event_id, sender) if via == "poll" else None
                 kept = self.db.execute(
-                    "SELECT MIN(ts) FROM redaction WHERE sender=? AND (target IN (?, ?) OR (target=? AND ts>=?))",
-                    (sender, event_id, replaces or event_id, cleared, ts)).fetchone()
+                    "SELECT MIN(r.ts) FROM redaction r WHERE (r.target IN (?, ?) AND (r.sender=? OR EXISTS"
+                    " (SELECT 1 FROM processed p WHERE p.event_id=r.event_id AND p.outcome='withdrawn')))"
+                    " OR (r.sender=? AND r.target=? AND r.ts>=?)",
+                    (event_id, replaces or event_id, sender, sender, cleared, ts)).fetchone()
                 if kept and kept[0] is not None:
                     found.append((kept[0], 0))
                 # None found: withdrawn by what the log no longer tells apart; one
