@@ -411,7 +411,10 @@ class AgentSets:
             raise LintFailed(message, findings=findings)
         if done:
             self._fenced()
-            replace_whole(set_dir / QUESTIONS_FILE, new)
+            try:
+                replace_whole(set_dir / QUESTIONS_FILE, new)
+            except OSError as exc:  # a full disk, a read-only folder: 507 as a PUT's, the set as it was
+                raise NotStored(f"the set could not be stored: {exc.strerror or exc}") from None
         return {"ok": True, "set": set_id, "status": status, "closed": done}, set_dir
 
     # -- list ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from yarl import URL
 
 from bridge.agents.http import AgentApi
 from bridge.agents.mcp_server import Tools
-from bridge.agents.errors import BadRequest, NotFound
+from bridge.agents.errors import BadRequest, NotFound, NotStored
 from bridge.answers import document
 from bridge.answers.file import AnswersFile
 from bridge.service.config import parse_config
@@ -562,7 +562,7 @@ async def test_a_full_disk_is_a_507_in_the_apis_shape_for_a_set_and_a_first_uplo
     def full(path, data, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    http, root, _ = api
+    http, root, agent_api = api
     monkeypatch.setattr(sets_module, "replace_whole", full)
     async with http.put("/v1/sets/plan", json=one_question("plan"), headers=auth("planner")) as response:
         assert response.status == 507, await response.text()
@@ -573,3 +573,19 @@ async def test_a_full_disk_is_a_507_in_the_apis_shape_for_a_set_and_a_first_uplo
         assert (await response.json())["error"] == "not_stored"
     monkeypatch.setattr(sets_module, "replace_whole", real)
     assert made(root) == []  # nothing left behind
+    # Closing rewrites questions.json: on a full disk a 507 not_stored too
+    # (it was a bare 500 and a traceback; over MCP an internal_error), the set
+    # as it was, and the document says so.
+    async with http.put("/v1/sets/plan", json=one_question("plan"), headers=auth("planner")) as response:
+        assert response.status == 201, await response.text()
+    before = (root / "plan" / "questions.json").read_bytes()
+    monkeypatch.setattr(sets_module, "replace_whole", full)
+    async with http.post("/v1/sets/plan/close", json={}, headers=auth("planner")) as response:
+        assert response.status == 507, await response.text()
+        assert (await response.json())["error"] == "not_stored"
+    with pytest.raises(NotStored):
+        await Tools(agent_api.sets, agent_api.config.agents).call("planner", "close", {"set_id": "plan"})
+    assert (root / "plan" / "questions.json").read_bytes() == before
+    close_responses = json.loads(await (await http.get("/v1/openapi.json")).read())[
+        "paths"]["/v1/sets/{id}/close"]["post"]["responses"]
+    assert "507" in close_responses
