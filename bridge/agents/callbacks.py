@@ -19,7 +19,7 @@ import aiohttp
 
 from bridge.agents.addresses import host_of_url, name_problem, parse, refusal, refusal_of_name
 from bridge.agents.errors import CallbackRefused
-from bridge.agents.lookups import LookupsApart, lookup
+from bridge.agents.lookups import LookupsApart, lookup, on_behalf_of
 from bridge.service.config import Agent, ConfigError
 
 
@@ -107,17 +107,21 @@ async def url_refusal(url: str) -> str | None:
     return None
 
 
-async def check_callbacks(callbacks: Any, *, allow_private: bool) -> None:
+async def check_callbacks(callbacks: Any, *, allow_private: bool, agent: str = "") -> None:
     """At ``ask`` (HTTP and MCP): CallbackRefused (422) naming each callback
     that goes inward (unless allowed), or whose port is none.  Anything not a list of strings is left to the set
-    service, which says what is wrong with its shape."""
+    service, which says what is wrong with its shape.  The names are looked up on ``agent``'s threads."""
     if not isinstance(callbacks, list):
         return
     findings = []
     for i, url in enumerate(callbacks):
         if not isinstance(url, str):
             continue
-        why = form_refusal(url) if allow_private else await url_refusal(url)
+        if allow_private:
+            why = form_refusal(url)
+        else:
+            with on_behalf_of(agent):
+                why = await url_refusal(url)
         if why:
             findings.append({"where": f"callbacks[{i}]", "message": f"the callback {why}"})
     if findings:
@@ -132,7 +136,8 @@ async def check_configured(agents: Mapping[str, Agent], *, allow_private: bool) 
         if not agent.webhook_url:
             continue
         form = form_refusal(agent.webhook_url)
-        why = form or (None if allow_private else await url_refusal(agent.webhook_url))
+        with on_behalf_of(name):
+            why = form or (None if allow_private else await url_refusal(agent.webhook_url))
         if why:
             raise ConfigError(f"agents.{name}.webhook_url: the URL {why}"
                               + ("" if form else " (agent_api.allow_private_callbacks: true allows it)"))

@@ -174,7 +174,7 @@ class AgentApi:
         if callbacks and not self.config.agents[agent].webhook_secret:
             raise LintFailed("callbacks need a webhook_secret for this agent in the bridge's config", findings=[
                 {"where": "callbacks", "message": "this agent has no webhook_secret to sign deliveries with"}])
-        await check_callbacks(callbacks, allow_private=self.config.agent_api.allow_private_callbacks)
+        await check_callbacks(callbacks, allow_private=self.config.agent_api.allow_private_callbacks, agent=agent)
         asked = await self.sets.ask_apart(agent, checked.path["id"], document, callbacks)
         return web.json_response(asked.as_dict(), status=201 if asked.created else 200)
 

@@ -285,7 +285,7 @@ class Tools:
                 raise LintFailed("callbacks need a webhook_secret for this agent in the bridge's config",
                                  findings=[{"where": "callbacks",
                                             "message": "this agent has no webhook_secret to sign deliveries with"}])
-            await check_callbacks(callbacks, allow_private=self.allow_private_callbacks)
+            await check_callbacks(callbacks, allow_private=self.allow_private_callbacks, agent=agent)
             document = arguments["set"]
             set_id = document.get("id")
             if not is_set_id(set_id):

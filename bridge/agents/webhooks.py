@@ -34,6 +34,7 @@ from prometheus_client import Counter
 
 from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
+from bridge.agents.lookups import on_behalf_of
 from bridge.agents.outbox import (Delivery, Lane, defer_lane, delivered, due_by_url, due_lanes, due_now, expired,
                                   follow_webhook_urls, hold_lane, lane_holds, next_due, retry_at)
 from bridge.protocol.retryafter import retry_after_seconds
@@ -344,19 +345,20 @@ class Deliverer:
                    "User-Agent": "askwright-bridge"}
         problem, asked = None, 0.0
         try:
-            async with http.post(row.url, data=row.body, headers=headers, allow_redirects=False) as response:
-                await _drain(response)  # never raises: the status already says what the URL did
-                if 200 <= response.status < 300:
-                    self.sent.inc()
-                    log.info("webhook %s delivered to %s", row.key, host_of(row.url))
-                    try:
-                        await self.store.run(delivered, self.store, row.id)
-                    except Exception:  # noqa: BLE001 - sent; the store forgot: it goes again (at least once)
-                        log.warning("webhook %s delivered, but the store could not record it: it will be sent "
-                                    "again", row.key, exc_info=True)
-                    return True, 0.0
-                problem = f"HTTP {response.status}"
-                asked = asked_to_wait(response.status, response.headers.get("Retry-After"), now)
+            with on_behalf_of(row.agent):  # its name looked up on its agent's threads, behind no other's
+                async with http.post(row.url, data=row.body, headers=headers, allow_redirects=False) as response:
+                    await _drain(response)  # never raises: the status already says what the URL did
+                    if 200 <= response.status < 300:
+                        self.sent.inc()
+                        log.info("webhook %s delivered to %s", row.key, host_of(row.url))
+                        try:
+                            await self.store.run(delivered, self.store, row.id)
+                        except Exception:  # noqa: BLE001 - sent; the store forgot: it goes again (at least once)
+                            log.warning("webhook %s delivered, but the store could not record it: it will be sent "
+                                        "again", row.key, exc_info=True)
+                        return True, 0.0
+                    problem = f"HTTP {response.status}"
+                    asked = asked_to_wait(response.status, response.headers.get("Retry-After"), now)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             # ValueError: a host no name can be made of ("label too long"), queued before it was refused at ask.
             refused = refused_reason(exc)
