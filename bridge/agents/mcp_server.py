@@ -9,6 +9,7 @@ reason as its content, never a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import json
@@ -52,6 +53,9 @@ CACHE_HINTS = {
     "resources/list": CacheHint(ttl_ms=0, scope="private"),
     "resources/read": CacheHint(ttl_ms=0, scope="private"),
 }
+# A subscriber's notice is given up after this long (a connection that
+# stopped reading); it stays subscribed, and the next change tries again.
+NOTICE_SECONDS = 10.0
 
 
 class Subscribers:
@@ -64,6 +68,10 @@ class Subscribers:
         # request; a subscription belongs to the connection under it.
         self.sessions: dict[str, dict[Any, Any]] = {}
         self._uris: dict[Any, set[str]] = {}  # connection -> the uris it subscribed to
+        # (connection, uri) -> its notice on its way, each on a task of its
+        # own: awaited in turn, one connection whose send never returned held
+        # up every notice after it, and the watcher that tells them, for good.
+        self._sending: dict[tuple[Any, str], asyncio.Task[None]] = {}
 
     @staticmethod
     def _key(session: Any) -> Any:
@@ -91,6 +99,9 @@ class Subscribers:
         """Every subscription of a connection that closed."""
         for uri in self._uris.pop(key, ()):
             self._drop(uri, key)
+            sending = self._sending.pop((key, uri), None)
+            if sending is not None:
+                sending.cancel()
 
     def _drop(self, uri: str, key: Any) -> None:
         held = self.sessions.get(uri)
@@ -102,11 +113,21 @@ class Subscribers:
     async def changed(self, set_id: str) -> None:
         uri = answers_uri(set_id)
         await self.bus.publish(ResourceUpdated(uri=uri))
-        for session in list(self.sessions.get(uri, {}).values()):
-            try:
-                await session.send_resource_updated(uri)
-            except Exception:  # noqa: BLE001 - a connection that went away is forgotten
-                self.remove(uri, session)
+        for key, session in list(self.sessions.get(uri, {}).items()):
+            if (key, uri) in self._sending:
+                continue  # a notice to it still on its way tells of this change too: it reads after it
+            self._sending[(key, uri)] = asyncio.ensure_future(self._tell(key, uri, session))
+
+    async def _tell(self, key: Any, uri: str, session: Any) -> None:
+        try:
+            await asyncio.wait_for(session.send_resource_updated(uri), NOTICE_SECONDS)
+        except asyncio.TimeoutError:
+            log.info("an MCP connection took no notice of %s within %.0f s", uri, NOTICE_SECONDS)
+        except Exception:  # noqa: BLE001 - a connection that went away is forgotten
+            self.remove(uri, session)
+        finally:
+            if self._sending.get((key, uri)) is asyncio.current_task():
+                del self._sending[(key, uri)]
 
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,

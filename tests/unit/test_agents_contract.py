@@ -285,3 +285,50 @@ async def test_a_wait_on_a_set_removed_meanwhile_ends_at_once_not_at_its_timeout
     finally:
         stop.set()
         await asyncio.gather(watcher, return_exceptions=True)
+
+
+async def test_a_subscriber_whose_notice_never_goes_holds_up_no_other_nor_the_watcher(tmp_path):
+    """The watcher told each subscriber in turn, awaiting each send: one MCP
+    connection whose send never returned (a client that stopped reading)
+    stopped every notice after it, for every set, for good."""
+    sets = AgentSets(tmp_path)
+    for set_id in ("plan", "ship"):
+        sets.ask("a", set_id, one_question(set_id))
+
+    class Stuck:
+        async def send_resource_updated(self, uri: str) -> None:
+            await asyncio.Event().wait()  # never returns
+
+    class Reading:
+        def __init__(self) -> None:
+            self.told: list[str] = []
+            self.news = asyncio.Event()
+
+        async def send_resource_updated(self, uri: str) -> None:
+            self.told.append(uri)
+            self.news.set()
+
+    subscribers, stuck, reading = Subscribers(), Stuck(), Reading()
+    for set_id in ("plan", "ship"):
+        uri = f"askwright://sets/{set_id}/answers"
+        subscribers.add(uri, stuck)  # first in line
+        subscribers.add(uri, reading)
+    stop = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_answers(tmp_path, subscribers, stop, sets.changes))
+    try:
+        await asyncio.sleep(0.5)  # the watcher is up
+        record = {"qid": "branch", "q_rev": 1, "choice": "main", "label": "main", "source": {"sender": "@a:x"}}
+        for set_id in ("plan", "ship"):
+            reading.news.clear()
+            AnswersFile(tmp_path / set_id, set_id).update(lambda doc, at: put_record(doc, record, at), utc_now())
+            began = time.monotonic()
+            await asyncio.wait_for(reading.news.wait(), 5)
+            assert time.monotonic() - began < 1.0  # the watcher notices within its 100 ms debounce
+            assert reading.told[-1] == f"askwright://sets/{set_id}/answers"
+        # Told of a change without waiting on anyone's send.
+        await asyncio.wait_for(subscribers.changed("plan"), 1)
+    finally:
+        stop.set()
+        if not (await asyncio.wait({watcher}, timeout=5))[0]:
+            watcher.cancel()  # (held by the stuck send)
+        await asyncio.gather(watcher, return_exceptions=True)
