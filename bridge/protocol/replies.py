@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.protocol.render import KEYCAP_STEP, KEYCAPS, POLL_STEP, SINGLE_PICK_KINDS, option_display
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
-from bridge.questionset.shown import reply_form, reply_key
+from bridge.questionset.shown import reply_exact, reply_form, reply_key
 
 _NUMBER = re.compile(r"^#?(\d{1,3})[.)]?$")
 _SPACED_NUMBERS = re.compile(r"^\d{1,3}(?:\s+\d{1,3})+$")
@@ -207,12 +208,23 @@ def _resolve(token: str, question: RecordedQuestion) -> str | None:
     named = [option for option in options
              if any(isinstance(name, str) and plain == reply_key(name)
                     for name in (option.get("label"), option_display(question.question, option)))]
-    if len(named) > 1:
-        # A quiz may offer labels that differ only in case ("we", "We"): the
-        # one written as the person wrote it, not the first of them.
-        written = reply_form(token)
-        named = [option for option in named if reply_form(str(option.get("label"))) == written] or named
+    named = _as_written(token, named)
     return named[0]["id"] if named else None
+
+
+# A quiz may offer labels a loosened reply can't tell apart: the one written
+# as the person wrote it wins over the first of them.  First its closing mark
+# ("Stop!" over "Stop."), then its case ("we" over "We").
+_WRITTEN_FORMS = (lambda words: reply_exact(words).casefold(), reply_form)
+
+
+def _as_written(token: str, named: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for form in _WRITTEN_FORMS:
+        if len(named) < 2:
+            break
+        written = form(token)
+        named = [option for option in named if form(str(option.get("label"))) == written] or named
+    return named
 
 
 def _unsure_words(question: RecordedQuestion) -> set[str]:

@@ -33,8 +33,16 @@ def reply_key(text: str) -> str:
 def reply_form(text: str) -> str:
     """``reply_key`` with its case kept: what tells apart two labels a quiz
     made differ by case only ("we", "We")."""
+    return " ".join(reply_exact(text).rstrip(".!").split())
+
+
+def reply_exact(text: str) -> str:
+    """The words as written, closing mark and case kept: what tells apart two
+    labels a quiz made differ by that mark only ("Stop.", "Stop!").  Only
+    what a person can't see or type back is left out: invisible characters,
+    extra spaces, the quotes around the words."""
     plain = visible(unicodedata.normalize("NFKC", text))
-    return " ".join(plain.strip().strip(_QUOTES).strip().rstrip(".!").split())
+    return " ".join(plain.strip().strip(_QUOTES).split())
 
 
 def one_line_problem(text: str) -> str | None:

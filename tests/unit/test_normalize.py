@@ -181,6 +181,21 @@ def test_a_quiz_label_differing_only_in_case_is_read_as_written(body, option):
     assert accepted(normalize(reply("reply-word", body), lookup)).option_id == option
 
 
+@pytest.mark.parametrize("body, option", [("Stop!", "angry"), ("stop!", "angry"), ("Stop.", "calm"), ("“Stop!”", "angry")])
+def test_a_quiz_label_differing_only_in_its_last_mark_is_read_as_written(body, option):
+    """A quiz offering "Stop." (calm) and "Stop!" (angry): the reply "Stop!"
+    was recorded as "Stop.", the loosened words of both being "stop"."""
+    qset = QuestionSet.model_validate({"askwright": 1, "id": "tone", "title": "Tone", "mode": "study", "questions": [
+        {"id": "sign", "kind": "choice", "title": "Tone", "question": "Which sign shouts?", "topic": "tone",
+         "options": [{"id": "calm", "label": "Stop.", "correct": False, "why": "A full stop is calm."},
+                     {"id": "angry", "label": "Stop!", "correct": True, "why": "The mark shouts."}]}]})
+    recorded = RecordedQuestion(event_id="$q_sign", room_id=ROOM, set_id=qset.id,
+                                content=build_question_event(qset, qset.questions[0], elicitation_id="elc_sign",
+                                                             order=["calm", "angry"]))
+    lookup = FakeLookup(questions={"sign": recorded})
+    assert accepted(normalize(reply("sign", body), lookup)).option_id == option
+
+
 def test_other_with_words():
     result = accepted(normalize(reply("branch", "other: a release branch of its own"), FakeLookup()))
     assert (result.option_id, result.text) == ("other", "a release branch of its own")

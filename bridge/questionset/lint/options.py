@@ -9,7 +9,7 @@ from bridge.questionset.lint.access import blank, quote, str_at
 from bridge.questionset.lint.context import Context, QuestionView
 from bridge.questionset.lint.unknown import check_unknown
 from bridge.questionset.builtin import BUILTIN_IDS, OTHER_LABEL, UNSURE_LABEL
-from bridge.questionset.shown import one_line_problem, reply_key
+from bridge.questionset.shown import one_line_problem, reply_exact, reply_key
 
 
 def _norm_label(label: str) -> str:
@@ -135,9 +135,12 @@ def _check_option_label(ctx: Context, q: QuestionView, where: str, option: dict[
         return
     if problem := one_line_problem(label):
         ctx.error(f"{where}.label", f"the label {problem}")
-    # A quiz may offer "We" and "we" as different answers; elsewhere two labels
-    # are one when a reply can't tell them apart ("Ship  it", "Ship it!").
-    key = label.strip() if ctx.study else reply_key(label)
+    # Two labels are one when a reply can't tell them apart.  A reply written
+    # as the label tells apart its case and closing mark, so a quiz may offer
+    # "We" and "we", "Stop." and "Stop!" as different answers; elsewhere the
+    # reply is read loosely ("Ship it!" is "ship it"), and so are the labels.
+    # Spaces and invisible characters tell nothing apart anywhere ("Ship  it").
+    key = reply_exact(label) if ctx.study else reply_key(label)
     named_id = ids.get(reply_key(label))
     if reply_key(label) in BUILTIN_WORDS:
         ctx.error(f"{where}.label", f"{quote(label)} names a built-in answer every question offers (a reply "
