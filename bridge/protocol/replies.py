@@ -123,9 +123,10 @@ def help_text(question: RecordedQuestion) -> str:
 
 
 def valid_numbers(question: RecordedQuestion) -> int:
-    """How many numbers an answer to ``question`` may use (1 to this): a rank
-    answer orders the set's own options, never the built-ins shown after them."""
-    return len(question.rankable_ids) if question.kind == "rank" else len(question.options)
+    """How many numbers an answer to ``question`` may use (1 to this): a list
+    (``multi``, ``rank``) names the set's own options, never the built-ins
+    shown after them, which stand alone ("unsure", never "1, unsure")."""
+    return len(question.rankable_ids) if question.kind in ("multi", "rank") else len(question.options)
 
 
 def numbers_out_of_range(body: str, question: RecordedQuestion) -> list[int]:

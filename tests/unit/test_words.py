@@ -300,7 +300,8 @@ def test_the_examples_of_the_issue_read_in_the_persons_terms():
     past = normalize({"type": "m.room.message", "event_id": "$r", "room_id": ROOM, "sender": ALICE,
                       "content": {"msgtype": "m.text", "body": "1, 9",
                                   "m.relates_to": {"m.in_reply_to": {"event_id": platforms.event_id}}}}, _Lookup())
-    assert past.message.startswith("There is no option 9 in “Platforms”; the options are 1–5.")
+    # The built-ins (4, 5) stand alone, never in a list: named as for rank.
+    assert past.message.startswith("There is no option 9 in “Platforms”; the options are 1–3. Reply with the numbers")
     right = verdict(takes, content_for(takes, option_id="opt_t5"))
     record = to_record(takes, right, prior=None, source={"how": "reply"}, now="now")
     body = recorded_notice(answer_event_id="$a", question_event_id=takes.event_id, record=record, title="Intro take",
