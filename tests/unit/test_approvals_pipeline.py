@@ -1520,6 +1520,22 @@ def test_picking_something_else_in_the_poll_is_told_where_the_words_go(tmp_path)
                     "poll carries none. Reply to the question with other: and your words.")
 
 
+@pytest.mark.parametrize("typed", ["other", "number"])
+def test_something_else_replied_without_words_is_told_the_form_that_carries_them(tmp_path, typed):
+    """A reply "other" (or its number) was told to "add them as text", which
+    a reply can't: it says the form a reply takes."""
+    room = room_with(tmp_path)
+    number = str(1 + [o["id"] for o in room.posted.options].index("other"))
+    body = number if typed == "number" else typed
+    room.deliver([{"event_id": "$o1", "room_id": ROOM, "sender": ANA, "origin_server_ts": T0 + 1000,
+                   "type": "m.room.message",
+                   "content": {"msgtype": "m.text", "body": body, "m.relates_to": {"m.in_reply_to": {"event_id": "$q"}}}}])
+    (seq,) = room.store.db.execute("SELECT seq FROM answer_log WHERE event_id='$o1'").fetchone()
+    told = room.pipeline.notice_for(room.store.log_entry(seq))["body"]
+    assert told == ("Not recorded: \u201cSomething else\u201d needs a few words from you. Reply with other: and your "
+                    "words (for example \u201cother: only the unit tests\u201d).")
+
+
 @pytest.mark.parametrize("sealed", [False, True], ids=["clear", "encrypted"])
 def test_stray_delayed_events_past_the_homeservers_memory_of_the_transaction_are_cancelled_at_start(tmp_path,
                                                                                                    sealed):

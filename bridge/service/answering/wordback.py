@@ -68,11 +68,8 @@ class WordBack:
                                                f"yours to this answer {'were' if replaced > 1 else 'was'} kept too.)")
         else:
             message = entry.message or "the answer could not be read."
-            if entry.reason == "input_required" and entry.via in _GESTURE_VIAS:
-                # "Add them as text" cannot be done in a poll or with an emoji: say where the words go.
-                gesture = "a vote in the poll" if entry.via == "poll" else "a reaction"
-                message = (message.removesuffix(" Add them as text.").rstrip(".")
-                           + f", and {gesture} carries none. Reply to the question with other: and your words.")
+            if entry.reason == "input_required":
+                message = _where_the_words_go(message, entry.via)
             content = refused_notice(answer_event_id=entry.event_id, question_event_id=entry.question_event_id,
                                      qid=entry.qid, layer=entry.layer or "recorded", reason=entry.reason or "refused",
                                      message=message, via=via)
@@ -257,6 +254,26 @@ def _deciding(record: dict[str, Any], sender: str) -> bool:
 
 # Answers that are a click, with no room for text.
 _GESTURE_VIAS = frozenset({"poll", "reaction"})
+# The judge's words for an answer that needs words: what an answer event does
+# (its ``text``), which no one in Element can do.
+_ADD_AS_TEXT = " Add them as text."
+
+
+def _where_the_words_go(message: str, via: str | None) -> str:
+    """An answer refused for want of words, told where a person puts them.
+    Only "Something else" takes words, and a reply gives them as ``other: …``."""
+    if not message.endswith(_ADD_AS_TEXT):
+        return message
+    if via in _GESTURE_VIAS:
+        # A poll or an emoji can't carry words at all: say so, and where they go.
+        gesture = "a vote in the poll" if via == "poll" else "a reaction"
+        return (message.removesuffix(_ADD_AS_TEXT).rstrip(".")
+                + f", and {gesture} carries none. Reply to the question with other: and your words.")
+    if via in ("reply", "edit"):
+        # A reply "other" or its number: the form that carries the words.
+        return (message.removesuffix(_ADD_AS_TEXT)
+                + " Reply with other: and your words (for example \u201cother: only the unit tests\u201d).")
+    return message
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
 _TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
 # Messages sent in the question's thread, whose word back replies to them there.
