@@ -314,13 +314,25 @@ def _guess_parts(q: Mapping[str, Any]) -> tuple[str, str] | None:
     return what, why if isinstance(why, str) else ""
 
 
+_BARE_SECONDS = re.compile(r"^\d+(?:\.\d+)?$")
+
+
+def start_words(start: Any) -> str:
+    """Where a media file starts, as the set wrote it, in seconds said once:
+    a bare number (1.5, "2") gets its unit, while "1.25 s", "12 sec" or
+    "0:07" carry their own (it read "from 0:07 s").  Shared by the question's
+    message and the caption of the file posted in its thread."""
+    text = str(start).strip()
+    return f"{text} s" if _BARE_SECONDS.match(text) else text
+
+
 def _media_line(item: Mapping[str, Any]) -> str:
     name = item.get("label") or item.get("name") or item.get("alt") or item.get("type") or "media"
     bits = [str(name)]
     if item.get("type"):
         bits.append(f"({item['type']})")
     if item.get("start") is not None:
-        bits.append(f"from {item['start']} s")
+        bits.append(f"from {start_words(item['start'])}")
     if item.get("caption"):
         bits.append(f"\u2014 {item['caption']}")
     return " ".join(bits)

@@ -224,6 +224,16 @@ def test_image_size_from_png_and_jpeg_headers():
     assert image_size(b"GIF89a") == (None, None)
 
 
+@pytest.mark.parametrize("start, said", [(1.5, "(from 1.5 s)"), ("1.25 s", "(from 1.25 s)"), ("0:07", "(from 0:07)")])
+def test_a_media_files_caption_says_its_start_unit_once(start, said):
+    """The file posted in the thread said "(from 0:07 s)" for a start written "0:07"."""
+    from bridge.questionset.model import MediaItem
+    from bridge.service.posting.media import Upload, media_message
+    content = media_message(MediaItem(src="clip.mp4", label="The clip", start=start),
+                            Upload(url="mxc://hs/clip", mimetype="video/mp4", size=10, name="clip.mp4"))
+    assert content["body"] == f"The clip {said}"
+
+
 def test_a_figure_is_posted_as_escaped_text():
     from bridge.questionset.model import MediaItem
     content = figure_message(MediaItem(figure={"type": "bar", "title": "<b>x</b>"}, alt="Bars <i>"), 0)

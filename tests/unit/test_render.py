@@ -273,6 +273,16 @@ def test_show_if_and_media_mentioned() -> None:
     assert "from <code>1.5 s</code>" in content["formatted_body"]
 
 
+@pytest.mark.parametrize("start, shown", [(1.5, "from 1.5 s"), ("2", "from 2 s"), ("1.25 s", "from 1.25 s"),
+                                          ("0:07", "from 0:07"), ("12 sec", "from 12 sec")])
+def test_a_media_start_says_its_unit_once(start, shown) -> None:
+    """A start written with its unit ("1.25 s", "0:07") showed "from 1.25 s s", "from 0:07 s"."""
+    q = question(media=[{"src": "clip.mp4", "start": start}])
+    content = event(q, media={"clip.mp4": {"url": "mxc://example.org/clip", "mimetype": "video/mp4"}})
+    line = next(line for line in content["body"].splitlines() if "clip.mp4 (video)" in line)
+    assert line.endswith(f"clip.mp4 (video) {shown}")
+
+
 def test_render_is_pure_and_bare_body_keeps_options() -> None:
     content = event(question())
     assert render(content) == render(content)

@@ -25,7 +25,7 @@ from typing import Any
 
 from bridge.protocol.one_pager import ENCRYPTED_MESSAGE_MAX_BYTES, MESSAGE_MAX_BYTES, render_one_pager
 from bridge.protocol.outcome import in_thread, txn_id
-from bridge.protocol.render import esc
+from bridge.protocol.render import esc, start_words
 from bridge.questionset.media import LocalFilesystem, captions_for, media_type, mimetype, resolve
 from bridge.questionset.model import MediaItem, Question, QuestionSet
 from bridge.service.storage.store import Store
@@ -229,7 +229,7 @@ def media_message(item: MediaItem, upload: Upload) -> dict[str, Any]:
     if item.alt:
         content["info"]["alt"] = item.alt  # no standard field yet; harmless for clients that ignore it
     if item.start is not None:
-        content["body"] += f" (from {item.start} s)"
+        content["body"] += f" (from {start_words(item.start)})"
     return content
 
 
