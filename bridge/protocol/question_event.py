@@ -31,7 +31,7 @@ from typing import Any
 from bridge.protocol.deadline import format_rfc3339, is_rfc3339, parse_when
 from bridge.protocol.outcome import shown_title
 from bridge.protocol.render import (HTML_FORMAT, POLL_STEP, approval_line_html, esc_links, render_body, render_html,
-                                    settled_lines, why_in_brackets)
+                                    reopened_lines, settled_lines, why_in_brackets)
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
 from bridge.questionset.model import MediaItem, Option, Question, QuestionSet, ShowIf
 
@@ -466,13 +466,8 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
     its "in 2 hours", wrong as soon as time passes, and the escalation line
     goes unless it happened by then."""
     line = f"{CLOSED_LINE} ({why_in_brackets(why)})." if why and why != "closed" else f"{CLOSED_LINE}."
-    body = str(content.get("body", ""))
-    html = content.get("formatted_body")
     q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
-    for old, new in settled_lines(q, at_ms, body):
-        body = _swap_line(body, old, new)
-        if isinstance(html, str):
-            html = _swap_html_line(html, approval_line_html(old, q), None if new is None else approval_line_html(new, q))
+    body, html = _with_lines(content, settled_lines(q, at_ms, str(content.get("body", ""))))
     lines = body.split("\n")
     at = max((i for i, text in enumerate(lines) if text.startswith("To answer: ")), default=None)
     new_body = "\n".join(lines[:at] + [line]) if at is not None else f"{body}\n\n{line}"
@@ -485,14 +480,21 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
     return _replacement(question_event_id, content, new, line, {SHOWN_CLOSED_KEY: shown})
 
 
-def reopened_replacement(question_event_id: str, content: Mapping[str, Any], line: str) -> dict[str, Any]:
+def reopened_replacement(question_event_id: str, content: Mapping[str, Any], line: str,
+                         at_ms: int | None = None) -> dict[str, Any]:
     """An ``m.replace`` that shows a question closed as decided open again
-    (its decision undone): the message as first posted, ``line`` after it."""
+    (its decision undone): the message as first posted, ``line`` after it.
+
+    ``at_ms``: when it opened again.  The approval lines say what stands then
+    (``reopened_lines``): the time left counted from it, not from the
+    posting, and the escalation as done once its time came."""
     said = f"{line[:1].upper()}{line[1:]}."
+    q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
+    shown = str(content.get("body", ""))
+    body, html = _with_lines(content, reopened_lines(q, at_ms, shown) if at_ms is not None else [])
     # Its poll stays ended (it decided nothing): the message no longer offers it.
-    body = str(content.get("body", "")).replace(f"To answer: {POLL_STEP}; ", "To answer: ")
+    body = body.replace(f"To answer: {POLL_STEP}; ", "To answer: ")
     new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": f"{body}\n\n{said}"}
-    html = content.get("formatted_body")
     if isinstance(html, str):
         html = html.replace(f"<em>To answer:</em> {POLL_STEP}; ", "<em>To answer:</em> ")
         new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc_links(said)}</strong></p>")
@@ -528,6 +530,19 @@ def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[s
     if structured and content_size({**edit, "m.new_content": {**new, **structured}}) <= ENCRYPTED_CONTENT_MAX_BYTES:
         new.update(structured)
     return edit
+
+
+def _with_lines(content: Mapping[str, Any], swaps: Sequence[tuple[str, str | None]]) -> tuple[str, Any]:
+    """The message's body and HTML with each approval line ``old`` turned
+    into ``new`` (None: dropped), in both, so the two say the same."""
+    body = str(content.get("body", ""))
+    html = content.get("formatted_body")
+    q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
+    for old, new in swaps:
+        body = _swap_line(body, old, new)
+        if isinstance(html, str):
+            html = _swap_html_line(html, approval_line_html(old, q), None if new is None else approval_line_html(new, q))
+    return body, html
 
 
 def _swap_line(body: str, old: str, new: str | None) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -536,6 +537,46 @@ def approval_line_html(line: str, q: Mapping[str, Any]) -> str:
     return esc_people(line, people)
 
 
+@dataclass(frozen=True)
+class _ShownLine:
+    """An approval line of a posted message that time makes stale."""
+
+    text: str  # the line as the message shows it
+    when: str  # its time as shown there (with its date when posted another day)
+    at_ms: int  # that time
+    to: tuple[str, ...] = ()  # an escalation's people; empty: the deadline
+
+    def asked(self) -> str:
+        return f"Undecided by {self.when}: {', '.join(self.to)} {'was' if len(self.to) == 1 else 'were'} asked too."
+
+
+def _shown_approval_lines(q: Mapping[str, Any], shown: str) -> list[_ShownLine]:
+    """The deadline and escalation lines of ``shown`` (a message's body), as
+    ``approval_lines`` wrote them at posting."""
+    from bridge.protocol.deadline import clock_words, event_time_ms
+
+    def lines(head: str, at_ms: int, tail: str) -> Iterator[tuple[str, str]]:
+        # A time as ``when_words`` shows it, its date there when posted another day.
+        when = rf"((?:[^,\n]+, )?{re.escape(clock_words(at_ms))})"
+        for text in shown.split("\n"):
+            if found := re.fullmatch(head + when + tail, text):
+                yield text, found.group(1)
+
+    out: list[_ShownLine] = []
+    expires = event_time_ms(q.get("expires"))
+    if expires is not None:
+        out += [_ShownLine(text, when, expires) for text, when
+                in lines("Answer by ", expires, r"(?:, in [^\n]+| \(the deadline has passed\))\.")]
+    escalate = q.get("escalate")
+    if isinstance(escalate, Mapping):
+        after = event_time_ms(escalate.get("after"))
+        to = tuple(t for t in escalate.get("to") or () if isinstance(t, str))
+        if after is not None and to:
+            tail = f": {re.escape(', '.join(to))} will be asked too\\."
+            out += [_ShownLine(text, when, after, to) for text, when in lines("Undecided by ", after, tail)]
+    return out
+
+
 def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[tuple[str, str | None]]:
     """(line as shown, what it becomes or None to drop it) for a question closed
     at ``at_ms``, the approval lines of ``shown`` (its body) once closed.
@@ -544,32 +585,30 @@ def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[t
     time passes), and says whether it passed or the question closed first;
     the escalation says its people were asked if that time came, and goes
     if it did not (it is no longer to come)."""
-    from bridge.protocol.deadline import clock_words, event_time_ms
-
-    def when(ms: int) -> str:
-        """A time as ``when_words`` shows it, its date there when posted another day."""
-        return rf"((?:[^,\n]+, )?{re.escape(clock_words(ms))})"
-
-    def lines(pattern: str) -> Iterator[tuple[str, re.Match[str]]]:
-        for text in shown.split("\n"):
-            if found := re.fullmatch(pattern, text):
-                yield text, found
-
     out: list[tuple[str, str | None]] = []
-    expires = event_time_ms(q.get("expires"))
-    if expires is not None:
-        for text, found in lines(rf"Answer by {when(expires)}(?:, in [^\n]+| \(the deadline has passed\))\."):
-            state = "" if at_ms is None else " (passed)" if at_ms >= expires else " (closed before it)"
-            out.append((text, f"Deadline: {found.group(1)}{state}."))
-    escalate = q.get("escalate")
-    if isinstance(escalate, Mapping):
-        after = event_time_ms(escalate.get("after"))
-        to = [t for t in escalate.get("to") or () if isinstance(t, str)]
-        if after is not None and to:
-            asked = at_ms is not None and at_ms >= after
-            for text, found in lines(rf"Undecided by {when(after)}: {re.escape(', '.join(to))} will be asked too\."):
-                out.append((text, f"Undecided by {found.group(1)}: {', '.join(to)} "
-                                  f"{'was' if len(to) == 1 else 'were'} asked too." if asked else None))
+    for line in _shown_approval_lines(q, shown):
+        if not line.to:
+            state = "" if at_ms is None else " (passed)" if at_ms >= line.at_ms else " (closed before it)"
+            out.append((line.text, f"Deadline: {line.when}{state}."))
+        else:
+            out.append((line.text, line.asked() if at_ms is not None and at_ms >= line.at_ms else None))
+    return out
+
+
+def reopened_lines(q: Mapping[str, Any], at_ms: int, shown: str) -> list[tuple[str, str]]:
+    """(line as shown, what it says now) for a question open again at
+    ``at_ms`` (its decision undone): the time left counted from then, not
+    from the posting ("in 2 hours" with 15 minutes left), and the escalation
+    said as done once its time came (held back by the decision, it is sent
+    at the undo)."""
+    from bridge.protocol.deadline import deadline_words
+
+    out: list[tuple[str, str]] = []
+    for line in _shown_approval_lines(q, shown):
+        if not line.to:
+            out.append((line.text, deadline_words(line.at_ms, at_ms) + "."))
+        elif at_ms >= line.at_ms:
+            out.append((line.text, line.asked()))
     return out
 
 

@@ -891,6 +891,10 @@ def test_a_decision_undone_before_the_escalation_still_calls_its_people_in(tmp_p
     pass_at(6)
     said = [c.get("body", "") for c in room.pipeline.transport.sent]
     assert any(s.startswith("The decision is undone") for s in said), said
+    # The message open again counts the time left from the undo, not from the posting.
+    (reopened,) = [c["m.new_content"]["body"] for c in room.pipeline.transport.sent
+                   if "Undecided again" in c.get("m.new_content", {}).get("body", "")]
+    assert "Answer by 10:00 UTC, in 114 minutes." in reopened.split("\n")
     for minutes in (29, 31, 32):
         pass_at(minutes)
     mentions = [c for c in room.pipeline.transport.sent if c.get("m.mentions", {}).get("user_ids") == [DEE]]
@@ -2069,6 +2073,25 @@ def test_a_question_open_again_no_longer_offers_its_ended_poll():
     assert "vote in the poll" not in again["body"] and "To answer: reply to this message" in again["body"]
     assert "vote in the poll" not in again["formatted_body"] and "<em>To answer:</em> reply" in again["formatted_body"]
     assert again["body"].endswith("Undecided again: 1 of the 2 votes needed.")
+
+
+def test_a_question_open_again_says_the_time_left_and_the_escalation_as_of_the_undo():
+    """Posted at 08:00, decided, undone at 09:45: the message open again still
+    said "in 2 hours" and that @dee "will be asked too" at 09:00, both as
+    posted, with 15 minutes left and @dee asked at the undo."""
+    from bridge.protocol.question_event import reopened_replacement
+
+    content = posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    again = reopened_replacement("$q", content, "undecided again: 1 of the 2 votes needed",
+                                 T0 + 105 * 60_000)["m.new_content"]
+    lines = again["body"].split("\n")
+    assert "Answer by 10:00 UTC, in 15 minutes." in lines and "Answer by 10:00 UTC, in 2 hours." not in lines
+    assert f"Undecided by 09:00 UTC: {DEE} was asked too." in lines
+    assert "in 15 minutes" in again["formatted_body"] and "was asked too" in again["formatted_body"]
+    assert "in 2 hours" not in again["formatted_body"] and "will be asked" not in again["formatted_body"]
+    early = reopened_replacement("$q", content, "undecided again", T0 + 30 * 60_000)["m.new_content"]["body"]
+    assert "Answer by 10:00 UTC, in 90 minutes." in early.split("\n")
+    assert f"Undecided by 09:00 UTC: {DEE} will be asked too." in early.split("\n")
 
 
 def test_an_edit_redacted_while_it_waited_for_its_original_still_stood_until_the_redaction(tmp_path):
