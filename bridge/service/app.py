@@ -223,12 +223,14 @@ async def serve(config: Config, stop: asyncio.Event, lease: Lease | None = None)
         # Heal a crash between the store commit and the folder write.  A set
         # that can't be written is held back on its own and a logged answer
         # that can't be projected any more is set aside: stored state never
-        # stops the start.
-        pipeline.flush()
+        # stops the start.  On the store's thread: the front already answers
+        # (/health, the homeserver's pushes), and a new leader may have many
+        # sets to write.
+        await store.run(pipeline.flush)
         # A writer killed mid-write (this instance, or the leader before it) left a temp file.
         await asyncio.to_thread(remove_strays, config.sets.root)
         try:
-            held = format_held(held_back(store))
+            held = format_held(await store.run(held_back, store))
         except sqlite3.Error as exc:  # the database away a moment: said at the next /health
             held = ""
             log.warning("what is held back could not be read at start (%s)", exc)
