@@ -145,6 +145,7 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
     which questions need a quorum, whose records must be tallies."""
     verdict, hashes, vouching = verify_log(leaves, notes, origin, public, later=later)
     quorums = quorum_questions(questions)
+    listed = listed_questions(questions)
     signed = None if verdict.truncated else verdict.checkpoint_size
     tree = merkle.Tree(hashes[:vouching.size]) if vouching is not None else None
     answers = doc.get("answers") if isinstance(doc, dict) else None
@@ -174,10 +175,19 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         # says it needs a quorum, so a pick it records is a decision, a tally
         # whatever the record says (a "not sure" alone is no vote: one answer).
         outcome = logged.latest_outcome((doc.get("set"), qid))
-        # A decision is an approval's: its record is a tally, whatever it says.
-        tally = is_tally(record) or (qid in quorums and record.get("state") == "answered") \
-            or (outcome is not None and outcome[0] == "decided")
         standing = logged.standing().get((doc.get("set"), qid))
+        # "pending" is an approval's state only for a question with a quorum,
+        # or, where questions.json does not say, when the answer the log says
+        # stands is one of its votes: otherwise it hides that answer.
+        hides = record.get("state") == "pending" and not pending_is_tally(
+            qid, record, quorums if qid in listed else None, logged.leaf(standing))
+        if hides and standing is not None and receipt is not None:
+            verdict.problems.append(
+                f"record {qid!r}: the record says pending, and the log's answer that stands (leaf {standing}) "
+                + ("answers a question with no quorum" if qid in listed else "is none of the votes it lists"))
+        # A decision is an approval's: its record is a tally, whatever it says.
+        tally = (is_tally(record) and not hides) or (qid in quorums and record.get("state") == "answered") \
+            or (outcome is not None and outcome[0] == "decided")
         stands = None if tally else standing
         if receipt is None:
             if outcome is not None and not (record.get("state") == "expired" and source.get("how") == "expiry"):
@@ -265,6 +275,7 @@ class _Logged:
         self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
         self._mentioned: set[tuple[Any, Any]] | None = None  # every (set, question) a leaf is about
         self._withdrawn_at: dict[tuple[Any, Any], int] = {}  # the latest withdrawal's leaf, per question
+        self._by_index: dict[int, dict[str, Any]] | None = None
 
     def standing(self) -> dict[tuple[Any, Any], int]:
         """(set, question id) -> the index of the accepted answer that stands,
@@ -351,6 +362,12 @@ class _Logged:
             self._mentioned = {(leaf.get("set"), _question_id(leaf)) for _index, leaf in self.parsed()}
         return key in self._mentioned
 
+    def leaf(self, index: int | None) -> dict[str, Any] | None:
+        """Leaf ``index``, parsed (None when there is none, or it does not parse)."""
+        if self._by_index is None:
+            self._by_index = dict(self.parsed())
+        return self._by_index.get(index) if isinstance(index, int) else None
+
     def withdrawn_since(self, key: tuple[Any, Any], index: int) -> bool:
         """A withdrawal of an answer to the question after leaf ``index`` (a
         vote taken back that may have undone the decision logged there)."""
@@ -377,10 +394,40 @@ def quorum_questions(questions: Any) -> set[str]:
             and isinstance(q.get("quorum"), dict)} if isinstance(listed, list) else set()
 
 
+def listed_questions(questions: Any) -> set[str]:
+    """The ids of the questions a questions.json lists (none without one):
+    for these it says which need a quorum."""
+    listed = questions.get("questions") if isinstance(questions, dict) else None
+    return {q["id"] for q in listed or () if isinstance(q, dict) and isinstance(q.get("id"), str)} \
+        if isinstance(listed, list) else set()
+
+
 def is_tally(record: dict[str, Any]) -> bool:
     """An approval's record (PROTOCOL 2a): its state and pick come from the
     votes it lists, not from one person's answer."""
     return isinstance(record.get("votes"), list) or record.get("state") in ("pending", "expired")
+
+
+def pending_is_tally(qid: str, record: dict[str, Any], quorums: set[str] | None,
+                     stands: dict[str, Any] | None) -> bool:
+    """Whether a ``pending`` record can be an approval's tally.  ``quorums``:
+    the questions that need one, when questions.json lists this question
+    (None when it does not say): then only those.  Otherwise what the log
+    says stands (``stands``: that leaf, None when nothing does) must fit a
+    tally still open: that answer is one of the votes it lists, or a "not
+    sure" (no vote, so none listed).  A pending record that lists none of
+    it hides an answer the log says stands."""
+    if quorums is not None:
+        return qid in quorums
+    if stands is None:
+        return True
+    votes = record.get("votes") if isinstance(record.get("votes"), list) else []
+    if stands.get("event_id") in {vote.get("event_id") for vote in votes if isinstance(vote, dict)}:
+        return True
+    unsure = {"qid": qid, "state": "unsure", "choice": "unsure", "q_rev": record.get("q_rev")}
+    if "subject" in record:
+        unsure["subject"] = record["subject"]
+    return stands.get("answer_sha256") == _sha256_or_none(unsure)
 
 
 def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str, Any], logged: _Logged) -> list[str]:

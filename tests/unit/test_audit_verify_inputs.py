@@ -401,3 +401,20 @@ def test_a_checkpoint_holding_a_lone_surrogate_is_named_not_a_traceback(good, tm
 
 def _public(good: Path) -> bytes:
     return cp.parse_verifier_key((good / "log" / "key.txt").read_text().strip())[1]
+
+
+@pytest.mark.parametrize("questions", [None, {"questions": [{"id": "q0", "kind": "choice"}]}],
+                         ids=["no-questions-file", "question-without-quorum"])
+def test_an_answer_rewritten_as_pending_is_named(good, tmp_path, capsys, questions):
+    """Ana's answer to q0 stands in the log; its record rewritten as a
+    pending approval with no votes (receipt kept) was read as a tally: the
+    answer's hash went unchecked and verify said all holds, exit 0, with or
+    without a questions.json saying q0 needs no quorum."""
+    def pending(case: Path) -> None:
+        _record(lambda r: (r.update(state="pending", votes=[]), r.pop("choice")))(case)
+        if questions is not None:
+            (case / "set" / "questions.json").write_text(json.dumps(questions))
+
+    code, out = _run(good, tmp_path, pending, capsys=capsys)
+    assert code == 1, out
+    assert "record 'q0': the record says pending, and the log's answer that stands (leaf 0)" in out
