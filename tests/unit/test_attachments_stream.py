@@ -590,3 +590,50 @@ def test_a_disk_that_stays_full_gives_the_file_up_as_not_saved(set_dir: Path, mo
     repository = Repository(os.urandom(100_000))
     assert fetch(set_dir, {"url": "mxc://hs/a", "body": "a.mp4"}, repository) == (None, "attachment_not_saved")
     assert repository.tries > 2 and on_disk(set_dir) == []
+
+
+def test_a_batch_that_failed_before_its_files_were_recorded_keeps_each_file_once_when_it_comes_again(
+        tmp_path: Path, monkeypatch) -> None:
+    """The store failed (PostgreSQL restarting) while a 6 MB screenshot was
+    still downloading: the batch came again and fetched it a second time
+    under the same name while the first download ran on; whichever lost the
+    race was told "not saved", and the file the other kept was named by
+    nothing.  Now the failed batch's downloads stop with it."""
+    import sqlite3
+
+    from bridge.service.answering import downloads as downloads_module
+    from bridge.service.answering.downloads import Downloads
+    from helpers.timeline import Room, answer, picture
+
+    monkeypatch.setattr(downloads_module, "BATCH_WAIT", 0.2)
+    room = Room(tmp_path)
+    screenshot = b"\x89PNG" + os.urandom(6 * MIB)
+    repository = Repositories({"mxc://hs/shot": screenshot}, slow={"mxc://hs/shot": 0.6})
+    async def judge_later(later: list[dict[str, Any]]) -> None:
+        room.deliver(later)
+
+    downloads = Downloads(room.store, repository.download, lambda *_: True, None, 8 * MIB, judge_later=judge_later)
+    room.deliver([answer("$a", "@alice:hs", 1000, "main")])
+    event = picture("$f", "@alice:hs", 2000)
+    event["content"]["url"] = "mxc://hs/shot"
+    recording = room.store.record_attachment
+
+    def away_once(*args: Any) -> None:
+        room.store.record_attachment = recording
+        raise sqlite3.OperationalError("the database is restarting")
+
+    async def send() -> None:
+        room.store.record_attachment = away_once
+        with pytest.raises(sqlite3.OperationalError):
+            await downloads.prefetch([event])
+        room.deliver(await downloads.prefetch([event]))  # the batch, again
+        while downloads.running:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # long enough for a first download left running to end
+
+    asyncio.run(send())
+    assert room.store.attachment("$f")[1] is None
+    kept = room.record()["attachments"]
+    assert len(kept) == 1
+    files = [p for p in (room.set_dir / "attachments").iterdir()]
+    assert [p.name for p in files] == [Path(kept[0]).name] and files[0].read_bytes() == screenshot

@@ -44,6 +44,8 @@ KEPT = DOWNLOAD_KEPT  # meta: the event of a file still coming, with where it go
 BATCH_WAIT = 3.0
 # How often kept downloads nobody is running (a failed judging, a start) are taken up.
 RESUME_EVERY = 30.0
+# A batch's file: (event, set folder, question id, its number, its download).
+Job = tuple[dict[str, Any], str, str, int, "asyncio.Future[Any]"]
 # How often the sets' attachments folders are swept of part files no
 # download is writing any more (a crash mid-download whose file was never
 # tried again: redacted or its question closed before the next start).
@@ -71,7 +73,7 @@ class Downloads:
         if self.download is None:
             return events
         later: set[str] = set()
-        jobs: list[tuple[dict[str, Any], str, str, int, asyncio.Future[Any]]] = []
+        jobs: list[Job] = []
         numbers: dict[tuple[str, str], int] = {}
         unjudged = dict(self._unjudged)  # and this batch's files, as they are found
         for event in events:
@@ -107,18 +109,12 @@ class Downloads:
                 self.turns)))))
         if not jobs:
             return [event for event in events if event.get("event_id") not in later] if later else events
-        await asyncio.wait([job for *_parts, job in jobs], timeout=BATCH_WAIT)
-        with self.store.transaction():
-            for event, set_dir, qid, number, job in jobs:
-                url = media_url(file_content(event))
-                if job.done():
-                    path, problem = job.result()
-                    self.store.record_attachment(event["event_id"], set_dir, qid, path, problem, url)
-                else:
-                    self.store.record_attachment(event["event_id"], set_dir, qid, None, PENDING, url)
-                    self.store.set_meta(KEPT + event["event_id"], json.dumps(
-                        {"event": event, "set_dir": set_dir, "qid": qid, "number": number,
-                         "question": unjudged[event["event_id"]][1]}))
+        try:
+            await asyncio.wait([job for *_parts, job in jobs], timeout=BATCH_WAIT)
+            self._record(jobs, unjudged)
+        except BaseException:
+            await self._undo(jobs)
+            raise
         for event, set_dir, qid, _number, job in jobs:
             judged = functools.partial(self._judged, (set_dir, qid))
             if job.done():
@@ -131,6 +127,32 @@ class Downloads:
                          event["event_id"], qid, BATCH_WAIT)
                 self._follow(event, qid, job, judged)
         return [event for event in events if event.get("event_id") not in later]
+
+    def _record(self, jobs: list[Job], unjudged: dict[str, tuple[str, str, str | None]]) -> None:
+        """Each file of the batch as it stands: saved, refused, or still coming."""
+        with self.store.transaction():
+            for event, set_dir, qid, number, job in jobs:
+                url = media_url(file_content(event))
+                if job.done():
+                    path, problem = job.result()
+                    self.store.record_attachment(event["event_id"], set_dir, qid, path, problem, url)
+                else:
+                    self.store.record_attachment(event["event_id"], set_dir, qid, None, PENDING, url)
+                    self.store.set_meta(KEPT + event["event_id"], json.dumps(
+                        {"event": event, "set_dir": set_dir, "qid": qid, "number": number,
+                         "question": unjudged[event["event_id"]][1]}))
+
+    async def _undo(self, jobs: list[Job]) -> None:
+        """A batch that failed before its files were recorded (the store away
+        a moment) comes again: its downloads are stopped (their part files
+        gone) and their places given back, or its second go would fetch each
+        file again under the same name beside the first, and the one that
+        lost the race be told its file was not saved."""
+        for *_parts, job in jobs:
+            job.cancel()
+        await asyncio.gather(*(job for *_parts, job in jobs), return_exceptions=True)
+        for _event, set_dir, qid, _number, _job in jobs:
+            self._judged((set_dir, qid))
 
     async def run(self, stop: asyncio.Event, after: asyncio.Event | None = None) -> None:
         """Take up the kept downloads nobody runs (at start, then every
