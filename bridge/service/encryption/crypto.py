@@ -103,6 +103,8 @@ class Crypto(Receiving):
         self._queried: set[str] = set()  # whom the query under way asks about
         self._behind: asyncio.Future[None] | None = None  # key chores another room's send left running
         self._waiting_logged: set[str] = set()  # kept events already said to wait for their sender's keys
+        # Events from a session nio did not know -> their sender, whose devices were asked for.
+        self._sessions_asked: dict[str, str] = {}
         self._undecrypted_said: set[Any] = set()  # kept events ``_not_decrypted`` spoke of
         # The last look at the kept events found none, and none was kept
         # since: the next look needs no job on the store's thread.  Only this

@@ -49,6 +49,9 @@ UNVERIFIED_MESSAGE = ("this message was sent from a session the bridge's operato
 # judged when it answers: a server down for a minute or an hour loses nobody's
 # answer.  Past a day it is refused (UNCHECKED_MESSAGE) rather than kept for good.
 UNANSWERED_PATIENCE_MS = 24 * 3600 * 1000
+# How soon an event from a session nio did not know is looked at again, its
+# sender's devices asked for meanwhile (the key chores run after the batch).
+SESSION_LOOK_MS = 1000
 UNCHECKED_MESSAGE = ("the bridge could not check the session this message was sent from: your homeserver did "
                      "not answer when asked for its keys, so the bridge could not accept your answer. Please "
                      "send it again.")
@@ -93,6 +96,7 @@ class Receiving:
     on_outcome: Callable[[LogEntry], None] | None
     _devices_unanswered: set[str]
     _waiting_logged: set[str]
+    _sessions_asked: dict[str, str]
     _undecrypted_said: set[Any]
     _none_kept: bool
 
@@ -106,6 +110,8 @@ class Receiving:
             reask = self.key_requests.due_in_ms()  # a key asked for again when an answer may have been lost
             if reask is not None:
                 timeout = min(timeout, reask)
+        if self._sessions_asked and self._sessions_to_read():
+            timeout = min(timeout, SESSION_LOOK_MS)  # the key chores ask, and the next look judges it
         if self.cross_signing is not None and self.settings.trust == "cross-signed":
             retry = self.cross_signing.due_in_ms()  # people whose homeserver did not answer, asked again
             if retry is not None:
@@ -216,7 +222,7 @@ class Receiving:
                 sender = event.get("sender")
                 if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
                     event_id = event["event_id"]
-                    unread = self._devices_unread(sender)
+                    unread = self._devices_unread(sender) or self._session_unasked(event_id, sender, origin)
                     if unread and now - kept_since.get(event_id, now) < UNANSWERED_PATIENCE_MS:
                         if event_id in kept_since:
                             resolved.remove(event_id)  # it stays kept
@@ -243,6 +249,9 @@ class Receiving:
             self._refuse(refusals)
         if self._waiting_logged:
             self._waiting_logged &= set(kept_since) - set(resolved)
+        if self._sessions_asked:
+            waiting = {event["event_id"] for event in unchecked} | (set(kept_since) - set(resolved))
+            self._sessions_asked = {e: sender for e, sender in self._sessions_asked.items() if e in waiting}
         return out, resolved
 
     def _patience_ms(self, kept: dict[str, Any]) -> int:
@@ -258,6 +267,31 @@ class Receiving:
             return True
         return self.settings.trust == "cross-signed" and self.cross_signing is not None and \
             self.cross_signing.is_pending(sender)
+
+    def _session_unasked(self, event_id: str, sender: str, origin: dict[str, Any]) -> bool:
+        """A session nio knows nothing of (not one logged out): its owner's
+        devices are read again before the event is judged, once per event
+        and run.  What nio holds may be from before they signed in on it (a
+        device list change missed while the bridge was down), and an event
+        kept before a restart lost the note that its sender's homeserver had
+        not answered; refused at once, either was told to verify a session
+        its owner had verified."""
+        sender_key = origin.get("sender_key")
+        if not isinstance(sender_key, str) or self._device_by_key(sender, sender_key) is not None:
+            return False
+        if event_id not in self._sessions_asked:
+            self._sessions_asked[event_id] = sender
+            self.client.olm.add_changed_users({sender})
+            return True
+        return sender in self.client.users_for_key_query  # asked, and the query not answered yet
+
+    def _sessions_to_read(self) -> bool:
+        """An event waits for its sender's devices to be read, and they are
+        yet to be asked for (not a homeserver that did not answer, whose
+        asking again is paced by ``cross_signing``)."""
+        due = self.client.users_for_key_query if self.client.olm is not None else set()
+        return any(sender in due and sender not in self._devices_unanswered
+                   for sender in self._sessions_asked.values())
 
     def _decrypt(self, event: dict[str, Any]) -> dict[str, Any] | None:
         if ORIGIN in event:

@@ -1,0 +1,130 @@
+"""An answer from a session nio knows nothing of waits for its owner's
+devices to be read again before its trust is judged: what nio holds may be
+from before they signed in on it (a device list change missed while the
+bridge was down, as an appservice's can be), and an answer kept before a
+restart lost the note that its sender's homeserver had not answered.  Both
+were refused at once, the person told to verify a session they had verified."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from nio import AsyncClient
+from nio.crypto import OlmDevice
+
+from bridge.service.config import Encryption
+from bridge.service.encryption.crypto import Crypto
+from bridge.service.encryption.receiving import ORIGIN
+from bridge.service.storage.store import Store
+from bridge.service.transport.matrix import client_config
+
+ROOM, PERSON = "!r:example.org", "@person:example.org"
+
+
+class SignedByHer:
+    """Her cross-signing keys, read: PHONE and LAPTOP are signed."""
+
+    def known(self, user: str) -> bool:
+        return user == PERSON
+
+    def is_pending(self, user: str) -> bool:
+        return False
+
+    def is_cross_signed(self, user: str, device_id: str, ed25519: str) -> bool:
+        return user == PERSON and device_id in ("PHONE", "LAPTOP")
+
+    def due_in_ms(self) -> None:
+        return None
+
+
+def decrypted(event_id: str, session: str) -> dict[str, Any]:
+    """An answer as the encryption layer has it once decrypted: with the session that sent it."""
+    return {"type": "m.room.message", "event_id": event_id, "room_id": ROOM, "sender": PERSON,
+            "origin_server_ts": int(time.time() * 1000), "content": {"msgtype": "m.text", "body": "yes"},
+            ORIGIN: {"sender_key": session, "verified": False}}
+
+
+def bridge(tmp_path: Path, store: Store) -> tuple[AsyncClient, Crypto]:
+    client = AsyncClient("http://127.0.0.1:1", "@askbot:example.org", store_path=str(tmp_path / "crypto"),
+                         config=client_config(encryption=True))
+    client.restore_login("@askbot:example.org", "BRIDGE", "token")
+    client.device_store.add(OlmDevice(PERSON, "PHONE", {"ed25519": "phone-ed", "curve25519": "phone-curve"}))
+    crypto = Crypto(client, store, Encryption(trust="cross-signed"), cross_signing=SignedByHer())
+    crypto.apply_trust()
+    return client, crypto
+
+
+def kept(store: Store) -> list[str]:
+    return [event["event_id"] for event, _seen in store.undecrypted()]
+
+
+async def test_an_answer_from_a_session_nio_never_read_waits_for_her_devices_and_then_counts(tmp_path: Path) -> None:
+    (tmp_path / "crypto").mkdir()
+    store = Store(tmp_path / "bridge.sqlite")
+    client, crypto = bridge(tmp_path, store)
+    try:
+        batch, _ = await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
+        assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
+        assert PERSON in client.users_for_key_query  # her devices are asked for with the next chores
+        # Still unanswered at the next look: it goes on waiting.
+        batch, _ = await crypto.screen([], lambda user: False)
+        assert batch == [] and kept(store) == ["$a"]
+        # Her homeserver answers with the new laptop, which she cross-signed: the answer counts.
+        client.device_store.add(OlmDevice(PERSON, "LAPTOP", {"ed25519": "laptop-ed", "curve25519": "laptop-curve"}))
+        client.olm.users_for_key_query.discard(PERSON)
+        crypto.apply_trust()
+        batch, resolved = await crypto.screen([], lambda user: False)
+        assert [event["event_id"] for event in batch] == ["$a"] and resolved == ["$a"]
+    finally:
+        await client.close()
+        store.close()
+
+
+async def test_a_session_still_unknown_once_her_devices_are_read_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "crypto").mkdir()
+    store = Store(tmp_path / "bridge.sqlite")
+    client, crypto = bridge(tmp_path, store)
+    try:
+        await crypto.screen([decrypted("$a", "stranger-curve")], lambda user: False)
+        client.olm.users_for_key_query.discard(PERSON)  # read: no such session of hers
+        batch, _ = await crypto.screen([], lambda user: False)
+        assert batch == [] and kept(store) == [] and store.is_processed("$a")
+    finally:
+        await client.close()
+        store.close()
+
+
+async def test_an_answer_kept_before_a_restart_waits_for_her_devices_again(tmp_path: Path) -> None:
+    (tmp_path / "crypto").mkdir()
+    store = Store(tmp_path / "bridge.sqlite")
+    client, crypto = bridge(tmp_path, store)
+    crypto._devices_unanswered = {PERSON}  # her homeserver did not answer
+    await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
+    assert kept(store) == ["$a"]
+    await client.close()
+    client, crypto = bridge(tmp_path, store)  # started again: nothing in memory says she was unanswered
+    try:
+        batch, _ = await crypto.screen([], lambda user: False)
+        assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
+        assert PERSON in client.users_for_key_query
+    finally:
+        await client.close()
+        store.close()
+
+
+async def test_the_next_look_comes_within_a_second_while_her_devices_are_to_be_asked_for(tmp_path: Path) -> None:
+    """A quiet room's long poll (30 s in bot mode, a minute for an
+    appservice's kept events) would have left the answer waiting that long."""
+    (tmp_path / "crypto").mkdir()
+    store = Store(tmp_path / "bridge.sqlite")
+    client, crypto = bridge(tmp_path, store)
+    try:
+        await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
+        assert await crypto.sync_timeout_ms(30000) <= 1000
+        crypto._devices_unanswered = {PERSON}  # asked, and her homeserver did not answer: paced as before
+        assert await crypto.sync_timeout_ms(30000) == 30000
+    finally:
+        await client.close()
+        store.close()
