@@ -72,6 +72,7 @@ class Subscribers:
         # own: awaited in turn, one connection whose send never returned held
         # up every notice after it, and the watcher that tells them, for good.
         self._sending: dict[tuple[Any, str], asyncio.Task[None]] = {}
+        self._folded: set[tuple[Any, str]] = set()  # ... and a change that came while it was
 
     @staticmethod
     def _key(session: Any) -> Any:
@@ -99,6 +100,7 @@ class Subscribers:
         """Every subscription of a connection that closed."""
         for uri in self._uris.pop(key, ()):
             self._drop(uri, key)
+            self._folded.discard((key, uri))
             sending = self._sending.pop((key, uri), None)
             if sending is not None:
                 sending.cancel()
@@ -115,12 +117,17 @@ class Subscribers:
         await self.bus.publish(ResourceUpdated(uri=uri))
         for key, session in list(self.sessions.get(uri, {}).items()):
             if (key, uri) in self._sending:
-                continue  # a notice to it still on its way tells of this change too: it reads after it
+                # A notice to it still on its way tells of this change too (it
+                # reads after it); should that one not go out, another does.
+                self._folded.add((key, uri))
+                continue
             self._sending[(key, uri)] = asyncio.ensure_future(self._tell(key, uri, session))
 
     async def _tell(self, key: Any, uri: str, session: Any) -> None:
+        sent = False
         try:
             await asyncio.wait_for(session.send_resource_updated(uri), NOTICE_SECONDS)
+            sent = True
         except asyncio.TimeoutError:
             log.info("an MCP connection took no notice of %s within %.0f s", uri, NOTICE_SECONDS)
         except Exception:  # noqa: BLE001 - a connection that went away is forgotten
@@ -128,6 +135,10 @@ class Subscribers:
         finally:
             if self._sending.get((key, uri)) is asyncio.current_task():
                 del self._sending[(key, uri)]
+                folded = (key, uri) in self._folded
+                self._folded.discard((key, uri))
+                if folded and not sent and uri in self._uris.get(key, ()):
+                    self._sending[(key, uri)] = asyncio.ensure_future(self._tell(key, uri, session))
 
 
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,

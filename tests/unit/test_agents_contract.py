@@ -332,3 +332,30 @@ async def test_a_subscriber_whose_notice_never_goes_holds_up_no_other_nor_the_wa
         if not (await asyncio.wait({watcher}, timeout=5))[0]:
             watcher.cancel()  # (held by the stuck send)
         await asyncio.gather(watcher, return_exceptions=True)
+        subscribers.forget(stuck)  # its connection closes: the stuck send with it
+
+
+async def test_a_change_folded_into_a_notice_that_never_went_is_told_by_another(monkeypatch):
+    """A change that came while a notice to a slow connection was on its way
+    was left to that notice; when it timed out, the change was told to nobody."""
+    from bridge.agents import mcp_server
+
+    monkeypatch.setattr(mcp_server, "NOTICE_SECONDS", 0.2)
+
+    class SlowThenReading:
+        def __init__(self) -> None:
+            self.calls, self.told = 0, asyncio.Event()
+
+        async def send_resource_updated(self, uri: str) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                await asyncio.Event().wait()  # the first notice never goes out
+            self.told.set()
+
+    subscribers, session = Subscribers(), SlowThenReading()
+    subscribers.add("askwright://sets/plan/answers", session)
+    await subscribers.changed("plan")
+    await asyncio.sleep(0.05)
+    await subscribers.changed("plan")  # folded into the first, still on its way
+    await asyncio.wait_for(session.told.wait(), 2)
+    assert session.calls == 2
