@@ -592,8 +592,9 @@ def test_a_disk_that_stays_full_gives_the_file_up_as_not_saved(set_dir: Path, mo
     assert repository.tries > 2 and on_disk(set_dir) == []
 
 
+@pytest.mark.parametrize("slow", [0.6, 0.0], ids=["still coming", "fetched already"])
 def test_a_batch_that_failed_before_its_files_were_recorded_keeps_each_file_once_when_it_comes_again(
-        tmp_path: Path, monkeypatch) -> None:
+        tmp_path: Path, monkeypatch, slow: float) -> None:
     """The store failed (PostgreSQL restarting) while a 6 MB screenshot was
     still downloading: the batch came again and fetched it a second time
     under the same name while the first download ran on; whichever lost the
@@ -608,7 +609,7 @@ def test_a_batch_that_failed_before_its_files_were_recorded_keeps_each_file_once
     monkeypatch.setattr(downloads_module, "BATCH_WAIT", 0.2)
     room = Room(tmp_path)
     screenshot = b"\x89PNG" + os.urandom(6 * MIB)
-    repository = Repositories({"mxc://hs/shot": screenshot}, slow={"mxc://hs/shot": 0.6})
+    repository = Repositories({"mxc://hs/shot": screenshot}, slow={"mxc://hs/shot": slow})
     async def judge_later(later: list[dict[str, Any]]) -> None:
         room.deliver(later)
 

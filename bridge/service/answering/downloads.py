@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from bridge.protocol.annotate import room_left
@@ -151,7 +152,14 @@ class Downloads:
         for *_parts, job in jobs:
             job.cancel()
         await asyncio.gather(*(job for *_parts, job in jobs), return_exceptions=True)
-        for _event, set_dir, qid, _number, _job in jobs:
+        for _event, set_dir, qid, _number, job in jobs:
+            saved = job.result()[0] if not job.cancelled() and job.exception() is None else None
+            places = self._places.get((set_dir, qid))
+            if saved is not None:
+                # Fetched already: recorded by nothing, and its place held.
+                Path(set_dir, saved).unlink(missing_ok=True)
+                if places is not None:
+                    places.free += 1
             self._judged((set_dir, qid))
 
     async def run(self, stop: asyncio.Event, after: asyncio.Event | None = None) -> None:
