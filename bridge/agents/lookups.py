@@ -14,8 +14,9 @@ Nor does one agent's lookup wait behind another's: all lookups once shared
 four threads, and a caller's bound counted its time queued, so one agent's
 deliveries to a few such names held all four, and every other agent's
 lookup timed out in the queue ("no address"), three in a row opening its
-circuit.  Each agent (``on_behalf_of``; the lookups no agent made, the
-start's check of the config, as one more) has ``PER_AGENT`` threads, and
+circuit.  Each agent (``on_behalf_of``, at its deliveries, its asks and
+the start's check of its callbacks; any lookup made for no agent as one
+more) has ``PER_AGENT`` threads, and
 apart from them ``SLOW_PER_AGENT`` for its names whose lookup outlasted
 ``LOOKUP_SECONDS`` lately, so those do not crowd out the agent's own names
 that answer.  The same name looked up by the same agent at once is one

@@ -370,8 +370,10 @@ def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> l
         if poll and gets_poll(kind, _options(q)):
             steps.append((POLL_STEP, None))
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
-        # A keycap, like a vote, carries no words: "other" is left to its reply.
-        last = min(len(poll_answers(_options(q))), len(KEYCAPS))
+        # A keycap, like a vote, carries no words: the keycaps go up to the
+        # last option that needs none ("unsure"), "other" is left to its reply.
+        last = min(max((n for n, o in enumerate(_options(q), start=1) if o.get("input") != "required"), default=0),
+                   len(KEYCAPS))
         # Some systems draw keycaps as black boxes with Element's bundled font:
         # each keycap's name beside it still reads, and says where to find it.
         if reactions:

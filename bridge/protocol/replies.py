@@ -130,8 +130,9 @@ def valid_numbers(question: RecordedQuestion) -> int:
 
 
 def numbers_out_of_range(body: str, question: RecordedQuestion) -> list[int]:
-    """The numbers in a reply that name no option ("9" on four options), in
-    the order typed; empty when every number is one the message shows."""
+    """The numbers in a reply that name no option it may use ("9" on four
+    options; on a list, a built-in's number beside others), in the order
+    typed; empty when every number is one it may use."""
     if question.kind == "text":
         return []
     text = strip_fallback(body)

@@ -7,8 +7,10 @@ settle: an edit counts only from the sender of what it edits and waits for
 its original when that comes later; a redaction counts from the target's
 sender or someone with the power to redact others, and waits for a target
 not seen yet (held for decryption, or coming by a slower path), which is
-then dropped unjudged, unless it is an empty poll vote: that takes its
-sender's earlier votes back whichever of the two the bridge reads first.
+then dropped unjudged, unless it is an empty poll vote (that takes its
+sender's earlier votes back whichever of the two the bridge reads first),
+or a vote on a quorum the bridge held for its keys, or an edit that waited
+for its original: those are judged, then withdrawn at the redaction's place.
 Everything here runs inside the pipeline's batch transaction.
 """
 
@@ -43,7 +45,7 @@ class Timeline:
         return any(may_redact(by, sender, levels) for by in self.store.redactions_of(event_id))
 
     def drop_redacted(self, event_id: str) -> None:
-        """A redaction of this event came first: the event is dropped unjudged."""
+        """A redaction of this event was read before the event could be: it is dropped unjudged."""
         self.store.mark_processed(event_id, "withdrawn")
         log.info("event %s was redacted before it could be read; dropped", event_id)
 
