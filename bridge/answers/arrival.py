@@ -84,7 +84,11 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
             return False
         return after is None or not counted or any(newer(e, after) or has_expired(e) for e in counted)
     awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
-    return any(has_answer(e) and newer(e, after) for e in awaited) or (
+    # An answer given in time to a question its deadline then closed
+    # (``closed_at``) came while it was open: once the deadline had passed,
+    # "wait" for the set said "none open" with the answer there.
+    came = awaited + [e for e in entries if e["status"] == "closed" and e.get("closed_at")]
+    return any(has_answer(e) and newer(e, after) for e in came) or (
         bool(awaited) and all(has_expired(e) for e in awaited))
 
 

@@ -82,6 +82,9 @@ def test_without_a_question_any_open_question_with_a_pick_will_do():
     assert arrived(view(entry("a", "unanswered"), entry("b", "answered")), None, UNTIL_ANSWERED)
     assert not arrived(view(entry("a", "unanswered"), entry("b", "unsure")), None, UNTIL_ANSWERED)
     assert not arrived(view(entry("a", "answered", status="closed")), None, UNTIL_ANSWERED)
+    # Answered in time, then closed by its deadline: the answer came while it was open.
+    assert arrived(view({**entry("a", "answered", status="closed"), "closed_at": "2026-01-01T02:00:00Z"}),
+                   None, UNTIL_ANSWERED)
     assert not arrived(view(entry("a", "answered", status="removed", stale=None)), None, UNTIL_ANSWERED)
     assert not arrived(view(), None, UNTIL_ANSWERED)
 
