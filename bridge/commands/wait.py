@@ -138,28 +138,29 @@ def run(args: argparse.Namespace) -> int:
     except ReadError as exc:
         if exc.in_answers or not (set_dir / QUESTIONS_FILE).is_file():
             return _fail(exc.message)
-        # There, and caught mid-write by its writer (questions.json is the
-        # agent's, written any way it likes): read again on its next change,
-        # as once the wait has begun.
-        unreadable = exc.message
-    if view is not None and (missing := awaited.missing(view)) is not None:
+        # There, and perhaps caught mid-write by its writer (questions.json is
+        # the agent's, written any way it likes): read again on its changes
+        # for a moment.  Still unreadable then, it is so (it waited for ever).
+        grace = time.monotonic() + UNREADABLE_SECONDS
+        try:
+            view, _done = _watch(set_dir, None, awaited, grace if deadline is None else min(deadline, grace))
+        except (FileNotFoundError, ReadError):
+            view = None
+        if view is None:
+            return _fail(exc.message)
+    if (missing := awaited.missing(view)) is not None:
         return _fail(f"no question {missing!r} in {set_dir / QUESTIONS_FILE}")
 
-    done = view is not None and awaited.arrived(view)
-    why = None if done or view is None else awaited.unanswerable(view)
+    done = awaited.arrived(view)
+    why = None if done else awaited.unanswerable(view)
     if not done and why is None and (deadline is None or time.monotonic() < deadline):
-        read_at_start = view is not None
         try:
             view, done = _watch(set_dir, view, awaited, deadline)
         except FileNotFoundError:
             return _fail(f"the set folder {set_dir} was removed while waiting")
         except ReadError as exc:  # answers.json replaced by one that breaks the format
             return _fail(exc.message)
-        if not read_at_start and view is not None and (missing := awaited.missing(view)) is not None:
-            return _fail(f"no question {missing!r} in {set_dir / QUESTIONS_FILE}")
-        why = None if done or view is None else awaited.unanswerable(view)
-    if view is None:
-        return _fail(unreadable)
+        why = None if done else awaited.unanswerable(view)
     sys.stdout.write(render(as_read(view, args.include_all)))
     if why is not None:
         return _fail(why)
@@ -192,6 +193,10 @@ def _watch(set_dir: Path, view: dict[str, Any] | None, awaited: Awaited,
         if found is not None:
             return found
 
+
+# How long a questions.json that does not read at the start is read again
+# (its writer may be mid-write) before the wait says it can't be read.
+UNREADABLE_SECONDS = 2.0
 
 # How often a wait with no file watch left looks at the folder.
 POLL_MS = 300

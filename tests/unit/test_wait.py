@@ -165,6 +165,10 @@ def test_a_questions_file_caught_mid_write_at_the_start_is_waited_for(set_dir, c
     (set_dir / "questions.json").write_bytes(b"{")  # never whole again: said as before, at the timeout
     assert main(["wait", str(set_dir), "--question", "a", "--timeout", "0.5"]) == 2
     assert "not JSON" in capsys.readouterr().err
+    # With no timeout it was waited for for ever, without a word: said within a few seconds.
+    started = time.monotonic()
+    assert main(["wait", str(set_dir)]) == 2
+    assert time.monotonic() - started < 5 and "not JSON" in capsys.readouterr().err
 
 
 def test_an_answers_file_that_breaks_the_format_is_exit_2_at_once_not_a_wait_for_ever(set_dir, capsys):
