@@ -129,7 +129,7 @@ async def test_4_refusals_speak_in_numbers_and_labels(bridge):
                        "3 (“The typo in help”).")
     past = await alice.send(room, element_reply(questions[("platforms", 1)], "1, 9", bot))
     body = (await alice.wait_notice(room, past))["content"]["body"]
-    assert body.startswith("Not recorded: There is no option 9 in “Platforms”; the options are 1–5.")
+    assert body.startswith("Not recorded: There is no option 9 in “Platforms”; the options are 1–3.")
     assert " id" not in body
 
 
