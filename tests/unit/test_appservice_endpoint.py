@@ -171,6 +171,32 @@ async def test_a_transaction_during_start_up_waits_then_gets_503(tmp_path, monke
         store.close()
 
 
+@pytest.mark.usefixtures("store_backend")
+async def test_a_transaction_turned_away_during_start_up_still_gives_its_room_keys(tmp_path, monkeypatch):
+    """A transaction that came while the bridge was starting got its 503
+    before its to-device messages were taken; the homeserver sends its room
+    events again, never those, so the room keys and device lists were lost."""
+    monkeypatch.setattr(appservice, "READY_WAIT", 0.1)
+    store = Store(tmp_path / "bridge.sqlite")
+    server = TransactionServer(config(tmp_path), store, StandIn(store))  # type: ignore[arg-type]
+    taken: list[str] = []
+
+    async def take(body: dict[str, Any], txn_id: str) -> None:
+        taken.append(txn_id)
+
+    server.crypto = object()  # the encryption is up before the listener
+    monkeypatch.setattr(server, "_take_extensions", take)
+    client = TestClient(TestServer(server.app()))
+    await client.start_server()
+    try:
+        body = {"events": [event(1)], "de.sorunome.msc2409.to_device": [{"type": "m.room.encrypted"}]}
+        response = await client.put("/_matrix/app/v1/transactions/1", json=body, headers=BEARER)
+        assert response.status == 503 and taken == ["1"]
+    finally:
+        await client.close()
+        store.close()
+
+
 def test_the_key_tells_a_reset_homeservers_transactions_apart():
     assert txn_key("1", [event(1)]) == txn_key("1", [{**event(1), "unsigned": {"age": 5}}])
     assert txn_key("1", [event(1)]) != txn_key("1", [event(2)])
@@ -312,12 +338,14 @@ async def test_encryption_parts_that_fail_hold_up_no_room_events(served, monkeyp
         async def screen(self, events: list[dict[str, Any]], own: Any) -> tuple[list[dict[str, Any]], list[str]]:
             return events, []
 
-    async def failing(body: dict[str, Any], txn_id: str) -> None:
+    async def failing(client: Any, body: dict[str, Any], txn_id: str) -> None:
         raise RuntimeError("nio's key store is locked")
+
+    from bridge.service.encryption import ascrypto
 
     server.crypto = Crypto()
     stand_in.own_users = frozenset()
-    monkeypatch.setattr(server, "_take_extensions", failing)
+    monkeypatch.setattr(ascrypto, "take_extensions", failing)
     caplog.set_level(logging.WARNING)
     body = {"events": [event(9)], "de.sorunome.msc2409.to_device": [{"type": "m.room.encrypted"}]}
     response = await client.put("/_matrix/app/v1/transactions/12", json=body, headers=BEARER)

@@ -177,6 +177,12 @@ class TransactionServer:
         events = body.get("events", []) if isinstance(body, dict) else None
         if not isinstance(events, list):
             return _error(400, "M_BAD_JSON", "events must be a list")
+        early = not self.ready.is_set() and self.crypto is not None and isinstance(body, dict) and self._leads()
+        if early:
+            # Its room keys and device lists now (the encryption is up before
+            # the listener): turned away below, the transaction comes again
+            # without them, as the homeserver does not send those twice.
+            await self._take_extensions(body, txn_id)
         if not await set_within(self.ready, READY_WAIT):
             self._trouble()
             return _error(503, "M_UNKNOWN", "the bridge is still starting; try again")
@@ -185,7 +191,7 @@ class TransactionServer:
         async with self.one_at_a_time:
             if not self._leads():
                 return _error(503, "M_UNKNOWN", "this instance no longer leads; try again")
-            response = await self._process(txn_id, events, body)
+            response = await self._process(txn_id, events, None if early else body)
             if response.status == 200 and not self._leads():
                 return _error(503, "M_UNKNOWN", "this instance no longer leads; try again")
             return response
@@ -205,17 +211,7 @@ class TransactionServer:
             # Room keys first: the events of this very transaction may need them.
             # (A transaction seen before had its keys taken the first time; taking
             # them again is harmless.)
-            try:
-                await self._take_extensions(body, txn_id)
-            except Exception as exc:  # noqa: BLE001 - a resend would not bring them: the events go on
-                # Synapse keeps a transaction's room events to send again, not
-                # its to-device messages: refusing it (as this once did, "it
-                # will come again") lost the room keys all the same, and held
-                # the room events up.  An event whose key is missing waits for
-                # it, and the key is asked for (``keyrequests``).
-                log.warning("transaction %s: its encryption parts (to-device messages, device lists) could not be "
-                            "taken (%s); the homeserver does not send them again: room keys they held are asked for "
-                            "when an event needs them", txn_id, exc)
+            await self._take_extensions(body, txn_id)
         if self.ops is not None:
             self.ops.metrics.reached()  # a push came: the homeserver reaches us
             self.ops.metrics.heard()  # and it is up (``hearing``)
@@ -276,7 +272,17 @@ class TransactionServer:
     async def _take_extensions(self, body: dict[str, Any], txn_id: str) -> None:
         from bridge.service.encryption.ascrypto import take_extensions  # noqa: PLC0415 - needs nio's e2e extra
 
-        await take_extensions(self.crypto.client, body, txn_id)
+        try:
+            await take_extensions(self.crypto.client, body, txn_id)
+        except Exception as exc:  # noqa: BLE001 - a resend would not bring them: the events go on
+            # Synapse keeps a transaction's room events to send again, not
+            # its to-device messages: refusing it (as this once did, "it
+            # will come again") lost the room keys all the same, and held
+            # the room events up.  An event whose key is missing waits for
+            # it, and the key is asked for (``keyrequests``).
+            log.warning("transaction %s: its encryption parts (to-device messages, device lists) could not be "
+                        "taken (%s); the homeserver does not send them again: room keys they held are asked for "
+                        "when an event needs them", txn_id, exc)
 
     async def _screen(self, events: list[dict[str, Any]], commit: Callable[[], None]
                       ) -> tuple[list[dict[str, Any]], Callable[[], None], bool]:
