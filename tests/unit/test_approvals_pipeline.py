@@ -2117,3 +2117,64 @@ def test_a_plain_answers_edit_redacted_while_it_waited_leaves_the_later_answer_s
     room.deliver([redact("$e3", ANA, T0 + 4, "$e2"), answer("$e0", ANA, T0 + 1, "main")])
     assert (room.record()["state"], room.record()["choice"]) == ("answered", "main")
     assert room.record()["source"]["event_id"] == "$e1"
+
+
+# -- a decision undone: what it handed to the homeserver again ------------------------------
+
+def _mentions_of(contents: Any, who: str) -> list[dict[str, Any]]:
+    return [c for c in contents if c.get("m.mentions", {}).get("user_ids") == [who]]
+
+
+def _edits_sent(hs: Delaying) -> list[str]:
+    """The closing lines of the question's edits the room has seen, in order."""
+    return [c["m.new_content"]["body"].rsplit("\n", 1)[-1] for c in hs.sent
+            if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+
+
+def _decided_then_undone(tmp_path: Path, hs: Delaying, **fields: Any) -> tuple[Room, Deadlines, list[int]]:
+    """Ana and Bo decide it at 5 s; Ana's vote, taken back before Bo's, is
+    read at 6 s: the decision is undone and the question open to votes again."""
+    room, deadlines, clock = scheduled(tmp_path, hs, **fields)
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main"), answer("$b1", BO, T0 + 4000, "main")])
+    clock[0] = hs.now_ms = T0 + 5000
+    asyncio.run(deadlines.pass_once())
+    room.deliver([redact("$a1-gone", ANA, T0 + 3000, "$a1")])
+    clock[0] = hs.now_ms = T0 + 6000
+    asyncio.run(deadlines.pass_once())
+    return room, deadlines, clock
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "encrypted"])
+def test_a_restart_after_a_decision_undone_keeps_its_closing_edit_and_escalation_scheduled(tmp_path, sealed):
+    """Undone, the closing edit and the escalation were handed to the
+    homeserver again; the sweep at the next start (or leader takeover) took
+    them for strays, the store still saying "closed as decided", and
+    cancelled both while the store kept their delay ids: the moderator was
+    never called in, and at the deadline the bridge left the closing to the
+    cancelled edit, so the message read "undecided again" for good."""
+    hs = Delaying()
+    hs.sealed = sealed
+    room, _deadlines, clock = _decided_then_undone(tmp_path, hs, expires="45s", escalate={"after": "30s", "to": [DEE]})
+    closed = ("Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: "
+              f"1 of the 2 votes needed (\u201cThe main branch\u201d: {BO})).")
+    assert hs.closing_edits() == [(closed, 39_000)]
+    restarted = Deadlines(room.store, hs, flush=room.pipeline.flush, clock=lambda: clock[0] / 1000)
+    asyncio.run(restarted.pass_once())
+    assert asyncio.run(restarted.sweep()) == 0
+    assert hs.closing_edits() == [(closed, 39_000)]
+    (escalation,) = [d for d, (_k, c, _delay) in hs.delayed.items() if _mentions_of([c], DEE)]
+    clock[0] = T0 + 30_000
+    hs.fire(escalation)  # the homeserver calls the moderator in on time
+    for ms in (T0 + 31_000, T0 + 32_000):
+        clock[0] = ms
+        asyncio.run(restarted.pass_once())
+    assert len(_mentions_of(hs.sent, DEE)) == 1  # once: the bridge does not call them in again
+    clock[0] = T0 + 45_000
+    (edit,) = [d for d, (_k, c, _delay) in hs.delayed.items() if c.get("m.relates_to", {}).get("rel_type")]
+    hs.fire(edit)  # the homeserver closes it at the deadline
+    clock[0] = T0 + 46_000
+    asyncio.run(restarted.pass_once())
+    assert room.record()["state"] == "expired" and _edits_sent(hs)[-1] == closed
+    notices = [c["body"] for c in hs.sent if c.get("msgtype") == "m.notice"]
+    assert notices[-1].startswith("This question expired undecided at 08:00:45 UTC"), notices[-1]
+    assert hs.delayed == {}

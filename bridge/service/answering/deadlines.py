@@ -724,7 +724,9 @@ class Deadlines:
         the bridge's poll ends, closing edits and escalations (told apart by
         what they relate to) whose question the store knows is cancelled
         unless its delay id is the one the store holds for it while it is
-        open.  A question closed at its deadline is left alone: what is still
+        open, or open to votes again (a decision undone: what the undo handed
+        over again is held, though the store still says closed as decided).
+        A question closed at its deadline is left alone: what is still
         scheduled for it is due now, and the bridge relies on the
         homeserver's poll end.  Encrypted ones can't be read: they are told
         by when they are due (``_sealed_candidates``).  An event for a
@@ -751,19 +753,26 @@ class Deadlines:
                 continue
             cancelled += 1
             log.info("stray delayed %s for %s (%s) cancelled: %s", event.get("type"), question.event_id, delay_id,
-                     "the question is closed" if not question.open else "the store holds another")
+                     "the question is closed" if not self._live(question) else "the store holds another")
         return cancelled
 
     def _unheld(self, question: RecordedQuestion, delay_id: str) -> bool:
         """Whether ``delay_id``, if it is one of ``question``'s, is a stray to cancel."""
         if question.event_id in self._handing or question.closed_why == CLOSED_EXPIRED:
             return False  # being handed over; or due at the deadline, now: the homeserver's closing, relied on
+        live = self._live(question)
         raw = self.store.get_meta(CLOSING + question.event_id)
-        if question.open and raw and json.loads(raw).get("next"):
+        if live and raw and json.loads(raw).get("next"):
             return False  # a restated edit in flight: its retry comes first (the next pass)
-        if question.open and self.store.get_meta(OWED + question.event_id) is not None:
+        if live and self.store.get_meta(OWED + question.event_id) is not None:
             return False  # a handing over that failed (taken without a word, maybe): its retry comes first
-        return not (question.open and delay_id in self._delays(question.event_id).values())
+        return not (live and delay_id in self._delays(question.event_id).values())
+
+    def _live(self, question: RecordedQuestion) -> bool:
+        """Whether the store stands behind the question's delayed events: open,
+        or open to votes again (a decision undone: the store still says closed
+        as decided, and what the undo handed over again is held)."""
+        return question.open or self._reopened(question)
 
     def _sealed_candidates(self, event: dict[str, Any]) -> list[RecordedQuestion]:
         """An encrypted delayed event can't be read: the postings in its room
@@ -785,7 +794,7 @@ class Deadlines:
             times = (question.expires_ms, question.escalation[0] if question.escalation else None)
             if any(t is not None and abs(due - t) <= 5000 for t in times):
                 found.append(question)
-        held = {d for q in found if q.open for d in self._delays(q.event_id).values()}
+        held = {d for q in found if self._live(q) for d in self._delays(q.event_id).values()}
         return [] if event.get("delay_id") in held else found
 
     def _question_of(self, event: dict[str, Any]) -> RecordedQuestion | None:
