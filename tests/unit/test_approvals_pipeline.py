@@ -2178,3 +2178,39 @@ def test_a_restart_after_a_decision_undone_keeps_its_closing_edit_and_escalation
     notices = [c["body"] for c in hs.sent if c.get("msgtype") == "m.notice"]
     assert notices[-1].startswith("This question expired undecided at 08:00:45 UTC"), notices[-1]
     assert hs.delayed == {}
+
+
+def test_a_handing_over_refused_at_the_undo_is_handed_over_again_by_the_pass(tmp_path):
+    """The homeserver refused (a 429) the closing edit and escalation the
+    undo handed over again: owed, but the pass tried owed handings over
+    only for an open question, never for one open again, so with the bridge
+    down the moderator was never called in and the deadline closed nothing."""
+    from bridge.service.transport.matrix import MatrixError
+
+    hs = Delaying()
+    handed = hs.send_delayed
+    refusing = [True]
+
+    async def refused_at_the_undo(room_id, event_type, content, txn, delay_ms):
+        if refusing[0] and hs.taken >= 3:  # the posting's three went through; what the undo hands over, not
+            raise MatrixError(f"scheduling {event_type} in {room_id}", "HTTP 429")
+        return await handed(room_id, event_type, content, txn, delay_ms)
+
+    hs.send_delayed = refused_at_the_undo
+    room, deadlines, clock = _decided_then_undone(tmp_path, hs, expires="45s", escalate={"after": "30s", "to": [DEE]})
+    assert any(c.get("body", "").startswith("The decision is undone") for c in hs.sent)
+    assert hs.delayed == {}  # refused
+    refusing[0] = False
+    clock[0] = T0 + 7000
+    asyncio.run(deadlines.pass_once())
+    assert hs.delayed == {}  # not tried again at once
+    clock[0] = T0 + 12_000
+    asyncio.run(deadlines.pass_once())
+    closed = ("Closed: no longer accepting answers (expired undecided at 08:00:45 UTC: "
+              f"1 of the 2 votes needed (\u201cThe main branch\u201d: {BO})).")
+    assert hs.closing_edits() == [(closed, 33_000)]
+    assert [delay for _k, c, delay in hs.delayed.values() if _mentions_of([c], DEE)] == [18_000]
+    clock[0] = T0 + 13_000
+    asyncio.run(deadlines.pass_once())
+    assert len(hs.delayed) == 2 and hs.taken == 5  # handed over once (after the posting's three)
+    assert asyncio.run(deadlines.sweep()) == 0  # and held, not taken for strays

@@ -511,6 +511,9 @@ class Deadlines:
                     self.store.set_meta(UNTOLD + event_id, question.closed_why)
                 await self._tell(question, set_dir, question.closed_why)
         if self._reopened(question):
+            if question.event_id not in self._handing:
+                # What the undo handed over again, refused (a 429, a 5xx): handed over again in a while.
+                await self._hand_owed(question)
             if self._escalation_due(question, now):
                 # Open to votes again: the escalation dropped with the decision still comes.
                 await self._escalate(question)
