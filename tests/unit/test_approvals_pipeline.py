@@ -2214,3 +2214,40 @@ def test_a_handing_over_refused_at_the_undo_is_handed_over_again_by_the_pass(tmp
     asyncio.run(deadlines.pass_once())
     assert len(hs.delayed) == 2 and hs.taken == 5  # handed over once (after the posting's three)
     assert asyncio.run(deadlines.sweep()) == 0  # and held, not taken for strays
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["taken-without-a-word", "not-taken"])
+def test_a_handing_over_owed_when_the_question_is_decided_leaves_nothing_scheduled(tmp_path, taken):
+    """The closing edit's handing over at posting got a 502 (a proxy timed
+    out) though the homeserver took it: owed, its delay id never learnt.
+    Decided before the pass's retry learnt it, the decision cancelled what
+    the store knew (the poll end) and the "expired undecided: no votes" edit
+    went out at the deadline over the decided question."""
+    from bridge.service.transport.matrix import MatrixError
+
+    hs = Delaying()
+    handed = hs.send_delayed
+
+    async def edit_timed_out(room_id, event_type, content, txn, delay_ms):
+        if content.get("m.relates_to", {}).get("rel_type") == "m.replace":
+            if taken:
+                await handed(room_id, event_type, content, txn, delay_ms)
+            raise MatrixError(f"scheduling {event_type} in {room_id}", "HTTP 502")
+        return await handed(room_id, event_type, content, txn, delay_ms)
+
+    hs.send_delayed = edit_timed_out
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="1h")
+    hs.send_delayed = handed
+    assert len(hs.closing_edits()) == (1 if taken else 0)
+    room.deliver([answer("$a1", ANA, T0 + 2000, "main"), answer("$b1", BO, T0 + 3000, "main")])
+    clock[0] = T0 + 4000  # before the owed one's wait is out
+    asyncio.run(deadlines.pass_once())
+    assert room.record()["state"] == "answered"
+    assert hs.delayed == {}  # nothing left to go out at the deadline
+    assert "decided" in _edits_sent(hs)[-1]
+    for ms in range(T0 + 5000, T0 + 12_000, 1000):
+        clock[0] = ms
+        asyncio.run(deadlines.pass_once())
+    assert hs.delayed == {}  # (one the homeserver never took: scheduled by the look-up, and cancelled)
+    assert not taken or hs.taken == 2  # looked up, never handed over again
+    assert room.store.get_meta("delays_owed:$q") is None

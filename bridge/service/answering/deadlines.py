@@ -139,21 +139,7 @@ class Deadlines:
         back with its delay id).  Given up after one failure, the deadline
         closed nothing with the bridge down."""
         delays = await self.store.run(self._delays, question.event_id)
-        now = self._now()
-        planned: list[tuple[str, str, dict[str, Any], int]] = []
-        closing = ""
-        if question.expires_ms is not None and question.expires_ms > now:
-            if poll_id:
-                planned.append(("poll_end", POLL_END, deadline_poll_end(poll_id, question.expires_ms), question.expires_ms))
-            # The closing edit says what stands (nothing yet); restated as votes come (``_restate``).
-            closing = await self.store.run(self._closing, question)
-            planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing,
-                                                                         question.expires_ms), question.expires_ms))
-        if question.escalation is not None and question.escalation[0] > now and \
-                (question.expires_ms is None or question.escalation[0] < question.expires_ms) and \
-                not (epoch and await self.store.run(self.store.get_meta, ESCALATED + question.event_id)):
-            # (One due at or after the deadline would call people in to a closed question.)
-            planned.append(("escalate", "m.room.message", escalation_content(question), question.escalation[0]))
+        planned, closing = await self._planned(question, poll_id, epoch, self._now())
         for what, event_type, content, at in planned:
             if what in delays:
                 continue
@@ -178,6 +164,25 @@ class Deadlines:
             await self.store.run_written(self._keyed, question.event_id, recipients, None)
         return True
 
+    async def _planned(self, question: RecordedQuestion, poll_id: str | None, epoch: int,
+                       now: int) -> tuple[list[tuple[str, str, dict[str, Any], int]], str]:
+        """What a scheduling hands to the homeserver ((what, type, content, when) each), and the closing line."""
+        planned: list[tuple[str, str, dict[str, Any], int]] = []
+        closing = ""
+        if question.expires_ms is not None and question.expires_ms > now:
+            if poll_id:
+                planned.append(("poll_end", POLL_END, deadline_poll_end(poll_id, question.expires_ms), question.expires_ms))
+            # The closing edit says what stands (nothing yet); restated as votes come (``_restate``).
+            closing = await self.store.run(self._closing, question)
+            planned.append(("edit", "m.room.message", closed_replacement(question.event_id, question.content, closing,
+                                                                         question.expires_ms), question.expires_ms))
+        if question.escalation is not None and question.escalation[0] > now and \
+                (question.expires_ms is None or question.escalation[0] < question.expires_ms) and \
+                not (epoch and await self.store.run(self.store.get_meta, ESCALATED + question.event_id)):
+            # (One due at or after the deadline would call people in to a closed question.)
+            planned.append(("escalate", "m.room.message", escalation_content(question), question.escalation[0]))
+        return planned, closing
+
     async def _hand_owed(self, question: RecordedQuestion) -> None:
         """What a failed handing over left owed, handed over again once its wait is out."""
         raw = self.store.get_meta(OWED + question.event_id)
@@ -190,6 +195,52 @@ class Deadlines:
             if await self._schedule(question, owed.get("poll"), send_delayed, owed.get("epoch", 0)):
                 with self.store.transaction(flush=False):
                     self.store.delete_meta(OWED + question.event_id)
+        finally:
+            self._handing.discard(question.event_id)
+
+    async def _reclaim_owed(self, question: RecordedQuestion, wait: bool = True) -> None:
+        """The question closes (decided, withdrawn, replaced) with a handing
+        over owed: the homeserver may have taken it without a word (a timeout,
+        a 502 from a proxy in front of it), and what it scheduled, its delay
+        ids never learnt, would go out at its time over the closed question
+        (the deadline's "expired undecided: no votes" over a decision).  The
+        same requests again, with the same transaction ids, learn the ids (a
+        homeserver answers a retried transaction with what it did the first
+        time), and the cancel that follows takes them with the rest; one it
+        never took is scheduled now and cancelled just as well.  What falls
+        due within a second is left: too late to cancel either way.
+        ``wait``: not before a refusal's wait is out."""
+        raw = self.store.get_meta(OWED + question.event_id)
+        send_delayed = getattr(self.transport, "send_delayed", None)
+        if raw is None or send_delayed is None \
+                or (wait and self._now() < self._refused_until.get(question.event_id, 0)):
+            return
+        owed = json.loads(raw)
+        epoch = owed.get("epoch", 0)
+        now = self._now()
+        planned, _closing = await self._planned(question, owed.get("poll"), epoch, now)
+        delays = self._delays(question.event_id)
+        self._handing.add(question.event_id)
+        try:
+            for what, event_type, content, at in planned:
+                if what in delays or at - now <= 1000:
+                    continue
+                try:
+                    delay_id = await send_delayed(question.room_id, event_type, content,
+                                                  txn_id("delayed", what, question.event_id, *_epoch(epoch)),
+                                                  at - self._now())
+                except Exception as exc:  # noqa: BLE001 - the pass tries again in a while
+                    log.warning("delayed %s owed for %s, closed now, not looked up (%s); tried again in a while",
+                                what, question.event_id, exc)
+                    self._refused_until[question.event_id] = self._now() + RESTATE_AGAIN_MS
+                    return
+                if delay_id is None:
+                    break  # no delayed events here: nothing was scheduled
+                delays[what] = delay_id
+                with self.store.transaction(flush=False):
+                    self.store.set_meta(DELAYS + question.event_id, json.dumps(delays))
+            with self.store.transaction(flush=False):
+                self.store.delete_meta(OWED + question.event_id)
         finally:
             self._handing.discard(question.event_id)
 
@@ -500,12 +551,17 @@ class Deadlines:
         if why is not None:
             await self._tell(question, set_dir, why)
         elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
-            await self._cancel(event_id)  # closed otherwise (withdrawn, replaced): nothing more is due
-        elif self._delays(event_id) and not self._reopened(question):
+            # Closed otherwise (withdrawn, replaced): nothing more is due.
+            await self._reclaim_owed(question)
+            await self._cancel(event_id)
+        elif (self._delays(event_id) or self.store.get_meta(OWED + event_id) is not None) \
+                and not self._reopened(question):
             # Told, and what the telling cancelled is still scheduled: its
-            # cancel failed (a 429).  Left, the deadline's "expired undecided"
-            # edit overwrote the decision in the room.  Tried again each pass;
-            # one the homeserver sent meanwhile is answered by telling again.
+            # cancel failed (a 429), or a handing over still owed was not
+            # looked up yet.  Left, the deadline's "expired undecided" edit
+            # overwrote the decision in the room.  Tried again each pass; one
+            # the homeserver sent meanwhile is answered by telling again.
+            await self._reclaim_owed(question)
             if "edit" in await self._cancel(event_id):
                 with self.store.transaction(flush=False):
                     self.store.set_meta(UNTOLD + event_id, question.closed_why)
@@ -529,6 +585,7 @@ class Deadlines:
             watching_escalation = self._reopened(question) and question.escalation is not None \
                 and self.store.get_meta(ESCALATED + event_id) is None
             if self.store.get_meta(UNTOLD + event_id) is None and not self._delays(event_id) \
+                    and (question.open or self.store.get_meta(OWED + event_id) is None) \
                     and not watching_deadline and not watching_escalation \
                     and (question.open or question.qid is None
                          or self._due(question, self._record_of(question, set_dir)) is None):
@@ -638,6 +695,8 @@ class Deadlines:
             # Decided by a vote placed in time and read after the deadline: the
             # homeserver's poll end went out at it, too late to cancel.  A
             # second poll end from the bridge would only end it again.
+            # (One still owed, maybe taken without a word, is looked up first, then cancelled with the rest.)
+            await self._reclaim_owed(question, wait=False)
             delayed_poll_end = "poll_end" in await self._cancel(question.event_id)
         elif why == UNDONE:
             pass  # what was scheduled was cancelled at the decision; the poll stays ended
