@@ -2251,3 +2251,35 @@ def test_a_handing_over_owed_when_the_question_is_decided_leaves_nothing_schedul
     assert hs.delayed == {}  # (one the homeserver never took: scheduled by the look-up, and cancelled)
     assert not taken or hs.taken == 2  # looked up, never handed over again
     assert room.store.get_meta("delays_owed:$q") is None
+
+
+@pytest.mark.parametrize("fired", [True, False], ids=["deadline-edit-went-out", "cancelled-in-time"])
+def test_a_question_withdrawn_just_before_its_deadline_reads_withdrawn_not_expired(tmp_path, fired):
+    """The agent withdrew the question half a second before its deadline:
+    the poster edited it "withdrawn", but the pass cancels the delayed
+    events up to a tick later, and the homeserver's "expired undecided: no
+    votes" edit went out in between and stood as the question's last word.
+    The pass heard the cancel answer "sent already" and said nothing."""
+    from bridge.protocol.question_event import closed_replacement
+
+    hs = Delaying()
+    room, deadlines, clock = scheduled(tmp_path, hs, expires="45s")
+    why = "withdrawn (by the agent)"
+    clock[0] = T0 + 44_500
+    with room.store.transaction():  # the poster closes it, then edits its message to say so
+        room.store.close_question("$q", why)
+    withdrawn = closed_replacement("$q", room.posted.content, why, room.store.closed_at("$q"))
+    asyncio.run(hs.send(ROOM, "m.room.message", withdrawn, "close-edit"))
+    if fired:
+        for delay_id in list(hs.delayed):
+            hs.fire(delay_id)  # the deadline, before the next pass
+        assert "expired undecided" in _edits_sent(hs)[-1]
+    clock[0] = T0 + 45_500
+    asyncio.run(deadlines.pass_once())
+    assert hs.delayed == {}
+    assert _edits_sent(hs)[-1] == "Closed: no longer accepting answers (withdrawn: by the agent)."
+    assert hs.sent[-1]["m.new_content"] == withdrawn["m.new_content"]  # the poster's words, said again
+    edits = len(_edits_sent(hs))
+    assert edits == (3 if fired else 1)
+    asyncio.run(deadlines.pass_once())
+    assert len(_edits_sent(hs)) == edits  # once

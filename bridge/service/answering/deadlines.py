@@ -47,6 +47,7 @@ CLOSING = "approval_closing:"  # meta: JSON {words, gen[, next]}: what the delay
 TOLD = "approval_told:"  # meta: JSON {said, words, n}: what the room last heard, and how many tellings so far
 RECORD = "approval_record:"  # meta: JSON, a replaced posting's record as it closed
 KEYED = "delays_keyed:"  # meta: JSON {to: devices, gen}: who the room key of the delayed events went to
+CLOSE_AGAIN = "approval_close_again:"  # meta: the homeserver's closing edit went out over a close otherwise: said again
 OWED = "delays_owed:"  # meta: JSON {poll, epoch}: a handing over the homeserver failed, tried again by the pass
 NOTICE_KEY = "dev.superpipeline.question.approval"
 DEFAULT_TICK_SECONDS = 1.0
@@ -407,9 +408,12 @@ class Deadlines:
         raw = self.store.get_meta(DELAYS + event_id)
         return json.loads(raw) if raw else {}
 
-    async def _cancel(self, event_id: str, keep: tuple[str, ...] = ()) -> set[str]:
+    async def _cancel(self, event_id: str, keep: tuple[str, ...] = (),
+                      then: Callable[[set[str]], None] | None = None) -> set[str]:
         """The posting's delayed events cancelled (but ``keep``); which of them
-        were gone already: the homeserver sent them."""
+        were gone already: the homeserver sent them.  ``then``: called with
+        those in the transaction that forgets them (what is owed for it is
+        kept with the forgetting, through a crash)."""
         delays = self._delays(event_id)
         cancel = getattr(self.transport, "cancel_delayed", None)
         left = dict(delays)
@@ -436,6 +440,8 @@ class Deadlines:
                     self.store.set_meta(ESCALATED + event_id, "sent")
                 else:
                     self.store.delete_meta(ESCALATED + event_id)
+            if then is not None:
+                then(sent)
         return sent
 
     # -- the pass ------------------------------------------------------------
@@ -553,7 +559,9 @@ class Deadlines:
         elif question.closed_why not in (CLOSED_DECIDED, CLOSED_EXPIRED):
             # Closed otherwise (withdrawn, replaced): nothing more is due.
             await self._reclaim_owed(question)
-            await self._cancel(event_id)
+            await self._cancel(event_id, then=lambda sent: self._edited_over(event_id, sent))
+            if self.store.get_meta(CLOSE_AGAIN + event_id) is not None:
+                await self._close_again(question)
         elif (self._delays(event_id) or self.store.get_meta(OWED + event_id) is not None) \
                 and not self._reopened(question):
             # Told, and what the telling cancelled is still scheduled: its
@@ -593,6 +601,27 @@ class Deadlines:
                 self.store.delete_meta(CLOSING + event_id)
                 self.store.delete_meta(KEYED + event_id)
                 self.store.delete_meta(OWED + event_id)
+                self.store.delete_meta(CLOSE_AGAIN + event_id)
+
+    def _edited_over(self, event_id: str, sent: set[str]) -> None:
+        """In the transaction that forgets them: a closing edit of the
+        homeserver's that went out before its cancel (the deadline came within
+        a tick of the close) stands over the poster's "withdrawn" or
+        "replaced", so that is said again."""
+        if any(what == "edit" or what.startswith("edit@") for what in sent):
+            self.store.set_meta(CLOSE_AGAIN + event_id, "1")
+
+    async def _close_again(self, question: RecordedQuestion) -> None:
+        """The poster's closing edit (its words, as of its close), sent again
+        to stand over the homeserver's stale "expired undecided" one."""
+        closed_at = self.store.closed_at(question.event_id)
+        edit = closed_replacement(question.event_id, question.content, question.closed_why or "closed", closed_at)
+        await self.transport.send(question.room_id, "m.room.message", edit,
+                                  txn_id("close-edit", question.event_id, "again"))
+        with self.store.transaction(flush=False):
+            self.store.delete_meta(CLOSE_AGAIN + question.event_id)
+        log.info("closing edit of %s said again: the homeserver's deadline edit went out after it",
+                 question.event_id)
 
     def _escalation_due(self, question: RecordedQuestion, now: int) -> bool:
         return question.escalation is not None and now >= question.escalation[0] \

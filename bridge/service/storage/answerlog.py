@@ -163,6 +163,14 @@ class AnswerLog:
             batch.counts[(set_dir, qid)] = count
         return count
 
+    def closed_at(self, question_event_id: str) -> int | None:
+        """When the posting was closed otherwise than by an outcome (withdrawn,
+        replaced, removed), as its log's close says; None without one."""
+        row = self.db.execute(
+            "SELECT ts FROM answer_log WHERE event_id=? AND outcome='closed' ORDER BY seq DESC LIMIT 1",
+            (question_event_id,)).fetchone()
+        return row[0] if row else None
+
     def standing_before(self, set_dir: str, qid: str, event_id: str) -> str | None:
         """The sender of the answer to the question that stands just before
         ``event_id``'s in the room's order (not withdrawn, not an edited
