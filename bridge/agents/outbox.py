@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 from bridge.agents.owner import Owner, read_owner
 from bridge.protocol.recorded import RecordedQuestion
@@ -321,9 +322,27 @@ def due_now(store: Store, lane: Lane, now_ms: int) -> int:
                                 (now_ms, *lane, now_ms)).rowcount
 
 
-# Meta key prefix (+ agent NUL url): until when (ms, the store's clock) a URL
-# asked to be left alone (a 429's or 503's Retry-After): a restart keeps it.
+# Meta key prefix (+ agent, percent-encoded, a space, url): until when (ms,
+# the store's clock) a URL asked to be left alone (a 429's or 503's
+# Retry-After): a restart keeps it.  The agent and the URL were joined with a
+# NUL, which PostgreSQL text cannot hold: there the hold was never kept (and
+# the URL's queued rows, put off in the same transaction, were not put off).
+# A key of that kind a SQLite store kept from before is still read.
 HELD = "webhook_held:"
+
+
+def _held_key(lane: Lane) -> str:
+    agent, url = lane
+    return f"{HELD}{quote(agent, safe='')} {url}"
+
+
+def _held_lane(key: str) -> Lane:
+    rest = key[len(HELD):]
+    if "\x00" in rest:  # kept before the key changed (SQLite only: PostgreSQL never took one)
+        agent, _, url = rest.partition("\x00")
+        return agent, url
+    agent, _, url = rest.partition(" ")
+    return unquote(agent), url
 
 
 def hold_lane(store: Store, lane: Lane, until_ms: int) -> None:
@@ -331,7 +350,7 @@ def hold_lane(store: Store, lane: Lane, until_ms: int) -> None:
     and the hold is kept for the rows queued later, across a restart."""
     with store.transaction(flush=False):
         _defer(store, lane, until_ms)
-        store.set_meta(HELD + "\x00".join(lane), str(until_ms))
+        store.set_meta(_held_key(lane), str(until_ms))
 
 
 def defer_lane(store: Store, lane: Lane, until_ms: int) -> None:
@@ -352,10 +371,10 @@ def lane_holds(store: Store, now_ms: int) -> dict[Lane, int]:
     holds: dict[Lane, int] = {}
     past = []
     for key, value in store.meta_with_prefix(HELD):
-        agent, _, url = key[len(HELD):].partition("\x00")
+        lane = _held_lane(key)
         until = int(value) if value.isdigit() else 0
         if until > now_ms:
-            holds[(agent, url)] = until
+            holds[lane] = max(until, holds.get(lane, 0))  # an old key and a new one for one lane: the later
         else:
             past.append(key)
     if past:

@@ -639,3 +639,88 @@ async def test_a_dead_receivers_backlog_is_put_off_while_its_circuit_is_open(tmp
         await task
         await receiver.close()
         store.close()
+
+
+def restarted_after_a_hold(tmp_path: Path, store: Store) -> tuple[Store, Deliverer, OutboxHook]:
+    """The bridge stopped and started again on the same store: a new deliverer, and the hook that queues."""
+    store.close()
+    store = Store(tmp_path / "store.sqlite")
+    deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+    return store, deliverer, OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+
+
+async def test_a_receivers_retry_after_is_kept_on_either_store(tmp_path: Path, store_backend: str) -> None:
+    """On PostgreSQL the hold was never kept: its meta key joined the agent
+    and the URL with a NUL, which PostgreSQL text cannot hold; the write
+    failed, and with it the putting off of the URL's queued rows.  After a
+    restart the next event queued for the URL was POSTed at once, minutes
+    before the receiver's Retry-After ran out."""
+    from bridge.agents.outbox import lane_holds
+
+    tries: list[float] = []
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", busy_for(300, tries))]) as port:
+        url = f"http://127.0.0.1:{port}/hook"
+        deliverer = queued_to(tmp_path, store, url, 1)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(deliverer.run(stop))
+        await until(lambda: len(tries) == 1, what="the first try")
+        await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        store, restarted, hook = restarted_after_a_hold(tmp_path, store)
+        answered(hook, store, tmp_path / "sets", "plan", "$after-the-restart")
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(restarted.run(stop))
+        try:
+            await asyncio.sleep(3)
+            assert len(tries) == 1, f"{len(tries)} tries of a receiver that asked for 300 s"
+            (until_ms,) = lane_holds(store, int(store.clock.seconds() * 1000)).values()
+            assert until_ms / 1000 - store.clock.seconds() > 290
+        finally:
+            stop.set()
+            await task
+            store.close()
+
+
+async def test_a_hold_a_sqlite_store_kept_under_its_old_key_still_holds_after_an_upgrade(tmp_path: Path) -> None:
+    """A bridge upgraded while a receiver's hold ran (its key joining the agent and the URL with a NUL, as
+    SQLite could keep it): the receiver is still not asked before its time, and the key goes once past."""
+    from bridge.agents.outbox import HELD, lane_holds
+
+    tries: list[float] = []
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", busy_for(300, tries))]) as port:
+        url = f"http://127.0.0.1:{port}/hook"
+        deliverer = queued_to(tmp_path, store, url, 1)
+        now_ms = int(store.clock.seconds() * 1000)
+        with store.transaction():
+            store.set_meta(HELD + "planner\x00" + url, str(now_ms + 300_000))
+            store.set_meta(HELD + "other\x00https://gone.example/hook", str(now_ms - 1))
+        assert lane_holds(store, now_ms) == {("planner", url): now_ms + 300_000}
+        assert [key for key, _ in store.meta_with_prefix(HELD)] == [HELD + "planner\x00" + url]
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(deliverer.run(stop))
+        try:
+            await asyncio.sleep(2)
+            assert tries == []
+        finally:
+            stop.set()
+            await task
+            store.close()
+
+
+def test_a_hold_is_kept_and_read_back_on_either_store(tmp_path: Path, store_backend: str) -> None:
+    from bridge.agents.outbox import hold_lane, lane_holds
+
+    store = Store(tmp_path / "store.sqlite")
+    now_ms = int(store.clock.seconds() * 1000)
+    lanes = [("planner", "https://r.example/hook?a=1 b"), ("other", "https://r.example/ünï%00code")]
+    try:
+        for n, lane in enumerate(lanes):
+            hold_lane(store, lane, now_ms + 1000 * (n + 1))
+        assert lane_holds(store, now_ms) == {lanes[0]: now_ms + 1000, lanes[1]: now_ms + 2000}
+        assert lane_holds(store, now_ms + 1500) == {lanes[1]: now_ms + 2000}
+        assert lane_holds(store, now_ms) == {lanes[1]: now_ms + 2000}  # the past one forgotten
+    finally:
+        store.close()
