@@ -252,8 +252,11 @@ class Deliverer:
         # nor does one that last failed long ago and was not asked for since
         # (a URL with rows pending is probed as soon as it may be).  One that
         # failed lately keeps its count, or one delivery at a time to a dead
-        # URL never added up to opening its circuit.
-        for lane in [k for k, c in self.circuits.items() if not self.in_flight.get(k) and
+        # URL never added up to opening its circuit.  One held (a Retry-After
+        # running) is kept until its hold ends, whatever its count: a hold
+        # read at a start has no failures, and forgetting it at the first
+        # pass let the next event go to the URL at once.
+        for lane in [k for k, c in self.circuits.items() if not self.in_flight.get(k) and now >= c.held_until and
                      (c.failures == 0 or now > max(c.open_until, c.held_until, c.failed_at) + MAX_OPEN)]:
             del self.circuits[lane]
             self.in_flight.pop(lane, None)

@@ -724,3 +724,31 @@ def test_a_hold_is_kept_and_read_back_on_either_store(tmp_path: Path, store_back
         assert lane_holds(store, now_ms) == {lanes[1]: now_ms + 2000}  # the past one forgotten
     finally:
         store.close()
+
+
+async def test_a_hold_read_at_a_start_outlasts_the_first_pass(tmp_path: Path, store_backend: str) -> None:
+    """A hold read at the start went into a circuit with no failures, which
+    the first pass forgot as idle: an event queued a second after the
+    restart was POSTed at once, minutes before the receiver's Retry-After."""
+    tries: list[float] = []
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", busy_for(300, tries))]) as port:
+        deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(deliverer.run(stop))
+        await until(lambda: len(tries) == 1, what="the first try")
+        await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        store, restarted, hook = restarted_after_a_hold(tmp_path, store)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(restarted.run(stop))
+        try:
+            await asyncio.sleep(1)  # the first pass has run
+            answered(hook, store, tmp_path / "sets", "plan", "$after-the-first-pass")
+            await asyncio.sleep(2)
+            assert len(tries) == 1, f"{len(tries)} tries of a receiver that asked for 300 s"
+        finally:
+            stop.set()
+            await task
+            store.close()
