@@ -7,8 +7,9 @@ until ``open_until``, which backs off from 1 s doubling to 5 minutes each
 time it opens again.  Then it is half-open: one delivery goes as a probe;
 if the URL takes it the circuit closes, if not it opens for longer.  A
 429 or 503 that asked to be left alone (``Retry-After``) holds the circuit
-open that long, whatever the count.  Only that URL waits; every other URL
-has a circuit of its own.
+open that long, whatever the count, and a URL taking a delivery meanwhile
+(one sent before it asked) does not end it.  Only that URL waits; every
+other URL has a circuit of its own.
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ class Circuit:
             self.probing = True
 
     def taken(self) -> None:
+        """Ends the count of failures, not a hold the URL asked for: a 2xx to
+        a delivery sent before its 429 or 503 says nothing of how long it
+        asked to be left alone."""
         self.failures = 0
         self.opened = 0
         self.open_until = 0.0
-        self.held_until = 0.0
         self.probing = False
 
     def failed(self, now: float, hold: float = 0.0) -> None:

@@ -316,7 +316,8 @@ def delivered(store: Store, *row_ids: int) -> None:
 def due_now(store: Store, lane: Lane, now_ms: int) -> int:
     """Every row of ``lane`` due at once (a URL that took one again takes the
     rest: its backlog had waited out each row's backoff, up to 5 minutes
-    apiece); how many were waiting."""
+    apiece); how many were waiting.  The caller passes the end of a hold
+    still running as ``now_ms``: then they are due when it ends."""
     with store.transaction(flush=False):
         return store.db.execute("UPDATE webhook_outbox SET next_at=? WHERE agent=? AND url=? AND next_at>?",
                                 (now_ms, *lane, now_ms)).rowcount

@@ -316,13 +316,20 @@ class Deliverer:
                 log.warning("the webhooks waiting for %s not put off", host_of(row.url), exc_info=True)
         if taken and row.attempts:
             # The URL takes deliveries again (after an outage, or a restart
-            # of the bridge during one): the rest follow now, in order.
+            # of the bridge during one): the rest follow now, in order; or,
+            # while a hold it asked for runs (this one was sent before it
+            # asked), when the hold ends, never sooner.
+            now = self.clock()
+            held = self.circuits[row.lane].held_until
             try:
-                waiting = await self.store.run(due_now, self.store, row.lane, int(self.clock() * 1000))
+                waiting = await self.store.run(due_now, self.store, row.lane, int(max(now, held) * 1000))
             except Exception:  # noqa: BLE001 - they go at their own times then
                 log.warning("the webhooks waiting for %s not brought forward", host_of(row.url), exc_info=True)
             else:
-                if waiting:
+                if waiting and held > now:
+                    log.info("%s takes webhooks again: the %d waiting go when its hold ends in %.0f s",
+                             host_of(row.url), waiting, held - now)
+                elif waiting:
                     log.info("%s takes webhooks again: the %d waiting go now", host_of(row.url), waiting)
                     self.wake.set()
 

@@ -56,3 +56,12 @@ def test_the_time_open_doubles_up_to_five_minutes() -> None:
             now = circuit.open_until
     assert opened_for[:3] == [1.0, 2.0, 4.0]
     assert max(opened_for) == 300.0 and opened_for == sorted(opened_for)
+
+
+def test_a_success_ends_the_count_of_failures_but_not_a_hold_the_url_asked_for() -> None:
+    circuit = Circuit()
+    circuit.failed(10.0, hold=120.0)  # a 429 asking for two minutes
+    circuit.taken()                   # a delivery sent before it answers 2xx
+    assert circuit.failures == 0
+    assert circuit.state(11.0) == OPEN and circuit.room(11.0, 0) == 0 and circuit.reopens_at(11.0) == 130.0
+    assert circuit.state(130.0) == CLOSED and circuit.room(130.0, 0) == PER_URL

@@ -752,3 +752,60 @@ async def test_a_hold_read_at_a_start_outlasts_the_first_pass(tmp_path: Path, st
             stop.set()
             await task
             store.close()
+
+
+@pytest.mark.parametrize("attempted", [False, True], ids=["first-tries", "retries"])
+async def test_a_2xx_already_in_flight_does_not_end_a_receivers_hold(tmp_path: Path, attempted: bool,
+                                                                     monkeypatch) -> None:
+    """A delivery sent before the receiver's limit was hit answered 204 after
+    another's 429 asked for two minutes: the 204 cleared the hold, so the
+    next event went at once; and when the 204 was a retry, every row of the
+    URL was made due at once, the one the 429 answered with them: the rows'
+    own times, which hold the URL when a start cannot read its holds, no
+    longer did."""
+    import bridge.agents.webhooks as webhooks
+
+    tries: list[str] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        tries.append(request.headers["Idempotency-Key"])
+        if len(tries) == 1:
+            await asyncio.sleep(1.0)  # taken before the limit was hit: answered late
+            return web.Response(status=204)
+        return web.Response(status=429, headers={"Retry-After": "120"})
+
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", hook)]) as port:
+        deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 2)
+        if attempted:
+            with store.transaction():
+                store.db.execute("UPDATE webhook_outbox SET attempts=1")
+        queue = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(deliverer.run(stop))
+        try:
+            await until(lambda: len(tries) == 2, what="both tried")
+            await until(lambda: pending(store) == 1, what="the 204 taken")
+            if not attempted:
+                answered(queue, store, tmp_path / "sets", "plan", "$after-the-204")
+            await asyncio.sleep(2)
+            assert len(tries) == 2, f"{len(tries)} tries of a receiver that asked for 120 s"
+        finally:
+            stop.set()
+            await task
+        if attempted:
+            # Started again, its holds unreadable: the row the 429 answered waits on its own time.
+            def unreadable(*_: Any) -> dict[Any, int]:
+                raise RuntimeError("the store did not answer")
+
+            monkeypatch.setattr(webhooks, "lane_holds", unreadable)
+            restarted = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(restarted.run(stop))
+            try:
+                await asyncio.sleep(2)
+                assert len(tries) == 2, f"{tries[1:]} tried again of a receiver that asked for 120 s"
+            finally:
+                stop.set()
+                await task
+        store.close()
