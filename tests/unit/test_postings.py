@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from bridge.protocol.judge import IncomingAnswer, JudgeContext, Refused, judge
-from bridge.protocol.poll import POLL_START
+from bridge.protocol.poll import POLL_END, POLL_START
+from bridge.protocol.question_event import content_size
+from bridge.protocol.render import shown_title
 from bridge.questionset.model import QuestionSet
 from bridge.service.posting.insend import IN_SEND, settle
 from bridge.service.posting.poster import Poster, PostReport
@@ -544,3 +546,41 @@ def test_a_questions_leftover_background_goes_to_the_room_it_was_asked_in(tmp_pa
     asyncio.run(Poster(store, transport, room_for=rooms.get, load_set=load).sync_root(tmp_path / "sets"))
     in_its_thread = [room for room, about in transport.rooms if about == asked]
     assert in_its_thread and set(in_its_thread) == {"!old:hs"}, transport.rooms
+
+
+class SizedTransport(Transport):
+    """Refuses what a homeserver refuses: an event over 65,536 bytes (less its envelope)."""
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        if content_size(content) > 65536 - 2048:
+            raise RuntimeError(f"M_TOO_LARGE: {content_size(content)} bytes")
+        return await super().send(room_id, event_type, content, txn_id)
+
+
+def test_a_question_superseded_by_one_with_a_long_title_is_closed_in_the_room(tmp_path: Path) -> None:
+    """The successor is named by its title cut short, as titles are cut
+    elsewhere: named whole (16,000 characters), the closing edit was past
+    what an event carries, refused, and every later pass failed the same way,
+    the room never told that the old question was closed."""
+    root = tmp_path / "sets"
+    folder = root / "takes"
+    write_set(folder, "takes", choice(1, qid="old"))
+    transport = SizedTransport()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(root))
+    old = store.latest_posted(str(folder.resolve()), "old")
+    long_title = "Überarbeitete Frage " * 800
+    write_set(folder, "takes", dict(choice(1, qid="old"), status="superseded", superseded_by="new"),
+              choice(1, qid="new", title=long_title))
+    report = asyncio.run(p.sync_changed(root, [folder / "questions.json"]))
+    assert not report.failed
+    named = f"superseded by “{shown_title(long_title)}”"
+    notices = [c for _t, c, _ in transport.sent if "dev.superpipeline.question.closed" in c]
+    assert [c["dev.superpipeline.question.closed"]["question_event_id"] for c in notices] == [old.event_id]
+    assert named in notices[0]["body"]
+    edits = [c for _t, c, _ in transport.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"
+             and c["m.relates_to"]["event_id"] == old.event_id]
+    assert len(edits) == 1 and named in edits[0]["m.new_content"]["body"]
+    ends = [c for t, c, _ in transport.sent if t == POLL_END]
+    assert len(ends) == 1 and f"Superseded by “{shown_title(long_title)}”" in json.dumps(ends[0], ensure_ascii=False)
+    assert store.question_by_event(old.event_id).closed_why == named

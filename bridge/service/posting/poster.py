@@ -595,8 +595,11 @@ def _closing_words(question: Question, qset: QuestionSet) -> str:
     if question.status == "withdrawn":
         return f"withdrawn ({shown_words(question.reason, REASON_SHOWN)})" if question.reason else "withdrawn"
     if question.status == "superseded":
-        # Named by its title, as the room shows it (the id is the agent's word).
+        # Named by its title, as the room shows it (the id is the agent's word),
+        # cut as a title is everywhere the bridge quotes one: named whole (a
+        # title of 16,000 characters), the closing edit was past what an event
+        # carries, refused, and every pass failed on it for good.
         successor = next((q for q in qset.questions if q.id == question.superseded_by), None)
-        name = successor.title if successor is not None else question.superseded_by
+        name = shown_title(successor.title if successor is not None else question.superseded_by or "")
         return f"superseded by “{name}”" if name else "superseded"
     return "closed"
