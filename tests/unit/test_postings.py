@@ -19,7 +19,9 @@ from bridge.protocol.render import shown_title
 from bridge.questionset.model import QuestionSet
 from bridge.service.posting.insend import IN_SEND, settle
 from bridge.service.posting.poster import Poster, PostReport
+from bridge.service.operators.admin import describe_post
 from bridge.service.operators.setstatus import collect
+from bridge.service.storage.heldback import format_held, held_back
 from bridge.service.storage.store import Store
 
 ROOM = "!room:hs"
@@ -584,3 +586,42 @@ def test_a_question_superseded_by_one_with_a_long_title_is_closed_in_the_room(tm
     ends = [c for t, c, _ in transport.sent if t == POLL_END]
     assert len(ends) == 1 and f"Superseded by “{shown_title(long_title)}”" in json.dumps(ends[0], ensure_ascii=False)
     assert store.question_by_event(old.event_id).closed_why == named
+
+
+class EncryptedTransport(Transport):
+    async def room_encrypted(self, room_id: str) -> bool:
+        return True
+
+
+def test_a_question_too_large_for_an_encrypted_room_is_skipped_and_the_rest_of_its_set_posted(
+        tmp_path: Path, caplog) -> None:
+    """A question whose event fits a plain room but not an encrypted one (lint
+    only warns: it does not know the room) is refused in that room: skipped,
+    logged once, and named in what ``status`` and /health hold back, while
+    its set's other questions are posted.  It failed the whole set, which was
+    tried again for ever and never posted its other questions."""
+    root = tmp_path / "sets"
+    folder = root / "takes"
+    big = dict(choice(1, qid="big"), question="Which take do we keep? " + "Context. " * 5500)  # ~50 KB
+    write_set(folder, "takes", big, choice(1, qid="small"))
+    transport = EncryptedTransport()
+    p, store = poster(tmp_path, transport)
+    with caplog.at_level(logging.ERROR):
+        report = asyncio.run(p.sync_root(root))
+        assert [c["question"]["id"] for c in transport.questions()] == ["small"]
+        assert not report.failed and not report.broken
+        assert list(report.refused) == [str(folder)] and "'big'" in report.refused[str(folder)][0]
+        assert describe_post(report).startswith("Posted 1 question. takes/big rev 1 not posted: ")  # `!ask post`
+        held = held_back(store)["not_posted"]
+        assert [row["set_dir"] for row in held] == [str(folder.resolve())] and "'big'" in held[0]["reason"]
+        assert "encrypted room" in held[0]["reason"] and "other questions are posted" in held[0]["reason"]
+        assert "'big'" in format_held(held_back(store))
+        report = asyncio.run(p.sync_root(root))  # a later pass: nothing new sent, not said again
+    assert [c["question"]["id"] for c in transport.questions()] == ["small"] and not report.failed
+    assert len([r for r in caplog.records if "'big'" in r.getMessage()]) == 1
+    assert store.latest_posted(str(folder.resolve()), "big") is None
+
+    write_set(folder, "takes", choice(1, qid="big"), choice(1, qid="small"))  # shortened: posted, no longer held
+    asyncio.run(p.sync_changed(root, [folder / "questions.json"]))
+    assert [c["question"]["id"] for c in transport.questions()] == ["small", "big"]
+    assert held_back(store)["not_posted"] == []

@@ -239,9 +239,13 @@ def describe_post(report: Any) -> str:
         parts.append(f"posted {len(report.posted)} question{'s' if len(report.posted) != 1 else ''}")
     if report.closed:
         parts.append(f"closed {len(report.closed)}")
-    if not parts:
+    # A question its room can't take (too large for an encrypted room's events): the others are posted.
+    refused = [message for messages in getattr(report, "refused", {}).values() for message in messages]
+    if not parts and not refused:
         return "Nothing to post: every open question of the set is already in its room."
-    sentence = ", ".join(parts) + "."
+    sentence = ", ".join(parts) + "." if parts else ""
+    if refused:
+        sentence += (" " if sentence else "") + " ".join(f"{message}." for message in refused[:3])
     return sentence[0].upper() + sentence[1:]
 
 

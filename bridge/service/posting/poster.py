@@ -23,8 +23,9 @@ from bridge.protocol.judge import KEEPS_TAKING
 from bridge.protocol.outcome import shown_title, txn_id
 from bridge.protocol.render import REASON_SHOWN, shown_words
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start
-from bridge.protocol.question_event import (CONTENT_MAX_BYTES, ENCRYPTED_CONTENT_MAX_BYTES, build_question_event,
-                                            closed_replacement, new_elicitation_id, option_order)
+from bridge.protocol.question_event import (CONTENT_MAX_BYTES, ENCRYPTED_CONTENT_MAX_BYTES, QuestionEventTooLarge,
+                                            build_question_event, closed_replacement, new_elicitation_id,
+                                            option_order)
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
@@ -51,6 +52,9 @@ class PostReport:
     closed: list[str] = field(default_factory=list)
     broken: dict[str, list[str]] = field(default_factory=dict)
     failed: list[Path] = field(default_factory=list)  # could not be posted now (a room refused, the network)
+    # Set folder -> its questions its room can't take (too large for an
+    # encrypted room's events), skipped while the set's others are posted.
+    refused: dict[str, list[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -83,6 +87,7 @@ class Poster:
         self._locks: dict[str, asyncio.Lock] = {}
         self._told_stays: set[tuple[str, str, str]] = set()  # (set id, room posted in, room mapped to) logged
         self._not_posted_now: dict[str, str] | None = None  # folder -> why (``NOT_POSTED``), read once
+        self._told_refused: set[tuple[str, str, int, str]] = set()  # (folder, qid, rev, digest) logged
         # Set id -> the folders refused because another folder has it: taken
         # again once that folder goes (nothing of theirs changed to wake them).
         self._refused_for_id: dict[str, set[Path]] = {}
@@ -119,7 +124,11 @@ class Poster:
                     report.failed.append(set_dir)
                     await self._not_posted(set_dir, " ".join(f"{type(exc).__name__}: {exc}".split())[:300])
                 else:
-                    await self._not_posted(set_dir, None)
+                    # A question its room refuses is named as the set's not
+                    # posted, the others being posted (or forgotten once none is).
+                    refused = report.refused.get(str(set_dir))
+                    await self._not_posted(set_dir, None if not refused else " ".join(
+                        f"{'; '.join(refused)}; the set's other questions are posted".split())[:600])
 
         await asyncio.gather(*(one(set_dir) for set_dir in set_dirs))
         return report
@@ -188,7 +197,10 @@ class Poster:
             if fingerprint is not None and await self.store.run(self.store.get_meta, key) == fingerprint:
                 return
             whole = await self._sync_set(set_dir, report)
-            if whole and fingerprint is not None and str(set_dir) not in report.broken:
+            # (A set with a question its room refused is read again at the
+            # next pass over the root, its room perhaps able to take it then.)
+            if whole and fingerprint is not None and str(set_dir) not in report.broken \
+                    and str(set_dir) not in report.refused:
                 await self.store.run_written(self.store.set_meta, key, fingerprint)
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
@@ -255,7 +267,14 @@ class Poster:
                         warning = f"{qset.id}/{question.id}: {rev_went_back(latest.rev, question.rev)}"
                         report.warnings.append(warning)
                         log.warning("%s", warning)
-                    await self._post(qset, question, set_dir, room, report, replacing=postings)
+                    try:
+                        await self._post(qset, question, set_dir, room, report, replacing=postings)
+                    except QuestionEventTooLarge as exc:
+                        # Fits a plain room's event, not an encrypted one's
+                        # (lint, not knowing the room, only warns): refused
+                        # there, and the set's other questions are posted.
+                        # It held the whole set, tried again for ever.
+                        self._refuse(qset, question, set_dir, str(exc), report)
                     continue
                 if done:
                     continue
@@ -291,6 +310,16 @@ class Poster:
                 if why is not None:
                     await self._tell_closed(recorded, why)  # closed by a run that stopped before saying so
         return True
+
+    def _refuse(self, qset: QuestionSet, question: Question, set_dir: Path, why: str, report: PostReport) -> None:
+        """A question its room can't take: in the report (``status`` and
+        /health name it, ``_not_posted``), logged once per revision."""
+        message = f"{qset.id}/{question.id} rev {question.rev} not posted: {why}"
+        report.refused.setdefault(str(set_dir), []).append(message)
+        told = (str(set_dir.resolve()), question.id, question.rev, question_digest(qset, question))
+        if told not in self._told_refused:
+            self._told_refused.add(told)
+            log.error("%s; the set's other questions are posted", message)
 
     async def tell_moved(self) -> None:
         """``_tell_stays`` for every set with open questions (at a pass over the
