@@ -625,3 +625,47 @@ def test_a_question_too_large_for_an_encrypted_room_is_skipped_and_the_rest_of_i
     asyncio.run(p.sync_changed(root, [folder / "questions.json"]))
     assert [c["question"]["id"] for c in transport.questions()] == ["small", "big"]
     assert held_back(store)["not_posted"] == []
+
+
+def closes_told(transport: Transport) -> list[str]:
+    return [c["dev.superpipeline.question.closed"]["question_event_id"] for _t, c, _ in transport.sent
+            if "dev.superpipeline.question.closed" in c]
+
+
+def test_a_sets_root_not_mounted_closes_nothing_and_is_looked_at_again(tmp_path: Path, caplog) -> None:
+    """A sets root that is empty (the bridge started before its share is
+    mounted, or the share dropped), or not there at all, while the store has
+    open questions in folders under it, is no set removed: nothing is closed,
+    the log says so once naming the root, ``status`` and /health name it,
+    and the root is looked at again (in ``failed``).  Every open question of
+    every set was closed as "this set was removed", and posted again as new
+    once the share was back.  A single set removed is still closed."""
+    root = tmp_path / "sets"
+    write_set(root / "a", "a", choice(1)); write_set(root / "b", "b", choice(1))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(root))
+    sent = len(transport.sent)
+
+    root.rename(tmp_path / "share"); root.mkdir()  # an empty mount point
+    with caplog.at_level(logging.WARNING):
+        report = asyncio.run(p.sync_root(root))
+        assert closes_told(transport) == [] and len(transport.sent) == sent
+        assert report.failed == [root] and not report.closed
+        held = held_back(store)["not_posted"]
+        assert [row["set_dir"] for row in held] == [str(root.resolve())]
+        assert "nothing is closed" in held[0]["reason"]
+        root.rmdir()  # not there at all (the share mounted at a folder above it dropped)
+        report = asyncio.run(p.sync_changed(root, [root / "a" / "questions.json"]))
+        assert closes_told(transport) == [] and report.failed == [root]
+    assert len([r for r in caplog.records if str(root) in r.getMessage() and r.levelno == logging.WARNING]) == 1
+    assert all(store.latest_posted(str(root.resolve() / s), "pick").open for s in ("a", "b"))
+
+    (tmp_path / "share").rename(root)  # mounted again: nothing closed, nothing posted again
+    report = asyncio.run(p.sync_root(root))
+    assert len(transport.sent) == sent and not report.failed and held_back(store)["not_posted"] == []
+
+    shutil.rmtree(root / "a")  # one set removed: closed as before
+    asyncio.run(p.sync_changed(root, [root / "a" / "questions.json"]))
+    assert closes_told(transport) == [store.latest_posted(str(root.resolve() / "a"), "pick").event_id]
+    assert store.latest_posted(str(root.resolve() / "b"), "pick").open

@@ -31,7 +31,7 @@ from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
 from bridge.service.posting import media
 from bridge.service.posting.insend import UNTOLD, PollSending, Sending, keep, record_poll, record_sent
-from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, leads_outside
+from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, folders, leads_outside
 from bridge.regularfile import read_regular
 from bridge.service.storage.setpaths import NOT_POSTED, REV_FIRST_POSTED, SET_SYNCED
 from bridge.service.storage.store import PostingConflict, Store
@@ -88,6 +88,10 @@ class Poster:
         self._told_stays: set[tuple[str, str, str]] = set()  # (set id, room posted in, room mapped to) logged
         self._not_posted_now: dict[str, str] | None = None  # folder -> why (``NOT_POSTED``), read once
         self._told_refused: set[tuple[str, str, int, str]] = set()  # (folder, qid, rev, digest) logged
+        self._root: Path | None = None  # the sets root last passed over (``_root_away``)
+        # The sets root whose vanished folders are held (``_root_away``), as
+        # named in ``NOT_POSTED`` (resolved when the hold began: said once).
+        self._root_held: Path | None = None
         # Set id -> the folders refused because another folder has it: taken
         # again once that folder goes (nothing of theirs changed to wake them).
         self._refused_for_id: dict[str, set[Path]] = {}
@@ -96,16 +100,20 @@ class Poster:
         """Every set under ``root``; a stop is honoured between sets, so a
         SIGTERM in a long first posting does not wait for the last set."""
         await self.tell_moved()
-        return await self.sync_dirs(discover(root), stop)
+        return await self.sync_dirs(discover(root), stop, root=root)
 
-    async def sync_dirs(self, set_dirs: Iterable[Path], stop: asyncio.Event | None = None) -> PostReport:
+    async def sync_dirs(self, set_dirs: Iterable[Path], stop: asyncio.Event | None = None,
+                        root: Path | None = None) -> PostReport:
         """Each set on its own: one that can't be posted now (its room refuses
         the bridge, the homeserver fails) is reported in ``failed`` and the
-        others are posted."""
+        others are posted.  ``root``: the sets root they are under (else the
+        one last given)."""
         report = PostReport()
         set_dirs = list(set_dirs)
+        if root is not None:
+            self._root = root
         try:
-            freed = await self.close_vanished(report)
+            freed = await self.close_vanished(report, self._root)
         except Exception as exc:  # noqa: BLE001 - said again at the next pass; the sets go on
             log.warning("closing the questions of a removed set failed (%s); trying again later", exc)
         else:
@@ -157,19 +165,33 @@ class Poster:
         """Only the sets whose questions.json is among ``paths`` (what the folder
         watcher saw change): an edit of one set costs one set, however many
         sets the root holds.  A set folder that went away is noticed here too."""
-        return await self.sync_dirs(dict.fromkeys(changed_sets(root, paths)))
+        return await self.sync_dirs(dict.fromkeys(changed_sets(root, paths)), root=root)
 
-    async def close_vanished(self, report: PostReport) -> set[str]:
+    async def close_vanished(self, report: PostReport, root: Path | None = None) -> set[str]:
         """A set folder that is gone takes its open questions with it: they are
         closed in the room ("this set was removed") and answers to them are
         refused with that reason.  Should the folder come back, its questions
         are posted again, as new postings.  A folder that is still there but
-        can't be read is not gone: its questions stay open.  Returns the set
-        ids the folders gone had (another folder may take them now)."""
+        can't be read is not gone: its questions stay open.  Nor is one gone
+        with the sets root itself (``_root_away``): nothing is closed then,
+        and the root is looked at again.  Returns the set ids the folders
+        gone had (another folder may take them now)."""
         freed: set[str] = set()
-        for folder in await self.store.run(self.store.folders_with_open):
-            if os.path.lexists(folder):
-                continue
+        with_open = await self.store.run(self.store.folders_with_open)
+        gone = [folder for folder in with_open if not os.path.lexists(folder)]
+        held = await asyncio.to_thread(_root_away, root, gone) if gone and root is not None else None
+        if held is not None:
+            if self._root_held is None:
+                log.warning("%s", held)
+                self._root_held = root.resolve()
+            report.failed.append(root)  # looked at again (with backoff)
+            await self._not_posted(self._root_held, held)
+            return freed
+        if self._root_held is not None:
+            log.info("sets root %s holds its sets again; a set folder still gone is closed as removed", root)
+            await self._not_posted(self._root_held, None)
+            self._root_held = None
+        for folder in gone:
             async with self._lock(folder):
                 if os.path.lexists(folder):
                     continue  # back meanwhile
@@ -563,6 +585,33 @@ class Poster:
 _NO_POLL = "poll_refused:"
 SET_REMOVED = "this set was removed"
 REPLACED = "replaced by revision"  # "... 2": why a posting a later revision replaced was closed
+
+
+def _root_away(root: Path, gone: list[str]) -> str | None:
+    """Why the set folders ``gone`` (the store's, with open questions) are
+    not taken as removed, or None: the sets root they are under can't be
+    read (not there: a share mounted above it dropped), or holds no set
+    while more than one of them went at once (an empty mount point: the
+    bridge started before its share was mounted, or the share dropped).
+    Every open question of every set was closed as removed, and posted again
+    as new once the share was back.  (A root whose only set is removed
+    looks like an empty mount point: that set is closed, as before.)"""
+    top = os.path.realpath(root)
+    under = [folder for folder in gone if Path(folder).is_relative_to(top)]
+    if not under:
+        return None
+    try:
+        with os.scandir(root) as entries:
+            next(entries, None)
+    except OSError as exc:
+        state = f"can't be read ({exc.strerror or exc})"
+    else:
+        if len(under) < 2 or any(QUESTIONS in files for _folder, files in folders(root)):
+            return None
+        state = "holds no set"
+    return (f"sets root {root} {state} while the store has open questions in {len(under)} set folder(s) under it "
+            f"({under[0]}{', ...' if len(under) > 1 else ''}); nothing is closed until it is looked at again "
+            "(a share not mounted yet, or dropped?)")
 
 
 def _holds_set(set_dir: Path, set_id: str) -> bool:
