@@ -669,3 +669,41 @@ def test_a_sets_root_not_mounted_closes_nothing_and_is_looked_at_again(tmp_path:
     asyncio.run(p.sync_changed(root, [root / "a" / "questions.json"]))
     assert closes_told(transport) == [store.latest_posted(str(root.resolve() / "a"), "pick").event_id]
     assert store.latest_posted(str(root.resolve() / "b"), "pick").open
+
+
+def test_a_removed_sets_close_notices_the_room_refused_are_told_later_and_the_folder_back_is_posted(
+        tmp_path: Path) -> None:
+    """The room refusing the close notices of a removed set (a 502 mid-way
+    through thousands) leaves them owed: a later pass tells the room, and
+    the folder's synced mark went with the closes, so the folder moved back
+    unchanged is posted again.  Nothing told the room again, and the stale
+    mark kept the folder back closed for good."""
+    root = tmp_path / "sets"
+    folder = root / "takes"
+    write_set(folder, "takes", choice(1, qid="one"), choice(1, qid="two"))
+    transport = Transport()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(root))
+    posted = {qid: store.latest_posted(str(folder.resolve()), qid) for qid in ("one", "two")}
+
+    shutil.move(str(folder), str(tmp_path / "archived"))
+    transport.fail_on = "m.room.message"  # the homeserver has a 502 as the room is told
+    report = asyncio.run(p.sync_changed(root, [folder / "questions.json"]))
+    assert not any(store.question_by_event(q.event_id).open for q in posted.values())
+    assert closes_told(transport) == []
+    transport.fail_on = None
+    asyncio.run(p.sync_root(root))  # the later pass
+    assert sorted(closes_told(transport)) == sorted(q.event_id for q in posted.values())
+    edited = [c["m.relates_to"]["event_id"] for _t, c, _ in transport.sent
+              if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert sorted(edited) == sorted(q.event_id for q in posted.values())
+    asyncio.run(p.sync_root(root))
+    assert len(closes_told(transport)) == 2  # told once
+    assert root in report.failed  # the pass that failed to tell had the root looked at again
+
+    shutil.move(str(tmp_path / "archived"), str(folder))  # moved back, unchanged
+    asyncio.run(p.sync_changed(root, [folder / "questions.json"]))
+    for qid, before in posted.items():
+        again = store.latest_posted(str(folder.resolve()), qid)
+        assert again.open is True and again.event_id != before.event_id
+    assert [c["question"]["id"] for c in transport.questions()] == ["one", "two", "one", "two"]

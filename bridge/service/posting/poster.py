@@ -116,6 +116,8 @@ class Poster:
             freed = await self.close_vanished(report, self._root)
         except Exception as exc:  # noqa: BLE001 - said again at the next pass; the sets go on
             log.warning("closing the questions of a removed set failed (%s); trying again later", exc)
+            if self._root is not None:
+                report.failed.append(self._root)  # a pass over the root tells the room what it was not told
         else:
             set_dirs.extend(folder for set_id in freed for folder in self._refused_for_id.pop(set_id, ())
                             if folder not in set_dirs)
@@ -201,11 +203,32 @@ class Poster:
                 # (acknowledged, with nowhere to write them) until their turn.
                 postings = await self.store.run(self.store.posted_for_set, folder)
                 freed.update(recorded.set_id for recorded, _poll in postings)
-                await self._close_all([recorded for recorded, _poll in postings if recorded.open], SET_REMOVED, report)
-                # If it comes back, it is read again in full.
-                await self.store.run_written(self.store.delete_meta, f"{SET_SYNCED}{folder}", flush=False)
                 await self._not_posted(Path(folder), None)
+                # If it comes back, it is read again in full: forgotten with
+                # the closes, in their transaction (left to after the room was
+                # told, a refused notice kept it, and the folder moved back
+                # unchanged stayed closed for good).
+                await self._close_all([recorded for recorded, _poll in postings if recorded.open], SET_REMOVED,
+                                      report, forget=f"{SET_SYNCED}{folder}")
+        await self._tell_untold_gone()
         return freed
+
+    async def _tell_untold_gone(self) -> None:
+        """Tell the rooms the closes they were not told of (a refused send,
+        a crash) whose set folder is gone: no pass over the set tells them
+        (``_sync_loaded`` does for a set that is there)."""
+        def untold_gone() -> list[tuple[RecordedQuestion, str]]:
+            owed = []
+            for key, why in self.store.meta_with_prefix(UNTOLD):
+                event_id = key[len(UNTOLD):]
+                set_dir = self.store.set_dir_of(event_id)
+                recorded = self.store.question_by_event(event_id)
+                if recorded is not None and set_dir and not os.path.lexists(set_dir):
+                    owed.append((recorded, why))
+            return owed
+
+        for recorded, why in await self.store.run(untold_gone):
+            await self._tell_closed(recorded, why)
 
     async def sync_if_changed(self, set_dir: Path, report: PostReport) -> None:
         """``sync_set``, unless the set's questions.json is byte for byte the one
@@ -512,7 +535,9 @@ class Poster:
     async def _close(self, recorded: RecordedQuestion, why: str, report: PostReport) -> None:
         await self._close_all([recorded], why, report)
 
-    async def _close_all(self, closing: list[RecordedQuestion], why: str, report: PostReport) -> None:
+    async def _close_all(self, closing: list[RecordedQuestion], why: str, report: PostReport,
+                         forget: str | None = None) -> None:
+        """``forget``: a meta key deleted in the transaction that closes them."""
         # The store is updated first (one transaction): from this moment
         # answers are refused.  Telling the room is owed until it is done (a
         # crash or a refused send in between leaves the word pending, and the
@@ -523,8 +548,12 @@ class Poster:
                 self.store.set_meta(UNTOLD + recorded.event_id, why)
                 if self.on_closed:
                     self.on_closed(recorded, why)
+            if forget is not None:
+                self.store.delete_meta(forget)
 
         if not closing:
+            if forget is not None:
+                await self.store.run_written(self.store.delete_meta, forget, flush=False)
             return
         await self.store.run_written(close)
         for recorded in closing:
