@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from nio import AsyncClient
 from nio.crypto import OlmDevice
 
@@ -46,6 +47,18 @@ def decrypted(event_id: str, session: str) -> dict[str, Any]:
             ORIGIN: {"sender_key": session, "verified": False}}
 
 
+@pytest.fixture
+async def store(tmp_path: Path):
+    """The bridge's store, and (closed after the test) every bridge started over it."""
+    (tmp_path / "crypto").mkdir()
+    made = Store(tmp_path / "bridge.sqlite")
+    made.clients = []  # type: ignore[attr-defined]
+    yield made
+    for client in made.clients:  # type: ignore[attr-defined]
+        await client.close()
+    made.close()
+
+
 def bridge(tmp_path: Path, store: Store) -> tuple[AsyncClient, Crypto]:
     client = AsyncClient("http://127.0.0.1:1", "@askbot:example.org", store_path=str(tmp_path / "crypto"),
                          config=client_config(encryption=True))
@@ -53,6 +66,7 @@ def bridge(tmp_path: Path, store: Store) -> tuple[AsyncClient, Crypto]:
     client.device_store.add(OlmDevice(PERSON, "PHONE", {"ed25519": "phone-ed", "curve25519": "phone-curve"}))
     crypto = Crypto(client, store, Encryption(trust="cross-signed"), cross_signing=SignedByHer())
     crypto.apply_trust()
+    store.clients.append(client)  # type: ignore[attr-defined]
     return client, crypto
 
 
@@ -60,71 +74,49 @@ def kept(store: Store) -> list[str]:
     return [event["event_id"] for event, _seen in store.undecrypted()]
 
 
-async def test_an_answer_from_a_session_nio_never_read_waits_for_her_devices_and_then_counts(tmp_path: Path) -> None:
-    (tmp_path / "crypto").mkdir()
-    store = Store(tmp_path / "bridge.sqlite")
+async def test_an_answer_from_a_session_nio_never_read_waits_for_her_devices_and_then_counts(
+        tmp_path: Path, store: Store) -> None:
     client, crypto = bridge(tmp_path, store)
-    try:
-        batch, _ = await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
-        assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
-        assert PERSON in client.users_for_key_query  # her devices are asked for with the next chores
-        # Still unanswered at the next look: it goes on waiting.
-        batch, _ = await crypto.screen([], lambda user: False)
-        assert batch == [] and kept(store) == ["$a"]
-        # Her homeserver answers with the new laptop, which she cross-signed: the answer counts.
-        client.device_store.add(OlmDevice(PERSON, "LAPTOP", {"ed25519": "laptop-ed", "curve25519": "laptop-curve"}))
-        client.olm.users_for_key_query.discard(PERSON)
-        crypto.apply_trust()
-        batch, resolved = await crypto.screen([], lambda user: False)
-        assert [event["event_id"] for event in batch] == ["$a"] and resolved == ["$a"]
-    finally:
-        await client.close()
-        store.close()
+    batch, _ = await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
+    assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
+    assert PERSON in client.users_for_key_query  # her devices are asked for with the next chores
+    # Still unanswered at the next look: it goes on waiting.
+    batch, _ = await crypto.screen([], lambda user: False)
+    assert batch == [] and kept(store) == ["$a"]
+    # Her homeserver answers with the new laptop, which she cross-signed: the answer counts.
+    client.device_store.add(OlmDevice(PERSON, "LAPTOP", {"ed25519": "laptop-ed", "curve25519": "laptop-curve"}))
+    client.olm.users_for_key_query.discard(PERSON)
+    crypto.apply_trust()
+    batch, resolved = await crypto.screen([], lambda user: False)
+    assert [event["event_id"] for event in batch] == ["$a"] and resolved == ["$a"]
 
 
-async def test_a_session_still_unknown_once_her_devices_are_read_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "crypto").mkdir()
-    store = Store(tmp_path / "bridge.sqlite")
+async def test_a_session_still_unknown_once_her_devices_are_read_is_refused(tmp_path: Path, store: Store) -> None:
     client, crypto = bridge(tmp_path, store)
-    try:
-        await crypto.screen([decrypted("$a", "stranger-curve")], lambda user: False)
-        client.olm.users_for_key_query.discard(PERSON)  # read: no such session of hers
-        batch, _ = await crypto.screen([], lambda user: False)
-        assert batch == [] and kept(store) == [] and store.is_processed("$a")
-    finally:
-        await client.close()
-        store.close()
+    await crypto.screen([decrypted("$a", "stranger-curve")], lambda user: False)
+    client.olm.users_for_key_query.discard(PERSON)  # read: no such session of hers
+    batch, _ = await crypto.screen([], lambda user: False)
+    assert batch == [] and kept(store) == [] and store.is_processed("$a")
 
 
-async def test_an_answer_kept_before_a_restart_waits_for_her_devices_again(tmp_path: Path) -> None:
-    (tmp_path / "crypto").mkdir()
-    store = Store(tmp_path / "bridge.sqlite")
+async def test_an_answer_kept_before_a_restart_waits_for_her_devices_again(tmp_path: Path, store: Store) -> None:
     client, crypto = bridge(tmp_path, store)
     crypto._devices_unanswered = {PERSON}  # her homeserver did not answer
     await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
     assert kept(store) == ["$a"]
     await client.close()
     client, crypto = bridge(tmp_path, store)  # started again: nothing in memory says she was unanswered
-    try:
-        batch, _ = await crypto.screen([], lambda user: False)
-        assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
-        assert PERSON in client.users_for_key_query
-    finally:
-        await client.close()
-        store.close()
+    batch, _ = await crypto.screen([], lambda user: False)
+    assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
+    assert PERSON in client.users_for_key_query
 
 
-async def test_the_next_look_comes_within_a_second_while_her_devices_are_to_be_asked_for(tmp_path: Path) -> None:
+async def test_the_next_look_comes_within_a_second_while_her_devices_are_to_be_asked_for(
+        tmp_path: Path, store: Store) -> None:
     """A quiet room's long poll (30 s in bot mode, a minute for an
     appservice's kept events) would have left the answer waiting that long."""
-    (tmp_path / "crypto").mkdir()
-    store = Store(tmp_path / "bridge.sqlite")
     client, crypto = bridge(tmp_path, store)
-    try:
-        await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
-        assert await crypto.sync_timeout_ms(30000) <= 1000
-        crypto._devices_unanswered = {PERSON}  # asked, and her homeserver did not answer: paced as before
-        assert await crypto.sync_timeout_ms(30000) == 30000
-    finally:
-        await client.close()
-        store.close()
+    await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
+    assert await crypto.sync_timeout_ms(30000) <= 1000
+    crypto._devices_unanswered = {PERSON}  # asked, and her homeserver did not answer: paced as before
+    assert await crypto.sync_timeout_ms(30000) == 30000

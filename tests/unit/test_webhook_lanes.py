@@ -69,6 +69,17 @@ def queued_to(tmp_path: Path, store: Store, url: str, count: int, drop_after: fl
     return deliverer
 
 
+async def held_then_stopped(deliverer: Deliverer, tries: list[float]) -> None:
+    """Run ``deliverer`` until its receiver has been tried once (and asked it
+    to wait), then stop it, as a bridge is stopped."""
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    await until(lambda: len(tries) == 1, what="the first try")
+    await asyncio.sleep(0.3)
+    stop.set()
+    await task
+
+
 async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path: Path) -> None:
     silent, receiver = Silent(), Receiver(SECRETS["other"])
     await silent.start()
@@ -496,12 +507,7 @@ async def test_a_receivers_retry_after_holds_across_a_restart_for_what_is_queued
     store = Store(tmp_path / "store.sqlite")
     async with served([web.post("/hook", busy_for(300, tries))]) as port:
         deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(deliverer.run(stop))
-        await until(lambda: len(tries) == 1, what="the first try")
-        await asyncio.sleep(0.3)
-        stop.set()
-        await task
+        await held_then_stopped(deliverer, tries)
         # Started again, and another answer queued for that URL.
         restarted = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=5, allow_private=True)
         hook = OutboxHook(store, AGENTS, on_queued=restarted.wake.set)
@@ -662,12 +668,7 @@ async def test_a_receivers_retry_after_is_kept_on_either_store(tmp_path: Path, s
     async with served([web.post("/hook", busy_for(300, tries))]) as port:
         url = f"http://127.0.0.1:{port}/hook"
         deliverer = queued_to(tmp_path, store, url, 1)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(deliverer.run(stop))
-        await until(lambda: len(tries) == 1, what="the first try")
-        await asyncio.sleep(0.3)
-        stop.set()
-        await task
+        await held_then_stopped(deliverer, tries)
         store, restarted, hook = restarted_after_a_hold(tmp_path, store)
         answered(hook, store, tmp_path / "sets", "plan", "$after-the-restart")
         stop = asyncio.Event()
@@ -734,12 +735,7 @@ async def test_a_hold_read_at_a_start_outlasts_the_first_pass(tmp_path: Path, st
     store = Store(tmp_path / "store.sqlite")
     async with served([web.post("/hook", busy_for(300, tries))]) as port:
         deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(deliverer.run(stop))
-        await until(lambda: len(tries) == 1, what="the first try")
-        await asyncio.sleep(0.3)
-        stop.set()
-        await task
+        await held_then_stopped(deliverer, tries)
         store, restarted, hook = restarted_after_a_hold(tmp_path, store)
         stop = asyncio.Event()
         task = asyncio.ensure_future(restarted.run(stop))
