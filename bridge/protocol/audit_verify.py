@@ -387,19 +387,22 @@ def _ts(leaf: dict[str, Any]) -> int:
     return leaf["ts"] if isinstance(leaf.get("ts"), int) else 0
 
 
+def _questions_listed(questions: Any) -> list[dict[str, Any]]:
+    """The questions a questions.json lists, each with an id (none without one)."""
+    listed = questions.get("questions") if isinstance(questions, dict) else None
+    return [q for q in listed if isinstance(q, dict) and isinstance(q.get("id"), str)] \
+        if isinstance(listed, list) else []
+
+
 def quorum_questions(questions: Any) -> set[str]:
     """The ids of the questions of a questions.json that need a quorum (PROTOCOL 2a)."""
-    listed = questions.get("questions") if isinstance(questions, dict) else None
-    return {q["id"] for q in listed or () if isinstance(q, dict) and isinstance(q.get("id"), str)
-            and isinstance(q.get("quorum"), dict)} if isinstance(listed, list) else set()
+    return {q["id"] for q in _questions_listed(questions) if isinstance(q.get("quorum"), dict)}
 
 
 def listed_questions(questions: Any) -> set[str]:
     """The ids of the questions a questions.json lists (none without one):
     for these it says which need a quorum."""
-    listed = questions.get("questions") if isinstance(questions, dict) else None
-    return {q["id"] for q in listed or () if isinstance(q, dict) and isinstance(q.get("id"), str)} \
-        if isinstance(listed, list) else set()
+    return {q["id"] for q in _questions_listed(questions)}
 
 
 def is_tally(record: dict[str, Any]) -> bool:

@@ -346,11 +346,15 @@ POLL_STEP = "vote in the poll"
 KEYCAP_STEP = "search \u201ckeycap\u201d in the reaction picker"
 
 
+def needs_words(option: Mapping[str, Any]) -> bool:
+    """An option only a reply can give ("other"): a vote or a keycap carries
+    no words, so offered there it could only ever be refused."""
+    return option.get("input") == "required"
+
+
 def poll_answers(options: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The options a poll offers: those a vote alone can answer.  A vote
-    carries no words, so an option that needs them ("other") is left to a
-    reply; in the poll it could only ever be refused."""
-    return [o for o in options if o.get("input") != "required"]
+    """The options a poll offers: those a vote alone can answer."""
+    return [o for o in options if not needs_words(o)]
 
 
 def gets_poll(kind: Any, options: Sequence[Mapping[str, Any]]) -> bool:
@@ -370,9 +374,9 @@ def _answer_steps(q: Mapping[str, Any], poll: bool, reactions: bool = True) -> l
         if poll and gets_poll(kind, _options(q)):
             steps.append((POLL_STEP, None))
         steps.append(("reply to this message with the number of your pick, e.g.", "1"))
-        # A keycap, like a vote, carries no words: the keycaps go up to the
-        # last option that needs none ("unsure"), "other" is left to its reply.
-        last = min(max((n for n, o in enumerate(_options(q), start=1) if o.get("input") != "required"), default=0),
+        # The keycaps go up to the last option that needs no words ("unsure"),
+        # by its place in the list: "other" is left to its reply.
+        last = min(max((n for n, o in enumerate(_options(q), start=1) if not needs_words(o)), default=0),
                    len(KEYCAPS))
         # Some systems draw keycaps as black boxes with Element's bundled font:
         # each keycap's name beside it still reads, and says where to find it.

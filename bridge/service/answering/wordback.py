@@ -274,6 +274,8 @@ def _where_the_words_go(message: str, via: str | None) -> str:
         return (message.removesuffix(_ADD_AS_TEXT)
                 + " Reply with other: and your words (for example \u201cother: only the unit tests\u201d).")
     return message
+
+
 # Answers whose word back replies to them in the timeline; the rest go to the question's thread.
 _TIMELINE_VIAS = frozenset({"answer_event", "reply", "edit"})
 # Messages sent in the question's thread, whose word back replies to them there.
