@@ -51,6 +51,13 @@ def has_expired(entry: dict[str, Any]) -> bool:
     return entry["state"] == EXPIRED and entry["stale"] is not True
 
 
+def asked(entry: dict[str, Any]) -> bool:
+    """Waited for as one of the set's open questions: open, or closed by its
+    deadline undecided (``read`` shows that ``closed``, PROTOCOL 2a).  Its
+    expiry is how a wait for it ends (exit 4), never "no question open"."""
+    return entry["status"] == "open" or (entry["status"] == "closed" and has_expired(entry))
+
+
 def questions_unknown(view: dict[str, Any]) -> bool:
     """questions.json could not be modelled (mid-edit by its agent, say):
     which questions are open is not known.  A ``read --all`` view then lists
@@ -79,11 +86,11 @@ def arrived(view: dict[str, Any], question: str | None, until: str, after: datet
         if questions_unknown(view):
             return False  # which are open is not known: not "all arrived" on no answers
         skipped = not_needed(entries)
-        counted = [e for e in entries if e["status"] == "open" and e["qid"] not in skipped]
+        counted = [e for e in entries if asked(e) and e["qid"] not in skipped]
         if not all(_ended(e) for e in counted):
             return False
         return after is None or not counted or any(newer(e, after) or has_expired(e) for e in counted)
-    awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
+    awaited = [e for e in entries if asked(e) or e["status"] == UNKNOWN]
     # An answer given in time to a question its deadline then closed
     # (``closed_at``) came while it was open: once the deadline had passed,
     # "wait" for the set said "none open" with the answer there.
@@ -149,7 +156,7 @@ def expired_in(view: dict[str, Any], question: str | None, until: str) -> list[s
     entries = view["answers"]
     if question is not None:
         return [e["qid"] for e in entries if e["qid"] == question and has_expired(e)]
-    awaited = [e for e in entries if e["status"] in ("open", UNKNOWN)]
+    awaited = [e for e in entries if asked(e) or e["status"] == UNKNOWN]
     if until != UNTIL_ALL and any(has_answer(e) for e in awaited):
         return []
     skipped = not_needed(entries) if until == UNTIL_ALL else set()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bridge.answers.document import ANSWERED
+from bridge.answers.document import ANSWERED, EXPIRED
 from bridge.questionset.builtin import OTHER_ID, OTHER_LABEL, UNSURE_ID, UNSURE_LABEL
 from bridge.questionset.model import Question, QuestionSet
 
@@ -107,9 +107,12 @@ def _attachments_by(record: dict[str, Any], set_dir_abs: str) -> dict[str, Any]:
 
 def _status(record: dict[str, Any], question: Question) -> str:
     """The question's status now: questions.json's, but ``closed`` when its
-    deadline closed the revision it is at (the answer given in time stands:
-    ``closed_at``), which no later answer can change."""
-    if record.get("closed_at") and question.status == "open" and record["q_rev"] == question.rev:
+    deadline closed the revision it is at: undecided (``expired``: PROTOCOL
+    2a, "at expiry an undecided question closes") or with the answer given
+    in time standing (``closed_at``).  No answer given after the deadline
+    counts; a new revision is asked anew, and open."""
+    closed_by_deadline = record.get("closed_at") or record["state"] == EXPIRED
+    if closed_by_deadline and question.status == "open" and record["q_rev"] == question.rev:
         return "closed"
     return question.status
 

@@ -668,6 +668,38 @@ def test_an_unanswered_question_with_a_deadline_expires_with_nothing(tmp_path):
     assert record["state"] == "expired" and "votes" not in record and "choice" not in record
 
 
+@pytest.mark.parametrize("approval", [{"expires": "45s"}, {"expires": "45s", **APPROVAL}], ids=["alone", "quorum"])
+def test_read_shows_a_question_its_deadline_closed_undecided_as_closed_until_a_new_revision(tmp_path, approval, capsys):
+    """PROTOCOL 2a: at expiry an undecided question closes.  ``read`` listed
+    it ``status: open`` beside ``state: expired``, so an agent counting the
+    open questions counted one nobody could answer any more."""
+    room = Room(tmp_path, approval=approval, posted_ms=T0)
+    raw = approval_set(**approval)
+    raw["questions"] = [q for q in raw["questions"] if q["id"] == "branch"]  # the set's only question
+    (room.set_dir / "questions.json").write_text(json.dumps(raw))
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: (T0 + 46_000) / 1000).pass_once())
+
+    def read_entry() -> dict[str, Any]:
+        assert main(["read", str(room.set_dir)]) == 0
+        return next(e for e in json.loads(capsys.readouterr().out)["answers"] if e["qid"] == "branch")
+
+    entry = read_entry()
+    assert (entry["status"], entry["state"], entry["expired_at"]) == ("closed", "expired", format_rfc3339(T0 + 45_000))
+    # Still the outcome a wait for the set waits for: it ends the wait, exit 4
+    # (not "no question of the set is open", exit 2).
+    for until in ("answered", "all"):
+        assert main(["wait", str(room.set_dir), "--until", until, "--timeout", "2"]) == 4
+    capsys.readouterr()
+    # Asked anew, the question is open again and the record answers the revision before.
+    next(q for q in raw["questions"] if q["id"] == "branch")["rev"] = 2
+    (room.set_dir / "questions.json").write_text(json.dumps(raw))
+    entry = read_entry()
+    assert (entry["status"], entry["state"], entry["stale"]) == ("open", "expired", True)
+
+
 # -- wait ------------------------------------------------------------------------------
 
 
