@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -578,3 +579,34 @@ def test_the_machine_failing_while_the_schema_is_first_read_is_no_refusal(monkey
     monkeypatch.setattr(Path, "read_text", read)
     room.deliver([answer("$a", "@alice:hs", 1000, "main")])
     assert room.record()["choice"] == "main"
+
+
+@pytest.mark.parametrize("event_type", [schemas.QUESTION, schemas.ANSWER, schemas.OUTCOME])
+def test_no_shipped_schema_names_a_key_twice(event_type: str) -> None:
+    # JSON readers keep the last of two equal keys without a word: the
+    # question schema's second ``$defs.time`` (a media start, any non-empty
+    # string) replaced its RFC 3339 one, and ``expires`` took "tomorrow".
+    def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        assert len(keys) == len(set(keys)), sorted({k for k in keys if keys.count(k) > 1})
+        return dict(pairs)
+
+    json.loads(schemas.schema_path(event_type).read_text(encoding="utf-8"), object_pairs_hook=once)
+
+
+@pytest.mark.parametrize("value, valid", [
+    ("2026-12-01T14:00:00Z", True), ("2026-12-01T14:00:00.250+01:00", True),
+    ("tomorrow", False), ("2026-12-01T14:00:00", False), ("2026-12-01", False), ("2h", False),
+])
+def test_the_question_schema_takes_only_an_rfc3339_time_with_a_zone_for_a_deadline(value: str, valid: bool) -> None:
+    """An agent that checks a question against the published schema finds
+    the deadline the judge will read, or none it could mistake for one."""
+    question = {"msgtype": "m.text", "body": "b", "suite_event_type": "dev.superpipeline.question.v2",
+                "elicitation_id": "e", "question": {"id": "q", "rev": 1, "kind": "text", "title": "t",
+                                                    "question": "q?", "options": [{"id": "unsure", "label": "Not sure"}],
+                                                    "media": [{"url": "mxc://hs/m", "mimetype": "video/mp4", "start": "1.4 s"}]}}
+    v = schemas.validator(schemas.QUESTION)
+    assert v.is_valid(question)  # a media start stays seconds as the set wrote them
+    assert v.is_valid({**question, "question": {**question["question"], "expires": value}}) is valid
+    escalate = {"after": value, "to": ["@someone:example.org"]}
+    assert v.is_valid({**question, "question": {**question["question"], "escalate": escalate}}) is valid
