@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.protocol import schemas
+from bridge.protocol.deadline import event_time_problem
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, Refused, judge
 from bridge.protocol.recorded import RecordedQuestion
 
@@ -112,6 +113,13 @@ def _question_event(event: dict[str, Any]) -> dict[str, Any]:
     content = event.get("content")
     if not isinstance(content, dict):
         raise Unreadable("the question event has no content object")
+    # The deadline first, in the words lint uses for it: the schema's pattern
+    # says only "does not match" and lets a month 13 through.
+    time_problem = event_time_problem(content.get("question"))
+    if time_problem is not None:
+        where, value, why = time_problem
+        shown = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else type(value).__name__
+        raise Unreadable(f"the question event is not a question.v2 event (question.{where}: {_short(shown, 80)} {why})")
     # An answer can only be judged against a real question.v2: a broken one
     # would turn every answer into a misleading refusal.
     try:

@@ -82,6 +82,33 @@ def event_time_ms(value: Any) -> int | None:
         return None
 
 
+# The times a question event carries (PROTOCOL 2a), each a path into its ``question``.
+EVENT_TIMES = (("expires",), ("escalate", "after"))
+
+
+def event_time_problem(question: Any) -> tuple[str, Any, str] | None:
+    """(where, value, why) of the first time in a question event's
+    ``question`` that is no RFC 3339 time with a zone; None when every one
+    present is.  ``event_time_ms`` reads such a time as absent, so a question
+    read from outside the bridge is checked with this first: taken as having
+    no deadline, it would have every late answer judged in time."""
+    if not isinstance(question, dict):
+        return None
+    for path in EVENT_TIMES:
+        value: Any = question
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        try:
+            if not isinstance(value, str):
+                raise ValueError("must be an RFC 3339 time with a zone, such as 2026-12-01T14:00:00Z")
+            parse_rfc3339_ms(value)
+        except ValueError as exc:
+            return ".".join(path), value, str(exc)
+    return None
+
+
 def clock_words(ms: int) -> str:
     """``14:00 UTC`` (with the date when it is not today's UTC date is asked for by ``in_words``)."""
     moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)

@@ -97,3 +97,28 @@ def test_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert code == 2
     err = capsys.readouterr().err
     assert "missing.json" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("where, value", [
+    ("expires", "tomorrow"),
+    ("expires", "2026-13-01T00:00:00Z"),  # the shape of a time, and no time there is
+    ("expires", "2026-12-01T14:00:00"),  # no zone: which 14:00?
+    ("escalate.after", "in an hour"),
+])
+def test_a_question_whose_deadline_is_no_rfc3339_time_is_unreadable_not_judged_without_it(
+        tmp_path: Path, where: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """PROTOCOL 2a: the event carries its deadline as an RFC 3339 time with a
+    zone.  One that was not read as no deadline at all, so validate accepted
+    an answer the bridge would refuse as late."""
+    case = cases("valid.json")[0]
+    question = json.loads(json.dumps(case["question"]))
+    if where == "expires":
+        question["content"]["question"]["expires"] = value
+    else:
+        question["content"]["question"]["escalate"] = {"after": value, "to": ["@someone:example.org"]}
+    assert run(tmp_path, question, case["answer"], "--json") == 2
+    out = json.loads(capsys.readouterr().out)
+    assert (out["ok"], out["refused_by"], out["reason"]) == (False, None, "unreadable_input")
+    # Named where it is, with lint's words for the same value in questions.json.
+    assert f"question.{where}: {json.dumps(value)}" in out["message"], out
+    assert out["message"].endswith("such as 2026-12-01T14:00:00Z)"), out
