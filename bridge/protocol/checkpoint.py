@@ -94,10 +94,11 @@ def sign(text: str, name: str, key: Ed25519PrivateKey) -> str:
 
 
 def _check_text(text: str) -> None:
-    # signed-note allows empty lines inside the text (the signatures follow
-    # the last one); a checkpoint's body does not, and parse_checkpoint says so.
-    if not text.endswith("\n") or text.endswith("\n\n"):
-        raise NoteError("a note's text ends in one newline")
+    # signed-note lets the text hold empty lines, its last line too: the
+    # signatures follow the note's last empty line, so the split is never in
+    # doubt.  A checkpoint's body holds none, and parse_checkpoint says so.
+    if not text.endswith("\n"):
+        raise NoteError("a note's text ends in a newline")
     _check_utf8(text)
     if any(ord(c) < 0x20 and c != "\n" for c in text):
         raise NoteError("a note holds no control characters")

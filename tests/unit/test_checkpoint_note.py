@@ -169,3 +169,20 @@ def test_a_signature_block_read_as_signed_note_reads_it():
                          "example.org/log", key)
         with pytest.raises(NoteError, match="malformed"):
             cp.open_checkpoint(digits, public, "example.org/log")
+
+
+def test_a_note_whose_text_ends_in_an_empty_line_is_signed_and_opened():
+    """signed-note lets the text hold empty lines, the last one too: the
+    signatures follow the note's last empty line.  Such a text was refused,
+    signing and opening alike (it matters only for notes that are not
+    checkpoints: a checkpoint's body holds no empty line)."""
+    key = _peter()
+    name, public = cp.parse_verifier_key(VKEY)
+    text = TEXT + "\n"
+    note = cp.sign(text, name, key)
+    assert note.startswith(text + "\n\u2014 PeterNeumann ")
+    assert cp.open_note(note, name, public) == text
+    with pytest.raises(NoteError, match="does not hold"):  # the signature covers the empty line
+        cp.open_note(TEXT + note[len(text):], name, public)
+    with pytest.raises(NoteError, match="non-empty"):
+        cp.parse_checkpoint("example.com/log\n1\n" + base64.b64encode(bytes(32)).decode() + "\n\n")
