@@ -132,7 +132,7 @@ def open_note(note: str, name: str, public: bytes) -> str:
         raise NoteError("a signed note has 1 to 100 signature lines")
     wanted = key_hash(name, public)
     found_other = []
-    ours: bytes | None = None
+    ours: list[bytes] = []
     for line in lines:  # every line read before any is trusted: a malformed one anywhere refuses the note
         if not line.startswith(DASH):
             raise NoteError(f"not a signature line: {line[:60]!r}")
@@ -145,13 +145,17 @@ def open_note(note: str, name: str, public: bytes) -> str:
             raise NoteError(f"malformed signature line: {line[:60]!r}")
         if signer != name or data[:4] != wanted:
             found_other.append(signer)
-        elif ours is None:
-            ours = data
-    if ours is not None:
+        else:
+            ours.append(data)
+    # Every line of the log's name and key id is checked, not the first
+    # alone: signed-note says a known key's signature that fails rejects the
+    # whole note, so a good one can't carry a bad one past the check.
+    for data in ours:
         try:
-            Ed25519PublicKey.from_public_bytes(public).verify(ours[4:], text.encode())
+            Ed25519PublicKey.from_public_bytes(public).verify(data[4:], text.encode())
         except (InvalidSignature, ValueError):
             raise NoteError(f"the signature of {name} does not hold over this note") from None
+    if ours:
         return text
     raise NoteError(f"not signed by the log's key {verifier_key(name, public)} "
                     f"(signed by: {', '.join(found_other) or 'nobody'}, with another key)")

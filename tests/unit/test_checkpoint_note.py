@@ -186,3 +186,19 @@ def test_a_note_whose_text_ends_in_an_empty_line_is_signed_and_opened():
         cp.open_note(TEXT + note[len(text):], name, public)
     with pytest.raises(NoteError, match="non-empty"):
         cp.parse_checkpoint("example.com/log\n1\n" + base64.b64encode(bytes(32)).decode() + "\n\n")
+
+
+def test_every_signature_of_the_known_key_is_checked_not_only_the_first():
+    """Two signature lines under the log's name and key id: signed-note says
+    a known key's signature that fails rejects the whole note.  Only the
+    first was checked, so a good one let a forged one after it pass."""
+    key = Ed25519PrivateKey.generate()
+    public = cp.raw_public(key.public_key())
+    note = cp.sign_checkpoint(Checkpoint("example.org/log", 5, bytes(range(32))), key)
+    line = note.split("\n\n", 1)[1]
+    blob = base64.b64decode(line.rsplit(" ", 1)[1])
+    forged = line.rsplit(" ", 1)[0] + " " + base64.b64encode(blob[:4] + bytes(64)).decode() + "\n"
+    for broken in (note + forged, note.replace(line, forged + line)):  # after the good one, or before it
+        with pytest.raises(NoteError, match="does not hold"):
+            cp.open_checkpoint(broken, public, "example.org/log")
+    assert cp.open_checkpoint(note + line, public, "example.org/log").size == 5  # the same good one twice
