@@ -185,9 +185,11 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
             verdict.problems.append(
                 f"record {qid!r}: the record says pending, and the log's answer that stands (leaf {standing}) "
                 + ("answers a question with no quorum" if qid in listed else "is none of the votes it lists"))
-        # A decision is an approval's: its record is a tally, whatever it says.
+        # A decision or an expiry the log holds is an approval's: its record is
+        # a tally, whatever it says (an expired approval is never consent, so
+        # "answered" on its one vote's receipt is the expiry rewritten).
         tally = (is_tally(record) and not hides) or (qid in quorums and record.get("state") == "answered") \
-            or (outcome is not None and outcome[0] == "decided")
+            or outcome_makes_tally(qid, record, outcome, logged.leaf(outcome[2]) if outcome else None)
         stands = None if tally else standing
         if receipt is None:
             if outcome is not None and not (record.get("state") == "expired" and source.get("how") == "expiry"):
@@ -433,6 +435,47 @@ def pending_is_tally(qid: str, record: dict[str, Any], quorums: set[str] | None,
     return stands.get("answer_sha256") == _sha256_or_none(unsure)
 
 
+def outcome_makes_tally(qid: str, record: dict[str, Any], outcome: tuple[str, Any, int, Any] | None,
+                        at: dict[str, Any] | None) -> bool:
+    """Whether the log's latest approval outcome for the question
+    (``_Logged.latest_outcome``; ``at``: its leaf) makes the record a tally
+    whatever the record says: a decision, or an expiry, of the record's
+    revision or a later one.  Not one of an earlier revision (asked again,
+    maybe with no quorum, and answered so: ``q_rev`` is in the answer's
+    hash, so a record can't claim a later one).  Not an expiry the log shows
+    was of a question with no quorum (its hash names no ``required``, which
+    every quorum's expiry names): an answer given before that deadline and
+    read after it stands, and the bridge logs no outcome for that."""
+    if outcome is None:
+        return False
+    last, logged_sha256, _index, rev = outcome
+    if _whole(record.get("q_rev", 1)) and _whole(rev) and record.get("q_rev", 1) > rev:
+        return False
+    return not (last == "expired" and logged_sha256 is not None
+                and logged_sha256 in _quorumless_expiries(qid, rev, record, at))
+
+
+def _quorumless_expiries(qid: str, rev: Any, record: dict[str, Any], at: dict[str, Any] | None) -> set[str | None]:
+    """The hashes an expiry of a question with no quorum logs (OUTCOME_FIELDS
+    of ``approval_record._expired`` with no votes): its id, state, revision
+    and, on a subject-bound question, the subject as the answer or the
+    question carried it."""
+    bound = at.get("subject") if at is not None and isinstance(at.get("subject"), dict) else {}
+    subjects = [None, record.get("subject"), {"id": bound.get("id"), "digest": bound.get("digest")}]
+    out = set()
+    for subject in subjects:
+        fields = {"qid": qid, "state": "expired", "q_rev": rev if rev is not None else 1}
+        if subject is not None:
+            fields["subject"] = subject
+        out.add(_sha256_or_none(fields, "expired"))
+    out.discard(None)
+    return out
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str, Any], logged: _Logged) -> list[str]:
     """Each vote the record lists is an accepted answer in the log, by that
     sender, to this question, with that choice; the deciders' votes pick the
@@ -460,6 +503,15 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
         else:
             choice_of[str(vote.get("sender"))] = vote.get("choice")
     state = record.get("state")
+    # The outcome can change after it was logged (an earlier event read late),
+    # and the bridge logs each change: the log's latest word is the record's.
+    outcome = logged.latest_outcome((doc.get("set"), qid))
+    last, logged_sha256, at, rev = outcome or (None, None, None, None)
+    if state == "answered" and last == "expired" and outcome_makes_tally(qid, record, outcome, logged.leaf(at)):
+        # Its votes decide nothing now, whoever the record says decided it.
+        problems.append(f"{where}: the record says answered, and the log's latest word on the question is its "
+                        f"expiry (leaf {at}): an expired approval is never consent")
+        return problems
     if state == "answered" and not (isinstance(record.get("decided_by"), list) and record["decided_by"]):
         problems.append(f"{where}: the record says decided, and names no one who decided it")
     elif state == "answered":
@@ -479,9 +531,6 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
             else:
                 problems.append(f"{where}: {sender} decided it but voted {choice_of[sender]!r}, "
                                 f"not {record.get('choice')!r}")
-    # The outcome can change after it was logged (an earlier event read late),
-    # and the bridge logs each change: the log's latest word is the record's.
-    last, logged_sha256, at, rev = logged.latest_outcome((doc.get("set"), qid)) or (None, None, None, None)
     if state == "pending" and last == "decided" and rev == record.get("q_rev") \
             and not logged.withdrawn_since((doc.get("set"), qid), at):
         # Undecided again only when a vote was taken back after the decision

@@ -1,0 +1,121 @@
+"""verify reads an approval's record as a tally from what the log holds, not
+only from what the editable files say (PROTOCOL 2a: an expired approval is
+never consent, whatever votes it had)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("store_backend")
+
+T0 = 1_800_000_000_000
+APPROVAL = {"quorum": {"required": 2, "veto": []}, "expires": "45s"}
+
+
+def _pass_deadlines(room, ms: int) -> None:
+    from bridge.service.answering.deadlines import Deadlines
+
+    with room.store.transaction():  # what posting does
+        room.store.set_meta("approval:$q", "1")
+    asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
+                          clock=lambda: ms / 1000).pass_once())
+
+
+def _rewritten(room, change) -> list[str]:
+    """What verify says of the room's answers.json once ``change`` rewrote its record."""
+    path = room.set_dir / "answers.json"
+    original = path.read_text()
+    doc = json.loads(original)
+    change(doc["answers"]["branch"])
+    path.write_text(json.dumps(doc))
+    try:
+        return room.verify()
+    finally:
+        path.write_text(original)
+
+
+def _as_answer(record: dict, **more) -> None:
+    """The approval's record rewritten as its one vote's plain answer (the
+    vote's receipt kept: a vote's leaf hashes exactly that answer)."""
+    record.update(state="answered", choice=record["votes"][0]["choice"], **more)
+    for key in ("votes", "required", "expired_at"):
+        record.pop(key, None)
+
+
+def test_an_expired_approval_rewritten_as_its_one_votes_answer_is_named_from_the_log_alone(tmp_path):
+    """With no questions.json in the folder (or one whose quorum was taken
+    out), nothing but the log says the question was an approval, and the
+    log's expiry leaf says so: the record is read as a tally, and the expiry
+    leaf is named.  verify said all holds."""
+    from helpers.sets import all_kinds_set
+    from helpers.timeline import PEOPLE, Room, answer
+
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    room.deliver([answer("$a1", PEOPLE[0], T0 + 1000, "main")])
+    _pass_deadlines(room, T0 + 46_000)
+    assert room.record()["state"] == "expired" and room.verify() == []
+    assert not (room.set_dir / "questions.json").exists()
+    named = ["record 'branch' (leaf 0): the record says answered, and the log's latest word on the question is its "
+             "expiry (leaf 1): an expired approval is never consent"]
+    assert _rewritten(room, _as_answer) == named
+    assert _rewritten(room, lambda r: _as_answer(r, decided_by=[PEOPLE[0]])) == named
+    asked = all_kinds_set("kinds")  # the question as asked, its quorum taken out
+    next(q for q in asked["questions"] if q["id"] == "branch").update(expires="45s")
+    (room.set_dir / "questions.json").write_text(json.dumps(asked))
+    assert _rewritten(room, _as_answer) == named
+
+
+def test_an_answer_read_late_to_a_deadline_with_no_quorum_still_stands_after_its_expiry(tmp_path):
+    """A question with a deadline and no quorum expires unanswered (the log
+    says expired), then an answer sent before the deadline is read: it
+    stands, and the bridge logs no outcome for that.  The expiry's leaf
+    names no quorum, so the record is still one person's answer."""
+    from helpers.timeline import PEOPLE, Room, answer
+
+    room = Room(tmp_path, approval={"expires": "45s"}, posted_ms=T0)
+    _pass_deadlines(room, T0 + 46_000)
+    assert room.record()["state"] == "expired" and room.verify() == []
+    room.deliver([answer("$a1", PEOPLE[0], T0 + 44_000, "main")])  # sent before the deadline, read after it
+    _pass_deadlines(room, T0 + 47_000)
+    record = room.record()
+    assert (record["state"], record["choice"]) == ("answered", "main")
+    outcomes = [json.loads(leaf)["outcome"] for _i, leaf in room.store.audit.leaves(0, room.store.audit.size())]
+    assert outcomes[-1] == "accepted" and "expired" in outcomes
+    assert room.verify() == []
+
+
+def test_an_expired_approval_asked_again_with_no_quorum_is_answered_by_one_person(tmp_path):
+    """The expiry of revision 1 makes revision 1's record a tally; the agent
+    asks again as revision 2, a plain question, and one person answers it.
+    Their answer names its revision (its hash holds ``q_rev``), which is
+    after the one that expired: the record is that answer, not a tally."""
+    from bridge.protocol.question_event import build_question_event
+    from bridge.protocol.recorded import RecordedQuestion
+    from bridge.questionset.model import QuestionSet
+    from helpers.sets import all_kinds_set
+    from helpers.timeline import PEOPLE, ROOM, Room, answer
+
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    room.deliver([answer("$a1", PEOPLE[0], T0 + 1000, "main")])
+    _pass_deadlines(room, T0 + 46_000)
+    assert room.record()["state"] == "expired"
+    raw = all_kinds_set("kinds")
+    next(q for q in raw["questions"] if q["id"] == "branch")["rev"] = 2
+    qset = QuestionSet.model_validate(raw)
+    content = build_question_event(qset, next(q for q in qset.questions if q.id == "branch"),
+                                   elicitation_id="elc_branch2", posted_ms=T0 + 60_000)
+    with room.store.transaction():
+        room.store.close_question("$q", "replaced by revision 2")
+        room.store.record_posted(RecordedQuestion(event_id="$q2", room_id=ROOM, set_id="kinds", content=content),
+                                 set_dir=str(room.set_dir), posted_at=2)
+    again = answer("$b1", PEOPLE[1], T0 + 61_000, "stable")
+    again["content"].update(elicitation_id="elc_branch2", **{"m.relates_to": {"rel_type": "m.reference",
+                                                                              "event_id": "$q2"}})
+    room.deliver([again])
+    record = room.record()
+    assert (record["state"], record["choice"], record["q_rev"]) == ("answered", "stable", 2)
+    assert "votes" not in record
+    assert room.verify() == []
