@@ -147,13 +147,18 @@ def build_leaf(*, outcome: str, set_id: str | None, room_id: str, event_id: str,
     no question.  ``device``: {"device_id", "cross_signed"} in encrypted rooms."""
     q = question.get("question") if isinstance(question, dict) else None
     subject = question.get("subject") if isinstance(question, dict) else None
+    about = None
+    if isinstance(q, dict):
+        about = {"id": q.get("id"), "rev": q.get("rev"), "event_id": question_event_id,
+                 "content_sha256": content_sha256(question)}
+        quorum = posted_quorum(q)
+        if quorum is not None:
+            about["quorum"] = quorum
     return {
         "v": LEAF_VERSION,
         "outcome": outcome,
         "set": set_id,
-        "question": None if not isinstance(q, dict) else {
-            "id": q.get("id"), "rev": q.get("rev"), "event_id": question_event_id,
-            "content_sha256": content_sha256(question)},
+        "question": about,
         "subject": subject if isinstance(subject, dict) else None,
         "sender": sender,
         "device": None if device is None else {"device_id": device.get("device_id"),
@@ -166,6 +171,22 @@ def build_leaf(*, outcome: str, set_id: str | None, room_id: str, event_id: str,
         "reason": reason,
         "answer_sha256": answer_sha256(record, outcome),
     }
+
+
+def posted_quorum(question: dict[str, Any]) -> dict[str, Any] | None:
+    """A posted question's quorum as its leaves carry it, ``{"required",
+    "veto"}``, None without one.  A vote's leaf hashes exactly what one
+    person's answer would, and the content it answered is only a hash: this
+    is what tells an auditor, from the log alone, that the answer was a vote
+    and its question's record a tally (questions.json can be edited).  Only
+    an approval's leaves carry it, so every other leaf is as it always was.
+    The same reading as ``RecordedQuestion.quorum``: what the bridge counted."""
+    value = question.get("quorum")
+    required = value.get("required") if isinstance(value, dict) else None
+    if not isinstance(required, int) or isinstance(required, bool) or required < 1:
+        return None
+    veto = value.get("veto") if isinstance(value.get("veto"), list) else []
+    return {"required": required, "veto": [v for v in veto if isinstance(v, str)]}
 
 
 def parse_leaf(data: bytes) -> dict[str, Any]:

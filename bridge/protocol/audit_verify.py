@@ -176,11 +176,15 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         # whatever the record says (a "not sure" alone is no vote: one answer).
         outcome = logged.latest_outcome((doc.get("set"), qid))
         standing = logged.standing().get((doc.get("set"), qid))
+        # The log's own word that the answer the record stands on was a vote:
+        # its leaf carries the quorum its question was posted with (leaves
+        # from before that field say nothing, and questions.json is asked).
+        voted = asked_a_quorum(logged.leaf(_receipt_index(receipt)))
         # "pending" is an approval's state only for a question with a quorum,
-        # or, where questions.json does not say, when the answer the log says
-        # stands is one of its votes: otherwise it hides that answer.
-        hides = record.get("state") == "pending" and not pending_is_tally(
-            qid, record, quorums if qid in listed else None, logged.leaf(standing))
+        # or, where neither the log nor questions.json says, when the answer
+        # the log says stands is one of its votes: otherwise it hides that answer.
+        hides = record.get("state") == "pending" and not asked_a_quorum(logged.leaf(standing)) \
+            and not pending_is_tally(qid, record, quorums if qid in listed else None, logged.leaf(standing))
         if hides and standing is not None and receipt is not None:
             verdict.problems.append(
                 f"record {qid!r}: the record says pending, and the log's answer that stands (leaf {standing}) "
@@ -188,7 +192,7 @@ def verify_set(doc: dict[str, Any], leaves: Sequence[bytes], notes: Sequence[str
         # A decision or an expiry the log holds is an approval's: its record is
         # a tally, whatever it says (an expired approval is never consent, so
         # "answered" on its one vote's receipt is the expiry rewritten).
-        tally = (is_tally(record) and not hides) or (qid in quorums and record.get("state") == "answered") \
+        tally = (is_tally(record) and not hides) or ((qid in quorums or voted) and record.get("state") == "answered") \
             or outcome_makes_tally(qid, record, outcome, logged.leaf(outcome[2]) if outcome else None)
         stands = None if tally else standing
         if receipt is None:
@@ -405,6 +409,18 @@ def listed_questions(questions: Any) -> set[str]:
     """The ids of the questions a questions.json lists (none without one):
     for these it says which need a quorum."""
     return {q["id"] for q in _questions_listed(questions)}
+
+
+def asked_a_quorum(leaf: dict[str, Any] | None) -> bool:
+    """Whether the leaf says its question was posted with a quorum (an
+    approval's leaves carry it: ``audit_leaf.posted_quorum``)."""
+    question = leaf.get("question") if leaf is not None else None
+    return isinstance(question, dict) and isinstance(question.get("quorum"), dict)
+
+
+def _receipt_index(receipt: Any) -> int | None:
+    index = receipt.get("index") if isinstance(receipt, dict) else None
+    return index if _whole(index) else None
 
 
 def is_tally(record: dict[str, Any]) -> bool:

@@ -119,3 +119,46 @@ def test_an_expired_approval_asked_again_with_no_quorum_is_answered_by_one_perso
     assert (record["state"], record["choice"], record["q_rev"]) == ("answered", "stable", 2)
     assert "votes" not in record
     assert room.verify() == []
+
+
+def test_a_pending_approval_rewritten_as_its_one_votes_answer_is_named_from_the_log_alone(tmp_path):
+    """A vote's leaf hashes exactly what one person's answer would, and the
+    question it answered is only a hash there: with questions.json gone or
+    its quorum taken out, a pending approval rewritten as its one vote's
+    answer matched that leaf, and verify said all holds.  The vote's leaf
+    now carries the quorum its question was posted with."""
+    from helpers.sets import all_kinds_set
+    from helpers.timeline import PEOPLE, Room, answer
+
+    room = Room(tmp_path, approval={"quorum": {"required": 2, "veto": ["stable"]}}, posted_ms=T0)
+    room.deliver([answer("$a1", PEOPLE[0], T0 + 1000, "main")])
+    assert room.record()["state"] == "pending" and room.verify() == []
+    named = ["record 'branch' (leaf 0): the record says decided, and names no one who decided it"]
+    assert not (room.set_dir / "questions.json").exists()
+    assert _rewritten(room, _as_answer) == named
+    asked = all_kinds_set("kinds")  # the question as asked, its quorum taken out
+    (room.set_dir / "questions.json").write_text(json.dumps(asked))
+    assert _rewritten(room, _as_answer) == named
+    # and the honest record still holds, though questions.json says no quorum now
+    assert room.verify() == []
+
+
+def test_only_an_approvals_leaves_carry_its_quorum_and_every_other_leaf_is_as_it_was():
+    """The quorum is in the leaf's ``question`` object only where the posted
+    question had one: every other leaf keeps the fields (and so the bytes and
+    the hash) it always had, and a leaf that carries it is still version 1."""
+    from bridge.protocol import audit_leaf
+
+    def leaf(question: dict) -> dict:
+        return audit_leaf.build_leaf(outcome="accepted", set_id="s", room_id="!r", event_id="$e", sender="@p:hs",
+                                     ts=1, question={"question": question}, question_event_id="$q",
+                                     record={"qid": "q", "state": "answered", "choice": "yes", "q_rev": 1})
+
+    plain = leaf({"id": "q", "rev": 1, "expires": "2026-01-01T00:00:00Z"})
+    assert sorted(plain["question"]) == ["content_sha256", "event_id", "id", "rev"]
+    approval = leaf({"id": "q", "rev": 1, "quorum": {"required": 2, "veto": ["no"]}})
+    assert approval["question"]["quorum"] == {"required": 2, "veto": ["no"]}
+    assert audit_leaf.parse_leaf(audit_leaf.canonical(approval)) == approval
+    # what the bridge does not count as a quorum is not logged as one
+    for odd in ({"required": 0}, {"required": True}, {"veto": ["no"]}, "2"):
+        assert "quorum" not in leaf({"id": "q", "rev": 1, "quorum": odd})["question"]
