@@ -67,7 +67,9 @@ async def paced(chunks: AsyncIterator[bytes], clock: Callable[[], float] = time.
 # call of up to 43 MB), and ``paced`` lets a slow one take minutes: one token
 # holder sending thirty at 16 KB/s held 390 MB, and its rate budget allowed
 # hundreds.  So only so many big bodies are read at once, per agent and in
-# all; a small one (a close, a wait) is never held up.
+# all; a small one (a close, a wait) is never held up.  A media file's PUT
+# streams to disk instead, but a slow one holds a connection and a file as
+# long: thirty at once were all held, so it is counted here too.
 SMALL_BODY = 64 * 1024
 BODIES_PER_AGENT = 4
 BODIES_IN_ALL = 16

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import web
 
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
-from bridge.agents.bodyread import paced
+from bridge.agents.bodyread import BodyGate, paced
 from bridge.agents.errors import NotFound, TooLarge
 from bridge.agents.media_files import check_media_name, receive, stored_body
 from bridge.agents.sets import AgentSets
@@ -29,10 +29,12 @@ def attachment_url(set_id: str, name: str) -> str:
 
 
 class FileRoutes:
-    def __init__(self, sets: AgentSets, media_max: int, digests: Digests | None = None):
+    def __init__(self, sets: AgentSets, media_max: int, digests: Digests | None = None,
+                 bodies: BodyGate | None = None):
         self.sets = sets
         self.media_max = media_max
         self.digests = digests or Digests()
+        self.bodies = bodies or BodyGate()
 
     async def view(self, agent: str, set_id: str, view: dict) -> dict:
         """A read view as the HTTP API gives it: each attachment an object with its url."""
@@ -70,9 +72,16 @@ class FileRoutes:
         expected = request.content_length
         if expected is not None and expected > self.media_max:
             raise TooLarge(f"the file is larger than {self.media_max} bytes (agent_api.media_max)")
-        with self.sets.media_dir(agent, set_id) as set_dir:
-            body = paced(request.content.iter_chunked(READ_CHUNK))
-            stored = await receive(set_dir, set_id, name, body, self.media_max, expected=expected)
+        # Streamed to disk, not memory, but a slow upload holds a connection
+        # and a file for minutes all the same: counted with the big bodies
+        # (before a folder is claimed, so a refused one takes no set id).
+        give_back = self.bodies.take(agent, expected)
+        try:
+            with self.sets.media_dir(agent, set_id) as set_dir:
+                body = paced(request.content.iter_chunked(READ_CHUNK))
+                stored = await receive(set_dir, set_id, name, body, self.media_max, expected=expected)
+        finally:
+            give_back()
         return web.json_response(await stored_body(stored, self.sets.upload_limit),
                                  status=201 if stored.created else 200)
 

@@ -51,11 +51,11 @@ class AgentApi:
         self.limiter = RateLimiter(config.agent_api.rate_per_minute, refunds_per_minute=config.agent_api.max_waits)
         self.document = OPENAPI.read_bytes()
         self.contract = Contract(json.loads(self.document))
-        self.bodies = BodyGate()  # big bodies read at once: /v1's and /mcp's
+        self.bodies = BodyGate()  # big bodies read at once: /v1's (media too) and /mcp's
         self.sets.waits.per_agent = config.agent_api.max_waits
         self.sets.waits.total = config.agent_api.max_waits_total
         self.sets.waits.give_back = self.limiter.give_back
-        self.files = FileRoutes(self.sets, config.agent_api.media_max)
+        self.files = FileRoutes(self.sets, config.agent_api.media_max, bodies=self.bodies)
 
     def authenticate(self, request: web.Request) -> str:
         """The agent of the request; a Refusal (401 or 429) otherwise."""

@@ -503,6 +503,51 @@ async def test_one_agent_trickling_many_big_bodies_holds_only_its_share_of_memor
     assert agent_api.bodies.reading == {}  # every place given back when the uploads went away
 
 
+async def test_slow_media_uploads_count_against_the_big_body_caps_and_give_their_place_back(api):
+    """A media PUT streams to disk, so it was never counted: one agent held
+    thirty slow 100 MB uploads at once, a connection and a file each.  Past
+    four at once it is told to come back (429 too_many_uploads,
+    Retry-After), claims no set id, and another agent is served; each place
+    comes back when its upload ends, stored, refused or cut off."""
+    http, root, agent_api = api
+    port = http._base_url.port
+    held: list[asyncio.StreamWriter] = []
+
+    async def start_upload(set_id: str) -> asyncio.StreamReader:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"PUT /v1/sets/{set_id}/media/clip.mp4 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Authorization: Bearer {TOKENS['planner']}\r\nContent-Type: application/octet-stream\r\n"
+                     f"Content-Length: {2 * 1024 * 1024}\r\n\r\n".encode() + b"x" * 1000)
+        await writer.drain()
+        held.append(writer)
+        return reader
+
+    try:
+        for n in range(4):
+            await start_upload(f"slow{n}")
+        await asyncio.sleep(0.3)
+        head = (await asyncio.wait_for((await start_upload("one-more")).read(4096), 10)).decode()
+        assert head.startswith("HTTP/1.1 429") and "Retry-After: 5" in head and "too_many_uploads" in head, head
+        assert "one-more" not in made(root)
+        async with http.put("/v1/sets/other-set/media/a.png", data=b"p" * 100_000, headers=auth("other")) as response:
+            assert response.status == 201, await response.text()
+    finally:
+        for writer in held:
+            writer.close()
+    await asyncio.sleep(0.3)
+    assert agent_api.bodies.reading == {}  # the cut-off uploads gave theirs back
+    big = b"m" * 100_000
+    for _ in range(5):  # stored, then refused (too large, found only as it streams): neither keeps its place
+        async with http.put("/v1/sets/slow0/media/done.png", data=big, headers=auth("planner")) as response:
+            assert response.status in (200, 201), await response.text()
+
+        async def too_much():
+            yield b"m" * (3 * 1024 * 1024 + 1)
+        async with http.put("/v1/sets/slow0/media/over.png", data=too_much(), headers=auth("planner")) as response:
+            assert response.status == 413, await response.text()
+    assert agent_api.bodies.reading == {}
+
+
 async def test_a_client_asking_before_it_sends_a_body_is_refused_before_it_sends_it(api):
     """Expect: 100-continue with a body past the limit or a wrong token got
     "100 Continue" and then the refusal: curl had sent 2.7 MB for nothing."""
