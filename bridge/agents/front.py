@@ -91,7 +91,7 @@ class AgentsFront:
         self.log = LogRoutes(store, self.sets)
         self.api = AgentApi(config, self.sets, log=self.log)
         self.reads = ReadGate(AGENT_SCOPE_KEY)  # MCP file reads: a few at a time
-        self.subscribers = Subscribers()
+        self.subscribers = Subscribers(self.sets.owner_of)
         self.server = build_server(self.sets, config.agents, agent_of_http, self.subscribers,
                                    media_max=config.agent_api.media_max,
                                    allow_private_callbacks=config.agent_api.allow_private_callbacks,

@@ -60,13 +60,18 @@ NOTICE_SECONDS = 10.0
 
 class Subscribers:
     """Who wants to hear of a set's answers changing: 2025-era connections
-    that sent resources/subscribe, and the 2026 subscriptions/listen streams (the bus)."""
+    that sent resources/subscribe, and the 2026 subscriptions/listen streams
+    (a bus per agent).  A notice goes only to the agent whose set it is when
+    it is told (``owner_of``): a set id is checked as the agent's when
+    subscribed to, but once that set was removed and another agent put a
+    set of the same id, its changes went to the first agent's subscriptions."""
 
-    def __init__(self) -> None:
-        self.bus = InMemorySubscriptionBus()
-        # uri -> {connection: a session on it}.  The SDK makes a session per
-        # request; a subscription belongs to the connection under it.
-        self.sessions: dict[str, dict[Any, Any]] = {}
+    def __init__(self, owner_of: Callable[[str], str | None]) -> None:
+        self.owner_of = owner_of
+        self.buses: dict[str, InMemorySubscriptionBus] = {}  # agent -> its listen streams' bus
+        # uri -> {connection: (its agent, a session on it)}.  The SDK makes a
+        # session per request; a subscription belongs to the connection under it.
+        self.sessions: dict[str, dict[Any, tuple[str, Any]]] = {}
         self._uris: dict[Any, set[str]] = {}  # connection -> the uris it subscribed to
         # (connection, uri) -> its notice on its way, each on a task of its
         # own: awaited in turn, one connection whose send never returned held
@@ -78,7 +83,11 @@ class Subscribers:
     def _key(session: Any) -> Any:
         return getattr(session, "_connection", session)
 
-    def add(self, uri: str, session: Any) -> None:
+    def bus_of(self, agent: str) -> InMemorySubscriptionBus:
+        """The bus ``agent``'s listen streams hear its sets' changes on."""
+        return self.buses.setdefault(agent, InMemorySubscriptionBus())
+
+    def add(self, uri: str, session: Any, agent: str) -> None:
         key = self._key(session)
         if key not in self._uris:
             # Forgotten when the connection closes (its session ended or
@@ -87,7 +96,7 @@ class Subscribers:
             if exit_stack is not None:
                 exit_stack.callback(self.forget, key)
         self._uris.setdefault(key, set()).add(uri)
-        self.sessions.setdefault(uri, {})[key] = session
+        self.sessions.setdefault(uri, {})[key] = (agent, session)
 
     def remove(self, uri: str, session: Any) -> None:
         key = self._key(session)
@@ -113,9 +122,15 @@ class Subscribers:
                 del self.sessions[uri]
 
     async def changed(self, set_id: str) -> None:
-        uri = answers_uri(set_id)
-        await self.bus.publish(ResourceUpdated(uri=uri))
-        for key, session in list(self.sessions.get(uri, {}).items()):
+        uri, owner = answers_uri(set_id), self.owner_of(set_id)
+        if owner is None:
+            return  # no agent's set now (removed, or a local agent's): nobody's to hear of
+        bus = self.buses.get(owner)
+        if bus is not None:
+            await bus.publish(ResourceUpdated(uri=uri))
+        for key, (agent, session) in list(self.sessions.get(uri, {}).items()):
+            if agent != owner:
+                continue  # subscribed to an earlier set of this id, another agent's
             if (key, uri) in self._sending:
                 # A notice to it still on its way tells of this change too (it
                 # reads after it); should that one not go out, another does.
@@ -208,8 +223,9 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
             uri=str(params.uri), mime_type="application/json", text=json.dumps(view, ensure_ascii=False))])
 
     async def subscribe(ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams) -> types.EmptyResult:
-        _own_set(sets, who(ctx), str(params.uri), ctx.protocol_version)
-        subscribers.add(str(params.uri), ctx.session)
+        agent = who(ctx)
+        _own_set(sets, agent, str(params.uri), ctx.protocol_version)
+        subscribers.add(str(params.uri), ctx.session, agent)
         return types.EmptyResult()
 
     async def unsubscribe(ctx: ServerRequestContext[Any, Any],
@@ -217,7 +233,7 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
         subscribers.remove(str(params.uri), ctx.session)
         return types.EmptyResult()
 
-    listen = ListenHandler(subscribers.bus)
+    listens: dict[str, ListenHandler] = {}  # agent -> the handler of its streams, on its own bus
 
     async def listen_to_own(ctx: ServerRequestContext[Any, Any],
                             params: types.SubscriptionsListenRequestParams) -> types.SubscriptionsListenResult:
@@ -226,6 +242,7 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
         agent = who(ctx)
         for uri in params.notifications.resource_subscriptions or ():
             _own_set(sets, agent, str(uri), ctx.protocol_version)
+        listen = listens.get(agent) or listens.setdefault(agent, ListenHandler(subscribers.bus_of(agent)))
         with _held_as_a_wait(sets, agent):
             return await listen(ctx, params)
 

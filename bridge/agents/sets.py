@@ -156,10 +156,19 @@ class AgentSets:
     def _own_dir(self, agent: str, set_id: str) -> Path:
         """The folder of ``agent``'s set; NotFound for no set or another's."""
         check_set_id(set_id)
-        set_dir = self.root / set_id
-        if self._whose(set_dir, agent, set_id) is None or not (set_dir / QUESTIONS_FILE).is_file():
+        if self.owner_of(set_id) != agent:
             raise NotFound(f"no set {set_id!r}")
-        return set_dir
+        return self.root / set_id
+
+    def owner_of(self, set_id: str) -> str | None:
+        """The agent whose set ``set_id`` is now; None for no set, a local
+        agent's, or a folder only claimed for media (``set_id`` a plain
+        folder name, as ``check_set_id`` passes or the folder watcher sees)."""
+        set_dir = self.root / set_id
+        if not (set_dir / QUESTIONS_FILE).is_file():
+            return None
+        owner = read_owner(set_dir)
+        return owner.agent if owner is not None else None
 
     # -- ask ------------------------------------------------------------------------
 

@@ -57,10 +57,10 @@ async def serve_stdio(config: Any, agent: str) -> None:
     from bridge.agents.mcp_server import Subscribers, build_server
     from bridge.agents.sets import AgentSets
 
-    subscribers = Subscribers()
     log_store = _log_store(config)
     sets = AgentSets(config.sets.root, log_size=lambda: (store := log_store()) and store.audit.size() or 0,
                      answerers=config.answerers)
+    subscribers = Subscribers(sets.owner_of)
     sets.waits.per_agent = config.agent_api.max_waits
     sets.waits.total = config.agent_api.max_waits_total
     server = build_server(sets, config.agents, lambda _ctx: agent, subscribers, media_max=config.agent_api.media_max,

@@ -169,7 +169,7 @@ async def test_without_a_bridge_the_folder_watcher_feeds_the_waits_and_the_caps_
     sets.waits.per_agent = 3
     sets.ask("a", "plan", one_question())
     stop = asyncio.Event()
-    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(), stop, sets.changes))
+    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(sets.owner_of), stop, sets.changes))
     try:
         await asyncio.sleep(0.5)  # the watcher is up
         held = [asyncio.ensure_future(wait_answers(sets, "a", "plan", timeout=30)) for _ in range(3)]
@@ -206,7 +206,7 @@ async def test_a_wait_for_what_can_get_no_answer_ends_at_once_and_says_why(tmp_p
                                "question": "Which branch should the docs be cut from?"}]
     sets.ask("a", "plan", document)
     stop = asyncio.Event()
-    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(), stop, sets.changes))
+    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(sets.owner_of), stop, sets.changes))
     try:
         await asyncio.sleep(0.5)  # the watcher is up
         qid = branch["id"]
@@ -264,7 +264,7 @@ async def test_a_wait_on_a_set_removed_meanwhile_ends_at_once_not_at_its_timeout
     sets = AgentSets(tmp_path)
     sets.ask("a", "plan", one_question())
     stop = asyncio.Event()
-    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(), stop, sets.changes))
+    watcher = asyncio.ensure_future(watch_answers(tmp_path, Subscribers(sets.owner_of), stop, sets.changes))
     try:
         await asyncio.sleep(0.5)  # the watcher is up
         waiting = asyncio.ensure_future(wait_answers(sets, "a", "plan", timeout=60))
@@ -308,11 +308,11 @@ async def test_a_subscriber_whose_notice_never_goes_holds_up_no_other_nor_the_wa
             self.told.append(uri)
             self.news.set()
 
-    subscribers, stuck, reading = Subscribers(), Stuck(), Reading()
+    subscribers, stuck, reading = Subscribers(sets.owner_of), Stuck(), Reading()
     for set_id in ("plan", "ship"):
         uri = f"askwright://sets/{set_id}/answers"
-        subscribers.add(uri, stuck)  # first in line
-        subscribers.add(uri, reading)
+        subscribers.add(uri, stuck, "a")  # first in line
+        subscribers.add(uri, reading, "a")
     stop = asyncio.Event()
     watcher = asyncio.ensure_future(watch_answers(tmp_path, subscribers, stop, sets.changes))
     try:
@@ -352,8 +352,8 @@ async def test_a_change_folded_into_a_notice_that_never_went_is_told_by_another(
                 await asyncio.Event().wait()  # the first notice never goes out
             self.told.set()
 
-    subscribers, session = Subscribers(), SlowThenReading()
-    subscribers.add("askwright://sets/plan/answers", session)
+    subscribers, session = Subscribers(lambda _set_id: "a"), SlowThenReading()
+    subscribers.add("askwright://sets/plan/answers", session, "a")
     await subscribers.changed("plan")
     await asyncio.sleep(0.05)
     await subscribers.changed("plan")  # folded into the first, still on its way

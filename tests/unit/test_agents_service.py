@@ -390,7 +390,7 @@ async def test_a_connection_that_ends_leaves_no_subscription_behind(tmp_path):
     sets = AgentSets(tmp_path)
     for set_id in ("plan", "ship"):
         sets.ask("a", set_id, one_question(set_id))
-    subscribers = Subscribers()
+    subscribers = Subscribers(sets.owner_of)
     server = build_server(sets, {"a": Agent(token="token-of-a-0123456789")}, lambda _ctx: "a", subscribers)
     for _session in range(3):
         async with Client(server, mode="legacy") as client:
@@ -412,7 +412,7 @@ async def test_a_resource_subscription_is_one_per_connection_and_ends_with_unsub
 
     sets = AgentSets(tmp_path)
     sets.ask("a", "plan", one_question())
-    subscribers = Subscribers()
+    subscribers = Subscribers(sets.owner_of)
     server = build_server(sets, {"a": Agent(token="token-of-a-0123456789")}, lambda _ctx: "a", subscribers)
     told: list[str] = []
 
@@ -454,7 +454,7 @@ async def test_one_agents_listen_streams_are_held_as_its_waits_and_leave_others_
     sets.ask("b", "ship", one_question("ship"))
     sets.waits.per_agent = 2
     agents = {"a": Agent(token="token-of-a-0123456789"), "b": Agent(token="token-of-b-0123456789")}
-    subscribers = Subscribers()
+    subscribers = Subscribers(sets.owner_of)
     as_a = build_server(sets, agents, lambda _ctx: "a", subscribers)
     as_b = build_server(sets, agents, lambda _ctx: "b", subscribers)
     async with contextlib.AsyncExitStack() as stack:
@@ -469,6 +469,61 @@ async def test_one_agents_listen_streams_are_held_as_its_waits_and_leave_others_
         async with b.listen(resource_subscriptions=["askwright://sets/ship/answers"]) as theirs:
             assert [str(u) for u in theirs.honored.resource_subscriptions] == ["askwright://sets/ship/answers"]
     assert sum(sets.waits.held.values()) == 0  # each stream gave its place back as it ended
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
+async def test_a_set_id_another_agent_takes_over_is_not_told_to_the_first_agents_subscriptions(tmp_path):
+    """Subscriptions were kept by set id: once agent a's set was removed and
+    agent b put a set of the same id, a's subscription (and listen stream)
+    heard every change of b's answers."""
+    import contextlib
+    import shutil
+
+    import mcp_types as types
+    from mcp import Client
+
+    from bridge.agents.mcp_server import Subscribers, build_server
+
+    sets = AgentSets(tmp_path)
+    sets.ask("a", "plan", one_question("plan"))
+    agents = {"a": Agent(token="token-of-a-0123456789"), "b": Agent(token="token-of-b-0123456789")}
+    subscribers = Subscribers(sets.owner_of)
+    uri = "askwright://sets/plan/answers"
+    told: dict[str, list[str]] = {"a": [], "b": []}
+
+    def notices(agent: str):
+        async def handler(message: object) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                told[agent].append(str(message.params.uri))
+        return handler
+
+    def server(agent: str):
+        return build_server(sets, agents, lambda _ctx: agent, subscribers)
+
+    async def heard(stream) -> bool:
+        try:
+            await asyncio.wait_for(stream.__anext__(), 0.5)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async with contextlib.AsyncExitStack() as stack:
+        old_a = await stack.enter_async_context(Client(server("a"), mode="legacy", message_handler=notices("a")))
+        await old_a.session.subscribe_resource(uri)
+        new_a = await stack.enter_async_context(Client(server("a"), mode="2026-07-28"))
+        stream_a = await stack.enter_async_context(new_a.listen(resource_subscriptions=[uri]))
+
+        shutil.rmtree(tmp_path / "plan")  # a's set removed, and b puts one of the same id
+        sets.ask("b", "plan", one_question("plan"))
+        old_b = await stack.enter_async_context(Client(server("b"), mode="legacy", message_handler=notices("b")))
+        await old_b.session.subscribe_resource(uri)
+        new_b = await stack.enter_async_context(Client(server("b"), mode="2026-07-28"))
+        stream_b = await stack.enter_async_context(new_b.listen(resource_subscriptions=[uri]))
+
+        await subscribers.changed("plan")  # b's answers change (as the folder watcher tells it)
+        assert await heard(stream_b)
+        assert not await heard(stream_a)
+        await asyncio.sleep(0.2)
+        assert told == {"a": [], "b": [uri]}
 
 
 async def test_a_big_sets_close_and_listing_are_worked_out_in_a_process_and_a_listing_reads_only_what_changed(
