@@ -24,7 +24,7 @@ from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
 from bridge.agents.mcp_files import MCP_MEDIA_MAX, wrapped_base64_size
 from bridge.agents.bodyread import STALL_SECONDS, TooManyBodies
-from bridge.agents.mcp_server import GONE_SCOPE_KEY, Subscribers, build_server
+from bridge.agents.mcp_server import GONE_SCOPE_KEY, REFUSED, Subscribers, build_server
 from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
 from bridge.agents.readgate import ReadGate
 from bridge.agents.outbox import OutboxHook
@@ -52,8 +52,6 @@ def agent_of_http(ctx: Any) -> str | None:
     return None
 
 
-# A refusal at /mcp's door; -32000..-32019 are the implementation's own codes.
-REFUSED = -32010
 STARTING_RETRY_SECONDS = 5
 STARTING = "the bridge is starting; try again in a moment"
 # A refused request's id is looked for in a body up to this size.

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 # Resolves the agent of a request: the stdio agent, or the bearer token's.
 AgentOf = Callable[[ServerRequestContext[Any, Any]], str | None]
 RESOURCE_NOT_FOUND = -32002
+# A request refused for now, to be sent again (at /mcp's door, or a listen
+# stream over the waits' caps); -32000..-32019 are the implementation's own
+# codes.  Never -32603: a client reads "Internal error" as the bridge's fault.
+REFUSED = -32010
 # How long a 2026-era client may reuse a listing: the tools and the template
 # are the same for every agent until an upgrade; a set's answers and the list
 # of an agent's sets change as people answer, so they are never reused.
@@ -290,8 +294,10 @@ def _held_as_a_wait(sets: AgentSets, agent: str) -> Iterator[None]:
         with sets.waits.hold(agent):
             yield
     except TooManyWaits as exc:
-        raise MCPError(code=types.INTERNAL_ERROR, message=exc.message,
-                       data={"retry_after": exc.retry_after}) from None
+        # Refused as the door refuses a request over a limit, naming the
+        # error the wait tool gives (too_many_waits) and when to come back.
+        raise MCPError(code=REFUSED, message=exc.message,
+                       data={"error": exc.code, "retry_after": exc.retry_after}) from None
 
 
 def _missing(uri: str, message: str, protocol_version: str) -> MCPError:

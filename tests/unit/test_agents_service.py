@@ -465,7 +465,9 @@ async def test_one_agents_listen_streams_are_held_as_its_waits_and_leave_others_
         with pytest.raises(MCPError) as over:
             async with a.listen(resource_subscriptions=["askwright://sets/plan/answers"]):
                 pass
-        assert "max_waits" in over.value.message and over.value.data == {"retry_after": 5}
+        # A refusal to retry (the door's code, the wait tool's error), not -32603 "Internal error".
+        assert over.value.code == -32010 and "max_waits" in over.value.message
+        assert over.value.data == {"error": "too_many_waits", "retry_after": 5}
         async with b.listen(resource_subscriptions=["askwright://sets/ship/answers"]) as theirs:
             assert [str(u) for u in theirs.honored.resource_subscriptions] == ["askwright://sets/ship/answers"]
     assert sum(sets.waits.held.values()) == 0  # each stream gave its place back as it ended
