@@ -230,8 +230,9 @@ class OutboxHook:
         now = int(self.clock() * 1000)
         for url in urls:
             self.store.db.execute(
-                "INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts) "
-                "VALUES (?, ?, ?, ?, ?, ?, 0) ON CONFLICT DO NOTHING", (key, owner.agent, url, body, now, now))
+                "INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts, callback) "
+                "VALUES (?, ?, ?, ?, ?, ?, 0, ?) ON CONFLICT DO NOTHING",
+                (key, owner.agent, url, body, now, now, int(url in owner.callbacks)))
         if self.on_queued:
             self.on_queued()
 
@@ -393,7 +394,9 @@ def follow_webhook_urls(store: Store, agents: Mapping[str, Agent]) -> list[tuple
     """At start: the rows queued for an agent's webhook_url before it was
     changed go to the new one (or, with none configured now, are dropped),
     never on to the URL the operator retired; (agent, old, new, rows) of
-    each change.  A set's own callbacks stay as the set named them."""
+    each change.  A set's own callbacks stay as the set named them: a row
+    its callbacks named (the old URL too, say) stays, and the new URL gets
+    a copy of its own."""
     changed = []
     with store.transaction(flush=False):
         for name, agent in agents.items():
@@ -402,12 +405,17 @@ def follow_webhook_urls(store: Store, agents: Mapping[str, Agent]) -> list[tuple
             if seen and seen != current:
                 if current:
                     # An event the new URL has its own row for (a set naming it as a callback) goes there once.
-                    store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=? AND key IN "
+                    store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=? AND callback=0 AND key IN "
                                      "(SELECT key FROM webhook_outbox WHERE url=?)", (name, seen, current))
-                    moved = store.db.execute("UPDATE webhook_outbox SET url=? WHERE agent=? AND url=?",
-                                             (current, name, seen)).rowcount
+                    copied = store.db.execute(
+                        "INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts, callback) "
+                        "SELECT key, agent, ?, body, created_at, created_at, 0, 0 FROM webhook_outbox "
+                        "WHERE agent=? AND url=? AND callback=1 ON CONFLICT DO NOTHING", (current, name, seen)).rowcount
+                    moved = copied + store.db.execute(
+                        "UPDATE webhook_outbox SET url=? WHERE agent=? AND url=? AND callback=0",
+                        (current, name, seen)).rowcount
                 else:
-                    moved = store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=?",
+                    moved = store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=? AND callback=0",
                                              (name, seen)).rowcount
                 changed.append((name, seen, current, moved))
             if current != seen:

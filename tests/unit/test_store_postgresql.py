@@ -31,10 +31,14 @@ def test_an_older_store_migrates_forward_keeping_its_rows(postgres_server):
     _older_store(url, postgres_server.password)
     db = PgConnection(url, password=postgres_server.password)
     db.execute("INSERT INTO meta(key, value) VALUES (?, ?)", ("sync_token", "s1"))
+    db.execute("INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at) VALUES (?, ?, ?, ?, ?, ?)",
+               ("k", "a", "https://h.example/in", "{}", 1, 1))
     db.close()
     store = Store("unused", url=url, password=postgres_server.password)
     assert store.get_meta("sync_token") == "s1"
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    # A row queued before it was recorded whether a set's callbacks named its URL: the agent's URL's, as it was.
+    assert [tuple(r) for r in store.db.execute("SELECT key, callback FROM webhook_outbox").fetchall()] == [("k", 0)]
 
 
 def test_the_log_keeps_millisecond_times_and_numbers_entries_in_order(postgres_server):

@@ -805,3 +805,42 @@ async def test_a_2xx_already_in_flight_does_not_end_a_receivers_hold(tmp_path: P
                 stop.set()
                 await task
         store.close()
+
+
+@pytest.mark.parametrize("changed_to", ["another URL", "none"])
+async def test_a_sets_callback_that_was_also_the_webhook_url_still_gets_its_webhooks_after_the_url_changes(
+        tmp_path: Path, changed_to, store_backend: str) -> None:
+    """A set naming its agent's webhook_url among its callbacks has one row
+    an event for that URL: when the operator changed webhook_url, the row
+    followed it (or, with none now, was dropped), and the callback the set
+    named never got the event."""
+    from bridge.agents.outbox import follow_webhook_urls
+
+    named, new = Receiver(SECRETS["planner"]), Receiver(SECRETS["planner"])
+    await named.start()
+    await new.start()
+    before = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
+                               webhook_url=named.url)}
+    after = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
+                              webhook_url=new.url if changed_to == "another URL" else None)}
+    store = Store(tmp_path / "store.sqlite")
+    follow_webhook_urls(store, before)  # the bridge ran with the URL the set names too
+    AgentSets(tmp_path / "sets").ask("planner", "plan", one_question("plan"), [named.url])
+    hook = OutboxHook(store, before)
+    for n in range(3):
+        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    assert pending(store) == 3
+    deliverer = Deliverer(store, after, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        await named.wait_for(3, timeout=30)  # the set's callback, as the set named it
+        if changed_to == "another URL":
+            await new.wait_for(3, timeout=30)  # and the agent's URL, now the new one
+        await until(lambda: pending(store) == 0, what="the queue emptied")
+    finally:
+        stop.set()
+        await task
+        await named.close()
+        await new.close()
+        store.close()

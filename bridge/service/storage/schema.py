@@ -227,6 +227,14 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX webhook_by_age ON webhook_outbox (created_at);
     """,
+    # A set's callbacks and its agent's webhook_url can name one URL, and
+    # the event then has one row for it: ``callback`` says a set's callbacks
+    # named it, so a changed webhook_url moves (or drops) only what the
+    # agent's URL was owed, and the set's callback still gets its own.
+    # Rows from before are taken as the agent's URL's, as they were.
+    """
+    ALTER TABLE webhook_outbox ADD COLUMN callback {int} NOT NULL DEFAULT 0;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
