@@ -82,6 +82,10 @@ class Subscribers:
         # up every notice after it, and the watcher that tells them, for good.
         self._sending: dict[tuple[Any, str], asyncio.Task[None]] = {}
         self._folded: set[tuple[Any, str]] = set()  # ... and a change that came while it was
+        # uri -> the agent whose set it was when last subscribed to or told:
+        # a set removed outright has no owner to ask, and its own agent's
+        # subscribers still hear of that last change (their read says "no set").
+        self._owners: dict[str, str] = {}
 
     @staticmethod
     def _key(session: Any) -> Any:
@@ -91,7 +95,12 @@ class Subscribers:
         """The bus ``agent``'s listen streams hear its sets' changes on."""
         return self.buses.setdefault(agent, InMemorySubscriptionBus())
 
+    def owned(self, uri: str, agent: str) -> None:
+        """``agent``'s set, checked so by a subscription or a listen stream."""
+        self._owners[uri] = agent
+
     def add(self, uri: str, session: Any, agent: str) -> None:
+        self.owned(uri, agent)
         key = self._key(session)
         if key not in self._uris:
             # Forgotten when the connection closes (its session ended or
@@ -127,8 +136,12 @@ class Subscribers:
 
     async def changed(self, set_id: str) -> None:
         uri, owner = answers_uri(set_id), self.owner_of(set_id)
-        if owner is None:
-            return  # no agent's set now (removed, or a local agent's): nobody's to hear of
+        if owner is None:  # removed (its last owner hears it once), or a local agent's set
+            owner = self._owners.pop(uri, None)
+            if owner is None:
+                return
+        else:
+            self._owners[uri] = owner
         bus = self.buses.get(owner)
         if bus is not None:
             await bus.publish(ResourceUpdated(uri=uri))
@@ -246,6 +259,7 @@ def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf
         agent = who(ctx)
         for uri in params.notifications.resource_subscriptions or ():
             _own_set(sets, agent, str(uri), ctx.protocol_version)
+            subscribers.owned(str(uri), agent)
         listen = listens.get(agent) or listens.setdefault(agent, ListenHandler(subscribers.bus_of(agent)))
         with _held_as_a_wait(sets, agent):
             return await listen(ctx, params)

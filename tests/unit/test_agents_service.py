@@ -476,7 +476,8 @@ async def test_one_agents_listen_streams_are_held_as_its_waits_and_leave_others_
 async def test_a_set_id_another_agent_takes_over_is_not_told_to_the_first_agents_subscriptions(tmp_path):
     """Subscriptions were kept by set id: once agent a's set was removed and
     agent b put a set of the same id, a's subscription (and listen stream)
-    heard every change of b's answers."""
+    heard every change of b's answers.  The removal itself is still told
+    to a's own subscriptions."""
     import contextlib
     import shutil
 
@@ -514,8 +515,13 @@ async def test_a_set_id_another_agent_takes_over_is_not_told_to_the_first_agents
         new_a = await stack.enter_async_context(Client(server("a"), mode="2026-07-28"))
         stream_a = await stack.enter_async_context(new_a.listen(resource_subscriptions=[uri]))
 
-        shutil.rmtree(tmp_path / "plan")  # a's set removed, and b puts one of the same id
-        sets.ask("b", "plan", one_question("plan"))
+        shutil.rmtree(tmp_path / "plan")  # a's set removed: a hears that last change, as before
+        await subscribers.changed("plan")
+        assert await heard(stream_a)
+        await asyncio.sleep(0.2)
+        assert told == {"a": [uri], "b": []}
+
+        sets.ask("b", "plan", one_question("plan"))  # and b puts one of the same id
         old_b = await stack.enter_async_context(Client(server("b"), mode="legacy", message_handler=notices("b")))
         await old_b.session.subscribe_resource(uri)
         new_b = await stack.enter_async_context(Client(server("b"), mode="2026-07-28"))
@@ -525,7 +531,7 @@ async def test_a_set_id_another_agent_takes_over_is_not_told_to_the_first_agents
         assert await heard(stream_b)
         assert not await heard(stream_a)
         await asyncio.sleep(0.2)
-        assert told == {"a": [], "b": [uri]}
+        assert told == {"a": [uri], "b": [uri]}
 
 
 async def test_a_big_sets_close_and_listing_are_worked_out_in_a_process_and_a_listing_reads_only_what_changed(
