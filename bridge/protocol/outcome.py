@@ -155,7 +155,7 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
                     via: str | None, extra: str | None = None, labels: Mapping[str, str] | None = None,
                     reply_to: str | None = None, subject: tuple[str, str] | None = None,
                     replaced: int = 0, stood_before: str | None = None,
-                    numbers: Mapping[str, int] | None = None) -> dict[str, Any]:
+                    numbers: Mapping[str, int] | None = None, edited_counted: bool = True) -> dict[str, Any]:
     """The word back on an accepted answer.
 
     ``replaced``: earlier answers to the same question this one reply also
@@ -171,6 +171,9 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
     what an approval approved.  ``numbers`` (option id -> number shown,
     ``option_numbers``): given for a reply or an edit, whose word back sits
     under a quote of the message, the pick is named by number too.
+    ``edited_counted``: for an edit, whether the message it edits had
+    counted as the person's answer; one refused or unread is no answer to
+    change, and the edit is told as a first answer.
     """
     title = shown_title(title)
     picked = describe_record(record, labels)
@@ -181,7 +184,7 @@ def recorded_notice(*, answer_event_id: str, question_event_id: str, record: dic
                   else picked + f" ({read})")
     if subject is not None:
         picked += f", for {shown_title(subject[0])} (digest {short_digest(subject[1])})"
-    if via == "edit":
+    if via == "edit" and edited_counted:
         text = sentence(f"Changed your answer to “{title}”: now {picked}")
         if stood_before == OTHER:
             # An edit is a new answer: of an old one, it replaces whatever stood since, another's too.

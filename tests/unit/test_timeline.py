@@ -442,6 +442,61 @@ def test_an_edit_of_an_old_answer_that_replaces_anothers_says_so(tmp_path: Path)
     assert told.startswith("Changed your answer") and told.endswith("This replaces the answer someone else gave."), told
 
 
+def _reply(event_id: str, sender: str, ts: int, body: str, edits: str | None = None) -> dict:
+    """A person's reply to the question ("9"), or with ``edits`` their edit of an earlier message to ``body``."""
+    content = {"msgtype": "m.text", "body": body, "m.relates_to": {"m.in_reply_to": {"event_id": "$q"}}}
+    if edits is not None:
+        content = {"msgtype": "m.text", "body": f"* {body}", "m.new_content": {"msgtype": "m.text", "body": body},
+                   "m.relates_to": {"rel_type": "m.replace", "event_id": edits}}
+    return {"event_id": event_id, "room_id": ROOM, "sender": sender, "origin_server_ts": ts,
+            "type": "m.room.message", "content": content}
+
+
+def _told(room: Room) -> list[str]:
+    """The words the bridge sent back since last asked."""
+    import asyncio
+
+    from bridge.service.answering.notices import Notices
+
+    asyncio.run(Notices(room.pipeline, asyncio.Event()).send_pending())
+    told = [c["body"] for c in room.pipeline.transport.sent]
+    room.pipeline.transport.sent.clear()
+    return told
+
+
+def test_an_edit_of_a_refused_reply_is_told_as_a_first_answer(tmp_path: Path) -> None:
+    """Alice replied "9" (no such option, refused) and edited it to "2": she
+    was told "Changed your answer", though no answer of hers had stood."""
+    room = Room(tmp_path)
+    room.deliver([_reply("$r1", ALICE, 1000, "9")])
+    assert _told(room)[0].startswith("Not recorded")
+    room.deliver([_reply("$r2", ALICE, 2000, "2", edits="$r1")])
+    assert _told(room) == ["Recorded for “Release branch”: The stable branch (option 2)."]
+
+
+def test_an_edit_of_a_refused_reply_after_anothers_answer_says_it_replaces_it(tmp_path: Path) -> None:
+    room = Room(tmp_path)
+    room.deliver([answer("$b1", BOB, 500, "main")])
+    _told(room)
+    room.deliver([_reply("$r1", ALICE, 1000, "9")])
+    _told(room)
+    room.deliver([_reply("$r2", ALICE, 2000, "2", edits="$r1")])
+    assert _told(room) == ["Recorded for “Release branch”: The stable branch (option 2)."
+                           " This replaces the answer someone else gave."]
+
+
+def test_a_second_edit_after_a_refused_first_edit_still_changes_the_answer(tmp_path: Path) -> None:
+    """Of a reply that stood, an edit read as no answer leaves it standing:
+    a later edit changes that answer."""
+    room = Room(tmp_path)
+    room.deliver([_reply("$r1", ALICE, 1000, "1")])
+    _told(room)
+    room.deliver([_reply("$r2", ALICE, 2000, "9", edits="$r1")])
+    _told(room)
+    room.deliver([_reply("$r3", ALICE, 3000, "2", edits="$r1")])
+    assert _told(room) == ["Changed your answer to “Release branch”: now The stable branch (option 2)."]
+
+
 def test_a_note_to_a_closed_question_is_told_it_was_not_kept_as_a_note(tmp_path: Path) -> None:
     """A note to a question its agent closed was told "This question is no
     longer open (closed), so the answer was not recorded.": no answer, and

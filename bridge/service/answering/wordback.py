@@ -49,6 +49,8 @@ class WordBack:
                                       extra=quiz.feedback_for(entry, question), labels=display_names(question),
                                       subject=question.subject if question.subject_bound else None,
                                       replaced=replaced, numbers=option_numbers(question),
+                                      edited_counted=entry.replaces is not None and
+                                      self.store.edited_counted(entry.replaces, entry.event_id),
                                       # On a quorum each person's vote stands beside the others'; none replaces another's.
                                       stood_before=None if question.quorum is not None else self._stood_before(entry))
             if entry.message:  # written to no answers.json: its set was removed as it came
