@@ -493,12 +493,46 @@ def reopened_replacement(question_event_id: str, content: Mapping[str, Any], lin
     shown = str(content.get("body", ""))
     body, html = _with_lines(content, reopened_lines(q, at_ms, shown) if at_ms is not None else [])
     # Its poll stays ended (it decided nothing): the message no longer offers it.
-    body = body.replace(f"To answer: {POLL_STEP}; ", "To answer: ")
+    body, html = _without_poll_step(body, html)
     new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": f"{body}\n\n{said}"}
     if isinstance(html, str):
-        html = html.replace(f"<em>To answer:</em> {POLL_STEP}; ", "<em>To answer:</em> ")
         new.update(format=HTML_FORMAT, formatted_body=f"{html}\n<p><strong>{esc_links(said)}</strong></p>")
     return _replacement(question_event_id, content, new, line)
+
+
+def _without_poll_step(body: str, html: Any) -> tuple[str, Any]:
+    """The message's body and HTML with "vote in the poll" taken out of its
+    "To answer" line: the one helper for a message whose poll is no more."""
+    body = body.replace(f"To answer: {POLL_STEP}; ", "To answer: ")
+    if isinstance(html, str):
+        html = html.replace(f"<em>To answer:</em> {POLL_STEP}; ", "<em>To answer:</em> ")
+    return body, html
+
+
+POLL_REFUSED_LINE = "this room does not allow its poll"
+
+
+def without_poll(content: Mapping[str, Any]) -> dict[str, Any]:
+    """The question's content as it stands once its room refused its poll:
+    the same message, its "To answer" line no longer sending people to a
+    poll that was never posted."""
+    body, html = _without_poll_step(str(content.get("body", "")), content.get("formatted_body"))
+    shown = dict(content, body=body)
+    if isinstance(html, str):
+        shown["formatted_body"] = html
+    return shown
+
+
+def poll_refused_replacement(question_event_id: str, content: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``m.replace`` that shows ``without_poll(content)`` in the room;
+    None when the message offered no poll (nothing to take back)."""
+    shown = without_poll(content)
+    if shown["body"] == content.get("body") and shown.get("formatted_body") == content.get("formatted_body"):
+        return None
+    new: dict[str, Any] = {"msgtype": content.get("msgtype", "m.text"), "body": shown["body"]}
+    if isinstance(shown.get("formatted_body"), str):
+        new.update(format=HTML_FORMAT, formatted_body=shown["formatted_body"])
+    return _replacement(question_event_id, content, new, POLL_REFUSED_LINE)
 
 
 def _replacement(question_event_id: str, content: Mapping[str, Any], new: dict[str, Any], line: str,

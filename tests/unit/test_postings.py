@@ -213,19 +213,22 @@ def test_a_set_folder_moved_in_is_a_changed_set(tmp_path: Path) -> None:
     assert changed_sets(root, [root / "group" / "takes" / "attachments"]) == []
 
 
+class NoPolls(Transport):
+    """A room whose power levels refuse polls."""
+
+    async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
+        from types import SimpleNamespace
+
+        from bridge.service.transport.matrix import MatrixError
+
+        if event_type == POLL_START:
+            raise MatrixError("sending a poll", SimpleNamespace(status_code="M_FORBIDDEN", message="no"))
+        return await super().send(room_id, event_type, content, txn_id)
+
+
 def test_a_room_that_refuses_polls_still_gets_every_question_of_the_set(tmp_path: Path) -> None:
     # One poll the room's power levels forbid stopped the whole set: 7 of 8
     # questions never posted, the set retried for ever with the same refusal.
-    from types import SimpleNamespace
-
-    from bridge.service.transport.matrix import MatrixError
-
-    class NoPolls(Transport):
-        async def send(self, room_id: str, event_type: str, content: dict[str, Any], txn_id: str) -> str:
-            if event_type == "org.matrix.msc3381.poll.start":
-                raise MatrixError("sending a poll", SimpleNamespace(status_code="M_FORBIDDEN", message="no"))
-            return await super().send(room_id, event_type, content, txn_id)
-
     root = tmp_path / "sets"
     write_set(root / "takes", "takes", choice(1, "one"), choice(1, "two"), choice(1, "three"))
     transport = NoPolls()
@@ -233,6 +236,31 @@ def test_a_room_that_refuses_polls_still_gets_every_question_of_the_set(tmp_path
     report = asyncio.run(p.sync_root(root))
     assert report.failed == []  # nothing left to try again with a room that said no for good
     assert len(transport.questions()) == 3
+
+
+def test_a_question_whose_poll_the_room_refused_no_longer_points_to_a_poll(tmp_path: Path) -> None:
+    """The room refused the poll, and the question still said "To answer:
+    vote in the poll; …", later questions too, and the help after an
+    unreadable reply offered "or vote in the poll": a poll no one can see."""
+    from bridge.protocol.replies import help_text
+
+    root = tmp_path / "sets"
+    write_set(root / "takes", "takes", choice(1, "one"), choice(1, "two"))
+    transport = NoPolls()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(root))
+    first, second = transport.questions()
+    assert "To answer: vote in the poll; " in first["body"]  # as posted, before the room said no
+    [edit] = [c for t, c, _ in transport.sent if c.get("m.relates_to", {}).get("rel_type") == "m.replace"]
+    assert edit["m.relates_to"]["event_id"] == "$e1"
+    shown = edit["m.new_content"]
+    assert "poll" not in shown["body"] and "poll" not in shown["formatted_body"], shown["body"]
+    assert "To answer: reply to this message with the number of your pick" in shown["body"]
+    assert "poll" not in second["body"] and "poll" not in second["formatted_body"], second["body"]
+    for event_id in ("$e1", "$e3"):
+        words = help_text(store.question_by_event(event_id))
+        assert words.startswith("Reply with the number of your pick (1–4) or react with its number;"), words
+    store.close()
 
 
 def test_a_set_mapped_to_another_room_says_once_that_its_open_questions_stay(tmp_path: Path, caplog) -> None:

@@ -25,7 +25,7 @@ from bridge.protocol.render import REASON_SHOWN, shown_words
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start
 from bridge.protocol.question_event import (CONTENT_MAX_BYTES, ENCRYPTED_CONTENT_MAX_BYTES, QuestionEventTooLarge,
                                             build_question_event, closed_replacement, new_elicitation_id,
-                                            option_order)
+                                            option_order, poll_refused_replacement, without_poll)
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
@@ -420,7 +420,8 @@ class Poster:
             else media.PreparedMedia()
         content = build_question_event(qset, question, elicitation_id=elicitation, media=prepared.uploads,
                                        order=option_order(question, seed=elicitation, mode=qset.mode),
-                                       poll=True,  # posted beside it when it gets one
+                                       # Posted beside it when it gets one, unless its room refused one before.
+                                       poll=not await self._refuses_polls(room),
                                        posted_ms=await self._first_posted(folder, question),
                                        reactions=await self._takes_reactions(room),
                                        max_bytes=ENCRYPTED_CONTENT_MAX_BYTES if await media.encrypted_room(
@@ -487,7 +488,8 @@ class Poster:
     async def _ensure_poll(self, recorded: RecordedQuestion) -> None:
         """Post the question's poll once (the transaction id makes a retry the same event)."""
         if await self.store.run(self.store.poll_of, recorded.event_id) or \
-                await self.store.run(self.store.get_meta, _NO_POLL + recorded.event_id):
+                await self.store.run(self.store.get_meta, _NO_POLL + recorded.event_id) or \
+                await self._refuses_polls(recorded.room_id):
             return
         content = poll_start(recorded)
         if content is None:
@@ -509,11 +511,12 @@ class Poster:
             # other questions are posted; retrying would never work.
             log.warning("poll for %s/%s not posted (%s); it is answered by reply or reaction there",
                         recorded.set_id, recorded.qid, exc)
-
+            await self._drop_poll_step(recorded)
             status = str(getattr(exc, "status", ""))
 
             def no_poll() -> None:
                 self.store.set_meta(_NO_POLL + recorded.event_id, status)
+                self.store.set_meta(_NO_POLL_ROOM + recorded.room_id, status)
                 self.store.delete_meta(sending.key)
 
             await self.store.run_written(no_poll, flush=False)
@@ -521,6 +524,31 @@ class Poster:
         # As for the question: a lost record re-sends the same poll.
         await self.store.run_written(record_poll, self.store, sending, poll_id, flush=False)
         log.info("poll for %s/%s posted as %s", recorded.set_id, recorded.qid, poll_id)
+
+    async def _refuses_polls(self, room_id: str) -> bool:
+        """Whether ``room_id`` refused a poll for good before: its later
+        questions say nothing of a poll and get none."""
+        return await self.store.run(self.store.get_meta, _NO_POLL_ROOM + room_id) is not None
+
+    async def _drop_poll_step(self, recorded: RecordedQuestion) -> None:
+        """The question said "vote in the poll" and no poll came: its message
+        is edited not to send people to it, and the posting keeps what it
+        shows now (the help after an unreadable reply reads that).  Sent
+        before the refusal is kept: a failure to send tries the poll, and
+        this, again with the set."""
+        edit = poll_refused_replacement(recorded.event_id, recorded.content)
+        if edit is None:
+            return
+        try:
+            await self.transport.send(recorded.room_id, "m.room.message", edit, txn_id("no-poll", recorded.event_id))
+        except Exception as exc:
+            if not getattr(exc, "permanent", False):
+                raise
+            # The message can't be edited either: the help words still follow what it shows.
+            log.warning("question %s/%s not edited to drop its poll (%s)", recorded.set_id, recorded.qid, exc)
+            return
+        await self.store.run_written(self.store.set_shown, recorded.event_id, without_poll(recorded.content),
+                                     flush=False)
 
     async def _out_of(self, room_id: str) -> bool:
         """Whether the bridge is surely not in ``room_id`` now (False when that can't be told)."""
@@ -612,6 +640,8 @@ class Poster:
 
 # Meta key prefix: a question whose room refused its poll for good (value: the error code).
 _NO_POLL = "poll_refused:"
+# Meta key prefix: a room that refused a poll for good; its later questions are posted without one.
+_NO_POLL_ROOM = "room_refused_polls:"
 SET_REMOVED = "this set was removed"
 REPLACED = "replaced by revision"  # "... 2": why a posting a later revision replaced was closed
 
