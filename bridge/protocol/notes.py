@@ -28,13 +28,14 @@ _LINE = re.compile(
     re.IGNORECASE,
 )
 
-# The same times anywhere later in such a line, each the start of a timecode of
-# its own ("0:01 the left side smears; 1.5 s: the colours flicker"): not inside
-# a number or a word ("3,5 s" is one time; "v2:30" is none).
+# The same times anywhere later in such a line, which may start a timecode of
+# their own ("0:01 the left side smears; 1.5 s: the colours flicker"): not
+# inside a number or a word ("3,5 s" is one time; "v2:30" is none).  ``mark``:
+# the time written as a label ("2 s: b"), as a timecode starts.
 _LATER = re.compile(
     r"(?<![\w.:,])(?:at\s+|@\s*)?"
     r"(?:(?P<clock>(?:\d{1,2}:)?\d{1,2}:\d{2}(?:\.\d+)?)(?![\d:])|(?P<secs>\d+(?:[.,]\d+)?)\s*(?:s|sec|secs|seconds?)\b)"
-    r"\s*[:\-\u2013\u2014]?\s*",
+    r"\s*(?P<mark>[:\-\u2013\u2014])?\s*",
     re.IGNORECASE,
 )
 # What ends one remark before the next time: a list separator or an "and".
@@ -90,7 +91,7 @@ def line_timecodes(line: str) -> list[Timecode]:
     if first is None or _seconds(first) is None:
         return []  # also a time past any media: the line stays in the note as written
     text = first.group("text")
-    times = [(first, 0)] + [(m, m.start()) for m in _LATER.finditer(text) if _seconds(m) is not None]
+    times = [(first, 0)] + _later_starts(text)
     codes = []
     for index, (match, start) in enumerate(times):
         begin = 0 if index == 0 else match.end()
@@ -98,6 +99,24 @@ def line_timecodes(line: str) -> list[Timecode]:
         remark = _TRAILING.sub("", text[begin:end]).strip()
         codes.append(Timecode(round(_seconds(match) or 0.0, 2), clip(remark, MAX_TIMECODE_TEXT)))
     return codes
+
+
+def _later_starts(text: str) -> list[tuple[re.Match[str], int]]:
+    """The times in a timecode line's remark that start remarks of their own:
+    those after a separator ("…; 1.5 s: …", "…, then at 0:09 …") or written
+    as a label ("a 2 s: b"), with words after them.  A length of time inside
+    a remark ("the colours flicker for 2 seconds", "lasts 3 s too long") is
+    the person's words, not a moment: taken as one, the words were lost to
+    an empty timecode."""
+    candidates = [m for m in _LATER.finditer(text) if _seconds(m) is not None
+                  and (m.group("mark") or _TRAILING.search(text[:m.start()]))]
+    starts: list[tuple[re.Match[str], int]] = []
+    end = len(text)
+    for match in reversed(candidates):  # from the last: a time with no words after it stays in the remark before
+        if _TRAILING.sub("", text[match.end():end]).strip():
+            starts.insert(0, (match, match.start()))
+            end = match.start()
+    return starts
 
 
 def _seconds(match: re.Match[str]) -> float | None:

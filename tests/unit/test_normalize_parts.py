@@ -49,6 +49,21 @@ def test_every_time_in_a_timecode_line_is_its_own_timecode(line, codes):
     assert [(code.t, code.text) for code in note.timecodes] == codes and note.text == ""
 
 
+@pytest.mark.parametrize("line, codes", [
+    ("1.5 s: the colours flicker for 2 seconds", [(1.5, "the colours flicker for 2 seconds")]),
+    ("0:07 the logo lasts 3 s too long", [(7.0, "the logo lasts 3 s too long")]),
+    ("2s fade is 10 sec instead of 5 sec", [(2.0, "fade is 10 sec instead of 5 sec")]),
+    ("1 s: it flickers; 2 s", [(1.0, "it flickers; 2 s")]),
+    ("0:01 it smears and 0:03 it fades", [(1.0, "it smears"), (3.0, "it fades")]),
+])
+def test_a_length_of_time_inside_a_remark_stays_in_its_words(line, codes):
+    """"1.5 s: the colours flicker for 2 seconds" became two timecodes, the
+    second empty, and the person's "2 seconds" was lost: a later time starts
+    a timecode only after a separator or written as a label, with words after it."""
+    note = parse_note(line)
+    assert [(code.t, code.text) for code in note.timecodes] == codes and note.text == ""
+
+
 def test_limits_on_timecodes():
     note = parse_note("\n".join(f"{n} s: x" for n in range(60)))
     assert len(note.timecodes) == MAX_TIMECODES and note.text.count("\n") == 9

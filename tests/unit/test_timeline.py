@@ -546,3 +546,14 @@ def test_a_file_someone_else_adds_says_whose_it_is_as_their_note_does(tmp_path: 
     room.deliver([redact("$r", ALICE, 5000, "$f1")])
     record = room.record()
     assert record["attachments"] == [bobs] and "attachments_by" not in record
+
+
+def test_a_length_of_time_in_a_remark_is_one_timecode_with_the_persons_words(tmp_path: Path) -> None:
+    """"1.5 s: the colours flicker for 2 seconds" in the thread was told
+    "2 timecodes", the second empty and "2 seconds" gone from the words."""
+    room = Room(tmp_path)
+    room.deliver([answer("$a", ALICE, 1000, "main")])
+    _told(room)
+    room.deliver([note("$t", ALICE, 2000, "1.5 s: the colours flicker for 2 seconds")])
+    assert _told(room) == ["Added to your answer to “Release branch”: 1 timecode."]
+    assert room.record()["timecodes"] == [{"t": 1.5, "text": "the colours flicker for 2 seconds"}]
