@@ -137,9 +137,27 @@ def progress_words(result: Tally, required: int, people: list[str], labels: dict
     waiting = [p for p in people if p not in voted]
     line = f"{counts[ranked[0]]} of {required} for \u201c{labels.get(ranked[0], ranked[0])}\u201d" + "".join(
         f", {counts[k]} for \u201c{labels.get(k, k)}\u201d" for k in ranked[1:]) + " so far"
-    if waiting:
-        line += "; waiting for " + joined(waiting, "or")
+    if people:
+        line += _still_needed(required - counts[ranked[0]], waiting, required)
     return line + "."
+
+
+def _still_needed(short: int, waiting: list[str], required: int) -> str:
+    """Who the decision waits for, ``short`` votes short on the option
+    closest to ``required``: "waiting for @b or @c" read as if either would
+    do when both were needed, and when not enough people are left to agree
+    it waited for nothing that could decide it."""
+    if short > len(waiting):
+        # (A veto could still decide it; agreement can't, unless a vote changes.)
+        return (f"; with {'no one' if not waiting else 'only ' + joined(waiting)} left to vote, no option can get"
+                f" the {required} agreeing votes needed unless someone changes their vote")
+    if not waiting:
+        return ""
+    if short == len(waiting):
+        return "; waiting for " + joined(waiting, "and")
+    if short == 1:
+        return "; waiting for " + joined(waiting, "or")
+    return f"; waiting for {short} more of " + joined(waiting, "and")
 
 
 def joined(names: list[str], word: str = "and") -> str:

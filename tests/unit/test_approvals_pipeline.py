@@ -966,8 +966,29 @@ def test_a_voter_in_a_tie_hears_the_count_of_their_own_option_too():
     assert progress_words(split, 2, [ANA, BO, CY], labels) == (
         f"1 of 2 for \u201cThe stable branch\u201d, 1 for \u201cThe main branch\u201d so far; waiting for {CY}.")
     ahead = Tally(PENDING, [*split.votes, {"sender": CY, "choice": "main"}])
-    assert progress_words(ahead, 3, [ANA, BO, CY], labels) == (
-        "2 of 3 for \u201cThe main branch\u201d, 1 for \u201cThe stable branch\u201d so far.")
+    assert progress_words(ahead, 3, [ANA, BO, CY], labels).startswith(
+        "2 of 3 for \u201cThe main branch\u201d, 1 for \u201cThe stable branch\u201d so far; ")
+
+
+def test_the_progress_says_whose_votes_are_all_needed_and_when_agreement_is_out_of_reach():
+    """3 of 3 needed, one in: "waiting for @b or @c", as if either would
+    do; and with everyone voted on a split, nothing said it can't be decided."""
+    from bridge.protocol.quorum import PENDING, Tally, progress_words
+
+    labels = {"main": "The main branch", "stable": "The stable branch"}
+    one = Tally(PENDING, [{"sender": ANA, "choice": "main"}])
+    assert progress_words(one, 3, [ANA, BO, CY], labels) == (
+        f"1 of 3 for \u201cThe main branch\u201d so far; waiting for {BO} and {CY}.")
+    assert progress_words(one, 2, [ANA, BO, CY], labels) == (
+        f"1 of 2 for \u201cThe main branch\u201d so far; waiting for {BO} or {CY}.")
+    split = Tally(PENDING, [*one.votes, {"sender": BO, "choice": "stable"}])
+    assert progress_words(split, 3, [ANA, BO, CY], labels) == (
+        "1 of 3 for \u201cThe main branch\u201d, 1 for \u201cThe stable branch\u201d so far; with only "
+        f"{CY} left to vote, no option can get the 3 agreeing votes needed unless someone changes their vote.")
+    everyone = Tally(PENDING, [*split.votes, {"sender": CY, "choice": "main"}])
+    assert progress_words(everyone, 3, [ANA, BO, CY], labels) == (
+        "2 of 3 for \u201cThe main branch\u201d, 1 for \u201cThe stable branch\u201d so far; with no one left "
+        "to vote, no option can get the 3 agreeing votes needed unless someone changes their vote.")
 
 
 class Delaying(Transport):
