@@ -32,7 +32,8 @@ ANSWER_TYPE = "dev.superpipeline.question.answer.v2"
 POLL_RESPONSE_TYPES = frozenset({"org.matrix.msc3381.poll.response", "m.poll.response"})
 POLL_END_TYPES = frozenset({"org.matrix.msc3381.poll.end", "m.poll.end"})
 FILE_MSGTYPES = frozenset({"m.image", "m.file", "m.video", "m.audio"})
-TEXT_MSGTYPES = frozenset({"m.text", "m.emote", "m.notice"})
+# What a person types (a notice is never read: ``_is_notice``).
+TEXT_MSGTYPES = frozenset({"m.text", "m.emote"})
 
 
 def is_file_content(content: Any) -> bool:
@@ -165,6 +166,8 @@ def normalize(event: dict[str, Any], lookup: Lookup) -> Found | None:
         return None
     if not isinstance(content, dict) or not isinstance(kind, str):
         return None  # a forged event's type may be anything, even unhashable
+    if kind in (ANSWER_TYPE, "m.room.message") and _is_notice(content):
+        return None
     if kind in POLL_RESPONSE_TYPES:
         return _poll_vote(event, content, lookup)
     if kind in POLL_END_TYPES:
@@ -467,7 +470,7 @@ def _unplaced(event: dict[str, Any], content: dict[str, Any], lookup: Lookup) ->
     reply = relates.get("m.in_reply_to") if isinstance(relates, dict) else None
     # Only what a person types: a notice is a bot's, and bots must not set each other off.
     if not isinstance(reply, dict) or not isinstance(reply.get("event_id"), str) \
-            or _s(content, "msgtype") not in ("m.text", "m.emote"):
+            or _s(content, "msgtype") not in TEXT_MSGTYPES:
         return None
     mentions = content.get("m.mentions")
     users = mentions.get("user_ids") if isinstance(mentions, dict) else None
@@ -532,6 +535,17 @@ def _related(content: dict[str, Any], rel_type: str) -> str | None:
     if isinstance(relates, dict) and relates.get("rel_type") == rel_type and isinstance(relates.get("event_id"), str):
         return relates["event_id"]
     return None
+
+
+def _is_notice(content: dict[str, Any]) -> bool:
+    """A message sent as ``m.notice``, or edited into one.  The Matrix spec
+    says a notice must never be answered automatically (two bots answering
+    each other's notices loop), and the protocol (PROTOCOL.md) reads answers
+    from what people type: a notice is no answer and no note here, and
+    gets no word back, whatever it says, a structured answer too
+    (the judge refused that one anyway, with a notice back to a notice)."""
+    new = content.get("m.new_content")
+    return content.get("msgtype") == "m.notice" or (isinstance(new, dict) and new.get("msgtype") == "m.notice")
 
 
 def _is_edit(content: dict[str, Any]) -> bool:

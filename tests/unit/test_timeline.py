@@ -557,3 +557,18 @@ def test_a_length_of_time_in_a_remark_is_one_timecode_with_the_persons_words(tmp
     room.deliver([note("$t", ALICE, 2000, "1.5 s: the colours flicker for 2 seconds")])
     assert _told(room) == ["Added to your answer to “Release branch”: 1 timecode."]
     assert room.record()["timecodes"] == [{"t": 1.5, "text": "the colours flicker for 2 seconds"}]
+
+
+def test_a_notice_replying_to_the_question_gets_no_word_back_and_is_no_answer(tmp_path: Path) -> None:
+    """Another bot's m.notice replying to the question was read as an answer
+    ("2" recorded) or refused with a notice back ("hmm"): the Matrix spec
+    says notices are never answered automatically, or bots loop."""
+    room = Room(tmp_path)
+    for event_id, ts, body in (("$n1", 1000, "hmm"), ("$n2", 2000, "2")):
+        sent = _reply(event_id, BOB, ts, body)
+        sent["content"]["msgtype"] = "m.notice"
+        room.deliver([sent])
+    edited = _reply("$n3", BOB, 3000, "1", edits="$n1")
+    edited["content"]["m.new_content"]["msgtype"] = "m.notice"
+    room.deliver([edited])
+    assert _told(room) == [] and room.record() is None
