@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from bridge.protocol.graphemes import cut
+
 MAX_TIMECODES = 50
 MAX_TIMECODE_TEXT = 500
 # A week: longer than any clip a question shows; past it a "timecode" is just text.
@@ -130,4 +132,4 @@ def _seconds(match: re.Match[str]) -> float | None:
 
 
 def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + _ELLIPSIS
+    return text if len(text) <= limit else cut(text, limit - 1) + _ELLIPSIS

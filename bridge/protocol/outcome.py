@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bridge.protocol.recorded import RecordedQuestion
+from bridge.protocol.graphemes import cut
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 from bridge.protocol.render import HTML_FORMAT, esc_links, esc_people, option_display, short_digest, shown_title
 from bridge.questionset.shown import visible
@@ -54,7 +55,7 @@ def describe_record(record: dict[str, Any], labels: Mapping[str, str] | None = N
         # Without the invisible characters that turn a line around (a U+202E
         # in an answer reversed the bridge's own words after it for everyone).
         text = visible(str(record["text"]))
-        picked = f"“{text[:80]}{'…' if len(text) > 80 else ''}”"
+        picked = f"“{cut(text, 80)}{'…' if len(text) > 80 else ''}”"
     else:
         picked = _kept(record)
     if record.get("note") and record.get("state") != "note_only":
