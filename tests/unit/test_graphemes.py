@@ -43,3 +43,14 @@ def test_what_a_person_reads_ends_on_a_whole_character():
     question = RecordedQuestion("$q", "!r", "s", {"question": {"id": "q", "kind": "text", "title": "T", "options": []}})
     said = _cant_read("y" * 58 + FLAG + "z" * 5, question)
     assert "\u201c" + "y" * 58 + "\u2026\u201d" in said, said
+
+
+def test_an_echoed_id_or_user_id_ends_on_a_whole_character():
+    """A refusal quoting an option id a person typed, or lint naming a user
+    id that is none, cut a family emoji in half before the "…"."""
+    from bridge.protocol.judge import _quote
+    from bridge.protocol.userids import user_id_problem
+
+    assert _quote("b" * 58 + FLAG + "y" * 5) == "\u201c" + "b" * 58 + "\u2026\u201d"
+    said = user_id_problem("a" * 57 + FAMILY + "x" * 10)
+    assert said.startswith('"' + "a" * 57 + "\u2026" + '"'), said
