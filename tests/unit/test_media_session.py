@@ -333,3 +333,61 @@ async def test_an_encrypted_rooms_file_over_the_upload_limit_is_refused_before_i
         (tmp_path / "small.png").write_bytes(b"\x89PNG" + b"\x00" * 996)
         sent = await transport.upload_encrypted(tmp_path / "small.png", "image/png", "small.png")
         assert sent["url"] == "mxc://hs/ciphertext" and uploads == [1000] and "key" in sent
+
+
+async def test_a_hundred_megabytes_posted_into_an_encrypted_room_never_sit_in_memory(tmp_path):
+    """Media for an encrypted room was read whole, encrypted whole and the
+    ciphertext kept for the upload: about 300 MB held for a 100 MB clip.
+    The homeserver here reads the whole body; what it got decrypts, with
+    the keys the event would carry, to the file byte for byte."""
+    import hashlib
+    import tracemalloc
+
+    import unpaddedbase64
+    from Crypto.Cipher import AES
+    from Crypto.Util import Counter
+
+    mib = 1024 * 1024
+    block = os.urandom(mib)
+    clip, whole = tmp_path / "clip.mp4", hashlib.sha256()
+    with open(clip, "wb") as handle:
+        for _ in range(100):
+            handle.write(block)
+            whole.update(block)
+    received = tmp_path / "received"
+    uploads: list[int] = []
+
+    async def config(_request: web.Request) -> web.Response:
+        return web.json_response({"m.upload.size": 200 * mib})
+
+    async def upload(request: web.Request) -> web.Response:
+        size = 0
+        with open(received, "wb") as handle:
+            async for chunk in request.content.iter_chunked(mib):
+                handle.write(chunk)
+                size += len(chunk)
+        uploads.append(size)
+        return web.json_response({"content_uri": "mxc://hs/ciphertext"})
+
+    app = web.Application()
+    app.router.add_get("/_matrix/client/v1/media/config", config)
+    app.router.add_post("/_matrix/media/v3/upload", upload)
+    async with _homeserver(app) as transport:
+        tracemalloc.start()
+        try:
+            sent = await transport.upload_encrypted(clip, "video/mp4", "clip.mp4")
+            _now, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert sent["url"] == "mxc://hs/ciphertext" and uploads == [100 * mib]
+    assert peak < 16 * mib, f"{peak / mib:.1f} MiB held while posting 100 MiB encrypted"
+    key = unpaddedbase64.decode_base64(sent["key"]["k"])
+    iv = unpaddedbase64.decode_base64(sent["iv"])
+    cipher = AES.new(key, AES.MODE_CTR, counter=Counter.new(64, prefix=iv[:8], initial_value=0))
+    hashed, plain = hashlib.sha256(), hashlib.sha256()
+    with open(received, "rb") as handle:
+        while chunk := handle.read(mib):
+            hashed.update(chunk)
+            plain.update(cipher.decrypt(chunk))
+    assert unpaddedbase64.encode_base64(hashed.digest()) == sent["hashes"]["sha256"]
+    assert plain.digest() == whole.digest()

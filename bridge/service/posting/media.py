@@ -289,9 +289,9 @@ async def _upload_once(path: Path, store: Store, transport: Any, encrypted: bool
 
 async def _upload_as_it_is(path: Path, store: Store, transport: Any, encrypted: bool) -> Upload | None:
     """None when the file changed between its hashing and the end of its upload."""
-    # Read as it is hashed and sent, never whole (a clip of tens of
-    # megabytes, four sets posted at once): only an encrypted upload, whose
-    # cipher takes the bytes, holds them.
+    # Read as it is hashed and sent (encrypted piece by piece in an
+    # encrypted room), never whole: a clip of tens of megabytes, four sets
+    # posted at once.
     digest, size, head, hashed = await asyncio.to_thread(_digest, path)
     # An encrypted upload is its own entry: its key must never reach a plain room.
     cache_key = f"e2e:{digest}" if encrypted else digest

@@ -82,6 +82,57 @@ async def file_pieces(path: Path, piece: int = 1024 * 1024) -> AsyncIterator[byt
         handle.close()
 
 
+def _tries(data: bytes | Path, filename: str, keys: dict[str, Any] | None = None) -> Any:
+    """nio's body for an upload: ``data`` in pieces, from the start at each
+    try (nio tries a dropped or timed-out upload again for ever; a few
+    tries, then the caller decides).  With ``keys``: encrypted, each try
+    with a fresh key, ``keys`` filled with the one that went out whole."""
+
+    def body(_got_429: int, got_timeouts: int) -> AsyncIterator[bytes]:
+        if got_timeouts >= UPLOAD_TRIES:
+            raise MatrixError(f"uploading {filename}", f"the connection failed {got_timeouts} times")
+        if keys is not None:
+            keys.clear()  # a try cut short leaves no key of its own behind
+            return _encrypted_pieces(data, keys)
+        return _bytes_pieces(data) if isinstance(data, bytes) else file_pieces(data)
+
+    return body
+
+
+async def _bytes_pieces(data: bytes, piece: int = 1024 * 1024) -> AsyncIterator[bytes]:
+    """Bytes in pieces as ``file_pieces`` gives a file's."""
+    for at in range(0, len(data), piece):
+        yield data[at:at + piece]
+
+
+async def _encrypted_pieces(data: bytes | Path, keys: dict[str, Any], piece: int = 1024 * 1024) -> AsyncIterator[bytes]:
+    """``data``'s ciphertext a piece at a time, each piece read, encrypted
+    and hashed on a worker thread (0.5 s of cipher per 100 MB held /health,
+    the syncs and every room), so a piece or two is all that is held.  nio's
+    generator ends with the keys; it is read one piece ahead because aiohttp
+    stops asking once Content-Length bytes went, and the keys come after."""
+    from nio.crypto.attachments import encrypted_attachment_generator
+
+    handle = None if isinstance(data, bytes) else await asyncio.to_thread(open, data, "rb")
+    pieces = ([data[at:at + piece] for at in range(0, len(data), piece)] if handle is None
+              else iter(lambda: handle.read(piece), b""))
+    cipher = encrypted_attachment_generator(pieces)
+    try:
+        ciphertext = await asyncio.to_thread(next, cipher)
+        while not isinstance(ciphertext, dict):
+            following = await asyncio.to_thread(next, cipher)
+            if isinstance(following, dict):
+                keys.update(following)
+            yield ciphertext
+            ciphertext = following
+        keys.update(ciphertext)  # an empty file: the keys alone
+    finally:
+        # (The generator is left to be collected: a cancelled try's worker
+        # thread may still be inside it.)
+        if handle is not None:
+            handle.close()
+
+
 class UploadRefused(Exception):
     """The homeserver will never take this file (over its upload limit)."""
 
@@ -579,17 +630,9 @@ class NioTransport:
     async def upload(self, data: bytes | Path, content_type: str, filename: str) -> str:
         """Upload ``data`` (the bytes, or a file read as it is sent: a clip of
         tens of megabytes is never held whole); its mxc URL."""
-        import io
-
         size = await self._within_limit(data, filename)
-
-        def body(_got_429: int, got_timeouts: int) -> Any:
-            # nio tries a dropped or timed-out upload again for ever; a few tries, then the caller decides.
-            if got_timeouts >= UPLOAD_TRIES:
-                raise MatrixError(f"uploading {filename}", f"the connection failed {got_timeouts} times")
-            return io.BytesIO(data) if isinstance(data, bytes) else file_pieces(data)  # each try from the start
-
-        response, _ = await self.client.upload(body, content_type=content_type, filename=filename, filesize=size)
+        response, _ = await self.client.upload(_tries(data, filename), content_type=content_type,
+                                               filename=filename, filesize=size)
         if not isinstance(response, UploadResponse):
             raise MatrixError(f"uploading {filename}", response)
         return response.content_uri
@@ -597,15 +640,16 @@ class NioTransport:
     async def upload_encrypted(self, data: bytes | Path, content_type: str, filename: str) -> dict[str, Any]:
         """Uploads ``data`` (or the file) encrypted with a fresh key; returns
         the ``file`` object an event in an encrypted room carries instead of ``url``."""
-        from nio.crypto.attachments import encrypt_attachment
-
         # The ciphertext is as long as the file (AES-CTR): one over the limit
-        # is refused before it is read, not after it was held and encrypted
-        # whole.  The cipher runs off the event loop (0.5 s per 100 MB held
-        # /health, the syncs and every room).
-        await self._within_limit(data, filename)
-        ciphertext, keys = await asyncio.to_thread(
-            lambda: encrypt_attachment(data if isinstance(data, bytes) else data.read_bytes()))
+        # is refused before it is read.  Neither the file nor its ciphertext
+        # is ever held whole (a 100 MB clip was held three times over).
+        size = await self._within_limit(data, filename)
+        keys: dict[str, Any] = {}
         # The content repository sees only ciphertext, so it gets no real type or name.
-        url = await self.upload(ciphertext, "application/octet-stream", "encrypted")
-        return {**keys, "url": url}
+        response, _ = await self.client.upload(_tries(data, filename, keys), content_type="application/octet-stream",
+                                               filename="encrypted", filesize=size)
+        if not isinstance(response, UploadResponse):
+            raise MatrixError(f"uploading {filename}", response)
+        if not keys:  # the file grew while it was sent: what went up is not all of it
+            raise MatrixError(f"uploading {filename}", "the file changed while it was sent")
+        return {**keys, "url": response.content_uri}
