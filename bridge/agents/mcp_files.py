@@ -8,20 +8,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import os
+from pathlib import Path
 from typing import Any
 
 import mcp_types as types
 
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
 from bridge.agents.errors import BadRequest, NotFound, TooLarge
+from bridge.agents.files_http import attachment_url
 from bridge.agents.media_files import check_media_name, pieces, receive, stored_body
+from bridge.agents.readgate import ReadGate
 from bridge.agents.sets import AgentSets
 from bridge.questionset.media import mimetype
 
 ATTACHMENT_TEMPLATE = "askwright://sets/{id}/attachments/{name}"
 _PREFIX, _MIDDLE = "askwright://sets/", "/attachments/"
 # One JSON-RPC message carries the whole file (base64, a third larger) and
-# is held in memory while it is read: bigger files go through the HTTP PUT.
+# is held in memory while it is read, both ways: bigger files go through the
+# HTTP PUT (``upload_media``) and GET (a resource read).
 MCP_MEDIA_MAX = 32 * 1024 * 1024
 
 
@@ -55,6 +60,7 @@ class McpFiles:
         self.sets = sets
         self.media_max = min(media_max, MCP_MEDIA_MAX)
         self.digests = digests or Digests()
+        self.turns = ReadGate()
 
     async def view(self, agent: str, set_id: str, view: dict[str, Any]) -> dict[str, Any]:
         """A read view as MCP gives it: each attachment an object whose url is its resource URI."""
@@ -90,9 +96,17 @@ class McpFiles:
         set_dir = self.sets.set_dir(agent, set_id)
         if name not in named_in(await self.sets.read_all_apart(agent, set_id), set_dir):
             raise NotFound(f"no file {name!r} in this set's answers")
-        data = await asyncio.to_thread(attachment_path(set_dir, name).read_bytes)
-        return types.ReadResourceResult(contents=[types.BlobResourceContents(
-            uri=uri, mime_type=mimetype(name), blob=base64.b64encode(data).decode("ascii"))])
+        path = attachment_path(set_dir, name)
+        # The front's gate holds a read's turn until its answer is sent, but
+        # only for a request small enough to look into: these turns bound
+        # the file's bytes and their base64 whatever the request looked like.
+        async with self.turns.turn_of(agent):
+            # Read and encoded on a worker thread: 20 MiB held the event loop ~150 ms.
+            read = await asyncio.to_thread(_blob, path, uri, mimetype(name), MCP_MEDIA_MAX)
+        if isinstance(read, int):
+            raise TooLarge(f"{name} is {read} bytes, more than the {MCP_MEDIA_MAX} bytes a resource read "
+                           f"carries: GET {attachment_url(set_id, name)} over the HTTP API (the same token)")
+        return read
 
     async def upload(self, agent: str, arguments: dict[str, Any]) -> dict[str, Any]:
         set_id, name = arguments["set_id"], check_media_name(arguments["name"])
@@ -109,3 +123,16 @@ class McpFiles:
         with self.sets.media_dir(agent, set_id) as set_dir:
             stored = await receive(set_dir, set_id, name, pieces(data), self.media_max)
         return await stored_body(stored, self.sets.upload_limit)
+
+
+def _blob(path: Path, uri: str, mime: str, limit: int) -> types.ReadResourceResult | int:
+    """The file as a blob resource; its size instead when it is over
+    ``limit`` (looked at before it is read, and read no further than that:
+    a file past the limit is never held)."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(limit + 1) if size <= limit else b""
+    if size > limit or len(data) > limit:
+        return max(size, len(data))
+    return types.ReadResourceResult(contents=[types.BlobResourceContents(
+        uri=uri, mime_type=mime, blob=base64.b64encode(data).decode("ascii"))])

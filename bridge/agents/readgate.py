@@ -19,16 +19,19 @@ READS_PER_AGENT = 2
 
 
 class ReadGate:
-    def __init__(self, agent_key: str, at_once: int = READS_AT_ONCE, per_agent: int = READS_PER_AGENT):
+    def __init__(self, agent_key: str = "", at_once: int = READS_AT_ONCE, per_agent: int = READS_PER_AGENT):
         self.agent_key = agent_key  # where the request's scope names its agent
         self.per_agent = per_agent
         self._all = asyncio.Semaphore(at_once)
         self._agents: dict[Any, asyncio.Semaphore] = {}
 
-    @contextlib.asynccontextmanager
-    async def turn(self, scope: Any) -> AsyncIterator[None]:
+    def turn(self, scope: Any) -> contextlib.AbstractAsyncContextManager[None]:
         """Held from the request's start until its response is sent."""
-        agent = scope.get(self.agent_key)
+        return self.turn_of(scope.get(self.agent_key))
+
+    @contextlib.asynccontextmanager
+    async def turn_of(self, agent: Any) -> AsyncIterator[None]:
+        """One of ``agent``'s turns, and one of everyone's."""
         mine = self._agents.setdefault(agent, asyncio.Semaphore(self.per_agent))
         async with mine, self._all:
             yield
