@@ -213,6 +213,19 @@ class Streams:
 # A probe reads a file's streams (ffprobe in the shell); None means it could not.
 Probe = Callable[[str], "Streams | None"]
 
+
+
+def ffprobe_command(executable: str, entries: str, path: str) -> list[str]:
+    """ffprobe's command line asking ``entries`` (``-show_entries``) of the
+    local file ``path``, as JSON.  The file is anyone's (a person's, an
+    agent's): it may be a playlist naming URLs, and ffprobe would fetch
+    them (the bridge's own network, its internal addresses) on a version
+    that allows it; only the file protocol is let in, and the path is given
+    as a file URL so no name ("http:...", "-x") is read as anything else."""
+    return [executable, "-v", "error", "-protocol_whitelist", "file", "-show_entries", entries, "-of", "json",
+            "file:" + os.path.abspath(path)]
+
+
 PLAYABLE_VIDEO = frozenset({"h264"})
 PLAYABLE_AUDIO = frozenset({"aac", "mp3"})
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from bridge import strictjson
 from bridge.questionset.load import LoadError, parse_json
-from bridge.questionset.media import LocalFilesystem, Probe, Streams
+from bridge.questionset.media import LocalFilesystem, Probe, Streams, ffprobe_command
 from bridge.regularfile import NotRegular, read_regular
 
 if TYPE_CHECKING:  # imported when a folder is linted, not by every reader of questions.json
@@ -94,7 +94,7 @@ def ffprobe(executable: str) -> Probe:
     """A probe that asks ffprobe for the codec of every stream."""
 
     def probe(path: str) -> Streams | None:
-        command = [executable, "-v", "error", "-show_entries", "stream=codec_type,codec_name", "-of", "json", path]
+        command = ffprobe_command(executable, "stream=codec_type,codec_name", path)
         try:
             done = subprocess.run(command, capture_output=True, timeout=PROBE_TIMEOUT_SECONDS, check=False)
             streams = json.loads(done.stdout or b"{}").get("streams") if done.returncode == 0 else None

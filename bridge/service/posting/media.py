@@ -26,7 +26,7 @@ from typing import Any
 from bridge.protocol.one_pager import ENCRYPTED_MESSAGE_MAX_BYTES, MESSAGE_MAX_BYTES, render_one_pager
 from bridge.protocol.outcome import in_thread, txn_id
 from bridge.protocol.render import esc, start_words
-from bridge.questionset.media import LocalFilesystem, captions_for, media_type, mimetype, resolve
+from bridge.questionset.media import LocalFilesystem, captions_for, ffprobe_command, media_type, mimetype, resolve
 from bridge.questionset.model import MediaItem, Question, QuestionSet
 from bridge.service.storage.store import Store
 
@@ -376,7 +376,7 @@ def probe(path: str) -> tuple[int | None, int | None, int | None]:
     executable = shutil.which("ffprobe")
     if executable is None:
         return None, None, None
-    command = [executable, "-v", "error", "-show_entries", "stream=width,height:format=duration", "-of", "json", path]
+    command = ffprobe_command(executable, "stream=width,height:format=duration", path)
     try:
         done = subprocess.run(command, capture_output=True, timeout=PROBE_TIMEOUT_SECONDS, check=False)
         parsed = json.loads(done.stdout or b"{}")
