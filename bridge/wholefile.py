@@ -81,6 +81,7 @@ class TempFile:
     def __init__(self, path: Path, *, temp: Path | None = None, unique: bool = False, mode: int | None = None):
         self.path = path
         self.temp = temp or temp_path(path, unique=unique)
+        self.renamed = False  # the file is under its name (``commit`` got that far)
         # O_NOFOLLOW: a symlink planted at the temporary name is never written through.
         self._fd: int | None = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
                                        | getattr(os, "O_NOFOLLOW", 0), 0o644 if mode is None else mode)
@@ -99,6 +100,7 @@ class TempFile:
         os.close(self._fd)
         self._fd = None
         os.replace(self.temp, self.path)
+        self.renamed = True
         sync_dir(self.path.parent)
 
     def discard(self) -> None:

@@ -638,3 +638,34 @@ def test_a_batch_that_failed_before_its_files_were_recorded_keeps_each_file_once
     assert len(kept) == 1
     files = [p for p in (room.set_dir / "attachments").iterdir()]
     assert [p.name for p in files] == [Path(kept[0]).name] and files[0].read_bytes() == screenshot
+
+
+def test_a_download_cancelled_while_its_file_is_renamed_into_place_leaves_nothing(set_dir: Path, monkeypatch) -> None:
+    # The commit runs on a thread that a cancel waits for: the rename went
+    # through, then the cancel was raised, and a verified file sat under its
+    # final name that no answer named and nothing removed.
+    import threading
+
+    from bridge import wholefile
+
+    renamed, real_sync = threading.Event(), wholefile.sync_dir
+
+    def slow_sync(folder: Path) -> None:
+        renamed.set()  # (after the rename, before the folder's fsync)
+        time.sleep(0.3)
+        real_sync(folder)
+
+    monkeypatch.setattr(wholefile, "sync_dir", slow_sync)
+    repository = Repository(os.urandom(200_000))
+
+    async def cancelled_mid_commit() -> None:
+        fetching = asyncio.ensure_future(
+            attachments.fetch_bounded({"url": "mxc://hs/a", "body": "a.png"}, str(set_dir), "q", 1,
+                                      repository.download, MIB))
+        assert await asyncio.to_thread(renamed.wait, 10)
+        fetching.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fetching
+
+    asyncio.run(cancelled_mid_commit())
+    assert on_disk(set_dir) == []

@@ -319,6 +319,12 @@ async def _save(path: Path, chunks: Any, body: FileBody) -> None:
         await _on_disk(part.commit)
     except BaseException:
         part.discard()
+        if part.renamed:
+            # Cancelled while the commit ran (a try's timeout, the answer
+            # withdrawn), or its folder's fsync failed: the file is under its
+            # name but no answer will name it, and nothing would remove it.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         raise
 
 
