@@ -209,18 +209,28 @@ class FailoverStorm:
 
     async def freeze_standby_holding_the_lease(self, standby: Bridge, ttl: float) -> float:
         """SIGSTOP the standby while it holds the lease row's lock (between its
-        ``SELECT ... FOR UPDATE`` and its commit): this session holds the row
-        first, so the standby's look waits behind it; the standby is stopped
-        while it waits, and the row is let go, so the stopped process's
-        session gets the lock and keeps it.  Meanwhile an answer is sent: it
-        must be made durable, and some instance must lead, within the lease
-        plus 5 s.  Returns how long that answer took."""
+        ``SELECT ... FOR UPDATE`` and its commit).  A standby locks the row
+        only to take over a lease that lapsed, so the lease is made to look
+        lapsed (as when the leader's renewal comes late, the leader still
+        there to renew it); this session holds the row first, so the
+        standby's takeover waits behind it; the standby is stopped while it
+        waits, and the row is let go, so the stopped process's session gets
+        the lock and keeps it.  Meanwhile an answer is sent: it must be made
+        durable, and some instance must lead, within the lease plus 5 s.
+        Returns how long that answer took."""
         cluster = self.cluster
         for _attempt in range(5):
             frozen = await self._stop_inside_the_look(standby)
             if frozen is not None:
                 break
-            standby.process.send_signal(signal.SIGCONT)  # it got through before it stopped: again
+            # It got through before it stopped: again, once the leader's renewal
+            # put the lease right (resumed, it would take a lease that looks lapsed).
+            deadline = time.monotonic() + 10
+            running = "SELECT expires > clock_timestamp() FROM askwright_lease WHERE name = 'leader'"
+            while not cluster.rows(running)[0][0]:
+                assert time.monotonic() < deadline, "the leader did not renew its lease"
+                await asyncio.sleep(0.05)
+            standby.process.send_signal(signal.SIGCONT)
         else:
             raise AssertionError("the standby was never stopped holding the lease row")
         self.failures.append(frozen)
@@ -348,7 +358,9 @@ class FailoverStorm:
         """Stops the standby inside its look at the lease row; when it holds
         the row then, the time it was stopped, else None."""
         cluster = self.cluster
-        with psycopg.connect(cluster.url, password=cluster.postgres.password) as conn:
+        password = cluster.postgres.password
+        with psycopg.connect(cluster.url, password=password) as conn, \
+                psycopg.connect(cluster.url, password=password, autocommit=True) as late:
             since = conn.execute("SELECT 1, clock_timestamp() FROM askwright_lease WHERE name = 'leader'"
                                  " FOR KEY SHARE").fetchone()[1]
             # A look that began waiting after this session held the row (not one
@@ -357,7 +369,12 @@ class FailoverStorm:
                          AND wait_event_type = 'Lock' AND query LIKE '%%FOR UPDATE%%' AND query_start > %s"""
             deadline = time.monotonic() + 10
             while not (found := cluster.rows(waiting, since)):
-                assert time.monotonic() < deadline, "the standby never looked at the lease"
+                assert time.monotonic() < deadline, "the standby never tried to take the lease over"
+                # Until the standby's look finds it lapsed (the leader's renewals
+                # put it right each second; an UPDATE does not wait for this
+                # session's FOR KEY SHARE).
+                late.execute("UPDATE askwright_lease SET expires = clock_timestamp() - interval '1 second'"
+                             " WHERE name = 'leader'")
                 await asyncio.sleep(0.02)
             standby.process.send_signal(signal.SIGSTOP)
             conn.commit()

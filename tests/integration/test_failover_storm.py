@@ -8,8 +8,9 @@ exactly once, each record's rev is its count of answers, no question was
 posted twice and no answer was acknowledged twice; the time from each
 leader's death to the standby's first durable answer is printed.  Before
 the storm the standby is stopped (SIGSTOP) while it holds the lease row's
-lock: an answer is still made durable and some instance leads within the
-lease plus 5 s.  The paused leader stays frozen 10 s after the standby
+lock, taking over a lease made to look lapsed (a renewal that came late):
+an answer is still made durable and some instance leads within the lease
+plus 5 s.  The paused leader stays frozen 10 s after the standby
 leads, while answers keep coming: every answer sent after the pause is
 durable soon after it was sent (the new leader looks into the timelines every
 second or two until the homeserver pushes to it).  After the storm the

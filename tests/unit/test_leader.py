@@ -4,6 +4,7 @@ and a leader that lost it writes nothing to the store."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import sqlite3
 import threading
 import time
@@ -125,7 +126,22 @@ class _PausedAfterLock:
         return result
 
 
+def lapse(url: str, password: str, until) -> None:
+    """The lease looks lapsed (its expiry moved back, as when the leader's
+    renewal comes late) until ``until()``: a standby's look finds it so and
+    locks the row to take it over; the leader's next renewal restores it."""
+    with psycopg.connect(url, password=password, autocommit=True) as db:
+        began = time.monotonic()
+        while not until():
+            assert time.monotonic() - began < 15, "the standby never locked the lease row"
+            db.execute("UPDATE askwright_lease SET expires = clock_timestamp() - interval '1 second'"
+                       " WHERE name = 'leader'")
+            time.sleep(0.05)
+
+
 def test_a_standby_paused_holding_the_lease_row_stalls_nobody(shared, postgres_server):
+    # The standby locks the row only to take over a lease that lapsed: here
+    # one whose renewal came late, the leader still there to renew it.
     url, lease = shared
     leader = lease()
     wait_for(lambda: leader.leading)
@@ -137,7 +153,7 @@ def test_a_standby_paused_holding_the_lease_row_stalls_nobody(shared, postgres_s
     standby._try_take = lambda conn: take(_PausedAfterLock(conn, TTL_SECONDS + 6, paused))
     standby.start()
     try:
-        wait_for(lambda: paused.is_set())
+        lapse(url, postgres_server.password, paused.is_set)
         began = time.monotonic()
         # The server ends the paused session and frees the row: the leader's
         # renewals and its fenced transactions go on.
@@ -154,6 +170,57 @@ def test_a_standby_paused_holding_the_lease_row_stalls_nobody(shared, postgres_s
     finally:
         standby.stop()
         store.close()
+
+
+class _StoppedAfterEachLook:
+    """A standby's lease connection that stops after each read of the lease
+    row's expiry, as a process stopped there (SIGSTOP) would, until the test
+    has looked at what its session holds."""
+
+    def __init__(self, conn, stops: queue.Queue):
+        self._conn, self._stops = conn, stops
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+    def execute(self, sql, *args, **kwargs):
+        result = self._conn.execute(sql, *args, **kwargs)
+        if "FROM askwright_lease" in sql and "expires <" in sql:
+            looked = threading.Event()
+            self._stops.put(looked)
+            looked.wait(0.8)  # (within the lease connection's 1 s idle limit: a lock is still held)
+        return result
+
+
+def test_a_standby_stopped_in_its_look_while_the_lease_runs_holds_nothing_the_leader_waits_for(
+        shared, postgres_server):
+    # Each look took the row FOR UPDATE, the lease running or not: a standby
+    # stopped there held the leader's renewal (and its fenced transactions)
+    # until the server ended its session.
+    url, lease = shared
+    leader = lease()
+    wait_for(lambda: leader.leading)
+    stops: queue.Queue = queue.Queue()
+    standby = Lease(url, postgres_server.password)
+    take = standby._try_take
+    standby._try_take = lambda conn: take(_StoppedAfterEachLook(conn, stops))
+    standby.start()
+    try:
+        with psycopg.connect(url, password=postgres_server.password, autocommit=True) as probe:
+            for _look in range(5):
+                looked = stops.get(timeout=10)
+                try:
+                    # The lock the leader's renewal (an UPDATE) takes, not waited for.
+                    running = probe.execute("SELECT expires > clock_timestamp() FROM askwright_lease"
+                                            " WHERE name = 'leader' FOR NO KEY UPDATE NOWAIT").fetchone()[0]
+                except psycopg.errors.LockNotAvailable:
+                    pytest.fail("a standby stopped in its look holds the lease row: the leader's renewal waits")
+                finally:
+                    looked.set()
+                assert running and leader.leading
+    finally:
+        standby.stop()
+    assert leader.leading and standby.role == "standby"
 
 
 @pytest.mark.parametrize("operators_options", ["", "-c lock_timeout=5000"], ids=["as shipped", "lock_timeout set"])

@@ -3,8 +3,11 @@
 The lease is a row (``askwright_lease``) with an epoch, a holder and an
 expiry in the database's own clock.  The leader renews it every second on a
 connection of its own, on a thread of its own (a busy event loop does not
-lose it).  A standby takes it over once it has expired: it locks the row
-(``FOR UPDATE``), raises the epoch and names itself holder.
+lose it).  A standby reads the row without a lock while the lease runs,
+and takes it over once it has expired: it locks the row (``FOR UPDATE``),
+raises the epoch and names itself holder.  So a standby frozen while the
+lease runs holds nothing the leader's renewal would wait for: only one
+that finds the lease lapsed, and may take it, locks the row.
 
 Fencing: every write the leader makes is guarded by its epoch.
 - Store transactions: right after ``BEGIN`` the leader reads its lease row
@@ -286,11 +289,20 @@ class Lease:
         started = _clock()
         if started < self._hold_off_until or self._outdated(conn):
             return
+        # A look with no lock first: a standby that took the row's lock on
+        # every look, paused inside one (SIGSTOP), held the leader's
+        # renewal until the server ended its session.
+        row = conn.execute("SELECT expires < clock_timestamp() FROM askwright_lease WHERE name = 'leader'").fetchone()
+        if row is not None and not row[0]:
+            self._blocked = None  # (the lease runs: nothing keeps the instances from leading)
+            return
         try:
             with conn.transaction():
                 conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"
                              " VALUES ('leader', 0, '', '-infinity') ON CONFLICT DO NOTHING")
-                # Waits for every open transaction the old leader fenced.
+                # Waits for every open transaction the old leader fenced (their
+                # FOR KEY SHARE; an UPDATE of the row's other columns would
+                # not), and reads again: the leader may have renewed since.
                 expired = conn.execute("SELECT expires < clock_timestamp() FROM askwright_lease"
                                        " WHERE name = 'leader' FOR UPDATE").fetchone()[0]
                 self._blocked = None  # (the row's lock was had)
