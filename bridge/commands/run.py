@@ -13,7 +13,7 @@ from typing import Any
 from bridge.service.storage import runlock
 from bridge.service.config import ConfigError, load_config, world_readable
 from bridge.service.logs import setup_logging
-from bridge.service.storage.store import Store, StoreVersionError
+from bridge.service.storage.store import MigrationBusy, Store, StoreVersionError
 
 log = logging.getLogger("bridge.run")
 
@@ -71,7 +71,8 @@ def _open_store(config: Any) -> int | None:
     PostgreSQL that can't be reached yet (starting with the machine,
     restarting) is waited for, as the bridge rides out one that goes away
     later; SIGTERM ends the wait (exit 0).  A store refused for good (a
-    wrong password, no such database, an unreadable file) exits 2."""
+    wrong password, no such database, an unreadable file) exits 2; one whose
+    migration lock another session holds past the wait (``migratelock``), 1."""
     wait, stop = FIRST_WAIT, threading.Event()
     main = threading.current_thread() is threading.main_thread()  # where a signal handler can be set
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if main else None
@@ -83,6 +84,11 @@ def _open_store(config: Any) -> int | None:
                 return None
             except StoreVersionError as exc:
                 return _store_refused(exc)
+            except MigrationBusy as exc:
+                # Not refused for good (exit 2, which systemd does not restart):
+                # a start after that migration, or after the session is ended, goes on.
+                print(f"askwright-bridge: {' '.join(str(exc).split())}", file=sys.stderr)
+                return 1
             except (sqlite3.Error, OSError) as exc:
                 key = "store.url" if config.store.url else "store.path"
                 if not (config.store.url and _not_reached(exc)):
@@ -130,12 +136,14 @@ def _not_reached(exc: BaseException) -> bool:
     that answered says FATAL, and a setting libpq can't take makes the
     connection "bad" before any try.  A statement the server refused (no
     right to create the store's tables) has a SQLSTATE: only a connection's
-    or a server's coming back (08, 57P, 53300) is waited for."""
+    or a server's coming back (08, 57P, 53300) is waited for, and a session
+    the server ended because this process paused inside a transaction
+    (25P03: a migration frozen past its idle limit, whose step rolled back)."""
     cause = exc.__cause__ or exc
     said = str(cause)
     sqlstate = getattr(cause, "sqlstate", None)
     if isinstance(sqlstate, str) and sqlstate:
-        return sqlstate.startswith(("08", "57P")) or sqlstate == "53300"
+        return sqlstate.startswith(("08", "57P")) or sqlstate in ("53300", "25P03")
     if "connection is bad:" in said:
         return False
     return "FATAL:" not in said or any(words in said for words in _SERVER_NOT_READY)

@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -795,6 +796,100 @@ def test_the_instance_upgrading_is_not_held_up_by_its_own_lease(postgres_server)
         assert time.monotonic() - began < 5
     finally:
         mine.stop()
+    db = PgConnection(url, password=postgres_server.password)
+    assert db.schema_version() == SCHEMA_VERSION
+    db.close()
+
+
+def _start_config(url: str, password: str) -> SimpleNamespace:
+    """What a start (``run``'s opening of the store) reads of the config."""
+    return SimpleNamespace(store=SimpleNamespace(url=url, password=password, path="unused", where=redact(url)),
+                           appservice=SimpleNamespace(enabled=False), metrics=SimpleNamespace(enabled=False),
+                           agents=None)
+
+
+def _start(url: str, password: str, name: str) -> tuple[threading.Thread, list]:
+    """A start opening the store, on a thread of its own; the list gets its exit code (None: it went on)."""
+    from bridge.commands.run import _open_store
+
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(_open_store(_start_config(url, password))), name=name,
+                              daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_start_behind_a_migration_lock_never_let_go_gives_up_with_exit_1_naming_its_holder(postgres_server,
+                                                                                            monkeypatch, capsys):
+    # A session holding the migration's lock that the server does not end
+    # (a migrator frozen between two steps on PostgreSQL 12 or 13, or a
+    # session no instance owns): every other start waited for it for ever,
+    # without a word.
+    from bridge.service.storage import migratelock
+
+    monkeypatch.setattr(migratelock, "WAIT_SECONDS", 2.0)
+    url = fresh_schema(postgres_server)  # a store not made yet: a start migrates it
+    holder = psycopg.connect(url, password=postgres_server.password, autocommit=True, application_name="held")
+    holder.execute(f"SELECT pg_advisory_lock({migratelock.KEY})")
+    pid = holder.info.backend_pid
+    try:
+        start, outcome = _start(url, postgres_server.password, "a start")
+        start.join(30)
+        assert not start.is_alive(), "the start still waits for the migration's lock"
+    finally:
+        holder.close()
+        start.join(30)
+    assert outcome == [1]  # (not 2: a supervisor starts it again)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("askwright-bridge")]
+    assert len(said) == 1 and "migration lock" in said[0] and f"session pid {pid}, application 'held'" in said[0]
+    assert f"SELECT pg_terminate_backend({pid})" in said[0]
+
+
+@pytest.mark.parametrize("where", ["between two steps", "inside a step"])
+def test_a_migrator_frozen_holding_the_migration_lock_is_ended_and_the_next_start_migrates(postgres_server,
+                                                                                         monkeypatch, where):
+    # The migration ran with no idle limit, and its lock is its session's:
+    # a migrator frozen (SIGSTOP) while it held it kept it for good (a stopped
+    # process's kernel still answers TCP keepalives), and every other start
+    # waited behind it.  Here the server ends the frozen session once it has
+    # been idle for the (shortened) limit, its step rolls back, the next
+    # start migrates, and the frozen one, resumed, starts on the store migrated.
+    from bridge.service.storage import migratelock
+    from bridge.service.storage import store as store_module
+
+    monkeypatch.setattr(migratelock, "IDLE_SECONDS", 1.0)
+    url = fresh_schema(postgres_server)
+    frozen, resume = threading.Event(), threading.Event()
+    real = store_module.migration
+
+    def freezing(number: int, dialect):
+        statements = real(number, dialect)
+        if threading.current_thread().name != "frozen" or number != 1 or frozen.is_set():
+            return statements
+        if where == "between two steps":  # nothing of this step sent yet
+            frozen.set()
+            resume.wait(60)
+            return statements
+
+        def first_then_frozen():
+            yield statements[0]  # sent: the step's transaction is open
+            frozen.set()
+            resume.wait(60)
+            yield from statements[1:]
+        return first_then_frozen()
+
+    monkeypatch.setattr(store_module, "migration", freezing)
+    first, first_outcome = _start(url, postgres_server.password, "frozen")
+    try:
+        assert frozen.wait(30)
+        second, second_outcome = _start(url, postgres_server.password, "next")
+        second.join(30)
+        assert not second.is_alive(), "the next start still waits for the frozen migrator's lock"
+        assert second_outcome == [None]
+    finally:
+        resume.set()
+        first.join(30)
+    assert first_outcome == [None]  # its session ended, it tried again, and found the store migrated
     db = PgConnection(url, password=postgres_server.password)
     assert db.schema_version() == SCHEMA_VERSION
     db.close()

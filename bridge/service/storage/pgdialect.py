@@ -48,7 +48,6 @@ from bridge.service.storage.pgconnect import STORE_DEADLINE, STORE_LIMITS, WATCH
 from bridge.service.storage.store import GuessedWrong, PartsFailedTogether
 
 _SCHEMA_TABLE = "askwright_schema"
-_MIGRATING = "hashtext('askwright-bridge migrate')"  # the session lock a migration holds
 _KEPT_CURSORS = 2000  # cursors kept for pipelines (each holds its last result until used again)
 _LITERAL_OR_MARK = re.compile(r"'(?:[^']|'')*'|--[^\n]*|\?|%")
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)\s*(?:=\s*(\w+))?\s*$", re.I)
@@ -163,6 +162,7 @@ class PgConnection:
         self._commit_waits = True  # PRAGMA synchronous: FULL (True) or NORMAL (a commit that does not wait)
         self._open = False  # inside a BEGIN this connection issued
         self._deadline: float | None = STORE_DEADLINE  # None while migrating (no statement limit)
+        self._one_at_a_time = False  # while migrating: no pipeline (``migrating``)
         # The store's clock: the server's, measured at each connect (see dbclock).
         self.clock = DatabaseClock()
         self.clock.refresh = self._measure_clock
@@ -196,15 +196,36 @@ class PgConnection:
     @contextlib.contextmanager
     def migrating(self) -> Iterator[None]:
         """While migrating: instances starting together migrate one after the
-        other (a lock of this session), and with no statement or lock limit
-        (a migration may rewrite a large table, another instance's may hold
-        the lock a while)."""
+        other (a lock of this session, waited for a bounded time), with no
+        statement or lock limit (a migration may rewrite a large table), but
+        with an idle one, so a migrator frozen holding the lock loses it
+        (``migratelock``)."""
+        from bridge.service.storage import migratelock
+
         with self.unlimited():
-            self.execute(f"SELECT pg_advisory_lock({_MIGRATING})")
+            limits = migratelock.idle_limits(self.conn.info.server_version)
+            for setting in limits:
+                self.execute(setting)
+            # psycopg may end a pipeline with a flush request after its Sync
+            # (answers still on their way), and the server arms its idle
+            # limits only when it says it is ready for a query, which it does
+            # not after a flush: a migrator frozen after a pipelined round
+            # trip kept its lock for good.  One statement per round trip here.
+            self._one_at_a_time = True
             try:
-                yield
+                migratelock.take(self.execute, redact(self.url))
+                try:
+                    yield
+                finally:
+                    if not self._gone():  # (a session ended holds no lock)
+                        migratelock.let_go(self.execute)
             finally:
-                self.execute(f"SELECT pg_advisory_unlock({_MIGRATING})")
+                self._one_at_a_time = False
+                if len(limits) > 1 and not self._gone():  # (unlimited resets the other)
+                    self.execute("RESET idle_session_timeout")
+
+    def _gone(self) -> bool:
+        return self.conn.closed or self.conn.broken
 
     @contextlib.contextmanager
     def unlimited(self) -> Iterator[None]:
@@ -218,8 +239,9 @@ class PgConnection:
             yield
         finally:
             self._deadline = STORE_DEADLINE
-            for limit in UNLIMITED:
-                self.execute(f"RESET {limit}")
+            if not self._gone():  # (a new session starts with the limits)
+                for limit in UNLIMITED:
+                    self.execute(f"RESET {limit}")
 
     # -- the sqlite3 calls ----------------------------------------------
 
@@ -455,7 +477,7 @@ class PgConnection:
         try:
             with WATCHDOG.limit(self.conn, self._deadline):
                 cursors = self._cursors(len(statements))
-                with self.conn.pipeline():
+                with contextlib.nullcontext() if self._one_at_a_time else self.conn.pipeline():
                     for cursor, (text, params, _counts) in zip(cursors, statements):
                         cursor.execute(text, params)
                 results = [Result(cursor.fetchall() if cursor.description is not None else None, cursor.rowcount)

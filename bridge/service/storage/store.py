@@ -54,7 +54,7 @@ T = TypeVar("T")
 
 # The store's face: ``Store``, and the names its callers import from here
 # (the parts' own modules are where they are defined).
-__all__ = ["Store", "StoreVersionError", "SCHEMA_VERSION", "LogEntry", "SET_ASIDE_REASONS",
+__all__ = ["Store", "StoreVersionError", "MigrationBusy", "SCHEMA_VERSION", "LogEntry", "SET_ASIDE_REASONS",
            "PostingConflict", "PostedQuestion", "PARKED_FOR_MS", "votes_key", "PENDING", "SENT", "COALESCED", "DROPPED",
            "FlushView"]
 
@@ -64,6 +64,11 @@ log = logging.getLogger(__name__)
 
 class StoreVersionError(Exception):
     pass
+
+
+class MigrationBusy(Exception):
+    """Another session held the store's migration lock for longer than a
+    start waits (PostgreSQL's: ``migratelock``)."""
 
 
 @dataclass
