@@ -86,10 +86,11 @@ def _from_store(section: Any) -> tuple[dict[str, int], dict[str, dict[str, int]]
     try:
         store = Store.read_only(section.path, url=section.url, password=section.password)
     except FileNotFoundError:
-        # The bridge has not run yet, or store.path is not the file it uses:
-        # said on stderr, as every set shows nothing posted.
-        sys.stderr.write(f"askwright-bridge: no store at {section.path} yet: nothing is counted as posted "
-                         "(the bridge has not run with this config, or store.path names another file)\n")
+        # The bridge has not run yet, or the store key names another store
+        # than the one it uses: said on stderr, as every set shows nothing posted.
+        key = "store.url" if section.url else "store.path"
+        sys.stderr.write(f"askwright-bridge status: no store at {section.where} yet: nothing is counted as "
+                         f"posted (the bridge has not run with this config, or {key} names another store)\n")
         return {}, {}, nothing_held()
     try:
         return store.posted_question_counts(), store.highest_posted_revs(), held_back(store)

@@ -74,10 +74,16 @@ def _migrate(args: argparse.Namespace) -> int:
         return _say(f"the store is on PostgreSQL already ({redact(config.store.url)}); store migrate copies the "
                     f"SQLite store at store.path, which is no longer the bridge's (move a PostgreSQL database "
                     f"with pg_dump and pg_restore)", 2)
+    if not config.store.path.is_file():
+        # Said before the lock is taken: taking it makes the folder and a
+        # .lock file, left behind by a mistyped store.path.
+        return _say(f"store.path: {config.store.path}: there is no SQLite store to copy", 2)
     try:
         lock = hold(config.store.path)
     except StoreBusy as exc:
         return _say(f"the bridge is running: {exc}; stop it before migrating the store", 2)
+    except OSError as exc:  # its folder not writable by this user, a file where a folder should be
+        return _say(f"store.path: {config.store.path}: can't be used ({exc.strerror or exc})", 2)
     password = os.environ.get("ASKWRIGHT_BRIDGE_STORE_PASSWORD") or config.store.password
     try:
         report = copy_store(config.store.path, args.to, password)

@@ -706,6 +706,40 @@ def test_migrate_on_a_bridge_already_on_postgresql_refuses_to_copy_the_stale_sql
     assert "on PostgreSQL already" in err and "pg_dump" in err
 
 
+def test_migrate_from_a_store_path_that_cannot_be_used_says_so_in_one_line_and_leaves_nothing(
+        postgres_server, tmp_path, capsys, monkeypatch):
+    """A store.path under a regular file came out as a traceback (exit 1,
+    "copy failed"); a mistyped one left its folder and a .lock file behind."""
+    config, url = migrating(postgres_server, tmp_path, monkeypatch)
+    (tmp_path / "afile").write_text("not a folder")
+    for path in ("./afile/bridge.sqlite", "./typo/bridge.sqlite"):
+        settings = yaml.safe_load(config.read_text())
+        settings["store"]["path"] = path
+        config.write_text(yaml.safe_dump(settings))
+        assert main(["store", "migrate", "-c", str(config), "--to", url]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "store.path" in err and "Traceback" not in err, err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_status_on_a_database_the_bridge_has_not_made_its_tables_in_names_store_url(postgres_server, tmp_path,
+                                                                                   capsys, monkeypatch):
+    """It named the SQLite file and store.path, which the bridge does not use
+    once store.url is set: the operator looked at the wrong key."""
+    url = fresh_schema(postgres_server)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
+        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
+        "store": {"path": "./bridge.sqlite", "url": url}}))
+    config.chmod(0o600)
+    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    assert main(["status", "-c", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "no store at" in err and "store.url" in err and ".sqlite" not in err, err
+    assert postgres_server.password not in err
+
+
 def _older_store(url: str, password: str) -> None:
     db = PgConnection(url, password=password)
     for number in range(SCHEMA_VERSION - 1):
