@@ -167,8 +167,8 @@ def _convert(tp: Any, value: Any) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
+        if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
+            return int(value)  # (str.isdigit took "--5" and "²", which int() then refused in its own words)
         raise Invalid("must be a whole number")
     if tp is str:
         if not isinstance(value, str):

@@ -131,6 +131,8 @@ def test_run_names_the_bad_key(tmp_path, capsys):
     ({"agent_api": {"max_waits": 0}}, "agent_api.max_waits", "at least 1"),
     ({"agent_api": {"max_waits_total": "lots"}}, "agent_api.max_waits_total", "whole number"),
     ({"agent_api": {"rate_per_minute": "many"}}, "agent_api.rate_per_minute", "whole number"),
+    ({"attachments": {"max_bytes": "--5"}}, "attachments.max_bytes", "whole number"),
+    ({"attachments": {"max_bytes": "\u00b2"}}, "attachments.max_bytes", "whole number"),
     ({"answerers": ["@a:b", 3]}, "answerers.1", "text"),
     ({"rooms": {"default": "!r", "sets": {"a": 5}}}, "rooms.sets.a", "text"),
     ({"encryption": {"trust": "everyone"}}, "encryption.trust", "'cross-signed', 'tofu', 'verified', 'all'"),
