@@ -134,11 +134,12 @@ def try_seconds(limit: int) -> float:
 
 async def fetch_bounded(content: dict[str, Any], set_dir: str, qid: str, number: int,
                         download: Download, limit: int = DEFAULT_MAX_BYTES,
-                        turns: asyncio.Semaphore | None = None) -> tuple[str | None, str | None]:
-    """``number`` names the file (never a name taken before).  ``turns``: as
-    many as the media's connections; each try's clocks start once it has one
-    (a try that waited for a connection behind 32 slow videos timed out in
-    the queue, three times, and the person was told to send a screenshot again)."""
+                        turns: AsyncContextManager[Any] | None = None) -> tuple[str | None, str | None]:
+    """``number`` names the file (never a name taken before).  ``turns``:
+    the file's turn among the media's connections (``mediaturns.Turn``),
+    taken again for each try; each try's clocks start once it has one (a
+    try that waited for a connection behind 32 slow videos timed out in the
+    queue, three times, and the person was told to send a screenshot again)."""
     began, attempt = time.monotonic(), 0
     while True:
         attempt += 1

@@ -8,7 +8,9 @@ judged on its own once the file is whole or given up on.  So a content
 repository that stalls costs that one file's word back, never another
 person's answer or another room's (and an appservice transaction is answered
 well within the homeserver's timeout, which would otherwise count the bridge
-as down and drop the room keys it pushes meanwhile).
+as down and drop the room keys it pushes meanwhile).  Nor does a slow
+server or person take every turn to download (``mediaturns``): another
+room's file is fetched beside theirs.
 
 A start (and the new leader) takes the kept ones up again: a file fetched and
 recorded but not yet judged is judged, one not fetched is fetched again under
@@ -30,12 +32,12 @@ from bridge.protocol.annotate import room_left
 from bridge.protocol.normalize import is_file_content
 from bridge.service.answering.attachments import (Download, MayAnswer, abandoned_after, fetch_bounded, file_content,
                                                   media_url, sweep_sets, target)
+from bridge.service.answering.mediaturns import MediaTurns, Turn, origin_of
 from bridge.service.answering.places import Places
 from bridge.service.eventwait import any_set, set_within
 from bridge.wholefile import in_thread
 from bridge.service.storage.setpaths import DOWNLOAD_KEPT
 from bridge.service.storage.store import Store
-from bridge.service.transport.mediasession import MEDIA_CONNECTIONS
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,8 @@ class Downloads:
         self.on_trouble, self.max_bytes, self.judge_later = on_trouble, max_bytes, judge_later
         self.flush = flush  # the folders written (and doomed files deleted) now
         self.running: dict[str, asyncio.Future[Any]] = {}  # event id -> its download and judging
-        self.turns = asyncio.Semaphore(MEDIA_CONNECTIONS)  # tries downloading at once (``fetch_bounded``)
+        # Tries downloading at once, shared out by server and by person (``fetch_bounded``).
+        self.turns = MediaTurns()
         # The files each answer may still take, kept while any of its files is not judged yet.
         self._places: dict[tuple[str, str], Places] = {}
         # Files whose events are not judged yet (``attachments.Unjudged``): an edit sending another file may come first.
@@ -107,7 +110,7 @@ class Downloads:
             places.owed += 1
             jobs.append((event, set_dir, qid, numbers[key], asyncio.ensure_future(places.fetched(functools.partial(
                 fetch_bounded, file_content(event), set_dir, qid, numbers[key], self.download, self.max_bytes,
-                self.turns)))))
+                self._turn(event))))))
         if not jobs:
             return [event for event in events if event.get("event_id") not in later] if later else events
         try:
@@ -197,9 +200,12 @@ class Downloads:
                 log.info("file %s for %s fetched again (its download was cut short)", event_id, qid)
                 self._follow(event, qid, asyncio.ensure_future(fetch_bounded(
                     file_content(event), kept_event["set_dir"], qid, kept_event["number"], self.download,
-                    self.max_bytes, self.turns)))
+                    self.max_bytes, self._turn(event))))
             else:
                 self._follow(event, qid, None)  # fetched, not judged yet
+
+    def _turn(self, event: dict[str, Any]) -> Turn:
+        return self.turns.of(origin_of(media_url(file_content(event))), str(event.get("sender")))
 
     async def _sweep(self) -> None:
         folders = await self.store.run(self.store.folders_posted)
