@@ -9,6 +9,7 @@ nothing, and the poster never sees half a file."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -88,8 +89,9 @@ async def receive(set_dir: Path, set_id: str, name: str, chunks: AsyncIterator[b
         part = TempFile(final, unique=True)  # two uploads of one name at once each write their own
     except OSError as exc:
         raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
-    digest, size, pending = hashlib.sha256(), 0, bytearray()
+    digest, size, pending, ours = hashlib.sha256(), 0, bytearray(), None
     try:
+        ours = os.lstat(part.temp)  # which file is this upload's, once renamed
         async for chunk in _until_cut(chunks):
             size += len(chunk)
             if size > limit:
@@ -105,13 +107,28 @@ async def receive(set_dir: Path, set_id: str, name: str, chunks: AsyncIterator[b
             raise BadRequest("the body is empty: send the file's bytes")
         await in_thread(part.write, bytes(pending))
         await in_thread(part.commit)
-    except OSError as exc:
+    except BaseException as exc:
         part.discard()
-        raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
-    except BaseException:
-        part.discard()
+        if part.renamed and ours is not None:
+            # Cancelled while the commit's thread ran (the client gone, a
+            # timeout), or its folder's fsync failed: the rename went through,
+            # but the upload fails, so its file goes too.  Kept, it sat under
+            # its name after an answer saying nothing was stored, and kept a
+            # folder claimed for it.  (A file it replaced went with the rename.)
+            _remove_if_ours(final, ours)
+        if isinstance(exc, OSError):
+            raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
         raise
     return Stored(set_id, name, size, digest.hexdigest(), created)
+
+
+def _remove_if_ours(path: Path, ours: os.stat_result) -> None:
+    """``path`` removed when it is still the file written as ``ours``: another
+    upload of the same name may have renamed its own over it since."""
+    with contextlib.suppress(OSError):
+        now = os.lstat(path)
+        if (now.st_ino, now.st_dev) == (ours.st_ino, ours.st_dev):
+            os.unlink(path)
 
 
 async def _until_cut(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -634,3 +634,50 @@ async def test_a_full_disk_is_a_507_in_the_apis_shape_for_a_set_and_a_first_uplo
     close_responses = json.loads(await (await http.get("/v1/openapi.json")).read())[
         "paths"]["/v1/sets/{id}/close"]["post"]["responses"]
     assert "507" in close_responses
+
+
+async def test_an_upload_whose_commit_is_cancelled_or_fails_after_the_rename_leaves_nothing(api, monkeypatch):
+    """The commit runs on a thread a cancel waits for: the rename went
+    through, then the cancel (the client gone, a timeout) was raised, and the
+    file sat under its name, its folder claimed, after an upload that
+    failed; a failed fsync of the folder after the rename answered 507
+    "nothing was left" over a file left in place."""
+    import base64
+    import errno
+    import threading
+    import time
+
+    from bridge import wholefile
+
+    http, root, agent_api = api
+    renamed, real_sync = threading.Event(), wholefile.sync_dir
+
+    def slow_sync(folder: Path) -> None:
+        if Path(folder) == root / "intro":
+            renamed.set()  # (after the rename, before the folder's fsync)
+            time.sleep(0.3)
+        real_sync(folder)
+
+    monkeypatch.setattr(wholefile, "sync_dir", slow_sync)
+    uploading = asyncio.ensure_future(Tools(agent_api.sets, agent_api.config.agents).call(
+        "planner", "upload_media", {"set_id": "intro", "name": "take-2.mp4",
+                                    "data": base64.b64encode(os.urandom(200_000)).decode()}))
+    assert await asyncio.to_thread(renamed.wait, 10)
+    uploading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await uploading
+    assert made(root) == []  # no file, and the set id it claimed is free again
+
+    def failing_sync(folder: Path) -> None:
+        if Path(folder) == root / "fresh":
+            raise OSError(errno.EIO, "Input/output error")
+        real_sync(folder)
+
+    monkeypatch.setattr(wholefile, "sync_dir", failing_sync)
+    async with http.put("/v1/sets/fresh/media/shot.png", data=b"\x89PNG" + bytes(100),
+                        headers=auth("planner")) as response:
+        assert response.status == 507 and (await response.json())["error"] == "not_stored"
+    assert made(root) == []
+    monkeypatch.setattr(wholefile, "sync_dir", real_sync)
+    async with http.put("/v1/sets/intro/media/take-2.mp4", data=b"clip", headers=auth("other")) as response:
+        assert response.status == 201  # the id is free for whoever asks next
