@@ -60,6 +60,20 @@ class TooLarge(AgentError):
     code = "too_large"
 
 
+class QuotaExceeded(AgentError):
+    """An upload that would take the agent's set folders past ``agent_api.media_quota``."""
+
+    status = 413
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, *, used: int, limit: int):
+        super().__init__(message)
+        self.used, self.limit = used, limit
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "quota": {"used": self.used, "limit": self.limit}}
+
+
 class NotFound(AgentError):
     """No such set for this agent (another agent's set looks exactly like none)."""
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
 from bridge.agents.bodyread import BodyGate, paced
 from bridge.agents.errors import NotFound, TooLarge
-from bridge.agents.media_files import check_media_name, receive, stored_body
+from bridge.agents.media_files import check_media_name, store_upload, stored_body
 from bridge.agents.sets import AgentSets
 from bridge.questionset.media import mimetype
 
@@ -77,9 +77,8 @@ class FileRoutes:
         # (before a folder is claimed, so a refused one takes no set id).
         give_back = self.bodies.take(agent, expected)
         try:
-            with self.sets.media_dir(agent, set_id) as set_dir:
-                body = paced(request.content.iter_chunked(READ_CHUNK))
-                stored = await receive(set_dir, set_id, name, body, self.media_max, expected=expected)
+            body = paced(request.content.iter_chunked(READ_CHUNK))
+            stored = await store_upload(self.sets, agent, set_id, name, body, self.media_max, expected=expected)
         finally:
             give_back()
         return web.json_response(await stored_body(stored, self.sets.upload_limit),

@@ -55,6 +55,7 @@ class AgentApi:
         self.sets.waits.per_agent = config.agent_api.max_waits
         self.sets.waits.total = config.agent_api.max_waits_total
         self.sets.waits.give_back = self.limiter.give_back
+        self.sets.media_quota.limit = config.agent_api.media_quota
         self.files = FileRoutes(self.sets, config.agent_api.media_max, bodies=self.bodies)
 
     def authenticate(self, request: web.Request) -> str:

@@ -17,7 +17,7 @@ import mcp_types as types
 from bridge.agents.attachment_files import Digests, attachment_path, check_name, named_in, with_file_objects
 from bridge.agents.errors import BadRequest, NotFound, TooLarge
 from bridge.agents.files_http import attachment_url
-from bridge.agents.media_files import check_media_name, pieces, receive, stored_body
+from bridge.agents.media_files import check_media_name, pieces, store_upload, stored_body
 from bridge.agents.readgate import ReadGate
 from bridge.agents.sets import AgentSets
 from bridge.questionset.media import mimetype
@@ -120,8 +120,8 @@ class McpFiles:
             data = base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
             raise BadRequest("data: not base64", findings=[{"where": "data", "message": "the file's bytes in base64"}]) from None
-        with self.sets.media_dir(agent, set_id) as set_dir:
-            stored = await receive(set_dir, set_id, name, pieces(data), self.media_max)
+        # Its size known before a byte is written: a file past the quota is refused at once.
+        stored = await store_upload(self.sets, agent, set_id, name, pieces(data), self.media_max, expected=len(data))
         return await stored_body(stored, self.sets.upload_limit)
 
 

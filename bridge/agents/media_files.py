@@ -3,7 +3,8 @@ and the MCP tool ``upload_media``): the file lands in the set's folder,
 where the set names it by ``src`` exactly as a local agent's set would.
 
 The body is streamed to a temporary file in that folder (``bridge.wholefile``), counted
-against the limit while it is read (whatever Content-Length said), then
+against the limit and the agent's quota (``media_quota``) while it is read
+(whatever Content-Length said), then
 fsynced and renamed over the name: a failed or cut-off upload leaves
 nothing, and the poster never sees half a file."""
 
@@ -16,11 +17,15 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge.agents.errors import AgentError, BadRequest, NotStored, TooLarge
+from bridge.agents.media_quota import Charge
 from bridge.questionset.media import UPLOAD_EXTENSIONS, mimetype
 from bridge.wholefile import TempFile, in_thread
+
+if TYPE_CHECKING:
+    from bridge.agents.sets import AgentSets
 
 # A plain name: no /, never two dots in a row; the OpenAPI document's
 # pattern for {name} is exactly NAME_PATTERN.
@@ -76,10 +81,20 @@ def check_media_name(name: Any) -> str:
     raise BadRequest(f"name: {problem}", findings=[{"where": "name", "message": problem}])
 
 
+async def store_upload(sets: AgentSets, agent: str, set_id: str, name: str, chunks: AsyncIterator[bytes],
+                       limit: int, expected: int | None = None) -> Stored:
+    """An upload of either door: into the set's folder (claimed for it
+    before the set's first PUT), within the agent's ``media_quota``."""
+    with sets.media_dir(agent, set_id) as set_dir:
+        async with sets.media_quota.charge(agent, Path(set_dir) / name, expected) as charge:
+            return await receive(set_dir, set_id, name, chunks, limit, expected=expected, charge=charge)
+
+
 async def receive(set_dir: Path, set_id: str, name: str, chunks: AsyncIterator[bytes], limit: int,
-                  expected: int | None = None) -> Stored:
+                  expected: int | None = None, charge: Charge | None = None) -> Stored:
     """Stream ``chunks`` into ``set_dir/name``; TooLarge past ``limit`` bytes,
-    BadRequest for an empty body or one shorter than ``expected``."""
+    QuotaExceeded past ``charge``'s quota, BadRequest for an empty body or
+    one shorter than ``expected``."""
     final = Path(set_dir) / name
     if os.path.isdir(final) and not os.path.islink(final):
         raise BadRequest(f"name: {name!r} is a folder in this set", findings=[
@@ -96,6 +111,8 @@ async def receive(set_dir: Path, set_id: str, name: str, chunks: AsyncIterator[b
             size += len(chunk)
             if size > limit:
                 raise TooLarge(f"the file is larger than {limit} bytes (agent_api.media_max)")
+            if charge is not None:
+                charge.take(len(chunk))
             digest.update(chunk)
             pending += chunk
             if len(pending) >= WRITE_BATCH:
@@ -119,6 +136,8 @@ async def receive(set_dir: Path, set_id: str, name: str, chunks: AsyncIterator[b
         if isinstance(exc, OSError):
             raise NotStored(f"the file could not be stored: {exc.strerror or exc}") from None
         raise
+    if charge is not None:
+        charge.stored()
     return Stored(set_id, name, size, digest.hexdigest(), created)
 
 

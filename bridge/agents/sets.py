@@ -20,6 +20,7 @@ from bridge.agents.apart import Apart, in_a_process
 from bridge.agents.changes import Changes
 from bridge.agents.closing import blocks_close, close_questions
 from bridge.agents.judgeset import dicts, judge_set
+from bridge.agents.media_quota import MediaQuota
 from bridge.agents.errors import BadRequest, LintFailed, NotFound, NotLeading, NotStored, listed
 from bridge.agents.owner import OWNER_FILE, Owner, owner_bytes, read_owner
 from bridge.agents.waitcap import Waits
@@ -136,6 +137,8 @@ class AgentSets:
         # the folder watcher too); the waits follow it.
         self.changes = Changes()
         self.waits = Waits()
+        # Both doors' uploads count against one quota per agent (``agent_api.media_quota``).
+        self.media_quota = MediaQuota(self.root)
         # Inside the bridge: the poster is told of a set written, beside its
         # folder watcher (which may not watch yet in the first moments of a start).
         self.on_written = on_written

@@ -63,6 +63,7 @@ async def serve_stdio(config: Any, agent: str) -> None:
     subscribers = Subscribers(sets.owner_of)
     sets.waits.per_agent = config.agent_api.max_waits
     sets.waits.total = config.agent_api.max_waits_total
+    sets.media_quota.limit = config.agent_api.media_quota
     server = build_server(sets, config.agents, lambda _ctx: agent, subscribers, media_max=config.agent_api.media_max,
                           allow_private_callbacks=config.agent_api.allow_private_callbacks,
                           log_store=log_store)

@@ -298,7 +298,7 @@ class Agent(Section):
 class AgentApi(Section):
     """Limits of the agents' HTTP API and MCP endpoint, and of webhook delivery."""
 
-    minimum = {"rate_per_minute": 1, "max_waits": 1, "max_waits_total": 1, "media_max": 1}
+    minimum = {"rate_per_minute": 1, "max_waits": 1, "max_waits_total": 1, "media_max": 1, "media_quota": 1}
     # Requests per minute per agent (a bucket that holds a minute's worth).
     # A wait that waits gives its request back: the caps below bound waits.
     rate_per_minute: int = 120
@@ -308,6 +308,9 @@ class AgentApi(Section):
     max_waits_total: int = 1000
     # The largest media file an agent may upload for its set, in bytes.
     media_max: int = 100 * 1024 * 1024
+    # The bytes all of one agent's set folders may hold (its media, its sets'
+    # files, people's files in them): one agent can't fill the disk for the others.
+    media_quota: int = 10 * 1024 ** 3
     # A webhook not taken after this long is dropped, with a log line and a metric.
     webhook_drop_after: Duration = Duration("24h")
     webhook_timeout: Duration = Duration("10s")
