@@ -213,6 +213,37 @@ def test_a_set_folder_moved_in_is_a_changed_set(tmp_path: Path) -> None:
     assert changed_sets(root, [root / "group" / "takes" / "attachments"]) == []
 
 
+def test_a_set_written_while_its_pass_waits_is_not_remembered_by_the_older_hash(tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    # The pass hashed questions.json, then waited its reading turn (another
+    # set linting) while the agent wrote a third question; the newer file was
+    # posted and the older hash kept as synced.  The agent taking the third
+    # question back out wrote the older bytes again: skipped as synced, the
+    # question stayed open in the room for good.
+    from bridge.service.posting import poster as poster_module
+
+    folder = tmp_path / "sets" / "takes"
+    write_set(folder, "takes", choice(1))
+    p, store = poster(tmp_path, Transport())
+    asyncio.run(p.sync_root(tmp_path / "sets"))
+    write_set(folder, "takes", choice(1), choice(1, qid="extra", title="Extra?"))
+    second = (folder / "questions.json").read_bytes()
+    hashed = poster_module._fingerprint
+
+    def written_while_waiting(set_dir: Path) -> str | None:
+        fingerprint = hashed(set_dir)
+        monkeypatch.setattr(poster_module, "_fingerprint", hashed)  # the agent writes once
+        write_set(folder, "takes", choice(1), choice(1, qid="extra", title="Extra?"), choice(1, qid="x3", title="X3?"))
+        return fingerprint
+
+    monkeypatch.setattr(poster_module, "_fingerprint", written_while_waiting)
+    asyncio.run(p.sync_if_changed(folder, PostReport()))
+    assert store.latest_posted(str(folder.resolve()), "x3").open  # the newer file was the one posted
+    (folder / "questions.json").write_bytes(second)
+    asyncio.run(p.sync_if_changed(folder, PostReport()))
+    assert not store.latest_posted(str(folder.resolve()), "x3").open
+
+
 class NoPolls(Transport):
     """A room whose power levels refuse polls."""
 

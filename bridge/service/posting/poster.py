@@ -237,24 +237,34 @@ class Poster:
         it is posted, polled, closed as it should be; a broken set or a crash
         half-way leaves it to be synced again."""
         async with self._lock(str(set_dir.resolve())):
+            hashed_as = _stat(set_dir)
             fingerprint = _fingerprint(set_dir)
             key = f"{SET_SYNCED}{set_dir.resolve()}"
             if fingerprint is not None and await self.store.run(self.store.get_meta, key) == fingerprint:
                 return
-            whole = await self._sync_set(set_dir, report)
+            posted_as = await self._sync_set(set_dir, report)
+            # The hash is remembered only for the file that was read and
+            # posted: hashed before the reading turn (seconds, behind another
+            # set's lint), the file may be replaced meanwhile; its newer
+            # questions were posted under the older file's hash, and that
+            # older file written back later was skipped as synced, leaving a
+            # question added and removed in between open for good.  Not
+            # remembered, the set is simply read again at its next change.
             # (A set with a question its room refused is read again at the
             # next pass over the root, its room perhaps able to take it then.)
-            if whole and fingerprint is not None and str(set_dir) not in report.broken \
-                    and str(set_dir) not in report.refused:
+            if posted_as is not None and posted_as == hashed_as and fingerprint is not None \
+                    and str(set_dir) not in report.broken and str(set_dir) not in report.refused:
                 await self.store.run_written(self.store.set_meta, key, fingerprint)
 
     async def sync_set(self, set_dir: Path, report: PostReport) -> None:
         async with self._lock(str(set_dir.resolve())):
             await self._sync_set(set_dir, report)
 
-    async def _sync_set(self, set_dir: Path, report: PostReport) -> bool:
-        """False: the set changed while it was posted, and was left for the
-        next pass to take as it is now (in ``report.failed``)."""
+    async def _sync_set(self, set_dir: Path, report: PostReport) -> tuple[int, ...] | None:
+        """The ``_stat`` of the questions.json read and taken in full (posted,
+        or found broken); None when there is none to remember: the set changed
+        while it was read or posted, and was left for the next pass to take as
+        it is now (in ``report.failed``), or is going away."""
         # Sets are read one at a time, in the order asked, and each takes its
         # id's turn before the next is read: of two folders claiming one set
         # id, the first in order is the one that posts it (posted side by
@@ -267,15 +277,20 @@ class Poster:
             if qset is None and read_as is None and _stat(set_dir) is None:
                 # Not a broken set: one going away (rm -r under way) as it was read.
                 log.info("set %s is no longer there; its questions close with its folder", set_dir)
-                return True
+                return None
             if qset is None:
                 report.broken[str(set_dir)] = errors
                 log.error("set %s skipped: it fails lint:\n  %s", set_dir, "\n  ".join(errors))
-                return True
+                return read_as
+            if _changed_since(set_dir, read_as, report):
+                # Written as it was read: what was loaded may be the newer
+                # file, so ``read_as`` can't stand for it (a set of no
+                # questions meets no check in ``_sync_loaded``).
+                return None
             turn = self._lock(f"set\x00{qset.id}")
             await turn.acquire()
         try:
-            return await self._sync_loaded(set_dir, qset, read_as, report)
+            return read_as if await self._sync_loaded(set_dir, qset, read_as, report) else None
         finally:
             turn.release()
 
@@ -295,12 +310,10 @@ class Poster:
         room = self.room_for(qset.id)
         current = {q.id: q for q in qset.questions}
         for question in qset.questions:
-            if _stat(set_dir) != read_as:
+            if _changed_since(set_dir, read_as, report):
                 # Closed, revised or removed meanwhile (an agent's close of a set
                 # of thousands came while it was posted, and every closed
                 # question was posted anyway, then closed one by one).
-                log.info("set %s changed while it was posted; it is taken again as it is now", set_dir)
-                report.failed.append(set_dir)
                 return False
             postings = await self.store.run(self.store.postings, folder, question.id)
             latest = postings[0] if postings else None
@@ -691,6 +704,17 @@ def _stat(set_dir: Path) -> tuple[int, ...] | None:
     except OSError:
         return None
     return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _changed_since(set_dir: Path, read_as: tuple[int, ...] | None, report: PostReport) -> bool:
+    """Whether the set's questions.json was written since it was read as
+    ``read_as``: then the set is left for the next pass to take as it is now
+    (in ``report.failed``)."""
+    if _stat(set_dir) == read_as:
+        return False
+    log.info("set %s changed while it was read or posted; it is taken again as it is now", set_dir)
+    report.failed.append(set_dir)
+    return True
 
 
 def _fingerprint(set_dir: Path) -> str | None:
