@@ -174,7 +174,8 @@ def test_a_media_upload_the_homeserver_fails_once_is_tried_again_before_the_ques
         async def upload(self, data: bytes, mimetype: str, name: str) -> str:
             if self.failures:
                 self.failures -= 1
-                raise MatrixError(f"uploading {name}", SimpleNamespace(status_code="502", message="Bad Gateway"))
+                raise MatrixError(f"uploading {name}", SimpleNamespace(
+                    status_code="M_UNKNOWN", message="Bad Gateway", transport_response=SimpleNamespace(status=502)))
             return await super().upload(data, mimetype, name)
 
     monkeypatch.setattr(media, "probe", lambda _path: (None, None, None))

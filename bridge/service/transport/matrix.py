@@ -37,10 +37,31 @@ log = logging.getLogger(__name__)
 _SENDERS_ONLY = json.dumps({"lazy_load_members": True}, separators=(",", ":"))
 
 
+def http_status(response: Any) -> int | None:
+    """The HTTP status behind a nio response (None when there is none: a
+    dropped connection, a refusal of the bridge's own).  nio's
+    ``status_code`` is the Matrix errcode, not this."""
+    return getattr(getattr(response, "transport_response", None), "status", None)
+
+
+def is_transient(errcode: str | None, http: int | None) -> bool:
+    """Whether the same request may work later.  The HTTP status decides when
+    there is one: a 5xx or 429 is the homeserver (or a proxy before it) for
+    now, any other 4xx is this request refused, M_UNKNOWN or not (a 400
+    M_UNKNOWN was tried again for ever, and a 502 with a specific errcode
+    given up for good).  Without one, the errcode alone: none (the network)
+    or M_UNKNOWN (what a proxy's 502 says) is for now."""
+    if errcode == "M_LIMIT_EXCEEDED":
+        return True
+    if http is not None:
+        return http >= 500 or http == 429
+    return errcode in (None, "M_UNKNOWN")
+
+
 class MatrixError(Exception):
     def __init__(self, what: str, response: Any):
-        self.status = getattr(response, "status_code", None)
-        self.transient = self.status in (None, "M_LIMIT_EXCEEDED", "M_UNKNOWN") or str(self.status).startswith("5")
+        self.status = getattr(response, "status_code", None)  # the Matrix errcode, as nio names it
+        self.transient = is_transient(self.status, http_status(response))
         # With no response (a refusal of the bridge's own): the words alone, not "…: None (None)".
         super().__init__(what if response is None else f"{what}: {getattr(response, 'message', response)} ({self.status})")
 
@@ -61,11 +82,13 @@ async def state_content(client: AsyncClient, room_id: str, event_type: str, what
     decides: 200 is the content, 404 M_NOT_FOUND is none, anything else
     raises MatrixError naming ``what`` was being read."""
     response = await client.room_get_state_event(room_id, event_type)
-    status = getattr(getattr(response, "transport_response", None), "status", None)
+    status = http_status(response)
     if isinstance(response, RoomGetStateEventResponse):
         if status == 200:
             return dict(response.content)
+        read = response
         response = RoomGetStateEventError.from_dict(response.content, room_id)
+        response.transport_response = read.transport_response  # (its HTTP status says whether to retry)
     if isinstance(response, RoomGetStateEventError) and status == 404 and response.status_code == "M_NOT_FOUND":
         return None
     raise MatrixError(f"reading {what} of {room_id}", response)
