@@ -42,7 +42,7 @@ async def test_a_4xx_is_a_refusal_whatever_its_errcode(http: int, errcode: str) 
 
 
 @pytest.mark.parametrize("http, errcode", [(502, "M_NOT_FOUND"), (500, "M_FORBIDDEN"), (503, "M_UNKNOWN"),
-                                           (429, "M_LIMIT_EXCEEDED"), (400, "M_LIMIT_EXCEEDED")])
+                                           (429, "M_LIMIT_EXCEEDED"), (400, "M_LIMIT_EXCEEDED"), (408, "M_UNKNOWN")])
 async def test_a_5xx_or_a_rate_limit_is_tried_again_whatever_its_errcode(http: int, errcode: str) -> None:
     failed = await refusal(answered(http, errcode, "try again later"))
     assert failed.transient and not failed.permanent

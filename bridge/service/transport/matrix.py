@@ -46,15 +46,15 @@ def http_status(response: Any) -> int | None:
 
 def is_transient(errcode: str | None, http: int | None) -> bool:
     """Whether the same request may work later.  The HTTP status decides when
-    there is one: a 5xx or 429 is the homeserver (or a proxy before it) for
-    now, any other 4xx is this request refused, M_UNKNOWN or not (a 400
+    there is one: a 5xx, 429 or 408 (a proxy that waited too long) is the
+    homeserver (or a proxy before it) for now, any other 4xx is this request refused, M_UNKNOWN or not (a 400
     M_UNKNOWN was tried again for ever, and a 502 with a specific errcode
     given up for good).  Without one, the errcode alone: none (the network)
     or M_UNKNOWN (what a proxy's 502 says) is for now."""
     if errcode == "M_LIMIT_EXCEEDED":
         return True
     if http is not None:
-        return http >= 500 or http == 429
+        return http >= 500 or http in (408, 429)
     return errcode in (None, "M_UNKNOWN")
 
 
