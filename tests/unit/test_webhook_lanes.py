@@ -560,6 +560,12 @@ async def test_a_queued_callback_whose_host_no_name_can_be_fails_as_any_delivery
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
 
 
+def planner_at(webhook_url: str | None) -> dict[str, Agent]:
+    """The agents' config with the planner's webhook_url at ``webhook_url``."""
+    return {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
+                             webhook_url=webhook_url)}
+
+
 @pytest.mark.parametrize("changed_to", ["another URL", "none"])
 async def test_webhooks_waiting_for_a_webhook_url_the_operator_changed_follow_the_change(tmp_path: Path,
                                                                                          changed_to) -> None:
@@ -571,10 +577,7 @@ async def test_webhooks_waiting_for_a_webhook_url_the_operator_changed_follow_th
     old, new = Receiver(SECRETS["planner"]), Receiver(SECRETS["planner"])
     await old.start()
     await new.start()
-    before = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
-                               webhook_url=old.url)}
-    after = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
-                              webhook_url=new.url if changed_to == "another URL" else None)}
+    before, after = planner_at(old.url), planner_at(new.url if changed_to == "another URL" else None)
     store = Store(tmp_path / "store.sqlite")
     follow_webhook_urls(store, before)  # the bridge ran with the old URL
     AgentSets(tmp_path / "sets").ask("planner", "plan", one_question("plan"))
@@ -819,10 +822,7 @@ async def test_a_sets_callback_that_was_also_the_webhook_url_still_gets_its_webh
     named, new = Receiver(SECRETS["planner"]), Receiver(SECRETS["planner"])
     await named.start()
     await new.start()
-    before = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
-                               webhook_url=named.url)}
-    after = {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
-                              webhook_url=new.url if changed_to == "another URL" else None)}
+    before, after = planner_at(named.url), planner_at(new.url if changed_to == "another URL" else None)
     store = Store(tmp_path / "store.sqlite")
     follow_webhook_urls(store, before)  # the bridge ran with the URL the set names too
     AgentSets(tmp_path / "sets").ask("planner", "plan", one_question("plan"), [named.url])
