@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import pytest
+from test_audit_log_store import tamper
 
 pytestmark = pytest.mark.usefixtures("store_backend")
 
@@ -22,19 +23,6 @@ def _pass_deadlines(room, ms: int) -> None:
         room.store.set_meta("approval:$q", "1")
     asyncio.run(Deadlines(room.store, room.pipeline.transport, flush=room.pipeline.flush,
                           clock=lambda: ms / 1000).pass_once())
-
-
-def _rewritten(room, change) -> list[str]:
-    """What verify says of the room's answers.json once ``change`` rewrote its record."""
-    path = room.set_dir / "answers.json"
-    original = path.read_text()
-    doc = json.loads(original)
-    change(doc["answers"]["branch"])
-    path.write_text(json.dumps(doc))
-    try:
-        return room.verify()
-    finally:
-        path.write_text(original)
 
 
 def _as_answer(record: dict, **more) -> None:
@@ -60,12 +48,12 @@ def test_an_expired_approval_rewritten_as_its_one_votes_answer_is_named_from_the
     assert not (room.set_dir / "questions.json").exists()
     named = ["record 'branch' (leaf 0): the record says answered, and the log's latest word on the question is its "
              "expiry (leaf 1): an expired approval is never consent"]
-    assert _rewritten(room, _as_answer) == named
-    assert _rewritten(room, lambda r: _as_answer(r, decided_by=[PEOPLE[0]])) == named
+    assert tamper(room, _as_answer) == named
+    assert tamper(room, lambda r: _as_answer(r, decided_by=[PEOPLE[0]])) == named
     asked = all_kinds_set("kinds")  # the question as asked, its quorum taken out
     next(q for q in asked["questions"] if q["id"] == "branch").update(expires="45s")
     (room.set_dir / "questions.json").write_text(json.dumps(asked))
-    assert _rewritten(room, _as_answer) == named
+    assert tamper(room, _as_answer) == named
 
 
 def test_an_answer_read_late_to_a_deadline_with_no_quorum_still_stands_after_its_expiry(tmp_path):
@@ -135,10 +123,10 @@ def test_a_pending_approval_rewritten_as_its_one_votes_answer_is_named_from_the_
     assert room.record()["state"] == "pending" and room.verify() == []
     named = ["record 'branch' (leaf 0): the record says decided, and names no one who decided it"]
     assert not (room.set_dir / "questions.json").exists()
-    assert _rewritten(room, _as_answer) == named
+    assert tamper(room, _as_answer) == named
     asked = all_kinds_set("kinds")  # the question as asked, its quorum taken out
     (room.set_dir / "questions.json").write_text(json.dumps(asked))
-    assert _rewritten(room, _as_answer) == named
+    assert tamper(room, _as_answer) == named
     # and the honest record still holds, though questions.json says no quorum now
     assert room.verify() == []
 
