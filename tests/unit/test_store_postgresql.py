@@ -602,15 +602,21 @@ def test_instances_starting_together_migrate_one_after_the_other(postgres_server
         store.close()
 
 
-def migrating(postgres_server, tmp_path: Path, monkeypatch) -> tuple[Path, str]:
-    """A config whose store is tmp_path's bridge.sqlite, and a fresh database to migrate it to."""
+def store_config(postgres_server, tmp_path: Path, monkeypatch, url: str | None = None) -> Path:
+    """A config whose store is tmp_path's bridge.sqlite, or the database at ``url``."""
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
-        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"}, "store": {"path": "./bridge.sqlite"}}))
+        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
+        "store": {"path": "./bridge.sqlite", **({"url": url} if url else {})}}))
     config.chmod(0o600)
     monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
-    return config, fresh_schema(postgres_server)
+    return config
+
+
+def migrating(postgres_server, tmp_path: Path, monkeypatch) -> tuple[Path, str]:
+    """A config whose store is tmp_path's bridge.sqlite, and a fresh database to migrate it to."""
+    return store_config(postgres_server, tmp_path, monkeypatch), fresh_schema(postgres_server)
 
 
 def test_a_migrate_cut_short_can_be_run_again_and_says_why_in_one_line(postgres_server, tmp_path, capsys,
@@ -692,14 +698,7 @@ def test_migrate_on_a_bridge_already_on_postgresql_refuses_to_copy_the_stale_sql
     # second migrate (to a new server, say) copied that stale file, said
     # "verified", and told the operator to point the bridge at it.
     Store(tmp_path / "bridge.sqlite").close()
-    live = fresh_schema(postgres_server)
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
-        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
-        "store": {"path": "./bridge.sqlite", "url": live}}))
-    config.chmod(0o600)
-    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    config = store_config(postgres_server, tmp_path, monkeypatch, url=fresh_schema(postgres_server))
     target = fresh_schema(postgres_server)
     assert main(["store", "migrate", "-c", str(config), "--to", target]) == 2
     err = capsys.readouterr().err
@@ -726,14 +725,7 @@ def test_status_on_a_database_the_bridge_has_not_made_its_tables_in_names_store_
                                                                                    capsys, monkeypatch):
     """It named the SQLite file and store.path, which the bridge does not use
     once store.url is set: the operator looked at the wrong key."""
-    url = fresh_schema(postgres_server)
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "homeserver": {"url": "http://127.0.0.1:9"}, "bot": {"user_id": "@a:hs", "access_token": "t"},
-        "sets": {"root": str(tmp_path)}, "rooms": {"default": "!r"},
-        "store": {"path": "./bridge.sqlite", "url": url}}))
-    config.chmod(0o600)
-    monkeypatch.setenv("ASKWRIGHT_BRIDGE_STORE_PASSWORD", postgres_server.password)
+    config = store_config(postgres_server, tmp_path, monkeypatch, url=fresh_schema(postgres_server))
     assert main(["status", "-c", str(config)]) == 0
     err = capsys.readouterr().err
     assert "no store at" in err and "store.url" in err and ".sqlite" not in err, err
