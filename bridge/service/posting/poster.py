@@ -25,7 +25,7 @@ from bridge.protocol.render import REASON_SHOWN, shown_words
 from bridge.protocol.poll import POLL_END, POLL_START, poll_end, poll_start
 from bridge.protocol.question_event import (CONTENT_MAX_BYTES, ENCRYPTED_CONTENT_MAX_BYTES, QuestionEventTooLarge,
                                             build_question_event, closed_replacement, new_elicitation_id,
-                                            option_order, poll_refused_replacement, without_poll)
+                                            option_order, poll_refused_replacement)
 from bridge.protocol.recorded import RecordedQuestion
 from bridge.questionset.lint.posted import rev_went_back
 from bridge.questionset.model import Question, QuestionSet
@@ -545,10 +545,12 @@ class Poster:
 
     async def _drop_poll_step(self, recorded: RecordedQuestion) -> None:
         """The question said "vote in the poll" and no poll came: its message
-        is edited not to send people to it, and the posting keeps what it
-        shows now (the help after an unreadable reply reads that).  Sent
-        before the refusal is kept: a failure to send tries the poll, and
-        this, again with the set."""
+        is edited not to send people to it.  The posting keeps its content as
+        posted (the answer log hashes that, as anyone reading the event can),
+        so the help after an unreadable reply to this one question may still
+        name the poll; the room's later questions offer none.  Sent before
+        the refusal is kept: a failure to send tries the poll, and this,
+        again with the set."""
         edit = poll_refused_replacement(recorded.event_id, recorded.content)
         if edit is None:
             return
@@ -560,8 +562,6 @@ class Poster:
             # The message can't be edited either: the help words still follow what it shows.
             log.warning("question %s/%s not edited to drop its poll (%s)", recorded.set_id, recorded.qid, exc)
             return
-        await self.store.run_written(self.store.set_shown, recorded.event_id, without_poll(recorded.content),
-                                     flush=False)
 
     async def _out_of(self, room_id: str) -> bool:
         """Whether the bridge is surely not in ``room_id`` now (False when that can't be told)."""

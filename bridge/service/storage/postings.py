@@ -2,9 +2,8 @@
 room, its set folder, its poll, whether it is open and why it was closed.
 
 Postings belong to a set folder and are found newest first by posting
-order, whatever their rev.  What is posted changes only when the bridge
-edits its message (``set_shown``; a new revision is a new event), so a
-posting being answered is parsed once and kept
+order, whatever their rev.  What is posted never changes (a new revision is
+a new event), so a posting being answered is parsed once and kept
 (``_recorded``), from the same read that looks it up; only whether it is
 open is read every time, and a batch remembers what it looked up
 (``Store.know_batch``) until any posting changes.
@@ -87,14 +86,6 @@ class Postings:
     def set_poll(self, event_id: str, poll_event_id: str) -> None:
         self.db.execute("UPDATE posted SET poll_event_id=? WHERE event_id=?", (poll_event_id, event_id))
         self._postings_changed(learned=lambda known: _poll_learned(known, event_id, poll_event_id))
-
-    def set_shown(self, event_id: str, content: dict[str, Any]) -> None:
-        """The posting's content as its message now stands in the room, after
-        the bridge edited what it says (its poll refused): the help after an
-        unreadable reply, and any later edit of the message, read this."""
-        self.db.execute("UPDATE posted SET content=? WHERE event_id=?", (json.dumps(content), event_id))
-        self._recent_questions.pop(event_id, None)
-        self._postings_changed()
 
     def close_question(self, event_id: str, why: str | None = None, *, by: str = "",
                        outcome: str | None = None, record: dict[str, Any] | None = None,
@@ -274,8 +265,7 @@ class Postings:
 
         Every answer looks its question up; parsing the posted content and
         working out its options again for each one cost more than judging.
-        What is posted rarely changes (a new revision is a new event; only
-        ``set_shown`` rewrites it, and drops the parsed copy), so only
+        What is posted never changes (a new revision is a new event), so only
         ``open`` is read from the table every time."""
         kept = self._recent_questions.get(event_id)
         if kept is None:
