@@ -52,3 +52,23 @@ async def test_a_refused_token_is_neither_tried_again_nor_a_refusal_of_the_send(
     # It concerns every room: the operator fixes it (``TokenRefused``).
     refused = await refusal(answered(401, "M_UNKNOWN_TOKEN", "Invalid access token"))
     assert not refused.transient and not refused.permanent
+
+
+async def test_an_error_nio_made_of_a_2xx_body_is_tried_again_as_before() -> None:
+    """Only a 4xx is this request refused: an error nio built from a 200
+    whose body it could not read (a proxy's page) was taken for one for good."""
+    unread = RoomSendError.from_dict({"error": "unreadable"}, ROOM)
+    unread.transport_response = SimpleNamespace(status=200)
+    failed = await refusal(unread)
+    assert failed.transient and not failed.permanent
+
+
+@pytest.mark.parametrize("status, reply, transient", [(502, {}, True), (503, {"errcode": "M_NOT_FOUND"}, True),
+                                                      (400, {"errcode": "M_UNKNOWN"}, False)])
+def test_a_reply_the_bridge_reads_itself_is_judged_by_its_http_status_too(status, reply, transient) -> None:
+    """The appservice's own requests (its device's login, its ping) read their
+    replies themselves: a 502 with no errcode was no longer tried again once
+    the errcode alone was no longer read for the status."""
+    from bridge.service.transport.matrix import HttpReply
+
+    assert MatrixError("the login", HttpReply(status, reply)).transient is transient

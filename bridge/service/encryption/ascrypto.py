@@ -38,7 +38,7 @@ from bridge.service.config import Config, ConfigError
 from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.encryption.devicenews import device_sync, hand_to_nio
 from bridge.service.encryption.keysmade import keys_lost, keys_made
-from bridge.service.transport.matrix import MatrixError, client_config
+from bridge.service.transport.matrix import HttpReply, MatrixError, client_config
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ async def device_client(config: Config, store: Any) -> AsyncClient:
         response.release()
     if response.status != 200 or not isinstance(reply, dict) or "access_token" not in reply:
         await client.close()
-        raise MatrixError("logging the bridge's device in with the as_token", _Reply(response.status, reply))
+        raise MatrixError("logging the bridge's device in with the as_token", HttpReply(response.status, reply))
     with store.transaction():
         store.set_meta(TOKEN, reply["access_token"])
         store.set_meta(DEVICE, reply["device_id"])
@@ -161,10 +161,3 @@ async def keep_up_kept(crypto: Crypto, store: Any, stop: asyncio.Event,
         except Exception as exc:  # noqa: BLE001 - retried at the next wake-up
             log.warning("retrying the undecrypted events failed (%s)", exc)
             await sleep_or_stop(stop, 1.0)
-
-
-class _Reply:
-    def __init__(self, status: int, reply: Any):
-        reply = reply if isinstance(reply, dict) else {}
-        self.status_code = reply.get("errcode") or str(status or "")
-        self.message = reply.get("error", "")

@@ -529,7 +529,8 @@ class Poster:
 
             def no_poll() -> None:
                 self.store.set_meta(_NO_POLL + recorded.event_id, status)
-                self.store.set_meta(_NO_POLL_ROOM + recorded.room_id, status)
+                if status == "M_FORBIDDEN":  # the room's power levels: its later questions too (one poll too large is not)
+                    self.store.set_meta(_NO_POLL_ROOM + recorded.room_id, status)
                 self.store.delete_meta(sending.key)
 
             await self.store.run_written(no_poll, flush=False)

@@ -34,7 +34,7 @@ from bridge.service.transport.invites import Invites
 from bridge.service.transport.catchup import CatchUp
 from bridge.service.transport.hearing import keep_hearing
 from bridge.service.config import Config, ConfigError, listen_refused
-from bridge.service.transport.matrix import MatrixError, client_config
+from bridge.service.transport.matrix import HttpReply, MatrixError, client_config
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.rooms import RoomIds
 from bridge.service.supervisor import Supervisor
@@ -551,7 +551,7 @@ async def ensure_user(config: Config, stop: asyncio.Event) -> None:
             return
         if status and status < 500 and status != 429:
             raise MatrixError("registering the bridge's user (is the registration file loaded by the homeserver, "
-                              "with the same as_token?)", _Reply(status, reply))
+                              "with the same as_token?)", HttpReply(status, reply))
         if stop.is_set():
             return  # asked to stop while waiting: ``serve`` goes no further
         log.warning("the homeserver is not reachable yet (%s); retrying in %.0f s", reply.get("error"), delay)
@@ -616,9 +616,3 @@ async def ping_until_reached(config: Config, metrics: Any, stop: asyncio.Event) 
             metrics.reached()
         else:
             metrics.not_reached(why)
-
-
-class _Reply:
-    def __init__(self, status: int, reply: dict[str, Any]):
-        self.status_code = reply.get("errcode") or str(status or "")
-        self.message = reply.get("error", "")

@@ -53,9 +53,21 @@ def is_transient(errcode: str | None, http: int | None) -> bool:
     or M_UNKNOWN (what a proxy's 502 says) is for now."""
     if errcode == "M_LIMIT_EXCEEDED":
         return True
-    if http is not None:
+    if http is not None and http >= 400:
         return http >= 500 or http in (408, 429)
-    return errcode in (None, "M_UNKNOWN")
+    return errcode in (None, "M_UNKNOWN")  # (an error nio made of a 2xx body it could not read: as before)
+
+
+class HttpReply:
+    """An error reply the bridge read itself, as nio's responses carry one:
+    its errcode as ``status_code``, its HTTP status behind ``transport_response``."""
+
+    def __init__(self, status: int | None, reply: Any):
+        reply = reply if isinstance(reply, dict) else {}
+        self.status_code = reply.get("errcode") or str(status or "")
+        self.message = reply.get("error", "")
+        self.transport_response = self  # ``http_status`` reads ``.status`` behind it
+        self.status = status
 
 
 class MatrixError(Exception):
