@@ -6,10 +6,12 @@ allow_private_callbacks off an inward address is never connected to."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
 import time
+from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -566,36 +568,52 @@ def planner_at(webhook_url: str | None) -> dict[str, Agent]:
                              webhook_url=webhook_url)}
 
 
+def queued_before_a_url_change(tmp_path: Path, url: str, callbacks: list[str] | None = None) -> Store:
+    """A store with three answers' webhooks queued while the planner's
+    webhook_url was ``url`` (its set naming ``callbacks``)."""
+    from bridge.agents.outbox import follow_webhook_urls
+
+    before = planner_at(url)
+    store = Store(tmp_path / "store.sqlite")
+    follow_webhook_urls(store, before)
+    AgentSets(tmp_path / "sets").ask("planner", "plan", one_question("plan"), *([callbacks] if callbacks else []))
+    hook = OutboxHook(store, before)
+    for n in range(3):
+        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
+    assert pending(store) == 3
+    return store
+
+
+@contextlib.asynccontextmanager
+async def delivering(store: Store, agents: dict[str, Agent]) -> AsyncIterator[Deliverer]:
+    """A deliverer over ``store`` running for the block, stopped after it."""
+    deliverer = Deliverer(store, agents, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(deliverer.run(stop))
+    try:
+        yield deliverer
+    finally:
+        stop.set()
+        await task
+
+
 @pytest.mark.parametrize("changed_to", ["another URL", "none"])
 async def test_webhooks_waiting_for_a_webhook_url_the_operator_changed_follow_the_change(tmp_path: Path,
                                                                                          changed_to) -> None:
     """The operator retires a webhook_url (a compromised endpoint, a move) and
     restarts: what was queued for it still went there, signed, for a day,
     and the new URL got none of it."""
-    from bridge.agents.outbox import follow_webhook_urls
-
     old, new = Receiver(SECRETS["planner"]), Receiver(SECRETS["planner"])
     await old.start()
     await new.start()
-    before, after = planner_at(old.url), planner_at(new.url if changed_to == "another URL" else None)
-    store = Store(tmp_path / "store.sqlite")
-    follow_webhook_urls(store, before)  # the bridge ran with the old URL
-    AgentSets(tmp_path / "sets").ask("planner", "plan", one_question("plan"))
-    hook = OutboxHook(store, before)
-    for n in range(3):
-        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
-    assert pending(store) == 3
-    deliverer = Deliverer(store, after, Metrics(), drop_after=3600, timeout=5, allow_private=True)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
+    store = queued_before_a_url_change(tmp_path, old.url)  # the bridge ran with the old URL
     try:
-        if changed_to == "another URL":
-            await new.wait_for(3, timeout=30)
-        await until(lambda: pending(store) == 0, what="the queue emptied")
+        async with delivering(store, planner_at(new.url if changed_to == "another URL" else None)):
+            if changed_to == "another URL":
+                await new.wait_for(3, timeout=30)
+            await until(lambda: pending(store) == 0, what="the queue emptied")
         assert old.attempts == []
     finally:
-        stop.set()
-        await task
         await old.close()
         await new.close()
         store.close()
@@ -817,30 +835,18 @@ async def test_a_sets_callback_that_was_also_the_webhook_url_still_gets_its_webh
     an event for that URL: when the operator changed webhook_url, the row
     followed it (or, with none now, was dropped), and the callback the set
     named never got the event."""
-    from bridge.agents.outbox import follow_webhook_urls
-
     named, new = Receiver(SECRETS["planner"]), Receiver(SECRETS["planner"])
     await named.start()
     await new.start()
-    before, after = planner_at(named.url), planner_at(new.url if changed_to == "another URL" else None)
-    store = Store(tmp_path / "store.sqlite")
-    follow_webhook_urls(store, before)  # the bridge ran with the URL the set names too
-    AgentSets(tmp_path / "sets").ask("planner", "plan", one_question("plan"), [named.url])
-    hook = OutboxHook(store, before)
-    for n in range(3):
-        answered(hook, store, tmp_path / "sets", "plan", f"$answer{n}")
-    assert pending(store) == 3
-    deliverer = Deliverer(store, after, Metrics(), drop_after=3600, timeout=5, allow_private=True)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
+    # The bridge ran with the URL the set names too.
+    store = queued_before_a_url_change(tmp_path, named.url, callbacks=[named.url])
     try:
-        await named.wait_for(3, timeout=30)  # the set's callback, as the set named it
-        if changed_to == "another URL":
-            await new.wait_for(3, timeout=30)  # and the agent's URL, now the new one
-        await until(lambda: pending(store) == 0, what="the queue emptied")
+        async with delivering(store, planner_at(new.url if changed_to == "another URL" else None)):
+            await named.wait_for(3, timeout=30)  # the set's callback, as the set named it
+            if changed_to == "another URL":
+                await new.wait_for(3, timeout=30)  # and the agent's URL, now the new one
+            await until(lambda: pending(store) == 0, what="the queue emptied")
     finally:
-        stop.set()
-        await task
         await named.close()
         await new.close()
         store.close()
