@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bridge.protocol.notes import MAX_NOTE, MAX_TIMECODES, clip
+from bridge.protocol.graphemes import shorten
+from bridge.protocol.notes import MAX_NOTE, MAX_TIMECODES
 
 MAX_ATTACHMENTS = 20
 # A record's files sent by anyone but its sender: path -> who sent it.
@@ -42,7 +43,7 @@ def merge(record: dict[str, Any], added: dict[str, Any]) -> dict[str, Any]:
     if isinstance(note, str) and note.strip():
         earlier = out.get("note")
         joined = earlier + NOTE_JOINER + note if isinstance(earlier, str) and earlier else note
-        out["note"] = clip(joined, MAX_NOTE)
+        out["note"] = shorten(joined, MAX_NOTE)
     files = [f for f in added.get("attachments") or () if isinstance(f, str)]
     if files:
         have = list(out.get("attachments") or ())

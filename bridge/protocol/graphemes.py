@@ -43,3 +43,11 @@ def cut(text: str, end: int) -> str:
         if run % 2:  # the last indicator kept is the first of a flag's pair
             end -= 1
     return text[:end]
+
+
+def shorten(text: str, limit: int | None) -> str:
+    """``text`` within ``limit`` characters (None: as it is), cut on a whole
+    character with an ellipsis for what was left out."""
+    if limit is None or len(text) <= limit:
+        return text
+    return cut(text, limit - 1) + "\u2026"

@@ -25,7 +25,7 @@ from jsonschema.exceptions import ValidationError
 
 from bridge.protocol import schemas
 from bridge.protocol.deadline import clock_words, format_rfc3339
-from bridge.protocol.graphemes import cut
+from bridge.protocol.graphemes import shorten
 from bridge.protocol.recorded import RecordedQuestion, option_name
 from bridge.protocol.render import why_in_brackets
 from bridge.questionset.builtin import BUILTIN_IDS, OTHER_ID, UNSURE_ID
@@ -537,7 +537,7 @@ def _quote(value: str, limit: int = 60) -> str:
     # Ids come from the person; keep the echo short, on one line, and free of
     # control characters (a NUL would fail the refusal's write on PostgreSQL)
     # and of halves of surrogate pairs (which no store and no UTF-8 can write).
-    shown = value if len(value) <= limit else cut(value, limit - 1) + "…"
+    shown = shorten(value, limit)
     return "\u201c" + "".join("\ufffd" if unicodedata.category(c) in ("Cc", "Cs") else c
                                for c in " ".join(shown.split())) + "\u201d"
 

@@ -23,7 +23,7 @@ from bridge.protocol.fit import timestamp
 from bridge.protocol.judge import IncomingAnswer
 from bridge.protocol.notes import parse_note
 from bridge.protocol.recorded import RecordedQuestion
-from bridge.protocol.graphemes import cut
+from bridge.protocol.graphemes import shorten
 from bridge.protocol.render import SINGLE_PICK_KINDS
 from bridge.protocol.replies import Pick, help_text, keycap_number, keycap_pick, numbers_out_of_range, read_reply, valid_numbers
 from bridge.questionset.builtin import BUILTIN_IDS
@@ -510,7 +510,7 @@ def _answer_content(question: RecordedQuestion, pick: Pick, body: str) -> dict[s
 
 def _cant_read(what: str, question: RecordedQuestion) -> str:
     shown = " ".join(visible(what).split())  # (a U+202E in it turned the bridge's words after it around)
-    shown = shown if len(shown) <= 60 else cut(shown, 59) + "\u2026"
+    shown = shorten(shown, 60)
     title = shown_title(question.question.get("title") or question.qid or "this question")
     missing = numbers_out_of_range(what, question)
     if missing:

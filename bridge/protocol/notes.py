@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from bridge.protocol.graphemes import cut
+from bridge.protocol.graphemes import shorten
 
 MAX_TIMECODES = 50
 MAX_TIMECODE_TEXT = 500
@@ -42,8 +42,6 @@ _LATER = re.compile(
 )
 # What ends one remark before the next time: a list separator or an "and".
 _TRAILING = re.compile(r"(?:\s*(?:[;,|/]|\band\b|\bthen\b))+\s*$", re.IGNORECASE)
-
-_ELLIPSIS = "\u2026"
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ def line_timecodes(line: str) -> list[Timecode]:
         begin = 0 if index == 0 else match.end()
         end = times[index + 1][1] if index + 1 < len(times) else len(text)
         remark = _TRAILING.sub("", text[begin:end]).strip()
-        codes.append(Timecode(round(_seconds(match) or 0.0, 2), clip(remark, MAX_TIMECODE_TEXT)))
+        codes.append(Timecode(round(_seconds(match) or 0.0, 2), shorten(remark, MAX_TIMECODE_TEXT)))
     return codes
 
 
@@ -129,7 +127,3 @@ def _seconds(match: re.Match[str]) -> float | None:
     else:
         seconds = float(match.group("secs").replace(",", "."))
     return seconds if seconds <= MAX_SECONDS else None  # also NaN and the infinity long digits parse to
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else cut(text, limit - 1) + _ELLIPSIS

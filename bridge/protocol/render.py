@@ -25,7 +25,7 @@ from typing import Any
 
 from bridge.questionset.builtin import OTHER_ID, UNSURE_ID
 from bridge.questionset.shown import visible
-from bridge.protocol.graphemes import cut
+from bridge.protocol.graphemes import shorten
 
 ALLOWED_TAGS = frozenset({"hr", "h4", "p", "ol", "ul", "li", "blockquote", "strong", "em", "code", "br", "span"})
 # Element's sanitiser keeps these too; only the background (``one_pager``) uses them.
@@ -114,12 +114,6 @@ WHOLE_IN_THREAD = "(Shortened to fit one message: the whole question follows in 
 
 def _cut_short(q: Mapping[str, Any], limit: int | None) -> bool:
     return limit is not None and len(str(q.get("question", ""))) > limit
-
-
-def shorten(text: str, limit: int | None) -> str:
-    if limit is None or len(text) <= limit:
-        return text
-    return cut(text, limit - 1) + _ELLIPSIS
 
 
 # A question's title (or an option's label) as a word back quotes it: a set

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bridge.protocol.graphemes import cut
+from bridge.protocol.graphemes import shorten
 
 # @localpart:server (the grammar's characters, loosely; the server part as given).
 _USER_ID = re.compile(r"^@[^\s:]+:[^\s]+$")
@@ -20,6 +20,6 @@ def user_id_problem(value: Any) -> str | None:
     if not isinstance(value, str):
         return "must be a Matrix user id such as @ana:example.org"
     if len(value) > USER_ID_MAX or not _USER_ID.fullmatch(value):
-        shown = value if len(value) <= 60 else cut(value, 59) + "…"
+        shown = shorten(value, 60)
         return f'"{shown}" is not a Matrix user id (like @ana:example.org)'
     return None
