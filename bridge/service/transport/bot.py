@@ -26,8 +26,8 @@ from bridge.service.encryption.devicenews import hand_to_nio
 from bridge.service.encryption.keysmade import keys_lost, keys_made
 from bridge.service.answering.notices import Notices
 from bridge.service.transport.invites import Invites
-from bridge.service.transport.matrix import (MatrixError, StopRequested, TokenRefused, client_config, read_ahead,
-                                             timeline_pages, token_refused)
+from bridge.service.transport.matrix import (MatrixError, StopRequested, TokenRefused, client_config, http_status,
+                                             read_ahead, timeline_pages, token_refused)
 from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
 from bridge.service.transport.syncbatch import SyncBatch, sync_batch
 from bridge.service.storage.store import Store
@@ -181,17 +181,13 @@ NOT_YET = frozenset({502, 503, 504})
 NOT_YET_MAX_WAIT = 30.0
 
 
-def _status(response: Any) -> int | None:
-    return getattr(getattr(response, "transport_response", None), "status", None)
-
-
 async def _once_answered(request: Callable[[], Awaitable[T]], url: str) -> T:
     """``request``'s answer once the homeserver itself gives one: while a
     proxy before it says it is unavailable, asked again, with backoff."""
     delay = 1.0
     while True:
         response = await _told_while_silent(request(), url)
-        status = _status(response)
+        status = http_status(response)
         if status not in NOT_YET:
             return response
         log.warning("the homeserver at %s answered HTTP %s (a proxy whose homeserver is not up yet?); trying "
@@ -222,7 +218,7 @@ def _whoami_refused(url: str, whoami: Any) -> str:
     said so (401); a wrong homeserver.url answers anything else (a 404 of a
     web server, a page that is no JSON), and blaming the token sent the
     operator to fix what was right."""
-    status = _status(whoami)
+    status = http_status(whoami)
     if status == 401 or getattr(whoami, "status_code", None) in ("M_UNKNOWN_TOKEN", "M_MISSING_TOKEN"):
         return "the configured access token was refused"
     if status == 500:
