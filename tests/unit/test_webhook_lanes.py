@@ -585,9 +585,8 @@ def queued_before_a_url_change(tmp_path: Path, url: str, callbacks: list[str] | 
 
 
 @contextlib.asynccontextmanager
-async def delivering(store: Store, agents: dict[str, Agent]) -> AsyncIterator[Deliverer]:
-    """A deliverer over ``store`` running for the block, stopped after it."""
-    deliverer = Deliverer(store, agents, Metrics(), drop_after=3600, timeout=5, allow_private=True)
+async def running(deliverer: Deliverer) -> AsyncIterator[Deliverer]:
+    """``deliverer`` running for the block, stopped after it."""
     stop = asyncio.Event()
     task = asyncio.ensure_future(deliverer.run(stop))
     try:
@@ -595,6 +594,11 @@ async def delivering(store: Store, agents: dict[str, Agent]) -> AsyncIterator[De
     finally:
         stop.set()
         await task
+
+
+def delivering(store: Store, agents: dict[str, Agent]) -> contextlib.AbstractAsyncContextManager[Deliverer]:
+    """A deliverer over ``store`` running for the block, stopped after it."""
+    return running(Deliverer(store, agents, Metrics(), drop_after=3600, timeout=5, allow_private=True))
 
 
 @pytest.mark.parametrize("changed_to", ["another URL", "none"])
@@ -758,16 +762,13 @@ async def test_a_hold_read_at_a_start_outlasts_the_first_pass(tmp_path: Path, st
         deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
         await held_then_stopped(deliverer, tries)
         store, restarted, hook = restarted_after_a_hold(tmp_path, store)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(restarted.run(stop))
         try:
-            await asyncio.sleep(1)  # the first pass has run
-            answered(hook, store, tmp_path / "sets", "plan", "$after-the-first-pass")
-            await asyncio.sleep(2)
-            assert len(tries) == 1, f"{len(tries)} tries of a receiver that asked for 300 s"
+            async with running(restarted):
+                await asyncio.sleep(1)  # the first pass has run
+                answered(hook, store, tmp_path / "sets", "plan", "$after-the-first-pass")
+                await asyncio.sleep(2)
+                assert len(tries) == 1, f"{len(tries)} tries of a receiver that asked for 300 s"
         finally:
-            stop.set()
-            await task
             store.close()
 
 
@@ -798,18 +799,13 @@ async def test_a_2xx_already_in_flight_does_not_end_a_receivers_hold(tmp_path: P
             with store.transaction():
                 store.db.execute("UPDATE webhook_outbox SET attempts=1")
         queue = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(deliverer.run(stop))
-        try:
+        async with running(deliverer):
             await until(lambda: len(tries) == 2, what="both tried")
             await until(lambda: pending(store) == 1, what="the 204 taken")
             if not attempted:
                 answered(queue, store, tmp_path / "sets", "plan", "$after-the-204")
             await asyncio.sleep(2)
             assert len(tries) == 2, f"{len(tries)} tries of a receiver that asked for 120 s"
-        finally:
-            stop.set()
-            await task
         if attempted:
             # Started again, its holds unreadable: the row the 429 answered waits on its own time.
             def unreadable(*_: Any) -> dict[Any, int]:
