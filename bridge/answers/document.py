@@ -230,7 +230,7 @@ def _prepared(doc: dict[str, Any], record: dict[str, Any], now: str) -> dict[str
     if "rev" not in new_record:
         previous = doc["answers"].get(qid)
         new_record["rev"] = (previous["rev"] if previous else 0) + 1
-    new_record["updated"] = now
+    new_record["updated"] = _answered_at(doc["answers"].get(qid), new_record, now)
     if "timecodes" in new_record and isinstance(new_record["timecodes"], list):
         new_record["timecodes"] = [_rounded(tc) for tc in new_record["timecodes"]]
     _check_record(qid, new_record, f"answer to {qid!r}")
@@ -238,9 +238,22 @@ def _prepared(doc: dict[str, Any], record: dict[str, Any], now: str) -> dict[str
     return _ordered_record(new_record)
 
 
+def _answered_at(present: Any, new: dict[str, Any], now: str) -> str:
+    """``now``, unless only the deadline's close (``closed_at``) changed: a
+    close is no new answer, and an agent waiting for one newer than the
+    answer it saw (``wait --after``) is not woken by it."""
+    if isinstance(present, dict) and isinstance(present.get("updated"), str) and \
+            _without(present, "updated", "closed_at") == _without(new, "updated", "closed_at"):
+        return present["updated"]
+    return now
+
+
+def _without(record: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k not in keys}
+
+
 def _same_but_its_time(present: Any, new: dict[str, Any]) -> bool:
-    return isinstance(present, dict) and {k: v for k, v in present.items() if k != "updated"} == \
-        {k: v for k, v in new.items() if k != "updated"}
+    return isinstance(present, dict) and _without(present, "updated") == _without(new, "updated")
 
 
 def _bumped(doc: dict[str, Any], now: str) -> dict[str, Any]:

@@ -71,6 +71,11 @@ def approval_record(base: dict[str, Any] | None, posting: RecordedQuestion | Non
     if posting.guess is not None:
         out["matched_guess"] = posting.guess.get("option") == result.choice
     out["decided_by"] = list(result.decided_by)
+    if expired and posting.expires_ms is not None:
+        # Decided in time, then the deadline came: as an answer given in time
+        # to a question without a quorum, the decision stands and the
+        # question is closed (``read`` says ``closed``, not ``open``).
+        out["closed_at"] = format_rfc3339(posting.expires_ms)
     return out
 
 

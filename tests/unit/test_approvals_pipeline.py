@@ -85,12 +85,16 @@ def test_each_bad_field_is_an_error_with_clear_words(tmp_path, fields, where, wo
     assert found and words in found[0], findings(raw, tmp_path)
 
 
-def test_a_decided_approval_is_not_written_again_at_its_deadline(tmp_path):
-    """Decided by two votes, then its deadline passed: answers.json was
-    rewritten with only the record's ``updated`` moved, so an agent waiting
-    for an answer newer than the decision (``after``) was woken for nothing."""
-    room = Room(tmp_path, approval={"expires": "45s", "answerers": [ANA, BO], "quorum": {"required": 2}},
-                posted_ms=T0)
+def test_a_decided_approval_is_closed_at_its_deadline_without_a_new_answer(tmp_path, capsys):
+    """Decided by two votes, then its deadline passed: the record's
+    ``updated`` stays the decision's, so an agent waiting for an answer newer
+    than it (``after``) is not woken for nothing; and ``read`` shows the
+    question ``closed`` (it said ``open`` though no vote could count)."""
+    approval = {"expires": "45s", "answerers": [ANA, BO], "quorum": {"required": 2}}
+    room = Room(tmp_path, approval=approval, posted_ms=T0)
+    raw = all_kinds_set("kinds")
+    next(q for q in raw["questions"] if q["id"] == "branch").update(approval)
+    (room.set_dir / "questions.json").write_text(json.dumps(raw))
     with room.store.transaction():
         room.store.set_meta("approval:$q", "1")
     room.deliver([answer("$a1", ANA, T0 + 1000, "main"), answer("$a2", BO, T0 + 2000, "main")])
@@ -100,11 +104,14 @@ def test_a_decided_approval_is_not_written_again_at_its_deadline(tmp_path):
                               clock=lambda: ms / 1000).pass_once())
 
     deadlines_at(T0 + 3000)
-    decided = (room.set_dir / "answers.json").read_bytes()
-    assert room.record()["decided_by"] == [ANA, BO]
+    decided = room.record()
+    assert decided["decided_by"] == [ANA, BO] and "closed_at" not in decided
     time.sleep(0.01)
     deadlines_at(T0 + 46_000)
-    assert (room.set_dir / "answers.json").read_bytes() == decided
+    assert room.record() == {**decided, "closed_at": format_rfc3339(T0 + 45_000)}
+    assert main(["read", str(room.set_dir)]) == 0
+    entry = next(e for e in json.loads(capsys.readouterr().out)["answers"] if e["qid"] == "branch")
+    assert (entry["state"], entry["status"], entry["choice"]) == ("answered", "closed", "main")
     assert room.verify() == []
 
 
