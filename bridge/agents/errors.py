@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.protocol.graphemes import shorten
+
 
 class AgentError(Exception):
     status = 400
@@ -39,7 +41,7 @@ MAX_TEXT = 2000
 
 def clipped(value: Any) -> Any:
     """A text cut to ``MAX_TEXT`` characters (the cut said with "…"); anything else as it is."""
-    return value[:MAX_TEXT] + "…" if isinstance(value, str) and len(value) > MAX_TEXT else value
+    return shorten(value, MAX_TEXT + 1) if isinstance(value, str) else value
 
 
 def listed(body: dict[str, Any], key: str, items: list[Any]) -> None:

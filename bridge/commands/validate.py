@@ -24,6 +24,7 @@ from typing import Any
 
 from bridge.protocol import schemas
 from bridge.protocol.deadline import event_time_problem
+from bridge.protocol.graphemes import shorten
 from bridge.protocol.judge import Accepted, IncomingAnswer, JudgeContext, Refused, judge
 from bridge.protocol.recorded import RecordedQuestion
 
@@ -119,7 +120,7 @@ def _question_event(event: dict[str, Any]) -> dict[str, Any]:
     if time_problem is not None:
         where, value, why = time_problem
         shown = json.dumps(value, ensure_ascii=False) if isinstance(value, str) else type(value).__name__
-        raise Unreadable(f"the question event is not a question.v2 event (question.{where}: {_short(shown, 80)} {why})")
+        raise Unreadable(f"the question event is not a question.v2 event (question.{where}: {shorten(shown, 80)} {why})")
     # An answer can only be judged against a real question.v2: a broken one
     # would turn every answer into a misleading refusal.
     try:
@@ -129,12 +130,8 @@ def _question_event(event: dict[str, Any]) -> dict[str, Any]:
     if problems:
         first = min(problems, key=lambda e: (len(e.absolute_path), str(list(e.absolute_path))))
         where = ".".join(str(p) for p in first.absolute_path) or "content"
-        raise Unreadable(f"the question event is not a question.v2 event ({where}: {_short(first.message)})")
+        raise Unreadable(f"the question event is not a question.v2 event ({where}: {shorten(first.message, 200)})")
     return event
-
-
-def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _check_answer_event(event: dict[str, Any]) -> None:

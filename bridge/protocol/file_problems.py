@@ -6,6 +6,7 @@ from __future__ import annotations
 import unicodedata
 
 from bridge.protocol.annotate import MAX_ATTACHMENTS
+from bridge.protocol.graphemes import shorten
 
 _NAME_CHARS = 60
 MIB = 1024 * 1024
@@ -29,7 +30,7 @@ def shown_name(filename: object) -> str | None:
     name = "".join(c for c in filename if unicodedata.category(c)[0] != "C").strip()
     if not name:
         return None
-    return name if len(name) <= _NAME_CHARS else name[:_NAME_CHARS - 1] + "…"
+    return shorten(name, _NAME_CHARS)
 
 
 def file_problem(reason: str, filename: object = None, limit: int = 20 * MIB) -> str:

@@ -54,3 +54,22 @@ def test_an_echoed_id_or_user_id_ends_on_a_whole_character():
     assert _quote("b" * 58 + FLAG + "y" * 5) == "\u201c" + "b" * 58 + "\u2026\u201d"
     said = user_id_problem("a" * 57 + FAMILY + "x" * 10)
     assert said.startswith('"' + "a" * 57 + "\u2026" + '"'), said
+
+
+def test_lint_validate_file_names_and_agent_errors_end_on_a_whole_character():
+    """A value lint quotes, a question `validate` could not read, a file
+    name a refusal names and a text the agents' API echoes back each cut
+    a flag in half before the "…"."""
+    from bridge.agents.errors import MAX_TEXT, clipped
+    from bridge.commands.validate import Unreadable, _question_event
+    from bridge.protocol.file_problems import shown_name
+    from bridge.questionset.lint.access import quote
+
+    assert quote("q" * 58 + FLAG + "r") == '"' + "q" * 58 + "\u2026" + '"'
+    assert shown_name("n" * 58 + FLAG + ".png") == "n" * 58 + "\u2026"
+    assert clipped("t" * (MAX_TEXT - 1) + FLAG + "u") == "t" * (MAX_TEXT - 1) + "\u2026"
+    event = {"type": "dev.superpipeline.question.v2", "event_id": "$q", "room_id": "!r", "sender": "@b:hs",
+             "content": {"question": {"id": "q", "kind": "text", "title": "T", "expires": "x" * 77 + FLAG}}}
+    with pytest.raises(Unreadable) as refused:
+        _question_event(event)
+    assert '"' + "x" * 77 + "\u2026 " in str(refused.value), str(refused.value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridge.protocol.graphemes import shorten
 from bridge.questionset.shown import visible
 
 
@@ -41,5 +42,5 @@ def blank(value: str | None) -> bool:
 
 def quote(text: str, limit: int = 60) -> str:
     """A user value inside a message, cut short so one huge value can't flood the report."""
-    shown = text if len(text) <= limit else text[: limit - 1] + "…"
+    shown = shorten(text, limit)
     return f'"{shown}"'
