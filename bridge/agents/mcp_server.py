@@ -135,7 +135,8 @@ class Subscribers:
                 del self.sessions[uri]
 
     async def changed(self, set_id: str) -> None:
-        uri, owner = answers_uri(set_id), self.owner_of(set_id)
+        # Off the loop: the owner file is on disk, which may be slow.
+        uri, owner = answers_uri(set_id), await asyncio.to_thread(self.owner_of, set_id)
         if owner is None:  # removed (its last owner hears it once), or a local agent's set
             owner = self._owners.pop(uri, None)
             if owner is None:

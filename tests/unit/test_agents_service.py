@@ -401,6 +401,28 @@ async def test_a_connection_that_ends_leaves_no_subscription_behind(tmp_path):
     await subscribers.changed("plan")  # nobody left to tell, nothing raised
 
 
+async def test_whose_set_changed_is_read_off_the_event_loop(tmp_path):
+    """Telling subscribers of a change reads the set's owner file; on a slow
+    disk (a network share, a disk under load) that read stopped every room,
+    the agents' API and /health until it returned."""
+    import threading
+
+    from bridge.agents.mcp_server import Subscribers
+
+    loop_ran = threading.Event()
+
+    def slow_owner_of(_set_id: str) -> str | None:
+        # Returns once the loop has run something else meanwhile, or gives up.
+        return "a" if loop_ran.wait(5) else None
+
+    subscribers = Subscribers(slow_owner_of)
+    told = asyncio.ensure_future(subscribers.changed("plan"))
+    await asyncio.sleep(0)
+    loop_ran.set()  # the loop is free while the owner is read
+    await told
+    assert subscribers._owners == {"askwright://sets/plan/answers": "a"}
+
+
 @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the 2025 era on purpose
 async def test_a_resource_subscription_is_one_per_connection_and_ends_with_unsubscribe(tmp_path):
     import asyncio
