@@ -56,8 +56,11 @@ def wrapped_base64_size(size: int) -> int:
 
 
 class McpFiles:
-    def __init__(self, sets: AgentSets, media_max: int, digests: Digests | None = None):
+    def __init__(self, sets: AgentSets, media_max: int, digests: Digests | None = None, *, local: bool = False):
         self.sets = sets
+        # Served over stdio to an agent on this machine: a file too big to
+        # carry is pointed to where it lies, not to an HTTP API it may not have.
+        self.local = local
         self.media_max = min(media_max, MCP_MEDIA_MAX)
         self.digests = digests or Digests()
         self.turns = ReadGate()
@@ -104,8 +107,10 @@ class McpFiles:
             # Read and encoded on a worker thread: 20 MiB held the event loop ~150 ms.
             read = await asyncio.to_thread(_blob, path, uri, mimetype(name), MCP_MEDIA_MAX)
         if isinstance(read, int):
+            elsewhere = f"read it at {path} on this machine" if self.local else \
+                f"GET {attachment_url(set_id, name)} over the HTTP API (the same token)"
             raise TooLarge(f"{name} is {read} bytes, more than the {MCP_MEDIA_MAX} bytes a resource read "
-                           f"carries: GET {attachment_url(set_id, name)} over the HTTP API (the same token)")
+                           f"carries: {elsewhere}")
         return read
 
     async def upload(self, agent: str, arguments: dict[str, Any]) -> dict[str, Any]:

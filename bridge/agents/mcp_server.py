@@ -177,8 +177,9 @@ class Subscribers:
 def build_server(sets: AgentSets, agents: Mapping[str, Agent], agent_of: AgentOf,
                  subscribers: Subscribers, media_max: int = DEFAULT_MEDIA_MAX, *,
                  allow_private_callbacks: bool = False, log_store: Callable[[], Any] | None = None,
-                 sign_log: Callable[[], None] | None = None) -> Server[Any]:
-    files = McpFiles(sets, media_max)
+                 sign_log: Callable[[], None] | None = None, local: bool = False) -> Server[Any]:
+    """``local``: served over stdio to an agent on this machine."""
+    files = McpFiles(sets, media_max, local=local)
     tools = Tools(sets, agents, files, allow_private_callbacks=allow_private_callbacks, log_store=log_store,
                   sign_log=sign_log)
 

@@ -66,7 +66,7 @@ async def serve_stdio(config: Any, agent: str) -> None:
     sets.media_quota.limit = config.agent_api.media_quota
     server = build_server(sets, config.agents, lambda _ctx: agent, subscribers, media_max=config.agent_api.media_max,
                           allow_private_callbacks=config.agent_api.allow_private_callbacks,
-                          log_store=log_store)
+                          log_store=log_store, local=True)
     stop = asyncio.Event()
     async with stdio_server() as (read_stream, write_stream):
         async with anyio.create_task_group() as group:

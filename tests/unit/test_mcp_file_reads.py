@@ -62,6 +62,17 @@ async def test_a_file_over_what_a_resource_read_carries_is_refused_naming_the_ht
     assert peak < 1024 * 1024, f"{peak / 2**20:.1f} MiB held to refuse a file"
 
 
+async def test_a_file_too_big_for_a_stdio_agent_is_pointed_to_where_it_lies(tmp_path):
+    """`askwright-bridge mcp` serves an agent on this machine, which may have
+    no HTTP API to GET from: it is told the file's path."""
+    uri = _file(tmp_path, "planner", "shots", "big.png", size=MCP_MEDIA_MAX + 1)
+    with pytest.raises(TooLarge) as refused:
+        await McpFiles(Sets(tmp_path), 100 * 1024 * 1024, local=True).read("planner", uri)
+    path = tmp_path / "planner" / "shots" / "attachments" / "big.png"
+    assert f"read it at {path} on this machine" in refused.value.message
+    assert "HTTP" not in refused.value.message
+
+
 async def test_a_file_under_it_is_read_byte_for_byte(tmp_path):
     data = os.urandom(3 * 1024 * 1024 + 1)
     uri = _file(tmp_path, "planner", "shots", "take.png", data)
