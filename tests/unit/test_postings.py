@@ -252,7 +252,7 @@ class NoPolls(Transport):
 
         from bridge.service.transport.matrix import MatrixError
 
-        if event_type == POLL_START:
+        if event_type == POLL_START and not getattr(self, "allowed", False):
             raise MatrixError("sending a poll", SimpleNamespace(status_code="M_FORBIDDEN", message="no"))
         return await super().send(room_id, event_type, content, txn_id)
 
@@ -292,6 +292,31 @@ def test_a_question_whose_poll_the_room_refused_no_longer_points_to_a_poll(tmp_p
     assert words.startswith("Reply with the number of your pick (1–4) or react with its number;"), words
     # The first keeps its content as posted: the answer log hashes what the room's event holds.
     assert store.question_by_event("$e1").content == first
+    store.close()
+
+
+def test_a_room_that_refused_polls_gets_them_again_once_its_power_levels_change(tmp_path: Path) -> None:
+    """An admin who read "this room does not allow its poll" and let the
+    bridge send polls: every later question was still posted without one,
+    for good."""
+    from bridge.service.answering.pipeline import Pipeline
+
+    root = tmp_path / "sets"
+    write_set(root / "takes", "takes", choice(1, "one"))
+    transport = NoPolls()
+    p, store = poster(tmp_path, transport)
+    asyncio.run(p.sync_root(root))
+    write_set(root / "more", "more", choice(1, "two"))
+    asyncio.run(p.sync_root(root))
+    assert [t for t, _c, _x in transport.sent].count(POLL_START) == 0
+    levels = {"type": "m.room.power_levels", "state_key": "", "event_id": "$pl", "room_id": ROOM,
+              "sender": "@admin:hs", "origin_server_ts": 5, "content": {"events": {POLL_START: 0}}}
+    Pipeline(store=store, transport=transport, answerers=None, own_users=lambda u: u == "@bridge:hs").process([levels])
+    transport.allowed = True  # the room takes polls now
+    write_set(root / "last", "last", choice(1, "three"))
+    asyncio.run(p.sync_root(root))
+    assert [t for t, _c, _x in transport.sent].count(POLL_START) == 1
+    assert "To answer: vote in the poll; " in transport.questions()[-1]["body"]
     store.close()
 
 

@@ -44,6 +44,7 @@ from bridge.service.answering.membership import MembersThen
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack
 from bridge.service.encryption.marks import DEVICE
+from bridge.service.storage.meta import ROOM_REFUSED_POLLS
 from bridge.service.storage.store import FlushView, GuessedWrong, LogEntry, PartsFailedTogether, Store
 
 log = logging.getLogger(__name__)
@@ -316,6 +317,13 @@ class Pipeline(FolderFlush):
                 commit = None
             return result, self.store.flush_view(commit=True), commit  # the flush's reads, and the COMMIT with them
 
+    def _polls_maybe_allowed(self, event: dict[str, Any]) -> None:
+        """The room's power levels changed: a room that refused polls may
+        take them now, and its next question tries one again (a refusal
+        flags the room again)."""
+        if event.get("type") == "m.room.power_levels" and event.get("state_key") == "":
+            self.store.delete_meta(ROOM_REFUSED_POLLS + str(event.get("room_id")))
+
     def _keep_before(self, event: dict[str, Any]) -> None:
         """The room's members or power levels as the batch found them, before
         its first event that changes them (a batch handled again starts there)."""
@@ -368,6 +376,7 @@ class Pipeline(FolderFlush):
         self._keep_before(event)
         self._track_membership(event)
         self.timeline.track_power(event)
+        self._polls_maybe_allowed(event)
         self._upgraded(event)
         if self._own(event):
             return

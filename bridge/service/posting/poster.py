@@ -33,6 +33,7 @@ from bridge.service.posting import media
 from bridge.service.posting.insend import UNTOLD, PollSending, Sending, keep, record_poll, record_sent
 from bridge.service.posting.sets import QUESTIONS, SKIPPED, discover, duplicate_set_message, folders, leads_outside
 from bridge.regularfile import read_regular
+from bridge.service.storage.meta import ROOM_REFUSED_POLLS
 from bridge.service.storage.setpaths import NOT_POSTED, REV_FIRST_POSTED, SET_SYNCED
 from bridge.service.storage.store import PostingConflict, Store
 
@@ -530,7 +531,7 @@ class Poster:
             def no_poll() -> None:
                 self.store.set_meta(_NO_POLL + recorded.event_id, status)
                 if status == "M_FORBIDDEN":  # the room's power levels: its later questions too (one poll too large is not)
-                    self.store.set_meta(_NO_POLL_ROOM + recorded.room_id, status)
+                    self.store.set_meta(ROOM_REFUSED_POLLS + recorded.room_id, status)
                 self.store.delete_meta(sending.key)
 
             await self.store.run_written(no_poll, flush=False)
@@ -542,7 +543,7 @@ class Poster:
     async def _refuses_polls(self, room_id: str) -> bool:
         """Whether ``room_id`` refused a poll for good before: its later
         questions say nothing of a poll and get none."""
-        return await self.store.run(self.store.get_meta, _NO_POLL_ROOM + room_id) is not None
+        return await self.store.run(self.store.get_meta, ROOM_REFUSED_POLLS + room_id) is not None
 
     async def _drop_poll_step(self, recorded: RecordedQuestion) -> None:
         """The question said "vote in the poll" and no poll came: its message
@@ -654,8 +655,6 @@ class Poster:
 
 # Meta key prefix: a question whose room refused its poll for good (value: the error code).
 _NO_POLL = "poll_refused:"
-# Meta key prefix: a room that refused a poll for good; its later questions are posted without one.
-_NO_POLL_ROOM = "room_refused_polls:"
 SET_REMOVED = "this set was removed"
 REPLACED = "replaced by revision"  # "... 2": why a posting a later revision replaced was closed
 

@@ -5,6 +5,10 @@ families of keys share a prefix (``meta_with_prefix``)."""
 
 from __future__ import annotations
 
+# Key prefix: a room that refused a poll for good (its power levels): its
+# later questions are posted without one, until its power levels change.
+ROOM_REFUSED_POLLS = "room_refused_polls:"
+
 
 class Meta:
     """A part of ``Store`` (store.py): the ``meta`` table through ``self.db``."""
