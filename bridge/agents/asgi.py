@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import web
 from starlette.requests import ClientDisconnect
 
-from bridge.agents.bodyread import TooSlow, paced
+from bridge.agents.bodyread import BodyUnreadable, TooSlow, paced
 from bridge.service.eventwait import set_within
 
 log = logging.getLogger(__name__)
@@ -68,19 +68,28 @@ def scope_of(request: web.Request, extra: dict[str, Any] | None = None) -> Scope
 async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] | None = None,
                      body_read: Callable[[], None] = lambda: None) -> web.StreamResponse:
     """``app`` serving ``request``; ``body_read`` is called once its body is
-    in (or will never be), and at the latest when the response is done."""
+    in (or will never be), and at the latest when the response is done.
+    BodyUnreadable when the body does not decode (the caller answers it: the
+    client is still there, waiting for an answer)."""
     finished = asyncio.Event()
     body_done = False
+    refused: BodyUnreadable | None = None
     response: web.StreamResponse | None = None
     # Read against the clock: a body that stops coming ends the request (as
     # the client leaving), never holding its connection for ever.
     body = paced(request.content.iter_any())
 
     async def receive() -> Message:
-        nonlocal body_done
+        nonlocal body_done, refused
         if not body_done:
             try:
                 chunk = await anext(body, b"")
+            except BodyUnreadable as exc:
+                # The application is told the body ended; what it would send is dropped.
+                refused, body_done = exc, True
+                body_read()
+                finished.set()
+                return {"type": "http.disconnect"}
             except TooSlow as exc:
                 log.info("%s %s: %s", request.method, request.path, exc.message)
                 body_done = True
@@ -129,10 +138,13 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
     except ClientDisconnect:
         # The body stopped coming (``paced``) or its client left while the
         # application read it: an ordinary end, as on the /v1 routes.
-        log.info("%s %s: the client left before its request was read", request.method, request.path)
+        if refused is None:
+            log.info("%s %s: the client left before its request was read", request.method, request.path)
     finally:
         finished.set()
         body_read()
+    if refused is not None and response is None:
+        raise refused
     if response is None:
         return web.json_response({"ok": False, "error": "internal_error", "message": "no response"}, status=500)
     return response

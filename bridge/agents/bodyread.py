@@ -14,6 +14,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from bridge.agents.errors import AgentError
 
@@ -34,6 +38,17 @@ class BodyCut(TooSlow):
 
     status = 400
     code = "body_cut"
+
+
+class BodyUnreadable(TooSlow):
+    """A body that came but does not decode as its ``Content-Encoding``
+    says (labelled gzip by a proxy, or broken by the client's compressor):
+    the client's fault, said to it.  aiohttp's error went up through every
+    route that reads a body: a plain-text 500 and a traceback in the log, on
+    /mcp even for a request with a wrong token."""
+
+    status = 400
+    code = "bad_request"
 
 
 def time_left(started: float, now: float, received: int) -> float:
@@ -59,8 +74,29 @@ async def paced(chunks: AsyncIterator[bytes], clock: Callable[[], float] = time.
                           "send it again") from None
         except ConnectionError:
             raise BodyCut(f"the connection closed after {received} bytes of the body") from None
+        except RequestPayloadError as exc:
+            raise unreadable(exc, received) from None
         received += len(chunk)
         yield chunk
+
+
+def unreadable(exc: RequestPayloadError, received: int) -> TooSlow:
+    """What aiohttp's ``RequestPayloadError`` means for the request: a body
+    that does not decode (BodyUnreadable), or one cut short (BodyCut)."""
+    if isinstance(exc.__cause__, ContentEncodingError):
+        return BodyUnreadable("the body does not decode as its Content-Encoding says "
+                              f"({exc.__cause__.message.strip()}); send it as it is, or encoded as the header says")
+    return BodyCut(f"the body ended short after {received} bytes")
+
+
+def closing_if_unreadable(request: Any, response: Any) -> Any:
+    """``response``, closing its connection when the request's body does not
+    decode: the rest of it can't be read past, so the connection carries no
+    other request (aiohttp drops it after the answer, and a client that sent
+    its next request on it had it reset)."""
+    if isinstance(request.content.exception(), RequestPayloadError) and not response.prepared:
+        response.force_close()
+    return response
 
 
 # Request bodies are read whole into memory (a set of up to 16 MB, an MCP

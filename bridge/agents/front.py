@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from watchfiles import awatch
 
 from bridge.agents import origin
@@ -23,7 +24,7 @@ from bridge.agents.changes import Changes
 from bridge.agents.early_stream import start_early
 from bridge.agents.http import AgentApi, Refusal
 from bridge.agents.mcp_files import MCP_MEDIA_MAX, wrapped_base64_size
-from bridge.agents.bodyread import STALL_SECONDS, TooManyBodies
+from bridge.agents.bodyread import STALL_SECONDS, BodyUnreadable, TooManyBodies, closing_if_unreadable
 from bridge.agents.mcp_server import GONE_SCOPE_KEY, REFUSED, Subscribers, build_server
 from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, SessionIds
 from bridge.agents.readgate import ReadGate
@@ -71,8 +72,8 @@ async def _request_id(request: web.Request) -> str | int | None:
         return None
     try:
         message = json.loads(await asyncio.wait_for(request.content.read(_ID_LOOKUP_BYTES + 1), STALL_SECONDS))
-    except (ValueError, RecursionError, UnicodeDecodeError, OSError, asyncio.TimeoutError):
-        return None
+    except (ValueError, RecursionError, UnicodeDecodeError, OSError, asyncio.TimeoutError, RequestPayloadError):
+        return None  # (RequestPayloadError: a body that does not decode, or cut short)
     found = message.get("id") if isinstance(message, dict) else None
     return found if isinstance(found, (str, int)) and not isinstance(found, bool) else None
 
@@ -138,6 +139,9 @@ class AgentsFront:
         return routes
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:
+        return closing_if_unreadable(request, await self._mcp(request))
+
+    async def _mcp(self, request: web.Request) -> web.StreamResponse:
         refused = origin.refusal(request.headers.get("Host"), request.headers.get("Origin"), self.served_names)
         if refused is not None:
             status, why = refused
@@ -177,9 +181,13 @@ class AgentsFront:
                 else (lambda: None)
         except TooManyBodies as exc:
             return mcp_refusal(exc.status, exc.message, None, exc.headers)
-        return await serve_asgi(self._mcp_app, request, {
-            AGENT_SCOPE_KEY: agent,
-            GONE_SCOPE_KEY: lambda: request.transport is None or request.transport.is_closing()}, body_read)
+        try:
+            return await serve_asgi(self._mcp_app, request, {
+                AGENT_SCOPE_KEY: agent,
+                GONE_SCOPE_KEY: lambda: request.transport is None or request.transport.is_closing()}, body_read)
+        except BodyUnreadable as exc:
+            log.info("/mcp: %s", exc.message)
+            return mcp_refusal(exc.status, exc.message, None)
 
     @property
     def changes(self) -> Changes:

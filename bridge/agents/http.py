@@ -24,7 +24,7 @@ from bridge.agents.callbacks import check_callbacks
 from bridge.agents.contract import Checked, Contract
 from bridge.agents.errors import AgentError, LintFailed
 from bridge.agents.files_http import FileRoutes
-from bridge.agents.bodyread import BodyGate, paced
+from bridge.agents.bodyread import BodyGate, closing_if_unreadable, paced
 from bridge.agents.sets import BIG_DOCUMENT, AgentSets
 from bridge.agents.waiting import DEFAULT_TIMEOUT, wait_answers
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES
@@ -134,9 +134,10 @@ class AgentApi:
                 request[CHECKED] = await self.check(request, body_limit, agent)
                 return await handler(request, agent)
             except Refusal as exc:
-                return exc.response
+                refused = exc.response
             except AgentError as exc:
-                return web.json_response(exc.as_dict(), status=exc.status, headers=exc.headers or None)
+                refused = web.json_response(exc.as_dict(), status=exc.status, headers=exc.headers or None)
+            return closing_if_unreadable(request, refused)
         return guarded
 
     async def check(self, request: web.Request, body_limit: int, agent: str) -> Checked:

@@ -296,6 +296,42 @@ async def test_a_body_cut_off_midway_is_no_error_of_the_bridges(bridge):
     assert said.startswith(b"HTTP/1.1 413") and b"larger than" in said, said
 
 
+async def test_a_body_whose_content_encoding_does_not_decode_is_the_clients_400(bridge):
+    """A body labelled gzip that is not (a proxy adding the header, a
+    client's broken compressor): each JSON route of the API answered a
+    plain-text 500 ("Server got itself in trouble") and logged an ERROR with
+    a traceback, /mcp did the same even for a request with a wrong token, and
+    a media upload said its body was cut off."""
+    base = start(bridge)
+    await wait_listener(bridge, base)
+    set_id = unique("encoded")
+    broken = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+        async with http.put(f"{base}/v1/sets/{set_id}", json=one_question(set_id), headers=auth("planner")) as r:
+            assert r.status == 201
+        for method, path in (("PUT", f"/v1/sets/{set_id}"), ("POST", f"/v1/sets/{set_id}/close"),
+                             ("PUT", f"/v1/sets/{set_id}/media/take-2.png")):
+            async with http.request(method, base + path, data=b'{"not": "gzip at all"}',
+                                    headers={**auth("planner"), **broken}) as response:
+                said = await response.json()
+                assert response.status == 400, (path, said)
+                assert said["error"] == "bad_request" and "Content-Encoding" in said["message"], said
+                assert response.headers["Connection"] == "close"  # the rest of the body can't be read past
+        for agent in ({"Authorization": "Bearer nope"}, auth("planner")):
+            async with http.post(base + "/mcp", data=json.dumps(INITIALIZE).encode(),
+                                 headers={**MCP_HEADERS, **agent, **broken}) as response:
+                said = await response.json()
+                assert response.status in (400, 401), said
+                assert said["jsonrpc"] == "2.0" and "error" in said, said
+    # Nothing of the set changed, nothing was stored, and nothing is the bridge's fault.
+    stored = json.loads((bridge.sets_root / set_id / "questions.json").read_text())
+    assert stored["questions"][0].get("status", "open") == "open"
+    assert not (bridge.sets_root / set_id / "take-2.png").exists()
+    await asyncio.sleep(0.5)
+    bridge.check_alive()
+    assert errors_in(bridge.log_text()) == []
+
+
 WAITING_CLIENT = """
 import asyncio, sys
 import httpx2

@@ -25,8 +25,13 @@ class _ClientFaults(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         from aiohttp.http_exceptions import HttpProcessingError
+        from aiohttp.web_protocol import RequestPayloadError
 
         exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, RequestPayloadError):
+            # A body that does not decode, logged again by aiohttp as it reads
+            # what is left of it after the answer (400) went out: the fault is its cause.
+            exc = exc.__cause__
         if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.msg = f"{record.getMessage()}: {exc.code} {_fault_kind(exc.message)}"
