@@ -497,6 +497,24 @@ def test_a_second_edit_after_a_refused_first_edit_still_changes_the_answer(tmp_p
     assert _told(room) == ["Changed your answer to “Release branch”: now The stable branch (option 2)."]
 
 
+def test_an_edit_of_a_refused_note_is_told_as_an_addition(tmp_path: Path) -> None:
+    """Alice's note was too long (refused) and she edited it short: she was
+    told "Changed what you added", though nothing of hers had been added."""
+    from bridge.protocol.notes import MAX_NOTE
+
+    room = Room(tmp_path)
+    room.deliver([answer("$a1", ALICE, 1000, "main")])
+    _told(room)
+    room.deliver([note("$n1", ALICE, 2000, "x" * (MAX_NOTE + 1))])
+    assert _told(room)[0].startswith("Not recorded")
+    fixed = {**note("$n2", ALICE, 3000, "* the logo is off"), "content": {
+        "msgtype": "m.text", "body": "* the logo is off", "m.new_content": {"msgtype": "m.text", "body": "the logo is off"},
+        "m.relates_to": {"rel_type": "m.replace", "event_id": "$n1"}}}
+    room.deliver([fixed])
+    assert _told(room) == ["Added to your answer to “Release branch”: a note."]
+    assert room.record()["note"] == "the logo is off"
+
+
 def test_a_note_to_a_closed_question_is_told_it_was_not_kept_as_a_note(tmp_path: Path) -> None:
     """A note to a question its agent closed was told "This question is no
     longer open (closed), so the answer was not recorded.": no answer, and

@@ -62,7 +62,8 @@ class WordBack:
                                        qid=question.qid or "", q_rev=question.rev or 1,
                                        record_rev=self._record_rev(entry), picked=picker is not None,
                                        whose=None if picker in (None, entry.sender) else picker,
-                                       edited=entry.replaces is not None)
+                                       edited=entry.replaces is not None and
+                                       self.store.edited_counted(entry.replaces, entry.event_id, "annotated"))
             if entry.message:  # the file that came with the note could not be kept
                 content = with_remark(content, entry.message)
             if replaced > 0:  # one reply for a run of them (a flood gets a handful of replies)

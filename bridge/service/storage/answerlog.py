@@ -186,19 +186,20 @@ class AnswerLog:
             (set_dir, qid, event_id, row[0], row[0], row[1])).fetchone()
         return before[0] if before else None
 
-    def edited_counted(self, original: str, edit_event_id: str) -> bool:
-        """Whether the message ``edit_event_id`` edits had counted as an
-        answer before it: the original, or an earlier edit of it, accepted
-        and not withdrawn.  An edit of a message read as no answer is the
-        person's first answer there, not a change of one."""
+    def edited_counted(self, original: str, edit_event_id: str, outcome: str = "accepted") -> bool:
+        """Whether the message ``edit_event_id`` edits had counted before it
+        (as an answer; ``outcome`` "annotated": as an addition): the
+        original, or an earlier edit of it, so logged and not withdrawn.  An
+        edit of a message refused is the person's first answer (or
+        addition) there, not a change of one."""
         row = self.db.execute(
             "SELECT ts, seq FROM answer_log WHERE event_id=? ORDER BY seq DESC LIMIT 1", (edit_event_id,)).fetchone()
         if row is None:
             return False
         return self.db.execute(
-            "SELECT 1 FROM answer_log WHERE (event_id=? OR replaces=?) AND event_id<>? AND outcome='accepted'"
+            "SELECT 1 FROM answer_log WHERE (event_id=? OR replaces=?) AND event_id<>? AND outcome=?"
             " AND withdrawn=0 AND (ts<? OR (ts=? AND seq<?)) LIMIT 1",
-            (original, original, edit_event_id, row[0], row[0], row[1])).fetchone() is not None
+            (original, original, edit_event_id, outcome, row[0], row[0], row[1])).fetchone() is not None
 
     def accepted_answer(self, event_id: str) -> LogEntry | None:
         row = self.db.execute(
