@@ -15,6 +15,7 @@ from nio import UploadResponse
 from bridge.devserver import _http_json
 from helpers.attack import AS_BOT
 from helpers.e2e import ENCRYPTION_STATE, EncryptingPerson
+from helpers.e2e_storm import StormingPerson
 from helpers.harness import Bridge, answer_content, hooked, store_rows, unique
 from helpers.jsperson import wait_log
 from helpers.sets import all_kinds_set
@@ -280,6 +281,47 @@ async def test_an_answer_whose_keys_arrive_late_is_kept_and_then_recorded(encryp
     notice = await alice.wait_notice(room, late)
     assert notice["content"]["dev.superpipeline.question.outcome"]["outcome"] == "recorded"
     assert store_rows(bridge.store_path, "SELECT COUNT(*) FROM undecrypted") == [(0,)]
+
+
+@pytest.mark.parametrize("encrypted", ["appservice"], indirect=True)
+async def test_an_answer_kept_for_its_key_through_a_stop_longer_than_the_grace_is_asked_for_and_recorded(
+        encrypted, tmp_path):
+    """The bridge holds Dora's answer for its key and is killed; her client
+    shares the key meanwhile, which Synapse drops (the appservice is down);
+    the bridge comes back after more than the grace period.  It asked for
+    the key nowhere in that time, so giving up at its first look told her
+    to send again an answer her client would give the key of when asked."""
+    bridge, alice, room = encrypted, encrypted.alice, encrypted.room_id
+    grace = 8
+    bridge.extra_config = {**bridge.extra_config, "encryption": {"grace": f"{grace}s"}}
+    questions = await started(bridge)
+    dora = StormingPerson(bridge.synapse, bridge.synapse.register(unique("person")), tmp_path / "dora-keys")
+    stop = asyncio.Event()
+    attending = None
+    try:
+        bridge.synapse.invite(alice.token, room, dora.user_id)
+        bridge.synapse.join(dora.token, room)
+        await dora.cross_sign()
+        # Her first message goes out under a session whose key she shares later.
+        late = await dora.send(room, answer_content(questions[("branch", 1)], option_id="stable"))
+        deadline = time.monotonic() + 30
+        while store_rows(bridge.store_path, "SELECT event_id FROM undecrypted") != [(late,)]:
+            assert time.monotonic() < deadline, f"the answer was not kept\n{bridge.log_text()[-3000:]}"
+            await asyncio.sleep(0.1)
+        bridge.kill()
+        attending = asyncio.create_task(dora.attend(stop))  # shares the key now, and answers requests for it
+        await asyncio.sleep(grace + 2)  # the bridge is away past the answer's grace period
+        bridge.start()
+        notice = await alice.wait_notice(room, late, timeout=60)
+        outcome = notice["content"]["dev.superpipeline.question.outcome"]
+        assert outcome["outcome"] == "recorded", notice["content"]["body"]
+        assert bridge.answers("kinds")["answers"]["branch"]["source"]["event_id"] == late
+        assert dora.forwarded >= 1  # the key came because the bridge asked for it again
+    finally:
+        stop.set()
+        if attending is not None:
+            await asyncio.gather(attending, return_exceptions=True)
+        await dora.close()
 
 
 @pytest.mark.parametrize("encrypted", ["appservice"], indirect=True)

@@ -111,6 +111,9 @@ class Crypto(Receiving):
         # object keeps events, and a term as leader has one of its own (a
         # takeover starts with a new one, which looks).
         self._none_kept = False
+        # When this run first looked at kept events: each waits the grace
+        # period from then at least (``Receiving._given_up_at``).
+        self._first_look: int | None = None
 
     # -- start-up -------------------------------------------------------
 

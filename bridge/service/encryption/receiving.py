@@ -99,13 +99,14 @@ class Receiving:
     _sessions_asked: dict[str, str]
     _undecrypted_said: set[Any]
     _none_kept: bool
+    _first_look: int | None
 
     async def sync_timeout_ms(self, default: int) -> int:
         """A long poll that wakes up in time for the first kept event's grace period."""
         timeout = default
         kept = await self._kept()  # before every long poll: not a wait on the loop
         if kept:
-            due = min(first_seen + self._patience_ms(event) for event, first_seen in kept)
+            due = min(self._given_up_at(event, first_seen) for event, first_seen in kept)
             timeout = min(default, due - self.clock())
             reask = self.key_requests.due_in_ms()  # a key asked for again when an answer may have been lost
             if reask is not None:
@@ -203,7 +204,7 @@ class Receiving:
                 recovered.append(decrypted)
                 resolved.append(event["event_id"])
                 kept_since[event["event_id"]] = first_seen
-            elif now - first_seen >= self.settings.grace_seconds * 1000:
+            elif now >= self._given_up_at(event, first_seen):
                 expired.append(event)
             else:
                 still_kept.append(event)
@@ -254,11 +255,21 @@ class Receiving:
             self._sessions_asked = {e: sender for e, sender in self._sessions_asked.items() if e in waiting}
         return out, resolved
 
-    def _patience_ms(self, kept: dict[str, Any]) -> int:
-        """How long a kept event is waited on: a message waiting for its key,
-        the grace period; one waiting for its sender's homeserver to answer
-        for their devices, as long as a homeserver may be down."""
-        return UNANSWERED_PATIENCE_MS if ORIGIN in kept else int(self.settings.grace_seconds * 1000)
+    def _given_up_at(self, kept: dict[str, Any], first_seen: int) -> int:
+        """When a kept event is given up on (store clock, ms).  One waiting
+        for its sender's homeserver to answer for their devices: a day after
+        it was first seen, as long as a homeserver may be down.  One waiting
+        for its key: the grace period after it was first seen, or after this
+        run first looked at it, whichever is later.  The grace is time spent
+        waiting and asking for the key; a bridge that was stopped did
+        neither (and in appservice mode the key shared meanwhile is what
+        Synapse dropped), so a stop longer than the grace had the answer
+        refused at the first look, its key never asked for again."""
+        if ORIGIN in kept:
+            return first_seen + UNANSWERED_PATIENCE_MS
+        if self._first_look is None:
+            self._first_look = self.clock()
+        return max(first_seen, self._first_look) + int(self.settings.grace_seconds * 1000)
 
     def _devices_unread(self, sender: str) -> bool:
         """The sender's devices were asked for and their homeserver has not
