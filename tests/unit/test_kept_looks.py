@@ -154,3 +154,39 @@ async def test_why_a_kept_event_stays_encrypted_is_said_once(tmp_path: Path, cap
     finally:
         await client.close()
         store.close()
+
+
+async def test_appservice_modes_watch_of_the_kept_events_reads_the_store_off_the_event_loop(tmp_path: Path) -> None:
+    """With no transaction coming, appservice mode wakes up for a kept
+    event's grace period and looks whether any is kept before judging them
+    again: that look was a statement on the event loop, which waits for
+    the job in progress on the store's thread (a batch, a checkpoint) and
+    holds /health, the homeserver's pushes and the agents meanwhile."""
+    import asyncio
+
+    from bridge.service.encryption.ascrypto import keep_up_kept
+    from helpers.loopwatch import statements_on_the_loop
+
+    store, client, crypto, _jobs = _counted(tmp_path)
+    crypto.settings = Encryption(grace="1s")
+    stop = asyncio.Event()
+    fed: list[int] = []
+
+    async def no_chores() -> None:
+        return None
+
+    async def feed_kept() -> None:
+        fed.append(1)
+        stop.set()
+
+    crypto.maintain = no_chores  # type: ignore[method-assign] - no homeserver here
+    try:
+        with store.transaction():
+            store.keep_undecrypted(_sealed("$secret"), int(time.time() * 1000))
+        on_loop = statements_on_the_loop(store)
+        await asyncio.wait_for(keep_up_kept(crypto, store, stop, feed_kept, asyncio.Event()), 30)
+        assert fed == [1]  # woken at the grace period, and the kept event judged again
+        assert on_loop == []
+    finally:
+        await client.close()
+        store.close()

@@ -156,7 +156,10 @@ async def keep_up_kept(crypto: Crypto, store: Any, stop: asyncio.Event,
             continue  # the timeout is worked out again, with what came
         try:
             await crypto.maintain()
-            if store.undecrypted():
+            # On the store's thread: on the event loop this look waited for the
+            # job in progress there (a batch, a checkpoint), and held the
+            # homeserver's pushes, /health and the agents meanwhile.
+            if await store.run(store.undecrypted_count):
                 await feed_kept()
         except Exception as exc:  # noqa: BLE001 - retried at the next wake-up
             log.warning("retrying the undecrypted events failed (%s)", exc)
