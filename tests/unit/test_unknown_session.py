@@ -120,3 +120,30 @@ async def test_the_next_look_comes_within_a_second_while_her_devices_are_to_be_a
     assert await crypto.sync_timeout_ms(30000) <= 1000
     crypto._devices_unanswered = {PERSON}  # asked, and her homeserver did not answer: paced as before
     assert await crypto.sync_timeout_ms(30000) == 30000
+
+
+async def test_an_answer_whose_key_came_late_and_whose_senders_devices_wait_does_not_spin_the_sync(
+        tmp_path: Path, store: Store, monkeypatch) -> None:
+    """An answer kept for its key, whose key came after the grace period
+    while her homeserver did not answer for her devices: it stayed kept as
+    it came (encrypted), so its wait was still counted by the grace
+    period, long gone, and every long poll was asked with timeout 0, back
+    to back, until her homeserver answered or a day passed."""
+    from bridge.service.config import Duration
+
+    client, crypto = bridge(tmp_path, store)
+    crypto.settings = Encryption(trust="cross-signed", grace=Duration("1s"))
+    sealed = {"type": "m.room.encrypted", "event_id": "$a", "room_id": ROOM, "sender": PERSON,
+              "origin_server_ts": int(time.time() * 1000), "content": {"algorithm": "m.megolm.v1.aes-sha2"}}
+    with store.transaction():
+        store.keep_undecrypted(sealed, crypto.clock() - 5000)
+    crypto._first_look = crypto.clock() - 5000
+    key_came = decrypted("$a", "laptop-curve")
+    monkeypatch.setattr(crypto, "_decrypt", lambda event: dict(key_came) if event["event_id"] == "$a" else None)
+    crypto._devices_unanswered = {PERSON}  # asked, and her homeserver did not answer
+    batch, _ = await crypto.screen([], lambda user: False)
+    assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
+    assert await crypto.sync_timeout_ms(30000) == 30000
+    # Still hers to judge once her homeserver answers: kept as decrypted, with its session.
+    [(event, _seen)] = store.undecrypted()
+    assert event[ORIGIN] == key_came[ORIGIN]

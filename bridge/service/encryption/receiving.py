@@ -196,9 +196,12 @@ class Receiving:
         expired: list[dict[str, Any]] = []
         still_kept: list[dict[str, Any]] = []
         kept_since: dict[str, int] = {}
+        sealed: set[str] = set()  # kept encrypted, decrypted now
         for event, first_seen in await self._kept():
             decrypted = self._decrypt(event)
             if decrypted is not None:
+                if ORIGIN not in event:
+                    sealed.add(event["event_id"])
                 if ORIGIN not in event and event["event_id"] not in self._waiting_logged:
                     log.info("event %s decrypted after its keys arrived", event["event_id"])
                 recovered.append(decrypted)
@@ -214,6 +217,7 @@ class Receiving:
             refusals.append((event, "undecryptable", UNDECRYPTABLE_MESSAGE))
         out: list[dict[str, Any]] = []
         unchecked: list[dict[str, Any]] = []
+        rekept: list[dict[str, Any]] = []
         # An event kept before and delivered again (the token had not moved
         # past it when the bridge stopped) is judged once, as the kept one.
         again = {event["event_id"] for event in recovered}
@@ -227,6 +231,11 @@ class Receiving:
                     if unread and now - kept_since.get(event_id, now) < UNANSWERED_PATIENCE_MS:
                         if event_id in kept_since:
                             resolved.remove(event_id)  # it stays kept
+                            if event_id in sealed:
+                                # Kept as decrypted from now on: what it waits for is
+                                # its sender's devices (a day), no longer its key (the
+                                # grace period, gone: every long poll then had no wait).
+                                rekept.append({**event, ORIGIN: origin})
                             if event_id not in self._waiting_logged:  # said once, not at every pass
                                 self._waiting_logged.add(event_id)
                                 log.warning("event %s from %s waits: the keys of their devices were not "
@@ -241,6 +250,10 @@ class Receiving:
             if origin is not None:
                 event[DEVICE] = self._device_of(event, origin)
             out.append(event)
+        if rekept:
+            with self.store.transaction():
+                for event in rekept:
+                    self.store.rekeep_undecrypted(event)
         if unchecked:
             # Kept decrypted, with its origin: what waits is the trust check, not a key.
             for event in self._keep(unchecked, now):

@@ -19,6 +19,10 @@ class Undecrypted:
             (event["event_id"], event["room_id"], event["sender"], json.dumps(event), first_seen))
         return cursor.rowcount > 0
 
+    def rekeep_undecrypted(self, event: dict[str, Any]) -> None:
+        """A kept event kept as ``event`` from now on (its first_seen unchanged)."""
+        self.db.defer("UPDATE undecrypted SET event=? WHERE event_id=?", (json.dumps(event), event["event_id"]))
+
     def undecrypted(self) -> list[tuple[dict[str, Any], int]]:
         """(event, first seen ms) of every kept event, oldest in the room first."""
         # In the room's order: events of one late session are judged as they were sent.
