@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.protocol import annotate
-from bridge.service.answering.mediaturns import PER_ORIGIN, PER_SENDER, MediaTurns, origin_of
+from bridge.service.answering.mediaturns import PER_ORIGIN, PER_PEOPLES_SERVER, PER_SENDER, MediaTurns, origin_of
 from bridge.service.transport.matrix import MediaBody
 from bridge.service.transport.mediasession import MEDIA_CONNECTIONS
 
@@ -113,6 +113,19 @@ def test_one_persons_files_leave_turns_for_another_persons_file(tmp_path: Path, 
     assert waiting == PER_SENDER
 
 
+def test_one_homeservers_people_leave_turns_for_another_servers_person(tmp_path: Path, monkeypatch) -> None:
+    """Eight accounts on one homeserver (its operator's to make) send four
+    files each, every file naming another slow server: no person's share
+    nor any file server's holds them, and they took every turn; their
+    homeserver's share does, and another person's screenshot is fetched
+    within its batch."""
+    slow = [(f"@p{n % 8}:hostile.example", f"mxc://slow{n}.example/file") for n in range(MEDIA_CONNECTIONS)]
+    _took, (saved, problem), waiting = _fast_file_beside(tmp_path, monkeypatch, slow)
+    assert problem is None and saved is not None, (saved, problem)
+    assert (tmp_path / "kinds" / saved).read_bytes() == SHOT
+    assert waiting == PER_PEOPLES_SERVER
+
+
 def test_a_download_cancelled_waiting_or_just_handed_its_turn_holds_none() -> None:
     """A batch undone (``Downloads._undo``) cancels downloads still waiting
     for a turn, and one may be cancelled just as a turn was handed to it:
@@ -134,7 +147,8 @@ def test_a_download_cancelled_waiting_or_just_handed_its_turn_holds_none() -> No
         assert turns.running == 2
         turns.give("e", "@v:e")
         await second.__aexit__(None, None, None)
-        assert turns.running == 0 and not turns._origins and not turns._senders and not turns._waiting
+        assert turns.running == 0 and not turns._origins and not turns._senders and not turns._peoples_servers
+        assert not turns._waiting
 
     asyncio.run(go())
 

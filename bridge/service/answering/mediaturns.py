@@ -9,7 +9,8 @@ such files, from one person or one server, took every turn, and every other
 room's files waited behind them.  Now a server and a person each get a
 bounded share, and a download waits for a turn only once its shares have
 room: one queued behind its own server's share holds no turn anyone else
-could use.
+could use.  The people of one homeserver share too: many accounts there,
+each naming files on other slow servers, took every turn again.
 """
 
 from __future__ import annotations
@@ -32,6 +33,17 @@ PER_ORIGIN = 8
 # one person sending a burst leaves room for the other people on their server.
 # Their further files follow as each lands.
 PER_SENDER = 4
+# A server's share for the people on it (the server in their user id): a
+# homeserver's accounts are its operator's to make, so people alone bound
+# nothing when that operator is the one sending.  The bridge's own
+# homeserver, where most people are, is one too: its files mostly come
+# from itself, already held to PER_ORIGIN.
+PER_PEOPLES_SERVER = 8
+
+
+def server_of(user_id: str) -> str:
+    """The homeserver of a user id, the key of its people's share."""
+    return user_id.partition(":")[2].lower()
 
 
 def origin_of(mxc: str | None) -> str:
@@ -43,16 +55,19 @@ def origin_of(mxc: str | None) -> str:
 
 class MediaTurns:
     """At most ``at_once`` downloads at a time, ``per_origin`` of them from
-    one server and ``per_sender`` of them from one person.  A turn is given
-    only when all three have room (never one held while waiting for
+    one server, ``per_sender`` of them from one person and
+    ``per_peoples_server`` from the people of one homeserver.  A turn is
+    given only when all have room (never one held while waiting for
     another), to the longest-waiting download that fits."""
 
     def __init__(self, at_once: int = MEDIA_CONNECTIONS, per_origin: int = PER_ORIGIN,
-                 per_sender: int = PER_SENDER):
+                 per_sender: int = PER_SENDER, per_peoples_server: int = PER_PEOPLES_SERVER):
         self.at_once, self.per_origin, self.per_sender = at_once, per_origin, per_sender
+        self.per_peoples_server = per_peoples_server
         self.running = 0
         self._origins: Counter[str] = Counter()
         self._senders: Counter[str] = Counter()
+        self._peoples_servers: Counter[str] = Counter()
         # Downloads waiting, in the order they came (a dict: one leaving is
         # dropped at once wherever it stands); none of them fits now.
         self._waiting: dict[asyncio.Future[None], tuple[str, str]] = {}
@@ -61,19 +76,24 @@ class MediaTurns:
         """The turn of a file from ``origin`` sent by ``sender``: taken for each try, given back after it."""
         return Turn(self, origin, sender)
 
+    def _shares(self, origin: str, sender: str) -> tuple[tuple[Counter[str], str, int], ...]:
+        """Each share a file from ``origin`` sent by ``sender`` counts in: (its counts, its key, its limit)."""
+        return ((self._origins, origin, self.per_origin), (self._senders, sender, self.per_sender),
+                (self._peoples_servers, server_of(sender), self.per_peoples_server))
+
     def _fits(self, origin: str, sender: str) -> bool:
-        return (self.running < self.at_once and self._origins[origin] < self.per_origin
-                and self._senders[sender] < self.per_sender)
+        return self.running < self.at_once and all(
+            counts[key] < limit for counts, key, limit in self._shares(origin, sender))
 
     def _take(self, origin: str, sender: str) -> None:
         self.running += 1
-        self._origins[origin] += 1
-        self._senders[sender] += 1
+        for counts, key, _limit in self._shares(origin, sender):
+            counts[key] += 1
 
     def _give(self, origin: str, sender: str) -> None:
         self.running -= 1
         # Emptied shares go: one key per server or person ever seen would grow for ever.
-        for counts, key in ((self._origins, origin), (self._senders, sender)):
+        for counts, key, _limit in self._shares(origin, sender):
             counts[key] -= 1
             if counts[key] <= 0:
                 del counts[key]
