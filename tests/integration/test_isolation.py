@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+import pytest
+
 from helpers.attack import text_set
 from helpers.harness import Bridge, answer_content, store_rows
 
@@ -324,5 +326,45 @@ async def test_a_bridge_kicked_from_a_room_says_so_in_health_until_it_is_invited
             assert time.monotonic() < deadline, health()
             await asyncio.sleep(0.2)
         assert (await bridge.wait_answer("beta", "q0", timeout=60))["text"] == "said while the bridge was out"
+    finally:
+        bridge.kill()
+
+
+
+@pytest.mark.parametrize("chatter", ["none", "more than a timeline"])
+async def test_an_answer_given_before_the_bridge_was_kicked_while_stopped_lands(synapse, tmp_path, person, chatter):
+    # The bridge stopped, an answer, then kicked: the start's sync brings the
+    # room among those left.  Its members were never read this run (a
+    # non-member can't), and the answer was refused as from no member, for
+    # good; behind more than a sync's timeline of chatter, it sat in a gap
+    # never read.  It was said while the bridge was a member: it counts.
+    from bridge.service.transport.bot import SYNC_FILTER
+
+    owner, alice, bot, room_a, room_b, bridge = two_rooms(synapse, tmp_path, person)
+    try:
+        bridge.add_set(text_set("alpha", 1))
+        bridge.add_set(text_set("beta", 1))
+        bridge.start()
+        alpha = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+        deadline = time.monotonic() + 30
+        while not (beta := await alice.questions(room_b)):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        assert bridge.stop() == 0
+        # (The stopped bridge's last long poll may come back to the next start
+        # with the first new event: chatter goes first, so the answer is in the gap.)
+        await owner.send(room_b, {"msgtype": "m.text", "body": "while it is away"})
+        answer = await alice.send(room_b, answer_content(beta[("q0", 1)], text="said before the kick"))
+        count = SYNC_FILTER["room"]["timeline"]["limit"] + 50 if chatter != "none" else 0
+        for start in range(0, count, 25):
+            await asyncio.gather(*(owner.send(room_b, {"msgtype": "m.text", "body": f"chatter {n}"})
+                                   for n in range(start, start + 25)))
+        kicked = await owner.client.room_kick(room_b, bot["user_id"], reason="tidying up")
+        assert not hasattr(kicked, "status_code"), kicked
+        bridge.start()
+        await lands(bridge, alpha, "room a goes on")
+        record = await bridge.wait_answer("beta", "q0", timeout=30)
+        assert record["text"] == "said before the kick" and record["source"]["event_id"] == answer
+        assert "sender_not_allowed" not in bridge.log_text()
     finally:
         bridge.kill()

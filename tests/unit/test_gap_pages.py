@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from nio import RoomMessagesResponse
 
 from helpers.fake_pages import RoomMessagesPages
 
 from bridge.service.transport.bot import gap_pages
-from bridge.service.transport.matrix import read_ahead
+from bridge.service.transport.matrix import HttpReply, MatrixError, read_ahead
 from bridge.service.transport.syncbatch import SyncBatch, Timeline
 
 
@@ -52,3 +54,37 @@ async def test_no_gap_without_a_token_or_a_limited_timeline():
     unlimited.timelines["!r:example.org"].limited = False
     assert [page async for page in gap_pages(_History(3, log), unlimited, "s0")] == []
     assert log == []
+
+
+class _Refused(RoomMessagesPages):
+    """``/messages`` refused for every room (``status``: its HTTP status)."""
+
+    user_id = "@askbot:example.org"
+
+    def __init__(self, status: int):
+        self.status = status
+
+    async def _send(self, response_class, method, path, response_data=()):
+        return HttpReply(self.status, {"errcode": "M_FORBIDDEN" if self.status == 403 else "M_UNKNOWN",
+                                       "error": "no"})
+
+
+def _left(prev_batch: str) -> SyncBatch:
+    room = "!r:example.org"
+    return SyncBatch(next_batch="s9", timelines={room: Timeline([], True, prev_batch)}, left=frozenset({room}))
+
+
+async def test_a_room_left_has_its_gap_read_up_to_where_its_timeline_starts():
+    # (What was said before the bridge was put out, behind more than a
+    # timeline of chatter, was never read.)
+    log: list[str] = []
+    pages = [page async for page in gap_pages(_History(2, log), _left("p9"), "s0")]
+    assert [event["event_id"] for page in pages for event in page] == ["$e0.0", "$e0.1", "$e1.0", "$e1.1"]
+
+
+async def test_a_room_left_whose_gap_the_homeserver_refuses_is_passed_over_and_a_joined_ones_is_not():
+    assert [page async for page in gap_pages(_Refused(403), _left("p9"), "s0")] == []
+    with pytest.raises(MatrixError):  # for now: the batch is tried again
+        [page async for page in gap_pages(_Refused(502), _left("p9"), "s0")]
+    with pytest.raises(MatrixError):
+        [page async for page in gap_pages(_Refused(403), _limited("p9"), "s0")]

@@ -114,3 +114,29 @@ def test_what_was_asked_after_is_kept_for_events_judged_later_and_bounded(tmp_pa
     asyncio.run(room.pipeline.load_members(ROOM))
     asyncio.run(room.pipeline.prepare(sent))
     assert len(room.pipeline.members_then) == 4096 and "$e4999" in room.pipeline.members_then
+
+
+class OutTransport(LeftTransport):
+    """The bridge was put out of the room before this start: its members can't be read."""
+
+    async def joined_members(self, room_id: str) -> set[str]:
+        raise PermissionError("not in the room")
+
+
+def test_an_answer_in_a_room_the_bridge_was_put_out_of_before_the_start_is_judged_as_from_a_member(tmp_path):
+    # Its members never read this run, the answer was refused as from no
+    # member: for good, invited back or not.  Chatter there is not asked after.
+    room = Room(tmp_path)
+    anas = answer("$ana", ANA, T0, "main")
+    chatter = {"event_id": "$chat", "room_id": ROOM, "sender": CY, "origin_server_ts": T0 + 1,
+               "type": "m.room.message", "content": {"msgtype": "m.text", "body": "hello"}}
+    transport = OutTransport({"$ana": anas, "$chat": chatter})
+    room.pipeline.transport = transport
+    room.pipeline.members.pop(ROOM, None)
+    prepared = asyncio.run(room.pipeline.prepare([dict(anas), dict(chatter),
+                                                  member("$kick", BOT, T0 + 2, "leave")]))
+    room.pipeline.process(prepared)
+    outcomes = {event_id: (outcome, reason) for event_id, outcome, reason in
+                room.store.db.execute("SELECT event_id, outcome, reason FROM answer_log").fetchall()}
+    assert outcomes["$ana"] == ("accepted", None)
+    assert transport.asked == [("$ana", ANA)]

@@ -106,3 +106,15 @@ def test_what_the_bridges_device_must_see_is_kept_for_nio_in_the_shape_it_reads(
     empty = SyncBatch.from_dict({"next_batch": "s5", "to_device": "junk", "device_lists": 3})
     assert isinstance(empty, SyncBatch)
     assert empty.device["to_device"]["events"] == [] and empty.device["device_lists"] == {"changed": [], "left": []}
+
+
+def test_a_room_left_keeps_its_gap_to_be_read() -> None:
+    # (Said there before the bridge was put out, behind more than a timeline
+    # of chatter: never read, the gap of a room left was dropped.)
+    body = {"next_batch": "s2", "rooms": {"leave": {ROOM: {"timeline": {
+        "events": [{"type": "m.room.member", "event_id": "$kick", "sender": "@owner:example.org",
+                    "state_key": BOT, "content": {"membership": "leave"}}],
+        "limited": True, "prev_batch": "p1"}}}}}
+    batch = SyncBatch.from_dict(body)
+    assert isinstance(batch, SyncBatch)
+    assert batch.left == {ROOM} and batch.gaps() == {ROOM: "p1"}

@@ -50,13 +50,21 @@ class MembersThen:
         doubtful: list[dict[str, Any]] = []
         for event in events:
             room_id, sender, event_id = event.get("room_id"), event.get("sender"), event.get("event_id")
-            if not isinstance(room_id, str) or room_id not in members or not isinstance(sender, str):
+            if not isinstance(room_id, str) or not isinstance(sender, str):
                 continue
+            content = event.get("content") if isinstance(event.get("content"), dict) else {}
+            # A room whose members were never read: the bridge was put out of
+            # it before this start (a non-member can't read them), and what
+            # was said there before that comes now.  Its senders are asked
+            # after too, for what may answer a question (an answer always
+            # relates to one): refused for want of members, such an answer
+            # stood refused even once the bridge was invited back.
+            known = members.get(room_id)
             if event.get("type") == "m.room.member" and isinstance(event.get("state_key"), str):
-                content = event.get("content") if isinstance(event.get("content"), dict) else {}
                 changed[(room_id, event["state_key"])] = content.get("membership") == "join"
             elif "state_key" not in event and isinstance(event_id, str) and event_id not in self._joined_at \
-                    and not self.own_user(sender) and not changed.get((room_id, sender), sender in members[room_id]):
+                    and (known is not None or "m.relates_to" in content) \
+                    and not self.own_user(sender) and not changed.get((room_id, sender), sender in (known or ())):
                 doubtful.append(event)
         if not doubtful:
             return

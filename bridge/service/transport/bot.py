@@ -257,11 +257,20 @@ async def gap_pages(client: AsyncClient, response: SyncBatch, since: str | None,
     for room_id, prev_batch in response.gaps().items():
         count = 0
         start = (left_at or {}).get(room_id, since)
-        async for page in timeline_pages(client, room_id, start, prev_batch, stop, GAP_PAGE,
-                                         MessageDirection.front):
-            count += len(page.chunk)
-            if page.chunk:
-                yield page.chunk
+        try:
+            async for page in timeline_pages(client, room_id, start, prev_batch, stop, GAP_PAGE,
+                                             MessageDirection.front):
+                count += len(page.chunk)
+                if page.chunk:
+                    yield page.chunk
+        except MatrixError as exc:
+            if not (exc.permanent and room_id in response.left):
+                raise  # the batch is tried again from the durable token
+            # A room the bridge is out of that the homeserver no longer shows
+            # (deleted, purged): tried again, every batch after it waited for ever.
+            log.warning("the gap of %s, a room the bridge is out of, can't be read (%s): what was said there "
+                        "before it left and not in the sync (%d events read) is not judged", room_id, why(exc), count)
+            continue
         log.info("filled a gap of %d events in %s", count, room_id)
 
 

@@ -56,8 +56,11 @@ class SyncBatch(Response):
             prev_batch = timeline.get("prev_batch")
             timelines[room_id] = Timeline(
                 [{**event, "room_id": room_id} for event in _list(timeline.get("events")) if isinstance(event, dict)],
-                # (A gap in a room left can't be read: it is never filled.)
-                timeline.get("limited") is True and room_id in joined,
+                # A room left has its gap filled too: the homeserver shows a
+                # member who left what came before the leave, and an answer
+                # given there before a kick (the bridge stopped, then more than
+                # a timeline of chatter) was lost, unless it was invited back.
+                timeline.get("limited") is True,
                 prev_batch if isinstance(prev_batch, str) else None)
         invites = {room_id: [event for event in _list(_dict(_dict(room).get("invite_state")).get("events"))
                              if isinstance(event, dict)]
