@@ -25,6 +25,13 @@ PERSON_PASSWORD = "demo-password"
 DEMO_PORT = 8008
 
 
+def command_path() -> str:
+    """How to run ``askwright-bridge`` from the terminal ``make demo`` ran
+    in: the virtualenv's own (not on the PATH unless activated)."""
+    beside = Path(sys.executable).parent / "askwright-bridge"
+    return os.path.relpath(beside) if beside.exists() else "askwright-bridge"
+
+
 def showcase(examples: Path) -> list[str]:
     """One line per bundled question: where it is and what it shows.
 
@@ -75,8 +82,8 @@ def main(base: Path = Path(".demo")) -> int:
     synapse = Synapse(base / "synapse", port=port)
     taken = "" if port == DEMO_PORT else f" ({DEMO_PORT} is taken)"
     print(f"starting a local Synapse on port {port}{taken} in {synapse.data_dir} ...", flush=True)
-    synapse.start()
     try:
+        synapse.start()
         bot = synapse.register("askbot")
         person = synapse.register("person", password=PERSON_PASSWORD)
         room_id = synapse.create_room(bot["access_token"], invite=[person["user_id"]], name="Agent questions")
@@ -98,9 +105,10 @@ def main(base: Path = Path(".demo")) -> int:
         print(
             "\n  homeserver   {url}\n  log in as    {user} / {password} (or @lead, @qa, @manager: same password)\n  room         {room}\n"
             "  sets         {sets}\n  answers      {sets}/<set>/answers.json"
-            "  (askwright-bridge read {sets}/<set>)\n\nWhat each question shows:\n{shows}\n\n"
+            "  ({cli} read {sets}/<set>)\n\nWhat each question shows:\n{shows}\n\n"
             "Ctrl-C stops the bridge and Synapse.\n".format(
                 url=synapse.url, user=person["user_id"], password=PERSON_PASSWORD, room=room_id, sets=sets_root,
+                cli=command_path(),
                 shows="\n".join(showcase(sets_root))),
             flush=True,
         )

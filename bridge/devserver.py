@@ -96,8 +96,12 @@ def first_free_port(preferred: int, tries: int = 50) -> int:
     once can be pointed at it again."""
     for port in range(preferred, preferred + tries):
         with socket.socket() as sock:
+            # As the homeserver binds it: the last run's closed connections
+            # (TIME_WAIT for a minute) do not make the port taken.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
+                sock.listen()
             except OSError:
                 continue
             return port
@@ -259,6 +263,12 @@ class Synapse:
                 if not picked or attempt == 2:
                     raise
                 self.port = 0
+            except BaseException:
+                # Not ready in time, or Ctrl-C while it started: it runs in a
+                # session of its own, which no terminal's Ctrl-C reaches, and
+                # was left serving with no one to stop it.
+                self.stop()
+                raise
 
     def wait_ready(self, timeout: float) -> None:
         """Until this process serves its port: another homeserver answering

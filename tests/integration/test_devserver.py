@@ -45,3 +45,20 @@ def test_a_homeserver_whose_port_another_took_starts_on_another(tmp_path, monkey
     finally:
         server.stop()
         stranger.shutdown()
+
+
+def test_a_homeserver_stopped_while_it_starts_is_not_left_running(tmp_path, monkeypatch):
+    """Ctrl-C while `make demo`'s Synapse started: it runs in a session of
+    its own, which the terminal's Ctrl-C does not reach, and it was left
+    serving on the demo's port, its parent gone."""
+    server = Synapse(tmp_path / "hs")
+    real_wait = Synapse.wait_ready
+
+    def interrupted(self, timeout):
+        real_wait(self, timeout)  # up and serving, then the person presses Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Synapse, "wait_ready", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert server.process.poll() is not None, "Synapse still running"

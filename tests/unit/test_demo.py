@@ -37,3 +37,20 @@ def test_the_demo_says_which_question_shows_a_one_pager_of_every_block_and_a_cap
     assert "8. Publish the release candidate: confirm, an approval bound to a subject" in shown
     assert ("Release 2.4 approval \u00b7 1. Roll out 2.4: confirm, an approval bound to a subject, a deadline (2h), "
             "a 2-of-3 approval, veto block, escalation after 30m") in shown
+
+
+def test_a_port_the_last_run_closed_connections_on_is_free_again():
+    """Ctrl-C, then `make demo` again: the last homeserver's connections
+    wait a minute in TIME_WAIT on its port, which a plain bind takes for
+    taken; the demo moved to another port, saying the first was taken, and
+    the client set up for it found nothing there."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        served.close()  # the server closes first: its side waits in TIME_WAIT
+        client.close()
+    assert first_free_port(port) == port
