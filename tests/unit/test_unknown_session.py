@@ -147,3 +147,27 @@ async def test_an_answer_whose_key_came_late_and_whose_senders_devices_wait_does
     # Still hers to judge once her homeserver answers: kept as decrypted, with its session.
     [(event, _seen)] = store.undecrypted()
     assert event[ORIGIN] == key_came[ORIGIN]
+
+
+async def test_an_answer_judged_while_its_senders_devices_are_due_to_be_read_waits_for_them(
+        tmp_path: Path, store: Store) -> None:
+    """Her laptop was not cross-signed when the bridge last read her devices;
+    she signed it while the bridge was down, and the homeserver said her
+    devices changed.  Her answer, kept for its key and decrypting now, was
+    judged on the stale trust before her devices were read again: refused,
+    "verify this session", a session she had verified."""
+    client, crypto = bridge(tmp_path, store)
+    signed = {"PHONE"}
+    crypto.cross_signing.is_cross_signed = lambda user, device_id, _ed: user == PERSON and device_id in signed
+    client.device_store.add(OlmDevice(PERSON, "LAPTOP", {"ed25519": "laptop-ed", "curve25519": "laptop-curve"}))
+    crypto.apply_trust()
+    client.olm.users_for_key_query.add(PERSON)  # her device list changed: due to be read again
+    batch, _ = await crypto.screen([decrypted("$a", "laptop-curve")], lambda user: False)
+    assert batch == [] and kept(store) == ["$a"] and not store.is_processed("$a")
+    assert await crypto.sync_timeout_ms(30000) <= 1000  # looked at again once they are read
+    # Read: the laptop is signed now, and the answer counts.
+    signed.add("LAPTOP")
+    client.olm.users_for_key_query.discard(PERSON)
+    crypto.apply_trust()
+    batch, resolved = await crypto.screen([], lambda user: False)
+    assert [event["event_id"] for event in batch] == ["$a"] and resolved == ["$a"]

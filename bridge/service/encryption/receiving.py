@@ -227,7 +227,8 @@ class Receiving:
                 sender = event.get("sender")
                 if isinstance(sender, str) and not is_own(sender) and not self.store.is_processed(event["event_id"]):
                     event_id = event["event_id"]
-                    unread = self._devices_unread(sender) or self._session_unasked(event_id, sender, origin)
+                    unread = self._devices_unread(sender) or self._session_unasked(event_id, sender, origin) \
+                        or self._devices_due(event_id, sender)
                     if unread and now - kept_since.get(event_id, now) < UNANSWERED_PATIENCE_MS:
                         if event_id in kept_since:
                             resolved.remove(event_id)  # it stays kept
@@ -308,6 +309,18 @@ class Receiving:
             self.client.olm.add_changed_users({sender})
             return True
         return sender in self.client.users_for_key_query  # asked, and the query not answered yet
+
+    def _devices_due(self, event_id: str, sender: str) -> bool:
+        """The sender's devices are due to be read again (the homeserver told
+        of a change, as after a restart: a session signed while the bridge
+        was down): what nio holds of them may be stale, and an answer refused
+        on it (one kept for its key, say, judged before the key chores ran)
+        told its sender to verify a session they had verified.  It waits for
+        the read, looked at again within a second."""
+        if sender not in self.client.users_for_key_query:
+            return False
+        self._sessions_asked.setdefault(event_id, sender)
+        return True
 
     def _sessions_to_read(self) -> bool:
         """An event waits for its sender's devices to be read, and they are
