@@ -368,6 +368,13 @@ def _defer(store: Store, lane: Lane, until_ms: int) -> None:
                      (until_ms, *lane, until_ms))
 
 
+def retried_lanes(store: Store) -> set[Lane]:
+    """The lanes with rows tried and not taken yet: read at a start, the
+    outages the rows' backoffs remember and a new deliverer does not."""
+    return {(agent, url) for agent, url in
+            store.db.execute("SELECT DISTINCT agent, url FROM webhook_outbox WHERE attempts > 0").fetchall()}
+
+
 def lane_holds(store: Store, now_ms: int) -> dict[Lane, int]:
     """The holds still running (those past are forgotten)."""
     holds: dict[Lane, int] = {}

@@ -36,7 +36,7 @@ from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
 from bridge.agents.lookups import on_behalf_of
 from bridge.agents.outbox import (Delivery, Lane, defer_lane, delivered, due_by_url, due_lanes, due_now, expired,
-                                  follow_webhook_urls, hold_lane, lane_holds, next_due, retry_at)
+                                  follow_webhook_urls, hold_lane, lane_holds, next_due, retried_lanes, retry_at)
 from bridge.protocol.retryafter import retry_after_seconds
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
@@ -124,6 +124,9 @@ class Deliverer:
         self.agent_in_flight: dict[str, int] = {}  # agent -> its rows being sent
         self.agent_failing: dict[str, int] = {}    # ... of them to URLs whose last attempt failed
         self.circuits: dict[Lane, Circuit] = {}
+        # Lanes whose rows had failed before this start: the first delivery
+        # such a URL takes brings the rest forward, whichever row it was.
+        self.backlogged: set[Lane] = set()
         self._store_failures = 0
         self._swept_at = 0.0
         r = metrics.registry
@@ -146,6 +149,10 @@ class Deliverer:
             holds = {}
         for lane, until_ms in holds.items():
             self.circuits.setdefault(lane, Circuit()).held_until = until_ms / 1000
+        try:
+            self.backlogged = await self.store.run(retried_lanes, self.store)
+        except Exception:  # noqa: BLE001 - a retried row's take still brings its lane's rest forward
+            log.warning("the webhook URLs with deliveries waiting to be tried again could not be read", exc_info=True)
         for agent, old, new, rows in changes:
             if rows:
                 log.warning("agent %s's webhook_url changed from %s to %s: the %d webhooks waiting for the old one %s",
@@ -314,11 +321,14 @@ class Deliverer:
                 await self.store.run(defer_lane, self.store, row.lane, int(self.circuits[row.lane].open_until * 1000))
             except Exception:  # noqa: BLE001 - they stay due, left out while the circuit is open
                 log.warning("the webhooks waiting for %s not put off", host_of(row.url), exc_info=True)
-        if taken and row.attempts:
+        if taken and (row.attempts or row.lane in self.backlogged):
             # The URL takes deliveries again (after an outage, or a restart
             # of the bridge during one): the rest follow now, in order; or,
             # while a hold it asked for runs (this one was sent before it
-            # asked), when the hold ends, never sooner.
+            # asked), when the hold ends, never sooner.  After a restart the
+            # row taken may be a new one (the backlog all put off for
+            # minutes): the older ones came minutes after it.
+            self.backlogged.discard(row.lane)
             now = self.clock()
             held = self.circuits[row.lane].held_until
             try:

@@ -148,6 +148,37 @@ async def test_a_receiver_back_from_a_long_outage_gets_its_backlog_at_once(tmp_p
         store.close()
 
 
+async def test_a_receiver_back_after_a_restart_gets_its_backlog_with_the_first_new_webhook(
+        tmp_path: Path, store_backend: str) -> None:
+    """The bridge restarted during a receiver's outage.  Back, the receiver
+    took a new answer's webhook first (its backlog's rows were all put off
+    for minutes), and only a retried row's take brought a backlog forward:
+    the older answers waited out their backoffs, up to 5 minutes more, and
+    came after the newer one."""
+    receiver = Receiver(SECRETS["planner"])
+    receiver.status = 503
+    await receiver.start()
+    store = Store(tmp_path / "store.sqlite")
+    try:
+        async with running(queued_to(tmp_path, store, receiver.url, 20, drop_after=86_400)):
+            await receiver.wait_for(3, "attempts")
+        # What an outage leaves: every row tried a dozen times, none due for 5 minutes.
+        now_ms = int(store.clock.seconds() * 1000)
+        with store.transaction(flush=False):
+            store.db.execute("UPDATE webhook_outbox SET attempts=12, next_at=?", (now_ms + 300_000,))
+        receiver.status = 200
+        restarted = Deliverer(store, AGENTS, Metrics(), drop_after=86_400, timeout=5, allow_private=True)
+        hook = OutboxHook(store, AGENTS, on_queued=restarted.wake.set)
+        async with running(restarted):
+            answered(hook, store, tmp_path / "sets", "plan", "$after-the-restart")
+            taken = await receiver.wait_for(21, timeout=20)
+        assert sorted(t["key"] for t in taken) == sorted(
+            [f"answer.accepted:$answer{n}" for n in range(20)] + ["answer.accepted:$after-the-restart"])
+    finally:
+        await receiver.close()
+        store.close()
+
+
 async def test_deliveries_resume_after_a_postgresql_restart_without_restarting_the_deliverer(
         tmp_path: Path, postgres_server) -> None:
     receiver = Receiver(SECRETS["planner"])
