@@ -418,9 +418,12 @@ def follow_webhook_urls(store: Store, agents: Mapping[str, Agent]) -> list[tuple
                         "INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts, callback) "
                         "SELECT key, agent, ?, body, created_at, created_at, 0, 0 FROM webhook_outbox "
                         "WHERE agent=? AND url=? AND callback=1 ON CONFLICT DO NOTHING", (current, name, seen)).rowcount
+                    # Moved as the copies are, due now and untried: the tries and
+                    # backoff (up to 5 minutes) were the old URL's, which the
+                    # operator often retires for being down.
                     moved = copied + store.db.execute(
-                        "UPDATE webhook_outbox SET url=? WHERE agent=? AND url=? AND callback=0",
-                        (current, name, seen)).rowcount
+                        "UPDATE webhook_outbox SET url=?, next_at=created_at, attempts=0 "
+                        "WHERE agent=? AND url=? AND callback=0", (current, name, seen)).rowcount
                 else:
                     moved = store.db.execute("DELETE FROM webhook_outbox WHERE agent=? AND url=? AND callback=0",
                                              (name, seen)).rowcount

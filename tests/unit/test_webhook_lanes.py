@@ -654,6 +654,27 @@ async def test_webhooks_waiting_for_a_webhook_url_the_operator_changed_follow_th
         store.close()
 
 
+async def test_webhooks_that_follow_a_changed_webhook_url_go_at_once_not_at_the_old_urls_backoff(
+        tmp_path: Path, store_backend: str) -> None:
+    """The operator moved webhook_url off a receiver that was down: the rows
+    that followed the change kept the old URL's tries and its backoff, and
+    the new URL, never tried, got them up to 5 minutes after the start."""
+    new = Receiver(SECRETS["planner"])
+    await new.start()
+    store = queued_before_a_url_change(tmp_path, "http://127.0.0.1:9/down")
+    try:
+        # What the old URL's outage left: every row tried a dozen times, none due for 5 minutes.
+        now_ms = int(store.clock.seconds() * 1000)
+        with store.transaction(flush=False):
+            store.db.execute("UPDATE webhook_outbox SET attempts=12, next_at=?", (now_ms + 300_000,))
+        async with delivering(store, planner_at(new.url)):
+            taken = await new.wait_for(3, timeout=20)
+        assert sorted(t["key"] for t in taken) == [f"answer.accepted:$answer{n}" for n in range(3)]
+    finally:
+        await new.close()
+        store.close()
+
+
 def test_a_dead_receivers_backlog_past_drop_after_is_dropped_at_once_and_said_once(tmp_path: Path, caplog) -> None:
     """A day of webhooks to a receiver that never took one: the sweep dropped
     500 a minute, each in a transaction of its own (500 syncs of the disk on
