@@ -367,8 +367,10 @@ class Deliverer:
         try:
             with on_behalf_of(row.agent):  # its name looked up on its agent's threads, behind no other's
                 async with http.post(row.url, data=row.body, headers=headers, allow_redirects=False) as response:
-                    await _drain(response)  # never raises: the status already says what the URL did
                     if 200 <= response.status < 300:
+                        # Recorded as its status comes, before the rest of the
+                        # answer is read (up to the timeout): a bridge stopped
+                        # or killed meanwhile sent the event again.
                         self.sent.inc()
                         log.info("webhook %s delivered to %s", row.key, host_of(row.url))
                         try:
@@ -376,7 +378,9 @@ class Deliverer:
                         except Exception:  # noqa: BLE001 - sent; the store forgot: it goes again (at least once)
                             log.warning("webhook %s delivered, but the store could not record it: it will be sent "
                                         "again", row.key, exc_info=True)
+                        await _drain(response)
                         return True, 0.0
+                    await _drain(response)  # never raises: the status already says what the URL did
                     problem = f"HTTP {response.status}"
                     asked = asked_to_wait(response.status, response.headers.get("Retry-After"), now)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:

@@ -292,6 +292,37 @@ async def test_a_url_that_keeps_timing_out_is_left_alone_then_probed_one_at_a_ti
         store.close()
 
 
+async def test_a_2xx_is_recorded_when_its_status_comes_not_when_its_slow_body_ends(tmp_path: Path) -> None:
+    """A receiver said 200 and then sent the rest of its answer slowly: the
+    delivery was recorded only once that body ended or the timeout gave it
+    up, and a bridge stopped or killed meanwhile sent the event again."""
+    posts: list[float] = []
+    finish = asyncio.Event()
+
+    async def taken_then_slow(request: web.Request) -> web.StreamResponse:
+        posts.append(time.monotonic())
+        response = web.StreamResponse(status=200, headers={"Content-Length": "1000"})
+        await response.prepare(request)
+        await response.write(b"thanks, ")
+        await finish.wait()  # the rest of its answer, not yet
+        return response
+
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", taken_then_slow)]) as port:
+        sets = AgentSets(tmp_path / "sets")
+        sets.ask("planner", "plan", one_question("plan"), callbacks=[f"http://127.0.0.1:{port}/hook"])
+        deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=120, allow_private=True)
+        answered(OutboxHook(store, AGENTS, on_queued=deliverer.wake.set), store, tmp_path / "sets", "plan", "$a")
+        try:
+            async with running(deliverer):
+                # Taken while its body still comes: a stop or a kill now leaves nothing to send again.
+                await until(lambda: pending(store) == 0, what="the 200 recorded before its body ended")
+                assert len(posts) == 1
+        finally:
+            finish.set()
+            store.close()
+
+
 async def test_a_receiver_answering_with_a_huge_body_gets_its_connection_closed_not_read(tmp_path: Path) -> None:
     # Any token holder names the URL; the bridge read each answer whole,
     # 1.5 GB of a 500's body held in memory at every retry.
