@@ -30,7 +30,7 @@ from bridge.agents.mcp_sessions import EndedSessions, LastingSessionManager, Ses
 from bridge.agents.readgate import ReadGate
 from bridge.agents.outbox import OutboxHook
 from bridge.agents.sets import AgentSets
-from bridge.agents.webhooks import Deliverer
+from bridge.agents.webhooks import STOP_GRACE, Deliverer
 from bridge.answers.file import ANSWERS_NAME
 from bridge.questionset.setdir import MAX_QUESTIONS_BYTES, QUESTIONS_FILE
 from bridge.service.config import Config
@@ -104,6 +104,7 @@ class AgentsFront:
         # Rows are queued inside the pipeline's batch, a job on the store's thread.
         self.outbox = OutboxHook(store, config.agents, on_queued=loop_side(self.deliverer.wake.set))
         self.tasks: list[asyncio.Future[Any]] = []
+        self._webhooks: asyncio.Future[Any] | None = None
         self._ready = asyncio.Event()
         self._posting: set[asyncio.Future[None]] = set()
 
@@ -209,7 +210,8 @@ class AgentsFront:
         self.tasks.append(spawn("answers-watch", lambda: watch_answers(self.config.sets.root, self.subscribers, stop,
                                                                        self.sets.changes),
                                 stop))
-        self.tasks.append(spawn("webhooks", lambda: self.deliverer.run(stop), stop))
+        self._webhooks = spawn("webhooks", lambda: self.deliverer.run(stop), stop)
+        self.tasks.append(self._webhooks)
         await asyncio.wait([asyncio.ensure_future(self._ready.wait()), manager], return_when=asyncio.FIRST_COMPLETED)
 
     async def _current_manager(self, scope: Any, receive: Any, send: Any) -> None:
@@ -242,6 +244,9 @@ class AgentsFront:
                 self._ready.clear()
 
     async def close(self) -> None:
+        if self._webhooks is not None and self.sets.stopping():
+            # Stopping, the deliverer lets its deliveries in flight end (STOP_GRACE): not cut short here.
+            await asyncio.wait([self._webhooks], timeout=STOP_GRACE + 1)
         tasks = [*self.tasks, *self._posting]
         for task in tasks:
             task.cancel()

@@ -54,6 +54,7 @@ PER_AGENT = 64               # ... of one agent's URLs: however many URLs an age
 FAILING_SHARE = 0.75
 STORE_RETRY_MAX = 30.0       # seconds between tries of a failing store, at most
 SWEEP_SECONDS = 60.0         # how often rows past webhook_drop_after are looked for
+STOP_GRACE = 3.0             # seconds a stop waits for the deliveries in flight, at most
 
 
 def signature(secret: str, timestamp: int, body: bytes) -> str:
@@ -168,12 +169,19 @@ class Deliverer:
                     delay = await self._pass(http, tasks)
                     await self._sleep(stop, delay)
             finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                self.in_flight.clear()
-                self.agent_in_flight.clear()
-                self.agent_failing.clear()
+                try:
+                    if tasks and stop.is_set():
+                        # The deliveries in flight get a moment to end: cut off
+                        # at once, one the receiver was taking went again after
+                        # the restart.  None starts meanwhile.
+                        await asyncio.wait(set(tasks), timeout=min(STOP_GRACE, self.timeout))
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    self.in_flight.clear()
+                    self.agent_in_flight.clear()
+                    self.agent_failing.clear()
 
     async def _pass(self, http: aiohttp.ClientSession, tasks: set[asyncio.Task[None]]) -> float:
         """Start what may start now; the seconds until the next pass is needed.

@@ -323,6 +323,30 @@ async def test_a_2xx_is_recorded_when_its_status_comes_not_when_its_slow_body_en
             store.close()
 
 
+async def test_a_delivery_in_flight_when_the_bridge_stops_ends_first_and_is_not_sent_again(tmp_path: Path) -> None:
+    """A stop (a restart, a deploy) cut off the deliveries in flight: a
+    receiver a second into acting on an event took it, and got it again
+    after the restart."""
+    seen: list[str] = []
+
+    async def acting(request: web.Request) -> web.Response:
+        seen.append(json.loads(await request.read())["id"])
+        await asyncio.sleep(1)  # it acts on the event, then answers
+        return web.Response(status=204)
+
+    store = Store(tmp_path / "store.sqlite")
+    try:
+        async with served([web.post("/hook", acting)]) as port:
+            async with running(queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)):
+                await until(lambda: len(seen) == 1, what="the delivery")
+            # Stopped mid-delivery; started again.
+            async with delivering(store, AGENTS):
+                await until(lambda: pending(store) == 0, what="the outbox emptied")
+        assert seen == ["answer.accepted:$answer0"]
+    finally:
+        store.close()
+
+
 async def test_a_receiver_answering_with_a_huge_body_gets_its_connection_closed_not_read(tmp_path: Path) -> None:
     # Any token holder names the URL; the bridge read each answer whole,
     # 1.5 GB of a 500's body held in memory at every retry.
