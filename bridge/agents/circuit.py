@@ -21,6 +21,15 @@ OPEN_AFTER = 3       # failures in a row that open the circuit
 FIRST_OPEN = 1.0     # seconds the circuit first stays open
 MAX_OPEN = 300.0
 
+
+
+def doubling(times: int, first: float, most: float) -> float:
+    """``first`` doubled ``times`` times, at most ``most`` (pure).  The
+    exponent is capped before the power: ``2.0 ** 1024`` overflows, which a
+    URL failing for days reached, and raised where it should have waited."""
+    return min(most, first * 2.0 ** min(max(0, times), 64))
+
+
 CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half-open"
@@ -70,7 +79,7 @@ class Circuit:
         self.failed_at = now
         self.held_until = max(self.held_until, now + hold)
         if self.failures >= OPEN_AFTER and now >= self.open_until:
-            self.open_until = now + min(MAX_OPEN, FIRST_OPEN * 2.0 ** self.opened)
+            self.open_until = now + doubling(self.opened, FIRST_OPEN, MAX_OPEN)
             self.opened += 1
 
     def reopens_at(self, now: float) -> float | None:

@@ -33,7 +33,7 @@ import aiohttp
 from prometheus_client import Counter
 
 from bridge.agents.callbacks import connector, refused_reason
-from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit
+from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit, doubling
 from bridge.agents.lookups import on_behalf_of
 from bridge.agents.outbox import (Delivery, Lane, defer_lane, delivered, due_by_url, due_lanes, due_now, expired,
                                   follow_webhook_urls, hold_lane, lane_holds, next_due, retried_lanes, retry_at)
@@ -76,7 +76,7 @@ def verify(secret: str, header: str, body: bytes, now: float, tolerance: float =
 
 def backoff(attempts: int) -> float:
     """Seconds before the next attempt: doubling from 1 s up to 5 min, with jitter."""
-    return min(MAX_BACKOFF_SECONDS, 2.0 ** max(0, attempts - 1)) * random.uniform(0.8, 1.2)
+    return doubling(attempts - 1, 1.0, MAX_BACKOFF_SECONDS) * random.uniform(0.8, 1.2)
 
 
 def asked_to_wait(status: int, header: str | None, now: float) -> float:
@@ -208,7 +208,7 @@ class Deliverer:
             soonest = await self.store.run(next_due, self.store, int(now * 1000), self._unavailable(now))
         except Exception:  # noqa: BLE001 - the store is busy, restarting or failing: try again shortly
             self._store_failures += 1
-            delay = min(STORE_RETRY_MAX, 0.5 * 2.0 ** (self._store_failures - 1))
+            delay = doubling(self._store_failures - 1, 0.5, STORE_RETRY_MAX)
             log.warning("reading the webhook outbox failed; trying again in %.1f s", delay,
                         exc_info=self._store_failures == 1)
             return delay

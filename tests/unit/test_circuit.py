@@ -65,3 +65,19 @@ def test_a_success_ends_the_count_of_failures_but_not_a_hold_the_url_asked_for()
     assert circuit.failures == 0
     assert circuit.state(11.0) == OPEN and circuit.room(11.0, 0) == 0 and circuit.reopens_at(11.0) == 130.0
     assert circuit.state(130.0) == CLOSED and circuit.room(130.0, 0) == PER_URL
+
+
+def test_a_url_failing_for_days_is_still_left_alone_five_minutes_at_a_time() -> None:
+    """Each opening doubled the time as a float: the 1,024th (a URL down
+    three and a half days while its agent still asked) overflowed, raised
+    before the circuit was opened again, and left it half-open: a probe
+    every pass of the deliverer, each a traceback, for as long as it stayed down."""
+    from bridge.agents.circuit import MAX_OPEN
+
+    circuit, now = Circuit(), 0.0
+    for _ in range(2000):  # a week of probes, each failed
+        circuit.failed(now)
+        now = circuit.reopens_at(now) or now
+    assert circuit.state(now - 1) == OPEN
+    circuit.failed(now)
+    assert circuit.reopens_at(now) == now + MAX_OPEN

@@ -347,6 +347,33 @@ async def test_a_delivery_in_flight_when_the_bridge_stops_ends_first_and_is_not_
         store.close()
 
 
+async def test_a_delivery_tried_for_days_still_gets_its_retry_recorded(tmp_path: Path) -> None:
+    """The backoff doubled a float per attempt: past the 1,024th (a long
+    webhook_drop_after, 5 minutes apiece) it overflowed, the attempt was
+    never recorded, and the row stayed due: retried at every chance, with
+    a traceback each time, instead of every 5 minutes."""
+    tries: list[float] = []
+
+    async def down(request: web.Request) -> web.Response:
+        tries.append(time.monotonic())
+        return web.Response(status=503)
+
+    store = Store(tmp_path / "store.sqlite")
+    try:
+        async with served([web.post("/hook", down)]) as port:
+            deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1, drop_after=30 * 86_400)
+            with store.transaction(flush=False):
+                store.db.execute("UPDATE webhook_outbox SET attempts=1100")
+            async with running(deliverer):
+                await until(lambda: store.db.execute("SELECT attempts FROM webhook_outbox").fetchone()[0] == 1101,
+                            what="the 1,101st attempt recorded")
+            (next_at,) = store.db.execute("SELECT next_at FROM webhook_outbox").fetchone()
+            assert next_at / 1000 - store.clock.seconds() > 200  # the longest backoff, give or take its jitter
+            assert len(tries) == 1
+    finally:
+        store.close()
+
+
 async def test_a_receiver_answering_with_a_huge_body_gets_its_connection_closed_not_read(tmp_path: Path) -> None:
     # Any token holder names the URL; the bridge read each answer whole,
     # 1.5 GB of a 500's body held in memory at every retry.
