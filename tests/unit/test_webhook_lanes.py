@@ -88,22 +88,19 @@ async def test_a_url_that_never_answers_delays_no_other_agents_webhook(tmp_path:
     silent_url = silent.url
     await receiver.start()
     store, deliverer, hook = stuck_beside_fine(tmp_path, [silent_url], receiver.url, 100)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
     try:
-        # The silent URL holds its fill of connections, each waiting out its 30 s.
-        await until(lambda: silent.connections >= PER_URL, what="the silent URL was never tried")
-        sent = time.monotonic()
-        answered(hook, store, tmp_path / "sets", "fine", "$fine")
-        (taken,) = await receiver.wait_for(1, timeout=30)
-        took = time.monotonic() - sent
-        assert took < 1.0, f"the other agent's webhook took {took:.1f} s behind 100 pending to a silent URL"
-        assert taken["body"]["set"] == "fine" and taken["good"]
-        assert silent.connections <= PER_URL  # one URL never holds more than its own lane
-        assert pending(store) == 100
+        async with running(deliverer):
+            # The silent URL holds its fill of connections, each waiting out its 30 s.
+            await until(lambda: silent.connections >= PER_URL, what="the silent URL was never tried")
+            sent = time.monotonic()
+            answered(hook, store, tmp_path / "sets", "fine", "$fine")
+            (taken,) = await receiver.wait_for(1, timeout=30)
+            took = time.monotonic() - sent
+            assert took < 1.0, f"the other agent's webhook took {took:.1f} s behind 100 pending to a silent URL"
+            assert taken["body"]["set"] == "fine" and taken["good"]
+            assert silent.connections <= PER_URL  # one URL never holds more than its own lane
+            assert pending(store) == 100
     finally:
-        stop.set()
-        await task
         await receiver.close()
         await silent.close()
         store.close()
@@ -244,21 +241,19 @@ async def test_inward_addresses_are_never_connected_to_unless_allowed(tmp_path: 
     deliverer = Deliverer(store, agents, metrics, drop_after=3600, timeout=1, allow_private=allow_private)
     answered(OutboxHook(store, agents), store, tmp_path / "sets", "plan", "$answer")
     caplog.set_level(logging.WARNING, logger="bridge.agents.webhooks")
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
     try:
-        if allow_private:
-            await until(lambda: len(seen) == len(urls), what=f"only {len(seen)} of {len(urls)} loopback URLs took it")
-        else:
-            refused = lambda: {r.getMessage().split(" to ", 1)[1].split(" ", 1)[0] for r in caplog.records  # noqa: E731
-                               if "refused" in r.getMessage()}
-            await until(lambda: len(refused()) == len(urls + inward), what="not every inward URL was refused")
-            assert seen == []
-            messages = " ".join(r.getMessage() for r in caplog.records)
-            assert "loopback" in messages and "private" in messages and "metadata" in messages
+        async with running(deliverer):
+            if allow_private:
+                await until(lambda: len(seen) == len(urls),
+                            what=f"only {len(seen)} of {len(urls)} loopback URLs took it")
+            else:
+                refused = lambda: {r.getMessage().split(" to ", 1)[1].split(" ", 1)[0]  # noqa: E731
+                                   for r in caplog.records if "refused" in r.getMessage()}
+                await until(lambda: len(refused()) == len(urls + inward), what="not every inward URL was refused")
+                assert seen == []
+                messages = " ".join(r.getMessage() for r in caplog.records)
+                assert "loopback" in messages and "private" in messages and "metadata" in messages
     finally:
-        stop.set()
-        await task
         await runner.cleanup()
         store.close()
 
@@ -274,20 +269,17 @@ async def test_a_url_that_keeps_timing_out_is_left_alone_then_probed_one_at_a_ti
     hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
     for n in range(40):
         answered(hook, store, tmp_path / "sets", "stuck", f"$stuck{n}")
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
     try:
-        await until(lambda: silent.connections >= PER_URL, what="the silent URL was never tried")
-        await asyncio.sleep(6)
-        # Its first fill timed out and opened the circuit: since then, probes
-        # only (1, 2 then 4 s apart), one at a time, not forty rows' retries.
-        assert PER_URL < silent.connections <= PER_URL + 4
-        circuit = deliverer.circuits["planner", silent.url]
-        assert circuit.failures > PER_URL and len(deliverer.in_flight.get(("planner", silent.url), ())) <= 1
-        assert pending(store) == 40
+        async with running(deliverer):
+            await until(lambda: silent.connections >= PER_URL, what="the silent URL was never tried")
+            await asyncio.sleep(6)
+            # Its first fill timed out and opened the circuit: since then, probes
+            # only (1, 2 then 4 s apart), one at a time, not forty rows' retries.
+            assert PER_URL < silent.connections <= PER_URL + 4
+            circuit = deliverer.circuits["planner", silent.url]
+            assert circuit.failures > PER_URL and len(deliverer.in_flight.get(("planner", silent.url), ())) <= 1
+            assert pending(store) == 40
     finally:
-        stop.set()
-        await task
         await silent.close()
         store.close()
 
@@ -408,15 +400,12 @@ async def test_a_receiver_answering_with_a_huge_body_gets_its_connection_closed_
     deliverer = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=30, allow_private=True)
     hook = OutboxHook(store, AGENTS, on_queued=deliverer.wake.set)
     answered(hook, store, tmp_path / "sets", "flood", "$a")
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
     try:
-        await asyncio.wait_for(done.wait(), 30)
-        assert pushed < 64 * 1024 * 1024, f"the bridge took {pushed >> 20} MB of a receiver's answer"
-        assert pending(store) == 1  # a 500: tried again later
+        async with running(deliverer):
+            await asyncio.wait_for(done.wait(), 30)
+            assert pushed < 64 * 1024 * 1024, f"the bridge took {pushed >> 20} MB of a receiver's answer"
+            assert pending(store) == 1  # a 500: tried again later
     finally:
-        stop.set()
-        await task
         await runner.cleanup()
         store.close()
 
@@ -589,19 +578,17 @@ async def test_a_receiver_that_says_how_long_to_wait_is_not_asked_sooner(tmp_pat
     store = Store(tmp_path / "store.sqlite")
     async with served([web.post("/hook", busy_for(120, tries))]) as port:
         deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 30)
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(deliverer.run(stop))
         try:
-            await until(lambda: len(tries) >= 1, what="the first try")
-            await asyncio.sleep(0.5)
-            first = len(tries)  # the lane's first fill, sent together
-            await asyncio.sleep(7)  # plain failures are tried again after about 1, 2 and 4 s
-            assert len(tries) == first <= PER_URL, f"{len(tries)} tries in 7 s of a receiver that asked for 120 s"
-            asked = [next_at for (next_at,) in store.db.execute("SELECT next_at FROM webhook_outbox WHERE attempts > 0")]
-            assert len(asked) == first and min(asked) / 1000 - time.time() > 100
+            async with running(deliverer):
+                await until(lambda: len(tries) >= 1, what="the first try")
+                await asyncio.sleep(0.5)
+                first = len(tries)  # the lane's first fill, sent together
+                await asyncio.sleep(7)  # plain failures are tried again after about 1, 2 and 4 s
+                assert len(tries) == first <= PER_URL, f"{len(tries)} tries in 7 s of a receiver that asked for 120 s"
+                asked = [next_at for (next_at,) in
+                         store.db.execute("SELECT next_at FROM webhook_outbox WHERE attempts > 0")]
+                assert len(asked) == first and min(asked) / 1000 - time.time() > 100
         finally:
-            stop.set()
-            await task
             store.close()
     # The header's other form, an HTTP date; nonsense and other statuses ask nothing; never past the cap.
     from bridge.agents.webhooks import asked_to_wait
@@ -627,14 +614,11 @@ async def test_a_receivers_retry_after_holds_across_a_restart_for_what_is_queued
         restarted = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=5, allow_private=True)
         hook = OutboxHook(store, AGENTS, on_queued=restarted.wake.set)
         answered(hook, store, tmp_path / "sets", "plan", "$after-the-restart")
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(restarted.run(stop))
         try:
-            await asyncio.sleep(4)
-            assert len(tries) == 1, tries
+            async with running(restarted):
+                await asyncio.sleep(4)
+                assert len(tries) == 1, tries
         finally:
-            stop.set()
-            await task
             store.close()
 
 
@@ -663,14 +647,11 @@ async def test_a_queued_callback_whose_host_no_name_can_be_fails_as_any_delivery
     never recorded one (attempts 0, no backoff, no metric)."""
     store = Store(tmp_path / "store.sqlite")
     deliverer = queued_to(tmp_path, store, "http://" + "a" * 70 + ".example.com/hook", 1)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
     try:
-        await until(lambda: store.db.execute("SELECT attempts FROM webhook_outbox").fetchone()[0] >= 1,
-                    what="the failed try recorded")
+        async with running(deliverer):
+            await until(lambda: store.db.execute("SELECT attempts FROM webhook_outbox").fetchone()[0] >= 1,
+                        what="the failed try recorded")
     finally:
-        stop.set()
-        await task
         store.close()
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
 
@@ -788,20 +769,18 @@ async def test_a_dead_receivers_backlog_is_put_off_while_its_circuit_is_open(tmp
     await receiver.start()
     store = Store(tmp_path / "store.sqlite")
     deliverer = queued_to(tmp_path, store, receiver.url, 2000)
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(deliverer.run(stop))
     try:
-        await until(lambda: any(c.open_until > deliverer.clock() for c in deliverer.circuits.values()),
-                    what="the circuit never opened")
+        async with running(deliverer):
+            await until(lambda: any(c.open_until > deliverer.clock() for c in deliverer.circuits.values()),
+                        what="the circuit never opened")
 
-        def due_now() -> int:
-            now_ms = int(deliverer.clock() * 1000)
-            return store.db.execute("SELECT COUNT(*) FROM webhook_outbox WHERE next_at <= ?", (now_ms,)).fetchone()[0]
+            def due_now() -> int:
+                now_ms = int(deliverer.clock() * 1000)
+                return store.db.execute("SELECT COUNT(*) FROM webhook_outbox WHERE next_at <= ?",
+                                        (now_ms,)).fetchone()[0]
 
-        await until(lambda: due_now() == 0, what="the backlog stayed due behind the open circuit")
+            await until(lambda: due_now() == 0, what="the backlog stayed due behind the open circuit")
     finally:
-        stop.set()
-        await task
         await receiver.close()
         store.close()
 
@@ -830,16 +809,13 @@ async def test_a_receivers_retry_after_is_kept_on_either_store(tmp_path: Path, s
         await held_then_stopped(deliverer, tries)
         store, restarted, hook = restarted_after_a_hold(tmp_path, store)
         answered(hook, store, tmp_path / "sets", "plan", "$after-the-restart")
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(restarted.run(stop))
         try:
-            await asyncio.sleep(3)
-            assert len(tries) == 1, f"{len(tries)} tries of a receiver that asked for 300 s"
-            (until_ms,) = lane_holds(store, int(store.clock.seconds() * 1000)).values()
-            assert until_ms / 1000 - store.clock.seconds() > 290
+            async with running(restarted):
+                await asyncio.sleep(3)
+                assert len(tries) == 1, f"{len(tries)} tries of a receiver that asked for 300 s"
+                (until_ms,) = lane_holds(store, int(store.clock.seconds() * 1000)).values()
+                assert until_ms / 1000 - store.clock.seconds() > 290
         finally:
-            stop.set()
-            await task
             store.close()
 
 
@@ -859,14 +835,11 @@ async def test_a_hold_a_sqlite_store_kept_under_its_old_key_still_holds_after_an
             store.set_meta(HELD + "other\x00https://gone.example/hook", str(now_ms - 1))
         assert lane_holds(store, now_ms) == {("planner", url): now_ms + 300_000}
         assert [key for key, _ in store.meta_with_prefix(HELD)] == [HELD + "planner\x00" + url]
-        stop = asyncio.Event()
-        task = asyncio.ensure_future(deliverer.run(stop))
         try:
-            await asyncio.sleep(2)
-            assert tries == []
+            async with running(deliverer):
+                await asyncio.sleep(2)
+                assert tries == []
         finally:
-            stop.set()
-            await task
             store.close()
 
 
@@ -947,14 +920,9 @@ async def test_a_2xx_already_in_flight_does_not_end_a_receivers_hold(tmp_path: P
 
             monkeypatch.setattr(webhooks, "lane_holds", unreadable)
             restarted = Deliverer(store, AGENTS, Metrics(), drop_after=3600, timeout=5, allow_private=True)
-            stop = asyncio.Event()
-            task = asyncio.ensure_future(restarted.run(stop))
-            try:
+            async with running(restarted):
                 await asyncio.sleep(2)
                 assert len(tries) == 2, f"{tries[1:]} tried again of a receiver that asked for 120 s"
-            finally:
-                stop.set()
-                await task
         store.close()
 
 
