@@ -22,7 +22,6 @@ FIRST_OPEN = 1.0     # seconds the circuit first stays open
 MAX_OPEN = 300.0
 
 
-
 def doubling(times: int, first: float, most: float) -> float:
     """``first`` doubled ``times`` times, at most ``most`` (pure).  The
     exponent is capped before the power: ``2.0 ** 1024`` overflows, which a
