@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from helpers.attack import AS_BOT, appservice_storm_bridge, text_set
+from bridge.devserver import free_port
+from helpers.attack import AS_BOT, Relay, appservice_storm_bridge, text_set
 from helpers.harness import Bridge, Person, answer_content, unique
 
 pytestmark = pytest.mark.integration
@@ -227,6 +228,39 @@ async def test_kicked_from_its_room_and_invited_back_the_bridge_rejoins_in_appse
         await asyncio.sleep(3)
         bridge.add_set(text_set("gamma", 3))
         assert (await bridge.wait_questions(alice, 3))[("q2", 1)]["content"]["set"]["id"] == "gamma"
+    finally:
+        bridge.kill()
+        await alice.close()
+
+
+async def test_an_invite_back_whose_join_fails_for_now_is_answered_again_in_appservice_mode(appservice_synapse,
+                                                                                            tmp_path):
+    """The homeserver pushes an invite once, and no sync shows it again: a
+    join it refused for now (a restart, its proxy's 502) left the bridge out
+    of the room for good, its open questions unanswerable there until the
+    bridge itself restarted.  It is asked again until it goes through."""
+    hs = appservice_synapse
+    alice = Person(hs, hs.register(unique("ana")))
+    bridge = appservice_storm_bridge(hs, tmp_path, [alice])
+    port = free_port()
+    bridge.extra_config["homeserver"] = {"url": f"http://127.0.0.1:{port}"}
+    refused: list[str] = []
+    try:
+        async with Relay(("127.0.0.1", port), hs.url) as homeserver:
+            bridge.add_set(text_set("alpha", 1))
+            bridge.start()
+            question = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+            kicked = await alice.client.room_kick(bridge.room_id, AS_BOT)
+            assert not hasattr(kicked, "status_code"), kicked
+            # The bridge's first join after the invite is answered 502, as by a homeserver restarting.
+            homeserver.fail = lambda request: ("/join/" in request.path and not refused
+                                               and not refused.append(request.path))
+            hs.invite(alice.token, bridge.room_id, AS_BOT)
+            await _logged(bridge, f"joined {bridge.room_id} at the invite of {alice.user_id}")
+            assert len(refused) == 1
+            await alice.send(bridge.room_id, answer_content(question, text="back in"))
+            assert (await bridge.wait_answer("alpha", "q0"))["text"] == "back in"
+            bridge.check_alive()
     finally:
         bridge.kill()
         await alice.close()

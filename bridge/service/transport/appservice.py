@@ -91,6 +91,7 @@ class TransactionServer:
         self.notices: Notices | None = None  # woken when people have notices coming
         # Called with (room_id, inviter) for each invite of the bridge's user.
         self.on_invite: Callable[[str, str | None], Awaitable[None]] | None = None
+        self._answering: set[asyncio.Future[None]] = set()  # invites being answered (asked again for minutes)
         self.one_at_a_time = asyncio.Lock()
         self.runner: web.AppRunner | None = None
         # The safety net for what the homeserver does not deliver (``catchup``).
@@ -142,6 +143,11 @@ class TransactionServer:
         if self._chores_running is not None:
             self._chores_running.cancel()
             await asyncio.gather(self._chores_running, return_exceptions=True)
+        # Not left asking once this instance stops or stands by (its client
+        # is closed then, and a standby acts on nothing).
+        for answering in list(self._answering):
+            answering.cancel()
+        await asyncio.gather(*self._answering, return_exceptions=True)
 
     def open(self, rooms: list[str], notices: Notices) -> None:
         """Start accepting transactions; only events of ``rooms`` are bridged."""
@@ -373,7 +379,10 @@ class TransactionServer:
                 # bridge had not taken when it stopped) is told apart by the handler:
                 # a room in ``rooms`` may be one the bridge was kicked from.
                 sender = event.get("sender")
-                asyncio.ensure_future(self._invited(event["room_id"], sender if isinstance(sender, str) else None))
+                answering = asyncio.ensure_future(self._invited(event["room_id"],
+                                                                sender if isinstance(sender, str) else None))
+                self._answering.add(answering)
+                answering.add_done_callback(self._answering.discard)
 
     async def _invited(self, room_id: str, inviter: str | None) -> None:
         assert self.on_invite is not None
@@ -474,7 +483,8 @@ class AppserviceFront:
         pipeline.on_judged_apart = notices.wake
         spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
         notifier = spawn("notices", notices.run, stop)
-        server.on_invite = Invites.of(self.client, pipeline, rooms, self.config, self.store, room_ids).answer
+        # Asked again while it fails for now: nothing brings an invite twice here.
+        server.on_invite = Invites.of(self.client, pipeline, rooms, self.config, self.store, room_ids).patiently
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)
