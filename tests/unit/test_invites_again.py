@@ -117,3 +117,23 @@ async def test_one_that_keeps_failing_is_given_up_and_said(caplog):
     await answering.patiently(ROOM, ALICE)
     assert homeserver.calls == ["join"] * 4
     assert "gave up answering the invite" in caplog.text
+
+
+async def test_an_invite_into_a_room_the_bridge_is_in_is_not_declined_when_the_rooms_cant_be_listed():
+    """A room no longer welcome (its invite sent again after a restart) that
+    the bridge is in: the listing of its rooms failed for now, read as "in
+    none", and the decline took the bridge out of the room."""
+    homeserver = Homeserver()
+    homeserver.joined.add(ROOM)
+    listings = iter([RuntimeError("502"), None])
+
+    async def listed_once_failing() -> set[str]:
+        failure = next(listings, None)
+        if failure is not None:
+            raise failure
+        return set(homeserver.joined)
+
+    homeserver.joined_rooms = listed_once_failing  # type: ignore[method-assign]
+    answering = Invites(homeserver, Pipeline(homeserver), [], [], None)  # not welcome here
+    await answering.patiently(ROOM, "@stranger:example.org")
+    assert "leave" not in homeserver.calls

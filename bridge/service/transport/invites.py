@@ -131,6 +131,8 @@ class Invites:
                 self.unfinished.discard(room_id)
                 log.info("joined %s at the invite of %s", " ".join([*aliases, joined]), inviter)
             else:
+                if await self._in_room_surely(room_id):
+                    return True  # (the first look could not list the rooms: leaving would put the bridge out)
                 await self.client.room_leave(room_id)
                 log.info("declined an invite to %s from %s: not a configured room or not an answerer",
                          room_id, inviter)
@@ -141,6 +143,14 @@ class Invites:
                 self.unfinished.discard(room_id)
             log.warning("could not answer the invite to %s (%s)", room_id, exc)
             return not again
+
+    async def _in_room_surely(self, room_id: str) -> bool:
+        """Whether the bridge is in ``room_id``, asked again before an invite
+        is declined: ``joined_now`` says none when it can't list them, and a
+        decline then left a room the bridge was in.  Raises when it can't
+        be told, so the invite is answered later, not declined blind."""
+        listed = getattr(self.pipeline.transport, "joined_rooms", None)
+        return listed is not None and room_id in await listed()
 
     async def _aliases_naming(self, room_id: str) -> list[str]:
         """The configured aliases that name ``room_id`` now, asked of the room
