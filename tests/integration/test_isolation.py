@@ -194,20 +194,27 @@ def two_rooms(synapse, tmp_path, person) -> tuple[Any, Any, dict[str, Any], str,
     return owner, alice, bot, room_a, room_b, bridge
 
 
+async def both_posted(bridge: Bridge, alice: Any, room_b: str) -> tuple[dict[str, Any], dict[Any, Any]]:
+    """Sets alpha (room A) and beta (room B) added and the bridge started:
+    alpha's question, and what room B shows of beta's."""
+    bridge.add_set(text_set("alpha", 1))
+    bridge.add_set(text_set("beta", 1))
+    bridge.start()
+    alpha = (await bridge.wait_questions(alice, 1))[("q0", 1)]
+    deadline = time.monotonic() + 30
+    while not (beta := await alice.questions(room_b)):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    return alpha, beta
+
+
 async def test_a_room_the_bridge_may_no_longer_post_in_drops_its_notice_only(synapse, tmp_path, person):
     """The bridge may not post in room B any more (its power taken away) while
     an answer there waits for its notice: the notice is dropped and counted,
     and room A's notices keep coming."""
     owner, alice, bot, room_a, room_b, bridge = two_rooms(synapse, tmp_path, person)
     try:
-        bridge.add_set(text_set("alpha", 1))
-        bridge.add_set(text_set("beta", 1))
-        bridge.start()
-        alpha = (await bridge.wait_questions(alice, 1))[("q0", 1)]
-        deadline = time.monotonic() + 30
-        while not (found := await alice.questions(room_b)):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
+        alpha, found = await both_posted(bridge, alice, room_b)
         beta = found[("q0", 1)]
         # Room B's owner: every message needs power 50 now; the bridge has 0, Alice 50.
         levels = await owner.client.room_get_state_event(room_b, "m.room.power_levels")
@@ -294,14 +301,7 @@ async def test_a_bridge_kicked_from_a_room_says_so_in_health_until_it_is_invited
             return json.loads(exc.read())
 
     try:
-        bridge.add_set(text_set("alpha", 1))
-        bridge.add_set(text_set("beta", 1))
-        bridge.start()
-        alpha = (await bridge.wait_questions(alice, 1))[("q0", 1)]
-        deadline = time.monotonic() + 30
-        while not (beta := await alice.questions(room_b)):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
+        alpha, beta = await both_posted(bridge, alice, room_b)
         kicked = await owner.client.room_kick(room_b, bot["user_id"], reason="no more questions here")
         assert not hasattr(kicked, "status_code"), kicked
         deadline = time.monotonic() + 30
@@ -330,7 +330,6 @@ async def test_a_bridge_kicked_from_a_room_says_so_in_health_until_it_is_invited
         bridge.kill()
 
 
-
 @pytest.mark.parametrize("chatter", ["none", "more than a timeline"])
 async def test_an_answer_given_before_the_bridge_was_kicked_while_stopped_lands(synapse, tmp_path, person, chatter):
     # The bridge stopped, an answer, then kicked: the start's sync brings the
@@ -342,14 +341,7 @@ async def test_an_answer_given_before_the_bridge_was_kicked_while_stopped_lands(
 
     owner, alice, bot, room_a, room_b, bridge = two_rooms(synapse, tmp_path, person)
     try:
-        bridge.add_set(text_set("alpha", 1))
-        bridge.add_set(text_set("beta", 1))
-        bridge.start()
-        alpha = (await bridge.wait_questions(alice, 1))[("q0", 1)]
-        deadline = time.monotonic() + 30
-        while not (beta := await alice.questions(room_b)):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
+        alpha, beta = await both_posted(bridge, alice, room_b)
         assert bridge.stop() == 0
         # (The stopped bridge's last long poll may come back to the next start
         # with the first new event: chatter goes first, so the answer is in the gap.)
