@@ -30,7 +30,7 @@ from nio import AsyncClient
 from bridge.service.logs import why
 from bridge.service.eventwait import set_within
 from bridge.service.transport.bot import sleep_or_stop
-from bridge.service.transport.invites import Invites
+from bridge.service.transport.invites import Invites, keep_invites, membership_news
 from bridge.service.transport.catchup import CatchUp
 from bridge.service.transport.hearing import keep_hearing
 from bridge.service.config import Config, ConfigError, listen_refused
@@ -91,7 +91,8 @@ class TransactionServer:
         self.notices: Notices | None = None  # woken when people have notices coming
         # Called with (room_id, inviter) for each invite of the bridge's user.
         self.on_invite: Callable[[str, str | None], Awaitable[None]] | None = None
-        self._answering: set[asyncio.Future[None]] = set()  # invites being answered (asked again for minutes)
+        # Told of the invites that ended (withdrawn, declined): not tried again.
+        self.on_invites_ended: Callable[[list[str]], None] | None = None
         self.one_at_a_time = asyncio.Lock()
         self.runner: web.AppRunner | None = None
         # The safety net for what the homeserver does not deliver (``catchup``).
@@ -143,11 +144,6 @@ class TransactionServer:
         if self._chores_running is not None:
             self._chores_running.cancel()
             await asyncio.gather(self._chores_running, return_exceptions=True)
-        # Not left asking once this instance stops or stands by (its client
-        # is closed then, and a standby acts on nothing).
-        for answering in list(self._answering):
-            answering.cancel()
-        await asyncio.gather(*self._answering, return_exceptions=True)
 
     def open(self, rooms: list[str], notices: Notices) -> None:
         """Start accepting transactions; only events of ``rooms`` are bridged."""
@@ -227,16 +223,28 @@ class TransactionServer:
                 # What went missing is judged before what came after it.
                 await self.catchup.look_now({e["event_id"] for e in events
                                              if isinstance(e, dict) and isinstance(e.get("event_id"), str)})
-        self._answer_invites(events)
         wanted = [e for e in events if isinstance(e, dict) and e.get("room_id") in self.rooms]
+        # Synapse pushes an invite once: kept with the transaction, until
+        # answered (``Invites``), as a stop before the join must not lose it.
+        invited, ended = membership_news(events, self.pipeline.transport.user_id) if self.on_invite else ({}, [])
+
+        def commit() -> None:
+            self.store.mark_txn(key)
+            if invited or ended:
+                keep_invites(self.store, invited, ended)
+
         try:
-            result = await self._feed(wanted, lambda: self.store.mark_txn(key), delivery=key)
+            result = await self._feed(wanted, commit, delivery=key)
         except Exception as exc:  # noqa: BLE001 - anything here is worth a retry by the homeserver
             log.warning("transaction %s not processed (%s); the homeserver will send it again", txn_id, why(exc))
             self._trouble()  # the homeserver's recovery can strand a transaction
             return _error(500, "M_UNKNOWN", "not processed; send it again")
         log.debug("transaction %s: %d events, %s", txn_id, len(events),
                   "taken before" if result is None or result.repeated else result)
+        if not (result is not None and result.repeated):
+            # Answered once their transaction is durable (one taken before had
+            # its invites kept then: answered, or answered at the start).
+            self._answer_invites(invited, ended)
         if result is not None and result.repeated and wanted:
             # Sent again: the homeserver never had our 200 (it restarted, or
             # a proxy cut it), and what it queued meanwhile may be gone with
@@ -365,24 +373,18 @@ class TransactionServer:
         if self.catchup is not None:
             self.catchup.suspect_gap()
 
-    def _answer_invites(self, events: list[Any]) -> None:
+    def _answer_invites(self, invited: dict[str, str | None], ended: list[str]) -> None:
         # Answered off the request path: joining or leaving waits on the
         # homeserver, which is waiting on this transaction's 200.
         if self.on_invite is None:
             return
-        for event in events:
-            if (isinstance(event, dict) and event.get("type") == "m.room.member"
-                    and event.get("state_key") == self.pipeline.transport.user_id
-                    and isinstance(event.get("content"), dict) and event["content"].get("membership") == "invite"
-                    and isinstance(event.get("room_id"), str)):
-                # One into a room the bridge is in (the homeserver resends what the
-                # bridge had not taken when it stopped) is told apart by the handler:
-                # a room in ``rooms`` may be one the bridge was kicked from.
-                sender = event.get("sender")
-                answering = asyncio.ensure_future(self._invited(event["room_id"],
-                                                                sender if isinstance(sender, str) else None))
-                self._answering.add(answering)
-                answering.add_done_callback(self._answering.discard)
+        if ended and self.on_invites_ended is not None:
+            self.on_invites_ended(ended)
+        for room_id, inviter in invited.items():
+            # One into a room the bridge is in (the homeserver resends what the
+            # bridge had not taken when it stopped) is told apart by the handler:
+            # a room in ``rooms`` may be one the bridge was kicked from.
+            asyncio.ensure_future(self._invited(room_id, inviter))
 
     async def _invited(self, room_id: str, inviter: str | None) -> None:
         assert self.on_invite is not None
@@ -483,8 +485,11 @@ class AppserviceFront:
         pipeline.on_judged_apart = notices.wake
         spawn = (self.ops.supervisor if self.ops is not None else Supervisor()).spawn
         notifier = spawn("notices", notices.run, stop)
-        # Asked again while it fails for now: nothing brings an invite twice here.
-        server.on_invite = Invites.of(self.client, pipeline, rooms, self.config, self.store, room_ids).patiently
+        invites = Invites.of(self.client, pipeline, rooms, self.config, self.store, room_ids)
+        server.on_invite, server.on_invites_ended = invites.answer, invites.ended
+        # Back in a room (a try after the first, an invite kept through a stop): what was said there
+        # meanwhile is in its timeline, not pushed; looked into soon, not at the next period.
+        invites.on_joined = lambda _room: server._trouble()
         # What the homeserver never delivers is read from the rooms' timelines.
         catchup = CatchUp(self.client, self.store, rooms, server.feed, server.received.__contains__,
                           pipeline.load_members, server.one_at_a_time, stop)
@@ -495,6 +500,7 @@ class AppserviceFront:
         server.open(rooms, notices)
         tasks = [notifier]
         try:
+            await invites.resume()  # kept unanswered through a stop: Synapse does not push them again
             unreached = await ping_failure(self.config)
             if unreached is not None and self.ops is not None:
                 # Answers still come, from the timelines' look every 30 s;
@@ -515,8 +521,10 @@ class AppserviceFront:
             for task in tasks:  # started again, with tasks of their own, when this is
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await invites.close()
             raise
         await stop.wait()
+        await invites.close()
         notices.wake()
         await asyncio.gather(*tasks)
 

@@ -25,7 +25,7 @@ from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.encryption.devicenews import hand_to_nio
 from bridge.service.encryption.keysmade import keys_lost, keys_made
 from bridge.service.answering.notices import Notices
-from bridge.service.transport.invites import Invites
+from bridge.service.transport.invites import Invites, keep_invites
 from bridge.service.transport.matrix import (MatrixError, StopRequested, TokenRefused, client_config, http_status,
                                              read_ahead, timeline_pages, token_refused)
 from bridge.service.transport.nextpoll import FirstSync, NextPoll, drop_sync
@@ -327,6 +327,9 @@ class SyncLoop:
         self.pipeline.on_judged_apart = notices.wake
         notifier = self.supervisor.spawn("notices", notices.run, self.stop)
         try:
+            # Invites kept unanswered (a stop before their join went through):
+            # the homeserver does not send them again.
+            await self.invites.resume()
             await self._loop(notices)
         except BaseException:
             # The loop failed (its supervisor starts it again, with a notifier
@@ -338,6 +341,7 @@ class SyncLoop:
             notices.wake()
             await notifier
         finally:
+            await self.invites.close()
             if self._upkeep is not None:
                 self._upkeep.cancel()
                 await asyncio.gather(self._upkeep, return_exceptions=True)
@@ -386,7 +390,8 @@ class SyncLoop:
                     if response.gaps():
                         await self._fill_gaps(notices, response, since)
                     await self._handle(response.events(leave_out=self.client.user_id), token=response.next_batch,
-                                       then=upcoming, left=self._out_and_back(response, since))
+                                       then=upcoming, left=self._out_and_back(response, since),
+                                       invites=(self._invited(response), list(response.left)))
                     if upcoming is not None:
                         ahead, upcoming = await upcoming.asked(), None
                     ahead = await self._wake_in_time(ahead)
@@ -494,10 +499,13 @@ class SyncLoop:
 
     async def _handle(self, events: list[dict[str, Any]], token: str | None = None,
                       then: NextPoll | None = None,
-                      left: tuple[dict[str, str], list[str]] | None = None) -> None:
+                      left: tuple[dict[str, str], list[str]] | None = None,
+                      invites: tuple[dict[str, str | None], list[str]] | None = None) -> None:
         """Judge ``events`` and make them durable; with ``token``, the sync
         token moves to it in the same commit, and ``then`` is asked for while
-        that commit is made; ``left``: ``_out_and_back``'s, kept in that commit."""
+        that commit is made; ``left``: ``_out_and_back``'s, and ``invites``
+        (the batch's invites, room id -> inviter; the rooms the bridge is
+        out of, whose invites ended), kept in that commit."""
         resolved: list[str] = []
         if self.crypto is not None:
             if self.crypto.waits_for_chores(events):
@@ -508,7 +516,7 @@ class SyncLoop:
                 await self.crypto.chores()
             # Events not decryptable yet are durably kept here, before the token can move.
             events, resolved = await self.crypto.screen(events, self.pipeline.own_users)
-        if then is not None and not events and not resolved \
+        if then is not None and not events and not resolved and not (invites and invites[0]) \
                 and time.monotonic() - self._token_stored_at < IDLE_TOKEN_EVERY:
             # Nothing to judge or to make durable: the token waits for the next
             # batch.  Only with a long poll asked from it: a poll (while the
@@ -520,7 +528,7 @@ class SyncLoop:
         # On the store's thread, the event loop serving /health and the agents
         # meanwhile; runs to completion even when a stop is asked for mid-batch.
         await self.store.run(self.pipeline.process, events,
-                             commit=lambda: self._commit(token, resolved, then, left))
+                             commit=lambda: self._commit(token, resolved, then, left, invites))
         if token is not None:
             self._token_stored_at = time.monotonic()  # its COMMIT made: the token is in the store
         if left is not None and self._left_at is not None:
@@ -543,14 +551,24 @@ class SyncLoop:
         except Exception as exc:  # noqa: BLE001 - key chores are retried beside the next sync
             log.warning("encryption key upkeep failed (%s); retrying beside the next sync", exc)
 
+    def _invited(self, response: SyncBatch) -> dict[str, str | None]:
+        return {room_id: _inviter(state, self.client.user_id) for room_id, state in response.invites.items()}
+
     async def _answer_invites(self, response: SyncBatch) -> None:
-        for room_id, invite_state in response.invites.items():
-            await self.invites.answer(room_id, _inviter(invite_state, self.client.user_id))
+        # A room the bridge is out of now: its invite, if any, was withdrawn (or declined).
+        self.invites.ended(response.left)
+        for room_id, inviter in self._invited(response).items():
+            await self.invites.answer(room_id, inviter)
 
     def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None,
-                left: tuple[dict[str, str], list[str]] | None = None) -> None:
+                left: tuple[dict[str, str], list[str]] | None = None,
+                invites: tuple[dict[str, str | None], list[str]] | None = None) -> None:
         if token is not None:
             self.store.set_meta(SYNC_TOKEN, token)
+        if invites and (invites[0] or invites[1]):
+            # The homeserver sends an invite in one sync only: kept until
+            # answered, as the token moves past it (``Invites``).
+            keep_invites(self.store, *invites)
         for room, since in (left[0] if left else {}).items():
             self.store.set_meta(LEFT_AT + room, since)
         for room in left[1] if left else ():
