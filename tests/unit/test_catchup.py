@@ -37,8 +37,9 @@ class Timeline(RoomMessagesPages):
 
     user_id = BOT
 
-    def __init__(self, events: list[dict[str, Any]]):
+    def __init__(self, events: list[dict[str, Any]], hidden: Any = frozenset()):
         self.events = events
+        self.hidden = hidden  # event ids left out of the pages, as Synapse hides what the bridge may not see
         self.calls: list[dict[str, Any]] = []
 
     async def room_messages(self, room_id: str, start: str | None = None, end: str | None = None,
@@ -48,15 +49,20 @@ class Timeline(RoomMessagesPages):
         if direction in ("f", MessageDirection.front):  # oldest first, from ``start`` on
             first = int(start or 0)
             chunk = self.events[first:first + limit]
-            reply = {"chunk": chunk, "start": str(first), **({"end": str(first + len(chunk))} if chunk else {})}
+            reply = {"chunk": self._shown(chunk), "start": str(first),
+                     **({"end": str(first + len(chunk))} if chunk else {})}
             return RoomMessagesResponse.from_dict(reply, room_id)
         top = int(start) if start else len(self.events)
         bottom = int(end) if end else 0
         chunk = list(reversed(self.events[max(bottom, top - limit):top]))
-        reply = {"chunk": chunk, "start": str(top)}
+        reply = {"chunk": self._shown(chunk), "start": str(top)}
         if chunk:
             reply["end"] = str(top - len(chunk))
         return RoomMessagesResponse.from_dict(reply, room_id)
+
+    def _shown(self, chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The page is cut before what is hidden is left out: a page may be empty and not the last.
+        return [e for e in chunk if e["event_id"] not in self.hidden]
 
 
 class Fed:
@@ -130,6 +136,22 @@ async def test_more_than_a_look_holds_is_read_forward_from_where_the_last_look_e
     assert [e for batch in fed.batches for e in batch] == [f"$m{n}" for n in range(101, 400)]
     assert max(len(batch) for batch in fed.batches) <= 20 and store.get_meta(TOKEN_KEY + ROOM) == "400"
     assert await looker.sweep() == 0  # nothing new
+
+
+async def test_a_look_reads_forward_past_pages_hidden_from_the_bridge(store, monkeypatch):
+    """Kicked from a room whose history members see only from their join,
+    and invited back: what was said while it was out is hidden from it,
+    pages of it empty, and the look read forward stopped at the first of
+    them, the answers after its return unread (one page further each look)."""
+    monkeypatch.setattr(catchup_module, "MAX_EVENTS", 50)
+    monkeypatch.setattr(catchup_module, "PAGE", 20)
+    timeline = Timeline([message(n) for n in range(1, 401)], hidden={f"$m{n}" for n in range(101, 301)})
+    store.set_meta(TOKEN_KEY + ROOM, "100")  # the last look ended after $m100, before the kick
+    fed = Fed(store)
+    looker = catchup(store, timeline, fed, received={"$m400"})
+    assert await looker.sweep() == 99
+    assert [e for batch in fed.batches for e in batch] == [f"$m{n}" for n in range(301, 400)]
+    assert store.get_meta(TOKEN_KEY + ROOM) == "400"
 
 
 async def test_a_first_look_goes_back_to_the_oldest_open_question_or_only_takes_the_position(store):

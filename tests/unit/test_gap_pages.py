@@ -56,6 +56,45 @@ async def test_no_gap_without_a_token_or_a_limited_timeline():
     assert log == []
 
 
+class _HiddenFirst(_History):
+    """The first page's events all hidden from the bridge (said while it was
+    out of a room whose history members see only from their join): an
+    empty page, with an ``end`` to go on from."""
+
+    async def room_messages(self, room_id, start, end, direction, limit, message_filter=None):
+        page = await super().room_messages(room_id, start, end, direction, limit, message_filter)
+        if start == "s0":
+            return RoomMessagesResponse(room_id, chunk=[], start=start, end=page.end)
+        return page
+
+
+async def test_a_gap_is_read_on_past_a_page_hidden_from_the_bridge():
+    log: list[str] = []
+    pages = [page async for page in gap_pages(_HiddenFirst(3, log), _limited("p9"), "s0")]
+    assert [event["event_id"] for page in pages for event in page] == ["$e1.0", "$e1.1", "$e2.0", "$e2.1"]
+
+
+class _AlwaysEmpty(RoomMessagesPages):
+    """A homeserver that answers every page empty, with a new ``end`` each time."""
+
+    user_id = "@askbot:example.org"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def room_messages(self, room_id, start, end, direction, limit, message_filter=None):
+        self.asked += 1
+        return RoomMessagesResponse(room_id, chunk=[], start=start, end=f"t{self.asked}")
+
+
+async def test_a_homeserver_answering_empty_pages_for_ever_holds_no_read_for_ever():
+    from bridge.service.transport.matrix import EMPTY_PAGES_AT_MOST
+
+    homeserver = _AlwaysEmpty()
+    assert [page async for page in gap_pages(homeserver, _limited("p9"), "s0")] == []
+    assert homeserver.asked == EMPTY_PAGES_AT_MOST
+
+
 class _Refused(RoomMessagesPages):
     """``/messages`` refused for every room (``status``: its HTTP status)."""
 
