@@ -281,6 +281,7 @@ class _Logged:
         self.answered: dict[tuple[Any, Any, Any], set[Any]] = {}
         self._mentioned: set[tuple[Any, Any]] | None = None  # every (set, question) a leaf is about
         self._withdrawn_at: dict[tuple[Any, Any], int] = {}  # the latest withdrawal's leaf, per question
+        self._answers_at: dict[tuple[Any, Any], list[tuple[int, int]]] = {}  # (leaf, time) of each accepted answer
         self._by_index: dict[int, dict[str, Any]] | None = None
 
     def standing(self) -> dict[tuple[Any, Any], int]:
@@ -346,6 +347,7 @@ class _Logged:
                     self._accepted[leaf["event_id"]] = leaf
                     self.answered.setdefault((leaf.get("set"), _question_id(leaf), leaf.get("sender")),
                                              set()).add(leaf.get("answer_sha256"))
+                    self._answers_at.setdefault((leaf.get("set"), _question_id(leaf)), []).append((_index, _ts(leaf)))
                 elif leaf.get("outcome") in ("decided", "expired"):
                     self._outcomes[(leaf.get("set"), _question_id(leaf))] = (
                         leaf["outcome"], leaf.get("answer_sha256"), _index, _question_rev(leaf))
@@ -374,11 +376,19 @@ class _Logged:
             self._by_index = dict(self.parsed())
         return self._by_index.get(index) if isinstance(index, int) else None
 
-    def withdrawn_since(self, key: tuple[Any, Any], index: int) -> bool:
-        """A withdrawal of an answer to the question after leaf ``index`` (a
-        vote taken back that may have undone the decision logged there)."""
+    def undone_since(self, key: tuple[Any, Any], index: int) -> bool:
+        """Whether something logged after leaf ``index`` may have undone the
+        decision logged there: a vote taken back, or an answer the room
+        places before the decision, read late (a voter's change of mind
+        that came first: the votes never agreed)."""
         self.accepted()
-        return self._withdrawn_at.get(key, -1) > index
+        if self._withdrawn_at.get(key, -1) > index:
+            return True
+        # The decision's place in the room: its latest vote's time (the
+        # decision's own leaf has the time the bridge logged it).
+        answers = self._answers_at.get(key, ())
+        decided_at = max((ts for at, ts in answers if at < index), default=None)
+        return decided_at is not None and any(at > index and ts <= decided_at for at, ts in answers)
 
 
 def _question_id(leaf: dict[str, Any]) -> Any:
@@ -548,9 +558,9 @@ def _tally_problems(where: str, qid: str, record: dict[str, Any], doc: dict[str,
                 problems.append(f"{where}: {sender} decided it but voted {choice_of[sender]!r}, "
                                 f"not {record.get('choice')!r}")
     if state == "pending" and last == "decided" and rev == record.get("q_rev") \
-            and not logged.withdrawn_since((doc.get("set"), qid), at):
-        # Undecided again only when a vote was taken back after the decision
-        # (an undo), or for a revision after the one decided.
+            and not logged.undone_since((doc.get("set"), qid), at):
+        # Undecided again only when a vote was taken back after the decision,
+        # or one read late changed it (an undo), or for a revision after the one decided.
         problems.append(f"{where}: the record says pending, and the log's latest word on the question is its "
                         f"decision (leaf {at})")
     elif state == "expired" and last != "expired":

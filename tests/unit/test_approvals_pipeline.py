@@ -2343,3 +2343,18 @@ def test_a_question_withdrawn_just_before_its_deadline_reads_withdrawn_not_expir
     assert edits == (3 if fired else 1)
     asyncio.run(deadlines.pass_once())
     assert len(_edits_sent(hs)) == edits  # once
+
+
+def test_a_decision_undone_by_a_change_of_mind_read_late_is_accepted_by_verify(tmp_path):
+    """Carol voted main, then said "not sure"; Alice voted main after that.
+    Read in the order main, Alice's main, then Carol's "not sure" (late),
+    the decision logged between is undone, and the record is pending: what
+    the room says.  ``verify`` refused that record (pending while the log's
+    latest word was the decision), as if only a vote taken back could undo
+    one.  (Found by the approvals model, on a clean clone's run.)"""
+    room = room_with(tmp_path)
+    room.deliver([answer("$e0", CY, T0 + 1, "main"), answer("$e5", ANA, T0 + 6, "main")])
+    assert room.record()["decided_by"] == [CY, ANA]
+    room.deliver([answer("$e1", CY, T0 + 2, "unsure")])
+    assert room.record()["state"] == "pending"
+    assert room.verify() == []
