@@ -84,19 +84,18 @@ async def serve_asgi(app: AsgiApp, request: web.Request, extra: dict[str, Any] |
         if not body_done:
             try:
                 chunk = await anext(body, b"")
-            except BodyUnreadable as exc:
-                # The application is told the body ended; what it would send is dropped.
-                refused, body_done = exc, True
-                body_read()
-                finished.set()
-                return {"type": "http.disconnect"}
             except TooSlow as exc:
-                log.info("%s %s: %s", request.method, request.path, exc.message)
                 body_done = True
                 body_read()
                 finished.set()
-                if request.transport is not None:
-                    request.transport.close()
+                if isinstance(exc, BodyUnreadable):
+                    # The client still waits: the caller answers it; what the
+                    # application would send is dropped.
+                    refused = exc
+                else:
+                    log.info("%s %s: %s", request.method, request.path, exc.message)
+                    if request.transport is not None:
+                        request.transport.close()
                 return {"type": "http.disconnect"}
             if chunk:
                 return {"type": "http.request", "body": chunk, "more_body": True}

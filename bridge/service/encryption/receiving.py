@@ -202,8 +202,8 @@ class Receiving:
             if decrypted is not None:
                 if ORIGIN not in event:
                     sealed.add(event["event_id"])
-                if ORIGIN not in event and event["event_id"] not in self._waiting_logged:
-                    log.info("event %s decrypted after its keys arrived", event["event_id"])
+                    if event["event_id"] not in self._waiting_logged:
+                        log.info("event %s decrypted after its keys arrived", event["event_id"])
                 recovered.append(decrypted)
                 resolved.append(event["event_id"])
                 kept_since[event["event_id"]] = first_seen
@@ -308,7 +308,7 @@ class Receiving:
             self._sessions_asked[event_id] = sender
             self.client.olm.add_changed_users({sender})
             return True
-        return sender in self.client.users_for_key_query  # asked, and the query not answered yet
+        return False  # asked: it waits while the query is unanswered (``_devices_due``)
 
     def _devices_due(self, event_id: str, sender: str) -> bool:
         """The sender's devices are due to be read again (the homeserver told

@@ -389,9 +389,9 @@ class SyncLoop:
                                              await self.store.run(self.store.meta_with_prefix, LEFT_AT))
                     if response.gaps():
                         await self._fill_gaps(notices, response, since)
+                    invites = (self._invited(response), list(response.left))
                     await self._handle(response.events(leave_out=self.client.user_id), token=response.next_batch,
-                                       then=upcoming, left=self._out_and_back(response, since),
-                                       invites=(self._invited(response), list(response.left)))
+                                       then=upcoming, left=self._out_and_back(response, since), invites=invites)
                     if upcoming is not None:
                         ahead, upcoming = await upcoming.asked(), None
                     ahead = await self._wake_in_time(ahead)
@@ -399,7 +399,7 @@ class SyncLoop:
                         self.on_synced()
                     notices.homeserver_answered()
                     backoff = 0.5
-                    await self._answer_invites(response)
+                    await self._answer_invites(*invites)
                     if polling:
                         await sleep_or_stop(self.stop, POSTING_POLL, wake=self.posted)
                 except StopRequested:
@@ -554,10 +554,10 @@ class SyncLoop:
     def _invited(self, response: SyncBatch) -> dict[str, str | None]:
         return {room_id: _inviter(state, self.client.user_id) for room_id, state in response.invites.items()}
 
-    async def _answer_invites(self, response: SyncBatch) -> None:
+    async def _answer_invites(self, invited: dict[str, str | None], left: list[str]) -> None:
         # A room the bridge is out of now: its invite, if any, was withdrawn (or declined).
-        self.invites.ended(response.left)
-        for room_id, inviter in self._invited(response).items():
+        self.invites.ended(left)
+        for room_id, inviter in invited.items():
             await self.invites.answer(room_id, inviter)
 
     def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None,

@@ -29,7 +29,7 @@ from typing import Any
 
 from bridge.service.eventwait import set_within
 from bridge.service.transport.matrix import MatrixError
-from bridge.service.transport.rooms import RoomIds, configured_rooms, joined_now
+from bridge.service.transport.rooms import RoomIds, configured_rooms
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,12 @@ class Invites:
 
     async def _answer(self, room_id: str, inviter: str | None) -> bool:
         """Whether the bridge joined (else it declined, or was in already)."""
-        if room_id in await joined_now(self.pipeline.transport):
+        unlisted: Exception | None = None
+        try:
+            joined = await self._rooms_in()
+        except Exception as exc:  # noqa: BLE001 - a join needs no list (joining again changes nothing); a decline does
+            joined, unlisted = set(), exc
+        if room_id in joined:
             # An invite the homeserver sent again (appservice mode, after a
             # restart) into a room the bridge is in: declining would leave it.
             return False
@@ -226,8 +231,10 @@ class Invites:
         welcome = as_room or inviter in self.admins
         aliases = await self._aliases_naming(room_id) if may_invite(inviter, self.inviters) else []
         if not (welcome or aliases):
-            if await self._in_room_surely(room_id):
-                return False  # (the first look could not list the rooms: leaving would put the bridge out)
+            if unlisted is not None:
+                # The bridge may be in the room: a decline then put it out.
+                # Answered later, not declined blind.
+                raise unlisted
             await self.client.room_leave(room_id)
             log.info("declined an invite to %s from %s: not a configured room or not an answerer",
                      room_id, inviter)
@@ -253,13 +260,11 @@ class Invites:
         log.info("joined %s at the invite of %s", " ".join([*aliases, room_id]), inviter)
         return True
 
-    async def _in_room_surely(self, room_id: str) -> bool:
-        """Whether the bridge is in ``room_id``, asked again before an invite
-        is declined: ``joined_now`` says none when it can't list them, and a
-        decline then left a room the bridge was in.  Raises when it can't
-        be told, so the invite is answered later, not declined blind."""
+    async def _rooms_in(self) -> set[str]:
+        """The rooms the bridge is in now (none when the transport can't
+        list them); raises when the listing fails."""
         listed = getattr(self.pipeline.transport, "joined_rooms", None)
-        return listed is not None and room_id in await listed()
+        return await listed() if listed is not None else set()
 
     async def _aliases_naming(self, room_id: str) -> list[str]:
         """The configured aliases that name ``room_id`` now, asked of the room
