@@ -436,6 +436,22 @@ def follow_webhook_urls(store: Store, agents: Mapping[str, Agent]) -> list[tuple
     return changed
 
 
+def drop_unsigned(store: Store, agents: Mapping[str, Agent]) -> dict[str, int]:
+    """At start: the rows of every agent the config no longer lets sign (the
+    agent removed, or its webhook_secret) dropped in one statement; how many
+    each such agent had.  One by one, as each came due, a removed agent's
+    backlog of thousands cost as many transactions on the store's thread
+    (which answers wait for) and as many log lines."""
+    signing = tuple(name for name, agent in agents.items() if agent.webhook_secret)
+    kept = f" WHERE agent NOT IN ({', '.join('?' * len(signing))})" if signing else ""
+    with store.transaction(flush=False):  # lost, they are dropped at the next start (or as they come due)
+        rows = store.db.execute(f"DELETE FROM webhook_outbox{kept} RETURNING agent", signing).fetchall()
+    dropped: dict[str, int] = {}
+    for (agent,) in rows:
+        dropped[agent] = dropped.get(agent, 0) + 1
+    return dropped
+
+
 def retry_at(store: Store, row_id: int, attempts: int, next_at_ms: int) -> None:
     with store.transaction(flush=False):  # a lost retry time only means trying again sooner
         store.db.execute("UPDATE webhook_outbox SET attempts=?, next_at=? WHERE id=?", (attempts, next_at_ms, row_id))

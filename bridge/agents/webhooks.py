@@ -35,8 +35,8 @@ from prometheus_client import Counter
 from bridge.agents.callbacks import connector, refused_reason
 from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit, doubling
 from bridge.agents.lookups import on_behalf_of
-from bridge.agents.outbox import (Delivery, Lane, defer_lane, delivered, due_by_url, due_lanes, due_now, expired,
-                                  follow_webhook_urls, hold_lane, lane_holds, next_due, retried_lanes, retry_at)
+from bridge.agents.outbox import (Delivery, Lane, defer_lane, delivered, drop_unsigned, due_by_url, due_lanes,
+                                  due_now, expired, follow_webhook_urls, hold_lane, lane_holds, next_due, retried_lanes, retry_at)
 from bridge.protocol.retryafter import retry_after_seconds
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
@@ -138,6 +138,15 @@ class Deliverer:
                                "Webhooks given up on after agent_api.webhook_drop_after.", registry=r)
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            unsigned = await self.store.run(drop_unsigned, self.store, self.agents)
+        except Exception:  # noqa: BLE001 - they are dropped as they come due instead
+            log.warning("the webhooks waiting for agents no longer configured could not be dropped now", exc_info=True)
+            unsigned = {}
+        for agent, rows in unsigned.items():
+            self.dropped.inc(rows)
+            log.warning("%d webhook(s) of agent %s dropped: the agent, or its webhook_secret, is no longer in the "
+                        "config", rows, agent)
         try:
             changes = await self.store.run(follow_webhook_urls, self.store, self.agents)
         except Exception:  # noqa: BLE001 - the store failing now: followed at the next start

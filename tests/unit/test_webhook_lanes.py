@@ -760,6 +760,41 @@ def test_a_dead_receivers_backlog_past_drop_after_is_dropped_at_once_and_said_on
     store.close()
 
 
+@pytest.mark.parametrize("removed", ["the agent", "its webhook_secret"])
+async def test_a_removed_agents_webhook_backlog_is_dropped_at_once_and_said_once(tmp_path: Path, caplog, removed,
+                                                                                 store_backend: str) -> None:
+    """The operator removed an agent with 3,000 webhooks waiting and
+    restarted: each was dropped as it came due, in a transaction of its own
+    on the store's thread the answers wait for, with a log line each."""
+    store = Store(tmp_path / "store.sqlite")
+    now_ms = int(store.clock.seconds() * 1000)
+    with store.transaction():
+        for n in range(3000):
+            store.db.execute("INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts) "
+                             "VALUES (?, 'planner', 'http://127.0.0.1:9/hook', '{}', ?, ?, 0)",
+                             (f"answer.accepted:${n}", now_ms, now_ms))
+        # Another agent's, not due for an hour: they stay.
+        for n in range(2):
+            store.db.execute("INSERT INTO webhook_outbox (key, agent, url, body, created_at, next_at, attempts) "
+                             "VALUES (?, 'other', 'http://127.0.0.1:9/other', '{}', ?, ?, 0)",
+                             (f"answer.accepted:$other{n}", now_ms, now_ms + 3_600_000))
+    agents = {"other": AGENTS["other"]}
+    if removed == "its webhook_secret":
+        agents["planner"] = Agent(token="token-of-planner-0123456789")
+    caplog.set_level(logging.INFO, logger="bridge.agents.webhooks")
+    try:
+        async with delivering(store, agents) as deliverer:
+            await until(lambda: pending(store) == 2, what="the removed agent's webhooks dropped")
+        said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert said == ["3000 webhook(s) of agent planner dropped: the agent, or its webhook_secret, is no longer "
+                        "in the config"], said[:5]
+        assert deliverer.dropped._value.get() == 3000
+        assert sorted(k for (k,) in store.db.execute("SELECT key FROM webhook_outbox")) == \
+            ["answer.accepted:$other0", "answer.accepted:$other1"]
+    finally:
+        store.close()
+
+
 async def test_a_dead_receivers_backlog_is_put_off_while_its_circuit_is_open(tmp_path: Path) -> None:
     """Its circuit open, a receiver's 2,000 rows stayed due: every pass of the
     deliverer (one after each delivery, anyone's) read them all again to leave
