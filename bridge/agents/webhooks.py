@@ -26,8 +26,9 @@ import hashlib
 import hmac
 import logging
 import random
+import string
 from collections.abc import Callable, Mapping
-from urllib.parse import urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import aiohttp
 from prometheus_client import Counter
@@ -37,6 +38,7 @@ from bridge.agents.circuit import MAX_OPEN, PER_URL, Circuit, doubling
 from bridge.agents.lookups import on_behalf_of
 from bridge.agents.outbox import (Delivery, Lane, defer_lane, delivered, drop_unsigned, due_by_url, due_lanes,
                                   due_now, expired, follow_webhook_urls, hold_lane, lane_holds, next_due, retried_lanes, retry_at)
+from bridge.protocol.graphemes import shorten
 from bridge.protocol.retryafter import retry_after_seconds
 from bridge.service.config import Agent
 from bridge.service.operators.metrics import Metrics
@@ -108,6 +110,31 @@ def host_of(url: str) -> str:
     if ":" in host:
         host = f"[{host}]"
     return (f"{host}:{port}" if port is not None else host) or "?"
+
+
+# A receiver's answers that point elsewhere.  Never followed (the URL is the
+# one the operator or the agent named; docs/agents.md): the log says where
+# each points, so the operator can name that URL instead.
+REDIRECTS = (301, 302, 303, 307, 308)
+# How much of where a redirect points is logged: the receiver writes it.
+SHOWN_LOCATION = 120
+
+
+def redirect_target(url: str, location: str | None) -> str:
+    """Where a redirect from ``url`` points, for the log (pure): its
+    ``Location`` read against ``url``, without what may be a secret there (a
+    user and password, the query, shown as "?…", the fragment), anything
+    unprintable percent-encoded (a line of the receiver's own is never
+    written into the log), cut to ``SHOWN_LOCATION`` characters."""
+    if not location or not location.strip():
+        return "nowhere (no Location)"
+    try:
+        target = urlsplit(urljoin(url, location.strip()))
+        host = host_of(target.geturl())
+    except ValueError:  # "http://[::1" and the like
+        return "an unreadable Location"
+    shown = quote(f"{target.scheme}://{host}{target.path}", safe=string.punctuation)
+    return shorten(shown, SHOWN_LOCATION) + ("?…" if target.query else "")
 
 
 class Deliverer:
@@ -399,6 +426,8 @@ class Deliverer:
                         return True, 0.0
                     await _drain(response)  # never raises: the status already says what the URL did
                     problem = f"HTTP {response.status}"
+                    if response.status in REDIRECTS:
+                        problem += f" to {redirect_target(row.url, response.headers.get('Location'))}, not followed"
                     asked = asked_to_wait(response.status, response.headers.get("Retry-After"), now)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
             # ValueError: a host no name can be made of ("label too long"), queued before it was refused at ask.

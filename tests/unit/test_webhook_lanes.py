@@ -656,6 +656,54 @@ async def test_a_queued_callback_whose_host_no_name_can_be_fails_as_any_delivery
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
 
 
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_receiver_that_redirects_is_logged_with_where_it_points_and_not_followed(tmp_path: Path, caplog,
+                                                                                         status) -> None:
+    """A receiver moved (http to https, a new path) answered a redirect: the
+    log said "not taken (HTTP 308)" and nothing more, and the operator could
+    not tell what webhook_url to name instead."""
+    moved: list[str] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        return web.Response(status=status, headers={
+            "Location": f"http://someone:pa55word@127.0.0.1:{request.url.port}/moved/hook?token=s3cret#part"})
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        moved.append(request.method)
+        return web.Response(status=200)
+
+    caplog.set_level(logging.WARNING, logger="bridge.agents.webhooks")
+    store = Store(tmp_path / "store.sqlite")
+    async with served([web.post("/hook", redirect), web.route("*", "/moved/hook", elsewhere)]) as port:
+        deliverer = queued_to(tmp_path, store, f"http://127.0.0.1:{port}/hook", 1)
+        try:
+            async with running(deliverer):
+                await until(lambda: store.db.execute("SELECT attempts FROM webhook_outbox").fetchone()[0] >= 1,
+                            what="the redirected try recorded")
+        finally:
+            store.close()
+    (said,) = [r.getMessage() for r in caplog.records if "not taken" in r.getMessage()]
+    assert f"(HTTP {status} to http://127.0.0.1:{port}/moved/hook?…, not followed)" in said, said
+    assert "pa55word" not in said and "someone" not in said and "s3cret" not in said and "part" not in said
+    assert moved == []  # the policy stays: a redirect is never followed
+
+
+def test_where_a_redirect_points_is_said_without_secrets_control_characters_or_length() -> None:
+    from bridge.agents.webhooks import SHOWN_LOCATION, redirect_target
+
+    base = "https://old.example/hook?sig=abc"
+    assert redirect_target(base, "https://u:p@new.example:8443/in/hook?token=x#f") == \
+        "https://new.example:8443/in/hook?…"
+    assert redirect_target(base, "/hook/") == "https://old.example/hook/"  # relative: read against the URL
+    # No line of the receiver's own in the log (urlsplit drops CR, LF and tabs; the rest is encoded).
+    assert redirect_target(base, "https://new.example/a\r\nforged line\x1b[31m") == \
+        "https://new.example/aforged%20line%1B[31m"
+    assert redirect_target(base, None) == redirect_target(base, " ") == "nowhere (no Location)"
+    assert redirect_target(base, "http://[::1") == "an unreadable Location"
+    long = redirect_target(base, "https://new.example/" + "a" * 500)
+    assert len(long) == SHOWN_LOCATION and long.endswith("…")
+
+
 def planner_at(webhook_url: str | None) -> dict[str, Agent]:
     """The agents' config with the planner's webhook_url at ``webhook_url``."""
     return {"planner": Agent(token="token-of-planner-0123456789", webhook_secret=SECRETS["planner"],
