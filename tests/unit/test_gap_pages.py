@@ -88,7 +88,7 @@ class _AlwaysEmpty(RoomMessagesPages):
 
 
 async def test_a_homeserver_answering_empty_pages_for_ever_holds_no_read_for_ever():
-    from bridge.service.transport.matrix import EMPTY_PAGES_AT_MOST
+    from bridge.protocol.paging import EMPTY_PAGES_AT_MOST
 
     homeserver = _AlwaysEmpty()
     assert [page async for page in gap_pages(homeserver, _limited("p9"), "s0")] == []

@@ -11,13 +11,15 @@ homeserver hands back is never trusted as such.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
+from bridge.protocol.paging import Page, page_of, pages
 from bridge.protocol.roomnotes import RoomNote
 from bridge.service.auditing.checkpoints import STATE_TYPE
 
@@ -43,21 +45,43 @@ async def read_room_checkpoints(config: Any, on_cut: Callable[[str, int], None] 
         rooms = (await _get(http, f"{base}/joined_rooms", extra)).get("joined_rooms", [])
         flt = json.dumps({"types": [STATE_TYPE], "lazy_load_members": True})
         for room in rooms:
-            token_from: str | None = None
-            read = len(notes)
-            for _page in range(PAGES_PER_ROOM):
+            url = f"{base}/rooms/{quote(room, safe='')}/messages"
+
+            async def page_from(start: str | None, url: str = url) -> dict[str, Any]:
                 params = {"dir": "b", "limit": "100", "filter": flt, **extra}
-                if token_from:
-                    params["from"] = token_from
-                page = await _get(http, f"{base}/rooms/{quote(room, safe='')}/messages", params)
-                notes += _checkpoint_events(room, page.get("chunk", []))
-                token_from = page.get("end")
-                if not page.get("chunk") or not token_from:
-                    break
-            else:
-                if on_cut is not None:
-                    on_cut(room, len(notes) - read)
+                if start:
+                    params["from"] = start
+                return await _get(http, url, params)
+
+            found, whole = await room_checkpoints(room, page_from)
+            notes += found
+            if not whole and on_cut is not None:
+                on_cut(room, len(found))
     return user, notes
+
+
+async def room_checkpoints(room: str, page_from: Callable[[str | None], Awaitable[dict[str, Any]]]
+                           ) -> tuple[list[RoomNote], bool]:
+    """``room``'s checkpoint events, newest first, read back from
+    ``page_from(token)`` (a ``/messages`` body) by ``paging``'s rule: past
+    empty pages (the filter leaves out all but checkpoints, and history
+    visibility hides what was said while the bridge was out of the room),
+    which once ended the read with checkpoints further back unread.  And
+    whether the room's whole history was read."""
+    found: list[RoomNote] = []
+    gave_up: list[int] = []
+
+    async def fetch(start: str | None) -> Page:
+        return page_of(await page_from(start))
+
+    read = 0
+    async with contextlib.aclosing(pages(fetch, None, gave_up.append)) as each:
+        async for page in each:
+            found += _checkpoint_events(room, page.chunk)
+            read += 1
+            if read >= PAGES_PER_ROOM:
+                return found, not page.end
+    return found, not gave_up
 
 
 def _checkpoint_events(room: str, chunk: list[Any]) -> list[RoomNote]:

@@ -25,6 +25,7 @@ from nio import (Api, AsyncClient, AsyncClientConfig, JoinedMembersResponse, Joi
                  RoomRedactResponse, RoomSendResponse, UploadResponse)
 from nio.responses import Response
 
+from bridge.protocol import paging
 from bridge.protocol.retryafter import retry_after_seconds
 from bridge.service.supervisor import Fatal
 from bridge.service.transport.mediasession import MediaSession
@@ -287,39 +288,20 @@ async def timeline_page(client: AsyncClient, room_id: str, start: str | None, en
     return page
 
 
-# Pages in a row with no event read on before a read gives up (logged): an
-# empty page with an ``end`` means "go on" (every event of it hidden from the
-# bridge, as a room's history is to a member from before it joined), but a
-# server that kept answering so must not hold a read for ever.
-EMPTY_PAGES_AT_MOST = 20
-
-
-async def timeline_pages(client: AsyncClient, room_id: str, start: str | None, end: str | None,
-                         stop: asyncio.Event | None, limit: int = 500,
-                         direction: MessageDirection = MessageDirection.back) -> AsyncIterator[TimelinePage]:
+def timeline_pages(client: AsyncClient, room_id: str, start: str | None, end: str | None,
+                   stop: asyncio.Event | None, limit: int = 500,
+                   direction: MessageDirection = MessageDirection.back) -> AsyncIterator[TimelinePage]:
     """The pages of ``timeline_page`` from ``start`` to ``end`` (back, or
-    forward and oldest first), until the homeserver gives no ``end`` (or
-    the one it was asked from).  StopRequested before the next page once
-    ``stop`` is set: a long read must not hold up SIGTERM.
-
-    A page may be empty and still not the last (the spec, and Synapse: its
-    events were all hidden from the bridge, a room whose history members
-    see only from their join): a read that stopped there left what came
-    after unread, and a look read forward from the same point every time."""
-    empty = 0
-    while True:
+    forward and oldest first), read on past empty pages by ``paging``'s rule.
+    StopRequested before the next page once ``stop`` is set: a long read
+    must not hold up SIGTERM."""
+    async def fetch(since: str | None) -> TimelinePage:
         if stop is not None and stop.is_set():
             raise StopRequested()
-        page = await timeline_page(client, room_id, start, end, limit, direction)
-        yield page
-        if not page.end or page.end == start:
-            return
-        empty = 0 if page.chunk else empty + 1
-        if empty >= EMPTY_PAGES_AT_MOST:
-            log.warning("the timeline of %s gave %d empty pages in a row; read no further this time", room_id,
-                        empty)
-            return
-        start = page.end
+        return await timeline_page(client, room_id, since, end, limit, direction)
+
+    return paging.pages(fetch, start, lambda empty: log.warning(
+        "the timeline of %s gave %d empty pages in a row; read no further this time", room_id, empty))
 
 
 async def read_ahead(pages: AsyncIterator[Any]) -> AsyncIterator[Any]:
