@@ -11,9 +11,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from nio import SyncResponse
 
 from bridge.service.storage.store import Store
 from bridge.service.transport import invites as invites_module
+from bridge.service.transport.bot import SYNC_TOKEN, prime_sync_token
 from bridge.service.transport.invites import INVITED, Invites, keep_invites, kept_invites, membership_news
 from bridge.service.transport.matrix import HttpReply, MatrixError
 from helpers.waiting import until
@@ -149,4 +151,29 @@ async def test_an_invite_into_a_room_the_bridge_is_in_is_not_declined_when_the_r
     await answering.answer(ROOM, "@stranger:example.org")
     await asyncio.sleep(0.1)
     assert left == []
+    await answering.close()
+
+
+class _FirstStart:
+    """A homeserver whose first sync (no token yet) shows an invite alice sent before the bridge ever ran."""
+
+    user_id = BOT
+
+    async def sync(self, timeout: int, sync_filter: Any) -> Any:
+        return SyncResponse.from_dict({"next_batch": "s1", "rooms": {"invite": {ROOM: {"invite_state": {"events": [
+            {"type": "m.room.create", "state_key": "", "sender": ALICE, "content": {}},
+            {"type": "m.room.member", "state_key": BOT, "sender": ALICE, "content": {"membership": "invite"}}]}}}}})
+
+
+async def test_an_invite_sent_before_the_first_start_is_answered_by_it(store):
+    """The usual order (invite the bot, then start it): the first sync's
+    invites were passed over and only its token kept; no sync after it
+    shows them again, so the bridge never joined."""
+    await prime_sync_token(_FirstStart(), store)
+    assert store.get_meta(SYNC_TOKEN) == "s1"
+    assert kept_invites(store) == {ROOM: ALICE}
+    transport = Transport()
+    answering = invites(store, transport)
+    await answering.resume()
+    await until(lambda: ROOM in transport.rooms and not store.meta_with_prefix(INVITED), timeout=5, what="joined")
     await answering.close()

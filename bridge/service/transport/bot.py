@@ -231,7 +231,13 @@ def _whoami_refused(url: str, whoami: Any) -> str:
 async def prime_sync_token(client: AsyncClient, store: Store) -> None:
     """A new bridge takes its first sync token before it posts anything, so
     every answer to its questions comes after the token and is caught up on
-    (history older than the bridge is not its business)."""
+    (history older than the bridge is not its business).
+
+    The invites that first sync shows are kept with its token, and answered
+    as any invite kept unanswered is (``Invites.resume``): the homeserver
+    shows an invite older than the token in no sync after it, so an operator
+    who invited the bot before its first start (an admin's direct message,
+    a room it is to be asked into) saw it never join."""
     if store.get_meta(SYNC_TOKEN) is not None:
         return
     minimal = {"room": {"timeline": {"limit": 1}}, "presence": {"not_types": ["*"]}}
@@ -243,6 +249,13 @@ async def prime_sync_token(client: AsyncClient, store: Store) -> None:
         await asyncio.sleep(1)
     with store.transaction():
         store.set_meta(SYNC_TOKEN, response.next_batch)
+        keep_invites(store, first_invites(response, client.user_id), ())
+
+
+def first_invites(response: SyncResponse, user_id: str) -> dict[str, str | None]:
+    """Room id -> inviter of the invites in a sync nio read (the start's first)."""
+    return {room_id: _inviter([getattr(event, "source", {}) for event in info.invite_state], user_id)
+            for room_id, info in response.rooms.invite.items()}
 
 
 async def gap_pages(client: AsyncClient, response: SyncBatch, since: str | None,
