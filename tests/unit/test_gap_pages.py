@@ -42,7 +42,7 @@ def _limited(prev_batch: str) -> SyncBatch:
 async def test_the_gap_comes_oldest_first_and_each_page_is_judged_while_the_next_is_read():
     log: list[str] = []
     async for page in read_ahead(gap_pages(_History(3, log), _limited("p9"), "s0")):
-        log.append("judge " + " ".join(event["event_id"] for event in page))
+        log.append("judge " + " ".join(event["event_id"] for event in page.events))
     assert log == ["ask s0 f", "ask t1 f", "judge $e0.0 $e0.1", "ask t2 f", "judge $e1.0 $e1.1",
                    "ask t3 f", "judge $e2.0 $e2.1"]
 
@@ -71,7 +71,7 @@ class _HiddenFirst(_History):
 async def test_a_gap_is_read_on_past_a_page_hidden_from_the_bridge():
     log: list[str] = []
     pages = [page async for page in gap_pages(_HiddenFirst(3, log), _limited("p9"), "s0")]
-    assert [event["event_id"] for page in pages for event in page] == ["$e1.0", "$e1.1", "$e2.0", "$e2.1"]
+    assert [event["event_id"] for page in pages for event in page.events] == ["$e1.0", "$e1.1", "$e2.0", "$e2.1"]
 
 
 class _AlwaysEmpty(RoomMessagesPages):
@@ -118,7 +118,7 @@ async def test_a_room_left_has_its_gap_read_up_to_where_its_timeline_starts():
     # timeline of chatter, was never read.)
     log: list[str] = []
     pages = [page async for page in gap_pages(_History(2, log), _left("p9"), "s0")]
-    assert [event["event_id"] for page in pages for event in page] == ["$e0.0", "$e0.1", "$e1.0", "$e1.1"]
+    assert [event["event_id"] for page in pages for event in page.events] == ["$e0.0", "$e0.1", "$e1.0", "$e1.1"]
 
 
 async def test_a_room_left_whose_gap_the_homeserver_refuses_is_passed_over_and_a_joined_ones_is_not():

@@ -25,6 +25,8 @@ from bridge.service.encryption.crypto import Crypto, available, crypto_dir
 from bridge.service.encryption.devicenews import hand_to_nio
 from bridge.service.encryption.keysmade import keys_lost, keys_made
 from bridge.service.answering.notices import Notices
+from bridge.service.transport.gapread import (GAP_AT, GapPage, GapsRead, forget_gaps_read, gaps_read, keep_gap_read,
+                                              went_on_from)
 from bridge.service.transport.invites import Invites, keep_invites
 from bridge.service.transport.matrix import (MatrixError, StopRequested, TokenRefused, client_config, http_status,
                                              read_ahead, timeline_pages, token_refused)
@@ -259,23 +261,29 @@ def first_invites(response: SyncResponse, user_id: str) -> dict[str, str | None]
 
 
 async def gap_pages(client: AsyncClient, response: SyncBatch, since: str | None,
-                    stop: asyncio.Event | None = None,
-                    left_at: dict[str, str] | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+                    stop: asyncio.Event | None = None, left_at: dict[str, str] | None = None,
+                    read: GapsRead | None = None) -> AsyncIterator[GapPage]:
     """The events a limited sync skipped, a page at a time and oldest first:
     each room's timeline read forward from ``since`` (``left_at``'s for a room
-    the bridge is back in) to where the sync's own timeline starts, so each
-    page can be judged as it comes, in timeline order."""
+    the bridge is back in), or from where ``read`` says a read from there got
+    to, up to where the sync's own timeline starts, so each page can be
+    judged as it comes, in timeline order."""
     if since is None:
         return  # the first sync of a new bridge has no past to catch up on
     for room_id, prev_batch in response.gaps().items():
         count = 0
-        start = (left_at or {}).get(room_id, since)
+        origin = (left_at or {}).get(room_id, since)
+        start = went_on_from(read, room_id, origin)
+        if start != origin:
+            log.info("reading the gap of %s on from where the last read of it got to", room_id)
         try:
             async for page in timeline_pages(client, room_id, start, prev_batch, stop, GAP_PAGE,
                                              MessageDirection.front):
                 count += len(page.chunk)
                 if page.chunk:
-                    yield page.chunk
+                    # The last page names no end: the read got to the sync's
+                    # timeline, which the batch itself brings.
+                    yield GapPage(page.chunk, room_id, origin, page.end or prev_batch)
         except MatrixError as exc:
             if not (exc.permanent and room_id in response.left):
                 raise  # the batch is tried again from the durable token
@@ -334,6 +342,7 @@ class SyncLoop:
         self._wanted_sooner = True
         self._token_stored_at = 0.0  # time.monotonic() when a batch's commit last stored a sync token
         self._left_at: dict[str, str] | None = None  # room id -> ``LEFT_AT``'s token (read once, kept up)
+        self._gaps_read: GapsRead = {}  # ``GAP_AT``'s marks (read with ``_left_at``, kept up)
 
     async def run(self) -> None:
         notices = Notices(self.pipeline, self.stop)
@@ -398,6 +407,7 @@ class SyncLoop:
                     if not polling:
                         upcoming = NextPoll(functools.partial(self._ask_ahead, response.next_batch))
                     if self._left_at is None:
+                        self._gaps_read = gaps_read(await self.store.run(self.store.meta_with_prefix, GAP_AT))
                         self._left_at = dict((key[len(LEFT_AT):], value) for key, value in
                                              await self.store.run(self.store.meta_with_prefix, LEFT_AT))
                     if response.gaps():
@@ -436,15 +446,17 @@ class SyncLoop:
 
     async def _fill_gaps(self, notices: Notices, response: SyncBatch, since: str | None) -> None:
         """A long outage's gap first, page by page (read ahead while judged);
-        the token moves only with the sync's own events.  (Only when a
+        the token moves only with the sync's own events, and each page's
+        commit keeps how far the read got (``gapread``).  (Only when a
         timeline was cut short: reading ahead costs the answers in the
         sync's own a turn of the event loop.)"""
         notices.reading_gap = True
         try:
-            async for page in read_ahead(gap_pages(self.client, response, since, self.stop, self._left_at)):
+            async for page in read_ahead(gap_pages(self.client, response, since, self.stop, self._left_at,
+                                                   self._gaps_read)):
                 if self.crypto is not None:
-                    self.crypto.note_events(page)
-                await self._handle(page)
+                    self.crypto.note_events(page.events)
+                await self._handle(page.events, gap=page)
         finally:
             notices.reading_gap = False
 
@@ -513,12 +525,15 @@ class SyncLoop:
     async def _handle(self, events: list[dict[str, Any]], token: str | None = None,
                       then: NextPoll | None = None,
                       left: tuple[dict[str, str], list[str]] | None = None,
-                      invites: tuple[dict[str, str | None], list[str]] | None = None) -> None:
+                      invites: tuple[dict[str, str | None], list[str]] | None = None,
+                      gap: GapPage | None = None) -> None:
         """Judge ``events`` and make them durable; with ``token``, the sync
-        token moves to it in the same commit, and ``then`` is asked for while
-        that commit is made; ``left``: ``_out_and_back``'s, and ``invites``
-        (the batch's invites, room id -> inviter; the rooms the bridge is
-        out of, whose invites ended), kept in that commit."""
+        token moves to it in the same commit (the gaps read forgotten), and
+        ``then`` is asked for while that commit is made; ``left``:
+        ``_out_and_back``'s, and ``invites`` (the batch's invites, room id ->
+        inviter; the rooms the bridge is out of, whose invites ended), kept
+        in that commit; ``gap``: the page of a gap ``events`` are, whose
+        end is kept with them."""
         resolved: list[str] = []
         if self.crypto is not None:
             if self.crypto.waits_for_chores(events):
@@ -538,12 +553,19 @@ class SyncLoop:
         # Files people sent are fetched first: judging runs in one store
         # transaction and does no network I/O.
         events = await self.pipeline.prepare(events)
+        # The marks this commit forgets (a list: ``_gaps_read`` is changed on
+        # the event loop only, never while the store's thread reads it).
+        passed = list(self._gaps_read) if token is not None else []
         # On the store's thread, the event loop serving /health and the agents
         # meanwhile; runs to completion even when a stop is asked for mid-batch.
         await self.store.run(self.pipeline.process, events,
-                             commit=lambda: self._commit(token, resolved, then, left, invites))
+                             commit=lambda: self._commit(token, resolved, then, left, invites, gap, passed))
         if token is not None:
             self._token_stored_at = time.monotonic()  # its COMMIT made: the token is in the store
+        for room in passed:
+            self._gaps_read.pop(room, None)
+        if gap is not None:
+            self._gaps_read[gap.room_id] = (gap.origin, gap.at)
         if left is not None and self._left_at is not None:
             self._left_at.update(left[0])
             for room in left[1]:
@@ -575,9 +597,14 @@ class SyncLoop:
 
     def _commit(self, token: str | None, resolved: list[str], then: NextPoll | None,
                 left: tuple[dict[str, str], list[str]] | None = None,
-                invites: tuple[dict[str, str | None], list[str]] | None = None) -> None:
+                invites: tuple[dict[str, str | None], list[str]] | None = None, gap: GapPage | None = None,
+                passed: list[str] | None = None) -> None:
         if token is not None:
             self.store.set_meta(SYNC_TOKEN, token)
+        if passed:
+            forget_gaps_read(self.store, passed)
+        if gap is not None:
+            keep_gap_read(self.store, gap)
         if invites and (invites[0] or invites[1]):
             # The homeserver sends an invite in one sync only: kept until
             # answered, as the token moves past it (``Invites``).
