@@ -5,12 +5,14 @@ gets one reply, to the answer that stands, saying it replaces four."""
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 import time
 
 import pytest
 
 from helpers.attack import text_set
-from helpers.harness import answer_content
+from helpers.harness import answer_content, hooked
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +50,12 @@ async def test_five_answers_during_downtime_get_one_reply_for_the_last(bridge):
     assert "replaces" not in (await alice.notices_for(room, other))[0]["content"]["body"]
 
 
+async def chatter(person, room: str, count: int, tag: str) -> None:
+    for start in range(0, count, 25):  # their order among themselves does not matter
+        await asyncio.gather(*(person.send(room, {"msgtype": "m.text", "body": f"{tag} {n}"})
+                               for n in range(start, min(count, start + 25))))
+
+
 async def test_a_gap_of_several_pages_is_judged_in_timeline_order_and_told_once(bridge):
     """A downtime longer than one sync's timeline: the gap is read and
     judged a page at a time, and still the answer that stands is the last
@@ -59,17 +67,11 @@ async def test_a_gap_of_several_pages_is_judged_in_timeline_order_and_told_once(
     questions = await bridge.wait_questions(bridge.alice, 1)
     assert bridge.stop() == 0
     alice, room = bridge.alice, bridge.room_id
-
-    async def chatter(count: int, tag: str) -> None:
-        for start in range(0, count, 25):  # their order among themselves does not matter
-            await asyncio.gather(*(alice.send(room, {"msgtype": "m.text", "body": f"{tag} {n}"})
-                                   for n in range(start, min(count, start + 25))))
-
     sent = []
     for n in range(3):  # one answer on each of the first pages of the gap
         sent.append(await alice.send(room, answer_content(questions[("q0", 1)], text=f"page {n}")))
-        await chatter(GAP_PAGE, f"chatter {n}")
-    await chatter(SYNC_FILTER["room"]["timeline"]["limit"], "after")
+        await chatter(alice, room, GAP_PAGE, f"chatter {n}")
+    await chatter(alice, room, SYNC_FILTER["room"]["timeline"]["limit"], "after")
     bridge.start()
     record = await bridge.wait_answer("pages", "q0", rev=3, timeout=60)
     assert record["text"] == "page 2" and record["source"]["event_id"] == sent[-1]
@@ -77,3 +79,57 @@ async def test_a_gap_of_several_pages_is_judged_in_timeline_order_and_told_once(
     assert reply["content"]["m.relates_to"]["m.in_reply_to"]["event_id"] == sent[-1]
     assert "replaces 2 earlier answers" in reply["content"]["body"]
     assert "filled a gap of" in bridge.log_text()
+
+
+# The bridge killed once the gap's first page is judged and durable, before
+# it judges the next.
+KILL_AFTER_A_GAP_PAGE = '''
+import os, signal
+from bridge.service.transport import bot
+
+_read_ahead = bot.read_ahead
+
+async def read_ahead(pages):
+    handed = 0
+    async for page in _read_ahead(pages):
+        if handed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        handed += 1
+        yield page
+
+bot.read_ahead = read_ahead
+'''
+
+
+async def test_a_gap_read_killed_half_way_goes_on_from_there_and_each_answer_is_told_once(bridge, tmp_path):
+    """The start after a kill mid-gap reads on from the last page made
+    durable (it read the whole gap again from the sync token, at every
+    start), and every answer of the gap counts and is acknowledged once."""
+    from bridge.service.transport.bot import GAP_PAGE, SYNC_FILTER
+
+    bridge.add_set(text_set("pages", 2))
+    bridge.start()
+    questions = await bridge.wait_questions(bridge.alice, 2)
+    assert bridge.stop() == 0
+    alice, room = bridge.alice, bridge.room_id
+    # (The stopped bridge's last long poll may be answered from Synapse's
+    # cache with the first new event: a message goes first.)
+    await alice.send(room, {"msgtype": "m.text", "body": "back soon"})
+    first = await alice.send(room, answer_content(questions[("q0", 1)], text="on the first page"))
+    await chatter(alice, room, GAP_PAGE, "chatter")
+    second = await alice.send(room, answer_content(questions[("q1", 1)], text="on the second page"))
+    await chatter(alice, room, SYNC_FILTER["room"]["timeline"]["limit"], "after")
+    bridge.env = hooked(tmp_path / "hook", KILL_AFTER_A_GAP_PAGE)
+    bridge.start()
+    await asyncio.to_thread(bridge.process.wait, 60)
+    assert bridge.process.returncode == -signal.SIGKILL, bridge.log_text()[-3000:]
+    assert (await bridge.wait_answer("pages", "q0", timeout=5))["text"] == "on the first page"
+    bridge.env = {}
+    bridge.start()
+    assert (await bridge.wait_answer("pages", "q1", timeout=60))["text"] == "on the second page"
+    assert (await bridge.wait_answer("pages", "q0", timeout=5))["source"]["event_id"] == first
+    this_start = bridge.log_text().rsplit("--- start", 1)[1]
+    filled = [int(count) for count in re.findall(r"filled a gap of (\d+) events", this_start)]
+    assert filled and filled[0] < GAP_PAGE, this_start[-3000:]  # the second page only, not the whole gap again
+    for answer in (first, second):
+        await the_only_reply(alice, room, [answer])
