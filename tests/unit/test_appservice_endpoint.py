@@ -4,7 +4,10 @@ pipeline's guard against one event that cannot be processed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -352,3 +355,59 @@ async def test_encryption_parts_that_fail_hold_up_no_room_events(served, monkeyp
     assert response.status == 200, await response.text()
     assert [[e["event_id"] for e in batch] for batch in stand_in.batches] == [["$e9"]]
     assert any("does not send them again" in r.getMessage() for r in caplog.records)
+
+
+# -- the homeserver's pooled connections -------------------------------------------
+
+async def _idle_close_after(port: int) -> float:
+    """Seconds the listener keeps a connection idle after answering on it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: bridge\r\n\r\n")
+        await reader.readuntil(b"\r\n\r\n")
+        answered = time.monotonic()
+        while await asyncio.wait_for(reader.read(4096), 30):  # the rest of the answer, then the close
+            answered = time.monotonic()
+        return time.monotonic() - answered
+    finally:
+        writer.close()
+
+
+@pytest.mark.sqlite_only
+async def test_synapses_next_transaction_never_meets_a_connection_the_bridge_is_closing(tmp_path, monkeypatch):
+    """The bridge closed an idle connection after 75 s, Synapse's pool keeps
+    one 2 min: a transaction Synapse put on it as the close came (its
+    reactor busy a moment) failed, Synapse does not send a PUT again on a
+    new connection, and its recoverer resent it seconds later.  Now the
+    homeserver's pool always closes first.  Twisted's pool as Synapse sets it
+    up, every idle figure a hundredth of production's; the push lands just
+    after the moment the bridge closes an idle connection."""
+    from bridge.devserver import free_port
+    from bridge.service.operators import health
+
+    scale = 0.01
+    synapse_pool = 120 * scale  # synapse/http/client.py: pool.cachedConnectionTimeout = 2 * 60
+    monkeypatch.setattr(health, "IDLE_SECONDS", health.IDLE_SECONDS * scale)  # every listener's, and was this one's
+    # The figure the transaction listener's own limit is worked out from
+    # (raising=False: the bridge before it had none, and is tried the same way).
+    monkeypatch.setattr(appservice, "HOMESERVER_KEEPS_IDLE", synapse_pool, raising=False)
+    listening = config(tmp_path)
+    port = free_port()
+    listening.appservice.listen = f"127.0.0.1:{port}"
+    store = Store(tmp_path / "bridge.sqlite")
+    server = TransactionServer(listening, store, StandIn(store))  # type: ignore[arg-type]
+    await server.start()
+    server.open([ROOM], notices=None)  # type: ignore[arg-type]
+    try:
+        closes_after = await _idle_close_after(port)
+        busy_from, busy_for = max(closes_after - 0.2, 0.0), 0.4  # the close comes while Synapse is busy
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "helpers.synapse_push", f"http://127.0.0.1:{port}", TOKEN, str(synapse_pool),
+            str(busy_from), str(busy_for), cwd=Path(__file__).resolve().parents[1],
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode == 0, err.decode()
+        assert json.loads(out) == ["200", "200"]  # the second push, not RequestTransmissionFailed
+    finally:
+        await server.close()
+        store.close()

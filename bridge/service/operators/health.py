@@ -53,13 +53,14 @@ def _fault_kind(message: object) -> str:
 IDLE_SECONDS = 75.0
 
 
-def runner_for(app: web.Application) -> web.AppRunner:
+def runner_for(app: web.Application, idle: float | None = None) -> web.AppRunner:
     """The runner of each of the bridge's listeners: client faults logged as
-    one line, idle connections closed, and those whose client stopped reading
-    a response cut off (``stalled``)."""
+    one line, idle connections closed (after ``idle`` seconds, else
+    ``IDLE_SECONDS``), and those whose client stopped reading a response cut
+    off (``stalled``)."""
     quiet_client_faults()
     StalledWrites().install(app)
-    return web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_SECONDS)
+    return web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_SECONDS if idle is None else idle)
 
 
 def quiet_client_faults() -> None:

@@ -50,6 +50,23 @@ log = logging.getLogger(__name__)
 # Synapse waits far longer than this for an answer.
 READY_WAIT = 30.0
 
+# Synapse keeps an idle connection to the bridge in its pool this long (its
+# HTTP client's ``cachedConnectionTimeout``, two minutes) and puts the next
+# transaction on it.  Closed by the bridge first, the connection can be
+# taken by a transaction while the close is on its way (Synapse's reactor
+# busy a moment is enough): the PUT fails, Synapse does not send a PUT again
+# on a new connection, and its recoverer waits 2 s, then 4 s, ... to resend,
+# dropping meanwhile the room keys it would have pushed.
+HOMESERVER_KEEPS_IDLE = 120.0
+
+
+def idle_limit(homeserver_keeps: float) -> float:
+    """How long the transaction listener keeps an idle connection: longer
+    than the homeserver keeps one, so the homeserver always closes first and
+    never sends on a connection being closed under it."""
+    return homeserver_keeps * 1.5
+
+
 # How many event ids of recent transactions are kept in memory, so the safety
 # net (``catchup``) does not feed again what a transaction already brought.
 RECEIVED_KEPT = 20000
@@ -129,7 +146,7 @@ class TransactionServer:
     async def start(self) -> None:
         from bridge.service.operators.health import runner_for
 
-        self.runner = runner_for(self.app())
+        self.runner = runner_for(self.app(), idle=idle_limit(HOMESERVER_KEEPS_IDLE))
         await self.runner.setup()
         host, port = self.listen
         try:
