@@ -84,3 +84,27 @@ def test_with_encryption_the_registration_asks_for_the_appservice_extensions(tmp
     plain.mkdir()
     reg, _config, _after = generate(plain, BASE + "encryption:\n  enabled: false\nappservice:\n  enabled: true\n")
     assert "receive_ephemeral" not in reg and "org.matrix.msc3202" not in reg
+
+
+def test_the_namespace_synapse_loads_claims_this_servers_users_and_no_other_servers(tmp_path):
+    """Synapse matches a user namespace from the start of the id only: the
+    registration's ``@askbot:example\\.org`` also claimed
+    ``@askbot:example.org-other.net``, and Synapse pushed the bridge what
+    such a user of another server said in any room Synapse saw.  The
+    registration as Synapse itself loads and matches it."""
+    from synapse.config.appservice import load_appservices
+
+    from bridge.service.config import load_config
+    from bridge.service.transport.appservice import AppserviceFront
+
+    generate(tmp_path, BASE + "appservice:\n  enabled: true\n")
+    (service,) = load_appservices("example.org", [str(tmp_path / "registration.yaml")])
+    ours = ["@askbot:example.org", "@askwright_alice:example.org", "@askwright_:example.org"]
+    others = ["@askbot:example.org-other.net", "@askbot:example.org.evil", "@askwright_x:example.organic.net",
+              "@askwright_x:other.net:example.org", "@askbotx:example.org", "@askbot:exampleXorg",
+              "@xaskwright_y:example.org"]
+    assert [u for u in ours if not service.is_interested_in_user(u)] == []
+    assert [u for u in others if service.is_interested_in_user(u) or service.is_exclusive_user(u)] == []
+    # The bridge tells its own users by the same namespace.
+    front = AppserviceFront(load_config(tmp_path / "config.yaml"), store=None)  # type: ignore[arg-type]
+    assert [u for u in ours if not front.own_user(u)] == [] and [u for u in others if front.own_user(u)] == []

@@ -74,10 +74,15 @@ RECEIVED_KEPT = 20000
 
 def user_namespace(config: Config) -> list[str]:
     """The users the bridge claims: its own user and, reserved for users it may
-    act as later, every ``@<id>_...`` user of its server."""
+    act as later, every ``@<id>_...`` user of its server.  Anchored at both
+    ends: Synapse matches a namespace from the start only (``re.match``),
+    Conduit and its forks anywhere in the id, so ``@askbot:example\\.org`` also
+    claimed ``@askbot:example.org-other.net``, and Synapse pushed the bridge
+    what such a user of another server said in any room it saw."""
     server = re.escape(config.server_name)
     own = re.escape(config.appservice.sender_localpart)
-    return [f"@{own}:{server}", f"@{re.escape(config.appservice.id)}_.*:{server}"]
+    # A localpart holds no ":" (not even a historical one).
+    return [f"^@{own}:{server}$", f"^@{re.escape(config.appservice.id)}_[^:]*:{server}$"]
 
 
 def txn_key(txn_id: str, events: list[Any]) -> str:
