@@ -126,3 +126,35 @@ async def test_a_homeserver_not_listening_yet_is_asked_again(tmp_path):
         await later
         await runner.cleanup()
     assert len(homeserver.asked) == 1
+
+
+async def test_a_ping_the_homeserver_answers_late_holds_up_the_start_no_longer_than_its_patience(tmp_path, caplog,
+                                                                                          monkeypatch):
+    """A homeserver that can't reach the bridge's address (a proxy that
+    takes the connection and never answers) answers its ping only when it
+    gives up itself: Synapse after 60 s.  The start waited those 60 s, not
+    the 15 s its patience said (each try waited its full minute), with the
+    rooms' timelines unread meanwhile, and as the bridge's own minute ran out
+    first the reason it gave was empty.  Patience and Synapse's minute are
+    shortened here by the same factor."""
+    monkeypatch.setattr(appservice, "PING_PATIENCE", 0.15)
+    answered = asyncio.Event()
+
+    async def synapse_giving_up(_request: web.Request) -> web.Response:
+        await asyncio.sleep(0.6)  # Synapse's 60 s, scaled as the patience is
+        answered.set()
+        return web.json_response({"errcode": "M_CONNECTION_TIMEOUT", "error": "Timed out"}, status=504)
+
+    app = web.Application()
+    app.router.add_post("/_matrix/client/v1/appservice/askwright/ping", synapse_giving_up)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        started = asyncio.get_running_loop().time()
+        why = await ping_failure(config(tmp_path, str(server.make_url("")).rstrip("/")))
+        waited = asyncio.get_running_loop().time() - started
+    finally:
+        await server.close()
+    assert waited < 0.45 and not answered.is_set()
+    assert why == "no answer to the ping within 0.15 s"
+    assert "the homeserver's ping of the bridge failed: no answer to the ping within 0.15 s" in caplog.text

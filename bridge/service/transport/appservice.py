@@ -559,9 +559,9 @@ class AppserviceFront:
 
 # -- calls to the homeserver that nio has no method for ---------------------------
 
-async def _post(config: Config, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+async def _post(config: Config, path: str, body: dict[str, Any], within: float = 60.0) -> tuple[int, dict[str, Any]]:
     headers = {"Authorization": f"Bearer {config.appservice.as_token}"}
-    timeout = aiohttp.ClientTimeout(total=60)
+    timeout = aiohttp.ClientTimeout(total=within)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async with session.post(config.homeserver.url + path, json=body, headers=headers) as response:
             try:
@@ -606,27 +606,39 @@ async def ensure_user(config: Config, stop: asyncio.Event) -> None:
 # transaction itself (cancelling its back-off timer as that fires), and a
 # proxy in front of a shared store may take a moment to route to this
 # instance.  A refusal that says the homeserver has no ping (or refuses us)
-# is not tried again, nor is one past ``PING_PATIENCE`` seconds of trying
-# (the rooms' timelines are looked into only after the ping).
+# is not tried again.
 PING_TRIES = 10
 PING_INTERVAL = 0.5
-PING_PATIENCE = 15.0
+# The start waits this long for the ping, its tries and each one's answer
+# included (the rooms' timelines are looked into only after it): longer than
+# Synapse takes to give up connecting to an address nothing answers at (15 s),
+# so its reason is what is said.  Past it the start goes on, /health names the
+# homeserver as not reaching the bridge, and ``ping_until_reached`` asks again.
+PING_PATIENCE = 20.0
+# A ping asked for after the start waits for Synapse's own verdict: it gives
+# up on the bridge's address after 60 s (504 M_CONNECTION_TIMEOUT).  The
+# bridge's 60 s ran out first, and the reason said was empty.
+PING_ANSWER_WITHIN = 75.0
 
 
-async def ping_failure(config: Config) -> str | None:
-    """Ask the homeserver to ping us; None when it did, else why not.  Besides checking the
+async def ping_failure(config: Config, patience: float | None = None) -> str | None:
+    """Ask the homeserver to ping us; None when it did, else why not, within
+    ``patience`` seconds (``PING_PATIENCE``).  Besides checking the
     whole path, a successful ping makes Synapse resend the transactions it
     holds for us at once instead of after its back-off (which doubles up to
     minutes): while it holds them it also drops what it would have pushed
     with them that is not a room event (the room keys people's clients send
     the bridge's device among it), so a start cannot wait for the back-off."""
     path = f"/_matrix/client/v1/appservice/{config.appservice.id}/ping"
-    give_up = time.monotonic() + PING_PATIENCE
+    patience = PING_PATIENCE if patience is None else patience
+    give_up = time.monotonic() + patience
     for attempt in range(PING_TRIES):
         try:
-            status, reply = await _post(config, path, {})
+            status, reply = await _post(config, path, {}, within=max(give_up - time.monotonic(), 0.001))
             why = f"{status} {reply.get('error', reply)}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except TimeoutError:  # (before ClientError: aiohttp's timeouts are both, and say nothing)
+            status, why = 0, f"no answer to the ping within {patience:g} s"
+        except aiohttp.ClientError as exc:
             status, why = 0, str(exc)
         if status == 200:
             log.info("the homeserver reaches the bridge (%s ms)", reply.get("duration_ms"))
@@ -651,7 +663,7 @@ async def ping_until_reached(config: Config, metrics: Any, stop: asyncio.Event) 
     while metrics.unreached is not None and not await set_within(stop, PING_AGAIN):
         if metrics.unreached is None:
             return  # a transaction came meanwhile
-        why = await ping_failure(config)
+        why = await ping_failure(config, PING_ANSWER_WITHIN)
         if why is None:
             metrics.reached()
         else:
