@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from helpers.timeline import BOT, MODERATOR, PEOPLE, ROOM, Room, Transport, answer
+from helpers.timeline import BOT, MODERATOR, PEOPLE, ROOM, Room, Transport, answer, redact
 
 ANA, BO, CY = PEOPLE
 T0 = 1_800_000_000_000
@@ -140,3 +140,54 @@ def test_an_answer_in_a_room_the_bridge_was_put_out_of_before_the_start_is_judge
                 room.store.db.execute("SELECT event_id, outcome, reason FROM answer_log").fetchall()}
     assert outcomes["$ana"] == ("accepted", None)
     assert transport.asked == [("$ana", ANA)]
+
+
+def test_what_a_batch_changed_while_the_members_were_read_is_not_undone_by_the_read(tmp_path):
+    """A room's members and power levels are read at a join (an invite's, a
+    room joined late) while transactions go on.  A batch judged meanwhile,
+    with Bo made a moderator and Cy joining, was undone when the read the
+    homeserver had answered before them came back: Bo's redaction of Ana's
+    answer counted for nothing, and each of Cy's answers was asked after at
+    the homeserver.  Now what came meanwhile is applied over the read."""
+    room = Room(tmp_path)
+    room.deliver([answer("$ana", ANA, T0, "main")])
+    cys = answer("$cy", CY, T0 + 4, "stable")
+
+    class ReadBefore(LeftTransport):
+        """Answers the read as the room was before the batch (Bo no moderator, Cy not in)."""
+
+        def __init__(self) -> None:
+            super().__init__({"$cy": cys})
+            self.reading, self.answered = asyncio.Event(), asyncio.Event()
+
+        async def joined_members(self, room_id: str) -> set[str]:
+            self.reading.set()
+            await self.answered.wait()
+            return {ANA, BO, MODERATOR, BOT}
+
+        async def power_levels(self, room_id: str) -> dict[str, Any]:
+            await self.answered.wait()
+            return {"users": {MODERATOR: 50, BOT: 100}, "redact": 50}
+
+    transport = ReadBefore()
+    room.pipeline.transport = transport
+    promoted = {"event_id": "$power", "room_id": ROOM, "sender": MODERATOR, "origin_server_ts": T0 + 1,
+                "type": "m.room.power_levels", "state_key": "",
+                "content": {"users": {MODERATOR: 50, BO: 50, BOT: 100}, "redact": 50}}
+
+    async def joined_while_a_batch_goes_on() -> None:
+        reading = asyncio.ensure_future(room.pipeline.load_members(ROOM))
+        await transport.reading.wait()
+        # A transaction judged meanwhile, on the store's thread as the bridge judges them.
+        await room.store.run(room.pipeline.process, [promoted, member("$cy-in", CY, T0 + 2, "join")])
+        transport.answered.set()
+        await reading
+        await room.store.run(room.pipeline.process, [redact("$r", BO, T0 + 3, "$ana")])
+        withdrawn.append(room.record())
+        await room.store.run(room.pipeline.process, await room.pipeline.prepare([dict(cys)]))
+
+    withdrawn: list[Any] = []
+    asyncio.run(joined_while_a_batch_goes_on())
+    assert withdrawn == [None]  # Ana's answer withdrawn by Bo, a moderator now
+    assert room.record()["source"]["sender"] == CY
+    assert transport.asked == []  # Cy a member by the bridge's own count

@@ -98,3 +98,24 @@ def joined_at(context: dict[str, Any] | None, sent: dict[str, Any]) -> bool:
     return same and any(isinstance(e, dict) and e.get("type") == "m.room.member" and e.get("state_key") == sender
                         and isinstance(e.get("content"), dict) and e["content"].get("membership") == "join"
                         for e in state)
+
+
+def member_change(event: dict[str, Any]) -> tuple[str, bool] | None:
+    """(whose membership, joined or not) for a room member event, else None."""
+    if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):
+        return None
+    content = event.get("content") if isinstance(event.get("content"), dict) else {}
+    return event["state_key"], content.get("membership") == "join"
+
+
+def members_over_read(read: set[str], arrived: list[dict[str, Any]]) -> set[str]:
+    """The members a read found, with the membership changes judged while
+    it was out applied over it, in order: the homeserver may have answered
+    the read before them, and the read replaced them (a join lost: each
+    answer of hers asked after at its event; a leave lost)."""
+    members = set(read)
+    for event in arrived:
+        if (change := member_change(event)) is not None:
+            user, joined = change
+            (members.add if joined else members.discard)(user)
+    return members

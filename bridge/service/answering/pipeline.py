@@ -40,7 +40,7 @@ from bridge.service.answering.attachments import DEFAULT_MAX_BYTES
 from bridge.service.answering.downloads import Downloads
 from bridge.answers.document import utc_of_ms
 from bridge.service.answering.folderflush import FolderFlush
-from bridge.service.answering.membership import MembersThen
+from bridge.service.answering.membership import MembersThen, member_change, members_over_read
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack
 from bridge.service.encryption.marks import DEVICE
@@ -165,6 +165,9 @@ class Pipeline(FolderFlush):
         self._observed: list[Callable[[], None]] | None = None
         # Senders members when they sent an event, though no longer by the members read last.
         self.members_then = MembersThen(self.own_users)
+        # room -> for each read of its members under way, the member and
+        # power-level events judged meanwhile (``load_members``).
+        self._reads: dict[str, list[list[dict[str, Any]]]] = {}
         self.timeline = Timeline(self.store, self.power)
         self.downloads = Downloads(self.store, getattr(self.transport, "download", None), self._may_answer,
                                    self.report_trouble, self.attachment_max_bytes, self._judge_later,
@@ -175,18 +178,44 @@ class Pipeline(FolderFlush):
         others): asked for together, as the first batch waits for both."""
         levels = getattr(self.transport, "power_levels", None)
         reads = [self.transport.joined_members(room_id), *([levels(room_id)] if levels is not None else [])]
-        members, *power = await asyncio.gather(*reads, return_exceptions=True)
-        if isinstance(members, BaseException):
-            raise members
-        self.members[room_id] = set(members)
-        for found in power:
-            if isinstance(found, Exception):  # without them, only a sender's own redaction counts
-                log.warning("power levels of %s not read (%s); only people's own redactions count there",
-                            room_id, found)
-            elif isinstance(found, BaseException):
-                raise found  # cancelled
-            else:
-                self.power[room_id] = found
+        # A batch judged while the read is out (a join's, a transaction's) may
+        # change what the homeserver answered before it: its changes are
+        # applied again over the read, on the store's thread, where batches
+        # are judged, so none comes between.  (One of a batch that then fails
+        # is applied early: the batch comes again with it.)
+        arrived: list[dict[str, Any]] = []
+        self._reads.setdefault(room_id, []).append(arrived)
+        settled = False
+
+        def settle(members: set[str], power: list[Any]) -> None:
+            nonlocal settled
+            settled = True
+            self._stop_noting(room_id, arrived)
+            self.members[room_id] = members_over_read(members, arrived)
+            if power and not any(e.get("type") == "m.room.power_levels" for e in arrived):
+                self.power[room_id] = power[0]
+
+        try:
+            members, *power = await asyncio.gather(*reads, return_exceptions=True)
+            if isinstance(members, BaseException):
+                raise members
+            for found in power:
+                if isinstance(found, Exception):  # without them, only a sender's own redaction counts
+                    log.warning("power levels of %s not read (%s); only people's own redactions count there",
+                                room_id, found)
+                elif isinstance(found, BaseException):
+                    raise found  # cancelled
+            await self.store.run(settle, set(members), [p for p in power if not isinstance(p, BaseException)])
+        finally:
+            if not settled:
+                self._stop_noting(room_id, arrived)
+
+    def _stop_noting(self, room_id: str, arrived: list[dict[str, Any]]) -> None:
+        reads = [kept for kept in self._reads.get(room_id, []) if kept is not arrived]  # (== holds for any two empty)
+        if reads:
+            self._reads[room_id] = reads
+        else:
+            self._reads.pop(room_id, None)
 
     async def prepare(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The I/O a batch needs before ``process``, and the events to judge
@@ -376,6 +405,7 @@ class Pipeline(FolderFlush):
         self._keep_before(event)
         self._track_membership(event)
         self.timeline.track_power(event)
+        self._note_for_reads(event)
         self._polls_maybe_allowed(event)
         self._upgraded(event)
         if self._own(event):
@@ -708,17 +738,23 @@ class Pipeline(FolderFlush):
                     content.get("replacement_room"), event.get("sender"), event.get("room_id"))
         self.report_trouble("room", "upgraded")
 
+    def _note_for_reads(self, event: dict[str, Any]) -> None:
+        """A member or power-level event, for the reads of its room's members under way (``load_members``)."""
+        reads = self._reads.get(str(event.get("room_id")))
+        if reads and (member_change(event) is not None
+                      or (event.get("type") == "m.room.power_levels" and event.get("state_key") == "")):
+            for arrived in reads:
+                arrived.append(event)
+
     def _track_membership(self, event: dict[str, Any]) -> None:
-        if event.get("type") != "m.room.member" or not isinstance(event.get("state_key"), str):
+        if (change := member_change(event)) is None:
             return
-        content = event.get("content") if isinstance(event.get("content"), dict) else {}
         room_id = str(event.get("room_id"))
+        content = event.get("content") if isinstance(event.get("content"), dict) else {}
+        user, joined = change
         room = self.members.setdefault(room_id, set())
-        if content.get("membership") == "join":
-            room.add(event["state_key"])
-        else:
-            room.discard(event["state_key"])
-        if self.own_users(event["state_key"]):
+        (room.add if joined else room.discard)(user)
+        if self.own_users(user):
             self._own_membership(room_id, event, content)
 
     def _own_membership(self, room_id: str, event: dict[str, Any], content: dict[str, Any]) -> None:
