@@ -775,6 +775,37 @@ def test_a_new_version_does_not_migrate_the_store_under_a_running_older_instance
     store.close()
 
 
+def test_an_older_instance_with_this_ones_host_name_and_pid_is_no_reason_to_migrate_under_it(postgres_server,
+                                                                                               monkeypatch):
+    # Two containers on one machine with ``--network host`` have its host
+    # name, and each runs the bridge as pid 1: the new version took the old
+    # one's heartbeats for its own lease's and migrated the store under it.
+    import os
+    import socket
+
+    from bridge.service.storage import leader
+    from bridge.service.storage.store import StoreVersionError
+
+    monkeypatch.setattr(leader, "SEEN_SECONDS", 2.0)
+    url = fresh_schema(postgres_server)
+    _older_store(url, postgres_server.password)
+    beside = f"{socket.gethostname()}:{os.getpid()}:0ld1"  # (the other container's process has this pid too)
+    old = Lease(url, postgres_server.password, name=beside)
+    old.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not old.leading:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(StoreVersionError, match=f"instance {beside} runs on this store"):
+            Store("unused", url=url, password=postgres_server.password)
+    finally:
+        old.stop()
+    db = PgConnection(url, password=postgres_server.password)
+    assert db.schema_version() == SCHEMA_VERSION - 1  # untouched
+    db.close()
+
+
 async def test_the_database_clock_is_measured_again_on_the_stores_thread_never_the_event_loop(postgres_server,
                                                                                              monkeypatch):
     # Read on the event loop (webhooks, sessions, deadlines), the clock's

@@ -107,13 +107,23 @@ _HOLDERS = (
 _clock = elapsed
 
 
+# The names ``instance_name`` gave in this process.  Its host and process id
+# do not tell them: two containers on one machine (``--network host`` gives
+# both its host name) each run the bridge as pid 1, and a new version started
+# beside the old one took the old one's heartbeats for its own and migrated
+# the store under it.
+_NAMED_HERE: set[str] = set()
+
+
 def instance_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
+    name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    _NAMED_HERE.add(name)
+    return name
 
 
 def of_this_process(name: str) -> bool:
     """Whether an instance name (``instance_name``) is this process's own."""
-    return name.startswith(f"{socket.gethostname()}:{os.getpid()}:")
+    return name in _NAMED_HERE
 
 
 def _connect(url: str, password: str | None) -> psycopg.Connection:
