@@ -303,6 +303,37 @@ def test_a_takeover_waits_for_the_old_leaders_open_transaction(shared, postgres_
     assert store.is_processed("$in-flight")
 
 
+def test_a_leader_frozen_inside_a_store_transaction_is_taken_over_when_its_lease_runs_out(shared, postgres_server):
+    # The transaction's statements went out together (BEGIN, the fence, a
+    # write and a read in one round trip), then the process froze.  The
+    # server ends a session idle inside a transaction after 3 s only when
+    # the last thing it read was a Sync, and a pipelined round trip ends
+    # with a flush request after it: the session sat "idle in transaction"
+    # for good, and the standby waited out the lease row's lock (2 s) before
+    # ending it, 7 s after the freeze instead of the lease's 4.
+    url, lease = shared
+    old = lease()
+    wait_for(lambda: old.leading)
+    store = Store("unused", url=url, password=postgres_server.password)
+    old.guard_store(store)
+    try:
+        store.db.execute("BEGIN IMMEDIATE")
+        store.mark_processed("$frozen", "accepted")
+        assert not store.is_processed("$another")  # one round trip: BEGIN, fence, write, read
+        freeze(old)  # the whole process stops here: nothing more is sent
+        frozen = time.monotonic()
+        new = lease()
+        wait_for(lambda: new.leading, timeout=TTL_SECONDS + 5)
+        assert time.monotonic() - frozen < TTL_SECONDS + 1.5
+        with pytest.raises(sqlite3.OperationalError):  # resumed: its session was ended, nothing committed
+            store.db.execute("COMMIT")
+    finally:
+        store.close()
+    after = Store("unused", url=url, password=postgres_server.password)
+    assert not after.is_processed("$frozen")
+    after.close()
+
+
 def test_a_transaction_that_sent_nothing_before_its_lease_was_taken_over_commits_nothing(shared, postgres_server):
     old, new, store = leader_and_successor(shared, postgres_server)
     with pytest.raises(LeaseLost):

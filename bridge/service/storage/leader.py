@@ -14,7 +14,9 @@ Fencing: every write the leader makes is guarded by its epoch.
   ``FOR KEY SHARE`` (``fence``).  A takeover must lock that row first, so it
   waits for the old leader's open transaction, and after it no transaction
   of the old epoch can start.  A leader paused inside a transaction is cut
-  off by ``idle_in_transaction_session_timeout``, so it cannot hold up the
+  off by ``idle_in_transaction_session_timeout`` (or, after a pipelined round
+  trip, which leaves the server's limit unarmed, by the standby's first look
+  once the lease ran out: ``Lease._idle_out``), so it cannot hold up the
   takeover either; nor can a standby paused between its ``FOR UPDATE`` and
   its commit (the lease's connection ends such a session after 1 s), and no
   wait for a lock lasts longer than ``lock_timeout`` (``pgconnect.connect``).
@@ -50,7 +52,7 @@ import psycopg
 
 from bridge.service.logs import in_a_line
 from bridge.service.storage.dbclock import elapsed
-from bridge.service.storage.pgconnect import WATCHDOG, connect
+from bridge.service.storage.pgconnect import STORE_LIMITS, WATCHDOG, connect
 from bridge.service.storage.dialect import LeaseLost
 from bridge.service.storage.pgdialect import PgConnection
 from bridge.service.storage.schema import SCHEMA_VERSION
@@ -85,12 +87,24 @@ ROUND_SECONDS = 4.0  # a renewal (or a look) and a heartbeat unanswered this lon
 # may send after the expiry: spared, it stalled the takeover for good), a
 # lease session's when begun before the lease ran out (later ones are other
 # standbys' turns at taking it): see ``Lease._fence_out``.
-_FENCE_OUT = (
+_ON_THE_ROW = (
     "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a, askwright_lease lease"
     " WHERE lease.name = 'leader' AND lease.expires < clock_timestamp() AND a.pid <> pg_backend_pid()"
-    " AND a.datname = current_database() AND a.application_name LIKE 'askwright-bridge %'"
-    " AND (a.application_name = 'askwright-bridge store' OR a.xact_start < lease.expires)"
+    " AND a.datname = current_database()"
     " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = 'askwright_lease'::regclass)")
+_FENCE_OUT = (_ON_THE_ROW + " AND a.application_name LIKE 'askwright-bridge %'"
+              " AND (a.application_name = 'askwright-bridge store' OR a.xact_start < lease.expires)")
+# Of those, the store sessions idle inside a transaction for longer than the
+# store's own limit, which the server did not end: it arms that limit only
+# when the last thing it read was a Sync, and psycopg ends a pipelined round
+# trip (most of a batch's) with a flush request after it.  So a leader frozen
+# inside a transaction held the row until a standby had waited out its lock
+# (``_fence_out``); now it is ended at the first look after the lease ran out
+# (``Lease._idle_out``), as the server would have ended it, while a
+# transaction still at work keeps its wait.
+_IDLE_OUT = (_ON_THE_ROW + " AND a.application_name = 'askwright-bridge store'"
+             " AND a.state LIKE 'idle in transaction%%' AND a.state_change < clock_timestamp()"
+             " - make_interval(secs => %s)")
 
 
 # The oldest session holding a lock on the lease row that is no bridge's
@@ -306,6 +320,8 @@ class Lease:
         if row is not None and not row[0]:
             self._blocked = None  # (the lease runs: nothing keeps the instances from leading)
             return
+        if row is not None:
+            self._idle_out(conn)
         try:
             with conn.transaction():
                 conn.execute("INSERT INTO askwright_lease(name, epoch, holder, expires)"
@@ -331,6 +347,15 @@ class Lease:
         log.warning("this instance leads now (epoch %d)", epoch)
         if self.on_leading is not None:
             self.on_leading()
+
+    def _idle_out(self, conn: psycopg.Connection) -> None:
+        """The lease ran out: end the bridge's store sessions idle inside a
+        transaction that holds the row past the store's idle limit (``_IDLE_OUT``)."""
+        idle = STORE_LIMITS["idle_in_transaction_session_timeout"] / 1000
+        ended = conn.execute(_IDLE_OUT, (idle,)).fetchall()
+        if ended:
+            log.warning("ended %d session(s) of the instance that led before: idle inside a transaction on the"
+                        " lease row for over %.0f s after its lease ran out (a frozen process)", len(ended), idle)
 
     def _fence_out(self, conn: psycopg.Connection) -> bool:
         """The lease row stayed locked past ``lock_timeout``.  Once the lease

@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 #   session holds (a paused instance's), it fails and is retried;
 # - ``idle_in_transaction_session_timeout``: a session paused inside a
 #   transaction (SIGSTOP, a frozen VM) is ended by the server, which frees
-#   whatever it locked (the lease row, above all);
+#   whatever it locked (the lease row, above all; after a pipelined round
+#   trip the server leaves it unarmed, and a standby ends the session:
+#   ``leader._IDLE_OUT``);
 # - ``statement_timeout``: nothing runs on unbounded (migrations lift it).
 # The values sit well within the lease (``leader.TTL_SECONDS``, 4 s): see
 # docs/operators.md, "Timeouts" (an operator may set others in the URL's
