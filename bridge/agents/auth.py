@@ -4,8 +4,9 @@ now.  Tokens are compared in constant time and never logged or echoed."""
 from __future__ import annotations
 
 import hmac
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from bridge.service.config import Agent
@@ -24,6 +25,19 @@ def agent_for(header: str | None, agents: Mapping[str, Agent]) -> str | None:
         if agent.token and hmac.compare_digest(given, agent.token.encode()) and found is None:
             found = name
     return found
+
+
+# A second credential folded into one value, as a proxy joining two
+# Authorization headers writes it ("Bearer a, Bearer b"): an auth scheme
+# (RFC 9110 11.4) after a comma.  A bearer token has no comma (RFC 6750 2.1).
+_FOLDED = re.compile(r",\s*[!#$%&'*+.^_`|~0-9A-Za-z-]+\s+\S")
+
+
+def credentials_in(values: Iterable[str]) -> int:
+    """How many credentials a request's ``Authorization`` headers carry.
+    The field is a singleton: with two, taking the first (as was done) let
+    whatever put the other one there choose the agent, so two are refused."""
+    return sum(1 + len(_FOLDED.findall(value)) for value in values)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import HttpVersion11, web
 
-from bridge.agents.auth import RateLimiter, agent_for
+from bridge.agents.auth import RateLimiter, agent_for, credentials_in
 from bridge.agents.callbacks import check_callbacks
 from bridge.agents.contract import Checked, Contract
 from bridge.agents.errors import AgentError, LintFailed
@@ -59,7 +59,10 @@ class AgentApi:
         self.files = FileRoutes(self.sets, config.agent_api.media_max, bodies=self.bodies)
 
     def authenticate(self, request: web.Request) -> str:
-        """The agent of the request; a Refusal (401 or 429) otherwise."""
+        """The agent of the request; a Refusal (400, 401 or 429) otherwise."""
+        if credentials_in(request.headers.getall("Authorization", ())) > 1:
+            raise Refusal(400, "bad_request", "Authorization: more than one credential (the field is given once, "
+                                              "with one bearer token); none of them was taken")
         agent = agent_for(request.headers.get("Authorization"), self.config.agents)
         if agent is None:
             raise _unauthorized()
