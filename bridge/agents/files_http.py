@@ -6,6 +6,7 @@ like every route; what they may touch is decided in ``attachment_files`` and
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 from email.utils import parsedate_to_datetime
@@ -66,12 +67,26 @@ class FileRoutes:
             response.as_asked = request.clone(headers=headers)
         return response
 
-    async def put_media(self, request: web.Request, agent: str) -> web.Response:
-        set_id = request.match_info["id"]
+    def _named(self, request: web.Request) -> tuple[str, str, int | None]:
+        """(set id, file name, Content-Length) of a media upload; BadRequest
+        for a name no media file has, TooLarge over ``media_max``."""
         name = check_media_name(request.match_info["name"])
         expected = request.content_length
         if expected is not None and expected > self.media_max:
             raise TooLarge(f"the file is larger than {self.media_max} bytes (agent_api.media_max)")
+        return request.match_info["id"], name, expected
+
+    async def media_refused(self, request: web.Request, agent: str) -> None:
+        """What refuses an upload before its body is sent: its name, its
+        size, another's folder, the agent's quota (``media_quota``: its
+        files, and its uploads under way, with this one's Content-Length)."""
+        set_id, name, expected = self._named(request)
+        await asyncio.to_thread(self.sets.media_not_theirs, agent, set_id)
+        async with self.sets.media_quota.charge(agent, self.sets.root / set_id / name, expected):
+            pass
+
+    async def put_media(self, request: web.Request, agent: str) -> web.Response:
+        set_id, name, expected = self._named(request)
         # Streamed to disk, not memory, but a slow upload holds a connection
         # and a file for minutes all the same: counted with the big bodies
         # (before a folder is claimed, so a refused one takes no set id).

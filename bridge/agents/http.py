@@ -21,7 +21,7 @@ from aiohttp import HttpVersion11, web
 
 from bridge.agents.auth import RateLimiter, agent_for, credentials_in
 from bridge.agents.callbacks import check_callbacks
-from bridge.agents.contract import Checked, Contract
+from bridge.agents.contract import Checked, Contract, Operation
 from bridge.agents.errors import AgentError, LintFailed
 from bridge.agents.files_http import FileRoutes
 from bridge.agents.bodyread import BodyGate, closing_if_unreadable, paced
@@ -38,8 +38,14 @@ MAX_SMALL_BODY = 64 * 1024
 # Where a guarded handler finds what the contract read of its request (a
 # typed key where aiohttp has them).
 CHECKED: Any = web.RequestKey("askwright.checked", Checked) if hasattr(web, "RequestKey") else "askwright.checked"
+# The agent a request's ``Expect: 100-continue`` was answered for (its
+# request counted against the rate then).
+ADMITTED: Any = web.RequestKey("askwright.admitted", str) if hasattr(web, "RequestKey") else "askwright.admitted"
 
 Handler = Callable[[web.Request, str], Awaitable[web.StreamResponse]]
+# What refuses a route's request from its headers alone, past the token and
+# the contract (raises an AgentError): asked before its body is sent.
+BeforeBody = Callable[[web.Request, str], Awaitable[None]]
 
 
 class AgentApi:
@@ -74,21 +80,26 @@ class AgentApi:
     def routes(self) -> web.RouteTableDef:
         routes = web.RouteTableDef()
         routes.get("/v1/openapi.json")(self.openapi)
-        routes.get("/v1/sets")(self._guarded(self.list_sets))
-        routes.put("/v1/sets/{id}", expect_handler=self._expect(MAX_QUESTIONS_BYTES))(
-            self._guarded(self.put_set, MAX_QUESTIONS_BYTES))
-        routes.get("/v1/sets/{id}/answers")(self._guarded(self.answers))
-        routes.post("/v1/sets/{id}/close", expect_handler=self._expect(MAX_SMALL_BODY))(self._guarded(self.close))
+
+        def guard(add: Callable[..., Any], path: str, handler: Handler, limit: int = MAX_SMALL_BODY,
+                  before_body: BeforeBody | None = None) -> None:
+            add(path, expect_handler=self._expect(limit, before_body))(self._guarded(handler, limit))
+
+        guard(routes.get, "/v1/sets", self.list_sets)
+        guard(routes.put, "/v1/sets/{id}", self.put_set, MAX_QUESTIONS_BYTES, self._set_not_theirs)
+        guard(routes.get, "/v1/sets/{id}/answers", self.answers)
+        guard(routes.post, "/v1/sets/{id}/close", self.close, before_body=self._no_set_of_theirs)
         # {name} takes a / or a newline too, so such a name is refused naming it (400), not missed by the router.
-        routes.get("/v1/sets/{id}/attachments/{name:[\\s\\S]+}")(self._guarded(self.files.attachment))
-        routes.put("/v1/sets/{id}/media/{name:[\\s\\S]+}", expect_handler=self._expect(self.files.media_max))(
-            self._guarded(self.files.put_media))
+        guard(routes.get, "/v1/sets/{id}/attachments/{name:[\\s\\S]+}", self.files.attachment)
+        guard(routes.put, "/v1/sets/{id}/media/{name:[\\s\\S]+}", self.files.put_media, self.files.media_max,
+              self.files.media_refused)
         if self.log is not None:
-            routes.get("/v1/log/checkpoint")(self._guarded(self.log.checkpoint))
-            routes.get("/v1/log/inclusion")(self._guarded(self.log.inclusion))
-            routes.get("/v1/log/consistency")(self._guarded(self.log.consistency))
-            routes.get("/v1/log/leaves")(self._guarded(self.log.leaves))
-        routes.route("*", "/v1/{tail:[\\s\\S]*}")(self.elsewhere)  # last: what no route above took
+            guard(routes.get, "/v1/log/checkpoint", self.log.checkpoint)
+            guard(routes.get, "/v1/log/inclusion", self.log.inclusion)
+            guard(routes.get, "/v1/log/consistency", self.log.consistency)
+            guard(routes.get, "/v1/log/leaves", self.log.leaves)
+        # Last: what no route above took (answered before a body, too).
+        routes.route("*", "/v1/{tail:[\\s\\S]*}", expect_handler=self._elsewhere_at_once)(self.elsewhere)
         return routes
 
     async def elsewhere(self, request: web.Request) -> web.Response:
@@ -106,26 +117,55 @@ class AgentApi:
                            headers={"Allow": ", ".join(sorted(allowed))}).response
         return Refusal(404, "not_found", f"no route {request.path} in this API (see /v1/openapi.json)").response
 
-    def _expect(self, limit: int) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+    async def _elsewhere_at_once(self, request: web.Request) -> web.StreamResponse:
+        """A request no route takes, answered before its body (it was sent
+        "100 Continue", then the 404 or 405 once it had uploaded)."""
+        return _before_body(await self.elsewhere(request))
+
+    def _expect(self, limit: int, before_body: BeforeBody | None = None) -> \
+            Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
         """A client asking before it sends its body (``Expect: 100-continue``)
-        is refused at once when the token is wrong or the body too large, as
-        RFC 9110 10.1.1 asks: the "100 Continue" aiohttp gave every one of
-        them had curl send megabytes only to be refused."""
+        is answered "100 Continue" only when the request's headers leave
+        nothing to refuse it for, as RFC 9110 10.1.1 asks: the token (its
+        rate too), the address and query, the body's size, the agent's
+        uploads under way, and ``before_body`` (whose set it is, a media
+        file's name and quota).  Otherwise it gets the refusal the route
+        would give once the body was in: curl, sent "100 Continue" at once,
+        sent megabytes only to be refused."""
         async def expect(request: web.Request) -> web.StreamResponse | None:
             if request.version != HttpVersion11:
                 return None
             if request.headers.get("Expect", "").lower() != "100-continue":
                 # (In the API's shape, as every refusal: aiohttp's own was plain text.)
-                return Refusal(417, "expectation_failed", f"Expect: {request.headers.get('Expect', '')[:100]!r} is "
-                                                          "not one this API meets (only 100-continue)").response
-            if agent_for(request.headers.get("Authorization"), self.config.agents) is None:
-                return _unauthorized().response
-            if request.content_length is not None and request.content_length > limit:
-                return Refusal(413, "too_large", f"the body is larger than {limit} bytes").response
+                return _before_body(Refusal(
+                    417, "expectation_failed", f"Expect: {request.headers.get('Expect', '')[:100]!r} is not one "
+                                               "this API meets (only 100-continue)").response)
+            try:
+                agent = self.authenticate(request)
+                request[ADMITTED] = agent  # its request is counted: the handler does not count it again
+                op, _checked = self._parameters(request)
+                if op.media_types:  # a route that takes a body
+                    if request.content_length is not None and request.content_length > limit:
+                        raise Refusal(413, "too_large", f"the body is larger than {limit} bytes")
+                    self.bodies.take(agent, request.content_length)()  # a place now, or 429 (given back at once)
+                if before_body is not None:
+                    await before_body(request, agent)
+            except Refusal as exc:
+                return _before_body(exc.response)
+            except AgentError as exc:
+                return _before_body(_refused(exc))
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # (as aiohttp's own: the response has not begun)
             return None
         return expect
+
+    async def _set_not_theirs(self, request: web.Request, agent: str) -> None:
+        """A set's PUT: NotFound when its folder is another's."""
+        await asyncio.to_thread(self.sets.not_theirs, agent, request.match_info["id"])
+
+    async def _no_set_of_theirs(self, request: web.Request, agent: str) -> None:
+        """A close: NotFound when there is no set of the agent's to close."""
+        await asyncio.to_thread(self.sets.set_dir, agent, request.match_info["id"])
 
     def _guarded(self, handler: Handler, body_limit: int = MAX_SMALL_BODY) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """``handler`` behind the token, the rate limit and the contract: it
@@ -133,18 +173,19 @@ class AgentApi:
         finds what the contract read in ``request[CHECKED]``."""
         async def guarded(request: web.Request) -> web.StreamResponse:
             try:
-                agent = self.authenticate(request)
+                agent = request.get(ADMITTED) or self.authenticate(request)
                 request[CHECKED] = await self.check(request, body_limit, agent)
                 return await handler(request, agent)
             except Refusal as exc:
                 refused = exc.response
             except AgentError as exc:
-                refused = web.json_response(exc.as_dict(), status=exc.status, headers=exc.headers or None)
+                refused = _refused(exc)
             return closing_if_unreadable(request, refused)
         return guarded
 
-    async def check(self, request: web.Request, body_limit: int, agent: str) -> Checked:
-        """The request as its operation in the document reads it; BadRequest (400) or 413 otherwise."""
+    def _parameters(self, request: web.Request) -> tuple[Operation, Checked]:
+        """The request's operation in the document, and its address and query
+        as the operation reads them; BadRequest (400) otherwise."""
         # HEAD is GET without the body (aiohttp serves it on every GET route).
         method = "GET" if request.method == "HEAD" else request.method
         op = self.contract.operation(method, request.match_info.route.resource.canonical)
@@ -152,7 +193,11 @@ class AgentApi:
             log.error("%s %s is served but not in openapi.json", request.method, request.match_info.route.resource.canonical)
             raise Refusal(500, "internal_error", "this route is missing from the API's document")
         path, query = self.contract.check_parameters(op, request.match_info, request.query)
-        checked = Checked(path, query)
+        return op, Checked(path, query)
+
+    async def check(self, request: web.Request, body_limit: int, agent: str) -> Checked:
+        """The request as its operation in the document reads it; BadRequest (400) or 413 otherwise."""
+        op, checked = self._parameters(request)
         if op.takes_json(request.content_type):
             give_back = self.bodies.take(agent, request.content_length)
             try:
@@ -233,6 +278,20 @@ class Refusal(Exception):
                                           headers=headers)
 
 
+
+
+def _refused(exc: AgentError) -> web.Response:
+    return web.json_response(exc.as_dict(), status=exc.status, headers=exc.headers or None)
+
+
+def _before_body(response: web.StreamResponse) -> web.StreamResponse:
+    """A final answer given before the body was asked for, saying the
+    connection closes after it (RFC 9110 10.1.1): its client need not send
+    the body to use the connection again.  (aiohttp drops what body comes
+    anyway for a few seconds before it closes, so the answer is not lost to
+    a reset.)"""
+    response.force_close()
+    return response
 
 
 def _unauthorized() -> Refusal:

@@ -230,6 +230,12 @@ class AgentSets:
     def _log_now(self) -> int:
         return self.log_size() if self.log_size is not None else 0
 
+    def not_theirs(self, agent: str, set_id: str) -> None:
+        """NotFound when ``set_id``'s folder is someone else's: what a PUT of
+        the set is refused for, told before its body is sent."""
+        check_set_id(set_id)
+        self._whose(self.root / set_id, agent, set_id)
+
     @staticmethod
     def _whose(set_dir: Path, agent: str, set_id: str) -> Owner | None:
         """The set folder's owner when it is ``agent`` (None: no folder yet);
@@ -343,13 +349,20 @@ class AgentSets:
                 self._give_up(set_dir)
             raise
 
+    def media_not_theirs(self, agent: str, set_id: str) -> None:
+        """NotFound when ``set_id``'s folder is there and not ``agent``'s to
+        upload into (the folder is not claimed: told before the upload's body)."""
+        check_set_id(set_id)
+        set_dir = self.root / set_id
+        if os.path.lexists(set_dir) and not _media_folder_of(set_dir, agent):
+            raise NotFound(f"no set {set_id!r}")
+
     def _media_dir(self, agent: str, set_id: str) -> tuple[Path, bool]:
         check_set_id(set_id)
         set_dir = self.root / set_id
         for _attempt in range(2):
             if os.path.lexists(set_dir):
-                owner = read_owner(set_dir)
-                if set_dir.is_symlink() or not set_dir.is_dir() or owner is None or owner.agent != agent:
+                if not _media_folder_of(set_dir, agent):
                     raise NotFound(f"no set {set_id!r}")
                 return set_dir, False
             try:
@@ -497,3 +510,9 @@ def _big(document: bytes | dict[str, Any]) -> bool:
         questions = document.get("questions")
         return isinstance(questions, list) and len(questions) > BIG_SET
     return len(document) > BIG_DOCUMENT
+
+
+def _media_folder_of(set_dir: Path, agent: str) -> bool:
+    """Whether the folder standing at ``set_dir`` is one ``agent``'s media may go into."""
+    owner = read_owner(set_dir)
+    return not set_dir.is_symlink() and set_dir.is_dir() and owner is not None and owner.agent == agent

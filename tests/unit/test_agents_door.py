@@ -3,6 +3,10 @@ needed): what it answers from a request's headers, and in what shape."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
 from pathlib import Path
 
 import aiohttp
@@ -22,14 +26,20 @@ def auth(agent: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[agent]}"}
 
 
-@pytest.fixture
-async def api(tmp_path: Path):
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, **limits):
     raw = {**GOOD, "agents": {name: {"token": token} for name, token in TOKENS.items()},
-           "agent_api": {"media_max": 3 * 1024 * 1024, "rate_per_minute": 10000}}
+           "agent_api": {"media_max": 3 * 1024 * 1024, "rate_per_minute": 10000, **limits}}
     config = parse_config(raw, base_dir=tmp_path, environ={})
     agent_api = AgentApi(config)
     async with served(agent_api.routes()) as port, aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
         yield http, config.sets.root, agent_api
+
+
+@pytest.fixture
+async def api(tmp_path: Path):
+    async with serving(tmp_path) as served_api:
+        yield served_api
 
 
 async def test_two_credentials_in_one_request_are_refused_and_authenticate_as_neither(api):
@@ -54,3 +64,104 @@ async def test_two_credentials_in_one_request_are_refused_and_authenticate_as_ne
     # One credential is taken as before.
     async with http.get("/v1/sets/plan/answers", headers=auth("planner")) as response:
         assert response.status == 200, await response.text()
+
+
+class Asked:
+    """A request sent with ``Expect: 100-continue`` over a raw socket, its
+    body held back until the bridge says to send it, as curl does."""
+
+    def __init__(self, port: int, method: str, path: str, headers: list[tuple[str, str]], length: int):
+        self.port, self.length = port, length
+        self.head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     + "".join(f"{name}: {value}\r\n" for name, value in headers)
+                     + f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n").encode()
+
+    async def __aenter__(self) -> Asked:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self.writer.write(self.head)
+        await self.writer.drain()
+        return self
+
+    async def __aexit__(self, *_exc) -> None:
+        self.writer.close()
+
+    async def answer(self) -> tuple[int, dict[str, str], bytes]:
+        """The next response: (status, headers, body)."""
+        head = (await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1")
+        lines = head.split("\r\n")
+        headers = dict(line.split(": ", 1) for line in lines[1:] if line)
+        length = int(headers.get("Content-Length", "0"))
+        body = await asyncio.wait_for(self.reader.readexactly(length), 10) if length else b""
+        return int(lines[0].split()[1]), headers, body
+
+
+async def test_what_the_headers_already_refuse_is_answered_before_the_body_is_sent(tmp_path):
+    """``Expect: 100-continue`` was answered "100 Continue" unless the token
+    was wrong or the body over the route's limit: a client then sent its
+    megabytes to an unknown route, another agent's set, past its rate or its
+    media quota, with a name no media file has, to be refused for what its
+    headers had said.  Each is now the route's own refusal, in the same JSON,
+    before a byte of the body, saying the connection closes after it."""
+    async with serving(tmp_path, media_quota=1024 * 1024) as (http, root, agent_api):
+        port = http._base_url.port
+        planner = [("Authorization", f"Bearer {TOKENS['planner']}"), ("Content-Type", "application/json")]
+        other = [("Authorization", f"Bearer {TOKENS['other']}"), ("Content-Type", "application/json")]
+        octets = [("Authorization", f"Bearer {TOKENS['planner']}"), ("Content-Type", "application/octet-stream")]
+        async with http.put("/v1/sets/plan", json=one_question("plan"), headers=auth("planner")) as response:
+            assert response.status == 201, await response.text()
+        async with http.put("/v1/sets/plan/media/a.png", data=os.urandom(700 * 1024), headers=auth("planner")) as response:
+            assert response.status == 201, await response.text()
+        big = 5 * 1024 * 1024
+        a_set, a_close, a_file = json.dumps(one_question("plan")).encode(), b"{}", os.urandom(600 * 1024)
+        refused = [  # (request, what a body that is sent looks like, the refusal)
+            ("PUT", "/v1/nothing/here", planner, big, a_set, 404, "not_found"),
+            ("PATCH", "/v1/sets/plan", planner, big, a_set, 405, "method_not_allowed"),
+            ("PUT", "/v1/sets/plan", other, 4096, a_set, 404, "not_found"),  # another agent's set
+            ("POST", "/v1/sets/plan/close", other, 4096, a_close, 404, "not_found"),
+            ("POST", "/v1/sets/nothing/close", planner, 4096, a_close, 404, "not_found"),
+            ("PUT", "/v1/sets/plan/media/b.png", other[:1], 4096, a_file, 404, "not_found"),
+            ("PUT", "/v1/sets/-bad", planner, 4096, a_set, 400, "bad_request"),  # no set id
+            ("PUT", "/v1/sets/plan/media/run.exe", octets, 4096, a_file, 400, "bad_request"),
+            ("PUT", "/v1/sets/plan/media/b.png", octets, len(a_file), a_file, 413, "quota_exceeded"),
+            ("PUT", "/v1/sets/plan", [("Authorization", f"Bearer {TOKENS['other']}"), *planner], 4096, a_set, 400,
+             "bad_request"),  # two credentials
+        ]
+        for method, path, headers, length, sent, status, code in refused:
+            async with Asked(port, method, path, headers, length) as asked:
+                got, got_headers, body = await asked.answer()
+                assert got == status, (method, path, got, body)  # not "100 Continue"
+                assert json.loads(body)["error"] == code, (method, path, body)
+                assert got_headers.get("Connection") == "close", (method, path, got_headers)
+            # The very answer the route gives once the body is in.
+            async with http.request(method, path, data=sent, headers=headers) as response:
+                after = await response.read()
+                assert (response.status, json.loads(after)) == (got, json.loads(body)), (method, path)
+        # The agent's big uploads under way fill its places: told before the body, 429 with Retry-After.
+        places = [agent_api.bodies.take("planner", big) for _ in range(agent_api.bodies.per_agent)]
+        async with Asked(port, "PUT", "/v1/sets/plan", planner, big) as asked:
+            got, got_headers, body = await asked.answer()
+            assert got == 429 and json.loads(body)["error"] == "too_many_uploads" and "Retry-After" in got_headers
+        for give_back in places:
+            give_back()
+
+
+async def test_a_request_past_its_rate_is_refused_before_its_body_and_one_let_in_counts_once(tmp_path):
+    """Over the rate, "100 Continue" came all the same and the 429 after the
+    upload; a request let in before its body is counted once, not again when
+    its body is in."""
+    async with serving(tmp_path, rate_per_minute=3) as (http, root, _agent_api):
+        port = http._base_url.port
+        planner = [("Authorization", f"Bearer {TOKENS['planner']}"), ("Content-Type", "application/json")]
+        data = json.dumps(one_question("plan")).encode()
+        async with Asked(port, "PUT", "/v1/sets/plan", planner, len(data)) as asked:
+            assert (await asked.answer())[0] == 100
+            asked.writer.write(data)
+            status, _headers, body = await asked.answer()
+            assert status == 201, body
+        for _ in range(2):  # the rest of the three
+            async with http.get("/v1/sets", headers=auth("planner")) as response:
+                assert response.status == 200, await response.text()
+        async with Asked(port, "PUT", "/v1/sets/plan", planner, len(data)) as asked:
+            status, headers, body = await asked.answer()
+            assert status == 429 and json.loads(body)["error"] == "rate_limited" and int(headers["Retry-After"]) >= 1
+            assert headers.get("Connection") == "close"
