@@ -165,3 +165,48 @@ async def test_a_request_past_its_rate_is_refused_before_its_body_and_one_let_in
             status, headers, body = await asked.answer()
             assert status == 429 and json.loads(body)["error"] == "rate_limited" and int(headers["Retry-After"]) >= 1
             assert headers.get("Connection") == "close"
+
+
+async def test_a_route_that_fails_unexpectedly_answers_json_logs_once_and_is_counted(api, monkeypatch, caplog):
+    """An exception no route expected was aiohttp's plain-text 500, logged
+    under aiohttp's name (so errors_total never counted it): now the API's
+    JSON error, saying nothing of what failed, one ERROR line with the
+    traceback, counted as every error the bridge logs."""
+    import logging
+
+    from bridge.service.operators.metrics import Metrics
+
+    http, _root, agent_api = api
+    metrics = Metrics()
+    counter = metrics.error_counter()
+    logging.getLogger("bridge").addHandler(counter)
+
+    async def broken(*_args, **_kwargs):
+        raise RuntimeError("secret-detail: /srv/sets/plan is on fire")
+
+    monkeypatch.setattr(agent_api.sets, "list_sets_apart", broken)
+    monkeypatch.setattr(agent_api.sets, "ask_apart", broken)
+    try:
+        with caplog.at_level(logging.INFO):
+            async with http.get("/v1/sets", headers=auth("planner")) as response:
+                assert response.status == 500
+                assert response.content_type == "application/json", await response.text()
+                body = await response.json()
+            async with http.put("/v1/sets/plan", json=one_question("plan"), headers=auth("planner")) as response:
+                assert response.status == 500 and (await response.json())["error"] == "internal_error"
+    finally:
+        logging.getLogger("bridge").removeHandler(counter)
+    assert body["ok"] is False and body["error"] == "internal_error", body
+    assert "secret" not in json.dumps(body) and "RuntimeError" not in json.dumps(body), body
+    failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(failures) == 2, [r.getMessage() for r in failures]  # one a request, none of aiohttp's own
+    assert all(r.name == "bridge.agents.http" and r.exc_info and r.exc_info[0] is RuntimeError for r in failures)
+    assert metrics.errors.labels(where="http")._value.get() == 2
+    # And the document says so: every route that can fail this way lists 500.
+    async with http.get("/v1/openapi.json") as response:
+        document = json.loads(await response.read())
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if path != "/v1/openapi.json":
+                assert operation["responses"]["500"]["content"]["application/json"]["schema"] == {
+                    "$ref": "#/components/schemas/Error"}, (method, path)
