@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.web_protocol import RequestPayloadError
 from watchfiles import awatch
 
@@ -22,7 +22,7 @@ from bridge.agents.asgi import serve_asgi
 from bridge.agents.callbacks import check_configured
 from bridge.agents.changes import Changes
 from bridge.agents.early_stream import start_early
-from bridge.agents.http import AgentApi, Refusal
+from bridge.agents.http import ADMITTED, AgentApi, Refusal, final_before_body
 from bridge.agents.mcp_files import MCP_MEDIA_MAX, wrapped_base64_size
 from bridge.agents.bodyread import STALL_SECONDS, BodyUnreadable, TooManyBodies, closing_if_unreadable
 from bridge.agents.mcp_server import GONE_SCOPE_KEY, REFUSED, Subscribers, build_server
@@ -78,6 +78,16 @@ async def _request_id(request: web.Request) -> str | int | None:
     return found if isinstance(found, (str, int)) and not isinstance(found, bool) else None
 
 
+class McpRefused(Exception):
+    """An /mcp request refused by its headers: the HTTP status and the words
+    of its JSON-RPC error; ``quoting``: the error names the request's id,
+    read from a small body."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None, quoting: bool = True):
+        super().__init__(message)
+        self.status, self.message, self.headers, self.quoting = status, message, headers, quoting
+
+
 class AgentsFront:
     def __init__(self, config: Config, store: Store, metrics: Metrics, supervisor: Supervisor | None = None):
         self.config = config
@@ -129,46 +139,86 @@ class AgentsFront:
         async def mcp(_request: web.Request) -> web.Response:
             return mcp_refusal(503, STARTING, None, retry)
 
-        routes.route("*", "/v1/{tail:[\\s\\S]*}")(v1)
-        routes.route("*", "/mcp")(mcp)
+        # Said before a body too: "100 Continue" had a client send it first.
+        async def v1_at_once(request: web.Request) -> web.StreamResponse:
+            return final_before_body(await v1(request))
+
+        async def mcp_at_once(request: web.Request) -> web.StreamResponse:
+            return final_before_body(await mcp(request))
+
+        routes.route("*", "/v1/{tail:[\\s\\S]*}", expect_handler=v1_at_once)(v1)
+        routes.route("*", "/mcp", expect_handler=mcp_at_once)(mcp)
         return routes
 
     def routes(self) -> web.RouteTableDef:
         routes = self.api.routes()
         for method in ("GET", "POST", "DELETE"):
-            routes.route(method, "/mcp")(self.mcp)
+            routes.route(method, "/mcp", expect_handler=self.mcp_expect)(self.mcp)
         return routes
 
     async def mcp(self, request: web.Request) -> web.StreamResponse:
         return closing_if_unreadable(request, await self._mcp(request))
 
-    async def _mcp(self, request: web.Request) -> web.StreamResponse:
+    async def mcp_expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` at /mcp: "100 Continue" only when the
+        headers leave nothing to refuse the request for (its origin, token
+        and rate, the bridge starting or stopping, the body's size, the
+        agent's big uploads); otherwise the refusal it would get after the
+        body, as a JSON-RPC error (its id unknown: the body is not read),
+        with ``Connection: close``.  "100 Continue" came at once, and a
+        client sent up to 43 MB to be told its token was wrong."""
+        if request.version != HttpVersion11:
+            return None
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            expected = request.headers.get("Expect", "")[:100]
+            return final_before_body(mcp_refusal(
+                417, f"Expect: {expected!r} is not one this server meets (only 100-continue)", None))
+        try:
+            request[ADMITTED] = self._mcp_admitted(request)
+            if request.method == "POST":
+                self.api.bodies.take(request[ADMITTED], request.content_length)()  # a place now (given back at once)
+        except (McpRefused, TooManyBodies) as exc:
+            return final_before_body(mcp_refusal(exc.status, exc.message, None, exc.headers))
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # (as aiohttp's own: the response has not begun)
+        return None
+
+    def _mcp_admitted(self, request: web.Request) -> str:
+        """The agent of an /mcp request, from its headers alone; McpRefused
+        otherwise.  Its rate is counted once (at its Expect, if it asked)."""
         refused = origin.refusal(request.headers.get("Host"), request.headers.get("Origin"), self.served_names)
         if refused is not None:
             status, why = refused
             log.warning("/mcp: %s", why)
-            return mcp_refusal(status, why, await _request_id(request))
+            raise McpRefused(status, why)
         try:
-            agent = self.api.authenticate(request)
+            agent = request.get(ADMITTED) or self.api.authenticate(request)
         except Refusal as exc:
             # No WWW-Authenticate: Bearer here.  MCP clients take that as "log in
             # with OAuth" and look for metadata this bridge does not serve; the
             # token is configured, not obtained.
             retry = exc.response.headers.get("Retry-After")
-            return mcp_refusal(exc.response.status, str(exc), await _request_id(request),
-                               {"Retry-After": retry} if retry else None)
+            raise McpRefused(exc.response.status, str(exc), {"Retry-After": retry} if retry else None) from None
         if self.sets.stopping():
             # Its sessions' task group is being taken down: a request handed
             # to it now failed with a 500 and a traceback.
-            return mcp_refusal(503, "the bridge is stopping; try again in a moment", await _request_id(request))
+            raise McpRefused(503, "the bridge is stopping; try again in a moment")
         if self.manager is None or not self._ready.is_set():
-            return mcp_refusal(503, STARTING, await _request_id(request))
+            raise McpRefused(503, STARTING)
         if (request.content_length or 0) > self.mcp_body_max:
             # Said at once, as /v1 does: never waited for (a body that size
             # would be refused when it had all come, or never comes at all).
-            return mcp_refusal(413, f"the body is larger than {self.mcp_body_max} bytes (a file larger than "
-                                    f"upload_media takes goes to PUT /v1/sets/{{id}}/media/{{name}}, as its bytes)",
-                               None)
+            raise McpRefused(413, f"the body is larger than {self.mcp_body_max} bytes (a file larger than "
+                                  f"upload_media takes goes to PUT /v1/sets/{{id}}/media/{{name}}, as its bytes)",
+                             quoting=False)
+        return agent
+
+    async def _mcp(self, request: web.Request) -> web.StreamResponse:
+        try:
+            agent = self._mcp_admitted(request)
+        except McpRefused as exc:
+            return mcp_refusal(exc.status, exc.message, await _request_id(request) if exc.quoting else None,
+                               exc.headers)
         if "Last-Event-ID" in request.headers:
             # A client resuming a stream: this server keeps no events to
             # replay, and the SDK, asked to, answered nothing (a 500).  The

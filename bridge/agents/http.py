@@ -120,7 +120,7 @@ class AgentApi:
     async def _elsewhere_at_once(self, request: web.Request) -> web.StreamResponse:
         """A request no route takes, answered before its body (it was sent
         "100 Continue", then the 404 or 405 once it had uploaded)."""
-        return _before_body(await self.elsewhere(request))
+        return final_before_body(await self.elsewhere(request))
 
     def _expect(self, limit: int, before_body: BeforeBody | None = None) -> \
             Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
@@ -137,7 +137,7 @@ class AgentApi:
                 return None
             if request.headers.get("Expect", "").lower() != "100-continue":
                 # (In the API's shape, as every refusal: aiohttp's own was plain text.)
-                return _before_body(Refusal(
+                return final_before_body(Refusal(
                     417, "expectation_failed", f"Expect: {request.headers.get('Expect', '')[:100]!r} is not one "
                                                "this API meets (only 100-continue)").response)
             try:
@@ -151,11 +151,11 @@ class AgentApi:
                 if before_body is not None:
                     await before_body(request, agent)
             except Refusal as exc:
-                return _before_body(exc.response)
+                return final_before_body(exc.response)
             except AgentError as exc:
-                return _before_body(_refused(exc))
+                return final_before_body(_refused(exc))
             except Exception:  # noqa: BLE001 - answered in the API's shape, logged once (_failed)
-                return _before_body(_failed(request))
+                return final_before_body(_failed(request))
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # (as aiohttp's own: the response has not begun)
             return None
@@ -301,7 +301,7 @@ def _failed(request: web.Request) -> web.Response:
     return Refusal(500, "internal_error", "the bridge failed on this request; its log says why").response
 
 
-def _before_body(response: web.StreamResponse) -> web.StreamResponse:
+def final_before_body(response: web.StreamResponse) -> web.StreamResponse:
     """A final answer given before the body was asked for, saying the
     connection closes after it (RFC 9110 10.1.1): its client need not send
     the body to use the connection again.  (aiohttp drops what body comes

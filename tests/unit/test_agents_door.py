@@ -3,7 +3,6 @@ needed): what it answers from a request's headers, and in what shape."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -17,6 +16,7 @@ from bridge.agents.http import AgentApi
 from bridge.service.config import parse_config
 from helpers.agents import one_question
 from helpers.config import GOOD
+from helpers.expect import Asked
 from helpers.served import served
 
 TOKENS = {"planner": "planner-token-0123456789", "other": "other-token-0123456789"}
@@ -66,35 +66,6 @@ async def test_two_credentials_in_one_request_are_refused_and_authenticate_as_ne
         assert response.status == 200, await response.text()
 
 
-class Asked:
-    """A request sent with ``Expect: 100-continue`` over a raw socket, its
-    body held back until the bridge says to send it, as curl does."""
-
-    def __init__(self, port: int, method: str, path: str, headers: list[tuple[str, str]], length: int):
-        self.port, self.length = port, length
-        self.head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     + "".join(f"{name}: {value}\r\n" for name, value in headers)
-                     + f"Content-Length: {length}\r\nExpect: 100-continue\r\n\r\n").encode()
-
-    async def __aenter__(self) -> Asked:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
-        self.writer.write(self.head)
-        await self.writer.drain()
-        return self
-
-    async def __aexit__(self, *_exc) -> None:
-        self.writer.close()
-
-    async def answer(self) -> tuple[int, dict[str, str], bytes]:
-        """The next response: (status, headers, body)."""
-        head = (await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)).decode("latin-1")
-        lines = head.split("\r\n")
-        headers = dict(line.split(": ", 1) for line in lines[1:] if line)
-        length = int(headers.get("Content-Length", "0"))
-        body = await asyncio.wait_for(self.reader.readexactly(length), 10) if length else b""
-        return int(lines[0].split()[1]), headers, body
-
-
 async def test_what_the_headers_already_refuse_is_answered_before_the_body_is_sent(tmp_path):
     """``Expect: 100-continue`` was answered "100 Continue" unless the token
     was wrong or the body over the route's limit: a client then sent its
@@ -109,7 +80,8 @@ async def test_what_the_headers_already_refuse_is_answered_before_the_body_is_se
         octets = [("Authorization", f"Bearer {TOKENS['planner']}"), ("Content-Type", "application/octet-stream")]
         async with http.put("/v1/sets/plan", json=one_question("plan"), headers=auth("planner")) as response:
             assert response.status == 201, await response.text()
-        async with http.put("/v1/sets/plan/media/a.png", data=os.urandom(700 * 1024), headers=auth("planner")) as response:
+        clip = os.urandom(700 * 1024)
+        async with http.put("/v1/sets/plan/media/a.png", data=clip, headers=auth("planner")) as response:
             assert response.status == 201, await response.text()
         big = 5 * 1024 * 1024
         a_set, a_close, a_file = json.dumps(one_question("plan")).encode(), b"{}", os.urandom(600 * 1024)

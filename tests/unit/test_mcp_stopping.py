@@ -89,3 +89,60 @@ async def test_a_deep_body_and_a_resumed_stream_are_answered_without_a_server_er
             assert response.status == 200, (response.status, await response.text())
             assert response.headers["Content-Type"].startswith("text/event-stream")
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_what_the_headers_refuse_at_mcp_is_said_before_the_body_is_sent(tmp_path: Path) -> None:
+    """``Expect: 100-continue`` at /mcp was always "100 Continue": a client
+    sent its body (up to 43 MB) to be told then that its token was wrong,
+    that it gave two, that the body was too large, that the bridge was
+    stopping (and an Expect it does not meet was aiohttp's plain text).  Each is now the JSON-RPC error it gets after the body, before
+    any of it, with Connection: close; a request let in still goes through."""
+    import json
+
+    from helpers.expect import Asked
+
+    good = [(name, value) for name, value in HEADERS.items()]
+    wrong = [("Authorization", "Bearer wrong-token-0123456789"), *good[1:]]
+    twice = [("Authorization", "Bearer other-token-0123456789"), *good]
+    async with front_at(tmp_path) as (http, stop):
+        port = http._base_url.port
+        for headers, length, status, expect in ((wrong, 4096, 401, "100-continue"), (twice, 4096, 400, "100-continue"),
+                                                (good, 50 * 1024 * 1024, 413, "100-continue"),
+                                                (good, 4096, 417, "something-else")):
+            async with Asked(port, "POST", "/mcp", headers, length, expect) as asked:
+                got, got_headers, body = await asked.answer()
+                assert got == status, (got, body)  # not "100 Continue"
+                assert json.loads(body)["error"]["message"] and got_headers.get("Connection") == "close", body
+        data = json.dumps(INITIALIZE).encode()
+        async with Asked(port, "POST", "/mcp", good, len(data)) as asked:
+            assert (await asked.answer())[0] == 100
+            asked.writer.write(data)
+            status, _headers, body = await asked.answer()
+            assert status == 200, body
+        stop.set()
+        await asyncio.sleep(0.3)
+        async with Asked(port, "POST", "/mcp", good, 4096) as asked:
+            got, _headers, body = await asked.answer()
+            assert got == 503 and "stopping" in json.loads(body)["error"]["message"], (got, body)
+
+
+async def test_the_door_while_the_bridge_starts_says_so_before_a_body_is_sent(tmp_path: Path) -> None:
+    """While the bridge starts, /v1 and /mcp are 503 whatever is asked: a
+    client asking before its body was told "100 Continue" and sent it first."""
+    import json
+
+    from helpers.expect import Asked
+
+    config = parse_config({**GOOD, "agents": {"planner": {"token": TOKEN}}}, base_dir=tmp_path, environ={})
+    store = Store(tmp_path / "bridge.sqlite")
+    try:
+        front = AgentsFront(config, store, Metrics())
+        async with served(front.starting_routes()) as port:
+            for path in ("/v1/sets/plan", "/mcp"):
+                async with Asked(port, "PUT" if path != "/mcp" else "POST", path,
+                                 list(HEADERS.items()), 5 * 1024 * 1024) as asked:
+                    got, headers, body = await asked.answer()
+                    assert got == 503 and headers.get("Retry-After") == "5", (path, got, body)
+                    assert json.loads(body) and headers.get("Connection") == "close", (path, body)
+    finally:
+        store.close()
