@@ -115,19 +115,6 @@ def clock_words(ms: int) -> str:
     return moment.strftime("%H:%M UTC") if moment.second == 0 else moment.strftime("%H:%M:%S UTC")
 
 
-def span_words(seconds: float) -> str:
-    """A rough, readable span: ``45 seconds``, ``2 hours``, ``3 days``."""
-    seconds = max(0, int(round(seconds)))
-    for unit, size in (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds >= size and (seconds % size == 0 or seconds >= 2 * size):
-            n = round(seconds / size)
-            return f"{n} {unit}{'s' if n != 1 else ''}"
-    if seconds >= 60:
-        n = round(seconds / 60)
-        return f"{n} minute{'s' if n != 1 else ''}"
-    return f"{seconds} second{'s' if seconds != 1 else ''}"
-
-
 def when_words(ms: int, now_ms: int) -> str:
     """``14:00 UTC``, or ``Mon 18 Jan 2027, 14:00 UTC`` when it is not today (UTC)."""
     moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
@@ -136,8 +123,13 @@ def when_words(ms: int, now_ms: int) -> str:
 
 
 def deadline_words(expires_ms: int, now_ms: int) -> str:
-    """``Answer by 14:00 UTC, in 2 hours`` (the date too when it is not today, UTC)."""
+    """``Answer by 14:00 UTC`` (the date too when it is not ``now_ms``'s day,
+    UTC), or that it has passed.  A time, never the time left ("in 30
+    minutes"): a message is read hours after it is posted, and a span counted
+    from its posting was wrong from the next minute on; the time stays true,
+    the event carries it exactly (``question.expires``), and the edit at the
+    close says the deadline passed."""
     when = when_words(expires_ms, now_ms)
     if expires_ms <= now_ms:
         return f"Answer by {when} (the deadline has passed)"
-    return f"Answer by {when}, in {span_words((expires_ms - now_ms) / 1000)}"
+    return f"Answer by {when}"

@@ -153,7 +153,7 @@ def build_question_event(
     ``option_order``); the built-ins always come last.  ``poll`` only changes
     the instructions (the caller posts the poll).  ``posted_ms`` is when the
     revision was first posted: a duration in ``expires`` / ``escalate.after``
-    counts from it, and the deadline line says how long is left from it.
+    counts from it, and the deadline line names the date when it falls on another day.
     """
     if not 1 <= len(elicitation_id) <= ELICITATION_ID_MAX:
         raise ValueError(f"elicitation_id must be 1..{ELICITATION_ID_MAX} characters")
@@ -462,9 +462,10 @@ def closed_replacement(question_event_id: str, content: Mapping[str, Any], why: 
     of the room's events still find the question as it was asked.
 
     ``at_ms``: when it closed (for an expiry, its deadline).  The approval
-    lines say what became of them (``settled_lines``): the deadline loses
-    its "in 2 hours", wrong as soon as time passes, and the escalation line
-    goes unless it happened by then."""
+    lines say what became of them (``settled_lines``): the deadline says it
+    passed or the question closed before it (and loses the "in 2 hours" a
+    message posted before said), and the escalation line goes unless it
+    happened by then."""
     line = f"{CLOSED_LINE} ({why_in_brackets(why)})." if why and why != "closed" else f"{CLOSED_LINE}."
     q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
     body, html = _with_lines(content, settled_lines(q, at_ms, str(content.get("body", ""))))
@@ -486,8 +487,9 @@ def reopened_replacement(question_event_id: str, content: Mapping[str, Any], lin
     (its decision undone): the message as first posted, ``line`` after it.
 
     ``at_ms``: when it opened again.  The approval lines say what stands then
-    (``reopened_lines``): the time left counted from it, not from the
-    posting, and the escalation as done once its time came."""
+    (``reopened_lines``): the deadline as a time (a message posted before
+    said the time left from its posting), and the escalation as done once
+    its time came."""
     said = f"{line[:1].upper()}{line[1:]}."
     q = content.get("question") if isinstance(content.get("question"), Mapping) else {}
     shown = str(content.get("body", ""))

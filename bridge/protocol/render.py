@@ -566,8 +566,9 @@ def _shown_approval_lines(q: Mapping[str, Any], shown: str) -> list[_ShownLine]:
     out: list[_ShownLine] = []
     expires = event_time_ms(q.get("expires"))
     if expires is not None:
+        # ", in 2 hours": the time left, which messages posted before said (and settle or reopen now).
         out += [_ShownLine(text, when, expires) for text, when
-                in lines("Answer by ", expires, r"(?:, in [^\n]+| \(the deadline has passed\))\.")]
+                in lines("Answer by ", expires, r"(?:, in [^\n]+| \(the deadline has passed\))?\.")]
     escalate = q.get("escalate")
     if isinstance(escalate, Mapping):
         after = event_time_ms(escalate.get("after"))
@@ -582,8 +583,8 @@ def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[t
     """(line as shown, what it becomes or None to drop it) for a question closed
     at ``at_ms``, the approval lines of ``shown`` (its body) once closed.
 
-    The deadline keeps its time but not its "in 2 hours" (wrong as soon as
-    time passes), and says whether it passed or the question closed first;
+    The deadline keeps its time (and loses the "in 2 hours" a message posted
+    before said), and says whether it passed or the question closed first;
     the escalation says its people were asked if that time came, and goes
     if it did not (it is no longer to come)."""
     out: list[tuple[str, str | None]] = []
@@ -598,10 +599,10 @@ def settled_lines(q: Mapping[str, Any], at_ms: int | None, shown: str) -> list[t
 
 def reopened_lines(q: Mapping[str, Any], at_ms: int, shown: str) -> list[tuple[str, str]]:
     """(line as shown, what it says now) for a question open again at
-    ``at_ms`` (its decision undone): the time left counted from then, not
-    from the posting ("in 2 hours" with 15 minutes left), and the escalation
-    said as done once its time came (held back by the decision, it is sent
-    at the undo)."""
+    ``at_ms`` (its decision undone): the deadline as a time, said passed if it
+    has (a message posted before said the time left from its posting, "in 2
+    hours" with 15 minutes left), and the escalation said as done once its
+    time came (held back by the decision, it is sent at the undo)."""
     from bridge.protocol.deadline import deadline_words
 
     out: list[tuple[str, str]] = []

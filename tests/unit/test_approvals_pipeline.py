@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -221,11 +222,44 @@ def test_the_question_says_its_deadline_who_may_answer_and_the_quorum():
     assert content["question"]["expires"] == "2027-01-15T10:00:00Z"
     assert content["question"]["escalate"] == {"after": "2027-01-15T09:00:00Z", "to": [DEE]}
     body = content["body"]
-    assert "Answer by 10:00 UTC, in 2 hours." in body
+    assert "Answer by 10:00 UTC." in body.split("\n")
     assert f"Who may answer: {ANA}, {BO}, {CY}." in body
     assert "Decided when 2 people pick the same option; \u201cThe stable branch\u201d from anyone decides at once." in body
     assert f"Undecided by 09:00 UTC: {DEE} will be asked too." in body
     assert "Answer by 10:00 UTC" in content["formatted_body"]
+
+
+def posted_before(content: dict[str, Any], left: str = "2 hours") -> dict[str, Any]:
+    """The message as a bridge posted it before the deadline was said as a
+    time only: its line said the time left from the posting, ", in 2 hours"."""
+    def said(text: str) -> str:
+        return re.sub(r"(Answer by [^\n<]*UTC)\.", rf"\1, in {left}.", text)
+
+    return dict(content, body=said(content["body"]), formatted_body=said(content["formatted_body"]))
+
+
+def test_the_deadline_is_said_as_a_time_that_stays_true_never_the_time_left():
+    """The message said "Answer by 08:30 UTC, in 30 minutes.", counted from
+    its posting: read an hour later (the deadline passed, and before that the
+    edit at the close), it still said 30 minutes were left.  It names the
+    time (the event's ``question.expires`` carries it exactly), with its date
+    when that is not the posting's day, and the close and an undo still find
+    the line to say what became of it."""
+    from bridge.protocol.question_event import closed_replacement, reopened_replacement
+
+    soon = posted(expires="30m", **APPROVAL)
+    assert soon["question"]["expires"] == "2027-01-15T08:30:00Z"
+    later = posted(expires="3d", **APPROVAL)
+    for content, line in ((soon, "Answer by 08:30 UTC."), (later, "Answer by Mon 18 Jan 2027, 08:00 UTC.")):
+        assert line in content["body"].split("\n")
+        assert f"<em>{line}</em>" in content["formatted_body"]
+        for shown in (content["body"], content["formatted_body"]):
+            assert not re.search(r"\bin \d+ (second|minute|hour|day|week)", shown), shown
+    closed = closed_replacement("$q", soon, "expired undecided at 08:30 UTC: no votes", T0 + 30 * 60_000)
+    assert "Deadline: 08:30 UTC (passed)." in _closed_lines(closed)
+    assert not any(line.startswith("Answer by") for line in _closed_lines(closed))
+    again = reopened_replacement("$q", soon, "undecided again", T0 + 10 * 60_000)["m.new_content"]
+    assert "Answer by 08:30 UTC." in again["body"].split("\n")
 
 
 def test_a_set_without_the_fields_posts_exactly_as_before():
@@ -933,7 +967,7 @@ def test_a_decision_undone_before_the_escalation_still_calls_its_people_in(tmp_p
     # The message open again counts the time left from the undo, not from the posting.
     (reopened,) = [c["m.new_content"]["body"] for c in room.pipeline.transport.sent
                    if "Undecided again" in c.get("m.new_content", {}).get("body", "")]
-    assert "Answer by 10:00 UTC, in 114 minutes." in reopened.split("\n")
+    assert "Answer by 10:00 UTC." in reopened.split("\n")
     for minutes in (29, 31, 32):
         pass_at(minutes)
     mentions = [c for c in room.pipeline.transport.sent if c.get("m.mentions", {}).get("user_ids") == [DEE]]
@@ -1444,7 +1478,7 @@ def _closed_lines(content: dict[str, Any]) -> list[str]:
 def test_a_closed_question_drops_its_stale_deadline_words_and_the_escalation_not_needed():
     from bridge.protocol.question_event import closed_replacement
 
-    content = posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    content = posted_before(posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL))
     # Decided half an hour in: the deadline did not come, nor the escalation.
     early = closed_replacement("$q", content, "decided: \u201cThe main branch\u201d by @alice:hs and @bob:hs",
                                T0 + 30 * 60_000)
@@ -2114,7 +2148,7 @@ def test_an_escalation_on_another_day_says_its_date_as_the_deadline_does_and_kee
 
     content = posted(expires="3d", escalate={"after": "2d", "to": [DEE]}, **APPROVAL)
     body = content["body"]
-    assert "Answer by Mon 18 Jan 2027, 08:00 UTC, in 3 days." in body
+    assert "Answer by Mon 18 Jan 2027, 08:00 UTC." in body.split("\n")
     assert f"Undecided by Sun 17 Jan 2027, 08:00 UTC: {DEE} will be asked too." in body
     late = closed_replacement("$q", content, "expired undecided at 08:00 UTC: no votes", T0 + 3 * 86_400_000)
     assert f"Undecided by Sun 17 Jan 2027, 08:00 UTC: {DEE} was asked too." in _closed_lines(late)
@@ -2135,22 +2169,24 @@ def test_a_question_open_again_no_longer_offers_its_ended_poll():
     assert again["body"].endswith("Undecided again: 1 of the 2 votes needed.")
 
 
-def test_a_question_open_again_says_the_time_left_and_the_escalation_as_of_the_undo():
-    """Posted at 08:00, decided, undone at 09:45: the message open again still
-    said "in 2 hours" and that @dee "will be asked too" at 09:00, both as
-    posted, with 15 minutes left and @dee asked at the undo."""
+def test_a_question_open_again_says_its_deadline_and_the_escalation_as_of_the_undo():
+    """Posted at 08:00 (by a bridge that said the time left), decided, undone
+    at 09:45: the message open again still said "in 2 hours" and that @dee
+    "will be asked too" at 09:00, both as posted, with 15 minutes left and
+    @dee asked at the undo.  It says the deadline as a time, and @dee asked."""
     from bridge.protocol.question_event import reopened_replacement
 
-    content = posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL)
+    content = posted_before(posted(expires="2h", escalate={"after": "1h", "to": [DEE]}, **APPROVAL))
+    assert "Answer by 10:00 UTC, in 2 hours." in content["body"].split("\n")
     again = reopened_replacement("$q", content, "undecided again: 1 of the 2 votes needed",
                                  T0 + 105 * 60_000)["m.new_content"]
     lines = again["body"].split("\n")
-    assert "Answer by 10:00 UTC, in 15 minutes." in lines and "Answer by 10:00 UTC, in 2 hours." not in lines
+    assert "Answer by 10:00 UTC." in lines and not any("in 2 hours" in line for line in lines)
     assert f"Undecided by 09:00 UTC: {DEE} was asked too." in lines
-    assert "in 15 minutes" in again["formatted_body"] and "was asked too" in again["formatted_body"]
+    assert "<em>Answer by 10:00 UTC.</em>" in again["formatted_body"] and "was asked too" in again["formatted_body"]
     assert "in 2 hours" not in again["formatted_body"] and "will be asked" not in again["formatted_body"]
     early = reopened_replacement("$q", content, "undecided again", T0 + 30 * 60_000)["m.new_content"]["body"]
-    assert "Answer by 10:00 UTC, in 90 minutes." in early.split("\n")
+    assert "Answer by 10:00 UTC." in early.split("\n")
     assert f"Undecided by 09:00 UTC: {DEE} will be asked too." in early.split("\n")
 
 

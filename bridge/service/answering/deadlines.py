@@ -759,7 +759,7 @@ class Deadlines:
             NOTICE_KEY: {"question_event_id": question.event_id, "what": why, "record": _small(record)},
         }, txn_id("approval-notice", question.event_id, why, *again))
         if not delayed_edit:
-            # Open again: the time left and the escalation as they stand now, not as posted.
+            # Open again: the deadline and the escalation as they stand now, not as posted.
             edit = reopened_replacement(question.event_id, question.content, closing, closed_at) if why == UNDONE \
                 else closed_replacement(question.event_id, question.content, closing, closed_at)
             await self.transport.send(question.room_id, "m.room.message", edit,
