@@ -180,7 +180,11 @@ def posted_quorum(question: dict[str, Any]) -> dict[str, Any] | None:
     is what tells an auditor, from the log alone, that the answer was a vote
     and its question's record a tally (questions.json can be edited).  Only
     an approval's leaves carry it, so every other leaf is as it always was.
-    The same reading as ``RecordedQuestion.quorum``: what the bridge counted."""
+    The one reading of a posted quorum: ``RecordedQuestion.quorum``, what the
+    bridge counts, is this (its veto as a set), so the two can't drift apart
+    (a ``veto`` that is no list is none here; read on its own, a string's
+    letters were counted as vetoes).  The leaf keeps the veto's posted order,
+    so its bytes are what they always were."""
     value = question.get("quorum")
     required = value.get("required") if isinstance(value, dict) else None
     if not isinstance(required, int) or isinstance(required, bool) or required < 1:

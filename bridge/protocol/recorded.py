@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from bridge.protocol.audit_leaf import posted_quorum
 from bridge.protocol.deadline import event_time_ms
 from bridge.protocol.render import option_display, shown_title
 from bridge.questionset.builtin import BUILTIN_IDS
@@ -147,14 +148,11 @@ class RecordedQuestion:
 
     @cached_property
     def quorum(self) -> tuple[int, frozenset[str]] | None:
-        """(required, veto option ids) of a quorum question, as posted."""
-        value = self.question.get("quorum")
-        if not isinstance(value, dict):
-            return None
-        required = value.get("required")
-        if not isinstance(required, int) or isinstance(required, bool) or required < 1:
-            return None
-        return required, frozenset(v for v in value.get("veto") or () if isinstance(v, str))
+        """(required, veto option ids) of a quorum question, as posted.  Read
+        by the answer log's own reading (``posted_quorum``), so what the
+        bridge counts is what every leaf about the question says it counted."""
+        posted = posted_quorum(self.question)
+        return None if posted is None else (posted["required"], frozenset(posted["veto"]))
 
     def may_answer_at(self, sender: str, ts: int) -> bool:
         """Whether the question's own ``answerers`` (and, from its escalation on, ``escalate.to``) include ``sender``."""
