@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from bridge.service.answering.deadlines import Deadlines
-from helpers.timeline import MODERATOR, Room, answer, edit, redact, vote
+from helpers.timeline import DEVICE, MODERATOR, Room, answer, edit, redact, vote
 
 ANA, BO, CY, EVE = "@alice:hs", "@bob:hs", "@carol:hs", "@eve:hs"
 PERMITTED = (ANA, BO, CY)
@@ -218,6 +218,30 @@ def _event(e: dict[str, Any]) -> dict[str, Any]:
     if e["kind"] == "edit":
         return edit(e["id"], e["sender"], e["ts"], e["target"], e["option"])
     return redact(e["id"], e["sender"], e["ts"], e["target"])
+
+
+def test_a_moderators_redaction_read_before_the_vote_itself_withdraws_it_at_its_place(tmp_path: Path) -> None:
+    """A moderator redacts Carol's poll vote, Alice answers, and Carol
+    empties her votes later; the redaction and the emptying reach the bridge
+    before the vote itself, which comes decrypted (judged, then withdrawn at
+    the redaction's place).  Her vote stopped counting at the moderator's
+    redaction, before Alice's answer: nothing was decided.  The redaction,
+    kept while its target was unknown, stayed marked so when it was applied,
+    and the tally counts a moderator's only where it withdrew: Carol's vote
+    stood until her emptying, and decided with Alice's."""
+    room = Room(tmp_path, approval=APPROVAL, posted_ms=T0)
+    with room.store.transaction():
+        room.store.set_meta("approval:$q", "1")
+    room.deliver([redact("$rm", MODERATOR, T0 + 3, "$v")])
+    room.deliver([vote("$cc", CY, T0 + 5, [])])
+    room.deliver([answer("$a", ANA, T0 + 4, "main")])
+    room.deliver([{**vote("$v", CY, T0 + 1, ["main"]), DEVICE: {"device_id": "PHONE", "cross_signed": True}}])
+    record = room.record()
+    assert record is not None and record["state"] == "pending", record
+    assert [(v["sender"], v["event_id"]) for v in record["votes"]] == [(ANA, "$a")]
+    assert "decided_by" not in record
+    assert room.verify() == []
+    room.store.close()
 
 
 def test_a_vote_taken_back_twice_stops_counting_at_the_earlier(tmp_path: Path) -> None:

@@ -99,7 +99,8 @@ class Timeline:
         self.store.keep_redaction(found.event_id, target, found.room_id, found.sender, ts)
         if author is None:
             # Whether it counts (its sender's power over the author's) is
-            # told when the target comes; "withdrawn" is kept for one that did.
+            # told when the target comes: "kept" until it is applied then
+            # (``Pipeline._redactions_kept``), when it takes its outcome.
             self.store.mark_processed(found.event_id, "kept")
             return NOT_NOW
         if not may_redact(found.sender, author, self.power.get(found.room_id)):

@@ -28,8 +28,13 @@ class Handled:
         return found
 
     def mark_processed(self, event_id: str, outcome: str) -> None:
+        """An event's outcome, for good; but a redaction "kept" while its
+        target was unknown takes the outcome it has once it is applied to it
+        (withdrawn, or ignored): a moderator's counts, in the tally of votes,
+        where it is marked withdrawn (``Projection.casts``)."""
         self.db.defer("INSERT INTO processed(event_id, outcome) VALUES (?, ?)"
-                      " ON CONFLICT DO NOTHING", (event_id, outcome))
+                      " ON CONFLICT(event_id) DO UPDATE SET outcome=excluded.outcome WHERE processed.outcome='kept'",
+                      (event_id, outcome))
         if self._batch is not None:
             self._batch.processed.add(event_id)
 
