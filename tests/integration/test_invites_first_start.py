@@ -11,7 +11,7 @@ import pytest
 
 from helpers.attack import text_set
 from helpers.harness import Bridge, unique
-from helpers.waiting import until
+from helpers.direct import bridge_answers_in_direct
 
 pytestmark = pytest.mark.integration
 
@@ -29,18 +29,7 @@ async def test_an_admins_invite_sent_before_the_first_start_is_joined(synapse, t
         bridge.start()  # its first start: no sync token in its store yet
         await bridge.wait_questions(alice, 1)
 
-        async def in_direct() -> bool:
-            members = await alice.client.joined_members(direct)
-            return bot["user_id"] in {member.user_id for member in getattr(members, "members", [])}
-
-        await until(in_direct, timeout=60, what="the bridge in the admin's direct message", every=0.3)
-        status = await alice.send(direct, {"msgtype": "m.text", "body": "!ask status"})
-
-        async def replied() -> bool:
-            return any(event.get("content", {}).get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id")
-                       == status and event["sender"] == bot["user_id"] for event in await alice.messages(direct))
-
-        await until(replied, timeout=30, what="a reply to !ask status in the direct message", every=0.3)
+        await bridge_answers_in_direct(alice, bot["user_id"], direct)
         bridge.check_alive()
     finally:
         bridge.kill()

@@ -16,6 +16,7 @@ import pytest
 from bridge.devserver import free_port
 from helpers.attack import AS_BOT, Relay, appservice_storm_bridge, text_set
 from helpers.harness import Bridge, Person, answer_content, unique
+from helpers.direct import bridge_answers_in_direct
 from helpers.waiting import until
 
 pytestmark = pytest.mark.integration
@@ -125,17 +126,6 @@ async def test_an_admins_invite_not_joined_yet_is_answered_after_a_restart(synap
             failing.mend()
             bridge.start()
 
-            async def in_direct() -> bool:
-                members = await alice.client.joined_members(direct)
-                return bot["user_id"] in {member.user_id for member in getattr(members, "members", [])}
-
-            await until(in_direct, timeout=60, what="the bridge in the admin's direct message", every=0.3)
-            status = await alice.send(direct, {"msgtype": "m.text", "body": "!ask status"})
-
-            async def replied() -> bool:
-                return any(event.get("content", {}).get("m.relates_to", {}).get("m.in_reply_to", {}).get("event_id")
-                           == status and event["sender"] == bot["user_id"] for event in await alice.messages(direct))
-
-            await until(replied, timeout=30, what="a reply to !ask status in the direct message", every=0.3)
+            await bridge_answers_in_direct(alice, bot["user_id"], direct)
     finally:
         bridge.kill()
