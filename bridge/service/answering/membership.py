@@ -60,8 +60,8 @@ class MembersThen:
             # relates to one): refused for want of members, such an answer
             # stood refused even once the bridge was invited back.
             known = members.get(room_id)
-            if event.get("type") == "m.room.member" and isinstance(event.get("state_key"), str):
-                changed[(room_id, event["state_key"])] = content.get("membership") == "join"
+            if (change := member_change(event)) is not None:
+                changed[(room_id, change[0])] = change[1]
             elif "state_key" not in event and isinstance(event_id, str) and event_id not in self._joined_at \
                     and (known is not None or "m.relates_to" in content) \
                     and not self.own_user(sender) and not changed.get((room_id, sender), sender in (known or ())):
@@ -106,6 +106,11 @@ def member_change(event: dict[str, Any]) -> tuple[str, bool] | None:
         return None
     content = event.get("content") if isinstance(event.get("content"), dict) else {}
     return event["state_key"], content.get("membership") == "join"
+
+
+def is_power_levels(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is the room's power levels (whose redactions count)."""
+    return event.get("type") == "m.room.power_levels" and event.get("state_key") == ""
 
 
 def members_over_read(read: set[str], arrived: list[dict[str, Any]]) -> set[str]:

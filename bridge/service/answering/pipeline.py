@@ -40,7 +40,7 @@ from bridge.service.answering.attachments import DEFAULT_MAX_BYTES
 from bridge.service.answering.downloads import Downloads
 from bridge.answers.document import utc_of_ms
 from bridge.service.answering.folderflush import FolderFlush
-from bridge.service.answering.membership import MembersThen, member_change, members_over_read
+from bridge.service.answering.membership import MembersThen, is_power_levels, member_change, members_over_read
 from bridge.service.answering.timeline import NOT_NOW, Timeline
 from bridge.service.answering.wordback import WordBack
 from bridge.service.encryption.marks import DEVICE
@@ -192,7 +192,7 @@ class Pipeline(FolderFlush):
             settled = True
             self._stop_noting(room_id, arrived)
             self.members[room_id] = members_over_read(members, arrived)
-            if power and not any(e.get("type") == "m.room.power_levels" for e in arrived):
+            if power and not any(is_power_levels(e) for e in arrived):
                 self.power[room_id] = power[0]
 
         try:
@@ -350,7 +350,7 @@ class Pipeline(FolderFlush):
         """The room's power levels changed: a room that refused polls may
         take them now, and its next question tries one again (a refusal
         flags the room again)."""
-        if event.get("type") == "m.room.power_levels" and event.get("state_key") == "":
+        if is_power_levels(event):
             self.store.delete_meta(ROOM_REFUSED_POLLS + str(event.get("room_id")))
 
     def _keep_before(self, event: dict[str, Any]) -> None:
@@ -741,8 +741,7 @@ class Pipeline(FolderFlush):
     def _note_for_reads(self, event: dict[str, Any]) -> None:
         """A member or power-level event, for the reads of its room's members under way (``load_members``)."""
         reads = self._reads.get(str(event.get("room_id")))
-        if reads and (member_change(event) is not None
-                      or (event.get("type") == "m.room.power_levels" and event.get("state_key") == "")):
+        if reads and (member_change(event) is not None or is_power_levels(event)):
             for arrived in reads:
                 arrived.append(event)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from bridge.protocol.authorship import may_redact
 from bridge.protocol.normalize import PollEnd, Withdrawal
+from bridge.service.answering.membership import is_power_levels
 from bridge.service.storage.redactions import poll_end_key
 from bridge.service.storage.store import Store, votes_key
 
@@ -155,7 +156,6 @@ class Timeline:
         return {question: list(ends) for question, ends in self.poll_ends.items()}
 
     def track_power(self, event: dict[str, Any]) -> None:
-        if event.get("type") == "m.room.power_levels" and event.get("state_key") == "" \
-                and isinstance(event.get("content"), dict):
+        if is_power_levels(event) and isinstance(event.get("content"), dict):
             self.power[str(event.get("room_id"))] = event["content"]
 
